@@ -1,0 +1,441 @@
+"""Pure tensor functions shared by the GRPO-family objectives.
+
+Shape conventions used throughout:
+
+* ``P`` prompts, ``G`` completions per prompt, ``N`` completions in total (rows),
+* ``T`` padded completion length,
+* ``mask``: float or bool tensor ``[N, T]``, 1 (``True``) on real completion tokens.
+
+Every function works for any floating dtype and device, is differentiable where a
+gradient makes sense, and never returns NaN for a row whose mask is all zeros.
+Half-precision inputs are reduced in float32 and the result is cast back to the
+input dtype.
+
+References:
+
+* PPO: Schulman et al. 2017, "Proximal Policy Optimization Algorithms".
+* GRPO: Shao et al. 2024, "DeepSeekMath".
+* Dr. GRPO: Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective".
+* DAPO: Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale".
+* RLOO: Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization
+  for Learning from Human Feedback in LLMs".
+* GSPO: Zheng et al. 2025, "Group Sequence Policy Optimization".
+* KL estimators: Schulman 2020, "Approximating KL Divergence".
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "KL_ESTIMATORS",
+    "group_normalized_advantages",
+    "group_centered_advantages",
+    "leave_one_out_advantages",
+    "informative_groups",
+    "overlong_penalty",
+    "clipped_surrogate",
+    "sequence_clipped_surrogate",
+    "kl_k1",
+    "kl_k2",
+    "kl_k3",
+    "kl_estimate",
+    "masked_sum",
+    "masked_mean",
+    "token_mean",
+    "sequence_mean_token_mean",
+    "sequence_mean_token_sum",
+    "constant_normalized_sum",
+]
+
+KL_ESTIMATORS: Tuple[str, ...] = ("k1", "k2", "k3")
+
+Count = Union[int, float, Tensor]
+Dim = Union[int, Tuple[int, ...], None]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Dtype used for reductions: float64 stays float64, everything else uses float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _as_float(x: Tensor) -> Tensor:
+    """Return ``x`` unchanged if floating point, else cast to the default float dtype."""
+    return x if x.is_floating_point() else x.to(torch.get_default_dtype())
+
+
+def _apply_mask(x: Tensor, mask: Tensor) -> Tensor:
+    """``x * mask`` with masked-out positions set to exactly 0 (even where ``x`` is inf/NaN)."""
+    m = mask.to(x.dtype)
+    return torch.where(mask != 0, x * m, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def _denominator(count: Count, like: Tensor) -> Tensor:
+    """A count as a tensor on ``like``'s device in the reduction dtype, clamped to >= 1."""
+    count = torch.as_tensor(count, device=like.device)
+    return count.to(_acc_dtype(like.dtype)).clamp(min=1)
+
+
+def _check_groups(rewards: Tensor, name: str, min_group: int) -> Tensor:
+    if rewards.dim() != 2:
+        raise ValueError(f"{name}: rewards must be 2-D [P, G], got shape {tuple(rewards.shape)}")
+    if rewards.shape[1] < min_group:
+        raise ValueError(
+            f"{name}: needs at least {min_group} completions per prompt (G >= {min_group}), "
+            f"got G={rewards.shape[1]}"
+        )
+    return _as_float(rewards)
+
+
+def _check_clip(eps_low: float, eps_high: float) -> None:
+    if eps_low < 0 or eps_high < 0:
+        raise ValueError(
+            f"clip ranges must be non-negative, got eps_low={eps_low}, eps_high={eps_high}"
+        )
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: Dim = None) -> Tensor:
+    """Sum of ``x * mask`` over ``dim`` (all dims if ``None``).
+
+    ``x`` and ``mask`` broadcast together (typically both ``[N, T]``). Masked-out
+    positions contribute exactly 0 even if ``x`` holds inf/NaN there. Returns
+    ``x.dtype``.
+    """
+    masked = _apply_mask(x, mask)
+    if dim is None:
+        total = masked.sum(dtype=_acc_dtype(x.dtype))
+    else:
+        total = masked.sum(dim=dim, dtype=_acc_dtype(x.dtype))
+    return total.to(x.dtype)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: Dim = None) -> Tensor:
+    """Mean of ``x`` over masked elements: ``sum(x * mask) / max(sum(mask), 1)``.
+
+    Reduces over ``dim`` (all dims if ``None``). An all-zero mask gives 0, not NaN.
+    Returns ``x.dtype``.
+    """
+    acc = _acc_dtype(x.dtype)
+    m = torch.broadcast_to(mask, torch.broadcast_shapes(x.shape, mask.shape)).to(acc)
+    count = m.sum() if dim is None else m.sum(dim=dim)
+    total = masked_sum(x, mask, dim).to(acc)
+    return (total / count.clamp(min=1)).to(x.dtype)
+
+
+# --------------------------------------------------------------- advantage estimators
+
+
+def group_normalized_advantages(rewards: Tensor, eps: float = 1e-4) -> Tensor:
+    """GRPO outcome-supervision advantages (DeepSeekMath, Sec. 4.1.2).
+
+    ``rewards`` ``[P, G]`` -> ``[P, G]``::
+
+        A_{p,i} = (r_{p,i} - mean_g(r_p)) / (std_g(r_p) + eps)
+
+    with the unbiased (``G - 1``) standard deviation over each group. Members of a
+    group whose rewards are all equal get exactly 0. Raises ``ValueError`` for
+    ``G < 2`` (the unbiased std is undefined).
+    """
+    rewards = _check_groups(rewards, "group_normalized_advantages", min_group=2)
+    if rewards.numel() == 0:
+        return torch.zeros_like(rewards)
+    mean = rewards.mean(dim=1, keepdim=True)
+    std = rewards.std(dim=1, keepdim=True)
+    adv = (rewards - mean) / (std + eps)
+    return torch.where(informative_groups(rewards).unsqueeze(1), adv, torch.zeros_like(adv))
+
+
+def group_centered_advantages(rewards: Tensor) -> Tensor:
+    """Dr. GRPO advantages: group mean baseline, no std scaling.
+
+    ``rewards`` ``[P, G]`` -> ``[P, G]``::
+
+        A_{p,i} = r_{p,i} - mean_g(r_p)
+
+    Members of a group whose rewards are all equal get exactly 0.
+    """
+    rewards = _check_groups(rewards, "group_centered_advantages", min_group=1)
+    adv = rewards - rewards.mean(dim=1, keepdim=True)
+    return torch.where(informative_groups(rewards).unsqueeze(1), adv, torch.zeros_like(adv))
+
+
+def leave_one_out_advantages(rewards: Tensor) -> Tensor:
+    """RLOO advantages: each sample's baseline is the mean of the other ``G - 1``.
+
+    ``rewards`` ``[P, G]`` -> ``[P, G]``::
+
+        A_{p,i} = r_{p,i} - 1/(G-1) * sum_{j != i} r_{p,j} = G/(G-1) * (r_{p,i} - mean_g(r_p))
+
+    Members of a group whose rewards are all equal get exactly 0. Raises
+    ``ValueError`` for ``G < 2``.
+    """
+    rewards = _check_groups(rewards, "leave_one_out_advantages", min_group=2)
+    g = rewards.shape[1]
+    baseline = (rewards.sum(dim=1, keepdim=True) - rewards) / (g - 1)
+    adv = rewards - baseline
+    return torch.where(informative_groups(rewards).unsqueeze(1), adv, torch.zeros_like(adv))
+
+
+def informative_groups(rewards: Tensor) -> Tensor:
+    """DAPO dynamic-sampling filter: ``[P, G]`` -> bool ``[P]``.
+
+    ``True`` where a group's rewards are not all equal, i.e. where group-relative
+    advantages can be non-zero (DAPO keeps only these groups).
+    """
+    if rewards.dim() != 2:
+        raise ValueError(
+            f"informative_groups: rewards must be 2-D [P, G], got shape {tuple(rewards.shape)}"
+        )
+    if rewards.shape[1] == 0:
+        return torch.zeros(rewards.shape[0], dtype=torch.bool, device=rewards.device)
+    return (rewards != rewards[:, :1]).any(dim=1)
+
+
+def overlong_penalty(
+    lengths: Tensor,
+    max_new_tokens: int,
+    buffer: int,
+    penalty_factor: float = 1.0,
+) -> Tensor:
+    """DAPO soft overlong punishment (DAPO eq. 13), added to the task reward.
+
+    ``lengths`` ``[N]`` (completion lengths) -> float ``[N]``. With
+    ``L = max_new_tokens`` and ``B = buffer``::
+
+        R(len) = 0                                  if len <= L - B
+               = -(len - (L - B)) / B * factor      if L - B < len <= L
+               = -factor                            if len > L  (clamped)
+
+    ``buffer`` must lie in ``(0, L]``. Integer lengths give the default float dtype;
+    floating lengths keep their dtype.
+    """
+    if not 0 < buffer <= max_new_tokens:
+        raise ValueError(
+            "overlong_penalty: buffer must be in (0, max_new_tokens]: "
+            f"got buffer={buffer}, max_new_tokens={max_new_tokens}"
+        )
+    lengths = _as_float(torch.as_tensor(lengths))
+    start = max_new_tokens - buffer
+    frac = ((lengths - start) / buffer).clamp(min=0.0, max=1.0)
+    return -frac * penalty_factor
+
+
+# ------------------------------------------------------------------ policy surrogates
+
+
+def clipped_surrogate(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    eps_low: float,
+    eps_high: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Per-token clipped policy-gradient loss (PPO eq. 7, DeepSeekMath eq. 3;
+    decoupled bounds as in DAPO eq. 10).
+
+    ``logp``, ``old_logp``: ``[N, T]``; ``advantages``: ``[N]`` (broadcast over tokens)
+    or ``[N, T]``. With ``rho = exp(logp - old_logp)``::
+
+        loss = -min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A)
+
+    Returns ``(loss, clipped_low, clipped_high)``, all ``[N, T]``; the loss is neither
+    masked nor aggregated. ``clipped_low = (rho < 1 - eps_low) & (A < 0)`` and
+    ``clipped_high = (rho > 1 + eps_high) & (A > 0)`` mark the tokens where the clip
+    binds (and the gradient is zero).
+    """
+    _check_clip(eps_low, eps_high)
+    if advantages.dim() == logp.dim() - 1:
+        advantages = advantages.unsqueeze(-1)
+    ratio = torch.exp(logp - old_logp)
+    clipped_ratio = ratio.clamp(min=1.0 - eps_low, max=1.0 + eps_high)
+    loss = -torch.minimum(ratio * advantages, clipped_ratio * advantages)
+    clipped_low = (ratio < 1.0 - eps_low) & (advantages < 0)
+    clipped_high = (ratio > 1.0 + eps_high) & (advantages > 0)
+    return loss, clipped_low, clipped_high
+
+
+def sequence_clipped_surrogate(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    eps_low: float,
+    eps_high: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """GSPO sequence-level clipped loss (GSPO eqs. 5-7).
+
+    ``logp``, ``old_logp``, ``mask``: ``[N, T]``; ``advantages``: ``[N]``. The
+    length-normalised sequence importance ratio is::
+
+        s_i = exp( sum_t mask_{i,t} * (logp_{i,t} - old_logp_{i,t}) / max(|y_i|, 1) )
+        loss_i = -min(s_i * A_i, clip(s_i, 1 - eps_low, 1 + eps_high) * A_i)
+
+    ``loss_i`` is broadcast to every token of row ``i`` (``[N, T]``), so a per-sequence
+    token mean (:func:`sequence_mean_token_mean`) returns exactly ``loss_i``.
+    Returns ``(loss, clipped_low, clipped_high)``, each ``[N, T]``, with
+    ``clipped_low = (s < 1 - eps_low) & (A < 0)`` and
+    ``clipped_high = (s > 1 + eps_high) & (A > 0)`` broadcast likewise. An empty row
+    has ``s_i = 1``.
+    """
+    _check_clip(eps_low, eps_high)
+    n = logp.shape[0]
+    if advantages.numel() != n:
+        raise ValueError(
+            f"sequence_clipped_surrogate: advantages must have one value per row ({n}), "
+            f"got shape {tuple(advantages.shape)}"
+        )
+    advantages = advantages.reshape(n)
+    log_ratio = masked_mean(logp - old_logp, mask, dim=-1)
+    seq_ratio = torch.exp(log_ratio)
+    clipped_ratio = seq_ratio.clamp(min=1.0 - eps_low, max=1.0 + eps_high)
+    seq_loss = -torch.minimum(seq_ratio * advantages, clipped_ratio * advantages)
+    clipped_low = (seq_ratio < 1.0 - eps_low) & (advantages < 0)
+    clipped_high = (seq_ratio > 1.0 + eps_high) & (advantages > 0)
+    shape = logp.shape
+    return (
+        seq_loss.unsqueeze(-1).expand(shape).contiguous(),
+        clipped_low.unsqueeze(-1).expand(shape).contiguous(),
+        clipped_high.unsqueeze(-1).expand(shape).contiguous(),
+    )
+
+
+# ------------------------------------------------------------------------ KL penalty
+
+
+def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k1 estimator of KL(pi || pi_ref) per token (Schulman 2020): ``logp - ref_logp``.
+
+    ``[N, T]`` -> ``[N, T]``. Unbiased, high variance, can be negative.
+    """
+    return logp - ref_logp
+
+
+def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k2 estimator of KL(pi || pi_ref) per token (Schulman 2020):
+    ``0.5 * (logp - ref_logp) ** 2``.
+
+    ``[N, T]`` -> ``[N, T]``. Biased, low variance, always >= 0.
+    """
+    return 0.5 * (logp - ref_logp) ** 2
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k3 estimator of KL(pi || pi_ref) per token (Schulman 2020; DeepSeekMath eq. 4).
+
+    ``[N, T]`` -> ``[N, T]``. With ``d = ref_logp - logp``::
+
+        k3 = exp(d) - d - 1
+
+    Unbiased and always >= 0 (computed as ``expm1(d) - d`` for accuracy near 0).
+    """
+    d = ref_logp - logp
+    return (torch.expm1(d) - d).clamp(min=0.0)
+
+
+_KL_FUNCTIONS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "k1": kl_k1,
+    "k2": kl_k2,
+    "k3": kl_k3,
+}
+
+
+def kl_estimate(logp: Tensor, ref_logp: Tensor, estimator: str) -> Tensor:
+    """Per-token KL(pi || pi_ref) with the named estimator (one of :data:`KL_ESTIMATORS`).
+
+    ``[N, T]`` -> ``[N, T]``. Raises ``ValueError`` for an unknown name.
+    """
+    try:
+        fn = _KL_FUNCTIONS[estimator]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown KL estimator {estimator!r}; valid choices are {', '.join(KL_ESTIMATORS)}"
+        ) from None
+    return fn(logp, ref_logp)
+
+
+# ----------------------------------------------------------------- loss aggregations
+#
+# Each aggregation takes optional batch-wide counts. Passing the whole batch's
+# counts to every micro-batch makes the sum of the micro-batch results equal the
+# whole-batch result (values and gradients).
+
+
+def token_mean(loss: Tensor, mask: Tensor, *, num_tokens: Optional[Count] = None) -> Tensor:
+    """Token-level mean over the batch (DAPO eq. 12).
+
+    ``loss``, ``mask``: ``[N, T]`` -> scalar::
+
+        sum_{i,t} (loss * mask)_{i,t} / num_tokens
+
+    ``num_tokens`` defaults to ``sum(mask)``; it is clamped to >= 1.
+    """
+    if num_tokens is None:
+        num_tokens = mask.to(_acc_dtype(loss.dtype)).sum()
+    total = masked_sum(loss, mask).to(_acc_dtype(loss.dtype))
+    return (total / _denominator(num_tokens, loss)).to(loss.dtype)
+
+
+def sequence_mean_token_mean(
+    loss: Tensor, mask: Tensor, *, num_sequences: Optional[Count] = None
+) -> Tensor:
+    """Mean over sequences of each sequence's token mean (DeepSeekMath eq. 3; GSPO).
+
+    ``loss``, ``mask``: ``[N, T]`` -> scalar::
+
+        sum_i [ sum_t (loss * mask)_{i,t} / max(|y_i|, 1) ] / num_sequences
+
+    with ``|y_i| = sum_t mask_{i,t}``. ``num_sequences`` defaults to ``N``; it is
+    clamped to >= 1.
+    """
+    if num_sequences is None:
+        num_sequences = loss.shape[0]
+    per_sequence = masked_mean(loss, mask, dim=-1).to(_acc_dtype(loss.dtype))
+    return (per_sequence.sum() / _denominator(num_sequences, loss)).to(loss.dtype)
+
+
+def sequence_mean_token_sum(
+    loss: Tensor, mask: Tensor, *, num_sequences: Optional[Count] = None
+) -> Tensor:
+    """Mean over sequences of each sequence's token sum (RLOO: a completion is one action).
+
+    ``loss``, ``mask``: ``[N, T]`` -> scalar::
+
+        sum_{i,t} (loss * mask)_{i,t} / num_sequences
+
+    ``num_sequences`` defaults to ``N``; it is clamped to >= 1.
+    """
+    if num_sequences is None:
+        num_sequences = loss.shape[0]
+    total = masked_sum(loss, mask).to(_acc_dtype(loss.dtype))
+    return (total / _denominator(num_sequences, loss)).to(loss.dtype)
+
+
+def constant_normalized_sum(
+    loss: Tensor,
+    mask: Tensor,
+    max_tokens: int,
+    *,
+    num_sequences: Optional[Count] = None,
+) -> Tensor:
+    """Token sum over a constant normaliser (Dr. GRPO; removes the length bias).
+
+    ``loss``, ``mask``: ``[N, T]`` -> scalar::
+
+        sum_{i,t} (loss * mask)_{i,t} / (num_sequences * max_tokens)
+
+    ``max_tokens`` (e.g. the generation budget) must be positive. ``num_sequences``
+    defaults to ``N``; it is clamped to >= 1.
+    """
+    if max_tokens <= 0:
+        raise ValueError(f"constant_normalized_sum: max_tokens must be positive, got {max_tokens}")
+    if num_sequences is None:
+        num_sequences = loss.shape[0]
+    total = masked_sum(loss, mask).to(_acc_dtype(loss.dtype))
+    denom = _denominator(num_sequences, loss) * max_tokens
+    return (total / denom).to(loss.dtype)
