@@ -1,0 +1,23 @@
+"""Reward functions ``(prompts, completions, **columns) -> list[float | None]`` and how they are scored."""
+
+from grpo_lightning.rewards.accuracy import accuracy_reward, answers_match, extract_answer
+from grpo_lightning.rewards.format import r1_format_reward
+from grpo_lightning.rewards.reward_model import RewardModel
+from grpo_lightning.rewards.scoring import (
+    RewardFunctionError,
+    resolve_reward_function,
+    score_completions,
+    weighted_reward,
+)
+
+__all__ = [
+    "RewardFunctionError",
+    "RewardModel",
+    "accuracy_reward",
+    "answers_match",
+    "extract_answer",
+    "r1_format_reward",
+    "resolve_reward_function",
+    "score_completions",
+    "weighted_reward",
+]

@@ -1,0 +1,88 @@
+"""Accuracy reward: does the answer in a completion match the reference answer?"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+from typing import Any
+
+from grpo_lightning.rewards.scoring import completion_text
+
+ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+BOXED_OPENING = re.compile(r"\\boxed\s*\{")
+# A minus sign counts only when it does not follow a word or a closing bracket ("10-3" is not "-3").
+NUMBER = re.compile(r"(?:(?<![\w)\]])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?:(?<![\w)\]])-)?\.\d+")
+LATEX_FRACTION = re.compile(r"^(-?)\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}$")
+THOUSANDS = re.compile(r"^[-+]?\d{1,3}(,\d{3})+(\.\d+)?$")
+RELATIVE_TOLERANCE = 1e-6
+
+
+def extract_answer(text: str) -> str | None:
+    """The final answer in ``text``: the last ``<answer>...</answer>``, else the last ``\\boxed{...}``,
+    else the last number (commas removed); ``None`` when there is none."""
+    tagged = ANSWER_TAG.findall(text)
+    if tagged:
+        return tagged[-1].strip()
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        return boxed.strip()
+    numbers = NUMBER.findall(text)
+    return numbers[-1].replace(",", "") if numbers else None
+
+
+def _last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` whose braces balance, allowing nested braces."""
+    for opening in reversed(list(BOXED_OPENING.finditer(text))):
+        depth = 1
+        for position in range(opening.end(), len(text)):
+            if text[position] == "{":
+                depth += 1
+            elif text[position] == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[opening.end() : position]
+    return None
+
+
+def parse_number(text: str) -> float | None:
+    """Parse ints, decimals, fractions (``3/4``, ``\\frac{3}{4}``) and ``1,234``; ``None`` if not a number."""
+    cleaned = text.strip().strip("$").strip().rstrip(".").strip()
+    latex = LATEX_FRACTION.match(cleaned)
+    if latex:
+        cleaned = f"{latex.group(1)}{latex.group(2)}/{latex.group(3)}"
+    if THOUSANDS.match(cleaned):
+        cleaned = cleaned.replace(",", "")
+    try:
+        return float(Fraction(cleaned.replace(" ", "")))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def answers_match(predicted: str | None, reference: Any) -> bool:
+    """Numeric comparison (relative tolerance 1e-6) when both sides are numbers, else normalized text equality."""
+    if predicted is None or reference is None:
+        return False
+    reference = str(reference)
+    predicted_number, reference_number = parse_number(predicted), parse_number(reference)
+    if predicted_number is not None and reference_number is not None:
+        return predicted_number == reference_number or math.isclose(
+            predicted_number, reference_number, rel_tol=RELATIVE_TOLERANCE
+        )
+    return _normalize(predicted) == _normalize(reference)
+
+
+def _normalize(text: str) -> str:
+    return " ".join(text.strip().strip("$").strip().rstrip(".").lower().split())
+
+
+def accuracy_reward(prompts: list[Any], completions: list[Any], answer: list[Any], **kwargs: Any) -> list[float | None]:
+    """1.0 when the completion's extracted answer matches ``answer``, else 0.0; ``None`` where ``answer`` is None."""
+    if len(answer) != len(completions):
+        raise ValueError(
+            f"got {len(answer)} answers for {len(completions)} completions; pass one answer per completion."
+        )
+    return [
+        None if reference is None else float(answers_match(extract_answer(completion_text(completion)), reference))
+        for completion, reference in zip(completions, answer)
+    ]

@@ -1,0 +1,275 @@
+"""Tests for the arithmetic task and the prompt data modules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from datasets import Dataset, DatasetDict
+
+from grpo_lightning.data import ArithmeticDataModule, PromptDataModule, format_target, make_arithmetic_dataset
+
+ROWS = [{"question": f"q{i}", "solution": str(i), "level": i % 3} for i in range(10)]
+
+
+def write_jsonl(path: Path, rows: list[dict] = ROWS) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def module(path: Path | str, **kwargs) -> PromptDataModule:
+    defaults = {"prompt_column": "question", "answer_column": "solution", "val_split": None, "batch_size": 4}
+    return PromptDataModule(path=str(path), **{**defaults, **kwargs})
+
+
+# --- arithmetic task -------------------------------------------------------------------------
+
+
+def test_arithmetic_dataset_has_requested_splits_sizes_and_columns():
+    data = make_arithmetic_dataset(num_train=50, num_val=10)
+    assert set(data) == {"train", "validation"}
+    assert (len(data["train"]), len(data["validation"])) == (50, 10)
+    assert data["train"].column_names == ["prompt", "answer"]
+
+
+def test_arithmetic_answers_are_correct_for_every_operation():
+    data = make_arithmetic_dataset(num_train=300, num_val=0, operations="+-*")
+    for prompt, answer in zip(data["train"]["prompt"], data["train"]["answer"]):
+        assert prompt.endswith("=")
+        assert eval(prompt[:-1]) == int(answer)
+
+
+def test_arithmetic_subtraction_never_goes_negative():
+    data = make_arithmetic_dataset(num_train=200, num_val=0, operations="-")
+    assert all(int(answer) >= 0 for answer in data["train"]["answer"])
+
+
+def test_arithmetic_operands_stay_within_digit_range():
+    data = make_arithmetic_dataset(num_train=200, num_val=0, digits=1, operations="+*")
+    for prompt in data["train"]["prompt"]:
+        operands = prompt[:-1].replace("*", "+").split("+")
+        assert all(0 <= int(operand) <= 9 for operand in operands)
+
+
+def test_arithmetic_dataset_is_deterministic_for_a_seed():
+    first = make_arithmetic_dataset(num_train=40, num_val=10, seed=3)
+    second = make_arithmetic_dataset(num_train=40, num_val=10, seed=3)
+    other = make_arithmetic_dataset(num_train=40, num_val=10, seed=4)
+    assert list(first["train"]["prompt"]) == list(second["train"]["prompt"])
+    assert list(first["validation"]["prompt"]) == list(second["validation"]["prompt"])
+    assert list(first["train"]["prompt"]) != list(other["train"]["prompt"])
+
+
+@pytest.mark.parametrize("digits", [1, 2])  # 1: nearly the whole space is drawn; 2: a small part of it
+def test_arithmetic_validation_prompts_are_disjoint_from_training(digits):
+    data = make_arithmetic_dataset(num_train=110, num_val=40, digits=digits, operations="+-")
+    assert not set(data["train"]["prompt"]) & set(data["validation"]["prompt"])
+
+
+def test_arithmetic_can_use_the_whole_problem_space():
+    data = make_arithmetic_dataset(num_train=90, num_val=10, digits=1, operations="+")
+    prompts = list(data["train"]["prompt"]) + list(data["validation"]["prompt"])
+    assert len(set(prompts)) == 100
+
+
+def test_arithmetic_rejects_sizes_beyond_the_problem_space():
+    with pytest.raises(ValueError, match=r"exceeds the 100 distinct problems.*lower num_train"):
+        make_arithmetic_dataset(num_train=95, num_val=10, digits=1, operations="+")
+
+
+def test_arithmetic_rejects_unknown_operations():
+    with pytest.raises(ValueError, match=r"operations='/'.*'\+-\*'"):
+        make_arithmetic_dataset(operations="/")
+
+
+def test_format_target_wraps_answer_in_tags():
+    assert format_target("82") == "<answer>82</answer>"
+
+
+# --- loading through PromptDataModule ----------------------------------------------------------
+
+
+def test_constructing_a_data_module_does_not_touch_the_filesystem(tmp_path):
+    data = module(tmp_path / "does_not_exist.jsonl")
+    assert data.train_dataset is None
+
+
+def test_loads_a_jsonl_file_as_the_train_split(tmp_path):
+    data = module(write_jsonl(tmp_path / "rows.jsonl"))
+    data.setup("fit")
+    assert len(data.train_dataset) == 10
+
+
+def test_loads_a_json_array_file(tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(ROWS))
+    data = module(path)
+    data.setup("fit")
+    assert list(data.train_dataset["question"]) == [row["question"] for row in ROWS]
+
+
+def test_loads_a_csv_file(tmp_path):
+    path = tmp_path / "rows.csv"
+    Dataset.from_list(ROWS).to_csv(str(path), index=False)
+    data = module(path)
+    data.setup("fit")
+    assert len(data.train_dataset) == 10
+
+
+def test_loads_a_parquet_file(tmp_path):
+    path = tmp_path / "rows.parquet"
+    Dataset.from_list(ROWS).to_parquet(str(path))
+    data = module(path)
+    data.setup("fit")
+    assert list(data.train_dataset["solution"])[3] == "3"
+
+
+def test_loads_a_saved_dataset_dict_with_validation(tmp_path):
+    DatasetDict({"train": Dataset.from_list(ROWS), "test": Dataset.from_list(ROWS[:3])}).save_to_disk(str(tmp_path))
+    data = module(tmp_path, val_split="test")
+    data.setup("fit")
+    assert (len(data.train_dataset), len(data.val_dataset)) == (10, 3)
+
+
+def test_loads_a_saved_single_dataset_as_the_train_split(tmp_path):
+    Dataset.from_list(ROWS).save_to_disk(str(tmp_path))
+    data = module(tmp_path)
+    data.setup("fit")
+    assert len(data.train_dataset) == 10
+
+
+def test_a_subclass_can_provide_data_by_overriding_load():
+    class InMemory(PromptDataModule):
+        def load(self) -> DatasetDict:
+            return DatasetDict({"train": Dataset.from_list(ROWS)})
+
+    data = InMemory(prompt_column="question", answer_column=None, val_split=None, batch_size=2)
+    data.setup("fit")
+    assert len(data.train_dataset) == 10
+
+
+# --- batches -------------------------------------------------------------------------------------
+
+
+def test_train_batches_hold_every_column_as_lists_plus_aliases(tmp_path):
+    data = module(write_jsonl(tmp_path / "rows.jsonl"))
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    assert set(batch) == {"question", "solution", "level", "prompt", "answer"}
+    assert all(isinstance(values, list) and len(values) == 4 for values in batch.values())
+    assert batch["prompt"] == batch["question"] and batch["answer"] == batch["solution"]
+
+
+def test_train_loader_drops_the_last_partial_batch(tmp_path):
+    data = module(write_jsonl(tmp_path / "rows.jsonl"))
+    data.setup("fit")
+    assert [len(batch["prompt"]) for batch in data.train_dataloader()] == [4, 4]
+
+
+def test_train_shuffle_is_determined_by_seed(tmp_path):
+    path = write_jsonl(tmp_path / "rows.jsonl")
+
+    def first_epoch(seed: int) -> list[str]:
+        data = module(path, seed=seed)
+        data.setup("fit")
+        return [prompt for batch in data.train_dataloader() for prompt in batch["prompt"]]
+
+    assert first_epoch(1) == first_epoch(1)
+    assert first_epoch(1) != first_epoch(2)
+
+
+def test_validation_keeps_order_batch_size_and_max_samples(tmp_path):
+    DatasetDict({"train": Dataset.from_list(ROWS), "validation": Dataset.from_list(ROWS)}).save_to_disk(str(tmp_path))
+    data = module(tmp_path, val_split="validation", val_batch_size=3, max_val_samples=7)
+    data.setup("fit")
+    batches = list(data.val_dataloader())
+    assert [len(batch["prompt"]) for batch in batches] == [3, 3, 1]
+    assert [p for batch in batches for p in batch["prompt"]] == [f"q{i}" for i in range(7)]
+
+
+def test_without_val_split_the_validation_loader_is_empty(tmp_path):
+    data = module(write_jsonl(tmp_path / "rows.jsonl"))
+    data.setup("fit")
+    assert data.val_dataset is None and data.val_dataloader() == []
+
+
+def test_without_answer_column_batches_have_no_answer_alias(tmp_path):
+    data = module(write_jsonl(tmp_path / "rows.jsonl"), answer_column=None)
+    data.setup("fit")
+    assert "answer" not in next(iter(data.train_dataloader()))
+
+
+def test_state_dict_round_trips_the_seed():
+    source, target = PromptDataModule(seed=7), PromptDataModule(seed=0)
+    target.load_state_dict(source.state_dict())
+    assert target.seed == 7
+
+
+def test_arithmetic_data_module_serves_the_arithmetic_task():
+    data = ArithmeticDataModule(digits=1, num_train=20, num_val=5, batch_size=4, val_batch_size=5, task_seed=1)
+    data.setup("fit")
+    train_batch = next(iter(data.train_dataloader()))
+    val_batch = next(iter(data.val_dataloader()))
+    assert len(train_batch["prompt"]) == 4 and len(val_batch["prompt"]) == 5
+    assert val_batch["prompt"] == list(make_arithmetic_dataset(20, 5, digits=1, seed=1)["validation"]["prompt"])
+
+
+# --- configuration errors --------------------------------------------------------------------------
+
+
+def test_missing_train_split_lists_splits_and_names_the_field(tmp_path):
+    DatasetDict({"training": Dataset.from_list(ROWS)}).save_to_disk(str(tmp_path))
+    with pytest.raises(ValueError, match=r"data\.train_split='train'.*\['training'\].*set --data\.train_split"):
+        module(tmp_path).setup("fit")
+
+
+def test_missing_val_split_suggests_choosing_a_split_or_null(tmp_path):
+    data = module(write_jsonl(tmp_path / "rows.jsonl"), val_split="validation")
+    with pytest.raises(ValueError, match=r"data\.val_split='validation'.*\['train'\].*--data\.val_split null"):
+        data.setup("fit")
+
+
+def test_missing_prompt_column_lists_columns_and_names_the_field(tmp_path):
+    data = module(write_jsonl(tmp_path / "rows.jsonl"), prompt_column="prompt")
+    with pytest.raises(ValueError, match=r"data\.prompt_column='prompt'.*'question'.*set --data\.prompt_column"):
+        data.setup("fit")
+
+
+def test_missing_answer_column_suggests_a_column_or_null(tmp_path):
+    data = module(write_jsonl(tmp_path / "rows.jsonl"), answer_column="answer")
+    with pytest.raises(ValueError, match=r"data\.answer_column='answer'.*'solution'.*--data\.answer_column null"):
+        data.setup("fit")
+
+
+def test_empty_split_is_rejected():
+    class WithEmptyValidation(PromptDataModule):
+        def load(self) -> DatasetDict:
+            empty = Dataset.from_dict({"prompt": [], "answer": []})
+            return DatasetDict({"train": Dataset.from_dict({"prompt": ["a"], "answer": ["b"]}), "validation": empty})
+
+    with pytest.raises(ValueError, match=r"'validation' \(data\.val_split\) has no rows.*set --data\.val_split"):
+        WithEmptyValidation(batch_size=1).setup("fit")
+
+
+def test_batch_size_below_one_is_rejected_at_construction():
+    with pytest.raises(ValueError, match=r"data\.batch_size=0.*set --data\.batch_size"):
+        PromptDataModule(batch_size=0)
+
+
+def test_train_split_smaller_than_batch_size_is_rejected(tmp_path):
+    data = module(write_jsonl(tmp_path / "rows.jsonl"), batch_size=11)
+    with pytest.raises(ValueError, match=r"data\.batch_size=11.*10 rows.*set --data\.batch_size to at most 10"):
+        data.setup("fit")
+
+
+def test_unset_path_asks_for_data_path():
+    with pytest.raises(ValueError, match=r"data\.path is not set; set --data\.path"):
+        PromptDataModule().setup("fit")
+
+
+def test_unsupported_file_extension_lists_supported_ones(tmp_path):
+    path = tmp_path / "rows.txt"
+    path.write_text("hello")
+    with pytest.raises(ValueError, match=r"data\.path=.*'\.txt'.*'\.jsonl'"):
+        module(path).setup("fit")
