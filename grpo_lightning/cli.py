@@ -1,0 +1,41 @@
+"""``grpo-lightning``: the Lightning CLI over every variant and data module.
+
+    grpo-lightning fit --config configs/quickstart.yaml
+    grpo-lightning fit --config configs/quickstart.yaml --model variants.DAPO --model.beta 0.0
+    grpo-lightning fit --config configs/quickstart.yaml --print_config
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from lightning.pytorch.cli import LightningCLI
+
+from grpo_lightning.data import PromptDataModule
+from grpo_lightning.module import GroupPolicyOptimization
+
+
+class GRPOLightningCLI(LightningCLI):
+    """LightningCLI in subclass mode: ``--model`` takes any variant's class path."""
+
+    def __init__(self, args: Sequence[str] | None = None, run: bool = True, **kwargs) -> None:
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault("auto_configure_optimizers", False)
+        super().__init__(
+            GroupPolicyOptimization,
+            PromptDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            args=args,
+            run=run,
+            **kwargs,
+        )
+
+
+def main(args: Sequence[str] | None = None) -> None:
+    GRPOLightningCLI(args=args if args is not None else sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()

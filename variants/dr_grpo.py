@@ -1,0 +1,34 @@
+"""Dr. GRPO: Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective",
+section 3.2.
+
+GRPO's per-response length normaliser ``1/|o_i|`` and the std in the advantage bias
+optimisation (towards long wrong answers and towards questions of low reward variance). Dr. GRPO
+removes both (eq. 3)::
+
+    A_i = r_i - mean(r)
+    J   = 1/(G * L) sum_i sum_t min(r_it A_i, clip(r_it, 1 - eps, 1 + eps) A_i)
+
+with a constant normaliser ``L = max_new_tokens``. No KL term (beta 0).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from grpo_lightning import functional as F
+from grpo_lightning.module import GroupPolicyOptimization
+
+
+class DrGRPO(GroupPolicyOptimization):
+    """Group-centred advantages and a constant, length-independent normaliser."""
+
+    def __init__(self, model: str, *, beta: float = 0.0, **kwargs) -> None:
+        super().__init__(model, beta=beta, **kwargs)
+
+    def advantages(self, rewards: Tensor) -> Tensor:
+        """``r - mean_g`` (no division by the group std)."""
+        return F.group_centered_advantages(rewards)
+
+    def aggregate(self, loss: Tensor, mask: Tensor, *, num_sequences: int | None = None, num_tokens=None) -> Tensor:
+        """``sum(loss * mask) / (N * max_new_tokens)``."""
+        return F.constant_normalized_sum(loss, mask, self.max_new_tokens, num_sequences=num_sequences)

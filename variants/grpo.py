@@ -1,0 +1,29 @@
+"""GRPO: Shao et al. 2024, "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open
+Language Models", section 4.1.
+
+Objective (eq. 3), with outcome supervision and the k3 KL estimator (eq. 4)::
+
+    J = 1/G sum_i 1/|o_i| sum_t { min(r_it A_i, clip(r_it, 1 - eps, 1 + eps) A_i) - beta * D_KL,t }
+    A_i = (r_i - mean(r)) / std(r)
+
+Defaults are the paper's: eps 0.2, beta 0.04, k3.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from grpo_lightning import functional as F
+from grpo_lightning.module import GroupPolicyOptimization
+
+
+class GRPO(GroupPolicyOptimization):
+    """Group-normalised advantages; each completion's token mean, averaged over completions."""
+
+    def advantages(self, rewards: Tensor) -> Tensor:
+        """``(r - mean_g) / (std_g + 1e-4)``, unbiased std; 0 for groups of equal rewards."""
+        return F.group_normalized_advantages(rewards)
+
+    def aggregate(self, loss: Tensor, mask: Tensor, *, num_sequences: int | None = None, num_tokens=None) -> Tensor:
+        """``1/G sum_i 1/|o_i| sum_t loss_it`` (eq. 3)."""
+        return F.sequence_mean_token_mean(loss, mask, num_sequences=num_sequences)

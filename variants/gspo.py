@@ -1,0 +1,34 @@
+"""GSPO: Zheng et al. 2025, "Group Sequence Policy Optimization" (Qwen), section 4.
+
+The importance ratio is taken per sequence, length-normalised (eq. 7), and clipped per sequence::
+
+    s_i = (pi(y_i|x) / pi_old(y_i|x)) ** (1/|y_i|) = exp(1/|y_i| sum_t log(pi_t / pi_old,t))
+    J   = 1/G sum_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)
+
+Advantages are GRPO's. The clip range is the paper's (3e-4, 4e-4): sequence ratios stay close to
+1, so the range is far narrower than a token-level one. No KL term.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from grpo_lightning import functional as F
+from variants.grpo import GRPO
+
+
+class GSPO(GRPO):
+    """GRPO with a sequence-level, clipped importance ratio."""
+
+    def __init__(
+        self, model: str, *, beta: float = 0.0, clip_eps_low: float = 3e-4, clip_eps_high: float = 4e-4, **kwargs
+    ) -> None:
+        super().__init__(model, beta=beta, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, **kwargs)
+
+    def token_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+        """``-min(s_i A_i, clip(s_i) A_i)`` on every token of sequence ``i`` (eq. 5-7)."""
+        loss, clipped_low, clipped_high = F.sequence_clipped_surrogate(
+            logp, old_logp, advantages, mask, self.clip_eps_low, self.clip_eps_high
+        )
+        self.record_clipping(clipped_low, clipped_high, mask)
+        return loss
