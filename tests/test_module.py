@@ -1,0 +1,205 @@
+"""The shared module: a real Trainer fit, what it logs and writes, and the checks before any work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from grpo_lightning.data import ArithmeticDataModule
+from grpo_lightning.logprobs import completion_logprobs
+from grpo_lightning.module import ConfigError
+from grpo_lightning.rewards import RewardFunctionError
+from variants import DAPO, GRPO
+
+REQUIRED_METRICS = {
+    "reward",
+    "reward_std",
+    "rewards/accuracy_reward/mean",
+    "frac_reward_zero_std",
+    "kl",
+    "clip_ratio/low",
+    "clip_ratio/high",
+    "entropy",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "perf/rollout_s",
+    "perf/update_s",
+    "perf/tokens_per_s",
+    "val/accuracy",
+}
+
+
+def count_ones_reward(prompts, completions, **columns):
+    """A toy reward: the share of characters that are '1'."""
+    return [c.count("1") / max(len(c), 1) for c in completions]
+
+
+def failing_reward(prompts, completions, **columns):
+    raise ZeroDivisionError("boom")
+
+
+def small_data(**overrides) -> ArithmeticDataModule:
+    settings = dict(num_train=32, num_val=8, batch_size=2, val_batch_size=8)
+    settings.update(overrides)
+    return ArithmeticDataModule(**settings)
+
+
+def make_trainer(tmp_path: Path, max_steps: int = 2, **overrides) -> L.Trainer:
+    settings = dict(
+        max_steps=max_steps,
+        accelerator="cpu",
+        logger=L.pytorch.loggers.TensorBoardLogger(tmp_path, name="run"),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        val_check_interval=max_steps,
+        check_val_every_n_epoch=None,
+        log_every_n_steps=1,
+        default_root_dir=tmp_path,
+    )
+    settings.update(overrides)
+    return L.Trainer(**settings)
+
+
+def module(model_dir: str, cls=GRPO, **overrides):
+    settings = dict(model=model_dir, group_size=2, max_new_tokens=6, micro_batch_size=4, learning_rate=1e-3)
+    settings.update(overrides)
+    return cls(**settings)
+
+
+def test_fit_writes_tensorboard_events_with_every_metric(tiny_model_dir, tmp_path):
+    trainer = make_trainer(tmp_path, callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)])
+    trainer.fit(module(tiny_model_dir), small_data())
+
+    events = EventAccumulator(str(trainer.log_dir))
+    events.Reload()
+    logged = set(events.Tags()["scalars"])
+    assert REQUIRED_METRICS <= logged, REQUIRED_METRICS - logged
+    assert [e.step for e in events.Scalars("reward")] == [0, 1]
+
+
+def test_checkpoint_holds_the_policy_but_not_the_reference_model(tiny_model_dir, tmp_path):
+    trainer = make_trainer(tmp_path, max_steps=1, callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)])
+    trainer.fit(module(tiny_model_dir, beta=0.04), small_data())
+
+    state = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["state_dict"]
+    assert any(k.startswith("policy.") for k in state)
+    assert not any(k.startswith("ref_model.") for k in state)
+
+
+def test_no_reference_model_is_loaded_when_beta_is_zero(tiny_model_dir):
+    grpo = module(tiny_model_dir, beta=0.0)
+    grpo.configure_model()
+    assert grpo.ref_model is None
+    with_kl = module(tiny_model_dir, beta=0.04)
+    with_kl.configure_model()
+    assert not any(p.requires_grad for p in with_kl.ref_model.parameters())
+
+
+@pytest.mark.parametrize(("ppo_epochs", "minibatch_size", "old_logprob_passes"), [(1, None, 0), (2, None, 1), (1, 2, 1)])
+def test_old_logprobs_cost_a_forward_pass_only_when_the_policy_moves_within_a_rollout(
+    tiny_model_dir, tmp_path, ppo_epochs, minibatch_size, old_logprob_passes
+):
+    grpo = module(tiny_model_dir, beta=0.0, ppo_epochs=ppo_epochs, minibatch_size=minibatch_size, micro_batch_size=2)
+    passes = []
+    original = grpo.compute_logprobs
+    grpo.compute_logprobs = lambda model, rollout: passes.append(model) or original(model, rollout)
+    make_trainer(tmp_path, max_steps=1 * ppo_epochs * (4 // (minibatch_size or 4)), limit_val_batches=0).fit(grpo, small_data())
+    assert len(passes) == old_logprob_passes
+
+
+def test_teacher_forced_logprobs_match_the_sampling_distribution(tiny_model_dir):
+    grpo = module(tiny_model_dir, max_new_tokens=5)
+    grpo.configure_model()
+    prompts = ["1+2=", "10+20=", "7+55="]  # different lengths: left padding must not shift positions
+    encoded = grpo.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    out = grpo.policy.generate(
+        **encoded, max_new_tokens=5, do_sample=False, output_scores=True, return_dict_in_generate=True,
+        pad_token_id=grpo.tokenizer.pad_token_id, eos_token_id=None,
+    )
+    completion = out.sequences[:, encoded["input_ids"].size(1) :]
+    expected = torch.stack([torch.log_softmax(s.float(), -1) for s in out.scores], 1)
+    expected = expected.gather(-1, completion.unsqueeze(-1)).squeeze(-1)
+
+    logp, entropy = completion_logprobs(
+        grpo.policy, encoded["input_ids"], encoded["attention_mask"], completion, torch.ones_like(completion)
+    )
+    torch.testing.assert_close(logp, expected, rtol=1e-4, atol=1e-4)
+    assert (entropy > 0).all()
+
+
+def test_reward_rises_on_a_toy_task(tiny_model_dir, tmp_path):
+    """GRPO on 'emit the character 1': the mean reward of the last steps beats the first by 0.2."""
+    L.seed_everything(0)
+    grpo = module(
+        tiny_model_dir, reward_funcs=[count_ones_reward], group_size=8, max_new_tokens=8, micro_batch_size=32,
+        learning_rate=5e-3, beta=0.0,
+    )
+    rewards = []
+
+    class RecordReward(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            rewards.append(trainer.logged_metrics["reward"].item())
+
+    make_trainer(tmp_path, max_steps=30, limit_val_batches=0, callbacks=[RecordReward()]).fit(grpo, small_data(batch_size=4))
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + 0.2, (first, last)
+
+
+# ---------------------------------------------------------------- bad input, before any work
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"group_size": 1}, "group_size"),
+        ({"beta": -0.1}, "beta"),
+        ({"kl_estimator": "k4"}, "kl_estimator"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"clip_eps_low": 1.5}, "clip_eps_low"),
+        ({"ppo_epochs": 0}, "ppo_epochs"),
+        ({"minibatch_size": 6, "micro_batch_size": 4}, "micro_batch_size"),
+        ({"reward_weights": [1.0, 2.0]}, "reward_weights"),
+        ({"dtype": "float8"}, "dtype"),
+    ],
+)
+def test_invalid_settings_are_rejected_at_construction_naming_the_field(overrides, field):
+    with pytest.raises(ConfigError, match=field):
+        module("unused/model", **overrides)
+
+
+def test_unknown_reward_function_path_names_the_field_and_an_example():
+    with pytest.raises(ValueError, match=r"reward_funcs\[1\].*no_such_module") as error:
+        module("unused/model", reward_funcs=["grpo_lightning.rewards.accuracy_reward", "no_such_module.reward"])
+    assert "grpo_lightning.rewards.accuracy_reward" in str(error.value)
+
+
+def test_rollout_size_not_divisible_by_minibatch_fails_before_training(tiny_model_dir, tmp_path):
+    trainer = make_trainer(tmp_path)
+    with pytest.raises(ConfigError, match="minibatch_size"):
+        trainer.fit(module(tiny_model_dir, minibatch_size=3, micro_batch_size=1), small_data(batch_size=2))
+    assert trainer.global_step == 0
+
+
+def test_prompt_longer_than_the_context_fails_before_training(tiny_model_dir, tmp_path):
+    trainer = make_trainer(tmp_path)
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        trainer.fit(module(tiny_model_dir, max_new_tokens=62), small_data())
+    assert trainer.global_step == 0
+
+
+def test_a_reward_function_that_raises_is_named_with_the_sample(tiny_model_dir, tmp_path):
+    with pytest.raises(RewardFunctionError, match=r"failing_reward.*sample 0"):
+        make_trainer(tmp_path).fit(module(tiny_model_dir, reward_funcs=[failing_reward]), small_data())
+
+
+def test_dapo_partial_batches_still_train(tiny_model_dir, tmp_path):
+    """A random model rarely solves arithmetic: dynamic sampling then trains on what it found."""
+    dapo = module(tiny_model_dir, cls=DAPO, reward_funcs=[count_ones_reward], max_gen_batches=2)
+    trainer = make_trainer(tmp_path, max_steps=1, limit_val_batches=0)
+    trainer.fit(dapo, small_data())
+    assert trainer.global_step == 1
