@@ -1,0 +1,73 @@
+"""Shared fixtures: a tiny random Qwen2 model on disk, configured modules and real rollouts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+import torch
+
+from grpo_lightning.rollout import Rollout
+from grpo_lightning.tiny import build_char_tokenizer, save_tiny_model, tiny_config
+
+
+def length_parity_reward(prompts: list, completions: list[str], **columns) -> list[float]:
+    """A deterministic toy reward, ``len(completion) % 3``: completions of one prompt differ in
+    length, so most groups have reward variance and non-zero advantages."""
+    return [float(len(c) % 3) for c in completions]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """Directory of a tiny random Qwen2 causal LM and its character tokenizer (``save_pretrained``)."""
+    tokenizer = build_char_tokenizer()
+    config = tiny_config(
+        tokenizer,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    return str(save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), tokenizer, config, seed=0))
+
+
+@pytest.fixture
+def make_module(tiny_model_dir) -> Callable:
+    """``make_module(cls, configure=True, **kwargs)``: a variant on the tiny model.
+
+    Defaults: ``reward_funcs=[length_parity_reward]``, ``group_size=4``, ``max_new_tokens=8``.
+    With ``configure`` the model is loaded (``configure_model()``), which is all that
+    ``generate``, ``score`` and ``micro_batch_loss`` need; a Trainer loads it itself.
+    """
+
+    def make(cls, configure: bool = True, **kwargs):
+        kwargs.setdefault("reward_funcs", [length_parity_reward])
+        kwargs.setdefault("group_size", 4)
+        kwargs.setdefault("max_new_tokens", 8)
+        module = cls(model=tiny_model_dir, **kwargs)
+        if configure:
+            module.configure_model()
+        return module
+
+    return make
+
+
+@pytest.fixture
+def make_rollout() -> Callable:
+    """``make_rollout(module, prompts, seed=0, **columns)``: a scored rollout of ``module.group_size``
+    completions per prompt, sampled with ``module.sampling`` under a fixed seed.
+
+    ``columns`` are extra dataset columns (one value per prompt), passed on to the reward functions.
+    """
+
+    def make(module, prompts: Sequence[str], seed: int = 0, **columns: Sequence) -> Rollout:
+        batch = {"prompt": list(prompts), **{name: list(values) for name, values in columns.items()}}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            rollout = module.generate(batch, module.group_size, module.sampling)
+        module.score(rollout)
+        return rollout
+
+    return make

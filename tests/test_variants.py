@@ -1,0 +1,391 @@
+"""Specification of the five variants: GRPO, Dr. GRPO, DAPO, RLOO and GSPO.
+
+Hook values are worked out by hand in the comments next to them; the gradient tests run the real
+modules on a tiny random model (``tests/conftest.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import lightning as L
+import pytest
+import torch
+from torch.testing import assert_close
+
+import grpo_lightning.module as module_lib
+from grpo_lightning.data import ArithmeticDataModule
+from grpo_lightning.rollout import Rollout
+from variants import DAPO, GRPO, GSPO, RLOO, DrGRPO
+
+VARIANTS = [GRPO, DrGRPO, DAPO, RLOO, GSPO]
+f64 = torch.float64
+
+
+def t(values, dtype=f64):
+    return torch.tensor(values, dtype=dtype)
+
+
+def hand_rollout(lengths: list[int], width: int, group_size: int) -> Rollout:
+    """A rollout with no real tokens: only the completion lengths (the mask) are meaningful."""
+    n = len(lengths)
+    mask = (torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).float()
+    return Rollout(
+        group_size=group_size,
+        prompt_ids=torch.zeros(n, 1, dtype=torch.long),
+        prompt_mask=torch.ones(n, 1, dtype=torch.long),
+        completion_ids=torch.zeros(n, width, dtype=torch.long),
+        completion_mask=mask,
+        truncated=torch.tensor([length >= width for length in lengths]),
+        prompts=["p"] * n,
+        completions=[""] * n,
+    )
+
+
+# ------------------------------------------------------------------ construction and defaults
+
+
+@pytest.mark.parametrize("cls", VARIANTS, ids=lambda c: c.__name__)
+def test_construction_loads_nothing_and_is_instant(cls, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the constructor must not load a model or tokenizer")
+
+    monkeypatch.setattr(module_lib.AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(module_lib.AutoTokenizer, "from_pretrained", refuse)
+    start = time.perf_counter()
+    module = cls(model="no/such/model", group_size=4, max_new_tokens=16)
+    assert time.perf_counter() - start < 1.0
+    assert module.policy is None and module.ref_model is None and module.tokenizer is None
+
+
+@pytest.mark.parametrize(
+    "cls, beta, eps_low, eps_high, kl_in_loss",
+    [
+        (GRPO, 0.04, 0.2, 0.2, True),  # DeepSeekMath: beta 0.04, eps 0.2, k3
+        (DrGRPO, 0.0, 0.2, 0.2, True),  # Dr. GRPO: no KL term
+        (DAPO, 0.0, 0.2, 0.28, True),  # DAPO: no KL, clip-higher 0.2 / 0.28
+        (RLOO, 0.05, 0.2, 0.2, False),  # RLOO: KL penalty in the reward
+        (GSPO, 0.0, 3e-4, 4e-4, True),  # GSPO: sequence-ratio clip range
+    ],
+    ids=lambda v: v.__name__ if isinstance(v, type) else None,
+)
+def test_defaults_follow_the_papers(cls, beta, eps_low, eps_high, kl_in_loss):
+    module = cls(model="unused")
+    assert module.beta == beta
+    assert (module.clip_eps_low, module.clip_eps_high) == (eps_low, eps_high)
+    assert module.kl_estimator == "k3"
+    assert module.kl_in_loss is kl_in_loss
+
+
+# ------------------------------------------------------------------ hand-computed hook values
+
+# Group 0 has spread, group 1 is all equal (no signal: advantages exactly 0 in every variant).
+REWARDS = [[3.0, 1.0, 2.0, 2.0], [0.5, 0.5, 0.5, 0.5]]
+# Group 0: mean 2, deviations [1, -1, 0, 0], unbiased var (1 + 1) / 3 = 2/3, std 0.816496580927726;
+# 1 / (0.816496580927726 + 1e-4) = 1.2245948897605123.
+Z = 1.2245948897605123
+# Leave-one-out: 3 - (1+2+2)/3 = 4/3; 1 - (3+2+2)/3 = -4/3; 2 - (3+1+2)/3 = 0.
+ADVANTAGES = {
+    GRPO: [[Z, -Z, 0.0, 0.0], [0.0] * 4],
+    DAPO: [[Z, -Z, 0.0, 0.0], [0.0] * 4],
+    GSPO: [[Z, -Z, 0.0, 0.0], [0.0] * 4],
+    DrGRPO: [[1.0, -1.0, 0.0, 0.0], [0.0] * 4],  # centred only
+    RLOO: [[4 / 3, -4 / 3, 0.0, 0.0], [0.0] * 4],
+}
+
+
+@pytest.mark.parametrize("cls", VARIANTS, ids=lambda c: c.__name__)
+def test_advantages_by_hand(cls):
+    advantages = cls(model="unused").advantages(t(REWARDS))
+    assert_close(advantages, t(ADVANTAGES[cls]))
+    assert torch.equal(advantages[1], torch.zeros(4, dtype=f64))
+
+
+# Ragged mask: row 0 has 3 tokens (sum 1+2+3 = 6), row 1 has 1 token (5); max_new_tokens 4.
+LOSS = [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]]
+MASK = [[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
+AGGREGATES = {
+    GRPO: 3.5,  # sequence mean of token means: (6/3 + 5/1) / 2
+    GSPO: 3.5,  # same reduction as GRPO
+    DrGRPO: 1.375,  # token sum over N * max_new_tokens: 11 / (2 * 4)
+    DAPO: 2.75,  # token mean over the batch: 11 / 4 tokens
+    RLOO: 5.5,  # sequence mean of token sums: (6 + 5) / 2
+}
+
+
+@pytest.mark.parametrize("cls", VARIANTS, ids=lambda c: c.__name__)
+def test_aggregate_on_a_ragged_mask_by_hand(cls):
+    module = cls(model="unused", max_new_tokens=4)
+    assert_close(module.aggregate(t(LOSS), t(MASK)), t(AGGREGATES[cls]))
+
+
+# Row 0: ratio 1.25 with advantage +1; row 1: ratio 0.75 with advantage -1.
+#   eps_high 0.2:  -min(1.25 * 1, 1.2 * 1) = -1.2, clipped: no gradient.
+#   eps_high 0.28: 1.25 < 1.28, -1.25, d/dlogp = -ratio * A = -1.25.
+#   low side (eps_low 0.2 everywhere): -min(0.75 * -1, 0.8 * -1) = 0.8, clipped: no gradient.
+@pytest.mark.parametrize(
+    "cls, high_loss, high_grad, high_clipped",
+    [(GRPO, -1.2, 0.0, 0.5), (DrGRPO, -1.2, 0.0, 0.5), (RLOO, -1.2, 0.0, 0.5), (DAPO, -1.25, -1.25, 0.0)],
+    ids=lambda v: v.__name__ if isinstance(v, type) else None,
+)
+def test_token_loss_clip_higher_boundary(cls, high_loss, high_grad, high_clipped):
+    module = cls(model="unused")
+    logp = t([[math.log(1.25)], [math.log(0.75)]]).requires_grad_()
+    mask = t([[1.0], [1.0]])
+    loss = module.token_loss(logp, torch.zeros_like(logp), t([1.0, -1.0]), mask)
+    (grad,) = torch.autograd.grad(loss.sum(), logp)
+    assert_close(loss.detach(), t([[high_loss], [0.8]]))
+    assert_close(grad, t([[high_grad], [0.0]]))
+    metrics = module.step_metrics.compute_and_reset()
+    assert metrics["clip_ratio/high"] == pytest.approx(high_clipped)  # share of the 2 tokens
+    assert metrics["clip_ratio/low"] == pytest.approx(0.5)
+
+
+def test_gspo_sequence_ratio_is_the_length_normalised_masked_ratio():
+    module = GSPO(model="unused")
+    # log-ratios [0.1, 0.3, 5.0] with the third token masked out: s = exp((0.1 + 0.3) / 2) = exp(0.2)
+    # = 1.2214027581601699, far outside [1 - 3e-4, 1 + 4e-4].
+    logp = t([[0.1, 0.3, 5.0], [0.1, 0.3, 5.0]]).requires_grad_()
+    mask = t([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    loss = module.token_loss(logp, torch.zeros_like(logp), t([-1.0, 1.0]), mask)
+    s = 1.2214027581601699
+    # Row 0, A = -1: -min(-s, -1.0004) = s (a large ratio is not clipped for A < 0), on every token.
+    # Row 1, A = +1: -min(s, 1.0004) = -1.0004: clipped, no gradient.
+    assert_close(loss.detach(), t([[s, s, s], [-1.0004, -1.0004, -1.0004]]))
+    # d s / d logp_t = s * mask_t / |y| = s / 2 on the two real tokens, 0 on the masked one.
+    (grad_row0,) = torch.autograd.grad(loss[0, 0], logp, retain_graph=True)
+    (grad_row1,) = torch.autograd.grad(loss[1, 0], logp)
+    assert_close(grad_row0, t([[s / 2, s / 2, 0.0], [0.0, 0.0, 0.0]]))
+    assert torch.equal(grad_row1, torch.zeros_like(grad_row1))
+
+
+# ------------------------------------------------------------------ reward shaping
+
+
+def test_dapo_overlong_shaping_is_linear_inside_the_buffer():
+    # max_new_tokens 10, buffer 4: no penalty up to 10 - 4 = 6 tokens, then -(len - 6) / 4.
+    module = DAPO(model="unused", max_new_tokens=10, overlong_buffer=4)
+    rollout = hand_rollout([3, 6, 7, 9, 10], width=10, group_size=5)
+    shaped = module.shape_rewards(t([1.0, 1.0, 1.0, 1.0, 1.0]), rollout)
+    # penalties [0, 0, -1/4, -3/4, -1]
+    assert_close(shaped, t([1.0, 1.0, 0.75, 0.25, 0.0]))
+
+
+def test_dapo_overlong_buffer_defaults_to_a_fifth_of_max_new_tokens_and_zero_turns_it_off():
+    # max_new_tokens 20 -> buffer 4, start 16; factor 0.5: lengths 16, 18, 20 -> 0, -0.25, -0.5.
+    module = DAPO(model="unused", max_new_tokens=20, overlong_penalty=0.5)
+    assert module.overlong_buffer == 4
+    rollout = hand_rollout([16, 18, 20], width=20, group_size=3)
+    assert_close(module.shape_rewards(t([0.0, 0.0, 0.0]), rollout), t([0.0, -0.25, -0.5]))
+    off = DAPO(model="unused", max_new_tokens=20, overlong_buffer=0)
+    assert_close(off.shape_rewards(t([0.0, 0.0, 0.0]), rollout), t([0.0, 0.0, 0.0]))
+
+
+def test_rloo_puts_the_summed_k1_kl_in_the_reward():
+    rollout = hand_rollout([3, 2], width=3, group_size=2)
+    rollout.old_logp = t([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]])
+    rollout.ref_logp = t([[-1.5, -1.0, -3.0], [-1.0, -1.0, 0.0]])
+    # row 0: (0.5) + (-1) + 0 = -0.5; row 1: 0.5 + 0.5 (third token masked) = 1.0
+    # beta 0.05: [1 + 0.025, 2 - 0.05]
+    shaped = RLOO(model="unused").shape_rewards(t([1.0, 2.0]), rollout)
+    assert_close(shaped, t([1.025, 1.95]))
+    in_loss = RLOO(model="unused", kl_in_reward=False)
+    assert_close(in_loss.shape_rewards(t([1.0, 2.0]), rollout), t([1.0, 2.0]))
+
+
+# ------------------------------------------------------------------ micro-batch invariance
+
+PROMPTS = ["12+34=", "5+6=", "77+8=", "9*9="]  # x group_size 4 = 16 rows
+
+
+def _perturb(model: torch.nn.Module, scale: float = 0.05) -> None:
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs",
+    [
+        pytest.param(GRPO, {"beta": 0.04}, id="GRPO-kl_in_loss"),
+        pytest.param(DrGRPO, {}, id="DrGRPO"),
+        pytest.param(DAPO, {}, id="DAPO-token_mean"),
+        pytest.param(RLOO, {"beta": 0.05}, id="RLOO-kl_in_reward"),
+        pytest.param(GSPO, {}, id="GSPO"),
+    ],
+)
+def test_gradient_does_not_depend_on_micro_batching(cls, kwargs, make_module, make_rollout):
+    module = make_module(cls, **kwargs)
+    rollout = make_rollout(module, PROMPTS)
+    n, group_size = len(rollout), rollout.group_size
+    if module.beta > 0:
+        _perturb(module.ref_model)  # a reference that differs from the policy: the KL has a gradient
+        rollout.ref_logp = module.compute_logprobs(module.ref_model, rollout)
+        if not module.kl_in_loss:
+            rollout.old_logp = module.compute_logprobs(module.policy, rollout)
+    advantages = module.advantages(module.shape_rewards(rollout.rewards, rollout).view(-1, group_size)).flatten()
+    assert advantages.abs().sum() > 0
+    num_tokens = rollout.completion_mask.sum()
+    lengths = rollout.lengths
+    assert lengths.min() < lengths.max(), "the mask should be ragged"
+
+    def total_gradient(sizes: list[int]) -> dict[str, torch.Tensor]:
+        module.policy.zero_grad(set_to_none=True)
+        for rows in torch.arange(n).split(sizes):
+            module.micro_batch_loss(rollout, advantages, rows, num_sequences=n, num_tokens=num_tokens).backward()
+        return {name: p.grad.clone() for name, p in module.policy.named_parameters()}
+
+    whole = total_gradient([n])
+    metrics = module.step_metrics.compute_and_reset()
+    split = total_gradient([3, 5, n - 8])
+    assert sum(g.abs().sum() for g in whole.values()) > 0
+    for name in whole:
+        assert_close(split[name], whole[name], rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}: {m}")
+    if module.beta > 0 and module.kl_in_loss:
+        assert metrics["kl"] > 0
+
+
+class GradientCapture(L.Callback):
+    """Copies the policy's gradients right before each optimizer step."""
+
+    def __init__(self) -> None:
+        self.gradients: list[dict[str, torch.Tensor]] = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        self.gradients.append({n: p.grad.detach().clone() for n, p in pl_module.policy.named_parameters()})
+
+
+def _trainer(max_steps: int, callbacks=()) -> L.Trainer:
+    return L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        max_steps=max_steps,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=list(callbacks),
+    )
+
+
+def _arithmetic(batch_size: int) -> ArithmeticDataModule:
+    return ArithmeticDataModule(num_train=64, num_val=0, val_split=None, batch_size=batch_size)
+
+
+def test_trainer_step_gradient_does_not_depend_on_micro_batch_size(make_module):
+    # 2 prompts x 4 completions = 8 rows: micro-batches of 3 + 3 + 2 against one of 8.
+    gradients = []
+    for micro_batch_size in (3, 8):
+        L.seed_everything(0)
+        capture = GradientCapture()
+        module = make_module(GRPO, configure=False, micro_batch_size=micro_batch_size)
+        _trainer(max_steps=1, callbacks=[capture]).fit(module, datamodule=_arithmetic(batch_size=2))
+        assert len(capture.gradients) == 1  # the hook runs under manual optimization
+        gradients.append(capture.gradients[0])
+    micro, whole = gradients
+    assert sum(g.abs().sum() for g in whole.values()) > 0
+    for name in whole:
+        assert_close(micro[name], whole[name], rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}: {m}")
+
+
+# ------------------------------------------------------------------ DAPO dynamic sampling
+
+
+def flagged_reward(prompts, completions, informative, **columns) -> list[float]:
+    """0, 1, 0, 1, ... within the groups of prompts flagged informative (G is even); 0 elsewhere."""
+    return [float(flag and i % 2) for i, flag in enumerate(informative)]
+
+
+def _dapo(make_module, **kwargs) -> DAPO:
+    return make_module(DAPO, reward_funcs=[flagged_reward], group_size=2, max_new_tokens=4, **kwargs)
+
+
+def _draw(module, make_rollout, flags: list[bool], tag: int) -> Rollout:
+    """A scored rollout of one prompt per flag; prompt lengths differ between draws."""
+    prompts = [f"{str(tag) * tag}+{i}=" for i in range(len(flags))]
+    return make_rollout(module, prompts, seed=tag, informative=flags)
+
+
+def _group_spread(rollout: Rollout) -> torch.Tensor:
+    grouped = rollout.rewards.view(-1, rollout.group_size)
+    return grouped.max(dim=1).values - grouped.min(dim=1).values
+
+
+def test_dynamic_sampling_waits_until_the_batch_is_full(make_module, make_rollout):
+    module = _dapo(make_module, max_gen_batches=5)
+    assert module.select(_draw(module, make_rollout, [True, False, True, False], tag=1)) is None  # 2 of 4
+    assert module.select(_draw(module, make_rollout, [False, False, False, True], tag=2)) is None  # 3 of 4
+    batch = module.select(_draw(module, make_rollout, [False, True, False, False], tag=3))  # 4 of 4
+    assert batch is not None and batch.num_groups == 4
+    assert batch.prompts[:: batch.group_size] == ["1+0=", "1+2=", "22+3=", "333+1="]
+    assert (_group_spread(batch) > 0).all()
+    metrics = module.step_metrics.compute_and_reset()
+    assert metrics["dynamic_sampling/gen_batches"] == 3
+    assert metrics["dynamic_sampling/frac_groups_kept"] == pytest.approx(4 / 12)
+
+
+def test_dynamic_sampling_trims_to_the_target_and_starts_afresh(make_module, make_rollout):
+    module = _dapo(make_module)
+    assert module.select(_draw(module, make_rollout, [True, True, False, True], tag=1)) is None  # 3 of 4
+    batch = module.select(_draw(module, make_rollout, [True, True, True, False], tag=2))  # 6: keep the first 4
+    assert batch.num_groups == 4 and len(batch) == 8
+    assert batch.prompts[:: batch.group_size] == ["1+0=", "1+1=", "1+3=", "22+0="]
+    assert (_group_spread(batch) > 0).all()
+    metrics = module.step_metrics.compute_and_reset()
+    assert metrics["dynamic_sampling/gen_batches"] == 2
+    assert metrics["dynamic_sampling/frac_groups_kept"] == pytest.approx(6 / 8)
+    # The buffer was emptied: one informative group is not a batch.
+    assert module.select(_draw(module, make_rollout, [True, False, False, False], tag=3)) is None
+
+
+def test_dynamic_sampling_exhausted_raises_with_on_exhausted_error(make_module, make_rollout):
+    module = _dapo(make_module, max_gen_batches=2, on_exhausted="error")
+    assert module.select(_draw(module, make_rollout, [True, False, False, False], tag=1)) is None
+    with pytest.raises(RuntimeError, match="max_gen_batches"):
+        module.select(_draw(module, make_rollout, [False, False, True, False], tag=2))
+
+
+def test_dynamic_sampling_exhausted_trains_on_what_it_found_with_partial(make_module, make_rollout):
+    module = _dapo(make_module, max_gen_batches=2, on_exhausted="partial")
+    assert module.select(_draw(module, make_rollout, [True, False, False, False], tag=1)) is None
+    batch = module.select(_draw(module, make_rollout, [False, False, True, False], tag=2))
+    assert batch.num_groups == 2 and (_group_spread(batch) > 0).all()
+    assert module.step_metrics.compute_and_reset()["dynamic_sampling/frac_groups_kept"] == pytest.approx(2 / 8)
+    # No informative group at all: no update.
+    assert module.select(_draw(module, make_rollout, [False] * 4, tag=3)) is None
+    assert module.select(_draw(module, make_rollout, [False] * 4, tag=4)) is None
+
+
+def odd_answer_reward(prompts, completions, answer, **columns) -> list[float]:
+    """0, 1, 0, 1, ... within groups of odd answers (G is even); all 0 for even answers."""
+    return [float(int(a) % 2 == 1 and i % 2 == 1) for i, a in enumerate(answer)]
+
+
+def test_dapo_fit_updates_only_on_informative_groups(make_module):
+    updates: list[torch.Tensor] = []
+
+    class RecordingDAPO(DAPO):
+        def update(self, rollout, advantages):
+            updates.append(rollout.rewards.view(-1, rollout.group_size).clone())
+            super().update(rollout, advantages)
+
+    L.seed_everything(0)
+    module = make_module(
+        RecordingDAPO,
+        configure=False,
+        reward_funcs=[odd_answer_reward],
+        group_size=2,
+        max_new_tokens=4,
+        on_exhausted="error",
+    )
+    trainer = _trainer(max_steps=2)
+    trainer.fit(module, datamodule=_arithmetic(batch_size=4))
+    assert trainer.global_step == 2
+    assert len(updates) == 2
+    for rewards in updates:
+        assert rewards.shape == (4, 2)
+        assert (rewards.max(dim=1).values > rewards.min(dim=1).values).all()
