@@ -95,6 +95,7 @@ class DAPO(GRPO):
         if kept < target and self._gen_batches < self.max_gen_batches:
             return None
         if kept < target and self.on_exhausted == "error":
+            self._kept, self._gen_batches, self._groups_seen = [], 0, 0
             raise RuntimeError(
                 f"DAPO dynamic sampling found {kept} informative groups of the {target} needed in "
                 f"{self._gen_batches} generation batches. Raise --model.max_gen_batches, or set "
