@@ -95,10 +95,10 @@ class DAPO(GRPO):
         if kept < target and self._gen_batches < self.max_gen_batches:
             return None
         if kept < target and self.on_exhausted == "error":
-            self._kept, self._gen_batches, self._groups_seen = [], 0, 0
+            gen_batches, self._kept, self._gen_batches, self._groups_seen = self._gen_batches, [], 0, 0
             raise RuntimeError(
                 f"DAPO dynamic sampling found {kept} informative groups of the {target} needed in "
-                f"{self._gen_batches} generation batches. Raise --model.max_gen_batches, or set "
+                f"{gen_batches} generation batches. Raise --model.max_gen_batches, or set "
                 "--model.on_exhausted partial to train on the groups found."
             )
         self.step_metrics.update("dynamic_sampling/gen_batches", self._gen_batches)
