@@ -520,6 +520,12 @@ class GroupPolicyOptimization(L.LightningModule):
 
     # ------------------------------------------------------------------ validation
 
+    def on_validation_epoch_start(self) -> None:
+        # Fresh states in this evaluation's own grad mode: a state made under inference mode (by a
+        # ``trainer.validate`` call) cannot be updated by a later validation that runs under no_grad.
+        for metric in (self.val_accuracy, self.val_reward, self.val_length):
+            metric.reset()
+
     def validation_step(self, batch: dict[str, list], batch_idx: int) -> None:
         rollout = self.generate(batch, 1, self.val_sampling)
         self.score(rollout)

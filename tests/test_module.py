@@ -203,3 +203,13 @@ def test_dapo_partial_batches_still_train(tiny_model_dir, tmp_path):
     trainer = make_trainer(tmp_path, max_steps=1, limit_val_batches=0)
     trainer.fit(dapo, small_data())
     assert trainer.global_step == 1
+
+
+def test_validate_fit_validate_on_one_trainer(tiny_model_dir, tmp_path):
+    """The quickstart's sequence: accuracy before, training, accuracy after, on one Trainer."""
+    grpo, data = module(tiny_model_dir), small_data()
+    trainer = make_trainer(tmp_path, max_steps=1)
+    before = trainer.validate(grpo, datamodule=data, verbose=False)[0]
+    trainer.fit(grpo, datamodule=data)
+    after = trainer.validate(grpo, datamodule=data, verbose=False)[0]
+    assert 0.0 <= before["val/accuracy"] <= 1.0 and 0.0 <= after["val/accuracy"] <= 1.0
