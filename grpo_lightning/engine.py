@@ -1,0 +1,418 @@
+"""Rollout generation on a preallocated static KV cache, with the decode step as a CUDA graph.
+
+``StaticCacheGenerator`` samples completions like ``model.generate`` but is built for the GRPO loop,
+where the same policy generates a batch of the same shape again and again:
+
+* the KV cache (``transformers.StaticCache``, ``max_batch_size x max_cache_len``) is allocated once
+  and reset between rollouts;
+* the prompt is prefilled eagerly; every later token is one *decode step* on static-shaped buffers:
+  the token fed, its position id, its cache slot, the key-validity mask over the whole cache, the step
+  counter, the ``finished`` flags and the output row all live on the device and are updated in place;
+* sampling (temperature, top-k, nucleus top-p, greedy when ``temperature == 0``, EOS blocked before
+  ``min_new_tokens``) runs inside the step with no host synchronisation: a draw is
+  ``argmax(probs / E)`` with ``E ~ Exponential(1)`` noise, which picks token ``i`` with probability
+  ``probs[i]`` (the Gumbel-max trick in another form);
+* on CUDA the decode step is captured once per sampling setting as a ``torch.cuda.CUDAGraph`` and
+  replayed once per token; the host only checks whether every row has finished every
+  ``check_every`` steps. On CPU the same step runs eagerly.
+
+Weights are shared with the policy, not copied. A captured graph reads the parameters through their
+device addresses, so it stays valid while they are updated in place (``optimizer.step()`` does that)
+and sees every update. If a parameter is replaced by a new tensor (``model.to(...)``, loading a state
+dict with ``assign=True``, FSDP re-sharding), the addresses change: the generator compares a cheap
+fingerprint of the parameter and buffer addresses before each rollout and captures again when it
+differs. Sharded training (FSDP, DeepSpeed ZeRO-3) gathers parameters inside ``forward``, which
+a CUDA graph cannot follow; use ``use_cuda_graph=False`` there, or ``generate_group``.
+
+Rows of a call are padded up to ``max_batch_size`` (copies of the first prompt, dropped from the
+output), so each cache and graph has one batch shape; calls with more rows run in chunks of
+``max_batch_size``. ``max_cache_len`` grows (to a multiple of 64) when a prompt plus
+``max_new_tokens`` does not fit, which allocates a new cache and captures the graphs again.
+
+Attention masks are passed to the model as ready 4-D masks over the whole cache, so the path works
+with the ``"sdpa"`` and ``"eager"`` attention implementations of decoder-only models whose layers all
+use full attention (Qwen2, Llama, Mistral without a sliding window, ...).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+import transformers
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+from .logprobs import position_ids_from_mask
+from .rollout import SamplingParams
+
+_CACHE_LEN_MULTIPLE = 64
+_SUPPORTED_ATTENTION = ("sdpa", "eager")
+
+
+def new_static_cache(config: Any, batch_size: int, max_cache_len: int, device: torch.device, dtype: torch.dtype):
+    """A ``transformers.StaticCache`` for ``batch_size`` rows of ``max_cache_len`` tokens.
+
+    The constructor differs between transformers releases: older ones take the batch size, device and
+    dtype and allocate at once; newer ones take only ``(config, max_cache_len)`` and allocate on the
+    first update, from the shapes and dtypes of the first keys and values. Only the arguments the
+    installed constructor names are passed.
+    """
+    parameters = inspect.signature(transformers.StaticCache.__init__).parameters
+    kwargs: dict[str, Any] = {"config": config, "max_cache_len": max_cache_len}
+    for name in ("max_batch_size", "batch_size"):
+        if name in parameters:
+            kwargs[name] = batch_size
+            break
+    if "device" in parameters:
+        kwargs["device"] = device
+    if "dtype" in parameters:
+        kwargs["dtype"] = dtype
+    return transformers.StaticCache(**kwargs)
+
+
+def sample_tokens(logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """One token per row of ``logits`` ``[B, V]``; no host synchronisation, safe inside a CUDA graph.
+
+    ``temperature == 0`` is greedy (argmax). Otherwise the distribution is ``softmax(logits /
+    temperature)`` restricted to the ``top_k`` most likely tokens (``0`` keeps all; ties at the
+    k-th value are kept) and then to the nucleus: the most likely tokens whose preceding mass is below
+    ``top_p`` (the most likely token is always kept). The draw uses the default generator of the
+    device, so ``torch.manual_seed`` makes it reproducible.
+    """
+    logits = logits.float()
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    if temperature != 1.0:
+        logits = logits / temperature
+    if 0 < top_k < logits.size(-1):
+        kth_largest = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth_largest, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop_sorted = mass_before >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    noise = torch.empty_like(probs).exponential_().clamp_min_(torch.finfo(probs.dtype).tiny)
+    return (probs / noise).argmax(dim=-1)
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _weights_fingerprint(model: nn.Module) -> tuple[int, ...]:
+    """Addresses of every parameter and buffer: a CUDA graph reads them at these addresses."""
+    return tuple(t.data_ptr() for t in model.parameters()) + tuple(t.data_ptr() for t in model.buffers())
+
+
+def _compute_dtype_key(device: torch.device) -> tuple[bool, torch.dtype | None]:
+    """Autocast state of ``device``: the cache is laid out for the dtypes a forward produces under it."""
+    if torch.is_autocast_enabled(device.type):
+        return True, torch.get_autocast_dtype(device.type)
+    return False, None
+
+
+class StaticCacheGenerator:
+    """Samples completions on a reusable ``transformers.StaticCache``; see the module docstring.
+
+    Args:
+        model: a causal LM (``transformers`` decoder-only model); its weights are used in place.
+        max_batch_size: rows of the cache; size it to the rollout batch (prompts x group size).
+        max_cache_len: tokens per row of the cache, at least the longest prompt plus
+            ``max_new_tokens`` (it grows when a call needs more).
+        use_cuda_graph: capture the decode step as a CUDA graph; ``None`` means "when the model is on
+            CUDA", decided at each call (so the generator can be built before the model is moved).
+        check_every: decode steps between checks that every row has finished (each check is a host
+            synchronisation on CUDA); ``None`` means 16 on CUDA and 1 elsewhere.
+        warmup_steps: eager decode steps, on a side stream, before a capture.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        max_batch_size: int,
+        max_cache_len: int,
+        use_cuda_graph: bool | None = None,
+        check_every: int | None = None,
+        warmup_steps: int = 2,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        if max_cache_len < 2:
+            raise ValueError(f"max_cache_len must be at least 2, got {max_cache_len}")
+        if check_every is not None and check_every < 1:
+            raise ValueError(f"check_every must be at least 1, got {check_every}")
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        attention = getattr(config, "_attn_implementation", None) or "eager"
+        if attention not in _SUPPORTED_ATTENTION:
+            raise ValueError(
+                f"StaticCacheGenerator supports attn_implementation {_SUPPORTED_ATTENTION}, the model uses "
+                f"{attention!r}: load it with attn_implementation='sdpa'."
+            )
+        layer_types = getattr(config, "layer_types", None) or ()
+        if any(kind != "full_attention" for kind in layer_types) or getattr(config, "use_sliding_window", False):
+            raise ValueError("StaticCacheGenerator supports models whose layers all use full attention.")
+        self.model = model
+        self.max_batch_size = max_batch_size
+        self.max_cache_len = max_cache_len
+        self.use_cuda_graph = use_cuda_graph
+        self.check_every = check_every
+        self.warmup_steps = warmup_steps
+        self._boolean_mask = attention == "sdpa"
+        parameters = inspect.signature(model.forward).parameters
+        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
+        self._pass_cache_position = "cache_position" in parameters
+        self._pass_logits_to_keep = "logits_to_keep" in parameters
+        self._layout: tuple | None = None
+        self._cache = None
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._graph_pool = None
+        self._weights: tuple[int, ...] | None = None
+
+    # ----------------------------------------------------------------------------------- public
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        sampling: SamplingParams,
+        eos_token_id: int | Sequence[int] | None,
+        pad_token_id: int | None,
+    ) -> Tensor:
+        """Completions ``[N, T]`` for left-padded ``prompt_ids``/``prompt_mask`` ``[N, S]``.
+
+        ``T <= sampling.max_new_tokens`` is the length of the longest completion (up to and
+        including its first EOS), as ``model.generate`` returns it; tokens after a row's EOS are
+        ``pad_token_id`` (the first EOS id when it is ``None``).
+        """
+        eos_ids = [] if eos_token_id is None else [int(eos_token_id)] if isinstance(eos_token_id, int) else list(eos_token_id)
+        pad = pad_token_id if pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
+        rows = prompt_ids.size(0)
+        if rows == 0 or sampling.max_new_tokens < 1:
+            return prompt_ids.new_full((rows, 0), pad)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            parts = [
+                self._generate_batch(
+                    prompt_ids[start : start + self.max_batch_size],
+                    prompt_mask[start : start + self.max_batch_size],
+                    sampling,
+                    eos_ids,
+                    pad,
+                )
+                for start in range(0, rows, self.max_batch_size)
+            ]
+        finally:
+            self.model.train(was_training)
+        if len(parts) == 1:
+            return parts[0]
+        width = max(p.size(1) for p in parts)
+        return torch.cat([nn.functional.pad(p, (0, width - p.size(1)), value=pad) for p in parts])
+
+    def clear(self) -> None:
+        """Free the cache, the buffers and the captured graphs (they are rebuilt on the next call)."""
+        self._layout = None
+        self._cache = None
+        self._graphs.clear()
+        self._graph_pool = None
+        self._weights = None
+
+    # -------------------------------------------------------------------------------- one batch
+
+    def _generate_batch(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams, eos_ids: list[int], pad: int
+    ) -> Tensor:
+        rows, prompt_len = prompt_ids.shape
+        device = _model_device(self.model)
+        use_graph = device.type == "cuda" if self.use_cuda_graph is None else self.use_cuda_graph
+        if use_graph and device.type != "cuda":
+            raise ValueError(f"use_cuda_graph=True needs the model on CUDA, it is on {device}")
+        self._prepare(device, prompt_len + sampling.max_new_tokens)
+        prompt_ids = prompt_ids.to(device)
+        prompt_mask = prompt_mask.to(device)
+        if rows < self.max_batch_size:
+            filler = self.max_batch_size - rows
+            prompt_ids = torch.cat([prompt_ids, prompt_ids[:1].expand(filler, -1)])
+            prompt_mask = torch.cat([prompt_mask, prompt_mask[:1].expand(filler, -1)])
+        self._set_stop_tokens(eos_ids, pad, sampling.min_new_tokens)
+
+        logits = self._prefill(prompt_ids, prompt_mask)
+        graph = None
+        if use_graph:
+            fingerprint = _weights_fingerprint(self.model)
+            if fingerprint != self._weights:
+                self._graphs.clear()
+                self._weights = fingerprint
+            key = (sampling.temperature, sampling.top_k, sampling.top_p)
+            graph = self._graphs.get(key)
+            if graph is None:
+                graph = self._graphs[key] = self._capture(sampling)
+                logits = self._prefill(prompt_ids, prompt_mask)  # the warm-up steps used the cache
+        self._emit(logits, sampling)
+
+        check_every = self.check_every or (16 if device.type == "cuda" else 1)
+        steps = 1
+        while steps < sampling.max_new_tokens:
+            if graph is not None:
+                graph.replay()
+            else:
+                self._decode_step(sampling)
+            steps += 1
+            if steps % check_every == 0 and steps < sampling.max_new_tokens and bool(self._finished[:rows].all()):
+                break
+        return self._collect(rows, steps)
+
+    def _prepare(self, device: torch.device, needed_len: int) -> None:
+        """(Re)allocate the cache and the step buffers when the device, autocast or length changed."""
+        cache_len = self.max_cache_len
+        if needed_len > cache_len:
+            cache_len = -(-needed_len // _CACHE_LEN_MULTIPLE) * _CACHE_LEN_MULTIPLE
+        layout = (device, _compute_dtype_key(device), cache_len)
+        if layout == self._layout:
+            return
+        self.clear()
+        self.max_cache_len = cache_len
+        batch, model = self.max_batch_size, self.model
+        dtype = next(model.parameters()).dtype
+        self._cache = new_static_cache(model.config, batch, cache_len, device, dtype)
+        vocab = model.get_output_embeddings().weight.size(0)
+
+        def zeros(*shape: int, dtype: torch.dtype = torch.long) -> Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        self._tokens = zeros(batch, 1)  # the token fed to the next decode step
+        self._positions = zeros(batch, 1)  # its position id (prompt length + tokens so far - 1)
+        self._cache_position = zeros(1)  # its slot in the cache
+        self._step = zeros(1)  # index of the completion token the next step samples
+        self._min_new = zeros(1)
+        self._pad = zeros(1)
+        self._finished = zeros(batch, dtype=torch.bool)
+        self._key_valid = zeros(batch, cache_len, dtype=torch.bool)  # cache slots a query may attend to
+        self._out = zeros(batch, cache_len)
+        self._eos = zeros(vocab, dtype=torch.bool)
+        self._arange = torch.arange(cache_len, device=device)
+        self._layout = layout
+
+    def _set_stop_tokens(self, eos_ids: list[int], pad: int, min_new_tokens: int) -> None:
+        self._eos.zero_()
+        if eos_ids:
+            self._eos[torch.tensor(eos_ids, device=self._eos.device)] = True
+        self._pad.fill_(pad)
+        self._min_new.fill_(min_new_tokens)
+
+    # ------------------------------------------------------------------------------ the model
+
+    def _attention_mask(self, allowed: Tensor) -> Tensor:
+        """A boolean mask for SDPA, an additive float one for eager attention."""
+        if self._boolean_mask:
+            return allowed
+        return torch.zeros(allowed.shape, device=allowed.device).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+
+    def _forward(self, input_ids: Tensor, allowed: Tensor, position_ids: Tensor, cache_position: Tensor) -> Tensor:
+        kwargs: dict[str, Any] = {
+            "input_ids": input_ids,
+            "attention_mask": self._attention_mask(allowed),
+            "position_ids": position_ids,
+            self._cache_argument: self._cache,
+            "use_cache": True,
+        }
+        if self._pass_cache_position:
+            kwargs["cache_position"] = cache_position
+        if self._pass_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        return self.model(**kwargs).logits[:, -1].float()
+
+    def _prefill(self, prompt_ids: Tensor, prompt_mask: Tensor) -> Tensor:
+        """Reset the cache, run the prompts through it and set up the decode buffers."""
+        self._cache.reset()
+        prompt_len = prompt_ids.size(1)
+        positions = self._arange[:prompt_len]
+        self._key_valid.zero_()
+        self._key_valid[:, :prompt_len] = prompt_mask.bool()
+        causal = self._arange.unsqueeze(0) <= positions.unsqueeze(1)  # [S, L]
+        allowed = causal.unsqueeze(0) & self._key_valid.unsqueeze(1)  # [B, S, L]
+        # A padding query attends to itself, so no row of the mask is empty.
+        allowed[:, positions, positions] = True
+        logits = self._forward(prompt_ids, allowed.unsqueeze(1), position_ids_from_mask(prompt_mask), positions)
+        self._positions.copy_(prompt_mask.long().sum(-1, keepdim=True))
+        self._cache_position.fill_(prompt_len)
+        self._step.zero_()
+        self._finished.zero_()
+        return logits
+
+    def _emit(self, logits: Tensor, sampling: SamplingParams) -> None:
+        """Sample the token of the current step, store it and feed it to the next step."""
+        blocked = self._eos & (self._step < self._min_new)
+        logits = logits.masked_fill(blocked, float("-inf"))
+        token = sample_tokens(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+        token = torch.where(self._finished, self._pad, token)
+        self._out.index_copy_(1, self._step, token.unsqueeze(1))
+        self._finished |= self._eos[token]
+        self._tokens.copy_(token.unsqueeze(1))
+        self._step.add_(1)
+
+    def _decode_step(self, sampling: SamplingParams) -> None:
+        """One token for every row; only in-place updates of static buffers (CUDA-graph safe)."""
+        self._key_valid.index_fill_(1, self._cache_position, True)
+        allowed = self._key_valid[:, None, None, :]
+        logits = self._forward(self._tokens, allowed, self._positions, self._cache_position)
+        self._emit(logits, sampling)
+        self._positions.add_(1)
+        self._cache_position.add_(1)
+
+    def _capture(self, sampling: SamplingParams) -> torch.cuda.CUDAGraph:
+        """Warm up and capture ``_decode_step``; leaves the cache and buffers to be prefilled again."""
+        device = self._out.device
+        autocast, autocast_dtype = _compute_dtype_key(device)
+        # Autocast's weight-cast cache must stay off while capturing (the casts are replayed instead).
+        context = torch.autocast(device.type, dtype=autocast_dtype, cache_enabled=False) if autocast else nullcontext()
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        with context:
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup_steps):
+                    self._decode_step(sampling)
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._graph_pool):
+                self._decode_step(sampling)
+        return graph
+
+    def _collect(self, rows: int, steps: int) -> Tensor:
+        """The first ``rows`` completions, cut after the longest one's EOS."""
+        out = self._out[:rows, :steps]
+        is_eos = self._eos[out]
+        has_eos = is_eos.any(dim=1)
+        lengths = torch.where(has_eos, is_eos.int().argmax(dim=1) + 1, steps)
+        return out[:, : int(lengths.max())].clone()
+
+
+@torch.no_grad()
+def fast_generate_group(
+    generator: StaticCacheGenerator,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    group_size: int,
+    sampling: SamplingParams,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``generate_group`` on a ``StaticCacheGenerator``: same arguments (the generator in place of the
+    model) and the same ``(prompt_ids [N, S], prompt_mask [N, S], completion_ids [N, T])``."""
+    device = _model_device(generator.model)
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    prompt_ids = encoded["input_ids"].to(device).repeat_interleave(group_size, dim=0)
+    prompt_mask = encoded["attention_mask"].to(device).repeat_interleave(group_size, dim=0)
+    completion_ids = generator.generate(
+        prompt_ids, prompt_mask, sampling, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    return prompt_ids, prompt_mask, completion_ids

@@ -1,0 +1,270 @@
+"""StaticCacheGenerator: token parity with ``model.generate``, sampling distributions, EOS handling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+
+from grpo_lightning.engine import StaticCacheGenerator, fast_generate_group, sample_tokens
+from grpo_lightning.rollout import SamplingParams, completion_mask_from_ids, generate_group
+from grpo_lightning.tiny import build_char_tokenizer, save_tiny_model, tiny_config
+
+PROMPTS = ["1+2=", "37+45=", "(1)", "9", "<think>3*4=12", "0.5"]
+MAX_NEW = 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matrices: one intra-op thread is much faster than several on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def model(request, tokenizer, tmp_path_factory):
+    # A large initializer range gives peaked, context-dependent predictions: greedy completions
+    # vary along the sequence instead of repeating one token.
+    config = tiny_config(
+        tokenizer,
+        model_type=request.param,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        initializer_range=1.0,
+    )
+    path = save_tiny_model(tmp_path_factory.mktemp(f"tiny_{request.param}"), tokenizer, config, seed=0)
+    return AutoModelForCausalLM.from_pretrained(path).eval()
+
+
+@pytest.fixture(scope="module")
+def qwen2(tokenizer, tmp_path_factory):
+    config = tiny_config(
+        tokenizer, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64, initializer_range=0.3
+    )
+    path = save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2_sampling"), tokenizer, config, seed=1)
+    return AutoModelForCausalLM.from_pretrained(path).eval()
+
+
+def encode(tokenizer, prompts):
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    return encoded["input_ids"], encoded["attention_mask"]
+
+
+def hf_greedy(model, tokenizer, prompts, eos, min_new_tokens=0, max_new_tokens=MAX_NEW):
+    ids, mask = (t.to(model.device) for t in encode(tokenizer, prompts))
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=min_new_tokens,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return model.generate(input_ids=ids, attention_mask=mask, generation_config=config)[:, ids.size(1) :]
+
+
+def static_greedy(generator, tokenizer, prompts, eos, min_new_tokens=0, max_new_tokens=MAX_NEW):
+    ids, mask = encode(tokenizer, prompts)
+    sampling = SamplingParams(max_new_tokens, temperature=0.0, min_new_tokens=min_new_tokens)
+    return generator.generate(ids, mask, sampling, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+
+
+def unused_token(completions: torch.Tensor, tokenizer) -> int:
+    """A non-pad id that greedy decoding never produces: an EOS that never fires."""
+    used = set(completions.flatten().tolist()) | {tokenizer.pad_token_id}
+    return next(i for i in range(len(tokenizer)) if i not in used)
+
+
+def test_greedy_matches_generate_without_eos(model, tokenizer):
+    reference = hf_greedy(model, tokenizer, PROMPTS, eos=tokenizer.eos_token_id)
+    eos = unused_token(reference, tokenizer)
+    reference = hf_greedy(model, tokenizer, PROMPTS, eos=eos)
+    assert reference.shape == (len(PROMPTS), MAX_NEW)
+    assert all(len(set(row)) >= 4 for row in reference.tolist()), "degenerate model: completions repeat a token"
+    out = static_greedy(StaticCacheGenerator(model, len(PROMPTS), 32), tokenizer, PROMPTS, eos)
+    assert torch.equal(out, reference)
+
+
+def test_greedy_matches_generate_with_early_eos(model, tokenizer):
+    free_run = hf_greedy(model, tokenizer, PROMPTS, eos=unused_token(hf_greedy(model, tokenizer, PROMPTS, 1), tokenizer))
+    eos = int(free_run[0, 2])  # row 0 stops after 3 tokens; other rows stop wherever it shows up
+    reference = hf_greedy(model, tokenizer, PROMPTS, eos=eos)
+    out = static_greedy(StaticCacheGenerator(model, len(PROMPTS), 32), tokenizer, PROMPTS, eos)
+    assert torch.equal(out, reference)
+    assert (out[0, :3] == free_run[0, :3]).all() and (out[0, 3:] == tokenizer.pad_token_id).all()
+    reference_mask, reference_truncated = completion_mask_from_ids(reference, eos)
+    mask, truncated = completion_mask_from_ids(out, eos)
+    assert torch.equal(mask, reference_mask) and torch.equal(truncated, reference_truncated)
+
+
+def test_min_new_tokens_blocks_eos(model, tokenizer):
+    free_run = hf_greedy(model, tokenizer, PROMPTS, eos=unused_token(hf_greedy(model, tokenizer, PROMPTS, 1), tokenizer))
+    eos = int(free_run[0, 0])  # the very first greedy token of row 0
+    reference = hf_greedy(model, tokenizer, PROMPTS, eos=eos, min_new_tokens=5)
+    out = static_greedy(StaticCacheGenerator(model, len(PROMPTS), 32), tokenizer, PROMPTS, eos, min_new_tokens=5)
+    assert torch.equal(out, reference)
+    assert not (out[:, :5] == eos).any()
+
+
+def test_batch_padding_chunking_reuse_and_growth(model, tokenizer):
+    eos = tokenizer.eos_token_id
+    reference = hf_greedy(model, tokenizer, PROMPTS, eos=eos)
+    # Fewer rows than the cache (padded), more rows than the cache (chunks), a cache too short (grows).
+    for generator in (
+        StaticCacheGenerator(model, 16, 32),
+        StaticCacheGenerator(model, 4, 32),
+        StaticCacheGenerator(model, len(PROMPTS), 8),
+    ):
+        assert torch.equal(static_greedy(generator, tokenizer, PROMPTS, eos), reference)
+        # The cache is reused: a different batch (other prompt length) and then the first again.
+        subset = PROMPTS[2:4]
+        assert torch.equal(static_greedy(generator, tokenizer, subset, eos), hf_greedy(model, tokenizer, subset, eos))
+        assert torch.equal(static_greedy(generator, tokenizer, PROMPTS, eos), reference)
+    assert generator.max_cache_len == 64
+
+
+def test_fast_generate_group_matches_generate_group(model, tokenizer):
+    sampling = SamplingParams(MAX_NEW, temperature=0.0)
+    expected = generate_group(model, tokenizer, PROMPTS[:3], 2, sampling)
+    got = fast_generate_group(StaticCacheGenerator(model, 6, 32), tokenizer, PROMPTS[:3], 2, sampling)
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)
+
+
+def total_variation(samples: torch.Tensor, probs: torch.Tensor) -> float:
+    empirical = torch.bincount(samples, minlength=probs.numel()).double() / samples.numel()
+    return 0.5 * (empirical - probs.double()).abs().sum().item()
+
+
+def first_token_probs(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=ids).logits[0, -1].float().softmax(-1)
+
+
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p",
+    [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 3, 1.0), (1.0, 0, 0.6), (1.0, 5, 0.8)],
+)
+def test_first_token_distribution(qwen2, tokenizer, temperature, top_k, top_p):
+    rows = 4000
+    ids, mask = encode(tokenizer, ["37+45="])
+    probs = first_token_probs(qwen2, ids) ** (1.0 / temperature)
+    probs /= probs.sum()
+    keep = torch.ones_like(probs, dtype=torch.bool)
+    if top_k:
+        keep &= probs >= probs.topk(top_k).values[-1]
+    if top_p < 1.0:  # the nucleus of the distribution left by top-k, renormalised
+        restricted = probs.masked_fill(~keep, 0)
+        restricted /= restricted.sum()
+        order = restricted.argsort(descending=True)
+        ranked = restricted[order]
+        keep_ranked = (ranked.cumsum(0) - ranked) < top_p
+        nucleus = torch.zeros_like(keep)
+        nucleus[order[keep_ranked]] = True
+        keep &= nucleus
+    target = probs.masked_fill(~keep, 0)
+    target /= target.sum()
+    if top_k or top_p < 1.0:
+        assert 2 <= int(keep.sum()) < probs.numel()
+
+    torch.manual_seed(0)
+    generator = StaticCacheGenerator(qwen2, rows, 16)
+    sampling = SamplingParams(1, temperature=temperature, top_k=top_k, top_p=top_p)
+    out = generator.generate(ids.expand(rows, -1), mask.expand(rows, -1), sampling, None, tokenizer.pad_token_id)
+    first = out[:, 0]
+    assert keep[first].all(), "a token outside the top-k / nucleus was sampled"
+    assert total_variation(first, target) < 0.05
+
+
+def test_sampled_continuations_use_the_decode_step(qwen2, tokenizer):
+    """Second-token distribution after a fixed first token, sampled through a decode step."""
+    rows = 4000
+    ids, mask = encode(tokenizer, ["1+2="])
+    # Keep the rows whose first token is the most likely one; their second token is drawn in a
+    # decode step and must follow the model's prediction after that token.
+    first = int(first_token_probs(qwen2, ids).argmax())
+    extended = torch.cat([ids, torch.tensor([[first]])], dim=1)
+    target = first_token_probs(qwen2, extended)
+    torch.manual_seed(0)
+    generator = StaticCacheGenerator(qwen2, rows, 16)
+    out = generator.generate(ids.expand(rows, -1), mask.expand(rows, -1), SamplingParams(2), None, 0)
+    second = out[out[:, 0] == first, 1]
+    assert second.numel() > 500
+    tolerance = 0.05 * (4000 / second.numel()) ** 0.5
+    assert total_variation(second, target) < tolerance
+
+
+def test_sample_tokens_support():
+    torch.manual_seed(0)
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.5, 0.0, -1.0]]).expand(2000, -1)
+    assert (sample_tokens(logits, 0.0) == 0).all()
+    assert set(sample_tokens(logits, 1.0, top_k=2).tolist()) == {0, 1}
+    probs = logits[0].softmax(-1)
+    nucleus = int(((probs.cumsum(0) - probs) < 0.8).sum())  # 0.63 + 0.23 >= 0.8: two tokens
+    assert set(sample_tokens(logits, 1.0, top_p=0.8).tolist()) == set(range(nucleus))
+    assert set(sample_tokens(logits, 1.0, top_p=0.01).tolist()) == {0}
+    assert set(sample_tokens(logits, 1.0).tolist()) == set(range(6))
+
+
+def test_pad_after_eos_in_sampled_completions(qwen2, tokenizer):
+    rows = 64
+    ids, mask = encode(tokenizer, ["1+2=", "(1)"])
+    ids, mask = ids.repeat(rows // 2, 1), mask.repeat(rows // 2, 1)
+    eos = int(first_token_probs(qwen2, ids[:1]).argsort()[-2])  # a likely token: many rows stop early
+    assert eos != tokenizer.pad_token_id
+    torch.manual_seed(0)
+    generator = StaticCacheGenerator(qwen2, rows, 32)
+    out = generator.generate(ids, mask, SamplingParams(MAX_NEW, min_new_tokens=2), eos, tokenizer.pad_token_id)
+    completion_mask, truncated = completion_mask_from_ids(out, eos)
+    assert (~truncated).any() and (out[:, :2] != eos).all()
+    assert torch.equal(out.masked_fill(completion_mask == 0, tokenizer.pad_token_id), out)
+    assert completion_mask.sum(1).max() == out.size(1)  # cut after the longest completion
+
+
+def test_rejects_unsupported_attention(qwen2):
+    original = qwen2.config._attn_implementation
+    qwen2.config._attn_implementation = "flash_attention_2"
+    try:
+        with pytest.raises(ValueError, match="attn_implementation"):
+            StaticCacheGenerator(qwen2, 2, 16)
+    finally:
+        qwen2.config._attn_implementation = original
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_matches_eager_and_follows_weights(tokenizer, tmp_path):
+    config = tiny_config(tokenizer, hidden_size=64, num_layers=2, initializer_range=1.0)
+    model = AutoModelForCausalLM.from_pretrained(save_tiny_model(tmp_path, tokenizer, config)).cuda().eval()
+    eos = tokenizer.eos_token_id
+    graphed = StaticCacheGenerator(model, len(PROMPTS), 40, check_every=4)
+    eager = StaticCacheGenerator(model, len(PROMPTS), 40, use_cuda_graph=False)
+    assert torch.equal(static_greedy(graphed, tokenizer, PROMPTS, eos), static_greedy(eager, tokenizer, PROMPTS, eos))
+    assert torch.equal(static_greedy(graphed, tokenizer, PROMPTS, eos), hf_greedy(model, tokenizer, PROMPTS, eos))
+    # In-place weight updates are seen by the captured graph.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)
+    assert torch.equal(static_greedy(graphed, tokenizer, PROMPTS, eos), static_greedy(eager, tokenizer, PROMPTS, eos))
+    # New parameter tensors: captured again.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = p.data * 0.5
+    assert torch.equal(static_greedy(graphed, tokenizer, PROMPTS, eos), hf_greedy(model, tokenizer, PROMPTS, eos))
+    # Sampling in the graph draws fresh noise on each replay.
+    ids, mask = encode(tokenizer, ["37+45="])
+    rows = 4000
+    sampler = StaticCacheGenerator(model, rows, 16)
+    out = sampler.generate(ids.expand(rows, -1), mask.expand(rows, -1), SamplingParams(3), None, 0)
+    probs = first_token_probs(model, ids.cuda()).cpu()
+    assert total_variation(out[:, 0].cpu(), probs) < 0.05
+    assert out[:, 1].unique().numel() > 3 and out[:, 2].unique().numel() > 3
