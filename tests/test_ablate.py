@@ -1,0 +1,300 @@
+import json
+import sys
+import threading
+import time
+import types
+
+import pytest
+
+from grpo_lightning import ablate
+from grpo_lightning.ablate import (
+    CONFIG_DIR,
+    DONE_FILE,
+    METRICS_FILE,
+    Cell,
+    SweepError,
+    SweepSpec,
+    cell_command,
+    cli_value,
+    flatten,
+    run_sweep,
+)
+from grpo_lightning.report import build_report
+
+BASE = ["configs/trainer/cpu.yaml", "configs/data/arithmetic.yaml", "configs/model/tiny.yaml"]
+
+
+def spec_dict(tmp_path, **changes):
+    spec = {"output_dir": str(tmp_path / "sweep"), "base_configs": BASE, "variants": ["grpo", "dr_grpo"], "seeds": [0, 1]}
+    spec.update(changes)
+    return spec
+
+
+# ---------------------------------------------------------------------------- spec and commands
+
+
+def test_flatten_and_cli_values():
+    tree = {"model": {"beta": [0.0, 0.04], "init_args": {"group_size": 4}}, "trainer.max_steps": 5, "data": {}}
+    assert flatten(tree) == {"model.beta": [0.0, 0.04], "model.init_args.group_size": 4, "trainer.max_steps": 5, "data": {}}
+    assert [cli_value(v) for v in (True, None, 3, 0.5, "x", [1, 2])] == ["true", "null", "3", "0.5", "x", "[1, 2]"]
+
+
+def test_cells_and_names(tmp_path):
+    spec = SweepSpec.from_dict(
+        spec_dict(tmp_path, seeds=[0, 1, 2], overrides={"model.group_size": [4, 8], "model": {"beta": [0.0, 0.04]}})
+    )
+    cells = spec.cells()
+    assert len(cells) == 2 * 2 * 2 * 3
+    assert cells[0].name == "grpo-seed0-group_size4-beta0.0"
+    assert cells[0].arm == "grpo-group_size4-beta0.0"
+    assert len({c.name for c in cells}) == len(cells)
+    assert {c.arm for c in cells if c.variant == "dr_grpo" and dict(c.overrides)["model.beta"] == 0.04} == {
+        "dr_grpo-group_size4-beta0.04",
+        "dr_grpo-group_size8-beta0.04",
+    }
+    # the same last key component on two axes: longer names
+    ambiguous = SweepSpec.from_dict(
+        spec_dict(tmp_path, overrides={"model.init_args.batch_size": [1], "data.init_args.batch_size": [2]})
+    )
+    assert ambiguous.cells()[0].name == "grpo-seed0-model_batch_size1-data_batch_size2"
+    # a single variant / seed (what Hydra multirun sets)
+    single = SweepSpec.from_dict(spec_dict(tmp_path, variant="dapo", seed=2))
+    assert [c.name for c in single.cells()] == ["dapo-seed2"]
+
+
+def test_spec_errors(tmp_path):
+    with pytest.raises(SweepError, match="unknown sweep spec keys"):
+        SweepSpec.from_dict(spec_dict(tmp_path, variantz=["grpo"]))
+    with pytest.raises(SweepError, match="output_dir"):
+        SweepSpec.from_dict({**spec_dict(tmp_path), "output_dir": None})
+    with pytest.raises(SweepError, match="base_configs"):
+        SweepSpec.from_dict(spec_dict(tmp_path, base_configs=["configs/nope.yaml"]))
+    with pytest.raises(SweepError, match="no configs/variant/grpoo.yaml"):
+        run_sweep(spec_dict(tmp_path, variants=["grpoo"]))
+    assert not (tmp_path / "sweep").exists()  # nothing started
+    with pytest.raises(SweepError, match="same directory name"):
+        SweepSpec.from_dict(spec_dict(tmp_path, overrides={"model.x": ["a b", "a_b"]})).cells()
+
+
+def test_cell_command_uses_the_shared_yaml(tmp_path):
+    spec = SweepSpec.from_dict(
+        spec_dict(tmp_path, args={"trainer": {"max_steps": 3}}, overrides={"model.beta": [0.0]}, model="/m")
+    )
+    cell = spec.cells()[0]
+    command = cell_command(spec, cell, tmp_path / "cell", "/m")
+    assert command[1:4] == ["-m", "grpo_lightning.cli", "fit"]
+    configs = [command[i + 1] for i, arg in enumerate(command) if arg == "--config"]
+    # the variant first: init_args given before its class_path would bring the base class defaults
+    assert [c.split("configs/")[-1] for c in configs] == [
+        "variant/grpo.yaml", "trainer/cpu.yaml", "data/arithmetic.yaml", "model/tiny.yaml"
+    ]  # fmt: skip
+    text = " ".join(command)
+    assert f"--seed_everything 0 " in text
+    assert f"--trainer.logger.init_args.save_dir {tmp_path / 'cell'} " in text
+    assert "--model.model /m" in text
+    assert text.endswith("--trainer.max_steps 3 --model.beta 0.0")
+    assert "--trainer.callbacks+=grpo_lightning.ablate.ValidateBeforeTraining" in command
+
+
+def test_hydra_configs_compose():
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        default = SweepSpec.from_dict(compose("default"))
+        smoke = SweepSpec.from_dict(compose("smoke", overrides=["+overrides.model.beta=[0.0,0.04]", "parallel=2"]))
+    assert default.variants == ["grpo", "dr_grpo", "dapo", "rloo", "gspo"] and default.seeds == [0, 1, 2]
+    assert default.model == "warmstart" and default.output_dir.name == "default"
+    assert [p.name for p in default.base_configs] == ["cpu.yaml", "arithmetic.yaml", "tiny.yaml"]
+    assert len(default.cells()) == 15
+    assert smoke.variants == ["grpo", "dapo"] and smoke.seeds == [0, 1] and smoke.parallel == 2
+    assert smoke.args["trainer.max_steps"] == 6 and smoke.args["trainer.val_check_interval"] == 3
+    assert smoke.overrides == {"model.beta": [0.0, 0.04]}
+    assert smoke.output_dir.parts[-3:] == ("runs", "ablation", "smoke")
+
+
+def test_warmstart_model_is_resolved_once(tmp_path, monkeypatch):
+    calls = []
+    stub = types.ModuleType("grpo_lightning.warmstart")
+    stub.warm_start = lambda **kw: calls.append(kw) or tmp_path / "ws"
+    monkeypatch.setitem(sys.modules, "grpo_lightning.warmstart", stub)
+    spec = spec_dict(tmp_path, model="warmstart", warmstart={"steps": 5}, seeds=[0, 1], parallel=2)
+    monkeypatch.setattr(ablate, "launch", fake_fit())
+    results = run_sweep(spec)
+    assert calls == [{"steps": 5}] and len(results) == 4
+    command = json.loads((tmp_path / "sweep" / "grpo-seed0" / "cell.json").read_text())["command"]
+    assert command[command.index("--model.model") + 1] == str(tmp_path / "ws")
+    assert run_sweep(spec) and calls == [{"steps": 5}]  # nothing left to run: not resolved again
+
+
+# ---------------------------------------------------------------------------- running, without real fits
+
+
+def fake_fit(fail=()):
+    """A stand-in for the fit subprocess: writes a few scalars where the logger would."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    seen = []
+    running: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def launch(command, log, env, timeout_s=None):
+        save_dir = command[command.index("--trainer.logger.init_args.save_dir") + 1]
+        device = (env or {}).get("CUDA_VISIBLE_DEVICES")
+        with lock:
+            assert device is None or device not in running.values(), "two running cells on one GPU"
+            running[save_dir] = device
+            seen.append((save_dir, device))
+        time.sleep(0.05)
+        writer = SummaryWriter(log_dir=save_dir)
+        for step in range(2):
+            writer.add_scalar("perf/step_s", 0.5, step)
+            writer.add_scalar("perf/generated_tokens", 10.0 * (step + 1), step)
+            writer.add_scalar("val/accuracy", 0.25 * step, step)
+        writer.close()
+        with lock:
+            del running[save_dir]
+        return 1 if any(name in save_dir for name in fail) else 0
+
+    launch.seen = seen
+    return launch
+
+
+def test_parallel_gpus_round_robin_and_failures(tmp_path, monkeypatch):
+    launch = fake_fit(fail=("dr_grpo-seed1",))
+    monkeypatch.setattr(ablate, "launch", launch)
+    spec = spec_dict(tmp_path, seeds=[0, 1, 2], parallel=2, gpus=["3", "5"])
+    results = run_sweep(spec)
+    assert [r.status for r in results] == ["done"] * 4 + ["failed", "done"]
+    assert {device for _, device in launch.seen} == {"3", "5"}
+    failed = tmp_path / "sweep" / "dr_grpo-seed1"
+    assert not (failed / DONE_FILE).exists() and "exit status 1" in results[4].message
+    metrics = json.loads((tmp_path / "sweep" / "grpo-seed0" / METRICS_FILE).read_text())
+    assert metrics["final"]["val/accuracy"] == 0.25 and metrics["generated_tokens"] == 20.0
+
+    launch = fake_fit()
+    monkeypatch.setattr(ablate, "launch", launch)
+    results = run_sweep(spec)
+    assert [r.status for r in results] == ["skipped"] * 4 + ["done", "skipped"]
+    assert [save_dir for save_dir, _ in launch.seen] == [str(failed)]
+
+
+def test_threads_per_cell(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(ablate.os, "cpu_count", lambda: 8)
+    assert ablate._threads_per_cell("auto", 4, on_gpus=False) == 2
+    assert ablate._threads_per_cell("auto", 16, on_gpus=False) == 1
+    assert ablate._threads_per_cell("auto", 1, on_gpus=False) is None
+    assert ablate._threads_per_cell("auto", 4, on_gpus=True) is None
+    assert ablate._threads_per_cell(3, 1, on_gpus=False) == 3
+    assert ablate._threads_per_cell(None, 4, on_gpus=False) is None
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert ablate._threads_per_cell("auto", 4, on_gpus=False) is None
+
+
+def test_finished_cells_with_other_settings_stop_the_sweep(tmp_path, monkeypatch):
+    monkeypatch.setattr(ablate, "launch", fake_fit())
+    run_sweep(spec_dict(tmp_path, args={"trainer.max_steps": 2}))
+    with pytest.raises(SweepError, match="other settings"):
+        run_sweep(spec_dict(tmp_path, args={"trainer.max_steps": 3}))
+    # the same settings written the other way round resume
+    results = run_sweep(spec_dict(tmp_path, args={"trainer": {"max_steps": 2}}, parallel=2))
+    assert {r.status for r in results} == {"skipped"}
+
+
+def test_variant_as_a_yaml_path(tmp_path):
+    spec = SweepSpec.from_dict(spec_dict(tmp_path, variants=["configs/variant/gspo.yaml"], seeds=[4]))
+    assert [c.name for c in spec.cells()] == ["gspo-seed4"]
+    assert "--config" in cell_command(spec, spec.cells()[0], tmp_path, None)
+
+
+def test_cli_exits_nonzero_on_failure(tmp_path, monkeypatch):
+    monkeypatch.setattr(ablate, "launch", fake_fit(fail=("grpo-seed0",)))
+    monkeypatch.setattr(sys, "argv", ["grpo-lightning-ablate", f"output_dir={tmp_path / 'sweep'}", "model=null",
+                                      "variants=[grpo]", "seeds=[0]"])  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        ablate.main()
+    assert exit_info.value.code == 1
+
+
+# ---------------------------------------------------------------------------- a real sweep
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from grpo_lightning.tiny import build_char_tokenizer, save_tiny_model, tiny_config
+
+    tokenizer = build_char_tokenizer()
+    config = tiny_config(tokenizer, hidden_size=32, num_layers=2, intermediate_size=64)
+    return save_tiny_model(tmp_path_factory.mktemp("model") / "tiny", tokenizer, config)
+
+
+def hydra_args(out, model):
+    return [
+        f"output_dir={out}",
+        f"model={model}",
+        "variants=[grpo,dr_grpo]",
+        "seeds=[0,1]",
+        "gpus=none",
+        "threads=1",
+        "args.trainer.max_steps=2",
+        "args.trainer.val_check_interval=1",
+        "args.data.init_args.num_train=32",
+        "args.data.init_args.num_val=8",
+        "args.data.init_args.batch_size=2",
+        "+args.data.init_args.val_batch_size=8",
+        "+args.model.init_args.max_new_tokens=8",
+        "+overrides.model.group_size=[2]",
+    ]
+
+
+def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch):
+    out = tmp_path / "sweep"
+    names = ["grpo-seed0-group_size2", "grpo-seed1-group_size2", "dr_grpo-seed0-group_size2", "dr_grpo-seed1-group_size2"]
+    # left over from an interrupted run: no DONE marker, partial files
+    interrupted = out / names[3]
+    interrupted.mkdir(parents=True)
+    (interrupted / "cell.json").write_text("{}")
+    (interrupted / "partial.txt").write_text("left over")
+
+    launches = []
+    real_launch = ablate.launch
+    monkeypatch.setattr(ablate, "launch", lambda command, *a: launches.append(command) or real_launch(command, *a))
+    argv = ["grpo-lightning-ablate", "--config-name", "smoke", *hydra_args(out, tiny_model), "parallel=2"]
+    monkeypatch.setattr(sys, "argv", argv)
+    ablate.main()
+
+    assert len(launches) == 4
+    assert not (interrupted / "partial.txt").exists()
+    for name in names:
+        cell = out / name
+        assert (cell / DONE_FILE).is_file() and (cell / "config.yaml").is_file(), (cell / "train.log").read_text()[-2000:]
+        assert list(cell.glob("events.out.tfevents.*"))
+        metrics = json.loads((cell / METRICS_FILE).read_text())
+        assert metrics["val/accuracy_before"] is not None  # the validation before training ran
+        assert metrics["generated_tokens"] > 0 and metrics["wall_time_s"] > 0
+        assert metrics["final_step"]["reward"] == 1 and "val/accuracy" in metrics["final"]
+        record = json.loads((cell / "cell.json").read_text())
+        assert record["overrides"] == {"model.group_size": 2} and record["seed"] == int(name.split("seed")[1][0])
+    saved = (out / names[0] / "config.yaml").read_text()
+    assert "group_size: 2" in saved and "max_steps: 2" in saved and "ValidateBeforeTraining" in saved
+
+    # run again, then as a Hydra multirun (one job per cell): every cell is done, nothing starts
+    marks = {name: (out / name / DONE_FILE).stat().st_mtime_ns for name in names}
+    monkeypatch.setattr(ablate, "launch", lambda *a: pytest.fail("a finished cell was started again"))
+    ablate.main()
+    multirun = ["grpo-lightning-ablate", "-m", "--config-name", "smoke", *hydra_args(out, tiny_model),
+                "variant=grpo,dr_grpo", "seed=0,1"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", multirun)
+    ablate.main()
+    assert {name: (out / name / DONE_FILE).stat().st_mtime_ns for name in names} == marks
+
+    target = build_report(out, tmp_path / "reports", name="tiny")
+    md = (target / "report.md").read_text()
+    for section in ["## Summary", "## Runs", "## Configuration", "## Final metrics",
+                    "## Pairwise comparison on final val/accuracy", "## Learning curves"]:  # fmt: skip
+        assert section in md
+    assert "| grpo-group_size2 (n=2) | dr_grpo-group_size2 (n=2) |" in md
+    assert "| `model.class_path` | variants.GRPO | variants.DrGRPO |" in md
+    assert "| `model.init_args.beta` | 0.04 | 0.0 |" in md  # each variant keeps its own defaults
+    assert "val/accuracy before training" in md
+    assert (target / "curves_val_accuracy.png").is_file() and (target / "report.html").is_file()
