@@ -894,7 +894,7 @@ def _notes_section(doc: Doc, confidence: float) -> None:
 # ---------------------------------------------------------------------------- command line
 
 
-def main(argv: Sequence[str] | None = None) -> Path:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="grpo-lightning-report",
         description="Markdown/HTML report with statistics and learning curves of a grpo-lightning-ablate sweep.",
@@ -911,7 +911,6 @@ def main(argv: Sequence[str] | None = None) -> Path:
     target = build_report(args.sweep_dir, args.out, args.name, args.confidence)
     print(f"report: {target / 'report.md'}")
     print(f"html:   {target / 'report.html'}")
-    return target
 
 
 if __name__ == "__main__":
