@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 from lightning.pytorch.cli import LightningCLI
@@ -34,7 +33,7 @@ class GRPOLightningCLI(LightningCLI):
 
 
 def main(args: Sequence[str] | None = None) -> None:
-    GRPOLightningCLI(args=args if args is not None else sys.argv[1:])
+    GRPOLightningCLI(args=args)
 
 
 if __name__ == "__main__":

@@ -400,6 +400,7 @@ class GroupPolicyOptimization(L.LightningModule):
         step_start = time.perf_counter()
         rollout = self.generate(batch, self.group_size, self.sampling)
         rollout_s = time.perf_counter() - step_start
+        self.generated_tokens += int(rollout.completion_mask.sum())  # dropped groups cost compute too
         self.log_rollout(rollout)
 
         score_start = time.perf_counter()
@@ -428,7 +429,6 @@ class GroupPolicyOptimization(L.LightningModule):
 
         total_s = time.perf_counter() - step_start
         tokens = float(rollout.completion_mask.sum())
-        self.generated_tokens += int(tokens)
         self.step_metrics.update("perf/rollout_s", rollout_s)
         self.step_metrics.update("perf/score_s", score_s)
         self.step_metrics.update("perf/logprob_s", logprob_s)
