@@ -1,0 +1,433 @@
+"""Speed benchmark of one GRPO workload (W0, W1, W2 of WORKLOADS.md) through a real Lightning Trainer.
+
+    python benchmarks/run.py --workload W0 [--compare trl] [--steps 5] [--out result.json]
+
+Builds a random-init model of the workload's shape and a word-level tokenizer of its vocabulary
+size, writes ``P`` random prompts of exactly the workload's prompt length, runs ``--steps`` GRPO
+steps (``variants.GRPO``, one optimizer step per rollout, every completion exactly
+``max_new_tokens`` long) and reports, over the steps after the first: the median wall-clock
+seconds per step, generated tokens per second, peak GPU memory and the median split between
+rollout, scoring, reference/old log-probs and the update. The last line of stdout is one JSON
+object with every figure. ``--compare trl`` runs TRL's ``GRPOTrainer`` on the identical workload in
+a subprocess (``benchmarks/trl_compare.py``) and adds its figures and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import torch  # noqa: E402
+
+WORKDIR_ENV = "GRPO_BENCH_WORKDIR"  # lets the processes a multi-device launch re-runs reuse rank 0's files
+PHASES = ("rollout_s", "score_s", "logprob_s", "update_s", "step_s")
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """One row of WORKLOADS.md: model shape, rollout shape and batch sizes."""
+
+    prompts: int
+    group_size: int
+    prompt_tokens: int
+    max_new_tokens: int
+    micro_batch_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    dtype: str
+    rope_theta: float = 10000.0
+
+
+QWEN25 = dict(vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768, rope_theta=1e6, dtype="bfloat16")
+WORKLOADS: dict[str, Workload] = {
+    "W0": Workload(
+        prompts=8, group_size=4, prompt_tokens=16, max_new_tokens=32, micro_batch_size=32,
+        hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128,
+        vocab_size=512, tie_word_embeddings=True, max_position_embeddings=128, dtype="float32",
+    ),
+    "W1": Workload(  # Qwen2.5-0.5B shape
+        prompts=16, group_size=8, prompt_tokens=64, max_new_tokens=256, micro_batch_size=32,
+        hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864, **QWEN25,
+    ),
+    "W2": Workload(  # Qwen2.5-1.5B shape
+        prompts=32, group_size=8, prompt_tokens=128, max_new_tokens=512, micro_batch_size=32,
+        hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960, **QWEN25,
+    ),
+}
+
+
+def benchmark_reward(prompts: list, completions: list[str], **columns: Any) -> list[float]:
+    """Cheap and deterministic: the completion's character count modulo 5, scaled to [0, 1].
+
+    Completions of one prompt differ in characters (words differ in length) though not in tokens,
+    so most groups have reward variance and the update does real work.
+    """
+    return [(len(c) % 5) / 4.0 for c in completions]
+
+
+# ---------------------------------------------------------------------------------- workload files
+
+
+def build_workdir(workdir: Path, workload: Workload, rows: int, seed: int) -> dict[str, str]:
+    """Write ``model/`` (random weights + tokenizer) and ``prompts/`` (a ``save_to_disk`` dataset
+    with columns prompt/answer) into ``workdir``; reuse them when ``spec.json`` matches."""
+    spec = {"workload": dataclasses.asdict(workload), "rows": rows, "seed": seed, "format": 1}
+    paths = {"model": str(workdir / "model"), "prompts": str(workdir / "prompts")}
+    spec_file = workdir / "spec.json"
+    if spec_file.exists() and json.loads(spec_file.read_text()) == spec:
+        return paths
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+
+    from grpo_lightning.tiny import build_word_level_tokenizer, save_model_and_tokenizer, tiny_config, word_token_ids
+
+    for stale in (spec_file, *map(Path, paths.values())):
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        elif stale.exists():
+            stale.unlink()
+    workdir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_word_level_tokenizer(workload.vocab_size)
+    config = tiny_config(
+        tokenizer,
+        model_type="qwen2",
+        hidden_size=workload.hidden_size,
+        num_layers=workload.num_layers,
+        num_heads=workload.num_heads,
+        num_kv_heads=workload.num_kv_heads,
+        intermediate_size=workload.intermediate_size,
+        max_position_embeddings=workload.max_position_embeddings,
+        tie_word_embeddings=workload.tie_word_embeddings,
+        rope_theta=workload.rope_theta,
+    )
+    # Initialising a 1.5B model on the CPU takes minutes; on the GPU, seconds.
+    init_device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.random.fork_rng(devices=[]), torch.device(init_device):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, workload.dtype))
+    save_model_and_tokenizer(model, tokenizer, paths["model"])
+    del model
+
+    words = word_token_ids(tokenizer)
+    rng = random.Random(seed)
+    prompts = [tokenizer.decode([rng.choice(words) for _ in range(workload.prompt_tokens)]) for _ in range(rows)]
+    lengths = {len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"]}
+    if lengths != {workload.prompt_tokens}:
+        raise RuntimeError(f"prompts should all be {workload.prompt_tokens} tokens long, got lengths {sorted(lengths)}")
+    Dataset.from_dict({"prompt": prompts, "answer": [""] * rows}).save_to_disk(paths["prompts"])
+    spec_file.write_text(json.dumps(spec))
+    return paths
+
+
+# ---------------------------------------------------------------------------------- measurement
+
+
+def _sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def make_step_recorder():
+    """A Callback recording, per training step, the synchronised wall time and the module's
+    ``perf/*`` metrics of that step."""
+    import lightning as L
+
+    class StepRecorder(L.Callback):
+        def __init__(self) -> None:
+            self.steps: list[dict[str, float]] = []
+            self._start = 0.0
+
+        def on_train_start(self, trainer, pl_module) -> None:
+            self.threads = torch.get_num_threads()
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            _sync()
+            self._start = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            _sync()
+            wall = time.perf_counter() - self._start
+            metrics = trainer.callback_metrics
+            record = {"wall_s": wall}
+            for name in PHASES + ("tokens_per_s", "generated_tokens"):
+                value = metrics.get(f"perf/{name}")
+                if value is not None:
+                    record[name] = float(value)
+            self.steps.append(record)
+
+    return StepRecorder()
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summarize(steps: list[dict[str, float]], tokens_per_step: int, world_size: int) -> dict[str, Any]:
+    """Medians over the steps after the first (the first one pays for warm-up)."""
+    timed = steps[1:] if len(steps) > 1 else steps
+    step_s = median([s["wall_s"] for s in timed])
+    phases = {}
+    for name in PHASES:
+        values = [s[name] for s in timed if name in s]
+        if values:
+            phases[name] = median(values)
+    total_tokens = tokens_per_step * world_size
+    rollout = phases.get("rollout_s")
+    return {
+        "median_step_s": step_s,
+        "step_s": [s["wall_s"] for s in steps],
+        "tokens_per_step": total_tokens,
+        "tokens_per_s": total_tokens / step_s if step_s else None,
+        "tokens_per_s_per_device": tokens_per_step / step_s if step_s else None,
+        "rollout_tokens_per_s": total_tokens / rollout if rollout else None,
+        "phases": phases,
+    }
+
+
+def device_name() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"CPU {model}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+
+
+def git_commit() -> tuple[str | None, bool | None]:
+    if os.environ.get("GRPO_BENCH_COMMIT"):
+        return os.environ["GRPO_BENCH_COMMIT"], None
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+        )
+        return head.stdout.strip(), bool(status.stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        return None, None
+
+
+def versions() -> dict[str, str]:
+    import lightning
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "lightning": lightning.__version__}
+
+
+# ---------------------------------------------------------------------------------- runs
+
+
+def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str], dtype: str, precision: str) -> dict[str, Any]:
+    import lightning as L
+
+    from grpo_lightning.data import PromptDataModule
+    from variants import GRPO
+
+    L.seed_everything(args.seed, verbose=False)
+    recorder = make_step_recorder()
+    trainer = L.Trainer(
+        accelerator=args.accelerator,
+        devices=args.devices,
+        strategy=args.strategy,
+        precision=precision,
+        max_steps=args.steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[recorder],
+        default_root_dir=str(Path(paths["model"]).parent),
+    )
+    if workload.prompts % trainer.world_size:
+        raise SystemExit(f"{workload.prompts} prompts per step do not split over {trainer.world_size} devices")
+    module = GRPO(
+        model=paths["model"],
+        dtype=dtype,
+        reward_funcs=[benchmark_reward],
+        group_size=workload.group_size,
+        max_new_tokens=workload.max_new_tokens,
+        temperature=1.0,
+        beta=0.04,
+        ppo_epochs=1,
+        micro_batch_size=workload.micro_batch_size,
+    )
+    # Random weights almost never sample EOS; forcing full length makes it so on every framework.
+    module.sampling = dataclasses.replace(module.sampling, min_new_tokens=workload.max_new_tokens)
+    data = PromptDataModule(
+        path=paths["prompts"], val_split=None, batch_size=workload.prompts // trainer.world_size, seed=args.seed
+    )
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    trainer.fit(module, data)
+    if not trainer.is_global_zero:
+        sys.exit(0)  # processes other than rank 0 only train
+    tokens_per_step = workload.prompts // trainer.world_size * workload.group_size * workload.max_new_tokens
+    result = summarize(recorder.steps, tokens_per_step, trainer.world_size)
+    result["steps_detail"] = recorder.steps
+    result["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+    result["world_size"] = trainer.world_size
+    result["strategy"] = type(trainer.strategy).__name__
+    result["precision"] = precision
+    result["dtype"] = dtype
+    result["torch_threads"] = recorder.threads
+    return result
+
+
+def run_trl(args: argparse.Namespace, workload: Workload, paths: dict[str, str], dtype: str) -> dict[str, Any]:
+    """TRL's GRPOTrainer on the same files, in its own process (its own peak-memory counter)."""
+    command = [
+        sys.executable, str(Path(__file__).with_name("trl_compare.py")),
+        "--model", paths["model"], "--prompts", paths["prompts"],
+        "--num-prompts", str(workload.prompts), "--group-size", str(workload.group_size),
+        "--max-new-tokens", str(workload.max_new_tokens), "--micro-batch-size", str(workload.micro_batch_size),
+        "--steps", str(args.steps), "--dtype", dtype, "--seed", str(args.seed), "--beta", "0.04",
+    ]
+    if args.accelerator == "cpu" or not torch.cuda.is_available():
+        command.append("--cpu")
+    if args.threads:
+        command += ["--threads", str(args.threads)]
+    print("running:", " ".join(command), flush=True)
+    completed = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+    lines = completed.stdout.strip().splitlines()
+    if completed.returncode != 0 or not lines:
+        sys.stdout.write(completed.stdout)
+        raise SystemExit(f"TRL comparison failed with exit code {completed.returncode}")
+    return json.loads(lines[-1])
+
+
+def print_table(result: dict[str, Any]) -> None:
+    columns = ("wall_s",) + PHASES
+    print()
+    print(f"{result['workload']} on {result['world_size']} x {result['device']}  ({result['dtype']} weights, "
+          f"precision {result['precision']}, {result['strategy']}, {result['torch_threads']} CPU threads)")
+    print("step " + " ".join(f"{c:>10}" for c in columns))
+    for index, step in enumerate(result["steps_detail"], start=1):
+        print(f"{index:>4} " + " ".join(f"{step.get(c, float('nan')):>10.3f}" for c in columns))
+    phases = result["phases"]
+    print("med  " + " ".join(f"{(result['median_step_s'] if c == 'wall_s' else phases.get(c, float('nan'))):>10.3f}" for c in columns)
+          + "   (median of steps 2..)")
+    print(f"generated tokens/s: {result['tokens_per_s']:.1f}   peak GPU memory: {result['peak_mem_gib']:.2f} GiB")
+    if "trl" in result:
+        trl = result["trl"]
+        print(f"TRL {trl['version']}: median step {trl['median_step_s']:.3f} s, peak GPU memory {trl['peak_mem_gib']:.2f} GiB, "
+              f"phases {json.dumps({k: round(v, 3) for k, v in trl.get('phases', {}).items()})}")
+        print(f"speedup (TRL / ours): {result['speedup']:.2f}x")
+    print(flush=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), required=True)
+    parser.add_argument("--steps", type=int, default=5, help="training steps; medians skip the first")
+    parser.add_argument("--compare", choices=["trl"], default=None, help="also run TRL's GRPOTrainer on the same workload")
+    parser.add_argument("--out", default=None, help="also write the JSON result to this file")
+    parser.add_argument("--accelerator", default="auto")
+    parser.add_argument("--devices", default="1", help="Trainer devices (W2: 2 with --strategy fsdp)")
+    parser.add_argument("--strategy", default="auto", help="Trainer strategy, e.g. fsdp or ddp")
+    parser.add_argument("--dtype", default=None, help="weights dtype (default: the workload's on GPU, float32 on CPU)")
+    parser.add_argument("--precision", default=None, help="Trainer precision (default 32-true: the weights stay in --dtype)")
+    parser.add_argument("--workdir", default=None, help="keep the model and prompts here and reuse them (default: a temp dir)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads", type=int, default=None,
+        help="torch CPU threads, for this run and TRL's (default: torch's). On a CPU shared with other "
+        "processes, 1 avoids threads waiting on each other and gives steadier figures",
+    )
+    scale = parser.add_argument_group("workload overrides (smaller runs, e.g. tests; the result records them)")
+    for name in ("prompts", "group_size", "prompt_tokens", "max_new_tokens", "micro_batch_size"):
+        scale.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, dest=name)
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    args.devices = int(args.devices) if args.devices.isdigit() else args.devices
+    if args.compare == "trl" and args.devices not in (1, "1"):
+        parser.error("--compare trl runs on one device: use --devices 1 (compare multi-device runs with the 1-device one)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    workload = WORKLOADS[args.workload]
+    overrides = {k: getattr(args, k) for k in ("prompts", "group_size", "prompt_tokens", "max_new_tokens", "micro_batch_size")}
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    workload = dataclasses.replace(workload, **overrides)
+    on_gpu = torch.cuda.is_available() and args.accelerator not in ("cpu",)
+    dtype = args.dtype or (workload.dtype if on_gpu else "float32")
+    # The weights are loaded in `dtype`; "32-true" leaves them so and keeps float32 the default dtype
+    # for the module's own tensors (under "bf16-true" its step metrics would be rounded to bf16).
+    precision = args.precision or "32-true"
+
+    created = None
+    workdir = args.workdir or os.environ.get(WORKDIR_ENV)
+    if workdir is None:
+        workdir = created = tempfile.mkdtemp(prefix=f"grpo-bench-{args.workload}-")
+    os.environ[WORKDIR_ENV] = workdir
+    try:
+        build_start = time.perf_counter()
+        paths = build_workdir(Path(workdir), dataclasses.replace(workload, dtype=dtype), rows=workload.prompts * args.steps, seed=args.seed)
+        build_s = time.perf_counter() - build_start
+
+        result: dict[str, Any] = {"workload": args.workload, "device": device_name(), **versions()}
+        result["commit"], result["dirty"] = git_commit()
+        result["date"] = time.strftime("%Y-%m-%d")
+        result["command"] = " ".join(["python", "benchmarks/run.py", *(sys.argv[1:] if argv is None else argv)])
+        result["shape"] = {k: v for k, v in dataclasses.asdict(workload).items()}
+        result["overrides"] = overrides
+        result["steps"] = args.steps
+        result["build_s"] = build_s
+        result.update(run_ours(args, workload, paths, dtype, precision))
+        if args.compare == "trl":
+            gc.collect()  # our models and optimizer states must not hold GPU memory while TRL runs
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            trl = run_trl(args, workload, paths, dtype)
+            result["trl"] = trl
+            result["speedup"] = trl["median_step_s"] / result["median_step_s"]
+        print_table(result)
+        line = json.dumps(result)
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        print(line, flush=True)
+        return result
+    finally:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
