@@ -1,0 +1,142 @@
+import json
+import time
+
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grpo_lightning.warmstart import (
+    MARKER_FILE,
+    WarmStartSettings,
+    default_cache_dir,
+    generation_metrics,
+    greedy_accuracy,
+    main,
+    read_marker,
+    supervised_batch_tensors,
+    warm_start,
+)
+from grpo_lightning.tiny import build_char_tokenizer
+
+FAST = dict(
+    num_train=256, num_val=16, num_dev=32, target_accuracy=None, steps=40, batch_size=16, hidden_size=32, intermediate_size=64, log_every=10
+)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPO_LIGHTNING_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def fast_dir(cache):
+    return warm_start(**FAST)
+
+
+def test_default_cache_dir(cache, monkeypatch):
+    assert default_cache_dir() == cache
+    monkeypatch.delenv("GRPO_LIGHTNING_CACHE")
+    assert default_cache_dir().name == "grpo_lightning"
+
+
+def test_labels_cover_only_the_completion():
+    tokenizer = build_char_tokenizer()
+    input_ids, attention_mask, labels = supervised_batch_tensors(tokenizer, ["1+2=", "37+45="], ["3", "82"])
+    completion = tokenizer.encode("<answer>82</answer>", add_special_tokens=False) + [tokenizer.eos_token_id]
+    assert labels[1][labels[1] != -100].tolist() == completion
+    assert input_ids[1].tolist() == tokenizer.encode("37+45=", add_special_tokens=False) + completion
+    assert (labels[0, :4] == -100).all() and (labels[0][attention_mask[0] == 0] == -100).all()
+    assert attention_mask.sum(dim=1).tolist() == [4 + 4, 6 + 5]
+
+
+def test_warm_start_writes_loadable_dir(fast_dir, cache):
+    assert fast_dir.parent == cache and fast_dir.name.startswith("warmstart-")
+    assert (fast_dir / MARKER_FILE).exists()
+    tokenizer = AutoTokenizer.from_pretrained(fast_dir)
+    model = AutoModelForCausalLM.from_pretrained(fast_dir)
+    assert model.config.vocab_size == len(tokenizer)
+    assert tokenizer.encode("<answer>", add_special_tokens=False) == [tokenizer.convert_tokens_to_ids("<answer>")]
+
+
+def test_supervised_loss_decreases(fast_dir):
+    losses = [loss for _, loss in read_marker(fast_dir)["losses"]]
+    assert len(losses) == 4
+    assert losses[-1] < 0.7 * losses[0]
+
+
+def test_second_call_hits_cache(fast_dir):
+    marker_time = (fast_dir / MARKER_FILE).stat().st_mtime_ns
+    started = time.perf_counter()
+    assert warm_start(**FAST) == fast_dir
+    assert time.perf_counter() - started < 1.0
+    assert (fast_dir / MARKER_FILE).stat().st_mtime_ns == marker_time
+
+
+def test_different_settings_different_dir(fast_dir):
+    settings = WarmStartSettings(**{k: v for k, v in FAST.items() if k != "log_every"})
+    assert settings.cache_key() != WarmStartSettings(**{**vars(settings), "seed": 1}).cache_key()
+    assert settings.cache_key() != WarmStartSettings(**{**vars(settings), "learning_rate": 1e-3}).cache_key()
+    other = warm_start(**{**FAST, "steps": 10})
+    assert other != fast_dir and other.parent == fast_dir.parent
+
+
+def test_interrupted_run_is_redone(tmp_path):
+    target = tmp_path / "model"
+    settings = {**FAST, "steps": 10}
+    warm_start(target, **settings)
+    (target / MARKER_FILE).unlink()
+    started = time.time()
+    warm_start(target, **settings)
+    assert (target / MARKER_FILE).stat().st_mtime >= started
+
+
+def test_explicit_dir_with_other_settings_is_retrained(tmp_path):
+    target = tmp_path / "model"
+    warm_start(target, **{**FAST, "steps": 10})
+    warm_start(target, **{**FAST, "steps": 12})
+    assert json.loads((target / MARKER_FILE).read_text())["settings"]["steps"] == 12
+
+
+def test_stops_at_target_dev_accuracy(tmp_path):
+    record = read_marker(warm_start(tmp_path / "m", **{**FAST, "target_accuracy": 0.0, "eval_every": 5}))
+    assert record["stopped_at"] == 5
+    assert record["dev_accuracy"] == [[5, record["dev_accuracy"][0][1]]]
+
+
+def test_dev_rows_are_held_out():
+    settings = WarmStartSettings(num_train=100, num_val=10, num_dev=20)
+    train, dev = settings.train_and_dev()
+    validation = settings.dataset()["validation"]
+    assert len(train) == 80 and len(dev) == 20
+    assert not set(train["prompt"]) & (set(dev["prompt"]) | set(validation["prompt"]))
+
+
+def test_training_is_deterministic(tmp_path):
+    settings = {**FAST, "steps": 10}
+    first = read_marker(warm_start(tmp_path / "a", **settings))["losses"]
+    second = read_marker(warm_start(tmp_path / "b", **settings))["losses"]
+    assert first == second
+
+
+def test_accuracy_helpers(fast_dir):
+    validation = WarmStartSettings(num_train=FAST["num_train"], num_val=FAST["num_val"]).dataset()["validation"]
+    greedy = greedy_accuracy(fast_dir, validation, num_samples=8)
+    sampled = greedy_accuracy(fast_dir, validation, temperature=1.0, num_samples=8)
+    assert 0.0 <= greedy <= 1.0 and 0.0 <= sampled <= 1.0
+    metrics = generation_metrics(fast_dir, validation, num_samples=8)
+    assert set(metrics) == {"accuracy", "format_rate"} and metrics["accuracy"] == greedy
+
+
+def test_cli_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    assert "--hidden-size" in capsys.readouterr().out
+
+
+def test_cli_runs(tmp_path, capsys):
+    args = ["--output-dir", str(tmp_path / "cli"), "--steps", "5", "--num-train", "64", "--num-val", "8", "--num-dev", "8"]
+    main(args + ["--hidden-size", "32", "--intermediate-size", "64", "--batch-size", "8"])
+    out = capsys.readouterr().out
+    assert f"model: {tmp_path / 'cli'}" in out
+    assert "greedy accuracy:" in out and "sampled accuracy (T=1):" in out
