@@ -29,6 +29,9 @@ output), so each cache and graph has one batch shape; calls with more rows run i
 ``max_batch_size``. ``max_cache_len`` grows (to a multiple of 64) when a prompt plus
 ``max_new_tokens`` does not fit, which allocates a new cache and captures the graphs again.
 
+Rollouts run in the parameters' dtype with autocast turned off (load the policy in bf16 for bf16
+rollouts; under autocast the cached keys and values would differ in dtype).
+
 Attention masks are passed to the model as ready 4-D masks over the whole cache, so the path works
 with the ``"sdpa"`` and ``"eager"`` attention implementations of decoder-only models whose layers all
 use full attention (Qwen2, Llama, Mistral without a sliding window, ...).
@@ -38,7 +41,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -99,7 +101,9 @@ def sample_tokens(logits: Tensor, temperature: float, top_k: int = 0, top_p: flo
         drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     probs = logits.softmax(dim=-1)
-    noise = torch.empty_like(probs).exponential_().clamp_min_(torch.finfo(probs.dtype).tiny)
+    # Exponential(1) noise as -log(U), U ~ Uniform[0, 1) (several times faster than exponential_ on
+    # CPU); U = 0 gives infinite noise, a zero score, never NaN.
+    noise = torch.rand_like(probs).log_().neg_()
     return (probs / noise).argmax(dim=-1)
 
 
@@ -110,13 +114,6 @@ def _model_device(model: nn.Module) -> torch.device:
 def _weights_fingerprint(model: nn.Module) -> tuple[int, ...]:
     """Addresses of every parameter and buffer: a CUDA graph reads them at these addresses."""
     return tuple(t.data_ptr() for t in model.parameters()) + tuple(t.data_ptr() for t in model.buffers())
-
-
-def _compute_dtype_key(device: torch.device) -> tuple[bool, torch.dtype | None]:
-    """Autocast state of ``device``: the cache is laid out for the dtypes a forward produces under it."""
-    if torch.is_autocast_enabled(device.type):
-        return True, torch.get_autocast_dtype(device.type)
-    return False, None
 
 
 class StaticCacheGenerator:
@@ -193,24 +190,31 @@ class StaticCacheGenerator:
         including its first EOS), as ``model.generate`` returns it; tokens after a row's EOS are
         ``pad_token_id`` (the first EOS id when it is ``None``).
         """
-        eos_ids = [] if eos_token_id is None else [int(eos_token_id)] if isinstance(eos_token_id, int) else list(eos_token_id)
+        if eos_token_id is None:
+            eos_ids = []
+        else:
+            eos_ids = [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(i) for i in eos_token_id]
         pad = pad_token_id if pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
         rows = prompt_ids.size(0)
         if rows == 0 or sampling.max_new_tokens < 1:
             return prompt_ids.new_full((rows, 0), pad)
         was_training = self.model.training
         self.model.eval()
+        # Autocast is turned off: the rollout runs in the parameters' dtype (load the policy in bf16
+        # for bf16 rollouts). Under autocast the keys (promoted to fp32 by the rotary embedding) and
+        # the values (bf16) differ in dtype, which the StaticCache of some releases cannot hold.
         try:
-            parts = [
-                self._generate_batch(
-                    prompt_ids[start : start + self.max_batch_size],
-                    prompt_mask[start : start + self.max_batch_size],
-                    sampling,
-                    eos_ids,
-                    pad,
-                )
-                for start in range(0, rows, self.max_batch_size)
-            ]
+            with torch.autocast(_model_device(self.model).type, enabled=False):
+                parts = [
+                    self._generate_batch(
+                        prompt_ids[start : start + self.max_batch_size],
+                        prompt_mask[start : start + self.max_batch_size],
+                        sampling,
+                        eos_ids,
+                        pad,
+                    )
+                    for start in range(0, rows, self.max_batch_size)
+                ]
         finally:
             self.model.train(was_training)
         if len(parts) == 1:
@@ -250,7 +254,9 @@ class StaticCacheGenerator:
         if use_graph:
             fingerprint = _weights_fingerprint(self.model)
             if fingerprint != self._weights:
+                # Graphs read the old addresses: drop them, and their memory pool with them.
                 self._graphs.clear()
+                self._graph_pool = None
                 self._weights = fingerprint
             key = (sampling.temperature, sampling.top_k, sampling.top_p)
             graph = self._graphs.get(key)
@@ -272,11 +278,11 @@ class StaticCacheGenerator:
         return self._collect(rows, steps)
 
     def _prepare(self, device: torch.device, needed_len: int) -> None:
-        """(Re)allocate the cache and the step buffers when the device, autocast or length changed."""
+        """(Re)allocate the cache and the step buffers when the device, dtype or length changed."""
         cache_len = self.max_cache_len
         if needed_len > cache_len:
             cache_len = -(-needed_len // _CACHE_LEN_MULTIPLE) * _CACHE_LEN_MULTIPLE
-        layout = (device, _compute_dtype_key(device), cache_len)
+        layout = (device, next(self.model.parameters()).dtype, cache_len)
         if layout == self._layout:
             return
         self.clear()
@@ -372,21 +378,17 @@ class StaticCacheGenerator:
     def _capture(self, sampling: SamplingParams) -> torch.cuda.CUDAGraph:
         """Warm up and capture ``_decode_step``; leaves the cache and buffers to be prefilled again."""
         device = self._out.device
-        autocast, autocast_dtype = _compute_dtype_key(device)
-        # Autocast's weight-cast cache must stay off while capturing (the casts are replayed instead).
-        context = torch.autocast(device.type, dtype=autocast_dtype, cache_enabled=False) if autocast else nullcontext()
         if self._graph_pool is None:
-            self._graph_pool = torch.cuda.graph_pool_handle()
-        with context:
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                for _ in range(self.warmup_steps):
-                    self._decode_step(sampling)
-            torch.cuda.current_stream(device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool):
+            self._graph_pool = torch.cuda.graph_pool_handle()  # shared by the graphs of one set of weights
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup_steps):
                 self._decode_step(sampling)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            self._decode_step(sampling)
         return graph
 
     def _collect(self, rows: int, steps: int) -> Tensor:

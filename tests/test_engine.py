@@ -133,6 +133,15 @@ def test_batch_padding_chunking_reuse_and_growth(model, tokenizer):
     assert generator.max_cache_len == 64
 
 
+def test_runs_outside_autocast(model, tokenizer):
+    """Rollouts run in the parameters' dtype even when the caller is under autocast."""
+    eos = tokenizer.eos_token_id
+    generator = StaticCacheGenerator(model, len(PROMPTS), 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = static_greedy(generator, tokenizer, PROMPTS, eos)
+    assert torch.equal(out, hf_greedy(model, tokenizer, PROMPTS, eos))
+
+
 def test_fast_generate_group_matches_generate_group(model, tokenizer):
     sampling = SamplingParams(MAX_NEW, temperature=0.0)
     expected = generate_group(model, tokenizer, PROMPTS[:3], 2, sampling)
