@@ -19,20 +19,24 @@ and where their paper asks, ``select`` and ``shape_rewards``.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
+import numpy as np
 import torch
 import torchmetrics
 from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lightning import functional as F
+from grpo_lightning.engine import StaticCacheGenerator, fast_generate_group
 from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.rewards import resolve_reward_function, score_completions, weighted_reward
 from grpo_lightning.rollout import Rollout, SamplingParams, completion_mask_from_ids, generate_group
+from grpo_lightning.strategies import clip_grad_norm_, full_parameters, full_state_dict, is_sharded, shard
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -77,6 +81,47 @@ class StepMetrics:
             metric.reset()
         return values
 
+    def state_dict(self) -> dict[str, tuple[Tensor, Tensor]]:
+        """Running sums and weights of the metrics updated since the last reset (a step in progress)."""
+        return {name: (m.mean_value.clone(), m.weight.clone()) for name, m in self._metrics.items() if m.update_called}
+
+    def load_state_dict(self, state: dict[str, tuple[Tensor, Tensor]]) -> None:
+        self.compute_and_reset()
+        for name, (total, weight) in state.items():
+            self.update(name, torch.empty(0))  # creates the metric, counted as updated, adding nothing
+            self._metrics[name].merge_state({"mean_value": total, "weight": weight})
+
+
+def _rng_state() -> dict[str, Any]:
+    """States of the global generators: torch (CPU and the current CUDA device), numpy, python."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if cuda else None,
+        "numpy": (kind, keys.tolist(), int(pos), int(has_gauss), float(cached)),
+        "python": random.getstate(),
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
+    random.setstate(state["python"])
+
+
+def _gather_over_ranks(value: Any) -> list[Any]:
+    """``value`` of every process, by global rank (every process must call it)."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [value]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
 
 class GroupPolicyOptimization(L.LightningModule):
     """Base module of the GRPO family: rollout, rewards, reference model, clipped update, logging.
@@ -89,6 +134,9 @@ class GroupPolicyOptimization(L.LightningModule):
         attn_implementation: passed to ``from_pretrained`` (e.g. ``"sdpa"``, ``"flash_attention_2"``).
         disable_dropout: zero every dropout of the policy, so that the log-probs of the update are
             those of the distribution the rollout sampled from.
+        rollout_engine: ``"hf"`` samples with ``model.generate``; ``"static"`` with a preallocated
+            static KV cache and, on CUDA, a decode step captured in a CUDA graph
+            (``grpo_lightning.engine``; sdpa/eager attention).
         reward_funcs: reward functions ``(prompts, completions, **columns) -> list[float]``, as
             callables or import paths (``"grpo_lightning.rewards.accuracy_reward"``).
         reward_weights: one weight per reward function (default: all 1).
@@ -112,6 +160,8 @@ class GroupPolicyOptimization(L.LightningModule):
 
     #: Whether the KL term is added to the per-token loss (RLOO puts it in the reward instead).
     kl_in_loss: bool = True
+    #: RNG states of the checkpoint a fit resumes from, applied in ``on_train_start``.
+    _resume_rng: dict[str, Any] | None = None
 
     def __init__(
         self,
@@ -121,6 +171,7 @@ class GroupPolicyOptimization(L.LightningModule):
         gradient_checkpointing: bool = False,
         attn_implementation: str | None = None,
         disable_dropout: bool = True,
+        rollout_engine: Literal["hf", "static"] = "hf",
         reward_funcs: Sequence[str | Callable] = ("grpo_lightning.rewards.accuracy_reward",),
         reward_weights: Sequence[float] | None = None,
         group_size: int = 8,
@@ -206,6 +257,7 @@ class GroupPolicyOptimization(L.LightningModule):
         self.policy: PreTrainedModel | None = None
         self.ref_model: PreTrainedModel | None = None
         self.tokenizer: PreTrainedTokenizerBase | None = None
+        self._engine: StaticCacheGenerator | None = None
         self.step_metrics = StepMetrics()
         self.val_accuracy = torchmetrics.MeanMetric()
         self.val_reward = torchmetrics.MeanMetric()
@@ -265,7 +317,10 @@ class GroupPolicyOptimization(L.LightningModule):
     # ------------------------------------------------------------------ model
 
     def configure_model(self) -> None:
-        """Load tokenizer, policy and (when ``beta > 0``) the frozen reference model."""
+        """Load tokenizer, policy and (when ``beta > 0``) the frozen reference model.
+
+        Under an FSDP strategy each model is sharded on its own (``grpo_lightning.strategies.shard``).
+        """
         if self.policy is not None:
             return
         self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_name)
@@ -276,9 +331,11 @@ class GroupPolicyOptimization(L.LightningModule):
             _disable_dropout(self.policy)
         if self.hparams.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
+        self.policy = shard(self.policy)
         if self.beta > 0:
             self.ref_model = self._load_causal_lm()
             self.ref_model.eval().requires_grad_(False)
+            self.ref_model = shard(self.ref_model)
 
     def _load_causal_lm(self) -> PreTrainedModel:
         dtype = self.hparams.dtype
@@ -288,14 +345,57 @@ class GroupPolicyOptimization(L.LightningModule):
         return AutoModelForCausalLM.from_pretrained(self.model_name, **kwargs)
 
     def save_pretrained(self, directory: str) -> None:
-        """Write the policy and tokenizer as a plain Hugging Face directory."""
+        """Write the policy and tokenizer as a plain Hugging Face directory.
+
+        Under FSDP every process must call it: the weights are gathered, and rank 0 writes them.
+        """
+        if is_sharded(self.policy):
+            with full_state_dict(self.policy):
+                weights = self.policy.state_dict()
+            if self.global_rank == 0:
+                self.policy.module.save_pretrained(directory, state_dict=weights)
+                self.tokenizer.save_pretrained(directory)
+            return
         self.policy.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
 
+    # ------------------------------------------------------------------ checkpoints
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Leave the frozen reference model out (it is reloaded from ``model``) and add every
+        process's :meth:`training_state` under ``"training_state"`` (a list by global rank).
+
+        Lightning saves the rest: policy, optimizer, scheduler, loop progress, and the data
+        position of the (resumable) train loader.
+        """
         state = checkpoint.get("state_dict", {})
         for key in [k for k in state if k.startswith("ref_model.")]:
             del state[key]
+        checkpoint["training_state"] = _gather_over_ranks(self.training_state())
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        states = checkpoint.get("training_state")
+        if states and self.global_rank < len(states):
+            self.load_training_state(states[self.global_rank])
+
+    def training_state(self) -> dict[str, Any]:
+        """This process's state that an exact resume needs beyond weights, optimizer and loops:
+        the RNG states the rollouts sample from, the generated-token count and the metrics of a
+        step in progress. Variants add theirs (DAPO: the dynamic-sampling buffer)."""
+        return {"rng": _rng_state(), "generated_tokens": self.generated_tokens, "step_metrics": self.step_metrics.state_dict()}
+
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        self.generated_tokens = state["generated_tokens"]
+        self.step_metrics.load_state_dict(state["step_metrics"])
+        fitting = self._trainer is not None and self.trainer.state.fn == "fit"
+        self._resume_rng = state["rng"] if fitting else None
+
+    def on_train_start(self) -> None:
+        # Set after everything a resumed fit does before its first batch (loading, data loader
+        # iterators), so the rollouts draw the numbers the uninterrupted run drew.
+        if self._resume_rng is not None:
+            _set_rng_state(self._resume_rng)
+            self._resume_rng = None
 
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(
@@ -354,351 +454,16 @@ class GroupPolicyOptimization(L.LightningModule):
         """Sample ``group_size`` completions for each prompt of ``batch``."""
         prompts = batch["prompt"]
         texts = [self.format_prompt(p) for p in prompts]
-        prompt_ids, prompt_mask, completion_ids = generate_group(self.policy, self.tokenizer, texts, group_size, sampling)
-        completion_mask, truncated = completion_mask_from_ids(completion_ids, self.tokenizer.eos_token_id)
-        completions = self.tokenizer.batch_decode(
-            completion_ids.masked_fill(completion_mask == 0, self.tokenizer.pad_token_id), skip_special_tokens=True
-        )
-
-        def repeat(values: list) -> list:
-            return [v for v in values for _ in range(group_size)]
-
-        columns = {k: repeat(v) for k, v in batch.items() if k not in ("prompt", "completion", "completions")}
-        return Rollout(
-            group_size=group_size,
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            completion_ids=completion_ids,
-            completion_mask=completion_mask,
-            truncated=truncated,
-            prompts=repeat(list(prompts)),
-            completions=completions,
-            columns=columns,
-        )
-
-    def score(self, rollout: Rollout) -> None:
-        """Fill ``rollout.reward_per_function`` ``[N, F]`` and the weighted ``rollout.rewards`` ``[N]``."""
-        per_function = score_completions(self.reward_functions, rollout.prompts, rollout.completions, rollout.columns)
-        rollout.reward_per_function = per_function.to(self.device)
-        rollout.rewards = weighted_reward(rollout.reward_per_function, self.reward_weights.to(self.device))
-
-    @torch.no_grad()
-    def compute_logprobs(self, model: torch.nn.Module, rollout: Rollout) -> Tensor:
-        """Log-probs ``[N, T]`` of the rollout's completions under ``model``, in micro-batches."""
-        parts = []
-        for rows in torch.arange(len(rollout)).split(self.micro_batch_size):
-            logp, _ = self._forward(model, rollout, rows)
-            parts.append(logp)
-        return torch.cat(parts)
-
-    def _forward(self, model: torch.nn.Module, rollout: Rollout, rows: Tensor) -> tuple[Tensor, Tensor]:
-        rows = rows.to(rollout.completion_ids.device)
-        return completion_logprobs(
-            model,
-            rollout.prompt_ids[rows],
-            rollout.prompt_mask[rows],
-            rollout.completion_ids[rows],
-            rollout.completion_mask[rows],
-            temperature=self.temperature,
-        )
-
-    # ------------------------------------------------------------------ training
-
-    def update(self, name: str, value: Tensor | float, weight: Tensor | float = 1.0) -> None:
-        if name not in self._metrics:
-            # Kept on the CPU in fp32 whatever the precision plugin does; no collective on compute.
-            metric = torchmetrics.MeanMetric(nan_strategy="ignore", sync_on_compute=False)
-            self._metrics[name] = metric.set_dtype(torch.float32)
-        metric = self._metrics[name]
-        value = torch.as_tensor(value, dtype=torch.float32).detach().cpu()
-        metric.update(value, torch.as_tensor(weight, dtype=torch.float32).detach().cpu())
-
-    def compute_and_reset(self) -> dict[str, float]:
-        values = {}
-        for name, metric in self._metrics.items():
-            if metric.update_called:
-                values[name] = float(metric.compute())
-            metric.reset()
-        return values
-
-
-class GroupPolicyOptimization(L.LightningModule):
-    """Base module of the GRPO family: rollout, rewards, reference model, clipped update, logging.
-
-    Args:
-        model: Hugging Face hub id or local directory of a causal LM (loaded in ``configure_model``).
-        tokenizer: hub id or directory of the tokenizer; defaults to ``model``.
-        dtype: weights dtype, ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``.
-        gradient_checkpointing: recompute activations in the backward pass to save memory.
-        attn_implementation: passed to ``from_pretrained`` (e.g. ``"sdpa"``, ``"flash_attention_2"``).
-        disable_dropout: zero every dropout of the policy, so that the log-probs of the update are
-            those of the distribution the rollout sampled from.
-        reward_funcs: reward functions ``(prompts, completions, **columns) -> list[float]``, as
-            callables or import paths (``"grpo_lightning.rewards.accuracy_reward"``).
-        reward_weights: one weight per reward function (default: all 1).
-        group_size: completions sampled per prompt, ``G``.
-        max_new_tokens: completion length limit, ``L``.
-        min_new_tokens: EOS is not sampled before this many tokens (benchmarks use ``L``).
-        temperature, top_p, top_k: rollout sampling (``top_k = 0`` disables it).
-        beta: KL coefficient; 0 loads no reference model.
-        kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (Schulman 2020; DeepSeekMath uses k3).
-        clip_eps_low, clip_eps_high: ratio clip range ``[1 - low, 1 + high]``.
-        ppo_epochs: passes over each rollout (``mu`` in DeepSeekMath).
-        minibatch_size: completions per optimizer step; ``None`` = the whole rollout (one step).
-        micro_batch_size: completions per forward/backward pass (memory only).
-        learning_rate, weight_decay, warmup_steps, max_grad_norm: AdamW with linear warm-up,
-            then constant; gradient norm clipping (``None`` disables it).
-        val_temperature: sampling temperature of validation completions; 0 is greedy.
-        val_max_new_tokens: completion limit in validation (default ``max_new_tokens``).
-        accuracy_func: the function whose mean is ``val/accuracy``.
-        use_chat_template: wrap plain-text prompts in the tokenizer's chat template when it has one.
-    """
-
-    #: Whether the KL term is added to the per-token loss (RLOO puts it in the reward instead).
-    kl_in_loss: bool = True
-
-    def __init__(
-        self,
-        model: str,
-        tokenizer: str | None = None,
-        dtype: str = "auto",
-        gradient_checkpointing: bool = False,
-        attn_implementation: str | None = None,
-        disable_dropout: bool = True,
-        reward_funcs: Sequence[str | Callable] = ("grpo_lightning.rewards.accuracy_reward",),
-        reward_weights: Sequence[float] | None = None,
-        group_size: int = 8,
-        max_new_tokens: int = 256,
-        min_new_tokens: int = 0,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        beta: float = 0.04,
-        kl_estimator: str = "k3",
-        clip_eps_low: float = 0.2,
-        clip_eps_high: float = 0.2,
-        ppo_epochs: int = 1,
-        minibatch_size: int | None = None,
-        micro_batch_size: int = 8,
-        learning_rate: float = 1e-6,
-        weight_decay: float = 0.0,
-        warmup_steps: int = 0,
-        max_grad_norm: float | None = 1.0,
-        val_temperature: float = 0.0,
-        val_max_new_tokens: int | None = None,
-        accuracy_func: str | Callable = "grpo_lightning.rewards.accuracy_reward",
-        use_chat_template: bool = True,
-    ) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        self.automatic_optimization = False
-        self.strict_loading = False  # checkpoints leave the frozen reference model out
-
-        _require(isinstance(model, str) and model != "", "model: give a hub id or a local directory of a causal LM.")
-        _require(dtype == "auto" or dtype in _DTYPES, f"dtype: {dtype!r} is not one of 'auto', {', '.join(map(repr, _DTYPES))}.")
-        _require(group_size >= 2, f"group_size: must be at least 2 (got {group_size}); group-relative advantages compare completions of one prompt.")
-        _require(max_new_tokens >= 1, f"max_new_tokens: must be at least 1 (got {max_new_tokens}).")
-        _require(
-            0 <= min_new_tokens <= max_new_tokens,
-            f"min_new_tokens: must be between 0 and max_new_tokens ({max_new_tokens}), got {min_new_tokens}.",
-        )
-        _require(temperature > 0, f"temperature: rollouts must be sampled, so it must be > 0 (got {temperature}).")
-        _require(0 < top_p <= 1, f"top_p: must be in (0, 1] (got {top_p}).")
-        _require(top_k >= 0, f"top_k: must be >= 0, 0 disables it (got {top_k}).")
-        _require(beta >= 0, f"beta: the KL coefficient must be >= 0 (got {beta}).")
-        _require(kl_estimator in F.KL_ESTIMATORS, f"kl_estimator: {kl_estimator!r} is not one of {F.KL_ESTIMATORS}.")
-        _require(0 <= clip_eps_low < 1, f"clip_eps_low: must be in [0, 1) (got {clip_eps_low}).")
-        _require(clip_eps_high >= 0, f"clip_eps_high: must be >= 0 (got {clip_eps_high}).")
-        _require(ppo_epochs >= 1, f"ppo_epochs: must be at least 1 (got {ppo_epochs}).")
-        _require(micro_batch_size >= 1, f"micro_batch_size: must be at least 1 (got {micro_batch_size}).")
-        if minibatch_size is not None:
-            _require(minibatch_size >= 1, f"minibatch_size: must be at least 1 or null (got {minibatch_size}).")
-            _require(
-                minibatch_size % micro_batch_size == 0,
-                f"minibatch_size ({minibatch_size}) must be a multiple of micro_batch_size ({micro_batch_size}): "
-                "change one of them so micro-batches tile each minibatch.",
+        if self.hparams.rollout_engine == "static":
+            if self._engine is None:
+                self._engine = StaticCacheGenerator(
+                    self.policy, max_batch_size=len(texts) * group_size, max_cache_len=sampling.max_new_tokens + 64
+                )
+            prompt_ids, prompt_mask, completion_ids = fast_generate_group(
+                self._engine, self.tokenizer, texts, group_size, sampling
             )
-        _require(val_temperature >= 0, f"val_temperature: must be >= 0, 0 is greedy (got {val_temperature}).")
-
-        self.reward_functions = [
-            resolve_reward_function(spec, field=f"reward_funcs[{i}]") for i, spec in enumerate(reward_funcs)
-        ]
-        _require(len(self.reward_functions) > 0, "reward_funcs: give at least one reward function.")
-        weights = [1.0] * len(self.reward_functions) if reward_weights is None else list(reward_weights)
-        _require(
-            len(weights) == len(self.reward_functions),
-            f"reward_weights: {len(weights)} weights for {len(self.reward_functions)} reward functions; give one per function.",
-        )
-        self.reward_weights = torch.tensor(weights, dtype=torch.float32)
-        self.accuracy_function = resolve_reward_function(accuracy_func, field="accuracy_func")
-
-        self.model_name = model
-        self.tokenizer_name = tokenizer or model
-        self.group_size = group_size
-        self.beta = beta
-        self.kl_estimator = kl_estimator
-        self.clip_eps_low = clip_eps_low
-        self.clip_eps_high = clip_eps_high
-        self.ppo_epochs = ppo_epochs
-        self.minibatch_size = minibatch_size
-        self.micro_batch_size = micro_batch_size
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
-        self.sampling = SamplingParams(max_new_tokens, temperature, top_p, top_k, min_new_tokens)
-        self.val_sampling = SamplingParams(val_max_new_tokens or max_new_tokens, val_temperature, top_p, top_k)
-
-        self.policy: PreTrainedModel | None = None
-        self.ref_model: PreTrainedModel | None = None
-        self.tokenizer: PreTrainedTokenizerBase | None = None
-        self.step_metrics = StepMetrics()
-        self.val_accuracy = torchmetrics.MeanMetric()
-        self.val_reward = torchmetrics.MeanMetric()
-        self.val_length = torchmetrics.MeanMetric()
-        self.generated_tokens = 0
-
-    # ------------------------------------------------------------------ algorithm hooks
-
-    def advantages(self, rewards: Tensor) -> Tensor:
-        """Advantage of each completion. ``rewards`` ``[P, G]`` -> ``[P, G]``."""
-        raise NotImplementedError(f"{type(self).__name__} must implement advantages(rewards [P, G]) -> [P, G]")
-
-    def token_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
-        """Per-token policy loss ``[N, T]`` (no KL): the clipped surrogate of PPO / DeepSeekMath eq. 3.
-
-        ``logp``, ``old_logp``, ``mask``: ``[N, T]``; ``advantages``: ``[N]``.
-        """
-        loss, clipped_low, clipped_high = F.clipped_surrogate(
-            logp, old_logp, advantages, self.clip_eps_low, self.clip_eps_high
-        )
-        self.record_clipping(clipped_low, clipped_high, mask)
-        return loss
-
-    def aggregate(
-        self, loss: Tensor, mask: Tensor, *, num_sequences: int | None = None, num_tokens: Tensor | None = None
-    ) -> Tensor:
-        """Reduce the per-token loss ``[N, T]`` to a scalar.
-
-        ``num_sequences`` and ``num_tokens`` are the counts of the whole minibatch (all
-        micro-batches, all devices): summing the micro-batch results must equal the result on the
-        whole minibatch. When ``None`` they are taken from ``loss`` and ``mask``.
-        """
-        raise NotImplementedError(f"{type(self).__name__} must implement aggregate(loss [N, T], mask [N, T]) -> []")
-
-    def select(self, rollout: Rollout) -> Rollout | None:
-        """Groups to train on. Identity here; ``None`` ends the step without an update."""
-        return rollout
-
-    def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
-        """Adjust the ``[N]`` rewards once log-probs are known. Identity here."""
-        return rewards
-
-    def needs_old_logprobs(self, rollout_size: int) -> bool:
-        """Old log-probs need a forward pass of their own unless the rollout makes one optimizer
-        step: then they equal the current log-probs (detached) and that pass is skipped."""
-        return self.ppo_epochs > 1 or (self.minibatch_size is not None and rollout_size > self.minibatch_size)
-
-    # ------------------------------------------------------------------ helpers for hooks
-
-    def record_clipping(self, clipped_low: Tensor, clipped_high: Tensor, mask: Tensor) -> None:
-        tokens = mask.sum()
-        self.step_metrics.update("clip_ratio/low", F.masked_mean(clipped_low.float(), mask), tokens)
-        self.step_metrics.update("clip_ratio/high", F.masked_mean(clipped_high.float(), mask), tokens)
-        either = (clipped_low | clipped_high).float()
-        self.step_metrics.update("clip_ratio/region", F.masked_mean(either, mask), tokens)
-
-    # ------------------------------------------------------------------ model
-
-    def configure_model(self) -> None:
-        """Load tokenizer, policy and (when ``beta > 0``) the frozen reference model."""
-        if self.policy is not None:
-            return
-        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_name)
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.policy = self._load_causal_lm().train()
-        if self.hparams.disable_dropout:
-            _disable_dropout(self.policy)
-        if self.hparams.gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable()
-        if self.beta > 0:
-            self.ref_model = self._load_causal_lm()
-            self.ref_model.eval().requires_grad_(False)
-
-    def _load_causal_lm(self) -> PreTrainedModel:
-        dtype = self.hparams.dtype
-        kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else _DTYPES[dtype]}
-        if self.hparams.attn_implementation:
-            kwargs["attn_implementation"] = self.hparams.attn_implementation
-        return AutoModelForCausalLM.from_pretrained(self.model_name, **kwargs)
-
-    def save_pretrained(self, directory: str) -> None:
-        """Write the policy and tokenizer as a plain Hugging Face directory."""
-        self.policy.save_pretrained(directory)
-        self.tokenizer.save_pretrained(directory)
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        state = checkpoint.get("state_dict", {})
-        for key in [k for k in state if k.startswith("ref_model.")]:
-            del state[key]
-
-    def configure_optimizers(self):
-        optimizer = torch.optim.AdamW(
-            [p for p in self.policy.parameters() if p.requires_grad],
-            lr=self.hparams.learning_rate,
-            weight_decay=self.hparams.weight_decay,
-        )
-        warmup = self.hparams.warmup_steps
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-    # ------------------------------------------------------------------ checks before work
-
-    def on_fit_start(self) -> None:
-        datamodule = self.trainer.datamodule
-        prompts_per_step = getattr(datamodule, "batch_size", None)
-        if prompts_per_step is not None and self.minibatch_size is not None:
-            rollout_size = prompts_per_step * self.group_size
-            _require(
-                rollout_size % self.minibatch_size == 0,
-                f"minibatch_size ({self.minibatch_size}) must divide the rollout size data.batch_size x group_size "
-                f"= {prompts_per_step} x {self.group_size} = {rollout_size}: change --model.minibatch_size or --data.batch_size.",
-            )
-        for split in ("train_dataset", "val_dataset"):
-            dataset = getattr(datamodule, split, None)
-            if dataset is not None:
-                self.check_prompt_lengths(dataset["prompt"], split.removesuffix("_dataset"))
-
-    def check_prompt_lengths(self, prompts: Sequence[Any], split: str) -> None:
-        """Raise if a prompt plus ``max_new_tokens`` exceeds the model's context."""
-        context = getattr(self.policy.config, "max_position_embeddings", None)
-        if context is None:
-            return
-        texts = [self.format_prompt(p) for p in prompts]
-        lengths = [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
-        limit = context - max(self.sampling.max_new_tokens, self.val_sampling.max_new_tokens)
-        longest = max(range(len(lengths)), key=lengths.__getitem__, default=None)
-        if longest is not None and lengths[longest] > limit:
-            raise ConfigError(
-                f"prompt of row {longest} in the {split} split has {lengths[longest]} tokens; with max_new_tokens="
-                f"{self.sampling.max_new_tokens} it does not fit the model context of {context} tokens. "
-                "Filter long prompts from the dataset or lower --model.max_new_tokens."
-            )
-
-    # ------------------------------------------------------------------ rollout
-
-    def format_prompt(self, prompt: Any) -> str:
-        """Plain text for the model: chat messages (or plain text, when the tokenizer has a chat
-        template and ``use_chat_template``) go through the template."""
-        if isinstance(prompt, str) and not (self.hparams.use_chat_template and self.tokenizer.chat_template):
-            return prompt
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-    def generate(self, batch: dict[str, list], group_size: int, sampling: SamplingParams) -> Rollout:
-        """Sample ``group_size`` completions for each prompt of ``batch``."""
-        prompts = batch["prompt"]
-        texts = [self.format_prompt(p) for p in prompts]
-        prompt_ids, prompt_mask, completion_ids = generate_group(self.policy, self.tokenizer, texts, group_size, sampling)
+        else:
+            prompt_ids, prompt_mask, completion_ids = generate_group(self.policy, self.tokenizer, texts, group_size, sampling)
         completion_mask, truncated = completion_mask_from_ids(completion_ids, self.tokenizer.eos_token_id)
         completions = self.tokenizer.batch_decode(
             completion_ids.masked_fill(completion_mask == 0, self.tokenizer.pad_token_id), skip_special_tokens=True
@@ -755,37 +520,38 @@ class GroupPolicyOptimization(L.LightningModule):
         return time.perf_counter()
 
     def training_step(self, batch: dict[str, list], batch_idx: int) -> None:
-        step_start = time.perf_counter()
-        rollout = self.generate(batch, self.group_size, self.sampling)
-        rollout_s = time.perf_counter() - step_start
+        step_start = self._clock()
+        with full_parameters(self.policy):  # FSDP: gather what generate needs
+            rollout = self.generate(batch, self.group_size, self.sampling)
+        rollout_s = self._clock() - step_start
         self.generated_tokens += int(rollout.completion_mask.sum())  # dropped groups cost compute too
         self.log_rollout(rollout)
 
-        score_start = time.perf_counter()
+        score_start = self._clock()
         self.score(rollout)
         self.log_rewards(rollout)
-        score_s = time.perf_counter() - score_start
+        score_s = self._clock() - score_start
 
         rollout = self.select(rollout)
         if rollout is None:
             self.step_metrics.update("perf/rollout_s", rollout_s)
             return
 
-        logprob_start = time.perf_counter()
+        logprob_start = self._clock()
         if self.needs_old_logprobs(len(rollout)) or (self.beta > 0 and not self.kl_in_loss):
             rollout.old_logp = self.compute_logprobs(self.policy, rollout)
         if self.beta > 0:
             rollout.ref_logp = self.compute_logprobs(self.ref_model, rollout)
-        logprob_s = time.perf_counter() - logprob_start
+        logprob_s = self._clock() - logprob_start
 
         rewards = self.shape_rewards(rollout.rewards, rollout)
         advantages = self.advantages(rewards.view(-1, rollout.group_size)).flatten()
 
-        update_start = time.perf_counter()
+        update_start = self._clock()
         self.update(rollout, advantages)
-        update_s = time.perf_counter() - update_start
+        update_s = self._clock() - update_start
 
-        total_s = time.perf_counter() - step_start
+        total_s = self._clock() - step_start
         tokens = float(rollout.completion_mask.sum())
         self.step_metrics.update("perf/rollout_s", rollout_s)
         self.step_metrics.update("perf/score_s", score_s)
@@ -807,7 +573,10 @@ class GroupPolicyOptimization(L.LightningModule):
             for rows in order.split(minibatch):
                 optimizer.zero_grad(set_to_none=True)
                 self.accumulate_gradients(rollout, advantages, rows)
-                if self.hparams.max_grad_norm is not None:
+                if self.hparams.max_grad_norm is not None and is_sharded(self.policy):
+                    # Lightning's FSDP precision plugin refuses norm clipping: the FSDP root clips.
+                    clip_grad_norm_(self.policy, self.hparams.max_grad_norm)
+                elif self.hparams.max_grad_norm is not None:
                     self.clip_gradients(optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm")
                 optimizer.step()
                 scheduler.step()
@@ -885,7 +654,8 @@ class GroupPolicyOptimization(L.LightningModule):
             metric.reset()
 
     def validation_step(self, batch: dict[str, list], batch_idx: int) -> None:
-        rollout = self.generate(batch, 1, self.val_sampling)
+        with full_parameters(self.policy):
+            rollout = self.generate(batch, 1, self.val_sampling)
         self.score(rollout)
         accuracy = score_completions([self.accuracy_function], rollout.prompts, rollout.completions, rollout.columns)
         size = len(rollout)

@@ -28,7 +28,7 @@ class SamplingParams:
             do_sample=sampled,
             temperature=self.temperature if sampled else None,
             top_p=self.top_p if sampled else None,
-            top_k=(self.top_k or None) if sampled else None,
+            top_k=self.top_k if sampled else None,  # 0 disables top-k (None would mean 50)
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
             bos_token_id=tokenizer.bos_token_id,
