@@ -283,9 +283,10 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
         beta=0.04,
         ppo_epochs=1,
         micro_batch_size=workload.micro_batch_size,
+        # Random weights almost never sample EOS; forcing full length makes it so on every framework.
+        min_new_tokens=workload.max_new_tokens,
+        rollout_engine=args.rollout_engine,
     )
-    # Random weights almost never sample EOS; forcing full length makes it so on every framework.
-    module.sampling = dataclasses.replace(module.sampling, min_new_tokens=workload.max_new_tokens)
     data = PromptDataModule(
         path=paths["prompts"], val_split=None, batch_size=workload.prompts // trainer.world_size, seed=args.seed
     )
@@ -361,6 +362,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--precision", default=None, help="Trainer precision (default 32-true: the weights stay in --dtype)")
     parser.add_argument("--workdir", default=None, help="keep the model and prompts here and reuse them (default: a temp dir)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rollout-engine", choices=["hf", "static"], default="static", help="the module's rollout_engine")
     parser.add_argument(
         "--threads", type=int, default=None,
         help="torch CPU threads, for this run and TRL's (default: torch's). On a CPU shared with other "
@@ -402,7 +404,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         paths = build_workdir(Path(workdir), dataclasses.replace(workload, dtype=dtype), rows=workload.prompts * args.steps, seed=args.seed)
         build_s = time.perf_counter() - build_start
 
-        result: dict[str, Any] = {"workload": args.workload, "device": device_name(), **versions()}
+        result: dict[str, Any] = {"workload": args.workload, "rollout_engine": args.rollout_engine, "device": device_name(), **versions()}
         result["commit"], result["dirty"] = git_commit()
         result["date"] = time.strftime("%Y-%m-%d")
         result["command"] = " ".join(["python", "benchmarks/run.py", *(sys.argv[1:] if argv is None else argv)])

@@ -17,6 +17,43 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     return positions.clamp(min=0)
 
 
+class _SelectedLogProbs(torch.autograd.Function):
+    """``log softmax(logits / temperature)[target]`` and the entropy, chunked over rows in fp32.
+
+    Only the input logits (in their own dtype) are kept for the backward pass, which recomputes
+    the softmax chunk by chunk: ``d logp_t / d logits_t = (onehot(target_t) - p_t) / temperature``.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, chunk_rows: int):
+        rows = logits.shape[0]
+        logp = logits.new_empty(logits.shape[:-1], dtype=torch.float32)
+        entropy = torch.empty_like(logp)
+        for start in range(0, rows, chunk_rows):
+            scaled = logits[start : start + chunk_rows].float() / temperature
+            log_norm = torch.logsumexp(scaled, dim=-1)
+            picked = scaled.gather(-1, targets[start : start + chunk_rows].unsqueeze(-1)).squeeze(-1)
+            logp[start : start + chunk_rows] = picked - log_norm
+            probs = torch.exp(scaled - log_norm.unsqueeze(-1))
+            entropy[start : start + chunk_rows] = log_norm - (probs * scaled).sum(-1)
+        ctx.save_for_backward(logits, targets)
+        ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor):
+        logits, targets = ctx.saved_tensors
+        grad_logits = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], ctx.chunk_rows):
+            rows = slice(start, start + ctx.chunk_rows)
+            upstream = grad_logp[rows].unsqueeze(-1)
+            grad = torch.softmax(logits[rows].float() / ctx.temperature, dim=-1).mul_(-upstream)
+            grad.scatter_add_(-1, targets[rows].unsqueeze(-1), upstream)
+            grad_logits[rows] = grad.div_(ctx.temperature)
+        return grad_logits, None, None, None
+
+
 def token_logprobs_from_logits(
     logits: Tensor, targets: Tensor, temperature: float = 1.0, chunk_rows: int = 8
 ) -> tuple[Tensor, Tensor]:
@@ -26,23 +63,12 @@ def token_logprobs_from_logits(
         logits: ``[N, T, V]`` in any dtype; position ``t`` predicts ``targets[:, t]``.
         targets: ``[N, T]`` token ids.
         temperature: the sampling temperature; the distribution is ``softmax(logits / temperature)``.
-        chunk_rows: rows converted to fp32 at a time.
+        chunk_rows: rows converted to fp32 at a time (forward and backward).
 
     Returns:
         ``(logp, entropy)``, both fp32 ``[N, T]``; ``entropy`` carries no gradient.
     """
-    logp_chunks, entropy_chunks = [], []
-    for start in range(0, logits.size(0), chunk_rows):
-        chunk = logits[start : start + chunk_rows].float()
-        if temperature != 1.0:
-            chunk = chunk / temperature
-        log_norm = torch.logsumexp(chunk, dim=-1)
-        picked = chunk.gather(-1, targets[start : start + chunk_rows].unsqueeze(-1)).squeeze(-1)
-        logp_chunks.append(picked - log_norm)
-        with torch.no_grad():
-            probs = torch.softmax(chunk, dim=-1)
-            entropy_chunks.append(log_norm - (probs * chunk).sum(-1))
-    return torch.cat(logp_chunks), torch.cat(entropy_chunks)
+    return _SelectedLogProbs.apply(logits, targets, float(temperature), chunk_rows)
 
 
 def completion_logprobs(
