@@ -1,0 +1,149 @@
+"""Training over many devices: FSDP sharding of the policy and the frozen reference model.
+
+Switch with one line: ``--config configs/strategy/fsdp.yaml`` (or
+``--trainer.strategy grpo_lightning.strategies.PolicyFSDPStrategy``). DDP needs nothing from this
+file: ``--config configs/strategy/ddp.yaml`` or ``--trainer.strategy ddp``.
+
+How the module is sharded (FSDP1, Lightning's :class:`~lightning.pytorch.strategies.FSDPStrategy`):
+
+* ``configure_model`` passes the policy and the reference model through :func:`shard`. Inside the
+  strategy's wrapping context each becomes an FSDP root of its own, with one FSDP unit per
+  decoder layer (the block classes the model names in ``_no_split_modules``); anywhere else
+  :func:`shard` returns the model unchanged. Two roots keep the frozen reference weights out of
+  the policy's flat parameters and out of its optimizer, and let every backward pass through the
+  policy end in FSDP's own gradient finalisation, which manual optimization (backward inside
+  ``training_step``) relies on: the LightningModule itself is not wrapped.
+* Rollouts run inside :func:`full_parameters`: the policy root's own parameters (embeddings, final
+  norm, LM head) are gathered, and each decoder layer gathers its shard in its forward.
+* Gradient clipping by norm goes through the policy root's ``clip_grad_norm_``
+  (:func:`clip_grad_norm_`); Lightning's FSDP precision plugin refuses norm clipping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from functools import partial
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch.strategies import FSDPStrategy
+from torch import Tensor, nn
+from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy, wrap
+
+_PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def decoder_layer_classes(model: nn.Module) -> frozenset[type[nn.Module]]:
+    """The block classes of a Hugging Face model (``model._no_split_modules``, e.g.
+    ``Qwen2DecoderLayer``) that occur in it: the units FSDP shards and checkpoints one by one."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return frozenset(type(m) for m in model.modules() if type(m).__name__ in names)
+
+
+def decoder_layer_policy(model: nn.Module) -> ModuleWrapPolicy:
+    """FSDP auto-wrap policy with one unit per decoder layer of ``model``."""
+    return ModuleWrapPolicy(decoder_layer_classes(model))
+
+
+def shard(model: nn.Module) -> nn.Module:
+    """``model`` as an FSDP root with a unit per decoder layer, when called inside the wrapping
+    context FSDP strategies open around ``configure_model``; otherwise ``model`` itself.
+
+    The rest of the FSDP settings (mixed precision, CPU offload, sharding strategy, device) come
+    from the strategy.
+    """
+    return wrap(model, auto_wrap_policy=decoder_layer_policy(model))
+
+
+def is_sharded(model: nn.Module | None) -> bool:
+    return isinstance(model, FullyShardedDataParallel)
+
+
+def full_parameters(model: nn.Module) -> contextlib.AbstractContextManager:
+    """Context in which ``model.generate`` can run: for an FSDP root, its own parameters are
+    gathered (read-only); its decoder-layer units gather theirs in their forward."""
+    if is_sharded(model):
+        return FullyShardedDataParallel.summon_full_params(model, recurse=False, writeback=False)
+    return contextlib.nullcontext()
+
+
+def clip_grad_norm_(model: nn.Module, max_norm: float) -> Tensor:
+    """Clip the gradients of the FSDP root ``model`` to a total norm over all shards."""
+    return model.clip_grad_norm_(max_norm)
+
+
+@contextlib.contextmanager
+def full_state_dict(model: nn.Module) -> Iterator[None]:
+    """``model.state_dict()`` gives the full, unsharded weights (on CPU, on rank 0 only) inside."""
+    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+
+    config = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+    with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT, config):
+        yield
+
+
+def mixed_precision_config(precision: Literal["bf16", "fp16"] | None) -> MixedPrecision | None:
+    """FSDP mixed precision: weights gathered and computed in ``precision``, gradients reduced and
+    sharded weights kept (for the optimizer) in fp32. Every unit casts its inputs, so a layer gets
+    inputs of its own dtype whatever the unit before it ran in."""
+    if precision is None:
+        return None
+    if precision not in _PRECISIONS:
+        raise ValueError(f"mixed_precision: {precision!r} is not one of {sorted(_PRECISIONS)} or null.")
+    dtype = _PRECISIONS[precision]
+    return MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32, buffer_dtype=dtype, cast_forward_inputs=True)
+
+
+class PolicyFSDPStrategy(FSDPStrategy):
+    """Lightning's FSDP strategy set up for the GRPO-family module (see the module docstring).
+
+    Args:
+        mixed_precision: ``"bf16"`` (default) or ``"fp16"``: compute dtype of the gathered weights;
+            the sharded weights the optimizer updates stay in their loaded dtype (load them in
+            fp32: ``--model.dtype float32``). ``null`` leaves it to ``trainer.precision``.
+        activation_checkpointing: recompute the policy's decoder layers in the backward pass.
+        cpu_offload: keep sharded parameters and gradients in CPU memory.
+        sharding_strategy: ``"FULL_SHARD"``, ``"SHARD_GRAD_OP"``, ``"HYBRID_SHARD"``, ``"NO_SHARD"``.
+        state_dict_type: ``"full"`` (one checkpoint file, portable to any device count) or
+            ``"sharded"`` (a directory with one shard per rank).
+        **kwargs: other arguments of :class:`~lightning.pytorch.strategies.FSDPStrategy` and of
+            ``FullyShardedDataParallel``.
+    """
+
+    def __init__(
+        self,
+        mixed_precision: Literal["bf16", "fp16"] | None = "bf16",
+        activation_checkpointing: bool = False,
+        cpu_offload: bool = False,
+        sharding_strategy: str = "FULL_SHARD",
+        state_dict_type: Literal["full", "sharded"] = "full",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            mixed_precision=mixed_precision_config(mixed_precision),
+            cpu_offload=cpu_offload,
+            sharding_strategy=sharding_strategy,
+            state_dict_type=state_dict_type,
+            **kwargs,
+        )
+        self.activation_checkpointing = activation_checkpointing
+
+    def _setup_model(self, model: nn.Module) -> nn.Module:
+        model = super()._setup_model(model)
+        policy = getattr(self.lightning_module, "policy", None)
+        if self.activation_checkpointing and policy is not None:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+                CheckpointImpl,
+                apply_activation_checkpointing,
+                checkpoint_wrapper,
+            )
+
+            layers = tuple(decoder_layer_classes(policy))
+            apply_activation_checkpointing(
+                policy,
+                checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+                check_fn=lambda module: isinstance(module, layers),
+            )
+        return model
