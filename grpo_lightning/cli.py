@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from lightning.pytorch.cli import LightningCLI
 
 from grpo_lightning.data import PromptDataModule
+from grpo_lightning.export import check_checkpoint
 from grpo_lightning.module import GroupPolicyOptimization
 
 
@@ -30,6 +31,13 @@ class GRPOLightningCLI(LightningCLI):
             run=run,
             **kwargs,
         )
+
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        if subcommand:
+            # Lightning reads --ckpt_path next: a missing or truncated file fails here, naming it.
+            check_checkpoint(self.config[subcommand].get("ckpt_path"))
 
 
 def main(args: Sequence[str] | None = None) -> None:

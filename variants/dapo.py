@@ -23,7 +23,8 @@ No KL term (beta 0).
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import fields, replace
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -109,6 +110,28 @@ class DAPO(GRPO):
             batch = batch.select_groups(torch.arange(target))
         return batch
 
+    def training_state(self) -> dict[str, Any]:
+        """Adds the dynamic-sampling buffer: the informative groups kept for the next update."""
+        state = super().training_state()
+        state["dynamic_sampling"] = {
+            "kept": [_rollout_state(part) for part in self._kept],
+            "gen_batches": self._gen_batches,
+            "groups_seen": self._groups_seen,
+        }
+        return state
+
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        super().load_training_state(state)
+        buffer = state.get("dynamic_sampling", {"kept": [], "gen_batches": 0, "groups_seen": 0})
+        self._kept = [Rollout(**part) for part in buffer["kept"]]
+        self._gen_batches = buffer["gen_batches"]
+        self._groups_seen = buffer["groups_seen"]
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        # A restored buffer was loaded on the CPU, before the module moved to its device.
+        self._kept = [_rollout_to(part, self.device) for part in self._kept]
+
     def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
         """Soft overlong punishment (eq. 13) added to the task reward."""
         if self.overlong_buffer == 0:
@@ -120,3 +143,14 @@ class DAPO(GRPO):
     def aggregate(self, loss: Tensor, mask: Tensor, *, num_sequences=None, num_tokens: Tensor | None = None) -> Tensor:
         """``sum(loss * mask) / sum(mask)`` over the whole batch (all micro-batches and devices)."""
         return F.token_mean(loss, mask, num_tokens=num_tokens)
+
+
+def _rollout_to(rollout: Rollout, device: torch.device | str) -> Rollout:
+    tensors = {f.name: getattr(rollout, f.name) for f in fields(rollout)}
+    return replace(rollout, **{k: v.to(device) for k, v in tensors.items() if isinstance(v, Tensor)})
+
+
+def _rollout_state(rollout: Rollout) -> dict[str, Any]:
+    """A rollout as a dict of its fields (tensors on the CPU), ``Rollout(**state)`` rebuilds it."""
+    moved = _rollout_to(rollout, "cpu")
+    return {f.name: getattr(moved, f.name) for f in fields(moved)}

@@ -1,0 +1,106 @@
+"""Export the policy of a training checkpoint as a plain Hugging Face model directory.
+
+    python -m grpo_lightning.export --ckpt_path runs/grpo/version_0/checkpoints/last.ckpt --output_dir grpo-model
+
+The directory loads with ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``
+(and serves with any Hugging Face-compatible engine). The base model the run started from
+(``--model.model``, recorded in the checkpoint) must be reachable: it provides the architecture
+and tokenizer; the checkpoint provides the weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+#: ``ckpt_path`` values Lightning resolves itself rather than reading as a file.
+_SPECIAL_CKPT_PATHS = ("best", "last", "hpc", "registry")
+
+
+def check_checkpoint(path: str | os.PathLike | None) -> None:
+    """Fail early, naming ``path``, when it is not a checkpoint a fit can resume from.
+
+    Cheap: it checks the file exists and is a complete archive, without loading it. Lightning's
+    own values (``"last"``, ``"best"``, ...), URLs and sharded (directory) checkpoints pass.
+    """
+    if path is None:
+        return
+    text = str(path)
+    if text.split(":")[0] in _SPECIAL_CKPT_PATHS or "://" in text or os.path.isdir(text):
+        return
+    if not os.path.exists(text):
+        raise FileNotFoundError(
+            f"ckpt_path {text!r} does not exist. Give a checkpoint file written by the run's ModelCheckpoint "
+            "(e.g. runs/<name>/version_<n>/checkpoints/last.ckpt), or leave --ckpt_path out to start afresh."
+        )
+    if not zipfile.is_zipfile(text):
+        raise ValueError(
+            f"ckpt_path {text!r} is not a readable checkpoint: the file is truncated or corrupt "
+            f"({os.path.getsize(text)} bytes; e.g. the run was killed while writing it). "
+            "Resume from an earlier checkpoint of the run instead."
+        )
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Load a Lightning checkpoint file on the CPU; errors name the path and the fix."""
+    if os.path.isdir(path):
+        raise ValueError(
+            f"{str(path)!r} is a sharded FSDP checkpoint (a directory); consolidate it into one file first: "
+            f"python -m lightning.fabric.utilities.consolidate_checkpoint {path}"
+        )
+    check_checkpoint(path)
+    try:
+        # The checkpoint holds the run's hyperparameters (reward functions may be callables).
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:
+        raise ValueError(f"could not read checkpoint {str(path)!r} ({type(error).__name__}: {error}).") from error
+
+
+def export_checkpoint(ckpt_path: str | os.PathLike, output_dir: str | os.PathLike, model: str | None = None) -> Path:
+    """Write the checkpoint's policy and the run's tokenizer to ``output_dir``; returns it.
+
+    ``model`` overrides the base model recorded in the checkpoint (when it moved).
+    """
+    checkpoint = read_checkpoint(ckpt_path)
+    hparams = checkpoint.get("hyper_parameters") or {}
+    base = model or hparams.get("model")
+    if not base:
+        raise ValueError(f"checkpoint {str(ckpt_path)!r} records no base model (hyper_parameters.model); pass --model.")
+    prefix = "policy."
+    weights = {k[len(prefix) :]: v for k, v in checkpoint.get("state_dict", {}).items() if k.startswith(prefix)}
+    if not weights:
+        raise ValueError(
+            f"checkpoint {str(ckpt_path)!r} holds no policy weights (no 'policy.*' entries in its state_dict); "
+            "was it written by a grpo-lightning run?"
+        )
+    dtype = hparams.get("dtype", "auto")
+    policy = AutoModelForCausalLM.from_pretrained(base, dtype=dtype if dtype == "auto" else getattr(torch, dtype))
+    policy.load_state_dict(weights, strict=True)
+    tokenizer = AutoTokenizer.from_pretrained(hparams.get("tokenizer") or base)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token  # as the run padded
+    output = Path(output_dir)
+    policy.save_pretrained(output)
+    tokenizer.save_pretrained(output)
+    return output
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m grpo_lightning.export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ckpt_path", required=True, help="a .ckpt file written during training")
+    parser.add_argument("--output_dir", required=True, help="directory to write the Hugging Face model to")
+    parser.add_argument("--model", default=None, help="base model, when it is no longer where the run found it")
+    args = parser.parse_args(argv)
+    output = export_checkpoint(args.ckpt_path, args.output_dir, model=args.model)
+    print(f"wrote {output}")
+
+
+if __name__ == "__main__":
+    main()
