@@ -345,19 +345,18 @@ class GroupPolicyOptimization(L.LightningModule):
         return AutoModelForCausalLM.from_pretrained(self.model_name, **kwargs)
 
     def save_pretrained(self, directory: str) -> None:
-        """Write the policy and tokenizer as a plain Hugging Face directory.
+        """Write the policy and tokenizer as a plain Hugging Face directory (rank 0 writes).
 
-        Under FSDP every process must call it: the weights are gathered, and rank 0 writes them.
+        Under FSDP every process must call it: the shards are gathered first.
         """
-        if is_sharded(self.policy):
-            with full_state_dict(self.policy):
-                weights = self.policy.state_dict()
-            if self.global_rank == 0:
-                self.policy.module.save_pretrained(directory, state_dict=weights)
-                self.tokenizer.save_pretrained(directory)
-            return
-        self.policy.save_pretrained(directory)
-        self.tokenizer.save_pretrained(directory)
+        policy, weights = self.policy, None
+        if is_sharded(policy):
+            with full_state_dict(policy):
+                weights = policy.state_dict()
+            policy = policy.module
+        if self.global_rank == 0:
+            policy.save_pretrained(directory, state_dict=weights)
+            self.tokenizer.save_pretrained(directory)
 
     # ------------------------------------------------------------------ checkpoints
 

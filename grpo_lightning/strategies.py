@@ -30,7 +30,7 @@ import torch
 from lightning.pytorch.strategies import FSDPStrategy
 from torch import Tensor, nn
 from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy, wrap
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy, enable_wrap, wrap
 
 _PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -79,7 +79,9 @@ def full_state_dict(model: nn.Module) -> Iterator[None]:
     """``model.state_dict()`` gives the full, unsharded weights (on CPU, on rank 0 only) inside."""
     from torch.distributed.fsdp import FullStateDictConfig, StateDictType
 
-    config = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+    # Offloading weights that already live on the CPU frees the memory the copies point to.
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    config = FullStateDictConfig(offload_to_cpu=not on_cpu, rank0_only=True)
     with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT, config):
         yield
 
@@ -129,6 +131,23 @@ class PolicyFSDPStrategy(FSDPStrategy):
             **kwargs,
         )
         self.activation_checkpointing = activation_checkpointing
+
+    @contextlib.contextmanager
+    def model_sharded_context(self) -> Iterator[None]:
+        if self.root_device.type != "cpu":
+            with super().model_sharded_context():
+                yield
+            return
+        # FSDP picks the accelerator unless given a device: on the CPU (gloo: tests, debugging) name it.
+        with enable_wrap(
+            wrapper_cls=FullyShardedDataParallel,
+            cpu_offload=self.cpu_offload,
+            mixed_precision=self.mixed_precision_config,
+            sharding_strategy=self.sharding_strategy,
+            device_id=self.root_device,
+            **self.kwargs,
+        ):
+            yield
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
         model = super()._setup_model(model)

@@ -75,10 +75,11 @@ class SaveWhileSampling(L.Callback):
             trainer.should_stop = True
 
 
-def fit(module, max_steps: int, root: Path, callbacks=(), ckpt_path=None) -> tuple[dict, L.Trainer]:
+def fit(module, max_steps: int, root: Path, callbacks=(), ckpt_path=None, strategy="auto") -> tuple[dict, L.Trainer]:
     L.seed_everything(0)
     recorder = StepRecorder()
     trainer = L.Trainer(
+        strategy=strategy,
         max_steps=max_steps,
         accelerator="cpu",
         devices=1,

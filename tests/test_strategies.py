@@ -1,0 +1,229 @@
+"""Strategies on the CPU: the FSDP wrap policy, the strategy configs, FSDP in one process (gloo,
+the same code path as on GPUs) with checkpoints and exact resume, and DDP vs FSDP over two
+processes (torchrun), which must train identically."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+from torch.distributed.fsdp import FullyShardedDataParallel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+import grpo_lightning.module
+from grpo_lightning.cli import GRPOLightningCLI, main
+from grpo_lightning.export import export_checkpoint, read_checkpoint
+from grpo_lightning.strategies import (
+    PolicyFSDPStrategy,
+    decoder_layer_classes,
+    full_parameters,
+    mixed_precision_config,
+    shard,
+)
+from test_checkpoint import assert_same_steps, fit, logits, make_module
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+
+
+def test_the_wrap_policy_finds_the_decoder_layer_class(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert decoder_layer_classes(model) == {Qwen2DecoderLayer}
+
+
+def test_without_fsdp_sharding_and_gathering_change_nothing(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert shard(model) is model
+    assert isinstance(full_parameters(model), contextlib.nullcontext)
+
+
+def test_fsdp_mixed_precision_computes_in_bf16_and_reduces_in_fp32():
+    config = mixed_precision_config("bf16")
+    assert (config.param_dtype, config.reduce_dtype, config.buffer_dtype) == (torch.bfloat16, torch.float32, torch.bfloat16)
+    assert config.cast_forward_inputs
+    assert mixed_precision_config(None) is None
+    with pytest.raises(ValueError, match="mixed_precision"):
+        mixed_precision_config("fp8")
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_strategy_configs_parse_through_the_cli(strategy, capsys):
+    with pytest.raises(SystemExit) as done:
+        main([
+            "fit", "--config", str(CONFIGS / "trainer/gpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
+            "--config", str(CONFIGS / "variant/grpo.yaml"), "--config", str(CONFIGS / f"strategy/{strategy}.yaml"),
+            "--model.model", "some/model", "--print_config",
+        ])  # fmt: skip
+    assert done.value.code == 0
+    expected = "class_path: grpo_lightning.strategies.PolicyFSDPStrategy" if strategy == "fsdp" else "strategy: ddp"
+    assert expected in capsys.readouterr().out
+
+
+def test_the_fsdp_config_builds_the_strategy():
+    args = [
+        "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
+        "--config", str(CONFIGS / "variant/grpo.yaml"), "--config", str(CONFIGS / "strategy/fsdp.yaml"),
+        "--model.model", "some/model", "--trainer.accelerator", "cpu", "--trainer.devices", "1",
+    ]  # fmt: skip
+    cli = GRPOLightningCLI(args=args, run=False)
+    strategy = cli.trainer.strategy
+    assert isinstance(strategy, PolicyFSDPStrategy)
+    assert strategy.mixed_precision.param_dtype == torch.bfloat16
+    assert cli.model.hparams.dtype == "float32"
+
+
+# ---------------------------------------------------------------- FSDP in one process
+
+
+@pytest.fixture
+def process_group_cleanup():
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def fsdp_module(model_dir: str):
+    return make_module(model_dir, beta=0.04, dtype="float32")
+
+
+def fsdp_strategy() -> PolicyFSDPStrategy:
+    return PolicyFSDPStrategy(mixed_precision=None, activation_checkpointing=True)
+
+
+def test_fsdp_shards_each_model_trains_checkpoints_and_resumes_exactly(tiny_model_dir, tmp_path, process_group_cleanup, monkeypatch):
+    clipped = []
+    monkeypatch.setattr(grpo_lightning.module, "clip_grad_norm_", lambda model, norm: clipped.append(norm) or model.clip_grad_norm_(norm))
+
+    grpo = fsdp_module(tiny_model_dir)
+    every = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=2)
+    first, trainer = fit(grpo, 2, tmp_path / "first", callbacks=[every], strategy=fsdp_strategy())
+
+    # each model its own FSDP root with a unit per decoder layer; the reference stays out of the optimizer
+    for model in (grpo.policy, grpo.ref_model):
+        assert isinstance(model, FullyShardedDataParallel)
+        units = [m for m in model.modules() if isinstance(m, FullyShardedDataParallel) and m is not model]
+        assert len(units) == 2 and all(any(isinstance(m, Qwen2DecoderLayer) for m in u.modules()) for u in units)
+    assert sum(isinstance(m, CheckpointWrapper) for m in grpo.policy.modules()) == 2  # the policy's layers only
+    assert not any(isinstance(m, CheckpointWrapper) for m in grpo.ref_model.modules())
+    assert not isinstance(trainer.strategy.model, FullyShardedDataParallel)  # the LightningModule is not wrapped
+    optimized = {id(p) for group in trainer.optimizers[0].param_groups for p in group["params"]}
+    assert optimized == {id(p) for p in grpo.policy.parameters()}
+    assert not optimized & {id(p) for p in grpo.ref_model.parameters()}
+    assert clipped == [1.0, 1.0]
+
+    # the same steps as without FSDP (one process: nothing is sharded, but every FSDP hook runs)
+    plain, _ = fit(fsdp_module(tiny_model_dir), 2, tmp_path / "plain")
+    for step in (1, 2):
+        torch.testing.assert_close(first[step], plain[step], rtol=1e-4, atol=1e-6)
+
+    # checkpoint: plain parameter names, no reference model; resume is exact
+    checkpoint = read_checkpoint(tmp_path / "ckpt" / "step=2.ckpt")
+    names = set(checkpoint["state_dict"])
+    assert names == {f"policy.{k}" for k in AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()}
+    full, _ = fit(fsdp_module(tiny_model_dir), 4, tmp_path / "full", strategy=fsdp_strategy())
+    resumed, _ = fit(
+        fsdp_module(tiny_model_dir), 4, tmp_path / "resumed", ckpt_path=tmp_path / "ckpt" / "step=2.ckpt", strategy=fsdp_strategy()
+    )
+    assert_same_steps(resumed, full, 3, 4)
+
+    # the gathered policy saves and exports as a Hugging Face model
+    grpo.save_pretrained(tmp_path / "saved")
+    export_checkpoint(tmp_path / "ckpt" / "step=2.ckpt", tmp_path / "exported")
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "exported")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "saved")
+    torch.testing.assert_close(logits(saved, tokenizer), logits(exported, tokenizer), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- two processes
+
+
+DISTRIBUTED_FIT = '''
+import json, os, sys
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from grpo_lightning.data import ArithmeticDataModule
+from grpo_lightning.strategies import PolicyFSDPStrategy
+from variants import GRPO
+
+model_dir, out, kind = sys.argv[1:4]
+
+
+class Record(L.Callback):
+    def __init__(self):
+        self.prompts, self.steps = [], []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.prompts += batch["prompt"]
+        self.steps.append({k: float(v) for k, v in trainer.callback_metrics.items() if not k.startswith("perf/")})
+
+
+L.seed_everything(0)
+record = Record()
+# FSDP checkpoints on the CPU are left out: gathering full state dicts offloads to the CPU, which
+# FSDP only supports from an accelerator. One-process FSDP checkpoints are tested in-process.
+callbacks = [record] + ([ModelCheckpoint(dirpath=os.path.join(out, "ckpt"), filename="{step}", every_n_train_steps=2)] if kind == "ddp" else [])
+trainer = L.Trainer(
+    strategy=PolicyFSDPStrategy(mixed_precision=None) if kind == "fsdp" else "ddp",
+    accelerator="cpu", devices=2, max_steps=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
+    enable_checkpointing=kind == "ddp", limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=out, callbacks=callbacks,
+)
+module = GRPO(model=model_dir, reward_funcs=["test_checkpoint.length_reward"], group_size=2, max_new_tokens=6, micro_batch_size=2,
+              learning_rate=1e-3, beta=0.04, dtype="float32")
+trainer.fit(module, datamodule=ArithmeticDataModule(num_train=16, num_val=4, batch_size=2))
+module.save_pretrained(os.path.join(out, "saved"))
+os.makedirs(out, exist_ok=True)
+with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
+    json.dump({"prompts": record.prompts, "steps": record.steps, "world": trainer.world_size}, f)
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(script: Path, *args: str) -> None:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()), str(script), *args]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_ddp_and_fsdp_over_two_cpu_processes_train_identically(tiny_model_dir, tmp_path):
+    script = tmp_path / "distributed_fit.py"
+    script.write_text(DISTRIBUTED_FIT)
+    runs = {}
+    for kind in ("ddp", "fsdp"):
+        torchrun(script, tiny_model_dir, str(tmp_path / kind), kind)
+        runs[kind] = [json.loads((tmp_path / kind / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+    for kind, ranks in runs.items():
+        assert [r["world"] for r in ranks] == [2, 2]
+        assert not set(ranks[0]["prompts"]) & set(ranks[1]["prompts"]), f"{kind}: ranks must see different prompts"
+        assert len(ranks[0]["steps"]) == 2
+    # Same data on each rank, same sampling, same averaged update: the logged metrics agree.
+    for ddp_rank, fsdp_rank in zip(runs["ddp"], runs["fsdp"]):
+        assert ddp_rank["prompts"] == fsdp_rank["prompts"]
+        for ddp_step, fsdp_step in zip(ddp_rank["steps"], fsdp_rank["steps"]):
+            assert ddp_step.keys() == fsdp_step.keys()
+            torch.testing.assert_close(fsdp_step, ddp_step, rtol=1e-4, atol=1e-6)
+
+    # DDP checkpoints hold every rank's training state (RNG, ...)
+    checkpoint = read_checkpoint(tmp_path / "ddp" / "ckpt" / "step=2.ckpt")
+    assert len(checkpoint["training_state"]) == 2
+    # Both write the same trained policy.
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "ddp" / "saved")
+    ddp, fsdp = (AutoModelForCausalLM.from_pretrained(tmp_path / kind / "saved") for kind in ("ddp", "fsdp"))
+    torch.testing.assert_close(logits(fsdp, tokenizer), logits(ddp, tokenizer), rtol=1e-4, atol=1e-5)
