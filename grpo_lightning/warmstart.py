@@ -1,8 +1,9 @@
 """Supervised warm start of a tiny causal LM on the built-in arithmetic task.
 
 The result is a partially trained model that already writes ``<answer>N</answer></s>``
-but gets only some answers right, leaving headroom for reinforcement learning.
-Results are cached on disk under a hash of all settings.
+but gets only some answers right, leaving headroom for reinforcement learning: training
+stops once greedy accuracy on held-out training rows reaches a target. Results are cached
+on disk under a hash of all settings.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ import argparse
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from datasets import Dataset, DatasetDict
@@ -44,9 +45,10 @@ class WarmStartSettings:
     num_train: int = 2000
     num_val: int = 200
     num_dev: int = 200
+    data_seed: int = 0
     steps: int = 2000
-    target_accuracy: float | None = 0.35
-    eval_every: int = 10
+    target_accuracy: float | None = 0.3
+    eval_every: int = 5
     batch_size: int = 64
     learning_rate: float = 3e-3
     warmup_steps: int = 30
@@ -71,7 +73,7 @@ class WarmStartSettings:
             num_val=self.num_val,
             digits=self.digits,
             operations=self.operations,
-            seed=self.seed,
+            seed=self.data_seed,
         )
 
     def train_and_dev(self) -> tuple[Dataset, Dataset]:
@@ -96,6 +98,7 @@ def warm_start(
     num_train: int = WarmStartSettings.num_train,
     num_val: int = WarmStartSettings.num_val,
     num_dev: int = WarmStartSettings.num_dev,
+    data_seed: int = WarmStartSettings.data_seed,
     steps: int = WarmStartSettings.steps,
     target_accuracy: float | None = WarmStartSettings.target_accuracy,
     eval_every: int = WarmStartSettings.eval_every,
@@ -116,7 +119,8 @@ def warm_start(
     """Train (or reuse) a warm-started tiny model and return its ``save_pretrained`` directory.
 
     The model learns from the ``train`` split of ``make_arithmetic_dataset(num_train, num_val,
-    digits, operations, seed)`` minus its last ``num_dev`` rows; its ``validation`` split stays
+    digits, operations, data_seed)`` minus its last ``num_dev`` rows (``seed`` sets the
+    initialisation and batch order); its ``validation`` split stays
     unseen. Training stops after ``steps`` steps, or as soon as greedy accuracy on the ``num_dev``
     held-out rows reaches ``target_accuracy`` (checked every ``eval_every`` steps; ``None`` turns
     this off), which keeps the model partially trained whatever the seed. With ``output_dir=None``
@@ -129,6 +133,7 @@ def warm_start(
         num_train=num_train,
         num_val=num_val,
         num_dev=num_dev,
+        data_seed=data_seed,
         steps=steps,
         target_accuracy=target_accuracy,
         eval_every=eval_every,
@@ -171,8 +176,8 @@ def run_warm_start(
     return output_dir
 
 
-def read_marker(model_dir: str | Path) -> dict:
-    """The record written after a completed warm start: settings, logged losses, seconds."""
+def read_marker(model_dir: str | Path) -> dict[str, Any]:
+    """The record written after a completed warm start: settings, losses, dev accuracy, steps, seconds."""
     return json.loads((Path(model_dir) / MARKER_FILE).read_text())
 
 
@@ -290,7 +295,8 @@ def train_supervised(
                 record.losses.append((step, running / count))
                 logger.info("step %d/%d  loss %.4f", step, settings.steps, running / count)
                 running, count = 0.0, 0
-            if dev_batch is not None and settings.target_accuracy is not None and step % settings.eval_every == 0:
+            checking = dev_batch is not None and settings.target_accuracy is not None
+            if checking and step % settings.eval_every == 0:
                 accuracy = teacher_forced_accuracy(model, *dev_batch)
                 record.dev_accuracy.append((step, accuracy))
                 if accuracy >= settings.target_accuracy:
@@ -301,7 +307,11 @@ def train_supervised(
                     break
         else:
             if settings.target_accuracy is not None:
-                logger.warning("dev greedy accuracy target %s not reached in %d steps", settings.target_accuracy, settings.steps)
+                logger.warning(
+                    "dev greedy accuracy target %s not reached in %d steps",
+                    settings.target_accuracy,
+                    settings.steps,
+                )
     model.eval()
     return model, tokenizer, record
 
@@ -332,7 +342,9 @@ def generation_metrics(
     if num_samples is not None:
         dataset = dataset.select(range(min(num_samples, len(dataset))))
     sample = temperature > 0
-    options = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if sample else dict(do_sample=False)
+    options = dict(do_sample=False)
+    if sample:
+        options = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
     correct = formatted = 0
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -375,19 +387,25 @@ def _parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, WarmSta
         prog="python -m grpo_lightning.warmstart",
         description="Warm-start a tiny causal LM on the arithmetic task and report validation accuracy.",
     )
-    parser.add_argument("--output-dir", type=Path, default=None, help="default: a cache folder named by a settings hash")
+    parser.add_argument(
+        "--output-dir", type=Path, default=None, help="default: a cache folder named by a settings hash"
+    )
     for name, value in asdict(defaults).items():
         if name == "target_accuracy":
             continue
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+        flag = f"--{name.replace('_', '-')}"
+        parser.add_argument(flag, type=type(value), default=value, help=f"default: {value}")
     parser.add_argument(
         "--target-accuracy",
         type=lambda text: None if text.lower() == "none" else float(text),
         default=defaults.target_accuracy,
-        help="stop once dev greedy accuracy reaches this; 'none' trains for all --steps",
+        help="stop once dev greedy accuracy reaches this; 'none' trains for all --steps "
+        f"(default: {defaults.target_accuracy})",
     )
     parser.add_argument("--log-every", type=int, default=50)
-    parser.add_argument("--eval-samples", type=int, default=None, help="validation rows to evaluate (default: all)")
+    parser.add_argument(
+        "--eval-samples", type=int, default=None, help="validation rows to evaluate (default: all)"
+    )
     args = parser.parse_args(argv)
     settings = WarmStartSettings(**{name: getattr(args, name) for name in asdict(defaults)})
     return args, settings
@@ -404,7 +422,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     greedy = generation_metrics(model_dir, validation, num_samples=args.eval_samples)
     sampled = generation_metrics(model_dir, validation, temperature=1.0, num_samples=args.eval_samples)
     print(f"model: {model_dir}")
-    print(f"warm start: {seconds:.1f} s")
+    print(f"warm start: {seconds:.1f} s, {read_marker(model_dir)['stopped_at']} steps")
     print(f"greedy accuracy: {greedy['accuracy']:.3f} (format {greedy['format_rate']:.3f})")
     print(f"sampled accuracy (T=1): {sampled['accuracy']:.3f} (format {sampled['format_rate']:.3f})")
 

@@ -73,7 +73,8 @@ def test_same_seed_same_weights(tmp_path, char_tokenizer):
     config = tiny_config(char_tokenizer, hidden_size=32, intermediate_size=64)
     weights = []
     for name in ("a", "b"):
-        model = AutoModelForCausalLM.from_pretrained(save_tiny_model(tmp_path / name, char_tokenizer, config, seed=3))
+        path = save_tiny_model(tmp_path / name, char_tokenizer, config, seed=3)
+        model = AutoModelForCausalLM.from_pretrained(path)
         weights.append(model.get_input_embeddings().weight)
     assert torch.equal(*weights)
 

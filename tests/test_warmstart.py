@@ -4,6 +4,8 @@ import time
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grpo_lightning.data.arithmetic import make_arithmetic_dataset
+from grpo_lightning.tiny import build_char_tokenizer
 from grpo_lightning.warmstart import (
     MARKER_FILE,
     WarmStartSettings,
@@ -15,10 +17,17 @@ from grpo_lightning.warmstart import (
     supervised_batch_tensors,
     warm_start,
 )
-from grpo_lightning.tiny import build_char_tokenizer
 
 FAST = dict(
-    num_train=256, num_val=16, num_dev=32, target_accuracy=None, steps=40, batch_size=16, hidden_size=32, intermediate_size=64, log_every=10
+    num_train=256,
+    num_val=16,
+    num_dev=32,
+    target_accuracy=None,
+    steps=40,
+    batch_size=16,
+    hidden_size=32,
+    intermediate_size=64,
+    log_every=10,
 )
 
 
@@ -55,7 +64,8 @@ def test_warm_start_writes_loadable_dir(fast_dir, cache):
     tokenizer = AutoTokenizer.from_pretrained(fast_dir)
     model = AutoModelForCausalLM.from_pretrained(fast_dir)
     assert model.config.vocab_size == len(tokenizer)
-    assert tokenizer.encode("<answer>", add_special_tokens=False) == [tokenizer.convert_tokens_to_ids("<answer>")]
+    answer_id = tokenizer.convert_tokens_to_ids("<answer>")
+    assert tokenizer.encode("<answer>", add_special_tokens=False) == [answer_id]
 
 
 def test_supervised_loss_decreases(fast_dir):
@@ -103,6 +113,15 @@ def test_stops_at_target_dev_accuracy(tmp_path):
     assert record["dev_accuracy"] == [[5, record["dev_accuracy"][0][1]]]
 
 
+def test_default_split_matches_default_task_split():
+    """The default warm start never trains on the default validation prompts."""
+    default = make_arithmetic_dataset()
+    settings = WarmStartSettings()
+    train, dev = settings.train_and_dev()
+    assert settings.dataset()["validation"]["prompt"] == default["validation"]["prompt"]
+    assert not set(train["prompt"]) & set(default["validation"]["prompt"])
+
+
 def test_dev_rows_are_held_out():
     settings = WarmStartSettings(num_train=100, num_val=10, num_dev=20)
     train, dev = settings.train_and_dev()
@@ -119,7 +138,8 @@ def test_training_is_deterministic(tmp_path):
 
 
 def test_accuracy_helpers(fast_dir):
-    validation = WarmStartSettings(num_train=FAST["num_train"], num_val=FAST["num_val"]).dataset()["validation"]
+    settings = WarmStartSettings(num_train=FAST["num_train"], num_val=FAST["num_val"])
+    validation = settings.dataset()["validation"]
     greedy = greedy_accuracy(fast_dir, validation, num_samples=8)
     sampled = greedy_accuracy(fast_dir, validation, temperature=1.0, num_samples=8)
     assert 0.0 <= greedy <= 1.0 and 0.0 <= sampled <= 1.0
@@ -135,8 +155,8 @@ def test_cli_help(capsys):
 
 
 def test_cli_runs(tmp_path, capsys):
-    args = ["--output-dir", str(tmp_path / "cli"), "--steps", "5", "--num-train", "64", "--num-val", "8", "--num-dev", "8"]
-    main(args + ["--hidden-size", "32", "--intermediate-size", "64", "--batch-size", "8"])
+    args = ["--output-dir", str(tmp_path / "cli"), "--steps", "5", "--num-train", "64", "--num-val", "8"]
+    main(args + ["--num-dev", "8", "--hidden-size", "32", "--intermediate-size", "64", "--batch-size", "8"])
     out = capsys.readouterr().out
     assert f"model: {tmp_path / 'cli'}" in out
     assert "greedy accuracy:" in out and "sampled accuracy (T=1):" in out
