@@ -76,13 +76,18 @@ def clip_grad_norm_(model: nn.Module, max_norm: float) -> Tensor:
 
 @contextlib.contextmanager
 def full_state_dict(model: nn.Module) -> Iterator[None]:
-    """``model.state_dict()`` gives the full, unsharded weights (on CPU, on rank 0 only) inside."""
-    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+    """Inside, ``model.state_dict()`` (and ``FullyShardedDataParallel.optim_state_dict``) give the
+    full, unsharded state, on the CPU, on rank 0 only. Every process must take part."""
+    from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
 
-    # Offloading weights that already live on the CPU frees the memory the copies point to.
-    on_cpu = next(model.parameters()).device.type == "cpu"
-    config = FullStateDictConfig(offload_to_cpu=not on_cpu, rank0_only=True)
-    with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT, config):
+    # Offloading what already lives on the CPU frees the memory the copies point to.
+    offload = next(model.parameters()).device.type != "cpu"
+    with FullyShardedDataParallel.state_dict_type(
+        model,
+        StateDictType.FULL_STATE_DICT,
+        FullStateDictConfig(offload_to_cpu=offload, rank0_only=True),
+        FullOptimStateDictConfig(offload_to_cpu=offload, rank0_only=True),
+    ):
         yield
 
 
@@ -149,7 +154,24 @@ class PolicyFSDPStrategy(FSDPStrategy):
         ):
             yield
 
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        if self.root_device.type != "cpu" or self._state_dict_type != "full":
+            return super().lightning_module_state_dict()
+        with full_state_dict(self.model):  # Lightning's offloads to the CPU: not from the CPU
+            return self.model.state_dict()
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        if self.root_device.type != "cpu" or self._state_dict_type != "full":
+            return super().optimizer_state(optimizer)
+        with full_state_dict(self.model):
+            return FullyShardedDataParallel.optim_state_dict(self.model, getattr(optimizer, "_optimizer", optimizer))
+
     def _setup_model(self, model: nn.Module) -> nn.Module:
+        if getattr(self.lightning_module.hparams, "rollout_engine", "hf") != "hf":
+            raise ValueError(
+                "rollout_engine: the static-cache engine runs the whole policy on one device; under FSDP use "
+                "--model.rollout_engine hf, or DDP (configs/strategy/ddp.yaml) when the model fits a device."
+            )
         model = super()._setup_model(model)
         policy = getattr(self.lightning_module, "policy", None)
         if self.activation_checkpointing and policy is not None:

@@ -1,6 +1,6 @@
-"""Strategies on the CPU: the FSDP wrap policy, the strategy configs, FSDP in one process (gloo,
-the same code path as on GPUs) with checkpoints and exact resume, and DDP vs FSDP over two
-processes (torchrun), which must train identically."""
+"""Strategies, on the CPU (gloo): the FSDP wrap policy, the strategy configs, FSDP in one process
+(every FSDP hook runs, nothing is sharded) and over two processes (torchrun; sharded), where it
+must train as DDP does and resume exactly from its checkpoints."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from grpo_lightning.strategies import (
     mixed_precision_config,
     shard,
 )
-from test_checkpoint import assert_same_steps, fit, logits, make_module
+from test_checkpoint import fit, logits, make_module
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -100,7 +100,7 @@ def fsdp_strategy() -> PolicyFSDPStrategy:
     return PolicyFSDPStrategy(mixed_precision=None, activation_checkpointing=True)
 
 
-def test_fsdp_shards_each_model_trains_checkpoints_and_resumes_exactly(tiny_model_dir, tmp_path, process_group_cleanup, monkeypatch):
+def test_fsdp_shards_each_model_on_its_own_and_trains_as_without_it(tiny_model_dir, tmp_path, process_group_cleanup, monkeypatch):
     clipped = []
     monkeypatch.setattr(grpo_lightning.module, "clip_grad_norm_", lambda model, norm: clipped.append(norm) or model.clip_grad_norm_(norm))
 
@@ -126,15 +126,10 @@ def test_fsdp_shards_each_model_trains_checkpoints_and_resumes_exactly(tiny_mode
     for step in (1, 2):
         torch.testing.assert_close(first[step], plain[step], rtol=1e-4, atol=1e-6)
 
-    # checkpoint: plain parameter names, no reference model; resume is exact
+    # checkpoint: plain parameter names (no FSDP or checkpoint-wrapper prefixes), no reference model
     checkpoint = read_checkpoint(tmp_path / "ckpt" / "step=2.ckpt")
     names = set(checkpoint["state_dict"])
     assert names == {f"policy.{k}" for k in AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()}
-    full, _ = fit(fsdp_module(tiny_model_dir), 4, tmp_path / "full", strategy=fsdp_strategy())
-    resumed, _ = fit(
-        fsdp_module(tiny_model_dir), 4, tmp_path / "resumed", ckpt_path=tmp_path / "ckpt" / "step=2.ckpt", strategy=fsdp_strategy()
-    )
-    assert_same_steps(resumed, full, 3, 4)
 
     # the gathered policy saves and exports as a Hugging Face model
     grpo.save_pretrained(tmp_path / "saved")
@@ -145,10 +140,15 @@ def test_fsdp_shards_each_model_trains_checkpoints_and_resumes_exactly(tiny_mode
     torch.testing.assert_close(logits(saved, tokenizer), logits(exported, tokenizer), rtol=0, atol=0)
 
 
+def test_fsdp_refuses_the_static_cache_rollout_engine(tiny_model_dir, tmp_path, process_group_cleanup):
+    with pytest.raises(ValueError, match="rollout_engine"):
+        fit(make_module(tiny_model_dir, rollout_engine="static"), 1, tmp_path, strategy=fsdp_strategy())
+
+
 # ---------------------------------------------------------------- two processes
 
 
-DISTRIBUTED_FIT = '''
+DISTRIBUTED_FIT = """
 import json, os, sys
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -156,36 +156,35 @@ from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.strategies import PolicyFSDPStrategy
 from variants import GRPO
 
-model_dir, out, kind = sys.argv[1:4]
+model_dir, out, kind, max_steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+ckpt_path = sys.argv[5] if len(sys.argv) > 5 else None
 
 
 class Record(L.Callback):
     def __init__(self):
-        self.prompts, self.steps = [], []
+        self.prompts, self.steps = [], {}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.prompts += batch["prompt"]
-        self.steps.append({k: float(v) for k, v in trainer.callback_metrics.items() if not k.startswith("perf/")})
+        metrics = trainer.callback_metrics
+        self.steps[trainer.global_step] = {k: float(v) for k, v in metrics.items() if not k.startswith("perf/")}
 
 
 L.seed_everything(0)
 record = Record()
-# FSDP checkpoints on the CPU are left out: gathering full state dicts offloads to the CPU, which
-# FSDP only supports from an accelerator. One-process FSDP checkpoints are tested in-process.
-callbacks = [record] + ([ModelCheckpoint(dirpath=os.path.join(out, "ckpt"), filename="{step}", every_n_train_steps=2)] if kind == "ddp" else [])
 trainer = L.Trainer(
     strategy=PolicyFSDPStrategy(mixed_precision=None) if kind == "fsdp" else "ddp",
-    accelerator="cpu", devices=2, max_steps=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
-    enable_checkpointing=kind == "ddp", limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=out, callbacks=callbacks,
+    accelerator="cpu", devices=2, max_steps=max_steps, logger=False, enable_progress_bar=False,
+    enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=out,
+    callbacks=[record, ModelCheckpoint(os.path.join(out, "ckpt"), "{step}", every_n_train_steps=2, save_top_k=-1)],
 )
-module = GRPO(model=model_dir, reward_funcs=["test_checkpoint.length_reward"], group_size=2, max_new_tokens=6, micro_batch_size=2,
-              learning_rate=1e-3, beta=0.04, dtype="float32")
-trainer.fit(module, datamodule=ArithmeticDataModule(num_train=16, num_val=4, batch_size=2))
+module = GRPO(model=model_dir, reward_funcs=["test_checkpoint.length_reward"], group_size=2, max_new_tokens=6,
+              micro_batch_size=2, learning_rate=1e-3, beta=0.04, dtype="float32")
+trainer.fit(module, datamodule=ArithmeticDataModule(num_train=16, num_val=4, batch_size=2), ckpt_path=ckpt_path)
 module.save_pretrained(os.path.join(out, "saved"))
-os.makedirs(out, exist_ok=True)
 with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
     json.dump({"prompts": record.prompts, "steps": record.steps, "world": trainer.world_size}, f)
-'''
+"""
 
 
 def free_port() -> int:
@@ -194,36 +193,48 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(script: Path, *args: str) -> None:
+def torchrun(script: Path, model_dir: str, out: Path, kind: str, max_steps: int, ckpt_path: Path | None = None) -> list[dict]:
+    """Two CPU processes (gloo); returns what each rank recorded."""
+    args = [model_dir, str(out), kind, str(max_steps)] + ([str(ckpt_path)] if ckpt_path else [])
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()), str(script), *args]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
 
-def test_ddp_and_fsdp_over_two_cpu_processes_train_identically(tiny_model_dir, tmp_path):
+def steps(rank: dict, *numbers: int) -> list[dict]:
+    return [rank["steps"][str(n)] for n in numbers]
+
+
+def test_fsdp_over_two_cpu_processes_trains_like_ddp_and_resumes_exactly(tiny_model_dir, tmp_path):
     script = tmp_path / "distributed_fit.py"
     script.write_text(DISTRIBUTED_FIT)
-    runs = {}
-    for kind in ("ddp", "fsdp"):
-        torchrun(script, tiny_model_dir, str(tmp_path / kind), kind)
-        runs[kind] = [json.loads((tmp_path / kind / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ddp = torchrun(script, tiny_model_dir, tmp_path / "ddp", "ddp", 2)
+    fsdp = torchrun(script, tiny_model_dir, tmp_path / "fsdp", "fsdp", 4)
+    resumed = torchrun(script, tiny_model_dir, tmp_path / "resumed", "fsdp", 4, tmp_path / "fsdp" / "ckpt" / "step=2.ckpt")
 
-    for kind, ranks in runs.items():
+    for ranks in (ddp, fsdp):
         assert [r["world"] for r in ranks] == [2, 2]
-        assert not set(ranks[0]["prompts"]) & set(ranks[1]["prompts"]), f"{kind}: ranks must see different prompts"
-        assert len(ranks[0]["steps"]) == 2
-    # Same data on each rank, same sampling, same averaged update: the logged metrics agree.
-    for ddp_rank, fsdp_rank in zip(runs["ddp"], runs["fsdp"]):
-        assert ddp_rank["prompts"] == fsdp_rank["prompts"]
-        for ddp_step, fsdp_step in zip(ddp_rank["steps"], fsdp_rank["steps"]):
-            assert ddp_step.keys() == fsdp_step.keys()
-            torch.testing.assert_close(fsdp_step, ddp_step, rtol=1e-4, atol=1e-6)
+        assert not set(ranks[0]["prompts"]) & set(ranks[1]["prompts"]), "ranks must see different prompts"
+    for rank in (0, 1):
+        # Same prompts, same sampling, same averaged update: the same metrics as DDP.
+        assert fsdp[rank]["prompts"][:4] == ddp[rank]["prompts"]
+        torch.testing.assert_close(steps(fsdp[rank], 1, 2), steps(ddp[rank], 1, 2), rtol=1e-4, atol=1e-6)
+        # Sharded weights and optimizer state, each rank's RNG and data position: an exact resume.
+        assert sorted(resumed[rank]["steps"], key=int) == ["3", "4"]
+        torch.testing.assert_close(steps(resumed[rank], 3, 4), steps(fsdp[rank], 3, 4), rtol=0, atol=0)
 
-    # DDP checkpoints hold every rank's training state (RNG, ...)
-    checkpoint = read_checkpoint(tmp_path / "ddp" / "ckpt" / "step=2.ckpt")
-    assert len(checkpoint["training_state"]) == 2
-    # Both write the same trained policy.
+    checkpoint = read_checkpoint(tmp_path / "fsdp" / "ckpt" / "step=2.ckpt")
+    assert len(checkpoint["training_state"]) == 2  # one per rank
+    assert not any(k.startswith("ref_model.") for k in checkpoint["state_dict"])
+    # The gathered policy, written by save_pretrained or exported from the checkpoint, is DDP's.
+    export_checkpoint(tmp_path / "fsdp" / "ckpt" / "step=2.ckpt", tmp_path / "exported")
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "ddp" / "saved")
-    ddp, fsdp = (AutoModelForCausalLM.from_pretrained(tmp_path / kind / "saved") for kind in ("ddp", "fsdp"))
-    torch.testing.assert_close(logits(fsdp, tokenizer), logits(ddp, tokenizer), rtol=1e-4, atol=1e-5)
+
+    def run_logits(directory: Path) -> torch.Tensor:
+        return logits(AutoModelForCausalLM.from_pretrained(directory), tokenizer)
+
+    torch.testing.assert_close(run_logits(tmp_path / "exported"), run_logits(tmp_path / "ddp" / "saved"), rtol=1e-4, atol=1e-5)
+    export_checkpoint(tmp_path / "fsdp" / "ckpt" / "step=4.ckpt", tmp_path / "exported4")
+    torch.testing.assert_close(run_logits(tmp_path / "fsdp" / "saved"), run_logits(tmp_path / "exported4"), rtol=0, atol=0)
