@@ -17,6 +17,10 @@ How the module is sharded (FSDP1, Lightning's :class:`~lightning.pytorch.strateg
   norm, LM head) are gathered, and each decoder layer gathers its shard in its forward.
 * Gradient clipping by norm goes through the policy root's ``clip_grad_norm_``
   (:func:`clip_grad_norm_`); Lightning's FSDP precision plugin refuses norm clipping.
+* Checkpoints (``state_dict_type="full"``) hold the gathered policy under its plain parameter
+  names, so they load with or without FSDP, on any number of devices.
+
+:class:`PolicyFSDPStrategy` also runs on CPU processes (gloo), which the tests use.
 """
 
 from __future__ import annotations
