@@ -38,7 +38,7 @@ def check_checkpoint(path: str | os.PathLike | None) -> None:
     if not os.path.exists(text):
         raise FileNotFoundError(
             f"ckpt_path {text!r} does not exist. Give a checkpoint file written by the run's ModelCheckpoint "
-            "(e.g. runs/<name>/version_<n>/checkpoints/last.ckpt), or leave --ckpt_path out to start afresh."
+            "(e.g. runs/<name>/version_<n>/checkpoints/last.ckpt)."
         )
     if not zipfile.is_zipfile(text):
         raise ValueError(
