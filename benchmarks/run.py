@@ -248,6 +248,15 @@ def versions() -> dict[str, str]:
 # ---------------------------------------------------------------------------------- runs
 
 
+def make_strategy(name: str):
+    """``fsdp`` is the project's own FSDP strategy (policy and reference sharded per decoder layer)."""
+    if name == "fsdp":
+        from grpo_lightning.strategies import PolicyFSDPStrategy
+
+        return PolicyFSDPStrategy(mixed_precision="bf16")
+    return name
+
+
 def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str], dtype: str, precision: str) -> dict[str, Any]:
     import lightning as L
 
@@ -259,7 +268,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     trainer = L.Trainer(
         accelerator=args.accelerator,
         devices=args.devices,
-        strategy=args.strategy,
+        strategy=make_strategy(args.strategy),
         precision=precision,
         max_steps=args.steps,
         logger=False,
