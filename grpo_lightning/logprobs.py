@@ -2,13 +2,16 @@
 
 The full ``[N, T, V]`` logits of a micro-batch are never turned into fp32 at once: the LM head
 output is kept to the completion positions (``logits_to_keep``) and the fp32 log-softmax runs over
-chunks of rows, so the extra memory is ``chunk_rows x T x V`` floats.
+chunks of rows, so the extra memory is ``chunk_rows x T x V`` floats (by default about 256 MB).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+
+#: fp32 elements converted at a time when ``chunk_rows`` is not given (256 MB).
+CHUNK_ELEMENTS = 2**26
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
@@ -55,7 +58,7 @@ class _SelectedLogProbs(torch.autograd.Function):
 
 
 def token_logprobs_from_logits(
-    logits: Tensor, targets: Tensor, temperature: float = 1.0, chunk_rows: int = 8
+    logits: Tensor, targets: Tensor, temperature: float = 1.0, chunk_rows: int | None = None
 ) -> tuple[Tensor, Tensor]:
     """Log-prob of each target token and the entropy of each predictive distribution.
 
@@ -63,11 +66,14 @@ def token_logprobs_from_logits(
         logits: ``[N, T, V]`` in any dtype; position ``t`` predicts ``targets[:, t]``.
         targets: ``[N, T]`` token ids.
         temperature: the sampling temperature; the distribution is ``softmax(logits / temperature)``.
-        chunk_rows: rows converted to fp32 at a time (forward and backward).
+        chunk_rows: rows converted to fp32 at a time (forward and backward); by default as many
+            as fit in ``CHUNK_ELEMENTS`` floats (one row of a 150k vocabulary x 256 tokens is 39M).
 
     Returns:
         ``(logp, entropy)``, both fp32 ``[N, T]``; ``entropy`` carries no gradient.
     """
+    if chunk_rows is None:
+        chunk_rows = max(1, CHUNK_ELEMENTS // max(1, logits.shape[1] * logits.shape[2]))
     return _SelectedLogProbs.apply(logits, targets, float(temperature), chunk_rows)
 
 
@@ -78,7 +84,7 @@ def completion_logprobs(
     completion_ids: Tensor,
     completion_mask: Tensor,
     temperature: float = 1.0,
-    chunk_rows: int = 8,
+    chunk_rows: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Teacher-forced log-probs of ``completion_ids`` given left-padded ``prompt_ids``.
 
