@@ -31,7 +31,13 @@ def quickstart_args(model_dir: str | Path, variant: str = "grpo", extra: Sequenc
     return [*args, "--model.model", str(model_dir), *extra]
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, float]:
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point: run the quickstart (its exit status is 0 on success)."""
+    run_quickstart(argv)
+
+
+def run_quickstart(argv: Sequence[str] | None = None) -> dict[str, float]:
+    """Warm start, measure, train, measure; returns the summary written to ``quickstart.json``."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variant", choices=VARIANTS, default="grpo")
     options, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)

@@ -57,3 +57,12 @@ def test_quickstart_uses_the_shipped_configs():
     cli = GRPOLightningCLI(args=quickstart_args("warm/model", "dapo"), run=False)
     assert type(cli.model).__name__ == "DAPO"
     assert cli.model.model_name == "warm/model"
+
+
+def test_console_entry_points_return_none_so_the_exit_status_is_zero():
+    """A console script exits with ``sys.exit(main())``: anything but None is a failure status."""
+    import inspect
+
+    from grpo_lightning import quickstart
+
+    assert inspect.signature(quickstart.main).return_annotation in (None, "None")
