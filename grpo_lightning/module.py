@@ -454,9 +454,13 @@ class GroupPolicyOptimization(L.LightningModule):
         prompts = batch["prompt"]
         texts = [self.format_prompt(p) for p in prompts]
         if self.hparams.rollout_engine == "static":
-            if self._engine is None:
+            rows = len(texts) * group_size
+            if self._engine is None or rows > self._engine.max_batch_size:
+                # Sized to the largest batch seen (a validation batch may come first), not chunked.
+                if self._engine is not None:
+                    self._engine.clear()
                 self._engine = StaticCacheGenerator(
-                    self.policy, max_batch_size=len(texts) * group_size, max_cache_len=sampling.max_new_tokens + 64
+                    self.policy, max_batch_size=rows, max_cache_len=sampling.max_new_tokens + 64
                 )
             prompt_ids, prompt_mask, completion_ids = fast_generate_group(
                 self._engine, self.tokenizer, texts, group_size, sampling
@@ -652,11 +656,20 @@ class GroupPolicyOptimization(L.LightningModule):
         for metric in (self.val_accuracy, self.val_reward, self.val_length):
             metric.reset()
 
+    def accuracy_scores(self, rollout: Rollout) -> Tensor:
+        """``[N]`` scores of ``accuracy_func``: its column of the rewards when it is also a reward
+        function, so it is not called twice."""
+        accuracy = self.accuracy_function[1]
+        for column, (_, function) in enumerate(self.reward_functions):
+            if function is accuracy:
+                return rollout.reward_per_function[:, column]
+        return score_completions([self.accuracy_function], rollout.prompts, rollout.completions, rollout.columns)[:, 0]
+
     def validation_step(self, batch: dict[str, list], batch_idx: int) -> None:
         with full_parameters(self.policy):
             rollout = self.generate(batch, 1, self.val_sampling)
         self.score(rollout)
-        accuracy = score_completions([self.accuracy_function], rollout.prompts, rollout.completions, rollout.columns)
+        accuracy = self.accuracy_scores(rollout)
         size = len(rollout)
         self.val_accuracy.update(torch.nanmean(accuracy), size)
         self.val_reward.update(rollout.rewards.mean(), size)
