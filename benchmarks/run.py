@@ -42,6 +42,8 @@ import torch  # noqa: E402
 
 WORKDIR_ENV = "GRPO_BENCH_WORKDIR"  # lets the processes a multi-device launch re-runs reuse rank 0's files
 PHASES = ("rollout_s", "score_s", "logprob_s", "update_s", "step_s")
+#: Training metrics recorded per step (means over all devices), for comparing runs step by step.
+TRAINING_METRICS = ("loss", "reward", "reward_std", "kl", "entropy", "completions/mean_length", "clip_ratio/region")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +182,9 @@ def make_step_recorder():
                 value = metrics.get(f"perf/{name}")
                 if value is not None:
                     record[name] = float(value)
+            for name in TRAINING_METRICS:
+                if name in metrics:
+                    record[name] = float(metrics[name])
             self.steps.append(record)
 
     return StepRecorder()
@@ -248,12 +253,12 @@ def versions() -> dict[str, str]:
 # ---------------------------------------------------------------------------------- runs
 
 
-def make_strategy(name: str):
+def make_strategy(name: str, rollout_weights: str = "replica"):
     """``fsdp`` is the project's own FSDP strategy (policy and reference sharded per decoder layer)."""
     if name == "fsdp":
         from grpo_lightning.strategies import PolicyFSDPStrategy
 
-        return PolicyFSDPStrategy(mixed_precision="bf16")
+        return PolicyFSDPStrategy(mixed_precision="bf16", rollout_weights=rollout_weights)
     return name
 
 
@@ -268,7 +273,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     trainer = L.Trainer(
         accelerator=args.accelerator,
         devices=args.devices,
-        strategy=make_strategy(args.strategy),
+        strategy=make_strategy(args.strategy, args.rollout_weights),
         precision=precision,
         max_steps=args.steps,
         logger=False,
@@ -295,6 +300,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
         # Random weights almost never sample EOS; forcing full length makes it so on every framework.
         min_new_tokens=workload.max_new_tokens,
         rollout_engine=args.rollout_engine,
+        rollout_seed=args.rollout_seed,
     )
     data = PromptDataModule(
         path=paths["prompts"], val_split=None, batch_size=workload.prompts // trainer.world_size, seed=args.seed
@@ -372,6 +378,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workdir", default=None, help="keep the model and prompts here and reuse them (default: a temp dir)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rollout-engine", choices=["hf", "static"], default="static", help="the module's rollout_engine")
+    parser.add_argument(
+        "--rollout-seed", type=int, default=None,
+        help="the module's rollout_seed: keyed sampling, the same completions on any number of devices",
+    )
+    parser.add_argument(
+        "--rollout-weights", choices=["replica", "gather"], default="replica",
+        help="with --strategy fsdp: sample from an unsharded replica, or gather layers at each token",
+    )
     parser.add_argument(
         "--threads", type=int, default=None,
         help="torch CPU threads, for this run and TRL's (default: torch's). On a CPU shared with other "

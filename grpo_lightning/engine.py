@@ -12,6 +12,11 @@ where the same policy generates a batch of the same shape again and again:
   ``min_new_tokens``) runs inside the step with no host synchronisation: a draw is
   ``argmax(probs / E)`` with ``E ~ Exponential(1)`` noise, which picks token ``i`` with probability
   ``probs[i]`` (the Gumbel-max trick in another form);
+* *keyed* sampling (``row_keys``): each row draws its tokens by inverse-CDF sampling from
+  counter-based random numbers, a hash of its key and the token's index (:func:`keyed_uniforms`), so
+  a row's completion does not depend on the other rows of the batch nor on the device it runs on;
+* grouped-query attention reads each key/value head once (``grpo_lightning.attention``) instead of
+  copying the cache to one copy per query head at every step;
 * on CUDA the decode step is captured once per sampling setting as a ``torch.cuda.CUDAGraph`` and
   replayed once per token; the host only checks whether every row has finished every
   ``check_every`` steps. On CPU the same step runs eagerly.
@@ -48,6 +53,7 @@ import transformers
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
+from .attention import grouped_query_attention
 from .logprobs import position_ids_from_mask
 from .rollout import SamplingParams
 
@@ -76,14 +82,20 @@ def new_static_cache(config: Any, batch_size: int, max_cache_len: int, device: t
     return transformers.StaticCache(**kwargs)
 
 
-def sample_tokens(logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+def sample_tokens(
+    logits: Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0, uniforms: Tensor | None = None
+) -> Tensor:
     """One token per row of ``logits`` ``[B, V]``; no host synchronisation, safe inside a CUDA graph.
 
     ``temperature == 0`` is greedy (argmax). Otherwise the distribution is ``softmax(logits /
     temperature)`` restricted to the ``top_k`` most likely tokens (``0`` keeps all; ties at the
     k-th value are kept) and then to the nucleus: the most likely tokens whose preceding mass is below
-    ``top_p`` (the most likely token is always kept). The draw uses the default generator of the
-    device, so ``torch.manual_seed`` makes it reproducible.
+    ``top_p`` (the most likely token is always kept).
+
+    Without ``uniforms`` the draw uses the default generator of the device, so ``torch.manual_seed``
+    makes it reproducible. With ``uniforms`` ``[B]`` in ``[0, 1)`` (e.g. :func:`keyed_uniforms`) row
+    ``b`` takes the token where ``uniforms[b]`` falls in the cumulative distribution (inverse-CDF
+    sampling): the token of a row then depends on that row alone.
     """
     logits = logits.float()
     if temperature == 0:
@@ -101,10 +113,44 @@ def sample_tokens(logits: Tensor, temperature: float, top_k: int = 0, top_p: flo
         drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     probs = logits.softmax(dim=-1)
+    if uniforms is not None:
+        cdf = probs.cumsum(dim=-1)
+        target = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
+        # The first token whose cumulative mass exceeds the target: never one of probability zero.
+        return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=probs.size(-1) - 1)
     # Exponential(1) noise as -log(U), U ~ Uniform[0, 1) (several times faster than exponential_ on
     # CPU); U = 0 gives infinite noise, a zero score, never NaN.
     noise = torch.rand_like(probs).log_().neg_()
     return (probs / noise).argmax(dim=-1)
+
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: Tensor, factor: int) -> Tensor:
+    """``x * factor mod 2**32`` for ``x`` in ``[0, 2**32)`` held in int64, without int64 overflow."""
+    low = x * (factor & 0xFFFF)
+    high = ((x * (factor >> 16)) & 0xFFFF) << 16
+    return (low + high) & _MASK32
+
+
+def _mix32(x: Tensor) -> Tensor:
+    """A 32-bit integer hash (xor-shift-multiply rounds) with good avalanche."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def keyed_uniforms(keys: Tensor, counter: Tensor) -> Tensor:
+    """``[B]`` numbers in ``(0, 1)``, a hash of each row's 64-bit ``keys`` ``[B]`` and ``counter``
+    (e.g. the index of the token being sampled): counter-based random numbers, the same for a row
+    whatever the other rows of the batch are."""
+    h = _mix32(keys & _MASK32)
+    h = _mix32(h ^ ((keys >> 32) & _MASK32))
+    h = _mix32(h ^ (counter & _MASK32))
+    return ((h >> 8).float() + 0.5) / 2**24
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -183,12 +229,23 @@ class StaticCacheGenerator:
         sampling: SamplingParams,
         eos_token_id: int | Sequence[int] | None,
         pad_token_id: int | None,
-    ) -> Tensor:
+        row_keys: Tensor | None = None,
+        return_logprobs: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
         """Completions ``[N, T]`` for left-padded ``prompt_ids``/``prompt_mask`` ``[N, S]``.
 
         ``T <= sampling.max_new_tokens`` is the length of the longest completion (up to and
         including its first EOS), as ``model.generate`` returns it; tokens after a row's EOS are
         ``pad_token_id`` (the first EOS id when it is ``None``).
+
+        ``row_keys`` ``[N]`` (int64) makes sampling *keyed*: token ``t`` of row ``n`` is drawn with
+        ``keyed_uniforms(row_keys[n], t)`` instead of the global generator, so a row's completion
+        depends on its prompt and key alone, not on the batch it is in, how the batch is chunked, or
+        on which device (up to the floating-point differences of other batch shapes).
+
+        ``return_logprobs``: also return ``[N, T]`` fp32 log-probabilities of the sampled tokens under
+        ``softmax(logits / temperature)`` (``temperature`` 1 when greedy), before top-k, top-p and
+        the EOS block: what a teacher-forced forward pass of the completions computes (0 after EOS).
         """
         if eos_token_id is None:
             eos_ids = []
@@ -197,14 +254,17 @@ class StaticCacheGenerator:
         pad = pad_token_id if pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
         rows = prompt_ids.size(0)
         if rows == 0 or sampling.max_new_tokens < 1:
-            return prompt_ids.new_full((rows, 0), pad)
+            empty = prompt_ids.new_full((rows, 0), pad)
+            return (empty, empty.float()) if return_logprobs else empty
         was_training = self.model.training
         self.model.eval()
         # Autocast is turned off: the rollout runs in the parameters' dtype (load the policy in bf16
         # for bf16 rollouts). Under autocast the keys (promoted to fp32 by the rotary embedding) and
         # the values (bf16) differ in dtype, which the StaticCache of some releases cannot hold.
+        # Attention reads grouped KV heads in place instead of repeating the cache for every query
+        # head (``attention.grouped_query_attention``); it takes the boolean or the float mask.
         try:
-            with torch.autocast(_model_device(self.model).type, enabled=False):
+            with torch.autocast(_model_device(self.model).type, enabled=False), grouped_query_attention(self.model):
                 parts = [
                     self._generate_batch(
                         prompt_ids[start : start + self.max_batch_size],
@@ -212,15 +272,17 @@ class StaticCacheGenerator:
                         sampling,
                         eos_ids,
                         pad,
+                        None if row_keys is None else row_keys[start : start + self.max_batch_size],
                     )
                     for start in range(0, rows, self.max_batch_size)
                 ]
         finally:
             self.model.train(was_training)
-        if len(parts) == 1:
-            return parts[0]
-        width = max(p.size(1) for p in parts)
-        return torch.cat([nn.functional.pad(p, (0, width - p.size(1)), value=pad) for p in parts])
+        width = max(tokens.size(1) for tokens, _ in parts)
+        tokens = torch.cat([nn.functional.pad(t, (0, width - t.size(1)), value=pad) for t, _ in parts])
+        if not return_logprobs:
+            return tokens
+        return tokens, torch.cat([nn.functional.pad(lp, (0, width - lp.size(1))) for _, lp in parts])
 
     def clear(self) -> None:
         """Free the cache, the buffers and the captured graphs (they are rebuilt on the next call)."""
@@ -233,8 +295,14 @@ class StaticCacheGenerator:
     # -------------------------------------------------------------------------------- one batch
 
     def _generate_batch(
-        self, prompt_ids: Tensor, prompt_mask: Tensor, sampling: SamplingParams, eos_ids: list[int], pad: int
-    ) -> Tensor:
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        sampling: SamplingParams,
+        eos_ids: list[int],
+        pad: int,
+        row_keys: Tensor | None,
+    ) -> tuple[Tensor, Tensor]:
         rows, prompt_len = prompt_ids.shape
         device = _model_device(self.model)
         use_graph = device.type == "cuda" if self.use_cuda_graph is None else self.use_cuda_graph
@@ -248,6 +316,10 @@ class StaticCacheGenerator:
             prompt_ids = torch.cat([prompt_ids, prompt_ids[:1].expand(filler, -1)])
             prompt_mask = torch.cat([prompt_mask, prompt_mask[:1].expand(filler, -1)])
         self._set_stop_tokens(eos_ids, pad, sampling.min_new_tokens)
+        keyed = row_keys is not None
+        if keyed:
+            self._row_keys[:rows] = row_keys.to(device)
+            self._row_keys[rows:] = 0
 
         logits = self._prefill(prompt_ids, prompt_mask)
         graph = None
@@ -258,12 +330,12 @@ class StaticCacheGenerator:
                 self._graphs.clear()
                 self._graph_pool = None
                 self._weights = fingerprint
-            key = (sampling.temperature, sampling.top_k, sampling.top_p)
+            key = (sampling.temperature, sampling.top_k, sampling.top_p, keyed)
             graph = self._graphs.get(key)
             if graph is None:
-                graph = self._graphs[key] = self._capture(sampling)
+                graph = self._graphs[key] = self._capture(sampling, keyed)
                 logits = self._prefill(prompt_ids, prompt_mask)  # the warm-up steps used the cache
-        self._emit(logits, sampling)
+        self._emit(logits, sampling, keyed)
 
         check_every = self.check_every or (16 if device.type == "cuda" else 1)
         steps = 1
@@ -271,7 +343,7 @@ class StaticCacheGenerator:
             if graph is not None:
                 graph.replay()
             else:
-                self._decode_step(sampling)
+                self._decode_step(sampling, keyed)
             steps += 1
             if steps % check_every == 0 and steps < sampling.max_new_tokens and bool(self._finished[:rows].all()):
                 break
@@ -304,7 +376,9 @@ class StaticCacheGenerator:
         self._finished = zeros(batch, dtype=torch.bool)
         self._key_valid = zeros(batch, cache_len, dtype=torch.bool)  # cache slots a query may attend to
         self._out = zeros(batch, cache_len)
+        self._logprobs = zeros(batch, cache_len, dtype=torch.float32)  # of the sampled tokens
         self._eos = zeros(vocab, dtype=torch.bool)
+        self._row_keys = zeros(batch)  # keyed sampling: each row's key
         self._arange = torch.arange(cache_len, device=device)
         self._layout = layout
 
@@ -355,27 +429,32 @@ class StaticCacheGenerator:
         self._finished.zero_()
         return logits
 
-    def _emit(self, logits: Tensor, sampling: SamplingParams) -> None:
+    def _emit(self, logits: Tensor, sampling: SamplingParams, keyed: bool) -> None:
         """Sample the token of the current step, store it and feed it to the next step."""
+        tempered = logits if sampling.temperature in (0, 1) else logits / sampling.temperature
+        log_normaliser = tempered.logsumexp(dim=-1)
         blocked = self._eos & (self._step < self._min_new)
         logits = logits.masked_fill(blocked, float("-inf"))
-        token = sample_tokens(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+        uniforms = keyed_uniforms(self._row_keys, self._step) if keyed else None
+        token = sample_tokens(logits, sampling.temperature, sampling.top_k, sampling.top_p, uniforms)
         token = torch.where(self._finished, self._pad, token)
         self._out.index_copy_(1, self._step, token.unsqueeze(1))
+        logprob = tempered.gather(1, token.unsqueeze(1)).squeeze(1) - log_normaliser
+        self._logprobs.index_copy_(1, self._step, logprob.masked_fill(self._finished, 0.0).unsqueeze(1))
         self._finished |= self._eos[token]
         self._tokens.copy_(token.unsqueeze(1))
         self._step.add_(1)
 
-    def _decode_step(self, sampling: SamplingParams) -> None:
+    def _decode_step(self, sampling: SamplingParams, keyed: bool) -> None:
         """One token for every row; only in-place updates of static buffers (CUDA-graph safe)."""
         self._key_valid.index_fill_(1, self._cache_position, True)
         allowed = self._key_valid[:, None, None, :]
         logits = self._forward(self._tokens, allowed, self._positions, self._cache_position)
-        self._emit(logits, sampling)
+        self._emit(logits, sampling, keyed)
         self._positions.add_(1)
         self._cache_position.add_(1)
 
-    def _capture(self, sampling: SamplingParams) -> torch.cuda.CUDAGraph:
+    def _capture(self, sampling: SamplingParams, keyed: bool) -> torch.cuda.CUDAGraph:
         """Warm up and capture ``_decode_step``; leaves the cache and buffers to be prefilled again."""
         device = self._out.device
         if self._graph_pool is None:
@@ -384,20 +463,21 @@ class StaticCacheGenerator:
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(self.warmup_steps):
-                self._decode_step(sampling)
+                self._decode_step(sampling, keyed)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool):
-            self._decode_step(sampling)
+            self._decode_step(sampling, keyed)
         return graph
 
-    def _collect(self, rows: int, steps: int) -> Tensor:
-        """The first ``rows`` completions, cut after the longest one's EOS."""
+    def _collect(self, rows: int, steps: int) -> tuple[Tensor, Tensor]:
+        """The first ``rows`` completions and their log-probs, cut after the longest one's EOS."""
         out = self._out[:rows, :steps]
         is_eos = self._eos[out]
         has_eos = is_eos.any(dim=1)
         lengths = torch.where(has_eos, is_eos.int().argmax(dim=1) + 1, steps)
-        return out[:, : int(lengths.max())].clone()
+        width = int(lengths.max())
+        return out[:, :width].clone(), self._logprobs[:rows, :width].clone()
 
 
 @torch.no_grad()
@@ -407,14 +487,21 @@ def fast_generate_group(
     prompts: list[str],
     group_size: int,
     sampling: SamplingParams,
+    row_keys: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``generate_group`` on a ``StaticCacheGenerator``: same arguments (the generator in place of the
-    model) and the same ``(prompt_ids [N, S], prompt_mask [N, S], completion_ids [N, T])``."""
+    model) and the same ``(prompt_ids [N, S], prompt_mask [N, S], completion_ids [N, T])``.
+    ``row_keys`` ``[N]``: keyed sampling (``StaticCacheGenerator.generate``), one key per completion."""
     device = _model_device(generator.model)
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
     prompt_ids = encoded["input_ids"].to(device).repeat_interleave(group_size, dim=0)
     prompt_mask = encoded["attention_mask"].to(device).repeat_interleave(group_size, dim=0)
     completion_ids = generator.generate(
-        prompt_ids, prompt_mask, sampling, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+        prompt_ids,
+        prompt_mask,
+        sampling,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        row_keys=row_keys,
     )
     return prompt_ids, prompt_mask, completion_ids

@@ -19,9 +19,11 @@ and where their paper asks, ``select`` and ``shape_rewards``.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import lightning as L
@@ -36,7 +38,14 @@ from grpo_lightning.engine import StaticCacheGenerator, fast_generate_group
 from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.rewards import resolve_reward_function, score_completions, weighted_reward
 from grpo_lightning.rollout import Rollout, SamplingParams, completion_mask_from_ids, generate_group
-from grpo_lightning.strategies import clip_grad_norm_, full_parameters, full_state_dict, is_sharded, shard
+from grpo_lightning.strategies import (
+    RolloutReplica,
+    clip_grad_norm_,
+    full_parameters,
+    full_state_dict,
+    is_sharded,
+    shard,
+)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -58,38 +67,77 @@ def _disable_dropout(model: torch.nn.Module) -> None:
             module.attention_dropout = 0.0
 
 
+_REDUCTIONS = {"mean": (torchmetrics.MeanMetric, "mean_value"), "min": (torchmetrics.MinMetric, "min_value"), "max": (torchmetrics.MaxMetric, "max_value")}
+
+
 class StepMetrics:
-    """Weighted running means of a step's metrics (torchmetrics), logged and reset once per step."""
+    """A step's metrics (torchmetrics): weighted running means, or minima/maxima, logged and
+    reset once per step."""
 
     def __init__(self) -> None:
-        self._metrics: dict[str, torchmetrics.MeanMetric] = {}
+        self._metrics: dict[str, tuple[str, torchmetrics.Metric]] = {}
 
-    def update(self, name: str, value: Tensor | float, weight: Tensor | float = 1.0) -> None:
+    def update(self, name: str, value: Tensor | float, weight: Tensor | float = 1.0, reduce: str = "mean") -> None:
+        """Add ``value`` to metric ``name``; ``reduce``: ``"mean"`` (weighted by ``weight``), ``"min"``, ``"max"``."""
         if name not in self._metrics:
             # Kept on the CPU in fp32 whatever the precision plugin does; no collective on compute.
-            metric = torchmetrics.MeanMetric(nan_strategy="ignore", sync_on_compute=False)
-            self._metrics[name] = metric.set_dtype(torch.float32)
-        metric = self._metrics[name]
+            metric = _REDUCTIONS[reduce][0](nan_strategy="ignore", sync_on_compute=False)
+            self._metrics[name] = (reduce, metric.set_dtype(torch.float32))
+        reduce, metric = self._metrics[name]
         value = torch.as_tensor(value, dtype=torch.float32).detach().cpu()
-        metric.update(value, torch.as_tensor(weight, dtype=torch.float32).detach().cpu())
+        if reduce == "mean":
+            metric.update(value, torch.as_tensor(weight, dtype=torch.float32).detach().cpu())
+        else:
+            metric.update(value)
 
-    def compute_and_reset(self) -> dict[str, float]:
-        values = {}
-        for name, metric in self._metrics.items():
-            if metric.update_called:
-                values[name] = float(metric.compute())
+    def compute_and_reset(self, gather: Callable[[Any], list[Any]] | None = None) -> dict[str, float]:
+        """Each metric's value since the last reset. ``gather`` (e.g. an all-gather over processes)
+        merges the states of every process first, so the values are over all devices' data."""
+        states = {name: (reduce, self._state(reduce, metric)) for name, (reduce, metric) in self._metrics.items() if metric.update_called}
+        for _, metric in self._metrics.values():
             metric.reset()
+        if gather is not None:
+            merged: dict[str, tuple[str, tuple[float, float]]] = {}
+            for part in gather(states):
+                for name, (reduce, (value, weight)) in part.items():
+                    if name in merged:
+                        previous = merged[name][1]
+                        combine = {"mean": lambda a, b: a + b, "min": min, "max": max}[reduce]
+                        value, weight = combine(previous[0], value), previous[1] + weight
+                    merged[name] = (reduce, (value, weight))
+            states = merged
+        values = {}
+        for name, (reduce, (value, weight)) in states.items():
+            if reduce == "mean":
+                values[name] = value / weight if weight else float("nan")
+            else:
+                values[name] = value if weight else float("nan")
         return values
 
-    def state_dict(self) -> dict[str, tuple[Tensor, Tensor]]:
-        """Running sums and weights of the metrics updated since the last reset (a step in progress)."""
-        return {name: (m.mean_value.clone(), m.weight.clone()) for name, m in self._metrics.items() if m.update_called}
+    @staticmethod
+    def _state(reduce: str, metric: torchmetrics.Metric) -> tuple[float, float]:
+        """(weighted sum, weight) of a mean; (extreme so far, updates counted) of a min or max."""
+        if reduce == "mean":
+            return float(metric.mean_value), float(metric.weight)
+        return float(getattr(metric, _REDUCTIONS[reduce][1])), 1.0
 
-    def load_state_dict(self, state: dict[str, tuple[Tensor, Tensor]]) -> None:
+    def state_dict(self) -> dict[str, tuple[str, Tensor, Tensor]]:
+        """States of the metrics updated since the last reset (a step in progress)."""
+        return {
+            name: (reduce, *map(torch.tensor, self._state(reduce, metric)))
+            for name, (reduce, metric) in self._metrics.items()
+            if metric.update_called
+        }
+
+    def load_state_dict(self, state: dict[str, tuple[str, Tensor, Tensor]]) -> None:
         self.compute_and_reset()
-        for name, (total, weight) in state.items():
-            self.update(name, torch.empty(0))  # creates the metric, counted as updated, adding nothing
-            self._metrics[name].merge_state({"mean_value": total, "weight": weight})
+        for name, (reduce, value, weight) in state.items():
+            self.update(name, torch.empty(0), reduce=reduce)  # creates the metric, counted as updated, adding nothing
+            metric = self._metrics[name][1]
+            if reduce == "mean":
+                metric.merge_state({"mean_value": value, "weight": weight})
+            else:
+                metric.update(value)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -137,6 +185,12 @@ class GroupPolicyOptimization(L.LightningModule):
         rollout_engine: ``"hf"`` samples with ``model.generate``; ``"static"`` with a preallocated
             static KV cache and, on CUDA, a decode step captured in a CUDA graph
             (``grpo_lightning.engine``; sdpa/eager attention).
+        rollout_seed: with the static engine, draw each completion's tokens from counter-based
+            random numbers keyed by (this seed, the rollout's number, the prompt text, the
+            completion's index in its group) instead of the global generator: the same prompts then
+            sample the same completions whatever the batch composition, micro-batching or number of
+            devices (up to floating-point differences between batch shapes). ``None``: the global
+            generator, seeded by ``seed_everything``.
         reward_funcs: reward functions ``(prompts, completions, **columns) -> list[float]``, as
             callables or import paths (``"grpo_lightning.rewards.accuracy_reward"``).
         reward_weights: one weight per reward function (default: all 1).
@@ -172,6 +226,7 @@ class GroupPolicyOptimization(L.LightningModule):
         attn_implementation: str | None = None,
         disable_dropout: bool = True,
         rollout_engine: Literal["hf", "static"] = "hf",
+        rollout_seed: int | None = None,
         reward_funcs: Sequence[str | Callable] = ("grpo_lightning.rewards.accuracy_reward",),
         reward_weights: Sequence[float] | None = None,
         group_size: int = 8,
@@ -225,6 +280,11 @@ class GroupPolicyOptimization(L.LightningModule):
                 f"minibatch_size ({minibatch_size}) must be a multiple of micro_batch_size ({micro_batch_size}): "
                 "change one of them so micro-batches tile each minibatch.",
             )
+        _require(
+            rollout_seed is None or rollout_engine == "static",
+            "rollout_seed: keyed sampling needs the static engine: add --model.rollout_engine static, "
+            "or leave rollout_seed unset.",
+        )
         _require(val_temperature >= 0, f"val_temperature: must be >= 0, 0 is greedy (got {val_temperature}).")
 
         self.reward_functions = [
@@ -258,6 +318,9 @@ class GroupPolicyOptimization(L.LightningModule):
         self.ref_model: PreTrainedModel | None = None
         self.tokenizer: PreTrainedTokenizerBase | None = None
         self._engine: StaticCacheGenerator | None = None
+        self._replica: RolloutReplica | None = None
+        self.policy_version = 0  # optimizer steps taken: a rollout replica older than this is refreshed
+        self.rollouts = 0  # generate() calls so far: part of the keys of keyed sampling
         self.step_metrics = StepMetrics()
         self.val_accuracy = torchmetrics.MeanMetric()
         self.val_reward = torchmetrics.MeanMetric()
@@ -306,6 +369,16 @@ class GroupPolicyOptimization(L.LightningModule):
         return self.ppo_epochs > 1 or (self.minibatch_size is not None and rollout_size > self.minibatch_size)
 
     # ------------------------------------------------------------------ helpers for hooks
+
+    def min_over_ranks(self, value: int) -> int:
+        """The smallest ``value`` over all processes (every process must call it); ``value`` alone
+        outside a multi-process run."""
+        dist = torch.distributed
+        if self._trainer is None or self.trainer.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+            return value
+        tensor = torch.tensor(value, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+        return int(tensor)
 
     def record_clipping(self, clipped_low: Tensor, clipped_high: Tensor, mask: Tensor) -> None:
         tokens = mask.sum()
@@ -381,10 +454,16 @@ class GroupPolicyOptimization(L.LightningModule):
         """This process's state that an exact resume needs beyond weights, optimizer and loops:
         the RNG states the rollouts sample from, the generated-token count and the metrics of a
         step in progress. Variants add theirs (DAPO: the dynamic-sampling buffer)."""
-        return {"rng": _rng_state(), "generated_tokens": self.generated_tokens, "step_metrics": self.step_metrics.state_dict()}
+        return {
+            "rng": _rng_state(),
+            "generated_tokens": self.generated_tokens,
+            "rollouts": self.rollouts,
+            "step_metrics": self.step_metrics.state_dict(),
+        }
 
     def load_training_state(self, state: dict[str, Any]) -> None:
         self.generated_tokens = state["generated_tokens"]
+        self.rollouts = state.get("rollouts", 0)
         self.step_metrics.load_state_dict(state["step_metrics"])
         fitting = self._trainer is not None and self.trainer.state.fn == "fit"
         self._resume_rng = state["rng"] if fitting else None
@@ -449,24 +528,59 @@ class GroupPolicyOptimization(L.LightningModule):
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
+    @contextlib.contextmanager
+    def rollout_model(self) -> Iterator[torch.nn.Module]:
+        """The model rollouts sample from: the policy itself, or under FSDP (by the strategy's
+        ``rollout_weights``) an unsharded replica refreshed from the shards after every optimizer
+        step (``"replica"``), or the sharded policy with its root parameters gathered (``"gather"``)."""
+        if not is_sharded(self.policy):
+            yield self.policy
+            return
+        if getattr(self.trainer.strategy, "rollout_weights", "gather") != "replica":
+            with full_parameters(self.policy):
+                yield self.policy
+            return
+        if self._replica is None:
+            self._replica = RolloutReplica(self.policy)
+        if self._replica.version != self.policy_version:
+            self._replica.refresh(self.policy)
+            self._replica.version = self.policy_version
+        yield self._replica.model
+
+    def row_keys(self, texts: Sequence[str], group_size: int) -> Tensor:
+        """Keys of keyed sampling (``rollout_seed``), one per completion: a hash of the seed, the
+        rollout's number, the prompt text, the how-many-th copy of that text in the batch it is, and
+        the completion's index in its group. Independent of the prompt's place in the batch."""
+        seen: dict[str, int] = {}
+        keys = []
+        for text in texts:
+            copy = seen[text] = seen.get(text, -1) + 1
+            for index in range(group_size):
+                digest = hashlib.blake2b(
+                    f"{self.hparams.rollout_seed}|{self.rollouts}|{copy}|{index}|".encode() + text.encode(), digest_size=8
+                ).digest()
+                keys.append(int.from_bytes(digest, "little") >> 1)  # non-negative int64
+        return torch.tensor(keys, dtype=torch.int64)
+
     def generate(self, batch: dict[str, list], group_size: int, sampling: SamplingParams) -> Rollout:
         """Sample ``group_size`` completions for each prompt of ``batch``."""
         prompts = batch["prompt"]
         texts = [self.format_prompt(p) for p in prompts]
-        if self.hparams.rollout_engine == "static":
-            rows = len(texts) * group_size
-            if self._engine is None or rows > self._engine.max_batch_size:
-                # Sized to the largest batch seen (a validation batch may come first), not chunked.
-                if self._engine is not None:
-                    self._engine.clear()
-                self._engine = StaticCacheGenerator(
-                    self.policy, max_batch_size=rows, max_cache_len=sampling.max_new_tokens + 64
+        with self.rollout_model() as model:
+            if self.hparams.rollout_engine == "static":
+                rows = len(texts) * group_size
+                if self._engine is None or rows > self._engine.max_batch_size or self._engine.model is not model:
+                    # Sized to the largest batch seen (a validation batch may come first), not chunked.
+                    if self._engine is not None:
+                        self._engine.clear()
+                    self._engine = StaticCacheGenerator(model, max_batch_size=rows, max_cache_len=sampling.max_new_tokens + 64)
+                keys = None if self.hparams.rollout_seed is None else self.row_keys(texts, group_size)
+                prompt_ids, prompt_mask, completion_ids = fast_generate_group(
+                    self._engine, self.tokenizer, texts, group_size, sampling, row_keys=keys
                 )
-            prompt_ids, prompt_mask, completion_ids = fast_generate_group(
-                self._engine, self.tokenizer, texts, group_size, sampling
-            )
-        else:
-            prompt_ids, prompt_mask, completion_ids = generate_group(self.policy, self.tokenizer, texts, group_size, sampling)
+            else:
+                prompt_ids, prompt_mask, completion_ids = generate_group(model, self.tokenizer, texts, group_size, sampling)
+        self.rollouts += 1
         completion_mask, truncated = completion_mask_from_ids(completion_ids, self.tokenizer.eos_token_id)
         completions = self.tokenizer.batch_decode(
             completion_ids.masked_fill(completion_mask == 0, self.tokenizer.pad_token_id), skip_special_tokens=True
@@ -524,8 +638,7 @@ class GroupPolicyOptimization(L.LightningModule):
 
     def training_step(self, batch: dict[str, list], batch_idx: int) -> None:
         step_start = self._clock()
-        with full_parameters(self.policy):  # FSDP: gather what generate needs
-            rollout = self.generate(batch, self.group_size, self.sampling)
+        rollout = self.generate(batch, self.group_size, self.sampling)
         rollout_s = self._clock() - step_start
         self.generated_tokens += int(rollout.completion_mask.sum())  # dropped groups cost compute too
         self.log_rollout(rollout)
@@ -583,6 +696,7 @@ class GroupPolicyOptimization(L.LightningModule):
                     self.clip_gradients(optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm")
                 optimizer.step()
                 scheduler.step()
+                self.policy_version += 1
         self.step_metrics.update("learning_rate", scheduler.get_last_lr()[0])
 
     def accumulate_gradients(self, rollout: Rollout, advantages: Tensor, rows: Tensor) -> None:
@@ -629,8 +743,8 @@ class GroupPolicyOptimization(L.LightningModule):
     def log_rollout(self, rollout: Rollout) -> None:
         lengths = rollout.lengths.float()
         self.step_metrics.update("completions/mean_length", lengths.mean())
-        self.step_metrics.update("completions/min_length", lengths.min())
-        self.step_metrics.update("completions/max_length", lengths.max())
+        self.step_metrics.update("completions/min_length", lengths.min(), reduce="min")
+        self.step_metrics.update("completions/max_length", lengths.max(), reduce="max")
         self.step_metrics.update("completions/clipped_ratio", rollout.truncated.float().mean())
 
     def log_rewards(self, rollout: Rollout) -> None:
@@ -642,8 +756,9 @@ class GroupPolicyOptimization(L.LightningModule):
             self.step_metrics.update(f"rewards/{name}/mean", torch.nanmean(column))
 
     def log_step(self) -> None:
-        values = self.step_metrics.compute_and_reset()
-        values["perf/generated_tokens"] = float(self.generated_tokens)
+        # Means over every device's rollouts; generated tokens summed over devices.
+        values = self.step_metrics.compute_and_reset(gather=_gather_over_ranks)
+        values["perf/generated_tokens"] = float(sum(_gather_over_ranks(self.generated_tokens)))
         progress = {k for k in ("reward", "kl") if k in values}
         self.log_dict({k: v for k, v in values.items() if k not in progress}, on_step=True, on_epoch=False)
         self.log_dict({k: values[k] for k in progress}, on_step=True, on_epoch=False, prog_bar=True)
@@ -666,8 +781,7 @@ class GroupPolicyOptimization(L.LightningModule):
         return score_completions([self.accuracy_function], rollout.prompts, rollout.completions, rollout.columns)[:, 0]
 
     def validation_step(self, batch: dict[str, list], batch_idx: int) -> None:
-        with full_parameters(self.policy):
-            rollout = self.generate(batch, 1, self.val_sampling)
+        rollout = self.generate(batch, 1, self.val_sampling)
         self.score(rollout)
         accuracy = self.accuracy_scores(rollout)
         size = len(rollout)

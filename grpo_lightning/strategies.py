@@ -13,8 +13,14 @@ How the module is sharded (FSDP1, Lightning's :class:`~lightning.pytorch.strateg
   the policy's flat parameters and out of its optimizer, and let every backward pass through the
   policy end in FSDP's own gradient finalisation, which manual optimization (backward inside
   ``training_step``) relies on: the LightningModule itself is not wrapped.
-* Rollouts run inside :func:`full_parameters`: the policy root's own parameters (embeddings, final
-  norm, LM head) are gathered, and each decoder layer gathers its shard in its forward.
+* Rollouts (``rollout_weights``): by default each device samples from a :class:`RolloutReplica`,
+  an unsharded copy of the policy in the compute dtype, refreshed from the shards once after each
+  optimizer step (one all-gather per unit). Decoding then reads local weights at every token and
+  can use the static-cache engine and its CUDA graph; the replica costs one copy of the weights in
+  bf16 per device (3 GB for a 1.5B model). Measured on W2 (1.5B, 512 new tokens) on 2 x H200:
+  the alternative, ``"gather"`` (the sharded policy's decoder layers gather their shards in every
+  forward, i.e. at every decoded token), made the rollout 4x slower than on one card
+  (``benchmarks/RESULTS.md``). Use it only when a bf16 copy does not fit next to the shards.
 * Gradient clipping by norm goes through the policy root's ``clip_grad_norm_``
   (:func:`clip_grad_norm_`); Lightning's FSDP precision plugin refuses norm clipping.
 * Checkpoints (``state_dict_type="full"``) hold the gathered policy under its plain parameter
@@ -73,6 +79,76 @@ def full_parameters(model: nn.Module) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+_WRAPPER_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+def _plain_name(name: str) -> str:
+    """A parameter name without the FSDP and activation-checkpointing wrapper components."""
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def _unit_tensors(unit: FullyShardedDataParallel, prefix: str) -> Iterator[tuple[str, Tensor]]:
+    """Parameters and buffers that belong to FSDP ``unit`` itself (not to FSDP units inside it), by
+    their names under the root."""
+    stack = [(prefix, unit.module)]
+    while stack:
+        path, module = stack.pop()
+        for name, tensor in [*module._parameters.items(), *module._buffers.items()]:
+            if tensor is not None:
+                yield path + name, tensor
+        for name, child in module._modules.items():
+            if child is not None and not isinstance(child, FullyShardedDataParallel):
+                stack.append((f"{path}{name}.", child))
+
+
+class RolloutReplica:
+    """An unsharded copy of an FSDP-sharded causal LM to sample rollouts from.
+
+    Built once, in the sharded model's compute dtype (its mixed-precision ``param_dtype``, else
+    its parameters' dtype), on the sharded model's device; :meth:`refresh` copies the current
+    weights in, one FSDP unit at a time (every process must call it), so the gathered full-precision
+    weights of only one unit exist at a time. The copy's parameter addresses never change, so a
+    CUDA graph captured on it stays valid across refreshes.
+    """
+
+    def __init__(self, sharded: FullyShardedDataParallel) -> None:
+        inner = sharded.module
+        mixed = getattr(sharded, "mixed_precision", None)
+        dtype = getattr(mixed, "param_dtype", None) or next(sharded.parameters()).dtype
+        config = inner.config
+        device = sharded.compute_device
+        # Initialising the copy must not draw from the generators the rollouts sample from.
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
+            self.model = type(inner)._from_config(
+                config, dtype=dtype, attn_implementation=getattr(config, "_attn_implementation", None)
+            )
+        self.model.eval().requires_grad_(False)
+        self.version: int | None = None  # what the owner last refreshed it to
+
+    @torch.no_grad()
+    def refresh(self, sharded: FullyShardedDataParallel) -> None:
+        """Copy the weights of ``sharded`` (and its buffers) into the replica."""
+        targets = dict(self.model.named_parameters(remove_duplicate=False))
+        targets.update(self.model.named_buffers(remove_duplicate=False))
+        written: set[str] = set()
+        units = [(name, m) for name, m in sharded.named_modules() if isinstance(m, FullyShardedDataParallel)]
+        for unit_name, unit in units:
+            prefix = f"{unit_name}." if unit_name else ""
+            with FullyShardedDataParallel.summon_full_params(unit, recurse=False, writeback=False):
+                for name, tensor in _unit_tensors(unit, prefix):
+                    name = _plain_name(name)
+                    target = targets.get(name)
+                    if target is None:
+                        raise RuntimeError(f"RolloutReplica: the sharded model has {name!r}, the replica does not.")
+                    target.copy_(tensor.view(target.shape))
+                    written.add(name)
+        missing = set(dict(self.model.named_parameters(remove_duplicate=False))) - written
+        if missing:
+            raise RuntimeError(f"RolloutReplica: no weights found for {sorted(missing)[:5]} (of {len(missing)}).")
+
+
 def clip_grad_norm_(model: nn.Module, max_norm: float) -> Tensor:
     """Clip the gradients of the FSDP root ``model`` to a total norm over all shards."""
     return model.clip_grad_norm_(max_norm)
@@ -104,7 +180,9 @@ def mixed_precision_config(precision: Literal["bf16", "fp16"] | None) -> MixedPr
     if precision not in _PRECISIONS:
         raise ValueError(f"mixed_precision: {precision!r} is not one of {sorted(_PRECISIONS)} or null.")
     dtype = _PRECISIONS[precision]
-    return MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32, buffer_dtype=dtype, cast_forward_inputs=True)
+    # Buffers keep their dtype: the rotary inverse frequencies rounded to bf16 would shift the
+    # positions of late tokens (Hugging Face models keep them in fp32 in bf16 models too).
+    return MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32, buffer_dtype=None, cast_forward_inputs=True)
 
 
 class PolicyFSDPStrategy(FSDPStrategy):
@@ -114,6 +192,10 @@ class PolicyFSDPStrategy(FSDPStrategy):
         mixed_precision: ``"bf16"`` (default) or ``"fp16"``: compute dtype of the gathered weights;
             the sharded weights the optimizer updates stay in their loaded dtype (load them in
             fp32: ``--model.dtype float32``). ``null`` leaves it to ``trainer.precision``.
+        rollout_weights: ``"replica"`` (default): rollouts sample from an unsharded copy of the
+            policy in the compute dtype, refreshed after each optimizer step; ``"gather"``: from the
+            sharded policy, which gathers each layer at every decoded token (slow; for models
+            whose bf16 copy does not fit a device). See the module docstring.
         activation_checkpointing: recompute the policy's decoder layers in the backward pass.
         cpu_offload: keep sharded parameters and gradients in CPU memory.
         sharding_strategy: ``"FULL_SHARD"``, ``"SHARD_GRAD_OP"``, ``"HYBRID_SHARD"``, ``"NO_SHARD"``.
@@ -126,6 +208,7 @@ class PolicyFSDPStrategy(FSDPStrategy):
     def __init__(
         self,
         mixed_precision: Literal["bf16", "fp16"] | None = "bf16",
+        rollout_weights: Literal["replica", "gather"] = "replica",
         activation_checkpointing: bool = False,
         cpu_offload: bool = False,
         sharding_strategy: str = "FULL_SHARD",
@@ -139,6 +222,9 @@ class PolicyFSDPStrategy(FSDPStrategy):
             state_dict_type=state_dict_type,
             **kwargs,
         )
+        if rollout_weights not in ("replica", "gather"):
+            raise ValueError(f"rollout_weights: {rollout_weights!r} is not 'replica' or 'gather'.")
+        self.rollout_weights = rollout_weights
         self.activation_checkpointing = activation_checkpointing
 
     @contextlib.contextmanager
@@ -171,10 +257,10 @@ class PolicyFSDPStrategy(FSDPStrategy):
             return FullyShardedDataParallel.optim_state_dict(self.model, getattr(optimizer, "_optimizer", optimizer))
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
-        if getattr(self.lightning_module.hparams, "rollout_engine", "hf") != "hf":
+        if self.rollout_weights == "gather" and getattr(self.lightning_module.hparams, "rollout_engine", "hf") != "hf":
             raise ValueError(
-                "rollout_engine: the static-cache engine runs the whole policy on one device; under FSDP use "
-                "--model.rollout_engine hf, or DDP (configs/strategy/ddp.yaml) when the model fits a device."
+                "rollout_engine: the static-cache engine needs whole weights on the device; with "
+                "rollout_weights='gather' use --model.rollout_engine hf, or keep the default rollout_weights='replica'."
             )
         model = super()._setup_model(model)
         policy = getattr(self.lightning_module, "policy", None)

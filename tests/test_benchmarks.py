@@ -61,3 +61,20 @@ def test_summary_skips_the_first_step_and_takes_medians():
     assert summary["phases"] == {"rollout_s": 2.0, "update_s": 0.7}
     assert summary["tokens_per_s"] == 200.0  # both devices' tokens
     assert summary["tokens_per_s_per_device"] == 100.0
+
+
+def test_fsdp_scaling_runs_three_configurations_and_compares_their_steps(tmp_path):
+    """benchmarks/fsdp_scaling.py end to end on two CPU processes (gloo), scaled down."""
+    command = [sys.executable, "benchmarks/fsdp_scaling.py", "--workload", "W0", "--devices", "2", "--steps", "2",
+               "--micro-batch-size", "4", "--out-dir", str(tmp_path), "--extra", *TINY_W0, "--accelerator", "cpu"]
+    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    summary = json.loads((tmp_path / "scaling.json").read_text())
+    assert set(summary["runs"]) == {"single", "fsdp-1", "fsdp-2"}
+    assert summary["scaling_efficiency"] == pytest.approx(
+        summary["runs"]["fsdp-2"]["tokens_per_s_per_device"] / summary["runs"]["single"]["tokens_per_s_per_device"]
+    )
+    # Keyed sampling and fp32: the two-process run's steps are the one-process run's.
+    agreement = {(row["step"], row["metric"]): row for row in summary["agreement"]}
+    assert {"reward", "loss", "kl", "entropy"} <= {metric for _, metric in agreement}
+    assert all(row["abs_diff"] < 1e-5 for row in agreement.values())

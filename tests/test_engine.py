@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from grpo_lightning.engine import StaticCacheGenerator, fast_generate_group, sample_tokens
+from grpo_lightning.engine import StaticCacheGenerator, fast_generate_group, keyed_uniforms, sample_tokens
+from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.rollout import SamplingParams, completion_mask_from_ids, generate_group
 from grpo_lightning.tiny import build_char_tokenizer, save_tiny_model, tiny_config
 
@@ -161,10 +162,11 @@ def first_token_probs(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "temperature, top_k, top_p",
-    [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 3, 1.0), (1.0, 0, 0.6), (1.0, 5, 0.8)],
-)
-def test_first_token_distribution(qwen2, tokenizer, temperature, top_k, top_p):
+    "temperature, top_k, top_p, keyed",
+    [(1.0, 0, 1.0, False), (0.7, 0, 1.0, False), (1.0, 3, 1.0, False), (1.0, 0, 0.6, False), (1.0, 5, 0.8, False),
+     (1.0, 0, 1.0, True), (0.7, 5, 0.8, True)],
+)  # fmt: skip
+def test_first_token_distribution(qwen2, tokenizer, temperature, top_k, top_p, keyed):
     rows = 4000
     ids, mask = encode(tokenizer, ["37+45="])
     probs = first_token_probs(qwen2, ids) ** (1.0 / temperature)
@@ -189,7 +191,8 @@ def test_first_token_distribution(qwen2, tokenizer, temperature, top_k, top_p):
     torch.manual_seed(0)
     generator = StaticCacheGenerator(qwen2, rows, 16)
     sampling = SamplingParams(1, temperature=temperature, top_k=top_k, top_p=top_p)
-    out = generator.generate(ids.expand(rows, -1), mask.expand(rows, -1), sampling, None, tokenizer.pad_token_id)
+    keys = torch.arange(rows) * 7919 + 11 if keyed else None
+    out = generator.generate(ids.expand(rows, -1), mask.expand(rows, -1), sampling, None, tokenizer.pad_token_id, keys)
     first = out[:, 0]
     assert keep[first].all(), "a token outside the top-k / nucleus was sampled"
     assert total_variation(first, target) < 0.05
@@ -223,6 +226,59 @@ def test_sample_tokens_support():
     assert set(sample_tokens(logits, 1.0, top_p=0.8).tolist()) == set(range(nucleus))
     assert set(sample_tokens(logits, 1.0, top_p=0.01).tolist()) == {0}
     assert set(sample_tokens(logits, 1.0).tolist()) == set(range(6))
+
+
+def test_keyed_uniforms_are_uniform_and_independent_across_keys_and_counters():
+    keys = torch.arange(100_000, dtype=torch.int64) + 2**40  # the high word enters too
+    u = keyed_uniforms(keys, torch.tensor([0]))
+    assert torch.equal(u, keyed_uniforms(keys.clone(), torch.tensor([0])))  # a function of key and counter
+    assert 0 < u.min() and u.max() < 1
+    counts = torch.histc(u, bins=20, min=0, max=1)
+    chi2 = float(((counts - 5000) ** 2 / 5000).sum())
+    assert chi2 < 50  # 19 degrees of freedom: p < 1e-4 above 45
+    following = keyed_uniforms(keys, torch.tensor([1]))
+    assert abs(float(torch.corrcoef(torch.stack([u, following]))[0, 1])) < 0.02
+    assert abs(float(torch.corrcoef(torch.stack([u[:-1], u[1:]]))[0, 1])) < 0.02  # consecutive keys
+
+
+def test_keyed_sampling_of_a_row_does_not_depend_on_the_rest_of_the_batch(qwen2, tokenizer):
+    ids, mask = encode(tokenizer, PROMPTS)
+    keys = torch.arange(len(PROMPTS)) * 1_000_003 + 5
+    sampling = SamplingParams(MAX_NEW, temperature=1.0, top_k=8)
+    torch.manual_seed(0)
+    whole = StaticCacheGenerator(qwen2, len(PROMPTS), 32).generate(ids, mask, sampling, None, 0, keys)
+    # Other rows, another order, another left padding, chunks of two rows, another global seed.
+    rows = torch.tensor([4, 1, 2])
+    part_ids, part_mask = encode(tokenizer, [PROMPTS[i] for i in rows])
+    torch.manual_seed(1)
+    part = StaticCacheGenerator(qwen2, 2, 32).generate(part_ids, part_mask, sampling, None, 0, keys[rows])
+    assert torch.equal(part, whole[rows, : part.size(1)])
+    assert (whole[:, 1:] != whole[:, :1]).any(), "completions should vary"
+    torch.manual_seed(0)
+    other_keys = StaticCacheGenerator(qwen2, len(PROMPTS), 32).generate(ids, mask, sampling, None, 0, keys + 1)
+    assert not torch.equal(other_keys, whole)
+
+
+def sampled_against_teacher_forced(model, tokenizer, sampling: SamplingParams, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs the engine reports for its samples, and a teacher-forced pass's, on the real tokens."""
+    ids, mask = encode(tokenizer, PROMPTS * 4)
+    ids, mask = ids.to(model.device), mask.to(model.device)
+    generator = StaticCacheGenerator(model, ids.size(0), 48)
+    out, sampled = generator.generate(ids, mask, sampling, eos, tokenizer.pad_token_id, return_logprobs=True)
+    completion_mask, _ = completion_mask_from_ids(out, eos)
+    with torch.no_grad():
+        forced, _ = completion_logprobs(model, ids, mask, out, completion_mask, temperature=sampling.temperature)
+    real = completion_mask.bool()
+    assert (sampled[~real] == 0).all()
+    return sampled[real].float(), forced[real].float()
+
+
+def test_sampled_logprobs_are_the_teacher_forced_logprobs(qwen2, tokenizer):
+    torch.manual_seed(0)
+    eos = int(first_token_probs(qwen2, encode(tokenizer, ["1+2="])[0]).argsort()[-3])
+    sampled, forced = sampled_against_teacher_forced(qwen2, tokenizer, SamplingParams(MAX_NEW, 0.7, top_k=6), eos)
+    assert sampled.numel() > 100
+    torch.testing.assert_close(sampled, forced, rtol=0, atol=1e-4)
 
 
 def test_pad_after_eos_in_sampled_completions(qwen2, tokenizer):
@@ -259,6 +315,10 @@ def test_cuda_graph_matches_eager_and_follows_weights(tokenizer, tmp_path):
     eager = StaticCacheGenerator(model, len(PROMPTS), 40, use_cuda_graph=False)
     assert torch.equal(static_greedy(graphed, tokenizer, PROMPTS, eos), static_greedy(eager, tokenizer, PROMPTS, eos))
     assert torch.equal(static_greedy(graphed, tokenizer, PROMPTS, eos), hf_greedy(model, tokenizer, PROMPTS, eos))
+    ids, mask = encode(tokenizer, PROMPTS)
+    keys, sampling = torch.arange(len(PROMPTS)) + 3, SamplingParams(24, temperature=1.0)
+    keyed = [g.generate(ids, mask, sampling, eos, tokenizer.pad_token_id, keys) for g in (graphed, eager)]
+    assert torch.equal(*keyed)
     # In-place weight updates are seen by the captured graph.
     with torch.no_grad():
         for p in model.parameters():
@@ -277,3 +337,16 @@ def test_cuda_graph_matches_eager_and_follows_weights(tokenizer, tmp_path):
     probs = first_token_probs(model, ids.cuda()).cpu()
     assert total_variation(out[:, 0].cpu(), probs) < 0.05
     assert out[:, 1].unique().numel() > 3 and out[:, 2].unique().numel() > 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bf16_sampled_logprobs_match_a_teacher_forced_pass_within_bf16_tolerance(tokenizer, tmp_path):
+    config = tiny_config(tokenizer, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=2, initializer_range=0.1)
+    path = save_tiny_model(tmp_path, tokenizer, config)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
+    torch.manual_seed(0)
+    sampled, forced = sampled_against_teacher_forced(model, tokenizer, SamplingParams(40, 1.0), tokenizer.eos_token_id)
+    difference = (sampled - forced).abs()
+    print(f"bf16 sampled vs teacher-forced log-probs over {difference.numel()} tokens: "
+          f"max |diff| {difference.max():.4f}, mean |diff| {difference.mean():.5f}")  # fmt: skip
+    assert difference.mean() < 0.02 and difference.max() < 0.25

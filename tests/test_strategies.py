@@ -25,6 +25,7 @@ from grpo_lightning.cli import GRPOLightningCLI, main
 from grpo_lightning.export import export_checkpoint, read_checkpoint
 from grpo_lightning.strategies import (
     PolicyFSDPStrategy,
+    RolloutReplica,
     decoder_layer_classes,
     full_parameters,
     mixed_precision_config,
@@ -49,7 +50,8 @@ def test_without_fsdp_sharding_and_gathering_change_nothing(tiny_model_dir):
 
 def test_fsdp_mixed_precision_computes_in_bf16_and_reduces_in_fp32():
     config = mixed_precision_config("bf16")
-    assert (config.param_dtype, config.reduce_dtype, config.buffer_dtype) == (torch.bfloat16, torch.float32, torch.bfloat16)
+    # buffers (the rotary inverse frequencies) keep their fp32
+    assert (config.param_dtype, config.reduce_dtype, config.buffer_dtype) == (torch.bfloat16, torch.float32, None)
     assert config.cast_forward_inputs
     assert mixed_precision_config(None) is None
     with pytest.raises(ValueError, match="mixed_precision"):
@@ -140,9 +142,35 @@ def test_fsdp_shards_each_model_on_its_own_and_trains_as_without_it(tiny_model_d
     torch.testing.assert_close(logits(saved, tokenizer), logits(exported, tokenizer), rtol=0, atol=0)
 
 
-def test_fsdp_refuses_the_static_cache_rollout_engine(tiny_model_dir, tmp_path, process_group_cleanup):
+def test_gathered_fsdp_rollouts_refuse_the_static_cache_engine(tiny_model_dir, tmp_path, process_group_cleanup):
+    strategy = PolicyFSDPStrategy(mixed_precision=None, rollout_weights="gather")
     with pytest.raises(ValueError, match="rollout_engine"):
-        fit(make_module(tiny_model_dir, rollout_engine="static"), 1, tmp_path, strategy=fsdp_strategy())
+        fit(make_module(tiny_model_dir, rollout_engine="static"), 1, tmp_path, strategy=strategy)
+
+
+def test_fsdp_rollouts_sample_from_a_replica_refreshed_after_each_step(tiny_model_dir, tmp_path, process_group_cleanup):
+    refreshes = []
+    refresh = RolloutReplica.refresh
+
+    def counting_refresh(self, sharded):
+        refreshes.append(1)
+        refresh(self, sharded)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RolloutReplica, "refresh", counting_refresh)
+        grpo = make_module(tiny_model_dir, beta=0.04, dtype="float32", rollout_engine="static")
+        sharded, _ = fit(grpo, 2, tmp_path / "sharded", strategy=fsdp_strategy())
+    assert len(refreshes) == 2  # before the first rollout, and after the first step's update
+    replica = grpo._replica.model
+    with FullyShardedDataParallel.summon_full_params(grpo.policy):
+        policy = {k: v.clone() for k, v in grpo.policy.module.state_dict().items()}
+    grpo._replica.refresh(grpo.policy)
+    for name, value in replica.state_dict().items():
+        torch.testing.assert_close(value, policy[name.replace("_checkpoint_wrapped_module.", "")], rtol=0, atol=0)
+    # the static engine on the replica trains as on the unsharded policy
+    plain, _ = fit(make_module(tiny_model_dir, beta=0.04, dtype="float32", rollout_engine="static"), 2, tmp_path / "plain")
+    for step in (1, 2):
+        torch.testing.assert_close(sharded[step], plain[step], rtol=1e-4, atol=1e-6)
 
 
 # ---------------------------------------------------------------- two processes
@@ -172,15 +200,21 @@ class Record(L.Callback):
 
 L.seed_everything(0)
 record = Record()
+# "keyed": keyed sampling (rollout_seed) on the static engine, FSDP on 2 processes or 1 process with
+# the 2 processes' prompts in one batch.
+keyed = kind.endswith("-keyed")
+devices = 1 if kind == "single-keyed" else 2
+strategy = {"ddp": "ddp", "single-keyed": "auto"}.get(kind) or PolicyFSDPStrategy(mixed_precision=None)
 trainer = L.Trainer(
-    strategy=PolicyFSDPStrategy(mixed_precision=None) if kind == "fsdp" else "ddp",
-    accelerator="cpu", devices=2, max_steps=max_steps, logger=False, enable_progress_bar=False,
+    strategy=strategy, accelerator="cpu", devices=devices, max_steps=max_steps, logger=False, enable_progress_bar=False,
     enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=out,
     callbacks=[record, ModelCheckpoint(os.path.join(out, "ckpt"), "{step}", every_n_train_steps=2, save_top_k=-1)],
 )
+sampling = dict(rollout_engine="static", rollout_seed=7) if keyed else {}
 module = GRPO(model=model_dir, reward_funcs=["test_checkpoint.length_reward"], group_size=2, max_new_tokens=6,
-              micro_batch_size=2, learning_rate=1e-3, beta=0.04, dtype="float32")
-trainer.fit(module, datamodule=ArithmeticDataModule(num_train=16, num_val=4, batch_size=2), ckpt_path=ckpt_path)
+              micro_batch_size=2, learning_rate=1e-3, beta=0.04, dtype="float32", **sampling)
+data = ArithmeticDataModule(num_train=16, num_val=4, batch_size=2 * (2 // devices))
+trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
 module.save_pretrained(os.path.join(out, "saved"))
 with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
     json.dump({"prompts": record.prompts, "steps": record.steps, "world": trainer.world_size}, f)
@@ -193,14 +227,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(script: Path, model_dir: str, out: Path, kind: str, max_steps: int, ckpt_path: Path | None = None) -> list[dict]:
-    """Two CPU processes (gloo); returns what each rank recorded."""
+def torchrun(
+    script: Path, model_dir: str, out: Path, kind: str, max_steps: int, ckpt_path: Path | None = None, processes: int = 2
+) -> list[dict]:
+    """``processes`` CPU processes (gloo); returns what each rank recorded."""
     args = [model_dir, str(out), kind, str(max_steps)] + ([str(ckpt_path)] if ckpt_path else [])
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()), str(script), *args]
+    launcher = ["-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port", str(free_port())]
+    command = [sys.executable, *launcher, str(script), *args]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(processes)]
 
 
 def steps(rank: dict, *numbers: int) -> list[dict]:
@@ -238,3 +275,18 @@ def test_fsdp_over_two_cpu_processes_trains_like_ddp_and_resumes_exactly(tiny_mo
     torch.testing.assert_close(run_logits(tmp_path / "exported"), run_logits(tmp_path / "ddp" / "saved"), rtol=1e-4, atol=1e-5)
     export_checkpoint(tmp_path / "fsdp" / "ckpt" / "step=4.ckpt", tmp_path / "exported4")
     torch.testing.assert_close(run_logits(tmp_path / "fsdp" / "saved"), run_logits(tmp_path / "exported4"), rtol=0, atol=0)
+
+
+def test_keyed_sampling_makes_two_fsdp_processes_train_like_one_process_with_their_batches(tiny_model_dir, tmp_path):
+    """The CPU counterpart of the 1-GPU against 2-GPU comparison of benchmarks/fsdp_scaling.py."""
+    script = tmp_path / "distributed_fit.py"
+    script.write_text(DISTRIBUTED_FIT)
+    two = torchrun(script, tiny_model_dir, tmp_path / "two", "fsdp-keyed", 2)
+    (one,) = torchrun(script, tiny_model_dir, tmp_path / "one", "single-keyed", 2, processes=1)
+    assert sorted(one["prompts"]) == sorted(two[0]["prompts"] + two[1]["prompts"])
+    # Logged metrics are means over both processes' rollouts: the one-process run's, step by step.
+    assert steps(two[0], 1, 2) == steps(two[1], 1, 2)
+    for step in (1, 2):
+        ours, reference = steps(two[0], step)[0], steps(one, step)[0]
+        assert ours.keys() == reference.keys()
+        torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-6)

@@ -360,6 +360,21 @@ def test_dynamic_sampling_exhausted_trains_on_what_it_found_with_partial(make_mo
     assert module.select(_draw(module, make_rollout, [False] * 4, tag=4)) is None
 
 
+def test_dynamic_sampling_over_devices_waits_for_and_trims_to_the_device_with_fewest(make_module, make_rollout, monkeypatch):
+    """Another device's count comes through ``min_over_ranks``, replaced here by a stand-in for the
+    collective (which needs several processes; the two-process runs are in test_strategies.py)."""
+    module = _dapo(make_module, max_gen_batches=3, on_exhausted="partial")
+    other_device = iter([1, 3, 2])  # informative groups the other device holds after each draw
+    monkeypatch.setattr(module, "min_over_ranks", lambda kept: min(kept, next(other_device)))
+    # This device has its 4 after the first draw, but the other has 1: every device samples again.
+    assert module.select(_draw(module, make_rollout, [True] * 4, tag=1)) is None
+    assert module.select(_draw(module, make_rollout, [False] * 4, tag=2)) is None
+    # Exhausted: both train on the 2 groups the other device found, so both run the same passes.
+    batch = module.select(_draw(module, make_rollout, [False] * 4, tag=3))
+    assert batch.num_groups == 2 and batch.prompts[:: batch.group_size] == ["1+0=", "1+1="]
+    assert module.step_metrics.compute_and_reset()["dynamic_sampling/frac_groups_kept"] == pytest.approx(4 / 12)
+
+
 def odd_answer_reward(prompts, completions, answer, **columns) -> list[float]:
     """0, 1, 0, 1, ... within groups of odd answers (G is even); all 0 for even answers."""
     return [float(int(a) % 2 == 1 and i % 2 == 1) for i, a in enumerate(answer)]

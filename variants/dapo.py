@@ -92,7 +92,10 @@ class DAPO(GRPO):
         self._groups_seen += target
         if informative.any():
             self._kept.append(rollout.select_groups(informative.cpu()))
-        kept = sum(part.num_groups for part in self._kept)
+        found = kept = sum(part.num_groups for part in self._kept)
+        # Over several devices the decision is common: every device updates, with as many groups
+        # as the device that found fewest, or none does (each update runs collectives).
+        kept = self.min_over_ranks(kept)
         if kept < target and self._gen_batches < self.max_gen_batches:
             return None
         if kept < target and self.on_exhausted == "error":
@@ -103,11 +106,11 @@ class DAPO(GRPO):
                 "--model.on_exhausted partial to train on the groups found."
             )
         self.step_metrics.update("dynamic_sampling/gen_batches", self._gen_batches)
-        self.step_metrics.update("dynamic_sampling/frac_groups_kept", kept / self._groups_seen)
-        batch = Rollout.concat(self._kept, self.tokenizer.pad_token_id) if self._kept else None
+        self.step_metrics.update("dynamic_sampling/frac_groups_kept", found / self._groups_seen)
+        batch = Rollout.concat(self._kept, self.tokenizer.pad_token_id) if kept else None
         self._kept, self._gen_batches, self._groups_seen = [], 0, 0
-        if batch is not None and batch.num_groups > target:
-            batch = batch.select_groups(torch.arange(target))
+        if batch is not None and batch.num_groups > min(kept, target):
+            batch = batch.select_groups(torch.arange(min(kept, target)))
         return batch
 
     def training_state(self) -> dict[str, Any]:

@@ -1,0 +1,164 @@
+"""Grouped-query attention on ``scaled_dot_product_attention`` without copying the keys and values.
+
+With grouped-query attention (GQA) a layer has ``Hq`` query heads and ``Hkv < Hq`` key/value heads;
+each KV head serves ``g = Hq // Hkv`` consecutive query heads (query head ``h`` reads KV head
+``h // g``, the layout of transformers' ``repeat_kv``). When the model passes an attention mask,
+transformers' ``"sdpa"`` path expands the keys and values to ``Hq`` heads with ``repeat_kv`` before
+calling SDPA, which copies the whole KV cache of the layer ``g`` times at every decode step
+(transformers 5.17 does it for every mask; 5.24 avoids it for a single query, not for several).
+
+The queries of one group can instead be stacked along the query axis:
+``[B, Hkv * g, S, D] -> [B, Hkv, g * S, D]`` (a view for ``S == 1``). One SDPA call over the ``Hkv``
+heads then reads each KV head once: row ``j * S + s`` of head ``k`` is query position ``s`` of query
+head ``k * g + j``, and the mask ``[B, 1, S, L]`` is tiled ``g`` times along its query axis (for a
+single query it broadcasts as it is). The output ``[B, Hkv, g * S, D]`` reshapes back to
+``[B, Hq, S, D]``. The result is the same attention, with no host synchronisation and only static
+shapes, so it can be captured in a CUDA graph.
+
+``gqa_sdpa_attention_forward`` is registered in transformers' ``AttentionInterface`` as
+``"grpo_gqa_sdpa"`` (with the ``"sdpa"`` mask builder, so models given a 2-D padding mask still get
+their 4-D mask); ``grouped_query_attention(model)`` switches a model from ``"sdpa"`` or ``"eager"``
+to it for the duration of a ``with`` block. Cases it does not speed up (no mask with several
+queries, which relies on ``is_causal``; position biases; soft-capping; devices other than CPU and
+CUDA) go to transformers' own SDPA function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+try:
+    from transformers import AttentionInterface
+except ImportError:  # pragma: no cover - older layout
+    from transformers.modeling_utils import AttentionInterface
+
+try:
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+except ImportError:  # pragma: no cover - releases before masking_utils build masks without a registry
+    ALL_MASK_ATTENTION_FUNCTIONS = AttentionMaskInterface = None
+
+GQA_ATTENTION = "grpo_gqa_sdpa"
+"""The name under which ``gqa_sdpa_attention_forward`` is registered."""
+
+_SWITCHABLE = ("sdpa", "eager")
+_FAST_DEVICES = ("cpu", "cuda")
+
+
+def _grouped_mask(mask: Tensor, kv_heads: int, group: int, q_len: int) -> Tensor:
+    """``mask`` ``[b, 1 or Hq, S or 1, L]`` laid out for queries stacked as ``[B, Hkv, g * S, D]``."""
+    batch, heads, _, kv_len = mask.shape
+    if heads == 1 and q_len == 1:
+        return mask  # [b, 1, 1, L] broadcasts over the g stacked rows
+    mask = mask.expand(batch, heads, q_len, kv_len)
+    if heads == 1:  # the same rows for every query head of a group: tile them g times
+        return mask.unsqueeze(2).expand(batch, 1, group, q_len, kv_len).reshape(batch, 1, group * q_len, kv_len)
+    return mask.reshape(batch, kv_heads, group * q_len, kv_len)  # one mask per query head
+
+
+def gqa_sdpa_attention_forward(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """Attention of ``query`` ``[B, Hq, S, D]`` over ``key``/``value`` ``[B, Hkv, L, D]``, as ``[B, S, Hq, D]``.
+
+    Same signature, conventions and result as transformers' ``sdpa_attention_forward``:
+    ``attention_mask`` is ``None``, a boolean ``[B, 1, S, L]`` mask (``True`` may attend) or an
+    additive float one; ``scaling`` ``None`` means ``1 / sqrt(D)``; ``is_causal`` only matters when
+    there is no mask and ``S > 1``, a case handed to transformers' function. The keys and values are
+    never repeated: the ``Hq // Hkv`` query heads of each KV head are stacked along the query axis.
+    """
+    batch, q_heads, q_len, _ = query.shape
+    kv_heads = key.shape[1]
+    if (
+        (attention_mask is None and q_len > 1)
+        or kwargs.get("position_bias") is not None
+        or kwargs.get("softcap") is not None
+        or q_heads % kv_heads != 0
+        or query.device.type not in _FAST_DEVICES
+    ):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+    group = q_heads // kv_heads
+    mask = attention_mask
+    if mask is not None:
+        if mask.dtype != torch.bool and mask.dtype != query.dtype:
+            # An additive mask built in another dtype (fp32 for a bf16 model): in the query's dtype the
+            # fused kernels accept it; clamping keeps fp32's lowest value from becoming -inf.
+            mask = mask.clamp(min=torch.finfo(query.dtype).min).to(query.dtype)
+        mask = _grouped_mask(mask, kv_heads, group, q_len)
+    stacked = query.reshape(batch, kv_heads, group * q_len, query.shape[-1])
+    out = torch.nn.functional.scaled_dot_product_attention(
+        stacked, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
+    )
+    # SDPA broadcasts the batch (e.g. a query of batch 1): take it from the output.
+    out = out.reshape(out.shape[0], q_heads, q_len, value.shape[-1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(GQA_ATTENTION, gqa_sdpa_attention_forward)
+if AttentionMaskInterface is not None:
+    # Mask creation skips any implementation it has no mask builder for (it then passes no mask at
+    # all, dropping padding): give the name the boolean masks that "sdpa" gets. Ready 4-D masks are
+    # passed through whatever the name.
+    AttentionMaskInterface.register(GQA_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+
+
+def _configs(model: nn.Module) -> list[Any]:
+    """Every distinct config of ``model``: the configs of its modules and their sub-configs."""
+    found: dict[int, Any] = {}
+    pending = [getattr(m, "config", None) for m in model.modules()]
+    while pending:
+        config = pending.pop()
+        if config is None or not hasattr(config, "_attn_implementation") or id(config) in found:
+            continue
+        found[id(config)] = config
+        pending.extend(getattr(config, name, None) for name in getattr(config, "sub_configs", None) or ())
+    return list(found.values())
+
+
+def _set_attention(config: Any, implementation: str | None) -> None:
+    # The internal attribute sets this config alone (the public setter also rewrites the sub-configs).
+    if hasattr(config, "_attn_implementation_internal"):
+        config._attn_implementation_internal = implementation
+    else:  # pragma: no cover - releases without the internal attribute
+        config._attn_implementation = implementation
+
+
+def _switchable(config: Any) -> bool:
+    # Eager attention with soft-capped scores (Gemma 2) is not plain softmax attention.
+    implementation = config._attn_implementation or "eager"
+    return implementation in _SWITCHABLE and getattr(config, "attn_logit_softcapping", None) is None
+
+
+@contextlib.contextmanager
+def grouped_query_attention(model: nn.Module) -> Iterator[bool]:
+    """Run ``model`` with ``gqa_sdpa_attention_forward`` inside the ``with`` block.
+
+    Every config of the model whose attention implementation is ``"sdpa"`` or ``"eager"`` (or unset,
+    which means eager) is switched to ``"grpo_gqa_sdpa"`` and restored on exit, also after an
+    exception; other implementations (flash, flex, ...) and eager attention with soft-capped scores
+    are left as they are. The attention layers look the implementation up in their config at every
+    forward, so no reload is needed. Yields whether anything was switched.
+    """
+    switched = [(c, c._attn_implementation) for c in _configs(model) if _switchable(c)]
+    try:
+        for config, _ in switched:
+            _set_attention(config, GQA_ATTENTION)
+        yield bool(switched)
+    finally:
+        for config, previous in reversed(switched):
+            _set_attention(config, previous)

@@ -1,0 +1,230 @@
+"""Grouped-query SDPA attention: equal to transformers' SDPA with repeated KV heads, in a model and the engine."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from transformers import AttentionInterface, AutoModelForCausalLM, GenerationConfig
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+from grpo_lightning.attention import GQA_ATTENTION, gqa_sdpa_attention_forward, grouped_query_attention
+from grpo_lightning.engine import StaticCacheGenerator
+from grpo_lightning.rollout import SamplingParams
+from grpo_lightning.tiny import build_char_tokenizer, save_tiny_model, tiny_config
+
+PROMPTS = ["1+2=", "37+45=", "(1)", "<think>3*4=12"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ------------------------------------------------------------------------------ the function
+
+
+class Layer(nn.Module):
+    """What the attention functions read from an attention layer."""
+
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.num_key_value_groups = groups
+        self.is_causal = True
+
+
+def allowed_keys(batch: int, q_len: int, kv_len: int, offset: int, padding: list[int]) -> torch.Tensor:
+    """Boolean ``[B, 1, S, L]``: query ``s`` sits at cache slot ``offset + s`` and sees the slots up to
+    it, except the ``padding[b]`` left-padding slots of row ``b``; a padding query sees itself only."""
+    slots = torch.arange(kv_len)
+    positions = offset + torch.arange(q_len)
+    causal = slots[None, :] <= positions[:, None]  # [S, L]
+    valid = slots[None, :] >= torch.tensor(padding)[:, None]  # [B, L]
+    allowed = causal[None] & valid[:, None]
+    padded_query = positions[None, :] < torch.tensor(padding)[:, None]  # [B, S]
+    allowed |= padded_query[..., None] & (slots[None, None, :] == positions[None, :, None])
+    return allowed.unsqueeze(1)
+
+
+def additive(allowed: torch.Tensor) -> torch.Tensor:
+    """The float mask of eager attention: 0 where allowed, fp32's lowest value elsewhere."""
+    return torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+
+
+def reference(query, key, value, allowed, scale):
+    """Softmax attention over keys and values repeated to every query head, in float64."""
+    groups = query.size(1) // key.size(1)
+    key, value = repeat_kv(key, groups).double(), repeat_kv(value, groups).double()
+    scores = query.double() @ key.transpose(-1, -2) * scale
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return (scores.softmax(-1) @ value).transpose(1, 2).float()
+
+
+@pytest.mark.parametrize("q_heads, kv_heads", [(14, 2), (7, 1), (4, 4)])
+@pytest.mark.parametrize("q_len, offset", [(1, 8), (6, 0), (3, 4)])  # decode, prefill on a longer cache, chunk
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+def test_matches_sdpa_with_repeated_kv(q_heads, kv_heads, q_len, offset, mask_kind):
+    torch.manual_seed(0)
+    batch, kv_len, dim = 3, 9, 4
+    # query as the layers hand it over: a transposed view of [B, S, Hq, D]
+    query = torch.randn(batch, q_len, q_heads, dim).transpose(1, 2)
+    key, value = torch.randn(batch, kv_heads, kv_len, dim), torch.randn(batch, kv_heads, kv_len, dim)
+    allowed = allowed_keys(batch, q_len, kv_len, offset, padding=[0, 3, 5])
+    mask = allowed if mask_kind == "bool" else additive(allowed)
+    layer = Layer(q_heads // kv_heads)
+
+    out, weights = gqa_sdpa_attention_forward(layer, query, key, value, mask, scaling=0.7)
+    assert weights is None and out.shape == (batch, q_len, q_heads, dim) and out.is_contiguous()
+    expected, _ = sdpa_attention_forward(layer, query, key, value, mask, scaling=0.7)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(out, reference(query, key, value, allowed, 0.7), atol=1e-6, rtol=1e-5)
+    # scaling=None is 1 / sqrt(head_dim)
+    out, _ = gqa_sdpa_attention_forward(layer, query, key, value, mask)
+    torch.testing.assert_close(out, reference(query, key, value, allowed, 1 / math.sqrt(dim)), atol=1e-6, rtol=1e-5)
+
+
+def test_hand_checked_decode_step():
+    """Two query heads on one KV head, one query, two keys of which the second is masked for row 1."""
+    query = torch.tensor([[[[1.0, 0.0]], [[0.0, 1.0]]]])  # [1, 2, 1, 2]
+    key = torch.tensor([[[[1.0, 0.0], [0.0, 1.0]]]])  # [1, 1, 2, 2]
+    value = torch.tensor([[[[10.0, 0.0], [0.0, 20.0]]]])
+    query, key, value = query.expand(2, -1, -1, -1), key.expand(2, -1, -1, -1), value.expand(2, -1, -1, -1)
+    mask = torch.tensor([[True, True], [True, False]]).view(2, 1, 1, 2)
+    out, _ = gqa_sdpa_attention_forward(Layer(2), query, key, value, mask, scaling=math.log(3.0))
+    # Row 0: head 0 scores (log 3, 0) -> weights (3/4, 1/4); head 1 scores (0, log 3) -> (1/4, 3/4).
+    # Row 1: only the first key.
+    expected = torch.tensor([[[[7.5, 5.0], [2.5, 15.0]]], [[[10.0, 0.0], [10.0, 0.0]]]])
+    torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize("q_len", [1, 5])
+def test_without_mask_is_causal_like_sdpa(q_len):
+    torch.manual_seed(0)
+    query, key, value = torch.randn(2, 6, q_len, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    layer = Layer(3)
+    out, _ = gqa_sdpa_attention_forward(layer, query, key, value, None)
+    expected, _ = sdpa_attention_forward(layer, query, key, value, None)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
+    causal = torch.ones(q_len, 5, dtype=torch.bool).tril() if q_len > 1 else None
+    torch.testing.assert_close(out, reference(query, key, value, causal, 1 / math.sqrt(8)), atol=1e-6, rtol=1e-5)
+
+
+def test_float_mask_in_another_dtype():
+    """An fp32 additive mask with bf16 queries (the engine's mask for an eager model in bf16)."""
+    torch.manual_seed(0)
+    query = torch.randn(2, 4, 1, 8, dtype=torch.bfloat16)
+    key, value = (torch.randn(2, 2, 7, 8, dtype=torch.bfloat16) for _ in range(2))
+    allowed = allowed_keys(2, 1, 7, 6, padding=[0, 6])  # row 1 sees one key only
+    out, _ = gqa_sdpa_attention_forward(Layer(2), query, key, value, additive(allowed))
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    torch.testing.assert_close(out[1], value[1, :, 6].repeat_interleave(2, 0).unsqueeze(0))
+    expected = reference(query, key, value, allowed, 1 / math.sqrt(8))
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+# -------------------------------------------------------------------------------- in a model
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tokenizer, tmp_path_factory):
+    config = tiny_config(
+        tokenizer,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=64,
+        initializer_range=0.5,
+    )
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2_gqa"), tokenizer, config, seed=0)
+
+
+@pytest.fixture(scope="module", params=["sdpa", "eager"])
+def model(request, model_dir):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation=request.param).eval()
+    assert model.config._attn_implementation == request.param
+    return model
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts the calls of the registered grouped-query function."""
+    counter = {"n": 0}
+
+    def counted(*args, **kwargs):
+        counter["n"] += 1
+        return gqa_sdpa_attention_forward(*args, **kwargs)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, GQA_ATTENTION, counted)
+    return counter
+
+
+def attention_implementations(model) -> set:
+    return {m.config._attn_implementation for m in model.modules() if hasattr(m, "config")}
+
+
+def test_model_logits_unchanged_and_implementation_restored(model, tokenizer, calls):
+    original = model.config._attn_implementation
+    encoded = tokenizer(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    assert (encoded["attention_mask"] == 0).any()  # left padding: a 2-D mask the model turns into 4-D
+    with torch.no_grad():
+        expected = model(**encoded).logits
+        unpadded = model(input_ids=encoded["input_ids"][1:2]).logits  # no mask: causal through is_causal
+        with grouped_query_attention(model) as switched:
+            assert switched and attention_implementations(model) == {GQA_ATTENTION}
+            got = model(**encoded).logits
+            got_unpadded = model(input_ids=encoded["input_ids"][1:2]).logits
+    assert calls["n"] == 2 * model.config.num_hidden_layers
+    assert attention_implementations(model) == {original}
+    valid = encoded["attention_mask"].bool()
+    torch.testing.assert_close(got[valid], expected[valid], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_unpadded, unpadded, atol=1e-5, rtol=1e-5)
+    # The padding reached the attention: dropping the mask would change the padded rows' logits.
+    assert not torch.allclose(model(input_ids=encoded["input_ids"]).logits[valid], expected[valid], atol=1e-3)
+
+
+def test_restored_after_an_exception(model):
+    original = model.config._attn_implementation
+    with pytest.raises(RuntimeError, match="inside"):
+        with grouped_query_attention(model):
+            raise RuntimeError("inside")
+    assert attention_implementations(model) == {original}
+
+
+def test_other_implementations_left_alone(model):
+    original = model.config._attn_implementation
+    model.config._attn_implementation_internal = "flash_attention_2"
+    try:
+        with grouped_query_attention(model) as switched:
+            assert not switched and attention_implementations(model) == {"flash_attention_2"}
+    finally:
+        model.config._attn_implementation_internal = original
+
+
+def test_engine_runs_grouped_attention(model, tokenizer, calls):
+    """Greedy completions of the static-cache engine (4-D masks, boolean for sdpa, float for eager)
+    equal ``model.generate`` with the model's own attention, which is restored afterwards."""
+    original = model.config._attn_implementation
+    encoded = tokenizer(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    eos = len(tokenizer) - 1  # a token the greedy completions below never produce: all rows run 8 steps
+    config = GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+    reference = model.generate(**encoded, generation_config=config)[:, encoded["input_ids"].size(1) :]
+    assert reference.shape == (len(PROMPTS), 8) and not (reference == eos).any()
+    assert calls["n"] == 0
+    generator = StaticCacheGenerator(model, len(PROMPTS), 32)
+    sampling = SamplingParams(8, temperature=0.0)
+    out = generator.generate(encoded["input_ids"], encoded["attention_mask"], sampling, eos, tokenizer.pad_token_id)
+    assert torch.equal(out, reference)
+    assert calls["n"] == 8 * model.config.num_hidden_layers  # the prefill and 7 decode steps
+    assert attention_implementations(model) == {original}
