@@ -1,0 +1,104 @@
+"""Where a rollout's decode step spends its time: the static-cache engine on one workload's model.
+
+    python benchmarks/profile_rollout.py [--workload W1] [--rows 128] [--out profile.txt]
+
+Builds the workload's random-init model (as ``run.py`` does), then on CUDA:
+
+1. times whole rollouts (``rows`` x ``max_new_tokens``, CUDA graph) with the grouped-query
+   attention of ``grpo_lightning.attention`` and, in the same process, with transformers' own
+   attention path, and reports milliseconds per decode step;
+2. profiles a few eager decode steps with ``torch.profiler``: kernels launched per step and the
+   operators that take the GPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib.util
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+_spec = importlib.util.spec_from_file_location("benchmarks_run", Path(__file__).with_name("run.py"))
+bench = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+import grpo_lightning.engine as engine  # noqa: E402
+from grpo_lightning.rollout import SamplingParams  # noqa: E402
+
+
+def rollout_ms_per_step(generator, ids, mask, sampling, repeats: int) -> float:
+    times = []
+    for _ in range(repeats + 1):  # the first one captures the graph
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        generator.generate(ids, mask, sampling, None, 0)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times[1:]) / sampling.max_new_tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", default="W1")
+    parser.add_argument("--rows", type=int, default=None, help="rollout rows (default: the workload's prompts x G)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profiled-steps", type=int, default=8)
+    parser.add_argument("--out", default=None, help="also write the report here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("needs CUDA")
+    from transformers import AutoModelForCausalLM
+
+    workload = bench.WORKLOADS[args.workload]
+    rows = args.rows or workload.prompts * workload.group_size
+    with tempfile.TemporaryDirectory() as workdir:
+        paths = bench.build_workdir(Path(workdir), dataclasses.replace(workload), rows=1, seed=0)
+        model = AutoModelForCausalLM.from_pretrained(paths["model"], dtype=torch.bfloat16, attn_implementation="sdpa")
+    model = model.cuda().eval()
+    ids = torch.randint(100, workload.vocab_size, (rows, workload.prompt_tokens), device="cuda")
+    mask = torch.ones_like(ids)
+    sampling = SamplingParams(workload.max_new_tokens, temperature=1.0, min_new_tokens=workload.max_new_tokens)
+    lines = [f"{args.workload}: {rows} rows x {workload.max_new_tokens} new tokens, prompt {workload.prompt_tokens}, "
+             f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"]  # fmt: skip
+
+    grouped = rollout_ms_per_step(engine.StaticCacheGenerator(model, rows, 64), ids, mask, sampling, args.repeats)
+    original = engine.grouped_query_attention
+    engine.grouped_query_attention = lambda model: contextlib.nullcontext(False)
+    try:
+        plain = rollout_ms_per_step(engine.StaticCacheGenerator(model, rows, 64), ids, mask, sampling, args.repeats)
+    finally:
+        engine.grouped_query_attention = original
+    lines.append(f"decode step (CUDA graph): {grouped:.2f} ms with grouped-query attention, "
+                 f"{plain:.2f} ms with transformers' attention ({plain / grouped:.2f}x)")  # fmt: skip
+
+    eager = engine.StaticCacheGenerator(model, rows, 64, use_cuda_graph=False)
+    short = dataclasses.replace(sampling, max_new_tokens=2, min_new_tokens=2)
+    eager.generate(ids, mask, short, None, 0)  # warm-up: allocations, cuBLAS handles
+    steps = args.profiled_steps
+    profiled = dataclasses.replace(sampling, max_new_tokens=steps + 1, min_new_tokens=steps + 1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
+        eager.generate(ids, mask, profiled, None, 0)
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    kernels = sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    lines.append(f"eager: {kernels / (steps + 1):.0f} GPU kernels per token (prefill included, {steps + 1} tokens)")
+    try:
+        table = events.table(sort_by="device_time_total", row_limit=20, max_name_column_width=60)
+    except (AttributeError, KeyError, ValueError):  # releases that name it cuda_time_total
+        table = events.table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=60)
+    lines.append(table)
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        Path(args.out).write_text(report + "\n")
+
+
+if __name__ == "__main__":
+    main()
