@@ -33,7 +33,8 @@ import grpo_lightning.engine as engine  # noqa: E402
 from grpo_lightning.rollout import SamplingParams  # noqa: E402
 
 
-def rollout_ms_per_step(generator, ids, mask, sampling, repeats: int) -> float:
+def rollout_ms_per_step(generator, ids, mask, sampling, repeats: int) -> tuple[float, float]:
+    """Median milliseconds per decode step after the first rollout, and the first rollout's seconds."""
     times = []
     for _ in range(repeats + 1):  # the first one captures the graph
         torch.cuda.synchronize()
@@ -41,7 +42,7 @@ def rollout_ms_per_step(generator, ids, mask, sampling, repeats: int) -> float:
         generator.generate(ids, mask, sampling, None, 0)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times[1:]) / sampling.max_new_tokens
+    return 1000 * statistics.median(times[1:]) / sampling.max_new_tokens, times[0]
 
 
 def main() -> None:
@@ -68,17 +69,22 @@ def main() -> None:
     lines = [f"{args.workload}: {rows} rows x {workload.max_new_tokens} new tokens, prompt {workload.prompt_tokens}, "
              f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"]  # fmt: skip
 
-    grouped = rollout_ms_per_step(engine.StaticCacheGenerator(model, rows, 64), ids, mask, sampling, args.repeats)
+    cache_len = workload.prompt_tokens + workload.max_new_tokens
+    grouped, _ = rollout_ms_per_step(engine.StaticCacheGenerator(model, rows, cache_len), ids, mask, sampling, args.repeats)
+    compiled_engine = engine.StaticCacheGenerator(model, rows, cache_len, compile=True)
+    compiled, first_s = rollout_ms_per_step(compiled_engine, ids, mask, sampling, args.repeats)
+    del compiled_engine
     original = engine.grouped_query_attention
     engine.grouped_query_attention = lambda model: contextlib.nullcontext(False)
     try:
-        plain = rollout_ms_per_step(engine.StaticCacheGenerator(model, rows, 64), ids, mask, sampling, args.repeats)
+        plain, _ = rollout_ms_per_step(engine.StaticCacheGenerator(model, rows, cache_len), ids, mask, sampling, args.repeats)
     finally:
         engine.grouped_query_attention = original
     lines.append(f"decode step (CUDA graph): {grouped:.2f} ms with grouped-query attention, "
-                 f"{plain:.2f} ms with transformers' attention ({plain / grouped:.2f}x)")  # fmt: skip
+                 f"{plain:.2f} ms with transformers' attention ({plain / grouped:.2f}x), "
+                 f"{compiled:.2f} ms compiled (torch.compile; first rollout {first_s:.0f} s)")  # fmt: skip
 
-    eager = engine.StaticCacheGenerator(model, rows, 64, use_cuda_graph=False)
+    eager = engine.StaticCacheGenerator(model, rows, cache_len, use_cuda_graph=False)
     short = dataclasses.replace(sampling, max_new_tokens=2, min_new_tokens=2)
     eager.generate(ids, mask, short, None, 0)  # warm-up: allocations, cuBLAS handles
     steps = args.profiled_steps

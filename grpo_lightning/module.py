@@ -185,6 +185,8 @@ class GroupPolicyOptimization(L.LightningModule):
         rollout_engine: ``"hf"`` samples with ``model.generate``; ``"static"`` with a preallocated
             static KV cache and, on CUDA, a decode step captured in a CUDA graph
             (``grpo_lightning.engine``; sdpa/eager attention).
+        rollout_compile: with the static engine on CUDA, compile its decode step with
+            ``torch.compile`` before capturing it (faster decoding; the first rollout compiles).
         rollout_seed: with the static engine, draw each completion's tokens from counter-based
             random numbers keyed by (this seed, the rollout's number, the prompt text, the
             completion's index in its group) instead of the global generator: the same prompts then
@@ -226,6 +228,7 @@ class GroupPolicyOptimization(L.LightningModule):
         attn_implementation: str | None = None,
         disable_dropout: bool = True,
         rollout_engine: Literal["hf", "static"] = "hf",
+        rollout_compile: bool = False,
         rollout_seed: int | None = None,
         reward_funcs: Sequence[str | Callable] = ("grpo_lightning.rewards.accuracy_reward",),
         reward_weights: Sequence[float] | None = None,
@@ -573,7 +576,12 @@ class GroupPolicyOptimization(L.LightningModule):
                     # Sized to the largest batch seen (a validation batch may come first), not chunked.
                     if self._engine is not None:
                         self._engine.clear()
-                    self._engine = StaticCacheGenerator(model, max_batch_size=rows, max_cache_len=sampling.max_new_tokens + 64)
+                    self._engine = StaticCacheGenerator(
+                        model,
+                        max_batch_size=rows,
+                        max_cache_len=sampling.max_new_tokens + 64,
+                        compile=self.hparams.rollout_compile,
+                    )
                 keys = None if self.hparams.rollout_seed is None else self.row_keys(texts, group_size)
                 prompt_ids, prompt_mask, completion_ids = fast_generate_group(
                     self._engine, self.tokenizer, texts, group_size, sampling, row_keys=keys

@@ -350,3 +350,17 @@ def test_bf16_sampled_logprobs_match_a_teacher_forced_pass_within_bf16_tolerance
     print(f"bf16 sampled vs teacher-forced log-probs over {difference.numel()} tokens: "
           f"max |diff| {difference.max():.4f}, mean |diff| {difference.mean():.5f}")  # fmt: skip
     assert difference.mean() < 0.02 and difference.max() < 0.25
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_decode_step_matches_the_eager_one(tokenizer, tmp_path):
+    config = tiny_config(tokenizer, hidden_size=64, num_layers=2, initializer_range=1.0)
+    model = AutoModelForCausalLM.from_pretrained(save_tiny_model(tmp_path, tokenizer, config)).cuda().eval()
+    eos = tokenizer.eos_token_id
+    compiled = StaticCacheGenerator(model, len(PROMPTS), 40, compile=True)
+    eager = StaticCacheGenerator(model, len(PROMPTS), 40, use_cuda_graph=False)
+    assert torch.equal(static_greedy(compiled, tokenizer, PROMPTS, eos), static_greedy(eager, tokenizer, PROMPTS, eos))
+    ids, mask = encode(tokenizer, PROMPTS)
+    keys, sampling = torch.arange(len(PROMPTS)) + 3, SamplingParams(24, temperature=1.0)
+    keyed = [g.generate(ids, mask, sampling, eos, tokenizer.pad_token_id, keys) for g in (compiled, eager)]
+    assert torch.equal(*keyed)
