@@ -28,17 +28,18 @@ class _SelectedLogProbs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, chunk_rows: int):
+    def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, chunk_rows: int, with_entropy: bool):
         rows = logits.shape[0]
         logp = logits.new_empty(logits.shape[:-1], dtype=torch.float32)
-        entropy = torch.empty_like(logp)
+        entropy = torch.empty_like(logp) if with_entropy else logp.new_empty(0)
         for start in range(0, rows, chunk_rows):
             scaled = logits[start : start + chunk_rows].float() / temperature
             log_norm = torch.logsumexp(scaled, dim=-1)
             picked = scaled.gather(-1, targets[start : start + chunk_rows].unsqueeze(-1)).squeeze(-1)
             logp[start : start + chunk_rows] = picked - log_norm
-            probs = torch.exp(scaled - log_norm.unsqueeze(-1))
-            entropy[start : start + chunk_rows] = log_norm - (probs * scaled).sum(-1)
+            if with_entropy:
+                probs = torch.exp(scaled - log_norm.unsqueeze(-1))
+                entropy[start : start + chunk_rows] = log_norm - (probs * scaled).sum(-1)
         ctx.save_for_backward(logits, targets)
         ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
         ctx.mark_non_differentiable(entropy)
@@ -54,12 +55,12 @@ class _SelectedLogProbs(torch.autograd.Function):
             grad = torch.softmax(logits[rows].float() / ctx.temperature, dim=-1).mul_(-upstream)
             grad.scatter_add_(-1, targets[rows].unsqueeze(-1), upstream)
             grad_logits[rows] = grad.div_(ctx.temperature)
-        return grad_logits, None, None, None
+        return grad_logits, None, None, None, None
 
 
 def token_logprobs_from_logits(
-    logits: Tensor, targets: Tensor, temperature: float = 1.0, chunk_rows: int | None = None
-) -> tuple[Tensor, Tensor]:
+    logits: Tensor, targets: Tensor, temperature: float = 1.0, chunk_rows: int | None = None, with_entropy: bool = True
+) -> tuple[Tensor, Tensor | None]:
     """Log-prob of each target token and the entropy of each predictive distribution.
 
     Args:
@@ -68,13 +69,15 @@ def token_logprobs_from_logits(
         temperature: the sampling temperature; the distribution is ``softmax(logits / temperature)``.
         chunk_rows: rows converted to fp32 at a time (forward and backward); by default as many
             as fit in ``CHUNK_ELEMENTS`` floats (one row of a 150k vocabulary x 256 tokens is 39M).
+        with_entropy: compute the entropy (two more passes over the logits); else it is ``None``.
 
     Returns:
         ``(logp, entropy)``, both fp32 ``[N, T]``; ``entropy`` carries no gradient.
     """
     if chunk_rows is None:
         chunk_rows = max(1, CHUNK_ELEMENTS // max(1, logits.shape[1] * logits.shape[2]))
-    return _SelectedLogProbs.apply(logits, targets, float(temperature), chunk_rows)
+    logp, entropy = _SelectedLogProbs.apply(logits, targets, float(temperature), chunk_rows, with_entropy)
+    return logp, entropy if with_entropy else None
 
 
 def completion_logprobs(
@@ -85,10 +88,12 @@ def completion_logprobs(
     completion_mask: Tensor,
     temperature: float = 1.0,
     chunk_rows: int | None = None,
-) -> tuple[Tensor, Tensor]:
+    with_entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
     """Teacher-forced log-probs of ``completion_ids`` given left-padded ``prompt_ids``.
 
-    Shapes: prompts ``[N, S]``, completions ``[N, T]``; returns ``(logp, entropy)`` of ``[N, T]``.
+    Shapes: prompts ``[N, S]``, completions ``[N, T]``; returns ``(logp, entropy)`` of ``[N, T]``
+    (``entropy`` is ``None`` unless ``with_entropy``).
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
@@ -102,4 +107,4 @@ def completion_logprobs(
     ).logits
     # The logit at position t predicts token t + 1: drop the last one.
     logits = logits[:, -completion_length - 1 : -1]
-    return token_logprobs_from_logits(logits, completion_ids, temperature, chunk_rows)
+    return token_logprobs_from_logits(logits, completion_ids, temperature, chunk_rows, with_entropy)

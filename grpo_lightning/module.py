@@ -479,10 +479,13 @@ class GroupPolicyOptimization(L.LightningModule):
             self._resume_rng = None
 
     def configure_optimizers(self):
+        parameters = [p for p in self.policy.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(
-            [p for p in self.policy.parameters() if p.requires_grad],
+            parameters,
             lr=self.hparams.learning_rate,
             weight_decay=self.hparams.weight_decay,
+            # One fused kernel for all parameters on CUDA; the default (foreach) elsewhere.
+            fused=True if all(p.is_cuda for p in parameters) else None,
         )
         warmup = self.hparams.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
@@ -621,11 +624,13 @@ class GroupPolicyOptimization(L.LightningModule):
         """Log-probs ``[N, T]`` of the rollout's completions under ``model``, in micro-batches."""
         parts = []
         for rows in torch.arange(len(rollout)).split(self.micro_batch_size):
-            logp, _ = self._forward(model, rollout, rows)
+            logp, _ = self._forward(model, rollout, rows, with_entropy=False)
             parts.append(logp)
         return torch.cat(parts)
 
-    def _forward(self, model: torch.nn.Module, rollout: Rollout, rows: Tensor) -> tuple[Tensor, Tensor]:
+    def _forward(
+        self, model: torch.nn.Module, rollout: Rollout, rows: Tensor, with_entropy: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
         rows = rows.to(rollout.completion_ids.device)
         return completion_logprobs(
             model,
@@ -634,6 +639,7 @@ class GroupPolicyOptimization(L.LightningModule):
             rollout.completion_ids[rows],
             rollout.completion_mask[rows],
             temperature=self.temperature,
+            with_entropy=with_entropy,
         )
 
     # ------------------------------------------------------------------ training

@@ -36,6 +36,20 @@ def test_values_and_gradient_match_the_plain_log_softmax(temperature, chunk_rows
     assert not entropy.requires_grad
 
 
+def test_without_entropy_the_log_probs_and_gradient_are_the_same():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 4, 11, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 11, (3, 4))
+    full, _ = token_logprobs_from_logits(logits, targets, 0.7, 2)
+    full.sum().backward()
+    grad, logits.grad = logits.grad.clone(), None
+    lean, entropy = token_logprobs_from_logits(logits, targets, 0.7, 2, with_entropy=False)
+    lean.sum().backward()
+    assert entropy is None
+    torch.testing.assert_close(lean, full, rtol=0, atol=0)
+    torch.testing.assert_close(logits.grad, grad, rtol=0, atol=0)
+
+
 def test_low_precision_logits_are_reduced_in_fp32():
     torch.manual_seed(0)
     logits = torch.randn(2, 3, 50).bfloat16()
