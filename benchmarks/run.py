@@ -253,12 +253,13 @@ def versions() -> dict[str, str]:
 # ---------------------------------------------------------------------------------- runs
 
 
-def make_strategy(name: str, rollout_weights: str = "replica"):
+def make_strategy(name: str, rollout_weights: str = "replica", mixed_precision: str = "bf16"):
     """``fsdp`` is the project's own FSDP strategy (policy and reference sharded per decoder layer)."""
     if name == "fsdp":
         from grpo_lightning.strategies import PolicyFSDPStrategy
 
-        return PolicyFSDPStrategy(mixed_precision="bf16", rollout_weights=rollout_weights)
+        precision = None if mixed_precision == "none" else mixed_precision
+        return PolicyFSDPStrategy(mixed_precision=precision, rollout_weights=rollout_weights)
     return name
 
 
@@ -273,7 +274,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     trainer = L.Trainer(
         accelerator=args.accelerator,
         devices=args.devices,
-        strategy=make_strategy(args.strategy, args.rollout_weights),
+        strategy=make_strategy(args.strategy, args.rollout_weights, args.mixed_precision),
         precision=precision,
         max_steps=args.steps,
         logger=False,
@@ -382,6 +383,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--rollout-seed", type=int, default=None,
         help="the module's rollout_seed: keyed sampling, the same completions on any number of devices",
+    )
+    parser.add_argument(
+        "--mixed-precision", choices=["bf16", "none"], default="bf16",
+        help="with --strategy fsdp: compute dtype of the gathered weights (none: the weights' dtype)",
     )
     parser.add_argument("--rollout-compile", action="store_true", help="the module's rollout_compile (static engine)")
     parser.add_argument(

@@ -71,7 +71,7 @@ def test_fsdp_scaling_runs_three_configurations_and_compares_their_steps(tmp_pat
     assert completed.returncode == 0, completed.stderr[-3000:]
     summary = json.loads((tmp_path / "scaling.json").read_text())
     assert set(summary["runs"]) == {"single", "fsdp-1", "fsdp-2"}
-    assert summary["scaling_efficiency"] == pytest.approx(
+    assert summary["scaling_efficiency"]["fsdp-2"] == pytest.approx(
         summary["runs"]["fsdp-2"]["tokens_per_s_per_device"] / summary["runs"]["single"]["tokens_per_s_per_device"]
     )
     # Keyed sampling and fp32: the two-process run's steps are the one-process run's.
