@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 RUN = Path(__file__).with_name("run.py")
-COMPARED = ("reward", "reward_std", "loss", "kl", "entropy", "completions/mean_length", "clip_ratio/region")
+COMPARED = ("reward", "reward_std", "loss", "grad_norm", "kl", "entropy", "completions/mean_length", "clip_ratio/region")
 
 
 def run(name: str, arguments: list[str], out_dir: Path) -> dict[str, Any]:

@@ -43,7 +43,7 @@ import torch  # noqa: E402
 WORKDIR_ENV = "GRPO_BENCH_WORKDIR"  # lets the processes a multi-device launch re-runs reuse rank 0's files
 PHASES = ("rollout_s", "score_s", "logprob_s", "update_s", "step_s")
 #: Training metrics recorded per step (means over all devices), for comparing runs step by step.
-TRAINING_METRICS = ("loss", "reward", "reward_std", "kl", "entropy", "completions/mean_length", "clip_ratio/region")
+TRAINING_METRICS = ("loss", "grad_norm", "reward", "reward_std", "kl", "entropy", "completions/mean_length", "clip_ratio/region")
 
 
 @dataclasses.dataclass(frozen=True)

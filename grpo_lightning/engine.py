@@ -45,6 +45,7 @@ use full attention (Qwen2, Llama, Mistral without a sliding window, ...).
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -175,11 +176,12 @@ class StaticCacheGenerator:
         check_every: decode steps between checks that every row has finished (each check is a host
             synchronisation on CUDA); ``None`` means 16 on CUDA and 1 elsewhere.
         warmup_steps: eager decode steps, on a side stream, before a capture.
-        compile: compile the captured decode step with ``torch.compile`` (Inductor) first. The
-            model's many small element-wise kernels (normalisation, rotary embedding, activations,
-            sampling) are fused, which matters because a decode step of a small model is bound by
-            the number of kernels it launches. The first rollout pays for the compilation (tens of
-            seconds). CUDA graph only; otherwise ignored.
+        compile: compile the model's forward pass of the decode step with ``torch.compile``
+            (Inductor) before capturing it. The model's many small element-wise kernels
+            (normalisation, rotary embedding, activations) are fused, which matters because a decode
+            step of a small model is bound by the number of kernels it launches. The first rollout
+            pays for the compilation (tens of seconds); if compiling fails, a warning is issued and
+            decoding runs uncompiled. CUDA graph only; otherwise ignored.
     """
 
     def __init__(
@@ -453,11 +455,11 @@ class StaticCacheGenerator:
         self._tokens.copy_(token.unsqueeze(1))
         self._step.add_(1)
 
-    def _decode_step(self, sampling: SamplingParams, keyed: bool) -> None:
+    def _decode_step(self, sampling: SamplingParams, keyed: bool, forward=None) -> None:
         """One token for every row; only in-place updates of static buffers (CUDA-graph safe)."""
         self._key_valid.index_fill_(1, self._cache_position, True)
         allowed = self._key_valid[:, None, None, :]
-        logits = self._forward(self._tokens, allowed, self._positions, self._cache_position)
+        logits = (forward or self._forward)(self._tokens, allowed, self._positions, self._cache_position)
         self._emit(logits, sampling, keyed)
         self._positions.add_(1)
         self._cache_position.add_(1)
@@ -467,20 +469,28 @@ class StaticCacheGenerator:
         device = self._out.device
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()  # shared by the graphs of one set of weights
-        step = self._decode_step
-        if self.compile:
+        forward = self._forward
+        if self.compile and self._compiled_step is not False:
             if self._compiled_step is None:
-                self._compiled_step = torch.compile(self._decode_step, dynamic=False)
-            step = self._compiled_step
+                self._compiled_step = torch.compile(self._forward, dynamic=False)
+            forward = self._compiled_step
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
+            try:
+                self._decode_step(sampling, keyed, forward)
+            except Exception as error:  # noqa: BLE001 - any compiler failure: decode uncompiled
+                if forward is self._forward:
+                    raise
+                warnings.warn(f"torch.compile of the decode step failed, decoding uncompiled: {error!r}", stacklevel=2)
+                self._compiled_step = False
+                forward = self._forward
             for _ in range(self.warmup_steps):
-                step(sampling, keyed)
+                self._decode_step(sampling, keyed, forward)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool):
-            step(sampling, keyed)
+            self._decode_step(sampling, keyed, forward)
         return graph
 
     def _collect(self, rows: int, steps: int) -> tuple[Tensor, Tensor]:

@@ -703,15 +703,28 @@ class GroupPolicyOptimization(L.LightningModule):
             for rows in order.split(minibatch):
                 optimizer.zero_grad(set_to_none=True)
                 self.accumulate_gradients(rollout, advantages, rows)
-                if self.hparams.max_grad_norm is not None and is_sharded(self.policy):
-                    # Lightning's FSDP precision plugin refuses norm clipping: the FSDP root clips.
-                    clip_grad_norm_(self.policy, self.hparams.max_grad_norm)
-                elif self.hparams.max_grad_norm is not None:
-                    self.clip_gradients(optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm")
+                self.clip_and_log_gradient_norm(optimizer)
                 optimizer.step()
                 scheduler.step()
                 self.policy_version += 1
         self.step_metrics.update("learning_rate", scheduler.get_last_lr()[0])
+
+    def clip_and_log_gradient_norm(self, optimizer) -> None:
+        """Log the policy's total gradient norm (``grad_norm``, before clipping) and clip it to
+        ``max_grad_norm``. Under FSDP the norm is over all shards."""
+        max_norm = self.hparams.max_grad_norm
+        if is_sharded(self.policy):
+            # Lightning's FSDP precision plugin refuses norm clipping: the FSDP root clips.
+            norm = clip_grad_norm_(self.policy, float("inf") if max_norm is None else max_norm)
+        elif getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            # fp16 with a gradient scaler: Lightning unscales before it clips; no norm to log.
+            if max_norm is not None:
+                self.clip_gradients(optimizer, gradient_clip_val=max_norm, gradient_clip_algorithm="norm")
+            return
+        else:
+            parameters = [p for p in self.policy.parameters() if p.grad is not None]
+            norm = torch.nn.utils.clip_grad_norm_(parameters, float("inf") if max_norm is None else max_norm)
+        self.step_metrics.update("grad_norm", norm)
 
     def accumulate_gradients(self, rollout: Rollout, advantages: Tensor, rows: Tensor) -> None:
         """Backward of one minibatch, ``micro_batch_size`` rows at a time.

@@ -29,6 +29,7 @@ REQUIRED_METRICS = {
     "perf/rollout_s",
     "perf/update_s",
     "perf/tokens_per_s",
+    "grad_norm",
     "val/accuracy",
 }
 
