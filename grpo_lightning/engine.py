@@ -26,8 +26,9 @@ device addresses, so it stays valid while they are updated in place (``optimizer
 and sees every update. If a parameter is replaced by a new tensor (``model.to(...)``, loading a state
 dict with ``assign=True``, FSDP re-sharding), the addresses change: the generator compares a cheap
 fingerprint of the parameter and buffer addresses before each rollout and captures again when it
-differs. Sharded training (FSDP, DeepSpeed ZeRO-3) gathers parameters inside ``forward``, which
-a CUDA graph cannot follow; use ``use_cuda_graph=False`` there, or ``generate_group``.
+differs. A sharded model (FSDP, DeepSpeed ZeRO-3) gathers parameters inside ``forward``, which a
+CUDA graph cannot follow: give the generator an unsharded copy instead
+(``grpo_lightning.strategies.RolloutReplica``, refreshed in place after each optimizer step).
 
 Rows of a call are padded up to ``max_batch_size`` (copies of the first prompt, dropped from the
 output), so each cache and graph has one batch shape; calls with more rows run in chunks of

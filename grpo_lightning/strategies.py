@@ -17,10 +17,12 @@ How the module is sharded (FSDP1, Lightning's :class:`~lightning.pytorch.strateg
   an unsharded copy of the policy in the compute dtype, refreshed from the shards once after each
   optimizer step (one all-gather per unit). Decoding then reads local weights at every token and
   can use the static-cache engine and its CUDA graph; the replica costs one copy of the weights in
-  bf16 per device (3 GB for a 1.5B model). Measured on W2 (1.5B, 512 new tokens) on 2 x H200:
-  the alternative, ``"gather"`` (the sharded policy's decoder layers gather their shards in every
-  forward, i.e. at every decoded token), made the rollout 4x slower than on one card
-  (``benchmarks/RESULTS.md``). Use it only when a bf16 copy does not fit next to the shards.
+  bf16 per device (3 GB for a 1.5B model). Chosen by measurement on W2 (1.5B, 512 new tokens)
+  on 2 x H200 (``benchmarks/RESULTS.md``): with ``"gather"`` (the sharded policy's decoder layers
+  gather their shards in every forward, i.e. at every decoded token) a card's rollout of half the
+  batch took 42.9 s against 10.3 s for the whole batch on one card, and the step scaled at 0.18 of
+  one card's throughput per card; from the replica it took 3.4 s (static engine), and 0.76.
+  Use ``"gather"`` only when a bf16 copy does not fit next to the shards.
 * Gradient clipping by norm goes through the policy root's ``clip_grad_norm_``
   (:func:`clip_grad_norm_`); Lightning's FSDP precision plugin refuses norm clipping.
 * Checkpoints (``state_dict_type="full"``) hold the gathered policy under its plain parameter
