@@ -45,6 +45,7 @@ use full attention (Qwen2, Llama, Mistral without a sliding window, ...).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from collections.abc import Sequence
@@ -177,12 +178,13 @@ class StaticCacheGenerator:
         check_every: decode steps between checks that every row has finished (each check is a host
             synchronisation on CUDA); ``None`` means 16 on CUDA and 1 elsewhere.
         warmup_steps: eager decode steps, on a side stream, before a capture.
-        compile: compile the model's forward pass of the decode step with ``torch.compile``
-            (Inductor) before capturing it. The model's many small element-wise kernels
-            (normalisation, rotary embedding, activations) are fused, which matters because a decode
-            step of a small model is bound by the number of kernels it launches. The first rollout
-            pays for the compilation (tens of seconds); if compiling fails, a warning is issued and
-            decoding runs uncompiled. CUDA graph only; otherwise ignored.
+        compile: compile the decode step with ``torch.compile`` (Inductor) before capturing it.
+            The model's many small element-wise kernels (normalisation, rotary embedding,
+            activations, sampling) are fused, which matters because a decode step of a small model
+            is bound by the number of kernels it launches. The first rollout pays for the
+            compilation (tens of seconds). If compiling the whole step fails, only its model
+            forward is compiled; if that fails too, the step runs uncompiled (with a warning each
+            time). CUDA graph only; otherwise ignored.
     """
 
     def __init__(
@@ -218,7 +220,7 @@ class StaticCacheGenerator:
         self.check_every = check_every
         self.warmup_steps = warmup_steps
         self.compile = compile
-        self._compiled_step = None
+        self._compile_candidates = None
         self._boolean_mask = attention == "sdpa"
         parameters = inspect.signature(model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
@@ -470,29 +472,39 @@ class StaticCacheGenerator:
         device = self._out.device
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()  # shared by the graphs of one set of weights
-        forward = self._forward
-        if self.compile and self._compiled_step is not False:
-            if self._compiled_step is None:
-                self._compiled_step = torch.compile(self._forward, dynamic=False)
-            forward = self._compiled_step
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            try:
-                self._decode_step(sampling, keyed, forward)
-            except Exception as error:  # noqa: BLE001 - any compiler failure: decode uncompiled
-                if forward is self._forward:
-                    raise
-                warnings.warn(f"torch.compile of the decode step failed, decoding uncompiled: {error!r}", stacklevel=2)
-                self._compiled_step = False
-                forward = self._forward
+            step = self._first_working_step(sampling, keyed)
             for _ in range(self.warmup_steps):
-                self._decode_step(sampling, keyed, forward)
+                step(sampling, keyed)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool):
-            self._decode_step(sampling, keyed, forward)
+            step(sampling, keyed)
         return graph
+
+    def _first_working_step(self, sampling: SamplingParams, keyed: bool):
+        """The decode step to capture, run once: with ``compile``, the whole step compiled, else
+        its model forward compiled (Inductor cannot generate code for every graph), else eager."""
+        if self._compile_candidates is None:
+            self._compile_candidates = []
+            if self.compile:
+                compiled_forward = torch.compile(self._forward, dynamic=False)
+                self._compile_candidates = [
+                    ("the decode step", torch.compile(self._decode_step, dynamic=False)),
+                    ("the decode step's forward", functools.partial(self._decode_step, forward=compiled_forward)),
+                ]
+        while self._compile_candidates:
+            name, step = self._compile_candidates[0]
+            try:
+                step(sampling, keyed)
+                return step
+            except Exception as error:  # noqa: BLE001 - any compiler failure: try the next candidate
+                warnings.warn(f"torch.compile of {name} failed, trying without it: {error!r}", stacklevel=3)
+                self._compile_candidates.pop(0)
+        self._decode_step(sampling, keyed)
+        return self._decode_step
 
     def _collect(self, rows: int, steps: int) -> tuple[Tensor, Tensor]:
         """The first ``rows`` completions and their log-probs, cut after the longest one's EOS."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
@@ -364,3 +367,39 @@ def test_compiled_decode_step_matches_the_eager_one(tokenizer, tmp_path):
     keys, sampling = torch.arange(len(PROMPTS)) + 3, SamplingParams(24, temperature=1.0)
     keyed = [g.generate(ids, mask, sampling, eos, tokenizer.pad_token_id, keys) for g in (compiled, eager)]
     assert torch.equal(*keyed)
+
+
+def test_a_failing_compiler_falls_back_to_the_compiled_forward_then_to_eager(qwen2, tokenizer, monkeypatch):
+    """Inductor fails on some graphs (it did on a 1.5B model's whole decode step, on an H200): a
+    stand-in for ``torch.compile`` that fails on chosen functions checks the fallback order."""
+    compiled = []
+
+    def stand_in_compile(function, **kwargs):
+        name = function.__name__
+        compiled.append(name)
+
+        def run(*args, **kw):
+            if name in failing:
+                raise RuntimeError(f"cannot compile {name}")
+            return function(*args, **kw)
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", stand_in_compile)
+    ids, mask = encode(tokenizer, PROMPTS)
+    sampling = SamplingParams(4)
+    for failing, expected in [({"_decode_step"}, "forward"), ({"_decode_step", "_forward"}, "eager"), (set(), "step")]:
+        generator = StaticCacheGenerator(qwen2, len(PROMPTS), 32, use_cuda_graph=False, compile=True)
+        generator._prepare(qwen2.device, ids.size(1) + 4)
+        generator._set_stop_tokens([], 0, 0)
+        generator._prefill(ids, mask)
+        with pytest.warns(UserWarning) if failing else contextlib.nullcontext() as caught:
+            step = generator._first_working_step(sampling, False)
+        if failing:
+            assert all("torch.compile" in str(w.message) for w in caught)
+        if step == generator._decode_step:
+            kind = "eager"
+        else:
+            kind = "forward" if isinstance(step, functools.partial) else "step"
+        assert kind == expected
+        assert int(generator._step) == 1  # the step ran once, whichever candidate ran it
