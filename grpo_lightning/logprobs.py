@@ -7,6 +7,8 @@ chunks of rows, so the extra memory is ``chunk_rows x T x V`` floats (by default
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor, nn
 
@@ -20,6 +22,55 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     return positions.clamp(min=0)
 
 
+def _chunk_forward(logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """fp32 log-prob of ``targets`` and (optionally) the entropy of ``softmax(logits / temperature)``."""
+    scaled = logits.float() / temperature
+    log_norm = torch.logsumexp(scaled, dim=-1)
+    logp = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
+    if not with_entropy:
+        return logp, None
+    probs = torch.exp(scaled - log_norm.unsqueeze(-1))
+    return logp, log_norm - (probs * scaled).sum(-1)
+
+
+def _chunk_backward(logits: Tensor, targets: Tensor, upstream: Tensor, temperature: float) -> Tensor:
+    """Gradient of ``sum(upstream * logp)`` with respect to ``logits``: ``(onehot - p) * upstream / T``."""
+    grad = torch.softmax(logits.float() / temperature, dim=-1) * -upstream.unsqueeze(-1)
+    grad = grad.scatter_add(-1, targets.unsqueeze(-1), upstream.unsqueeze(-1))
+    return (grad / temperature).to(logits.dtype)
+
+
+class _Kernels:
+    """The chunk functions, compiled with ``torch.compile`` on first use when asked (CUDA only):
+    Inductor fuses each into a few passes over the logits, where eager PyTorch makes one pass per
+    operation. A compiler failure is warned about once and the eager functions are used from then on."""
+
+    def __init__(self) -> None:
+        self.compiled: tuple | None = None
+        self.failed = False
+
+    def get(self, compiled: bool, device: torch.device) -> tuple:
+        if not compiled or device.type != "cuda" or self.failed:
+            return _chunk_forward, _chunk_backward
+        if self.compiled is None:
+            self.compiled = (torch.compile(_chunk_forward, dynamic=True), torch.compile(_chunk_backward, dynamic=True))
+        return self.compiled
+
+    def run(self, index: int, compiled: bool, *args):
+        functions = self.get(compiled, args[0].device)
+        try:
+            return functions[index](*args)
+        except Exception as error:  # noqa: BLE001 - any compiler failure: eager from now on
+            if functions[index] in (_chunk_forward, _chunk_backward):
+                raise
+            warnings.warn(f"torch.compile of the log-prob kernels failed, running them eagerly: {error!r}", stacklevel=3)
+            self.failed = True
+            return (_chunk_forward, _chunk_backward)[index](*args)
+
+
+_KERNELS = _Kernels()
+
+
 class _SelectedLogProbs(torch.autograd.Function):
     """``log softmax(logits / temperature)[target]`` and the entropy, chunked over rows in fp32.
 
@@ -28,20 +79,17 @@ class _SelectedLogProbs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, chunk_rows: int, with_entropy: bool):
+    def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, chunk_rows: int, with_entropy: bool, compiled: bool):
         rows = logits.shape[0]
         logp = logits.new_empty(logits.shape[:-1], dtype=torch.float32)
         entropy = torch.empty_like(logp) if with_entropy else logp.new_empty(0)
         for start in range(0, rows, chunk_rows):
-            scaled = logits[start : start + chunk_rows].float() / temperature
-            log_norm = torch.logsumexp(scaled, dim=-1)
-            picked = scaled.gather(-1, targets[start : start + chunk_rows].unsqueeze(-1)).squeeze(-1)
-            logp[start : start + chunk_rows] = picked - log_norm
+            chunk = slice(start, start + chunk_rows)
+            logp[chunk], chunk_entropy = _KERNELS.run(0, compiled, logits[chunk], targets[chunk], temperature, with_entropy)
             if with_entropy:
-                probs = torch.exp(scaled - log_norm.unsqueeze(-1))
-                entropy[start : start + chunk_rows] = log_norm - (probs * scaled).sum(-1)
+                entropy[chunk] = chunk_entropy
         ctx.save_for_backward(logits, targets)
-        ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
+        ctx.temperature, ctx.chunk_rows, ctx.compiled = temperature, chunk_rows, compiled
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
@@ -51,15 +99,17 @@ class _SelectedLogProbs(torch.autograd.Function):
         grad_logits = torch.empty_like(logits)
         for start in range(0, logits.shape[0], ctx.chunk_rows):
             rows = slice(start, start + ctx.chunk_rows)
-            upstream = grad_logp[rows].unsqueeze(-1)
-            grad = torch.softmax(logits[rows].float() / ctx.temperature, dim=-1).mul_(-upstream)
-            grad.scatter_add_(-1, targets[rows].unsqueeze(-1), upstream)
-            grad_logits[rows] = grad.div_(ctx.temperature)
-        return grad_logits, None, None, None, None
+            grad_logits[rows] = _KERNELS.run(1, ctx.compiled, logits[rows], targets[rows], grad_logp[rows], ctx.temperature)
+        return grad_logits, None, None, None, None, None
 
 
 def token_logprobs_from_logits(
-    logits: Tensor, targets: Tensor, temperature: float = 1.0, chunk_rows: int | None = None, with_entropy: bool = True
+    logits: Tensor,
+    targets: Tensor,
+    temperature: float = 1.0,
+    chunk_rows: int | None = None,
+    with_entropy: bool = True,
+    compiled: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-prob of each target token and the entropy of each predictive distribution.
 
@@ -70,13 +120,14 @@ def token_logprobs_from_logits(
         chunk_rows: rows converted to fp32 at a time (forward and backward); by default as many
             as fit in ``CHUNK_ELEMENTS`` floats (one row of a 150k vocabulary x 256 tokens is 39M).
         with_entropy: compute the entropy (two more passes over the logits); else it is ``None``.
+        compiled: on CUDA, run the per-chunk fp32 arithmetic as ``torch.compile``-fused kernels.
 
     Returns:
         ``(logp, entropy)``, both fp32 ``[N, T]``; ``entropy`` carries no gradient.
     """
     if chunk_rows is None:
         chunk_rows = max(1, CHUNK_ELEMENTS // max(1, logits.shape[1] * logits.shape[2]))
-    logp, entropy = _SelectedLogProbs.apply(logits, targets, float(temperature), chunk_rows, with_entropy)
+    logp, entropy = _SelectedLogProbs.apply(logits, targets, float(temperature), chunk_rows, with_entropy, compiled)
     return logp, entropy if with_entropy else None
 
 
@@ -89,6 +140,7 @@ def completion_logprobs(
     temperature: float = 1.0,
     chunk_rows: int | None = None,
     with_entropy: bool = True,
+    compiled: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Teacher-forced log-probs of ``completion_ids`` given left-padded ``prompt_ids``.
 
@@ -107,4 +159,4 @@ def completion_logprobs(
     ).logits
     # The logit at position t predicts token t + 1: drop the last one.
     logits = logits[:, -completion_length - 1 : -1]
-    return token_logprobs_from_logits(logits, completion_ids, temperature, chunk_rows, with_entropy)
+    return token_logprobs_from_logits(logits, completion_ids, temperature, chunk_rows, with_entropy, compiled)

@@ -187,6 +187,8 @@ class GroupPolicyOptimization(L.LightningModule):
             (``grpo_lightning.engine``; sdpa/eager attention).
         rollout_compile: with the static engine on CUDA, compile its decode step with
             ``torch.compile`` before capturing it (faster decoding; the first rollout compiles).
+        logprob_compile: on CUDA, fuse the fp32 log-softmax arithmetic of the log-prob passes
+            (reference, old policy, update) with ``torch.compile``.
         rollout_seed: with the static engine, draw each completion's tokens from counter-based
             random numbers keyed by (this seed, the rollout's number, the prompt text, the
             completion's index in its group) instead of the global generator: the same prompts then
@@ -229,6 +231,7 @@ class GroupPolicyOptimization(L.LightningModule):
         disable_dropout: bool = True,
         rollout_engine: Literal["hf", "static"] = "hf",
         rollout_compile: bool = False,
+        logprob_compile: bool = False,
         rollout_seed: int | None = None,
         reward_funcs: Sequence[str | Callable] = ("grpo_lightning.rewards.accuracy_reward",),
         reward_weights: Sequence[float] | None = None,
@@ -640,6 +643,7 @@ class GroupPolicyOptimization(L.LightningModule):
             rollout.completion_mask[rows],
             temperature=self.temperature,
             with_entropy=with_entropy,
+            compiled=self.hparams.logprob_compile,
         )
 
     # ------------------------------------------------------------------ training
