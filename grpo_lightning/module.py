@@ -67,7 +67,13 @@ def _disable_dropout(model: torch.nn.Module) -> None:
             module.attention_dropout = 0.0
 
 
-_REDUCTIONS = {"mean": (torchmetrics.MeanMetric, "mean_value"), "min": (torchmetrics.MinMetric, "min_value"), "max": (torchmetrics.MaxMetric, "max_value")}
+#: Reduction of a step metric: its torchmetrics class, the state holding its value, and how the
+#: values of two processes combine (means: their weighted sums add up).
+_REDUCTIONS = {
+    "mean": (torchmetrics.MeanMetric, "mean_value", lambda a, b: a + b),
+    "min": (torchmetrics.MinMetric, "min_value", min),
+    "max": (torchmetrics.MaxMetric, "max_value", max),
+}
 
 
 class StepMetrics:
@@ -93,7 +99,11 @@ class StepMetrics:
     def compute_and_reset(self, gather: Callable[[Any], list[Any]] | None = None) -> dict[str, float]:
         """Each metric's value since the last reset. ``gather`` (e.g. an all-gather over processes)
         merges the states of every process first, so the values are over all devices' data."""
-        states = {name: (reduce, self._state(reduce, metric)) for name, (reduce, metric) in self._metrics.items() if metric.update_called}
+        states = {
+            name: (reduce, self._state(reduce, metric))
+            for name, (reduce, metric) in self._metrics.items()
+            if metric.update_called
+        }
         for _, metric in self._metrics.values():
             metric.reset()
         if gather is not None:
@@ -101,9 +111,8 @@ class StepMetrics:
             for part in gather(states):
                 for name, (reduce, (value, weight)) in part.items():
                     if name in merged:
-                        previous = merged[name][1]
-                        combine = {"mean": lambda a, b: a + b, "min": min, "max": max}[reduce]
-                        value, weight = combine(previous[0], value), previous[1] + weight
+                        previous_value, previous_weight = merged[name][1]
+                        value, weight = _REDUCTIONS[reduce][2](previous_value, value), previous_weight + weight
                     merged[name] = (reduce, (value, weight))
             states = merged
         values = {}

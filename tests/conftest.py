@@ -17,6 +17,15 @@ def length_parity_reward(prompts: list, completions: list[str], **columns) -> li
     return [float(len(c) % 3) for c in completions]
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny matrices: one intra-op thread is much faster than several on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """Directory of a tiny random Qwen2 causal LM and its character tokenizer (``save_pretrained``)."""

@@ -18,12 +18,7 @@ from grpo_lightning.tiny import build_char_tokenizer, save_tiny_model, tiny_conf
 PROMPTS = ["1+2=", "37+45=", "(1)", "<think>3*4=12"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ------------------------------------------------------------------------------ the function

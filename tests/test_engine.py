@@ -18,13 +18,7 @@ PROMPTS = ["1+2=", "37+45=", "(1)", "9", "<think>3*4=12", "0.5"]
 MAX_NEW = 16
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices: one intra-op thread is much faster than several on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.logprobs import completion_logprobs
-from grpo_lightning.module import ConfigError
+from grpo_lightning.module import ConfigError, StepMetrics
 from grpo_lightning.rewards import RewardFunctionError
 from variants import DAPO, GRPO
 
@@ -214,3 +214,24 @@ def test_validate_fit_validate_on_one_trainer(tiny_model_dir, tmp_path):
     trainer.fit(grpo, datamodule=data)
     after = trainer.validate(grpo, datamodule=data, verbose=False)[0]
     assert 0.0 <= before["val/accuracy"] <= 1.0 and 0.0 <= after["val/accuracy"] <= 1.0
+
+
+def test_step_metrics_merge_weighted_means_minima_and_maxima_over_processes():
+    processes = [StepMetrics(), StepMetrics()]
+    processes[0].update("loss", 1.0, weight=1.0)
+    processes[0].update("loss", 4.0, weight=3.0)  # this process: (1 + 12) / 4
+    processes[1].update("loss", 2.0, weight=4.0)
+    for metrics, shortest, longest in zip(processes, (5.0, 3.0), (9.0, 7.0)):
+        metrics.update("min_length", shortest, reduce="min")
+        metrics.update("max_length", longest, reduce="max")
+    processes[1].update("only_here", 6.0)
+    states = []
+
+    def gather(state):  # stands in for the all-gather over processes
+        states.append(state)
+        return states
+
+    processes[0].compute_and_reset(gather=gather)
+    merged = processes[1].compute_and_reset(gather=gather)
+    assert merged == {"loss": (1 + 12 + 8) / 8, "min_length": 3.0, "max_length": 9.0, "only_here": 6.0}
+    assert processes[1].compute_and_reset() == {}  # reset
