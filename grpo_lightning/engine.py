@@ -184,7 +184,7 @@ class StaticCacheGenerator:
             is bound by the number of kernels it launches. The first rollout pays for the
             compilation (tens of seconds). If compiling the whole step fails, only its model
             forward is compiled; if that fails too, the step runs uncompiled (with a warning each
-            time). CUDA graph only; otherwise ignored.
+            time). Without a CUDA graph (on a CPU) the compiled step runs as it is.
     """
 
     def __init__(
@@ -352,11 +352,14 @@ class StaticCacheGenerator:
 
         check_every = self.check_every or (16 if device.type == "cuda" else 1)
         steps = 1
+        eager_step = None
         while steps < sampling.max_new_tokens:
             if graph is not None:
                 graph.replay()
+            elif eager_step is None:
+                eager_step = self._first_working_step(sampling, keyed)  # runs this step
             else:
-                self._decode_step(sampling, keyed)
+                eager_step(sampling, keyed)
             steps += 1
             if steps % check_every == 0 and steps < sampling.max_new_tokens and bool(self._finished[:rows].all()):
                 break
@@ -485,8 +488,9 @@ class StaticCacheGenerator:
         return graph
 
     def _first_working_step(self, sampling: SamplingParams, keyed: bool):
-        """The decode step to capture, run once: with ``compile``, the whole step compiled, else
-        its model forward compiled (Inductor cannot generate code for every graph), else eager."""
+        """The decode step to use, after running it once: with ``compile``, the whole step
+        compiled, else its model forward compiled (Inductor cannot generate code for every graph),
+        else eager."""
         if self._compile_candidates is None:
             self._compile_candidates = []
             if self.compile:
