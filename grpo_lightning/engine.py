@@ -231,6 +231,7 @@ class StaticCacheGenerator:
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._graph_pool = None
         self._weights: tuple[int, ...] | None = None
+        self._record_logprobs = False
 
     # ----------------------------------------------------------------------------------- public
 
@@ -286,6 +287,7 @@ class StaticCacheGenerator:
                         eos_ids,
                         pad,
                         None if row_keys is None else row_keys[start : start + self.max_batch_size],
+                        return_logprobs,
                     )
                     for start in range(0, rows, self.max_batch_size)
                 ]
@@ -315,7 +317,8 @@ class StaticCacheGenerator:
         eos_ids: list[int],
         pad: int,
         row_keys: Tensor | None,
-    ) -> tuple[Tensor, Tensor]:
+        record_logprobs: bool,
+    ) -> tuple[Tensor, Tensor | None]:
         rows, prompt_len = prompt_ids.shape
         device = _model_device(self.model)
         use_graph = device.type == "cuda" if self.use_cuda_graph is None else self.use_cuda_graph
@@ -330,6 +333,7 @@ class StaticCacheGenerator:
             prompt_mask = torch.cat([prompt_mask, prompt_mask[:1].expand(filler, -1)])
         self._set_stop_tokens(eos_ids, pad, sampling.min_new_tokens)
         keyed = row_keys is not None
+        self._record_logprobs = record_logprobs  # read by _emit: part of what a graph captures
         if keyed:
             self._row_keys[:rows] = row_keys.to(device)
             self._row_keys[rows:] = 0
@@ -343,7 +347,7 @@ class StaticCacheGenerator:
                 self._graphs.clear()
                 self._graph_pool = None
                 self._weights = fingerprint
-            key = (sampling.temperature, sampling.top_k, sampling.top_p, keyed)
+            key = (sampling.temperature, sampling.top_k, sampling.top_p, keyed, record_logprobs)
             graph = self._graphs.get(key)
             if graph is None:
                 graph = self._graphs[key] = self._capture(sampling, keyed)
@@ -447,16 +451,18 @@ class StaticCacheGenerator:
 
     def _emit(self, logits: Tensor, sampling: SamplingParams, keyed: bool) -> None:
         """Sample the token of the current step, store it and feed it to the next step."""
-        tempered = logits if sampling.temperature in (0, 1) else logits / sampling.temperature
-        log_normaliser = tempered.logsumexp(dim=-1)
+        if self._record_logprobs:
+            tempered = logits if sampling.temperature in (0, 1) else logits / sampling.temperature
+            log_normaliser = tempered.logsumexp(dim=-1)
         blocked = self._eos & (self._step < self._min_new)
         logits = logits.masked_fill(blocked, float("-inf"))
         uniforms = keyed_uniforms(self._row_keys, self._step) if keyed else None
         token = sample_tokens(logits, sampling.temperature, sampling.top_k, sampling.top_p, uniforms)
         token = torch.where(self._finished, self._pad, token)
         self._out.index_copy_(1, self._step, token.unsqueeze(1))
-        logprob = tempered.gather(1, token.unsqueeze(1)).squeeze(1) - log_normaliser
-        self._logprobs.index_copy_(1, self._step, logprob.masked_fill(self._finished, 0.0).unsqueeze(1))
+        if self._record_logprobs:
+            logprob = tempered.gather(1, token.unsqueeze(1)).squeeze(1) - log_normaliser
+            self._logprobs.index_copy_(1, self._step, logprob.masked_fill(self._finished, 0.0).unsqueeze(1))
         self._finished |= self._eos[token]
         self._tokens.copy_(token.unsqueeze(1))
         self._step.add_(1)
@@ -510,14 +516,16 @@ class StaticCacheGenerator:
         self._decode_step(sampling, keyed)
         return self._decode_step
 
-    def _collect(self, rows: int, steps: int) -> tuple[Tensor, Tensor]:
-        """The first ``rows`` completions and their log-probs, cut after the longest one's EOS."""
+    def _collect(self, rows: int, steps: int) -> tuple[Tensor, Tensor | None]:
+        """The first ``rows`` completions and (when recorded) their log-probs, cut after the longest
+        one's EOS."""
         out = self._out[:rows, :steps]
         is_eos = self._eos[out]
         has_eos = is_eos.any(dim=1)
         lengths = torch.where(has_eos, is_eos.int().argmax(dim=1) + 1, steps)
         width = int(lengths.max())
-        return out[:, :width].clone(), self._logprobs[:rows, :width].clone()
+        logprobs = self._logprobs[:rows, :width].clone() if self._record_logprobs else None
+        return out[:, :width].clone(), logprobs
 
 
 @torch.no_grad()
