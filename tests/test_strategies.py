@@ -182,7 +182,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.strategies import PolicyFSDPStrategy
-from variants import GRPO
+from variants import DAPO, GRPO
 
 model_dir, out, kind, max_steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 ckpt_path = sys.argv[5] if len(sys.argv) > 5 else None
@@ -211,8 +211,10 @@ trainer = L.Trainer(
     callbacks=[record, ModelCheckpoint(os.path.join(out, "ckpt"), "{step}", every_n_train_steps=2, save_top_k=-1)],
 )
 sampling = dict(rollout_engine="static", rollout_seed=7) if keyed else {}
-module = GRPO(model=model_dir, reward_funcs=["test_checkpoint.length_reward"], group_size=2, max_new_tokens=6,
-              micro_batch_size=2, learning_rate=1e-3, beta=0.04, dtype="float32", **sampling)
+variant = dict(cls=DAPO, max_gen_batches=3) if kind == "fsdp-dapo" else dict(cls=GRPO, beta=0.04)
+module = variant.pop("cls")(model=model_dir, reward_funcs=["test_checkpoint.length_reward"], group_size=2,
+                            max_new_tokens=6, micro_batch_size=2, learning_rate=1e-3, dtype="float32",
+                            **sampling, **variant)
 data = ArithmeticDataModule(num_train=16, num_val=4, batch_size=2 * (2 // devices))
 trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
 module.save_pretrained(os.path.join(out, "saved"))
@@ -290,3 +292,17 @@ def test_keyed_sampling_makes_two_fsdp_processes_train_like_one_process_with_the
         ours, reference = steps(two[0], step)[0], steps(one, step)[0]
         assert ours.keys() == reference.keys()
         torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-6)
+
+
+def test_dapo_dynamic_sampling_over_two_fsdp_processes_updates_together(tiny_model_dir, tmp_path):
+    """Each process keeps its own informative groups; the update needs collectives on both, so they
+    must decide together (``min_over_ranks``): the fit ends, with the same logged steps on both."""
+    script = tmp_path / "distributed_fit.py"
+    script.write_text(DISTRIBUTED_FIT)
+    ranks = torchrun(script, tiny_model_dir, tmp_path / "dapo", "fsdp-dapo", 3)
+    # Step 0 is recorded after a generation batch that did not fill the batch (no update yet).
+    assert sorted(ranks[0]["steps"], key=int) == sorted(ranks[1]["steps"], key=int) == ["0", "1", "2", "3"]
+    for step in ("1", "2", "3"):
+        assert ranks[0]["steps"][step] == ranks[1]["steps"][step]  # means over both processes
+        assert ranks[0]["steps"][step]["dynamic_sampling/gen_batches"] >= 1
+    assert len(ranks[0]["prompts"]) == len(ranks[1]["prompts"]) > 3 * 2  # generation batches beyond one a step
