@@ -194,6 +194,10 @@ class GroupPolicyOptimization(L.LightningModule):
         rollout_engine: ``"hf"`` samples with ``model.generate``; ``"static"`` with a preallocated
             static KV cache and, on CUDA, a decode step captured in a CUDA graph
             (``grpo_lightning.engine``; sdpa/eager attention).
+        rollout_dtype: dtype of the weights rollouts sample from, e.g. ``"bfloat16"`` for fp32
+            weights trained under bf16 autocast: a copy in that dtype, refreshed after every
+            optimizer step, decodes in bf16. ``None``: the policy's own weights (no copy); under
+            FSDP, a replica in the strategy's compute dtype.
         rollout_compile: with the static engine on CUDA, compile its decode step with
             ``torch.compile`` before capturing it (faster decoding; the first rollout compiles).
         logprob_compile: on CUDA, fuse the fp32 log-softmax arithmetic of the log-prob passes
@@ -239,6 +243,7 @@ class GroupPolicyOptimization(L.LightningModule):
         attn_implementation: str | None = None,
         disable_dropout: bool = True,
         rollout_engine: Literal["hf", "static"] = "hf",
+        rollout_dtype: str | None = None,
         rollout_compile: bool = False,
         logprob_compile: bool = False,
         rollout_seed: int | None = None,
@@ -295,6 +300,10 @@ class GroupPolicyOptimization(L.LightningModule):
                 f"minibatch_size ({minibatch_size}) must be a multiple of micro_batch_size ({micro_batch_size}): "
                 "change one of them so micro-batches tile each minibatch.",
             )
+        _require(
+            rollout_dtype is None or rollout_dtype in _DTYPES,
+            f"rollout_dtype: {rollout_dtype!r} is not one of {', '.join(map(repr, _DTYPES))} or null.",
+        )
         _require(
             rollout_seed is None or rollout_engine == "static",
             "rollout_seed: keyed sampling needs the static engine: add --model.rollout_engine static, "
@@ -548,18 +557,20 @@ class GroupPolicyOptimization(L.LightningModule):
 
     @contextlib.contextmanager
     def rollout_model(self) -> Iterator[torch.nn.Module]:
-        """The model rollouts sample from: the policy itself, or under FSDP (by the strategy's
-        ``rollout_weights``) an unsharded replica refreshed from the shards after every optimizer
-        step (``"replica"``), or the sharded policy with its root parameters gathered (``"gather"``)."""
-        if not is_sharded(self.policy):
+        """The model rollouts sample from: the policy itself; or a :class:`RolloutReplica` refreshed
+        after every optimizer step, in ``rollout_dtype`` or, under FSDP (the strategy's
+        ``rollout_weights="replica"``), unsharded; or under FSDP with ``"gather"`` the sharded policy
+        with its root parameters gathered."""
+        dtype = _DTYPES[self.hparams.rollout_dtype] if self.hparams.rollout_dtype else None
+        if not is_sharded(self.policy) and dtype in (None, next(self.policy.parameters()).dtype):
             yield self.policy
             return
-        if getattr(self.trainer.strategy, "rollout_weights", "gather") != "replica":
+        if is_sharded(self.policy) and getattr(self.trainer.strategy, "rollout_weights", "gather") != "replica":
             with full_parameters(self.policy):
                 yield self.policy
             return
         if self._replica is None:
-            self._replica = RolloutReplica(self.policy)
+            self._replica = RolloutReplica(self.policy, dtype)
         if self._replica.version != self.policy_version:
             self._replica.refresh(self.policy)
             self._replica.version = self.policy_version

@@ -106,21 +106,25 @@ def _unit_tensors(unit: FullyShardedDataParallel, prefix: str) -> Iterator[tuple
 
 
 class RolloutReplica:
-    """An unsharded copy of an FSDP-sharded causal LM to sample rollouts from.
+    """A whole copy of a causal LM, in another dtype or unsharded, to sample rollouts from.
 
-    Built once, in the sharded model's compute dtype (its mixed-precision ``param_dtype``, else
-    its parameters' dtype), on the sharded model's device; :meth:`refresh` copies the current
-    weights in, one FSDP unit at a time (every process must call it), so the gathered full-precision
-    weights of only one unit exist at a time. The copy's parameter addresses never change, so a
-    CUDA graph captured on it stays valid across refreshes.
+    For an FSDP-sharded model: built in its compute dtype (its mixed-precision ``param_dtype``,
+    else its parameters' dtype) unless ``dtype`` is given; :meth:`refresh` copies the current
+    weights in one FSDP unit at a time (every process must call it), so the gathered
+    full-precision weights of only one unit exist at a time. For a plain model (e.g. fp32 weights
+    trained under bf16 autocast): built in ``dtype`` and refreshed parameter by parameter. Either
+    way it lives on the model's device, and its parameter addresses never change, so a CUDA graph
+    captured on it stays valid across refreshes.
     """
 
-    def __init__(self, sharded: FullyShardedDataParallel) -> None:
-        inner = sharded.module
-        mixed = getattr(sharded, "mixed_precision", None)
-        dtype = getattr(mixed, "param_dtype", None) or next(sharded.parameters()).dtype
+    def __init__(self, model: nn.Module, dtype: torch.dtype | None = None) -> None:
+        sharded = is_sharded(model)
+        inner = model.module if sharded else model
+        if dtype is None:
+            mixed = getattr(model, "mixed_precision", None) if sharded else None
+            dtype = getattr(mixed, "param_dtype", None) or next(model.parameters()).dtype
         config = inner.config
-        device = sharded.compute_device
+        device = model.compute_device if sharded else next(model.parameters()).device
         # Initialising the copy must not draw from the generators the rollouts sample from.
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
             self.model = type(inner)._from_config(
@@ -130,22 +134,29 @@ class RolloutReplica:
         self.version: int | None = None  # what the owner last refreshed it to
 
     @torch.no_grad()
-    def refresh(self, sharded: FullyShardedDataParallel) -> None:
-        """Copy the weights of ``sharded`` (and its buffers) into the replica."""
+    def refresh(self, model: nn.Module) -> None:
+        """Copy the weights of ``model`` (and its buffers) into the replica."""
         targets = dict(self.model.named_parameters(remove_duplicate=False))
         targets.update(self.model.named_buffers(remove_duplicate=False))
         written: set[str] = set()
-        units = [(name, m) for name, m in sharded.named_modules() if isinstance(m, FullyShardedDataParallel)]
+
+        def copy(name: str, tensor: Tensor) -> None:
+            name = _plain_name(name)
+            target = targets.get(name)
+            if target is None:
+                raise RuntimeError(f"RolloutReplica: the model has {name!r}, the replica does not.")
+            target.copy_(tensor.view(target.shape))
+            written.add(name)
+
+        if not is_sharded(model):
+            for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+                copy(name, tensor)
+        units = [(name, m) for name, m in model.named_modules() if isinstance(m, FullyShardedDataParallel)]
         for unit_name, unit in units:
             prefix = f"{unit_name}." if unit_name else ""
             with FullyShardedDataParallel.summon_full_params(unit, recurse=False, writeback=False):
                 for name, tensor in _unit_tensors(unit, prefix):
-                    name = _plain_name(name)
-                    target = targets.get(name)
-                    if target is None:
-                        raise RuntimeError(f"RolloutReplica: the sharded model has {name!r}, the replica does not.")
-                    target.copy_(tensor.view(target.shape))
-                    written.add(name)
+                    copy(name, tensor)
         missing = set(dict(self.model.named_parameters(remove_duplicate=False))) - written
         if missing:
             raise RuntimeError(f"RolloutReplica: no weights found for {sorted(missing)[:5]} (of {len(missing)}).")

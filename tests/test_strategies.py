@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 import grpo_lightning.module
+from grpo_lightning.module import ConfigError
 from grpo_lightning.cli import GRPOLightningCLI, main
 from grpo_lightning.export import export_checkpoint, read_checkpoint
 from grpo_lightning.strategies import (
@@ -171,6 +172,37 @@ def test_fsdp_rollouts_sample_from_a_replica_refreshed_after_each_step(tiny_mode
     plain, _ = fit(make_module(tiny_model_dir, beta=0.04, dtype="float32", rollout_engine="static"), 2, tmp_path / "plain")
     for step in (1, 2):
         torch.testing.assert_close(sharded[step], plain[step], rtol=1e-4, atol=1e-6)
+
+
+def test_fp32_weights_can_roll_out_from_a_bf16_replica_refreshed_after_each_step(tiny_model_dir, tmp_path):
+    refreshes = []
+    refresh = RolloutReplica.refresh
+
+    def counting_refresh(self, model):
+        refreshes.append(1)
+        refresh(self, model)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(RolloutReplica, "refresh", counting_refresh)
+        grpo = make_module(tiny_model_dir, dtype="float32", rollout_engine="static", rollout_dtype="bfloat16")
+        metrics, _ = fit(grpo, 2, tmp_path)
+        assert len(refreshes) == 2  # before the first rollout, and after the first step's update
+        # The second step's update is newer than the replica: the next rollout refreshes it, once.
+        for expected_refreshes in (3, 3):
+            with grpo.rollout_model() as model:
+                assert model is grpo._replica.model
+            assert len(refreshes) == expected_refreshes
+    assert all(torch.isfinite(torch.tensor(v)) for v in metrics[2].values())
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert next(grpo.policy.parameters()).dtype == torch.float32
+    policy = dict(grpo.policy.named_parameters())
+    for name, value in model.named_parameters():
+        torch.testing.assert_close(value, policy[name].detach().to(torch.bfloat16), rtol=0, atol=0)
+
+
+def test_rollout_dtype_is_checked():
+    with pytest.raises(ConfigError, match="rollout_dtype"):
+        make_module("some/model", rollout_dtype="bf16")
 
 
 # ---------------------------------------------------------------- two processes
