@@ -304,6 +304,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
         rollout_seed=args.rollout_seed,
         rollout_compile=args.rollout_compile,
         logprob_compile=args.logprob_compile,
+        rollout_dtype=args.rollout_dtype,
     )
     data = PromptDataModule(
         path=paths["prompts"], val_split=None, batch_size=workload.prompts // trainer.world_size, seed=args.seed
@@ -391,6 +392,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--rollout-compile", action="store_true", help="the module's rollout_compile (static engine)")
     parser.add_argument("--logprob-compile", action="store_true", help="the module's logprob_compile")
+    parser.add_argument("--rollout-dtype", default=None, help="the module's rollout_dtype, e.g. bfloat16 with --dtype float32")
     parser.add_argument(
         "--rollout-weights", choices=["replica", "gather"], default="replica",
         help="with --strategy fsdp: sample from an unsharded replica, or gather layers at each token",
@@ -436,7 +438,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         paths = build_workdir(Path(workdir), dataclasses.replace(workload, dtype=dtype), rows=workload.prompts * args.steps, seed=args.seed)
         build_s = time.perf_counter() - build_start
 
-        result: dict[str, Any] = {"workload": args.workload, "rollout_engine": args.rollout_engine, "rollout_compile": args.rollout_compile, "logprob_compile": args.logprob_compile, "device": device_name(), **versions()}
+        result: dict[str, Any] = {"workload": args.workload, "rollout_engine": args.rollout_engine, "rollout_compile": args.rollout_compile, "logprob_compile": args.logprob_compile, "rollout_dtype": args.rollout_dtype, "device": device_name(), **versions()}
         result["commit"], result["dirty"] = git_commit()
         result["date"] = time.strftime("%Y-%m-%d")
         result["command"] = " ".join(["python", "benchmarks/run.py", *(sys.argv[1:] if argv is None else argv)])
