@@ -149,23 +149,30 @@ def test_gathered_fsdp_rollouts_refuse_the_static_cache_engine(tiny_model_dir, t
         fit(make_module(tiny_model_dir, rollout_engine="static"), 1, tmp_path, strategy=strategy)
 
 
-def test_fsdp_rollouts_sample_from_a_replica_refreshed_after_each_step(tiny_model_dir, tmp_path, process_group_cleanup):
-    refreshes = []
-    refresh = RolloutReplica.refresh
+@pytest.fixture
+def refreshes(monkeypatch) -> list[int]:
+    """One entry per ``RolloutReplica.refresh`` call."""
+    calls, refresh = [], RolloutReplica.refresh
 
-    def counting_refresh(self, sharded):
-        refreshes.append(1)
-        refresh(self, sharded)
+    def counting_refresh(self, model):
+        calls.append(1)
+        refresh(self, model)
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(RolloutReplica, "refresh", counting_refresh)
-        grpo = make_module(tiny_model_dir, beta=0.04, dtype="float32", rollout_engine="static")
-        sharded, _ = fit(grpo, 2, tmp_path / "sharded", strategy=fsdp_strategy())
+    monkeypatch.setattr(RolloutReplica, "refresh", counting_refresh)
+    return calls
+
+
+def test_fsdp_rollouts_sample_from_a_replica_refreshed_after_each_step(
+    tiny_model_dir, tmp_path, process_group_cleanup, refreshes
+):
+    grpo = make_module(tiny_model_dir, beta=0.04, dtype="float32", rollout_engine="static")
+    sharded, _ = fit(grpo, 2, tmp_path / "sharded", strategy=fsdp_strategy())
     assert len(refreshes) == 2  # before the first rollout, and after the first step's update
-    replica = grpo._replica.model
     with FullyShardedDataParallel.summon_full_params(grpo.policy):
         policy = {k: v.clone() for k, v in grpo.policy.module.state_dict().items()}
-    grpo._replica.refresh(grpo.policy)
+    with grpo.rollout_model() as replica:  # refreshed: the second step's update came after
+        pass
+    assert len(refreshes) == 3
     for name, value in replica.state_dict().items():
         torch.testing.assert_close(value, policy[name.replace("_checkpoint_wrapped_module.", "")], rtol=0, atol=0)
     # the static engine on the replica trains as on the unsharded policy
@@ -174,24 +181,15 @@ def test_fsdp_rollouts_sample_from_a_replica_refreshed_after_each_step(tiny_mode
         torch.testing.assert_close(sharded[step], plain[step], rtol=1e-4, atol=1e-6)
 
 
-def test_fp32_weights_can_roll_out_from_a_bf16_replica_refreshed_after_each_step(tiny_model_dir, tmp_path):
-    refreshes = []
-    refresh = RolloutReplica.refresh
-
-    def counting_refresh(self, model):
-        refreshes.append(1)
-        refresh(self, model)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(RolloutReplica, "refresh", counting_refresh)
-        grpo = make_module(tiny_model_dir, dtype="float32", rollout_engine="static", rollout_dtype="bfloat16")
-        metrics, _ = fit(grpo, 2, tmp_path)
-        assert len(refreshes) == 2  # before the first rollout, and after the first step's update
-        # The second step's update is newer than the replica: the next rollout refreshes it, once.
-        for expected_refreshes in (3, 3):
-            with grpo.rollout_model() as model:
-                assert model is grpo._replica.model
-            assert len(refreshes) == expected_refreshes
+def test_fp32_weights_can_roll_out_from_a_bf16_replica_refreshed_after_each_step(tiny_model_dir, tmp_path, refreshes):
+    grpo = make_module(tiny_model_dir, dtype="float32", rollout_engine="static", rollout_dtype="bfloat16")
+    metrics, _ = fit(grpo, 2, tmp_path)
+    assert len(refreshes) == 2  # before the first rollout, and after the first step's update
+    # The second step's update is newer than the replica: the next rollout refreshes it, once.
+    for expected_refreshes in (3, 3):
+        with grpo.rollout_model() as model:
+            assert model is grpo._replica.model
+        assert len(refreshes) == expected_refreshes
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics[2].values())
     assert next(model.parameters()).dtype == torch.bfloat16
     assert next(grpo.policy.parameters()).dtype == torch.float32
