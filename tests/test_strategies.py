@@ -209,6 +209,7 @@ def test_rollout_dtype_is_checked():
 DISTRIBUTED_FIT = """
 import json, os, sys
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.strategies import PolicyFSDPStrategy
@@ -250,6 +251,10 @@ trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
 module.save_pretrained(os.path.join(out, "saved"))
 with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
     json.dump({"prompts": record.prompts, "steps": record.steps, "world": trainer.world_size}, f)
+# Leave together: a process that exits with the process group alive can abort in gloo's teardown.
+if torch.distributed.is_initialized():
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 """
 
 
