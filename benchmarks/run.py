@@ -253,14 +253,18 @@ def versions() -> dict[str, str]:
 # ---------------------------------------------------------------------------------- runs
 
 
-def make_strategy(name: str, rollout_weights: str = "replica", mixed_precision: str = "bf16"):
+def make_strategy(args: argparse.Namespace):
     """``fsdp`` is the project's own FSDP strategy (policy and reference sharded per decoder layer)."""
-    if name == "fsdp":
+    if args.strategy == "fsdp":
         from grpo_lightning.strategies import PolicyFSDPStrategy
 
-        precision = None if mixed_precision == "none" else mixed_precision
-        return PolicyFSDPStrategy(mixed_precision=precision, rollout_weights=rollout_weights)
-    return name
+        return PolicyFSDPStrategy(
+            mixed_precision=None if args.mixed_precision == "none" else args.mixed_precision,
+            rollout_weights=args.rollout_weights,
+            reference_weights=args.reference_weights,
+            sharding_strategy=args.sharding_strategy,
+        )
+    return args.strategy
 
 
 def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str], dtype: str, precision: str) -> dict[str, Any]:
@@ -274,7 +278,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     trainer = L.Trainer(
         accelerator=args.accelerator,
         devices=args.devices,
-        strategy=make_strategy(args.strategy, args.rollout_weights, args.mixed_precision),
+        strategy=make_strategy(args),
         precision=precision,
         max_steps=args.steps,
         logger=False,
@@ -390,6 +394,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--mixed-precision", choices=["bf16", "none"], default="bf16",
         help="with --strategy fsdp: compute dtype of the gathered weights (none: the weights' dtype)",
     )
+    parser.add_argument("--reference-weights", choices=["sharded", "unsharded"], default="sharded",
+                        help="with --strategy fsdp: shard the reference model, or keep a whole copy per device")
+    parser.add_argument("--sharding-strategy", default="FULL_SHARD", help="with --strategy fsdp: e.g. SHARD_GRAD_OP")
     parser.add_argument("--rollout-compile", action="store_true", help="the module's rollout_compile (static engine)")
     parser.add_argument("--logprob-compile", action="store_true", help="the module's logprob_compile")
     parser.add_argument("--rollout-dtype", default=None, help="the module's rollout_dtype, e.g. bfloat16 with --dtype float32")

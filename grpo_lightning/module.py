@@ -416,7 +416,8 @@ class GroupPolicyOptimization(L.LightningModule):
     def configure_model(self) -> None:
         """Load tokenizer, policy and (when ``beta > 0``) the frozen reference model.
 
-        Under an FSDP strategy each model is sharded on its own (``grpo_lightning.strategies.shard``).
+        Under an FSDP strategy each model is sharded on its own (``grpo_lightning.strategies.shard``),
+        the reference model unless the strategy keeps it whole (``reference_weights="unsharded"``).
         """
         if self.policy is not None:
             return
@@ -432,7 +433,9 @@ class GroupPolicyOptimization(L.LightningModule):
         if self.beta > 0:
             self.ref_model = self._load_causal_lm()
             self.ref_model.eval().requires_grad_(False)
-            self.ref_model = shard(self.ref_model)
+            strategy = self.trainer.strategy if self._trainer is not None else None
+            if getattr(strategy, "reference_weights", "sharded") == "sharded":
+                self.ref_model = shard(self.ref_model)
 
     def _load_causal_lm(self) -> PreTrainedModel:
         dtype = self.hparams.dtype

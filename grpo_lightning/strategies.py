@@ -23,6 +23,9 @@ How the module is sharded (FSDP1, Lightning's :class:`~lightning.pytorch.strateg
   batch took 42.9 s against 10.3 s for the whole batch on one card, and the step scaled at 0.18 of
   one card's throughput per card; from the replica it took 3.4 s (static engine), and 0.76.
   Use ``"gather"`` only when a bf16 copy does not fit next to the shards.
+* The frozen reference model is sharded too, unless ``reference_weights="unsharded"``: then each
+  device holds a whole copy in the compute dtype, and the reference pass gathers nothing (one more
+  copy of the weights per device; not measured yet).
 * Gradient clipping by norm goes through the policy root's ``clip_grad_norm_``
   (:func:`clip_grad_norm_`); Lightning's FSDP precision plugin refuses norm clipping.
 * Checkpoints (``state_dict_type="full"``) hold the gathered policy under its plain parameter
@@ -209,6 +212,9 @@ class PolicyFSDPStrategy(FSDPStrategy):
             policy in the compute dtype, refreshed after each optimizer step; ``"gather"``: from the
             sharded policy, which gathers each layer at every decoded token (slow; for models
             whose bf16 copy does not fit a device). See the module docstring.
+        reference_weights: ``"sharded"`` (default): the frozen reference model is sharded like the
+            policy; ``"unsharded"``: every device keeps a whole copy in the compute dtype, so the
+            reference pass gathers no weights.
         activation_checkpointing: recompute the policy's decoder layers in the backward pass.
         cpu_offload: keep sharded parameters and gradients in CPU memory.
         sharding_strategy: ``"FULL_SHARD"``, ``"SHARD_GRAD_OP"``, ``"HYBRID_SHARD"``, ``"NO_SHARD"``.
@@ -222,6 +228,7 @@ class PolicyFSDPStrategy(FSDPStrategy):
         self,
         mixed_precision: Literal["bf16", "fp16"] | None = "bf16",
         rollout_weights: Literal["replica", "gather"] = "replica",
+        reference_weights: Literal["sharded", "unsharded"] = "sharded",
         activation_checkpointing: bool = False,
         cpu_offload: bool = False,
         sharding_strategy: str = "FULL_SHARD",
@@ -238,6 +245,9 @@ class PolicyFSDPStrategy(FSDPStrategy):
         if rollout_weights not in ("replica", "gather"):
             raise ValueError(f"rollout_weights: {rollout_weights!r} is not 'replica' or 'gather'.")
         self.rollout_weights = rollout_weights
+        if reference_weights not in ("sharded", "unsharded"):
+            raise ValueError(f"reference_weights: {reference_weights!r} is not 'sharded' or 'unsharded'.")
+        self.reference_weights = reference_weights
         self.activation_checkpointing = activation_checkpointing
 
     @contextlib.contextmanager
@@ -276,6 +286,15 @@ class PolicyFSDPStrategy(FSDPStrategy):
                 "rollout_weights='gather' use --model.rollout_engine hf, or keep the default rollout_weights='replica'."
             )
         model = super()._setup_model(model)
+        reference = getattr(self.lightning_module, "ref_model", None)
+        if reference is not None and not is_sharded(reference):
+            # Kept whole: on this device, its weights in the dtype the sharded models compute in (its
+            # buffers, such as rotary frequencies, keep theirs).
+            reference.to(self.root_device)
+            compute_dtype = getattr(self.mixed_precision_config, "param_dtype", None)
+            if compute_dtype is not None:
+                for parameter in reference.parameters():
+                    parameter.data = parameter.data.to(compute_dtype)
         policy = getattr(self.lightning_module, "policy", None)
         if self.activation_checkpointing and policy is not None:
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -67,7 +68,11 @@ def test_fsdp_scaling_runs_three_configurations_and_compares_their_steps(tmp_pat
     """benchmarks/fsdp_scaling.py end to end on two CPU processes (gloo), scaled down."""
     command = [sys.executable, "benchmarks/fsdp_scaling.py", "--workload", "W0", "--devices", "2", "--steps", "2",
                "--micro-batch-size", "4", "--out-dir", str(tmp_path), "--extra", *TINY_W0, "--accelerator", "cpu"]
-    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    # Lightning sets MASTER_PORT in this process when a test runs a process group in it, and that
+    # port can still be bound: let the benchmark's runs pick their own.
+    launcher_variables = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
+    env = {k: v for k, v in os.environ.items() if k not in launcher_variables}
+    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert completed.returncode == 0, completed.stderr[-3000:]
     summary = json.loads((tmp_path / "scaling.json").read_text())
     assert set(summary["runs"]) == {"single", "fsdp-1", "fsdp-2"}

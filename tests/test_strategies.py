@@ -341,3 +341,24 @@ def test_dapo_dynamic_sampling_over_two_fsdp_processes_updates_together(tiny_mod
         assert ranks[0]["steps"][step] == ranks[1]["steps"][step]  # means over both processes
         assert ranks[0]["steps"][step]["dynamic_sampling/gen_batches"] >= 1
     assert len(ranks[0]["prompts"]) == len(ranks[1]["prompts"]) > 3 * 2  # generation batches beyond one a step
+
+
+def test_an_unsharded_reference_model_gives_the_sharded_ones_results(tiny_model_dir, tmp_path, process_group_cleanup):
+    strategy = PolicyFSDPStrategy(mixed_precision=None, reference_weights="unsharded")
+    grpo = make_module(tiny_model_dir, beta=0.04, dtype="float32")
+    whole, _ = fit(grpo, 2, tmp_path / "whole", strategy=strategy)
+    assert isinstance(grpo.policy, FullyShardedDataParallel)
+    assert not isinstance(grpo.ref_model, FullyShardedDataParallel)
+    assert not any(isinstance(m, FullyShardedDataParallel) for m in grpo.ref_model.modules())
+    sharded, _ = fit(make_module(tiny_model_dir, beta=0.04, dtype="float32"), 2, tmp_path / "sharded", strategy=fsdp_strategy())
+    for step in (1, 2):
+        torch.testing.assert_close(whole[step], sharded[step], rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="reference_weights"):
+        PolicyFSDPStrategy(reference_weights="replica")
+
+
+def test_an_unsharded_reference_model_computes_in_the_strategys_dtype(tiny_model_dir, tmp_path, process_group_cleanup):
+    grpo = make_module(tiny_model_dir, beta=0.04, dtype="float32")
+    fit(grpo, 1, tmp_path, strategy=PolicyFSDPStrategy(mixed_precision="bf16", reference_weights="unsharded"))
+    assert {p.dtype for p in grpo.ref_model.parameters()} == {torch.bfloat16}
+    assert {b.dtype for b in grpo.ref_model.buffers()} == {torch.float32}  # rotary frequencies keep fp32
