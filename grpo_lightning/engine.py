@@ -232,6 +232,7 @@ class StaticCacheGenerator:
         self._graph_pool = None
         self._weights: tuple[int, ...] | None = None
         self._record_logprobs = False
+        self._keyed = False
 
     # ----------------------------------------------------------------------------------- public
 
@@ -332,8 +333,9 @@ class StaticCacheGenerator:
             prompt_ids = torch.cat([prompt_ids, prompt_ids[:1].expand(filler, -1)])
             prompt_mask = torch.cat([prompt_mask, prompt_mask[:1].expand(filler, -1)])
         self._set_stop_tokens(eos_ids, pad, sampling.min_new_tokens)
-        keyed = row_keys is not None
-        self._record_logprobs = record_logprobs  # read by _emit: part of what a graph captures
+        # Per-call settings read by _emit; a captured graph bakes them in, so they are part of its key.
+        keyed = self._keyed = row_keys is not None
+        self._record_logprobs = record_logprobs
         if keyed:
             self._row_keys[:rows] = row_keys.to(device)
             self._row_keys[rows:] = 0
@@ -350,9 +352,9 @@ class StaticCacheGenerator:
             key = (sampling.temperature, sampling.top_k, sampling.top_p, keyed, record_logprobs)
             graph = self._graphs.get(key)
             if graph is None:
-                graph = self._graphs[key] = self._capture(sampling, keyed)
+                graph = self._graphs[key] = self._capture(sampling)
                 logits = self._prefill(prompt_ids, prompt_mask)  # the warm-up steps used the cache
-        self._emit(logits, sampling, keyed)
+        self._emit(logits, sampling)
 
         check_every = self.check_every or (16 if device.type == "cuda" else 1)
         steps = 1
@@ -361,9 +363,9 @@ class StaticCacheGenerator:
             if graph is not None:
                 graph.replay()
             elif eager_step is None:
-                eager_step = self._first_working_step(sampling, keyed)  # runs this step
+                eager_step = self._first_working_step(sampling)  # runs this step
             else:
-                eager_step(sampling, keyed)
+                eager_step(sampling)
             steps += 1
             if steps % check_every == 0 and steps < sampling.max_new_tokens and bool(self._finished[:rows].all()):
                 break
@@ -449,14 +451,14 @@ class StaticCacheGenerator:
         self._finished.zero_()
         return logits
 
-    def _emit(self, logits: Tensor, sampling: SamplingParams, keyed: bool) -> None:
+    def _emit(self, logits: Tensor, sampling: SamplingParams) -> None:
         """Sample the token of the current step, store it and feed it to the next step."""
         if self._record_logprobs:
             tempered = logits if sampling.temperature in (0, 1) else logits / sampling.temperature
             log_normaliser = tempered.logsumexp(dim=-1)
         blocked = self._eos & (self._step < self._min_new)
         logits = logits.masked_fill(blocked, float("-inf"))
-        uniforms = keyed_uniforms(self._row_keys, self._step) if keyed else None
+        uniforms = keyed_uniforms(self._row_keys, self._step) if self._keyed else None
         token = sample_tokens(logits, sampling.temperature, sampling.top_k, sampling.top_p, uniforms)
         token = torch.where(self._finished, self._pad, token)
         self._out.index_copy_(1, self._step, token.unsqueeze(1))
@@ -467,16 +469,16 @@ class StaticCacheGenerator:
         self._tokens.copy_(token.unsqueeze(1))
         self._step.add_(1)
 
-    def _decode_step(self, sampling: SamplingParams, keyed: bool, forward=None) -> None:
+    def _decode_step(self, sampling: SamplingParams, forward=None) -> None:
         """One token for every row; only in-place updates of static buffers (CUDA-graph safe)."""
         self._key_valid.index_fill_(1, self._cache_position, True)
         allowed = self._key_valid[:, None, None, :]
         logits = (forward or self._forward)(self._tokens, allowed, self._positions, self._cache_position)
-        self._emit(logits, sampling, keyed)
+        self._emit(logits, sampling)
         self._positions.add_(1)
         self._cache_position.add_(1)
 
-    def _capture(self, sampling: SamplingParams, keyed: bool) -> torch.cuda.CUDAGraph:
+    def _capture(self, sampling: SamplingParams) -> torch.cuda.CUDAGraph:
         """Warm up and capture ``_decode_step``; leaves the cache and buffers to be prefilled again."""
         device = self._out.device
         if self._graph_pool is None:
@@ -484,16 +486,16 @@ class StaticCacheGenerator:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            step = self._first_working_step(sampling, keyed)
+            step = self._first_working_step(sampling)
             for _ in range(self.warmup_steps):
-                step(sampling, keyed)
+                step(sampling)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool):
-            step(sampling, keyed)
+            step(sampling)
         return graph
 
-    def _first_working_step(self, sampling: SamplingParams, keyed: bool):
+    def _first_working_step(self, sampling: SamplingParams):
         """The decode step to use, after running it once: with ``compile``, the whole step
         compiled, else its model forward compiled (Inductor cannot generate code for every graph),
         else eager."""
@@ -508,12 +510,12 @@ class StaticCacheGenerator:
         while self._compile_candidates:
             name, step = self._compile_candidates[0]
             try:
-                step(sampling, keyed)
+                step(sampling)
                 return step
             except Exception as error:  # noqa: BLE001 - any compiler failure: try the next candidate
                 warnings.warn(f"torch.compile of {name} failed, trying without it: {error!r}", stacklevel=3)
                 self._compile_candidates.pop(0)
-        self._decode_step(sampling, keyed)
+        self._decode_step(sampling)
         return self._decode_step
 
     def _collect(self, rows: int, steps: int) -> tuple[Tensor, Tensor | None]:

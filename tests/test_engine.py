@@ -388,7 +388,7 @@ def test_a_failing_compiler_falls_back_to_the_compiled_forward_then_to_eager(qwe
         generator._set_stop_tokens([], 0, 0)
         generator._prefill(ids, mask)
         with pytest.warns(UserWarning) if failing else contextlib.nullcontext() as caught:
-            step = generator._first_working_step(sampling, False)
+            step = generator._first_working_step(sampling)
         if failing:
             assert all("torch.compile" in str(w.message) for w in caught)
         if step == generator._decode_step:
