@@ -3,6 +3,10 @@
 The full ``[N, T, V]`` logits of a micro-batch are never turned into fp32 at once: the LM head
 output is kept to the completion positions (``logits_to_keep``) and the fp32 log-softmax runs over
 chunks of rows, so the extra memory is ``chunk_rows x T x V`` floats (by default about 256 MB).
+
+With ``fused_head`` (models whose logits are exactly ``lm_head(hidden)``, not sharded) the LM head
+itself runs chunk by chunk inside the log-softmax: ``[N, T, V]`` logits never exist, in the model's
+dtype either, and the backward pass recomputes each chunk's logits from the hidden states.
 """
 
 from __future__ import annotations
@@ -11,6 +15,9 @@ import warnings
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.distributed.tensor import DTensor
+from transformers import PreTrainedModel
 
 #: fp32 elements converted at a time when ``chunk_rows`` is not given (256 MB).
 CHUNK_ELEMENTS = 2**26
@@ -103,6 +110,103 @@ class _SelectedLogProbs(torch.autograd.Function):
         return grad_logits, None, None, None, None, None
 
 
+class _LinearSelectedLogProbs(torch.autograd.Function):
+    """``log softmax(hidden @ weight.T / temperature)[target]`` and the entropy, over chunks of tokens.
+
+    Keeps only ``hidden`` and ``weight`` for the backward pass, which recomputes each chunk's
+    logits ``z = h W^T`` and backpropagates ``g_z = (onehot - p) g / T`` (as in
+    :class:`_SelectedLogProbs`): ``g_h = g_z W`` and ``g_W = sum over chunks of g_z^T h``, the
+    latter accumulated in fp32 (or wider). The logits' dtype is the forward's (autocast's, if on),
+    and the backward computes in that same dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, chunk_tokens: int, with_entropy: bool, compiled: bool):
+        tokens = hidden.shape[0]
+        logp = hidden.new_empty(tokens, dtype=torch.float32)
+        entropy = torch.empty_like(logp) if with_entropy else logp.new_empty(0)
+        ctx.logits_dtype = hidden.dtype
+        for start in range(0, tokens, chunk_tokens):
+            chunk = slice(start, start + chunk_tokens)
+            logits = hidden[chunk] @ weight.T
+            ctx.logits_dtype = logits.dtype
+            logp[chunk], chunk_entropy = _KERNELS.run(0, compiled, logits, targets[chunk], temperature, with_entropy)
+            if with_entropy:
+                entropy[chunk] = chunk_entropy
+        ctx.save_for_backward(hidden, weight, targets)
+        ctx.temperature, ctx.chunk_tokens, ctx.compiled = temperature, chunk_tokens, compiled
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor):
+        hidden, weight, targets = ctx.saved_tensors
+        need_hidden, need_weight = ctx.needs_input_grad[:2]
+        low_hidden, low_weight = hidden.to(ctx.logits_dtype), weight.to(ctx.logits_dtype)
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        accumulate = torch.promote_types(weight.dtype, torch.float32)
+        grad_weight = torch.zeros_like(weight, dtype=accumulate) if need_weight else None
+        for start in range(0, hidden.shape[0], ctx.chunk_tokens):
+            chunk = slice(start, start + ctx.chunk_tokens)
+            logits = low_hidden[chunk] @ low_weight.T
+            grad_logits = _KERNELS.run(1, ctx.compiled, logits, targets[chunk], grad_logp[chunk], ctx.temperature)
+            if need_hidden:
+                grad_hidden[chunk] = grad_logits @ low_weight
+            if need_weight:
+                grad_weight += (grad_logits.T @ low_hidden[chunk]).to(accumulate)
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_hidden, grad_weight, None, None, None, None, None
+
+
+def linear_token_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    temperature: float = 1.0,
+    chunk_tokens: int | None = None,
+    with_entropy: bool = True,
+    compiled: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """:func:`token_logprobs_from_logits` of ``logits = hidden @ weight.T``, the LM head fused in.
+
+    Args:
+        hidden: ``[N, T, H]`` final hidden states; position ``t`` predicts ``targets[:, t]``.
+        weight: ``[V, H]`` LM head weight (no bias).
+        chunk_tokens: tokens whose logits exist at a time; by default as many as fit in
+            ``CHUNK_ELEMENTS`` logits.
+    """
+    rows, length, width = hidden.shape
+    if chunk_tokens is None:
+        chunk_tokens = max(1, CHUNK_ELEMENTS // weight.shape[0])
+    logp, entropy = _LinearSelectedLogProbs.apply(
+        hidden.reshape(rows * length, width), weight, targets.reshape(-1), float(temperature), chunk_tokens, with_entropy, compiled
+    )
+    return logp.view(rows, length), entropy.view(rows, length) if with_entropy else None
+
+
+#: Model types whose causal-LM logits are exactly ``lm_head(final hidden state)`` (no soft-capping
+#: or scaling after the head), so that :func:`completion_logprobs` may fuse the head.
+PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "smollm3"})
+
+
+def plain_lm_head(model: nn.Module) -> nn.Linear | None:
+    """The model's output projection if its logits are exactly ``lm_head(hidden)`` and the head can
+    be called apart from the model (a known model type, no bias, not sharded); else ``None``."""
+    if isinstance(model, FullyShardedDataParallel) or not isinstance(model, PreTrainedModel):
+        return None
+    head = model.get_output_embeddings()
+    if (
+        model.config.model_type not in PLAIN_HEAD_MODEL_TYPES
+        or model.base_model is model
+        or type(head) is not nn.Linear
+        or head.bias is not None
+        or isinstance(head.weight, DTensor)
+    ):
+        return None
+    return head
+
+
 def token_logprobs_from_logits(
     logits: Tensor,
     targets: Tensor,
@@ -141,19 +245,29 @@ def completion_logprobs(
     chunk_rows: int | None = None,
     with_entropy: bool = True,
     compiled: bool = False,
+    fused_head: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Teacher-forced log-probs of ``completion_ids`` given left-padded ``prompt_ids``.
 
     Shapes: prompts ``[N, S]``, completions ``[N, T]``; returns ``(logp, entropy)`` of ``[N, T]``
-    (``entropy`` is ``None`` unless ``with_entropy``).
+    (``entropy`` is ``None`` unless ``with_entropy``). ``fused_head``: where :func:`plain_lm_head`
+    finds the head, run it inside the chunked log-softmax (:func:`linear_token_logprobs`).
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
+    position_ids = position_ids_from_mask(attention_mask)
     completion_length = completion_ids.size(1)
+    head = plain_lm_head(model) if fused_head else None
+    if head is not None:
+        hidden = model.base_model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        hidden = hidden[:, -completion_length - 1 : -1]
+        return linear_token_logprobs(hidden, head.weight, completion_ids, temperature, None, with_entropy, compiled)
     logits = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
+        position_ids=position_ids,
         use_cache=False,
         logits_to_keep=completion_length + 1,
     ).logits

@@ -202,6 +202,11 @@ class GroupPolicyOptimization(L.LightningModule):
             ``torch.compile`` before capturing it (faster decoding; the first rollout compiles).
         logprob_compile: on CUDA, fuse the fp32 log-softmax arithmetic of the log-prob passes
             (reference, old policy, update) with ``torch.compile``.
+        fused_lm_head: in the log-prob passes, run the LM head chunk by chunk inside the fp32
+            log-softmax (:func:`grpo_lightning.logprobs.linear_token_logprobs`), so a micro-batch's
+            ``[rows, tokens, vocabulary]`` logits and their gradient never exist whole. Applies to
+            models whose logits are exactly ``lm_head(hidden)`` and that are not sharded
+            (:func:`grpo_lightning.logprobs.plain_lm_head`); others take the unfused path.
         rollout_seed: with the static engine, draw each completion's tokens from counter-based
             random numbers keyed by (this seed, the rollout's number, the prompt text, the
             completion's index in its group) instead of the global generator: the same prompts then
@@ -246,6 +251,7 @@ class GroupPolicyOptimization(L.LightningModule):
         rollout_dtype: str | None = None,
         rollout_compile: bool = False,
         logprob_compile: bool = False,
+        fused_lm_head: bool = True,
         rollout_seed: int | None = None,
         reward_funcs: Sequence[str | Callable] = ("grpo_lightning.rewards.accuracy_reward",),
         reward_weights: Sequence[float] | None = None,
@@ -667,6 +673,7 @@ class GroupPolicyOptimization(L.LightningModule):
             temperature=self.temperature,
             with_entropy=with_entropy,
             compiled=self.hparams.logprob_compile,
+            fused_head=self.hparams.fused_lm_head,
         )
 
     # ------------------------------------------------------------------ training

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_lightning.logprobs import position_ids_from_mask, token_logprobs_from_logits
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+from grpo_lightning.logprobs import (
+    completion_logprobs,
+    linear_token_logprobs,
+    plain_lm_head,
+    position_ids_from_mask,
+    token_logprobs_from_logits,
+)
 
 
 def reference(logits, targets, temperature):
@@ -84,3 +92,103 @@ def test_compiled_kernels_give_the_eager_values_and_gradient():
         logits.grad = None
     for eager, fused in zip(*results):
         torch.testing.assert_close(fused, eager, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 4, 64])
+def test_the_fused_head_gives_the_log_probs_and_gradients_of_the_head_then_log_softmax(chunk_tokens):
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(13, 8, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 13, (3, 5))
+    weights = torch.randn(3, 5, dtype=torch.float64)
+
+    logp, entropy = linear_token_logprobs(hidden, weight, targets, 0.7, chunk_tokens)
+    (logp * weights).sum().backward()
+    fused_grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    expected_logp, expected_entropy = reference(hidden @ weight.T, targets, 0.7)
+    (expected_logp * weights).sum().backward()
+
+    # The log-softmax is fp32 by design: logits of scale ~3 here leave about 1e-6 of rounding.
+    torch.testing.assert_close(logp.double(), expected_logp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy.double(), expected_entropy.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused_grads[0], hidden.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused_grads[1], weight.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_the_fused_head_under_bf16_autocast_computes_and_backpropagates_in_bf16():
+    """fp32 weights under autocast: the logits are bf16 in the forward and in the recomputation
+    of the backward (which autocast does not cover), as in the unfused head."""
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 3, 16, requires_grad=True)
+    weight = torch.randn(40, 16, requires_grad=True)
+    targets = torch.randint(0, 40, (2, 3))
+    results = []
+    for fused in (True, False):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if fused:
+                logp, _ = linear_token_logprobs(hidden, weight, targets, chunk_tokens=2)
+            else:
+                logp, _ = token_logprobs_from_logits(hidden @ weight.T, targets, chunk_rows=1)
+        logp.sum().backward()
+        results.append((logp, hidden.grad.clone(), weight.grad.clone()))
+        assert hidden.grad.dtype == weight.grad.dtype == torch.float32
+        hidden.grad = weight.grad = None
+    for fused, plain in zip(*results):
+        torch.testing.assert_close(fused, plain, rtol=2e-2, atol=2e-2)
+
+
+def test_completion_log_probs_with_the_fused_head_match_the_models_own_logits(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    assert plain_lm_head(model) is model.get_output_embeddings()
+    torch.manual_seed(0)
+    vocab = model.config.vocab_size
+    prompt_ids = torch.randint(0, vocab, (3, 6))
+    prompt_mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6, [0, 1, 1, 1, 1, 1]])
+    completion_ids = torch.randint(0, vocab, (3, 5))
+    completion_mask = torch.tensor([[1, 1, 1, 0, 0], [1] * 5, [1, 1, 1, 1, 0]])
+    weights = torch.randn(3, 5)
+    results = []
+    for fused in (True, False):
+        logp, entropy = completion_logprobs(
+            model, prompt_ids, prompt_mask, completion_ids, completion_mask, 0.9, fused_head=fused
+        )
+        (logp * weights).sum().backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+        model.zero_grad(set_to_none=True)
+        results.append((logp, entropy, grads))
+    (fused_logp, fused_entropy, fused_grads), (logp, entropy, grads) = results
+    torch.testing.assert_close(fused_logp, logp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused_entropy, entropy, rtol=1e-5, atol=1e-5)
+    assert fused_grads.keys() == grads.keys()
+    for name in grads:
+        torch.testing.assert_close(fused_grads[name], grads[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_models_with_other_heads_keep_the_unfused_path():
+    """A head with a bias, or a model type not known to use its head's output as the logits
+    as they are (GPT-2 here), is not fused."""
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=20, n_positions=16))
+    assert plain_lm_head(gpt2) is None
+    assert plain_lm_head(torch.nn.Linear(3, 4)) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_fused_head_in_bf16_on_cuda_matches_the_unfused_head(compiled):
+    torch.manual_seed(0)
+    hidden = torch.randn(4, 33, 256, device="cuda").bfloat16().requires_grad_()
+    weight = (torch.randn(5000, 256, device="cuda") / 16).bfloat16().requires_grad_()
+    targets = torch.randint(0, 5000, (4, 33), device="cuda")
+    upstream = torch.randn(4, 33, device="cuda")
+    results = []
+    for fused in (True, False):
+        if fused:
+            logp, entropy = linear_token_logprobs(hidden, weight, targets, 0.8, chunk_tokens=50, compiled=compiled)
+        else:
+            logp, entropy = token_logprobs_from_logits(hidden @ weight.T, targets, 0.8, chunk_rows=1, compiled=compiled)
+        (logp * upstream).sum().backward()
+        results.append((logp, entropy, hidden.grad.float(), weight.grad.float()))
+        hidden.grad = weight.grad = None
+    for fused, plain in zip(*results):
+        torch.testing.assert_close(fused, plain, rtol=2e-2, atol=2e-2)
