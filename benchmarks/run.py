@@ -15,6 +15,7 @@ a subprocess (``benchmarks/trl_compare.py``) and adds its figures and the ratio.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -190,13 +192,182 @@ def make_step_recorder():
     return StepRecorder()
 
 
+def tf32_flags() -> dict[str, Any]:
+    """The settings that let fp32 matrix products run in TF32 on the GPU."""
+    return {
+        "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+    }
+
+
+def gradient_stats(policy: torch.nn.Module, compute: bool) -> dict[str, dict[str, float]] | None:
+    """Per parameter of ``policy``, by plain name: the squared L2 norm of its whole gradient
+    (``sq_norm``) and the gradient's dot product with a fixed probe (``probe_dot``: normal entries
+    of the parameter's shape, drawn on the CPU in fp32 from a generator seeded with the CRC32 of the
+    name). Under FSDP every process must call it (the gradients are gathered on rank 0); processes
+    with ``compute`` False get None."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from grpo_lightning.strategies import _plain_name, is_sharded
+
+    gathered = contextlib.nullcontext()
+    if is_sharded(policy):
+        gathered = FullyShardedDataParallel.summon_full_params(policy, writeback=False, rank0_only=True, with_grads=True)
+    with torch.no_grad(), gathered:
+        if not compute:
+            return None
+        names, values = [], []
+        for name, parameter in policy.named_parameters():
+            if parameter.grad is None:
+                continue
+            name = _plain_name(name)
+            grad = parameter.grad.detach().float().flatten()
+            generator = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+            probe = torch.randn(parameter.grad.shape, generator=generator, dtype=torch.float32).flatten()
+            names.append(name)
+            values.append(torch.stack([grad.dot(grad), grad.dot(probe.to(grad.device))]))
+        values = torch.stack(values).double().cpu().tolist() if values else []  # one device sync
+    return {name: {"sq_norm": sq_norm, "probe_dot": dot} for name, (sq_norm, dot) in zip(names, values)}
+
+
+def make_first_step_dump(directory: Path):
+    """A Callback writing ``directory/rank{r}.pt`` (``torch.save``) for the first training step.
+
+    Each process writes its rollout's rows (``rows``: prompt text and completion token ids under
+    the completion mask); rank 0 adds ``grads`` (:func:`gradient_stats` of the policy, taken before
+    the module clips the gradients, by wrapping the instance's ``clip_and_log_gradient_norm``;
+    without that method, at ``on_before_optimizer_step``) and every file the TF32 settings. The
+    rollout is caught by wrapping the instance's ``generate``; rows are read and the file written
+    after the step's timing, and both wrappers removed.
+    """
+    import lightning as L
+
+    class FirstStepDump(L.Callback):
+        def __init__(self) -> None:
+            self.rollout: tuple | None = None
+            self.grads: dict[str, dict[str, float]] | None = None
+            self.grads_at: str | None = None
+            self.wrapped: list[str] = []
+            self.done = False
+
+        def wrap(self, pl_module, name: str, function) -> None:
+            if name not in vars(pl_module):  # only methods of the class, which removing the wrapper restores
+                setattr(pl_module, name, function)
+                self.wrapped.append(name)
+
+        def take_grads(self, trainer, pl_module, at: str) -> None:
+            self.grads = gradient_stats(pl_module.policy, trainer.is_global_zero)
+            self.grads_at = at
+
+        def on_train_start(self, trainer, pl_module) -> None:
+            generate = pl_module.generate
+
+            def generate_and_keep(*args, **kwargs):
+                rollout = generate(*args, **kwargs)
+                if self.rollout is None and trainer.training:
+                    self.rollout = (list(rollout.prompts), rollout.completion_ids.clone(), rollout.completion_mask.clone())
+                return rollout
+
+            self.wrap(pl_module, "generate", generate_and_keep)
+            clip = getattr(pl_module, "clip_and_log_gradient_norm", None)
+            if clip is not None:
+
+                def stats_then_clip(*args, **kwargs):
+                    if self.grads_at is None:
+                        self.take_grads(trainer, pl_module, "before clipping")
+                    return clip(*args, **kwargs)
+
+                self.wrap(pl_module, "clip_and_log_gradient_norm", stats_then_clip)
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+            if not self.done and self.grads_at is None:
+                self.take_grads(trainer, pl_module, "on_before_optimizer_step")
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if self.done:
+                return
+            self.done = True
+            for name in self.wrapped:
+                delattr(pl_module, name)
+            rows = []
+            if self.rollout is not None:
+                prompts, ids, mask = self.rollout
+                ids, mask = ids.cpu(), mask.cpu().bool()
+                for index, prompt in enumerate(prompts):
+                    text = prompt if isinstance(prompt, str) else json.dumps(prompt)
+                    rows.append({"prompt": text, "completion": ids[index][mask[index]].tolist()})
+            dump = {
+                "rank": trainer.global_rank, "world_size": trainer.world_size, "rows": rows, "grads": self.grads,
+                "grads_at": self.grads_at, "max_grad_norm": pl_module.hparams.get("max_grad_norm"), "tf32": tf32_flags(),
+            }  # fmt: skip
+            directory.mkdir(parents=True, exist_ok=True)
+            torch.save(dump, directory / f"rank{trainer.global_rank}.pt")
+            self.rollout = None
+
+    return FirstStepDump()
+
+
+def make_step_profiler(step: int):
+    """A Callback profiling training step ``step`` (counted from 1) on rank 0 with
+    ``torch.profiler`` (CPU, and CUDA when available); the profile is in ``.averages`` after it."""
+    import lightning as L
+    from torch.profiler import ProfilerActivity, profile
+
+    class StepProfiler(L.Callback):
+        def __init__(self) -> None:
+            self.seen = 0
+            self.profiler = None
+            self.averages = None
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            self.seen += 1
+            if self.seen == step and trainer.is_global_zero:
+                activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+                self.profiler = profile(activities=activities)
+                self.profiler.__enter__()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if self.profiler is not None:
+                _sync()
+                self.profiler.__exit__(None, None, None)
+                self.averages = self.profiler.key_averages()
+                self.profiler = None
+
+    return StepProfiler()
+
+
+def profile_report(averages, step: int) -> tuple[str, dict[str, Any]]:
+    """The text tables (top 40 ops by self device time, or self CPU time without CUDA, then the
+    ``grpo.*`` ranges by total time) and their JSON summary: the top 15 ops and the ranges."""
+    from torch.autograd.profiler_util import EventList
+
+    device = "device" if torch.cuda.is_available() else "cpu"
+    self_key, total_key = f"self_{device}_time_total", f"{device}_time_total"
+    text = averages.table(sort_by=self_key, row_limit=40)
+    ranges = sorted((e for e in averages if e.key.startswith("grpo.")), key=lambda e: getattr(e, total_key), reverse=True)
+    if ranges:
+        table = EventList(ranges, use_device=getattr(averages, "_use_device", None)).table(sort_by=total_key, row_limit=40)
+        text += f"\ngrpo.* ranges by {total_key}:\n{table}"
+    top = sorted(averages, key=lambda e: getattr(e, self_key), reverse=True)[:15]
+    summary = {
+        "step": step,
+        "sort_by": self_key,
+        "top_ops": [{"name": e.key, "calls": e.count, "self_ms": getattr(e, self_key) / 1e3,
+                     "total_ms": getattr(e, total_key) / 1e3} for e in top],  # fmt: skip
+        "ranges": [{"name": e.key, "calls": e.count, "total_ms": getattr(e, total_key) / 1e3} for e in ranges],
+    }
+    return text, summary
+
+
 def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
 def summarize(steps: list[dict[str, float]], tokens_per_step: int, world_size: int) -> dict[str, Any]:
-    """Medians over the steps after the first (the first one pays for warm-up)."""
-    timed = steps[1:] if len(steps) > 1 else steps
+    """Medians over the steps after the first (the first one pays for warm-up) and other than a
+    profiled one (``--profile-step``: the profiler slows it down)."""
+    timed = [s for s in steps[1:] if not s.get("profiled")] or steps[1:] or steps
     step_s = median([s["wall_s"] for s in timed])
     phases = {}
     for name in PHASES:
@@ -275,6 +446,12 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
 
     L.seed_everything(args.seed, verbose=False)
     recorder = make_step_recorder()
+    callbacks = [recorder]  # the others after it: their work at a step's end is outside its timing
+    if args.dump_first_step:
+        callbacks.append(make_first_step_dump(Path(args.dump_first_step)))
+    profiler = make_step_profiler(args.profile_step) if args.profile_step else None
+    if profiler is not None:
+        callbacks.append(profiler)
     trainer = L.Trainer(
         accelerator=args.accelerator,
         devices=args.devices,
@@ -287,7 +464,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
         enable_model_summary=False,
         num_sanity_val_steps=0,
         limit_val_batches=0,
-        callbacks=[recorder],
+        callbacks=callbacks,
         default_root_dir=str(Path(paths["model"]).parent),
     )
     if workload.prompts % trainer.world_size:
@@ -318,8 +495,18 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     trainer.fit(module, data)
     if not trainer.is_global_zero:
         sys.exit(0)  # processes other than rank 0 only train
+    profile = None
+    if profiler is not None and profiler.averages is not None:
+        recorder.steps[args.profile_step - 1]["profiled"] = True
+        text, profile = profile_report(profiler.averages, args.profile_step)
+        if args.out:
+            Path(args.out).with_suffix(".profile.txt").write_text(text + "\n")
+        else:
+            print(text, flush=True)
     tokens_per_step = workload.prompts // trainer.world_size * workload.group_size * workload.max_new_tokens
     result = summarize(recorder.steps, tokens_per_step, trainer.world_size)
+    if profile is not None:
+        result["profile"] = profile
     result["steps_detail"] = recorder.steps
     result["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
     result["world_size"] = trainer.world_size
@@ -361,8 +548,9 @@ def print_table(result: dict[str, Any]) -> None:
     for index, step in enumerate(result["steps_detail"], start=1):
         print(f"{index:>4} " + " ".join(f"{step.get(c, float('nan')):>10.3f}" for c in columns))
     phases = result["phases"]
+    skipped = f", not {result['profile']['step']} (profiled)" if "profile" in result else ""
     print("med  " + " ".join(f"{(result['median_step_s'] if c == 'wall_s' else phases.get(c, float('nan'))):>10.3f}" for c in columns)
-          + "   (median of steps 2..)")
+          + f"   (median of steps 2..{skipped})")
     print(f"generated tokens/s: {result['tokens_per_s']:.1f}   peak GPU memory: {result['peak_mem_gib']:.2f} GiB")
     if "trl" in result:
         trl = result["trl"]
@@ -409,12 +597,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="torch CPU threads, for this run and TRL's (default: torch's). On a CPU shared with other "
         "processes, 1 avoids threads waiting on each other and gives steadier figures",
     )
+    parser.add_argument(
+        "--dump-first-step", default=None, metavar="DIR",
+        help="write DIR/rank{r}.pt: the first step's completions and (rank 0) per-parameter gradient statistics",
+    )
+    parser.add_argument(
+        "--profile-step", type=int, default=None, metavar="K",
+        help="profile step K (>= 2; left out of the medians): a table beside --out (<stem>.profile.txt), "
+        "or on stdout, and the top ops in the JSON under 'profile'",
+    )
     scale = parser.add_argument_group("workload overrides (smaller runs, e.g. tests; the result records them)")
     for name in ("prompts", "group_size", "prompt_tokens", "max_new_tokens", "micro_batch_size"):
         scale.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, dest=name)
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
+    if args.profile_step is not None and not 2 <= args.profile_step <= args.steps:
+        parser.error("--profile-step must be between 2 and --steps (the first step pays for warm-up)")
     args.devices = int(args.devices) if args.devices.isdigit() else args.devices
     if args.compare == "trl" and args.devices not in (1, "1"):
         parser.error("--compare trl runs on one device: use --devices 1 (compare multi-device runs with the 1-device one)")

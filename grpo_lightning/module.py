@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torchmetrics
 from torch import Tensor
+from torch.profiler import record_function
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lightning import functional as F
@@ -686,13 +687,15 @@ class GroupPolicyOptimization(L.LightningModule):
 
     def training_step(self, batch: dict[str, list], batch_idx: int) -> None:
         step_start = self._clock()
-        rollout = self.generate(batch, self.group_size, self.sampling)
+        with record_function("grpo.rollout"):
+            rollout = self.generate(batch, self.group_size, self.sampling)
         rollout_s = self._clock() - step_start
         self.generated_tokens += int(rollout.completion_mask.sum())  # dropped groups cost compute too
         self.log_rollout(rollout)
 
         score_start = self._clock()
-        self.score(rollout)
+        with record_function("grpo.score"):
+            self.score(rollout)
         self.log_rewards(rollout)
         score_s = self._clock() - score_start
 
@@ -702,17 +705,19 @@ class GroupPolicyOptimization(L.LightningModule):
             return
 
         logprob_start = self._clock()
-        if self.needs_old_logprobs(len(rollout)) or (self.beta > 0 and not self.kl_in_loss):
-            rollout.old_logp = self.compute_logprobs(self.policy, rollout)
-        if self.beta > 0:
-            rollout.ref_logp = self.compute_logprobs(self.ref_model, rollout)
+        with record_function("grpo.logprobs"):
+            if self.needs_old_logprobs(len(rollout)) or (self.beta > 0 and not self.kl_in_loss):
+                rollout.old_logp = self.compute_logprobs(self.policy, rollout)
+            if self.beta > 0:
+                rollout.ref_logp = self.compute_logprobs(self.ref_model, rollout)
         logprob_s = self._clock() - logprob_start
 
         rewards = self.shape_rewards(rollout.rewards, rollout)
         advantages = self.advantages(rewards.view(-1, rollout.group_size)).flatten()
 
         update_start = self._clock()
-        self.update(rollout, advantages)
+        with record_function("grpo.update"):
+            self.update(rollout, advantages)
         update_s = self._clock() - update_start
 
         total_s = self._clock() - step_start
