@@ -31,7 +31,7 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
 
 def _chunk_forward(logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
     """fp32 log-prob of ``targets`` and (optionally) the entropy of ``softmax(logits / temperature)``."""
-    scaled = logits.float() / temperature
+    scaled = logits.float() if temperature == 1.0 else logits.float() / temperature
     log_norm = torch.logsumexp(scaled, dim=-1)
     logp = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
     if not with_entropy:
@@ -42,9 +42,10 @@ def _chunk_forward(logits: Tensor, targets: Tensor, temperature: float, with_ent
 
 def _chunk_backward(logits: Tensor, targets: Tensor, upstream: Tensor, temperature: float) -> Tensor:
     """Gradient of ``sum(upstream * logp)`` with respect to ``logits``: ``(onehot - p) * upstream / T``."""
-    grad = torch.softmax(logits.float() / temperature, dim=-1) * -upstream.unsqueeze(-1)
+    scaled = logits.float() if temperature == 1.0 else logits.float() / temperature
+    grad = torch.softmax(scaled, dim=-1) * -upstream.unsqueeze(-1)
     grad = grad.scatter_add(-1, targets.unsqueeze(-1), upstream.unsqueeze(-1))
-    return (grad / temperature).to(logits.dtype)
+    return (grad if temperature == 1.0 else grad / temperature).to(logits.dtype)
 
 
 class _Kernels:

@@ -208,6 +208,8 @@ class GroupPolicyOptimization(L.LightningModule):
             ``[rows, tokens, vocabulary]`` logits and their gradient never exist whole. Applies to
             models whose logits are exactly ``lm_head(hidden)`` and that are not sharded
             (:func:`grpo_lightning.logprobs.plain_lm_head`); others take the unfused path.
+            ``None``: on CUDA only (on a CPU, memory is rarely the limit and the recomputed head
+            in the backward pass costs time).
         rollout_seed: with the static engine, draw each completion's tokens from counter-based
             random numbers keyed by (this seed, the rollout's number, the prompt text, the
             completion's index in its group) instead of the global generator: the same prompts then
@@ -252,7 +254,7 @@ class GroupPolicyOptimization(L.LightningModule):
         rollout_dtype: str | None = None,
         rollout_compile: bool = False,
         logprob_compile: bool = False,
-        fused_lm_head: bool = True,
+        fused_lm_head: bool | None = None,
         rollout_seed: int | None = None,
         reward_funcs: Sequence[str | Callable] = ("grpo_lightning.rewards.accuracy_reward",),
         reward_weights: Sequence[float] | None = None,
@@ -674,7 +676,7 @@ class GroupPolicyOptimization(L.LightningModule):
             temperature=self.temperature,
             with_entropy=with_entropy,
             compiled=self.hparams.logprob_compile,
-            fused_head=self.hparams.fused_lm_head,
+            fused_head=self.device.type == "cuda" if self.hparams.fused_lm_head is None else self.hparams.fused_lm_head,
         )
 
     # ------------------------------------------------------------------ training

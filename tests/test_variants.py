@@ -276,20 +276,22 @@ def _arithmetic(batch_size: int) -> ArithmeticDataModule:
     return ArithmeticDataModule(num_train=64, num_val=0, val_split=None, batch_size=batch_size)
 
 
-def test_trainer_step_gradient_does_not_depend_on_micro_batch_size(make_module):
-    # 2 prompts x 4 completions = 8 rows: micro-batches of 3 + 3 + 2 against one of 8.
+def test_trainer_step_gradient_does_not_depend_on_micro_batch_size_or_the_fused_head(make_module):
+    # 2 prompts x 4 completions = 8 rows: micro-batches of 3 + 3 + 2 against one of 8, with the
+    # LM head fused into the log-softmax and without.
     gradients = []
-    for micro_batch_size in (3, 8):
+    for micro_batch_size, fused_lm_head in ((3, True), (8, True), (8, False)):
         L.seed_everything(0)
         capture = GradientCapture()
-        module = make_module(GRPO, configure=False, micro_batch_size=micro_batch_size)
+        module = make_module(GRPO, configure=False, micro_batch_size=micro_batch_size, fused_lm_head=fused_lm_head)
         _trainer(max_steps=1, callbacks=[capture]).fit(module, datamodule=_arithmetic(batch_size=2))
         assert len(capture.gradients) == 1  # the hook runs under manual optimization
         gradients.append(capture.gradients[0])
-    micro, whole = gradients
+    whole = gradients[-1]
     assert sum(g.abs().sum() for g in whole.values()) > 0
-    for name in whole:
-        assert_close(micro[name], whole[name], rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}: {m}")
+    for other in gradients[:-1]:
+        for name in whole:
+            assert_close(other[name], whole[name], rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}: {m}")
 
 
 # ------------------------------------------------------------------ DAPO dynamic sampling
