@@ -30,6 +30,7 @@ import lightning as L
 import numpy as np
 import torch
 import torchmetrics
+from lightning.pytorch.strategies import ParallelStrategy
 from torch import Tensor
 from torch.profiler import record_function
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -781,11 +782,21 @@ class GroupPolicyOptimization(L.LightningModule):
             # DDP averages gradients over devices: normalise by the mean count per device.
             num_tokens = self.trainer.strategy.reduce(num_tokens, reduce_op="sum") / world
         total = torch.zeros((), device=mask.device)
-        for micro_rows in rows.split(self.micro_batch_size):
+        micro_batches = rows.split(self.micro_batch_size)
+        for index, micro_rows in enumerate(micro_batches):
             loss = self.micro_batch_loss(rollout, advantages, micro_rows, num_sequences, num_tokens)
-            self.manual_backward(loss)
+            with contextlib.nullcontext() if index == len(micro_batches) - 1 else self.no_gradient_sync():
+                self.manual_backward(loss)
             total += loss.detach()
         self.step_metrics.update("loss", total)
+
+    def no_gradient_sync(self) -> contextlib.AbstractContextManager:
+        """Context for the backward passes of all but a minibatch's last micro-batch: under DDP the
+        gradients accumulate locally and are averaged over devices once, in the last backward pass,
+        instead of once per micro-batch. Under FSDP, each backward pass still reduce-scatters (the
+        sharded gradients are what keep memory low)."""
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        return strategy.block_backward_sync() if isinstance(strategy, ParallelStrategy) else contextlib.nullcontext()
 
     def micro_batch_loss(
         self, rollout: Rollout, advantages: Tensor, rows: Tensor, num_sequences: int, num_tokens: Tensor

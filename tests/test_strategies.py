@@ -243,8 +243,9 @@ trainer = L.Trainer(
 )
 sampling = dict(rollout_engine="static", rollout_seed=7) if keyed else {}
 variant = dict(cls=DAPO, max_gen_batches=3) if kind == "fsdp-dapo" else dict(cls=GRPO, beta=0.04)
+# Micro-batches of one row: two backward passes per step and rank (DDP syncs only in the last).
 module = variant.pop("cls")(model=model_dir, reward_funcs=["test_checkpoint.length_reward"], group_size=2,
-                            max_new_tokens=6, micro_batch_size=2, learning_rate=1e-3, dtype="float32",
+                            max_new_tokens=6, micro_batch_size=1, learning_rate=1e-3, dtype="float32",
                             **sampling, **variant)
 data = ArithmeticDataModule(num_train=16, num_val=4, batch_size=2 * (2 // devices))
 trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
