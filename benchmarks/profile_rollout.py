@@ -7,8 +7,9 @@ Builds the workload's random-init model (as ``run.py`` does), then on CUDA:
 1. times whole rollouts (``rows`` x ``max_new_tokens``, CUDA graph) with the grouped-query
    attention of ``grpo_lightning.attention`` and, in the same process, with transformers' own
    attention path, and reports milliseconds per decode step;
-2. profiles a few eager decode steps with ``torch.profiler``: kernels launched per step and the
-   operators that take the GPU time.
+2. profiles a few decode steps with ``torch.profiler``, eager and compiled, both without the CUDA
+   graph: kernels launched per step, their summed GPU time per step (against the step's time in
+   the graph: how far the step is from being bound by its kernels) and the kernels that take it.
 """
 
 from __future__ import annotations
@@ -84,22 +85,28 @@ def main() -> None:
                  f"{plain:.2f} ms with transformers' attention ({plain / grouped:.2f}x), "
                  f"{compiled:.2f} ms compiled (torch.compile; first rollout {first_s:.0f} s)")  # fmt: skip
 
-    eager = engine.StaticCacheGenerator(model, rows, cache_len, use_cuda_graph=False)
-    short = dataclasses.replace(sampling, max_new_tokens=2, min_new_tokens=2)
-    eager.generate(ids, mask, short, None, 0)  # warm-up: allocations, cuBLAS handles
     steps = args.profiled_steps
+    short = dataclasses.replace(sampling, max_new_tokens=2, min_new_tokens=2)
     profiled = dataclasses.replace(sampling, max_new_tokens=steps + 1, min_new_tokens=steps + 1)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
-        eager.generate(ids, mask, profiled, None, 0)
-        torch.cuda.synchronize()
-    events = prof.key_averages()
-    kernels = sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
-    lines.append(f"eager: {kernels / (steps + 1):.0f} GPU kernels per token (prefill included, {steps + 1} tokens)")
-    try:
-        table = events.table(sort_by="device_time_total", row_limit=20, max_name_column_width=60)
-    except (AttributeError, KeyError, ValueError):  # releases that name it cuda_time_total
-        table = events.table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=60)
-    lines.append(table)
+    for name, compile_step in (("eager", False), ("compiled", True)):
+        # Without the CUDA graph, so that the profiler sees each kernel of a decode step.
+        generator = engine.StaticCacheGenerator(model, rows, cache_len, use_cuda_graph=False, compile=compile_step)
+        generator.generate(ids, mask, short, None, 0)  # warm-up: allocations, cuBLAS handles, compilation
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
+            generator.generate(ids, mask, profiled, None, 0)
+            torch.cuda.synchronize()
+        del generator
+        events = prof.key_averages()
+        gpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        kernels = sum(e.count for e in gpu)
+        busy_ms = sum(e.self_device_time_total for e in gpu) / 1000 / (steps + 1)
+        lines.append(f"{name}, no CUDA graph: {kernels / (steps + 1):.0f} GPU kernels per token, "
+                     f"{busy_ms:.2f} ms of kernel time per token (prefill included, {steps + 1} tokens)")  # fmt: skip
+        try:
+            table = events.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=70)
+        except (AttributeError, KeyError, ValueError):  # releases that name it self_cuda_time_total
+            table = events.table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70)
+        lines.append(table)
     report = "\n".join(lines)
     print(report)
     if args.out:

@@ -310,7 +310,7 @@ def make_first_step_dump(directory: Path):
 
 def make_step_profiler(step: int):
     """A Callback profiling training step ``step`` (counted from 1) on rank 0 with
-    ``torch.profiler`` (CPU, and CUDA when available); the profile is in ``.averages`` after it."""
+    ``torch.profiler`` (CPU, and CUDA when available); its events are in ``.events`` after it."""
     import lightning as L
     from torch.profiler import ProfilerActivity, profile
 
@@ -318,7 +318,7 @@ def make_step_profiler(step: int):
         def __init__(self) -> None:
             self.seen = 0
             self.profiler = None
-            self.averages = None
+            self.events = None
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             self.seen += 1
@@ -331,33 +331,60 @@ def make_step_profiler(step: int):
             if self.profiler is not None:
                 _sync()
                 self.profiler.__exit__(None, None, None)
-                self.averages = self.profiler.key_averages()
+                self.events = self.profiler.events()
                 self.profiler = None
 
     return StepProfiler()
 
 
-def profile_report(averages, step: int) -> tuple[str, dict[str, Any]]:
-    """The text tables (top 40 ops by self device time, or self CPU time without CUDA, then the
-    ``grpo.*`` ranges by total time) and their JSON summary: the top 15 ops and the ranges."""
+def profile_report(events, step: int) -> tuple[str, dict[str, Any]]:
+    """The text tables and their JSON summary of a profiled step: the ops by self device time (by
+    self CPU time without CUDA), 40 in the table and 15 in the JSON; then the module's ``grpo.*``
+    ``record_function`` ranges by total device time: the time of the kernels that ran inside each
+    range's span on the GPU (without CUDA: its CPU time), with that span and its host time."""
+    from torch.autograd import DeviceType
     from torch.autograd.profiler_util import EventList
 
-    device = "device" if torch.cuda.is_available() else "cpu"
-    self_key, total_key = f"self_{device}_time_total", f"{device}_time_total"
-    text = averages.table(sort_by=self_key, row_limit=40)
-    ranges = sorted((e for e in averages if e.key.startswith("grpo.")), key=lambda e: getattr(e, total_key), reverse=True)
-    if ranges:
-        table = EventList(ranges, use_device=getattr(averages, "_use_device", None)).table(sort_by=total_key, row_limit=40)
-        text += f"\ngrpo.* ranges by {total_key}:\n{table}"
-    top = sorted(averages, key=lambda e: getattr(e, self_key), reverse=True)[:15]
-    summary = {
-        "step": step,
-        "sort_by": self_key,
-        "top_ops": [{"name": e.key, "calls": e.count, "self_ms": getattr(e, self_key) / 1e3,
-                     "total_ms": getattr(e, total_key) / 1e3} for e in top],  # fmt: skip
-        "ranges": [{"name": e.key, "calls": e.count, "total_ms": getattr(e, total_key) / 1e3} for e in ranges],
-    }
-    return text, summary
+    cuda = torch.cuda.is_available()
+    self_key, total_key = ("self_device_time_total", "device_time_total") if cuda else ("self_cpu_time_total", "cpu_time_total")
+    averages = events.key_averages()
+    # A range also has a GPU-side copy spanning its kernels: not an op of its own.
+    ops = EventList(
+        [e for e in averages if e.device_type == DeviceType.CPU or not getattr(e, "is_user_annotation", False)],
+        use_device=getattr(averages, "_use_device", None),
+    )
+    text = ops.table(sort_by=self_key, row_limit=40)
+    top = sorted(ops, key=lambda e: getattr(e, self_key), reverse=True)[:15]
+
+    kernels = [e for e in events if e.device_type != DeviceType.CPU and not getattr(e, "is_user_annotation", False)]
+    ranges: dict[str, dict[str, Any]] = {}
+    for e in events:
+        if not e.name.startswith("grpo."):
+            continue
+        row = ranges.setdefault(e.name, {"name": e.name, "calls": 0, "total_ms": 0.0, "device_span_ms": 0.0, "cpu_total_ms": 0.0})
+        if e.device_type == DeviceType.CPU:
+            row["calls"] += 1
+            row["cpu_total_ms"] += e.cpu_time_total / 1e3
+        else:
+            span = e.time_range
+            inside = (k.time_range for k in kernels if span.start <= k.time_range.start and k.time_range.end <= span.end)
+            row["device_span_ms"] += span.elapsed_us() / 1e3
+            row["total_ms"] += sum(k.elapsed_us() for k in inside) / 1e3
+    if not cuda:
+        for row in ranges.values():
+            row["total_ms"] = row["cpu_total_ms"]
+    ranges_sorted = sorted(ranges.values(), key=lambda r: r["total_ms"], reverse=True)
+    if ranges_sorted:
+        total = "total (kernels in span)" if cuda else "total (CPU)"
+        lines = [f"{'grpo.* range':<16} {'calls':>6} {total + ' ms':>28} {'device span ms':>15} {'CPU total ms':>13}"]
+        lines += [f"{r['name']:<16} {r['calls']:>6} {r['total_ms']:>28.3f} {r['device_span_ms']:>15.3f} {r['cpu_total_ms']:>13.3f}"
+                  for r in ranges_sorted]  # fmt: skip
+        text += "\n" + "\n".join(lines) + "\n"
+
+    def op(e) -> dict[str, Any]:
+        return {"name": e.key, "calls": e.count, "self_ms": getattr(e, self_key) / 1e3, "total_ms": getattr(e, total_key) / 1e3}
+
+    return text, {"step": step, "sort_by": self_key, "top_ops": [op(e) for e in top], "ranges": ranges_sorted}
 
 
 def median(values: list[float]) -> float | None:
@@ -485,6 +512,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
         rollout_seed=args.rollout_seed,
         rollout_compile=args.rollout_compile,
         logprob_compile=args.logprob_compile,
+        fused_lm_head={"auto": None, "on": True, "off": False}[args.fused_lm_head],
         rollout_dtype=args.rollout_dtype,
     )
     data = PromptDataModule(
@@ -496,9 +524,9 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     if not trainer.is_global_zero:
         sys.exit(0)  # processes other than rank 0 only train
     profile = None
-    if profiler is not None and profiler.averages is not None:
+    if profiler is not None and profiler.events is not None:
         recorder.steps[args.profile_step - 1]["profiled"] = True
-        text, profile = profile_report(profiler.averages, args.profile_step)
+        text, profile = profile_report(profiler.events, args.profile_step)
         if args.out:
             Path(args.out).with_suffix(".profile.txt").write_text(text + "\n")
         else:
@@ -587,6 +615,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sharding-strategy", default="FULL_SHARD", help="with --strategy fsdp: e.g. SHARD_GRAD_OP")
     parser.add_argument("--rollout-compile", action="store_true", help="the module's rollout_compile (static engine)")
     parser.add_argument("--logprob-compile", action="store_true", help="the module's logprob_compile")
+    parser.add_argument("--fused-lm-head", choices=["auto", "on", "off"], default="auto", help="the module's fused_lm_head (auto: on CUDA)")
     parser.add_argument("--rollout-dtype", default=None, help="the module's rollout_dtype, e.g. bfloat16 with --dtype float32")
     parser.add_argument(
         "--rollout-weights", choices=["replica", "gather"], default="replica",
@@ -644,7 +673,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         paths = build_workdir(Path(workdir), dataclasses.replace(workload, dtype=dtype), rows=workload.prompts * args.steps, seed=args.seed)
         build_s = time.perf_counter() - build_start
 
-        result: dict[str, Any] = {"workload": args.workload, "rollout_engine": args.rollout_engine, "rollout_compile": args.rollout_compile, "logprob_compile": args.logprob_compile, "rollout_dtype": args.rollout_dtype, "device": device_name(), **versions()}
+        result: dict[str, Any] = {"workload": args.workload, "rollout_engine": args.rollout_engine, "rollout_compile": args.rollout_compile, "logprob_compile": args.logprob_compile, "fused_lm_head": args.fused_lm_head, "rollout_dtype": args.rollout_dtype, "device": device_name(), **versions()}
         result["commit"], result["dirty"] = git_commit()
         result["date"] = time.strftime("%Y-%m-%d")
         result["command"] = " ".join(["python", "benchmarks/run.py", *(sys.argv[1:] if argv is None else argv)])

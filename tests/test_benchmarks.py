@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("benchmarks_run", REPO_ROOT / "benchmarks" / "run.py")
 bench = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
+_spec = importlib.util.spec_from_file_location("benchmarks_fsdp_scaling", REPO_ROOT / "benchmarks" / "fsdp_scaling.py")
+scaling = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(scaling)
 
 REQUIRED_KEYS = {
     "median_step_s", "tokens_per_s", "peak_mem_gib", "phases", "workload", "device", "torch", "transformers", "commit",
@@ -64,15 +70,118 @@ def test_summary_skips_the_first_step_and_takes_medians():
     assert summary["tokens_per_s_per_device"] == 100.0
 
 
+def test_summary_leaves_out_the_profiled_step():
+    steps = [{"wall_s": 9.0}, {"wall_s": 2.0}, {"wall_s": 7.0, "profiled": True}, {"wall_s": 3.0}]
+    assert bench.summarize(steps, tokens_per_step=10, world_size=1)["median_step_s"] == 2.5
+    # nothing else to take the median of: the profiled step
+    assert bench.summarize(steps[:3][::2], tokens_per_step=10, world_size=1)["median_step_s"] == 7.0
+
+
+def test_gradient_stats_are_squared_norms_and_dot_products_with_a_probe_seeded_by_the_name():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1, bias=False))
+    model(torch.randn(4, 3)).sum().backward()
+    stats = bench.gradient_stats(model, compute=True)
+    assert set(stats) == {"0.weight", "0.bias", "1.weight"}
+    for name, parameter in model.named_parameters():
+        probe = torch.randn(parameter.shape, generator=torch.Generator().manual_seed(zlib.crc32(name.encode())))
+        assert stats[name]["sq_norm"] == pytest.approx(float(parameter.grad.square().sum()), rel=1e-6)
+        assert stats[name]["probe_dot"] == pytest.approx(float((parameter.grad * probe).sum()), rel=1e-5)
+    assert bench.gradient_stats(model, compute=False) is None
+
+
+@pytest.fixture(scope="module")
+def dumped_and_profiled_run(tmp_path_factory):
+    """One scaled-down W0 run with ``--dump-first-step`` and ``--profile-step 2``."""
+    directory = tmp_path_factory.mktemp("dump_and_profile")
+    out, dump = directory / "result.json", directory / "dump"
+    command = [sys.executable, "benchmarks/run.py", "--workload", "W0", "--steps", "2", *TINY_W0, "--workdir",
+               str(directory / "work"), "--out", str(out), "--dump-first-step", str(dump), "--profile-step", "2"]  # fmt: skip
+    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(out.read_text()), out, dump
+
+
+def test_first_step_dump_holds_completions_and_the_gradients_before_clipping(dumped_and_profiled_run):
+    result, _, dump = dumped_and_profiled_run
+    assert [f.name for f in dump.iterdir()] == ["rank0.pt"]
+    first = torch.load(dump / "rank0.pt", weights_only=True)
+    assert (first["rank"], first["world_size"]) == (0, 1)
+    rows = first["rows"]
+    assert len(rows) == 2 * 2  # P x G
+    assert all(len(row["completion"]) == 4 and all(isinstance(t, int) for t in row["completion"]) for row in rows)
+    assert [row["prompt"] for row in rows][::2] == [row["prompt"] for row in rows][1::2]  # G rows per prompt
+    grads = first["grads"]
+    assert "model.embed_tokens.weight" in grads and not any("_fsdp_wrapped_module" in name for name in grads)
+    assert all(math.isfinite(g["sq_norm"]) and math.isfinite(g["probe_dot"]) for g in grads.values())
+    # The module logs grad_norm before clipping it to max_grad_norm, and the dump is taken there too.
+    logged = result["steps_detail"][0]["grad_norm"]
+    assert first["grads_at"] == "before clipping" and logged > first["max_grad_norm"]  # clipped after the dump
+    assert sum(g["sq_norm"] for g in grads.values()) == pytest.approx(logged**2, rel=1e-4)
+    assert set(first["tf32"]) == {"cuda_matmul_allow_tf32", "float32_matmul_precision", "cudnn_allow_tf32"}
+
+
+def test_profile_step_writes_a_table_and_the_top_ops(dumped_and_profiled_run):
+    result, out, _ = dumped_and_profiled_run
+    table = out.with_suffix(".profile.txt").read_text()
+    assert "Self CPU" in table and "aten::" in table
+    profile = result["profile"]
+    assert profile["step"] == 2 and profile["sort_by"] == "self_cpu_time_total"
+    top = profile["top_ops"]
+    assert 0 < len(top) <= 15 and {"name", "calls", "self_ms", "total_ms"} <= set(top[0])
+    assert [op["self_ms"] for op in top] == sorted((op["self_ms"] for op in top), reverse=True)
+    # the module's record_function ranges around the step's phases
+    assert {r["name"] for r in profile["ranges"]} == {"grpo.rollout", "grpo.score", "grpo.logprobs", "grpo.update"}
+    assert "grpo.* range" in table
+    assert result["steps_detail"][1]["profiled"] and "profiled" not in result["steps_detail"][0]
+
+
+def _fake_run(world_size: int, tokens_per_s_per_device: float, loss: float) -> dict:
+    return {"median_step_s": 1.0, "tokens_per_s": tokens_per_s_per_device * world_size, "peak_mem_gib": 0.0, "phases": {},
+            "tokens_per_s_per_device": tokens_per_s_per_device, "command": "", "world_size": world_size,
+            "steps_detail": [{"loss": loss, "reward": 0.5}]}  # fmt: skip
+
+
+def test_scaling_summary_with_a_variant_and_without_fsdp_1():
+    results = {"single": _fake_run(1, 100.0, 1.0), "fsdp-1": _fake_run(1, 90.0, 1.0),
+               "fsdp-2": _fake_run(2, 80.0, 1.0), "fsdp-2-sgo": _fake_run(2, 85.0, 1.5)}  # fmt: skip
+    summary = scaling.scaling_summary(results, "2", ["sgo"])
+    assert summary["scaling_efficiency"] == pytest.approx({"fsdp-2": 0.8, "fsdp-2-sgo": 0.85})
+    assert all(row["abs_diff"] == 0 for row in summary["agreement"])
+    sgo = {row["metric"]: row for row in summary["variant_agreement"]["sgo"]}
+    assert sgo["loss"]["abs_diff"] == 0.5 and sgo["reward"]["abs_diff"] == 0
+    del results["fsdp-1"]
+    summary = scaling.scaling_summary(results, "2", ["sgo"])
+    assert set(summary["runs"]) == {"single", "fsdp-2", "fsdp-2-sgo"}
+    assert "agreement" not in summary and "variant_agreement" not in summary
+    assert scaling.parse_variant('sgo=--sharding-strategy SHARD_GRAD_OP --x "a b"') == (
+        "sgo", ["--sharding-strategy", "SHARD_GRAD_OP", "--x", "a b"]
+    )
+
+
+def test_completions_match_by_prompt_and_index_and_gradients_by_name():
+    one = [{"prompt": "a", "completion": [1, 2]}, {"prompt": "a", "completion": [3, 4]}, {"prompt": "b", "completion": [5, 6]}]
+    split = [one[2], one[0], {"prompt": "a", "completion": [3, 7]}]  # other ranks, other order
+    assert scaling.compare_completions(one, split) == {"rows": 3, "differ": 1, "unmatched": 0, "first_difference": [1]}
+    grads = {"w": {"sq_norm": 4.0, "probe_dot": 1.0}, "b": {"sq_norm": 1.0, "probe_dot": -1.0}}
+    other = {"w": {"sq_norm": 4.0, "probe_dot": 1.2}, "b": {"sq_norm": 1.21, "probe_dot": -1.0}}
+    compared = scaling.compare_gradients(grads, other)
+    assert [r["name"] for r in compared["norm"]] == ["b", "w"] and compared["norm"][0]["norm_rel_diff"] == pytest.approx(0.1)
+    assert [r["name"] for r in compared["probe"]] == ["w", "b"] and compared["probe"][0]["probe_rel_diff"] == pytest.approx(0.1)
+    assert scaling.grad_norm(grads) == pytest.approx(math.sqrt(5))
+
+
+def _launcher_free_env() -> dict[str, str]:
+    # Lightning sets MASTER_PORT in this process when a test runs a process group in it, and that
+    # port can still be bound: let the benchmark's runs pick their own.
+    launcher_variables = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
+    return {k: v for k, v in os.environ.items() if k not in launcher_variables}
+
+
 def test_fsdp_scaling_runs_three_configurations_and_compares_their_steps(tmp_path):
     """benchmarks/fsdp_scaling.py end to end on two CPU processes (gloo), scaled down."""
     command = [sys.executable, "benchmarks/fsdp_scaling.py", "--workload", "W0", "--devices", "2", "--steps", "2",
                "--micro-batch-size", "4", "--out-dir", str(tmp_path), "--extra", *TINY_W0, "--accelerator", "cpu"]
-    # Lightning sets MASTER_PORT in this process when a test runs a process group in it, and that
-    # port can still be bound: let the benchmark's runs pick their own.
-    launcher_variables = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
-    env = {k: v for k, v in os.environ.items() if k not in launcher_variables}
-    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
+    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=_launcher_free_env())
     assert completed.returncode == 0, completed.stderr[-3000:]
     summary = json.loads((tmp_path / "scaling.json").read_text())
     assert set(summary["runs"]) == {"single", "fsdp-1", "fsdp-2"}
@@ -83,3 +192,29 @@ def test_fsdp_scaling_runs_three_configurations_and_compares_their_steps(tmp_pat
     agreement = {(row["step"], row["metric"]): row for row in summary["agreement"]}
     assert {"reward", "loss", "kl", "entropy"} <= {metric for _, metric in agreement}
     assert all(row["abs_diff"] < 1e-5 for row in agreement.values())
+    assert summary["variant_agreement"] == {}
+
+
+def test_fsdp_scaling_check_fp32_compares_completions_and_first_step_gradients(tmp_path):
+    """``--check-fp32`` on two CPU processes: single, fsdp-1 and fsdp-2 sample the same completions
+    and compute the same first-step gradients."""
+    command = [sys.executable, "benchmarks/fsdp_scaling.py", "--workload", "W0", "--devices", "2", "--check-fp32",
+               "--fp32-shape", "--steps 2", "--micro-batch-size", "4", "--out-dir", str(tmp_path),
+               "--extra", *TINY_W0, "--accelerator", "cpu"]  # fmt: skip
+    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=_launcher_free_env())
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    summary = json.loads((tmp_path / "check_fp32.json").read_text())
+    runs = ("fsdp-1-fp32", "fsdp-2-fp32", "single-fp32")
+    assert sorted(f.name for f in (tmp_path / "fsdp-2-fp32.dump").iterdir()) == ["rank0.pt", "rank1.pt"]
+    assert all(row["abs_diff"] < 1e-5 for row in summary["agreement"])
+    pairs = ("fsdp-1-fp32 vs fsdp-2-fp32", "single-fp32 vs fsdp-1-fp32")
+    assert all(row["abs_diff"] < 1e-5 for row in summary["agreement_pairs"][pairs[1]])
+    for pair in pairs:
+        assert summary["completions"][pair] == {"rows": 4, "differ": 0, "unmatched": 0, "first_difference": []}
+        gradients = summary["gradients"][pair]
+        assert gradients["unmatched"] == [] and len(gradients["norm"]) == len(gradients["probe"]) == 10
+        assert all(row["norm_rel_diff"] < 1e-4 and row["probe_rel_diff"] < 1e-4 for row in gradients["norm"] + gradients["probe"])
+    for name in runs:
+        assert summary["grad_norm"][name] == pytest.approx(summary["logged_grad_norm"][name], rel=1e-4)
+        assert summary["tf32"][name]["float32_matmul_precision"] in ("highest", "high", "medium")
+    assert "rows differ" in completed.stdout and "largest relative differences of gradient norm" in completed.stdout
