@@ -167,6 +167,7 @@ def make_step_recorder():
         def __init__(self) -> None:
             self.steps: list[dict[str, float]] = []
             self._start = 0.0
+            self.first_step_peak = 0.0
 
         def on_train_start(self, trainer, pl_module) -> None:
             self.threads = torch.get_num_threads()
@@ -188,8 +189,20 @@ def make_step_recorder():
                 if name in metrics:
                     record[name] = float(metrics[name])
             self.steps.append(record)
+            if len(self.steps) == 1:
+                self.first_step_peak = reset_peak_memory()
 
     return StepRecorder()
+
+
+def reset_peak_memory() -> float:
+    """Peak GPU memory so far (GiB; 0 without CUDA), then start counting anew: called after the
+    first step, so that the peak of the steps after it (compilation and warm-up done) is known too."""
+    if not torch.cuda.is_available():
+        return 0.0
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    torch.cuda.reset_peak_memory_stats()
+    return peak
 
 
 def tf32_flags() -> dict[str, Any]:
@@ -536,7 +549,9 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     if profile is not None:
         result["profile"] = profile
     result["steps_detail"] = recorder.steps
-    result["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+    later_peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+    result["peak_mem_gib"] = max(recorder.first_step_peak, later_peak)
+    result["steady_peak_mem_gib"] = later_peak if len(recorder.steps) > 1 else None  # steps 2..N
     result["world_size"] = trainer.world_size
     result["strategy"] = type(trainer.strategy).__name__
     result["precision"] = precision
@@ -579,10 +594,13 @@ def print_table(result: dict[str, Any]) -> None:
     skipped = f", not {result['profile']['step']} (profiled)" if "profile" in result else ""
     print("med  " + " ".join(f"{(result['median_step_s'] if c == 'wall_s' else phases.get(c, float('nan'))):>10.3f}" for c in columns)
           + f"   (median of steps 2..{skipped})")
-    print(f"generated tokens/s: {result['tokens_per_s']:.1f}   peak GPU memory: {result['peak_mem_gib']:.2f} GiB")
+    steady = result.get("steady_peak_mem_gib")
+    print(f"generated tokens/s: {result['tokens_per_s']:.1f}   peak GPU memory: {result['peak_mem_gib']:.2f} GiB"
+          + (f" (steps 2..: {steady:.2f} GiB)" if steady is not None else ""))
     if "trl" in result:
         trl = result["trl"]
-        print(f"TRL {trl['version']}: median step {trl['median_step_s']:.3f} s, peak GPU memory {trl['peak_mem_gib']:.2f} GiB, "
+        print(f"TRL {trl['version']}: median step {trl['median_step_s']:.3f} s, peak GPU memory {trl['peak_mem_gib']:.2f} GiB "
+              f"(steps 2..: {trl.get('steady_peak_mem_gib') or 0:.2f} GiB), "
               f"phases {json.dumps({k: round(v, 3) for k, v in trl.get('phases', {}).items()})}")
         print(f"speedup (TRL / ours): {result['speedup']:.2f}x")
     print(flush=True)

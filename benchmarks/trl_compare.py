@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         def on_train_begin(self, args, state, control, **kwargs):
             self.threads = torch.get_num_threads()
+            self.first_step_peak = 0.0
 
         def on_step_begin(self, args, state, control, **kwargs):
             _sync()
@@ -119,6 +120,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if "generate_and_score_s" in phases:
                 step["update_s"] = step["wall_s"] - phases["generate_and_score_s"]
             steps.append(step)
+            if len(steps) == 1 and torch.cuda.is_available():  # as run.py: the later steps' peak too
+                self.first_step_peak = torch.cuda.max_memory_allocated() / 2**30
+                torch.cuda.reset_peak_memory_stats()
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     dataset = load_from_disk(args.prompts)
@@ -164,6 +168,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
 
+    later_peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
     timed = steps[1:] if len(steps) > 1 else steps
     median_step = statistics.median(s["wall_s"] for s in timed)
     phase_names = sorted({k for s in timed for k in s} - {"wall_s"})
@@ -174,7 +179,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "step_s": [s["wall_s"] for s in steps],
         "optimizer_steps": len(steps),
         "tokens_per_s": completions * args.max_new_tokens / median_step,
-        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
+        "peak_mem_gib": max(timer.first_step_peak, later_peak),
+        "steady_peak_mem_gib": later_peak if len(steps) > 1 else None,
         "phases": {name: statistics.median(s.get(name, 0.0) for s in timed) for name in phase_names},
         "timed_methods": wrapped,
         "torch_threads": timer.threads,
