@@ -12,9 +12,9 @@ where the same policy generates a batch of the same shape again and again:
   ``min_new_tokens``) runs inside the step with no host synchronisation: a draw is
   ``argmax(probs / E)`` with ``E ~ Exponential(1)`` noise, which picks token ``i`` with probability
   ``probs[i]`` (the Gumbel-max trick in another form);
-* *keyed* sampling (``row_keys``): the noise ``E`` of a row is counter-based, a hash of the row's
-  key, the token's index and the vocabulary entry (:func:`keyed_uniforms`), so a row's completion
-  does not depend on the other rows of the batch nor on the device it runs on;
+* *keyed* sampling (``row_keys``): each row draws its tokens by inverse-CDF sampling from
+  counter-based random numbers, a hash of its key and the token's index (:func:`keyed_uniforms`), so
+  a row's completion does not depend on the other rows of the batch nor on the device it runs on;
 * grouped-query attention reads each key/value head once (``grpo_lightning.attention``) instead of
   copying the cache to one copy per query head at every step;
 * on CUDA the decode step is captured once per sampling setting as a ``torch.cuda.CUDAGraph`` and
@@ -95,12 +95,10 @@ def sample_tokens(
     k-th value are kept) and then to the nucleus: the most likely tokens whose preceding mass is below
     ``top_p`` (the most likely token is always kept).
 
-    The draw is ``argmax(probs / E)`` with ``E = -log(U)`` ``~ Exponential(1)``, one per entry
-    (the Gumbel-max trick in another form): ``U`` comes from the default generator of the device
-    (``torch.manual_seed`` makes it reproducible), or is given as ``uniforms`` ``[B, V]`` in ``(0, 1)``
-    (e.g. :func:`keyed_uniforms`). Rounding of the logits moves a draw only where two entries'
-    scores tie to within it, unlike inverse-CDF sampling, which moves wherever ``U`` falls within it
-    of any of the ``V`` cumulative sums.
+    Without ``uniforms`` the draw uses the default generator of the device, so ``torch.manual_seed``
+    makes it reproducible. With ``uniforms`` ``[B]`` in ``[0, 1)`` (e.g. :func:`keyed_uniforms`) row
+    ``b`` takes the token where ``uniforms[b]`` falls in the cumulative distribution (inverse-CDF
+    sampling): the token of a row then depends on that row alone.
     """
     logits = logits.float()
     if temperature == 0:
@@ -118,9 +116,14 @@ def sample_tokens(
         drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     probs = logits.softmax(dim=-1)
-    # -log(U) (several times faster than exponential_ on CPU); U = 0 gives infinite noise, a zero
-    # score, never NaN.
-    noise = (torch.rand_like(probs) if uniforms is None else uniforms).log().neg_()
+    if uniforms is not None:
+        cdf = probs.cumsum(dim=-1)
+        target = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
+        # The first token whose cumulative mass exceeds the target: never one of probability zero.
+        return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=probs.size(-1) - 1)
+    # Exponential(1) noise as -log(U), U ~ Uniform[0, 1) (several times faster than exponential_ on
+    # CPU); U = 0 gives infinite noise, a zero score, never NaN.
+    noise = torch.rand_like(probs).log_().neg_()
     return (probs / noise).argmax(dim=-1)
 
 
@@ -143,15 +146,13 @@ def _mix32(x: Tensor) -> Tensor:
     return x ^ (x >> 16)
 
 
-def keyed_uniforms(keys: Tensor, counter: Tensor, size: int) -> Tensor:
-    """``[B, size]`` numbers in ``(0, 1)``: entry ``(b, i)`` is a hash of row ``b``'s 64-bit key
-    ``keys[b]``, ``counter`` (e.g. the index of the token being sampled) and ``i`` (the vocabulary
-    entry). Counter-based random numbers: the same for a row whatever the other rows of the batch."""
-    row = _mix32(keys & _MASK32)
-    row = _mix32(row ^ ((keys >> 32) & _MASK32))
-    row = _mix32(row ^ (counter & _MASK32))
-    entry = _mix32((torch.arange(size, device=keys.device) * 0x9E3779B9 + 1) & _MASK32)
-    h = _mix32(row.unsqueeze(-1) ^ entry)
+def keyed_uniforms(keys: Tensor, counter: Tensor) -> Tensor:
+    """``[B]`` numbers in ``(0, 1)``, a hash of each row's 64-bit ``keys`` ``[B]`` and ``counter``
+    (e.g. the index of the token being sampled): counter-based random numbers, the same for a row
+    whatever the other rows of the batch are."""
+    h = _mix32(keys & _MASK32)
+    h = _mix32(h ^ ((keys >> 32) & _MASK32))
+    h = _mix32(h ^ (counter & _MASK32))
     return ((h >> 8).float() + 0.5) / 2**24
 
 
@@ -253,7 +254,7 @@ class StaticCacheGenerator:
         ``pad_token_id`` (the first EOS id when it is ``None``).
 
         ``row_keys`` ``[N]`` (int64) makes sampling *keyed*: token ``t`` of row ``n`` is drawn with
-        ``keyed_uniforms(row_keys[n], t, V)`` instead of the global generator, so a row's completion
+        ``keyed_uniforms(row_keys[n], t)`` instead of the global generator, so a row's completion
         depends on its prompt and key alone, not on the batch it is in, how the batch is chunked, or
         on which device (up to the floating-point differences of other batch shapes).
 
@@ -457,7 +458,7 @@ class StaticCacheGenerator:
             log_normaliser = tempered.logsumexp(dim=-1)
         blocked = self._eos & (self._step < self._min_new)
         logits = logits.masked_fill(blocked, float("-inf"))
-        uniforms = keyed_uniforms(self._row_keys, self._step, logits.size(-1)) if self._keyed else None
+        uniforms = keyed_uniforms(self._row_keys, self._step) if self._keyed else None
         token = sample_tokens(logits, sampling.temperature, sampling.top_k, sampling.top_p, uniforms)
         token = torch.where(self._finished, self._pad, token)
         self._out.index_copy_(1, self._step, token.unsqueeze(1))

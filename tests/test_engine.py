@@ -225,37 +225,17 @@ def test_sample_tokens_support():
     assert set(sample_tokens(logits, 1.0).tolist()) == set(range(6))
 
 
-def test_keyed_uniforms_are_uniform_and_independent_across_keys_counters_and_entries():
-    keys = torch.arange(1000, dtype=torch.int64) + 2**40  # the high word enters too
-    u = keyed_uniforms(keys, torch.tensor([0]), 100)
-    assert u.shape == (1000, 100)
-    assert torch.equal(u, keyed_uniforms(keys.clone(), torch.tensor([0]), 100))  # a function of key, counter, entry
-    assert torch.equal(u[7], keyed_uniforms(keys[7:8], torch.tensor([0]), 100)[0])  # of the row alone
+def test_keyed_uniforms_are_uniform_and_independent_across_keys_and_counters():
+    keys = torch.arange(100_000, dtype=torch.int64) + 2**40  # the high word enters too
+    u = keyed_uniforms(keys, torch.tensor([0]))
+    assert torch.equal(u, keyed_uniforms(keys.clone(), torch.tensor([0])))  # a function of key and counter
     assert 0 < u.min() and u.max() < 1
     counts = torch.histc(u, bins=20, min=0, max=1)
     chi2 = float(((counts - 5000) ** 2 / 5000).sum())
     assert chi2 < 50  # 19 degrees of freedom: p < 1e-4 above 45
-    following = keyed_uniforms(keys, torch.tensor([1]), 100)
-
-    def correlation(a, b):
-        return abs(float(torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1]))
-
-    assert correlation(u, following) < 0.02  # consecutive tokens
-    assert correlation(u[:-1], u[1:]) < 0.02  # consecutive keys
-    assert correlation(u[:, :-1], u[:, 1:]) < 0.02  # consecutive vocabulary entries
-
-
-def test_keyed_draws_survive_rounding_noise_on_a_nearly_uniform_large_vocabulary():
-    """What keeps keyed completions equal across batch shapes: logits that differ by rounding
-    (here 1e-3 on logits of scale 1e-2, a random model's nearly uniform 151936-way distribution)
-    move a Gumbel-max draw only where two scores tie to within it. Inverse-CDF sampling with the
-    same numbers moved 17 draws of these 128."""
-    generator = torch.Generator().manual_seed(0)
-    logits = 0.01 * torch.randn(128, 151_936, generator=generator)
-    perturbed = logits + 1e-3 * torch.randn(logits.shape, generator=generator)
-    uniforms = keyed_uniforms(torch.arange(128) * 7919 + 3, torch.tensor([5]), 151_936)
-    moved = (sample_tokens(logits, 1.0, uniforms=uniforms) != sample_tokens(perturbed, 1.0, uniforms=uniforms)).sum()
-    assert moved <= 1
+    following = keyed_uniforms(keys, torch.tensor([1]))
+    assert abs(float(torch.corrcoef(torch.stack([u, following]))[0, 1])) < 0.02
+    assert abs(float(torch.corrcoef(torch.stack([u[:-1], u[1:]]))[0, 1])) < 0.02  # consecutive keys
 
 
 def test_keyed_sampling_of_a_row_does_not_depend_on_the_rest_of_the_batch(qwen2, tokenizer):
