@@ -25,7 +25,8 @@ How the module is sharded (FSDP1, Lightning's :class:`~lightning.pytorch.strateg
   Use ``"gather"`` only when a bf16 copy does not fit next to the shards.
 * The frozen reference model is sharded too, unless ``reference_weights="unsharded"``: then each
   device holds a whole copy in the compute dtype, and the reference pass gathers nothing (one more
-  copy of the weights per device; not measured yet).
+  copy of the weights per device). On W2, 2 x H200, with ``sharding_strategy="SHARD_GRAD_OP"``:
+  reference pass 0.62 s against 0.68 s sharded, step time unchanged (5.18 against 5.17 s).
 * Gradient clipping by norm goes through the policy root's ``clip_grad_norm_``
   (:func:`clip_grad_norm_`); Lightning's FSDP precision plugin refuses norm clipping.
 * Checkpoints (``state_dict_type="full"``) hold the gathered policy under its plain parameter
