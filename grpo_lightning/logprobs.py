@@ -172,18 +172,21 @@ def linear_token_logprobs(
     """:func:`token_logprobs_from_logits` of ``logits = hidden @ weight.T``, the LM head fused in.
 
     Args:
-        hidden: ``[N, T, H]`` final hidden states; position ``t`` predicts ``targets[:, t]``.
+        hidden: ``[..., H]`` final hidden states (e.g. ``[N, T, H]``, or ``[tokens, H]``); each
+            predicts the target at the same index of ``targets`` ``[...]``.
         weight: ``[V, H]`` LM head weight (no bias).
         chunk_tokens: tokens whose logits exist at a time; by default as many as fit in
             ``CHUNK_ELEMENTS`` logits.
+
+    Returns:
+        ``(logp, entropy)`` of the shape of ``targets``, fp32; ``entropy`` carries no gradient.
     """
-    rows, length, width = hidden.shape
     if chunk_tokens is None:
         chunk_tokens = max(1, CHUNK_ELEMENTS // weight.shape[0])
     logp, entropy = _LinearSelectedLogProbs.apply(
-        hidden.reshape(rows * length, width), weight, targets.reshape(-1), float(temperature), chunk_tokens, with_entropy, compiled
+        hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1), float(temperature), chunk_tokens, with_entropy, compiled
     )
-    return logp.view(rows, length), entropy.view(rows, length) if with_entropy else None
+    return logp.view(targets.shape), entropy.view(targets.shape) if with_entropy else None
 
 
 #: Model types whose causal-LM logits are exactly ``lm_head(final hidden state)`` (no soft-capping
@@ -251,20 +254,26 @@ def completion_logprobs(
     """Teacher-forced log-probs of ``completion_ids`` given left-padded ``prompt_ids``.
 
     Shapes: prompts ``[N, S]``, completions ``[N, T]``; returns ``(logp, entropy)`` of ``[N, T]``
-    (``entropy`` is ``None`` unless ``with_entropy``). ``fused_head``: where :func:`plain_lm_head`
-    finds the head, run it inside the chunked log-softmax (:func:`linear_token_logprobs`).
+    (``entropy`` is ``None`` unless ``with_entropy``), 0 where ``completion_mask`` is 0.
+    ``fused_head``: where :func:`plain_lm_head` finds the head, run it inside the chunked
+    log-softmax (:func:`linear_token_logprobs`), and only at the completion tokens that count: the
+    padding after an EOS costs no LM head work.
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
     position_ids = position_ids_from_mask(attention_mask)
     completion_length = completion_ids.size(1)
+    counted = completion_mask.bool()
     head = plain_lm_head(model) if fused_head else None
     if head is not None:
         hidden = model.base_model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
         ).last_hidden_state
-        hidden = hidden[:, -completion_length - 1 : -1]
-        return linear_token_logprobs(hidden, head.weight, completion_ids, temperature, None, with_entropy, compiled)
+        # The hidden state at position t predicts token t + 1.
+        hidden = hidden[:, -completion_length - 1 : -1][counted]
+        logp, entropy = linear_token_logprobs(hidden, head.weight, completion_ids[counted], temperature, None, with_entropy, compiled)
+        zeros = torch.zeros(counted.shape, dtype=torch.float32, device=counted.device)
+        return zeros.masked_scatter(counted, logp), None if entropy is None else zeros.masked_scatter(counted, entropy)
     logits = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -274,4 +283,5 @@ def completion_logprobs(
     ).logits
     # The logit at position t predicts token t + 1: drop the last one.
     logits = logits[:, -completion_length - 1 : -1]
-    return token_logprobs_from_logits(logits, completion_ids, temperature, chunk_rows, with_entropy, compiled)
+    logp, entropy = token_logprobs_from_logits(logits, completion_ids, temperature, chunk_rows, with_entropy, compiled)
+    return logp.masked_fill(~counted, 0.0), None if entropy is None else entropy.masked_fill(~counted, 0.0)

@@ -7,6 +7,7 @@ import torch
 
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
+from grpo_lightning import logprobs
 from grpo_lightning.logprobs import (
     completion_logprobs,
     linear_token_logprobs,
@@ -138,7 +139,16 @@ def test_the_fused_head_under_bf16_autocast_computes_and_backpropagates_in_bf16(
         torch.testing.assert_close(fused, plain, rtol=2e-2, atol=2e-2)
 
 
-def test_completion_log_probs_with_the_fused_head_match_the_models_own_logits(tiny_model_dir):
+def test_completion_log_probs_with_the_fused_head_match_the_models_own_logits(tiny_model_dir, monkeypatch):
+    """Same values and gradients as the model's own logits; the fused head runs only at the
+    completion tokens that count, and both paths give 0 after them."""
+    headed_tokens = []
+
+    def counting(hidden, *args, **kwargs):
+        headed_tokens.append(hidden.shape[0])
+        return linear_token_logprobs(hidden, *args, **kwargs)
+
+    monkeypatch.setattr(logprobs, "linear_token_logprobs", counting)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     assert plain_lm_head(model) is model.get_output_embeddings()
     torch.manual_seed(0)
@@ -158,6 +168,9 @@ def test_completion_log_probs_with_the_fused_head_match_the_models_own_logits(ti
         model.zero_grad(set_to_none=True)
         results.append((logp, entropy, grads))
     (fused_logp, fused_entropy, fused_grads), (logp, entropy, grads) = results
+    assert headed_tokens == [int(completion_mask.sum())]
+    padding = completion_mask == 0
+    assert (logp[padding] == 0).all() and (entropy[padding] == 0).all()
     torch.testing.assert_close(fused_logp, logp, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fused_entropy, entropy, rtol=1e-5, atol=1e-5)
     assert fused_grads.keys() == grads.keys()
