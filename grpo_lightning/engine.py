@@ -117,14 +117,47 @@ def sample_tokens(
         logits = logits.masked_fill(drop, float("-inf"))
     probs = logits.softmax(dim=-1)
     if uniforms is not None:
-        cdf = probs.cumsum(dim=-1)
-        target = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
-        # The first token whose cumulative mass exceeds the target: never one of probability zero.
-        return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=probs.size(-1) - 1)
+        return inverse_cdf_sample(probs, uniforms)
     # Exponential(1) noise as -log(U), U ~ Uniform[0, 1) (several times faster than exponential_ on
     # CPU); U = 0 gives infinite noise, a zero score, never NaN.
     noise = torch.rand_like(probs).log_().neg_()
     return (probs / noise).argmax(dim=-1)
+
+
+#: Tokens per block of :func:`inverse_cdf_sample`'s first level.
+INVERSE_CDF_BLOCK = 1024
+
+
+def _last_positive(values: Tensor) -> Tensor:
+    """Index of the last entry > 0 along the last dimension (0 if there is none)."""
+    positive = (values > 0).flip(-1).int()
+    return values.size(-1) - 1 - positive.argmax(dim=-1)
+
+
+def inverse_cdf_sample(probs: Tensor, uniforms: Tensor, block: int = INVERSE_CDF_BLOCK) -> Tensor:
+    """Row ``b`` of ``probs`` ``[B, V]`` takes the token where ``uniforms[b]`` (in ``[0, 1)``) falls in
+    its cumulative distribution, found in two levels: the block of ``block`` tokens whose cumulative
+    mass crosses the target, then the token inside that block. The same draw as one cumulative
+    sum over the whole vocabulary (up to rounding), but every scan is short: Inductor cannot
+    generate code for a scan over a 151936-token vocabulary (torch 2.11), so a compiled decode step
+    with keyed sampling fell back to running its sampling uncompiled. A token of probability zero
+    is never drawn, even where rounding puts the target at or past the total mass.
+    """
+    rows, vocab = probs.shape
+    blocks = -(-vocab // block)
+    per_block = torch.nn.functional.pad(probs, (0, blocks * block - vocab)).view(rows, blocks, block)
+    block_mass = per_block.sum(dim=-1)  # [B, blocks]
+    block_cdf = block_mass.cumsum(dim=-1)
+    target = uniforms.to(probs.dtype) * block_cdf[:, -1]
+    # The first block whose cumulative mass exceeds the target (never one of zero mass) ...
+    chosen = torch.searchsorted(block_cdf, target.unsqueeze(1), right=True).squeeze(1)
+    chosen = torch.minimum(chosen, _last_positive(block_mass))
+    before = (block_cdf - block_mass).gather(1, chosen.unsqueeze(1)).squeeze(1)
+    inside = per_block.gather(1, chosen.view(rows, 1, 1).expand(rows, 1, block)).squeeze(1)  # [B, block]
+    # ... then the first token in it whose cumulative mass exceeds the target.
+    cdf = inside.cumsum(dim=-1) + before.unsqueeze(1)
+    token = torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)
+    return chosen * block + torch.minimum(token, _last_positive(inside))
 
 
 _MASK32 = 0xFFFFFFFF

@@ -9,7 +9,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from grpo_lightning.engine import StaticCacheGenerator, fast_generate_group, keyed_uniforms, sample_tokens
+from grpo_lightning.engine import (
+    StaticCacheGenerator,
+    fast_generate_group,
+    inverse_cdf_sample,
+    keyed_uniforms,
+    sample_tokens,
+)
 from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.rollout import SamplingParams, completion_mask_from_ids, generate_group
 from grpo_lightning.tiny import build_char_tokenizer, save_tiny_model, tiny_config
@@ -223,6 +229,39 @@ def test_sample_tokens_support():
     assert set(sample_tokens(logits, 1.0, top_p=0.8).tolist()) == set(range(nucleus))
     assert set(sample_tokens(logits, 1.0, top_p=0.01).tolist()) == {0}
     assert set(sample_tokens(logits, 1.0).tolist()) == set(range(6))
+
+
+def one_level_inverse_cdf(probs, uniforms):
+    cdf = probs.cumsum(-1)
+    return torch.searchsorted(cdf, (uniforms * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+
+
+@pytest.mark.parametrize("block", [1, 4, 16, 64])
+def test_two_level_inverse_cdf_draws_what_one_cumulative_sum_draws(block):
+    generator = torch.Generator().manual_seed(0)
+    probs = torch.rand(2000, 37, generator=generator, dtype=torch.float64) ** 3
+    probs[:, 5] = 0  # zeros inside blocks ...
+    probs[:, 32:] = 0  # ... and whole blocks of zeros at the end
+    probs /= probs.sum(-1, keepdim=True)
+    uniforms = torch.rand(2000, generator=generator, dtype=torch.float64)
+    tokens = inverse_cdf_sample(probs, uniforms, block)
+    assert torch.equal(tokens, one_level_inverse_cdf(probs, uniforms))
+    assert (probs.gather(1, tokens.unsqueeze(1)) > 0).all()
+
+
+def test_inverse_cdf_never_draws_a_token_of_probability_zero_at_the_ends():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0, 0.0], [0.3, 0.0, 0.7, 0.0, 0.0, 0.0]])
+    for u in (0.0, 1 - 2**-24, 1.0):  # 1.0: a target at the total mass, as rounding can give
+        tokens = inverse_cdf_sample(probs, torch.full((2,), u), block=2)
+        assert (probs.gather(1, tokens.unsqueeze(1)) > 0).all(), u
+
+
+def test_the_compiled_two_level_inverse_cdf_gives_the_eager_tokens():
+    generator = torch.Generator().manual_seed(1)
+    probs = torch.rand(8, 1000, generator=generator).softmax(-1)
+    uniforms = torch.rand(8, generator=generator)
+    compiled = torch.compile(inverse_cdf_sample, dynamic=False)
+    assert torch.equal(compiled(probs, uniforms, 64), inverse_cdf_sample(probs, uniforms, 64))
 
 
 def test_keyed_uniforms_are_uniform_and_independent_across_keys_and_counters():
