@@ -239,6 +239,14 @@ def token_logprobs_from_logits(
     return logp, entropy if with_entropy else None
 
 
+def supports_packed_sequences() -> bool:
+    """Whether the installed transformers tells packed sequences apart by their position ids
+    (each restarting at 0) when no attention mask is given: what ``packed=True`` relies on."""
+    from transformers import masking_utils
+
+    return hasattr(masking_utils, "find_packed_sequence_indices")
+
+
 def completion_logprobs(
     model: nn.Module,
     prompt_ids: Tensor,
@@ -250,38 +258,56 @@ def completion_logprobs(
     with_entropy: bool = True,
     compiled: bool = False,
     fused_head: bool = False,
+    packed: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Teacher-forced log-probs of ``completion_ids`` given left-padded ``prompt_ids``.
 
     Shapes: prompts ``[N, S]``, completions ``[N, T]``; returns ``(logp, entropy)`` of ``[N, T]``
     (``entropy`` is ``None`` unless ``with_entropy``), 0 where ``completion_mask`` is 0.
+
     ``fused_head``: where :func:`plain_lm_head` finds the head, run it inside the chunked
     log-softmax (:func:`linear_token_logprobs`), and only at the completion tokens that count: the
     padding after an EOS costs no LM head work.
+
+    ``packed``: the rows' tokens without their padding (the prompts' left padding, the completions'
+    after EOS) go through the model as one sequence, each row's position ids restarting at 0 and no
+    attention mask, so padding costs no work at all. The model's attention must keep the rows apart
+    (transformers detects the packing from the position ids, :func:`supports_packed_sequences`):
+    ``flash_attention_2`` and ``flex_attention`` then attend within each row only; ``sdpa`` and
+    ``eager`` use a dense block-diagonal mask over the whole packed sequence, correct but with
+    attention cost growing with its squared length.
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
     position_ids = position_ids_from_mask(attention_mask)
     completion_length = completion_ids.size(1)
     counted = completion_mask.bool()
+    # The state at position t predicts token t + 1: these positions predict the counted tokens.
+    predicts = torch.zeros_like(attention_mask, dtype=torch.bool)
+    predicts[:, -completion_length - 1 : -1] = counted
+    if packed:
+        if (counted[:, 1:] & ~counted[:, :-1]).any():
+            raise ValueError("packed log-probs need each row's completion_mask to be ones then zeros (no holes)")
+        kept = attention_mask.bool()
+        inputs = {"input_ids": input_ids[kept][None], "position_ids": position_ids[kept][None], "attention_mask": None}
+        where = predicts[kept].nonzero().squeeze(1)  # in the packed sequence, row by row like ``counted``
+    else:
+        inputs = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": attention_mask}
+    targets = completion_ids[counted]
     head = plain_lm_head(model) if fused_head else None
     if head is not None:
-        hidden = model.base_model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        ).last_hidden_state
-        # The hidden state at position t predicts token t + 1.
-        hidden = hidden[:, -completion_length - 1 : -1][counted]
-        logp, entropy = linear_token_logprobs(hidden, head.weight, completion_ids[counted], temperature, None, with_entropy, compiled)
-        zeros = torch.zeros(counted.shape, dtype=torch.float32, device=counted.device)
-        return zeros.masked_scatter(counted, logp), None if entropy is None else zeros.masked_scatter(counted, entropy)
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-        logits_to_keep=completion_length + 1,
-    ).logits
-    # The logit at position t predicts token t + 1: drop the last one.
-    logits = logits[:, -completion_length - 1 : -1]
-    logp, entropy = token_logprobs_from_logits(logits, completion_ids, temperature, chunk_rows, with_entropy, compiled)
-    return logp.masked_fill(~counted, 0.0), None if entropy is None else entropy.masked_fill(~counted, 0.0)
+        hidden = model.base_model(**inputs, use_cache=False).last_hidden_state
+        hidden = hidden[0, where] if packed else hidden[predicts]
+        logp, entropy = linear_token_logprobs(hidden, head.weight, targets, temperature, None, with_entropy, compiled)
+    elif packed:
+        logits = model(**inputs, use_cache=False, logits_to_keep=where).logits
+        logp, entropy = token_logprobs_from_logits(logits, targets[None], temperature, chunk_rows, with_entropy, compiled)
+        logp, entropy = logp[0], None if entropy is None else entropy[0]
+    else:
+        logits = model(**inputs, use_cache=False, logits_to_keep=completion_length + 1).logits
+        # The logit at position t predicts token t + 1: drop the last one.
+        logits = logits[:, -completion_length - 1 : -1]
+        logp, entropy = token_logprobs_from_logits(logits, completion_ids, temperature, chunk_rows, with_entropy, compiled)
+        return logp.masked_fill(~counted, 0.0), None if entropy is None else entropy.masked_fill(~counted, 0.0)
+    zeros = torch.zeros(counted.shape, dtype=torch.float32, device=counted.device)
+    return zeros.masked_scatter(counted, logp), None if entropy is None else zeros.masked_scatter(counted, entropy)

@@ -31,13 +31,14 @@ import numpy as np
 import torch
 import torchmetrics
 from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.profiler import record_function
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lightning import functional as F
 from grpo_lightning.engine import StaticCacheGenerator, fast_generate_group
-from grpo_lightning.logprobs import completion_logprobs
+from grpo_lightning.logprobs import completion_logprobs, supports_packed_sequences
 from grpo_lightning.rewards import resolve_reward_function, score_completions, weighted_reward
 from grpo_lightning.rollout import Rollout, SamplingParams, completion_mask_from_ids, generate_group
 from grpo_lightning.strategies import (
@@ -211,6 +212,15 @@ class GroupPolicyOptimization(L.LightningModule):
             (:func:`grpo_lightning.logprobs.plain_lm_head`); others take the unfused path.
             ``None``: on CUDA only (on a CPU, memory is rarely the limit and the recomputed head
             in the backward pass costs time).
+        padding_free: in the log-prob passes, run each micro-batch as one packed sequence without
+            padding (:func:`grpo_lightning.logprobs.completion_logprobs` with ``packed=True``): the
+            prompts' left padding and the completions' padding after EOS cost no work. Pays off
+            with an attention implementation that attends within each packed row only
+            (``attn_implementation: flash_attention_2`` or ``flex_attention``, on a GPU); under
+            ``sdpa`` or ``eager`` the rows are kept apart by a dense mask over the whole packed
+            sequence, which usually costs more than the padding saves (measured on a CPU:
+            ``benchmarks/padding_free.py``), and a warning says so. Needs a transformers release
+            that detects packing from the position ids.
         rollout_seed: with the static engine, draw each completion's tokens from counter-based
             random numbers keyed by (this seed, the rollout's number, the prompt text, the
             completion's index in its group) instead of the global generator: the same prompts then
@@ -256,6 +266,7 @@ class GroupPolicyOptimization(L.LightningModule):
         rollout_compile: bool = False,
         logprob_compile: bool = False,
         fused_lm_head: bool | None = None,
+        padding_free: bool = False,
         rollout_seed: int | None = None,
         reward_funcs: Sequence[str | Callable] = ("grpo_lightning.rewards.accuracy_reward",),
         reward_weights: Sequence[float] | None = None,
@@ -295,6 +306,11 @@ class GroupPolicyOptimization(L.LightningModule):
             f"min_new_tokens: must be between 0 and max_new_tokens ({max_new_tokens}), got {min_new_tokens}.",
         )
         _require(temperature > 0, f"temperature: rollouts must be sampled, so it must be > 0 (got {temperature}).")
+        _require(
+            not padding_free or supports_packed_sequences(),
+            "padding_free: this transformers release does not detect packed sequences from their position ids; "
+            "upgrade transformers or set padding_free to false.",
+        )
         _require(0 < top_p <= 1, f"top_p: must be in (0, 1] (got {top_p}).")
         _require(top_k >= 0, f"top_k: must be >= 0, 0 disables it (got {top_k}).")
         _require(beta >= 0, f"beta: the KL coefficient must be >= 0 (got {beta}).")
@@ -435,6 +451,13 @@ class GroupPolicyOptimization(L.LightningModule):
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.policy = self._load_causal_lm().train()
+        attention = getattr(self.policy.config, "_attn_implementation", None)
+        if self.hparams.padding_free and attention in ("sdpa", "eager"):
+            rank_zero_warn(
+                f"padding_free with attn_implementation {attention!r}: packed rows are kept apart by a dense "
+                "mask over the whole packed sequence, which usually costs more than the padding it saves; "
+                "use flash_attention_2 or flex_attention (on a GPU)."
+            )
         if self.hparams.disable_dropout:
             _disable_dropout(self.policy)
         if self.hparams.gradient_checkpointing:
@@ -678,6 +701,7 @@ class GroupPolicyOptimization(L.LightningModule):
             with_entropy=with_entropy,
             compiled=self.hparams.logprob_compile,
             fused_head=self.device.type == "cuda" if self.hparams.fused_lm_head is None else self.hparams.fused_lm_head,
+            packed=self.hparams.padding_free,
         )
 
     # ------------------------------------------------------------------ training

@@ -205,3 +205,43 @@ def test_the_fused_head_in_bf16_on_cuda_matches_the_unfused_head(compiled):
         hidden.grad = weight.grad = None
     for fused, plain in zip(*results):
         torch.testing.assert_close(fused, plain, rtol=2e-2, atol=2e-2)
+
+
+def ragged_batch(vocab: int):
+    """Left-padded prompts and completions of different lengths (padding after each EOS)."""
+    torch.manual_seed(0)
+    prompt_ids = torch.randint(0, vocab, (3, 6))
+    prompt_mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6, [0, 1, 1, 1, 1, 1]])
+    completion_ids = torch.randint(0, vocab, (3, 5))
+    completion_mask = torch.tensor([[1, 1, 1, 0, 0], [1] * 5, [1, 0, 0, 0, 0]])
+    return prompt_ids, prompt_mask, completion_ids, completion_mask
+
+
+@pytest.mark.parametrize("fused_head", [False, True])
+def test_packed_rows_give_the_padded_batchs_log_probs_and_gradients(tiny_model_dir, fused_head):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    batch = ragged_batch(model.config.vocab_size)
+    seen_shapes = []
+    model.model.register_forward_pre_hook(lambda module, args, kwargs: seen_shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    weights = torch.randn(3, 5)
+    results = []
+    for packed in (True, False):
+        logp, entropy = completion_logprobs(model, *batch, 0.9, fused_head=fused_head, packed=packed)
+        (logp * weights).sum().backward()
+        results.append((logp, entropy, {name: p.grad.clone() for name, p in model.named_parameters()}))
+        model.zero_grad(set_to_none=True)
+    # One row of every real token: 4 + 6 + 5 prompt tokens and 3 + 5 + 1 completion tokens.
+    assert seen_shapes == [(1, 24), (3, 11)]
+    (packed_logp, packed_entropy, packed_grads), (logp, entropy, grads) = results
+    torch.testing.assert_close(packed_logp, logp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(packed_entropy, entropy, rtol=1e-5, atol=1e-5)
+    for name in grads:
+        torch.testing.assert_close(packed_grads[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_packing_refuses_a_completion_mask_with_holes(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    prompt_ids, prompt_mask, completion_ids, completion_mask = ragged_batch(model.config.vocab_size)
+    completion_mask[1, 2] = 0
+    with pytest.raises(ValueError, match="completion_mask"):
+        completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, packed=True)

@@ -173,6 +173,19 @@ def test_invalid_settings_are_rejected_at_construction_naming_the_field(override
         module("unused/model", **overrides)
 
 
+def test_padding_free_needs_a_transformers_that_detects_packed_sequences(monkeypatch):
+    import grpo_lightning.module as module_file
+
+    monkeypatch.setattr(module_file, "supports_packed_sequences", lambda: False)
+    with pytest.raises(ConfigError, match="padding_free"):
+        module("unused/model", padding_free=True)
+
+
+def test_padding_free_under_sdpa_warns_that_a_dense_mask_keeps_the_rows_apart(make_module):
+    with pytest.warns(UserWarning, match="padding_free with attn_implementation 'sdpa'"):
+        make_module(GRPO, padding_free=True)
+
+
 def test_unknown_reward_function_path_names_the_field_and_an_example():
     with pytest.raises(ValueError, match=r"reward_funcs\[1\].*no_such_module") as error:
         module("unused/model", reward_funcs=["grpo_lightning.rewards.accuracy_reward", "no_such_module.reward"])

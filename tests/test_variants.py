@@ -210,6 +210,7 @@ def _perturb(model: torch.nn.Module, scale: float = 0.05) -> None:
     "cls, kwargs",
     [
         pytest.param(GRPO, {"beta": 0.04}, id="GRPO-kl_in_loss"),
+        pytest.param(GRPO, {"beta": 0.04, "padding_free": True, "fused_lm_head": True}, id="GRPO-packed-fused_head"),
         pytest.param(DrGRPO, {}, id="DrGRPO"),
         pytest.param(DAPO, {}, id="DAPO-token_mean"),
         pytest.param(RLOO, {"beta": 0.05}, id="RLOO-kl_in_reward"),
@@ -276,14 +277,17 @@ def _arithmetic(batch_size: int) -> ArithmeticDataModule:
     return ArithmeticDataModule(num_train=64, num_val=0, val_split=None, batch_size=batch_size)
 
 
-def test_trainer_step_gradient_does_not_depend_on_micro_batch_size_or_the_fused_head(make_module):
+def test_trainer_step_gradient_does_not_depend_on_micro_batching_the_fused_head_or_packing(make_module):
     # 2 prompts x 4 completions = 8 rows: micro-batches of 3 + 3 + 2 against one of 8, with the
-    # LM head fused into the log-softmax and without.
+    # LM head fused into the log-softmax and without, packed without padding and padded.
     gradients = []
-    for micro_batch_size, fused_lm_head in ((3, True), (8, True), (8, False)):
+    settings = ((3, True, False), (8, True, False), (3, False, True), (8, True, True), (8, False, False))
+    for micro_batch_size, fused_lm_head, padding_free in settings:
         L.seed_everything(0)
         capture = GradientCapture()
-        module = make_module(GRPO, configure=False, micro_batch_size=micro_batch_size, fused_lm_head=fused_lm_head)
+        module = make_module(
+            GRPO, configure=False, micro_batch_size=micro_batch_size, fused_lm_head=fused_lm_head, padding_free=padding_free
+        )
         _trainer(max_steps=1, callbacks=[capture]).fit(module, datamodule=_arithmetic(batch_size=2))
         assert len(capture.gradients) == 1  # the hook runs under manual optimization
         gradients.append(capture.gradients[0])
