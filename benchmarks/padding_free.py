@@ -99,8 +99,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
         return run
 
-    padded_logp, _ = completion_logprobs(model, *batch, fused_head=args.fused_lm_head)
-    packed_logp, _ = completion_logprobs(model, *batch, fused_head=args.fused_lm_head, packed=True)
+    with torch.no_grad():
+        padded_logp, _ = completion_logprobs(model, *batch, fused_head=args.fused_lm_head)
+        packed_logp, _ = completion_logprobs(model, *batch, fused_head=args.fused_lm_head, packed=True)
     difference = float((padded_logp - packed_logp).abs().max())
     result = {
         "padded_ms": milliseconds(step(False), args.repeats, device),

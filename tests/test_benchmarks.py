@@ -218,3 +218,14 @@ def test_fsdp_scaling_check_fp32_compares_completions_and_first_step_gradients(t
         assert summary["grad_norm"][name] == pytest.approx(summary["logged_grad_norm"][name], rel=1e-4)
         assert summary["tf32"][name]["float32_matmul_precision"] in ("highest", "high", "medium")
     assert "rows differ" in completed.stdout and "largest relative differences of gradient norm" in completed.stdout
+
+
+def test_padding_free_benchmark_measures_packed_against_padded_on_a_ragged_batch(capsys):
+    spec = importlib.util.spec_from_file_location("benchmarks_padding_free", REPO_ROOT / "benchmarks" / "padding_free.py")
+    padding_free = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(padding_free)
+    result = padding_free.main(["--workload", "W0", "--repeats", "1"])
+    assert 0 < result["real_tokens"] < result["padded_tokens"]
+    assert result["max_abs_logp_difference"] < 1e-5
+    assert result["padded_ms"] > 0 and result["packed_ms"] > 0
+    assert "packed" in capsys.readouterr().out
