@@ -282,6 +282,21 @@ def completion_logprobs(
     position_ids = position_ids_from_mask(attention_mask)
     completion_length = completion_ids.size(1)
     counted = completion_mask.bool()
+    head = plain_lm_head(model) if fused_head else None
+    if head is None and not packed:
+        logits = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            logits_to_keep=completion_length + 1,
+        ).logits
+        # The logit at position t predicts token t + 1: drop the last one.
+        logits = logits[:, -completion_length - 1 : -1]
+        logp, entropy = token_logprobs_from_logits(logits, completion_ids, temperature, chunk_rows, with_entropy, compiled)
+        return logp.masked_fill(~counted, 0.0), None if entropy is None else entropy.masked_fill(~counted, 0.0)
+
+    # Only the counted tokens from here on (selecting them waits for the device once).
     # The state at position t predicts token t + 1: these positions predict the counted tokens.
     predicts = torch.zeros_like(attention_mask, dtype=torch.bool)
     predicts[:, -completion_length - 1 : -1] = counted
@@ -294,20 +309,13 @@ def completion_logprobs(
     else:
         inputs = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": attention_mask}
     targets = completion_ids[counted]
-    head = plain_lm_head(model) if fused_head else None
     if head is not None:
         hidden = model.base_model(**inputs, use_cache=False).last_hidden_state
         hidden = hidden[0, where] if packed else hidden[predicts]
         logp, entropy = linear_token_logprobs(hidden, head.weight, targets, temperature, None, with_entropy, compiled)
-    elif packed:
+    else:  # packed, unfused: logits at the predicting positions only
         logits = model(**inputs, use_cache=False, logits_to_keep=where).logits
         logp, entropy = token_logprobs_from_logits(logits, targets[None], temperature, chunk_rows, with_entropy, compiled)
         logp, entropy = logp[0], None if entropy is None else entropy[0]
-    else:
-        logits = model(**inputs, use_cache=False, logits_to_keep=completion_length + 1).logits
-        # The logit at position t predicts token t + 1: drop the last one.
-        logits = logits[:, -completion_length - 1 : -1]
-        logp, entropy = token_logprobs_from_logits(logits, completion_ids, temperature, chunk_rows, with_entropy, compiled)
-        return logp.masked_fill(~counted, 0.0), None if entropy is None else entropy.masked_fill(~counted, 0.0)
     zeros = torch.zeros(counted.shape, dtype=torch.float32, device=counted.device)
     return zeros.masked_scatter(counted, logp), None if entropy is None else zeros.masked_scatter(counted, entropy)
