@@ -29,15 +29,18 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     return positions.clamp(min=0)
 
 
-def _chunk_forward(logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-    """fp32 log-prob of ``targets`` and (optionally) the entropy of ``softmax(logits / temperature)``."""
+def _chunk_forward(
+    logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """fp32 log-prob of ``targets``, (optionally) the entropy of ``softmax(logits / temperature)``,
+    and the log-normaliser ``logsumexp(logits / temperature)``."""
     scaled = logits.float() if temperature == 1.0 else logits.float() / temperature
     log_norm = torch.logsumexp(scaled, dim=-1)
     logp = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
     if not with_entropy:
-        return logp, None
+        return logp, None, log_norm
     probs = torch.exp(scaled - log_norm.unsqueeze(-1))
-    return logp, log_norm - (probs * scaled).sum(-1)
+    return logp, log_norm - (probs * scaled).sum(-1), log_norm
 
 
 def _chunk_backward(logits: Tensor, targets: Tensor, upstream: Tensor, temperature: float) -> Tensor:
@@ -46,6 +49,23 @@ def _chunk_backward(logits: Tensor, targets: Tensor, upstream: Tensor, temperatu
     grad = torch.softmax(scaled, dim=-1) * -upstream.unsqueeze(-1)
     grad = grad.scatter_add(-1, targets.unsqueeze(-1), upstream.unsqueeze(-1))
     return (grad if temperature == 1.0 else grad / temperature).to(logits.dtype)
+
+
+def _columns_backward(
+    logits: Tensor, log_norm: Tensor, targets: Tensor, upstream: Tensor, temperature: float, first: int
+) -> Tensor:
+    """:func:`_chunk_backward` for the vocabulary columns ``first .. first + C`` of the logits
+    ``[tokens, C]``: the softmax normalised by the whole vocabulary's ``log_norm`` (saved by the
+    forward pass), the one-hot term only where a target falls inside the block."""
+    scaled = logits.float() if temperature == 1.0 else logits.float() / temperature
+    grad = torch.exp(scaled - log_norm.unsqueeze(-1)) * -upstream.unsqueeze(-1)
+    local = targets - first
+    inside = (local >= 0) & (local < logits.shape[-1])
+    grad = grad.scatter_add(-1, local.clamp(0, logits.shape[-1] - 1).unsqueeze(-1), (upstream * inside).unsqueeze(-1))
+    return (grad if temperature == 1.0 else grad / temperature).to(logits.dtype)
+
+
+_EAGER = (_chunk_forward, _chunk_backward, _columns_backward)
 
 
 class _Kernels:
@@ -59,9 +79,9 @@ class _Kernels:
 
     def get(self, compiled: bool, device: torch.device) -> tuple:
         if not compiled or device.type != "cuda" or self.failed:
-            return _chunk_forward, _chunk_backward
+            return _EAGER
         if self.compiled is None:
-            self.compiled = (torch.compile(_chunk_forward, dynamic=True), torch.compile(_chunk_backward, dynamic=True))
+            self.compiled = tuple(torch.compile(function, dynamic=True) for function in _EAGER)
         return self.compiled
 
     def run(self, index: int, compiled: bool, *args):
@@ -69,11 +89,11 @@ class _Kernels:
         try:
             return functions[index](*args)
         except Exception as error:  # noqa: BLE001 - any compiler failure: eager from now on
-            if functions[index] in (_chunk_forward, _chunk_backward):
+            if functions[index] in _EAGER:
                 raise
             warnings.warn(f"torch.compile of the log-prob kernels failed, running them eagerly: {error!r}", stacklevel=3)
             self.failed = True
-            return (_chunk_forward, _chunk_backward)[index](*args)
+            return _EAGER[index](*args)
 
 
 _KERNELS = _Kernels()
@@ -93,7 +113,7 @@ class _SelectedLogProbs(torch.autograd.Function):
         entropy = torch.empty_like(logp) if with_entropy else logp.new_empty(0)
         for start in range(0, rows, chunk_rows):
             chunk = slice(start, start + chunk_rows)
-            logp[chunk], chunk_entropy = _KERNELS.run(0, compiled, logits[chunk], targets[chunk], temperature, with_entropy)
+            logp[chunk], chunk_entropy, _ = _KERNELS.run(0, compiled, logits[chunk], targets[chunk], temperature, with_entropy)
             if with_entropy:
                 entropy[chunk] = chunk_entropy
         ctx.save_for_backward(logits, targets)
@@ -114,49 +134,54 @@ class _SelectedLogProbs(torch.autograd.Function):
 class _LinearSelectedLogProbs(torch.autograd.Function):
     """``log softmax(hidden @ weight.T / temperature)[target]`` and the entropy, over chunks of tokens.
 
-    Keeps only ``hidden`` and ``weight`` for the backward pass, which recomputes each chunk's
-    logits ``z = h W^T`` and backpropagates ``g_z = (onehot - p) g / T`` (as in
-    :class:`_SelectedLogProbs`): ``g_h = g_z W`` and ``g_W = sum over chunks of g_z^T h``, the
-    latter accumulated in fp32 (or wider). The logits' dtype is the forward's (autocast's, if on),
-    and the backward computes in that same dtype.
+    Keeps only ``hidden``, ``weight``, the targets and each token's fp32 log-normaliser for the
+    backward pass, which recomputes the logits ``z = h W^T`` one block of vocabulary columns at a
+    time (for all tokens) and backpropagates ``g_z = (onehot - p) g / T`` (as in
+    :class:`_SelectedLogProbs`, with ``p`` normalised by the saved log-normaliser):
+    ``g_W[block] = g_z^T h`` is written in one matrix product per block, so no buffer of the
+    weight's size is accumulated, and ``g_h = sum over blocks of g_z W[block]`` accumulates in fp32.
+    A block holds as many logits as a forward chunk. The logits' dtype is the forward's (autocast's,
+    if on), and the backward computes in that same dtype.
     """
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, chunk_tokens: int, with_entropy: bool, compiled: bool):
         tokens = hidden.shape[0]
         logp = hidden.new_empty(tokens, dtype=torch.float32)
+        log_norm = torch.empty_like(logp)
         entropy = torch.empty_like(logp) if with_entropy else logp.new_empty(0)
         ctx.logits_dtype = hidden.dtype
         for start in range(0, tokens, chunk_tokens):
             chunk = slice(start, start + chunk_tokens)
             logits = hidden[chunk] @ weight.T
             ctx.logits_dtype = logits.dtype
-            logp[chunk], chunk_entropy = _KERNELS.run(0, compiled, logits, targets[chunk], temperature, with_entropy)
+            logp[chunk], chunk_entropy, log_norm[chunk] = _KERNELS.run(0, compiled, logits, targets[chunk], temperature, with_entropy)
             if with_entropy:
                 entropy[chunk] = chunk_entropy
-        ctx.save_for_backward(hidden, weight, targets)
-        ctx.temperature, ctx.chunk_tokens, ctx.compiled = temperature, chunk_tokens, compiled
+        ctx.save_for_backward(hidden, weight, targets, log_norm)
+        ctx.temperature, ctx.chunk_elements, ctx.compiled = temperature, chunk_tokens * weight.shape[0], compiled
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
     @staticmethod
     def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor):
-        hidden, weight, targets = ctx.saved_tensors
+        hidden, weight, targets, log_norm = ctx.saved_tensors
         need_hidden, need_weight = ctx.needs_input_grad[:2]
         low_hidden, low_weight = hidden.to(ctx.logits_dtype), weight.to(ctx.logits_dtype)
-        grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        accumulate = torch.promote_types(weight.dtype, torch.float32)
-        grad_weight = torch.zeros_like(weight, dtype=accumulate) if need_weight else None
-        for start in range(0, hidden.shape[0], ctx.chunk_tokens):
-            chunk = slice(start, start + ctx.chunk_tokens)
-            logits = low_hidden[chunk] @ low_weight.T
-            grad_logits = _KERNELS.run(1, ctx.compiled, logits, targets[chunk], grad_logp[chunk], ctx.temperature)
+        accumulate = torch.promote_types(hidden.dtype, torch.float32)
+        grad_hidden = torch.zeros_like(hidden, dtype=accumulate) if need_hidden else None
+        grad_weight = torch.empty_like(weight) if need_weight else None
+        columns = max(1, ctx.chunk_elements // max(1, hidden.shape[0]))
+        for first in range(0, weight.shape[0], columns):
+            block = slice(first, first + columns)
+            logits = low_hidden @ low_weight[block].T
+            grad_logits = _KERNELS.run(2, ctx.compiled, logits, log_norm, targets, grad_logp, ctx.temperature, first)
             if need_hidden:
-                grad_hidden[chunk] = grad_logits @ low_weight
+                grad_hidden += grad_logits @ low_weight[block]
             if need_weight:
-                grad_weight += (grad_logits.T @ low_hidden[chunk]).to(accumulate)
-        if grad_weight is not None:
-            grad_weight = grad_weight.to(weight.dtype)
+                grad_weight[block] = grad_logits.T @ low_hidden
+        if grad_hidden is not None:
+            grad_hidden = grad_hidden.to(hidden.dtype)
         return grad_hidden, grad_weight, None, None, None, None, None
 
 
