@@ -264,6 +264,48 @@ def token_logprobs_from_logits(
     return logp, entropy if with_entropy else None
 
 
+def _hidden_states(model: nn.Module, inputs: dict) -> Tensor:
+    return model.base_model(**inputs, use_cache=False).last_hidden_state
+
+
+def _logits(model: nn.Module, inputs: dict, logits_to_keep: int | Tensor) -> Tensor:
+    return model(**inputs, use_cache=False, logits_to_keep=logits_to_keep).logits
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether ``model`` is wrapped by FSDP or holds distributed (``DTensor``) parameters."""
+    return isinstance(model, FullyShardedDataParallel) or any(isinstance(p, DTensor) for p in model.parameters())
+
+
+class _ModelForwards:
+    """The model calls of the log-prob passes, compiled with ``torch.compile`` when asked: Inductor
+    fuses each decoder layer's normalisations, rotary embedding, activation and residual additions
+    (dozens of element-wise kernels per layer in eager mode) in the forward and the backward pass,
+    and saves fewer intermediate tensors for the backward. The model is an argument of the compiled
+    functions, so the policy and the reference model share their compiled code where their
+    parameters agree in shape, dtype and ``requires_grad``. Sharded models run eagerly. A compiler
+    failure in the forward pass is warned about once and the model runs eagerly from then on."""
+
+    def __init__(self) -> None:
+        self.compiled: dict = {}
+        self.failed = False
+
+    def run(self, function, compiled: bool, model: nn.Module, *args):
+        if not compiled or self.failed or is_sharded(model):
+            return function(model, *args)
+        if function not in self.compiled:
+            self.compiled[function] = torch.compile(function)
+        try:
+            return self.compiled[function](model, *args)
+        except Exception as error:  # noqa: BLE001 - any compiler failure: eager from now on
+            warnings.warn(f"torch.compile of the model's forward failed, running it eagerly: {error!r}", stacklevel=3)
+            self.failed = True
+            return function(model, *args)
+
+
+_FORWARDS = _ModelForwards()
+
+
 def supports_packed_sequences() -> bool:
     """Whether the installed transformers tells packed sequences apart by their position ids
     (each restarting at 0) when no attention mask is given: what ``packed=True`` relies on."""
@@ -284,6 +326,7 @@ def completion_logprobs(
     compiled: bool = False,
     fused_head: bool = False,
     packed: bool = False,
+    compiled_model: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Teacher-forced log-probs of ``completion_ids`` given left-padded ``prompt_ids``.
 
@@ -301,6 +344,9 @@ def completion_logprobs(
     ``flash_attention_2`` and ``flex_attention`` then attend within each row only; ``sdpa`` and
     ``eager`` use a dense block-diagonal mask over the whole packed sequence, correct but with
     attention cost growing with its squared length.
+
+    ``compiled_model``: run the model's forward (and so its backward) through ``torch.compile``
+    (:class:`_ModelForwards`); sharded models run eagerly.
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
@@ -309,13 +355,8 @@ def completion_logprobs(
     counted = completion_mask.bool()
     head = plain_lm_head(model) if fused_head else None
     if head is None and not packed:
-        logits = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
-            logits_to_keep=completion_length + 1,
-        ).logits
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        logits = _FORWARDS.run(_logits, compiled_model, model, inputs, completion_length + 1)
         # The logit at position t predicts token t + 1: drop the last one.
         logits = logits[:, -completion_length - 1 : -1]
         logp, entropy = token_logprobs_from_logits(logits, completion_ids, temperature, chunk_rows, with_entropy, compiled)
@@ -335,11 +376,11 @@ def completion_logprobs(
         inputs = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": attention_mask}
     targets = completion_ids[counted]
     if head is not None:
-        hidden = model.base_model(**inputs, use_cache=False).last_hidden_state
+        hidden = _FORWARDS.run(_hidden_states, compiled_model, model, inputs)
         hidden = hidden[0, where] if packed else hidden[predicts]
         logp, entropy = linear_token_logprobs(hidden, head.weight, targets, temperature, None, with_entropy, compiled)
     else:  # packed, unfused: logits at the predicting positions only
-        logits = model(**inputs, use_cache=False, logits_to_keep=where).logits
+        logits = _FORWARDS.run(_logits, compiled_model, model, inputs, where)
         logp, entropy = token_logprobs_from_logits(logits, targets[None], temperature, chunk_rows, with_entropy, compiled)
         logp, entropy = logp[0], None if entropy is None else entropy[0]
     zeros = torch.zeros(counted.shape, dtype=torch.float32, device=counted.device)

@@ -205,6 +205,10 @@ class GroupPolicyOptimization(L.LightningModule):
             ``torch.compile`` before capturing it (faster decoding; the first rollout compiles).
         logprob_compile: on CUDA, fuse the fp32 log-softmax arithmetic of the log-prob passes
             (reference, old policy, update) with ``torch.compile``.
+        model_compile: in the log-prob passes (reference, old policy, update), run the model's
+            forward and backward pass through ``torch.compile``, which fuses each decoder layer's
+            element-wise work and saves fewer activations (the first passes compile; new sequence
+            lengths recompile once, then run with dynamic shapes). Sharded models (FSDP) run eagerly.
         fused_lm_head: in the log-prob passes, run the LM head chunk by chunk inside the fp32
             log-softmax (:func:`grpo_lightning.logprobs.linear_token_logprobs`), so a micro-batch's
             ``[rows, tokens, vocabulary]`` logits and their gradient never exist whole. Applies to
@@ -265,6 +269,7 @@ class GroupPolicyOptimization(L.LightningModule):
         rollout_dtype: str | None = None,
         rollout_compile: bool = False,
         logprob_compile: bool = False,
+        model_compile: bool = False,
         fused_lm_head: bool | None = None,
         padding_free: bool = False,
         rollout_seed: int | None = None,
@@ -702,6 +707,7 @@ class GroupPolicyOptimization(L.LightningModule):
             compiled=self.hparams.logprob_compile,
             fused_head=self.device.type == "cuda" if self.hparams.fused_lm_head is None else self.hparams.fused_lm_head,
             packed=self.hparams.padding_free,
+            compiled_model=self.hparams.model_compile,
         )
 
     # ------------------------------------------------------------------ training

@@ -245,3 +245,28 @@ def test_packing_refuses_a_completion_mask_with_holes(tiny_model_dir):
     completion_mask[1, 2] = 0
     with pytest.raises(ValueError, match="completion_mask"):
         completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, packed=True)
+
+
+def test_the_compiled_model_gives_the_eager_log_probs_and_gradients(tiny_model_dir):
+    """``compiled_model``: the policy (with gradients) and a frozen copy (without) through
+    ``torch.compile`` on the CPU, padded and packed, fused head or not, against the eager model."""
+    torch._dynamo.reset()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    frozen = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).requires_grad_(False)
+    batch = ragged_batch(model.config.vocab_size)
+    weights = torch.randn(3, 5)
+    for options in ({}, {"fused_head": True}, {"packed": True}):
+        results = []
+        for compiled in (True, False):
+            with torch.no_grad():
+                frozen_logp, _ = completion_logprobs(frozen, *batch, with_entropy=False, compiled_model=compiled, **options)
+            logp, entropy = completion_logprobs(model, *batch, 0.9, compiled_model=compiled, **options)
+            (logp * weights).sum().backward()
+            results.append((frozen_logp, logp, entropy, {name: p.grad.clone() for name, p in model.named_parameters()}))
+            model.zero_grad(set_to_none=True)
+        (*compiled_values, compiled_grads), (*eager_values, eager_grads) = results
+        for got, expected in zip(compiled_values, eager_values):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5, msg=str(options))
+        for name in eager_grads:
+            torch.testing.assert_close(compiled_grads[name], eager_grads[name], rtol=1e-4, atol=1e-6, msg=f"{options} {name}")
+    assert not logprobs._FORWARDS.failed
