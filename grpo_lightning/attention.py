@@ -21,6 +21,10 @@ their 4-D mask); ``grouped_query_attention(model)`` switches a model from ``"sdp
 to it for the duration of a ``with`` block. Cases it does not speed up (no mask with several
 queries, which relies on ``is_causal``; position biases; soft-capping; devices other than CPU and
 CUDA) go to transformers' own SDPA function.
+
+How a single query (a decode step) is computed can be chosen with ``decode_attention(kind)``, a
+``with`` block (``"sdpa"`` by default: PyTorch's own SDPA dispatch); see ``DECODE_ATTENTION_KINDS``.
+Several queries (a prefill) always take PyTorch's dispatch.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 try:
@@ -48,6 +53,48 @@ GQA_ATTENTION = "grpo_gqa_sdpa"
 
 _SWITCHABLE = ("sdpa", "eager")
 _FAST_DEVICES = ("cpu", "cuda")
+_EFFICIENT_DEVICES = ("cuda",)  # where SDPA has a memory-efficient kernel
+
+DECODE_ATTENTION_KINDS = ("sdpa", "efficient", "math")
+"""How ``gqa_sdpa_attention_forward`` computes a single query (``S == 1``):
+
+* ``"sdpa"``: ``scaled_dot_product_attention`` with PyTorch's choice of kernel (the default);
+* ``"efficient"``: the same call restricted to the memory-efficient kernel on CUDA
+  (``sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION)``, which ``torch.compile`` traces); other devices
+  have no such kernel and keep PyTorch's choice;
+* ``"math"``: ``softmax(q @ k^T * scale + mask) @ v`` written out, the softmax in fp32, so that
+  ``torch.compile`` fuses the scaling, mask and softmax into one kernel around two matmuls. The
+  scores are rounded to the query's dtype before the softmax, as in transformers' eager attention.
+"""
+
+_decode_kind = "sdpa"  # read at every call (and guarded on by torch.compile): set by decode_attention
+
+
+@contextlib.contextmanager
+def decode_attention(kind: str) -> Iterator[None]:
+    """Compute single-query grouped attention the ``kind`` way (``DECODE_ATTENTION_KINDS``) inside the
+    ``with`` block; the previous kind is restored on exit. A compiled function that reads it is
+    recompiled for each kind it runs under."""
+    global _decode_kind
+    if kind not in DECODE_ATTENTION_KINDS:
+        allowed = ", ".join(map(repr, DECODE_ATTENTION_KINDS))
+        raise ValueError(f"decode_attention must be one of {allowed}, got {kind!r}")
+    previous, _decode_kind = _decode_kind, kind
+    try:
+        yield
+    finally:
+        _decode_kind = previous
+
+
+def _softmax_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """``softmax(query @ key^T * scale + mask) @ value`` with the softmax in fp32; ``mask`` is boolean
+    (``True`` may attend) or additive. A row with no key to attend to gives zeros, as SDPA does."""
+    scores = torch.matmul(query, key.transpose(-1, -2)).float() * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    probs = scores.softmax(dim=-1)
+    probs = torch.where(scores.amax(dim=-1, keepdim=True) == float("-inf"), 0.0, probs)
+    return torch.matmul(probs.to(value.dtype), value)
 
 
 def _grouped_mask(mask: Tensor, kv_heads: int, group: int, q_len: int) -> Tensor:
@@ -79,6 +126,7 @@ def gqa_sdpa_attention_forward(
     additive float one; ``scaling`` ``None`` means ``1 / sqrt(D)``; ``is_causal`` only matters when
     there is no mask and ``S > 1``, a case handed to transformers' function. The keys and values are
     never repeated: the ``Hq // Hkv`` query heads of each KV head are stacked along the query axis.
+    A single query is computed the way ``decode_attention`` chose (``"math"`` only without dropout).
     """
     batch, q_heads, q_len, _ = query.shape
     kv_heads = key.shape[1]
@@ -101,9 +149,16 @@ def gqa_sdpa_attention_forward(
             mask = mask.clamp(min=torch.finfo(query.dtype).min).to(query.dtype)
         mask = _grouped_mask(mask, kv_heads, group, q_len)
     stacked = query.reshape(batch, kv_heads, group * q_len, query.shape[-1])
-    out = torch.nn.functional.scaled_dot_product_attention(
-        stacked, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
-    )
+    kind = _decode_kind if q_len == 1 else "sdpa"
+    if kind == "math" and dropout == 0.0:
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        out = _softmax_attention(stacked, key, value, mask, scale)
+    else:
+        restricted = kind == "efficient" and query.device.type in _EFFICIENT_DEVICES
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION) if restricted else contextlib.nullcontext():
+            out = torch.nn.functional.scaled_dot_product_attention(
+                stacked, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling
+            )
     # SDPA broadcasts the batch (e.g. a query of batch 1): take it from the output.
     out = out.reshape(out.shape[0], q_heads, q_len, value.shape[-1])
     return out.transpose(1, 2).contiguous(), None

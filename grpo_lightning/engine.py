@@ -56,7 +56,7 @@ import transformers
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from .attention import grouped_query_attention
+from .attention import DECODE_ATTENTION_KINDS, decode_attention, grouped_query_attention
 from .logprobs import position_ids_from_mask
 from .rollout import SamplingParams
 
@@ -218,6 +218,10 @@ class StaticCacheGenerator:
             compilation (tens of seconds). If compiling the whole step fails, only its model
             forward is compiled; if that fails too, the step runs uncompiled (with a warning each
             time). Without a CUDA graph (on a CPU) the compiled step runs as it is.
+        decode_attention: how the decode step's attention (one query per row over the cache) is
+            computed, one of ``attention.DECODE_ATTENTION_KINDS``: ``"sdpa"`` (PyTorch's choice of
+            SDPA kernel), ``"efficient"`` (SDPA's memory-efficient kernel on CUDA) or ``"math"``
+            (matmuls around an fp32 softmax, fused by ``compile``). The prefill always uses SDPA.
     """
 
     def __init__(
@@ -229,6 +233,7 @@ class StaticCacheGenerator:
         check_every: int | None = None,
         warmup_steps: int = 2,
         compile: bool = False,
+        decode_attention: str = "sdpa",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -236,6 +241,11 @@ class StaticCacheGenerator:
             raise ValueError(f"max_cache_len must be at least 2, got {max_cache_len}")
         if check_every is not None and check_every < 1:
             raise ValueError(f"check_every must be at least 1, got {check_every}")
+        if decode_attention not in DECODE_ATTENTION_KINDS:
+            raise ValueError(
+                f"decode_attention must be one of {', '.join(map(repr, DECODE_ATTENTION_KINDS))}, "
+                f"got {decode_attention!r}"
+            )
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         attention = getattr(config, "_attn_implementation", None) or "eager"
         if attention not in _SUPPORTED_ATTENTION:
@@ -253,6 +263,7 @@ class StaticCacheGenerator:
         self.check_every = check_every
         self.warmup_steps = warmup_steps
         self.compile = compile
+        self.decode_attention = decode_attention
         self._compile_candidates = None
         self._boolean_mask = attention == "sdpa"
         parameters = inspect.signature(model.forward).parameters
@@ -312,7 +323,11 @@ class StaticCacheGenerator:
         # Attention reads grouped KV heads in place instead of repeating the cache for every query
         # head (``attention.grouped_query_attention``); it takes the boolean or the float mask.
         try:
-            with torch.autocast(_model_device(self.model).type, enabled=False), grouped_query_attention(self.model):
+            with (
+                torch.autocast(_model_device(self.model).type, enabled=False),
+                grouped_query_attention(self.model),
+                decode_attention(self.decode_attention),
+            ):
                 parts = [
                     self._generate_batch(
                         prompt_ids[start : start + self.max_batch_size],

@@ -1,4 +1,5 @@
-"""Grouped-query SDPA attention: equal to transformers' SDPA with repeated KV heads, in a model and the engine."""
+"""Grouped-query SDPA attention: equal to transformers' SDPA with repeated KV heads, in a model and the engine;
+each way of computing a decode step (``decode_attention``) too."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from torch import nn
 from transformers import AttentionInterface, AutoModelForCausalLM, GenerationConfig
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-from grpo_lightning.attention import GQA_ATTENTION, gqa_sdpa_attention_forward, grouped_query_attention
+from grpo_lightning import attention
+from grpo_lightning.attention import (
+    DECODE_ATTENTION_KINDS,
+    GQA_ATTENTION,
+    decode_attention,
+    gqa_sdpa_attention_forward,
+    grouped_query_attention,
+)
 from grpo_lightning.engine import StaticCacheGenerator
 from grpo_lightning.rollout import SamplingParams
 from grpo_lightning.tiny import build_char_tokenizer, save_tiny_model, tiny_config
@@ -110,17 +118,134 @@ def test_without_mask_is_causal_like_sdpa(q_len):
     torch.testing.assert_close(out, reference(query, key, value, causal, 1 / math.sqrt(8)), atol=1e-6, rtol=1e-5)
 
 
-def test_float_mask_in_another_dtype():
+@pytest.mark.parametrize("kind", DECODE_ATTENTION_KINDS)
+def test_float_mask_in_another_dtype(kind):
     """An fp32 additive mask with bf16 queries (the engine's mask for an eager model in bf16)."""
     torch.manual_seed(0)
     query = torch.randn(2, 4, 1, 8, dtype=torch.bfloat16)
     key, value = (torch.randn(2, 2, 7, 8, dtype=torch.bfloat16) for _ in range(2))
     allowed = allowed_keys(2, 1, 7, 6, padding=[0, 6])  # row 1 sees one key only
-    out, _ = gqa_sdpa_attention_forward(Layer(2), query, key, value, additive(allowed))
+    with decode_attention(kind):
+        out, _ = gqa_sdpa_attention_forward(Layer(2), query, key, value, additive(allowed))
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     torch.testing.assert_close(out[1], value[1, :, 6].repeat_interleave(2, 0).unsqueeze(0))
     expected = reference(query, key, value, allowed, 1 / math.sqrt(8))
     torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+# ------------------------------------------------------------------- ways of computing a decode step
+
+
+def decode_inputs(q_heads=14, kv_heads=2, batch=3, kv_len=9, dim=8, seed=0):
+    """One query per row over a cache of ``kv_len`` slots; rows left-padded by 0, 3 and 5 slots."""
+    torch.manual_seed(seed)
+    query = torch.randn(batch, 1, q_heads, dim).transpose(1, 2)
+    key, value = torch.randn(batch, kv_heads, kv_len, dim), torch.randn(batch, kv_heads, kv_len, dim)
+    return query, key, value, allowed_keys(batch, 1, kv_len, kv_len - 1, padding=[0, 3, 5][:batch])
+
+
+@pytest.mark.parametrize("kind", DECODE_ATTENTION_KINDS)
+@pytest.mark.parametrize("q_heads, kv_heads", [(14, 2), (7, 1), (4, 4)])
+@pytest.mark.parametrize("mask_kind", ["bool", "float", "per-head bool", None])
+def test_decode_kinds_match_sdpa_with_repeated_kv(kind, q_heads, kv_heads, mask_kind):
+    query, key, value, allowed = decode_inputs(q_heads, kv_heads)
+    if mask_kind == "per-head bool":  # [B, Hq, 1, L]: a different row of padding for each query head
+        allowed = allowed.repeat(1, q_heads, 1, 1)
+        allowed[:, ::2, :, :2] = False
+    mask = {"float": additive(allowed), None: None}.get(mask_kind, allowed)
+    layer = Layer(q_heads // kv_heads)
+    with decode_attention(kind):
+        out, weights = gqa_sdpa_attention_forward(layer, query, key, value, mask, scaling=0.7)
+    assert weights is None and out.shape == (3, 1, q_heads, 8) and out.is_contiguous()
+    expected, _ = sdpa_attention_forward(layer, query, key, value, mask, scaling=0.7)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    allowed = None if mask is None else allowed
+    torch.testing.assert_close(out, reference(query, key, value, allowed, 0.7), atol=1e-6, rtol=1e-5)
+    with decode_attention(kind):  # scaling=None is 1 / sqrt(head_dim)
+        out, _ = gqa_sdpa_attention_forward(layer, query, key, value, mask)
+    torch.testing.assert_close(out, reference(query, key, value, allowed, 1 / math.sqrt(8)), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "-inf", "lowest"])
+def test_math_decode_of_a_row_with_no_key_is_what_sdpa_gives(mask_kind):
+    """A row that may attend to nothing: zeros with a boolean or a -inf mask (no NaN), the mean of the
+    values with fp32's lowest value (every score equally low), as SDPA gives."""
+    query, key, value, allowed = decode_inputs()
+    allowed[1] = False
+    fill = {"bool": None, "-inf": float("-inf"), "lowest": torch.finfo(torch.float32).min}[mask_kind]
+    mask = allowed if fill is None else torch.zeros(allowed.shape).masked_fill(~allowed, fill)
+    with decode_attention("math"):
+        out, _ = gqa_sdpa_attention_forward(Layer(7), query, key, value, mask)
+    expected, _ = sdpa_attention_forward(Layer(7), query, key, value, mask)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    assert torch.isfinite(out).all()
+    if mask_kind == "lowest":
+        torch.testing.assert_close(out[1], value[1].mean(1).repeat_interleave(7, 0).unsqueeze(0))
+    else:
+        assert (out[1] == 0).all()
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+def test_compiled_math_decode_equals_eager(mask_kind):
+    query, key, value, allowed = decode_inputs(kv_len=24)
+    mask = allowed if mask_kind == "bool" else additive(allowed)
+
+    def step(query, key, value, mask):
+        return gqa_sdpa_attention_forward(Layer(7), query, key, value, mask)[0]
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=False)
+    with decode_attention("math"):
+        eager, got = step(query, key, value, mask), compiled(query, key, value, mask)
+    torch.testing.assert_close(got, eager, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got, reference(query, key, value, allowed, 1 / math.sqrt(8)), atol=1e-6, rtol=1e-5)
+
+
+def test_math_decode_runs_the_written_out_softmax_and_only_for_one_query(monkeypatch):
+    calls = []
+    softmax_attention = attention._softmax_attention
+    monkeypatch.setattr(attention, "_softmax_attention", lambda *a: calls.append(1) or softmax_attention(*a))
+    query, key, value, allowed = decode_inputs()
+    with decode_attention("math"):
+        gqa_sdpa_attention_forward(Layer(7), query, key, value, allowed)
+        assert len(calls) == 1
+        prefill = torch.randn(3, 14, 4, 8)
+        gqa_sdpa_attention_forward(Layer(7), prefill, key, value, allowed_keys(3, 4, 9, 5, padding=[0, 3, 5]))
+        assert len(calls) == 1  # several queries: SDPA
+
+
+def test_efficient_decode_restricts_sdpa_to_the_memory_efficient_kernel(monkeypatch):
+    """On CUDA, ``"efficient"`` allows SDPA its memory-efficient kernel only, eager and compiled. A CPU
+    has no such kernel: let the restriction apply on the CPU and see SDPA find no kernel to run."""
+    query, key, value, allowed = decode_inputs()
+
+    def step(query, key, value, mask):
+        return gqa_sdpa_attention_forward(Layer(7), query, key, value, mask)[0]
+
+    monkeypatch.setattr(attention, "_EFFICIENT_DEVICES", ("cpu",))
+    with decode_attention("efficient"):
+        for function in (step, torch.compile(step, fullgraph=True, dynamic=False)):
+            with pytest.raises(RuntimeError, match="No viable backend"):
+                function(query, key, value, allowed)
+        prefill = torch.randn(3, 14, 4, 8)  # several queries: PyTorch's dispatch
+        gqa_sdpa_attention_forward(Layer(7), prefill, key, value, allowed_keys(3, 4, 9, 5, padding=[0, 3, 5]))
+
+
+def test_decode_attention_is_scoped_and_validated():
+    assert attention._decode_kind == "sdpa"
+    with decode_attention("math"):
+        with decode_attention("efficient"):
+            assert attention._decode_kind == "efficient"
+        assert attention._decode_kind == "math"
+        with pytest.raises(RuntimeError, match="inside"), decode_attention("sdpa"):
+            raise RuntimeError("inside")
+        assert attention._decode_kind == "math"
+    assert attention._decode_kind == "sdpa"
+    allowed = "'sdpa', 'efficient', 'math'"
+    with (
+        pytest.raises(ValueError, match=f"decode_attention must be one of {allowed}, got 'flash'"),
+        decode_attention("flash"),
+    ):
+        pass
 
 
 # -------------------------------------------------------------------------------- in a model
@@ -207,9 +332,11 @@ def test_other_implementations_left_alone(model):
         model.config._attn_implementation_internal = original
 
 
-def test_engine_runs_grouped_attention(model, tokenizer, calls):
-    """Greedy completions of the static-cache engine (4-D masks, boolean for sdpa, float for eager)
-    equal ``model.generate`` with the model's own attention, which is restored afterwards."""
+@pytest.mark.parametrize("kind", DECODE_ATTENTION_KINDS)
+def test_engine_runs_grouped_attention(model, tokenizer, calls, kind):
+    """Greedy completions of the static-cache engine (4-D masks, boolean for sdpa, float for eager),
+    whichever way it computes the decode step, equal ``model.generate`` with the model's own
+    attention, which is restored afterwards."""
     original = model.config._attn_implementation
     encoded = tokenizer(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
     eos = len(tokenizer) - 1  # a token the greedy completions below never produce: all rows run 8 steps
@@ -217,9 +344,9 @@ def test_engine_runs_grouped_attention(model, tokenizer, calls):
     reference = model.generate(**encoded, generation_config=config)[:, encoded["input_ids"].size(1) :]
     assert reference.shape == (len(PROMPTS), 8) and not (reference == eos).any()
     assert calls["n"] == 0
-    generator = StaticCacheGenerator(model, len(PROMPTS), 32)
+    generator = StaticCacheGenerator(model, len(PROMPTS), 32, decode_attention=kind)
     sampling = SamplingParams(8, temperature=0.0)
     out = generator.generate(encoded["input_ids"], encoded["attention_mask"], sampling, eos, tokenizer.pad_token_id)
     assert torch.equal(out, reference)
     assert calls["n"] == 8 * model.config.num_hidden_layers  # the prefill and 7 decode steps
-    assert attention_implementations(model) == {original}
+    assert attention_implementations(model) == {original} and attention._decode_kind == "sdpa"

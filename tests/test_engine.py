@@ -99,6 +99,14 @@ def test_greedy_matches_generate_without_eos(model, tokenizer):
     assert torch.equal(out, reference)
 
 
+@pytest.mark.parametrize("decode_attention", ["efficient", "math"])
+def test_decode_attention_gives_the_default_greedy_tokens(model, tokenizer, decode_attention):
+    eos = unused_token(hf_greedy(model, tokenizer, PROMPTS, eos=tokenizer.eos_token_id), tokenizer)
+    default = static_greedy(StaticCacheGenerator(model, len(PROMPTS), 32), tokenizer, PROMPTS, eos)
+    generator = StaticCacheGenerator(model, len(PROMPTS), 32, decode_attention=decode_attention)
+    assert torch.equal(static_greedy(generator, tokenizer, PROMPTS, eos), default)
+
+
 def test_greedy_matches_generate_with_early_eos(model, tokenizer):
     free_run = hf_greedy(model, tokenizer, PROMPTS, eos=unused_token(hf_greedy(model, tokenizer, PROMPTS, 1), tokenizer))
     eos = int(free_run[0, 2])  # row 0 stops after 3 tokens; other rows stop wherever it shows up
@@ -342,6 +350,11 @@ def test_rejects_unsupported_attention(qwen2):
         qwen2.config._attn_implementation = original
 
 
+def test_rejects_unknown_decode_attention(qwen2):
+    with pytest.raises(ValueError, match=r"decode_attention must be one of 'sdpa', 'efficient', 'math', got 'cudnn'"):
+        StaticCacheGenerator(qwen2, 2, 16, decode_attention="cudnn")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_graph_matches_eager_and_follows_weights(tokenizer, tmp_path):
     config = tiny_config(tokenizer, hidden_size=64, num_layers=2, initializer_range=1.0)
@@ -389,11 +402,12 @@ def test_bf16_sampled_logprobs_match_a_teacher_forced_pass_within_bf16_tolerance
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_compiled_decode_step_matches_the_eager_one(tokenizer, tmp_path):
+@pytest.mark.parametrize("decode_attention", ["sdpa", "efficient", "math"])
+def test_compiled_decode_step_matches_the_eager_one(tokenizer, tmp_path, decode_attention):
     config = tiny_config(tokenizer, hidden_size=64, num_layers=2, initializer_range=1.0)
     model = AutoModelForCausalLM.from_pretrained(save_tiny_model(tmp_path, tokenizer, config)).cuda().eval()
     eos = tokenizer.eos_token_id
-    compiled = StaticCacheGenerator(model, len(PROMPTS), 40, compile=True)
+    compiled = StaticCacheGenerator(model, len(PROMPTS), 40, compile=True, decode_attention=decode_attention)
     eager = StaticCacheGenerator(model, len(PROMPTS), 40, use_cuda_graph=False)
     assert torch.equal(static_greedy(compiled, tokenizer, PROMPTS, eos), static_greedy(eager, tokenizer, PROMPTS, eos))
     ids, mask = encode(tokenizer, PROMPTS)
