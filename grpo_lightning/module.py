@@ -37,6 +37,7 @@ from torch.profiler import record_function
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lightning import functional as F
+from grpo_lightning.attention import DECODE_ATTENTION_KINDS
 from grpo_lightning.engine import StaticCacheGenerator, fast_generate_group
 from grpo_lightning.logprobs import completion_logprobs, supports_packed_sequences
 from grpo_lightning.rewards import resolve_reward_function, score_completions, weighted_reward
@@ -203,6 +204,11 @@ class GroupPolicyOptimization(L.LightningModule):
             FSDP, a replica in the strategy's compute dtype.
         rollout_compile: with the static engine on CUDA, compile its decode step with
             ``torch.compile`` before capturing it (faster decoding; the first rollout compiles).
+        decode_attention: with the static engine, how a decode step's attention is computed
+            (:data:`grpo_lightning.attention.DECODE_ATTENTION_KINDS`): ``"sdpa"`` (PyTorch's choice
+            of kernel), ``"efficient"`` (its memory-efficient kernel) or ``"math"`` (matrix
+            products around an fp32 softmax, which ``rollout_compile`` fuses). Measured in
+            ``benchmarks/attention_decode.py``.
         logprob_compile: on CUDA, fuse the fp32 log-softmax arithmetic of the log-prob passes
             (reference, old policy, update) with ``torch.compile``.
         model_compile: in the log-prob passes (reference, old policy, update), run the model's
@@ -268,6 +274,7 @@ class GroupPolicyOptimization(L.LightningModule):
         rollout_engine: Literal["hf", "static"] = "hf",
         rollout_dtype: str | None = None,
         rollout_compile: bool = False,
+        decode_attention: str = "sdpa",
         logprob_compile: bool = False,
         model_compile: bool = False,
         fused_lm_head: bool | None = None,
@@ -318,6 +325,10 @@ class GroupPolicyOptimization(L.LightningModule):
         )
         _require(0 < top_p <= 1, f"top_p: must be in (0, 1] (got {top_p}).")
         _require(top_k >= 0, f"top_k: must be >= 0, 0 disables it (got {top_k}).")
+        _require(
+            decode_attention in DECODE_ATTENTION_KINDS,
+            f"decode_attention: {decode_attention!r} is not one of {', '.join(map(repr, DECODE_ATTENTION_KINDS))}.",
+        )
         _require(beta >= 0, f"beta: the KL coefficient must be >= 0 (got {beta}).")
         _require(kl_estimator in F.KL_ESTIMATORS, f"kl_estimator: {kl_estimator!r} is not one of {F.KL_ESTIMATORS}.")
         _require(0 <= clip_eps_low < 1, f"clip_eps_low: must be in [0, 1) (got {clip_eps_low}).")
@@ -648,6 +659,7 @@ class GroupPolicyOptimization(L.LightningModule):
                         max_batch_size=rows,
                         max_cache_len=sampling.max_new_tokens + 64,
                         compile=self.hparams.rollout_compile,
+                        decode_attention=self.hparams.decode_attention,
                     )
                 keys = None if self.hparams.rollout_seed is None else self.row_keys(texts, group_size)
                 prompt_ids, prompt_mask, completion_ids = fast_generate_group(

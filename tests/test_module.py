@@ -166,6 +166,7 @@ def test_reward_rises_on_a_toy_task(tiny_model_dir, tmp_path):
         ({"minibatch_size": 6, "micro_batch_size": 4}, "micro_batch_size"),
         ({"reward_weights": [1.0, 2.0]}, "reward_weights"),
         ({"dtype": "float8"}, "dtype"),
+        ({"decode_attention": "cudnn"}, "decode_attention"),
     ],
 )
 def test_invalid_settings_are_rejected_at_construction_naming_the_field(overrides, field):
