@@ -159,6 +159,8 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     cuda = device.type == "cuda"
+    if cuda and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     batch = args.batch or (128 if cuda else 16)
     cache_len = args.cache_len or (320 if cuda else 128)
     dtype = getattr(torch, args.dtype or ("bfloat16" if cuda else "float32"))

@@ -19,6 +19,8 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
+from grpo_lightning.strategies import is_sharded
+
 #: fp32 elements converted at a time when ``chunk_rows`` is not given (256 MB).
 CHUNK_ELEMENTS = 2**26
 
@@ -270,11 +272,6 @@ def _hidden_states(model: nn.Module, inputs: dict) -> Tensor:
 
 def _logits(model: nn.Module, inputs: dict, logits_to_keep: int | Tensor) -> Tensor:
     return model(**inputs, use_cache=False, logits_to_keep=logits_to_keep).logits
-
-
-def is_sharded(model: nn.Module) -> bool:
-    """Whether ``model`` is wrapped by FSDP or holds distributed (``DTensor``) parameters."""
-    return isinstance(model, FullyShardedDataParallel) or any(isinstance(p, DTensor) for p in model.parameters())
 
 
 class _ModelForwards:
