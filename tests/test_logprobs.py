@@ -117,6 +117,23 @@ def test_the_fused_head_gives_the_log_probs_and_gradients_of_the_head_then_log_s
     torch.testing.assert_close(fused_grads[1], weight.grad, rtol=1e-5, atol=1e-5)
 
 
+def test_the_fused_heads_backward_in_aligned_vocabulary_blocks_gives_the_plain_gradient():
+    """300 tokens, a 500-word vocabulary and 100-token chunks: the backward pass takes vocabulary
+    blocks of 128 columns (166 rounded down to a multiple of 64), the last one 116 wide."""
+    torch.manual_seed(0)
+    hidden = torch.randn(300, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(500, 8, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 500, (300,))
+    upstream = torch.randn(300, dtype=torch.float64)
+    logp, _ = linear_token_logprobs(hidden, weight, targets, 1.0, chunk_tokens=100, with_entropy=False)
+    (logp * upstream).sum().backward()
+    fused_grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    (torch.log_softmax(hidden @ weight.T, -1).gather(-1, targets[:, None])[:, 0] * upstream).sum().backward()
+    torch.testing.assert_close(fused_grads[0], hidden.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused_grads[1], weight.grad, rtol=1e-5, atol=1e-5)
+
+
 def test_the_fused_head_under_bf16_autocast_computes_and_backpropagates_in_bf16():
     """fp32 weights under autocast: the logits are bf16 in the forward and in the recomputation
     of the backward (which autocast does not cover), as in the unfused head."""
