@@ -82,10 +82,15 @@ _REDUCTIONS = {
 
 class StepMetrics:
     """A step's metrics (torchmetrics): weighted running means, or minima/maxima, logged and
-    reset once per step."""
+    reset once per step.
+
+    Values computed on an accelerator stay there until the step's metrics are read: moving each to
+    the CPU as it is added would make the host wait for the device mid-step (several times per
+    micro-batch), leaving the device idle while the host launches the next work."""
 
     def __init__(self) -> None:
         self._metrics: dict[str, tuple[str, torchmetrics.Metric]] = {}
+        self._pending: list[tuple[torchmetrics.Metric, str, Tensor, Tensor]] = []
 
     def update(self, name: str, value: Tensor | float, weight: Tensor | float = 1.0, reduce: str = "mean") -> None:
         """Add ``value`` to metric ``name``; ``reduce``: ``"mean"`` (weighted by ``weight``), ``"min"``, ``"max"``."""
@@ -94,15 +99,23 @@ class StepMetrics:
             metric = _REDUCTIONS[reduce][0](nan_strategy="ignore", sync_on_compute=False)
             self._metrics[name] = (reduce, metric.set_dtype(torch.float32))
         reduce, metric = self._metrics[name]
-        value = torch.as_tensor(value, dtype=torch.float32).detach().cpu()
-        if reduce == "mean":
-            metric.update(value, torch.as_tensor(weight, dtype=torch.float32).detach().cpu())
-        else:
-            metric.update(value)
+        # Copies: a tensor changed in place later must not change what was logged.
+        value = torch.as_tensor(value, dtype=torch.float32).detach().clone()
+        self._pending.append((metric, reduce, value, torch.as_tensor(weight, dtype=torch.float32).detach().clone()))
+
+    def _apply_pending(self) -> None:
+        """Move the values added since the last read to the CPU and into their metrics, in order."""
+        pending, self._pending = self._pending, []
+        for metric, reduce, value, weight in pending:
+            if reduce == "mean":
+                metric.update(value.cpu(), weight.cpu())
+            else:
+                metric.update(value.cpu())
 
     def compute_and_reset(self, gather: Callable[[Any], list[Any]] | None = None) -> dict[str, float]:
         """Each metric's value since the last reset. ``gather`` (e.g. an all-gather over processes)
         merges the states of every process first, so the values are over all devices' data."""
+        self._apply_pending()
         states = {
             name: (reduce, self._state(reduce, metric))
             for name, (reduce, metric) in self._metrics.items()
@@ -136,6 +149,7 @@ class StepMetrics:
 
     def state_dict(self) -> dict[str, tuple[str, Tensor, Tensor]]:
         """States of the metrics updated since the last reset (a step in progress)."""
+        self._apply_pending()
         return {
             name: (reduce, *map(torch.tensor, self._state(reduce, metric)))
             for name, (reduce, metric) in self._metrics.items()
@@ -146,6 +160,7 @@ class StepMetrics:
         self.compute_and_reset()
         for name, (reduce, value, weight) in state.items():
             self.update(name, torch.empty(0), reduce=reduce)  # creates the metric, counted as updated, adding nothing
+            self._apply_pending()
             metric = self._metrics[name][1]
             if reduce == "mean":
                 metric.merge_state({"mean_value": value, "weight": weight})

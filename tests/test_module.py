@@ -249,3 +249,14 @@ def test_step_metrics_merge_weighted_means_minima_and_maxima_over_processes():
     merged = processes[1].compute_and_reset(gather=gather)
     assert merged == {"loss": (1 + 12 + 8) / 8, "min_length": 3.0, "max_length": 9.0, "only_here": 6.0}
     assert processes[1].compute_and_reset() == {}  # reset
+
+
+def test_step_metrics_log_a_value_as_it_was_when_added():
+    """Values are read at the end of the step (not moved to the CPU as they are added); a tensor
+    changed in place after being added still counts with its value at that time."""
+    metrics = StepMetrics()
+    running = torch.tensor(2.0)
+    metrics.update("loss", running, weight=torch.tensor(1.0))
+    running += 10.0
+    metrics.update("loss", running, weight=torch.tensor(3.0))
+    assert metrics.compute_and_reset() == {"loss": (2.0 + 36.0) / 4}
