@@ -20,7 +20,8 @@ It prints and writes (``scaling.json``) the scaling efficiency (generated tokens
 GPU of an ``N``-GPU run over those of ``single``) and the training metrics of the first steps of
 ``fsdp-N`` beside ``fsdp-1`` (same numerics, same global batch): loss, reward, KL, entropy, ...;
 those of each variant beside ``fsdp-1`` under ``variant_agreement``. ``--skip-fsdp-1`` leaves
-``fsdp-1`` out (throughput only: no agreement).
+``fsdp-1`` out (throughput only: no agreement); ``--weak --skip-strong`` runs ``single`` and
+``fsdp-N-weak`` alone.
 
 In bf16 the two runs' completions drift apart token by token (another batch shape, other bf16
 roundings of the logits, and a near-uniform random model turns each into another sample), so
@@ -201,6 +202,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--micro-batch-size", type=int, default=16, help="16 lets W2 fit an 80 GB card")
     parser.add_argument("--rollout-seed", type=int, default=1234)
     parser.add_argument("--weak", action="store_true", help="also run N GPUs with the whole workload each")
+    parser.add_argument("--skip-strong", action="store_true", help="with --weak: no fsdp-1 or fsdp-N run (weak scaling only)")
     parser.add_argument("--check-fp32", action="store_true", help="only the fp32 agreement check (see above)")
     parser.add_argument(
         "--fp32-shape", default="--prompts 8 --max-new-tokens 128 --steps 3",
@@ -216,6 +218,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.check_fp32 and (args.variant or args.skip_fsdp_1 or args.weak):
         parser.error("--check-fp32 runs alone: no --variant, --skip-fsdp-1 or --weak")
+    if args.skip_strong and not args.weak:
+        parser.error("--skip-strong needs --weak")
     if len({name for name, _ in args.variant}) < len(args.variant):
         parser.error("--variant: each NAME once")
 
@@ -256,9 +260,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return summary
 
     results = {"single": run("single", [*common, "--devices", "1"], out_dir)}
-    if not args.skip_fsdp_1:
+    if not (args.skip_fsdp_1 or args.skip_strong):
         results["fsdp-1"] = run("fsdp-1", [*common, "--devices", "1", *fsdp], out_dir)
-    results[f"fsdp-{many}"] = run(f"fsdp-{many}", [*common, "--devices", many, *fsdp], out_dir)
+    if not args.skip_strong:
+        results[f"fsdp-{many}"] = run(f"fsdp-{many}", [*common, "--devices", many, *fsdp], out_dir)
     for name, arguments in args.variant:
         results[f"fsdp-{many}-{name}"] = run(f"fsdp-{many}-{name}", [*common, "--devices", many, *fsdp, *arguments], out_dir)
     if args.weak:
