@@ -235,13 +235,15 @@ record = Record()
 # the 2 processes' prompts in one batch.
 keyed = kind.endswith("-keyed")
 devices = 1 if kind == "single-keyed" else 2
-strategy = {"ddp": "ddp", "single-keyed": "auto"}.get(kind) or PolicyFSDPStrategy(mixed_precision=None)
+strategy = {"ddp": "ddp", "ddp-compiled": "ddp", "single-keyed": "auto"}.get(kind) or PolicyFSDPStrategy(mixed_precision=None)
 trainer = L.Trainer(
     strategy=strategy, accelerator="cpu", devices=devices, max_steps=max_steps, logger=False, enable_progress_bar=False,
     enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=out,
     callbacks=[record, ModelCheckpoint(os.path.join(out, "ckpt"), "{step}", every_n_train_steps=2, save_top_k=-1)],
 )
 sampling = dict(rollout_engine="static", rollout_seed=7) if keyed else {}
+if kind == "ddp-compiled":  # the log-prob passes through torch.compile
+    sampling["model_compile"] = True
 variant = dict(cls=DAPO, max_gen_batches=3) if kind == "fsdp-dapo" else dict(cls=GRPO, beta=0.04)
 # Micro-batches of one row: two backward passes per step and rank (DDP syncs only in the last).
 module = variant.pop("cls")(model=model_dir, reward_funcs=["test_checkpoint.length_reward"], group_size=2,
@@ -280,6 +282,19 @@ def torchrun(
 
 def steps(rank: dict, *numbers: int) -> list[dict]:
     return [rank["steps"][str(n)] for n in numbers]
+
+
+def test_model_compile_under_ddp_trains_like_the_eager_model(tiny_model_dir, tmp_path):
+    """``model_compile`` over two CPU processes: every step's metrics, the norm of the averaged
+    gradient among them, match the eager DDP run's, so the compiled backward pass still feeds
+    DDP's all-reduce (local gradients would give other norms)."""
+    script = tmp_path / "distributed_fit.py"
+    script.write_text(DISTRIBUTED_FIT)
+    eager = torchrun(script, tiny_model_dir, tmp_path / "eager", "ddp", 2)
+    compiled = torchrun(script, tiny_model_dir, tmp_path / "compiled", "ddp-compiled", 2)
+    for rank in (0, 1):
+        assert compiled[rank]["prompts"] == eager[rank]["prompts"]
+        torch.testing.assert_close(steps(compiled[rank], 1, 2), steps(eager[rank], 1, 2), rtol=1e-4, atol=1e-6)
 
 
 def test_fsdp_over_two_cpu_processes_trains_like_ddp_and_resumes_exactly(tiny_model_dir, tmp_path):
