@@ -494,6 +494,8 @@ class GroupPolicyOptimization(L.LightningModule):
         if self.hparams.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
         self.policy = shard(self.policy)
+        if self.hparams.model_compile and is_sharded(self.policy):
+            rank_zero_warn("model_compile: the policy is sharded (FSDP), so its log-prob passes run eagerly.")
         if self.beta > 0:
             self.ref_model = self._load_causal_lm()
             self.ref_model.eval().requires_grad_(False)
