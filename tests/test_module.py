@@ -13,6 +13,7 @@ from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.module import ConfigError, StepMetrics
 from grpo_lightning.rewards import RewardFunctionError
+from grpo_lightning.rollout import SamplingParams
 from variants import DAPO, GRPO
 
 REQUIRED_METRICS = {
@@ -172,6 +173,19 @@ def test_reward_rises_on_a_toy_task(tiny_model_dir, tmp_path):
 def test_invalid_settings_are_rejected_at_construction_naming_the_field(overrides, field):
     with pytest.raises(ConfigError, match=field):
         module("unused/model", **overrides)
+
+
+def test_decode_attention_reaches_the_static_engine_and_keeps_greedy_rollouts(make_module):
+    """The module's ``decode_attention`` is the engine's; the ``math`` kind decodes the same greedy
+    completions as PyTorch's SDPA."""
+    batch = {"prompt": ["1+2=", "30+4="]}
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    completions = {}
+    for kind in ("sdpa", "math"):
+        grpo = make_module(GRPO, rollout_engine="static", decode_attention=kind, dtype="float32")
+        completions[kind] = grpo.generate(batch, 2, greedy).completion_ids
+        assert grpo._engine.decode_attention == kind
+    torch.testing.assert_close(completions["math"], completions["sdpa"], rtol=0, atol=0)
 
 
 def test_padding_free_needs_a_transformers_that_detects_packed_sequences(monkeypatch):
