@@ -70,15 +70,20 @@ DECODE_ATTENTION_KINDS = ("sdpa", "efficient", "math")
 _decode_kind = "sdpa"  # read at every call (and guarded on by torch.compile): set by decode_attention
 
 
+def check_decode_attention(kind: str) -> None:
+    """Raise a ``ValueError`` naming the allowed values unless ``kind`` is in ``DECODE_ATTENTION_KINDS``."""
+    if kind not in DECODE_ATTENTION_KINDS:
+        allowed = ", ".join(map(repr, DECODE_ATTENTION_KINDS))
+        raise ValueError(f"decode_attention must be one of {allowed}, got {kind!r}")
+
+
 @contextlib.contextmanager
 def decode_attention(kind: str) -> Iterator[None]:
     """Compute single-query grouped attention the ``kind`` way (``DECODE_ATTENTION_KINDS``) inside the
     ``with`` block; the previous kind is restored on exit. A compiled function that reads it is
     recompiled for each kind it runs under."""
     global _decode_kind
-    if kind not in DECODE_ATTENTION_KINDS:
-        allowed = ", ".join(map(repr, DECODE_ATTENTION_KINDS))
-        raise ValueError(f"decode_attention must be one of {allowed}, got {kind!r}")
+    check_decode_attention(kind)
     previous, _decode_kind = _decode_kind, kind
     try:
         yield

@@ -56,7 +56,7 @@ import transformers
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from .attention import DECODE_ATTENTION_KINDS, decode_attention, grouped_query_attention
+from .attention import check_decode_attention, decode_attention, grouped_query_attention
 from .logprobs import position_ids_from_mask
 from .rollout import SamplingParams
 
@@ -242,11 +242,7 @@ class StaticCacheGenerator:
             raise ValueError(f"max_cache_len must be at least 2, got {max_cache_len}")
         if check_every is not None and check_every < 1:
             raise ValueError(f"check_every must be at least 1, got {check_every}")
-        if decode_attention not in DECODE_ATTENTION_KINDS:
-            raise ValueError(
-                f"decode_attention must be one of {', '.join(map(repr, DECODE_ATTENTION_KINDS))}, "
-                f"got {decode_attention!r}"
-            )
+        check_decode_attention(decode_attention)
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         attention = getattr(config, "_attn_implementation", None) or "eager"
         if attention not in _SUPPORTED_ATTENTION:
