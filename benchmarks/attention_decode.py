@@ -16,7 +16,9 @@ and compiled (``torch.compile`` of a function of query, keys, values and mask; o
   ``sdpa_kernel`` (flash attention takes no mask: it runs without one, a bound on what a kernel
   that reads the cache once can do, not the same attention);
 * ``efficient``: the decode kind, SDPA's memory-efficient kernel on CUDA (PyTorch's choice elsewhere);
-* ``math``: the decode kind, matmuls around an fp32 softmax.
+* ``math``: the decode kind, matmuls around an fp32 softmax;
+* ``triton``: the decode kind, one Triton kernel per step (``grpo_lightning.decode_kernel``; on a
+  CPU it computes as ``math``).
 
 A variant that raises, or whose result differs from ``repeat_kv``'s, is skipped with the reason. On
 CUDA each variant is timed two ways: ``call`` (a Python call, kernel launches included) and
@@ -54,6 +56,7 @@ DECODE_VARIANTS = {
     "sdpa[math]": ("sdpa", SDPBackend.MATH, True),
     "efficient": ("efficient", None, True),
     "math": ("math", None, True),
+    "triton": ("triton", None, True),
 }
 
 

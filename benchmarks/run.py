@@ -42,6 +42,8 @@ if str(REPO_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
+from grpo_lightning.attention import DECODE_ATTENTION_KINDS  # noqa: E402
+
 WORKDIR_ENV = "GRPO_BENCH_WORKDIR"  # lets the processes a multi-device launch re-runs reuse rank 0's files
 PHASES = ("rollout_s", "score_s", "logprob_s", "update_s", "step_s")
 #: Training metrics recorded per step (means over all devices), for comparing runs step by step.
@@ -636,7 +638,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rollout-compile", action="store_true", help="the module's rollout_compile (static engine)")
     parser.add_argument("--logprob-compile", action="store_true", help="the module's logprob_compile")
     parser.add_argument("--model-compile", action="store_true", help="the module's model_compile")
-    parser.add_argument("--decode-attention", choices=["sdpa", "efficient", "math"], default="sdpa", help="the module's decode_attention")
+    parser.add_argument("--decode-attention", choices=list(DECODE_ATTENTION_KINDS), default="sdpa", help="the module's decode_attention")
     parser.add_argument("--fused-lm-head", choices=["auto", "on", "off"], default="auto", help="the module's fused_lm_head (auto: on CUDA)")
     parser.add_argument("--rollout-dtype", default=None, help="the module's rollout_dtype, e.g. bfloat16 with --dtype float32")
     parser.add_argument(

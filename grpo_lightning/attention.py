@@ -30,6 +30,7 @@ Several queries (a prefill) always take PyTorch's dispatch.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,7 +56,7 @@ _SWITCHABLE = ("sdpa", "eager")
 _FAST_DEVICES = ("cpu", "cuda")
 _EFFICIENT_DEVICES = ("cuda",)  # where SDPA has a memory-efficient kernel
 
-DECODE_ATTENTION_KINDS = ("sdpa", "efficient", "math")
+DECODE_ATTENTION_KINDS = ("sdpa", "efficient", "math", "triton")
 """How ``gqa_sdpa_attention_forward`` computes a single query (``S == 1``):
 
 * ``"sdpa"``: ``scaled_dot_product_attention`` with PyTorch's choice of kernel (the default);
@@ -64,10 +65,16 @@ DECODE_ATTENTION_KINDS = ("sdpa", "efficient", "math")
   have no such kernel and keep PyTorch's choice;
 * ``"math"``: ``softmax(q @ k^T * scale + mask) @ v`` written out, the softmax in fp32, so that
   ``torch.compile`` fuses the scaling, mask and softmax into one kernel around two matmuls. The
-  scores are rounded to the query's dtype before the softmax, as in transformers' eager attention.
+  scores are rounded to the query's dtype before the softmax, as in transformers' eager attention;
+* ``"triton"``: one Triton kernel (``grpo_lightning.decode_kernel``) reads each KV head's cache once
+  for the ``g`` query heads of its group, with an online fp32 softmax. It needs the ``triton``
+  package and runs on CUDA (or under Triton's interpreter, ``TRITON_INTERPRET=1``); elsewhere a
+  step is computed as ``"math"``.
 """
 
 _decode_kind = "sdpa"  # read at every call (and guarded on by torch.compile): set by decode_attention
+_triton_kernel = None  # the "triton" kind's operator, imported by decode_attention("triton")
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton kernels run on the CPU, interpreted
 
 
 def check_decode_attention(kind: str) -> None:
@@ -84,6 +91,8 @@ def decode_attention(kind: str) -> Iterator[None]:
     recompiled for each kind it runs under."""
     global _decode_kind
     check_decode_attention(kind)
+    if kind == "triton" and (torch.cuda.is_available() or _INTERPRETED):
+        _load_triton_kernel()
     previous, _decode_kind = _decode_kind, kind
     try:
         yield
@@ -100,6 +109,21 @@ def _softmax_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor |
     probs = scores.softmax(dim=-1)
     probs = torch.where(scores.amax(dim=-1, keepdim=True) == float("-inf"), 0.0, probs)
     return torch.matmul(probs.to(value.dtype), value)
+
+
+def _load_triton_kernel() -> None:
+    """Import the ``"triton"`` kind's operator (Triton is not a dependency of the package)."""
+    global _triton_kernel
+    if _triton_kernel is not None:
+        return
+    try:
+        from .decode_kernel import decode_attention as kernel
+    except ImportError as error:
+        raise ImportError(
+            f"decode_attention='triton' needs the triton package and torch>=2.6 ({error}): install triton "
+            "or set decode_attention to 'math'"
+        ) from error
+    _triton_kernel = kernel
 
 
 def _grouped_mask(mask: Tensor, kv_heads: int, group: int, q_len: int) -> Tensor:
@@ -155,7 +179,10 @@ def gqa_sdpa_attention_forward(
         mask = _grouped_mask(mask, kv_heads, group, q_len)
     stacked = query.reshape(batch, kv_heads, group * q_len, query.shape[-1])
     kind = _decode_kind if q_len == 1 else "sdpa"
-    if kind == "math" and dropout == 0.0:
+    if kind == "triton" and dropout == 0.0 and _triton_kernel is not None and (query.device.type == "cuda" or _INTERPRETED):
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        out = _triton_kernel(stacked, key, value, mask, scale)
+    elif kind in ("math", "triton") and dropout == 0.0:
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         out = _softmax_attention(stacked, key, value, mask, scale)
     else:

@@ -240,7 +240,7 @@ def test_decode_attention_is_scoped_and_validated():
             raise RuntimeError("inside")
         assert attention._decode_kind == "math"
     assert attention._decode_kind == "sdpa"
-    allowed = "'sdpa', 'efficient', 'math'"
+    allowed = "'sdpa', 'efficient', 'math', 'triton'"
     with (
         pytest.raises(ValueError, match=f"decode_attention must be one of {allowed}, got 'flash'"),
         decode_attention("flash"),

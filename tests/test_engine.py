@@ -99,7 +99,7 @@ def test_greedy_matches_generate_without_eos(model, tokenizer):
     assert torch.equal(out, reference)
 
 
-@pytest.mark.parametrize("decode_attention", ["efficient", "math"])
+@pytest.mark.parametrize("decode_attention", ["efficient", "math", "triton"])
 def test_decode_attention_gives_the_default_greedy_tokens(model, tokenizer, decode_attention):
     eos = unused_token(hf_greedy(model, tokenizer, PROMPTS, eos=tokenizer.eos_token_id), tokenizer)
     default = static_greedy(StaticCacheGenerator(model, len(PROMPTS), 32), tokenizer, PROMPTS, eos)
@@ -351,7 +351,7 @@ def test_rejects_unsupported_attention(qwen2):
 
 
 def test_rejects_unknown_decode_attention(qwen2):
-    with pytest.raises(ValueError, match=r"decode_attention must be one of 'sdpa', 'efficient', 'math', got 'cudnn'"):
+    with pytest.raises(ValueError, match=r"decode_attention must be one of 'sdpa', 'efficient', 'math', 'triton', got 'cudnn'"):
         StaticCacheGenerator(qwen2, 2, 16, decode_attention="cudnn")
 
 
@@ -402,7 +402,7 @@ def test_bf16_sampled_logprobs_match_a_teacher_forced_pass_within_bf16_tolerance
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("decode_attention", ["sdpa", "efficient", "math"])
+@pytest.mark.parametrize("decode_attention", ["sdpa", "efficient", "math", "triton"])
 def test_compiled_decode_step_matches_the_eager_one(tokenizer, tmp_path, decode_attention):
     config = tiny_config(tokenizer, hidden_size=64, num_layers=2, initializer_range=1.0)
     model = AutoModelForCausalLM.from_pretrained(save_tiny_model(tmp_path, tokenizer, config)).cuda().eval()

@@ -1,0 +1,118 @@
+"""The ``"triton"`` decode attention kernel (``grpo_lightning.decode_kernel``) against an fp64 softmax.
+
+The kernel runs on CUDA. Without a GPU, Triton's interpreter runs it on the CPU, but only when
+``TRITON_INTERPRET=1`` is set before Triton and ``grpo_lightning.attention`` are imported: the test
+``test_the_kernel_under_triton_s_interpreter`` runs this file's tests, and the ``"triton"`` cases
+of the attention and engine tests, in a fresh process with that setting. Without Triton, all skip.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+RUNS_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_kernel = pytest.mark.skipif(not RUNS_HERE, reason="runs on CUDA or under TRITON_INTERPRET=1 (see below)")
+
+
+@pytest.mark.skipif(RUNS_HERE, reason="the kernel's tests run in this process")
+def test_the_kernel_under_triton_s_interpreter():
+    tests = Path(__file__).parent
+    selected = [str(tests / name) for name in ("test_decode_kernel.py", "test_attention.py", "test_engine.py")]
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "triton or kernel", *selected],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout and " failed" not in result.stdout
+
+
+def reference(query, key, value, mask, scale):
+    """fp64 ``softmax(scale * q k^T + mask) v``; a row with nothing to attend to gives zeros."""
+    scores = (query.double() @ key.double().transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.double()
+    probs = torch.nan_to_num(scores.softmax(dim=-1), nan=0.0)
+    return probs @ value.double()
+
+
+def inputs(batch=3, kv_heads=2, group=7, kv_len=130, head_dim=16, dtype=torch.float32, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator).to(DEVICE, dtype)
+
+    # The query as the attention function gets it: [B, Hq, 1, D] transposed from [B, 1, Hq, D], then
+    # stacked per group: a strided view, not a contiguous tensor.
+    query = randn(batch, 1, kv_heads * group, head_dim).transpose(1, 2).reshape(batch, kv_heads, group, head_dim)
+    # The cache's slots beyond kv_len exist but are not read: a view of a longer buffer.
+    key = randn(batch, kv_heads, kv_len + 5, head_dim)[:, :, :kv_len]
+    value = randn(batch, kv_heads, kv_len + 5, head_dim)[:, :, :kv_len]
+    return query, key, value
+
+
+def decode_attention(*args):
+    from grpo_lightning.decode_kernel import decode_attention as kernel
+
+    return kernel(*args)
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("group", "kv_len", "head_dim"),
+    [(7, 130, 16), (1, 1, 16), (8, 64, 64), (2, 65, 80), (16, 200, 32)],
+)
+@pytest.mark.parametrize("mask_kind", [None, "bool", "per-head bool", "additive"])
+def test_kernel_equals_the_fp64_softmax(group, kv_len, head_dim, mask_kind):
+    query, key, value = inputs(group=group, kv_len=kv_len, head_dim=head_dim)
+    generator = torch.Generator().manual_seed(1)
+    if mask_kind is None:
+        mask = None
+    elif mask_kind == "per-head bool":  # [B, Hkv, g, L]: each query head its own slots
+        mask = (torch.rand(3, 2, group, kv_len, generator=generator) > 0.4).to(DEVICE)
+    else:  # [B, 1, 1, L]: left padding of each row, as the engine passes it
+        mask = (torch.arange(kv_len) >= torch.tensor([0, kv_len // 3, kv_len - 1])[:, None]).to(DEVICE)[:, None, None]
+        if mask_kind == "additive":
+            mask = torch.zeros(mask.shape, device=DEVICE).masked_fill(~mask, torch.finfo(torch.float32).min)
+    out = decode_attention(query, key, value, mask, 0.37)
+    assert out.shape == query.shape and out.dtype == query.dtype and out.is_contiguous()
+    expected = reference(query, key, value, mask, 0.37)
+    torch.testing.assert_close(out.double(), expected, atol=2e-6, rtol=1e-5)
+
+
+@needs_kernel
+def test_a_row_with_nothing_to_attend_to_gives_zeros():
+    query, key, value = inputs()
+    mask = torch.ones(3, 1, 1, 130, dtype=torch.bool, device=DEVICE)
+    mask[1] = False
+    out = decode_attention(query, key, value, mask, 0.25)
+    assert torch.isfinite(out).all() and (out[1] == 0).all()
+    torch.testing.assert_close(out.double(), reference(query, key, value, mask, 0.25), atol=2e-6, rtol=1e-5)
+
+
+@needs_kernel
+def test_bf16_kernel_is_within_rounding_of_the_fp64_softmax():
+    query, key, value = inputs(group=7, kv_len=200, head_dim=64, dtype=torch.bfloat16)
+    mask = (torch.arange(200) >= torch.tensor([0, 50, 199])[:, None]).to(DEVICE)[:, None, None]
+    out = decode_attention(query, key, value, mask, 0.125)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), reference(query, key, value, mask, 0.125), atol=2e-2, rtol=2e-2)
+
+
+@needs_kernel
+def test_kernel_rejects_mismatched_shapes():
+    query, key, value = inputs()
+    with pytest.raises(ValueError, match="do not share batch, KV heads and length"):
+        decode_attention(query, key[:, :1], value[:, :1], None, 1.0)
