@@ -120,7 +120,7 @@ def _load_triton_kernel() -> None:
         from .decode_kernel import decode_attention as kernel
     except ImportError as error:
         raise ImportError(
-            f"decode_attention='triton' needs the triton package and torch>=2.6 ({error}): install triton "
+            f"decode_attention='triton' needs the triton package ({error}): install triton "
             "or set decode_attention to 'math'"
         ) from error
     _triton_kernel = kernel

@@ -19,7 +19,8 @@ written for that case, with grouped-query attention (``Hq = g * Hkv`` query head
 ``key``/``value`` ``[B, Hkv, L, D]``, ``mask`` ``None`` or broadcastable to ``[B, Hkv, g, L]``,
 and returns ``[B, Hkv, g, D]`` in the query's dtype. Any strides are accepted, so the cache is read
 in place. It is registered as the custom operator ``grpo_lightning::decode_attention``
-(``torch.library.triton_op``), which ``torch.compile`` keeps as one kernel and a CUDA graph captures.
+(``torch.library.custom_op``): ``torch.compile`` calls it as it is, between the kernels it
+generates, and a CUDA graph captures its launch like theirs.
 
 Importing this module needs Triton; the kernel itself runs on CUDA, or anywhere under Triton's
 interpreter (``TRITON_INTERPRET=1``, which the CPU tests use).
@@ -33,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from torch.library import triton_op, wrap_triton
+from torch.library import custom_op
 
 BLOCK_L = 64
 """Cache slots per block of the kernel's loop."""
@@ -135,7 +136,7 @@ def _padded(size: int) -> int:
     return max(_MIN_DOT, triton.next_power_of_2(size))
 
 
-@triton_op("grpo_lightning::decode_attention", mutates_args=())
+@custom_op("grpo_lightning::decode_attention", mutates_args=())
 def decode_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     """``softmax(scale * query @ key^T [+ mask]) @ value`` per ``(row, KV head)``; see the module
     docstring for the shapes. ``mask``: boolean (``True`` may attend) or additive, broadcastable to
@@ -155,7 +156,7 @@ def decode_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | N
         mask = mask.expand(batch, kv_heads, group, kv_len)
         mask_strides = mask.stride()
     precision = "ieee" if query.dtype == torch.float32 else "tf32"
-    wrap_triton(_decode_attention_kernel)[(batch, kv_heads)](
+    _decode_attention_kernel[(batch, kv_heads)](
         query,
         key,
         value,
@@ -178,3 +179,8 @@ def decode_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | N
         UPCAST=_INTERPRETED,
     )
     return out
+
+
+@decode_attention.register_fake
+def _(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    return torch.empty_like(query, memory_format=torch.contiguous_format)

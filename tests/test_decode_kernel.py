@@ -112,6 +112,20 @@ def test_bf16_kernel_is_within_rounding_of_the_fp64_softmax():
 
 
 @needs_kernel
+def test_compiled_code_calls_the_kernel_as_it_is():
+    """``torch.compile`` (the engine compiles its decode step) keeps the operator whole, with the
+    shapes of its fake implementation, between the kernels it generates around it."""
+    query, key, value = inputs(group=7, kv_len=100)
+    mask = (torch.arange(100) >= torch.tensor([0, 30, 99])[:, None]).to(DEVICE)[:, None, None]
+
+    def step(query, key, value, mask):
+        return decode_attention(query * 2.0, key, value, mask, 0.25).sum(dim=2) + 1.0
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=False)
+    torch.testing.assert_close(compiled(query, key, value, mask), step(query, key, value, mask), atol=1e-5, rtol=1e-5)
+
+
+@needs_kernel
 def test_kernel_rejects_mismatched_shapes():
     query, key, value = inputs()
     with pytest.raises(ValueError, match="do not share batch, KV heads and length"):
