@@ -57,6 +57,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from .attention import check_decode_attention, decode_attention, grouped_query_attention
+from .fused_decode import FusedDecoder, FusedLayer, fuse_projections
 from .logprobs import position_ids_from_mask
 from .rollout import SamplingParams
 
@@ -221,8 +222,14 @@ class StaticCacheGenerator:
             time). Without a CUDA graph (on a CPU) the compiled step runs as it is.
         decode_attention: how the decode step's attention (one query per row over the cache) is
             computed, one of ``attention.DECODE_ATTENTION_KINDS``: ``"sdpa"`` (PyTorch's choice of
-            SDPA kernel), ``"efficient"`` (SDPA's memory-efficient kernel on CUDA) or ``"math"``
-            (matmuls around an fp32 softmax, fused by ``compile``). The prefill always uses SDPA.
+            SDPA kernel), ``"efficient"`` (SDPA's memory-efficient kernel on CUDA), ``"math"``
+            (matmuls around an fp32 softmax, fused by ``compile``) or ``"triton"`` (one Triton
+            kernel). The prefill always uses SDPA.
+        fuse_projections: decode with each layer's q/k/v and gate/up products as one matrix
+            product each (``grpo_lightning.fused_decode``), for the model types of
+            ``fused_decode.FUSED_MODEL_TYPES`` (others decode as usual). The model's q/k/v and
+            gate/up parameters become views of one buffer per layer: same objects and values, no
+            copy of the weights.
     """
 
     def __init__(
@@ -235,6 +242,7 @@ class StaticCacheGenerator:
         warmup_steps: int = 2,
         compile: bool = False,
         decode_attention: str = "sdpa",
+        fuse_projections: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -261,6 +269,9 @@ class StaticCacheGenerator:
         self.warmup_steps = warmup_steps
         self.compile = compile
         self.decode_attention = decode_attention
+        self.fuse_projections = fuse_projections
+        self._fused: list[FusedLayer] | None = None
+        self._decoder: FusedDecoder | None = None
         self._compile_candidates = None
         self._boolean_mask = attention == "sdpa"
         parameters = inspect.signature(model.forward).parameters
@@ -371,6 +382,10 @@ class StaticCacheGenerator:
         if use_graph and device.type != "cuda":
             raise ValueError(f"use_cuda_graph=True needs the model on CUDA, it is on {device}")
         self._prepare(device, prompt_len + sampling.max_new_tokens)
+        if self.fuse_projections:  # before the weights' addresses are read: it may move them
+            fused = fuse_projections(self.model, self._fused)
+            if fused is not self._fused:
+                self._fused, self._decoder = fused, None if fused is None else FusedDecoder(self.model, fused)
         prompt_ids = prompt_ids.to(device)
         prompt_mask = prompt_mask.to(device)
         if rows < self.max_batch_size:
@@ -478,6 +493,12 @@ class StaticCacheGenerator:
             kwargs["logits_to_keep"] = 1
         return self.model(**kwargs).logits[:, -1].float()
 
+    def _decode_forward(self, input_ids: Tensor, allowed: Tensor, position_ids: Tensor, cache_position: Tensor) -> Tensor:
+        """The forward pass of a decode step: with fused projections when they apply."""
+        if self._decoder is None:
+            return self._forward(input_ids, allowed, position_ids, cache_position)
+        return self._decoder(input_ids, self._attention_mask(allowed), position_ids, self._cache, cache_position)
+
     def _prefill(self, prompt_ids: Tensor, prompt_mask: Tensor) -> Tensor:
         """Reset the cache, run the prompts through it and set up the decode buffers."""
         self._cache.reset()
@@ -518,7 +539,7 @@ class StaticCacheGenerator:
         """One token for every row; only in-place updates of static buffers (CUDA-graph safe)."""
         self._key_valid.index_fill_(1, self._cache_position, True)
         allowed = self._key_valid[:, None, None, :]
-        logits = (forward or self._forward)(self._tokens, allowed, self._positions, self._cache_position)
+        logits = (forward or self._decode_forward)(self._tokens, allowed, self._positions, self._cache_position)
         self._emit(logits, sampling)
         self._positions.add_(1)
         self._cache_position.add_(1)
@@ -547,7 +568,7 @@ class StaticCacheGenerator:
         if self._compile_candidates is None:
             self._compile_candidates = []
             if self.compile:
-                compiled_forward = torch.compile(self._forward, dynamic=False)
+                compiled_forward = torch.compile(self._decode_forward, dynamic=False)
                 self._compile_candidates = [
                     ("the decode step", torch.compile(self._decode_step, dynamic=False)),
                     ("the decode step's forward", functools.partial(self._decode_step, forward=compiled_forward)),

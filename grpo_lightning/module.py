@@ -222,8 +222,13 @@ class GroupPolicyOptimization(L.LightningModule):
         decode_attention: with the static engine, how a decode step's attention is computed
             (:data:`grpo_lightning.attention.DECODE_ATTENTION_KINDS`): ``"sdpa"`` (PyTorch's choice
             of kernel), ``"efficient"`` (its memory-efficient kernel) or ``"math"`` (matrix
-            products around an fp32 softmax, which ``rollout_compile`` fuses). Measured in
-            ``benchmarks/attention_decode.py``.
+            products around an fp32 softmax, which ``rollout_compile`` fuses) or ``"triton"`` (one
+            Triton kernel per step, the fastest on CUDA; on a CPU it computes as ``"math"``).
+            Measured in ``benchmarks/attention_decode.py``.
+        fuse_projections: with the static engine, decode with each layer's q/k/v and gate/up
+            products as one matrix product each (Llama, Mistral and Qwen2 models; others decode
+            as usual). The policy's q/k/v and gate/up parameters become views of one buffer per
+            layer (same parameters and values, no copy; ``grpo_lightning.fused_decode``).
         logprob_compile: on CUDA, fuse the fp32 log-softmax arithmetic of the log-prob passes
             (reference, old policy, update) with ``torch.compile``.
         model_compile: in the log-prob passes (reference, old policy, update), run the model's
@@ -290,6 +295,7 @@ class GroupPolicyOptimization(L.LightningModule):
         rollout_dtype: str | None = None,
         rollout_compile: bool = False,
         decode_attention: str = "sdpa",
+        fuse_projections: bool = False,
         logprob_compile: bool = False,
         model_compile: bool = False,
         fused_lm_head: bool | None = None,
@@ -677,6 +683,7 @@ class GroupPolicyOptimization(L.LightningModule):
                         max_cache_len=sampling.max_new_tokens + 64,
                         compile=self.hparams.rollout_compile,
                         decode_attention=self.hparams.decode_attention,
+                        fuse_projections=self.hparams.fuse_projections,
                     )
                 keys = None if self.hparams.rollout_seed is None else self.row_keys(texts, group_size)
                 prompt_ids, prompt_mask, completion_ids = fast_generate_group(

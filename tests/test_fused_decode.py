@@ -1,0 +1,155 @@
+"""Decoding with fused q/k/v and gate/up products (``grpo_lightning.fused_decode``): the same tokens as
+the model's own forward pass, with parameters that stay the model's, in place."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from grpo_lightning.engine import StaticCacheGenerator
+from grpo_lightning.fused_decode import fuse_projections
+from grpo_lightning.rollout import SamplingParams
+from grpo_lightning.tiny import build_char_tokenizer, save_tiny_model, tiny_config
+
+PROMPTS = ["1+2=", "37+45=", "(1)", "<think>3*4=12"]
+MAX_NEW = 12
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+KINDS = {
+    "qwen2": {"model_type": "qwen2"},  # q/k/v biases
+    "llama": {"model_type": "llama"},  # no biases
+    "llama-biases": {"model_type": "llama", "attention_bias": True, "mlp_bias": True},
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def checkpoint(request, tokenizer, tmp_path_factory):
+    config = tiny_config(
+        tokenizer, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
+        max_position_embeddings=64, initializer_range=1.0, **KINDS[request.param],
+    )  # fmt: skip
+    return save_tiny_model(tmp_path_factory.mktemp(request.param), tokenizer, config, seed=0)
+
+
+def load(path):
+    return AutoModelForCausalLM.from_pretrained(path).eval()
+
+
+def rollout(generator, tokenizer, temperature=0.0, keys=None):
+    encoded = tokenizer(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    sampling = SamplingParams(MAX_NEW, temperature=temperature)
+    eos = len(tokenizer) - 1  # never sampled by these models: every row runs MAX_NEW steps
+    return generator.generate(
+        encoded["input_ids"], encoded["attention_mask"], sampling, eos, tokenizer.pad_token_id, keys, return_logprobs=True
+    )
+
+
+def test_fused_decoding_samples_what_the_model_s_forward_samples(checkpoint, tokenizer):
+    plain, fused = load(checkpoint), load(checkpoint)
+    reference = StaticCacheGenerator(plain, len(PROMPTS), 32)
+    generator = StaticCacheGenerator(fused, len(PROMPTS), 32, fuse_projections=True)
+    greedy, greedy_logprobs = rollout(generator, tokenizer)
+    expected, expected_logprobs = rollout(reference, tokenizer)
+    assert generator._decoder is not None
+    assert len(set(expected.flatten().tolist())) > 4, "degenerate model: completions repeat a token"
+    assert torch.equal(greedy, expected)
+    torch.testing.assert_close(greedy_logprobs, expected_logprobs, atol=1e-5, rtol=1e-5)
+    keys = torch.arange(len(PROMPTS)) + 11
+    sampled, sampled_logprobs = rollout(generator, tokenizer, 1.0, keys)
+    expected, expected_logprobs = rollout(reference, tokenizer, 1.0, keys)
+    assert torch.equal(sampled, expected)
+    torch.testing.assert_close(sampled_logprobs, expected_logprobs, atol=1e-5, rtol=1e-5)
+
+
+def test_parameters_become_rows_of_one_buffer_and_save_as_before(checkpoint, tmp_path):
+    model = load(checkpoint)
+    before = {name: (id(p), p.detach().clone(), p.requires_grad) for name, p in model.named_parameters()}
+    fused = fuse_projections(model)
+    after = dict(model.named_parameters())
+    assert after.keys() == before.keys()
+    for name, parameter in after.items():
+        identity, value, requires_grad = before[name]
+        assert id(parameter) == identity and parameter.requires_grad == requires_grad
+        assert torch.equal(parameter, value)
+    for layer in fused:
+        attention = layer.layer.self_attn
+        q, k, v = attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight
+        assert q.untyped_storage().data_ptr() == v.untyped_storage().data_ptr() == layer.qkv.weight.data_ptr()
+        assert k.data_ptr() == layer.qkv.weight[q.shape[0]].data_ptr()
+        assert torch.equal(layer.qkv.weight, torch.cat([q, k, v]))
+        mlp = layer.layer.mlp
+        assert torch.equal(layer.gate_up.weight, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+    assert fuse_projections(model, fused) is fused  # still in place: nothing to do
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    for name, parameter in reloaded.named_parameters():
+        assert torch.equal(parameter, before[name][1]), name
+
+
+def test_optimizer_steps_reach_the_next_rollout(checkpoint, tokenizer):
+    """The optimizer updates the parameters in place, so in the shared buffer: the next rollout of the
+    fused generator equals that of an unfused model given the same updated weights."""
+    model = load(checkpoint)
+    generator = StaticCacheGenerator(model, len(PROMPTS), 32, fuse_projections=True)
+    first, _ = rollout(generator, tokenizer)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    for parameter in model.parameters():
+        parameter.grad = torch.randn_like(parameter)
+    optimizer.step()
+    layer = generator._fused[0]
+    assert torch.equal(layer.qkv.weight[: layer.qkv.sizes[0]], layer.layer.self_attn.q_proj.weight)
+    updated = load(checkpoint)
+    updated.load_state_dict(model.state_dict())
+    expected, _ = rollout(StaticCacheGenerator(updated, len(PROMPTS), 32), tokenizer)
+    second, _ = rollout(generator, tokenizer)
+    assert not torch.equal(second, first) and torch.equal(second, expected)
+
+
+def test_replaced_parameters_are_fused_again(checkpoint, tokenizer):
+    model = load(checkpoint)
+    generator = StaticCacheGenerator(model, len(PROMPTS), 32, fuse_projections=True)
+    rollout(generator, tokenizer)
+    old = generator._fused
+    state = {name: tensor.clone() * 0.5 for name, tensor in model.state_dict().items()}
+    model.load_state_dict(state, assign=True)  # new tensors: no longer rows of the old buffers
+    assert not old[0].qkv.holds_its_parameters()
+    out, _ = rollout(generator, tokenizer)
+    assert generator._fused is not old and generator._fused[0].qkv.holds_its_parameters()
+    halved = load(checkpoint)
+    halved.load_state_dict(state)
+    assert torch.equal(out, rollout(StaticCacheGenerator(halved, len(PROMPTS), 32), tokenizer)[0])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_compiled_fused_step_gives_the_eager_tokens(tokenizer, tmp_path, device):
+    """Compiled (and on CUDA captured in a CUDA graph, with the Triton attention kernel), against the
+    model's own forward pass run eagerly."""
+    config = tiny_config(tokenizer, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
+                         initializer_range=1.0)  # fmt: skip
+    path = save_tiny_model(tmp_path, tokenizer, config, seed=0)
+    attention = "triton" if device == "cuda" else "math"
+    compiled = StaticCacheGenerator(
+        load(path).to(device), len(PROMPTS), 32, compile=True, fuse_projections=True, decode_attention=attention
+    )
+    eager = StaticCacheGenerator(load(path).to(device), len(PROMPTS), 32, use_cuda_graph=False)
+    assert torch.equal(rollout(compiled, tokenizer)[0], rollout(eager, tokenizer)[0])
+    assert compiled._decoder is not None
+
+
+def test_other_models_decode_through_their_own_forward(tokenizer, tmp_path):
+    config = tiny_config(tokenizer, model_type="qwen3", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                         intermediate_size=64, head_dim=8, initializer_range=1.0)  # fmt: skip
+    path = save_tiny_model(tmp_path, tokenizer, config, seed=0)
+    model = load(path)
+    assert fuse_projections(model) is None  # per-head q/k norms: not a layer the fused decoder computes
+    generator = StaticCacheGenerator(model, len(PROMPTS), 32, fuse_projections=True)
+    out, _ = rollout(generator, tokenizer)
+    assert generator._decoder is None
+    assert torch.equal(out, rollout(StaticCacheGenerator(load(path), len(PROMPTS), 32), tokenizer)[0])
