@@ -1,6 +1,7 @@
 """Where a rollout's decode step spends its time: the static-cache engine on one workload's model.
 
     python benchmarks/profile_rollout.py [--workload W1] [--rows 128] [--out profile.txt]
+        [--decode-attention triton] [--fuse-projections] [--only-compiled]
 
 Builds the workload's random-init model (as ``run.py`` does), then on CUDA:
 
@@ -10,6 +11,9 @@ Builds the workload's random-init model (as ``run.py`` does), then on CUDA:
 2. profiles a few decode steps with ``torch.profiler``, eager and compiled, both without the CUDA
    graph: kernels launched per step, their summed GPU time per step (against the step's time in
    the graph: how far the step is from being bound by its kernels) and the kernels that take it.
+
+``--decode-attention`` and ``--fuse-projections`` set the engine's options of the same names for
+every engine built; ``--only-compiled`` skips the uncompiled timings and profile.
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profiled-steps", type=int, default=8)
     parser.add_argument("--out", default=None, help="also write the report here")
+    parser.add_argument("--decode-attention", default="sdpa", help="the engine's decode_attention")
+    parser.add_argument("--fuse-projections", action="store_true", help="the engine's fuse_projections")
+    parser.add_argument("--only-compiled", action="store_true", help="time and profile the compiled step only")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs CUDA")
@@ -71,31 +78,42 @@ def main() -> None:
              f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"]  # fmt: skip
 
     cache_len = workload.prompt_tokens + workload.max_new_tokens
-    grouped, _ = rollout_ms_per_step(engine.StaticCacheGenerator(model, rows, cache_len), ids, mask, sampling, args.repeats)
-    compiled_engine = engine.StaticCacheGenerator(model, rows, cache_len, compile=True)
+    options = {"decode_attention": args.decode_attention, "fuse_projections": args.fuse_projections}
+    lines[0] += f", {options}"
+
+    def generator(**kwargs):
+        return engine.StaticCacheGenerator(model, rows, cache_len, **options, **kwargs)
+
+    compiled_engine = generator(compile=True)
     compiled, first_s = rollout_ms_per_step(compiled_engine, ids, mask, sampling, args.repeats)
     del compiled_engine
-    original = engine.grouped_query_attention
-    engine.grouped_query_attention = lambda model: contextlib.nullcontext(False)
-    try:
-        plain, _ = rollout_ms_per_step(engine.StaticCacheGenerator(model, rows, cache_len), ids, mask, sampling, args.repeats)
-    finally:
-        engine.grouped_query_attention = original
-    lines.append(f"decode step (CUDA graph): {grouped:.2f} ms with grouped-query attention, "
-                 f"{plain:.2f} ms with transformers' attention ({plain / grouped:.2f}x), "
-                 f"{compiled:.2f} ms compiled (torch.compile; first rollout {first_s:.0f} s)")  # fmt: skip
+    if args.only_compiled:
+        lines.append(f"decode step (CUDA graph): {compiled:.2f} ms compiled (first rollout {first_s:.0f} s)")
+    else:
+        grouped, _ = rollout_ms_per_step(generator(), ids, mask, sampling, args.repeats)
+        original = engine.grouped_query_attention
+        engine.grouped_query_attention = lambda model: contextlib.nullcontext(False)
+        try:
+            plain, _ = rollout_ms_per_step(generator(), ids, mask, sampling, args.repeats)
+        finally:
+            engine.grouped_query_attention = original
+        lines.append(f"decode step (CUDA graph): {grouped:.2f} ms with grouped-query attention, "
+                     f"{plain:.2f} ms with transformers' attention ({plain / grouped:.2f}x), "
+                     f"{compiled:.2f} ms compiled (torch.compile; first rollout {first_s:.0f} s)")  # fmt: skip
 
     steps = args.profiled_steps
     short = dataclasses.replace(sampling, max_new_tokens=2, min_new_tokens=2)
     profiled = dataclasses.replace(sampling, max_new_tokens=steps + 1, min_new_tokens=steps + 1)
     for name, compile_step in (("eager", False), ("compiled", True)):
+        if args.only_compiled and not compile_step:
+            continue
         # Without the CUDA graph, so that the profiler sees each kernel of a decode step.
-        generator = engine.StaticCacheGenerator(model, rows, cache_len, use_cuda_graph=False, compile=compile_step)
-        generator.generate(ids, mask, short, None, 0)  # warm-up: allocations, cuBLAS handles, compilation
+        profiled_engine = generator(use_cuda_graph=False, compile=compile_step)
+        profiled_engine.generate(ids, mask, short, None, 0)  # warm-up: allocations, cuBLAS handles, compilation
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
-            generator.generate(ids, mask, profiled, None, 0)
+            profiled_engine.generate(ids, mask, profiled, None, 0)
             torch.cuda.synchronize()
-        del generator
+        del profiled_engine
         events = prof.key_averages()
         gpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
         kernels = sum(e.count for e in gpu)
