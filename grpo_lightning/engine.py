@@ -102,9 +102,8 @@ def sample_tokens(
     sampling): the token of a row then depends on that row alone.
     """
     logits = logits.float()
-    argmax = blocked_argmax if logits.device.type == "cuda" else functools.partial(torch.argmax, dim=-1)
     if temperature == 0:
-        return argmax(logits)
+        return logits.argmax(dim=-1)
     if temperature != 1.0:
         logits = logits / temperature
     if 0 < top_k < logits.size(-1):
@@ -124,28 +123,7 @@ def sample_tokens(
     # U ~ Uniform[0, 1) (several times faster than exponential_ on CPU); U = 0 gives E = inf, a score
     # of -inf, never NaN.
     noise = torch.rand_like(logits).log_().neg_()
-    return argmax(logits - noise.log_())
-
-
-#: Entries per block of :func:`blocked_argmax`'s first level.
-ARGMAX_BLOCK = 2048
-
-
-def blocked_argmax(values: Tensor, block: int = ARGMAX_BLOCK) -> Tensor:
-    """``values.argmax(dim=-1)`` for ``[B, V]`` values, in two levels: the maximum of each block of
-    ``block`` entries, then the first block holding the overall maximum. The same index (the first
-    maximum of the row), but the first level is ``B * V / block`` short reductions instead of ``B``
-    long ones: a compiled argmax is one program per row, so 128 rows of a 151936-token vocabulary
-    kept most of an H100's or H200's multiprocessors idle. Sampling uses it on CUDA only: a CPU has
-    few cores to fill, and there the padding costs more than it saves."""
-    rows, size = values.shape
-    if size <= block:
-        return values.argmax(dim=-1)
-    blocks = -(-size // block)
-    padded = torch.nn.functional.pad(values, (0, blocks * block - size), value=float("-inf"))
-    best, inside = padded.view(rows, blocks, block).max(dim=-1)  # [B, blocks]
-    chosen = best.argmax(dim=-1, keepdim=True)
-    return (chosen * block + inside.gather(1, chosen)).squeeze(1)
+    return (logits - noise.log_()).argmax(dim=-1)
 
 
 #: Tokens per block of :func:`inverse_cdf_sample`'s first level.

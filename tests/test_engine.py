@@ -11,7 +11,6 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from grpo_lightning.engine import (
     StaticCacheGenerator,
-    blocked_argmax,
     fast_generate_group,
     inverse_cdf_sample,
     keyed_uniforms,
@@ -226,19 +225,6 @@ def test_sampled_continuations_use_the_decode_step(qwen2, tokenizer):
     assert second.numel() > 500
     tolerance = 0.05 * (4000 / second.numel()) ** 0.5
     assert total_variation(second, target) < tolerance
-
-
-@pytest.mark.parametrize("size", [7, 2048, 2049, 5000])
-def test_blocked_argmax_is_argmax_with_its_ties_and_infinities(size):
-    generator = torch.Generator().manual_seed(size)
-    values = torch.randint(-3, 4, (6, size), generator=generator).float()  # many ties
-    values[1] = float("-inf")  # nothing finite: index 0
-    values[2, -1] = 10.0  # the maximum in the last, partial block
-    values[3, : size // 2] = float("-inf")
-    values[4, 0] = float("inf")
-    for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
-        for block in (2048, 3, 1):
-            assert torch.equal(blocked_argmax(values.to(device), block=block).cpu(), values.argmax(dim=-1))
 
 
 def test_sample_tokens_support():
