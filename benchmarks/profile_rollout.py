@@ -12,8 +12,9 @@ Builds the workload's random-init model (as ``run.py`` does), then on CUDA:
    graph: kernels launched per step, their summed GPU time per step (against the step's time in
    the graph: how far the step is from being bound by its kernels) and the kernels that take it.
 
-``--decode-attention`` and ``--fuse-projections`` set the engine's options of the same names for
-every engine built; ``--only-compiled`` skips the uncompiled timings and profile.
+``--decode-attention``, ``--fuse-projections`` and ``--compile-options`` set the engine's options
+of the same names for every engine built; ``--only-compiled`` skips the uncompiled timings and
+profile.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import argparse
 import contextlib
 import dataclasses
 import importlib.util
+import json
 import statistics
 import sys
 import tempfile
@@ -60,6 +62,10 @@ def main() -> None:
     parser.add_argument("--decode-attention", default="sdpa", help="the engine's decode_attention")
     parser.add_argument("--fuse-projections", action="store_true", help="the engine's fuse_projections")
     parser.add_argument("--only-compiled", action="store_true", help="time and profile the compiled step only")
+    parser.add_argument(
+        "--compile-options", type=json.loads, default=None,
+        help="the engine's compile_options as JSON, e.g. '{}' (default: engine.default_compile_options)",
+    )  # fmt: skip
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs CUDA")
@@ -78,7 +84,11 @@ def main() -> None:
              f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"]  # fmt: skip
 
     cache_len = workload.prompt_tokens + workload.max_new_tokens
-    options = {"decode_attention": args.decode_attention, "fuse_projections": args.fuse_projections}
+    options = {
+        "decode_attention": args.decode_attention,
+        "fuse_projections": args.fuse_projections,
+        "compile_options": args.compile_options,
+    }
     lines[0] += f", {options}"
 
     def generator(**kwargs):

@@ -200,6 +200,15 @@ def _weights_fingerprint(model: nn.Module) -> tuple[int, ...]:
     return tuple(t.data_ptr() for t in model.parameters()) + tuple(t.data_ptr() for t in model.buffers())
 
 
+def default_compile_options(device: torch.device) -> dict[str, Any]:
+    """Inductor options for the decode step on ``device``. On CUDA, ``combo_kernels`` launches
+    independent small kernels of the step together, as one kernel: 1.51 against 1.60 ms per W1
+    decode step on an H200 (``benchmarks/RESULTS.md``)."""
+    from torch._inductor import config
+
+    return {"combo_kernels": True} if device.type == "cuda" and hasattr(config, "combo_kernels") else {}
+
+
 class StaticCacheGenerator:
     """Samples completions on a reusable ``transformers.StaticCache``; see the module docstring.
 
@@ -220,6 +229,8 @@ class StaticCacheGenerator:
             compilation (tens of seconds). If compiling the whole step fails, only its model
             forward is compiled; if that fails too, the step runs uncompiled (with a warning each
             time). Without a CUDA graph (on a CPU) the compiled step runs as it is.
+        compile_options: Inductor options of that compilation (``torch.compile(options=...)``);
+            ``None`` means :func:`default_compile_options`.
         decode_attention: how the decode step's attention (one query per row over the cache) is
             computed, one of ``attention.DECODE_ATTENTION_KINDS``: ``"sdpa"`` (PyTorch's choice of
             SDPA kernel), ``"efficient"`` (SDPA's memory-efficient kernel on CUDA), ``"math"``
@@ -243,6 +254,7 @@ class StaticCacheGenerator:
         compile: bool = False,
         decode_attention: str = "sdpa",
         fuse_projections: bool = False,
+        compile_options: dict[str, Any] | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -268,6 +280,7 @@ class StaticCacheGenerator:
         self.check_every = check_every
         self.warmup_steps = warmup_steps
         self.compile = compile
+        self.compile_options = compile_options
         self.decode_attention = decode_attention
         self.fuse_projections = fuse_projections
         self._fused: list[FusedLayer] | None = None
@@ -568,9 +581,12 @@ class StaticCacheGenerator:
         if self._compile_candidates is None:
             self._compile_candidates = []
             if self.compile:
-                compiled_forward = torch.compile(self._decode_forward, dynamic=False)
+                options = self.compile_options
+                if options is None:
+                    options = default_compile_options(self._out.device)
+                compiled_forward = torch.compile(self._decode_forward, dynamic=False, options=options)
                 self._compile_candidates = [
-                    ("the decode step", torch.compile(self._decode_step, dynamic=False)),
+                    ("the decode step", torch.compile(self._decode_step, dynamic=False, options=options)),
                     ("the decode step's forward", functools.partial(self._decode_step, forward=compiled_forward)),
                 ]
         while self._compile_candidates:
