@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--workload", default="W1")
     parser.add_argument("--rows", type=int, default=None, help="rollout rows (default: the workload's prompts x G)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--profiled-steps", type=int, default=8)
+    parser.add_argument("--profiled-steps", type=int, default=8, help="0: time the rollouts only")
     parser.add_argument("--out", default=None, help="also write the report here")
     parser.add_argument("--decode-attention", default="sdpa", help="the engine's decode_attention")
     parser.add_argument("--fuse-projections", action="store_true", help="the engine's fuse_projections")
@@ -115,7 +115,7 @@ def main() -> None:
     short = dataclasses.replace(sampling, max_new_tokens=2, min_new_tokens=2)
     profiled = dataclasses.replace(sampling, max_new_tokens=steps + 1, min_new_tokens=steps + 1)
     for name, compile_step in (("eager", False), ("compiled", True)):
-        if args.only_compiled and not compile_step:
+        if (args.only_compiled and not compile_step) or steps == 0:
             continue
         # Without the CUDA graph, so that the profiler sees each kernel of a decode step.
         profiled_engine = generator(use_cuda_graph=False, compile=compile_step)
