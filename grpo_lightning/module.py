@@ -350,6 +350,11 @@ class GroupPolicyOptimization(L.LightningModule):
             decode_attention in DECODE_ATTENTION_KINDS,
             f"decode_attention: {decode_attention!r} is not one of {', '.join(map(repr, DECODE_ATTENTION_KINDS))}.",
         )
+        _require(
+            not fuse_projections or rollout_engine == "static",
+            "fuse_projections: the fused decode step is the static engine's; set rollout_engine to 'static' "
+            "or fuse_projections to false.",
+        )
         _require(beta >= 0, f"beta: the KL coefficient must be >= 0 (got {beta}).")
         _require(kl_estimator in F.KL_ESTIMATORS, f"kl_estimator: {kl_estimator!r} is not one of {F.KL_ESTIMATORS}.")
         _require(0 <= clip_eps_low < 1, f"clip_eps_low: must be in [0, 1) (got {clip_eps_low}).")

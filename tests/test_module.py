@@ -168,6 +168,7 @@ def test_reward_rises_on_a_toy_task(tiny_model_dir, tmp_path):
         ({"reward_weights": [1.0, 2.0]}, "reward_weights"),
         ({"dtype": "float8"}, "dtype"),
         ({"decode_attention": "cudnn"}, "decode_attention"),
+        ({"fuse_projections": True}, "fuse_projections"),  # the default engine is "hf"
     ],
 )
 def test_invalid_settings_are_rejected_at_construction_naming_the_field(overrides, field):
@@ -175,17 +176,20 @@ def test_invalid_settings_are_rejected_at_construction_naming_the_field(override
         module("unused/model", **overrides)
 
 
-def test_decode_attention_reaches_the_static_engine_and_keeps_greedy_rollouts(make_module):
-    """The module's ``decode_attention`` is the engine's; the ``math`` kind decodes the same greedy
-    completions as PyTorch's SDPA."""
+def test_decode_options_reach_the_static_engine_and_keep_greedy_rollouts(make_module):
+    """The module's ``decode_attention`` and ``fuse_projections`` are the engine's; the ``math`` kind
+    and the fused projections (with ``triton``, computed as ``math`` on a CPU) decode the same greedy
+    completions as PyTorch's SDPA through the model's own forward pass."""
     batch = {"prompt": ["1+2=", "30+4="]}
     greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
     completions = {}
-    for kind in ("sdpa", "math"):
-        grpo = make_module(GRPO, rollout_engine="static", decode_attention=kind, dtype="float32")
+    for kind, fused in (("sdpa", False), ("math", False), ("triton", True)):
+        grpo = make_module(GRPO, rollout_engine="static", decode_attention=kind, fuse_projections=fused, dtype="float32")
         completions[kind] = grpo.generate(batch, 2, greedy).completion_ids
-        assert grpo._engine.decode_attention == kind
+        assert grpo._engine.decode_attention == kind and grpo._engine.fuse_projections == fused
+        assert (grpo._engine._decoder is not None) == fused
     torch.testing.assert_close(completions["math"], completions["sdpa"], rtol=0, atol=0)
+    torch.testing.assert_close(completions["triton"], completions["sdpa"], rtol=0, atol=0)
 
 
 def test_padding_free_needs_a_transformers_that_detects_packed_sequences(monkeypatch):
