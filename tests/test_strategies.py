@@ -162,10 +162,13 @@ def refreshes(monkeypatch) -> list[int]:
     return calls
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["", "fused-projections"])
 def test_fsdp_rollouts_sample_from_a_replica_refreshed_after_each_step(
-    tiny_model_dir, tmp_path, process_group_cleanup, refreshes
+    tiny_model_dir, tmp_path, process_group_cleanup, refreshes, fused
 ):
-    grpo = make_module(tiny_model_dir, beta=0.04, dtype="float32", rollout_engine="static")
+    """With ``fuse_projections`` the replica's q/k/v and gate/up parameters are views of one buffer
+    per layer; the in-place refreshes keep them so (the engine fuses once)."""
+    grpo = make_module(tiny_model_dir, beta=0.04, dtype="float32", rollout_engine="static", fuse_projections=fused)
     sharded, _ = fit(grpo, 2, tmp_path / "sharded", strategy=fsdp_strategy())
     assert len(refreshes) == 2  # before the first rollout, and after the first step's update
     with FullyShardedDataParallel.summon_full_params(grpo.policy):
@@ -173,6 +176,10 @@ def test_fsdp_rollouts_sample_from_a_replica_refreshed_after_each_step(
     with grpo.rollout_model() as replica:  # refreshed: the second step's update came after
         pass
     assert len(refreshes) == 3
+    if fused:  # refreshed in place three times: the views the engine made at the first rollout hold
+        layers = grpo._engine._fused
+        assert grpo._engine.model is replica and layers is not None
+        assert all(layer.qkv.holds_its_parameters() and layer.gate_up.holds_its_parameters() for layer in layers)
     for name, value in replica.state_dict().items():
         torch.testing.assert_close(value, policy[name.replace("_checkpoint_wrapped_module.", "")], rtol=0, atol=0)
     # the static engine on the replica trains as on the unsharded policy
