@@ -103,7 +103,7 @@ def sample_tokens(
     """
     logits = logits.float()
     if temperature == 0:
-        return blocked_argmax(logits)
+        return logits.argmax(dim=-1)
     if temperature != 1.0:
         logits = logits / temperature
     if 0 < top_k < logits.size(-1):
@@ -122,41 +122,8 @@ def sample_tokens(
     # exp(logits), that is argmax(logits - log E): one pass over the logits, no softmax. E = -log(U),
     # U ~ Uniform[0, 1) (several times faster than exponential_ on CPU); U = 0 gives E = inf, a score
     # of -inf, never NaN.
-    return blocked_argmax(logits, race=True)
-
-
-#: Entries per block of :func:`blocked_argmax`'s first level.
-ARGMAX_BLOCK = 2048
-
-
-def blocked_argmax(values: Tensor, race: bool = False, block: int = ARGMAX_BLOCK, two_levels: bool | None = None) -> Tensor:
-    """``values.argmax(dim=-1)`` of ``[B, V]`` values, or with ``race`` the exponential race
-    ``argmax(values - log E)``, ``E ~ Exponential(1)`` drawn for every entry.
-
-    On CUDA, when ``V > block``, the argmax is taken in two levels: the maximum of each block of
-    ``block`` entries (padded with ``-inf``), then the first block holding the overall maximum, which
-    gives the same index as one level (the row's first maximum). Compiled, one level is one program
-    per row: 128 rows of a 151936-token vocabulary kept most of an H100's or H200's multiprocessors
-    idle. The noise is drawn in the blocked shape, so that the compiler generates it inside the
-    first level's reduction instead of writing it out first. Elsewhere (a CPU has few cores to fill,
-    and there the padding costs more than it saves) the argmax is taken in one level.
-    ``two_levels`` overrides that choice of device.
-    """
-    rows, size = values.shape
-    if two_levels is None:
-        two_levels = values.device.type == "cuda"
-    if size <= block or not two_levels:
-        if race:
-            values = values - torch.rand_like(values).log_().neg_().log_()
-        return values.argmax(dim=-1)
-    blocks = -(-size // block)
-    values = torch.nn.functional.pad(values, (0, blocks * block - size), value=float("-inf"))
-    values = values.view(rows, blocks, block)
-    if race:
-        values = values - torch.rand_like(values).log_().neg_().log_()
-    best, inside = values.max(dim=-1)  # [B, blocks]
-    chosen = best.argmax(dim=-1, keepdim=True)
-    return (chosen * block + inside.gather(1, chosen)).squeeze(1)
+    noise = torch.rand_like(logits).log_().neg_()
+    return (logits - noise.log_()).argmax(dim=-1)
 
 
 #: Tokens per block of :func:`inverse_cdf_sample`'s first level.

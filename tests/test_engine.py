@@ -11,7 +11,6 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from grpo_lightning.engine import (
     StaticCacheGenerator,
-    blocked_argmax,
     fast_generate_group,
     inverse_cdf_sample,
     keyed_uniforms,
@@ -226,33 +225,6 @@ def test_sampled_continuations_use_the_decode_step(qwen2, tokenizer):
     assert second.numel() > 500
     tolerance = 0.05 * (4000 / second.numel()) ** 0.5
     assert total_variation(second, target) < tolerance
-
-
-@pytest.mark.parametrize("size", [7, 2048, 2049, 5000])
-def test_blocked_argmax_is_argmax_with_its_ties_and_infinities(size):
-    generator = torch.Generator().manual_seed(size)
-    values = torch.randint(-3, 4, (6, size), generator=generator).float()  # many ties
-    values[1] = float("-inf")  # nothing finite: index 0
-    values[2, -1] = 10.0  # the maximum in the last, partial block
-    values[3, : size // 2] = float("-inf")
-    values[4, 0] = float("inf")
-    for block in (2048, 3, 1):
-        assert torch.equal(blocked_argmax(values, block=block, two_levels=True), values.argmax(dim=-1))
-    assert torch.equal(blocked_argmax(values), values.argmax(dim=-1))
-
-
-@pytest.mark.parametrize("two_levels", [False, True])
-def test_the_exponential_race_draws_from_the_softmax_in_one_level_and_in_two(two_levels):
-    """Draws of ``blocked_argmax(logits, race=True)`` over 40 tokens (in blocks of 16 for two levels,
-    the last one padded) against ``softmax(logits)``: total variation distance of 100000 draws."""
-    torch.manual_seed(0)
-    logits = torch.randn(40) * 2
-    logits[5] = float("-inf")  # never drawn
-    rows = logits.expand(100_000, 40)
-    draws = blocked_argmax(rows, race=True, block=16, two_levels=two_levels)
-    frequencies = torch.bincount(draws, minlength=40).double() / draws.numel()
-    assert frequencies[5] == 0
-    assert 0.5 * (frequencies - logits.double().softmax(0)).abs().sum() < 0.01
 
 
 def test_sample_tokens_support():
