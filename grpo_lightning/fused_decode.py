@@ -16,8 +16,8 @@ save the parameters as before, and ``save_pretrained`` copies parameters that sh
 writing them. A parameter replaced by a new tensor (``model.to(...)``, loading with ``assign=True``)
 is no longer in the buffer: :func:`fuse_projections` checks this and fuses again.
 
-Supported: ``FUSED_MODEL_TYPES`` (decoder layers of ``nn.Linear`` projections, no per-head
-normalisation of q and k, full attention). :func:`fuse_projections` returns ``None`` for other
+Supported: ``FUSED_MODEL_TYPES`` (decoder layers of ``nn.Linear`` projections, full attention;
+Qwen3's per-head normalisation of q and k is applied as the model does). :func:`fuse_projections` returns ``None`` for other
 models, which then decode through their own ``forward``.
 """
 
@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from .attention import gqa_sdpa_attention_forward
 
-FUSED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+FUSED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 """``config.model_type`` values whose decoder layers :class:`FusedDecoder` computes."""
 
 
@@ -107,8 +107,10 @@ def _layers(model: nn.Module) -> tuple[nn.Module, nn.ModuleList] | None:
         attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         projections = [getattr(attention, f"{p}_proj", None) for p in "qkvo"]
         projections += [getattr(mlp, f"{p}_proj", None) for p in ("gate", "up", "down")]
-        if any(type(p) is not nn.Linear for p in projections) or hasattr(attention, "q_norm"):
-            return None  # adapters (LoRA) wrap the projections; Qwen3-style q/k norms are not handled
+        if any(type(p) is not nn.Linear for p in projections):
+            return None  # adapters (LoRA) wrap the projections
+        if hasattr(attention, "q_norm") != (config.model_type == "qwen3"):
+            return None  # per-head q/k norms are Qwen3's; other placements are not handled
         if any((p.bias is None) != (projections[0].bias is None) for p in projections[:3]):
             return None
         if (projections[4].bias is None) != (projections[5].bias is None):
@@ -154,8 +156,10 @@ class FusedDecoder:
             attention = layer.self_attn
             head_dim = attention.head_dim
             query, key, value = fused.qkv(layer.input_layernorm(hidden))
-            query = query.view(batch, 1, -1, head_dim).transpose(1, 2)
-            key = key.view(batch, 1, -1, head_dim).transpose(1, 2)
+            query, key = query.view(batch, 1, -1, head_dim), key.view(batch, 1, -1, head_dim)
+            if hasattr(attention, "q_norm"):  # Qwen3: each head's query and key normalised
+                query, key = attention.q_norm(query), attention.k_norm(key)
+            query, key = query.transpose(1, 2), key.transpose(1, 2)
             value = value.view(batch, 1, -1, head_dim).transpose(1, 2)
             query, key = self.apply_rotary(query, key, cos, sin)
             keys, values = cache.update(key, value, index, {"cache_position": cache_position})

@@ -226,7 +226,7 @@ class GroupPolicyOptimization(L.LightningModule):
             Triton kernel per step, the fastest on CUDA; on a CPU it computes as ``"math"``).
             Measured in ``benchmarks/attention_decode.py``.
         fuse_projections: with the static engine, decode with each layer's q/k/v and gate/up
-            products as one matrix product each (Llama, Mistral and Qwen2 models; others decode
+            products as one matrix product each (Llama, Mistral, Qwen2 and Qwen3 models; others decode
             as usual). The policy's q/k/v and gate/up parameters become views of one buffer per
             layer (same parameters and values, no copy; ``grpo_lightning.fused_decode``).
         logprob_compile: on CUDA, fuse the fp32 log-softmax arithmetic of the log-prob passes

@@ -21,6 +21,7 @@ KINDS = {
     "qwen2": {"model_type": "qwen2"},  # q/k/v biases
     "llama": {"model_type": "llama"},  # no biases
     "llama-biases": {"model_type": "llama", "attention_bias": True, "mlp_bias": True},
+    "qwen3": {"model_type": "qwen3", "head_dim": 8},  # per-head q/k norms
 }
 
 
@@ -144,11 +145,11 @@ def test_compiled_fused_step_gives_the_eager_tokens(tokenizer, tmp_path, device)
 
 
 def test_other_models_decode_through_their_own_forward(tokenizer, tmp_path):
-    config = tiny_config(tokenizer, model_type="qwen3", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                         intermediate_size=64, head_dim=8, initializer_range=1.0)  # fmt: skip
+    config = tiny_config(tokenizer, model_type="olmo2", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                         intermediate_size=64, initializer_range=1.0)  # fmt: skip
     path = save_tiny_model(tmp_path, tokenizer, config, seed=0)
     model = load(path)
-    assert fuse_projections(model) is None  # per-head q/k norms: not a layer the fused decoder computes
+    assert fuse_projections(model) is None  # norms after attention and MLP: not a layer the fused decoder computes
     generator = StaticCacheGenerator(model, len(PROMPTS), 32, fuse_projections=True)
     out, _ = rollout(generator, tokenizer)
     assert generator._decoder is None
