@@ -74,7 +74,8 @@ DECODE_ATTENTION_KINDS = ("sdpa", "efficient", "math", "triton")
 
 _decode_kind = "sdpa"  # read at every call (and guarded on by torch.compile): set by decode_attention
 _triton_kernel = None  # the "triton" kind's operator, imported by decode_attention("triton")
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # Triton kernels run on the CPU, interpreted
+TRITON_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+"""Whether Triton kernels run on the CPU, interpreted (``TRITON_INTERPRET=1`` at import)."""
 
 
 def check_decode_attention(kind: str) -> None:
@@ -91,7 +92,7 @@ def decode_attention(kind: str) -> Iterator[None]:
     recompiled for each kind it runs under."""
     global _decode_kind
     check_decode_attention(kind)
-    if kind == "triton" and (torch.cuda.is_available() or _INTERPRETED):
+    if kind == "triton" and (torch.cuda.is_available() or TRITON_INTERPRETED):
         _load_triton_kernel()
     previous, _decode_kind = _decode_kind, kind
     try:
@@ -179,11 +180,11 @@ def gqa_sdpa_attention_forward(
         mask = _grouped_mask(mask, kv_heads, group, q_len)
     stacked = query.reshape(batch, kv_heads, group * q_len, query.shape[-1])
     kind = _decode_kind if q_len == 1 else "sdpa"
-    if kind == "triton" and dropout == 0.0 and _triton_kernel is not None and (query.device.type == "cuda" or _INTERPRETED):
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    on_triton = _triton_kernel is not None and (query.device.type == "cuda" or TRITON_INTERPRETED)
+    if kind == "triton" and dropout == 0.0 and on_triton:
         out = _triton_kernel(stacked, key, value, mask, scale)
     elif kind in ("math", "triton") and dropout == 0.0:
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         out = _softmax_attention(stacked, key, value, mask, scale)
     else:
         restricted = kind == "efficient" and query.device.type in _EFFICIENT_DEVICES

@@ -28,19 +28,18 @@ interpreter (``TRITON_INTERPRET=1``, which the CPU tests use).
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 from torch.library import custom_op
 
+from .attention import TRITON_INTERPRETED
+
 BLOCK_L = 64
 """Cache slots per block of the kernel's loop."""
 
 _MIN_DOT = 16  # tl.dot needs at least 16 rows and columns
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -176,7 +175,7 @@ def decode_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | N
         BLOCK=BLOCK_L,
         MASK_KIND=mask_kind,
         PRECISION=precision,
-        UPCAST=_INTERPRETED,
+        UPCAST=TRITON_INTERPRETED,
     )
     return out
 
