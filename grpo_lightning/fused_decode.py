@@ -94,9 +94,12 @@ class FusedLayer:
     qkv: Stacked
     gate_up: Stacked
 
+    def holds_its_parameters(self) -> bool:
+        return self.qkv.holds_its_parameters() and self.gate_up.holds_its_parameters()
 
-def _layers(model: nn.Module) -> tuple[nn.Module, nn.ModuleList] | None:
-    """The inner decoder (``model.model``) and its layers, if the model is of a supported kind."""
+
+def _supported_layers(model: nn.Module) -> nn.ModuleList | None:
+    """The decoder layers of ``model`` (``model.model.layers``), if it is of a supported kind."""
     config = getattr(model, "config", None)
     inner = getattr(model, "model", None)
     if getattr(config, "model_type", None) not in FUSED_MODEL_TYPES or inner is None:
@@ -115,20 +118,20 @@ def _layers(model: nn.Module) -> tuple[nn.Module, nn.ModuleList] | None:
             return None
         if (projections[4].bias is None) != (projections[5].bias is None):
             return None
-    return inner, inner.layers
+    return inner.layers
 
 
 def fuse_projections(model: nn.Module, previous: list[FusedLayer] | None = None) -> list[FusedLayer] | None:
     """Stack each layer's q/k/v and gate/up parameters into one buffer each (see the module
     docstring); ``previous`` is reused while its buffers still hold the parameters. ``None`` for
     models of other kinds."""
-    found = _layers(model)
-    if found is None:
+    layers = _supported_layers(model)
+    if layers is None:
         return None
-    if previous is not None and all(f.qkv.holds_its_parameters() and f.gate_up.holds_its_parameters() for f in previous):
+    if previous is not None and all(layer.holds_its_parameters() for layer in previous):
         return previous
     fused = []
-    for layer in found[1]:
+    for layer in layers:
         attention, mlp = layer.self_attn, layer.mlp
         qkv = stack_linears((attention.q_proj, attention.k_proj, attention.v_proj))
         gate_up = stack_linears((mlp.gate_proj, mlp.up_proj))
