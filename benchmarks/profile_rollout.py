@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profiled-steps", type=int, default=8, help="0: time the rollouts only")
     parser.add_argument("--out", default=None, help="also write the report here")
-    parser.add_argument("--decode-attention", default="sdpa", help="the engine's decode_attention")
+    parser.add_argument("--decode-attention", default="auto", help="the engine's decode_attention")
     parser.add_argument("--fuse-projections", action="store_true", help="the engine's fuse_projections")
     parser.add_argument("--only-compiled", action="store_true", help="time and profile the compiled step only")
     parser.add_argument(

@@ -640,7 +640,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--logprob-compile", action="store_true", help="the module's logprob_compile")
     parser.add_argument("--model-compile", action="store_true", help="the module's model_compile")
     parser.add_argument("--fuse-projections", action="store_true", help="the module's fuse_projections")
-    parser.add_argument("--decode-attention", choices=list(DECODE_ATTENTION_KINDS), default="sdpa", help="the module's decode_attention")
+    parser.add_argument("--decode-attention", choices=list(DECODE_ATTENTION_KINDS), default="auto", help="the module's decode_attention")
     parser.add_argument("--fused-lm-head", choices=["auto", "on", "off"], default="auto", help="the module's fused_lm_head (auto: on CUDA)")
     parser.add_argument("--rollout-dtype", default=None, help="the module's rollout_dtype, e.g. bfloat16 with --dtype float32")
     parser.add_argument(

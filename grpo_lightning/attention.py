@@ -23,7 +23,7 @@ queries, which relies on ``is_causal``; position biases; soft-capping; devices o
 CUDA) go to transformers' own SDPA function.
 
 How a single query (a decode step) is computed can be chosen with ``decode_attention(kind)``, a
-``with`` block (``"sdpa"`` by default: PyTorch's own SDPA dispatch); see ``DECODE_ATTENTION_KINDS``.
+``with`` block (``"auto"`` by default); see ``DECODE_ATTENTION_KINDS``.
 Several queries (a prefill) always take PyTorch's dispatch.
 """
 
@@ -56,10 +56,13 @@ _SWITCHABLE = ("sdpa", "eager")
 _FAST_DEVICES = ("cpu", "cuda")
 _EFFICIENT_DEVICES = ("cuda",)  # where SDPA has a memory-efficient kernel
 
-DECODE_ATTENTION_KINDS = ("sdpa", "efficient", "math", "triton")
+DECODE_ATTENTION_KINDS = ("auto", "sdpa", "efficient", "math", "triton")
 """How ``gqa_sdpa_attention_forward`` computes a single query (``S == 1``):
 
-* ``"sdpa"``: ``scaled_dot_product_attention`` with PyTorch's choice of kernel (the default);
+* ``"auto"`` (the default): ``"math"`` on a CPU, ``"sdpa"`` elsewhere. A compiled decode step of
+  W0's model takes 24 against 30 ms per rollout with ``"math"`` on a 2-core CPU, where PyTorch picks
+  its CPU flash kernel for ``"sdpa"`` (``benchmarks/RESULTS.md``); uncompiled, the two are even;
+* ``"sdpa"``: ``scaled_dot_product_attention`` with PyTorch's choice of kernel;
 * ``"efficient"``: the same call restricted to the memory-efficient kernel on CUDA
   (``sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION)``, which ``torch.compile`` traces); other devices
   have no such kernel and keep PyTorch's choice;
@@ -72,7 +75,7 @@ DECODE_ATTENTION_KINDS = ("sdpa", "efficient", "math", "triton")
   step is computed as ``"math"``.
 """
 
-_decode_kind = "sdpa"  # read at every call (and guarded on by torch.compile): set by decode_attention
+_decode_kind = "auto"  # read at every call (and guarded on by torch.compile): set by decode_attention
 _triton_kernel = None  # the "triton" kind's operator, imported by decode_attention("triton")
 TRITON_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 """Whether Triton kernels run on the CPU, interpreted (``TRITON_INTERPRET=1`` at import)."""
@@ -180,6 +183,8 @@ def gqa_sdpa_attention_forward(
         mask = _grouped_mask(mask, kv_heads, group, q_len)
     stacked = query.reshape(batch, kv_heads, group * q_len, query.shape[-1])
     kind = _decode_kind if q_len == 1 else "sdpa"
+    if kind == "auto":
+        kind = "math" if query.device.type == "cpu" else "sdpa"
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     on_triton = _triton_kernel is not None and (query.device.type == "cuda" or TRITON_INTERPRETED)
     if kind == "triton" and dropout == 0.0 and on_triton:

@@ -220,8 +220,8 @@ class GroupPolicyOptimization(L.LightningModule):
         rollout_compile: with the static engine on CUDA, compile its decode step with
             ``torch.compile`` before capturing it (faster decoding; the first rollout compiles).
         decode_attention: with the static engine, how a decode step's attention is computed
-            (:data:`grpo_lightning.attention.DECODE_ATTENTION_KINDS`): ``"sdpa"`` (PyTorch's choice
-            of kernel), ``"efficient"`` (its memory-efficient kernel) or ``"math"`` (matrix
+            (:data:`grpo_lightning.attention.DECODE_ATTENTION_KINDS`): ``"auto"`` (``"math"`` on a
+            CPU, ``"sdpa"`` elsewhere), ``"sdpa"`` (PyTorch's choice of kernel), ``"efficient"`` (its memory-efficient kernel) or ``"math"`` (matrix
             products around an fp32 softmax, which ``rollout_compile`` fuses) or ``"triton"`` (one
             Triton kernel per step, the fastest on CUDA; on a CPU it computes as ``"math"``).
             Measured in ``benchmarks/attention_decode.py``.
@@ -294,7 +294,7 @@ class GroupPolicyOptimization(L.LightningModule):
         rollout_engine: Literal["hf", "static"] = "hf",
         rollout_dtype: str | None = None,
         rollout_compile: bool = False,
-        decode_attention: str = "sdpa",
+        decode_attention: str = "auto",
         fuse_projections: bool = False,
         logprob_compile: bool = False,
         model_compile: bool = False,
@@ -585,8 +585,9 @@ class GroupPolicyOptimization(L.LightningModule):
             parameters,
             lr=self.hparams.learning_rate,
             weight_decay=self.hparams.weight_decay,
-            # One fused kernel for all parameters on CUDA; the default (foreach) elsewhere.
-            fused=True if all(p.is_cuda for p in parameters) else None,
+            # One fused kernel for all parameters on CUDA and on a CPU (W0's step: 0.28 against
+            # 1.09 ms for the default foreach implementation, 2 threads); the default elsewhere.
+            fused=True if all(p.device.type in ("cuda", "cpu") for p in parameters) else None,
         )
         warmup = self.hparams.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))

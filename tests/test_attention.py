@@ -230,8 +230,23 @@ def test_efficient_decode_restricts_sdpa_to_the_memory_efficient_kernel(monkeypa
         gqa_sdpa_attention_forward(Layer(7), prefill, key, value, allowed_keys(3, 4, 9, 5, padding=[0, 3, 5]))
 
 
+def test_auto_decode_attention_is_math_on_a_cpu(monkeypatch):
+    """``"auto"`` computes a CPU decode step with the written-out softmax (faster once compiled than
+    PyTorch's CPU flash kernel); several queries still take PyTorch's dispatch."""
+    written_out = []
+    original = attention._softmax_attention
+    monkeypatch.setattr(attention, "_softmax_attention", lambda *args: written_out.append(1) or original(*args))
+    query, key, value, allowed = decode_inputs()
+    with decode_attention("auto"):
+        out, _ = gqa_sdpa_attention_forward(Layer(7), query, key, value, allowed, scaling=0.7)
+        assert written_out == [1]
+        gqa_sdpa_attention_forward(Layer(7), torch.randn(3, 14, 4, 8), key, value, allowed_keys(3, 4, 9, 5, padding=[0, 3, 5]))
+        assert written_out == [1]
+    torch.testing.assert_close(out, reference(query, key, value, allowed, 0.7), atol=1e-6, rtol=1e-5)
+
+
 def test_decode_attention_is_scoped_and_validated():
-    assert attention._decode_kind == "sdpa"
+    assert attention._decode_kind == "auto"
     with decode_attention("math"):
         with decode_attention("efficient"):
             assert attention._decode_kind == "efficient"
@@ -239,8 +254,8 @@ def test_decode_attention_is_scoped_and_validated():
         with pytest.raises(RuntimeError, match="inside"), decode_attention("sdpa"):
             raise RuntimeError("inside")
         assert attention._decode_kind == "math"
-    assert attention._decode_kind == "sdpa"
-    allowed = "'sdpa', 'efficient', 'math', 'triton'"
+    assert attention._decode_kind == "auto"
+    allowed = "'auto', 'sdpa', 'efficient', 'math', 'triton'"
     with (
         pytest.raises(ValueError, match=f"decode_attention must be one of {allowed}, got 'flash'"),
         decode_attention("flash"),
@@ -349,4 +364,4 @@ def test_engine_runs_grouped_attention(model, tokenizer, calls, kind):
     out = generator.generate(encoded["input_ids"], encoded["attention_mask"], sampling, eos, tokenizer.pad_token_id)
     assert torch.equal(out, reference)
     assert calls["n"] == 8 * model.config.num_hidden_layers  # the prefill and 7 decode steps
-    assert attention_implementations(model) == {original} and attention._decode_kind == "sdpa"
+    assert attention_implementations(model) == {original} and attention._decode_kind == "auto"
