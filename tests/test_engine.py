@@ -11,6 +11,8 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from grpo_lightning.engine import (
     StaticCacheGenerator,
+    cumulative_count_sample,
+    exponential_race_sample,
     fast_generate_group,
     inverse_cdf_sample,
     keyed_uniforms,
@@ -239,6 +241,31 @@ def test_sample_tokens_support():
     assert set(sample_tokens(logits, 1.0).tolist()) == set(range(6))
 
 
+def test_exponential_races_draw_from_the_softmax():
+    """The CUDA path of ``sample_tokens``, run on the CPU: argmax(logits - log E) draws from softmax."""
+    torch.manual_seed(0)
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0, float("-inf")]).expand(40_000, -1)
+    counts = torch.bincount(exponential_race_sample(logits), minlength=5).double()
+    assert counts[4] == 0
+    total_variation = 0.5 * float((counts / counts.sum() - logits[0].softmax(-1)).abs().sum())
+    assert total_variation < 0.01  # about 0.004 expected from 40,000 draws
+
+
+def test_cumulative_count_sample_is_the_inverse_cdf_and_skips_zero_probabilities():
+    """The CPU path of ``sample_tokens``: the token where the uniform falls in the cumulative
+    distribution, from the unnormalised logits, never one of probability zero."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2000, 37, generator=generator, dtype=torch.float64) * 3
+    logits[:, 5] = float("-inf")
+    logits[:, 32:] = float("-inf")
+    uniforms = torch.rand(2000, generator=generator, dtype=torch.float64)
+    tokens = cumulative_count_sample(logits, uniforms)
+    assert torch.equal(tokens, one_level_inverse_cdf(logits.softmax(-1), uniforms))
+    ends = torch.tensor([[float("-inf"), 0.0, float("-inf"), 0.0, float("-inf")]]).expand(3, -1)
+    tokens = cumulative_count_sample(ends, torch.tensor([0.0, 1 - 2**-24, 1.0]))
+    assert tokens.tolist() == [1, 3, 3]
+
+
 def one_level_inverse_cdf(probs, uniforms):
     cdf = probs.cumsum(-1)
     return torch.searchsorted(cdf, (uniforms * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
@@ -351,7 +378,7 @@ def test_rejects_unsupported_attention(qwen2):
 
 
 def test_rejects_unknown_decode_attention(qwen2):
-    with pytest.raises(ValueError, match=r"decode_attention must be one of 'sdpa', 'efficient', 'math', 'triton', got 'cudnn'"):
+    with pytest.raises(ValueError, match=r"decode_attention must be one of 'auto', 'sdpa', 'efficient', 'math', 'triton', got 'cudnn'"):
         StaticCacheGenerator(qwen2, 2, 16, decode_attention="cudnn")
 
 
