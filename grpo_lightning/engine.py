@@ -45,6 +45,7 @@ use full attention (Qwen2, Llama, Mistral without a sliding window, ...).
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import warnings
@@ -211,6 +212,31 @@ def keyed_uniforms(keys: Tensor, counter: Tensor) -> Tensor:
     h = _mix32(h ^ ((keys >> 32) & _MASK32))
     h = _mix32(h ^ (counter & _MASK32))
     return ((h >> 8).float() + 0.5) / 2**24
+
+
+def distinct_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """``(distinct, inverse)`` for ``rows`` ``[N, K]``: the index of one occurrence of each distinct
+    row and, for each row, the position of its own in ``distinct``: ``rows[distinct][inverse]``
+    equals ``rows``."""
+    unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    order = torch.arange(len(rows), device=rows.device)
+    distinct = torch.full((len(unique),), len(rows), device=rows.device).scatter_reduce_(0, inverse, order, "amin")
+    return distinct, inverse
+
+
+def _shared_prefill_cache(cache: Any, distinct: Tensor, inverse: Tensor) -> Any:
+    """``cache`` for a forward pass of the rows ``distinct`` of a batch: a shallow copy (the same
+    layers and buffers) whose ``update`` writes each layer's keys and values to every row of the
+    batch (row ``i`` gets those of ``distinct[inverse[i]]``) and returns the distinct rows' view of
+    the cache to attend over."""
+    shared = copy.copy(cache)
+
+    def update(key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any, **kwargs: Any):
+        keys, values = cache.update(key_states[inverse], value_states[inverse], layer_idx, *args, **kwargs)
+        return keys[distinct], values[distinct]
+
+    shared.update = update
+    return shared
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -535,7 +561,12 @@ class StaticCacheGenerator:
         return self._decoder(input_ids, self._attention_mask(allowed), position_ids, self._cache, cache_position)
 
     def _prefill(self, prompt_ids: Tensor, prompt_mask: Tensor) -> Tensor:
-        """Reset the cache, run the prompts through it and set up the decode buffers."""
+        """Reset the cache, run the prompts through it and set up the decode buffers.
+
+        A GRPO batch holds each prompt ``group_size`` times: only its distinct prompts run through
+        the model, and each layer's keys and values are written to every row of the same prompt
+        (:func:`_shared_prefill_cache`).
+        """
         self._cache.reset()
         prompt_len = prompt_ids.size(1)
         positions = self._arange[:prompt_len]
@@ -545,7 +576,21 @@ class StaticCacheGenerator:
         allowed = causal.unsqueeze(0) & self._key_valid.unsqueeze(1)  # [B, S, L]
         # A padding query attends to itself, so no row of the mask is empty.
         allowed[:, positions, positions] = True
-        logits = self._forward(prompt_ids, allowed.unsqueeze(1), position_ids_from_mask(prompt_mask), positions)
+        distinct, inverse = distinct_rows(torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1))
+        if len(distinct) < len(prompt_ids):
+            cache = self._cache
+            self._cache = _shared_prefill_cache(cache, distinct, inverse)
+            try:
+                logits = self._forward(
+                    prompt_ids[distinct],
+                    allowed[distinct].unsqueeze(1),
+                    position_ids_from_mask(prompt_mask[distinct]),
+                    positions,
+                )[inverse]
+            finally:
+                self._cache = cache
+        else:
+            logits = self._forward(prompt_ids, allowed.unsqueeze(1), position_ids_from_mask(prompt_mask), positions)
         self._positions.copy_(prompt_mask.long().sum(-1, keepdim=True))
         self._cache_position.fill_(prompt_len)
         self._step.zero_()
