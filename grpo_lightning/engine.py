@@ -5,13 +5,16 @@ where the same policy generates a batch of the same shape again and again:
 
 * the KV cache (``transformers.StaticCache``, ``max_batch_size x max_cache_len``) is allocated once
   and reset between rollouts;
-* the prompt is prefilled eagerly; every later token is one *decode step* on static-shaped buffers:
+* the prompt is prefilled eagerly, each distinct prompt once (a GRPO batch holds every prompt
+  ``group_size`` times; its keys and values are written to all rows of that prompt); every later
+  token is one *decode step* on static-shaped buffers:
   the token fed, its position id, its cache slot, the key-validity mask over the whole cache, the step
   counter, the ``finished`` flags and the output row all live on the device and are updated in place;
 * sampling (temperature, top-k, nucleus top-p, greedy when ``temperature == 0``, EOS blocked before
-  ``min_new_tokens``) runs inside the step with no host synchronisation: a draw is
+  ``min_new_tokens``) runs inside the step with no host synchronisation: on CUDA a draw is
   ``argmax(probs / E)`` with ``E ~ Exponential(1)`` noise, which picks token ``i`` with probability
-  ``probs[i]`` (the Gumbel-max trick in another form);
+  ``probs[i]`` (the Gumbel-max trick in another form); on a CPU, where random numbers cost more than
+  a scan, one uniform per row is located in the cumulative distribution;
 * *keyed* sampling (``row_keys``): each row draws its tokens by inverse-CDF sampling from
   counter-based random numbers, a hash of its key and the token's index (:func:`keyed_uniforms`), so
   a row's completion does not depend on the other rows of the batch nor on the device it runs on;
