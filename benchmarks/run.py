@@ -181,7 +181,7 @@ def make_step_recorder():
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             _sync()
             wall = time.perf_counter() - self._start
-            metrics = trainer.callback_metrics
+            metrics = pl_module.last_step_metrics  # every step's values (callback_metrics: the logged ones)
             record = {"wall_s": wall}
             for name in PHASES + ("tokens_per_s", "generated_tokens"):
                 value = metrics.get(f"perf/{name}")

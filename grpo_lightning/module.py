@@ -71,66 +71,68 @@ def _disable_dropout(model: torch.nn.Module) -> None:
             module.attention_dropout = 0.0
 
 
-#: Reduction of a step metric: its torchmetrics class, the state holding its value, and how the
-#: values of two processes combine (means: their weighted sums add up).
-_REDUCTIONS = {
-    "mean": (torchmetrics.MeanMetric, "mean_value", lambda a, b: a + b),
-    "min": (torchmetrics.MinMetric, "min_value", min),
-    "max": (torchmetrics.MaxMetric, "max_value", max),
+#: How two partial states ``(value, weight)`` of a step metric combine: a mean's weighted sums and
+#: weights add up; a minimum or maximum keeps the extreme (its weight counts the values seen).
+_COMBINE = {
+    "mean": lambda a, b: (a[0] + b[0], a[1] + b[1]),
+    "min": lambda a, b: (min(a[0], b[0]), a[1] + b[1]),
+    "max": lambda a, b: (max(a[0], b[0]), a[1] + b[1]),
 }
+
+#: The state of a metric updated with NaN only: its value is NaN.
+_NOTHING = {"mean": (0.0, 0.0), "min": (float("inf"), 0.0), "max": (float("-inf"), 0.0)}
 
 
 class StepMetrics:
-    """A step's metrics (torchmetrics): weighted running means, or minima/maxima, logged and
-    reset once per step.
+    """A step's metrics: weighted running means, or minima/maxima, logged and reset once per step.
+    NaN values are left out.
 
     Values computed on an accelerator stay there until the step's metrics are read: moving each to
     the CPU as it is added would make the host wait for the device mid-step (several times per
-    micro-batch), leaving the device idle while the host launches the next work."""
+    micro-batch), leaving the device idle while the host launches the next work. They are read
+    together, in one copy."""
 
     def __init__(self) -> None:
-        self._metrics: dict[str, tuple[str, torchmetrics.Metric]] = {}
-        self._pending: list[tuple[torchmetrics.Metric, str, Tensor, Tensor]] = []
+        self._states: dict[str, tuple[str, tuple[float, float]]] = {}
+        self._pending: list[tuple[str, str, Tensor, Tensor]] = []
 
     def update(self, name: str, value: Tensor | float, weight: Tensor | float = 1.0, reduce: str = "mean") -> None:
         """Add ``value`` to metric ``name``; ``reduce``: ``"mean"`` (weighted by ``weight``), ``"min"``, ``"max"``."""
-        if name not in self._metrics:
-            # Kept on the CPU in fp32 whatever the precision plugin does; no collective on compute.
-            metric = _REDUCTIONS[reduce][0](nan_strategy="ignore", sync_on_compute=False)
-            self._metrics[name] = (reduce, metric.set_dtype(torch.float32))
-        reduce, metric = self._metrics[name]
+        if reduce not in _COMBINE:
+            raise ValueError(f"reduce must be one of {', '.join(_COMBINE)}, got {reduce!r}")
         # Copies: a tensor changed in place later must not change what was logged.
-        value = torch.as_tensor(value, dtype=torch.float32).detach().clone()
-        self._pending.append((metric, reduce, value, torch.as_tensor(weight, dtype=torch.float32).detach().clone()))
+        value = torch.as_tensor(value, dtype=torch.float32).detach().reshape(()).clone()
+        weight = torch.as_tensor(weight, dtype=torch.float32, device=value.device).detach().reshape(()).clone()
+        self._pending.append((name, reduce, value, weight))
 
     def _apply_pending(self) -> None:
-        """Move the values added since the last read to the CPU and into their metrics, in order."""
+        """Read the values added since the last read (one copy to the CPU) into the states, in order."""
         pending, self._pending = self._pending, []
-        for metric, reduce, value, weight in pending:
-            if reduce == "mean":
-                metric.update(value.cpu(), weight.cpu())
+        if not pending:
+            return
+        device = next((value.device for _, _, value, _ in pending if value.device.type != "cpu"), torch.device("cpu"))
+        numbers = torch.stack([t.to(device) for _, _, value, weight in pending for t in (value, weight)])
+        for (name, reduce, _, _), value, weight in zip(pending, *[iter(numbers.tolist())] * 2):
+            if value != value:  # NaN: counts as an update, adds nothing
+                state = _NOTHING[reduce]
             else:
-                metric.update(value.cpu())
+                state = (value * weight, weight) if reduce == "mean" else (value, 1.0)
+            if name in self._states:
+                state = _COMBINE[reduce](self._states[name][1], state)
+            self._states[name] = (reduce, state)
 
     def compute_and_reset(self, gather: Callable[[Any], list[Any]] | None = None) -> dict[str, float]:
         """Each metric's value since the last reset. ``gather`` (e.g. an all-gather over processes)
         merges the states of every process first, so the values are over all devices' data."""
         self._apply_pending()
-        states = {
-            name: (reduce, self._state(reduce, metric))
-            for name, (reduce, metric) in self._metrics.items()
-            if metric.update_called
-        }
-        for _, metric in self._metrics.values():
-            metric.reset()
+        states, self._states = self._states, {}
         if gather is not None:
             merged: dict[str, tuple[str, tuple[float, float]]] = {}
             for part in gather(states):
-                for name, (reduce, (value, weight)) in part.items():
+                for name, (reduce, state) in part.items():
                     if name in merged:
-                        previous_value, previous_weight = merged[name][1]
-                        value, weight = _REDUCTIONS[reduce][2](previous_value, value), previous_weight + weight
-                    merged[name] = (reduce, (value, weight))
+                        state = _COMBINE[reduce](merged[name][1], state)
+                    merged[name] = (reduce, state)
             states = merged
         values = {}
         for name, (reduce, (value, weight)) in states.items():
@@ -140,32 +142,14 @@ class StepMetrics:
                 values[name] = value if weight else float("nan")
         return values
 
-    @staticmethod
-    def _state(reduce: str, metric: torchmetrics.Metric) -> tuple[float, float]:
-        """(weighted sum, weight) of a mean; (extreme so far, updates counted) of a min or max."""
-        if reduce == "mean":
-            return float(metric.mean_value), float(metric.weight)
-        return float(getattr(metric, _REDUCTIONS[reduce][1])), 1.0
-
     def state_dict(self) -> dict[str, tuple[str, Tensor, Tensor]]:
         """States of the metrics updated since the last reset (a step in progress)."""
         self._apply_pending()
-        return {
-            name: (reduce, *map(torch.tensor, self._state(reduce, metric)))
-            for name, (reduce, metric) in self._metrics.items()
-            if metric.update_called
-        }
+        return {name: (reduce, torch.tensor(value), torch.tensor(weight)) for name, (reduce, (value, weight)) in self._states.items()}
 
     def load_state_dict(self, state: dict[str, tuple[str, Tensor, Tensor]]) -> None:
-        self.compute_and_reset()
-        for name, (reduce, value, weight) in state.items():
-            self.update(name, torch.empty(0), reduce=reduce)  # creates the metric, counted as updated, adding nothing
-            self._apply_pending()
-            metric = self._metrics[name][1]
-            if reduce == "mean":
-                metric.merge_state({"mean_value": value, "weight": weight})
-            else:
-                metric.update(value)
+        self._pending = []
+        self._states = {name: (reduce, (float(value), float(weight))) for name, (reduce, value, weight) in state.items()}
 
 
 def _rng_state() -> dict[str, Any]:
@@ -197,6 +181,12 @@ def _gather_over_ranks(value: Any) -> list[Any]:
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, value)
     return gathered
+
+
+#: Step metrics given to ``self.log`` at every training step (the progress bar shows the reward and
+#: the KL); the others reach ``trainer.callback_metrics`` on the steps whose metrics the loggers
+#: get, and every step's values are in ``GroupPolicyOptimization.last_step_metrics``.
+EVERY_STEP_METRICS = ("loss", "reward", "kl")
 
 
 class GroupPolicyOptimization(L.LightningModule):
@@ -418,6 +408,7 @@ class GroupPolicyOptimization(L.LightningModule):
         self.val_reward = torchmetrics.MeanMetric()
         self.val_length = torchmetrics.MeanMetric()
         self.generated_tokens = 0
+        self.last_step_metrics: dict[str, float] = {}  # every metric of the last training step
 
     # ------------------------------------------------------------------ algorithm hooks
 
@@ -907,12 +898,25 @@ class GroupPolicyOptimization(L.LightningModule):
             self.step_metrics.update(f"rewards/{name}/mean", torch.nanmean(column))
 
     def log_step(self) -> None:
-        # Means over every device's rollouts; generated tokens summed over devices.
+        """Log the step's metrics: means over every device's rollouts, generated tokens summed over
+        devices. All of them are kept in ``last_step_metrics``; ``EVERY_STEP_METRICS`` go to
+        ``self.log`` at every step, the others on the steps whose metrics the Trainer writes to its
+        loggers (``log_every_n_steps``). Lightning's ``self.log`` costs about 0.25 ms per metric,
+        most of W0's 8 ms of logging per step (``benchmarks/RESULTS.md``), for values that it only
+        keeps in ``trainer.callback_metrics`` between those steps."""
         values = self.step_metrics.compute_and_reset(gather=_gather_over_ranks)
         values["perf/generated_tokens"] = float(sum(_gather_over_ranks(self.generated_tokens)))
-        progress = {k for k in ("reward", "kl") if k in values}
-        self.log_dict({k: v for k, v in values.items() if k not in progress}, on_step=True, on_epoch=False)
-        self.log_dict({k: values[k] for k in progress}, on_step=True, on_epoch=False, prog_bar=True)
+        self.last_step_metrics = values
+        logged = values if self._loggers_write_this_step() else {k: values[k] for k in EVERY_STEP_METRICS if k in values}
+        progress = {k for k in ("reward", "kl") if k in logged}
+        self.log_dict({k: v for k, v in logged.items() if k not in progress}, on_step=True, on_epoch=False)
+        self.log_dict({k: logged[k] for k in progress}, on_step=True, on_epoch=False, prog_bar=True)
+
+    def _loggers_write_this_step(self) -> bool:
+        """Whether the Trainer writes this step's metrics to its loggers (every ``log_every_n_steps``
+        steps, and when it stops); ``True`` where the Trainer does not say."""
+        connector = getattr(self._trainer, "_logger_connector", None)
+        return bool(getattr(connector, "should_update_logs", True))
 
     # ------------------------------------------------------------------ validation
 

@@ -11,7 +11,6 @@ from grpo_lightning.ablate import (
     CONFIG_DIR,
     DONE_FILE,
     METRICS_FILE,
-    Cell,
     SweepError,
     SweepSpec,
     cell_command,
@@ -89,7 +88,7 @@ def test_cell_command_uses_the_shared_yaml(tmp_path):
         "variant/grpo.yaml", "trainer/cpu.yaml", "data/arithmetic.yaml", "model/tiny.yaml"
     ]  # fmt: skip
     text = " ".join(command)
-    assert f"--seed_everything 0 " in text
+    assert "--seed_everything 0 " in text
     assert f"--trainer.logger.init_args.save_dir {tmp_path / 'cell'} " in text
     assert "--model.model /m" in text
     assert text.endswith("--trainer.max_steps 3 --model.beta 0.0")

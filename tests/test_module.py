@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import lightning as L
@@ -11,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.logprobs import completion_logprobs
-from grpo_lightning.module import ConfigError, StepMetrics
+from grpo_lightning.module import EVERY_STEP_METRICS, ConfigError, StepMetrics
 from grpo_lightning.rewards import RewardFunctionError
 from grpo_lightning.rollout import SamplingParams
 from variants import DAPO, GRPO
@@ -82,6 +83,33 @@ def test_fit_writes_tensorboard_events_with_every_metric(tiny_model_dir, tmp_pat
     logged = set(events.Tags()["scalars"])
     assert REQUIRED_METRICS <= logged, REQUIRED_METRICS - logged
     assert [e.step for e in events.Scalars("reward")] == [0, 1]
+
+
+def test_every_metric_reaches_the_loggers_on_their_steps(tiny_model_dir, tmp_path):
+    """With ``log_every_n_steps=2`` the loggers get every metric of steps 2 and 4 (their values in
+    ``last_step_metrics``); ``callback_metrics`` holds the loss, reward and KL of every step."""
+    seen = {}
+
+    class Record(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            values = dict(pl_module.last_step_metrics)
+            seen[trainer.global_step] = values
+            for name in EVERY_STEP_METRICS:
+                assert float(trainer.callback_metrics[name]) == pytest.approx(values[name]), name
+
+    trainer = make_trainer(tmp_path, max_steps=4, log_every_n_steps=2, limit_val_batches=0, callbacks=[Record()])
+    trainer.fit(module(tiny_model_dir, beta=0.04), small_data())
+    assert sorted(seen) == [1, 2, 3, 4]
+
+    events = EventAccumulator(str(trainer.log_dir))
+    events.Reload()
+    training_metrics = {name for name in REQUIRED_METRICS if not name.startswith("val/")}
+    assert training_metrics <= set(events.Tags()["scalars"])
+    for name in ("entropy", "grad_norm", "reward", "completions/mean_length"):
+        scalars = events.Scalars(name)
+        # Lightning writes a step's metrics under the optimizer steps taken before it.
+        assert [e.step for e in scalars] == [1, 3], name
+        assert [e.value for e in scalars] == pytest.approx([seen[2][name], seen[4][name]]), name
 
 
 def test_checkpoint_holds_the_policy_but_not_the_reference_model(tiny_model_dir, tmp_path):
@@ -267,6 +295,23 @@ def test_step_metrics_merge_weighted_means_minima_and_maxima_over_processes():
     merged = processes[1].compute_and_reset(gather=gather)
     assert merged == {"loss": (1 + 12 + 8) / 8, "min_length": 3.0, "max_length": 9.0, "only_here": 6.0}
     assert processes[1].compute_and_reset() == {}  # reset
+
+
+def test_step_metrics_leave_out_nan_values():
+    """A NaN value (e.g. the mean of a reward function that scored nothing) adds nothing to a mean,
+    minimum or maximum; a metric that got only NaN is NaN, not missing."""
+    metrics = StepMetrics()
+    for value, weight in ((1.0, 2.0), (float("nan"), 5.0), (4.0, 1.0)):
+        metrics.update("reward", value, weight=weight)
+    metrics.update("shortest", float("nan"), reduce="min")
+    metrics.update("shortest", 7.0, reduce="min")
+    metrics.update("unscored", torch.tensor(float("nan")))
+    metrics.update("longest", float("nan"), reduce="max")
+    values = metrics.compute_and_reset()
+    assert values["reward"] == (2.0 + 4.0) / 3 and values["shortest"] == 7.0
+    assert math.isnan(values["unscored"]) and math.isnan(values["longest"])
+    with pytest.raises(ValueError, match="reduce must be one of mean, min, max, got 'median'"):
+        metrics.update("loss", 1.0, reduce="median")
 
 
 def test_step_metrics_log_a_value_as_it_was_when_added():

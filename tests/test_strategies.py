@@ -232,7 +232,7 @@ class Record(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self.prompts += batch["prompt"]
-        metrics = trainer.callback_metrics
+        metrics = pl_module.last_step_metrics
         self.steps[trainer.global_step] = {k: float(v) for k, v in metrics.items() if not k.startswith("perf/")}
 
 
