@@ -207,14 +207,16 @@ class GroupPolicyOptimization(L.LightningModule):
             weights trained under bf16 autocast: a copy in that dtype, refreshed after every
             optimizer step, decodes in bf16. ``None``: the policy's own weights (no copy); under
             FSDP, a replica in the strategy's compute dtype.
-        rollout_compile: with the static engine on CUDA, compile its decode step with
-            ``torch.compile`` before capturing it (faster decoding; the first rollout compiles).
+        rollout_compile: with the static engine, compile its decode step with ``torch.compile``
+            (on CUDA before capturing it in the CUDA graph): faster decoding; the first rollout
+            compiles.
         decode_attention: with the static engine, how a decode step's attention is computed
             (:data:`grpo_lightning.attention.DECODE_ATTENTION_KINDS`): ``"auto"`` (``"math"`` on a
-            CPU, ``"sdpa"`` elsewhere), ``"sdpa"`` (PyTorch's choice of kernel), ``"efficient"`` (its memory-efficient kernel) or ``"math"`` (matrix
-            products around an fp32 softmax, which ``rollout_compile`` fuses) or ``"triton"`` (one
-            Triton kernel per step, the fastest on CUDA; on a CPU it computes as ``"math"``).
-            Measured in ``benchmarks/attention_decode.py``.
+            CPU, ``"sdpa"`` elsewhere), ``"sdpa"`` (PyTorch's choice of kernel), ``"efficient"``
+            (its memory-efficient kernel), ``"math"`` (matrix products around an fp32 softmax,
+            which ``rollout_compile`` fuses) or ``"triton"`` (one Triton kernel per step, the
+            fastest on CUDA; on a CPU it computes as ``"math"``). Measured in
+            ``benchmarks/attention_decode.py``.
         fuse_projections: with the static engine, decode with each layer's q/k/v and gate/up
             products as one matrix product each (Llama, Mistral, Qwen2 and Qwen3 models; others decode
             as usual). The policy's q/k/v and gate/up parameters become views of one buffer per
