@@ -227,15 +227,16 @@ def distinct_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
     return distinct, inverse
 
 
-def _shared_prefill_cache(cache: Any, distinct: Tensor, inverse: Tensor) -> Any:
+def _shared_prefill_cache(cache: Any, distinct: Tensor, inverse: Tensor, written: set[int]) -> Any:
     """``cache`` for a forward pass of the rows ``distinct`` of a batch: a shallow copy (the same
     layers and buffers) whose ``update`` writes each layer's keys and values to every row of the
-    batch (row ``i`` gets those of ``distinct[inverse[i]]``) and returns the distinct rows' view of
-    the cache to attend over."""
+    batch (row ``i`` gets those of ``distinct[inverse[i]]``), adds the layer's index to ``written``
+    and returns the distinct rows' view of the cache to attend over."""
     shared = copy.copy(cache)
 
     def update(key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any, **kwargs: Any):
         keys, values = cache.update(key_states[inverse], value_states[inverse], layer_idx, *args, **kwargs)
+        written.add(layer_idx)
         return keys[distinct], values[distinct]
 
     shared.update = update
@@ -284,9 +285,9 @@ class StaticCacheGenerator:
             ``None`` means :func:`default_compile_options`.
         decode_attention: how the decode step's attention (one query per row over the cache) is
             computed, one of ``attention.DECODE_ATTENTION_KINDS``: ``"auto"`` (``"math"`` on a CPU,
-            ``"sdpa"`` elsewhere), ``"sdpa"`` (PyTorch's choice of SDPA kernel), ``"efficient"`` (SDPA's memory-efficient kernel on CUDA), ``"math"``
-            (matmuls around an fp32 softmax, fused by ``compile``) or ``"triton"`` (one Triton
-            kernel). The prefill always uses SDPA.
+            ``"sdpa"`` elsewhere), ``"sdpa"`` (PyTorch's choice of SDPA kernel), ``"efficient"``
+            (SDPA's memory-efficient kernel on CUDA), ``"math"`` (matmuls around an fp32 softmax,
+            fused by ``compile``) or ``"triton"`` (one Triton kernel). The prefill always uses SDPA.
         fuse_projections: decode with each layer's q/k/v and gate/up products as one matrix
             product each (``grpo_lightning.fused_decode``), for the model types of
             ``fused_decode.FUSED_MODEL_TYPES`` (others decode as usual). The model's q/k/v and
@@ -579,10 +580,12 @@ class StaticCacheGenerator:
         allowed = causal.unsqueeze(0) & self._key_valid.unsqueeze(1)  # [B, S, L]
         # A padding query attends to itself, so no row of the mask is empty.
         allowed[:, positions, positions] = True
+        logits = None
         distinct, inverse = distinct_rows(torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1))
-        if len(distinct) < len(prompt_ids):
-            cache = self._cache
-            self._cache = _shared_prefill_cache(cache, distinct, inverse)
+        layers = len(getattr(self._cache, "layers", ()))
+        if len(distinct) < len(prompt_ids) and layers:
+            cache, written = self._cache, set()
+            self._cache = _shared_prefill_cache(cache, distinct, inverse, written)
             try:
                 logits = self._forward(
                     prompt_ids[distinct],
@@ -592,7 +595,10 @@ class StaticCacheGenerator:
                 )[inverse]
             finally:
                 self._cache = cache
-        else:
+            if len(written) != layers:  # a model that writes its cache another way: prefill every row
+                self._cache.reset()
+                logits = None
+        if logits is None:
             logits = self._forward(prompt_ids, allowed.unsqueeze(1), position_ids_from_mask(prompt_mask), positions)
         self._positions.copy_(prompt_mask.long().sum(-1, keepdim=True))
         self._cache_position.fill_(prompt_len)

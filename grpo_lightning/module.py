@@ -111,8 +111,8 @@ class StepMetrics:
         if not pending:
             return
         device = next((value.device for _, _, value, _ in pending if value.device.type != "cpu"), torch.device("cpu"))
-        numbers = torch.stack([t.to(device) for _, _, value, weight in pending for t in (value, weight)])
-        for (name, reduce, _, _), value, weight in zip(pending, *[iter(numbers.tolist())] * 2):
+        pairs = torch.stack([torch.stack([value.to(device), weight.to(device)]) for _, _, value, weight in pending])
+        for (name, reduce, _, _), (value, weight) in zip(pending, pairs.tolist()):
             if value != value:  # NaN: counts as an update, adds nothing
                 state = _NOTHING[reduce]
             else:
@@ -145,7 +145,10 @@ class StepMetrics:
     def state_dict(self) -> dict[str, tuple[str, Tensor, Tensor]]:
         """States of the metrics updated since the last reset (a step in progress)."""
         self._apply_pending()
-        return {name: (reduce, torch.tensor(value), torch.tensor(weight)) for name, (reduce, (value, weight)) in self._states.items()}
+        return {
+            name: (reduce, torch.tensor(value), torch.tensor(weight))
+            for name, (reduce, (value, weight)) in self._states.items()
+        }
 
     def load_state_dict(self, state: dict[str, tuple[str, Tensor, Tensor]]) -> None:
         self._pending = []

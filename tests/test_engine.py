@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
+import grpo_lightning.engine as engine_module
 from grpo_lightning.engine import (
     StaticCacheGenerator,
     cumulative_count_sample,
@@ -16,6 +17,7 @@ from grpo_lightning.engine import (
     fast_generate_group,
     inverse_cdf_sample,
     keyed_uniforms,
+    new_static_cache,
     sample_tokens,
 )
 from grpo_lightning.logprobs import completion_logprobs
@@ -352,6 +354,23 @@ def test_repeated_prompts_are_prefilled_once(qwen2, tokenizer):
     for row in range(len(prompts)):
         alone = StaticCacheGenerator(qwen2, 1, 32).generate(ids[row : row + 1], mask[row : row + 1], sampling, None, 0, keys[row : row + 1])
         assert torch.equal(alone, out[row : row + 1, : alone.size(1)]), row
+
+
+def test_repeated_prompts_greedy_match_generate_also_when_the_model_bypasses_update(model, tokenizer, monkeypatch):
+    """Greedy completions of repeated prompts equal ``model.generate``'s, with the shared prefill and
+    with a model whose prefill does not write every layer through ``cache.update`` (simulated: its
+    writes go to a cache of its own), for which the engine prefills every row instead."""
+    prompts = [PROMPTS[i] for i in (0, 0, 1, 4, 1, 0)]
+    eos = unused_token(hf_greedy(model, tokenizer, prompts, eos=tokenizer.eos_token_id), tokenizer)
+    reference = hf_greedy(model, tokenizer, prompts, eos=eos)
+    assert torch.equal(static_greedy(StaticCacheGenerator(model, len(prompts), 32), tokenizer, prompts, eos), reference)
+
+    def writes_elsewhere(cache, distinct, inverse, written):
+        return new_static_cache(model.config, len(distinct), 32, torch.device("cpu"), torch.float32)  # the engine's length
+
+    monkeypatch.setattr(engine_module, "_shared_prefill_cache", writes_elsewhere)
+    out = static_greedy(StaticCacheGenerator(model, len(prompts), 32), tokenizer, prompts, eos)
+    assert torch.equal(out, reference)
 
 
 def sampled_against_teacher_forced(model, tokenizer, sampling: SamplingParams, eos: int) -> tuple[torch.Tensor, torch.Tensor]:
