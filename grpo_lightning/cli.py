@@ -7,7 +7,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import warnings
+from collections.abc import Iterator, Sequence
 
 from lightning.pytorch.cli import LightningCLI
 
@@ -40,8 +42,27 @@ class GRPOLightningCLI(LightningCLI):
             check_checkpoint(self.config[subcommand].get("ckpt_path"))
 
 
+#: Lightning's warnings at the start of every fit that describe this module as designed: the frozen
+#: reference model is in eval mode, and checkpoints hold the state after each step's optimizer step
+#: (what a resumed run continues from).
+EXPECTED_WARNINGS = (
+    r"Found \d+ module\(s\) in eval mode at the start of training",
+    r"Using ModelCheckpoint with manual optimization and every_n_train_steps",
+)
+
+
+@contextlib.contextmanager
+def expected_warnings_silenced() -> Iterator[None]:
+    """Inside the ``with`` block, ``EXPECTED_WARNINGS`` are not shown; every other warning is."""
+    with warnings.catch_warnings():
+        for message in EXPECTED_WARNINGS:
+            warnings.filterwarnings("ignore", message=message)
+        yield
+
+
 def main(args: Sequence[str] | None = None) -> None:
-    GRPOLightningCLI(args=args)
+    with expected_warnings_silenced():
+        GRPOLightningCLI(args=args)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ def run_quickstart(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser.add_argument("--variant", choices=VARIANTS, default="grpo")
     options, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
 
-    from grpo_lightning.cli import GRPOLightningCLI
+    from grpo_lightning.cli import GRPOLightningCLI, expected_warnings_silenced
     from grpo_lightning.warmstart import warm_start
 
     start = time.perf_counter()
@@ -51,9 +51,10 @@ def run_quickstart(argv: Sequence[str] | None = None) -> dict[str, float]:
 
     cli = GRPOLightningCLI(args=quickstart_args(model_dir, options.variant, extra), run=False)
     trainer, module, data = cli.trainer, cli.model, cli.datamodule
-    before = trainer.validate(module, datamodule=data, verbose=False)[0]["val/accuracy"]
-    trainer.fit(module, datamodule=data)
-    after = trainer.validate(module, datamodule=data, verbose=False)[0]["val/accuracy"]
+    with expected_warnings_silenced():
+        before = trainer.validate(module, datamodule=data, verbose=False)[0]["val/accuracy"]
+        trainer.fit(module, datamodule=data)
+        after = trainer.validate(module, datamodule=data, verbose=False)[0]["val/accuracy"]
 
     summary = {
         "variant": options.variant,

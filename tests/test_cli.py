@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+import warnings
 from pathlib import Path
 
 import pytest
 
-from grpo_lightning.cli import GRPOLightningCLI, main
+from grpo_lightning.cli import EXPECTED_WARNINGS, GRPOLightningCLI, main
 from grpo_lightning.quickstart import quickstart_args
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -66,3 +68,20 @@ def test_console_entry_points_return_none_so_the_exit_status_is_zero():
     from grpo_lightning import quickstart
 
     assert inspect.signature(quickstart.main).return_annotation in (None, "None")
+
+
+def test_a_fit_shows_no_warning_about_what_the_module_does_by_design(tiny_model_dir, tmp_path):
+    """The frozen reference model's eval mode and checkpoints taken after the optimizer step are
+    how the module works: a CLI fit does not warn about them (other warnings still show)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main([
+            "fit", *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir), "--trainer.max_steps", "1", "--model.max_new_tokens", "8",
+            "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path),
+            "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.callbacks+=ModelCheckpoint",
+            "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"), "--trainer.callbacks.every_n_train_steps", "1",
+        ])  # fmt: skip
+        warnings.warn("not expected")
+    messages = [str(w.message) for w in caught]
+    assert "not expected" in messages
+    assert not [m for m in messages for pattern in EXPECTED_WARNINGS if re.search(pattern, m)], messages
