@@ -214,8 +214,8 @@ class GroupPolicyOptimization(L.LightningModule):
             (on CUDA before capturing it in the CUDA graph): faster decoding; the first rollout
             compiles.
         decode_attention: with the static engine, how a decode step's attention is computed
-            (:data:`grpo_lightning.attention.DECODE_ATTENTION_KINDS`): ``"auto"`` (``"math"`` on a
-            CPU, ``"sdpa"`` elsewhere), ``"sdpa"`` (PyTorch's choice of kernel), ``"efficient"``
+            (:data:`grpo_lightning.attention.DECODE_ATTENTION_KINDS`): ``"auto"`` (``"triton"`` on
+            CUDA when Triton is installed, ``"math"`` on a CPU, else ``"sdpa"``), ``"sdpa"`` (PyTorch's choice of kernel), ``"efficient"``
             (its memory-efficient kernel), ``"math"`` (matrix products around an fp32 softmax,
             which ``rollout_compile`` fuses) or ``"triton"`` (one Triton kernel per step, the
             fastest on CUDA; on a CPU it computes as ``"math"``). Measured in

@@ -3,6 +3,7 @@ each way of computing a decode step (``decode_attention``) too."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import pytest
@@ -243,6 +244,19 @@ def test_auto_decode_attention_is_math_on_a_cpu(monkeypatch):
         gqa_sdpa_attention_forward(Layer(7), torch.randn(3, 14, 4, 8), key, value, allowed_keys(3, 4, 9, 5, padding=[0, 3, 5]))
         assert written_out == [1]
     torch.testing.assert_close(out, reference(query, key, value, allowed, 0.7), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or importlib.util.find_spec("triton") is None, reason="needs CUDA and Triton")
+def test_auto_decode_attention_is_the_triton_kernel_on_cuda(monkeypatch):
+    """On CUDA with Triton installed, ``"auto"`` computes a decode step with the Triton kernel."""
+    query, key, value, allowed = (t.cuda() for t in decode_inputs())
+    with decode_attention("auto"):
+        kernel, calls = attention._triton_kernel, []
+        monkeypatch.setattr(attention, "_triton_kernel", lambda *args: calls.append(1) or kernel(*args))
+        out, _ = gqa_sdpa_attention_forward(Layer(7), query, key, value, allowed, scaling=0.7)
+    assert calls == [1]
+    expected = reference(query.cpu(), key.cpu(), value.cpu(), allowed.cpu(), 0.7)
+    torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-4)
 
 
 def test_decode_attention_is_scoped_and_validated():
