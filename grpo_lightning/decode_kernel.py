@@ -96,37 +96,32 @@ def _decode_attention_kernel(
     for start in range(0, kv_len, BLOCK):
         slots = start + tl.arange(0, BLOCK)
         slot_ok = slots < kv_len
+        keys = tl.load(
+            k_base + slots[:, None] * k_strides_l + dims[None, :] * k_strides_d,
+            mask=slot_ok[:, None] & dim_ok[None, :],
+            other=0.0,
+        )  # [BLOCK, DIM_PAD]
+        scores = _dot(q, tl.trans(keys), PRECISION, UPCAST) * scale  # [GROUP_PAD, BLOCK], fp32
         if MASK_KIND == 1:
-            allowed = tl.load(m_base + slots[None, :] * m_strides_l, mask=query_ok[:, None] & slot_ok[None, :], other=0)
-            live = tl.max(tl.max(allowed.to(tl.int32), axis=1), axis=0) > 0
-        else:
-            live = start < kv_len
-        if live:  # a block that no query may attend to (a cache slot not written yet) is not read
-            keys = tl.load(
-                k_base + slots[:, None] * k_strides_l + dims[None, :] * k_strides_d,
-                mask=slot_ok[:, None] & dim_ok[None, :],
-                other=0.0,
-            )  # [BLOCK, DIM_PAD]
-            scores = _dot(q, tl.trans(keys), PRECISION, UPCAST) * scale  # [GROUP_PAD, BLOCK], fp32
-            if MASK_KIND == 1:
-                scores = tl.where(allowed != 0, scores, float("-inf"))
-            elif MASK_KIND == 2:
-                bias = tl.load(m_base + slots[None, :] * m_strides_l, mask=slot_ok[None, :], other=0.0)
-                scores = scores + bias.to(tl.float32)
-            scores = tl.where(slot_ok[None, :], scores, float("-inf"))
+            allowed = tl.load(m_base + slots[None, :] * m_strides_l, mask=slot_ok[None, :], other=0)
+            scores = tl.where(allowed != 0, scores, float("-inf"))
+        elif MASK_KIND == 2:
+            bias = tl.load(m_base + slots[None, :] * m_strides_l, mask=slot_ok[None, :], other=0.0)
+            scores = scores + bias.to(tl.float32)
+        scores = tl.where(slot_ok[None, :], scores, float("-inf"))
 
-            new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-            shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # all masked so far: keep exp() at 0
-            weights = tl.exp(scores - shift[:, None])
-            rescale = tl.exp(running_max - shift)
-            normaliser = normaliser * rescale + tl.sum(weights, axis=1)
-            values = tl.load(
-                v_base + slots[:, None] * v_strides_l + dims[None, :] * v_strides_d,
-                mask=slot_ok[:, None] & dim_ok[None, :],
-                other=0.0,
-            )  # [BLOCK, DIM_PAD]
-            acc = acc * rescale[:, None] + _dot(weights.to(values.dtype), values, PRECISION, UPCAST)
-            running_max = new_max
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # all masked so far: keep exp() at 0
+        weights = tl.exp(scores - shift[:, None])
+        rescale = tl.exp(running_max - shift)
+        normaliser = normaliser * rescale + tl.sum(weights, axis=1)
+        values = tl.load(
+            v_base + slots[:, None] * v_strides_l + dims[None, :] * v_strides_d,
+            mask=slot_ok[:, None] & dim_ok[None, :],
+            other=0.0,
+        )  # [BLOCK, DIM_PAD]
+        acc = acc * rescale[:, None] + _dot(weights.to(values.dtype), values, PRECISION, UPCAST)
+        running_max = new_max
 
     out = acc / tl.where(normaliser > 0, normaliser, 1.0)[:, None]  # a row with nothing to attend to: 0
     tl.store(
