@@ -74,7 +74,7 @@ def decode_attention(*args):
     ("group", "kv_len", "head_dim"),
     [(7, 130, 16), (1, 1, 16), (8, 64, 64), (2, 65, 80), (16, 200, 32)],
 )
-@pytest.mark.parametrize("mask_kind", [None, "bool", "per-head bool", "additive"])
+@pytest.mark.parametrize("mask_kind", [None, "bool", "per-head bool", "additive", "cache in use"])
 def test_kernel_equals_the_fp64_softmax(group, kv_len, head_dim, mask_kind):
     query, key, value = inputs(group=group, kv_len=kv_len, head_dim=head_dim)
     generator = torch.Generator().manual_seed(1)
@@ -82,6 +82,10 @@ def test_kernel_equals_the_fp64_softmax(group, kv_len, head_dim, mask_kind):
         mask = None
     elif mask_kind == "per-head bool":  # [B, Hkv, g, L]: each query head its own slots
         mask = (torch.rand(3, 2, group, kv_len, generator=generator) > 0.4).to(DEVICE)
+    elif mask_kind == "cache in use":  # a decode step: left padding, then the slots written so far
+        slots = torch.arange(kv_len)
+        used = slots < max(1, kv_len // 3)
+        mask = (used & (slots >= torch.tensor([0, kv_len // 5, kv_len // 3 - 1])[:, None])).to(DEVICE)[:, None, None]
     else:  # [B, 1, 1, L]: left padding of each row, as the engine passes it
         mask = (torch.arange(kv_len) >= torch.tensor([0, kv_len // 3, kv_len - 1])[:, None]).to(DEVICE)[:, None, None]
         if mask_kind == "additive":
