@@ -18,9 +18,7 @@ and compiled (``torch.compile`` of a function of query, keys, values and mask; o
 * ``efficient``: the decode kind, SDPA's memory-efficient kernel on CUDA (PyTorch's choice elsewhere);
 * ``math``: the decode kind, matmuls around an fp32 softmax;
 * ``triton``: the decode kind, one Triton kernel per step (``grpo_lightning.decode_kernel``; on a
-  CPU it computes as ``math``);
-* ``triton, slots in use``: the same, told how many leading cache slots are in use (``kv_limit``,
-  as the fused decode step passes it): the kernel reads only those.
+  CPU it computes as ``math``).
 
 A variant that raises, or whose result differs from ``repeat_kv``'s, is skipped with the reason. On
 CUDA each variant is timed two ways: ``call`` (a Python call, kernel launches included) and
@@ -50,17 +48,15 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 
 from grpo_lightning.attention import decode_attention, gqa_sdpa_attention_forward
 
-# name: (decode kind, SDPA backend it is restricted to or None, whether the mask is passed, whether
-# the number of cache slots in use is passed as ``kv_limit``, as the fused decode step does)
+# name: (decode kind, SDPA backend it is restricted to or None, whether the mask is passed)
 DECODE_VARIANTS = {
-    "sdpa": ("sdpa", None, True, False),
-    "sdpa[cudnn]": ("sdpa", SDPBackend.CUDNN_ATTENTION, True, False),
-    "sdpa[flash] no mask": ("sdpa", SDPBackend.FLASH_ATTENTION, False, False),
-    "sdpa[math]": ("sdpa", SDPBackend.MATH, True, False),
-    "efficient": ("efficient", None, True, False),
-    "math": ("math", None, True, False),
-    "triton": ("triton", None, True, False),
-    "triton, slots in use": ("triton", None, True, True),
+    "sdpa": ("sdpa", None, True),
+    "sdpa[cudnn]": ("sdpa", SDPBackend.CUDNN_ATTENTION, True),
+    "sdpa[flash] no mask": ("sdpa", SDPBackend.FLASH_ATTENTION, False),
+    "sdpa[math]": ("sdpa", SDPBackend.MATH, True),
+    "efficient": ("efficient", None, True),
+    "math": ("math", None, True),
+    "triton": ("triton", None, True),
 }
 
 
@@ -77,14 +73,12 @@ def _repeat_kv_attention(layer, query, key, value, mask):
     return out.transpose(1, 2).contiguous()
 
 
-def _restricted(layer, backend, kv_limit=None):
-    """``gqa_sdpa_attention_forward`` with SDPA restricted to ``backend`` (``None``: unrestricted),
-    given ``kv_limit`` when it is not ``None``."""
-    extra = {} if kv_limit is None else {"kv_limit": kv_limit}
+def _restricted(layer, backend):
+    """``gqa_sdpa_attention_forward`` with SDPA restricted to ``backend`` (``None``: unrestricted)."""
 
     def attend(query, key, value, mask):
         with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
-            return gqa_sdpa_attention_forward(layer, query, key, value, mask, **extra)[0]
+            return gqa_sdpa_attention_forward(layer, query, key, value, mask)[0]
 
     return attend
 
@@ -121,13 +115,13 @@ def _reason(error: Exception) -> str:
     return f"{type(error).__name__}: {(inner.group(1) if inner else text.partition(chr(10))[0])[:240]}"
 
 
-def _time_decode_variants(args, layer, query, caches, mask, in_use, expected, unmasked_expected, cuda: bool):
+def _time_decode_variants(args, layer, query, caches, mask, expected, unmasked_expected, cuda: bool):
     """``{variant: {mode: {"call": us, "graph": us}}}`` and ``{"variant/mode": reason}``."""
     key, value = caches[0]
     modes = ["eager", "compiled"] if args.compile else ["eager"]
     figures, skipped = {}, {}
-    for name, (kind, backend, masked, limited) in DECODE_VARIANTS.items():
-        attend = _restricted(layer, backend, in_use if limited else None)
+    for name, (kind, backend, masked) in DECODE_VARIANTS.items():
+        attend = _restricted(layer, backend)
         for mode in modes:
             label = f"{name}/{mode}"
             fn = torch.compile(attend, dynamic=False) if mode == "compiled" else attend
@@ -190,7 +184,6 @@ def main() -> None:
     padding = torch.randint(0, cache_len // 4, (batch, 1), device=device)
     slots = torch.arange(cache_len, device=device)
     mask = ((slots >= padding) & (slots < cache_len - cache_len // 4))[:, None, None, :]
-    in_use = torch.tensor([cache_len - cache_len // 4], device=device)
 
     variants = {
         "repeat_kv": lambda: _repeat_kv_attention(layer, query, key, value, mask),
@@ -213,7 +206,7 @@ def main() -> None:
         print(f"{name:>13}: {ms:8.4f} ms  ({times['repeat_kv'] / ms:5.2f}x vs repeat_kv)")
 
     unmasked_expected = _repeat_kv_attention(layer, query, key, value, None)
-    figures, skipped = _time_decode_variants(args, layer, query, caches, mask, in_use, expected, unmasked_expected, cuda)
+    figures, skipped = _time_decode_variants(args, layer, query, caches, mask, expected, unmasked_expected, cuda)
     modes = ("eager", "compiled") if args.compile else ("eager",)
     columns = [(mode, how) for mode in modes for how in (("call", "graph") if cuda else ("call",))]
     graph_note = f" ('graph': in a CUDA graph over {len(caches)} caches, as in the decode step)" if cuda else ""
