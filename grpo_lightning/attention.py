@@ -166,9 +166,6 @@ def gqa_sdpa_attention_forward(
     there is no mask and ``S > 1``, a case handed to transformers' function. The keys and values are
     never repeated: the ``Hq // Hkv`` query heads of each KV head are stacked along the query axis.
     A single query is computed the way ``decode_attention`` chose (``"math"`` only without dropout).
-    ``kv_limit`` (keyword, optional): a one-element tensor, the number of leading cache slots in
-    use, all later ones masked; the Triton kernel then reads only those (the other kinds rely on
-    the mask).
     """
     batch, q_heads, q_len, _ = query.shape
     kv_heads = key.shape[1]
@@ -197,7 +194,7 @@ def gqa_sdpa_attention_forward(
         kind = "math" if query.device.type == "cpu" else "triton" if on_triton else "sdpa"
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if kind == "triton" and dropout == 0.0 and on_triton:
-        out = _triton_kernel(stacked, key, value, mask, scale, kwargs.get("kv_limit"))
+        out = _triton_kernel(stacked, key, value, mask, scale)
     elif kind in ("math", "triton") and dropout == 0.0:
         out = _softmax_attention(stacked, key, value, mask, scale)
     else:

@@ -57,7 +57,6 @@ def _decode_attention_kernel(
     k_ptr,
     v_ptr,
     mask_ptr,
-    limit_ptr,
     out_ptr,
     q_strides_b, q_strides_h, q_strides_g, q_strides_d,
     k_strides_b, k_strides_h, k_strides_l, k_strides_d,
@@ -72,7 +71,6 @@ def _decode_attention_kernel(
     DIM_PAD: tl.constexpr,
     BLOCK: tl.constexpr,
     MASK_KIND: tl.constexpr,  # 0: none, 1: boolean (True may attend), 2: additive
-    HAS_LIMIT: tl.constexpr,  # whether limit_ptr holds the number of leading slots in use
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):  # fmt: skip
@@ -95,12 +93,9 @@ def _decode_attention_kernel(
     running_max = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     normaliser = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, DIM_PAD], dtype=tl.float32)
-    stop = kv_len
-    if HAS_LIMIT:
-        stop = tl.minimum(tl.load(limit_ptr).to(tl.int32), kv_len)
-    for start in range(0, stop, BLOCK):
+    for start in range(0, kv_len, BLOCK):
         slots = start + tl.arange(0, BLOCK)
-        slot_ok = slots < stop
+        slot_ok = slots < kv_len
         keys = tl.load(
             k_base + slots[:, None] * k_strides_l + dims[None, :] * k_strides_d,
             mask=slot_ok[:, None] & dim_ok[None, :],
@@ -141,14 +136,10 @@ def _padded(size: int) -> int:
 
 
 @custom_op("grpo_lightning::decode_attention", mutates_args=())
-def decode_attention(
-    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float, kv_limit: Tensor | None = None
-) -> Tensor:
+def decode_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     """``softmax(scale * query @ key^T [+ mask]) @ value`` per ``(row, KV head)``; see the module
     docstring for the shapes. ``mask``: boolean (``True`` may attend) or additive, broadcastable to
-    ``[B, Hkv, g, L]``. ``kv_limit``: a one-element integer tensor, the number of leading cache
-    slots in use; the slots after them are neither read nor attended to (in a decode step, the
-    slots not written yet), a bound read on the device, so a CUDA graph replays it as it changes."""
+    ``[B, Hkv, g, L]``."""
     batch, kv_heads, group, head_dim = query.shape
     kv_len = key.shape[2]
     if key.shape[:2] != (batch, kv_heads) or value.shape[:3] != key.shape[:3]:
@@ -169,7 +160,6 @@ def decode_attention(
         key,
         value,
         mask,
-        query if kv_limit is None else kv_limit,
         out,
         *query.stride(),
         *key.stride(),
@@ -184,7 +174,6 @@ def decode_attention(
         DIM_PAD=_padded(head_dim),
         BLOCK=BLOCK_L,
         MASK_KIND=mask_kind,
-        HAS_LIMIT=kv_limit is not None,
         PRECISION=precision,
         UPCAST=TRITON_INTERPRETED,
     )
@@ -192,5 +181,5 @@ def decode_attention(
 
 
 @decode_attention.register_fake
-def _(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float, kv_limit: Tensor | None = None) -> Tensor:
+def _(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     return torch.empty_like(query, memory_format=torch.contiguous_format)

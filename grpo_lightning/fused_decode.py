@@ -154,7 +154,6 @@ class FusedDecoder:
         hidden = self.inner.embed_tokens(input_ids)  # [B, 1, H]
         cos, sin = self.inner.rotary_emb(hidden, position_ids)
         batch = hidden.shape[0]
-        slots_in_use = cache_position + 1  # the mask hides every later slot: not written yet
         for index, fused in enumerate(self.layers):
             layer = fused.layer
             attention = layer.self_attn
@@ -167,9 +166,7 @@ class FusedDecoder:
             value = value.view(batch, 1, -1, head_dim).transpose(1, 2)
             query, key = self.apply_rotary(query, key, cos, sin)
             keys, values = cache.update(key, value, index, {"cache_position": cache_position})
-            out, _ = gqa_sdpa_attention_forward(
-                attention, query, keys, values, mask, scaling=attention.scaling, kv_limit=slots_in_use
-            )
+            out, _ = gqa_sdpa_attention_forward(attention, query, keys, values, mask, scaling=attention.scaling)
             hidden = hidden + attention.o_proj(out.reshape(batch, 1, -1))
             gate, up = fused.gate_up(layer.post_attention_layernorm(hidden))
             hidden = hidden + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
