@@ -52,10 +52,13 @@ def rollout(generator, tokenizer, temperature=0.0, keys=None):
     )
 
 
-def test_fused_decoding_samples_what_the_model_s_forward_samples(checkpoint, tokenizer):
+@pytest.mark.parametrize("decode_attention", ["auto", "triton"])
+def test_fused_decoding_samples_what_the_model_s_forward_samples(checkpoint, tokenizer, decode_attention):
+    """``"triton"``: the Triton kernel on CUDA and under Triton's interpreter (see
+    ``test_decode_kernel.py``), ``"math"`` elsewhere."""
     plain, fused = load(checkpoint), load(checkpoint)
     reference = StaticCacheGenerator(plain, len(PROMPTS), 32)
-    generator = StaticCacheGenerator(fused, len(PROMPTS), 32, fuse_projections=True)
+    generator = StaticCacheGenerator(fused, len(PROMPTS), 32, fuse_projections=True, decode_attention=decode_attention)
     greedy, greedy_logprobs = rollout(generator, tokenizer)
     expected, expected_logprobs = rollout(reference, tokenizer)
     assert generator._decoder is not None
