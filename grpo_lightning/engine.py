@@ -285,9 +285,10 @@ class StaticCacheGenerator:
             ``None`` means :func:`default_compile_options`.
         decode_attention: how the decode step's attention (one query per row over the cache) is
             computed, one of ``attention.DECODE_ATTENTION_KINDS``: ``"auto"`` (``"triton"`` on CUDA
-            when Triton is installed, ``"math"`` on a CPU, else ``"sdpa"``), ``"sdpa"`` (PyTorch's choice of SDPA kernel), ``"efficient"``
-            (SDPA's memory-efficient kernel on CUDA), ``"math"`` (matmuls around an fp32 softmax,
-            fused by ``compile``) or ``"triton"`` (one Triton kernel). The prefill always uses SDPA.
+            when Triton is installed, ``"math"`` on a CPU, else ``"sdpa"``), ``"sdpa"`` (PyTorch's
+            choice of SDPA kernel), ``"efficient"`` (SDPA's memory-efficient kernel on CUDA),
+            ``"math"`` (matmuls around an fp32 softmax, fused by ``compile``) or ``"triton"`` (one
+            Triton kernel). The prefill always uses SDPA.
         fuse_projections: decode with each layer's q/k/v and gate/up products as one matrix
             product each (``grpo_lightning.fused_decode``), for the model types of
             ``fused_decode.FUSED_MODEL_TYPES`` (others decode as usual). The model's q/k/v and

@@ -215,11 +215,11 @@ class GroupPolicyOptimization(L.LightningModule):
             compiles.
         decode_attention: with the static engine, how a decode step's attention is computed
             (:data:`grpo_lightning.attention.DECODE_ATTENTION_KINDS`): ``"auto"`` (``"triton"`` on
-            CUDA when Triton is installed, ``"math"`` on a CPU, else ``"sdpa"``), ``"sdpa"`` (PyTorch's choice of kernel), ``"efficient"``
-            (its memory-efficient kernel), ``"math"`` (matrix products around an fp32 softmax,
-            which ``rollout_compile`` fuses) or ``"triton"`` (one Triton kernel per step, the
-            fastest on CUDA; on a CPU it computes as ``"math"``). Measured in
-            ``benchmarks/attention_decode.py``.
+            CUDA when Triton is installed, ``"math"`` on a CPU, else ``"sdpa"``), ``"sdpa"``
+            (PyTorch's choice of kernel), ``"efficient"`` (its memory-efficient kernel), ``"math"``
+            (matrix products around an fp32 softmax, which ``rollout_compile`` fuses) or
+            ``"triton"`` (one Triton kernel per step, the fastest on CUDA; on a CPU it computes as
+            ``"math"``). Measured in ``benchmarks/attention_decode.py``.
         fuse_projections: with the static engine, decode with each layer's q/k/v and gate/up
             products as one matrix product each (Llama, Mistral, Qwen2 and Qwen3 models; others decode
             as usual). The policy's q/k/v and gate/up parameters become views of one buffer per
@@ -912,7 +912,10 @@ class GroupPolicyOptimization(L.LightningModule):
         values = self.step_metrics.compute_and_reset(gather=_gather_over_ranks)
         values["perf/generated_tokens"] = float(sum(_gather_over_ranks(self.generated_tokens)))
         self.last_step_metrics = values
-        logged = values if self._loggers_write_this_step() else {k: values[k] for k in EVERY_STEP_METRICS if k in values}
+        if self._loggers_write_this_step():
+            logged = values
+        else:
+            logged = {k: values[k] for k in EVERY_STEP_METRICS if k in values}
         progress = {k for k in ("reward", "kl") if k in logged}
         self.log_dict({k: v for k, v in logged.items() if k not in progress}, on_step=True, on_epoch=False)
         self.log_dict({k: logged[k] for k in progress}, on_step=True, on_epoch=False, prog_bar=True)

@@ -352,7 +352,8 @@ def test_repeated_prompts_are_prefilled_once(qwen2, tokenizer):
     assert all(size == (len(prompts), 1) for size in batch_sizes[1:])  # the decode steps
     assert all(len(set(map(tuple, out[g : g + 4].tolist()))) > 1 for g in (0, 4, 8)), "a group's rows should differ"
     for row in range(len(prompts)):
-        alone = StaticCacheGenerator(qwen2, 1, 32).generate(ids[row : row + 1], mask[row : row + 1], sampling, None, 0, keys[row : row + 1])
+        one = slice(row, row + 1)
+        alone = StaticCacheGenerator(qwen2, 1, 32).generate(ids[one], mask[one], sampling, None, 0, keys[one])
         assert torch.equal(alone, out[row : row + 1, : alone.size(1)]), row
 
 
