@@ -28,6 +28,8 @@ interpreter (``TRITON_INTERPRET=1``, which the CPU tests use).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -58,6 +60,8 @@ def _decode_attention_kernel(
     v_ptr,
     mask_ptr,
     out_ptr,
+    part_acc_ptr,
+    part_stats_ptr,
     q_strides_b, q_strides_h, q_strides_g, q_strides_d,
     k_strides_b, k_strides_h, k_strides_l, k_strides_d,
     v_strides_b, v_strides_h, v_strides_l, v_strides_d,
@@ -67,15 +71,19 @@ def _decode_attention_kernel(
     kv_len,
     head_dim,
     scale,
+    chunk,  # cache slots per split (a multiple of BLOCK)
     GROUP_PAD: tl.constexpr,
     DIM_PAD: tl.constexpr,
     BLOCK: tl.constexpr,
     MASK_KIND: tl.constexpr,  # 0: none, 1: boolean (True may attend), 2: additive
+    SPLIT: tl.constexpr,  # whether the cache is split over programs: write partial results
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    splits = tl.num_programs(2)
     queries = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, DIM_PAD)
     query_ok = queries < group
@@ -93,9 +101,11 @@ def _decode_attention_kernel(
     running_max = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     normaliser = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, DIM_PAD], dtype=tl.float32)
-    for start in range(0, kv_len, BLOCK):
+    first = split * chunk
+    stop = tl.minimum(first + chunk, kv_len)
+    for start in range(first, stop, BLOCK):
         slots = start + tl.arange(0, BLOCK)
-        slot_ok = slots < kv_len
+        slot_ok = slots < stop
         keys = tl.load(
             k_base + slots[:, None] * k_strides_l + dims[None, :] * k_strides_d,
             mask=slot_ok[:, None] & dim_ok[None, :],
@@ -123,11 +133,58 @@ def _decode_attention_kernel(
         acc = acc * rescale[:, None] + _dot(weights.to(values.dtype), values, PRECISION, UPCAST)
         running_max = new_max
 
-    out = acc / tl.where(normaliser > 0, normaliser, 1.0)[:, None]  # a row with nothing to attend to: 0
+    if SPLIT:  # partial results [B, Hkv, splits, GROUP_PAD, DIM_PAD] and (max, normaliser), for _combine_kernel
+        part = (row * tl.num_programs(1) + head) * splits + split
+        tl.store(part_acc_ptr + part * GROUP_PAD * DIM_PAD + queries[:, None] * DIM_PAD + dims[None, :], acc)
+        tl.store(part_stats_ptr + part * 2 * GROUP_PAD + queries, running_max)
+        tl.store(part_stats_ptr + part * 2 * GROUP_PAD + GROUP_PAD + queries, normaliser)
+    else:
+        out = acc / tl.where(normaliser > 0, normaliser, 1.0)[:, None]  # a row with nothing to attend to: 0
+        tl.store(
+            out_ptr + row * o_strides_b + head * o_strides_h + queries[:, None] * o_strides_g + dims[None, :] * o_strides_d,
+            out.to(out_ptr.dtype.element_ty),
+            mask=query_ok[:, None] & dim_ok[None, :],
+        )
+
+
+@triton.jit
+def _combine_kernel(
+    part_acc_ptr,
+    part_stats_ptr,
+    out_ptr,
+    o_strides_b, o_strides_h, o_strides_g, o_strides_d,
+    group,
+    head_dim,
+    splits,
+    GROUP_PAD: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+):  # fmt: skip
+    """The softmax of the whole cache from its splits' partial results: each split's sums are
+    rescaled to the overall maximum (FlashDecoding's reduction)."""
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    queries = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, DIM_PAD)
+    running_max = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+    normaliser = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, DIM_PAD], dtype=tl.float32)
+    for split in range(0, splits):
+        part = (row * tl.num_programs(1) + head) * splits + split
+        part_max = tl.load(part_stats_ptr + part * 2 * GROUP_PAD + queries)
+        part_normaliser = tl.load(part_stats_ptr + part * 2 * GROUP_PAD + GROUP_PAD + queries)
+        part_acc = tl.load(part_acc_ptr + part * GROUP_PAD * DIM_PAD + queries[:, None] * DIM_PAD + dims[None, :])
+        new_max = tl.maximum(running_max, part_max)
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+        old_scale = tl.exp(running_max - shift)
+        part_scale = tl.exp(part_max - shift)
+        normaliser = normaliser * old_scale + part_normaliser * part_scale
+        acc = acc * old_scale[:, None] + part_acc * part_scale[:, None]
+        running_max = new_max
+    out = acc / tl.where(normaliser > 0, normaliser, 1.0)[:, None]
     tl.store(
         out_ptr + row * o_strides_b + head * o_strides_h + queries[:, None] * o_strides_g + dims[None, :] * o_strides_d,
         out.to(out_ptr.dtype.element_ty),
-        mask=query_ok[:, None] & dim_ok[None, :],
+        mask=(queries < group)[:, None] & (dims < head_dim)[None, :],
     )
 
 
@@ -135,11 +192,28 @@ def _padded(size: int) -> int:
     return max(_MIN_DOT, triton.next_power_of_2(size))
 
 
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def cache_splits(batch: int, kv_heads: int, kv_len: int, device: torch.device) -> int:
+    """How many programs share one ``(row, KV head)``'s cache: enough for two programs per
+    multiprocessor of a CUDA device, at most one per block of ``BLOCK_L`` slots; 1 elsewhere."""
+    if device.type != "cuda":
+        return 1
+    wanted = -(-2 * _multiprocessors(device) // (batch * kv_heads))
+    return max(1, min(wanted, -(-kv_len // BLOCK_L)))
+
+
 @custom_op("grpo_lightning::decode_attention", mutates_args=())
-def decode_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+def decode_attention(
+    query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float, splits: int = 0
+) -> Tensor:
     """``softmax(scale * query @ key^T [+ mask]) @ value`` per ``(row, KV head)``; see the module
     docstring for the shapes. ``mask``: boolean (``True`` may attend) or additive, broadcastable to
-    ``[B, Hkv, g, L]``."""
+    ``[B, Hkv, g, L]``. ``splits``: how many programs share a row and KV head's cache, each a
+    contiguous part, their results combined by a second kernel (``0``: :func:`cache_splits`)."""
     batch, kv_heads, group, head_dim = query.shape
     kv_len = key.shape[2]
     if key.shape[:2] != (batch, kv_heads) or value.shape[:3] != key.shape[:3]:
@@ -155,12 +229,23 @@ def decode_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | N
         mask = mask.expand(batch, kv_heads, group, kv_len)
         mask_strides = mask.stride()
     precision = "ieee" if query.dtype == torch.float32 else "tf32"
-    _decode_attention_kernel[(batch, kv_heads)](
+    group_pad, dim_pad = _padded(group), _padded(head_dim)
+    blocks = -(-kv_len // BLOCK_L)
+    splits = min(splits or cache_splits(batch, kv_heads, kv_len, query.device), max(blocks, 1))
+    chunk = -(-blocks // splits) * BLOCK_L
+    splits = max(1, -(-kv_len // chunk))  # no empty split
+    part_acc = part_stats = out
+    if splits > 1:
+        part_acc = torch.empty(batch, kv_heads, splits, group_pad, dim_pad, device=query.device, dtype=torch.float32)
+        part_stats = torch.empty(batch, kv_heads, splits, 2, group_pad, device=query.device, dtype=torch.float32)
+    _decode_attention_kernel[(batch, kv_heads, splits)](
         query,
         key,
         value,
         mask,
         out,
+        part_acc,
+        part_stats,
         *query.stride(),
         *key.stride(),
         *value.stride(),
@@ -170,16 +255,22 @@ def decode_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | N
         kv_len,
         head_dim,
         scale,
-        GROUP_PAD=_padded(group),
-        DIM_PAD=_padded(head_dim),
+        chunk,
+        GROUP_PAD=group_pad,
+        DIM_PAD=dim_pad,
         BLOCK=BLOCK_L,
         MASK_KIND=mask_kind,
+        SPLIT=splits > 1,
         PRECISION=precision,
         UPCAST=TRITON_INTERPRETED,
     )
+    if splits > 1:
+        _combine_kernel[(batch, kv_heads)](
+            part_acc, part_stats, out, *out.stride(), group, head_dim, splits, GROUP_PAD=group_pad, DIM_PAD=dim_pad
+        )
     return out
 
 
 @decode_attention.register_fake
-def _(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+def _(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float, splits: int = 0) -> Tensor:
     return torch.empty_like(query, memory_format=torch.contiguous_format)

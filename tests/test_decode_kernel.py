@@ -77,7 +77,9 @@ def decode_attention(*args):
     [(7, 130, 16), (1, 1, 16), (8, 64, 64), (2, 65, 80), (16, 200, 32)],
 )
 @pytest.mark.parametrize("mask_kind", [None, "bool", "per-head bool", "additive", "cache in use"])
-def test_kernel_equals_the_fp64_softmax(group, kv_len, head_dim, mask_kind):
+@pytest.mark.parametrize("splits", [0, 3])
+def test_kernel_equals_the_fp64_softmax(group, kv_len, head_dim, mask_kind, splits):
+    """``splits=3``: each row and KV head's cache in (up to) three parts, combined by a second kernel."""
     query, key, value = inputs(group=group, kv_len=kv_len, head_dim=head_dim)
     generator = torch.Generator().manual_seed(1)
     if mask_kind is None:
@@ -92,18 +94,20 @@ def test_kernel_equals_the_fp64_softmax(group, kv_len, head_dim, mask_kind):
         mask = (torch.arange(kv_len) >= torch.tensor([0, kv_len // 3, kv_len - 1])[:, None]).to(DEVICE)[:, None, None]
         if mask_kind == "additive":
             mask = torch.zeros(mask.shape, device=DEVICE).masked_fill(~mask, torch.finfo(torch.float32).min)
-    out = decode_attention(query, key, value, mask, 0.37)
+    out = decode_attention(query, key, value, mask, 0.37, splits)
     assert out.shape == query.shape and out.dtype == query.dtype and out.is_contiguous()
     expected = reference(query, key, value, mask, 0.37)
     torch.testing.assert_close(out.double(), expected, atol=2e-6, rtol=1e-5)
 
 
 @needs_kernel
-def test_a_row_with_nothing_to_attend_to_gives_zeros():
+@pytest.mark.parametrize("splits", [1, 2])
+def test_a_row_with_nothing_to_attend_to_gives_zeros(splits):
     query, key, value = inputs()
     mask = torch.ones(3, 1, 1, 130, dtype=torch.bool, device=DEVICE)
     mask[1] = False
-    out = decode_attention(query, key, value, mask, 0.25)
+    mask[2, :, :, :70] = False  # with two splits, one part of this row has nothing to attend to
+    out = decode_attention(query, key, value, mask, 0.25, splits)
     assert torch.isfinite(out).all() and (out[1] == 0).all()
     torch.testing.assert_close(out.double(), reference(query, key, value, mask, 0.25), atol=2e-6, rtol=1e-5)
 
@@ -129,6 +133,18 @@ def test_compiled_code_calls_the_kernel_as_it_is():
 
     compiled = torch.compile(step, fullgraph=True, dynamic=False)
     torch.testing.assert_close(compiled(query, key, value, mask), step(query, key, value, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_cache_splits_give_the_multiprocessors_work_and_no_empty_part():
+    from grpo_lightning.decode_kernel import cache_splits
+
+    assert cache_splits(8, 2, 8192, torch.device("cpu")) == 1
+    if torch.cuda.is_available():
+        device = torch.device("cuda")
+        processors = torch.cuda.get_device_properties(device).multi_processor_count
+        assert cache_splits(8, 2, 8192, device) == -(-2 * processors // 16)
+        assert cache_splits(8, 2, 100, device) == 2  # two blocks of slots
+        assert cache_splits(4096, 2, 8192, device) == 1
 
 
 @needs_kernel
