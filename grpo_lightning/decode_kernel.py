@@ -198,12 +198,15 @@ def _multiprocessors(device: torch.device) -> int:
 
 
 def cache_splits(batch: int, kv_heads: int, kv_len: int, device: torch.device) -> int:
-    """How many programs share one ``(row, KV head)``'s cache: enough for two programs per
-    multiprocessor of a CUDA device, at most one per block of ``BLOCK_L`` slots; 1 elsewhere."""
-    if device.type != "cuda":
+    """How many programs share one ``(row, KV head)``'s cache. With fewer ``(row, KV head)`` pairs
+    than the CUDA device has multiprocessors, enough for two programs per multiprocessor (at most
+    one per block of ``BLOCK_L`` slots); else 1, as on other devices. On an H200: 32 rows x 4096
+    slots 25 against 58 us, 8 x 8192 19 against 113 us; 128 x 320 (256 pairs) 11.8 us with two
+    splits against 9.4 us with one (``benchmarks/RESULTS.md``)."""
+    pairs = batch * kv_heads
+    if device.type != "cuda" or pairs >= _multiprocessors(device):
         return 1
-    wanted = -(-2 * _multiprocessors(device) // (batch * kv_heads))
-    return max(1, min(wanted, -(-kv_len // BLOCK_L)))
+    return max(1, min(-(-2 * _multiprocessors(device) // pairs), -(-kv_len // BLOCK_L)))
 
 
 @custom_op("grpo_lightning::decode_attention", mutates_args=())

@@ -144,6 +144,7 @@ def test_cache_splits_give_the_multiprocessors_work_and_no_empty_part():
         processors = torch.cuda.get_device_properties(device).multi_processor_count
         assert cache_splits(8, 2, 8192, device) == -(-2 * processors // 16)
         assert cache_splits(8, 2, 100, device) == 2  # two blocks of slots
+        assert cache_splits(processors, 1, 8192, device) == 1  # a pair per multiprocessor already
         assert cache_splits(4096, 2, 8192, device) == 1
 
 
