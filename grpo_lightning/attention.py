@@ -60,8 +60,8 @@ DECODE_ATTENTION_KINDS = ("auto", "sdpa", "efficient", "math", "triton")
 """How ``gqa_sdpa_attention_forward`` computes a single query (``S == 1``):
 
 * ``"auto"`` (the default): ``"triton"`` on CUDA when the ``triton`` package imports, ``"math"`` on
-  a CPU, ``"sdpa"`` otherwise. On an H200, in a CUDA graph, the Triton kernel took 9 to 112 us per
-  call against 25 to 127 us for PyTorch's SDPA over rows x cache lengths from 128 x 320 to
+  a CPU, ``"sdpa"`` otherwise. On an H200, in a CUDA graph, the Triton kernel took 9 to 25 us per
+  call against 25 to 128 us for PyTorch's SDPA over rows x cache lengths from 128 x 320 to
   8 x 8192; a compiled decode step of W0's model takes 24 against 30 ms per rollout with
   ``"math"`` on a 2-core CPU, where PyTorch picks its CPU flash kernel for ``"sdpa"``
   (``benchmarks/RESULTS.md``);

@@ -12,7 +12,11 @@ written for that case, with grouped-query attention (``Hq = g * Hkv`` query head
   FlashAttention (Dao et al. 2022, Algorithm 1): ``out = sum_j exp(s_j - m) v_j / sum_j exp(s_j - m)``
   with ``s_j = scale * q . k_j``, masked slots at ``-inf`` (a boolean mask) or shifted by an
   additive one;
-* a row whose every slot is masked gives zeros, as SDPA does.
+* a row whose every slot is masked gives zeros, as SDPA does;
+* with fewer ``(row, KV head)`` pairs than the GPU has multiprocessors (few rows, long caches),
+  each pair's cache is split in contiguous parts, one program each, which write their partial
+  sums, maximum and normaliser; a second kernel rescales them to the overall maximum and adds them
+  up (FlashDecoding's reduction, Dao et al. 2023), as the loop itself does block by block.
 
 ``decode_attention(query, key, value, mask, scale)`` takes the layouts of
 ``grpo_lightning.attention``: ``query`` ``[B, Hkv, g, D]`` (the query heads of each group stacked),
