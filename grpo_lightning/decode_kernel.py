@@ -239,7 +239,7 @@ def decode_attention(
     group_pad, dim_pad = _padded(group), _padded(head_dim)
     blocks = -(-kv_len // BLOCK_L)
     splits = min(splits or cache_splits(batch, kv_heads, kv_len, query.device), max(blocks, 1))
-    chunk = -(-blocks // splits) * BLOCK_L
+    chunk = max(1, -(-blocks // splits)) * BLOCK_L  # an empty cache: one part of no slot
     splits = max(1, -(-kv_len // chunk))  # no empty split
     part_acc = part_stats = out
     if splits > 1:
