@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib.util
 import inspect
 import warnings
 from collections.abc import Sequence
@@ -60,8 +61,15 @@ import transformers
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from .attention import check_decode_attention, decode_attention, grouped_query_attention
-from .fused_decode import FusedDecoder, FusedLayer, fuse_projections
+from .attention import TRITON_INTERPRETED, check_decode_attention, decode_attention, grouped_query_attention
+from .fused_decode import (
+    FUSED_MODEL_TYPES,
+    LAYER_KERNEL_MODEL_TYPES,
+    FusedDecoder,
+    FusedLayer,
+    fuse_projections,
+    layer_kernels_apply,
+)
 from .logprobs import position_ids_from_mask
 from .rollout import SamplingParams
 
@@ -294,6 +302,11 @@ class StaticCacheGenerator:
             ``fused_decode.FUSED_MODEL_TYPES`` (others decode as usual). The model's q/k/v and
             gate/up parameters become views of one buffer per layer: same objects and values, no
             copy of the weights.
+        layer_kernels: with ``fuse_projections``, run each decode layer as four Triton kernels around
+            its attention (``grpo_lightning.layer_kernels``: the norms, rotary embedding, cache
+            write, activation and residual sums inside the matrix products). ``None`` (the
+            default): on CUDA when Triton is installed and the model qualifies
+            (``fused_decode.layer_kernels_apply``); ``True`` raises where they cannot run.
     """
 
     def __init__(
@@ -308,6 +321,7 @@ class StaticCacheGenerator:
         decode_attention: str = "auto",
         fuse_projections: bool = False,
         compile_options: dict[str, Any] | None = None,
+        layer_kernels: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -316,6 +330,8 @@ class StaticCacheGenerator:
         if check_every is not None and check_every < 1:
             raise ValueError(f"check_every must be at least 1, got {check_every}")
         check_decode_attention(decode_attention)
+        if layer_kernels and not fuse_projections:
+            raise ValueError("layer_kernels=True computes the fused projections: set fuse_projections=True too")
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         attention = getattr(config, "_attn_implementation", None) or "eager"
         if attention not in _SUPPORTED_ATTENTION:
@@ -336,6 +352,7 @@ class StaticCacheGenerator:
         self.compile_options = compile_options
         self.decode_attention = decode_attention
         self.fuse_projections = fuse_projections
+        self.layer_kernels = layer_kernels
         self._fused: list[FusedLayer] | None = None
         self._decoder: FusedDecoder | None = None
         self._compile_candidates = None
@@ -450,8 +467,8 @@ class StaticCacheGenerator:
         self._prepare(device, prompt_len + sampling.max_new_tokens)
         if self.fuse_projections:  # before the weights' addresses are read: it may move them
             fused = fuse_projections(self.model, self._fused)
-            if fused is not self._fused:
-                self._fused, self._decoder = fused, None if fused is None else FusedDecoder(self.model, fused)
+            if fused is not self._fused or fused is None:
+                self._fused, self._decoder = fused, self._fused_decoder(fused, device)
         prompt_ids = prompt_ids.to(device)
         prompt_mask = prompt_mask.to(device)
         if rows < self.max_batch_size:
@@ -538,6 +555,28 @@ class StaticCacheGenerator:
         self._min_new.fill_(min_new_tokens)
 
     # ------------------------------------------------------------------------------ the model
+
+    def _fused_decoder(self, fused: list[FusedLayer] | None, device: torch.device) -> FusedDecoder | None:
+        """The decoder of fused projections, on ``layer_kernels`` where they run (see ``__init__``)."""
+        if fused is None:
+            if self.layer_kernels:
+                raise ValueError(
+                    f"layer_kernels=True: {type(self.model).__name__} has no fused decode step (model types "
+                    f"{FUSED_MODEL_TYPES}); set layer_kernels to None or False"
+                )
+            return None
+        kernels = self.layer_kernels
+        where = device.type == "cuda" or TRITON_INTERPRETED
+        if kernels is None:
+            kernels = where and layer_kernels_apply(self.model, fused) and importlib.util.find_spec("triton") is not None
+        elif kernels and not (where and layer_kernels_apply(self.model, fused)):
+            raise ValueError(
+                f"layer_kernels=True needs a CUDA device (or TRITON_INTERPRET=1) and a model of "
+                f"fused_decode.LAYER_KERNEL_MODEL_TYPES {LAYER_KERNEL_MODEL_TYPES} with SiLU gating and a head "
+                f"dimension of 32 to 256; this one is a {self.model.config.model_type} model on {device}. "
+                "Set layer_kernels to None or False."
+            )
+        return FusedDecoder(self.model, fused, layer_kernels=bool(kernels))
 
     def _attention_mask(self, allowed: Tensor) -> Tensor:
         """A boolean mask for SDPA, an additive float one for eager attention."""

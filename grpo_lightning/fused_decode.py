@@ -139,20 +139,63 @@ def fuse_projections(model: nn.Module, previous: list[FusedLayer] | None = None)
     return fused
 
 
+LAYER_KERNEL_MODEL_TYPES = ("llama", "mistral", "qwen2")
+"""``config.model_type`` values whose decode layers can run on ``grpo_lightning.layer_kernels``."""
+
+
+def layer_kernels_apply(model: nn.Module, layers: list[FusedLayer]) -> bool:
+    """Whether ``grpo_lightning.layer_kernels`` compute ``model``'s decode layers: a model type of
+    ``LAYER_KERNEL_MODEL_TYPES`` with SiLU gating, RMS norms of the Llama kind (``weight``,
+    ``variance_epsilon``) and a head dimension of 32, 64, 128 or 256 (half a head is one block of
+    ``tl.dot``)."""
+    config = model.config
+    if config.model_type not in LAYER_KERNEL_MODEL_TYPES or getattr(config, "hidden_act", None) != "silu":
+        return False
+    for fused in layers:
+        layer = fused.layer
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        if not all(type(n).__name__.endswith("RMSNorm") and hasattr(n, "variance_epsilon") for n in norms):
+            return False
+        if layer.self_attn.head_dim not in (32, 64, 128, 256):
+            return False
+    return True
+
+
 class FusedDecoder:
     """``model``'s forward pass for one token per row, on a ``transformers`` static cache, with the
-    projections of :func:`fuse_projections`; returns the fp32 logits ``[B, V]``."""
+    projections of :func:`fuse_projections`; returns the fp32 logits ``[B, V]``.
 
-    def __init__(self, model: nn.Module, layers: list[FusedLayer]) -> None:
+    With ``layer_kernels`` each layer runs as four Triton kernels around its attention
+    (``grpo_lightning.layer_kernels``: norm, q/k/v, rotary embedding and cache write in one; the
+    ``o`` product and residual sum; norm, gate/up and activation; the ``down`` product and residual
+    sum); the caller checks :func:`layer_kernels_apply` first. Otherwise the layer is the model's
+    own modules around the fused products."""
+
+    def __init__(self, model: nn.Module, layers: list[FusedLayer], layer_kernels: bool = False) -> None:
         self.model = model
         self.inner = model.model
         self.layers = layers
         # The model's own rotary helper: the module that defines its attention layer has it.
         self.apply_rotary = sys.modules[type(layers[0].layer.self_attn).__module__].apply_rotary_pos_emb
+        self.layer_kernels = layer_kernels
+        if layer_kernels:
+            from . import layer_kernels as kernels
+
+            self.kernels = kernels
 
     def __call__(self, input_ids: Tensor, mask: Tensor, position_ids: Tensor, cache: Any, cache_position: Tensor) -> Tensor:
         hidden = self.inner.embed_tokens(input_ids)  # [B, 1, H]
         cos, sin = self.inner.rotary_emb(hidden, position_ids)
+        cache_layers = getattr(cache, "layers", None)
+        if self.layer_kernels and cache_layers is not None:
+            hidden = self._kernel_layers(hidden[:, 0], mask, cos[:, 0], sin[:, 0], cache_layers, cache_position)
+            hidden = hidden.unsqueeze(1)
+        else:
+            hidden = self._module_layers(hidden, mask, cos, sin, cache, cache_position)
+        hidden = self.inner.norm(hidden)
+        return self.model.get_output_embeddings()(hidden[:, -1]).float()
+
+    def _module_layers(self, hidden: Tensor, mask: Tensor, cos: Tensor, sin: Tensor, cache: Any, cache_position: Tensor) -> Tensor:
         batch = hidden.shape[0]
         for index, fused in enumerate(self.layers):
             layer = fused.layer
@@ -170,5 +213,27 @@ class FusedDecoder:
             hidden = hidden + attention.o_proj(out.reshape(batch, 1, -1))
             gate, up = fused.gate_up(layer.post_attention_layernorm(hidden))
             hidden = hidden + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
-        hidden = self.inner.norm(hidden)
-        return self.model.get_output_embeddings()(hidden[:, -1]).float()
+        return hidden
+
+    def _kernel_layers(
+        self, hidden: Tensor, mask: Tensor, cos: Tensor, sin: Tensor, cache_layers: Any, cache_position: Tensor
+    ) -> Tensor:
+        """The layers on ``hidden`` ``[B, H]``, each as the kernels of ``grpo_lightning.layer_kernels``."""
+        kernels = self.kernels
+        batch = hidden.shape[0]
+        for fused, cache_layer in zip(self.layers, cache_layers):
+            layer = fused.layer
+            attention, mlp = layer.self_attn, layer.mlp
+            norm, post_norm = layer.input_layernorm, layer.post_attention_layernorm
+            keys, values = cache_layer.keys, cache_layer.values
+            query = kernels.normed_qkv_rope(
+                hidden, norm.weight, norm.variance_epsilon, fused.qkv.weight, fused.qkv.bias, cos, sin,
+                keys, values, cache_position, fused.qkv.sizes[0] // attention.head_dim,
+            )  # fmt: skip
+            out, _ = gqa_sdpa_attention_forward(attention, query.unsqueeze(2), keys, values, mask, scaling=attention.scaling)
+            hidden = kernels.product_plus_residual(out.reshape(batch, -1), attention.o_proj.weight, attention.o_proj.bias, hidden)
+            gated = kernels.normed_gated_product(
+                hidden, post_norm.weight, post_norm.variance_epsilon, fused.gate_up.weight, fused.gate_up.bias
+            )
+            hidden = kernels.product_plus_residual(gated, mlp.down_proj.weight, mlp.down_proj.bias, hidden)
+        return hidden

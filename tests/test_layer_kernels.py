@@ -1,0 +1,218 @@
+"""The decode layer's Triton kernels (``grpo_lightning.layer_kernels``) against the model's own modules.
+
+They run on CUDA, or on the CPU under Triton's interpreter: ``test_decode_kernel.py``'s
+``test_the_kernel_under_triton_s_interpreter`` runs this file in a process with
+``TRITON_INTERPRET=1``. The options' checks run everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch.nn import functional as F
+from transformers import AutoModelForCausalLM
+
+from grpo_lightning.engine import StaticCacheGenerator
+from grpo_lightning.rollout import SamplingParams
+from grpo_lightning.tiny import build_char_tokenizer, save_tiny_model, tiny_config
+
+RUNS_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_kernels = pytest.mark.skipif(not RUNS_HERE, reason="runs on CUDA or under TRITON_INTERPRET=1 (see above)")
+
+PROMPTS = ["1+2=", "37+45=", "(1)", "<think>3*4=12"]
+KINDS = {
+    "qwen2": {"model_type": "qwen2"},  # q/k/v biases
+    "llama-biases": {"model_type": "llama", "attention_bias": True, "mlp_bias": True},
+}
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def kernels():
+    pytest.importorskip("triton")
+    from grpo_lightning import layer_kernels
+
+    return layer_kernels
+
+
+def rms_norm(x, weight, eps):
+    """transformers' Llama/Qwen2 RMS norm."""
+    normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def rotate_half(x):
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
+
+
+def randn(generator, *shape, scale=1.0, dtype=torch.float32):
+    return (torch.randn(*shape, generator=generator) * scale).to(DEVICE, dtype)
+
+
+# ------------------------------------------------------------------------------------------ the ops
+
+
+@needs_kernels
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("rows", [1, 5, 19])
+def test_normed_qkv_rope_is_norm_product_rotary_and_cache_write(rows, with_bias):
+    ops = kernels()
+    gen = torch.Generator().manual_seed(rows)
+    hidden, q_heads, kv_heads, head_dim, slots, eps = 40, 4, 2, 32, 7, 1e-5
+    x, gain = randn(gen, rows, hidden), randn(gen, hidden)
+    weight = randn(gen, (q_heads + 2 * kv_heads) * head_dim, hidden, scale=0.2)
+    bias = randn(gen, weight.shape[0]) if with_bias else None
+    angles = randn(gen, rows, head_dim // 2, scale=3.0)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    keys = randn(gen, rows, kv_heads, slots, head_dim)
+    values = randn(gen, rows, kv_heads, slots, head_dim)
+    old_keys, old_values = keys.clone(), values.clone()
+    position = torch.tensor([4], device=DEVICE)
+
+    query = ops.normed_qkv_rope(x, gain, eps, weight, bias, cos, sin, keys, values, position, q_heads)
+
+    q, k, v = F.linear(rms_norm(x, gain, eps), weight, bias).split(
+        [q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1
+    )
+    q, k, v = (t.view(rows, -1, head_dim) for t in (q, k, v))
+    q = q * cos[:, None] + rotate_half(q) * sin[:, None]
+    k = k * cos[:, None] + rotate_half(k) * sin[:, None]
+    torch.testing.assert_close(query, q, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(keys[:, :, 4], k, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(values[:, :, 4], v, atol=2e-5, rtol=2e-5)
+    others = [0, 1, 2, 3, 5, 6]  # every other slot is untouched
+    assert torch.equal(keys[:, :, others], old_keys[:, :, others])
+    assert torch.equal(values[:, :, others], old_values[:, :, others])
+
+
+@needs_kernels
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("rows", [3, 18])
+def test_normed_gated_product_is_silu_gate_times_up(rows, with_bias):
+    ops = kernels()
+    gen = torch.Generator().manual_seed(rows)
+    hidden, inner, eps = 40, 37, 1e-6  # columns not a multiple of the block
+    x, gain = randn(gen, rows, hidden), randn(gen, hidden)
+    weight = randn(gen, 2 * inner, hidden, scale=0.2)
+    bias = randn(gen, 2 * inner) if with_bias else None
+
+    out = ops.normed_gated_product(x, gain, eps, weight, bias)
+
+    gate, up = F.linear(rms_norm(x, gain, eps), weight, bias).chunk(2, dim=-1)
+    torch.testing.assert_close(out, F.silu(gate) * up, atol=2e-5, rtol=2e-5)
+
+
+@needs_kernels
+@pytest.mark.parametrize("split", [1, 2, 3])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_product_plus_residual_with_the_sum_split_or_whole(split, with_bias):
+    """Split over 1 to 3 programs (the last part shorter), with tiles cut at the edges; a second
+    call finds the tile counters at 0 again and gives the same result."""
+    ops = kernels()
+    gen = torch.Generator().manual_seed(split)
+    rows, k_in, n_out = 19, 70, 37
+    x, weight, residual = randn(gen, rows, k_in), randn(gen, n_out, k_in, scale=0.2), randn(gen, rows, n_out)
+    bias = randn(gen, n_out) if with_bias else None
+
+    out = ops.product_plus_residual(x, weight, bias, residual, split)
+
+    torch.testing.assert_close(out, residual + F.linear(x, weight, bias), atol=2e-5, rtol=2e-5)
+    assert torch.equal(ops.product_plus_residual(x, weight, bias, residual, split), out)
+
+
+@needs_kernels
+def test_the_ops_reject_tensors_with_a_strided_last_dimension():
+    ops = kernels()
+    x = torch.randn(4, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="x must have a contiguous last dimension"):
+        ops.product_plus_residual(x.t(), torch.randn(8, 4, device=DEVICE), None, torch.randn(16, 8, device=DEVICE))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 on a GPU")
+def test_the_ops_in_bf16_match_the_modules_within_bf16_rounding():
+    ops = kernels()
+    gen = torch.Generator().manual_seed(0)
+    rows, hidden, inner = 128, 896, 4864
+    bf16 = torch.bfloat16
+    x, gain = randn(gen, rows, hidden, dtype=bf16), randn(gen, hidden, dtype=bf16)
+    weight = randn(gen, 2 * inner, hidden, scale=0.05, dtype=bf16)
+    gate, up = F.linear(rms_norm(x, gain, 1e-6), weight).chunk(2, dim=-1)
+    gated = ops.normed_gated_product(x, gain, 1e-6, weight, None)
+    torch.testing.assert_close(gated, F.silu(gate) * up, atol=5e-2, rtol=2e-2)
+    down = randn(gen, hidden, inner, scale=0.02, dtype=bf16)
+    out = ops.product_plus_residual(gated, down, None, x)
+    torch.testing.assert_close(out, x + F.linear(gated, down), atol=5e-2, rtol=2e-2)
+
+
+# ------------------------------------------------------------------------------------ the engine
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def checkpoint(request, tokenizer, tmp_path_factory):
+    config = tiny_config(
+        tokenizer, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=80,
+        max_position_embeddings=64, initializer_range=1.0, **KINDS[request.param],
+    )  # fmt: skip
+    return save_tiny_model(tmp_path_factory.mktemp(request.param), tokenizer, config, seed=0)
+
+
+def rollout(generator, tokenizer, temperature=0.0):
+    encoded = tokenizer(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    eos = len(tokenizer) - 1  # never sampled by these models: every row runs 12 steps
+    return generator.generate(
+        encoded["input_ids"], encoded["attention_mask"], SamplingParams(12, temperature=temperature), eos,
+        tokenizer.pad_token_id, None, return_logprobs=True,
+    )  # fmt: skip
+
+
+def load(path):
+    return AutoModelForCausalLM.from_pretrained(path).to(DEVICE).eval()
+
+
+@needs_kernels
+def test_decoding_on_the_layer_kernels_samples_what_the_model_s_forward_samples(checkpoint, tokenizer):
+    plain = StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, decode_attention="triton")
+    on_kernels = StaticCacheGenerator(
+        load(checkpoint), len(PROMPTS), 32, decode_attention="triton", fuse_projections=True, layer_kernels=True
+    )
+    tokens, logprobs = rollout(plain, tokenizer)
+    kernel_tokens, kernel_logprobs = rollout(on_kernels, tokenizer)
+    assert on_kernels._decoder.layer_kernels
+    assert torch.equal(kernel_tokens, tokens)
+    torch.testing.assert_close(kernel_logprobs, logprobs, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(RUNS_HERE, reason="where the kernels run, None turns them on")
+def test_layer_kernels_none_keeps_the_modules_on_a_cpu_and_true_says_why_not(checkpoint, tokenizer):
+    generator = StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, fuse_projections=True)
+    rollout(generator, tokenizer)
+    assert generator._decoder is not None and not generator._decoder.layer_kernels
+    forced = StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, fuse_projections=True, layer_kernels=True)
+    with pytest.raises(ValueError, match="layer_kernels=True needs a CUDA device"):
+        rollout(forced, tokenizer)
+
+
+def test_layer_kernels_need_fused_projections(tmp_path, tokenizer):
+    config = tiny_config(tokenizer, hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=80)
+    model = load(save_tiny_model(tmp_path, tokenizer, config, seed=0))
+    with pytest.raises(ValueError, match="set fuse_projections=True too"):
+        StaticCacheGenerator(model, 2, 32, layer_kernels=True)
+
+
+def test_layer_kernels_true_names_a_model_without_a_fused_decode_step(tmp_path, tokenizer):
+    config = tiny_config(
+        tokenizer, hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=80, model_type="gpt2"
+    )
+    model = load(save_tiny_model(tmp_path, tokenizer, config, seed=0))
+    generator = StaticCacheGenerator(model, len(PROMPTS), 32, fuse_projections=True, layer_kernels=True)
+    with pytest.raises(ValueError, match="has no fused decode step"):
+        rollout(generator, tokenizer)
