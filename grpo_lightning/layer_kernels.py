@@ -66,20 +66,20 @@ def _normed_pair(
     row_ok = offs_m < rows
     left = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     right = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+    squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)  # added up across K once, at the end
     for start in range(0, hidden, BLOCK_K):
         ks = start + tl.arange(0, BLOCK_K)
         k_ok = ks < hidden
         x = tl.load(x_ptr + offs_m[:, None] * x_stride + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         x = x.to(tl.float32)
-        squares += tl.sum(x * x, axis=1)
+        squares += x * x
         gain = tl.load(norm_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)
         a = (x * gain[None, :]).to(w_ptr.dtype.element_ty)
         w_left = tl.load(w_ptr + left_cols[None, :] * w_stride + ks[:, None], mask=k_ok[:, None], other=0.0)
         w_right = tl.load(w_ptr + right_cols[None, :] * w_stride + ks[:, None], mask=k_ok[:, None], other=0.0)
         left += _dot(a, w_left, PRECISION, UPCAST)
         right += _dot(a, w_right, PRECISION, UPCAST)
-    scale = 1.0 / tl.sqrt(squares / hidden + eps)
+    scale = 1.0 / tl.sqrt(tl.sum(squares, axis=1) / hidden + eps)
     return left * scale[:, None], right * scale[:, None]
 
 
