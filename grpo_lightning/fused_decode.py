@@ -166,9 +166,10 @@ class FusedDecoder:
     projections of :func:`fuse_projections`; returns the fp32 logits ``[B, V]``.
 
     With ``layer_kernels`` each layer runs as four Triton kernels around its attention
-    (``grpo_lightning.layer_kernels``: norm, q/k/v, rotary embedding and cache write in one; the
-    ``o`` product and residual sum; norm, gate/up and activation; the ``down`` product and residual
-    sum); the caller checks :func:`layer_kernels_apply` first. Otherwise the layer is the model's
+    (``grpo_lightning.layer_kernels``: q/k/v with the norm's scale, rotary embedding and cache
+    write; the ``o`` product, residual sum and the next norm's inputs; gate/up with the norm's scale
+    and activation; the ``down`` product, residual sum and the next layer's norm inputs); the caller
+    checks :func:`layer_kernels_apply` first. Otherwise the layer is the model's
     own modules around the fused products."""
 
     def __init__(self, model: nn.Module, layers: list[FusedLayer], layer_kernels: bool = False) -> None:
@@ -221,19 +222,25 @@ class FusedDecoder:
         """The layers on ``hidden`` ``[B, H]``, each as the kernels of ``grpo_lightning.layer_kernels``."""
         kernels = self.kernels
         batch = hidden.shape[0]
-        for fused, cache_layer in zip(self.layers, cache_layers):
+        gained, squares = kernels.gain_inputs(hidden, self.layers[0].layer.input_layernorm.weight)
+        for index, (fused, cache_layer) in enumerate(zip(self.layers, cache_layers)):
             layer = fused.layer
             attention, mlp = layer.self_attn, layer.mlp
-            norm, post_norm = layer.input_layernorm, layer.post_attention_layernorm
             keys, values = cache_layer.keys, cache_layer.values
-            query = kernels.normed_qkv_rope(
-                hidden, norm.weight, norm.variance_epsilon, fused.qkv.weight, fused.qkv.bias, cos, sin,
+            query = kernels.gained_qkv_rope(
+                gained, squares, layer.input_layernorm.variance_epsilon, fused.qkv.weight, fused.qkv.bias, cos, sin,
                 keys, values, cache_position, fused.qkv.sizes[0] // attention.head_dim,
             )  # fmt: skip
             out, _ = gqa_sdpa_attention_forward(attention, query.unsqueeze(2), keys, values, mask, scaling=attention.scaling)
-            hidden = kernels.product_plus_residual(out.reshape(batch, -1), attention.o_proj.weight, attention.o_proj.bias, hidden)
-            gated = kernels.normed_gated_product(
-                hidden, post_norm.weight, post_norm.variance_epsilon, fused.gate_up.weight, fused.gate_up.bias
+            post_norm = layer.post_attention_layernorm
+            hidden, gained, squares = kernels.product_plus_residual(
+                out.reshape(batch, -1), attention.o_proj.weight, attention.o_proj.bias, hidden, post_norm.weight
             )
-            hidden = kernels.product_plus_residual(gated, mlp.down_proj.weight, mlp.down_proj.bias, hidden)
+            gated = kernels.gained_gated_product(
+                gained, squares, post_norm.variance_epsilon, fused.gate_up.weight, fused.gate_up.bias
+            )
+            following = self.layers[index + 1].layer.input_layernorm.weight if index + 1 < len(self.layers) else None
+            hidden, gained, squares = kernels.product_plus_residual(
+                gated, mlp.down_proj.weight, mlp.down_proj.bias, hidden, following
+            )
         return hidden
