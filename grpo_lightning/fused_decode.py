@@ -172,6 +172,8 @@ class FusedDecoder:
     checks :func:`layer_kernels_apply` first. Otherwise the layer is the model's
     own modules around the fused products."""
 
+    gated_kernel = True
+
     def __init__(self, model: nn.Module, layers: list[FusedLayer], layer_kernels: bool = False) -> None:
         self.model = model
         self.inner = model.model
@@ -236,9 +238,17 @@ class FusedDecoder:
             hidden, gained, squares = kernels.product_plus_residual(
                 out.reshape(batch, -1), attention.o_proj.weight, attention.o_proj.bias, hidden, post_norm.weight
             )
-            gated = kernels.gained_gated_product(
-                gained, squares, post_norm.variance_epsilon, fused.gate_up.weight, fused.gate_up.bias
-            )
+            if self.gated_kernel:
+                gated = kernels.gained_gated_product(
+                    gained, squares, post_norm.variance_epsilon, fused.gate_up.weight, fused.gate_up.bias
+                )
+            else:
+                scale = torch.rsqrt(squares.sum(-1, keepdim=True) / hidden.shape[-1] + post_norm.variance_epsilon)
+                gate_up = torch.nn.functional.linear(gained, fused.gate_up.weight).float() * scale
+                if fused.gate_up.bias is not None:
+                    gate_up = gate_up + fused.gate_up.bias.float()
+                gate, up = gate_up.to(hidden.dtype).chunk(2, dim=-1)
+                gated = layer.mlp.act_fn(gate) * up
             following = self.layers[index + 1].layer.input_layernorm.weight if index + 1 < len(self.layers) else None
             hidden, gained, squares = kernels.product_plus_residual(
                 gated, mlp.down_proj.weight, mlp.down_proj.bias, hidden, following
