@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--decode-attention", default="auto", help="the engine's decode_attention")
     parser.add_argument("--fuse-projections", action="store_true", help="the engine's fuse_projections")
     parser.add_argument(
-        "--layer-kernels", choices=["auto", "on", "off"], default="auto", help="the engine's layer_kernels (auto: None)"
+        "--qkv-kernel", choices=["auto", "on", "off"], default="auto", help="the engine's qkv_kernel (auto: None)"
     )
     parser.add_argument("--only-compiled", action="store_true", help="time and profile the compiled step only")
     parser.add_argument(
@@ -91,7 +91,7 @@ def main() -> None:
         "decode_attention": args.decode_attention,
         "fuse_projections": args.fuse_projections,
         "compile_options": args.compile_options,
-        "layer_kernels": {"auto": None, "on": True, "off": False}[args.layer_kernels],
+        "qkv_kernel": {"auto": None, "on": True, "off": False}[args.qkv_kernel],
     }
     lines[0] += f", {options}"
 

@@ -64,11 +64,11 @@ from transformers import PreTrainedTokenizerBase
 from .attention import TRITON_INTERPRETED, check_decode_attention, decode_attention, grouped_query_attention
 from .fused_decode import (
     FUSED_MODEL_TYPES,
-    LAYER_KERNEL_MODEL_TYPES,
+    QKV_KERNEL_MODEL_TYPES,
     FusedDecoder,
     FusedLayer,
     fuse_projections,
-    layer_kernels_apply,
+    qkv_kernel_applies,
 )
 from .logprobs import position_ids_from_mask
 from .rollout import SamplingParams
@@ -302,11 +302,10 @@ class StaticCacheGenerator:
             ``fused_decode.FUSED_MODEL_TYPES`` (others decode as usual). The model's q/k/v and
             gate/up parameters become views of one buffer per layer: same objects and values, no
             copy of the weights.
-        layer_kernels: with ``fuse_projections``, run each decode layer as four Triton kernels around
-            its attention (``grpo_lightning.layer_kernels``: the norms, rotary embedding, cache
-            write, activation and residual sums inside the matrix products). ``None`` (the
-            default): on CUDA when Triton is installed and the model qualifies
-            (``fused_decode.layer_kernels_apply``); ``True`` raises where they cannot run.
+        qkv_kernel: with ``fuse_projections``, compute each decode layer's norm, q/k/v product,
+            rotary embedding and cache write as one Triton kernel (``grpo_lightning.qkv_kernel``).
+            ``None`` (the default): on CUDA when Triton is installed and the model qualifies
+            (``fused_decode.qkv_kernel_applies``); ``True`` raises where it cannot run.
     """
 
     def __init__(
@@ -321,7 +320,7 @@ class StaticCacheGenerator:
         decode_attention: str = "auto",
         fuse_projections: bool = False,
         compile_options: dict[str, Any] | None = None,
-        layer_kernels: bool | None = None,
+        qkv_kernel: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -330,8 +329,8 @@ class StaticCacheGenerator:
         if check_every is not None and check_every < 1:
             raise ValueError(f"check_every must be at least 1, got {check_every}")
         check_decode_attention(decode_attention)
-        if layer_kernels and not fuse_projections:
-            raise ValueError("layer_kernels=True computes the fused projections: set fuse_projections=True too")
+        if qkv_kernel and not fuse_projections:
+            raise ValueError("qkv_kernel=True computes the fused projections: set fuse_projections=True too")
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         attention = getattr(config, "_attn_implementation", None) or "eager"
         if attention not in _SUPPORTED_ATTENTION:
@@ -352,7 +351,7 @@ class StaticCacheGenerator:
         self.compile_options = compile_options
         self.decode_attention = decode_attention
         self.fuse_projections = fuse_projections
-        self.layer_kernels = layer_kernels
+        self.qkv_kernel = qkv_kernel
         self._fused: list[FusedLayer] | None = None
         self._decoder: FusedDecoder | None = None
         self._compile_candidates = None
@@ -557,26 +556,26 @@ class StaticCacheGenerator:
     # ------------------------------------------------------------------------------ the model
 
     def _fused_decoder(self, fused: list[FusedLayer] | None, device: torch.device) -> FusedDecoder | None:
-        """The decoder of fused projections, on ``layer_kernels`` where they run (see ``__init__``)."""
+        """The decoder of fused projections, on the q/k/v kernel where it runs (see ``__init__``)."""
         if fused is None:
-            if self.layer_kernels:
+            if self.qkv_kernel:
                 raise ValueError(
-                    f"layer_kernels=True: {type(self.model).__name__} has no fused decode step (model types "
-                    f"{FUSED_MODEL_TYPES}); set layer_kernels to None or False"
+                    f"qkv_kernel=True: {type(self.model).__name__} has no fused decode step (model types "
+                    f"{FUSED_MODEL_TYPES}); set qkv_kernel to None or False"
                 )
             return None
-        kernels = self.layer_kernels
-        where = device.type == "cuda" or TRITON_INTERPRETED
-        if kernels is None:
-            kernels = where and layer_kernels_apply(self.model, fused) and importlib.util.find_spec("triton") is not None
-        elif kernels and not (where and layer_kernels_apply(self.model, fused)):
+        kernel = self.qkv_kernel
+        runs_here = (device.type == "cuda" or TRITON_INTERPRETED) and qkv_kernel_applies(self.model, fused)
+        if kernel is None:
+            kernel = runs_here and importlib.util.find_spec("triton") is not None
+        elif kernel and not runs_here:
             raise ValueError(
-                f"layer_kernels=True needs a CUDA device (or TRITON_INTERPRET=1) and a model of "
-                f"fused_decode.LAYER_KERNEL_MODEL_TYPES {LAYER_KERNEL_MODEL_TYPES} with SiLU gating and a head "
-                f"dimension of 32 to 256; this one is a {self.model.config.model_type} model on {device}. "
-                "Set layer_kernels to None or False."
+                f"qkv_kernel=True needs a CUDA device (or TRITON_INTERPRET=1) and a model of "
+                f"fused_decode.QKV_KERNEL_MODEL_TYPES {QKV_KERNEL_MODEL_TYPES} with a head dimension of 32 to "
+                f"256; this one is a {self.model.config.model_type} model on {device}. Set qkv_kernel to None "
+                "or False."
             )
-        return FusedDecoder(self.model, fused, layer_kernels=bool(kernels))
+        return FusedDecoder(self.model, fused, qkv_kernel=bool(kernel))
 
     def _attention_mask(self, allowed: Tensor) -> Tensor:
         """A boolean mask for SDPA, an additive float one for eager attention."""

@@ -139,24 +139,22 @@ def fuse_projections(model: nn.Module, previous: list[FusedLayer] | None = None)
     return fused
 
 
-LAYER_KERNEL_MODEL_TYPES = ("llama", "mistral", "qwen2")
-"""``config.model_type`` values whose decode layers can run on ``grpo_lightning.layer_kernels``."""
+QKV_KERNEL_MODEL_TYPES = ("llama", "mistral", "qwen2")
+"""``config.model_type`` values whose q/k/v step can run on ``grpo_lightning.qkv_kernel``."""
 
 
-def layer_kernels_apply(model: nn.Module, layers: list[FusedLayer]) -> bool:
-    """Whether ``grpo_lightning.layer_kernels`` compute ``model``'s decode layers: a model type of
-    ``LAYER_KERNEL_MODEL_TYPES`` with SiLU gating, RMS norms of the Llama kind (``weight``,
+def qkv_kernel_applies(model: nn.Module, layers: list[FusedLayer]) -> bool:
+    """Whether ``grpo_lightning.qkv_kernel`` can compute the start of ``model``'s decode layers: a
+    model type of ``QKV_KERNEL_MODEL_TYPES`` with input norms of the Llama kind (``weight``,
     ``variance_epsilon``) and a head dimension of 32, 64, 128 or 256 (half a head is one block of
     ``tl.dot``)."""
-    config = model.config
-    if config.model_type not in LAYER_KERNEL_MODEL_TYPES or getattr(config, "hidden_act", None) != "silu":
+    if model.config.model_type not in QKV_KERNEL_MODEL_TYPES:
         return False
     for fused in layers:
-        layer = fused.layer
-        norms = (layer.input_layernorm, layer.post_attention_layernorm)
-        if not all(type(n).__name__.endswith("RMSNorm") and hasattr(n, "variance_epsilon") for n in norms):
+        norm = fused.layer.input_layernorm
+        if not (type(norm).__name__.endswith("RMSNorm") and hasattr(norm, "variance_epsilon")):
             return False
-        if layer.self_attn.head_dim not in (32, 64, 128, 256):
+        if fused.layer.self_attn.head_dim not in (32, 64, 128, 256):
             return False
     return True
 
@@ -165,92 +163,69 @@ class FusedDecoder:
     """``model``'s forward pass for one token per row, on a ``transformers`` static cache, with the
     projections of :func:`fuse_projections`; returns the fp32 logits ``[B, V]``.
 
-    With ``layer_kernels`` each layer runs as four Triton kernels around its attention
-    (``grpo_lightning.layer_kernels``: q/k/v with the norm's scale, rotary embedding and cache
-    write; the ``o`` product, residual sum and the next norm's inputs; gate/up with the norm's scale
-    and activation; the ``down`` product, residual sum and the next layer's norm inputs); the caller
-    checks :func:`layer_kernels_apply` first. Otherwise the layer is the model's
-    own modules around the fused products."""
+    With ``qkv_kernel`` each layer's norm, q/k/v product, rotary embedding and cache write are one
+    Triton kernel (``grpo_lightning.qkv_kernel``; the caller checks :func:`qkv_kernel_applies`);
+    otherwise they are the model's own modules around the fused product."""
 
-    gated_kernel = True
-
-    def __init__(self, model: nn.Module, layers: list[FusedLayer], layer_kernels: bool = False) -> None:
+    def __init__(self, model: nn.Module, layers: list[FusedLayer], qkv_kernel: bool = False) -> None:
         self.model = model
         self.inner = model.model
         self.layers = layers
         # The model's own rotary helper: the module that defines its attention layer has it.
         self.apply_rotary = sys.modules[type(layers[0].layer.self_attn).__module__].apply_rotary_pos_emb
-        self.layer_kernels = layer_kernels
-        if layer_kernels:
-            from . import layer_kernels as kernels
+        self.qkv_kernel = qkv_kernel
+        if qkv_kernel:
+            from . import qkv_kernel as kernel
 
-            self.kernels = kernels
+            self.kernel = kernel
 
     def __call__(self, input_ids: Tensor, mask: Tensor, position_ids: Tensor, cache: Any, cache_position: Tensor) -> Tensor:
         hidden = self.inner.embed_tokens(input_ids)  # [B, 1, H]
         cos, sin = self.inner.rotary_emb(hidden, position_ids)
-        cache_layers = getattr(cache, "layers", None)
-        if self.layer_kernels and cache_layers is not None:
-            hidden = self._kernel_layers(hidden[:, 0], mask, cos[:, 0], sin[:, 0], cache_layers, cache_position)
-            hidden = hidden.unsqueeze(1)
-        else:
-            hidden = self._module_layers(hidden, mask, cos, sin, cache, cache_position)
-        hidden = self.inner.norm(hidden)
-        return self.model.get_output_embeddings()(hidden[:, -1]).float()
-
-    def _module_layers(self, hidden: Tensor, mask: Tensor, cos: Tensor, sin: Tensor, cache: Any, cache_position: Tensor) -> Tensor:
         batch = hidden.shape[0]
+        on_kernel = self.qkv_kernel and getattr(cache, "layers", None) is not None
         for index, fused in enumerate(self.layers):
             layer = fused.layer
             attention = layer.self_attn
-            head_dim = attention.head_dim
-            query, key, value = fused.qkv(layer.input_layernorm(hidden))
-            query, key = query.view(batch, 1, -1, head_dim), key.view(batch, 1, -1, head_dim)
-            if hasattr(attention, "q_norm"):  # Qwen3: each head's query and key normalised
-                query, key = attention.q_norm(query), attention.k_norm(key)
-            query, key = query.transpose(1, 2), key.transpose(1, 2)
-            value = value.view(batch, 1, -1, head_dim).transpose(1, 2)
-            query, key = self.apply_rotary(query, key, cos, sin)
-            keys, values = cache.update(key, value, index, {"cache_position": cache_position})
+            if on_kernel:
+                query, keys, values = self._kernel_qkv(fused, hidden[:, 0], cos[:, 0], sin[:, 0], cache.layers[index], cache_position)
+            else:
+                query, keys, values = self._module_qkv(fused, hidden, cos, sin, cache, index, cache_position)
             out, _ = gqa_sdpa_attention_forward(attention, query, keys, values, mask, scaling=attention.scaling)
             hidden = hidden + attention.o_proj(out.reshape(batch, 1, -1))
             gate, up = fused.gate_up(layer.post_attention_layernorm(hidden))
             hidden = hidden + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
-        return hidden
+        hidden = self.inner.norm(hidden)
+        return self.model.get_output_embeddings()(hidden[:, -1]).float()
 
-    def _kernel_layers(
-        self, hidden: Tensor, mask: Tensor, cos: Tensor, sin: Tensor, cache_layers: Any, cache_position: Tensor
-    ) -> Tensor:
-        """The layers on ``hidden`` ``[B, H]``, each as the kernels of ``grpo_lightning.layer_kernels``."""
-        kernels = self.kernels
-        batch = hidden.shape[0]
-        gained, squares = kernels.gain_inputs(hidden, self.layers[0].layer.input_layernorm.weight)
-        for index, (fused, cache_layer) in enumerate(zip(self.layers, cache_layers)):
-            layer = fused.layer
-            attention, mlp = layer.self_attn, layer.mlp
-            keys, values = cache_layer.keys, cache_layer.values
-            query = kernels.gained_qkv_rope(
-                gained, squares, layer.input_layernorm.variance_epsilon, fused.qkv.weight, fused.qkv.bias, cos, sin,
-                keys, values, cache_position, fused.qkv.sizes[0] // attention.head_dim,
-            )  # fmt: skip
-            out, _ = gqa_sdpa_attention_forward(attention, query.unsqueeze(2), keys, values, mask, scaling=attention.scaling)
-            post_norm = layer.post_attention_layernorm
-            hidden, gained, squares = kernels.product_plus_residual(
-                out.reshape(batch, -1), attention.o_proj.weight, attention.o_proj.bias, hidden, post_norm.weight
-            )
-            if self.gated_kernel:
-                gated = kernels.gained_gated_product(
-                    gained, squares, post_norm.variance_epsilon, fused.gate_up.weight, fused.gate_up.bias
-                )
-            else:
-                scale = torch.rsqrt(squares.sum(-1, keepdim=True) / hidden.shape[-1] + post_norm.variance_epsilon)
-                gate_up = torch.nn.functional.linear(gained, fused.gate_up.weight).float() * scale
-                if fused.gate_up.bias is not None:
-                    gate_up = gate_up + fused.gate_up.bias.float()
-                gate, up = gate_up.to(hidden.dtype).chunk(2, dim=-1)
-                gated = layer.mlp.act_fn(gate) * up
-            following = self.layers[index + 1].layer.input_layernorm.weight if index + 1 < len(self.layers) else None
-            hidden, gained, squares = kernels.product_plus_residual(
-                gated, mlp.down_proj.weight, mlp.down_proj.bias, hidden, following
-            )
-        return hidden
+    def _module_qkv(
+        self, fused: FusedLayer, hidden: Tensor, cos: Tensor, sin: Tensor, cache: Any, index: int, cache_position: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The query ``[B, Hq, 1, D]`` and the layer's keys and values, through the model's modules."""
+        layer, batch = fused.layer, hidden.shape[0]
+        attention = layer.self_attn
+        head_dim = attention.head_dim
+        query, key, value = fused.qkv(layer.input_layernorm(hidden))
+        query, key = query.view(batch, 1, -1, head_dim), key.view(batch, 1, -1, head_dim)
+        if hasattr(attention, "q_norm"):  # Qwen3: each head's query and key normalised
+            query, key = attention.q_norm(query), attention.k_norm(key)
+        query, key = query.transpose(1, 2), key.transpose(1, 2)
+        value = value.view(batch, 1, -1, head_dim).transpose(1, 2)
+        query, key = self.apply_rotary(query, key, cos, sin)
+        keys, values = cache.update(key, value, index, {"cache_position": cache_position})
+        return query, keys, values
+
+    def _kernel_qkv(
+        self, fused: FusedLayer, hidden: Tensor, cos: Tensor, sin: Tensor, cache_layer: Any, cache_position: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The same through ``grpo_lightning.qkv_kernel``, for ``hidden``, ``cos`` and ``sin`` ``[B, H]``
+        and ``[B, D]``; the keys and values are written to the cache layer's tensors in place."""
+        norm = fused.layer.input_layernorm
+        gained, squares = self.kernel.gain_inputs(hidden, norm.weight)
+        keys, values = cache_layer.keys, cache_layer.values
+        q_heads = fused.qkv.sizes[0] // fused.layer.self_attn.head_dim
+        query = self.kernel.gained_qkv_rope(
+            gained, squares, norm.variance_epsilon, fused.qkv.weight, fused.qkv.bias, cos, sin, keys, values,
+            cache_position, q_heads,
+        )  # fmt: skip
+        return query.unsqueeze(2), keys, values

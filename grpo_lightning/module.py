@@ -224,11 +224,10 @@ class GroupPolicyOptimization(L.LightningModule):
             products as one matrix product each (Llama, Mistral, Qwen2 and Qwen3 models; others decode
             as usual). The policy's q/k/v and gate/up parameters become views of one buffer per
             layer (same parameters and values, no copy; ``grpo_lightning.fused_decode``).
-        layer_kernels: with ``fuse_projections``, run each decode layer as four Triton kernels
-            around its attention, with the norms, rotary embedding, cache write, activation and
-            residual sums inside the matrix products (``grpo_lightning.layer_kernels``). ``None``:
-            on CUDA when Triton is installed, for Llama, Mistral and Qwen2 models; ``True`` raises
-            where they cannot run.
+        qkv_kernel: with ``fuse_projections``, compute each decode layer's norm, q/k/v product,
+            rotary embedding and cache write as one Triton kernel (``grpo_lightning.qkv_kernel``).
+            ``None``: on CUDA when Triton is installed, for Llama, Mistral and Qwen2 models;
+            ``True`` raises where it cannot run.
         logprob_compile: on CUDA, fuse the fp32 log-softmax arithmetic of the log-prob passes
             (reference, old policy, update) with ``torch.compile``.
         model_compile: in the log-prob passes (reference, old policy, update), run the model's
@@ -296,7 +295,7 @@ class GroupPolicyOptimization(L.LightningModule):
         rollout_compile: bool = False,
         decode_attention: str = "auto",
         fuse_projections: bool = False,
-        layer_kernels: bool | None = None,
+        qkv_kernel: bool | None = None,
         logprob_compile: bool = False,
         model_compile: bool = False,
         fused_lm_head: bool | None = None,
@@ -357,9 +356,9 @@ class GroupPolicyOptimization(L.LightningModule):
             "or fuse_projections to false.",
         )
         _require(
-            not layer_kernels or fuse_projections,
-            "layer_kernels: the layer kernels compute the fused projections; set fuse_projections to true "
-            "or layer_kernels to null.",
+            not qkv_kernel or fuse_projections,
+            "qkv_kernel: the kernel computes the fused q/k/v projection; set fuse_projections to true "
+            "or qkv_kernel to null.",
         )
         _require(beta >= 0, f"beta: the KL coefficient must be >= 0 (got {beta}).")
         _require(kl_estimator in F.KL_ESTIMATORS, f"kl_estimator: {kl_estimator!r} is not one of {F.KL_ESTIMATORS}.")
@@ -697,7 +696,7 @@ class GroupPolicyOptimization(L.LightningModule):
                         compile=self.hparams.rollout_compile,
                         decode_attention=self.hparams.decode_attention,
                         fuse_projections=self.hparams.fuse_projections,
-                        layer_kernels=self.hparams.layer_kernels,
+                        qkv_kernel=self.hparams.qkv_kernel,
                     )
                 keys = None if self.hparams.rollout_seed is None else self.row_keys(texts, group_size)
                 prompt_ids, prompt_mask, completion_ids = fast_generate_group(

@@ -27,7 +27,7 @@ needs_kernel = pytest.mark.skipif(not RUNS_HERE, reason="runs on CUDA or under T
 def test_the_kernel_under_triton_s_interpreter():
     tests = Path(__file__).parent
     selected = [
-        str(tests / name) for name in ("test_decode_kernel.py", "test_attention.py", "test_engine.py", "test_fused_decode.py")
+        str(tests / name) for name in ("test_decode_kernel.py", "test_attention.py", "test_engine.py", "test_fused_decode.py", "test_qkv_kernel.py")
     ]
     env = dict(os.environ, TRITON_INTERPRET="1")
     result = subprocess.run(

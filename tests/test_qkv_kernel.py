@@ -1,6 +1,6 @@
-"""The decode layer's Triton kernels (``grpo_lightning.layer_kernels``) against the model's own modules.
+"""The q/k/v Triton kernel of a decode layer (``grpo_lightning.qkv_kernel``) against the model's modules.
 
-They run on CUDA, or on the CPU under Triton's interpreter: ``test_decode_kernel.py``'s
+It runs on CUDA, or on the CPU under Triton's interpreter: ``test_decode_kernel.py``'s
 ``test_the_kernel_under_triton_s_interpreter`` runs this file in a process with
 ``TRITON_INTERPRET=1``. The options' checks run everywhere.
 """
@@ -33,9 +33,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def kernels():
     pytest.importorskip("triton")
-    from grpo_lightning import layer_kernels
+    from grpo_lightning import qkv_kernel
 
-    return layer_kernels
+    return qkv_kernel
 
 
 def rms_norm(x, weight, eps):
@@ -91,73 +91,52 @@ def test_gained_qkv_rope_is_norm_product_rotary_and_cache_write(rows, with_bias)
 
 
 @needs_kernels
-@pytest.mark.parametrize("with_bias", [True, False])
-@pytest.mark.parametrize("rows", [3, 18])
-def test_gained_gated_product_is_silu_gate_times_up(rows, with_bias):
+def test_the_op_rejects_tensors_with_a_strided_last_dimension():
     ops = kernels()
-    gen = torch.Generator().manual_seed(rows)
-    hidden, inner, eps = 70, 37, 1e-6  # columns not a multiple of the blocks
-    x, gain = randn(gen, rows, hidden), randn(gen, hidden)
-    weight = randn(gen, 2 * inner, hidden, scale=0.2)
-    bias = randn(gen, 2 * inner) if with_bias else None
+    x = torch.randn(4, 64, device=DEVICE)
+    gained, squares = ops.gain_inputs(x, torch.ones(64, device=DEVICE))
+    cache = torch.zeros(4, 1, 8, 32, device=DEVICE)
+    angles = torch.zeros(4, 32, device=DEVICE)
+    with pytest.raises(ValueError, match="weight must have a contiguous last dimension"):
+        ops.gained_qkv_rope(
+            gained, squares, 1e-6, torch.randn(64, 128, device=DEVICE).t(), None, angles, angles, cache, cache.clone(),
+            torch.tensor([0], device=DEVICE), 2,
+        )  # fmt: skip
 
-    out = ops.gained_gated_product(*ops.gain_inputs(x, gain), eps, weight, bias)
 
-    gate, up = F.linear(rms_norm(x, gain, eps), weight, bias).chunk(2, dim=-1)
-    torch.testing.assert_close(out, F.silu(gate) * up, atol=2e-5, rtol=2e-5)
-
-
-@needs_kernels
-@pytest.mark.parametrize("split", [1, 2, 3])
-@pytest.mark.parametrize("with_bias", [True, False])
-def test_product_plus_residual_with_the_sum_split_or_whole(split, with_bias):
-    """Split over 1 to 3 programs (the last part shorter), with tiles cut at the edges; a second
-    call finds the tile counters at 0 again and gives the same result. The next norm's inputs are
-    what ``gain_inputs`` computes from the output."""
+def test_gain_inputs_are_x_times_gain_and_sums_of_squares_per_block():
     ops = kernels()
-    gen = torch.Generator().manual_seed(split)
-    rows, k_in, n_out = 19, 70, 37
-    x, weight, residual = randn(gen, rows, k_in), randn(gen, n_out, k_in, scale=0.2), randn(gen, rows, n_out)
-    bias = randn(gen, n_out) if with_bias else None
-    next_gain = randn(gen, n_out)
-
-    out, gained, squares = ops.product_plus_residual(x, weight, bias, residual, next_gain, split)
-
-    torch.testing.assert_close(out, residual + F.linear(x, weight, bias), atol=2e-5, rtol=2e-5)
-    expected_gained, expected_squares = ops.gain_inputs(out, next_gain)
-    assert squares.shape == (rows, 2)  # ceil(37 / 32) blocks of columns
-    torch.testing.assert_close(gained, expected_gained)
-    torch.testing.assert_close(squares, expected_squares)
-    again, _, _ = ops.product_plus_residual(x, weight, bias, residual, next_gain, split)
-    assert torch.equal(again, out)
-    alone, no_gained, no_squares = ops.product_plus_residual(x, weight, bias, residual, None, split)
-    assert torch.equal(alone, out) and no_gained.numel() == no_squares.numel() == 0
-
-
-@needs_kernels
-def test_the_ops_reject_tensors_with_a_strided_last_dimension():
-    ops = kernels()
-    x = torch.randn(4, 16, device=DEVICE)
-    with pytest.raises(ValueError, match="x must have a contiguous last dimension"):
-        ops.product_plus_residual(x.t(), torch.randn(8, 4, device=DEVICE), None, torch.randn(16, 8, device=DEVICE), None)
+    x, gain = torch.arange(70.0).view(2, 35), torch.full((35,), 2.0)
+    gained, squares = ops.gain_inputs(x, gain)
+    assert torch.equal(gained, 2 * x)
+    assert squares.shape == (2, 2)  # 32 columns, then the other 3
+    assert torch.equal(squares[:, 0], (x[:, :32] ** 2).sum(-1)) and torch.equal(squares[:, 1], (x[:, 32:] ** 2).sum(-1))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 on a GPU")
-def test_the_ops_in_bf16_match_the_modules_within_bf16_rounding():
+def test_the_op_in_bf16_matches_the_modules_within_bf16_rounding():
+    """W1's shapes: 128 rows, hidden 896, 14 query and 2 KV heads of 64."""
     ops = kernels()
     gen = torch.Generator().manual_seed(0)
-    rows, hidden, inner = 128, 896, 4864
+    rows, hidden, q_heads, kv_heads, head_dim = 128, 896, 14, 2, 64
     bf16 = torch.bfloat16
     x, gain = randn(gen, rows, hidden, dtype=bf16), randn(gen, hidden, dtype=bf16)
-    weight = randn(gen, 2 * inner, hidden, scale=0.05, dtype=bf16)
-    gate, up = F.linear(rms_norm(x, gain, 1e-6), weight).chunk(2, dim=-1)
-    gated = ops.gained_gated_product(*ops.gain_inputs(x, gain), 1e-6, weight, None)
-    expected = F.silu(gate) * up
-    torch.testing.assert_close(gated, expected, atol=1e-1, rtol=2e-2)  # a few of 622592 differ by 0.06
-    assert (gated - expected).float().abs().mean() < 5e-3
-    down = randn(gen, hidden, inner, scale=0.02, dtype=bf16)
-    out, _, _ = ops.product_plus_residual(gated, down, None, x, None)
-    torch.testing.assert_close(out, x + F.linear(gated, down), atol=5e-2, rtol=2e-2)
+    weight = randn(gen, (q_heads + 2 * kv_heads) * head_dim, hidden, scale=0.05, dtype=bf16)
+    bias = randn(gen, weight.shape[0], scale=0.1, dtype=bf16)
+    angles = randn(gen, rows, head_dim // 2, scale=3.0)
+    cos, sin = torch.cat([angles.cos()] * 2, -1).to(bf16), torch.cat([angles.sin()] * 2, -1).to(bf16)
+    keys = torch.zeros(rows, kv_heads, 16, head_dim, device=DEVICE, dtype=bf16)
+    values = torch.zeros_like(keys)
+    query = ops.gained_qkv_rope(
+        *ops.gain_inputs(x, gain), 1e-6, weight, bias, cos, sin, keys, values, torch.tensor([9], device=DEVICE), q_heads
+    )
+    q, k, v = F.linear(rms_norm(x, gain, 1e-6), weight, bias).split([q_heads * 64, kv_heads * 64, kv_heads * 64], -1)
+    q, k, v = q.view(rows, -1, 64), k.view(rows, -1, 64), v.view(rows, -1, 64)
+    q = q * cos[:, None] + rotate_half(q) * sin[:, None]
+    k = k * cos[:, None] + rotate_half(k) * sin[:, None]
+    for ours, expected in ((query, q), (keys[:, :, 9], k), (values[:, :, 9], v)):
+        torch.testing.assert_close(ours, expected, atol=1e-1, rtol=2e-2)
+        assert (ours - expected).float().abs().mean() < 1e-2
 
 
 # ------------------------------------------------------------------------------------ the engine
@@ -191,40 +170,40 @@ def load(path):
 
 
 @needs_kernels
-def test_decoding_on_the_layer_kernels_samples_what_the_model_s_forward_samples(checkpoint, tokenizer):
+def test_decoding_on_the_qkv_kernel_samples_what_the_model_s_forward_samples(checkpoint, tokenizer):
     plain = StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, decode_attention="triton")
     on_kernels = StaticCacheGenerator(
-        load(checkpoint), len(PROMPTS), 32, decode_attention="triton", fuse_projections=True, layer_kernels=True
+        load(checkpoint), len(PROMPTS), 32, decode_attention="triton", fuse_projections=True, qkv_kernel=True
     )
     tokens, logprobs = rollout(plain, tokenizer)
     kernel_tokens, kernel_logprobs = rollout(on_kernels, tokenizer)
-    assert on_kernels._decoder.layer_kernels
+    assert on_kernels._decoder.qkv_kernel
     assert torch.equal(kernel_tokens, tokens)
     torch.testing.assert_close(kernel_logprobs, logprobs, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.skipif(RUNS_HERE, reason="where the kernels run, None turns them on")
-def test_layer_kernels_none_keeps_the_modules_on_a_cpu_and_true_says_why_not(checkpoint, tokenizer):
+@pytest.mark.skipif(RUNS_HERE, reason="where the kernel runs, None turns it on")
+def test_qkv_kernel_none_keeps_the_modules_on_a_cpu_and_true_says_why_not(checkpoint, tokenizer):
     generator = StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, fuse_projections=True)
     rollout(generator, tokenizer)
-    assert generator._decoder is not None and not generator._decoder.layer_kernels
-    forced = StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, fuse_projections=True, layer_kernels=True)
-    with pytest.raises(ValueError, match="layer_kernels=True needs a CUDA device"):
+    assert generator._decoder is not None and not generator._decoder.qkv_kernel
+    forced = StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, fuse_projections=True, qkv_kernel=True)
+    with pytest.raises(ValueError, match="qkv_kernel=True needs a CUDA device"):
         rollout(forced, tokenizer)
 
 
-def test_layer_kernels_need_fused_projections(tmp_path, tokenizer):
+def test_the_qkv_kernel_needs_fused_projections(tmp_path, tokenizer):
     config = tiny_config(tokenizer, hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=80)
     model = load(save_tiny_model(tmp_path, tokenizer, config, seed=0))
     with pytest.raises(ValueError, match="set fuse_projections=True too"):
-        StaticCacheGenerator(model, 2, 32, layer_kernels=True)
+        StaticCacheGenerator(model, 2, 32, qkv_kernel=True)
 
 
-def test_layer_kernels_true_names_a_model_without_a_fused_decode_step(tmp_path, tokenizer):
+def test_qkv_kernel_true_names_a_model_without_a_fused_decode_step(tmp_path, tokenizer):
     config = tiny_config(
         tokenizer, hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=80, model_type="gpt2"
     )
     model = load(save_tiny_model(tmp_path, tokenizer, config, seed=0))
-    generator = StaticCacheGenerator(model, len(PROMPTS), 32, fuse_projections=True, layer_kernels=True)
+    generator = StaticCacheGenerator(model, len(PROMPTS), 32, fuse_projections=True, qkv_kernel=True)
     with pytest.raises(ValueError, match="has no fused decode step"):
         rollout(generator, tokenizer)
