@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import copy
 import functools
-import importlib.util
+import importlib
 import inspect
 import warnings
 from collections.abc import Sequence
@@ -249,6 +249,15 @@ def _shared_prefill_cache(cache: Any, distinct: Tensor, inverse: Tensor, written
 
     shared.update = update
     return shared
+
+
+def _imports(module: str) -> bool:
+    """Whether ``module`` imports (Triton is not a dependency of the package)."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -567,7 +576,7 @@ class StaticCacheGenerator:
         kernel = self.qkv_kernel
         runs_here = (device.type == "cuda" or TRITON_INTERPRETED) and qkv_kernel_applies(self.model, fused)
         if kernel is None:
-            kernel = runs_here and importlib.util.find_spec("triton") is not None
+            kernel = runs_here and _imports("grpo_lightning.qkv_kernel")
         elif kernel and not runs_here:
             raise ValueError(
                 f"qkv_kernel=True needs a CUDA device (or TRITON_INTERPRET=1) and a model of "

@@ -219,7 +219,8 @@ class FusedDecoder:
         self, fused: FusedLayer, hidden: Tensor, cos: Tensor, sin: Tensor, cache_layer: Any, cache_position: Tensor
     ) -> tuple[Tensor, Tensor, Tensor]:
         """The same through ``grpo_lightning.qkv_kernel``, for ``hidden``, ``cos`` and ``sin`` ``[B, H]``
-        and ``[B, D]``; the keys and values are written to the cache layer's tensors in place."""
+        and ``[B, D]``; the keys and values are written to the cache layer's tensors in place, at
+        ``cache_position`` (the engine resets the cache, and any count of its own, at each prefill)."""
         norm = fused.layer.input_layernorm
         gained, squares = self.kernel.gain_inputs(hidden, norm.weight)
         keys, values = cache_layer.keys, cache_layer.values

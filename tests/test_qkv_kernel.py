@@ -2,7 +2,7 @@
 
 It runs on CUDA, or on the CPU under Triton's interpreter: ``test_decode_kernel.py``'s
 ``test_the_kernel_under_triton_s_interpreter`` runs this file in a process with
-``TRITON_INTERPRET=1``. The options' checks run everywhere.
+``TRITON_INTERPRET=1``. Decoding with it is tested in ``test_fused_decode.py``.
 """
 
 from __future__ import annotations
@@ -12,21 +12,10 @@ import os
 import pytest
 import torch
 from torch.nn import functional as F
-from transformers import AutoModelForCausalLM
-
-from grpo_lightning.engine import StaticCacheGenerator
-from grpo_lightning.rollout import SamplingParams
-from grpo_lightning.tiny import build_char_tokenizer, save_tiny_model, tiny_config
 
 RUNS_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_kernels = pytest.mark.skipif(not RUNS_HERE, reason="runs on CUDA or under TRITON_INTERPRET=1 (see above)")
-
-PROMPTS = ["1+2=", "37+45=", "(1)", "<think>3*4=12"]
-KINDS = {
-    "qwen2": {"model_type": "qwen2"},  # q/k/v biases
-    "llama-biases": {"model_type": "llama", "attention_bias": True, "mlp_bias": True},
-}
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -137,73 +126,3 @@ def test_the_op_in_bf16_matches_the_modules_within_bf16_rounding():
     for ours, expected in ((query, q), (keys[:, :, 9], k), (values[:, :, 9], v)):
         torch.testing.assert_close(ours, expected, atol=1e-1, rtol=2e-2)
         assert (ours - expected).float().abs().mean() < 1e-2
-
-
-# ------------------------------------------------------------------------------------ the engine
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_char_tokenizer()
-
-
-@pytest.fixture(scope="module", params=list(KINDS))
-def checkpoint(request, tokenizer, tmp_path_factory):
-    config = tiny_config(
-        tokenizer, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=80,
-        max_position_embeddings=64, initializer_range=1.0, **KINDS[request.param],
-    )  # fmt: skip
-    return save_tiny_model(tmp_path_factory.mktemp(request.param), tokenizer, config, seed=0)
-
-
-def rollout(generator, tokenizer, temperature=0.0):
-    encoded = tokenizer(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-    eos = len(tokenizer) - 1  # never sampled by these models: every row runs 12 steps
-    return generator.generate(
-        encoded["input_ids"], encoded["attention_mask"], SamplingParams(12, temperature=temperature), eos,
-        tokenizer.pad_token_id, None, return_logprobs=True,
-    )  # fmt: skip
-
-
-def load(path):
-    return AutoModelForCausalLM.from_pretrained(path).to(DEVICE).eval()
-
-
-@needs_kernels
-def test_decoding_on_the_qkv_kernel_samples_what_the_model_s_forward_samples(checkpoint, tokenizer):
-    plain = StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, decode_attention="triton")
-    on_kernels = StaticCacheGenerator(
-        load(checkpoint), len(PROMPTS), 32, decode_attention="triton", fuse_projections=True, qkv_kernel=True
-    )
-    tokens, logprobs = rollout(plain, tokenizer)
-    kernel_tokens, kernel_logprobs = rollout(on_kernels, tokenizer)
-    assert on_kernels._decoder.qkv_kernel
-    assert torch.equal(kernel_tokens, tokens)
-    torch.testing.assert_close(kernel_logprobs, logprobs, atol=1e-4, rtol=1e-4)
-
-
-@pytest.mark.skipif(RUNS_HERE, reason="where the kernel runs, None turns it on")
-def test_qkv_kernel_none_keeps_the_modules_on_a_cpu_and_true_says_why_not(checkpoint, tokenizer):
-    generator = StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, fuse_projections=True)
-    rollout(generator, tokenizer)
-    assert generator._decoder is not None and not generator._decoder.qkv_kernel
-    forced = StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, fuse_projections=True, qkv_kernel=True)
-    with pytest.raises(ValueError, match="qkv_kernel=True needs a CUDA device"):
-        rollout(forced, tokenizer)
-
-
-def test_the_qkv_kernel_needs_fused_projections(tmp_path, tokenizer):
-    config = tiny_config(tokenizer, hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=80)
-    model = load(save_tiny_model(tmp_path, tokenizer, config, seed=0))
-    with pytest.raises(ValueError, match="set fuse_projections=True too"):
-        StaticCacheGenerator(model, 2, 32, qkv_kernel=True)
-
-
-def test_qkv_kernel_true_names_a_model_without_a_fused_decode_step(tmp_path, tokenizer):
-    config = tiny_config(
-        tokenizer, hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=80, model_type="gpt2"
-    )
-    model = load(save_tiny_model(tmp_path, tokenizer, config, seed=0))
-    generator = StaticCacheGenerator(model, len(PROMPTS), 32, fuse_projections=True, qkv_kernel=True)
-    with pytest.raises(ValueError, match="has no fused decode step"):
-        rollout(generator, tokenizer)
