@@ -192,6 +192,12 @@ def _combine_kernel(
     )
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s ``input_precision`` for operands of ``dtype``: exact products for fp32 (bf16 and
+    fp16 operands ignore it)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 def _padded(size: int) -> int:
     return max(_MIN_DOT, triton.next_power_of_2(size))
 
@@ -235,7 +241,7 @@ def decode_attention(
         mask_kind = 1 if mask.dtype == torch.bool else 2
         mask = mask.expand(batch, kv_heads, group, kv_len)
         mask_strides = mask.stride()
-    precision = "ieee" if query.dtype == torch.float32 else "tf32"
+    precision = dot_precision(query.dtype)
     group_pad, dim_pad = _padded(group), _padded(head_dim)
     blocks = -(-kv_len // BLOCK_L)
     splits = min(splits or cache_splits(batch, kv_heads, kv_len, query.device), max(blocks, 1))

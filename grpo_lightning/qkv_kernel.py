@@ -43,7 +43,7 @@ from torch import Tensor
 from torch.library import custom_op
 
 from .attention import TRITON_INTERPRETED
-from .decode_kernel import _dot
+from .decode_kernel import _dot, dot_precision
 
 SQUARES_BLOCK = 32
 """Columns of ``x`` per partial sum of squares."""
@@ -132,36 +132,22 @@ def _gained_qkv_rope_kernel(
     tl.store(target + HALF, second.to(dtype), mask=row_ok)
 
 
-def _configs(**choices: list[int]) -> list[triton.Config]:
-    """Every combination of ``choices`` (meta-parameters, plus ``num_warps`` and ``num_stages``)."""
-    configs = [{}]
-    for name, values in choices.items():
-        configs = [{**config, name: value} for config in configs for value in values]
-    return [
-        triton.Config(
-            {k: v for k, v in c.items() if k not in ("num_warps", "num_stages")},
-            num_warps=c.get("num_warps", 4),
-            num_stages=c.get("num_stages", 3),
-        )
-        for c in configs
-    ]
-
-
-_QKV_CONFIGS = _configs(BLOCK_M=[32, 64, 128], BLOCK_K=[64, 128], num_stages=[3, 4])
+_QKV_CONFIGS = [
+    triton.Config({"BLOCK_M": block_m, "BLOCK_K": block_k}, num_warps=4, num_stages=stages)
+    for block_m in (32, 64, 128)
+    for block_k in (64, 128)
+    for stages in (3, 4)
+]
 _INTERPRETED_META = {"BLOCK_M": 16, "BLOCK_K": 16}
 
 _qkv_tuned = triton.autotune(_QKV_CONFIGS, key=["rows", "hidden", "q_heads", "kv_heads"])(_gained_qkv_rope_kernel)
 
 
 def _check_rows_contiguous(**tensors: Tensor | None) -> None:
-    """The kernels take one stride per dimension but the last, which must be 1."""
+    """The kernel takes one stride per dimension but the last, which must be 1."""
     for name, tensor in tensors.items():
         if tensor is not None and tensor.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last dimension, got strides {tensor.stride()}")
-
-
-def _precision(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def _parts_pad(squares: Tensor) -> int:
@@ -216,7 +202,7 @@ def gained_qkv_rope(
     )  # fmt: skip
     meta = {
         "HAS_BIAS": bias is not None, "HALF": head_dim // 2, "PARTS_PAD": _parts_pad(squares),
-        "PRECISION": _precision(gained.dtype),
+        "PRECISION": dot_precision(gained.dtype),
     }  # fmt: skip
     if TRITON_INTERPRETED:
         block_m = _INTERPRETED_META["BLOCK_M"]
