@@ -5,8 +5,9 @@ At a decode step a layer of a Llama-family model begins, for ``x`` ``[B, H]`` (o
     q, k, v = rope(rms_norm(x) @ W_qkv^T + b_qkv)       -> k, v written to the cache
 
 which the compiled step runs as the norm (fused with the previous residual sum), the product, and one
-or two kernels for the rotary embedding and the cache write: 11.3 us per layer at W1's shapes on an
-H200, where the product alone takes 5.0 us. :func:`gained_qkv_rope` does it in one kernel, 7.2 us.
+or two kernels for the rotary embedding and the cache write: 11.1 us per layer at W1's shapes on an
+H200, where the product alone takes 4.8 us. :func:`gained_qkv_rope` does it in one kernel, 7.1 us
+(``benchmarks/qkv_kernel.py``).
 
 **The norm, split in two.** ``rms_norm(x) @ W^T = r * ((x * g) @ W^T)``, with ``g`` the norm's weight
 and ``r = 1 / sqrt(mean(x^2) + eps)`` one number per row. :func:`gain_inputs` computes ``x * g`` and
