@@ -21,16 +21,12 @@ import json
 
 import torch
 from torch.nn import functional as F
+from transformers.models.qwen2.modeling_qwen2 import rotate_half
 
 
 def rms_norm(x, gain, eps):
     normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
     return gain * normed.to(x.dtype)
-
-
-def rotate_half(x):
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat([-second, first], dim=-1)
 
 
 def time_per_call(step, layers: int, repeats: int = 50) -> float:

@@ -12,6 +12,7 @@ import os
 import pytest
 import torch
 from torch.nn import functional as F
+from transformers.models.qwen2.modeling_qwen2 import rotate_half  # the model's own
 
 RUNS_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -31,11 +32,6 @@ def rms_norm(x, weight, eps):
     """transformers' Llama/Qwen2 RMS norm."""
     normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
     return weight * normed.to(x.dtype)
-
-
-def rotate_half(x):
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat([-second, first], dim=-1)
 
 
 def randn(generator, *shape, scale=1.0, dtype=torch.float32):
