@@ -64,6 +64,9 @@ def main() -> None:
     parser.add_argument(
         "--qkv-kernel", choices=["auto", "on", "off"], default="auto", help="the engine's qkv_kernel (auto: None)"
     )
+    parser.add_argument(
+        "--sampling-kernel", choices=["auto", "on", "off"], default="auto", help="the engine's sampling_kernel (auto: None)"
+    )
     parser.add_argument("--only-compiled", action="store_true", help="time and profile the compiled step only")
     parser.add_argument(
         "--compile-options", type=json.loads, default=None,
@@ -92,6 +95,7 @@ def main() -> None:
         "fuse_projections": args.fuse_projections,
         "compile_options": args.compile_options,
         "qkv_kernel": {"auto": None, "on": True, "off": False}[args.qkv_kernel],
+        "sampling_kernel": {"auto": None, "on": True, "off": False}[args.sampling_kernel],
     }
     lines[0] += f", {options}"
 

@@ -530,6 +530,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
         model_compile=args.model_compile,
         fuse_projections=args.fuse_projections,
         qkv_kernel={"auto": None, "on": True, "off": False}[args.qkv_kernel],
+        sampling_kernel={"auto": None, "on": True, "off": False}[args.sampling_kernel],
         decode_attention=args.decode_attention,
         fused_lm_head={"auto": None, "on": True, "off": False}[args.fused_lm_head],
         rollout_dtype=args.rollout_dtype,
@@ -644,6 +645,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--qkv-kernel", choices=["auto", "on", "off"], default="auto", help="the module's qkv_kernel (auto: null)"
     )
+    parser.add_argument(
+        "--sampling-kernel", choices=["auto", "on", "off"], default="auto", help="the module's sampling_kernel (auto: null)"
+    )
     parser.add_argument("--decode-attention", choices=list(DECODE_ATTENTION_KINDS), default="auto", help="the module's decode_attention")
     parser.add_argument("--fused-lm-head", choices=["auto", "on", "off"], default="auto", help="the module's fused_lm_head (auto: on CUDA)")
     parser.add_argument("--rollout-dtype", default=None, help="the module's rollout_dtype, e.g. bfloat16 with --dtype float32")
@@ -703,7 +707,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         paths = build_workdir(Path(workdir), dataclasses.replace(workload, dtype=dtype), rows=workload.prompts * args.steps, seed=args.seed)
         build_s = time.perf_counter() - build_start
 
-        result: dict[str, Any] = {"workload": args.workload, "rollout_engine": args.rollout_engine, "rollout_compile": args.rollout_compile, "logprob_compile": args.logprob_compile, "model_compile": args.model_compile, "decode_attention": args.decode_attention, "fuse_projections": args.fuse_projections, "qkv_kernel": args.qkv_kernel, "fused_lm_head": args.fused_lm_head, "rollout_dtype": args.rollout_dtype, "device": device_name(), **versions()}
+        result: dict[str, Any] = {"workload": args.workload, "rollout_engine": args.rollout_engine, "rollout_compile": args.rollout_compile, "logprob_compile": args.logprob_compile, "model_compile": args.model_compile, "decode_attention": args.decode_attention, "fuse_projections": args.fuse_projections, "qkv_kernel": args.qkv_kernel, "sampling_kernel": args.sampling_kernel, "fused_lm_head": args.fused_lm_head, "rollout_dtype": args.rollout_dtype, "device": device_name(), **versions()}
         result["commit"], result["dirty"] = git_commit()
         result["date"] = time.strftime("%Y-%m-%d")
         result["command"] = " ".join(["python", "benchmarks/run.py", *(sys.argv[1:] if argv is None else argv)])

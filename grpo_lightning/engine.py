@@ -11,10 +11,13 @@ where the same policy generates a batch of the same shape again and again:
   the token fed, its position id, its cache slot, the key-validity mask over the whole cache, the step
   counter, the ``finished`` flags and the output row all live on the device and are updated in place;
 * sampling (temperature, top-k, nucleus top-p, greedy when ``temperature == 0``, EOS blocked before
-  ``min_new_tokens``) runs inside the step with no host synchronisation: on CUDA a draw is
-  ``argmax(probs / E)`` with ``E ~ Exponential(1)`` noise, which picks token ``i`` with probability
-  ``probs[i]`` (the Gumbel-max trick in another form); on a CPU, where random numbers cost more than
-  a scan, one uniform per row is located in the cumulative distribution;
+  ``min_new_tokens``) runs inside the step with no host synchronisation. On CUDA, a draw that
+  neither top-k nor top-p truncates runs on two Triton kernels (``grpo_lightning.sampling_kernel``):
+  one uniform number per row is located in the cumulative distribution, block by block of the
+  vocabulary. Otherwise a draw on CUDA is ``argmax(probs / E)`` with ``E ~ Exponential(1)`` noise,
+  which picks token ``i`` with probability ``probs[i]`` (the Gumbel-max trick in another form); on a
+  CPU, where random numbers cost more than a scan, one uniform per row is located in the
+  cumulative distribution;
 * *keyed* sampling (``row_keys``): each row draws its tokens by inverse-CDF sampling from
   counter-based random numbers, a hash of its key and the token's index (:func:`keyed_uniforms`), so
   a row's completion does not depend on the other rows of the batch nor on the device it runs on;
@@ -315,6 +318,11 @@ class StaticCacheGenerator:
             rotary embedding and cache write as one Triton kernel (``grpo_lightning.qkv_kernel``).
             ``None`` (the default): on CUDA when Triton is installed and the model qualifies
             (``fused_decode.qkv_kernel_applies``); ``True`` raises where it cannot run.
+        sampling_kernel: draw each token with the Triton kernels of ``grpo_lightning.sampling_kernel``
+            (inverse-CDF sampling in two passes over the vocabulary) whenever the temperature is
+            positive and neither top-k nor top-p truncates the distribution; other settings use
+            :func:`sample_tokens`. ``None`` (the default): on CUDA when Triton is installed;
+            ``True`` raises where it cannot run.
     """
 
     def __init__(
@@ -330,6 +338,7 @@ class StaticCacheGenerator:
         fuse_projections: bool = False,
         compile_options: dict[str, Any] | None = None,
         qkv_kernel: bool | None = None,
+        sampling_kernel: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -361,6 +370,8 @@ class StaticCacheGenerator:
         self.decode_attention = decode_attention
         self.fuse_projections = fuse_projections
         self.qkv_kernel = qkv_kernel
+        self.sampling_kernel = sampling_kernel
+        self._sampling_ops = None  # grpo_lightning.sampling_kernel where it draws, resolved per call
         self._fused: list[FusedLayer] | None = None
         self._decoder: FusedDecoder | None = None
         self._compile_candidates = None
@@ -484,6 +495,7 @@ class StaticCacheGenerator:
             prompt_ids = torch.cat([prompt_ids, prompt_ids[:1].expand(filler, -1)])
             prompt_mask = torch.cat([prompt_mask, prompt_mask[:1].expand(filler, -1)])
         self._set_stop_tokens(eos_ids, pad, sampling.min_new_tokens)
+        self._sampling_ops = self._sampling_kernel_module(device)
         # Per-call settings read by _emit; a captured graph bakes them in, so they are part of its key.
         keyed = self._keyed = row_keys is not None
         self._record_logprobs = record_logprobs
@@ -586,6 +598,20 @@ class StaticCacheGenerator:
             )
         return FusedDecoder(self.model, fused, qkv_kernel=bool(kernel))
 
+    def _sampling_kernel_module(self, device: torch.device) -> Any:
+        """``grpo_lightning.sampling_kernel`` where it draws the tokens (see ``__init__``), else ``None``."""
+        if self.sampling_kernel is False:
+            return None
+        runs_here = device.type == "cuda" or TRITON_INTERPRETED
+        if runs_here and _imports("grpo_lightning.sampling_kernel"):
+            return importlib.import_module("grpo_lightning.sampling_kernel")
+        if self.sampling_kernel:
+            raise ValueError(
+                f"sampling_kernel=True needs Triton and a CUDA device (or TRITON_INTERPRET=1); the model is on "
+                f"{device}. Set sampling_kernel to None or False."
+            )
+        return None
+
     def _attention_mask(self, allowed: Tensor) -> Tensor:
         """A boolean mask for SDPA, an additive float one for eager attention."""
         if self._boolean_mask:
@@ -604,7 +630,7 @@ class StaticCacheGenerator:
             kwargs["cache_position"] = cache_position
         if self._pass_logits_to_keep:
             kwargs["logits_to_keep"] = 1
-        return self.model(**kwargs).logits[:, -1].float()
+        return self.model(**kwargs).logits[:, -1]
 
     def _decode_forward(self, input_ids: Tensor, allowed: Tensor, position_ids: Tensor, cache_position: Tensor) -> Tensor:
         """The forward pass of a decode step: with fused projections when they apply."""
@@ -656,21 +682,35 @@ class StaticCacheGenerator:
 
     def _emit(self, logits: Tensor, sampling: SamplingParams) -> None:
         """Sample the token of the current step, store it and feed it to the next step."""
-        if self._record_logprobs:
-            tempered = logits if sampling.temperature in (0, 1) else logits / sampling.temperature
-            log_normaliser = tempered.logsumexp(dim=-1)
-        blocked = self._eos & (self._step < self._min_new)
-        logits = logits.masked_fill(blocked, float("-inf"))
         uniforms = keyed_uniforms(self._row_keys, self._step) if self._keyed else None
-        token = sample_tokens(logits, sampling.temperature, sampling.top_k, sampling.top_p, uniforms)
+        untruncated = sampling.temperature > 0 and not 0 < sampling.top_k < logits.size(-1) and sampling.top_p >= 1.0
+        if self._sampling_ops is not None and untruncated:
+            if uniforms is None:
+                uniforms = torch.rand(logits.size(0), device=logits.device)
+            token, logprob = self._sampling_ops.sample_by_blocks(
+                logits, uniforms, float(sampling.temperature), self._eos, self._step < self._min_new, self._record_logprobs
+            )
+        else:
+            token, logprob = self._draw(logits.float(), sampling, uniforms)
         token = torch.where(self._finished, self._pad, token)
         self._out.index_copy_(1, self._step, token.unsqueeze(1))
         if self._record_logprobs:
-            logprob = tempered.gather(1, token.unsqueeze(1)).squeeze(1) - log_normaliser
             self._logprobs.index_copy_(1, self._step, logprob.masked_fill(self._finished, 0.0).unsqueeze(1))
         self._finished |= self._eos[token]
         self._tokens.copy_(token.unsqueeze(1))
         self._step.add_(1)
+
+    def _draw(self, logits: Tensor, sampling: SamplingParams, uniforms: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """The draw in PyTorch (:func:`sample_tokens`) from fp32 ``logits``: the tokens, and their
+        log-probabilities before top-k, top-p and the EOS block when they are recorded."""
+        blocked = self._eos & (self._step < self._min_new)
+        token = sample_tokens(
+            logits.masked_fill(blocked, float("-inf")), sampling.temperature, sampling.top_k, sampling.top_p, uniforms
+        )
+        if not self._record_logprobs:
+            return token, None
+        tempered = logits if sampling.temperature in (0, 1) else logits / sampling.temperature
+        return token, tempered.gather(1, token.unsqueeze(1)).squeeze(1) - tempered.logsumexp(dim=-1)
 
     def _decode_step(self, sampling: SamplingParams, forward=None) -> None:
         """One token for every row; only in-place updates of static buffers (CUDA-graph safe)."""

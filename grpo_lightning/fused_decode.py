@@ -161,7 +161,7 @@ def qkv_kernel_applies(model: nn.Module, layers: list[FusedLayer]) -> bool:
 
 class FusedDecoder:
     """``model``'s forward pass for one token per row, on a ``transformers`` static cache, with the
-    projections of :func:`fuse_projections`; returns the fp32 logits ``[B, V]``.
+    projections of :func:`fuse_projections`; returns the logits ``[B, V]`` in the model's dtype.
 
     With ``qkv_kernel`` each layer's norm, q/k/v product, rotary embedding and cache write are one
     Triton kernel (``grpo_lightning.qkv_kernel``; the caller checks :func:`qkv_kernel_applies`);
@@ -196,7 +196,7 @@ class FusedDecoder:
             gate, up = fused.gate_up(layer.post_attention_layernorm(hidden))
             hidden = hidden + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
         hidden = self.inner.norm(hidden)
-        return self.model.get_output_embeddings()(hidden[:, -1]).float()
+        return self.model.get_output_embeddings()(hidden[:, -1])
 
     def _module_qkv(
         self, fused: FusedLayer, hidden: Tensor, cos: Tensor, sin: Tensor, cache: Any, index: int, cache_position: Tensor

@@ -228,6 +228,10 @@ class GroupPolicyOptimization(L.LightningModule):
             rotary embedding and cache write as one Triton kernel (``grpo_lightning.qkv_kernel``).
             ``None``: on CUDA when Triton is installed, for Llama, Mistral and Qwen2 models;
             ``True`` raises where it cannot run.
+        sampling_kernel: with the static engine, draw the tokens with Triton kernels whenever the
+            temperature is positive and neither top_k nor top_p truncates
+            (``grpo_lightning.sampling_kernel``). ``None``: on CUDA when Triton is installed;
+            ``True`` raises where it cannot run.
         logprob_compile: on CUDA, fuse the fp32 log-softmax arithmetic of the log-prob passes
             (reference, old policy, update) with ``torch.compile``.
         model_compile: in the log-prob passes (reference, old policy, update), run the model's
@@ -296,6 +300,7 @@ class GroupPolicyOptimization(L.LightningModule):
         decode_attention: str = "auto",
         fuse_projections: bool = False,
         qkv_kernel: bool | None = None,
+        sampling_kernel: bool | None = None,
         logprob_compile: bool = False,
         model_compile: bool = False,
         fused_lm_head: bool | None = None,
@@ -359,6 +364,11 @@ class GroupPolicyOptimization(L.LightningModule):
             not qkv_kernel or fuse_projections,
             "qkv_kernel: the kernel computes the fused q/k/v projection; set fuse_projections to true "
             "or qkv_kernel to null.",
+        )
+        _require(
+            not sampling_kernel or rollout_engine == "static",
+            "sampling_kernel: the kernels draw the static engine's tokens; set rollout_engine to 'static' "
+            "or sampling_kernel to null.",
         )
         _require(beta >= 0, f"beta: the KL coefficient must be >= 0 (got {beta}).")
         _require(kl_estimator in F.KL_ESTIMATORS, f"kl_estimator: {kl_estimator!r} is not one of {F.KL_ESTIMATORS}.")
@@ -697,6 +707,7 @@ class GroupPolicyOptimization(L.LightningModule):
                         decode_attention=self.hparams.decode_attention,
                         fuse_projections=self.hparams.fuse_projections,
                         qkv_kernel=self.hparams.qkv_kernel,
+                        sampling_kernel=self.hparams.sampling_kernel,
                     )
                 keys = None if self.hparams.rollout_seed is None else self.row_keys(texts, group_size)
                 prompt_ids, prompt_mask, completion_ids = fast_generate_group(

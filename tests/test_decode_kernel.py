@@ -26,9 +26,11 @@ needs_kernel = pytest.mark.skipif(not RUNS_HERE, reason="runs on CUDA or under T
 @pytest.mark.skipif(RUNS_HERE, reason="the kernel's tests run in this process")
 def test_the_kernel_under_triton_s_interpreter():
     tests = Path(__file__).parent
-    selected = [
-        str(tests / name) for name in ("test_decode_kernel.py", "test_attention.py", "test_engine.py", "test_fused_decode.py", "test_qkv_kernel.py")
-    ]
+    files = (
+        "test_decode_kernel.py", "test_attention.py", "test_engine.py", "test_fused_decode.py", "test_qkv_kernel.py",
+        "test_sampling_kernel.py",
+    )  # fmt: skip
+    selected = [str(tests / name) for name in files]
     env = dict(os.environ, TRITON_INTERPRET="1")
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "triton or kernel", *selected],
