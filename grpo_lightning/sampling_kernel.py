@@ -36,7 +36,7 @@ from torch.library import custom_op
 SAMPLING_BLOCK = 2048
 """Tokens per block of the first pass (and of the scan inside the chosen block)."""
 
-_PARTIALS = 4  # per row and block: m, s over the allowed tokens; m, s over all tokens
+_PARTIALS = tl.constexpr(4)  # per row and block: m, s over the allowed tokens; m, s over all tokens
 
 
 @triton.jit
@@ -48,30 +48,34 @@ def _max_and_sum_exp(z):
 
 
 @triton.jit
-def _tempered_block(logits_ptr, banned_ptr, blocked_ptr, row, logits_stride, vocab, temperature, cols):
+def _tempered_block(logits_ptr, banned_ptr, blocked_ptr, row, logits_stride, vocab, inverse_temperature, cols):
     """The tempered logits ``z`` of ``cols`` (``-inf`` past the vocabulary) and whether each is banned."""
     ok = cols < vocab
     z = tl.load(logits_ptr + row.to(tl.int64) * logits_stride + cols, mask=ok, other=float("-inf")).to(tl.float32)
-    z = z / temperature
     banned = (tl.load(banned_ptr + cols, mask=ok, other=0) != 0) & (tl.load(blocked_ptr) != 0)
-    return z, banned
+    return z * inverse_temperature, banned
 
 
 @triton.jit
 def _block_masses_kernel(
-    logits_ptr, banned_ptr, blocked_ptr, partial_ptr, vocab, logits_stride, temperature,
+    logits_ptr, banned_ptr, blocked_ptr, partial_ptr, vocab, logits_stride, inverse_temperature,
     BLOCK: tl.constexpr, WITH_ALL: tl.constexpr,
 ):  # fmt: skip
-    """Pass 1: ``m_b`` and ``s_b`` of one block of one row (see the module docstring)."""
+    """Pass 1: ``m_b`` and ``s_b`` of one block of one row (see the module docstring). Only a block
+    that holds a banned token while the ban is on computes them twice, with and without the ban."""
     row, block = tl.program_id(0), tl.program_id(1)
     cols = block * BLOCK + tl.arange(0, BLOCK)
-    z, banned = _tempered_block(logits_ptr, banned_ptr, blocked_ptr, row, logits_stride, vocab, temperature, cols)
-    out = partial_ptr + (row.to(tl.int64) * tl.num_programs(1) + block) * 4
-    m, s = _max_and_sum_exp(tl.where(banned, float("-inf"), z))
+    z, banned = _tempered_block(logits_ptr, banned_ptr, blocked_ptr, row, logits_stride, vocab, inverse_temperature, cols)
+    out = partial_ptr + (row.to(tl.int64) * tl.num_programs(1) + block) * _PARTIALS
+    if tl.max(banned.to(tl.int32), axis=0) > 0:
+        m, s = _max_and_sum_exp(tl.where(banned, float("-inf"), z))
+        m_all, s_all = _max_and_sum_exp(z)
+    else:
+        m, s = _max_and_sum_exp(z)
+        m_all, s_all = m, s
     tl.store(out, m)
     tl.store(out + 1, s)
     if WITH_ALL:
-        m_all, s_all = _max_and_sum_exp(z)
         tl.store(out + 2, m_all)
         tl.store(out + 3, s_all)
 
@@ -79,13 +83,13 @@ def _block_masses_kernel(
 @triton.jit
 def _draw_kernel(
     logits_ptr, banned_ptr, blocked_ptr, partial_ptr, uniform_ptr, token_ptr, logprob_ptr,
-    vocab, blocks, logits_stride, temperature,
+    vocab, blocks, logits_stride, inverse_temperature,
     BLOCK: tl.constexpr, BLOCKS_PAD: tl.constexpr, WITH_LOGPROB: tl.constexpr,
 ):  # fmt: skip
     """Pass 2: the token of one row, and its log-probability (see the module docstring)."""
     row = tl.program_id(0)
     index = tl.arange(0, BLOCKS_PAD)
-    partials = partial_ptr + (row.to(tl.int64) * blocks + index) * 4
+    partials = partial_ptr + (row.to(tl.int64) * blocks + index) * _PARTIALS
     block_ok = index < blocks
     m_b = tl.load(partials, mask=block_ok, other=float("-inf"))
     top = tl.max(m_b, axis=0)
@@ -99,7 +103,7 @@ def _draw_kernel(
     # ... then the first token in it whose cumulative mass exceeds the target.
     inside = tl.arange(0, BLOCK)
     z, banned = _tempered_block(
-        logits_ptr, banned_ptr, blocked_ptr, row, logits_stride, vocab, temperature, chosen * BLOCK + inside
+        logits_ptr, banned_ptr, blocked_ptr, row, logits_stride, vocab, inverse_temperature, chosen * BLOCK + inside
     )  # fmt: skip
     weight = tl.where(banned, 0.0, tl.exp(z - top))
     token_cdf = tl.cumsum(weight, axis=0) + before
@@ -110,8 +114,10 @@ def _draw_kernel(
         m_all = tl.load(partials + 2, mask=block_ok, other=float("-inf"))
         top_all = tl.max(m_all, axis=0)
         total = tl.sum(tl.where(m_all == float("-inf"), 0.0, tl.load(partials + 3, mask=block_ok, other=0.0) * tl.exp(m_all - top_all)), axis=0)
-        chosen_logit = tl.load(logits_ptr + row.to(tl.int64) * logits_stride + token).to(tl.float32) / temperature
+        chosen_logit = tl.load(logits_ptr + row.to(tl.int64) * logits_stride + token).to(tl.float32) * inverse_temperature
         tl.store(logprob_ptr + row, chosen_logit - top_all - tl.log(total))
+    else:
+        tl.store(logprob_ptr + row, 0.0)
 
 
 def check_sampling_inputs(logits: Tensor, uniforms: Tensor, banned: Tensor, blocked: Tensor) -> None:
@@ -141,18 +147,19 @@ def sample_by_blocks(
     if not temperature > 0:
         raise ValueError(f"temperature must be positive (greedy decoding is an argmax), got {temperature}")
     rows, vocab = logits.shape
-    blocks = triton.cdiv(vocab, SAMPLING_BLOCK)
-    partials = torch.empty(rows, blocks, _PARTIALS, device=logits.device, dtype=torch.float32)
+    block = SAMPLING_BLOCK
+    blocks = triton.cdiv(vocab, block)
+    partials = torch.empty(rows, blocks, _PARTIALS.value, device=logits.device, dtype=torch.float32)
     tokens = torch.empty(rows, device=logits.device, dtype=torch.long)
-    logprobs = torch.zeros(rows, device=logits.device, dtype=torch.float32)
+    logprobs = torch.empty(rows, device=logits.device, dtype=torch.float32)
     flags = banned.view(torch.uint8)
     stride = logits.stride(0)
     _block_masses_kernel[(rows, blocks)](
-        logits, flags, blocked, partials, vocab, stride, temperature, BLOCK=SAMPLING_BLOCK, WITH_ALL=with_logprob, num_warps=8
+        logits, flags, blocked, partials, vocab, stride, 1.0 / temperature, BLOCK=block, WITH_ALL=with_logprob, num_warps=8
     )
     _draw_kernel[(rows,)](
-        logits, flags, blocked, partials, uniforms, tokens, logprobs, vocab, blocks, stride, temperature,
-        BLOCK=SAMPLING_BLOCK, BLOCKS_PAD=max(triton.next_power_of_2(blocks), 2), WITH_LOGPROB=with_logprob, num_warps=8,
+        logits, flags, blocked, partials, uniforms, tokens, logprobs, vocab, blocks, stride, 1.0 / temperature,
+        BLOCK=block, BLOCKS_PAD=max(triton.next_power_of_2(blocks), 2), WITH_LOGPROB=with_logprob, num_warps=8,
     )  # fmt: skip
     return tokens, logprobs
 
