@@ -12,6 +12,10 @@ Builds the workload's random-init model (as ``run.py`` does), then on CUDA:
    graph: kernels launched per step, their summed GPU time per step (against the step's time in
    the graph: how far the step is from being bound by its kernels) and the kernels that take it.
 
+3. with ``--trace``, lists the kernels of one compiled decode step in the order they run, with
+   their times, and sums them by kernel: what a step is made of, and how much of the step's time
+   in the graph is spent between kernels rather than in them.
+
 ``--decode-attention``, ``--fuse-projections`` and ``--compile-options`` set the engine's options
 of the same names for every engine built; ``--only-compiled`` skips the uncompiled timings and
 profile.
@@ -52,6 +56,50 @@ def rollout_ms_per_step(generator, ids, mask, sampling, repeats: int) -> tuple[f
     return 1000 * statistics.median(times[1:]) / sampling.max_new_tokens, times[0]
 
 
+def decode_step_trace(generator, ids, mask, sampling, graph_ms: float, steps: int = 6) -> list[str]:
+    """The kernels of one decode step (run without a CUDA graph) in the order they ran, and their
+    times summed by kernel. A one-cycle ``torch.cuda._sleep`` kernel marks the start of each step."""
+    first_working_step = generator._first_working_step
+
+    def marked(sampling):
+        step = first_working_step(sampling)
+
+        def run(sampling):
+            torch.cuda._sleep(1)
+            step(sampling)
+
+        return run
+
+    generator._first_working_step = marked
+    short = dataclasses.replace(sampling, max_new_tokens=3, min_new_tokens=3)
+    generator.generate(ids, mask, short, None, 0)  # compiles
+    traced = dataclasses.replace(sampling, max_new_tokens=steps + 1, min_new_tokens=steps + 1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        generator.generate(ids, mask, traced, None, 0)
+        torch.cuda.synchronize()
+    kernels = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+        key=lambda e: e.time_range.start,
+    )
+    starts = [i for i, e in enumerate(kernels) if "spin" in e.name.lower() or "sleep" in e.name.lower()]
+    if len(starts) < 3:
+        return [f"trace: no step markers found among {len(kernels)} kernels"]
+    step = kernels[starts[-2] + 1 : starts[-1]]  # a whole step, neither the first nor the last
+    busy = sum(e.time_range.elapsed_us() for e in step)
+    span = step[-1].time_range.end - step[0].time_range.start
+    lines = [f"\none decode step, compiled, no CUDA graph: {len(step)} kernels, {busy:.0f} us in kernels, "
+             f"{span:.0f} us from the first kernel's start to the last one's end; the step in the CUDA graph: "
+             f"{graph_ms * 1000:.0f} us, so about {graph_ms * 1000 - busy:.0f} us between kernels"]  # fmt: skip
+    totals: dict[str, list[float]] = {}
+    for index, event in enumerate(step):
+        lines.append(f"  {index:4d} {event.time_range.elapsed_us():8.2f} us  {event.name[:110]}")
+        totals.setdefault(event.name, []).append(event.time_range.elapsed_us())
+    lines.append("by kernel: calls, us per step, us per call")
+    for name, times in sorted(totals.items(), key=lambda kv: -sum(kv[1])):
+        lines.append(f"  {len(times):4d} {sum(times):9.1f} {sum(times) / len(times):8.2f}  {name[:110]}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="W1")
@@ -68,6 +116,7 @@ def main() -> None:
         "--sampling-kernel", choices=["auto", "on", "off"], default="auto", help="the engine's sampling_kernel (auto: None)"
     )
     parser.add_argument("--only-compiled", action="store_true", help="time and profile the compiled step only")
+    parser.add_argument("--trace", action="store_true", help="list the kernels of one compiled decode step in order")
     parser.add_argument(
         "--compile-options", type=json.loads, default=None,
         help="the engine's compile_options as JSON, e.g. '{}' (default: engine.default_compile_options)",
@@ -118,6 +167,9 @@ def main() -> None:
         lines.append(f"decode step (CUDA graph): {grouped:.2f} ms with grouped-query attention, "
                      f"{plain:.2f} ms with transformers' attention ({plain / grouped:.2f}x), "
                      f"{compiled:.2f} ms compiled (torch.compile; first rollout {first_s:.0f} s)")  # fmt: skip
+
+    if args.trace:
+        lines.extend(decode_step_trace(generator(use_cuda_graph=False, compile=True), ids, mask, sampling, compiled))
 
     steps = args.profiled_steps
     short = dataclasses.replace(sampling, max_new_tokens=2, min_new_tokens=2)

@@ -45,6 +45,10 @@ from .attention import TRITON_INTERPRETED
 BLOCK_L = 64
 """Cache slots per block of the kernel's loop."""
 
+DECODE_NUM_WARPS = 4
+DECODE_NUM_STAGES = 3
+"""Warps per program and software-pipelining stages of the kernel's loop (Triton's defaults)."""
+
 _MIN_DOT = 16  # tl.dot needs at least 16 rows and columns
 
 
@@ -227,6 +231,22 @@ def decode_attention(
     docstring for the shapes. ``mask``: boolean (``True`` may attend) or additive, broadcastable to
     ``[B, Hkv, g, L]``. ``splits``: how many programs share a row and KV head's cache, each a
     contiguous part, their results combined by a second kernel (``0``: :func:`cache_splits`)."""
+    return launch_decode_attention(query, key, value, mask, scale, splits)
+
+
+def launch_decode_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    mask: Tensor | None,
+    scale: float,
+    splits: int = 0,
+    block: int = BLOCK_L,
+    num_warps: int = DECODE_NUM_WARPS,
+    num_stages: int = DECODE_NUM_STAGES,
+) -> Tensor:
+    """:func:`decode_attention` with the kernel's launch settings as arguments (``block``: cache
+    slots per step of its loop), for ``benchmarks/decode_attention_configs.py`` to compare."""
     batch, kv_heads, group, head_dim = query.shape
     kv_len = key.shape[2]
     if key.shape[:2] != (batch, kv_heads) or value.shape[:3] != key.shape[:3]:
@@ -243,9 +263,9 @@ def decode_attention(
         mask_strides = mask.stride()
     precision = dot_precision(query.dtype)
     group_pad, dim_pad = _padded(group), _padded(head_dim)
-    blocks = -(-kv_len // BLOCK_L)
+    blocks = -(-kv_len // block)
     splits = min(splits or cache_splits(batch, kv_heads, kv_len, query.device), max(blocks, 1))
-    chunk = max(1, -(-blocks // splits)) * BLOCK_L  # an empty cache: one part of no slot
+    chunk = max(1, -(-blocks // splits)) * block  # an empty cache: one part of no slot
     splits = max(1, -(-kv_len // chunk))  # no empty split
     part_acc = part_stats = out
     if splits > 1:
@@ -271,11 +291,13 @@ def decode_attention(
         chunk,
         GROUP_PAD=group_pad,
         DIM_PAD=dim_pad,
-        BLOCK=BLOCK_L,
+        BLOCK=block,
         MASK_KIND=mask_kind,
         SPLIT=splits > 1,
         PRECISION=precision,
         UPCAST=TRITON_INTERPRETED,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     if splits > 1:
         _combine_kernel[(batch, kv_heads)](

@@ -115,6 +115,19 @@ def test_a_row_with_nothing_to_attend_to_gives_zeros(splits):
 
 
 @needs_kernel
+@pytest.mark.parametrize(("block", "warps", "stages", "splits"), [(32, 2, 1, 1), (128, 8, 4, 2), (256, 4, 2, 0)])
+def test_launch_settings_change_the_speed_not_the_result(block, warps, stages, splits):
+    """The settings ``benchmarks/decode_attention_configs.py`` compares: slots per loop step (more
+    than the cache holds, too), warps, pipeline stages and splits."""
+    from grpo_lightning.decode_kernel import launch_decode_attention
+
+    query, key, value = inputs(group=7, kv_len=200, head_dim=64)
+    mask = (torch.arange(200) < torch.tensor([150, 90, 1])[:, None]).to(DEVICE)[:, None, None]
+    out = launch_decode_attention(query, key, value, mask, 0.125, splits, block, warps, stages)
+    torch.testing.assert_close(out.double(), reference(query, key, value, mask, 0.125), atol=2e-6, rtol=1e-5)
+
+
+@needs_kernel
 def test_bf16_kernel_is_within_rounding_of_the_fp64_softmax():
     query, key, value = inputs(group=7, kv_len=200, head_dim=64, dtype=torch.bfloat16)
     mask = (torch.arange(200) >= torch.tensor([0, 50, 199])[:, None]).to(DEVICE)[:, None, None]
