@@ -12,7 +12,10 @@ Builds the workload's random-init model (as ``run.py`` does), then on CUDA:
    graph: kernels launched per step, their summed GPU time per step (against the step's time in
    the graph: how far the step is from being bound by its kernels) and the kernels that take it.
 
-3. with ``--trace``, lists the kernels of one compiled decode step in the order they run, with
+3. with ``--ab '{"name": {engine options}, ...}'``, builds one compiled engine per entry (its options
+   over the command line's) and times their rollouts in turns, ``--rounds`` times: a comparison
+   on one card in one process;
+4. with ``--trace``, lists the kernels of one compiled decode step in the order they run, with
    their times, and sums them by kernel: what a step is made of, and how much of the step's time
    in the graph is spent between kernels rather than in them.
 
@@ -54,6 +57,26 @@ def rollout_ms_per_step(generator, ids, mask, sampling, repeats: int) -> tuple[f
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return 1000 * statistics.median(times[1:]) / sampling.max_new_tokens, times[0]
+
+
+def compare_in_turns(generator, variants: dict, ids, mask, sampling, rounds: int) -> list[str]:
+    """Milliseconds per decode step of one compiled engine per entry of ``variants`` (engine options),
+    timed in turns so that every variant sees the same card and the same state of it."""
+    engines, times = {}, {}
+    for name, options in variants.items():
+        engines[name] = generator(compile=True, **options)
+        engines[name].generate(ids, mask, sampling, None, 0)  # compiles and captures
+        times[name] = []
+    for _ in range(rounds):
+        for name, engine_ in engines.items():
+            times[name].append(rollout_ms_per_step(engine_, ids, mask, sampling, 1)[0])
+    first = next(iter(variants))
+    lines = [f"in turns, {rounds} rounds: ms per decode step (CUDA graph), median and range"]
+    for name, values in times.items():
+        median = statistics.median(values)
+        lines.append(f"  {name:>24}: {median:.3f} ({min(values):.3f}-{max(values):.3f}), "
+                     f"{statistics.median(times[first]) / median:.3f}x {first}  {variants[name]}")  # fmt: skip
+    return lines
 
 
 def decode_step_trace(generator, ids, mask, sampling, graph_ms: float, steps: int = 6) -> list[str]:
@@ -116,6 +139,8 @@ def main() -> None:
         "--sampling-kernel", choices=["auto", "on", "off"], default="auto", help="the engine's sampling_kernel (auto: None)"
     )
     parser.add_argument("--only-compiled", action="store_true", help="time and profile the compiled step only")
+    parser.add_argument("--ab", type=json.loads, default=None, help="engine options per name, timed in turns")
+    parser.add_argument("--rounds", type=int, default=5, help="turns of --ab")
     parser.add_argument("--trace", action="store_true", help="list the kernels of one compiled decode step in order")
     parser.add_argument(
         "--compile-options", type=json.loads, default=None,
@@ -149,7 +174,10 @@ def main() -> None:
     lines[0] += f", {options}"
 
     def generator(**kwargs):
-        return engine.StaticCacheGenerator(model, rows, cache_len, **options, **kwargs)
+        return engine.StaticCacheGenerator(model, rows, cache_len, **{**options, **kwargs})
+
+    if args.ab:
+        lines.extend(compare_in_turns(generator, args.ab, ids, mask, sampling, args.rounds))
 
     compiled_engine = generator(compile=True)
     compiled, first_s = rollout_ms_per_step(compiled_engine, ids, mask, sampling, args.repeats)
