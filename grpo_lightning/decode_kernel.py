@@ -41,7 +41,6 @@ from torch import Tensor
 from torch.library import custom_op
 
 from .attention import TRITON_INTERPRETED
-from .pdl import launch_pdl, wait_then_release
 
 BLOCK_L = 64
 """Cache slots per block of the kernel's loop."""
@@ -88,9 +87,7 @@ def _decode_attention_kernel(
     SPLIT: tl.constexpr,  # whether the cache is split over programs: write partial results
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
-    PDL: tl.constexpr,
 ):  # fmt: skip
-    wait_then_release(PDL)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
@@ -169,11 +166,9 @@ def _combine_kernel(
     splits,
     GROUP_PAD: tl.constexpr,
     DIM_PAD: tl.constexpr,
-    PDL: tl.constexpr,
 ):  # fmt: skip
     """The softmax of the whole cache from its splits' partial results: each split's sums are
     rescaled to the overall maximum (FlashDecoding's reduction)."""
-    wait_then_release(PDL)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
     queries = tl.arange(0, GROUP_PAD)
@@ -267,7 +262,6 @@ def launch_decode_attention(
         mask = mask.expand(batch, kv_heads, group, kv_len)
         mask_strides = mask.stride()
     precision = dot_precision(query.dtype)
-    pdl = launch_pdl(query.device)
     group_pad, dim_pad = _padded(group), _padded(head_dim)
     blocks = -(-kv_len // block)
     splits = min(splits or cache_splits(batch, kv_heads, kv_len, query.device), max(blocks, 1))
@@ -302,16 +296,13 @@ def launch_decode_attention(
         SPLIT=splits > 1,
         PRECISION=precision,
         UPCAST=TRITON_INTERPRETED,
-        PDL=pdl,
         num_warps=num_warps,
         num_stages=num_stages,
-        launch_pdl=pdl,
     )
     if splits > 1:
         _combine_kernel[(batch, kv_heads)](
-            part_acc, part_stats, out, *out.stride(), group, head_dim, splits, GROUP_PAD=group_pad, DIM_PAD=dim_pad,
-            PDL=pdl, launch_pdl=pdl,
-        )  # fmt: skip
+            part_acc, part_stats, out, *out.stride(), group, head_dim, splits, GROUP_PAD=group_pad, DIM_PAD=dim_pad
+        )
     return out
 
 

@@ -51,7 +51,6 @@ use full attention (Qwen2, Llama, Mistral without a sliding window, ...).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import importlib
@@ -264,11 +263,6 @@ def _imports(module: str) -> bool:
     return True
 
 
-def _pdl_launches(flag: bool) -> contextlib.AbstractContextManager:
-    """``grpo_lightning.pdl.enabled(flag)`` where Triton is installed (its kernels are launched)."""
-    return importlib.import_module("grpo_lightning.pdl").enabled(flag) if _imports("triton") else contextlib.nullcontext()
-
-
 def _model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
@@ -329,10 +323,6 @@ class StaticCacheGenerator:
             positive and neither top-k nor top-p truncates the distribution; other settings use
             :func:`sample_tokens`. ``None`` (the default): on CUDA when Triton is installed;
             ``True`` raises where it cannot run.
-        launch_pdl: launch the Triton kernels of our own that the step uses (decode attention,
-            q/k/v, sampling) with programmatic dependent launch on GPUs that support it
-            (``grpo_lightning.pdl``), so that each may launch while the kernel before it runs.
-            Inductor's kernels take the same from ``compile_options`` (``"triton.enable_pdl"``).
     """
 
     def __init__(
@@ -349,7 +339,6 @@ class StaticCacheGenerator:
         compile_options: dict[str, Any] | None = None,
         qkv_kernel: bool | None = None,
         sampling_kernel: bool | None = None,
-        launch_pdl: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -382,7 +371,6 @@ class StaticCacheGenerator:
         self.fuse_projections = fuse_projections
         self.qkv_kernel = qkv_kernel
         self.sampling_kernel = sampling_kernel
-        self.launch_pdl = launch_pdl
         self._sampling_ops = None  # grpo_lightning.sampling_kernel where it draws, resolved per call
         self._fused: list[FusedLayer] | None = None
         self._decoder: FusedDecoder | None = None
@@ -449,7 +437,6 @@ class StaticCacheGenerator:
                 torch.autocast(_model_device(self.model).type, enabled=False),
                 grouped_query_attention(self.model),
                 decode_attention(self.decode_attention),
-                _pdl_launches(self.launch_pdl),
             ):
                 parts = [
                     self._generate_batch(

@@ -45,7 +45,6 @@ from torch.library import custom_op
 
 from .attention import TRITON_INTERPRETED
 from .decode_kernel import _dot, dot_precision
-from .pdl import launch_pdl, wait_then_release
 
 SQUARES_BLOCK = 32
 """Columns of ``x`` per partial sum of squares."""
@@ -90,10 +89,9 @@ def _gained_qkv_rope_kernel(
     k_stride_b, k_stride_h, k_stride_l,
     v_stride_b, v_stride_h, v_stride_l,
     HAS_BIAS: tl.constexpr, HALF: tl.constexpr, PARTS_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """One head (of the ``q_heads + 2 * kv_heads`` heads of ``W_qkv``'s rows) for ``BLOCK_M`` rows."""
-    wait_then_release(PDL)
     head = tl.program_id(0)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     halves = tl.arange(0, HALF)
@@ -210,11 +208,10 @@ def gained_qkv_rope(
     if TRITON_INTERPRETED:
         block_m = _INTERPRETED_META["BLOCK_M"]
         _gained_qkv_rope_kernel[(heads, triton.cdiv(rows, block_m))](
-            *args, **meta, BLOCK_M=block_m, BLOCK_K=_INTERPRETED_META["BLOCK_K"], UPCAST=True, PDL=False
+            *args, **meta, BLOCK_M=block_m, BLOCK_K=_INTERPRETED_META["BLOCK_K"], UPCAST=True
         )
     else:
-        pdl = launch_pdl(gained.device)
-        _qkv_tuned[lambda m: (heads, triton.cdiv(rows, m["BLOCK_M"]))](*args, **meta, UPCAST=False, PDL=pdl, launch_pdl=pdl)
+        _qkv_tuned[lambda m: (heads, triton.cdiv(rows, m["BLOCK_M"]))](*args, **meta, UPCAST=False)
     return query
 
 

@@ -33,8 +33,6 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import custom_op
 
-from .pdl import launch_pdl, wait_then_release
-
 SAMPLING_BLOCK = 2048
 """Tokens per block of the first pass (and of the scan inside the chosen block)."""
 
@@ -61,11 +59,10 @@ def _tempered_block(logits_ptr, banned_ptr, blocked_ptr, row, logits_stride, voc
 @triton.jit
 def _block_masses_kernel(
     logits_ptr, banned_ptr, blocked_ptr, partial_ptr, vocab, logits_stride, inverse_temperature,
-    BLOCK: tl.constexpr, WITH_ALL: tl.constexpr, PDL: tl.constexpr,
+    BLOCK: tl.constexpr, WITH_ALL: tl.constexpr,
 ):  # fmt: skip
     """Pass 1: ``m_b`` and ``s_b`` of one block of one row (see the module docstring). Only a block
     that holds a banned token while the ban is on computes them twice, with and without the ban."""
-    wait_then_release(PDL)
     row, block = tl.program_id(0), tl.program_id(1)
     cols = block * BLOCK + tl.arange(0, BLOCK)
     z, banned = _tempered_block(logits_ptr, banned_ptr, blocked_ptr, row, logits_stride, vocab, inverse_temperature, cols)
@@ -87,10 +84,9 @@ def _block_masses_kernel(
 def _draw_kernel(
     logits_ptr, banned_ptr, blocked_ptr, partial_ptr, uniform_ptr, token_ptr, logprob_ptr,
     vocab, blocks, logits_stride, inverse_temperature,
-    BLOCK: tl.constexpr, BLOCKS_PAD: tl.constexpr, WITH_LOGPROB: tl.constexpr, PDL: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCKS_PAD: tl.constexpr, WITH_LOGPROB: tl.constexpr,
 ):  # fmt: skip
     """Pass 2: the token of one row, and its log-probability (see the module docstring)."""
-    wait_then_release(PDL)
     row = tl.program_id(0)
     index = tl.arange(0, BLOCKS_PAD)
     partials = partial_ptr + (row.to(tl.int64) * blocks + index) * _PARTIALS
@@ -158,15 +154,12 @@ def sample_by_blocks(
     logprobs = torch.empty(rows, device=logits.device, dtype=torch.float32)
     flags = banned.view(torch.uint8)
     stride = logits.stride(0)
-    pdl = launch_pdl(logits.device)
     _block_masses_kernel[(rows, blocks)](
-        logits, flags, blocked, partials, vocab, stride, 1.0 / temperature, BLOCK=block, WITH_ALL=with_logprob,
-        PDL=pdl, num_warps=8, launch_pdl=pdl,
-    )  # fmt: skip
+        logits, flags, blocked, partials, vocab, stride, 1.0 / temperature, BLOCK=block, WITH_ALL=with_logprob, num_warps=8
+    )
     _draw_kernel[(rows,)](
         logits, flags, blocked, partials, uniforms, tokens, logprobs, vocab, blocks, stride, 1.0 / temperature,
-        BLOCK=block, BLOCKS_PAD=max(triton.next_power_of_2(blocks), 2), WITH_LOGPROB=with_logprob, PDL=pdl,
-        num_warps=8, launch_pdl=pdl,
+        BLOCK=block, BLOCKS_PAD=max(triton.next_power_of_2(blocks), 2), WITH_LOGPROB=with_logprob, num_warps=8,
     )  # fmt: skip
     return tokens, logprobs
 
