@@ -45,9 +45,10 @@ from .attention import TRITON_INTERPRETED
 BLOCK_L = 64
 """Cache slots per block of the kernel's loop."""
 
+# Warps per program and software-pipelining stages of the kernel's loop: Triton's defaults, as fast
+# as any of 96 settings at W1's shape (benchmarks/decode_attention_configs.py, benchmarks/RESULTS.md).
 DECODE_NUM_WARPS = 4
 DECODE_NUM_STAGES = 3
-"""Warps per program and software-pipelining stages of the kernel's loop (Triton's defaults)."""
 
 _MIN_DOT = 16  # tl.dot needs at least 16 rows and columns
 
