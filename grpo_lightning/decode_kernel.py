@@ -212,16 +212,16 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def cache_splits(batch: int, kv_heads: int, kv_len: int, device: torch.device) -> int:
+def cache_splits(batch: int, kv_heads: int, kv_len: int, device: torch.device, block: int = BLOCK_L) -> int:
     """How many programs share one ``(row, KV head)``'s cache. With fewer ``(row, KV head)`` pairs
     than the CUDA device has multiprocessors, enough for two programs per multiprocessor (at most
-    one per block of ``BLOCK_L`` slots); else 1, as on other devices. On an H200: 32 rows x 4096
+    one per block of ``block`` slots, the kernel's loop step); else 1, as on other devices. On an H200: 32 rows x 4096
     slots 25 against 58 us, 8 x 8192 19 against 113 us; 128 x 320 (256 pairs) 11.8 us with two
     splits against 9.4 us with one (``benchmarks/RESULTS.md``)."""
     pairs = batch * kv_heads
     if device.type != "cuda" or pairs >= _multiprocessors(device):
         return 1
-    return max(1, min(-(-2 * _multiprocessors(device) // pairs), -(-kv_len // BLOCK_L)))
+    return max(1, min(-(-2 * _multiprocessors(device) // pairs), -(-kv_len // block)))
 
 
 @custom_op("grpo_lightning::decode_attention", mutates_args=())
@@ -265,7 +265,7 @@ def launch_decode_attention(
     precision = dot_precision(query.dtype)
     group_pad, dim_pad = _padded(group), _padded(head_dim)
     blocks = -(-kv_len // block)
-    splits = min(splits or cache_splits(batch, kv_heads, kv_len, query.device), max(blocks, 1))
+    splits = min(splits or cache_splits(batch, kv_heads, kv_len, query.device, block), max(blocks, 1))
     chunk = max(1, -(-blocks // splits)) * block  # an empty cache: one part of no slot
     splits = max(1, -(-kv_len // chunk))  # no empty split
     part_acc = part_stats = out
