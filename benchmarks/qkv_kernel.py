@@ -122,7 +122,9 @@ def main() -> None:
     for name, result in results.items():
         error = "" if result["max_abs_error"] is None else f"  (max abs difference from compiled: {result['max_abs_error']:.3g})"
         print(f"  {name:16s} {result['us_per_call']:7.2f} us{error}")
-    print(json.dumps({"shape": vars(args), "device": torch.cuda.get_device_name(), "results": results}))
+    best = getattr(qkv_kernel._qkv_tuned, "best_config", None)
+    print(f"  the kernel's tuned configuration: {best}")
+    print(json.dumps({"shape": vars(args), "device": torch.cuda.get_device_name(), "results": results, "config": str(best)}))
 
 
 if __name__ == "__main__":
