@@ -89,19 +89,17 @@ def _gained_qkv_rope_kernel(
     k_stride_b, k_stride_h, k_stride_l,
     v_stride_b, v_stride_h, v_stride_l,
     HAS_BIAS: tl.constexpr, HALF: tl.constexpr, PARTS_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
-    """Columns ``[j, j + BLOCK_H)`` of both halves of one head (of the ``q_heads + 2 * kv_heads``
-    heads of ``W_qkv``'s rows) for ``BLOCK_M`` rows: the rotary embedding pairs column ``i`` of the
-    first half with column ``i`` of the second, so each program holds whole pairs."""
-    head = tl.program_id(0) // (HALF // BLOCK_H)
-    halves = tl.program_id(0) % (HALF // BLOCK_H) * BLOCK_H + tl.arange(0, BLOCK_H)
+    """One head (of the ``q_heads + 2 * kv_heads`` heads of ``W_qkv``'s rows) for ``BLOCK_M`` rows."""
+    head = tl.program_id(0)
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    halves = tl.arange(0, HALF)
     left_cols = head * 2 * HALF + halves
     right_cols = left_cols + HALF
     first, second = _product_pair(
         a_ptr, a_stride, w_ptr, w_stride, rows, hidden, offs_m, left_cols, right_cols,
-        BLOCK_M, BLOCK_H, BLOCK_K, PRECISION, UPCAST,
+        BLOCK_M, HALF, BLOCK_K, PRECISION, UPCAST,
     )  # fmt: skip
     scale = _row_scale(squares_ptr, squares_stride, parts, offs_m, rows, hidden, eps, PARTS_PAD)[:, None]
     first, second = first * scale, second * scale
@@ -136,23 +134,14 @@ def _gained_qkv_rope_kernel(
 
 
 _QKV_CONFIGS = [
-    triton.Config({"BLOCK_M": block_m, "BLOCK_H": block_h, "BLOCK_K": block_k}, num_warps=4, num_stages=stages)
-    for block_m in (16, 32, 64, 128)
-    for block_h in (16, 32, 64)
-    for block_k in (64, 128, 256)
-    for stages in (3,)
+    triton.Config({"BLOCK_M": block_m, "BLOCK_K": block_k}, num_warps=4, num_stages=stages)
+    for block_m in (32, 64, 128)
+    for block_k in (64, 128)
+    for stages in (3, 4)
 ]
-_INTERPRETED_META = {"BLOCK_M": 16, "BLOCK_H": 16, "BLOCK_K": 16}
+_INTERPRETED_META = {"BLOCK_M": 16, "BLOCK_K": 16}
 
-
-def _fitting_configs(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
-    """The configurations whose ``BLOCK_H`` divides half a head (``HALF``, a power of two)."""
-    return [config for config in configs if config.kwargs["BLOCK_H"] <= kwargs["HALF"]]
-
-
-_qkv_tuned = triton.autotune(
-    _QKV_CONFIGS, key=["rows", "hidden", "q_heads", "kv_heads"], prune_configs_by={"early_config_prune": _fitting_configs}
-)(_gained_qkv_rope_kernel)
+_qkv_tuned = triton.autotune(_QKV_CONFIGS, key=["rows", "hidden", "q_heads", "kv_heads"])(_gained_qkv_rope_kernel)
 
 
 def _check_rows_contiguous(**tensors: Tensor | None) -> None:
@@ -216,16 +205,13 @@ def gained_qkv_rope(
         "HAS_BIAS": bias is not None, "HALF": head_dim // 2, "PARTS_PAD": _parts_pad(squares),
         "PRECISION": dot_precision(gained.dtype),
     }  # fmt: skip
-    half = head_dim // 2
-
-    def grid(meta: dict) -> tuple[int, int]:
-        return heads * (half // meta["BLOCK_H"]), triton.cdiv(rows, meta["BLOCK_M"])
-
     if TRITON_INTERPRETED:
-        interpreted = {**_INTERPRETED_META, "BLOCK_H": min(_INTERPRETED_META["BLOCK_H"], half)}
-        _gained_qkv_rope_kernel[grid(interpreted)](*args, **meta, **interpreted, UPCAST=True)
+        block_m = _INTERPRETED_META["BLOCK_M"]
+        _gained_qkv_rope_kernel[(heads, triton.cdiv(rows, block_m))](
+            *args, **meta, BLOCK_M=block_m, BLOCK_K=_INTERPRETED_META["BLOCK_K"], UPCAST=True
+        )
     else:
-        _qkv_tuned[grid](*args, **meta, UPCAST=False)
+        _qkv_tuned[lambda m: (heads, triton.cdiv(rows, m["BLOCK_M"]))](*args, **meta, UPCAST=False)
     return query
 
 
