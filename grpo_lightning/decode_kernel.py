@@ -32,7 +32,9 @@ interpreter (``TRITON_INTERPRET=1``, which the CPU tests use).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 
 import torch
 import triton
@@ -51,6 +53,29 @@ DECODE_NUM_WARPS = 4
 DECODE_NUM_STAGES = 3
 
 _MIN_DOT = 16  # tl.dot needs at least 16 rows and columns
+
+_slot_limit: int | None = None  # set by slots_in_use, read at each launch
+
+
+@contextlib.contextmanager
+def slots_in_use(limit: int | None) -> Iterator[None]:
+    """Inside the ``with`` block, :func:`decode_attention` reads only the first ``limit`` cache slots
+    (``None``: all of them); the previous limit is restored on exit.
+
+    For a decode step whose cache holds ``limit`` slots or fewer so far: the later ones are masked
+    anyway, and skipping them leaves the result unchanged bit for bit (a block of masked slots adds
+    nothing to the online softmax), while the kernel reads and loops over fewer blocks. The limit
+    is read when the kernel is launched, not when ``torch.compile`` traces the operator, so one
+    compiled step serves every limit, and a CUDA graph captured inside the block keeps its limit.
+    The caller promises that no slot at or after ``limit`` may be attended to."""
+    global _slot_limit
+    if limit is not None and limit < 1:
+        raise ValueError(f"slots_in_use: limit must be at least 1, got {limit}")
+    previous, _slot_limit = _slot_limit, limit
+    try:
+        yield
+    finally:
+        _slot_limit = previous
 
 
 @triton.jit
@@ -256,11 +281,15 @@ def launch_decode_attention(
             f"{tuple(value.shape)} do not share batch, KV heads and length"
         )
     out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    if mask is not None:
+        mask = mask.expand(batch, kv_heads, group, kv_len)
+    if _slot_limit is not None and _slot_limit < kv_len:  # slots_in_use: the first slots alone
+        kv_len = _slot_limit
+        mask = None if mask is None else mask[..., :kv_len]
     if mask is None:
         mask_kind, mask, mask_strides = 0, query, (0, 0, 0, 0)
     else:
         mask_kind = 1 if mask.dtype == torch.bool else 2
-        mask = mask.expand(batch, kv_heads, group, kv_len)
         mask_strides = mask.stride()
     precision = dot_precision(query.dtype)
     group_pad, dim_pad = _padded(group), _padded(head_dim)

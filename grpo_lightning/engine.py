@@ -25,7 +25,12 @@ where the same policy generates a batch of the same shape again and again:
   copying the cache to one copy per query head at every step;
 * on CUDA the decode step is captured once per sampling setting as a ``torch.cuda.CUDAGraph`` and
   replayed once per token; the host only checks whether every row has finished every
-  ``check_every`` steps. On CPU the same step runs eagerly.
+  ``check_every`` steps. On CPU the same step runs eagerly;
+* with the Triton attention kernel a step reads only the cache slots in use so far, rounded up to
+  one of at most ``MAX_SLOT_LIMITS`` bounds (:func:`slot_limits`, multiples of 64 slots at W1's
+  shape): the graph is captured once per bound (``decode_kernel.slots_in_use``), one compiled step
+  for all, and the host replays the graph of the current step's bound. The other slots are masked
+  anyway, so the tokens are the same.
 
 Weights are shared with the policy, not copied. A captured graph reads the parameters through their
 device addresses, so it stays valid while they are updated in place (``optimizer.step()`` does that)
@@ -51,6 +56,7 @@ use full attention (Qwen2, Llama, Mistral without a sliding window, ...).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
@@ -281,6 +287,30 @@ def default_compile_options(device: torch.device) -> dict[str, Any]:
     return {"combo_kernels": True} if device.type == "cuda" and hasattr(config, "combo_kernels") else {}
 
 
+#: Most CUDA graphs captured per sampling setting, one for each bound on the cache slots read.
+MAX_SLOT_LIMITS = 8
+#: The bounds are multiples of this many slots: a block of the attention kernel's loop.
+SLOT_LIMIT_BLOCK = 64
+
+
+def slot_limits(first: int, last: int, cache_len: int, block: int = 64, most: int = MAX_SLOT_LIMITS) -> list[int]:
+    """Increasing bounds on the cache slots that decode steps read, for steps that use from ``first``
+    to ``last`` slots (the prompt and the tokens so far): the multiples of one width from the first
+    ``>= first`` to the first ``>= last``, the width the smallest multiple of ``block`` that gives
+    at most ``most`` of them; the last one lowered to ``cache_len`` if it is above. A step that uses
+    ``n`` slots reads up to the first bound ``>= n``."""
+    if not 1 <= first <= last <= cache_len or most < 2:
+        raise ValueError(
+            f"slot_limits needs 1 <= first <= last <= cache_len and most >= 2, got {first}, {last}, {cache_len}, {most}"
+        )
+    width = block
+    while -(-last // width) - -(-first // width) + 1 > most:
+        width += block
+    bounds = [k * width for k in range(-(-first // width), -(-last // width) + 1)]
+    bounds[-1] = min(bounds[-1], cache_len)
+    return bounds
+
+
 class StaticCacheGenerator:
     """Samples completions on a reusable ``transformers.StaticCache``; see the module docstring.
 
@@ -323,6 +353,9 @@ class StaticCacheGenerator:
             positive and neither top-k nor top-p truncates the distribution; other settings use
             :func:`sample_tokens`. ``None`` (the default): on CUDA when Triton is installed;
             ``True`` raises where it cannot run.
+        attend_slots_in_use: with the Triton attention kernel, read only the cache slots in use at
+            each step, rounded up to one of at most ``MAX_SLOT_LIMITS`` bounds (one CUDA graph each;
+            see the module docstring); ``False`` reads the whole cache at every step.
     """
 
     def __init__(
@@ -339,6 +372,7 @@ class StaticCacheGenerator:
         compile_options: dict[str, Any] | None = None,
         qkv_kernel: bool | None = None,
         sampling_kernel: bool | None = None,
+        attend_slots_in_use: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -371,6 +405,7 @@ class StaticCacheGenerator:
         self.fuse_projections = fuse_projections
         self.qkv_kernel = qkv_kernel
         self.sampling_kernel = sampling_kernel
+        self.attend_slots_in_use = attend_slots_in_use
         self._sampling_ops = None  # grpo_lightning.sampling_kernel where it draws, resolved per call
         self._fused: list[FusedLayer] | None = None
         self._decoder: FusedDecoder | None = None
@@ -382,8 +417,9 @@ class StaticCacheGenerator:
         self._pass_logits_to_keep = "logits_to_keep" in parameters
         self._layout: tuple | None = None
         self._cache = None
-        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple, dict[int, torch.cuda.CUDAGraph]] = {}  # sampling setting -> slot limit -> graph
         self._graph_pool = None
+        self._capture_stream = None
         self._weights: tuple[int, ...] | None = None
         self._record_logprobs = False
         self._keyed = False
@@ -464,6 +500,7 @@ class StaticCacheGenerator:
         self._cache = None
         self._graphs.clear()
         self._graph_pool = None
+        self._capture_stream = None
         self._weights = None
 
     # -------------------------------------------------------------------------------- one batch
@@ -504,7 +541,11 @@ class StaticCacheGenerator:
             self._row_keys[rows:] = 0
 
         logits = self._prefill(prompt_ids, prompt_mask)
-        graph = None
+        limits = [self.max_cache_len]
+        if self._reads_slots_in_use(device) and sampling.max_new_tokens > 1:
+            last = prompt_len + sampling.max_new_tokens - 1  # slots the last decode step uses
+            limits = slot_limits(prompt_len + 1, last, self.max_cache_len, SLOT_LIMIT_BLOCK)
+        graphs = None
         if use_graph:
             fingerprint = _weights_fingerprint(self.model)
             if fingerprint != self._weights:
@@ -513,22 +554,28 @@ class StaticCacheGenerator:
                 self._graph_pool = None
                 self._weights = fingerprint
             key = (sampling.temperature, sampling.top_k, sampling.top_p, keyed, record_logprobs)
-            graph = self._graphs.get(key)
-            if graph is None:
-                graph = self._graphs[key] = self._capture(sampling)
+            graphs = self._graphs.setdefault(key, {})
+            missing = [limit for limit in limits if limit not in graphs]
+            if missing:
+                graphs.update(self._capture(sampling, missing))
                 logits = self._prefill(prompt_ids, prompt_mask)  # the warm-up steps used the cache
         self._emit(logits, sampling)
 
         check_every = self.check_every or (16 if device.type == "cuda" else 1)
         steps = 1
         eager_step = None
+        bound = 0  # index in limits of the bound of the current step
         while steps < sampling.max_new_tokens:
-            if graph is not None:
-                graph.replay()
-            elif eager_step is None:
-                eager_step = self._first_working_step(sampling)  # runs this step
+            while limits[bound] < prompt_len + steps:  # this step uses prompt_len + steps slots
+                bound += 1
+            if graphs is not None:
+                graphs[limits[bound]].replay()
             else:
-                eager_step(sampling)
+                with self._slots_in_use(limits[bound]):
+                    if eager_step is None:
+                        eager_step = self._first_working_step(sampling)  # runs this step
+                    else:
+                        eager_step(sampling)
             steps += 1
             if steps % check_every == 0 and steps < sampling.max_new_tokens and bool(self._finished[:rows].all()):
                 break
@@ -721,22 +768,55 @@ class StaticCacheGenerator:
         self._positions.add_(1)
         self._cache_position.add_(1)
 
-    def _capture(self, sampling: SamplingParams) -> torch.cuda.CUDAGraph:
-        """Warm up and capture ``_decode_step``; leaves the cache and buffers to be prefilled again."""
+    def _reads_slots_in_use(self, device: torch.device) -> bool:
+        """Whether decode steps run the Triton attention kernel, which can read only the cache slots
+        in use (``decode_kernel.slots_in_use``); other kinds read the whole cache."""
+        runs_here = device.type == "cuda" or (TRITON_INTERPRETED and self.decode_attention == "triton")
+        wanted = self.decode_attention == "triton" or (self.decode_attention == "auto" and device.type == "cuda")
+        return self.attend_slots_in_use and runs_here and wanted and _imports("grpo_lightning.decode_kernel")
+
+    def _slots_in_use(self, limit: int) -> Any:
+        """``decode_kernel.slots_in_use(limit)`` where the kernel runs, else a context that does nothing."""
+        if limit >= self.max_cache_len or not _imports("grpo_lightning.decode_kernel"):
+            return contextlib.nullcontext()
+        return importlib.import_module("grpo_lightning.decode_kernel").slots_in_use(limit)
+
+    def _capture(self, sampling: SamplingParams, limits: list[int]) -> dict[int, torch.cuda.CUDAGraph]:
+        """Warm up and capture ``_decode_step`` once for each bound on the cache slots it reads
+        (``limits``); leaves the cache and buffers to be prefilled again.
+
+        Each warm-up step is undone (positions and counters put back), so that they all write the
+        cache slot of the first decode step, however many there are."""
         device = self._out.device
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()  # shared by the graphs of one set of weights
+        counters = [self._positions, self._cache_position, self._step]
+        start = [counter.clone() for counter in counters]
+
+        def rewind() -> None:
+            for counter, value in zip(counters, start):
+                counter.copy_(value)
+
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             step = self._first_working_step(sampling)
-            for _ in range(self.warmup_steps):
-                step(sampling)
+            rewind()
+            for limit in [self.max_cache_len] * self.warmup_steps + limits:  # each limit's launch too
+                with self._slots_in_use(limit):
+                    step(sampling)
+                rewind()
         torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._graph_pool):
-            step(sampling)
-        return graph
+        if self._capture_stream is None:
+            # Its own capture stream, hence its own cuBLAS workspace: graphs captured on one stream
+            # share one, and two engines' graphs replayed at once on two streams would both use it.
+            self._capture_stream = torch.cuda.Stream(device)
+        graphs = {}
+        for limit in limits:
+            graph = graphs[limit] = torch.cuda.CUDAGraph()
+            with self._slots_in_use(limit), torch.cuda.graph(graph, pool=self._graph_pool, stream=self._capture_stream):
+                step(sampling)
+        return graphs
 
     def _first_working_step(self, sampling: SamplingParams):
         """The decode step to use, after running it once: with ``compile``, the whole step

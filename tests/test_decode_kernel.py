@@ -115,6 +115,44 @@ def test_a_row_with_nothing_to_attend_to_gives_zeros(splits):
 
 
 @needs_kernel
+@pytest.mark.parametrize("splits", [0, 2])
+@pytest.mark.parametrize(("limit", "bool_mask"), [(70, True), (128, True), (70, False)])
+def test_slots_in_use_reads_no_slot_past_the_limit_and_changes_nothing_else(limit, bool_mask, splits):
+    """A decode step's cache: each row's slots in use, the rest masked and holding NaN (not written
+    yet, as far as the test knows). Reading a NaN slot would make the output NaN."""
+    from grpo_lightning.decode_kernel import slots_in_use
+
+    query, key, value = inputs(group=7, kv_len=200, head_dim=64)
+    in_use = torch.tensor([70, 41, 1])  # slots in use per row, none past the limit
+    allowed = (torch.arange(200) < in_use[:, None]).to(DEVICE)[:, None, None]
+    mask = allowed if bool_mask else torch.zeros(allowed.shape, device=DEVICE).masked_fill(~allowed, float("-inf"))
+    clean_out = decode_attention(query, key, value, mask, 0.125, splits)
+    key, value = key.clone(), value.clone()
+    key[:, :, limit:], value[:, :, limit:] = float("nan"), float("nan")
+    with slots_in_use(limit):
+        out = decode_attention(query, key, value, mask, 0.125, splits)
+    if splits == 0:  # one part: bit for bit, as masked blocks add nothing to the online softmax
+        assert torch.equal(out, clean_out)  # (with splits, the parts' bounds move with the limit)
+    expected = reference(query, key.nan_to_num(), value.nan_to_num(), mask, 0.125)
+    torch.testing.assert_close(out.double(), expected, atol=2e-6, rtol=1e-5)
+    assert torch.isnan(decode_attention(query, key, value, mask, 0.125, splits)).any()  # without the limit
+
+
+def test_slots_in_use_rejects_an_empty_limit_and_restores_the_previous_one():
+    pytest.importorskip("triton")
+    from grpo_lightning import decode_kernel
+
+    with pytest.raises(ValueError, match="limit must be at least 1"):
+        with decode_kernel.slots_in_use(0):
+            pass
+    with decode_kernel.slots_in_use(64):
+        with decode_kernel.slots_in_use(None):
+            assert decode_kernel._slot_limit is None
+        assert decode_kernel._slot_limit == 64
+    assert decode_kernel._slot_limit is None
+
+
+@needs_kernel
 @pytest.mark.parametrize(("block", "warps", "stages", "splits"), [(32, 2, 1, 1), (128, 8, 4, 2), (256, 4, 2, 0)])
 def test_launch_settings_change_the_speed_not_the_result(block, warps, stages, splits):
     """The settings ``benchmarks/decode_attention_configs.py`` compares: slots per loop step (more

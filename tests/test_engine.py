@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 
 import pytest
@@ -19,7 +20,9 @@ from grpo_lightning.engine import (
     keyed_uniforms,
     new_static_cache,
     sample_tokens,
+    slot_limits,
 )
+from grpo_lightning.attention import TRITON_INTERPRETED
 from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.rollout import SamplingParams, completion_mask_from_ids, generate_group
 from grpo_lightning.tiny import build_char_tokenizer, save_tiny_model, tiny_config
@@ -109,6 +112,48 @@ def test_decode_attention_gives_the_default_greedy_tokens(model, tokenizer, deco
     default = static_greedy(StaticCacheGenerator(model, len(PROMPTS), 32), tokenizer, PROMPTS, eos)
     generator = StaticCacheGenerator(model, len(PROMPTS), 32, decode_attention=decode_attention)
     assert torch.equal(static_greedy(generator, tokenizer, PROMPTS, eos), default)
+
+
+def test_slot_limits_are_few_multiples_of_a_block_up_to_the_cache():
+    assert slot_limits(65, 319, 320) == [128, 192, 256, 320]  # W1: 64-token prompts, 256 new tokens
+    assert slot_limits(1, 10, 40) == [40]  # the first multiple of 64 is past the cache
+    assert slot_limits(64, 64, 64) == [64]
+    # 1000 slots in 8 bounds at most: the width grows from 64 to 192 (128 would give 9 bounds)
+    assert slot_limits(100, 1100, 1152) == [192, 384, 576, 768, 960, 1152]
+    assert slot_limits(100, 1100, 1100) == [192, 384, 576, 768, 960, 1100]
+    assert slot_limits(14, 28, 40, block=8) == [16, 24, 32]
+    with pytest.raises(ValueError, match="first <= last <= cache_len"):
+        slot_limits(10, 50, 40)
+
+
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() or TRITON_INTERPRETED), reason="runs on CUDA or under TRITON_INTERPRET=1"
+)
+def test_triton_attention_reads_only_the_slots_in_use_and_gives_the_same_tokens(model, tokenizer, monkeypatch):
+    """On CUDA through the CUDA graphs (one per bound), under the interpreter through eager steps."""
+    decode_kernel = pytest.importorskip("grpo_lightning.decode_kernel")
+    monkeypatch.setattr(engine_module, "SLOT_LIMIT_BLOCK", 8)  # bounds every 8 slots: W1's 64, scaled down
+    limits = []
+    launch = decode_kernel.launch_decode_attention
+
+    def spy(query, key, *args, **kwargs):
+        limits.append(decode_kernel._slot_limit)
+        return launch(query, key, *args, **kwargs)
+
+    monkeypatch.setattr(decode_kernel, "launch_decode_attention", spy)
+    model = copy.deepcopy(model).to("cuda" if torch.cuda.is_available() else "cpu")
+    eos = unused_token(hf_greedy(model, tokenizer, PROMPTS, eos=tokenizer.eos_token_id), tokenizer)
+    whole = StaticCacheGenerator(model, len(PROMPTS), 40, decode_attention="triton", attend_slots_in_use=False)
+    reference = static_greedy(whole, tokenizer, PROMPTS, eos)
+    assert set(limits) == {None}
+    generator = StaticCacheGenerator(model, len(PROMPTS), 40, decode_attention="triton")
+    assert torch.equal(static_greedy(generator, tokenizer, PROMPTS, eos), reference)
+    prompt_len = encode(tokenizer, PROMPTS)[0].size(1)  # the decode steps use the next MAX_NEW - 1 slots
+    bounds = set(slot_limits(prompt_len + 1, prompt_len + MAX_NEW - 1, 40, block=8))
+    assert len(bounds) >= 3 and max(bounds) < 40
+    assert bounds <= set(limits) <= bounds | {None}  # None: a warm-up step reading the whole cache
+    if torch.cuda.is_available():
+        assert set(next(iter(generator._graphs.values()))) == bounds  # one graph per bound
 
 
 def test_greedy_matches_generate_with_early_eos(model, tokenizer):
