@@ -16,33 +16,10 @@ import argparse
 import json
 
 import torch
+from qkv_kernel import time_per_call  # benchmarks/qkv_kernel.py, beside this file
 from torch.nn import functional as F
 
 W1_PRODUCTS = {"qkv": (1152, 896), "o": (896, 896), "gate_up": (9728, 896), "down": (896, 4864)}
-
-
-def time_per_call(step, layers: int, repeats: int = 50) -> float:
-    """Microseconds per call of ``step(layer)`` in a CUDA graph of all layers."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            for layer in range(layers):
-                step(layer)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for layer in range(layers):
-            step(layer)
-    for _ in range(5):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / repeats / layers
 
 
 def main() -> None:
