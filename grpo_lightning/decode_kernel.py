@@ -16,7 +16,9 @@ written for that case, with grouped-query attention (``Hq = g * Hkv`` query head
 * with fewer ``(row, KV head)`` pairs than the GPU has multiprocessors (few rows, long caches),
   each pair's cache is split in contiguous parts, one program each, which write their partial
   sums, maximum and normaliser; a second kernel rescales them to the overall maximum and adds them
-  up (FlashDecoding's reduction, Dao et al. 2023), as the loop itself does block by block.
+  up (FlashDecoding's reduction, Dao et al. 2023), as the loop itself does block by block;
+* inside ``with slots_in_use(n)`` only the first ``n`` cache slots are read: a decode step's later
+  slots are not written yet, and the engine captures one CUDA graph per bound on them.
 
 ``decode_attention(query, key, value, mask, scale)`` takes the layouts of
 ``grpo_lightning.attention``: ``query`` ``[B, Hkv, g, D]`` (the query heads of each group stacked),
