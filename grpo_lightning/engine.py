@@ -293,7 +293,9 @@ MAX_SLOT_LIMITS = 8
 SLOT_LIMIT_BLOCK = 64
 
 
-def slot_limits(first: int, last: int, cache_len: int, block: int = 64, most: int = MAX_SLOT_LIMITS) -> list[int]:
+def slot_limits(
+    first: int, last: int, cache_len: int, block: int = SLOT_LIMIT_BLOCK, most: int = MAX_SLOT_LIMITS
+) -> list[int]:
     """Increasing bounds on the cache slots that decode steps read, for steps that use from ``first``
     to ``last`` slots (the prompt and the tokens so far): the multiples of one width from the first
     ``>= first`` to the first ``>= last``, the width the smallest multiple of ``block`` that gives
