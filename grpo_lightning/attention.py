@@ -110,6 +110,16 @@ def decode_attention(kind: str) -> Iterator[None]:
         _decode_kind = previous
 
 
+def resolve_decode_kind(kind: str, device: torch.device, triton_runs: bool) -> str:
+    """The way a single query is computed on ``device`` for ``kind`` (``DECODE_ATTENTION_KINDS``):
+    ``"auto"`` resolved as that list's note says, and ``"triton"`` computed as ``"math"`` where the
+    kernel does not run (``triton_runs``: it is imported, and the device is CUDA or Triton runs
+    interpreted)."""
+    if kind == "auto":
+        return "math" if device.type == "cpu" else "triton" if triton_runs else "sdpa"
+    return "math" if kind == "triton" and not triton_runs else kind
+
+
 def _softmax_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     """``softmax(query @ key^T * scale + mask) @ value`` with the softmax in fp32; ``mask`` is boolean
     (``True`` may attend) or additive. A row with no key to attend to gives zeros, as SDPA does."""
@@ -188,12 +198,10 @@ def gqa_sdpa_attention_forward(
             mask = mask.clamp(min=torch.finfo(query.dtype).min).to(query.dtype)
         mask = _grouped_mask(mask, kv_heads, group, q_len)
     stacked = query.reshape(batch, kv_heads, group * q_len, query.shape[-1])
-    kind = _decode_kind if q_len == 1 else "sdpa"
     on_triton = _triton_kernel is not None and (query.device.type == "cuda" or TRITON_INTERPRETED)
-    if kind == "auto":
-        kind = "math" if query.device.type == "cpu" else "triton" if on_triton else "sdpa"
+    kind = resolve_decode_kind(_decode_kind, query.device, on_triton) if q_len == 1 else "sdpa"
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    if kind == "triton" and dropout == 0.0 and on_triton:
+    if kind == "triton" and dropout == 0.0:
         out = _triton_kernel(stacked, key, value, mask, scale)
     elif kind in ("math", "triton") and dropout == 0.0:
         out = _softmax_attention(stacked, key, value, mask, scale)

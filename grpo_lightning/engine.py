@@ -70,7 +70,13 @@ import transformers
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from .attention import TRITON_INTERPRETED, check_decode_attention, decode_attention, grouped_query_attention
+from .attention import (
+    TRITON_INTERPRETED,
+    check_decode_attention,
+    decode_attention,
+    grouped_query_attention,
+    resolve_decode_kind,
+)
 from .fused_decode import (
     FUSED_MODEL_TYPES,
     QKV_KERNEL_MODEL_TYPES,
@@ -773,13 +779,16 @@ class StaticCacheGenerator:
     def _reads_slots_in_use(self, device: torch.device) -> bool:
         """Whether decode steps run the Triton attention kernel, which can read only the cache slots
         in use (``decode_kernel.slots_in_use``); other kinds read the whole cache."""
-        runs_here = device.type == "cuda" or (TRITON_INTERPRETED and self.decode_attention == "triton")
-        wanted = self.decode_attention == "triton" or (self.decode_attention == "auto" and device.type == "cuda")
-        return self.attend_slots_in_use and runs_here and wanted and _imports("grpo_lightning.decode_kernel")
+        if not self.attend_slots_in_use:
+            return False
+        triton_runs = (device.type == "cuda" or TRITON_INTERPRETED) and _imports("grpo_lightning.decode_kernel")
+        return resolve_decode_kind(self.decode_attention, device, triton_runs) == "triton"
 
     def _slots_in_use(self, limit: int) -> Any:
-        """``decode_kernel.slots_in_use(limit)`` where the kernel runs, else a context that does nothing."""
-        if limit >= self.max_cache_len or not _imports("grpo_lightning.decode_kernel"):
+        """``decode_kernel.slots_in_use(limit)`` for a bound below the cache's length (there are such
+        bounds only where the kernel runs: :meth:`_reads_slots_in_use`), else a context that does
+        nothing."""
+        if limit >= self.max_cache_len:
             return contextlib.nullcontext()
         return importlib.import_module("grpo_lightning.decode_kernel").slots_in_use(limit)
 

@@ -19,6 +19,7 @@ from grpo_lightning.attention import (
     decode_attention,
     gqa_sdpa_attention_forward,
     grouped_query_attention,
+    resolve_decode_kind,
 )
 from grpo_lightning.engine import StaticCacheGenerator
 from grpo_lightning.rollout import SamplingParams
@@ -379,3 +380,15 @@ def test_engine_runs_grouped_attention(model, tokenizer, calls, kind):
     assert torch.equal(out, reference)
     assert calls["n"] == 8 * model.config.num_hidden_layers  # the prefill and 7 decode steps
     assert attention_implementations(model) == {original} and attention._decode_kind == "auto"
+
+
+def test_resolve_decode_kind_picks_the_way_a_single_query_is_computed():
+    cpu, cuda, other = torch.device("cpu"), torch.device("cuda"), torch.device("mps")
+    assert resolve_decode_kind("auto", cpu, True) == "math"  # the interpreter's kernel is not the CPU default
+    assert resolve_decode_kind("auto", cuda, True) == "triton"
+    assert resolve_decode_kind("auto", cuda, False) == "sdpa"
+    assert resolve_decode_kind("auto", other, False) == "sdpa"
+    assert resolve_decode_kind("triton", cpu, True) == "triton"
+    assert resolve_decode_kind("triton", cuda, False) == "math"
+    for kind in ("sdpa", "efficient", "math"):
+        assert resolve_decode_kind(kind, cuda, True) == kind
