@@ -323,9 +323,10 @@ def make_first_step_dump(directory: Path):
     return FirstStepDump()
 
 
-def make_step_profiler(step: int):
+def make_step_profiler(step: int, trace: str | None = None):
     """A Callback profiling training step ``step`` (counted from 1) on rank 0 with
-    ``torch.profiler`` (CPU, and CUDA when available); its events are in ``.events`` after it."""
+    ``torch.profiler`` (CPU, and CUDA when available); its events are in ``.events`` after it.
+    ``trace``: also write the step's Chrome trace there (gzipped when it ends in ``.gz``)."""
     import lightning as L
     from torch.profiler import ProfilerActivity, profile
 
@@ -346,6 +347,8 @@ def make_step_profiler(step: int):
             if self.profiler is not None:
                 _sync()
                 self.profiler.__exit__(None, None, None)
+                if trace:
+                    self.profiler.export_chrome_trace(trace)
                 self.events = self.profiler.events()
                 self.profiler = None
 
@@ -491,7 +494,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     callbacks = [recorder]  # the others after it: their work at a step's end is outside its timing
     if args.dump_first_step:
         callbacks.append(make_first_step_dump(Path(args.dump_first_step)))
-    profiler = make_step_profiler(args.profile_step) if args.profile_step else None
+    profiler = make_step_profiler(args.profile_step, args.profile_trace) if args.profile_step else None
     if profiler is not None:
         callbacks.append(profiler)
     trainer = L.Trainer(
@@ -669,6 +672,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="profile step K (>= 2; left out of the medians): a table beside --out (<stem>.profile.txt), "
         "or on stdout, and the top ops in the JSON under 'profile'",
     )
+    parser.add_argument(
+        "--profile-trace", default=None, metavar="PATH",
+        help="with --profile-step: also write that step's Chrome trace to PATH (.json, or .json.gz)",
+    )
     scale = parser.add_argument_group("workload overrides (smaller runs, e.g. tests; the result records them)")
     for name in ("prompts", "group_size", "prompt_tokens", "max_new_tokens", "micro_batch_size"):
         scale.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, dest=name)
@@ -677,6 +684,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--steps must be at least 1")
     if args.profile_step is not None and not 2 <= args.profile_step <= args.steps:
         parser.error("--profile-step must be between 2 and --steps (the first step pays for warm-up)")
+    if args.profile_trace and args.profile_step is None:
+        parser.error("--profile-trace needs --profile-step")
     args.devices = int(args.devices) if args.devices.isdigit() else args.devices
     if args.compare == "trl" and args.devices not in (1, "1"):
         parser.error("--compare trl runs on one device: use --devices 1 (compare multi-device runs with the 1-device one)")

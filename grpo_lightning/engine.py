@@ -5,9 +5,10 @@ where the same policy generates a batch of the same shape again and again:
 
 * the KV cache (``transformers.StaticCache``, ``max_batch_size x max_cache_len``) is allocated once
   and reset between rollouts;
-* the prompt is prefilled eagerly, each distinct prompt once (a GRPO batch holds every prompt
-  ``group_size`` times; its keys and values are written to all rows of that prompt); every later
-  token is one *decode step* on static-shaped buffers:
+* the prompt is prefilled each distinct prompt once (a GRPO batch holds every prompt
+  ``group_size`` times; its keys and values are written to all rows of that prompt), eagerly or,
+  with fused projections, compiled (``compile_prefill``); every later token is one *decode step* on
+  static-shaped buffers:
   the token fed, its position id, its cache slot, the key-validity mask over the whole cache, the step
   counter, the ``finished`` flags and the output row all live on the device and are updated in place;
 * sampling (temperature, top-k, nucleus top-p, greedy when ``temperature == 0``, EOS blocked before
@@ -364,6 +365,13 @@ class StaticCacheGenerator:
         attend_slots_in_use: with the Triton attention kernel, read only the cache slots in use at
             each step, rounded up to one of at most ``MAX_SLOT_LIMITS`` bounds (one CUDA graph each;
             see the module docstring); ``False`` reads the whole cache at every step.
+        compile_prefill: with ``fuse_projections``, run the prompts through
+            :meth:`FusedDecoder.prefill` compiled with ``torch.compile`` (shapes made dynamic after a
+            first change) instead of the model's eager ``forward``, whose launches of a few thousand
+            small kernels cost tens of milliseconds on the host per rollout at W1's shape. The first
+            prefill of a cache runs eagerly (it allocates the cache); the next one compiles. ``None``
+            (the default): where ``compile`` is on and the model is on CUDA. If the compiler fails,
+            prefills run eagerly from then on (with a warning).
     """
 
     def __init__(
@@ -381,6 +389,7 @@ class StaticCacheGenerator:
         qkv_kernel: bool | None = None,
         sampling_kernel: bool | None = None,
         attend_slots_in_use: bool = True,
+        compile_prefill: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -414,6 +423,7 @@ class StaticCacheGenerator:
         self.qkv_kernel = qkv_kernel
         self.sampling_kernel = sampling_kernel
         self.attend_slots_in_use = attend_slots_in_use
+        self.compile_prefill = compile_prefill
         self._sampling_ops = None  # grpo_lightning.sampling_kernel where it draws, resolved per call
         self._fused: list[FusedLayer] | None = None
         self._decoder: FusedDecoder | None = None
@@ -431,6 +441,8 @@ class StaticCacheGenerator:
         self._weights: tuple[int, ...] | None = None
         self._record_logprobs = False
         self._keyed = False
+        self._prefill_step: tuple[FusedDecoder, Any] | None = None  # (decoder, its compiled prefill)
+        self._prefill_failed = False
 
     # ----------------------------------------------------------------------------------- public
 
@@ -712,7 +724,9 @@ class StaticCacheGenerator:
         logits = None
         distinct, inverse = distinct_rows(torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1))
         layers = len(getattr(self._cache, "layers", ()))
-        if len(distinct) < len(prompt_ids) and layers:
+        if self._prefills_compiled():
+            logits = self._compiled_prefill(prompt_ids, prompt_mask, allowed, distinct, inverse)
+        elif len(distinct) < len(prompt_ids) and layers:
             cache, written = self._cache, set()
             self._cache = _shared_prefill_cache(cache, distinct, inverse, written)
             try:
@@ -734,6 +748,41 @@ class StaticCacheGenerator:
         self._step.zero_()
         self._finished.zero_()
         return logits
+
+    def _prefills_compiled(self) -> bool:
+        """Whether the prompts go through the compiled :meth:`FusedDecoder.prefill`: with fused
+        projections, ``compile_prefill`` (``None``: ``compile`` on CUDA) and a cache that a first,
+        eager prefill has allocated."""
+        wanted = self.compile and self._out.device.type == "cuda" if self.compile_prefill is None else self.compile_prefill
+        if not wanted or self._decoder is None or self._prefill_failed:
+            return False
+        return all(isinstance(getattr(layer, "keys", None), Tensor) for layer in getattr(self._cache, "layers", [None]))
+
+    def _compiled_prefill(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, allowed: Tensor, distinct: Tensor, inverse: Tensor
+    ) -> Tensor | None:
+        """The logits ``[B, V]`` of the prompts' last position from the compiled prefill of the
+        distinct prompts, which writes the keys and values of every row; ``None`` (after a warning,
+        and for good) if the compiler fails: the caller prefills eagerly."""
+        prompt_len = prompt_ids.size(1)
+        if self._prefill_step is None or self._prefill_step[0] is not self._decoder:
+            options = self.compile_options if self.compile_options is not None else default_compile_options(self._out.device)
+            self._prefill_step = (self._decoder, torch.compile(self._decoder.prefill, options=options))
+        try:
+            logits = self._prefill_step[1](
+                prompt_ids[distinct],
+                self._attention_mask(allowed[distinct, :, :prompt_len]).unsqueeze(1),
+                position_ids_from_mask(prompt_mask[distinct]),
+                self._cache,
+                self._arange[:prompt_len],
+                inverse,
+            )
+        except Exception as error:  # noqa: BLE001 - any compiler failure: prefill eagerly from now on
+            warnings.warn(f"torch.compile of the prefill failed, prefilling eagerly: {error!r}", stacklevel=3)
+            self._prefill_failed = True
+            self._cache.reset()
+            return None
+        return logits[inverse]
 
     def _emit(self, logits: Tensor, sampling: SamplingParams) -> None:
         """Sample the token of the current step, store it and feed it to the next step."""

@@ -67,7 +67,7 @@ def _is_rows_of(tensor: Tensor, buffer: Tensor, row: int, size: int) -> bool:
         and tensor.shape == (size, *buffer.shape[1:])
         and tensor.is_contiguous()
         and tensor.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
-        and tensor.data_ptr() == buffer[row].data_ptr()
+        and tensor.data_ptr() == buffer.data_ptr() + row * buffer.stride(0) * buffer.element_size()
     )
 
 
@@ -162,6 +162,7 @@ def qkv_kernel_applies(model: nn.Module, layers: list[FusedLayer]) -> bool:
 class FusedDecoder:
     """``model``'s forward pass for one token per row, on a ``transformers`` static cache, with the
     projections of :func:`fuse_projections`; returns the logits ``[B, V]`` in the model's dtype.
+    :meth:`prefill` is the same layers' pass over the prompts.
 
     With ``qkv_kernel`` each layer's norm, q/k/v product, rotary embedding and cache write are one
     Triton kernel (``grpo_lightning.qkv_kernel``; the caller checks :func:`qkv_kernel_applies`);
@@ -182,38 +183,54 @@ class FusedDecoder:
     def __call__(self, input_ids: Tensor, mask: Tensor, position_ids: Tensor, cache: Any, cache_position: Tensor) -> Tensor:
         hidden = self.inner.embed_tokens(input_ids)  # [B, 1, H]
         cos, sin = self.inner.rotary_emb(hidden, position_ids)
-        batch = hidden.shape[0]
         on_kernel = self.qkv_kernel and getattr(cache, "layers", None) is not None
         for index, fused in enumerate(self.layers):
-            layer = fused.layer
-            attention = layer.self_attn
             if on_kernel:
                 query, keys, values = self._kernel_qkv(fused, hidden[:, 0], cos[:, 0], sin[:, 0], cache.layers[index], cache_position)
             else:
-                query, keys, values = self._module_qkv(fused, hidden, cos, sin, cache, index, cache_position)
-            out, _ = gqa_sdpa_attention_forward(attention, query, keys, values, mask, scaling=attention.scaling)
-            hidden = hidden + attention.o_proj(out.reshape(batch, 1, -1))
-            gate, up = fused.gate_up(layer.post_attention_layernorm(hidden))
-            hidden = hidden + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+                query, key, value = self._project_qkv(fused, hidden, cos, sin)
+                keys, values = cache.update(key, value, index, {"cache_position": cache_position})
+            hidden = self._layer_rest(fused, hidden, query, keys, values, mask)
         hidden = self.inner.norm(hidden)
         return self.model.get_output_embeddings()(hidden[:, -1])
 
-    def _module_qkv(
-        self, fused: FusedLayer, hidden: Tensor, cos: Tensor, sin: Tensor, cache: Any, index: int, cache_position: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """The query ``[B, Hq, 1, D]`` and the layer's keys and values, through the model's modules."""
-        layer, batch = fused.layer, hidden.shape[0]
+    def prefill(
+        self, input_ids: Tensor, mask: Tensor, position_ids: Tensor, cache: Any, cache_position: Tensor, rows: Tensor
+    ) -> Tensor:
+        """The forward pass of prompts ``input_ids`` ``[P, S]`` (a GRPO batch's distinct prompts); row
+        ``i`` of the cache gets the keys and values of prompt ``rows[i]``, at slots ``cache_position``
+        ``[S]``. Attention is over the prompts' own keys, with ``mask`` ``[P, 1, S, S]``. Returns the
+        logits ``[P, V]`` of the last position."""
+        hidden = self.inner.embed_tokens(input_ids)  # [P, S, H]
+        cos, sin = self.inner.rotary_emb(hidden, position_ids)
+        for index, fused in enumerate(self.layers):
+            query, key, value = self._project_qkv(fused, hidden, cos, sin)
+            cache.update(key[rows], value[rows], index, {"cache_position": cache_position})
+            hidden = self._layer_rest(fused, hidden, query, key, value, mask)
+        hidden = self.inner.norm(hidden[:, -1:])
+        return self.model.get_output_embeddings()(hidden[:, -1])
+
+    def _layer_rest(self, fused: FusedLayer, hidden: Tensor, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+        """The layer after its q/k/v: attention, ``o_proj`` and the residual sum, then the MLP."""
+        layer = fused.layer
         attention = layer.self_attn
-        head_dim = attention.head_dim
+        out, _ = gqa_sdpa_attention_forward(attention, query, keys, values, mask, scaling=attention.scaling)
+        hidden = hidden + attention.o_proj(out.reshape(*hidden.shape[:2], -1))
+        gate, up = fused.gate_up(layer.post_attention_layernorm(hidden))
+        return hidden + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+
+    def _project_qkv(self, fused: FusedLayer, hidden: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The query, key and value ``[B, heads, S, D]`` of ``hidden`` ``[B, S, H]``, through the
+        model's modules: the norm, the fused product, (Qwen3) the per-head norms, the rotary embedding."""
+        layer = fused.layer
+        attention = layer.self_attn
+        shape = (*hidden.shape[:2], -1, attention.head_dim)
         query, key, value = fused.qkv(layer.input_layernorm(hidden))
-        query, key = query.view(batch, 1, -1, head_dim), key.view(batch, 1, -1, head_dim)
+        query, key, value = query.view(shape), key.view(shape), value.view(shape)
         if hasattr(attention, "q_norm"):  # Qwen3: each head's query and key normalised
             query, key = attention.q_norm(query), attention.k_norm(key)
-        query, key = query.transpose(1, 2), key.transpose(1, 2)
-        value = value.view(batch, 1, -1, head_dim).transpose(1, 2)
-        query, key = self.apply_rotary(query, key, cos, sin)
-        keys, values = cache.update(key, value, index, {"cache_position": cache_position})
-        return query, keys, values
+        query, key = self.apply_rotary(query.transpose(1, 2), key.transpose(1, 2), cos, sin)
+        return query, key, value.transpose(1, 2)
 
     def _kernel_qkv(
         self, fused: FusedLayer, hidden: Tensor, cos: Tensor, sin: Tensor, cache_layer: Any, cache_position: Tensor

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 
 import pytest
 import torch
@@ -48,6 +49,11 @@ def checkpoint(request, tokenizer, tmp_path_factory):
 
 def load(path):
     return AutoModelForCausalLM.from_pretrained(path).eval()
+
+
+def encode(tokenizer, prompts):
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    return encoded["input_ids"], encoded["attention_mask"]
 
 
 def rollout(generator, tokenizer, temperature=0.0, keys=None):
@@ -171,6 +177,67 @@ def test_other_models_decode_through_their_own_forward(tokenizer, tmp_path):
     out, _ = rollout(generator, tokenizer)
     assert generator._decoder is None
     assert torch.equal(out, rollout(StaticCacheGenerator(load(path), len(PROMPTS), 32), tokenizer)[0])
+
+
+# ------------------------------------------------------------------ the compiled prefill (compile_prefill)
+
+
+def test_the_fused_prefill_samples_what_the_model_s_forward_samples(checkpoint, tokenizer, monkeypatch):
+    """``FusedDecoder.prefill`` itself, run as written: ``torch.compile`` is replaced by a stand-in
+    that counts its calls and returns the function (the test below compiles for real)."""
+    calls = []
+
+    def stand_in_compile(function, **kwargs):
+        def run(*args, **kw):
+            calls.append(function.__name__)
+            return function(*args, **kw)
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", stand_in_compile)
+    reference = StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32)
+    fused = StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, fuse_projections=True, compile_prefill=True)
+    tokens, logprobs = rollout(reference, tokenizer)
+    for _ in range(2):  # the first prefill allocates the cache, eagerly; the second is the fused one
+        fused_tokens, fused_logprobs = rollout(fused, tokenizer)
+    assert calls == ["prefill"]
+    assert torch.equal(fused_tokens, tokens)
+    torch.testing.assert_close(fused_logprobs, logprobs, atol=1e-5, rtol=1e-5)
+
+
+def test_the_compiled_prefill_gives_the_eager_tokens_as_prompt_shapes_change(tokenizer, tmp_path):
+    config = tiny_config(tokenizer, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
+                         initializer_range=1.0)  # fmt: skip
+    path = save_tiny_model(tmp_path, tokenizer, config, seed=0)
+    compiled = StaticCacheGenerator(load(path), 8, 32, fuse_projections=True, compile_prefill=True)
+    eager = StaticCacheGenerator(load(path), 8, 32)
+    sampling, eos = SamplingParams(MAX_NEW, temperature=0.0), len(tokenizer) - 1
+    # Two calls of one shape (the first allocates the cache), then other lengths and prompt counts.
+    for prompts in (PROMPTS, PROMPTS, ["12+3=", "7", "99*9=", "x"], ["abcdefghij", "1", "22"]):
+        ids, mask = encode(tokenizer, prompts)
+        ids, mask = ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0)
+        outs = [g.generate(ids, mask, sampling, eos, tokenizer.pad_token_id) for g in (compiled, eager)]
+        assert torch.equal(*outs)
+    assert compiled._prefill_step is not None and not compiled._prefill_failed
+
+
+def test_a_failing_prefill_compiler_falls_back_to_the_eager_prefill(checkpoint, tokenizer, monkeypatch):
+    def failing_compile(function, **kwargs):
+        def run(*args, **kw):
+            raise RuntimeError(f"cannot compile {function.__name__}")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    fused = StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, fuse_projections=True, compile_prefill=True)
+    first, _ = rollout(fused, tokenizer)
+    with pytest.warns(UserWarning, match="torch.compile of the prefill failed"):
+        second, _ = rollout(fused, tokenizer)
+    assert fused._prefill_failed
+    assert torch.equal(second, first)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # eager from then on, without a warning
+        assert torch.equal(rollout(fused, tokenizer)[0], first)
 
 
 # ------------------------------------------------------------------- the q/k/v kernel (qkv_kernel)
