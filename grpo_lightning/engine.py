@@ -83,6 +83,7 @@ from .fused_decode import (
     QKV_KERNEL_MODEL_TYPES,
     FusedDecoder,
     FusedLayer,
+    down_parts_apply,
     fuse_projections,
     qkv_kernel_applies,
 )
@@ -294,6 +295,11 @@ def default_compile_options(device: torch.device) -> dict[str, Any]:
     return {"combo_kernels": True} if device.type == "cuda" and hasattr(config, "combo_kernels") else {}
 
 
+#: Parts of a decode step's down product on CUDA by default (``down_parts``): at W1's shape on an
+#: H100 the product with its residual sum took 9.1 us in 2 parts, 12.0 in 4, against 12.4 us for
+#: cuBLAS's own split and reduction followed by the residual kernel (``benchmarks/down_split.py``).
+DOWN_PARTS = 2
+
 #: Most CUDA graphs captured per sampling setting, one for each bound on the cache slots read.
 MAX_SLOT_LIMITS = 8
 #: The bounds are multiples of this many slots: a block of the attention kernel's loop.
@@ -372,6 +378,11 @@ class StaticCacheGenerator:
             prefill of a cache runs eagerly (it allocates the cache); the next one compiles. ``None``
             (the default): where ``compile`` is on and the model is on CUDA. If the compiler fails,
             prefills run eagerly from then on (with a warning).
+        down_parts: with ``fuse_projections``, compute each decode layer's down product as this many
+            fp32 products over slices of its input, added up in the residual sum
+            (``fused_decode.residual_plus_parts``), instead of cuBLAS splitting it and adding the
+            parts in a kernel of its own. ``None`` (the default): ``DOWN_PARTS`` on CUDA for bf16 or
+            fp16 weights whose down input size it divides, else 1 (the model's own product).
     """
 
     def __init__(
@@ -390,11 +401,14 @@ class StaticCacheGenerator:
         sampling_kernel: bool | None = None,
         attend_slots_in_use: bool = True,
         compile_prefill: bool | None = None,
+        down_parts: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
         if max_cache_len < 2:
             raise ValueError(f"max_cache_len must be at least 2, got {max_cache_len}")
+        if down_parts is not None and down_parts < 1:
+            raise ValueError(f"down_parts must be at least 1 (or None), got {down_parts}")
         if check_every is not None and check_every < 1:
             raise ValueError(f"check_every must be at least 1, got {check_every}")
         check_decode_attention(decode_attention)
@@ -424,6 +438,7 @@ class StaticCacheGenerator:
         self.sampling_kernel = sampling_kernel
         self.attend_slots_in_use = attend_slots_in_use
         self.compile_prefill = compile_prefill
+        self.down_parts = down_parts
         self._sampling_ops = None  # grpo_lightning.sampling_kernel where it draws, resolved per call
         self._fused: list[FusedLayer] | None = None
         self._decoder: FusedDecoder | None = None
@@ -663,7 +678,10 @@ class StaticCacheGenerator:
                 f"256; this one is a {self.model.config.model_type} model on {device}. Set qkv_kernel to None "
                 "or False."
             )
-        return FusedDecoder(self.model, fused, qkv_kernel=bool(kernel))
+        parts = self.down_parts
+        if parts is None:
+            parts = DOWN_PARTS if device.type == "cuda" and down_parts_apply(fused, DOWN_PARTS) else 1
+        return FusedDecoder(self.model, fused, qkv_kernel=bool(kernel), down_parts=parts)
 
     def _sampling_kernel_module(self, device: torch.device) -> Any:
         """``grpo_lightning.sampling_kernel`` where it draws the tokens (see ``__init__``), else ``None``."""

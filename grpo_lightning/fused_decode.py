@@ -139,6 +139,34 @@ def fuse_projections(model: nn.Module, previous: list[FusedLayer] | None = None)
     return fused
 
 
+def down_parts_apply(layers: list[FusedLayer], parts: int) -> bool:
+    """Whether every layer's down projection can be computed in ``parts`` slices of its input by
+    :func:`residual_plus_parts`: half-precision weights (fp32 outputs of half products are what
+    ``out_dtype`` offers) and an input size that ``parts`` divides."""
+    return all(
+        fused.layer.mlp.down_proj.weight.dtype in (torch.bfloat16, torch.float16)
+        and fused.layer.mlp.down_proj.in_features % parts == 0
+        for fused in layers
+    )
+
+
+def residual_plus_parts(hidden: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, parts: int) -> Tensor:
+    """``hidden + x @ weight^T (+ bias)`` with the product as ``parts`` products over consecutive
+    slices of ``x``'s last dimension, each in fp32 (one ``bmm``), summed with ``hidden`` in fp32 and
+    rounded once to ``hidden``'s dtype. ``weight`` ``[N, K]`` is read in place (a view per slice).
+    On CUDA the fp32 products come from cuBLAS's half-precision ``bmm`` (``out_dtype``); elsewhere,
+    where PyTorch has no such ``bmm``, from an fp32 ``bmm`` of the same values."""
+    n, k = weight.shape
+    rows = x.reshape(-1, parts, k // parts).transpose(0, 1)  # [S, M, K/S]
+    slices = weight.view(n, parts, k // parts).permute(1, 2, 0)  # [S, K/S, N]
+    if x.device.type == "cuda":
+        products = torch.bmm(rows, slices, out_dtype=torch.float32)
+    else:
+        products = torch.bmm(rows.float(), slices.float())
+    total = products.sum(0) if bias is None else products.sum(0) + bias.float()
+    return (hidden.float() + total.view(hidden.shape)).to(hidden.dtype)
+
+
 QKV_KERNEL_MODEL_TYPES = ("llama", "mistral", "qwen2")
 """``config.model_type`` values whose q/k/v step can run on ``grpo_lightning.qkv_kernel``."""
 
@@ -166,12 +194,23 @@ class FusedDecoder:
 
     With ``qkv_kernel`` each layer's norm, q/k/v product, rotary embedding and cache write are one
     Triton kernel (``grpo_lightning.qkv_kernel``; the caller checks :func:`qkv_kernel_applies`);
-    otherwise they are the model's own modules around the fused product."""
+    otherwise they are the model's own modules around the fused product.
 
-    def __init__(self, model: nn.Module, layers: list[FusedLayer], qkv_kernel: bool = False) -> None:
+    With ``down_parts`` ``S > 1`` a decode step computes each down product as ``S`` fp32 products
+    over slices of its input (:func:`residual_plus_parts`), which the residual sum adds up: on CUDA
+    cuBLAS otherwise splits this product over K itself and adds the parts in a kernel of its own
+    (see :func:`down_parts_apply`)."""
+
+    def __init__(self, model: nn.Module, layers: list[FusedLayer], qkv_kernel: bool = False, down_parts: int = 1) -> None:
+        if down_parts > 1 and not down_parts_apply(layers, down_parts):
+            raise ValueError(
+                f"down_parts={down_parts} needs bf16 or fp16 down projections whose input size it divides; "
+                "use down_parts=1"
+            )
         self.model = model
         self.inner = model.model
         self.layers = layers
+        self.down_parts = down_parts
         # The model's own rotary helper: the module that defines its attention layer has it.
         self.apply_rotary = sys.modules[type(layers[0].layer.self_attn).__module__].apply_rotary_pos_emb
         self.qkv_kernel = qkv_kernel
@@ -217,7 +256,10 @@ class FusedDecoder:
         out, _ = gqa_sdpa_attention_forward(attention, query, keys, values, mask, scaling=attention.scaling)
         hidden = hidden + attention.o_proj(out.reshape(*hidden.shape[:2], -1))
         gate, up = fused.gate_up(layer.post_attention_layernorm(hidden))
-        return hidden + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+        down, activated = layer.mlp.down_proj, layer.mlp.act_fn(gate) * up
+        if self.down_parts > 1 and hidden.shape[1] == 1:
+            return residual_plus_parts(hidden, activated, down.weight, down.bias, self.down_parts)
+        return hidden + down(activated)
 
     def _project_qkv(self, fused: FusedLayer, hidden: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The query, key and value ``[B, heads, S, D]`` of ``hidden`` ``[B, S, H]``, through the

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from grpo_lightning.engine import StaticCacheGenerator
-from grpo_lightning.fused_decode import fuse_projections, qkv_kernel_applies
+from grpo_lightning.fused_decode import fuse_projections, qkv_kernel_applies, residual_plus_parts
 from grpo_lightning.rollout import SamplingParams
 from grpo_lightning.tiny import build_char_tokenizer, save_tiny_model, tiny_config
 
@@ -238,6 +238,58 @@ def test_a_failing_prefill_compiler_falls_back_to_the_eager_prefill(checkpoint, 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # eager from then on, without a warning
         assert torch.equal(rollout(fused, tokenizer)[0], first)
+
+
+# ------------------------------------------------------------------ the down product in parts (down_parts)
+
+
+def test_residual_plus_parts_adds_the_slices_products_to_the_residual():
+    """Small integers: every product and sum is exact in fp32, so the result is exact in bf16."""
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randint(-4, 5, (3, 1, 6), generator=generator).bfloat16()
+    x = torch.randint(-3, 4, (3, 1, 8), generator=generator).bfloat16()
+    weight = torch.randint(-2, 3, (6, 8), generator=generator).bfloat16()
+    bias = torch.randint(-5, 6, (6,), generator=generator).bfloat16()
+    expected = hidden.float() + x.float() @ weight.float().T + bias.float()
+    for parts in (1, 2, 4, 8):
+        assert torch.equal(residual_plus_parts(hidden, x, weight, bias, parts), expected.bfloat16())
+    assert torch.equal(residual_plus_parts(hidden, x, weight, None, 2), (expected - bias.float()).bfloat16())
+    # Slice s of the input meets columns s*K/S .. (s+1)*K/S - 1 of the weight: a zero slice drops them.
+    first_half = x.clone()
+    first_half[..., 4:] = 0
+    assert torch.equal(
+        residual_plus_parts(hidden, first_half, weight, None, 2),
+        (hidden.float() + x[..., :4].float() @ weight[:, :4].float().T).bfloat16(),
+    )
+
+
+def bf16_generator(path, device, **options):
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
+    return StaticCacheGenerator(model, len(PROMPTS), 32, fuse_projections=True, **options)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_decoding_with_the_down_product_in_parts_samples_what_one_product_samples(tokenizer, tmp_path, device):
+    config = tiny_config(tokenizer, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
+                         initializer_range=1.0, mlp_bias=True, model_type="llama")  # fmt: skip
+    path = save_tiny_model(tmp_path, tokenizer, config, seed=0)
+    options = {"down_parts": 2} if device == "cpu" else {}  # on CUDA, None means 2 parts for bf16 weights
+    whole, in_parts = bf16_generator(path, device, down_parts=1), bf16_generator(path, device, **options)
+    tokens, logprobs = rollout(whole, tokenizer)
+    parts_tokens, parts_logprobs = rollout(in_parts, tokenizer)
+    assert whole._decoder.down_parts == 1 and in_parts._decoder.down_parts == 2
+    assert torch.equal(parts_tokens, tokens)
+    torch.testing.assert_close(parts_logprobs, logprobs, atol=0.05, rtol=0)  # bf16 sums rounded in other places
+
+
+def test_down_parts_is_one_product_on_a_cpu_and_needs_half_weights(checkpoint, tokenizer):
+    generator = StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, fuse_projections=True)
+    rollout(generator, tokenizer)
+    assert generator._decoder.down_parts == 1
+    with pytest.raises(ValueError, match="down_parts=2 needs bf16 or fp16"):
+        rollout(StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, fuse_projections=True, down_parts=2), tokenizer)
+    with pytest.raises(ValueError, match="down_parts must be at least 1"):
+        StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, down_parts=0)
 
 
 # ------------------------------------------------------------------- the q/k/v kernel (qkv_kernel)
