@@ -6,7 +6,10 @@ the reading of its weight (4 to 6.5 us each on an H200 against well under 1 us o
 Here ``q``, ``k`` and ``v`` are one product with their stacked weights, and ``gate`` and ``up``
 another, which saves two GEMMs per layer and sends the same bytes through fewer kernels. The rest of
 the layer is the model's own modules (its norms, rotary embedding, ``o_proj``, activation,
-``down_proj``, final norm and LM head), and attention is ``grpo_lightning.attention``'s.
+``down_proj``, final norm and LM head), and attention is ``grpo_lightning.attention``'s. Optionally
+the down product is computed in fp32 parts added up in the residual sum
+(:func:`residual_plus_parts`), and :meth:`FusedDecoder.prefill` runs the prompts through the same
+layers.
 
 The stacked weights are not copies. :func:`fuse_projections` re-points the q/k/v (and gate/up)
 parameters of every layer to consecutive rows of one buffer per layer (``param.data = rows``), so

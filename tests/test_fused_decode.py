@@ -221,6 +221,11 @@ def test_the_compiled_prefill_gives_the_eager_tokens_as_prompt_shapes_change(tok
     assert compiled._prefill_step is not None and not compiled._prefill_failed
 
 
+def test_compile_prefill_needs_fused_projections(checkpoint):
+    with pytest.raises(ValueError, match="compile_prefill=True .* set fuse_projections=True"):
+        StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, compile_prefill=True)
+
+
 def test_a_failing_prefill_compiler_falls_back_to_the_eager_prefill(checkpoint, tokenizer, monkeypatch):
     def failing_compile(function, **kwargs):
         def run(*args, **kw):
