@@ -413,6 +413,8 @@ class StaticCacheGenerator:
         if check_every is not None and check_every < 1:
             raise ValueError(f"check_every must be at least 1, got {check_every}")
         check_decode_attention(decode_attention)
+        if down_parts not in (None, 1) and not fuse_projections:
+            raise ValueError(f"down_parts={down_parts} splits the fused decoder's down product: set fuse_projections=True too")
         if compile_prefill and not fuse_projections:
             raise ValueError("compile_prefill=True compiles the fused layers' prefill: set fuse_projections=True too")
         if qkv_kernel and not fuse_projections:

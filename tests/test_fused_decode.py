@@ -57,12 +57,10 @@ def encode(tokenizer, prompts):
 
 
 def rollout(generator, tokenizer, temperature=0.0, keys=None):
-    encoded = tokenizer(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    ids, mask = encode(tokenizer, PROMPTS)
     sampling = SamplingParams(MAX_NEW, temperature=temperature)
     eos = len(tokenizer) - 1  # never sampled by these models: every row runs MAX_NEW steps
-    return generator.generate(
-        encoded["input_ids"], encoded["attention_mask"], sampling, eos, tokenizer.pad_token_id, keys, return_logprobs=True
-    )
+    return generator.generate(ids, mask, sampling, eos, tokenizer.pad_token_id, keys, return_logprobs=True)
 
 
 @pytest.mark.parametrize("decode_attention", ["auto", "triton"])
@@ -294,7 +292,9 @@ def test_down_parts_is_one_product_on_a_cpu_and_needs_half_weights(checkpoint, t
     with pytest.raises(ValueError, match="down_parts=2 needs bf16 or fp16"):
         rollout(StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, fuse_projections=True, down_parts=2), tokenizer)
     with pytest.raises(ValueError, match="down_parts must be at least 1"):
-        StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, down_parts=0)
+        StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, fuse_projections=True, down_parts=0)
+    with pytest.raises(ValueError, match="down_parts=2 .* set fuse_projections=True"):
+        StaticCacheGenerator(load(checkpoint), len(PROMPTS), 32, down_parts=2)
 
 
 # ------------------------------------------------------------------- the q/k/v kernel (qkv_kernel)
