@@ -6,8 +6,9 @@ in the residual kernel.
 At W1's shapes (128 rows, ``[128, 4864] @ [4864, 896]``) cuBLAS splits the down product over K
 into parts and adds them in a kernel of its own (``splitKreduce``), after which the compiled step
 runs another kernel for the residual sum and the next norm's squares. Here the product is computed
-as ``S`` products over slices of K (one ``bmm`` with fp32 outputs, ``out_dtype``), and the compiled
-residual kernel adds the parts itself: one kernel fewer per layer. Each way is compiled with
+as ``S`` products over slices of K (one ``bmm`` with fp32 outputs, ``out_dtype``: the engine's
+``fused_decode.residual_plus_parts``), and the compiled residual kernel adds the parts itself: one
+kernel fewer per layer. Each way is compiled with
 ``torch.compile`` and captured in a CUDA graph over one weight per layer (24 at W1, so that the
 weights do not stay in L2), and timed per call; the results are checked against the first way.
 """
@@ -21,6 +22,8 @@ import torch
 from qkv_kernel import time_per_call  # benchmarks/qkv_kernel.py, beside this file
 from torch.nn import functional as F
 
+from grpo_lightning.fused_decode import residual_plus_parts
+
 
 def residual_with_product(h: torch.Tensor, a: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``h + a @ weight^T`` and its rows' sums of squares (the next norm's input), bf16 product."""
@@ -31,15 +34,9 @@ def residual_with_product(h: torch.Tensor, a: torch.Tensor, weight: torch.Tensor
 def residual_with_parts(
     h: torch.Tensor, a: torch.Tensor, weight: torch.Tensor, splits: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same with the product as ``splits`` fp32 parts over slices of K, summed with ``h``."""
-    rows, k = a.shape
-    n = weight.shape[0]
-    parts = torch.bmm(
-        a.view(rows, splits, k // splits).transpose(0, 1),  # [S, rows, K/S]
-        weight.view(n, splits, k // splits).permute(1, 2, 0),  # [S, K/S, N]
-        out_dtype=torch.float32,
-    )
-    out = (h.float() + parts.sum(0)).to(h.dtype)
+    """The same with the product as ``splits`` fp32 parts summed with ``h``: the engine's
+    ``fused_decode.residual_plus_parts``."""
+    out = residual_plus_parts(h, a, weight, None, splits)
     return out, out.float().pow(2).sum(-1)
 
 

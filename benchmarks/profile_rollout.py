@@ -60,8 +60,9 @@ def rollout_ms_per_step(generator, ids, mask, sampling, repeats: int) -> tuple[f
 
 
 def compare_in_turns(generator, variants: dict, ids, mask, sampling, rounds: int) -> list[str]:
-    """Milliseconds per decode step of one compiled engine per entry of ``variants`` (engine options),
-    timed in turns so that every variant sees the same card and the same state of it."""
+    """Milliseconds per token of whole rollouts (prefill included, as :func:`rollout_ms_per_step`) of
+    one compiled engine per entry of ``variants`` (engine options), timed in turns so that every
+    variant sees the same card and the same state of it."""
     engines, times = {}, {}
     for name, options in variants.items():
         engines[name] = generator(compile=True, **options)
@@ -71,7 +72,7 @@ def compare_in_turns(generator, variants: dict, ids, mask, sampling, rounds: int
         for name, engine_ in engines.items():
             times[name].append(rollout_ms_per_step(engine_, ids, mask, sampling, 1)[0])
     first = next(iter(variants))
-    lines = [f"in turns, {rounds} rounds: ms per decode step (CUDA graph), median and range"]
+    lines = [f"in turns, {rounds} rounds: ms per token of whole rollouts (CUDA graphs), median and range"]
     for name, values in times.items():
         median = statistics.median(values)
         lines.append(f"  {name:>24}: {median:.3f} ({min(values):.3f}-{max(values):.3f}), "

@@ -789,8 +789,7 @@ class StaticCacheGenerator:
         and for good) if the compiler fails: the caller prefills eagerly."""
         prompt_len = prompt_ids.size(1)
         if self._prefill_step is None or self._prefill_step[0] is not self._decoder:
-            options = self.compile_options if self.compile_options is not None else default_compile_options(self._out.device)
-            self._prefill_step = (self._decoder, torch.compile(self._decoder.prefill, options=options))
+            self._prefill_step = (self._decoder, torch.compile(self._decoder.prefill, options=self._inductor_options()))
         try:
             logits = self._prefill_step[1](
                 prompt_ids[distinct],
@@ -901,6 +900,10 @@ class StaticCacheGenerator:
                 step(sampling)
         return graphs
 
+    def _inductor_options(self) -> dict[str, Any]:
+        """The options of this engine's compilations: ``compile_options``, or the defaults for its device."""
+        return self.compile_options if self.compile_options is not None else default_compile_options(self._out.device)
+
     def _first_working_step(self, sampling: SamplingParams):
         """The decode step to use, after running it once: with ``compile``, the whole step
         compiled, else its model forward compiled (Inductor cannot generate code for every graph),
@@ -908,9 +911,7 @@ class StaticCacheGenerator:
         if self._compile_candidates is None:
             self._compile_candidates = []
             if self.compile:
-                options = self.compile_options
-                if options is None:
-                    options = default_compile_options(self._out.device)
+                options = self._inductor_options()
                 compiled_forward = torch.compile(self._decode_forward, dynamic=False, options=options)
                 self._compile_candidates = [
                     ("the decode step", torch.compile(self._decode_step, dynamic=False, options=options)),
