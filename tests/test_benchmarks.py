@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import gzip
 import json
 import math
 import os
@@ -229,3 +230,50 @@ def test_padding_free_benchmark_measures_packed_against_padded_on_a_ragged_batch
     assert result["max_abs_logp_difference"] < 1e-5
     assert result["padded_ms"] > 0 and result["packed_ms"] > 0
     assert "packed" in capsys.readouterr().out
+
+
+def test_trace_phases_sums_busy_and_idle_time_and_the_outermost_host_calls(tmp_path):
+    spec = importlib.util.spec_from_file_location("benchmarks_trace_phases", REPO_ROOT / "benchmarks" / "trace_phases.py")
+    phases = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(phases)
+
+    def event(cat: str, name: str, ts: float, dur: float) -> dict:
+        return {"cat": cat, "name": name, "ts": ts * 1000, "dur": dur * 1000}  # the trace counts microseconds
+
+    # Times in ms. On the GPU: kernels at 0-10, 10.5-30.5, 60-70 and 65-75 (overlapping), in a
+    # 100 ms phase: busy 10 + 20 + 10 + 5 = 45, idle 0.5 (a 500 us gap) + 29.5 + 25 (after the last).
+    events = [
+        event("gpu_user_annotation", "grpo.update", 0, 100),
+        event("kernel", "gemm", 0, 10),
+        event("kernel", "norm", 10.5, 20),
+        event("gpu_memcpy", "Memcpy DtoD", 60, 10),
+        event("kernel", "gemm", 65, 10),
+        event("kernel", "outside the phase", 120, 5),
+        # On the host: two outer calls of X (one with a call inside it), a compiled region.
+        event("user_annotation", "grpo.update", 1000, 200),
+        event("cpu_op", "X", 1010, 50),
+        event("cpu_op", "Y", 1020, 10),
+        event("cpu_op", "Torch-Compiled Region: 1/0", 1100, 30),
+        event("cpu_op", "Z", 1105, 5),
+        event("cpu_op", "X", 1170, 10),
+    ]
+    summary = phases.phase_summary(events, "grpo.update")
+    assert summary["span_ms"] == 100 and summary["kernels"] == 4
+    assert summary["busy_ms"] == pytest.approx(45) and summary["idle_ms"] == pytest.approx(55)
+    assert dict(summary["idle_by_gap"]) == pytest.approx({"0.1-1 ms": 0.5, ">=1 ms": 54.5})
+    assert dict(summary["kernel_ms"]) == pytest.approx({"gemm": 20, "norm": 20, "Memcpy DtoD": 10})
+    assert summary["kernel_calls"]["gemm"] == 2
+    assert dict(summary["host_ms"]) == pytest.approx({"X": 60, "Torch-Compiled Region: 1/0": 30})
+    assert summary["host_calls"]["X"] == 2 and summary["host_span_ms"] == 200
+    assert dict(summary["compiled_ms"]) == pytest.approx({"Torch-Compiled Region: 1/0": 30})
+    assert phases.phase_summary(events, "grpo.rollout") is None
+
+    trace = tmp_path / "trace.json.gz"
+    with gzip.open(trace, "wt") as handle:
+        json.dump({"traceEvents": events}, handle)
+    printed = subprocess.run(
+        [sys.executable, "benchmarks/trace_phases.py", str(trace), "--phases", "grpo.update", "grpo.rollout"],
+        cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "== grpo.update: span 100.0 ms on the GPU, 4 kernels, busy 45.0 ms, idle 55.0 ms" in printed
+    assert "== grpo.rollout: not in the trace" in printed
