@@ -544,6 +544,11 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     trainer.fit(module, data)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # Every process ends the process group once all have trained: left to the interpreter's exit,
+        # gloo's threads at times aborted a CPU run ("terminate called without an active exception").
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     if not trainer.is_global_zero:
         sys.exit(0)  # processes other than rank 0 only train
     profile = None
