@@ -34,25 +34,26 @@ from torch.nn import functional as F
 from grpo_lightning.decode_kernel import decode_attention
 from grpo_lightning.fused_decode import residual_plus_parts
 
+LINE_BYTES = 128
+"""Bytes per L2 line: one ``prefetch.global.L2`` hint each."""
 BULK_BYTES = 16384
 """Bytes per ``cp.async.bulk.prefetch.L2`` hint (a multiple of 16)."""
 
 
 @triton.jit
-def _prefetch_kernel(ptr, nbytes, BULK: tl.constexpr, BLOCK: tl.constexpr):
+def _prefetch_kernel(ptr, nbytes, BULK: tl.constexpr, STEP: tl.constexpr, BLOCK: tl.constexpr):
     """Each program asks L2 to fetch its share of the bytes ``[ptr, ptr + nbytes)``: hints only, no
-    data reaches the program, so it ends as soon as they are issued."""
+    data reaches the program, so it ends as soon as they are issued. ``STEP``: bytes per hint."""
     base = ptr.to(tl.pointer_type(tl.int8), bitcast=True)
-    step = 16384 if BULK else 128  # BULK_BYTES, or one 128-byte line
-    pieces = tl.cdiv(nbytes, step)
+    pieces = tl.cdiv(nbytes, STEP)
     share = tl.cdiv(pieces, tl.num_programs(0))
     first = tl.program_id(0) * share
     for start in range(0, share, BLOCK):
         index = first + start + tl.arange(0, BLOCK)
-        offset = index.to(tl.int64) * step
+        offset = index.to(tl.int64) * STEP
         wanted = ((start + tl.arange(0, BLOCK)) < share) & (index < pieces)
         if BULK:
-            size = tl.minimum(nbytes - offset, step).to(tl.int32) // 16 * 16
+            size = tl.minimum(nbytes - offset, STEP).to(tl.int32) // 16 * 16
             wanted = wanted & (size >= 16)
             tl.inline_asm_elementwise(
                 "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
@@ -67,7 +68,8 @@ def _prefetch_kernel(ptr, nbytes, BULK: tl.constexpr, BLOCK: tl.constexpr):
 
 def prefetch(tensor: torch.Tensor, programs: int, bulk: bool) -> None:
     """Ask L2 to fetch ``tensor``'s bytes, in a kernel of ``programs`` programs."""
-    _prefetch_kernel[(programs,)](tensor, tensor.numel() * tensor.element_size(), BULK=bulk, BLOCK=128, num_warps=4)
+    nbytes, step = tensor.numel() * tensor.element_size(), BULK_BYTES if bulk else LINE_BYTES
+    _prefetch_kernel[(programs,)](tensor, nbytes, BULK=bulk, STEP=step, BLOCK=128, num_warps=4)
 
 
 def main() -> None:
