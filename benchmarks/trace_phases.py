@@ -30,13 +30,18 @@ def load(path: Path) -> list[dict]:
 
 
 def outermost(events: list[dict]) -> list[dict]:
-    """The events not nested in an earlier one (on one host thread they nest or follow)."""
-    events = sorted(events, key=lambda e: (e["ts"], -e["dur"]))
-    kept, end = [], float("-inf")
+    """The events not nested in an earlier one of their thread (on one thread they nest or follow;
+    the backward pass runs on a thread of its own)."""
+    threads = collections.defaultdict(list)
     for event in events:
-        if event["ts"] >= end:
-            kept.append(event)
-            end = event["ts"] + event["dur"]
+        threads[event.get("pid"), event.get("tid")].append(event)
+    kept = []
+    for thread in threads.values():
+        end = float("-inf")
+        for event in sorted(thread, key=lambda e: (e["ts"], -e["dur"])):
+            if event["ts"] >= end:
+                kept.append(event)
+                end = event["ts"] + event["dur"]
     return kept
 
 

@@ -237,8 +237,8 @@ def test_trace_phases_sums_busy_and_idle_time_and_the_outermost_host_calls(tmp_p
     phases = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(phases)
 
-    def event(cat: str, name: str, ts: float, dur: float) -> dict:
-        return {"cat": cat, "name": name, "ts": ts * 1000, "dur": dur * 1000}  # the trace counts microseconds
+    def event(cat: str, name: str, ts: float, dur: float, tid: int = 1) -> dict:
+        return {"cat": cat, "name": name, "ts": ts * 1000, "dur": dur * 1000, "pid": 1, "tid": tid}  # in us
 
     # Times in ms. On the GPU: kernels at 0-10, 10.5-30.5, 60-70 and 65-75 (overlapping), in a
     # 100 ms phase: busy 10 + 20 + 10 + 5 = 45, idle 0.5 (a 500 us gap) + 29.5 + 25 (after the last).
@@ -249,10 +249,12 @@ def test_trace_phases_sums_busy_and_idle_time_and_the_outermost_host_calls(tmp_p
         event("gpu_memcpy", "Memcpy DtoD", 60, 10),
         event("kernel", "gemm", 65, 10),
         event("kernel", "outside the phase", 120, 5),
-        # On the host: two outer calls of X (one with a call inside it), a compiled region.
+        # On the host: two outer calls of X (one with a call inside it), a compiled region, and on
+        # another thread (the backward pass's) a call while X runs.
         event("user_annotation", "grpo.update", 1000, 200),
         event("cpu_op", "X", 1010, 50),
         event("cpu_op", "Y", 1020, 10),
+        event("cpu_op", "MulBackward0", 1030, 15, tid=2),
         event("cpu_op", "Torch-Compiled Region: 1/0", 1100, 30),
         event("cpu_op", "Z", 1105, 5),
         event("cpu_op", "X", 1170, 10),
@@ -263,7 +265,7 @@ def test_trace_phases_sums_busy_and_idle_time_and_the_outermost_host_calls(tmp_p
     assert dict(summary["idle_by_gap"]) == pytest.approx({"0.1-1 ms": 0.5, ">=1 ms": 54.5})
     assert dict(summary["kernel_ms"]) == pytest.approx({"gemm": 20, "norm": 20, "Memcpy DtoD": 10})
     assert summary["kernel_calls"]["gemm"] == 2
-    assert dict(summary["host_ms"]) == pytest.approx({"X": 60, "Torch-Compiled Region: 1/0": 30})
+    assert dict(summary["host_ms"]) == pytest.approx({"X": 60, "Torch-Compiled Region: 1/0": 30, "MulBackward0": 15})
     assert summary["host_calls"]["X"] == 2 and summary["host_span_ms"] == 200
     assert dict(summary["compiled_ms"]) == pytest.approx({"Torch-Compiled Region: 1/0": 30})
     assert phases.phase_summary(events, "grpo.rollout") is None
