@@ -112,10 +112,13 @@ def main() -> None:
         gate, up = F.linear(h1, gate_up[index]).chunk(2, dim=-1)
         out.copy_(residual_plus_parts(h1, F.silu(gate) * up, down[index], None, 2))
 
+    def prefetch_layer(index: int, programs: int, bulk: bool) -> None:
+        for tensor in (o[index], gate_up[index], down[index]):
+            prefetch(tensor, programs, bulk)
+
     def prefetched(programs: int, bulk: bool):
         def step(index: int) -> None:
-            for tensor in (o[index], gate_up[index], down[index]):
-                prefetch(tensor, programs, bulk)
+            prefetch_layer(index, programs, bulk)
             layer_rest(index)
 
         return step
@@ -128,8 +131,7 @@ def main() -> None:
         def step(index: int) -> None:
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                for tensor in (o[index], gate_up[index], down[index]):
-                    prefetch(tensor, programs, bulk)
+                prefetch_layer(index, programs, bulk)
             layer_rest(index)
             torch.cuda.current_stream().wait_stream(side)
 
