@@ -42,7 +42,7 @@ if str(REPO_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from grpo_lightning.attention import DECODE_ATTENTION_KINDS  # noqa: E402
+from grpo_lightning.engine.attention import DECODE_ATTENTION_KINDS  # noqa: E402
 
 WORKDIR_ENV = "GRPO_BENCH_WORKDIR"  # lets the processes a multi-device launch re-runs reuse rank 0's files
 PHASES = ("rollout_s", "score_s", "logprob_s", "update_s", "step_s")
@@ -112,7 +112,7 @@ def build_workdir(workdir: Path, workload: Workload, rows: int, seed: int) -> di
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
 
-    from grpo_lightning.tiny import build_word_level_tokenizer, save_model_and_tokenizer, tiny_config, word_token_ids
+    from grpo_lightning.quickstart.tiny import build_word_level_tokenizer, save_model_and_tokenizer, tiny_config, word_token_ids
 
     for stale in (spec_file, *map(Path, paths.values())):
         if stale.is_dir():

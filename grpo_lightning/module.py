@@ -37,8 +37,7 @@ from torch.profiler import record_function
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lightning import functional as F
-from grpo_lightning.attention import DECODE_ATTENTION_KINDS
-from grpo_lightning.engine import StaticCacheGenerator, fast_generate_group
+from grpo_lightning.engine import DECODE_ATTENTION_KINDS, StaticCacheGenerator, fast_generate_group
 from grpo_lightning.logprobs import completion_logprobs, supports_packed_sequences
 from grpo_lightning.rewards import resolve_reward_function, score_completions, weighted_reward
 from grpo_lightning.rollout import Rollout, SamplingParams, completion_mask_from_ids, generate_group
@@ -214,7 +213,7 @@ class GroupPolicyOptimization(L.LightningModule):
             (on CUDA before capturing it in the CUDA graph): faster decoding; the first rollout
             compiles.
         decode_attention: with the static engine, how a decode step's attention is computed
-            (:data:`grpo_lightning.attention.DECODE_ATTENTION_KINDS`): ``"auto"`` (``"triton"`` on
+            (:data:`grpo_lightning.engine.attention.DECODE_ATTENTION_KINDS`): ``"auto"`` (``"triton"`` on
             CUDA when Triton is installed, ``"math"`` on a CPU, else ``"sdpa"``), ``"sdpa"``
             (PyTorch's choice of kernel), ``"efficient"`` (its memory-efficient kernel), ``"math"``
             (matrix products around an fp32 softmax, which ``rollout_compile`` fuses) or
@@ -223,14 +222,14 @@ class GroupPolicyOptimization(L.LightningModule):
         fuse_projections: with the static engine, decode with each layer's q/k/v and gate/up
             products as one matrix product each (Llama, Mistral, Qwen2 and Qwen3 models; others decode
             as usual). The policy's q/k/v and gate/up parameters become views of one buffer per
-            layer (same parameters and values, no copy; ``grpo_lightning.fused_decode``).
+            layer (same parameters and values, no copy; ``grpo_lightning.engine.fused_decode``).
         qkv_kernel: with ``fuse_projections``, compute each decode layer's norm, q/k/v product,
-            rotary embedding and cache write as one Triton kernel (``grpo_lightning.qkv_kernel``).
+            rotary embedding and cache write as one Triton kernel (``grpo_lightning.engine.kernels.qkv``).
             ``None``: on CUDA when Triton is installed, for Llama, Mistral and Qwen2 models;
             ``True`` raises where it cannot run.
         sampling_kernel: with the static engine, draw the tokens with Triton kernels whenever the
             temperature is positive and neither top_k nor top_p truncates
-            (``grpo_lightning.sampling_kernel``). ``None``: on CUDA when Triton is installed;
+            (``grpo_lightning.engine.kernels.sampling``). ``None``: on CUDA when Triton is installed;
             ``True`` raises where it cannot run.
         logprob_compile: on CUDA, fuse the fp32 log-softmax arithmetic of the log-prob passes
             (reference, old policy, update) with ``torch.compile``.

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo_lightning.rollout import Rollout
-from grpo_lightning.tiny import build_char_tokenizer, save_tiny_model, tiny_config
+from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_tiny_model, tiny_config
 
 
 def length_parity_reward(prompts: list, completions: list[str], **columns) -> list[float]:

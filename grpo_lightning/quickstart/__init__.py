@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 VARIANTS = ("grpo", "dr_grpo", "dapo", "rloo", "gspo")
 
 
@@ -43,7 +43,7 @@ def run_quickstart(argv: Sequence[str] | None = None) -> dict[str, float]:
     options, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
 
     from grpo_lightning.cli import GRPOLightningCLI, expected_warnings_silenced
-    from grpo_lightning.warmstart import warm_start
+    from grpo_lightning.quickstart.warmstart import warm_start
 
     start = time.perf_counter()
     model_dir = warm_start()

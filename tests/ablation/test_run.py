@@ -6,8 +6,8 @@ import types
 
 import pytest
 
-from grpo_lightning import ablate
-from grpo_lightning.ablate import (
+from grpo_lightning.ablation import run as ablate
+from grpo_lightning.ablation.run import (
     CONFIG_DIR,
     DONE_FILE,
     METRICS_FILE,
@@ -92,7 +92,7 @@ def test_cell_command_uses_the_shared_yaml(tmp_path):
     assert f"--trainer.logger.init_args.save_dir {tmp_path / 'cell'} " in text
     assert "--model.model /m" in text
     assert text.endswith("--trainer.max_steps 3 --model.beta 0.0")
-    assert "--trainer.callbacks+=grpo_lightning.ablate.ValidateBeforeTraining" in command
+    assert "--trainer.callbacks+=grpo_lightning.ablation.run.ValidateBeforeTraining" in command
 
 
 def test_hydra_configs_compose():
@@ -113,9 +113,9 @@ def test_hydra_configs_compose():
 
 def test_warmstart_model_is_resolved_once(tmp_path, monkeypatch):
     calls = []
-    stub = types.ModuleType("grpo_lightning.warmstart")
+    stub = types.ModuleType("grpo_lightning.quickstart.warmstart")
     stub.warm_start = lambda **kw: calls.append(kw) or tmp_path / "ws"
-    monkeypatch.setitem(sys.modules, "grpo_lightning.warmstart", stub)
+    monkeypatch.setitem(sys.modules, "grpo_lightning.quickstart.warmstart", stub)
     spec = spec_dict(tmp_path, model="warmstart", warmstart={"steps": 5}, seeds=[0, 1], parallel=2)
     monkeypatch.setattr(ablate, "launch", fake_fit())
     results = run_sweep(spec)
@@ -220,7 +220,7 @@ def test_cli_exits_nonzero_on_failure(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from grpo_lightning.tiny import build_char_tokenizer, save_tiny_model, tiny_config
+    from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_tiny_model, tiny_config
 
     tokenizer = build_char_tokenizer()
     config = tiny_config(tokenizer, hidden_size=32, num_layers=2, intermediate_size=64)

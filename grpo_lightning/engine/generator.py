@@ -13,7 +13,7 @@ where the same policy generates a batch of the same shape again and again:
   counter, the ``finished`` flags and the output row all live on the device and are updated in place;
 * sampling (temperature, top-k, nucleus top-p, greedy when ``temperature == 0``, EOS blocked before
   ``min_new_tokens``) runs inside the step with no host synchronisation. On CUDA, a draw that
-  neither top-k nor top-p truncates runs on two Triton kernels (``grpo_lightning.sampling_kernel``):
+  neither top-k nor top-p truncates runs on two Triton kernels (``grpo_lightning.engine.kernels.sampling``):
   one uniform number per row is located in the cumulative distribution, block by block of the
   vocabulary. Otherwise a draw on CUDA is ``argmax(probs / E)`` with ``E ~ Exponential(1)`` noise,
   which picks token ``i`` with probability ``probs[i]`` (the Gumbel-max trick in another form); on a
@@ -22,7 +22,7 @@ where the same policy generates a batch of the same shape again and again:
 * *keyed* sampling (``row_keys``): each row draws its tokens by inverse-CDF sampling from
   counter-based random numbers, a hash of its key and the token's index (:func:`keyed_uniforms`), so
   a row's completion does not depend on the other rows of the batch nor on the device it runs on;
-* grouped-query attention reads each key/value head once (``grpo_lightning.attention``) instead of
+* grouped-query attention reads each key/value head once (``grpo_lightning.engine.attention``) instead of
   copying the cache to one copy per query head at every step;
 * on CUDA the decode step is captured once per sampling setting as a ``torch.cuda.CUDAGraph`` and
   replayed once per token; the host only checks whether every row has finished every
@@ -71,14 +71,14 @@ import transformers
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from .attention import (
+from grpo_lightning.engine.attention import (
     TRITON_INTERPRETED,
     check_decode_attention,
     decode_attention,
     grouped_query_attention,
     resolve_decode_kind,
 )
-from .fused_decode import (
+from grpo_lightning.engine.fused_decode import (
     FUSED_MODEL_TYPES,
     QKV_KERNEL_MODEL_TYPES,
     FusedDecoder,
@@ -87,8 +87,8 @@ from .fused_decode import (
     fuse_projections,
     qkv_kernel_applies,
 )
-from .logprobs import position_ids_from_mask
-from .rollout import SamplingParams
+from grpo_lightning.logprobs import position_ids_from_mask
+from grpo_lightning.rollout import SamplingParams
 
 _CACHE_LEN_MULTIPLE = 64
 _SUPPORTED_ATTENTION = ("sdpa", "eager")
@@ -355,15 +355,15 @@ class StaticCacheGenerator:
             ``"math"`` (matmuls around an fp32 softmax, fused by ``compile``) or ``"triton"`` (one
             Triton kernel). The prefill always uses SDPA.
         fuse_projections: decode with each layer's q/k/v and gate/up products as one matrix
-            product each (``grpo_lightning.fused_decode``), for the model types of
+            product each (``grpo_lightning.engine.fused_decode``), for the model types of
             ``fused_decode.FUSED_MODEL_TYPES`` (others decode as usual). The model's q/k/v and
             gate/up parameters become views of one buffer per layer: same objects and values, no
             copy of the weights.
         qkv_kernel: with ``fuse_projections``, compute each decode layer's norm, q/k/v product,
-            rotary embedding and cache write as one Triton kernel (``grpo_lightning.qkv_kernel``).
+            rotary embedding and cache write as one Triton kernel (``grpo_lightning.engine.kernels.qkv``).
             ``None`` (the default): on CUDA when Triton is installed and the model qualifies
             (``fused_decode.qkv_kernel_applies``); ``True`` raises where it cannot run.
-        sampling_kernel: draw each token with the Triton kernels of ``grpo_lightning.sampling_kernel``
+        sampling_kernel: draw each token with the Triton kernels of ``grpo_lightning.engine.kernels.sampling``
             (inverse-CDF sampling in two passes over the vocabulary) whenever the temperature is
             positive and neither top-k nor top-p truncates the distribution; other settings use
             :func:`sample_tokens`. ``None`` (the default): on CUDA when Triton is installed;
@@ -444,7 +444,7 @@ class StaticCacheGenerator:
         self.attend_slots_in_use = attend_slots_in_use
         self.compile_prefill = compile_prefill
         self.down_parts = down_parts
-        self._sampling_ops = None  # grpo_lightning.sampling_kernel where it draws, resolved per call
+        self._sampling_ops = None  # grpo_lightning.engine.kernels.sampling where it draws, resolved per call
         self._fused: list[FusedLayer] | None = None
         self._decoder: FusedDecoder | None = None
         self._compile_candidates = None
@@ -675,7 +675,7 @@ class StaticCacheGenerator:
         kernel = self.qkv_kernel
         runs_here = (device.type == "cuda" or TRITON_INTERPRETED) and qkv_kernel_applies(self.model, fused)
         if kernel is None:
-            kernel = runs_here and _imports("grpo_lightning.qkv_kernel")
+            kernel = runs_here and _imports("grpo_lightning.engine.kernels.qkv")
         elif kernel and not runs_here:
             raise ValueError(
                 f"qkv_kernel=True needs a CUDA device (or TRITON_INTERPRET=1) and a model of "
@@ -689,12 +689,12 @@ class StaticCacheGenerator:
         return FusedDecoder(self.model, fused, qkv_kernel=bool(kernel), down_parts=parts)
 
     def _sampling_kernel_module(self, device: torch.device) -> Any:
-        """``grpo_lightning.sampling_kernel`` where it draws the tokens (see ``__init__``), else ``None``."""
+        """``grpo_lightning.engine.kernels.sampling`` where it draws the tokens (see ``__init__``), else ``None``."""
         if self.sampling_kernel is False:
             return None
         runs_here = device.type == "cuda" or TRITON_INTERPRETED
-        if runs_here and _imports("grpo_lightning.sampling_kernel"):
-            return importlib.import_module("grpo_lightning.sampling_kernel")
+        if runs_here and _imports("grpo_lightning.engine.kernels.sampling"):
+            return importlib.import_module("grpo_lightning.engine.kernels.sampling")
         if self.sampling_kernel:
             raise ValueError(
                 f"sampling_kernel=True needs Triton and a CUDA device (or TRITON_INTERPRET=1); the model is on "
@@ -852,7 +852,7 @@ class StaticCacheGenerator:
         in use (``decode_kernel.slots_in_use``); other kinds read the whole cache."""
         if not self.attend_slots_in_use:
             return False
-        triton_runs = (device.type == "cuda" or TRITON_INTERPRETED) and _imports("grpo_lightning.decode_kernel")
+        triton_runs = (device.type == "cuda" or TRITON_INTERPRETED) and _imports("grpo_lightning.engine.kernels.decode_attention")
         return resolve_decode_kind(self.decode_attention, device, triton_runs) == "triton"
 
     def _slots_in_use(self, limit: int) -> Any:
@@ -861,7 +861,7 @@ class StaticCacheGenerator:
         nothing."""
         if limit >= self.max_cache_len:
             return contextlib.nullcontext()
-        return importlib.import_module("grpo_lightning.decode_kernel").slots_in_use(limit)
+        return importlib.import_module("grpo_lightning.engine.kernels.decode_attention").slots_in_use(limit)
 
     def _capture(self, sampling: SamplingParams, limits: list[int]) -> dict[int, torch.cuda.CUDAGraph]:
         """Warm up and capture ``_decode_step`` once for each bound on the cache slots it reads

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpo_lightning.tiny import (
+from grpo_lightning.quickstart.tiny import (
     build_char_tokenizer,
     build_word_level_tokenizer,
     check_tokenizer_roundtrip,

@@ -5,8 +5,8 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_lightning.data.arithmetic import make_arithmetic_dataset
-from grpo_lightning.tiny import build_char_tokenizer
-from grpo_lightning.warmstart import (
+from grpo_lightning.quickstart.tiny import build_char_tokenizer
+from grpo_lightning.quickstart.warmstart import (
     MARKER_FILE,
     WarmStartSettings,
     default_cache_dir,

@@ -10,7 +10,7 @@ import pytest
 
 from grpo_lightning.cli import GRPOLightningCLI
 from grpo_lightning.quickstart import VARIANTS, quickstart_args
-from grpo_lightning.warmstart import warm_start
+from grpo_lightning.quickstart.warmstart import warm_start
 
 STEPS = 30
 MARGIN = 0.10  # absolute validation-accuracy points over the warm start

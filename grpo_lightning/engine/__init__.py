@@ -1,0 +1,27 @@
+"""The fast rollout engine: static KV cache, compiled decode step in a CUDA graph, Triton kernels."""
+
+from grpo_lightning.engine.attention import DECODE_ATTENTION_KINDS
+from grpo_lightning.engine.generator import (
+    StaticCacheGenerator,
+    cumulative_count_sample,
+    exponential_race_sample,
+    fast_generate_group,
+    inverse_cdf_sample,
+    keyed_uniforms,
+    new_static_cache,
+    sample_tokens,
+    slot_limits,
+)
+
+__all__ = [
+    "DECODE_ATTENTION_KINDS",
+    "StaticCacheGenerator",
+    "cumulative_count_sample",
+    "exponential_race_sample",
+    "fast_generate_group",
+    "inverse_cdf_sample",
+    "keyed_uniforms",
+    "new_static_cache",
+    "sample_tokens",
+    "slot_limits",
+]

@@ -1,0 +1,431 @@
+"""Supervised warm start of a tiny causal LM on the built-in arithmetic task.
+
+The result is a partially trained model that already writes ``<answer>N</answer></s>``
+but gets only some answers right, leaving headroom for reinforcement learning: training
+stops once greedy accuracy on held-out training rows reaches a target. Results are cached
+on disk under a hash of all settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset, DatasetDict
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from grpo_lightning.data.arithmetic import format_target, make_arithmetic_dataset
+from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_model_and_tokenizer, tiny_config
+
+logger = logging.getLogger(__name__)
+
+CACHE_ENV_VAR = "GRPO_LIGHTNING_CACHE"
+MARKER_FILE = "warm_start.json"
+_FORMAT_VERSION = 1
+_ANSWER_PATTERN = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_STRICT_FORMAT = re.compile(r"<answer>\d+</answer>")
+
+
+@dataclass(frozen=True)
+class WarmStartSettings:
+    """Everything that determines a warm-started model; its hash names the cache folder."""
+
+    digits: int = 2
+    operations: str = "+"
+    num_train: int = 2000
+    num_val: int = 200
+    num_dev: int = 200
+    data_seed: int = 0
+    steps: int = 2000
+    target_accuracy: float | None = 0.3
+    eval_every: int = 5
+    batch_size: int = 64
+    learning_rate: float = 3e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.01
+    seed: int = 0
+    model_type: str = "qwen2"
+    hidden_size: int = 96
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    max_position_embeddings: int = 64
+
+    def cache_key(self) -> str:
+        payload = json.dumps({"version": _FORMAT_VERSION, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+    def dataset(self) -> DatasetDict:
+        """The task splits; the warm start never sees ``validation``."""
+        return make_arithmetic_dataset(
+            num_train=self.num_train,
+            num_val=self.num_val,
+            digits=self.digits,
+            operations=self.operations,
+            seed=self.data_seed,
+        )
+
+    def train_and_dev(self) -> tuple[Dataset, Dataset]:
+        """The rows trained on, and the last ``num_dev`` training rows held out for early stopping."""
+        if not 0 <= self.num_dev < self.num_train:
+            raise ValueError(f"num_dev must be in [0, num_train), got {self.num_dev}")
+        train = self.dataset()["train"]
+        cut = len(train) - self.num_dev
+        return train.select(range(cut)), train.select(range(cut, len(train)))
+
+
+def default_cache_dir() -> Path:
+    """``$GRPO_LIGHTNING_CACHE`` if set, else ``~/.cache/grpo_lightning``."""
+    return Path(os.environ.get(CACHE_ENV_VAR) or Path.home() / ".cache" / "grpo_lightning")
+
+
+def warm_start(
+    output_dir: str | Path | None = None,
+    *,
+    digits: int = WarmStartSettings.digits,
+    operations: str = WarmStartSettings.operations,
+    num_train: int = WarmStartSettings.num_train,
+    num_val: int = WarmStartSettings.num_val,
+    num_dev: int = WarmStartSettings.num_dev,
+    data_seed: int = WarmStartSettings.data_seed,
+    steps: int = WarmStartSettings.steps,
+    target_accuracy: float | None = WarmStartSettings.target_accuracy,
+    eval_every: int = WarmStartSettings.eval_every,
+    batch_size: int = WarmStartSettings.batch_size,
+    learning_rate: float = WarmStartSettings.learning_rate,
+    warmup_steps: int = WarmStartSettings.warmup_steps,
+    weight_decay: float = WarmStartSettings.weight_decay,
+    seed: int = WarmStartSettings.seed,
+    model_type: str = WarmStartSettings.model_type,
+    hidden_size: int = WarmStartSettings.hidden_size,
+    num_layers: int = WarmStartSettings.num_layers,
+    num_heads: int = WarmStartSettings.num_heads,
+    num_kv_heads: int = WarmStartSettings.num_kv_heads,
+    intermediate_size: int = WarmStartSettings.intermediate_size,
+    max_position_embeddings: int = WarmStartSettings.max_position_embeddings,
+    log_every: int = 50,
+) -> Path:
+    """Train (or reuse) a warm-started tiny model and return its ``save_pretrained`` directory.
+
+    The model learns from the ``train`` split of ``make_arithmetic_dataset(num_train, num_val,
+    digits, operations, data_seed)`` minus its last ``num_dev`` rows (``seed`` sets the
+    initialisation and batch order); its ``validation`` split stays
+    unseen. Training stops after ``steps`` steps, or as soon as greedy accuracy on the ``num_dev``
+    held-out rows reaches ``target_accuracy`` (checked every ``eval_every`` steps; ``None`` turns
+    this off), which keeps the model partially trained whatever the seed. With ``output_dir=None``
+    the directory is ``default_cache_dir() / "warmstart-<hash of all settings>"``. A directory
+    whose marker file records the same settings is returned without training again.
+    """
+    settings = WarmStartSettings(
+        digits=digits,
+        operations=operations,
+        num_train=num_train,
+        num_val=num_val,
+        num_dev=num_dev,
+        data_seed=data_seed,
+        steps=steps,
+        target_accuracy=target_accuracy,
+        eval_every=eval_every,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        warmup_steps=warmup_steps,
+        weight_decay=weight_decay,
+        seed=seed,
+        model_type=model_type,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+    )
+    return run_warm_start(settings, output_dir, log_every=log_every)
+
+
+def run_warm_start(
+    settings: WarmStartSettings, output_dir: str | Path | None = None, *, log_every: int = 50
+) -> Path:
+    """``warm_start`` for a ready-made ``WarmStartSettings``."""
+    if output_dir is None:
+        output_dir = default_cache_dir() / f"warmstart-{settings.cache_key()}"
+    output_dir = Path(output_dir)
+    marker = output_dir / MARKER_FILE
+    if _marker_matches(marker, settings):
+        logger.info("Reusing warm start at %s", output_dir)
+        return output_dir
+    marker.unlink(missing_ok=True)
+
+    logger.info("Warm start -> %s with %s", output_dir, settings)
+    started = time.perf_counter()
+    model, tokenizer, training = train_supervised(settings, log_every=log_every)
+    save_model_and_tokenizer(model, tokenizer, output_dir)
+    record = {"settings": asdict(settings), **asdict(training), "seconds": time.perf_counter() - started}
+    marker.write_text(json.dumps(record, indent=2) + "\n")
+    logger.info("Warm start done in %.1f s (%d steps)", record["seconds"], training.stopped_at)
+    return output_dir
+
+
+def read_marker(model_dir: str | Path) -> dict[str, Any]:
+    """The record written after a completed warm start: settings, losses, dev accuracy, steps, seconds."""
+    return json.loads((Path(model_dir) / MARKER_FILE).read_text())
+
+
+def _marker_matches(marker: Path, settings: WarmStartSettings) -> bool:
+    try:
+        return read_marker(marker.parent)["settings"] == asdict(settings)
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def supervised_batch_tensors(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], answers: Sequence[str]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (``-100`` except on the completion)."""
+    rows: list[tuple[list[int], list[int]]] = []
+    for prompt, answer in zip(prompts, answers, strict=True):
+        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+        completion_ids = tokenizer.encode(format_target(answer), add_special_tokens=False)
+        rows.append((prompt_ids, completion_ids + [tokenizer.eos_token_id]))
+    length = max(len(p) + len(c) for p, c in rows)
+    input_ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
+    labels = torch.full((len(rows), length), -100, dtype=torch.long)
+    for i, (prompt_ids, completion_ids) in enumerate(rows):
+        end = len(prompt_ids) + len(completion_ids)
+        input_ids[i, :end] = torch.tensor(prompt_ids + completion_ids)
+        attention_mask[i, :end] = 1
+        labels[i, len(prompt_ids) : end] = torch.tensor(completion_ids)
+    return input_ids, attention_mask, labels
+
+
+def _learning_rate_factor(step: int, warmup_steps: int) -> float:
+    """Linear warm-up, then constant (so stopping early leaves a consistent schedule)."""
+    return min(1.0, (step + 1) / max(1, warmup_steps))
+
+
+@torch.no_grad()
+def teacher_forced_accuracy(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
+) -> float:
+    """Fraction of rows whose every completion token is the argmax, i.e. greedy decoding is exact."""
+    was_training = model.training
+    model.eval()
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
+    model.train(was_training)
+    targets = labels[:, 1:]
+    correct = (logits.argmax(dim=-1) == targets) | (targets == -100)
+    return correct.all(dim=1).float().mean().item()
+
+
+@dataclass
+class TrainingRecord:
+    """What a supervised pass logged: mean loss and dev accuracy by step, and where it stopped."""
+
+    losses: list[tuple[int, float]]
+    dev_accuracy: list[tuple[int, float]]
+    stopped_at: int
+
+
+def train_supervised(
+    settings: WarmStartSettings, *, log_every: int = 50
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, TrainingRecord]:
+    """Build the tiny model and fit it to the completions.
+
+    Stops after ``settings.steps`` steps, or earlier once the greedy (teacher-forced exact match)
+    accuracy on the held-out dev rows reaches ``settings.target_accuracy``.
+    """
+    tokenizer = build_char_tokenizer()
+    config = tiny_config(
+        tokenizer,
+        model_type=settings.model_type,
+        hidden_size=settings.hidden_size,
+        num_layers=settings.num_layers,
+        num_heads=settings.num_heads,
+        num_kv_heads=settings.num_kv_heads,
+        intermediate_size=settings.intermediate_size,
+        max_position_embeddings=settings.max_position_embeddings,
+    )
+    train, dev = settings.train_and_dev()
+    input_ids, attention_mask, labels = supervised_batch_tensors(tokenizer, train["prompt"], train["answer"])
+    dev_batch = supervised_batch_tensors(tokenizer, dev["prompt"], dev["answer"]) if len(dev) else None
+    if input_ids.shape[1] > settings.max_position_embeddings:
+        raise ValueError(
+            f"examples are {input_ids.shape[1]} tokens long but max_position_embeddings="
+            f"{settings.max_position_embeddings}"
+        )
+
+    record = TrainingRecord(losses=[], dev_accuracy=[], stopped_at=settings.steps)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(settings.seed)
+        model = AutoModelForCausalLM.from_config(config)
+        generator = torch.Generator().manual_seed(settings.seed)
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: _learning_rate_factor(step, settings.warmup_steps)
+        )
+        model.train()
+        running, count = 0.0, 0
+        for step in range(1, settings.steps + 1):
+            rows = torch.randint(len(train), (settings.batch_size,), generator=generator)
+            mask = attention_mask[rows]
+            width = int(mask.sum(dim=1).max())
+            loss = model(
+                input_ids=input_ids[rows, :width], attention_mask=mask[:, :width], labels=labels[rows, :width]
+            ).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            running, count = running + loss.item(), count + 1
+            if step % log_every == 0 or step == settings.steps:
+                record.losses.append((step, running / count))
+                logger.info("step %d/%d  loss %.4f", step, settings.steps, running / count)
+                running, count = 0.0, 0
+            checking = dev_batch is not None and settings.target_accuracy is not None
+            if checking and step % settings.eval_every == 0:
+                accuracy = teacher_forced_accuracy(model, *dev_batch)
+                record.dev_accuracy.append((step, accuracy))
+                if accuracy >= settings.target_accuracy:
+                    if count:
+                        record.losses.append((step, running / count))
+                    logger.info("step %d: dev greedy accuracy %.3f reached the target", step, accuracy)
+                    record.stopped_at = step
+                    break
+        else:
+            if settings.target_accuracy is not None:
+                logger.warning(
+                    "dev greedy accuracy target %s not reached in %d steps",
+                    settings.target_accuracy,
+                    settings.steps,
+                )
+    model.eval()
+    return model, tokenizer, record
+
+
+def _extract_answer(completion: str) -> str | None:
+    match = _ANSWER_PATTERN.search(completion)
+    return match.group(1) if match else None
+
+
+@torch.no_grad()
+def generation_metrics(
+    model_dir: str | Path,
+    dataset: Dataset,
+    max_new_tokens: int = 16,
+    temperature: float = 0.0,
+    num_samples: int | None = None,
+    batch_size: int = 128,
+    seed: int = 0,
+) -> dict[str, float]:
+    """``accuracy`` and ``format_rate`` (exactly ``<answer>digits</answer>`` then EOS) on ``dataset``.
+
+    Decodes greedily when ``temperature == 0``, else samples at that temperature (no top-k/top-p).
+    ``num_samples`` limits evaluation to the first rows.
+    """
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
+    if num_samples is not None:
+        dataset = dataset.select(range(min(num_samples, len(dataset))))
+    sample = temperature > 0
+    options = dict(do_sample=False)
+    if sample:
+        options = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    correct = formatted = 0
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for start in range(0, len(dataset), batch_size):
+            rows = dataset[start : start + batch_size]
+            batch = tokenizer(rows["prompt"], return_tensors="pt", padding=True, add_special_tokens=False)
+            output = model.generate(
+                **batch,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                **options,
+            )
+            for ids, answer in zip(output[:, batch["input_ids"].shape[1] :].tolist(), rows["answer"]):
+                ended = tokenizer.eos_token_id in ids
+                text = tokenizer.decode(ids[: ids.index(tokenizer.eos_token_id)] if ended else ids)
+                correct += _extract_answer(text) == answer
+                formatted += ended and _STRICT_FORMAT.fullmatch(text) is not None
+    total = max(1, len(dataset))
+    return {"accuracy": correct / total, "format_rate": formatted / total}
+
+
+def greedy_accuracy(
+    model_dir: str | Path,
+    dataset: Dataset,
+    max_new_tokens: int = 16,
+    temperature: float = 0.0,
+    num_samples: int | None = None,
+) -> float:
+    """Fraction of rows whose text inside ``<answer>...</answer>`` equals the ``answer`` column."""
+    metrics = generation_metrics(
+        model_dir, dataset, max_new_tokens=max_new_tokens, temperature=temperature, num_samples=num_samples
+    )
+    return metrics["accuracy"]
+
+
+def _parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, WarmStartSettings]:
+    defaults = WarmStartSettings()
+    parser = argparse.ArgumentParser(
+        prog="python -m grpo_lightning.quickstart.warmstart",
+        description="Warm-start a tiny causal LM on the arithmetic task and report validation accuracy.",
+    )
+    parser.add_argument(
+        "--output-dir", type=Path, default=None, help="default: a cache folder named by a settings hash"
+    )
+    for name, value in asdict(defaults).items():
+        if name == "target_accuracy":
+            continue
+        flag = f"--{name.replace('_', '-')}"
+        parser.add_argument(flag, type=type(value), default=value, help=f"default: {value}")
+    parser.add_argument(
+        "--target-accuracy",
+        type=lambda text: None if text.lower() == "none" else float(text),
+        default=defaults.target_accuracy,
+        help="stop once dev greedy accuracy reaches this; 'none' trains for all --steps "
+        f"(default: {defaults.target_accuracy})",
+    )
+    parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument(
+        "--eval-samples", type=int, default=None, help="validation rows to evaluate (default: all)"
+    )
+    args = parser.parse_args(argv)
+    settings = WarmStartSettings(**{name: getattr(args, name) for name in asdict(defaults)})
+    return args, settings
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command line entry point: warm start, then print the path and validation accuracies."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args, settings = _parse_args(argv)
+    started = time.perf_counter()
+    model_dir = run_warm_start(settings, args.output_dir, log_every=args.log_every)
+    seconds = time.perf_counter() - started
+    validation = settings.dataset()["validation"]
+    greedy = generation_metrics(model_dir, validation, num_samples=args.eval_samples)
+    sampled = generation_metrics(model_dir, validation, temperature=1.0, num_samples=args.eval_samples)
+    print(f"model: {model_dir}")
+    print(f"warm start: {seconds:.1f} s, {read_marker(model_dir)['stopped_at']} steps")
+    print(f"greedy accuracy: {greedy['accuracy']:.3f} (format {greedy['format_rate']:.3f})")
+    print(f"sampled accuracy (T=1): {sampled['accuracy']:.3f} (format {sampled['format_rate']:.3f})")
+
+
+if __name__ == "__main__":
+    main()
