@@ -222,7 +222,7 @@ def test_fsdp_scaling_check_fp32_compares_completions_and_first_step_gradients(t
 
 
 def test_padding_free_benchmark_measures_packed_against_padded_on_a_ragged_batch(capsys):
-    spec = importlib.util.spec_from_file_location("benchmarks_padding_free", REPO_ROOT / "benchmarks" / "padding_free.py")
+    spec = importlib.util.spec_from_file_location("benchmarks_padding_free", REPO_ROOT / "benchmarks" / "studies" / "padding_free.py")
     padding_free = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(padding_free)
     result = padding_free.main(["--workload", "W0", "--repeats", "1"])

@@ -12,7 +12,7 @@ Each is captured in a CUDA graph and timed per call, on bf16 logits as the LM he
 (W1's shape by default). The kernels' keyed tokens are checked against ``keyed``'s. Prints a table
 and one JSON line::
 
-    python benchmarks/sampling.py
+    python benchmarks/studies/sampling.py
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from qkv_kernel import time_per_call  # noqa: E402

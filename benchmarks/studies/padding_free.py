@@ -7,9 +7,9 @@ sequence, positions restarting at 0), the same log-probs either way. The workloa
 (random weights, ``benchmarks/run.py``'s files), its rows per micro-batch and lengths; each row
 keeps a uniform random fraction in ``[--min-fill, 1]`` of its prompt and of its completion::
 
-    python benchmarks/padding_free.py --workload W0                  # CPU, seconds
-    python benchmarks/padding_free.py --workload W1 --attn sdpa      # one GPU
-    python benchmarks/padding_free.py --workload W1 --attn flex_attention
+    python benchmarks/studies/padding_free.py --workload W0                  # CPU, seconds
+    python benchmarks/studies/padding_free.py --workload W1 --attn sdpa      # one GPU
+    python benchmarks/studies/padding_free.py --workload W1 --attn flex_attention
 
 Prints milliseconds per pass for each and their ratio. Under ``sdpa`` the packed rows are kept
 apart by a dense mask over the whole packed sequence (attention grows with its squared length);
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-_spec = importlib.util.spec_from_file_location("benchmarks_run", Path(__file__).with_name("run.py"))
+_spec = importlib.util.spec_from_file_location("benchmarks_run", Path(__file__).resolve().parents[1] / "run.py")
 bench = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 

@@ -1,6 +1,6 @@
 """A decode layer's attention and products with the products' weights prefetched into L2, or not.
 
-    python benchmarks/l2_prefetch.py [--rows 128] [--slots 320]
+    python benchmarks/studies/l2_prefetch.py [--rows 128] [--slots 320]
 
 One decode layer at W1's shapes after its q/k/v step: the attention kernel over the layer's cache,
 the o product and residual sum, gate/up, SiLU, and the down product with its residual sum (in 2
@@ -28,7 +28,7 @@ import json
 import torch
 import triton
 import triton.language as tl
-from qkv_kernel import time_per_call  # benchmarks/qkv_kernel.py, beside this file
+from qkv_kernel import time_per_call  # benchmarks/studies/qkv_kernel.py, beside this file
 from torch.nn import functional as F
 
 from grpo_lightning.engine.kernels.decode_attention import decode_attention

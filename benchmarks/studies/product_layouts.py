@@ -1,6 +1,6 @@
 """A decode step's matrix products in two orientations: ``x @ W^T`` and ``(W @ x^T)^T``.
 
-    python benchmarks/product_layouts.py [--rows 128]
+    python benchmarks/studies/product_layouts.py [--rows 128]
 
 At a decode step each product is ``[rows, K] @ [K, N]`` with few rows; cuBLAS picks its kernel from
 the shape, and at W1's shapes it splits the down product over K and adds a reduction kernel. The
@@ -16,7 +16,7 @@ import argparse
 import json
 
 import torch
-from qkv_kernel import time_per_call  # benchmarks/qkv_kernel.py, beside this file
+from qkv_kernel import time_per_call  # benchmarks/studies/qkv_kernel.py, beside this file
 from torch.nn import functional as F
 
 W1_PRODUCTS = {"qkv": (1152, 896), "o": (896, 896), "gate_up": (9728, 896), "down": (896, 4864)}

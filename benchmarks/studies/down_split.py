@@ -1,7 +1,7 @@
 """A decode step's down product with its residual sum: cuBLAS's split-K against fp32 parts summed
 in the residual kernel.
 
-    python benchmarks/down_split.py [--rows 128] [--splits 2 4 8]
+    python benchmarks/studies/down_split.py [--rows 128] [--splits 2 4 8]
 
 At W1's shapes (128 rows, ``[128, 4864] @ [4864, 896]``) cuBLAS splits the down product over K
 into parts and adds them in a kernel of its own (``splitKreduce``), after which the compiled step
@@ -19,7 +19,7 @@ import argparse
 import json
 
 import torch
-from qkv_kernel import time_per_call  # benchmarks/qkv_kernel.py, beside this file
+from qkv_kernel import time_per_call  # benchmarks/studies/qkv_kernel.py, beside this file
 from torch.nn import functional as F
 
 from grpo_lightning.engine.fused_decode import residual_plus_parts

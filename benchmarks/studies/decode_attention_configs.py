@@ -7,7 +7,7 @@ cache in use (the last quarter of the slots not written yet); its result is chec
 default settings'. The fastest few and the default are then timed on the other shapes given. Prints
 a table and one JSON line::
 
-    python benchmarks/decode_attention_configs.py [--shapes 128x320,256x1024,32x4096]
+    python benchmarks/studies/decode_attention_configs.py [--shapes 128x320,256x1024,32x4096]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from qkv_kernel import time_per_call  # noqa: E402

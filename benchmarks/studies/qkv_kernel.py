@@ -11,7 +11,7 @@ Each is captured in a CUDA graph over one weight matrix and cache per layer (24 
 that the weights do not stay in L2, and timed per call. Every way's q, k and v are checked against
 ``compiled``'s. Prints a table and one JSON line::
 
-    python benchmarks/qkv_kernel.py            # W1's shapes, bf16, on CUDA
+    python benchmarks/studies/qkv_kernel.py            # W1's shapes, bf16, on CUDA
 """
 
 from __future__ import annotations

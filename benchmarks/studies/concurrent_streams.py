@@ -1,6 +1,6 @@
 """Decode steps of a batch's parts on concurrent CUDA streams, against one step of the whole batch.
 
-    python benchmarks/concurrent_streams.py [--workload W1] [--parts 1 2 4] [--rounds 8]
+    python benchmarks/studies/concurrent_streams.py [--workload W1] [--parts 1 2 4] [--rounds 8]
 
 A W1 decode step is latency-bound: about 230 kernels of 2 to 10 us, most filling a fraction of
 the GPU, with about 1 us between two of them. Splitting the rows in ``k`` parts, each on its own
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-_spec = importlib.util.spec_from_file_location("benchmarks_run", Path(__file__).with_name("run.py"))
+_spec = importlib.util.spec_from_file_location("benchmarks_run", Path(__file__).resolve().parents[1] / "run.py")
 bench = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 

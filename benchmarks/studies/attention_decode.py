@@ -29,8 +29,8 @@ as a table and as one JSON line at the end.
 Defaults are W1's shapes on CUDA (Qwen2.5-0.5B: 14 query heads, 2 KV heads, head dim 64, 24 layers;
 128 rows, a cache of 320 tokens; bf16) and small fp32 ones on the CPU::
 
-    python benchmarks/attention_decode.py --device cuda
-    python benchmarks/attention_decode.py            # CPU, a few seconds
+    python benchmarks/studies/attention_decode.py --device cuda
+    python benchmarks/studies/attention_decode.py            # CPU, a few seconds
 """
 
 from __future__ import annotations

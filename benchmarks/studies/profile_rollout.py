@@ -1,6 +1,6 @@
 """Where a rollout's decode step spends its time: the static-cache engine on one workload's model.
 
-    python benchmarks/profile_rollout.py [--workload W1] [--rows 128] [--out profile.txt]
+    python benchmarks/studies/profile_rollout.py [--workload W1] [--rows 128] [--out profile.txt]
         [--decode-attention triton] [--fuse-projections] [--only-compiled]
 
 Builds the workload's random-init model (as ``run.py`` does), then on CUDA:
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-_spec = importlib.util.spec_from_file_location("benchmarks_run", Path(__file__).with_name("run.py"))
+_spec = importlib.util.spec_from_file_location("benchmarks_run", Path(__file__).resolve().parents[1] / "run.py")
 bench = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
