@@ -273,3 +273,49 @@ def test_unsupported_file_extension_lists_supported_ones(tmp_path):
     path.write_text("hello")
     with pytest.raises(ValueError, match=r"data\.path=.*'\.txt'.*'\.jsonl'"):
         module(path).setup("fit")
+
+
+# --- bringing your own files -----------------------------------------------------------------------
+
+
+def test_a_folder_of_split_files_gives_train_and_validation(tmp_path):
+    write_jsonl(tmp_path / "train.jsonl")
+    write_jsonl(tmp_path / "validation.jsonl", ROWS[:3])
+    data = module(tmp_path, val_split="auto")
+    data.setup("fit")
+    assert len(data.train_dataset) == len(ROWS) and len(data.val_dataset) == 3
+
+
+def test_val_path_loads_a_separate_validation_file(tmp_path):
+    data = module(write_jsonl(tmp_path / "rows.jsonl"), val_path=str(write_jsonl(tmp_path / "v.jsonl", ROWS[:2])))
+    data.val_split = "auto"
+    data.setup("fit")
+    assert list(data.val_dataset["question"]) == ["q0", "q1"]
+
+
+def test_auto_validation_without_a_validation_split_trains_without_one(tmp_path):
+    data = module(write_jsonl(tmp_path / "rows.jsonl"), val_split="auto")
+    with pytest.warns(UserWarning, match=r"no validation split.*--data\.val_path"):
+        data.setup("fit")
+    assert data.val_split is None and data.val_dataloader() == []
+
+
+def test_a_missing_local_file_is_never_looked_up_on_the_hub(tmp_path, monkeypatch):
+    import grpo_lightning.data.datamodule as datamodule
+
+    monkeypatch.setattr(datamodule, "load_dataset", lambda *a, **k: pytest.fail("looked up on the hub"))
+    for path in ("data/train.jsonl", str(tmp_path / "nope"), "./rows", "a/b/c"):
+        with pytest.raises(ValueError, match=r"data\.path=.*no such file or folder"):
+            module(path).setup("fit")
+
+
+def test_an_empty_file_says_it_has_no_rows(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match=r"data\.path=.*empty\.jsonl' is empty: it has no rows"):
+        module(tmp_path / "empty.jsonl").setup("fit")
+
+
+def test_a_folder_without_data_files_says_what_it_expects(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(ValueError, match=r"data\.path=.*neither data files named by split.*train\.jsonl"):
+        module(tmp_path).setup("fit")

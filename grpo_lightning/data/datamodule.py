@@ -17,6 +17,48 @@ Batch = dict[str, list[Any]]
 
 FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
+#: File stems of a folder's data files, by the split each holds.
+SPLIT_STEMS = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
+
+
+def _split_files(folder: str) -> dict[str, str]:
+    """``{split: file}`` for the data files of ``folder`` named by split (``train.jsonl``, ...)."""
+    found = {}
+    for name in sorted(os.listdir(folder)):
+        stem, extension = os.path.splitext(name)
+        if extension.lower() not in FILE_BUILDERS:
+            continue
+        for split, stems in SPLIT_STEMS.items():
+            if stem.lower() in stems and split not in found:
+                found[split] = os.path.join(folder, name)
+    return found
+
+
+def _looks_local(path: str) -> bool:
+    """A path a user means as a local file or folder: a data-file extension, an explicit start
+    (``/``, ``./``, ``../``, ``~``) or more than one ``/`` (a hub id is ``owner/name``)."""
+    return (
+        os.path.splitext(path)[1].lower() in FILE_BUILDERS
+        or path.startswith(("/", "./", "../", "~"))
+        or path.count("/") > 1
+        or os.sep != "/" and os.sep in path
+    )
+
+
+def _load_file(path: str, field: str) -> Dataset:
+    """One data file as a ``Dataset``, with a clear error for an unsupported or empty file."""
+    extension = os.path.splitext(path)[1].lower()
+    if extension not in FILE_BUILDERS:
+        raise ValueError(
+            f"{field}={path!r} has an unsupported extension {extension!r}; "
+            f"use one of {sorted(FILE_BUILDERS)} or a directory written by save_to_disk."
+        )
+    if extension in (".json", ".jsonl", ".csv"):
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            if not any(line.strip() for line in handle):
+                raise ValueError(f"{field}={path!r} is empty: it has no rows; add rows or point at another file.")
+    return load_dataset(FILE_BUILDERS[extension], data_files={"rows": path})["rows"]
+
 
 
 class ResumableSampler(DistributedSampler):
@@ -108,11 +150,15 @@ class PromptDataModule(LightningDataModule):
 
     Args:
         path: A local ``.json``/``.jsonl``/``.csv``/``.parquet`` file (loaded as the ``train_split``
-            split), a directory written by ``Dataset.save_to_disk``/``DatasetDict.save_to_disk``,
-            or a hub dataset name.
+            split), a folder of such files named by split (``train.jsonl``, ``validation.jsonl``,
+            ``test.jsonl``), a directory written by ``Dataset.save_to_disk``/``DatasetDict.save_to_disk``,
+            or a hub dataset name. Local paths are never looked up on the hub.
+        val_path: A separate validation file (or folder), loaded as the ``val_split`` split.
         name: Hub dataset configuration name.
         train_split: Split used for training.
-        val_split: Split used for validation; ``None`` disables validation.
+        val_split: Split used for validation; ``None`` disables validation; ``"auto"`` takes the
+            ``validation`` split (or ``val_path``) where there is one and trains without validation,
+            saying so, where there is none.
         prompt_column: Column holding the prompts (text or a list of chat messages).
         answer_column: Column holding reference answers; ``None`` if rewards need none.
         batch_size: Prompts per rollout; the policy samples a group of completions for each.
@@ -125,9 +171,10 @@ class PromptDataModule(LightningDataModule):
     def __init__(
         self,
         path: str | None = None,
+        val_path: str | None = None,
         name: str | None = None,
         train_split: str = "train",
-        val_split: str | None = "validation",
+        val_split: str | None = "auto",
         prompt_column: str = "prompt",
         answer_column: str | None = "answer",
         batch_size: int = 8,
@@ -143,6 +190,7 @@ class PromptDataModule(LightningDataModule):
         if max_val_samples is not None:
             _require_at_least("max_val_samples", max_val_samples, 1)
         self.path = path
+        self.val_path = val_path
         self.name = name
         self.train_split = train_split
         self.val_split = val_split
@@ -158,29 +206,50 @@ class PromptDataModule(LightningDataModule):
         self._splits: DatasetDict | None = None
 
     def load(self) -> DatasetDict:
-        """Load all splits from ``path``; subclasses may override this to build data in memory."""
+        """Load all splits from ``path`` (and the validation split from ``val_path``); subclasses may
+        override this to build data in memory."""
         if self.path is None:
             raise ValueError(
                 "data.path is not set; set --data.path to a data file, a saved dataset directory "
                 "or a hub dataset name."
             )
-        if os.path.isdir(self.path):
-            loaded = load_from_disk(self.path)
-            return loaded if isinstance(loaded, DatasetDict) else DatasetDict({self.train_split: loaded})
-        if os.path.isfile(self.path):
-            extension = os.path.splitext(self.path)[1].lower()
-            if extension not in FILE_BUILDERS:
+        splits = self._load_path(self.path, "path")
+        if self.val_path is not None:
+            val_splits = self._load_path(self.val_path, "val_path")
+            val_split = self.val_split if self.val_split not in (None, "auto") else "validation"
+            splits[val_split] = val_splits.get("validation", val_splits.get(self.train_split))
+        return splits
+
+    def _load_path(self, path: str, field: str) -> DatasetDict:
+        """Splits of one ``path``: a data file (as the ``train_split``), a folder of data files named
+        by split (``train.jsonl``, ``validation.jsonl``, ``test.jsonl``), a ``save_to_disk`` folder, or a
+        hub dataset. A path that looks local is never looked up on the hub."""
+        path = os.path.expanduser(path)
+        if os.path.isdir(path):
+            files = _split_files(path)
+            if files:
+                return DatasetDict({split: _load_file(file, f"data.{field}") for split, file in files.items()})
+            try:
+                loaded = load_from_disk(path)
+            except FileNotFoundError as error:
                 raise ValueError(
-                    f"data.path={self.path!r} has an unsupported extension {extension!r}; "
-                    f"use one of {sorted(FILE_BUILDERS)} or a directory written by save_to_disk."
-                )
-            return load_dataset(FILE_BUILDERS[extension], data_files={self.train_split: self.path})
+                    f"data.{field}={path!r} is a folder with neither data files named by split "
+                    f"({', '.join(f'train{e}' for e in FILE_BUILDERS)}, validation..., test...) nor a dataset "
+                    "written by save_to_disk; put train.jsonl (and validation.jsonl) there or point at a file."
+                ) from error
+            return loaded if isinstance(loaded, DatasetDict) else DatasetDict({self.train_split: loaded})
+        if os.path.isfile(path):
+            return DatasetDict({self.train_split: _load_file(path, f"data.{field}")})
+        if _looks_local(path):
+            raise ValueError(
+                f"data.{field}={path!r}: no such file or folder (looked in {os.getcwd()}); check the path."
+            )
         try:
-            return load_dataset(self.path, self.name)
+            return load_dataset(path, self.name)
         except Exception as error:
             raise ValueError(
-                f"data.path={self.path!r} is not an existing file or directory and could not be loaded "
-                f"as a hub dataset ({type(error).__name__}: {error}); set --data.path to a local file, "
+                f"data.{field}={path!r} is not an existing file or directory and could not be loaded "
+                f"as a hub dataset ({type(error).__name__}: {error}); set --data.{field} to a local file, "
                 "a saved dataset directory or a hub dataset name (with --data.name for its config)."
             ) from error
 
@@ -188,6 +257,13 @@ class PromptDataModule(LightningDataModule):
         """Load and validate the splits needed for ``stage`` (once)."""
         if self._splits is None:
             self._splits = self.load()
+            if self.val_split == "auto":
+                self.val_split = "validation" if "validation" in self._splits else None
+                if self.val_split is None:
+                    rank_zero_warn(
+                        "data: no validation split, so the fit runs without validation; add validation.jsonl "
+                        "beside train.jsonl, give --data.val_path, or name a split with --data.val_split."
+                    )
         if stage in (None, "fit"):
             self.train_dataset = self._checked_split("train_split", self.train_split)
             if len(self.train_dataset) < self.batch_size:
