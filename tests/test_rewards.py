@@ -185,6 +185,20 @@ def test_score_completions_turns_none_into_nan():
     assert scores[0, 0] == 1.0 and math.isnan(scores[1, 0])
 
 
+def test_a_function_that_scores_nothing_is_named_in_a_warning():
+    with pytest.warns(UserWarning, match=r"reward function 'nothing' returned None for every completion"):
+        scores = score_completions([("nothing", lambda p, c, **k: [None, None])], ["p", "q"], ["a", "b"], {})
+    assert scores.isnan().all()
+
+
+def test_a_reward_module_in_the_working_directory_imports_without_pythonpath(tmp_path, monkeypatch):
+    (tmp_path / "my_task_rewards.py").write_text("def exact(prompts, completions, **kw):\n    return [1.0] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
+    name, function = resolve_reward_function("my_task_rewards.exact")
+    assert name == "exact" and function(["p"], ["c"]) == [1.0]
+
+
 def test_a_raising_function_is_reported_with_its_name_and_failing_sample():
     def fragile(prompts, completions, **kwargs):
         return [1.0 / len(c) for c in completions]

@@ -11,6 +11,9 @@ import functools
 import importlib
 import math
 import numbers
+import os
+import sys
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -77,6 +80,7 @@ def _import_path(path: str, field: str) -> Any:
         raise ValueError(
             f"{field}={path!r} is not an import path; write it as 'package.module.attr', e.g. {EXAMPLE_PATH!r}."
         )
+    _find_local_module(parts[0])
     import_error: Exception | None = None
     for split in range(len(parts) - 1, 0, -1):
         module_name = ".".join(parts[:split])
@@ -102,6 +106,17 @@ def _import_path(path: str, field: str) -> Any:
         f"{field}={path!r} could not be imported ({type(import_error).__name__}: {import_error}); "
         f"give an importable 'package.module.attr' path, e.g. {EXAMPLE_PATH!r}."
     ) from import_error
+
+
+def _find_local_module(name: str) -> None:
+    """Let ``name`` import from the working directory, as ``python -m`` would: console scripts
+    leave the working directory off ``sys.path``, so a reward module beside the user's data would
+    otherwise need ``PYTHONPATH=.``."""
+    cwd = os.getcwd()
+    if cwd in sys.path or "" in sys.path:
+        return
+    if os.path.isfile(os.path.join(cwd, name + ".py")) or os.path.isfile(os.path.join(cwd, name, "__init__.py")):
+        sys.path.append(cwd)
 
 
 def _function_name(function: Any) -> str:
@@ -183,6 +198,12 @@ def _as_scores(name: str, returned: Any, count: int) -> list[float]:
     if len(values) != count:
         raise RewardFunctionError(
             f"reward function {name!r} returned {len(values)} values for {count} completions; expected {expected}."
+        )
+    if count and all(value is None for value in values):
+        warnings.warn(
+            f"reward function {name!r} returned None for every completion of a batch: it scored nothing, so it "
+            "adds 0 to every reward; return a number per completion (None only where it does not apply).",
+            stacklevel=2,
         )
     scores = []
     for sample, value in enumerate(values):
