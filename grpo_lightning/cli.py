@@ -3,11 +3,15 @@
     grpo-lightning fit --config configs/quickstart.yaml
     grpo-lightning fit --config configs/quickstart.yaml --model variants.DAPO --model.beta 0.0
     grpo-lightning fit --config configs/quickstart.yaml --print_config
+
+A ``--config`` that is not a file names a shipped config (``grpo_lightning.resources``), so
+``--config configs/trainer/cpu.yaml`` or ``--config trainer/cpu`` also work outside a clone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 
@@ -16,6 +20,13 @@ from lightning.pytorch.cli import LightningCLI
 from grpo_lightning.data import PromptDataModule
 from grpo_lightning.export import check_checkpoint
 from grpo_lightning.module import GroupPolicyOptimization
+from grpo_lightning.resources import resolve_config_args
+
+CONFIG_HELP = (
+    "Path to a configuration file in json or yaml format, or the name of a shipped config when no such "
+    "file exists: configs/trainer/cpu.yaml, trainer/cpu.yaml or trainer/cpu (the configs/ folder of the "
+    "repository, installed with the package)."
+)
 
 
 class GRPOLightningCLI(LightningCLI):
@@ -34,7 +45,18 @@ class GRPOLightningCLI(LightningCLI):
             **kwargs,
         )
 
+    def init_parser(self, **kwargs):
+        parser = super().init_parser(**kwargs)
+        for action in parser._actions:
+            if "--config" in action.option_strings:
+                action.help = CONFIG_HELP
+        return parser
+
     def parse_arguments(self, parser, args) -> None:
+        if args is None:  # Lightning reads sys.argv, and warns when it is given both
+            sys.argv[1:] = resolve_config_args(sys.argv[1:])
+        elif isinstance(args, (list, tuple)):
+            args = resolve_config_args(args)
         super().parse_arguments(parser, args)
         subcommand = self.config.get("subcommand")
         if subcommand:

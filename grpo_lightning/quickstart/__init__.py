@@ -18,16 +18,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+from grpo_lightning.resources import config_path
+
 VARIANTS = ("grpo", "dr_grpo", "dapo", "rloo", "gspo")
 
 
 def quickstart_args(model_dir: str | Path, variant: str = "grpo", extra: Sequence[str] = ()) -> list[str]:
     """CLI arguments of the quickstart fit: the shared configs, the variant, the warm-started model."""
-    if not CONFIG_DIR.is_dir():
-        raise FileNotFoundError(f"configs not found at {CONFIG_DIR}: run the quickstart from a clone of the repository.")
     configs = ["trainer/cpu.yaml", "data/arithmetic.yaml", f"variant/{variant}.yaml", "model/tiny.yaml", "quickstart.yaml"]
-    args = [arg for name in configs for arg in ("--config", str(CONFIG_DIR / name))]
+    args = [arg for name in configs for arg in ("--config", str(config_path(name)))]
     return [*args, "--model.model", str(model_dir), *extra]
 
 
