@@ -1,0 +1,118 @@
+"""The cells of a sweep folder and the configurations they ran with."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class CellInfo:
+    directory: Path
+    name: str
+    arm: str
+    variant: str
+    seed: int | None
+    overrides: dict[str, Any]
+    finished: bool
+    config: dict[str, Any]
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def discover_cells(sweep_dir: Path) -> list[CellInfo]:
+    """Cells of a sweep: folders with ``cell.json``, else folders with event files and a config."""
+    sweep_dir = Path(sweep_dir)
+    cells = []
+    cell_files = sorted(sweep_dir.rglob("cell.json"))
+    if cell_files:
+        for path in cell_files:
+            record = json.loads(path.read_text())
+            directory = path.parent
+            cells.append(
+                CellInfo(
+                    directory=directory,
+                    name=str(record.get("name", directory.name)),
+                    arm=str(record.get("arm", record.get("variant", directory.name))),
+                    variant=str(record.get("variant", "")),
+                    seed=record.get("seed"),
+                    overrides=dict(record.get("overrides") or {}),
+                    finished=(directory / "DONE").is_file(),
+                    config=_read_yaml(directory / "config.yaml"),
+                )
+            )
+    else:
+        for config_path in sorted(sweep_dir.rglob("config.yaml")):
+            directory = config_path.parent
+            if not any(directory.rglob("events.out.tfevents.*")):
+                continue
+            config = _read_yaml(config_path)
+            model = config.get("model") or {}
+            class_path = model.get("class_path", "") if isinstance(model, dict) else ""
+            variant = class_path.rsplit(".", 1)[-1] or directory.name
+            cells.append(
+                CellInfo(directory, directory.relative_to(sweep_dir).as_posix(), variant, variant,
+                         config.get("seed_everything"), {}, True, config)
+            )  # fmt: skip
+    return sorted(cells, key=lambda c: (c.arm, c.seed if isinstance(c.seed, int) else -1, c.name))
+
+
+# ---------------------------------------------------------------------------- configuration tables
+
+#: Settings that differ between the cells of one arm by construction.
+PER_CELL_KEYS = ("seed_everything", "trainer.default_root_dir", "trainer.logger.init_args.save_dir")
+
+
+def flatten_config(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted keys of a nested config; list items as ``key[i]``; leaves as compact YAML-ish text."""
+    flat: dict[str, Any] = {}
+    if isinstance(tree, Mapping):
+        if not tree and prefix:
+            flat[prefix] = "{}"
+        for key in tree:
+            flat.update(flatten_config(tree[key], f"{prefix}.{key}" if prefix else str(key)))
+    elif isinstance(tree, list) and any(isinstance(v, (Mapping, list)) for v in tree):
+        for i, value in enumerate(tree):
+            flat.update(flatten_config(value, f"{prefix}[{i}]"))
+    else:
+        flat[prefix] = _config_text(tree)
+    return flat
+
+
+def _config_text(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_config_text(v) for v in value) + "]"
+    if isinstance(value, str) and value == "":
+        return "''"
+    return str(value)
+
+
+def arm_configs(cells: Sequence[CellInfo]) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
+    """Per arm: the flattened config of its first cell, and keys that differ inside the arm."""
+    by_arm: dict[str, list[CellInfo]] = {}
+    for cell in cells:
+        by_arm.setdefault(cell.arm, []).append(cell)
+    configs, inconsistent = {}, {}
+    for arm, members in by_arm.items():
+        flats = [
+            {k: v for k, v in flatten_config(c.config).items() if k not in PER_CELL_KEYS} for c in members if c.config
+        ]
+        configs[arm] = flats[0] if flats else {}
+        keys = sorted({k for f in flats for k in f})
+        inconsistent[arm] = [k for k in keys if len({f.get(k, "\0") for f in flats}) > 1]
+    return configs, inconsistent

@@ -1,0 +1,163 @@
+"""One run's TensorBoard scalars, with the axes of its learning curves (steps, tokens, seconds)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+#: Scalars that are not metrics of the algorithm.
+IGNORED_TAGS = {"epoch", "hp_metric"}
+#: A training scalar present in every step the module logs: the time axis starts from its first event.
+STEP_TIME_TAG = "perf/step_s"
+TOKENS_TAG = "perf/generated_tokens"
+
+
+@dataclass
+class Series:
+    """One scalar of one run: TensorBoard steps, values and wall times (seconds since the epoch)."""
+
+    steps: np.ndarray
+    values: np.ndarray
+    wall: np.ndarray
+
+
+@dataclass
+class Run:
+    """The scalars of one fit run, with the axes of the learning curves.
+
+    ``scalars`` leaves out the validation before training, which is in ``initial``. For every
+    point, ``x_step`` is the number of training steps done, counting the steps that logged
+    training metrics (a step ends in a policy update; DAPO's dynamic sampling can spend several
+    generation batches on one), ``x_tokens`` the completion tokens generated so far and
+    ``x_time`` the seconds since training began (validation time included).
+    """
+
+    directory: Path
+    scalars: dict[str, Series]
+    initial: dict[str, float] = field(default_factory=dict)
+    t0: float = math.nan
+    train_time_s: float = math.nan
+    update_steps: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.int64))
+
+    def axis(self, tag: str, axis: str, include_initial: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """``(x, y)`` of ``tag`` against ``"step"``, ``"tokens"`` or ``"time"``."""
+        series = self.scalars.get(tag)
+        xs: list[float] = []
+        ys: list[float] = []
+        if include_initial and tag in self.initial:
+            xs.append(0.0)
+            ys.append(self.initial[tag])
+        if series is not None:
+            if axis == "step":
+                x = self.steps_done(series.steps)
+            elif axis == "tokens":
+                x = self._tokens_at(series.steps)
+            elif axis == "time":
+                x = series.wall - self.t0
+            else:
+                raise ValueError(f"axis: {axis!r} is not 'step', 'tokens' or 'time'")
+            xs.extend(x.tolist())
+            ys.extend(series.values.tolist())
+        x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+        keep = np.isfinite(x) & np.isfinite(y)
+        return x[keep], y[keep]
+
+    def steps_done(self, tb_steps: np.ndarray) -> np.ndarray:
+        """Training steps done at each TensorBoard step (the logger's batch counter)."""
+        if not len(self.update_steps):
+            return tb_steps.astype(float) + 1.0
+        return np.searchsorted(self.update_steps, tb_steps, side="right").astype(float)
+
+    def _tokens_at(self, steps: np.ndarray) -> np.ndarray:
+        tokens = self.scalars.get(TOKENS_TAG)
+        if tokens is None or len(tokens.steps) == 0:
+            return np.full(len(steps), math.nan)
+        # the tokens generated up to and including TensorBoard step s
+        index = np.searchsorted(tokens.steps, steps, side="right") - 1
+        out = np.where(index >= 0, tokens.values[np.clip(index, 0, None)], 0.0)
+        return out.astype(float)
+
+
+def event_directory(run_dir: Path) -> Path:
+    """The directory holding the run's TensorBoard event files (the run directory or one below it)."""
+    run_dir = Path(run_dir)
+    if any(run_dir.glob("events.out.tfevents.*")):
+        return run_dir
+    parents = sorted({p.parent for p in run_dir.rglob("events.out.tfevents.*")})
+    if not parents:
+        raise FileNotFoundError(f"no TensorBoard event files under {run_dir}")
+    if len(parents) > 1:
+        raise ValueError(f"{run_dir} holds several runs' event files: {[str(p) for p in parents]}")
+    return parents[0]
+
+
+def read_scalars(directory: Path) -> dict[str, Series]:
+    """Every scalar of the event files in ``directory``, read with TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    accumulator = EventAccumulator(str(directory), size_guidance={SCALARS: 0})
+    accumulator.Reload()
+    scalars = {}
+    for tag in sorted(accumulator.Tags()[SCALARS]):
+        if tag in IGNORED_TAGS:
+            continue
+        events = accumulator.Scalars(tag)
+        scalars[tag] = Series(
+            steps=np.asarray([e.step for e in events], dtype=np.int64),
+            values=np.asarray([e.value for e in events], dtype=float),
+            wall=np.asarray([e.wall_time for e in events], dtype=float),
+        )
+    return scalars
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Read a run's scalars and split off the validation logged before the first training step."""
+    run_dir = Path(run_dir)
+    scalars = read_scalars(event_directory(run_dir))
+    train_walls = [s.wall[0] for tag, s in scalars.items() if not tag.startswith("val/") and len(s.wall)]
+    first_train = min(train_walls) if train_walls else math.inf
+    initial: dict[str, float] = {}
+    before_training: dict[str, Series] = {}
+    for tag, series in list(scalars.items()):
+        if not tag.startswith("val/"):
+            continue
+        before = series.wall < first_train
+        if before.any():
+            initial[tag] = float(series.values[before][-1])
+            before_training[tag] = Series(series.steps[before][-1:], series.values[before][-1:], series.wall[before][-1:])
+            scalars[tag] = Series(series.steps[~before], series.values[~before], series.wall[~before])
+    train_tags = [tag for tag in scalars if not tag.startswith("val/")]
+    update_steps = _update_steps(scalars, train_tags)
+    if TOKENS_TAG in scalars:
+        # Lightning logs the last values again on a batch that logged nothing (no update, e.g.
+        # DAPO waiting for informative groups): keep the steps that generated new tokens only.
+        for tag in train_tags:
+            series = scalars[tag]
+            keep = np.isin(series.steps, update_steps)
+            scalars[tag] = Series(series.steps[keep], series.values[keep], series.wall[keep])
+    # training began when the validation before it ended, else when the first step began
+    t0 = math.nan
+    if initial:
+        t0 = max(float(s.wall[0]) for s in before_training.values())
+    elif STEP_TIME_TAG in scalars and len(scalars[STEP_TIME_TAG].wall):
+        t0 = float(scalars[STEP_TIME_TAG].wall[0] - scalars[STEP_TIME_TAG].values[0])
+    elif math.isfinite(first_train):
+        t0 = float(first_train)
+    last_train = max((float(scalars[t].wall[-1]) for t in train_tags if len(scalars[t].wall)), default=math.nan)
+    return Run(run_dir, scalars, initial, t0, last_train - t0, update_steps)
+
+
+def _update_steps(scalars: Mapping[str, Series], train_tags: Sequence[str]) -> np.ndarray:
+    """TensorBoard steps of the training steps that updated the policy."""
+    tokens = scalars.get(TOKENS_TAG)
+    if tokens is not None and len(tokens.steps):
+        previous = np.concatenate([[0.0], tokens.values[:-1]])
+        return np.unique(tokens.steps[tokens.values > previous])
+    if STEP_TIME_TAG in scalars:
+        return np.unique(scalars[STEP_TIME_TAG].steps)
+    steps = [scalars[t].steps for t in train_tags]
+    return np.unique(np.concatenate(steps)) if steps else np.array([], dtype=np.int64)
