@@ -1,0 +1,55 @@
+"""The README and docs stay short, and every relative link in them leads somewhere."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PAGES = sorted(
+    [REPO_ROOT / "README.md", *(REPO_ROOT / "docs").glob("*.md"), REPO_ROOT / "variants" / "README.md",
+     *(REPO_ROOT / "benchmarks").glob("*.md")]
+)
+# [text](target) outside code; images too. Targets with a scheme (https:, mailto:) are not checked.
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+
+
+def relative_links(page: Path) -> list[str]:
+    text = INLINE_CODE.sub("", FENCE.sub("", page.read_text()))
+    return [target for target in LINK.findall(text) if not re.match(r"[a-z][a-z0-9+.-]*:", target)]
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a Markdown page's headings: lower case, punctuation dropped, spaces -> '-'."""
+    headings = re.findall(r"^#+\s+(.*?)\s*$", FENCE.sub("", page.read_text()), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(REPO_ROOT)))
+def test_relative_links_resolve(page):
+    broken = []
+    for target in relative_links(page):
+        path, _, anchor = target.partition("#")
+        resolved = (page.parent / path).resolve() if path else page
+        if not resolved.exists():
+            broken.append(target)
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+            broken.append(target)
+    assert not broken, f"{page.relative_to(REPO_ROOT)}: links that lead nowhere: {broken}"
+
+
+def test_readme_is_short():
+    assert len((REPO_ROOT / "README.md").read_text().splitlines()) <= 200
+
+
+def test_results_holds_only_the_latest_figures():
+    assert len((REPO_ROOT / "benchmarks" / "RESULTS.md").read_text().splitlines()) <= 100
+
+
+def test_the_docs_the_readme_promises_exist():
+    for name in ("architecture", "configuration", "performance", "scaling", "ablations", "adding_a_variant"):
+        assert (REPO_ROOT / "docs" / f"{name}.md").is_file(), name
