@@ -1,5 +1,34 @@
-"""Ablation sweeps: many ``grpo-lightning fit`` runs over variants, seeds and settings."""
+"""Ablation sweeps: many ``grpo-lightning fit`` runs over variants, seeds and settings.
 
-from grpo_lightning.ablation.run import SweepError, SweepSpec, main, run_sweep
+``run`` (the ``grpo-lightning-ablate`` entry point and the spec's documentation), ``spec``,
+``sweep``, ``metrics`` and ``callbacks`` (``ValidateBeforeTraining``, imported on first use so
+that the sweep runner does not import Lightning).
+"""
 
-__all__ = ["SweepError", "SweepSpec", "main", "run_sweep"]
+from grpo_lightning.ablation.run import main, sweep_from_config
+from grpo_lightning.ablation.spec import Cell, SweepError, SweepSpec, cli_value, flatten, variant_config
+from grpo_lightning.ablation.sweep import CellResult, cell_command, run_cell, run_sweep
+
+__all__ = [
+    "Cell",
+    "CellResult",
+    "SweepError",
+    "SweepSpec",
+    "ValidateBeforeTraining",
+    "cell_command",
+    "cli_value",
+    "flatten",
+    "main",
+    "run_cell",
+    "run_sweep",
+    "sweep_from_config",
+    "variant_config",
+]
+
+
+def __getattr__(name: str):
+    if name == "ValidateBeforeTraining":
+        from grpo_lightning.ablation.callbacks import ValidateBeforeTraining
+
+        return ValidateBeforeTraining
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

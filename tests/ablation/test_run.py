@@ -6,18 +6,10 @@ import types
 
 import pytest
 
-from grpo_lightning.ablation import run as ablate
-from grpo_lightning.ablation.run import (
-    CONFIG_DIR,
-    DONE_FILE,
-    METRICS_FILE,
-    SweepError,
-    SweepSpec,
-    cell_command,
-    cli_value,
-    flatten,
-    run_sweep,
-)
+from grpo_lightning.ablation import sweep as ablate
+from grpo_lightning.ablation.run import SPEC_DIR, main
+from grpo_lightning.ablation.spec import SweepError, SweepSpec, cli_value, flatten
+from grpo_lightning.ablation.sweep import DONE_FILE, METRICS_FILE, cell_command, run_sweep
 from grpo_lightning.report import build_report
 
 BASE = ["configs/trainer/cpu.yaml", "configs/data/arithmetic.yaml", "configs/model/tiny.yaml"]
@@ -92,13 +84,13 @@ def test_cell_command_uses_the_shared_yaml(tmp_path):
     assert f"--trainer.logger.init_args.save_dir {tmp_path / 'cell'} " in text
     assert "--model.model /m" in text
     assert text.endswith("--trainer.max_steps 3 --model.beta 0.0")
-    assert "--trainer.callbacks+=grpo_lightning.ablation.run.ValidateBeforeTraining" in command
+    assert "--trainer.callbacks+=grpo_lightning.ablation.callbacks.ValidateBeforeTraining" in command
 
 
 def test_hydra_configs_compose():
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(SPEC_DIR), version_base="1.3"):
         default = SweepSpec.from_dict(compose("default"))
         smoke = SweepSpec.from_dict(compose("smoke", overrides=["+overrides.model.beta=[0.0,0.04]", "parallel=2"]))
     assert default.variants == ["grpo", "dr_grpo", "dapo", "rloo", "gspo"] and default.seeds == [0, 1, 2]
@@ -211,7 +203,7 @@ def test_cli_exits_nonzero_on_failure(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["grpo-lightning-ablate", f"output_dir={tmp_path / 'sweep'}", "model=null",
                                       "variants=[grpo]", "seeds=[0]"])  # fmt: skip
     with pytest.raises(SystemExit) as exit_info:
-        ablate.main()
+        main()
     assert exit_info.value.code == 1
 
 
@@ -260,7 +252,7 @@ def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch):
     monkeypatch.setattr(ablate, "launch", lambda command, *a: launches.append(command) or real_launch(command, *a))
     argv = ["grpo-lightning-ablate", "--config-name", "smoke", *hydra_args(out, tiny_model), "parallel=2"]
     monkeypatch.setattr(sys, "argv", argv)
-    ablate.main()
+    main()
 
     assert len(launches) == 4
     assert not (interrupted / "partial.txt").exists()
@@ -280,11 +272,11 @@ def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch):
     # run again, then as a Hydra multirun (one job per cell): every cell is done, nothing starts
     marks = {name: (out / name / DONE_FILE).stat().st_mtime_ns for name in names}
     monkeypatch.setattr(ablate, "launch", lambda *a: pytest.fail("a finished cell was started again"))
-    ablate.main()
+    main()
     multirun = ["grpo-lightning-ablate", "-m", "--config-name", "smoke", *hydra_args(out, tiny_model),
                 "variant=grpo,dr_grpo", "seed=0,1"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", multirun)
-    ablate.main()
+    main()
     assert {name: (out / name / DONE_FILE).stat().st_mtime_ns for name in names} == marks
 
     target = build_report(out, tmp_path / "reports", name="tiny")

@@ -1,0 +1,278 @@
+"""The sweep spec (``configs/ablation/*.yaml``, documented in ``grpo_lightning.ablation.run``):
+its validation, its cells (variant x seed x override values) and the YAML files it names."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+from grpo_lightning.resources import config_dir, resolve_config, shipped_config
+
+WARMSTART = "warmstart"
+
+#: Keys of the sweep spec; anything else is a mistake worth reporting.
+SPEC_KEYS = {
+    "name",
+    "output_dir",
+    "base_configs",
+    "model",
+    "warmstart",
+    "variants",
+    "seeds",
+    "overrides",
+    "args",
+    "parallel",
+    "gpus",
+    "variant",
+    "seed",
+    "validate_before_training",
+    "python",
+    "timeout_s",
+    "threads",
+}
+
+
+class SweepError(ValueError):
+    """An invalid sweep spec, raised before any cell runs."""
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"model": {"beta": [0, 1]}, "data.x": 2}`` -> ``{"model.beta": [0, 1], "data.x": 2}``.
+
+    Nested mappings and dotted keys mean the same; lists and scalars are leaves.
+    """
+    if not isinstance(tree, Mapping):
+        return {prefix: tree} if prefix else {}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+def cli_value(value: Any) -> str:
+    """A value as LightningCLI (jsonargparse) reads it back: YAML/JSON scalars and lists."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    return json.dumps(value, sort_keys=True)
+
+
+def _label_value(value: Any) -> str:
+    text = cli_value(value)
+    text = re.sub(r"[^A-Za-z0-9.+_-]+", "_", text).strip("_")
+    return text or "none"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One fit run: a variant, a seed and one value per override axis."""
+
+    variant: str
+    seed: int
+    overrides: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The variant as named in folders: a YAML path gives its file name without suffix."""
+        if self.variant.endswith((".yaml", ".yml")):
+            return _label_value(Path(self.variant).stem)
+        return _label_value(self.variant)
+
+    @property
+    def arm(self) -> str:
+        """The cell's name without the seed: what the report compares across seeds."""
+        return "-".join([self.label, *(f"{short}{_label_value(v)}" for short, v in self._short_overrides())])
+
+    @property
+    def name(self) -> str:
+        parts = [self.label, f"seed{self.seed}", *(f"{short}{_label_value(v)}" for short, v in self._short_overrides())]
+        return "-".join(parts)
+
+    def _short_overrides(self) -> list[tuple[str, Any]]:
+        return [(_short_names([k for k, _ in self.overrides])[key], value) for key, value in self.overrides]
+
+    def identity(self) -> dict[str, Any]:
+        return {"variant": self.variant, "seed": self.seed, "overrides": dict(self.overrides)}
+
+
+def _short_names(keys: Sequence[str]) -> dict[str, str]:
+    """The last component of each dotted key, or more components where that is ambiguous."""
+    names = {}
+    for key in keys:
+        parts = key.split(".")
+        for depth in range(1, len(parts) + 1):
+            short = "_".join(p for p in parts[-depth:] if p != "init_args")
+            if sum(1 for other in keys if other != key and other.split(".")[-depth:] == parts[-depth:]) == 0:
+                break
+        names[key] = short.replace(".", "_")
+    return names
+
+
+@dataclass
+class SweepSpec:
+    """A validated sweep spec (see the module docstring)."""
+
+    output_dir: Path
+    base_configs: list[Path]
+    variants: list[str]
+    seeds: list[int]
+    overrides: dict[str, list[Any]] = field(default_factory=dict)
+    args: dict[str, Any] = field(default_factory=dict)
+    model: str | None = None
+    warmstart: dict[str, Any] = field(default_factory=dict)
+    parallel: int = 1
+    gpus: Any = "auto"
+    name: str = "ablation"
+    validate_before_training: bool = True
+    python: str = sys.executable
+    timeout_s: float | None = None
+    threads: Any = "auto"
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> SweepSpec:
+        raw = _plain(raw)
+        raw.pop("hydra", None)
+        unknown = sorted(set(raw) - SPEC_KEYS)
+        if unknown:
+            raise SweepError(f"unknown sweep spec keys {unknown}; known keys: {sorted(SPEC_KEYS)}.")
+        if not raw.get("output_dir"):
+            raise SweepError("output_dir: give the directory that will hold one folder per cell.")
+
+        variants = _as_list(raw.get("variants"), "variants")
+        if raw.get("variant") is not None:
+            variants = [str(raw["variant"])]
+        if not variants:
+            raise SweepError("variants: name at least one of configs/variant/*.yaml (e.g. [grpo, dapo]).")
+        seeds = _as_list(raw.get("seeds", [0]), "seeds")
+        if raw.get("seed") is not None:
+            seeds = [raw["seed"]]
+        try:
+            seeds = [int(s) for s in seeds]
+        except (TypeError, ValueError) as error:
+            raise SweepError(f"seeds: integers expected, got {seeds!r}.") from error
+        if not seeds:
+            raise SweepError("seeds: give at least one seed.")
+
+        overrides = {}
+        for key, values in flatten(raw.get("overrides") or {}).items():
+            values = list(values) if isinstance(values, (list, tuple)) else [values]
+            if not values:
+                raise SweepError(f"overrides.{key}: give at least one value.")
+            overrides[key] = values
+        args = raw.get("args") or {}
+        if isinstance(args, (list, tuple)):  # ["trainer.max_steps=5", ...]
+            pairs = {}
+            for item in args:
+                key, sep, value = str(item).lstrip("-").partition("=")
+                if not sep:
+                    raise SweepError(f"args: {item!r} is not 'key=value'.")
+                pairs[key] = value
+            args = pairs
+        args = flatten(args)
+        for key in list(args) + list(overrides):
+            if not key or key.startswith("-") or " " in key:
+                raise SweepError(f"{key!r} is not a dotted CLI key such as 'model.beta'.")
+
+        parallel = int(raw.get("parallel") or 1)
+        if parallel < 1:
+            raise SweepError(f"parallel: must be at least 1 (got {parallel}).")
+        base_configs = [resolve_path(p, "base_configs") for p in _as_list(raw.get("base_configs"), "base_configs")]
+        model = raw.get("model")
+        return cls(
+            output_dir=Path(str(raw["output_dir"])).expanduser().absolute(),
+            base_configs=base_configs,
+            variants=[str(v) for v in variants],
+            seeds=seeds,
+            overrides=overrides,
+            args=args,
+            model=None if model is None else str(model),
+            warmstart=dict(raw.get("warmstart") or {}),
+            parallel=parallel,
+            gpus=raw.get("gpus", "auto"),
+            name=str(raw.get("name") or "ablation"),
+            validate_before_training=bool(raw.get("validate_before_training", True)),
+            python=str(raw.get("python") or sys.executable),
+            timeout_s=None if raw.get("timeout_s") is None else float(raw["timeout_s"]),
+            threads=raw.get("threads", "auto"),
+        )
+
+    def settings(self, cell: Cell) -> dict[str, Any]:
+        """What a finished cell's results depend on besides its identity; a rerun of the sweep
+        with other settings must not reuse it."""
+        settings = {
+            "variant_config": str(variant_config(cell.variant)),
+            "base_configs": [str(p) for p in self.base_configs],
+            "args": self.args,
+            "overrides": dict(cell.overrides),
+            "model": self.model,
+            "warmstart": self.warmstart if self.model == WARMSTART else None,
+            "validate_before_training": self.validate_before_training,
+        }
+        return json.loads(json.dumps(settings, sort_keys=True, default=str))
+
+    def cells(self) -> list[Cell]:
+        keys = list(self.overrides)
+        cells = [
+            Cell(variant, seed, tuple(zip(keys, values)))
+            for variant in self.variants
+            for values in product(*(self.overrides[k] for k in keys))
+            for seed in self.seeds
+        ]
+        names = [c.name for c in cells]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise SweepError(f"cells with the same directory name {duplicates}: make the axis values distinct.")
+        return cells
+
+
+def _plain(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A plain ``dict`` of a Hydra/OmegaConf config (interpolations resolved) or a mapping."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(config):
+        return OmegaConf.to_container(config, resolve=True)
+    return dict(config)
+
+
+def _as_list(value: Any, name: str) -> list:
+    if value is None:
+        return []
+    if isinstance(value, (str, int, float)):
+        return [value]
+    try:
+        return list(value)
+    except TypeError as error:
+        raise SweepError(f"{name}: a list expected, got {value!r}.") from error
+
+
+def resolve_path(path: str | Path, field_name: str) -> Path:
+    """A YAML file relative to the working directory, else a shipped config of that name
+    (``configs/trainer/cpu.yaml`` works from a clone and from an installed package alike)."""
+    try:
+        return resolve_config(path)
+    except FileNotFoundError as error:
+        raise SweepError(f"{field_name}: {error}") from None
+
+
+def variant_config(variant: str) -> Path:
+    """``grpo`` -> the shipped ``configs/variant/grpo.yaml``; a YAML path is taken as is."""
+    if variant.endswith((".yaml", ".yml")):
+        return resolve_path(variant, "variants")
+    path = shipped_config(f"variant/{variant}.yaml")
+    if path is None:
+        known = sorted(p.stem for p in (config_dir() / "variant").glob("*.yaml"))
+        raise SweepError(f"variants: no configs/variant/{variant}.yaml; known variants: {known}.")
+    return path

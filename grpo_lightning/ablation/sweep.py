@@ -1,0 +1,214 @@
+"""Running a sweep: one ``grpo-lightning fit`` subprocess per unfinished cell, sequentially or a
+few at a time, each in its own folder that ends with a ``DONE`` marker."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_lightning.ablation.metrics import summarize_cell
+from grpo_lightning.ablation.spec import WARMSTART, Cell, SweepError, SweepSpec, cli_value, variant_config
+
+logger = logging.getLogger(__name__)
+
+DONE_FILE = "DONE"
+CELL_FILE = "cell.json"
+METRICS_FILE = "metrics.json"
+LOG_FILE = "train.log"
+
+
+def resolve_model(spec: SweepSpec) -> str | None:
+    """The ``--model.model`` value of every cell; ``warmstart`` trains (or reuses) the tiny model once."""
+    if spec.model != WARMSTART:
+        return spec.model
+    from grpo_lightning.quickstart.warmstart import warm_start
+
+    logger.info("Resolving model: warmstart %s", spec.warmstart or "(defaults)")
+    return str(warm_start(**spec.warmstart))
+
+
+def cell_command(spec: SweepSpec, cell: Cell, cell_dir: Path, model: str | None) -> list[str]:
+    """The fit command line of one cell."""
+    command = [spec.python, "-m", "grpo_lightning.cli", "fit"]
+    # The variant's class_path comes first: settings given before it would be bound to the base
+    # class, whose defaults would then replace the variant's own (DAPO's beta, clip_eps_high).
+    for path in [variant_config(cell.variant), *spec.base_configs]:
+        command += ["--config", str(path)]
+    command += [
+        "--seed_everything", str(cell.seed),
+        "--trainer.default_root_dir", str(cell_dir),
+        "--trainer.logger.init_args.save_dir", str(cell_dir),
+        "--trainer.logger.init_args.name", "",
+        "--trainer.logger.init_args.version", "",
+    ]  # fmt: skip
+    if model is not None:
+        command += ["--model.model", model]
+    if spec.validate_before_training:
+        command += ["--trainer.callbacks+=grpo_lightning.ablation.callbacks.ValidateBeforeTraining"]
+    for key, value in [*spec.args.items(), *cell.overrides]:
+        command += [f"--{key}", cli_value(value)]
+    return command
+
+
+@dataclass
+class CellResult:
+    cell: Cell
+    directory: Path
+    status: str  # "skipped", "done" or "failed"
+    seconds: float = 0.0
+    message: str = ""
+
+
+def is_done(cell_dir: Path) -> bool:
+    return (cell_dir / DONE_FILE).is_file()
+
+
+def _settings_changed(spec: SweepSpec, cell: Cell) -> bool:
+    try:
+        recorded = json.loads((spec.output_dir / cell.name / CELL_FILE).read_text()).get("settings")
+    except (OSError, ValueError):
+        return False
+    return recorded is not None and recorded != spec.settings(cell)
+
+
+def _devices(gpus: Any) -> list[str]:
+    """Device ids to hand out round-robin; none on a CPU machine."""
+    if gpus in (None, False, "none", 0):
+        return []
+    if isinstance(gpus, (list, tuple)):
+        return [str(g) for g in gpus]
+    if isinstance(gpus, int):
+        return [str(i) for i in range(gpus)]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d for d in visible.split(",") if d.strip()]
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU")]
+
+
+def _threads_per_cell(threads: Any, parallel: int, on_gpus: bool) -> int | None:
+    """CPU threads of each cell's torch: ``auto`` shares the cores among parallel CPU cells
+    (oversubscribed torch threads spin and slow every cell down); ``None`` leaves torch's default."""
+    if threads is None or threads == "none":
+        return None
+    if threads != "auto":
+        if int(threads) < 1:
+            raise SweepError(f"threads: must be at least 1, auto or null (got {threads}).")
+        return int(threads)
+    if "OMP_NUM_THREADS" in os.environ or on_gpus or parallel == 1:
+        return None
+    return max(1, (os.cpu_count() or 1) // parallel)
+
+
+def run_cell(spec: SweepSpec, cell: Cell, model: str | None, env: Mapping[str, str] | None = None) -> CellResult:
+    """Run one cell from scratch in a subprocess; ``metrics.json`` then ``DONE`` on success."""
+    cell_dir = spec.output_dir / cell.name
+    if cell_dir.exists():
+        shutil.rmtree(cell_dir)
+    cell_dir.mkdir(parents=True)
+    command = cell_command(spec, cell, cell_dir, model)
+    record = {**cell.identity(), "name": cell.name, "arm": cell.arm, "command": command, "settings": spec.settings(cell)}
+    (cell_dir / CELL_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    logger.info("cell %s: starting", cell.name)
+    started = time.perf_counter()
+    with open(cell_dir / LOG_FILE, "w") as log:
+        returncode = launch(command, log, env, spec.timeout_s)
+    seconds = time.perf_counter() - started
+    if returncode != 0:
+        tail = (cell_dir / LOG_FILE).read_text(errors="replace").strip().splitlines()[-5:]
+        message = f"exit status {returncode}; see {cell_dir / LOG_FILE}: " + " | ".join(tail)
+        logger.error("cell %s failed: %s", cell.name, message)
+        return CellResult(cell, cell_dir, "failed", seconds, message)
+    metrics = summarize_cell(cell_dir, wall_time_s=seconds)
+    (cell_dir / METRICS_FILE).write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    (cell_dir / DONE_FILE).write_text("")
+    logger.info("cell %s: done in %.1f s", cell.name, seconds)
+    return CellResult(cell, cell_dir, "done", seconds)
+
+
+def launch(command: Sequence[str], log, env: Mapping[str, str] | None, timeout_s: float | None = None) -> int:
+    """Run the fit subprocess with its output in ``log``; its exit status (124 after a timeout)."""
+    full_env = {**os.environ, **(env or {})}
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    process = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, env=full_env)
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        log.write(f"\n[grpo-lightning-ablate] stopped after the cell timeout of {timeout_s} s\n")
+        return 124
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+
+
+def run_sweep(spec: SweepSpec | Mapping[str, Any]) -> list[CellResult]:
+    """Run every unfinished cell of ``spec`` (sequentially, or ``parallel`` at a time)."""
+    if not isinstance(spec, SweepSpec):
+        spec = SweepSpec.from_dict(spec)
+    cells = spec.cells()
+    for cell in cells:
+        variant_config(cell.variant)  # fail on a misspelt variant before any work
+    spec.output_dir.mkdir(parents=True, exist_ok=True)
+    results: dict[Cell, CellResult] = {}
+    todo = []
+    changed = [cell.name for cell in cells if is_done(spec.output_dir / cell.name) and _settings_changed(spec, cell)]
+    if changed:
+        raise SweepError(
+            f"finished cells in {spec.output_dir} were run with other settings: {changed}. Give the sweep "
+            "another output_dir, or delete these folders to run them again."
+        )
+    for cell in cells:
+        if is_done(spec.output_dir / cell.name):
+            logger.info("cell %s: done before, skipped", cell.name)
+            results[cell] = CellResult(cell, spec.output_dir / cell.name, "skipped")
+        else:
+            todo.append(cell)
+    if todo:
+        model = resolve_model(spec)
+        devices = _devices(spec.gpus)
+        threads = _threads_per_cell(spec.threads, spec.parallel, bool(devices))
+        slots: queue.Queue[int] = queue.Queue()
+        for slot in range(spec.parallel):
+            slots.put(slot)
+        lock = threading.Lock()
+
+        def work(cell: Cell) -> CellResult:
+            slot = slots.get()
+            try:
+                env = {"CUDA_VISIBLE_DEVICES": devices[slot % len(devices)]} if devices else {}
+                if threads is not None:
+                    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+                result = run_cell(spec, cell, model, env)
+            finally:
+                slots.put(slot)
+            with lock:
+                results[cell] = result
+            return result
+
+        if spec.parallel == 1:
+            for cell in todo:
+                work(cell)
+        else:
+            with ThreadPoolExecutor(max_workers=spec.parallel) as pool:
+                list(pool.map(work, todo))
+    ordered = [results[c] for c in cells]
+    counts = {s: sum(r.status == s for r in ordered) for s in ("done", "skipped", "failed")}
+    logger.info("sweep %s: %d done, %d skipped, %d failed -> %s", spec.name, counts["done"], counts["skipped"], counts["failed"], spec.output_dir)
+    return ordered
