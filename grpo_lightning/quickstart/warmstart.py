@@ -4,6 +4,12 @@ The result is a partially trained model that already writes ``<answer>N</answer>
 but gets only some answers right, leaving headroom for reinforcement learning: training
 stops once greedy accuracy on held-out training rows reaches a target. Results are cached
 on disk under a hash of all settings.
+
+The supervised pass runs on one CPU thread with deterministic algorithms, so the result does not
+depend on the thread count; it is bitwise the same for a given torch build and CPU instruction set
+(``torch.backends.cpu.get_cpu_capability()``), but machines whose CPUs take other vectorised kernel
+paths (AVX2, AVX-512, Arm) round differently and, a few hundred steps later, stop at another point
+with a different model. The marker file records what the result depends on (``environment``).
 """
 
 from __future__ import annotations
@@ -13,15 +19,19 @@ import hashlib
 import json
 import logging
 import os
+import platform
 import re
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from datasets import Dataset, DatasetDict
+import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from grpo_lightning.data.arithmetic import format_target, make_arithmetic_dataset
@@ -31,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 CACHE_ENV_VAR = "GRPO_LIGHTNING_CACHE"
 MARKER_FILE = "warm_start.json"
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2  # 2: one thread, deterministic algorithms
 _ANSWER_PATTERN = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _STRICT_FORMAT = re.compile(r"<answer>\d+</answer>")
 
@@ -170,10 +180,54 @@ def run_warm_start(
     started = time.perf_counter()
     model, tokenizer, training = train_supervised(settings, log_every=log_every)
     save_model_and_tokenizer(model, tokenizer, output_dir)
-    record = {"settings": asdict(settings), **asdict(training), "seconds": time.perf_counter() - started}
+    record = {
+        "settings": asdict(settings),
+        **asdict(training),
+        "seconds": time.perf_counter() - started,
+        "environment": environment(),
+    }
     marker.write_text(json.dumps(record, indent=2) + "\n")
     logger.info("Warm start done in %.1f s (%d steps)", record["seconds"], training.stopped_at)
     return output_dir
+
+
+def environment() -> dict[str, Any]:
+    """What a warm start's exact result depends on besides its settings (recorded in the marker).
+
+    The data, the initialisation and the batch order depend only on the settings (not on
+    ``PYTHONHASHSEED``); the floating-point rounding depends on the torch build and on the
+    vectorised kernels it picks for this CPU (``ATEN_CPU_CAPABILITY`` can force another).
+    """
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": _WARM_START_THREADS,
+    }
+
+
+_WARM_START_THREADS = 1
+
+
+@contextmanager
+def reproducible_cpu() -> Iterator[None]:
+    """One intra-op thread and deterministic algorithms inside; the caller's settings restored after.
+
+    One thread makes the reductions' order independent of the machine's core count (and is the
+    fastest choice for this tiny model anyway).
+    """
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.set_num_threads(_WARM_START_THREADS)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        torch.set_num_threads(threads)
 
 
 def read_marker(model_dir: str | Path) -> dict[str, Any]:
@@ -266,7 +320,7 @@ def train_supervised(
         )
 
     record = TrainingRecord(losses=[], dev_accuracy=[], stopped_at=settings.steps)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), reproducible_cpu():
         torch.manual_seed(settings.seed)
         model = AutoModelForCausalLM.from_config(config)
         generator = torch.Generator().manual_seed(settings.seed)
@@ -422,7 +476,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     greedy = generation_metrics(model_dir, validation, num_samples=args.eval_samples)
     sampled = generation_metrics(model_dir, validation, temperature=1.0, num_samples=args.eval_samples)
     print(f"model: {model_dir}")
-    print(f"warm start: {seconds:.1f} s, {read_marker(model_dir)['stopped_at']} steps")
+    marker = read_marker(model_dir)
+    print(f"warm start: {seconds:.1f} s, {marker['stopped_at']} steps")
+    built_with = marker.get("environment", {})
+    print("built with: " + ", ".join(f"{key} {value}" for key, value in built_with.items()))
     print(f"greedy accuracy: {greedy['accuracy']:.3f} (format {greedy['format_rate']:.3f})")
     print(f"sampled accuracy (T=1): {sampled['accuracy']:.3f} (format {sampled['format_rate']:.3f})")
 
