@@ -49,6 +49,7 @@ __all__ = [
     "sequence_mean_token_mean",
     "sequence_mean_token_sum",
     "constant_normalized_sum",
+    "position_ids_from_mask",
 ]
 
 KL_ESTIMATORS: Tuple[str, ...] = ("k1", "k2", "k3")
@@ -439,3 +440,12 @@ def constant_normalized_sum(
     total = masked_sum(loss, mask).to(_acc_dtype(loss.dtype))
     denom = _denominator(num_sequences, loss) * max_tokens
     return (total / denom).to(loss.dtype)
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """Positions that skip left padding, as ``generate`` assigns them: ``cumsum(mask) - 1``.
+
+    ``attention_mask``: ``[N, S]``, 1 on real tokens -> ``[N, S]`` int64, 0 on the padding.
+    """
+    positions = attention_mask.long().cumsum(-1) - 1
+    return positions.clamp(min=0)

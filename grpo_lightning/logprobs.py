@@ -19,6 +19,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
+from grpo_lightning.functional import position_ids_from_mask
 from grpo_lightning.strategies import is_sharded
 
 #: fp32 elements converted at a time when ``chunk_rows`` is not given (256 MB).
@@ -27,12 +28,6 @@ CHUNK_ELEMENTS = 2**26
 #: block starting at an unaligned row of the weight makes cuBLAS fall back to slow kernels (they made
 #: the whole update 1.5x slower on an H200, benchmarks/RESULTS.md).
 _COLUMN_ALIGNMENT = 64
-
-
-def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
-    """Positions that skip left padding, as ``generate`` assigns them: ``cumsum(mask) - 1``."""
-    positions = attention_mask.long().cumsum(-1) - 1
-    return positions.clamp(min=0)
 
 
 def _chunk_forward(

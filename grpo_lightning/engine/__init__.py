@@ -1,16 +1,14 @@
 """The fast rollout engine: static KV cache, compiled decode step in a CUDA graph, Triton kernels."""
 
 from grpo_lightning.engine.attention import DECODE_ATTENTION_KINDS
-from grpo_lightning.engine.generator import (
-    StaticCacheGenerator,
+from grpo_lightning.engine.cache import new_static_cache, slot_limits
+from grpo_lightning.engine.generator import StaticCacheGenerator, fast_generate_group
+from grpo_lightning.engine.sampling import (
     cumulative_count_sample,
     exponential_race_sample,
-    fast_generate_group,
     inverse_cdf_sample,
     keyed_uniforms,
-    new_static_cache,
     sample_tokens,
-    slot_limits,
 )
 
 __all__ = [

@@ -30,7 +30,6 @@ Several queries (a prefill) always take PyTorch's dispatch.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,6 +37,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from grpo_lightning.engine.kernels.availability import TRITON_INTERPRETED, kernels_run_on
 
 try:
     from transformers import AttentionInterface
@@ -60,11 +61,9 @@ DECODE_ATTENTION_KINDS = ("auto", "sdpa", "efficient", "math", "triton")
 """How ``gqa_sdpa_attention_forward`` computes a single query (``S == 1``):
 
 * ``"auto"`` (the default): ``"triton"`` on CUDA when the ``triton`` package imports, ``"math"`` on
-  a CPU, ``"sdpa"`` otherwise. On an H200, in a CUDA graph, the Triton kernel took 9 to 25 us per
-  call against 25 to 128 us for PyTorch's SDPA over rows x cache lengths from 128 x 320 to
-  8 x 8192; a compiled decode step of W0's model takes 24 against 30 ms per rollout with
-  ``"math"`` on a 2-core CPU, where PyTorch picks its CPU flash kernel for ``"sdpa"``
-  (``benchmarks/RESULTS.md``);
+  a CPU, ``"sdpa"`` otherwise: the fastest measured on each (``benchmarks/RESULTS.md``). On a CPU
+  PyTorch's ``"sdpa"`` picks a flash kernel that is slower at one query per row than ``"math"``
+  compiled;
 * ``"sdpa"``: ``scaled_dot_product_attention`` with PyTorch's choice of kernel;
 * ``"efficient"``: the same call restricted to the memory-efficient kernel on CUDA
   (``sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION)``, which ``torch.compile`` traces); other devices
@@ -80,8 +79,6 @@ DECODE_ATTENTION_KINDS = ("auto", "sdpa", "efficient", "math", "triton")
 
 _decode_kind = "auto"  # read at every call (and guarded on by torch.compile): set by decode_attention
 _triton_kernel = None  # the "triton" kind's operator, imported by decode_attention("triton")
-TRITON_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-"""Whether Triton kernels run on the CPU, interpreted (``TRITON_INTERPRET=1`` at import)."""
 
 
 def check_decode_attention(kind: str) -> None:
@@ -198,7 +195,7 @@ def gqa_sdpa_attention_forward(
             mask = mask.clamp(min=torch.finfo(query.dtype).min).to(query.dtype)
         mask = _grouped_mask(mask, kv_heads, group, q_len)
     stacked = query.reshape(batch, kv_heads, group * q_len, query.shape[-1])
-    on_triton = _triton_kernel is not None and (query.device.type == "cuda" or TRITON_INTERPRETED)
+    on_triton = _triton_kernel is not None and kernels_run_on(query.device)
     kind = resolve_decode_kind(_decode_kind, query.device, on_triton) if q_len == 1 else "sdpa"
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if kind == "triton" and dropout == 0.0:

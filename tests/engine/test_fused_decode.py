@@ -216,7 +216,7 @@ def test_the_compiled_prefill_gives_the_eager_tokens_as_prompt_shapes_change(tok
         ids, mask = ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0)
         outs = [g.generate(ids, mask, sampling, eos, tokenizer.pad_token_id) for g in (compiled, eager)]
         assert torch.equal(*outs)
-    assert compiled._prefill_step is not None and not compiled._prefill_failed
+    assert compiled._compiled_prefills._compiled is not None and not compiled._compiled_prefills.failed
 
 
 def test_compile_prefill_needs_fused_projections(checkpoint):
@@ -236,7 +236,7 @@ def test_a_failing_prefill_compiler_falls_back_to_the_eager_prefill(checkpoint, 
     first, _ = rollout(fused, tokenizer)
     with pytest.warns(UserWarning, match="torch.compile of the prefill failed"):
         second, _ = rollout(fused, tokenizer)
-    assert fused._prefill_failed
+    assert fused._compiled_prefills.failed
     assert torch.equal(second, first)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # eager from then on, without a warning

@@ -22,7 +22,7 @@ from grpo_lightning.engine import (
     sample_tokens,
     slot_limits,
 )
-from grpo_lightning.engine.attention import TRITON_INTERPRETED
+from grpo_lightning.engine.kernels.availability import TRITON_INTERPRETED
 from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.rollout import SamplingParams, completion_mask_from_ids, generate_group
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_tiny_model, tiny_config
@@ -414,7 +414,7 @@ def test_repeated_prompts_greedy_match_generate_also_when_the_model_bypasses_upd
     def writes_elsewhere(cache, distinct, inverse, written):
         return new_static_cache(model.config, len(distinct), 32, torch.device("cpu"), torch.float32)  # the engine's length
 
-    monkeypatch.setattr(engine_module, "_shared_prefill_cache", writes_elsewhere)
+    monkeypatch.setattr(engine_module, "shared_prefill_cache", writes_elsewhere)
     out = static_greedy(StaticCacheGenerator(model, len(prompts), 32), tokenizer, prompts, eos)
     assert torch.equal(out, reference)
 
@@ -554,7 +554,7 @@ def test_a_failing_compiler_falls_back_to_the_compiled_forward_then_to_eager(qwe
     for failing, expected in [({"_decode_step"}, "forward"), ({"_decode_step", "_decode_forward"}, "eager"), (set(), "step")]:
         generator = StaticCacheGenerator(qwen2, len(PROMPTS), 32, use_cuda_graph=False, compile=True)
         generator._prepare(qwen2.device, ids.size(1) + 4)
-        generator._set_stop_tokens([], 0, 0)
+        generator._buffers.set_stop_tokens([], 0, 0)
         generator._prefill(ids, mask)
         with pytest.warns(UserWarning) if failing else contextlib.nullcontext() as caught:
             step = generator._first_working_step(sampling)
@@ -565,4 +565,4 @@ def test_a_failing_compiler_falls_back_to_the_compiled_forward_then_to_eager(qwe
         else:
             kind = "forward" if isinstance(step, functools.partial) else "step"
         assert kind == expected
-        assert int(generator._step) == 1  # the step ran once, whichever candidate ran it
+        assert int(generator._buffers.step) == 1  # the step ran once, whichever candidate ran it

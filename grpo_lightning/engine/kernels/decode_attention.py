@@ -44,7 +44,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import custom_op
 
-from grpo_lightning.engine.attention import TRITON_INTERPRETED
+from grpo_lightning.engine.kernels.availability import TRITON_INTERPRETED
+from grpo_lightning.engine.kernels.common import dot, dot_precision
 
 BLOCK_L = 64
 """Cache slots per block of the kernel's loop."""
@@ -78,15 +79,6 @@ def slots_in_use(limit: int | None) -> Iterator[None]:
         yield
     finally:
         _slot_limit = previous
-
-
-@triton.jit
-def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """``a @ b`` accumulated in fp32; ``UPCAST`` multiplies in fp32 (Triton's interpreter computes
-    bf16 products wrongly); on a GPU bf16 inputs go to the tensor cores as they are."""
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b, input_precision=PRECISION)
 
 
 @triton.jit
@@ -147,7 +139,7 @@ def _decode_attention_kernel(
             mask=slot_ok[:, None] & dim_ok[None, :],
             other=0.0,
         )  # [BLOCK, DIM_PAD]
-        scores = _dot(q, tl.trans(keys), PRECISION, UPCAST) * scale  # [GROUP_PAD, BLOCK], fp32
+        scores = dot(q, tl.trans(keys), PRECISION, UPCAST) * scale  # [GROUP_PAD, BLOCK], fp32
         if MASK_KIND == 1:
             allowed = tl.load(m_base + slots[None, :] * m_strides_l, mask=slot_ok[None, :], other=0)
             scores = tl.where(allowed != 0, scores, float("-inf"))
@@ -166,7 +158,7 @@ def _decode_attention_kernel(
             mask=slot_ok[:, None] & dim_ok[None, :],
             other=0.0,
         )  # [BLOCK, DIM_PAD]
-        acc = acc * rescale[:, None] + _dot(weights.to(values.dtype), values, PRECISION, UPCAST)
+        acc = acc * rescale[:, None] + dot(weights.to(values.dtype), values, PRECISION, UPCAST)
         running_max = new_max
 
     if SPLIT:  # partial results [B, Hkv, splits, GROUP_PAD, DIM_PAD] and (max, normaliser), for _combine_kernel
@@ -222,12 +214,6 @@ def _combine_kernel(
         out.to(out_ptr.dtype.element_ty),
         mask=(queries < group)[:, None] & (dims < head_dim)[None, :],
     )
-
-
-def dot_precision(dtype: torch.dtype) -> str:
-    """``tl.dot``'s ``input_precision`` for operands of ``dtype``: exact products for fp32 (bf16 and
-    fp16 operands ignore it)."""
-    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def _padded(size: int) -> int:

@@ -43,8 +43,8 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import custom_op
 
-from grpo_lightning.engine.attention import TRITON_INTERPRETED
-from grpo_lightning.engine.kernels.decode_attention import _dot, dot_precision
+from grpo_lightning.engine.kernels.availability import TRITON_INTERPRETED
+from grpo_lightning.engine.kernels.common import dot, dot_precision
 
 SQUARES_BLOCK = 32
 """Columns of ``x`` per partial sum of squares."""
@@ -66,8 +66,8 @@ def _product_pair(
         a = tl.load(a_ptr + rows64 * a_stride + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w_left = tl.load(w_ptr + left_cols[None, :] * w_stride + ks[:, None], mask=k_ok[:, None], other=0.0)
         w_right = tl.load(w_ptr + right_cols[None, :] * w_stride + ks[:, None], mask=k_ok[:, None], other=0.0)
-        left += _dot(a, w_left, PRECISION, UPCAST)
-        right += _dot(a, w_right, PRECISION, UPCAST)
+        left += dot(a, w_left, PRECISION, UPCAST)
+        right += dot(a, w_right, PRECISION, UPCAST)
     return left, right
 
 
