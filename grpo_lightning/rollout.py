@@ -1,4 +1,4 @@
-"""Sampling a group of completions for each prompt."""
+"""The rollout data type: a group of completions per prompt, and the buffer that keeps groups between steps."""
 
 from __future__ import annotations
 
@@ -71,6 +71,20 @@ class Rollout:
     def lengths(self) -> Tensor:
         return self.completion_mask.sum(-1)
 
+    @property
+    def device(self) -> torch.device:
+        return self.completion_ids.device
+
+    def to(self, device: torch.device | str) -> Rollout:
+        """The rollout with its tensors on ``device``."""
+        tensors = {f.name: getattr(self, f.name) for f in fields(self)}
+        return replace(self, **{k: v.to(device) for k, v in tensors.items() if isinstance(v, Tensor)})
+
+    def state_dict(self) -> dict[str, Any]:
+        """The fields as a dict, tensors on the CPU: ``Rollout(**state)`` rebuilds the rollout."""
+        moved = self.to("cpu")
+        return {f.name: getattr(moved, f.name) for f in fields(moved)}
+
     def select(self, rows: Tensor) -> Rollout:
         """The rollout restricted to ``rows`` (a 1-D index tensor)."""
         index = rows.tolist()
@@ -138,32 +152,65 @@ def completion_mask_from_ids(completion_ids: Tensor, eos_token_id: int | list[in
     return mask, ~has_eos
 
 
-@torch.no_grad()
-def generate_group(
-    model: nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: list[str],
-    group_size: int,
-    sampling: SamplingParams,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Sample ``group_size`` completions for each prompt with ``model.generate``.
+class RolloutBuffer:
+    """Groups kept from one generation batch to the next until a batch of them is full (DAPO's
+    dynamic sampling), with the counts of what was drawn.
 
-    Returns ``(prompt_ids [N, S], prompt_mask [N, S], completion_ids [N, T])`` with
-    ``N = len(prompts) * group_size``, prompts left-padded and repeated in place.
+    Held groups follow the rollouts appended to them onto their device (a buffer restored from a
+    checkpoint is on the CPU), and go into checkpoints with :meth:`state_dict`.
     """
-    device = next(model.parameters()).device
-    encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-    prompt_ids = encoded["input_ids"].to(device).repeat_interleave(group_size, dim=0)
-    prompt_mask = encoded["attention_mask"].to(device).repeat_interleave(group_size, dim=0)
-    was_training = model.training
-    model.eval()
-    try:
-        sequences = model.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            generation_config=sampling.generation_config(tokenizer),
-        )
-    finally:
-        model.train(was_training)
-    completion_ids = sequences[:, prompt_ids.size(1) :]
-    return prompt_ids, prompt_mask, completion_ids
+
+    def __init__(self) -> None:
+        self.parts: list[Rollout] = []
+        self.batches = 0  # generation batches drawn since the last take
+        self.groups_seen = 0  # groups drawn since the last take
+
+    @property
+    def num_groups(self) -> int:
+        return sum(part.num_groups for part in self.parts)
+
+    def append(self, rollout: Rollout, groups: Tensor) -> None:
+        """Count one generation batch and keep the groups of ``rollout`` that ``groups`` (a boolean
+        ``[P]`` mask) marks."""
+        self.batches += 1
+        self.groups_seen += rollout.num_groups
+        if groups.any():
+            self.parts = [part.to(rollout.device) for part in self.parts]
+            self.parts.append(rollout.select_groups(groups.cpu()))
+
+    def take(self, max_groups: int, pad_token_id: int) -> Rollout | None:
+        """The first ``max_groups`` groups held, as one rollout (``None`` for none); empties the buffer."""
+        parts = self.parts
+        self.clear()
+        if max_groups <= 0 or not parts:
+            return None
+        batch = Rollout.concat(parts, pad_token_id)
+        return batch.select_groups(torch.arange(max_groups)) if batch.num_groups > max_groups else batch
+
+    def clear(self) -> None:
+        self.parts, self.batches, self.groups_seen = [], 0, 0
+
+    def to(self, device: torch.device | str) -> RolloutBuffer:
+        self.parts = [part.to(device) for part in self.parts]
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "kept": [part.state_dict() for part in self.parts],
+            "gen_batches": self.batches,
+            "groups_seen": self.groups_seen,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.parts = [Rollout(**part) for part in state["kept"]]
+        self.batches = state["gen_batches"]
+        self.groups_seen = state["groups_seen"]
+
+
+def __getattr__(name: str) -> Any:
+    # ``generate_group`` moved to ``grpo_lightning.generation``; imported lazily (no import cycle).
+    if name == "generate_group":
+        from grpo_lightning.generation.hf import generate_group
+
+        return generate_group
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -69,7 +69,7 @@ class SaveWhileSampling(L.Callback):
         self.after, self.path, self.saved_at = after, path, None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.saved_at is None and trainer.global_step >= self.after and pl_module._kept:
+        if self.saved_at is None and trainer.global_step >= self.after and pl_module.buffer.num_groups:
             trainer.save_checkpoint(self.path)
             self.saved_at = trainer.global_step
             trainer.should_stop = True
@@ -135,7 +135,7 @@ def test_dapo_resumed_while_its_dynamic_sampling_buffer_holds_groups(tiny_model_
     save = SaveWhileSampling(after=2, path=tmp_path / "sampling.ckpt")
     fit(make_module(tiny_model_dir, **settings), total, tmp_path / "first", callbacks=[save])
     assert save.saved_at is not None, "no generation batch left groups in the buffer: change the reward or seed"
-    buffer = read_checkpoint(save.path)["training_state"][0]["dynamic_sampling"]
+    buffer = read_checkpoint(save.path)["training_state"][0]["buffers"]["buffer"]
     assert buffer["kept"] and buffer["gen_batches"] >= 1
 
     resumed, trainer = fit(make_module(tiny_model_dir, **settings), total, tmp_path / "resumed", ckpt_path=save.path)

@@ -12,7 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.logprobs import completion_logprobs
-from grpo_lightning.module import EVERY_STEP_METRICS, ConfigError, StepMetrics
+from grpo_lightning.engine.options import EngineOptions
+from grpo_lightning.module import EVERY_STEP_METRICS, ConfigError
 from grpo_lightning.rewards import RewardFunctionError
 from grpo_lightning.rollout import SamplingParams
 from variants import DAPO, GRPO
@@ -195,8 +196,9 @@ def test_reward_rises_on_a_toy_task(tiny_model_dir, tmp_path):
         ({"minibatch_size": 6, "micro_batch_size": 4}, "micro_batch_size"),
         ({"reward_weights": [1.0, 2.0]}, "reward_weights"),
         ({"dtype": "float8"}, "dtype"),
-        ({"decode_attention": "cudnn"}, "decode_attention"),
-        ({"fuse_projections": True}, "fuse_projections"),  # the default engine is "hf"
+        ({"engine": EngineOptions(decode_attention="cudnn")}, "engine.decode_attention"),
+        ({"engine": EngineOptions(rollout="hf", fuse_projections=True)}, "engine.fuse_projections"),
+        ({"engine": EngineOptions(rollout="hf"), "rollout_seed": 3}, "rollout_seed"),
     ],
 )
 def test_invalid_settings_are_rejected_at_construction_naming_the_field(overrides, field):
@@ -205,32 +207,34 @@ def test_invalid_settings_are_rejected_at_construction_naming_the_field(override
 
 
 def test_decode_options_reach_the_static_engine_and_keep_greedy_rollouts(make_module):
-    """The module's ``decode_attention`` and ``fuse_projections`` are the engine's; the ``math`` kind
+    """The module's ``engine.decode_attention`` and ``engine.fuse_projections`` are the engine's; the ``math`` kind
     and the fused projections (with ``triton``, computed as ``math`` on a CPU) decode the same greedy
     completions as PyTorch's SDPA through the model's own forward pass."""
     batch = {"prompt": ["1+2=", "30+4="]}
     greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
     completions = {}
     for kind, fused in (("sdpa", False), ("math", False), ("triton", True)):
-        grpo = make_module(GRPO, rollout_engine="static", decode_attention=kind, fuse_projections=fused, dtype="float32")
+        engine = EngineOptions(rollout="static", decode_attention=kind, fuse_projections=fused)
+        grpo = make_module(GRPO, engine=engine, dtype="float32")
         completions[kind] = grpo.generate(batch, 2, greedy).completion_ids
-        assert grpo._engine.decode_attention == kind and grpo._engine.fuse_projections == fused
-        assert (grpo._engine._decoder is not None) == fused
+        assert grpo.sampler.engine.decode_attention == kind and grpo.sampler.engine.fuse_projections == fused
+        assert (grpo.sampler.engine._decoder is not None) == fused
     torch.testing.assert_close(completions["math"], completions["sdpa"], rtol=0, atol=0)
     torch.testing.assert_close(completions["triton"], completions["sdpa"], rtol=0, atol=0)
 
 
 def test_padding_free_needs_a_transformers_that_detects_packed_sequences(monkeypatch):
-    import grpo_lightning.module as module_file
+    import grpo_lightning.generation.choice as choice
 
-    monkeypatch.setattr(module_file, "supports_packed_sequences", lambda: False)
-    with pytest.raises(ConfigError, match="padding_free"):
-        module("unused/model", padding_free=True)
+    monkeypatch.setattr(choice, "supports_packed_sequences", lambda: False)
+    with pytest.raises(ConfigError, match="engine.padding_free"):
+        module("unused/model", engine=EngineOptions(padding_free=True))
 
 
 def test_padding_free_under_sdpa_warns_that_a_dense_mask_keeps_the_rows_apart(make_module):
+    grpo = make_module(GRPO, engine=EngineOptions(padding_free=True))
     with pytest.warns(UserWarning, match="padding_free with attn_implementation 'sdpa'"):
-        make_module(GRPO, padding_free=True)
+        assert grpo.engine_plan.padding_free
 
 
 def test_unknown_reward_function_path_names_the_field_and_an_example():
@@ -274,52 +278,3 @@ def test_validate_fit_validate_on_one_trainer(tiny_model_dir, tmp_path):
     trainer.fit(grpo, datamodule=data)
     after = trainer.validate(grpo, datamodule=data, verbose=False)[0]
     assert 0.0 <= before["val/accuracy"] <= 1.0 and 0.0 <= after["val/accuracy"] <= 1.0
-
-
-def test_step_metrics_merge_weighted_means_minima_and_maxima_over_processes():
-    processes = [StepMetrics(), StepMetrics()]
-    processes[0].update("loss", 1.0, weight=1.0)
-    processes[0].update("loss", 4.0, weight=3.0)  # this process: (1 + 12) / 4
-    processes[1].update("loss", 2.0, weight=4.0)
-    for metrics, shortest, longest in zip(processes, (5.0, 3.0), (9.0, 7.0)):
-        metrics.update("min_length", shortest, reduce="min")
-        metrics.update("max_length", longest, reduce="max")
-    processes[1].update("only_here", 6.0)
-    states = []
-
-    def gather(state):  # stands in for the all-gather over processes
-        states.append(state)
-        return states
-
-    processes[0].compute_and_reset(gather=gather)
-    merged = processes[1].compute_and_reset(gather=gather)
-    assert merged == {"loss": (1 + 12 + 8) / 8, "min_length": 3.0, "max_length": 9.0, "only_here": 6.0}
-    assert processes[1].compute_and_reset() == {}  # reset
-
-
-def test_step_metrics_leave_out_nan_values():
-    """A NaN value (e.g. the mean of a reward function that scored nothing) adds nothing to a mean,
-    minimum or maximum; a metric that got only NaN is NaN, not missing."""
-    metrics = StepMetrics()
-    for value, weight in ((1.0, 2.0), (float("nan"), 5.0), (4.0, 1.0)):
-        metrics.update("reward", value, weight=weight)
-    metrics.update("shortest", float("nan"), reduce="min")
-    metrics.update("shortest", 7.0, reduce="min")
-    metrics.update("unscored", torch.tensor(float("nan")))
-    metrics.update("longest", float("nan"), reduce="max")
-    values = metrics.compute_and_reset()
-    assert values["reward"] == (2.0 + 4.0) / 3 and values["shortest"] == 7.0
-    assert math.isnan(values["unscored"]) and math.isnan(values["longest"])
-    with pytest.raises(ValueError, match="reduce must be one of mean, min, max, got 'median'"):
-        metrics.update("loss", 1.0, reduce="median")
-
-
-def test_step_metrics_log_a_value_as_it_was_when_added():
-    """Values are read at the end of the step (not moved to the CPU as they are added); a tensor
-    changed in place after being added still counts with its value at that time."""
-    metrics = StepMetrics()
-    running = torch.tensor(2.0)
-    metrics.update("loss", running, weight=torch.tensor(1.0))
-    running += 10.0
-    metrics.update("loss", running, weight=torch.tensor(3.0))
-    assert metrics.compute_and_reset() == {"loss": (2.0 + 36.0) / 4}

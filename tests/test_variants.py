@@ -16,6 +16,7 @@ from torch.testing import assert_close
 
 import grpo_lightning.module as module_lib
 from grpo_lightning.data import ArithmeticDataModule
+from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.rollout import Rollout
 from variants import DAPO, GRPO, GSPO, RLOO, DrGRPO
 
@@ -210,7 +211,9 @@ def _perturb(model: torch.nn.Module, scale: float = 0.05) -> None:
     "cls, kwargs",
     [
         pytest.param(GRPO, {"beta": 0.04}, id="GRPO-kl_in_loss"),
-        pytest.param(GRPO, {"beta": 0.04, "padding_free": True, "fused_lm_head": True}, id="GRPO-packed-fused_head"),
+        pytest.param(
+            GRPO, {"beta": 0.04, "engine": EngineOptions(padding_free=True, fused_lm_head=True)}, id="GRPO-packed-fused_head"
+        ),
         pytest.param(DrGRPO, {}, id="DrGRPO"),
         pytest.param(DAPO, {}, id="DAPO-token_mean"),
         pytest.param(RLOO, {"beta": 0.05}, id="RLOO-kl_in_reward"),
@@ -285,9 +288,8 @@ def test_trainer_step_gradient_does_not_depend_on_micro_batching_the_fused_head_
     for micro_batch_size, fused_lm_head, padding_free in settings:
         L.seed_everything(0)
         capture = GradientCapture()
-        module = make_module(
-            GRPO, configure=False, micro_batch_size=micro_batch_size, fused_lm_head=fused_lm_head, padding_free=padding_free
-        )
+        engine = EngineOptions(fused_lm_head=fused_lm_head, padding_free=padding_free)
+        module = make_module(GRPO, configure=False, micro_batch_size=micro_batch_size, engine=engine)
         _trainer(max_steps=1, callbacks=[capture]).fit(module, datamodule=_arithmetic(batch_size=2))
         assert len(capture.gradients) == 1  # the hook runs under manual optimization
         gradients.append(capture.gradients[0])

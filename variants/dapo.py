@@ -23,15 +23,13 @@ No KL term (beta 0).
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
-from typing import Any, Literal
+from typing import Literal
 
-import torch
 from torch import Tensor
 
 from grpo_lightning import functional as F
-from grpo_lightning.module import ConfigError
-from grpo_lightning.rollout import Rollout
+from grpo_lightning.rollout import Rollout, RolloutBuffer
+from grpo_lightning.settings import require
 from variants.grpo import GRPO
 
 
@@ -63,77 +61,41 @@ class DAPO(GRPO):
         **kwargs,
     ) -> None:
         super().__init__(model, beta=beta, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, **kwargs)
-        if max_gen_batches < 1:
-            raise ConfigError(f"max_gen_batches: must be at least 1 (got {max_gen_batches}).")
-        if on_exhausted not in ("error", "partial"):
-            raise ConfigError(f"on_exhausted: {on_exhausted!r} is not 'error' or 'partial'.")
-        if overlong_buffer is None:
-            overlong_buffer = self.max_new_tokens // 5
-        if not 0 <= overlong_buffer <= self.max_new_tokens:
-            raise ConfigError(
-                f"overlong_buffer: must be between 0 and max_new_tokens ({self.max_new_tokens}), got {overlong_buffer}."
-            )
+        require(max_gen_batches >= 1, f"max_gen_batches: must be at least 1 (got {max_gen_batches}).")
+        require(on_exhausted in ("error", "partial"), f"on_exhausted: {on_exhausted!r} is not 'error' or 'partial'.")
+        overlong_buffer = self.max_new_tokens // 5 if overlong_buffer is None else overlong_buffer
+        require(
+            0 <= overlong_buffer <= self.max_new_tokens,
+            f"overlong_buffer: must be between 0 and max_new_tokens ({self.max_new_tokens}), got {overlong_buffer}.",
+        )
         self.dynamic_sampling = dynamic_sampling
         self.max_gen_batches = max_gen_batches
         self.on_exhausted = on_exhausted
         self.overlong_buffer = overlong_buffer
         self.overlong_penalty = overlong_penalty
-        self._kept: list[Rollout] = []
-        self._gen_batches = 0
-        self._groups_seen = 0
+        self.buffer = RolloutBuffer()  # informative groups kept for the next update (and in checkpoints)
 
     def select(self, rollout: Rollout) -> Rollout | None:
         """Dynamic sampling: buffer informative groups until a batch of them is full."""
         if not self.dynamic_sampling:
             return rollout
         target = rollout.num_groups
-        informative = F.informative_groups(rollout.rewards.view(-1, rollout.group_size))
-        self._gen_batches += 1
-        self._groups_seen += target
-        if informative.any():
-            self._kept.append(rollout.select_groups(informative.cpu()))
-        found = kept = sum(part.num_groups for part in self._kept)
+        self.buffer.append(rollout, F.informative_groups(rollout.rewards.view(-1, rollout.group_size)))
         # Over several devices the decision is common: every device updates, with as many groups
         # as the device that found fewest, or none does (each update runs collectives).
-        kept = self.min_over_ranks(kept)
-        if kept < target and self._gen_batches < self.max_gen_batches:
+        kept = self.min_over_ranks(self.buffer.num_groups)
+        if kept < target and self.buffer.batches < self.max_gen_batches:
             return None
         if kept < target and self.on_exhausted == "error":
-            gen_batches, self._kept, self._gen_batches, self._groups_seen = self._gen_batches, [], 0, 0
+            self.buffer.clear()
             raise RuntimeError(
                 f"DAPO dynamic sampling found {kept} informative groups of the {target} needed in "
-                f"{gen_batches} generation batches. Raise --model.max_gen_batches, or set "
+                f"{self.max_gen_batches} generation batches. Raise --model.max_gen_batches, or set "
                 "--model.on_exhausted partial to train on the groups found."
             )
-        self.step_metrics.update("dynamic_sampling/gen_batches", self._gen_batches)
-        self.step_metrics.update("dynamic_sampling/frac_groups_kept", found / self._groups_seen)
-        batch = Rollout.concat(self._kept, self.tokenizer.pad_token_id) if kept else None
-        self._kept, self._gen_batches, self._groups_seen = [], 0, 0
-        if batch is not None and batch.num_groups > min(kept, target):
-            batch = batch.select_groups(torch.arange(min(kept, target)))
-        return batch
-
-    def training_state(self) -> dict[str, Any]:
-        """Adds the dynamic-sampling buffer: the informative groups kept for the next update."""
-        state = super().training_state()
-        state["dynamic_sampling"] = {
-            "kept": [_rollout_state(part) for part in self._kept],
-            "gen_batches": self._gen_batches,
-            "groups_seen": self._groups_seen,
-        }
-        return state
-
-    def load_training_state(self, state: dict[str, Any]) -> None:
-        super().load_training_state(state)
-        buffer = state.get("dynamic_sampling", {"kept": [], "gen_batches": 0, "groups_seen": 0})
-        self._kept = [Rollout(**part) for part in buffer["kept"]]
-        self._gen_batches = buffer["gen_batches"]
-        self._groups_seen = buffer["groups_seen"]
-
-    def on_train_start(self) -> None:
-        super().on_train_start()
-        # A restored buffer was loaded on the CPU, before the module moved to its device.
-        self._kept = [_rollout_to(part, self.device) for part in self._kept]
+        self.step_metrics.update("dynamic_sampling/gen_batches", self.buffer.batches)
+        self.step_metrics.update("dynamic_sampling/frac_groups_kept", self.buffer.num_groups / self.buffer.groups_seen)
+        return self.buffer.take(min(kept, target), self.tokenizer.pad_token_id)
 
     def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
         """Soft overlong punishment (eq. 13) added to the task reward."""
@@ -146,14 +108,3 @@ class DAPO(GRPO):
     def aggregate(self, loss: Tensor, mask: Tensor, *, num_sequences=None, num_tokens: Tensor | None = None) -> Tensor:
         """``sum(loss * mask) / sum(mask)`` over the whole batch (all micro-batches and devices)."""
         return F.token_mean(loss, mask, num_tokens=num_tokens)
-
-
-def _rollout_to(rollout: Rollout, device: torch.device | str) -> Rollout:
-    tensors = {f.name: getattr(rollout, f.name) for f in fields(rollout)}
-    return replace(rollout, **{k: v.to(device) for k, v in tensors.items() if isinstance(v, Tensor)})
-
-
-def _rollout_state(rollout: Rollout) -> dict[str, Any]:
-    """A rollout as a dict of its fields (tensors on the CPU), ``Rollout(**state)`` rebuilds it."""
-    moved = _rollout_to(rollout, "cpu")
-    return {f.name: getattr(moved, f.name) for f in fields(moved)}

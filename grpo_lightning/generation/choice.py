@@ -1,0 +1,184 @@
+"""The choice of engine: the one place that checks and resolves the engine options.
+
+:func:`check_engine_options` runs at construction (settings wrong whatever the device);
+:func:`resolve_engine` once the device, model and strategy are known. ``"auto"`` and ``None`` become
+concrete settings there; a fallback of an automatic setting is announced once with its reason, and an
+explicit setting that cannot run raises :class:`~grpo_lightning.settings.ConfigError` naming the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from grpo_lightning.engine import DECODE_ATTENTION_KINDS
+from grpo_lightning.engine.fused_decode import FUSED_MODEL_TYPES
+from grpo_lightning.engine.options import EngineOptions
+from grpo_lightning.settings import ConfigError, require
+from grpo_lightning.logprobs import supports_packed_sequences
+
+#: Attention implementations the static engine decodes with (``None`` is eager).
+STATIC_ATTENTION = ("sdpa", "eager")
+
+ROLLOUTS = ("auto", "static", "hf")
+
+
+@dataclass(frozen=True)
+class EngineTarget:
+    """What the choice depends on: the device and the model that rollouts sample from."""
+
+    device_type: str
+    model_type: str | None = None
+    attn_implementation: str | None = None
+    full_attention: bool = True
+    sharded: bool = False
+    """The policy is sharded (FSDP)."""
+    gathered: bool = False
+    """Rollouts sample from the sharded policy itself (FSDP ``rollout_weights="gather"``)."""
+
+    @classmethod
+    def of(cls, model: Any, device_type: str, sharded: bool = False, gathered: bool = False) -> EngineTarget:
+        """The target of a Hugging Face model (unwrapped from FSDP) on a device of ``device_type``."""
+        config = getattr(model, "module", model).config
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        layer_types = getattr(config, "layer_types", None) or ()
+        full = all(kind == "full_attention" for kind in layer_types) and not getattr(config, "use_sliding_window", False)
+        return cls(
+            device_type=device_type,
+            model_type=getattr(config, "model_type", None),
+            attn_implementation=getattr(config, "_attn_implementation", None),
+            full_attention=full,
+            sharded=sharded,
+            gathered=gathered,
+        )
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """The engine options resolved for one target: every field concrete."""
+
+    rollout: Literal["static", "hf"]
+    compile: bool
+    decode_attention: str
+    fuse_projections: bool
+    logprob_compile: bool
+    model_compile: bool
+    fused_lm_head: bool
+    padding_free: bool
+    notes: tuple[str, ...] = ()
+    """Automatic settings that fell back, each with its reason (announced as information)."""
+    warnings: tuple[str, ...] = ()
+    """Explicit settings that run otherwise than asked, and why (announced as warnings)."""
+
+    def announce(self) -> None:
+        for note in self.notes:
+            rank_zero_info(note)
+        for warning in self.warnings:
+            rank_zero_warn(warning)
+
+
+def static_only_settings(options: EngineOptions, rollout_seed: int | None) -> list[str]:
+    """The explicit settings that only the static engine runs, by field name."""
+    asked = {
+        "rollout_seed": rollout_seed is not None,
+        "engine.compile": bool(options.compile),
+        "engine.decode_attention": options.decode_attention != "auto",
+        "engine.fuse_projections": bool(options.fuse_projections),
+    }
+    return [name for name, given in asked.items() if given]
+
+
+def check_engine_options(options: EngineOptions, rollout_seed: int | None = None) -> None:
+    """Raise :class:`ConfigError` for settings that are wrong on any device."""
+    require(options.rollout in ROLLOUTS, f"engine.rollout: {options.rollout!r} is not one of {', '.join(map(repr, ROLLOUTS))}.")
+    require(
+        options.decode_attention in DECODE_ATTENTION_KINDS,
+        f"engine.decode_attention: {options.decode_attention!r} is not one of {', '.join(map(repr, DECODE_ATTENTION_KINDS))}.",
+    )
+    if options.rollout == "hf":
+        for name in static_only_settings(options, rollout_seed):
+            raise ConfigError(
+                f"{name}: it is a setting of the static engine, and engine.rollout is 'hf'; set engine.rollout to "
+                f"'static' or 'auto', or leave {name} unset."
+            )
+    require(
+        not options.padding_free or supports_packed_sequences(),
+        "engine.padding_free: this transformers release does not detect packed sequences from their position ids; "
+        "upgrade transformers or set engine.padding_free to false.",
+    )
+
+
+def static_engine_blocker(target: EngineTarget) -> str | None:
+    """Why the static engine cannot sample from the target's model, or ``None`` when it can."""
+    attention = target.attn_implementation or "eager"
+    if target.gathered:
+        return "FSDP's rollout_weights='gather' samples from sharded weights and the static engine needs whole ones"
+    if attention not in STATIC_ATTENTION:
+        return f"the model's attn_implementation {attention!r} is not one the static engine runs ({', '.join(STATIC_ATTENTION)})"
+    if not target.full_attention:
+        return "the model has sliding-window layers and the static engine runs full attention only"
+    return None
+
+
+def resolve_engine(options: EngineOptions, target: EngineTarget, rollout_seed: int | None = None) -> EnginePlan:
+    """The options made concrete for ``target``.
+
+    * ``rollout "auto"``: the static engine on CUDA where it can run, or where an explicit setting
+      needs it (:func:`static_only_settings`); the HF path otherwise (a CPU, an unsupported model).
+    * ``compile``: on with the static engine on CUDA. ``fuse_projections``: the same, for the model
+      types of ``FUSED_MODEL_TYPES``. ``decode_attention "auto"`` is the engine's own choice per device.
+    * ``logprob_compile``, ``fused_lm_head``: on CUDA. ``model_compile``: on CUDA for unsharded models.
+    """
+    check_engine_options(options, rollout_seed)
+    cuda = target.device_type == "cuda"
+    blocker = static_engine_blocker(target)
+    needs_static = static_only_settings(options, rollout_seed)
+    notes: list[str] = []
+    warnings: list[str] = []
+    rollout = options.rollout
+    if blocker is not None and (rollout == "static" or needs_static):
+        name = "engine.rollout" if rollout == "static" else needs_static[0]
+        raise ConfigError(
+            f"{name}: needs the static engine, which cannot run here: {blocker}. Set engine.rollout to 'hf' "
+            "and leave the static engine's settings unset, or change the model or strategy."
+        )
+    if rollout == "auto":
+        rollout = "static" if blocker is None and (cuda or needs_static) else "hf"
+        if rollout == "hf":
+            reason = blocker or f"the model is on the {target.device_type.upper()}, not on CUDA"
+            notes.append(f"engine.rollout auto: using the HF generate path because {reason}.")
+    static = rollout == "static"
+    fuse = options.fuse_projections
+    if fuse is None:
+        fuse = static and cuda and target.model_type in FUSED_MODEL_TYPES
+        if static and cuda and not fuse:
+            notes.append(
+                f"engine.fuse_projections auto: off because the model type {target.model_type!r} is not one of "
+                f"{', '.join(FUSED_MODEL_TYPES)}."
+            )
+    model_compile = options.model_compile
+    if model_compile is None:
+        model_compile = cuda and not target.sharded
+    elif model_compile and target.sharded:
+        warnings.append("engine.model_compile: the policy is sharded (FSDP), so its log-prob passes run eagerly.")
+        model_compile = False
+    if options.padding_free and (target.attn_implementation or "eager") in ("sdpa", "eager"):
+        warnings.append(
+            f"engine.padding_free with attn_implementation {target.attn_implementation or 'eager'!r}: packed rows "
+            "are kept apart by a dense mask over the whole packed sequence, which usually costs more than the "
+            "padding it saves; use flash_attention_2 or flex_attention (on a GPU)."
+        )
+    return EnginePlan(
+        rollout=rollout,
+        compile=(static and cuda) if options.compile is None else options.compile,
+        decode_attention=options.decode_attention,
+        fuse_projections=fuse,
+        logprob_compile=cuda if options.logprob_compile is None else options.logprob_compile,
+        model_compile=model_compile,
+        fused_lm_head=cuda if options.fused_lm_head is None else options.fused_lm_head,
+        padding_free=options.padding_free,
+        notes=tuple(notes),
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,119 @@
+"""Sampling a rollout: prompts as text, completions on the path an
+:class:`~grpo_lightning.generation.choice.EnginePlan` chose, and the :class:`Rollout` they make."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+from grpo_lightning.engine import StaticCacheGenerator, fast_generate_group
+from grpo_lightning.generation.choice import EnginePlan
+from grpo_lightning.generation.hf import generate_group
+from grpo_lightning.rollout import Rollout, SamplingParams, completion_mask_from_ids
+
+
+def sampling_keys(seed: int, rollout_number: int, texts: Sequence[str], group_size: int) -> Tensor:
+    """Keys of keyed sampling, one per completion ``[len(texts) * group_size]``: a hash of the seed,
+    the rollout's number, the prompt text, the how-many-th copy of that text in the batch it is, and
+    the completion's index in its group. Independent of the prompt's place in the batch, so the same
+    prompts sample the same completions whatever the batch composition or number of devices."""
+    seen: dict[str, int] = {}
+    keys = []
+    for text in texts:
+        copy = seen[text] = seen.get(text, -1) + 1
+        for index in range(group_size):
+            digest = hashlib.blake2b(f"{seed}|{rollout_number}|{copy}|{index}|".encode() + text.encode(), digest_size=8)
+            keys.append(int.from_bytes(digest.digest(), "little") >> 1)  # non-negative int64
+    return torch.tensor(keys, dtype=torch.int64)
+
+
+class RolloutSampler:
+    """Samples groups of completions with ``model.generate`` or the static engine, as ``plan`` says.
+
+    The static engine (its cache and compiled decode step) is kept between rollouts; it is rebuilt
+    for a larger batch or another model. ``seed``: keyed sampling (:func:`sampling_keys`), static engine only.
+    """
+
+    def __init__(self, plan: EnginePlan, seed: int | None = None) -> None:
+        self.plan = plan
+        self.seed = seed
+        self.engine: StaticCacheGenerator | None = None
+
+    def sample(
+        self,
+        model: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        texts: list[str],
+        group_size: int,
+        sampling: SamplingParams,
+        rollout_number: int = 0,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``(prompt_ids [N, S], prompt_mask [N, S], completion_ids [N, T])``, ``N = len(texts) * group_size``."""
+        if self.plan.rollout == "hf":
+            return generate_group(model, tokenizer, texts, group_size, sampling)
+        rows = len(texts) * group_size
+        if self.engine is None or rows > self.engine.max_batch_size or self.engine.model is not model:
+            # Sized to the largest batch seen (a validation batch may come first), not chunked.
+            self.clear()
+            self.engine = StaticCacheGenerator(
+                model,
+                max_batch_size=rows,
+                max_cache_len=sampling.max_new_tokens + 64,
+                compile=self.plan.compile,
+                decode_attention=self.plan.decode_attention,
+                fuse_projections=self.plan.fuse_projections,
+            )
+        keys = None if self.seed is None else sampling_keys(self.seed, rollout_number, texts, group_size)
+        return fast_generate_group(self.engine, tokenizer, texts, group_size, sampling, row_keys=keys)
+
+    def clear(self) -> None:
+        """Free the static engine's cache and compiled step."""
+        if self.engine is not None:
+            self.engine.clear()
+            self.engine = None
+
+
+def format_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Any, use_chat_template: bool = True) -> str:
+    """Plain text for the model: chat messages (or plain text, when the tokenizer has a chat
+    template and ``use_chat_template``) go through the template."""
+    if isinstance(prompt, str) and not (use_chat_template and tokenizer.chat_template):
+        return prompt
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def build_rollout(
+    tokenizer: PreTrainedTokenizerBase,
+    batch: dict[str, list],
+    group_size: int,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+) -> Rollout:
+    """The :class:`Rollout` of sampled ids: completion masks up to EOS, decoded completions, and the
+    batch's prompts and other columns repeated for each completion of their group."""
+    completion_mask, truncated = completion_mask_from_ids(completion_ids, tokenizer.eos_token_id)
+    completions = tokenizer.batch_decode(
+        completion_ids.masked_fill(completion_mask == 0, tokenizer.pad_token_id), skip_special_tokens=True
+    )
+
+    def repeat(values: list) -> list:
+        return [v for v in values for _ in range(group_size)]
+
+    columns = {k: repeat(v) for k, v in batch.items() if k not in ("prompt", "completion", "completions")}
+    return Rollout(
+        group_size=group_size,
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        truncated=truncated,
+        prompts=repeat(list(batch["prompt"])),
+        completions=completions,
+        columns=columns,
+    )

@@ -1,0 +1,123 @@
+"""Checks of the module's settings, before any work is done: each error names the field and the fix.
+
+The engine options are checked where they are resolved (:mod:`grpo_lightning.generation`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from grpo_lightning import functional as F
+from grpo_lightning.rewards import resolve_reward_function
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ConfigError(ValueError):
+    """An invalid setting, raised before any work is done; the message names the field and the fix."""
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise :class:`ConfigError` with ``message`` unless ``condition`` holds."""
+    if not condition:
+        raise ConfigError(message)
+
+
+def check_settings(
+    *,
+    model: str,
+    dtype: str,
+    rollout_dtype: str | None,
+    group_size: int,
+    max_new_tokens: int,
+    min_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    beta: float,
+    kl_estimator: str,
+    clip_eps_low: float,
+    clip_eps_high: float,
+    ppo_epochs: int,
+    minibatch_size: int | None,
+    micro_batch_size: int,
+    val_temperature: float,
+) -> None:
+    """Raise :class:`ConfigError` for the first invalid argument of ``GroupPolicyOptimization``."""
+    require(isinstance(model, str) and model != "", "model: give a hub id or a local directory of a causal LM.")
+    require(dtype == "auto" or dtype in DTYPES, f"dtype: {dtype!r} is not one of 'auto', {', '.join(map(repr, DTYPES))}.")
+    require(
+        rollout_dtype is None or rollout_dtype in DTYPES,
+        f"rollout_dtype: {rollout_dtype!r} is not one of {', '.join(map(repr, DTYPES))} or null.",
+    )
+    require(
+        group_size >= 2,
+        f"group_size: must be at least 2 (got {group_size}); group-relative advantages compare completions of one prompt.",
+    )
+    require(max_new_tokens >= 1, f"max_new_tokens: must be at least 1 (got {max_new_tokens}).")
+    require(
+        0 <= min_new_tokens <= max_new_tokens,
+        f"min_new_tokens: must be between 0 and max_new_tokens ({max_new_tokens}), got {min_new_tokens}.",
+    )
+    require(temperature > 0, f"temperature: rollouts must be sampled, so it must be > 0 (got {temperature}).")
+    require(0 < top_p <= 1, f"top_p: must be in (0, 1] (got {top_p}).")
+    require(top_k >= 0, f"top_k: must be >= 0, 0 disables it (got {top_k}).")
+    require(beta >= 0, f"beta: the KL coefficient must be >= 0 (got {beta}).")
+    require(kl_estimator in F.KL_ESTIMATORS, f"kl_estimator: {kl_estimator!r} is not one of {F.KL_ESTIMATORS}.")
+    require(0 <= clip_eps_low < 1, f"clip_eps_low: must be in [0, 1) (got {clip_eps_low}).")
+    require(clip_eps_high >= 0, f"clip_eps_high: must be >= 0 (got {clip_eps_high}).")
+    require(ppo_epochs >= 1, f"ppo_epochs: must be at least 1 (got {ppo_epochs}).")
+    require(micro_batch_size >= 1, f"micro_batch_size: must be at least 1 (got {micro_batch_size}).")
+    if minibatch_size is not None:
+        require(minibatch_size >= 1, f"minibatch_size: must be at least 1 or null (got {minibatch_size}).")
+        require(
+            minibatch_size % micro_batch_size == 0,
+            f"minibatch_size ({minibatch_size}) must be a multiple of micro_batch_size ({micro_batch_size}): "
+            "change one of them so micro-batches tile each minibatch.",
+        )
+    require(val_temperature >= 0, f"val_temperature: must be >= 0, 0 is greedy (got {val_temperature}).")
+
+
+def resolve_rewards(
+    reward_funcs: Sequence[str | Callable], reward_weights: Sequence[float] | None
+) -> tuple[list[tuple[str, Callable]], torch.Tensor]:
+    """``(name, function)`` of each reward function, and their weights ``[F]`` (default: all 1)."""
+    functions = [resolve_reward_function(spec, field=f"reward_funcs[{i}]") for i, spec in enumerate(reward_funcs)]
+    require(len(functions) > 0, "reward_funcs: give at least one reward function.")
+    weights = [1.0] * len(functions) if reward_weights is None else list(reward_weights)
+    require(
+        len(weights) == len(functions),
+        f"reward_weights: {len(weights)} weights for {len(functions)} reward functions; give one per function.",
+    )
+    return functions, torch.tensor(weights, dtype=torch.float32)
+
+
+def check_rollout_size(prompts_per_step: int | None, group_size: int, minibatch_size: int | None) -> None:
+    """Raise unless the minibatches tile the rollout of ``prompts_per_step x group_size`` completions."""
+    if prompts_per_step is None or minibatch_size is None:
+        return
+    rollout_size = prompts_per_step * group_size
+    require(
+        rollout_size % minibatch_size == 0,
+        f"minibatch_size ({minibatch_size}) must divide the rollout size data.batch_size x group_size "
+        f"= {prompts_per_step} x {group_size} = {rollout_size}: change --model.minibatch_size or --data.batch_size.",
+    )
+
+
+def check_prompt_lengths(
+    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], context: int | None, max_new_tokens: int, split: str
+) -> None:
+    """Raise if a prompt plus ``max_new_tokens`` exceeds the model's ``context`` (``None``: unknown)."""
+    if context is None:
+        return
+    lengths = [len(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+    longest = max(range(len(lengths)), key=lengths.__getitem__, default=None)
+    if longest is not None and lengths[longest] > context - max_new_tokens:
+        raise ConfigError(
+            f"prompt of row {longest} in the {split} split has {lengths[longest]} tokens; with max_new_tokens="
+            f"{max_new_tokens} it does not fit the model context of {context} tokens. "
+            "Filter long prompts from the dataset or lower --model.max_new_tokens."
+        )

@@ -1,0 +1,79 @@
+"""Step metrics: weighted means, minima and maxima merged over processes; what is logged when."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grpo_lightning.metrics import EVERY_STEP_METRICS, PhaseTimer, StepMetrics, metrics_to_log
+
+
+def test_step_metrics_merge_weighted_means_minima_and_maxima_over_processes():
+    processes = [StepMetrics(), StepMetrics()]
+    processes[0].update("loss", 1.0, weight=1.0)
+    processes[0].update("loss", 4.0, weight=3.0)  # this process: (1 + 12) / 4
+    processes[1].update("loss", 2.0, weight=4.0)
+    for metrics, shortest, longest in zip(processes, (5.0, 3.0), (9.0, 7.0)):
+        metrics.update("min_length", shortest, reduce="min")
+        metrics.update("max_length", longest, reduce="max")
+    processes[1].update("only_here", 6.0)
+    states = []
+
+    def gather(state):  # stands in for the all-gather over processes
+        states.append(state)
+        return states
+
+    processes[0].compute_and_reset(gather=gather)
+    merged = processes[1].compute_and_reset(gather=gather)
+    assert merged == {"loss": (1 + 12 + 8) / 8, "min_length": 3.0, "max_length": 9.0, "only_here": 6.0}
+    assert processes[1].compute_and_reset() == {}  # reset
+
+
+def test_step_metrics_leave_out_nan_values():
+    """A NaN value (e.g. the mean of a reward function that scored nothing) adds nothing to a mean,
+    minimum or maximum; a metric that got only NaN is NaN, not missing."""
+    metrics = StepMetrics()
+    for value, weight in ((1.0, 2.0), (float("nan"), 5.0), (4.0, 1.0)):
+        metrics.update("reward", value, weight=weight)
+    metrics.update("shortest", float("nan"), reduce="min")
+    metrics.update("shortest", 7.0, reduce="min")
+    metrics.update("unscored", torch.tensor(float("nan")))
+    metrics.update("longest", float("nan"), reduce="max")
+    values = metrics.compute_and_reset()
+    assert values["reward"] == (2.0 + 4.0) / 3 and values["shortest"] == 7.0
+    assert math.isnan(values["unscored"]) and math.isnan(values["longest"])
+    with pytest.raises(ValueError, match="reduce must be one of mean, min, max, got 'median'"):
+        metrics.update("loss", 1.0, reduce="median")
+
+
+
+def test_step_metrics_log_a_value_as_it_was_when_added():
+    """Values are read at the end of the step (not moved to the CPU as they are added); a tensor
+    changed in place after being added still counts with its value at that time."""
+    metrics = StepMetrics()
+    running = torch.tensor(2.0)
+    metrics.update("loss", running, weight=torch.tensor(1.0))
+    running += 10.0
+    metrics.update("loss", running, weight=torch.tensor(3.0))
+    assert metrics.compute_and_reset() == {"loss": (2.0 + 36.0) / 4}
+
+
+def test_every_step_logs_the_loss_reward_and_kl_and_logger_steps_log_all():
+    values = {"loss": 1.0, "reward": 0.5, "kl": 0.01, "entropy": 2.0, "perf/step_s": 0.1}
+    others, progress = metrics_to_log(values, loggers_write=False)
+    assert set(others) | set(progress) == set(EVERY_STEP_METRICS)
+    assert set(progress) == {"reward", "kl"}
+    others, progress = metrics_to_log(values, loggers_write=True)
+    assert set(others) == {"loss", "entropy", "perf/step_s"} and set(progress) == {"reward", "kl"}
+
+
+def test_phase_timer_adds_one_duration_per_phase_under_perf():
+    metrics = StepMetrics()
+    timer = PhaseTimer(metrics, torch.device("cpu"))
+    for _ in range(2):  # a phase run twice in a step counts as the mean of its durations
+        with timer.phase("rollout"):
+            pass
+    values = metrics.compute_and_reset()
+    assert set(values) == {"perf/rollout_s"} and 0 <= values["perf/rollout_s"] <= timer.total()
