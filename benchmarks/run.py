@@ -42,7 +42,19 @@ if str(REPO_ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from grpo_lightning.engine.attention import DECODE_ATTENTION_KINDS  # noqa: E402
+from grpo_lightning.engine import DECODE_ATTENTION_KINDS  # noqa: E402
+from grpo_lightning.engine.options import EngineOptions  # noqa: E402
+
+#: The values of an on/off engine flag, as the engine option's.
+SWITCH = {"auto": None, "on": True, "off": False}
+
+
+def engine_options(args: argparse.Namespace) -> EngineOptions:
+    """The module's engine options from the command line's flags."""
+    switches = {f: SWITCH[getattr(args, f)] for f in ("compile", "fuse_projections", "logprob_compile", "model_compile", "fused_lm_head")}
+    return EngineOptions(
+        rollout=args.rollout, decode_attention=args.decode_attention, padding_free=args.padding_free, **switches
+    )
 
 WORKDIR_ENV = "GRPO_BENCH_WORKDIR"  # lets the processes a multi-device launch re-runs reuse rank 0's files
 PHASES = ("rollout_s", "score_s", "logprob_s", "update_s", "step_s")
@@ -526,16 +538,8 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
         micro_batch_size=workload.micro_batch_size,
         # Random weights almost never sample EOS; forcing full length makes it so on every framework.
         min_new_tokens=workload.max_new_tokens,
-        rollout_engine=args.rollout_engine,
+        engine=engine_options(args),
         rollout_seed=args.rollout_seed,
-        rollout_compile=args.rollout_compile,
-        logprob_compile=args.logprob_compile,
-        model_compile=args.model_compile,
-        fuse_projections=args.fuse_projections,
-        qkv_kernel={"auto": None, "on": True, "off": False}[args.qkv_kernel],
-        sampling_kernel={"auto": None, "on": True, "off": False}[args.sampling_kernel],
-        decode_attention=args.decode_attention,
-        fused_lm_head={"auto": None, "on": True, "off": False}[args.fused_lm_head],
         rollout_dtype=args.rollout_dtype,
     )
     data = PromptDataModule(
@@ -568,6 +572,8 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     result["peak_mem_gib"] = max(recorder.first_step_peak, later_peak)
     result["steady_peak_mem_gib"] = later_peak if len(recorder.steps) > 1 else None  # steps 2..N
     result["world_size"] = trainer.world_size
+    plan = dataclasses.asdict(module.engine_plan)
+    result["engine_resolved"] = {k: v for k, v in plan.items() if k not in ("notes", "warnings")}
     result["strategy"] = type(trainer.strategy).__name__
     result["precision"] = precision
     result["dtype"] = dtype
@@ -602,6 +608,7 @@ def print_table(result: dict[str, Any]) -> None:
     print()
     print(f"{result['workload']} on {result['world_size']} x {result['device']}  ({result['dtype']} weights, "
           f"precision {result['precision']}, {result['strategy']}, {result['torch_threads']} CPU threads)")
+    print("engine: " + ", ".join(f"{k} {v}" for k, v in result.get("engine_resolved", {}).items()))
     print("step " + " ".join(f"{c:>10}" for c in columns))
     for index, step in enumerate(result["steps_detail"], start=1):
         print(f"{index:>4} " + " ".join(f"{step.get(c, float('nan')):>10.3f}" for c in columns))
@@ -634,7 +641,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--precision", default=None, help="Trainer precision (default 32-true: the weights stay in --dtype)")
     parser.add_argument("--workdir", default=None, help="keep the model and prompts here and reuse them (default: a temp dir)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rollout-engine", choices=["hf", "static"], default="static", help="the module's rollout_engine")
+    # The module's engine options (--model.engine.*); "auto" leaves one to the module's choice for
+    # the device, which is what a run without any of these flags measures.
+    parser.add_argument(
+        "--rollout", "--rollout-engine", choices=["auto", "static", "hf"], default="auto", help="engine.rollout"
+    )
     parser.add_argument(
         "--rollout-seed", type=int, default=None,
         help="the module's rollout_seed: keyed sampling, the same completions on any number of devices",
@@ -646,18 +657,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reference-weights", choices=["sharded", "unsharded"], default="sharded",
                         help="with --strategy fsdp: shard the reference model, or keep a whole copy per device")
     parser.add_argument("--sharding-strategy", default="FULL_SHARD", help="with --strategy fsdp: e.g. SHARD_GRAD_OP")
-    parser.add_argument("--rollout-compile", action="store_true", help="the module's rollout_compile (static engine)")
-    parser.add_argument("--logprob-compile", action="store_true", help="the module's logprob_compile")
-    parser.add_argument("--model-compile", action="store_true", help="the module's model_compile")
-    parser.add_argument("--fuse-projections", action="store_true", help="the module's fuse_projections")
-    parser.add_argument(
-        "--qkv-kernel", choices=["auto", "on", "off"], default="auto", help="the module's qkv_kernel (auto: null)"
-    )
-    parser.add_argument(
-        "--sampling-kernel", choices=["auto", "on", "off"], default="auto", help="the module's sampling_kernel (auto: null)"
-    )
-    parser.add_argument("--decode-attention", choices=list(DECODE_ATTENTION_KINDS), default="auto", help="the module's decode_attention")
-    parser.add_argument("--fused-lm-head", choices=["auto", "on", "off"], default="auto", help="the module's fused_lm_head (auto: on CUDA)")
+    for flag, field in (
+        ("--compile", "compile"),
+        ("--fuse-projections", "fuse_projections"),
+        ("--logprob-compile", "logprob_compile"),
+        ("--model-compile", "model_compile"),
+        ("--fused-lm-head", "fused_lm_head"),
+    ):
+        aliases = ["--rollout-compile"] if field == "compile" else []
+        parser.add_argument(
+            flag, *aliases, dest=field, nargs="?", const="on", choices=list(SWITCH), default="auto",
+            help=f"engine.{field} (auto: the module's choice; the flag alone: on)",
+        )  # fmt: skip
+    parser.add_argument("--decode-attention", choices=list(DECODE_ATTENTION_KINDS), default="auto", help="engine.decode_attention")
+    parser.add_argument("--padding-free", action="store_true", help="engine.padding_free")
     parser.add_argument("--rollout-dtype", default=None, help="the module's rollout_dtype, e.g. bfloat16 with --dtype float32")
     parser.add_argument(
         "--rollout-weights", choices=["replica", "gather"], default="replica",
@@ -721,7 +734,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         paths = build_workdir(Path(workdir), dataclasses.replace(workload, dtype=dtype), rows=workload.prompts * args.steps, seed=args.seed)
         build_s = time.perf_counter() - build_start
 
-        result: dict[str, Any] = {"workload": args.workload, "rollout_engine": args.rollout_engine, "rollout_compile": args.rollout_compile, "logprob_compile": args.logprob_compile, "model_compile": args.model_compile, "decode_attention": args.decode_attention, "fuse_projections": args.fuse_projections, "qkv_kernel": args.qkv_kernel, "sampling_kernel": args.sampling_kernel, "fused_lm_head": args.fused_lm_head, "rollout_dtype": args.rollout_dtype, "device": device_name(), **versions()}
+        result: dict[str, Any] = {"workload": args.workload, "engine": dataclasses.asdict(engine_options(args)), "rollout_dtype": args.rollout_dtype, "device": device_name(), **versions()}
         result["commit"], result["dirty"] = git_commit()
         result["date"] = time.strftime("%Y-%m-%d")
         result["command"] = " ".join(["python", "benchmarks/run.py", *(sys.argv[1:] if argv is None else argv)])

@@ -164,9 +164,11 @@ class PhaseTimer:
         return time.perf_counter()
 
     @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
+    def phase(self, name: str, range_name: str | None = None) -> Iterator[None]:
+        """Time the ``with`` block as ``perf/<name>_s``, in the profiler range ``range_name``
+        (default ``grpo.<name>``)."""
         start = self.clock()
-        with record_function(f"grpo.{name}"):
+        with record_function(range_name or f"grpo.{name}"):
             yield
         self.metrics.update(f"perf/{name}_s", self.clock() - start)
 

@@ -489,7 +489,7 @@ class GroupPolicyOptimization(L.LightningModule):
         if rollout is None:
             return
 
-        with timer.phase("logprob"):
+        with timer.phase("logprob", "grpo.logprobs"):
             if self.needs_old_logprobs(len(rollout)) or (self.beta > 0 and not self.kl_in_loss):
                 rollout.old_logp = self.compute_logprobs(self.policy, rollout)
             if self.beta > 0:

@@ -23,6 +23,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 import grpo_lightning.module
 from grpo_lightning.module import ConfigError
 from grpo_lightning.cli import GRPOLightningCLI, main
+from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.export import export_checkpoint, read_checkpoint
 from grpo_lightning.strategies import (
     PolicyFSDPStrategy,
@@ -145,8 +146,8 @@ def test_fsdp_shards_each_model_on_its_own_and_trains_as_without_it(tiny_model_d
 
 def test_gathered_fsdp_rollouts_refuse_the_static_cache_engine(tiny_model_dir, tmp_path, process_group_cleanup):
     strategy = PolicyFSDPStrategy(mixed_precision=None, rollout_weights="gather")
-    with pytest.raises(ValueError, match="rollout_engine"):
-        fit(make_module(tiny_model_dir, rollout_engine="static"), 1, tmp_path, strategy=strategy)
+    with pytest.raises(ConfigError, match="engine.rollout: .*rollout_weights='gather'"):
+        fit(make_module(tiny_model_dir, engine=EngineOptions(rollout="static")), 1, tmp_path, strategy=strategy)
 
 
 @pytest.fixture
@@ -168,7 +169,8 @@ def test_fsdp_rollouts_sample_from_a_replica_refreshed_after_each_step(
 ):
     """With ``fuse_projections`` the replica's q/k/v and gate/up parameters are views of one buffer
     per layer; the in-place refreshes keep them so (the engine fuses once)."""
-    grpo = make_module(tiny_model_dir, beta=0.04, dtype="float32", rollout_engine="static", fuse_projections=fused)
+    engine = EngineOptions(rollout="static", fuse_projections=fused)
+    grpo = make_module(tiny_model_dir, beta=0.04, dtype="float32", engine=engine)
     sharded, _ = fit(grpo, 2, tmp_path / "sharded", strategy=fsdp_strategy())
     assert len(refreshes) == 2  # before the first rollout, and after the first step's update
     with FullyShardedDataParallel.summon_full_params(grpo.policy):
@@ -177,19 +179,20 @@ def test_fsdp_rollouts_sample_from_a_replica_refreshed_after_each_step(
         pass
     assert len(refreshes) == 3
     if fused:  # refreshed in place three times: the views the engine made at the first rollout hold
-        layers = grpo._engine._fused
-        assert grpo._engine.model is replica and layers is not None
+        layers = grpo.sampler.engine._fused
+        assert grpo.sampler.engine.model is replica and layers is not None
         assert all(layer.holds_its_parameters() for layer in layers)
     for name, value in replica.state_dict().items():
         torch.testing.assert_close(value, policy[name.replace("_checkpoint_wrapped_module.", "")], rtol=0, atol=0)
     # the static engine on the replica trains as on the unsharded policy
-    plain, _ = fit(make_module(tiny_model_dir, beta=0.04, dtype="float32", rollout_engine="static"), 2, tmp_path / "plain")
+    static = EngineOptions(rollout="static")
+    plain, _ = fit(make_module(tiny_model_dir, beta=0.04, dtype="float32", engine=static), 2, tmp_path / "plain")
     for step in (1, 2):
         torch.testing.assert_close(sharded[step], plain[step], rtol=1e-4, atol=1e-6)
 
 
 def test_fp32_weights_can_roll_out_from_a_bf16_replica_refreshed_after_each_step(tiny_model_dir, tmp_path, refreshes):
-    grpo = make_module(tiny_model_dir, dtype="float32", rollout_engine="static", rollout_dtype="bfloat16")
+    grpo = make_module(tiny_model_dir, dtype="float32", engine=EngineOptions(rollout="static"), rollout_dtype="bfloat16")
     metrics, _ = fit(grpo, 2, tmp_path)
     assert len(refreshes) == 2  # before the first rollout, and after the first step's update
     # The second step's update is newer than the replica: the next rollout refreshes it, once.
@@ -219,6 +222,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from grpo_lightning.data import ArithmeticDataModule
+from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.strategies import PolicyFSDPStrategy
 from variants import DAPO, GRPO
 
@@ -248,9 +252,9 @@ trainer = L.Trainer(
     enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=out,
     callbacks=[record, ModelCheckpoint(os.path.join(out, "ckpt"), "{step}", every_n_train_steps=2, save_top_k=-1)],
 )
-sampling = dict(rollout_engine="static", rollout_seed=7) if keyed else {}
+sampling = dict(engine=EngineOptions(rollout="static"), rollout_seed=7) if keyed else {}
 if kind == "ddp-compiled":  # the log-prob passes through torch.compile
-    sampling["model_compile"] = True
+    sampling["engine"] = EngineOptions(model_compile=True)
 variant = dict(cls=DAPO, max_gen_batches=3) if kind == "fsdp-dapo" else dict(cls=GRPO, beta=0.04)
 # Micro-batches of one row: two backward passes per step and rank (DDP syncs only in the last).
 module = variant.pop("cls")(model=model_dir, reward_funcs=["test_checkpoint.length_reward"], group_size=2,
