@@ -118,7 +118,8 @@ class RolloutReplica:
     full-precision weights of only one unit exist at a time. For a plain model (e.g. fp32 weights
     trained under bf16 autocast): built in ``dtype`` and refreshed parameter by parameter. Either
     way it lives on the model's device, and its parameter addresses never change, so a CUDA graph
-    captured on it stays valid across refreshes.
+    captured on it stays valid across refreshes. Its weights are ordinary tensors even when it is
+    built under ``torch.inference_mode``, so it can be refreshed in any mode.
     """
 
     def __init__(self, model: nn.Module, dtype: torch.dtype | None = None) -> None:
@@ -129,8 +130,14 @@ class RolloutReplica:
             dtype = getattr(mixed, "param_dtype", None) or next(model.parameters()).dtype
         config = inner.config
         device = model.compute_device if sharded else next(model.parameters()).device
-        # Initialising the copy must not draw from the generators the rollouts sample from.
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
+        # Initialising the copy must not draw from the generators the rollouts sample from. Its
+        # weights are made outside inference mode, whatever the caller's (a first rollout may come
+        # from ``trainer.validate``): refreshes after optimizer steps update them in place.
+        with (
+            torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+            torch.device(device),
+            torch.inference_mode(False),
+        ):
             self.model = type(inner)._from_config(
                 config, dtype=dtype, attn_implementation=getattr(config, "_attn_implementation", None)
             )

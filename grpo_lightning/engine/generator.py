@@ -223,6 +223,7 @@ class StaticCacheGenerator:
         try:
             with (
                 torch.inference_mode(False),
+                torch.no_grad(),  # leaving inference mode turns gradients back on
                 torch.autocast(model_device(self.model).type, enabled=False),
                 grouped_query_attention(self.model),
                 decode_attention(self.decode_attention),
