@@ -2,6 +2,7 @@ import json
 import time
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_lightning.data.arithmetic import make_arithmetic_dataset
@@ -10,10 +11,12 @@ from grpo_lightning.quickstart.warmstart import (
     MARKER_FILE,
     WarmStartSettings,
     default_cache_dir,
+    environment,
     generation_metrics,
     greedy_accuracy,
     main,
     read_marker,
+    reproducible_cpu,
     supervised_batch_tensors,
     warm_start,
 )
@@ -137,6 +140,38 @@ def test_training_is_deterministic(tmp_path):
     assert first == second
 
 
+def test_training_does_not_depend_on_the_thread_count(tmp_path):
+    settings = {**FAST, "steps": 10}
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        first = read_marker(warm_start(tmp_path / "a", **settings))["losses"]
+        torch.set_num_threads(3)
+        second = read_marker(warm_start(tmp_path / "b", **settings))["losses"]
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(threads)
+    assert first == second
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+
+
+def test_reproducible_cpu_restores_the_callers_settings():
+    threads = torch.get_num_threads()
+    with reproducible_cpu():
+        assert torch.get_num_threads() == 1
+        assert torch.are_deterministic_algorithms_enabled()
+    assert torch.get_num_threads() == threads
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_marker_records_what_the_result_depends_on(fast_dir):
+    recorded = read_marker(fast_dir)["environment"]
+    assert recorded == environment()
+    assert recorded["torch"] == torch.__version__
+    assert recorded["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert recorded["threads"] == 1
+
+
 def test_accuracy_helpers(fast_dir):
     settings = WarmStartSettings(num_train=FAST["num_train"], num_val=FAST["num_val"])
     validation = settings.dataset()["validation"]
@@ -160,3 +195,4 @@ def test_cli_runs(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"model: {tmp_path / 'cli'}" in out
     assert "greedy accuracy:" in out and "sampled accuracy (T=1):" in out
+    assert f"torch {torch.__version__}" in out and "cpu_capability" in out
