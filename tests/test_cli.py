@@ -7,8 +7,10 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 from grpo_lightning.cli import EXPECTED_WARNINGS, GRPOLightningCLI, main
+from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.quickstart import quickstart_args
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -85,3 +87,48 @@ def test_a_fit_shows_no_warning_about_what_the_module_does_by_design(tiny_model_
     messages = [str(w.message) for w in caught]
     assert "not expected" in messages
     assert not [m for m in messages for pattern in EXPECTED_WARNINGS if re.search(pattern, m)], messages
+
+
+# ---------------------------------------------------------------- the engine options group
+
+
+def test_engine_options_are_one_group_on_the_command_line():
+    args = cli_args(VARIANT_CONFIGS[0]) + ["--model.engine.decode_attention", "math", "--model.engine.compile", "false"]
+    cli = GRPOLightningCLI(args=args, run=False)
+    assert cli.model.engine_options == EngineOptions(decode_attention="math", compile=False)
+    assert cli.model.hparams.engine["decode_attention"] == "math"  # plain values: hparams.yaml, loggers
+
+
+def test_engine_options_from_a_yaml_file(tmp_path):
+    config = tmp_path / "engine.yaml"
+    config.write_text("model:\n  init_args:\n    engine:\n      rollout: static\n")
+    cli = GRPOLightningCLI(args=cli_args(VARIANT_CONFIGS[0], config), run=False)
+    assert cli.model.engine_options == EngineOptions(rollout="static")
+    cli = GRPOLightningCLI(args=cli_args(VARIANT_CONFIGS[0], CONFIGS / "engine/fast.yaml"), run=False)
+    assert cli.model.engine_options.rollout == "static" and cli.model.engine_options.fuse_projections
+
+
+def test_print_config_shows_the_engine_group_with_its_automatic_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", *cli_args(VARIANT_CONFIGS[0]), "--print_config"])
+    printed = capsys.readouterr().out
+    assert "    engine:\n      rollout: auto\n      compile: null\n      decode_attention: auto\n" in printed
+
+
+def test_an_unknown_engine_value_is_an_error_naming_the_option(capsys):
+    with pytest.raises(SystemExit):
+        GRPOLightningCLI(args=cli_args(VARIANT_CONFIGS[0]) + ["--model.engine.rollout", "vllm"], run=False)
+    assert "engine.rollout" in capsys.readouterr().err
+
+
+def test_a_checkpoint_rebuilds_the_module_with_its_engine_options(tiny_model_dir, tmp_path):
+    from variants import GRPO
+
+    engine = EngineOptions(decode_attention="math", fused_lm_head=False)
+    module = GRPO(model=tiny_model_dir, engine=engine, reward_funcs=["grpo_lightning.rewards.accuracy_reward"])
+    path = tmp_path / "module.ckpt"
+    import lightning
+
+    torch.save({"state_dict": {}, "hyper_parameters": dict(module.hparams), "pytorch-lightning_version": lightning.__version__}, path)
+    loaded = GRPO.load_from_checkpoint(path, weights_only=True)
+    assert loaded.engine_options == engine

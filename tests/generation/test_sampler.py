@@ -1,0 +1,59 @@
+"""Sampling a rollout: the keys of keyed sampling, the Rollout built from sampled ids, and the
+sampler following its plan."""
+
+from __future__ import annotations
+
+import torch
+
+from grpo_lightning.engine.options import EngineOptions
+from grpo_lightning.generation import EngineTarget, RolloutSampler, build_rollout, generate_group, resolve_engine
+from grpo_lightning.generation import sampling_keys
+from grpo_lightning.rollout import SamplingParams
+from variants import GRPO
+
+
+def test_sampling_keys_follow_the_prompt_not_its_place_in_the_batch():
+    keys = sampling_keys(7, 0, ["a", "b"], 2).view(2, 2)
+    swapped = sampling_keys(7, 0, ["b", "a"], 2).view(2, 2)
+    assert torch.equal(keys[0], swapped[1]) and torch.equal(keys[1], swapped[0])
+    assert len(set(keys.flatten().tolist())) == 4 and (keys >= 0).all()
+    assert not torch.equal(sampling_keys(7, 1, ["a", "b"], 2), keys.flatten())  # the next rollout draws anew
+    assert not torch.equal(sampling_keys(8, 0, ["a", "b"], 2), keys.flatten())
+    repeated = sampling_keys(7, 0, ["a", "a"], 2).view(2, 2)  # a prompt twice in a batch: two copies
+    assert torch.equal(repeated[0], keys[0]) and not torch.equal(repeated[1], keys[0])
+
+
+def test_build_rollout_masks_after_eos_and_repeats_the_columns(make_module):
+    grpo = make_module(GRPO)
+    eos, pad = grpo.tokenizer.eos_token_id, grpo.tokenizer.pad_token_id
+    ids = torch.tensor([[5, eos, 6], [5, 6, 7]])
+    batch = {"prompt": ["1+2="], "answer": ["3"]}
+    rollout = build_rollout(grpo.tokenizer, batch, 2, torch.ones(2, 2, dtype=torch.long), torch.ones(2, 2), ids)
+    assert rollout.completion_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert rollout.truncated.tolist() == [False, True]
+    assert rollout.prompts == ["1+2=", "1+2="] and rollout.columns == {"answer": ["3", "3"]}
+    assert rollout.completions[0] == grpo.tokenizer.decode([5], skip_special_tokens=True) and pad is not None
+
+
+def test_the_hf_plan_samples_what_generate_group_samples(make_module):
+    grpo = make_module(GRPO)
+    plan = resolve_engine(EngineOptions(), EngineTarget.of(grpo.policy, "cpu"))
+    sampling = SamplingParams(max_new_tokens=4, temperature=0.0)
+    got = RolloutSampler(plan).sample(grpo.policy, grpo.tokenizer, ["1+2=", "30+4="], 2, sampling)
+    expected = generate_group(grpo.policy, grpo.tokenizer, ["1+2=", "30+4="], 2, sampling)
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)
+
+
+def test_the_static_engine_is_kept_between_rollouts_and_grown_for_a_larger_batch(make_module):
+    grpo = make_module(GRPO, engine=EngineOptions(rollout="static"), dtype="float32")
+    sampler = RolloutSampler(resolve_engine(grpo.engine_options, EngineTarget.of(grpo.policy, "cpu")))
+    sampling = SamplingParams(max_new_tokens=4, temperature=0.0)
+    sampler.sample(grpo.policy, grpo.tokenizer, ["1+2="], 2, sampling)
+    first = sampler.engine
+    sampler.sample(grpo.policy, grpo.tokenizer, ["1+2="], 2, sampling)
+    assert sampler.engine is first
+    sampler.sample(grpo.policy, grpo.tokenizer, ["1+2=", "3+4="], 2, sampling)
+    assert sampler.engine is not first and sampler.engine.max_batch_size == 4
+    sampler.clear()
+    assert sampler.engine is None
