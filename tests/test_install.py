@@ -1,0 +1,120 @@
+"""The shipped configs: found by name, and installed with the package.
+
+The end-to-end test installs the project (not editable) into a fresh virtual environment that
+reuses this interpreter's packages, then runs every console script from an empty folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import site
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from grpo_lightning.resources import config_dir, config_path, resolve_config, resolve_config_args, shipped_config
+
+REPO = Path(__file__).resolve().parents[1]
+#: What a build of the project reads.
+SOURCES = ["pyproject.toml", "setup.py", "README.md", "grpo_lightning", "variants", "configs"]
+
+
+def test_shipped_configs_by_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cpu = config_dir() / "trainer" / "cpu.yaml"
+    assert cpu.is_file()
+    assert shipped_config("configs/trainer/cpu.yaml") == shipped_config("trainer/cpu.yaml") == shipped_config("trainer/cpu") == cpu
+    assert shipped_config("trainer/nope") is None and shipped_config("../configs/trainer/cpu.yaml") is None
+    with pytest.raises(FileNotFoundError, match="trainer/cpu.yaml"):
+        config_path("trainer/nope")
+    own = tmp_path / "configs" / "trainer" / "cpu.yaml"  # a file in the working directory wins
+    own.parent.mkdir(parents=True)
+    own.write_text("trainer: {}\n")
+    assert resolve_config("configs/trainer/cpu.yaml") == own
+    assert resolve_config("trainer/gpu") == config_dir() / "trainer" / "gpu.yaml"
+
+
+def test_config_arguments_resolve_shipped_names(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", "--config", "variant/dapo", "-c=configs/data/arithmetic.yaml", "--config", "mine.yaml", "--model.model", "trainer/cpu"]
+    assert resolve_config_args(args) == [
+        "fit", "--config", str(config_dir() / "variant/dapo.yaml"), f"-c={config_dir() / 'data/arithmetic.yaml'}",
+        "--config", "mine.yaml", "--model.model", "trainer/cpu",
+    ]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- a real install
+
+
+def run(command: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> str:
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"{' '.join(map(str, command))} failed ({done.returncode}):\n{output[-4000:]}"
+    return output
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> dict[str, str]:
+    """A virtual environment with the project installed from a copy of its sources; returns the
+    environment variables that put its scripts first on PATH."""
+    root = tmp_path_factory.mktemp("install")
+    source = root / "source"
+    source.mkdir()
+    for name in SOURCES:
+        copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy2
+        copy(REPO / name, source / name, **({"ignore": shutil.ignore_patterns("__pycache__")} if copy is shutil.copytree else {}))
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    # The dependencies come from this interpreter's environment (a virtual environment is not
+    # the "system" of a new one): its site-packages go on the new one's path, after its own.
+    new_site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                   check=True, capture_output=True, text=True).stdout.strip())  # fmt: skip
+    ours = [*site.getsitepackages(), sysconfig.get_path("purelib")]
+    (new_site / "zz_test_dependencies.pth").write_text("\n".join(dict.fromkeys(ours)) + "\n")
+    run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
+         "--no-build-isolation", "--no-index", str(source)], root, dict(os.environ))  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(
+        PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+        GRPO_LIGHTNING_CACHE=str(root / "cache"),
+        OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "2"),
+    )
+    where = run([str(python), "-c", "import grpo_lightning.resources as r; print(r.__file__); print(r.config_dir())"], root, env)
+    module, configs = where.split()[:2]
+    assert Path(module).is_relative_to(venv) and Path(configs).is_relative_to(venv), where  # not the checkout
+    return env
+
+
+def test_console_scripts_from_an_empty_folder(installed, tmp_path):
+    env = installed
+    out = run(["grpo-lightning-quickstart", "--warmstart-steps", "10", "--trainer.max_steps", "2"], tmp_path, env)
+    assert "validation accuracy (grpo): warm start" in out
+    summary = json.loads(next(tmp_path.glob("runs/quickstart/version_*/quickstart.json")).read_text())
+    assert summary["optimizer_steps"] == 2
+    (model_dir,) = Path(env["GRPO_LIGHTNING_CACHE"]).glob("warmstart-*")
+
+    # the smoke sweep, one seed, without DAPO (whose dynamic sampling waits for groups with
+    # different rewards, rare from this weak start model); the warm start comes from the cache
+    sweep = ["grpo-lightning-ablate", "--config-name", "smoke", "variants=[grpo,dr_grpo]", "seeds=[0]", "+warmstart.steps=10", "timeout_s=240"]
+    out = run(sweep, tmp_path, env)
+    assert "sweep smoke: 2 done, 0 skipped, 0 failed" in out
+    assert len(list(Path(env["GRPO_LIGHTNING_CACHE"]).glob("warmstart-*"))) == 1
+    run(["grpo-lightning-report", "runs/ablation/smoke", "--out", "reports"], tmp_path, env)
+    assert "**dr_grpo**" in (tmp_path / "reports" / "smoke" / "report.md").read_text()
+
+    # shipped configs by name, as in the README (configs/...) or short
+    run([
+        "grpo-lightning", "fit", "--config", "configs/trainer/cpu.yaml", "--config", "data/arithmetic",
+        "--config", "variant/dapo", "--config", "model/tiny", "--model.model", str(model_dir),
+        "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", "fit",
+        "--trainer.logger.init_args.save_dir", "fit",
+    ], tmp_path, env)  # fmt: skip
+    saved = next((tmp_path / "fit").rglob("config.yaml")).read_text()
+    assert "variants.DAPO" in saved
+    assert not (tmp_path / "configs").exists()
