@@ -12,8 +12,9 @@ import torch
 from grpo_lightning.cli import EXPECTED_WARNINGS, GRPOLightningCLI, main
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.quickstart import quickstart_args
+from grpo_lightning.resources import config_dir
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = config_dir()
 VARIANT_CONFIGS = sorted((CONFIGS / "variant").glob("*.yaml"))
 BASE = ["--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml")]
 

@@ -48,6 +48,21 @@ def test_config_arguments_resolve_shipped_names(tmp_path, monkeypatch):
     ]  # fmt: skip
 
 
+def test_the_cli_takes_shipped_config_names(tmp_path, monkeypatch, capsys):
+    from grpo_lightning.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    names = ["configs/trainer/cpu.yaml", "data/arithmetic", "variant/rloo", "model/tiny"]
+    monkeypatch.setattr(sys, "argv", ["grpo-lightning", "fit", *(a for n in names for a in ("--config", n)), "--model.model", "m", "--print_config"])
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 0
+    assert "class_path: variants.RLOO" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    assert "name of a shipped config" in " ".join(capsys.readouterr().out.split())
+
+
 # ---------------------------------------------------------------------------- a real install
 
 
