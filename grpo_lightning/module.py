@@ -22,8 +22,7 @@ How rollouts are sampled is :mod:`grpo_lightning.generation`'s choice; step metr
 from __future__ import annotations
 
 import contextlib
-import inspect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -37,21 +36,18 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from grpo_lightning import functional as F
 from grpo_lightning import metrics, resume
 from grpo_lightning.engine.options import EngineOptions
-from grpo_lightning.generation import EnginePlan, EngineTarget, RolloutSampler, build_rollout, format_prompt
-from grpo_lightning.generation import check_engine_options, resolve_engine
+from grpo_lightning.generation import EnginePlan, EngineTarget, RolloutSampler, RolloutWeights, build_rollout
+from grpo_lightning.generation import check_engine_options, format_prompt, resolve_engine, samples_from_shards
 from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.metrics import EVERY_STEP_METRICS, StepMetrics
 from grpo_lightning.rewards import resolve_reward_function, score_completions, weighted_reward
 from grpo_lightning.rollout import Rollout, RolloutBuffer, SamplingParams
-from grpo_lightning.settings import DTYPES, ConfigError, check_prompt_lengths, check_rollout_size, check_settings
-from grpo_lightning.settings import require, resolve_rewards
-from grpo_lightning.strategies import RolloutReplica, clip_grad_norm_, full_parameters, full_state_dict, is_sharded, shard
+from grpo_lightning.settings import CHECKED_SETTINGS, DTYPES, ConfigError, check_prompt_lengths, check_rollout_size
+from grpo_lightning.settings import check_settings, require, resolve_rewards
+from grpo_lightning.strategies import clip_grad_norm_, full_state_dict, is_sharded, shard
 
 # Re-exported: variants and user code import them from here.
 __all__ = ["EVERY_STEP_METRICS", "ConfigError", "EngineOptions", "GroupPolicyOptimization", "StepMetrics"]
-
-#: The constructor arguments that :func:`grpo_lightning.settings.check_settings` checks.
-CHECKED_SETTINGS = frozenset(inspect.signature(check_settings).parameters)
 
 
 def disable_dropout(model: torch.nn.Module) -> None:
@@ -63,7 +59,7 @@ def disable_dropout(model: torch.nn.Module) -> None:
             module.attention_dropout = 0.0
 
 
-class GroupPolicyOptimization(L.LightningModule):
+class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
     """Base module of the GRPO family: rollout, rewards, reference model, clipped update, logging.
 
     Args:
@@ -178,11 +174,8 @@ class GroupPolicyOptimization(L.LightningModule):
         self.policy: PreTrainedModel | None = None
         self.ref_model: PreTrainedModel | None = None
         self.tokenizer: PreTrainedTokenizerBase | None = None
-        self.sampler: RolloutSampler | None = None  # made with the engine plan, at the first rollout
-        self._plan: EnginePlan | None = None
-        self._plan_device: str | None = None
-        self._replica: RolloutReplica | None = None
-        self._resume_rng: dict[str, Any] | None = None  # applied in on_train_start
+        self.sampler: RolloutSampler | None = None  # made with the engine plan, at the first use
+        self.rollout_weights = RolloutWeights(DTYPES[rollout_dtype] if rollout_dtype else None)
         self.policy_version = 0  # optimizer steps taken: a rollout replica older than this is refreshed
         self.rollouts = 0  # generate() calls so far: part of the keys of keyed sampling
         self.step_metrics = StepMetrics()
@@ -196,10 +189,6 @@ class GroupPolicyOptimization(L.LightningModule):
     def max_new_tokens(self) -> int:
         """Completion length limit of the training rollouts, ``L``."""
         return self.sampling.max_new_tokens
-
-    @property
-    def temperature(self) -> float:
-        return self.sampling.temperature
 
     # ------------------------------------------------------------------ algorithm hooks
 
@@ -245,8 +234,7 @@ class GroupPolicyOptimization(L.LightningModule):
     # ------------------------------------------------------------------ helpers for hooks
 
     def min_over_ranks(self, value: int) -> int:
-        """The smallest ``value`` over all processes (every process must call it); ``value`` alone
-        outside a multi-process run."""
+        """The smallest ``value`` over all processes (every process must call it)."""
         return resume.min_over_ranks(value, self.device)
 
     def record_clipping(self, clipped_low: Tensor, clipped_high: Tensor, mask: Tensor) -> None:
@@ -305,69 +293,46 @@ class GroupPolicyOptimization(L.LightningModule):
         """The engine options resolved for this device, model and strategy
         (:func:`grpo_lightning.generation.resolve_engine`): once, announced then; again only if the
         module moves to another kind of device."""
-        if self._plan is None or self._plan_device != self.device.type:
-            target = EngineTarget.of(
-                self.policy, self.device.type, sharded=is_sharded(self.policy), gathered=self._samples_from_shards()
-            )
-            self._plan = resolve_engine(self.engine_options, target, self.hparams.rollout_seed)
-            self._plan_device = self.device.type
-            self._plan.announce()
+        if self.sampler is None or self.sampler.plan.device_type != self.device.type:
+            gathered = samples_from_shards(self.policy, self._trainer.strategy if self._trainer is not None else None)
+            target = EngineTarget.of(self.policy, self.device.type, is_sharded(self.policy), gathered)
+            plan = resolve_engine(self.engine_options, target, self.hparams.rollout_seed)
+            plan.announce()
             if self.sampler is not None:
                 self.sampler.clear()
-            self.sampler = RolloutSampler(self._plan, seed=self.hparams.rollout_seed)
-        return self._plan
+            self.sampler = RolloutSampler(plan, seed=self.hparams.rollout_seed)
+        return self.sampler.plan
 
     # ------------------------------------------------------------------ checkpoints
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Leave the frozen reference model out (it is reloaded from ``model``) and add every
-        process's :meth:`training_state` under ``"training_state"`` (a list by global rank).
-
-        Lightning saves the rest: policy, optimizer, scheduler, loop progress, and the data
-        position of the (resumable) train loader.
-        """
+        """Leave the frozen reference model out (it is reloaded from ``model``); add the training state."""
         state = checkpoint.get("state_dict", {})
         for key in [k for k in state if k.startswith("ref_model.")]:
             del state[key]
-        checkpoint["training_state"] = resume.gather_over_ranks(self.training_state())
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        states = checkpoint.get("training_state")
-        if states and self.global_rank < len(states):
-            self.load_training_state(states[self.global_rank])
+        super().on_save_checkpoint(checkpoint)
 
     def training_state(self) -> dict[str, Any]:
-        """This process's state that an exact resume needs beyond weights, optimizer and loops:
-        the RNG states the rollouts sample from, the generated-token count, the metrics of a step in
-        progress and every :class:`RolloutBuffer` attribute by name (DAPO's dynamic-sampling
-        buffer). Variants may add more."""
+        """What an exact resume needs beyond weights, optimizer and loops
+        (:class:`~grpo_lightning.resume.ExactResume`): the RNG states, the generated-token count, the
+        metrics of a step in progress and every :class:`RolloutBuffer` attribute by name (DAPO's
+        dynamic-sampling buffer)."""
+        buffers = {name: value for name, value in vars(self).items() if isinstance(value, RolloutBuffer)}
         return {
-            "rng": resume.rng_state(),
+            **super().training_state(),
             "generated_tokens": self.generated_tokens,
             "rollouts": self.rollouts,
             "step_metrics": self.step_metrics.state_dict(),
-            "buffers": {name: value.state_dict() for name, value in self.rollout_buffers().items()},
+            "buffers": {name: buffer.state_dict() for name, buffer in buffers.items()},
         }
 
     def load_training_state(self, state: dict[str, Any]) -> None:
-        self.generated_tokens = state["generated_tokens"]
-        self.rollouts = state.get("rollouts", 0)
+        super().load_training_state(state)
+        self.generated_tokens, self.rollouts = state["generated_tokens"], state.get("rollouts", 0)
         self.step_metrics.load_state_dict(state["step_metrics"])
-        for name, buffer in self.rollout_buffers().items():
-            buffer.load_state_dict(state.get("buffers", {}).get(name, RolloutBuffer().state_dict()))
-        fitting = self._trainer is not None and self.trainer.state.fn == "fit"
-        self._resume_rng = state["rng"] if fitting else None
-
-    def rollout_buffers(self) -> dict[str, RolloutBuffer]:
-        """The module's :class:`RolloutBuffer` attributes, by name: groups kept between steps."""
-        return {name: value for name, value in vars(self).items() if isinstance(value, RolloutBuffer)}
-
-    def on_train_start(self) -> None:
-        # Set after everything a resumed fit does before its first batch (loading, data loader
-        # iterators), so the rollouts draw the numbers the uninterrupted run drew.
-        if self._resume_rng is not None:
-            resume.set_rng_state(self._resume_rng)
-            self._resume_rng = None
+        for name, buffer in state.get("buffers", {}).items():
+            if isinstance(getattr(self, name, None), RolloutBuffer):
+                getattr(self, name).load_state_dict(buffer)
 
     def configure_optimizers(self):
         parameters = [p for p in self.policy.parameters() if p.requires_grad]
@@ -402,31 +367,11 @@ class GroupPolicyOptimization(L.LightningModule):
         """The prompt as text for the model (:func:`grpo_lightning.generation.format_prompt`)."""
         return format_prompt(self.tokenizer, prompt, self.hparams.use_chat_template)
 
-    def _samples_from_shards(self) -> bool:
-        """Whether rollouts sample from the sharded policy itself (FSDP ``rollout_weights="gather"``)."""
+    def rollout_model(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
+        """The model rollouts sample from inside the ``with`` block
+        (:class:`~grpo_lightning.generation.RolloutWeights`)."""
         strategy = self._trainer.strategy if self._trainer is not None else None
-        return is_sharded(self.policy) and getattr(strategy, "rollout_weights", "gather") != "replica"
-
-    @contextlib.contextmanager
-    def rollout_model(self) -> Iterator[torch.nn.Module]:
-        """The model rollouts sample from: the policy itself; or a :class:`RolloutReplica` refreshed
-        after every optimizer step, in ``rollout_dtype`` or, under FSDP (the strategy's
-        ``rollout_weights="replica"``), unsharded; or under FSDP with ``"gather"`` the sharded policy
-        with its root parameters gathered."""
-        dtype = DTYPES[self.hparams.rollout_dtype] if self.hparams.rollout_dtype else None
-        if not is_sharded(self.policy) and dtype in (None, next(self.policy.parameters()).dtype):
-            yield self.policy
-            return
-        if self._samples_from_shards():
-            with full_parameters(self.policy):
-                yield self.policy
-            return
-        if self._replica is None:
-            self._replica = RolloutReplica(self.policy, dtype)
-        if self._replica.version != self.policy_version:
-            self._replica.refresh(self.policy)
-            self._replica.version = self.policy_version
-        yield self._replica.model
+        return self.rollout_weights.model(self.policy, self.policy_version, strategy)
 
     def generate(self, batch: dict[str, list], group_size: int, sampling: SamplingParams) -> Rollout:
         """Sample ``group_size`` completions for each prompt of ``batch``."""
@@ -457,21 +402,10 @@ class GroupPolicyOptimization(L.LightningModule):
     def _forward(
         self, model: torch.nn.Module, rollout: Rollout, rows: Tensor, with_entropy: bool = True
     ) -> tuple[Tensor, Tensor | None]:
-        rows = rows.to(rollout.completion_ids.device)
-        plan = self.engine_plan
         return completion_logprobs(
-            model,
-            rollout.prompt_ids[rows],
-            rollout.prompt_mask[rows],
-            rollout.completion_ids[rows],
-            rollout.completion_mask[rows],
-            temperature=self.temperature,
-            with_entropy=with_entropy,
-            compiled=plan.logprob_compile,
-            fused_head=plan.fused_lm_head,
-            packed=plan.padding_free,
-            compiled_model=plan.model_compile,
-        )
+            model, *rollout.model_inputs(rows), temperature=self.sampling.temperature, with_entropy=with_entropy,
+            **self.engine_plan.logprob_options(),
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ training
 

@@ -54,3 +54,37 @@ def min_over_ranks(value: int, device: torch.device) -> int:
     tensor = torch.tensor(value, device=device)
     torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MIN)
     return int(tensor)
+
+
+class ExactResume:
+    """LightningModule hooks of an exact resume: every process's :meth:`training_state` goes into
+    the checkpoint under ``"training_state"`` (a list by global rank) and comes back from it; the
+    RNG states are set in ``on_train_start``, after everything a resumed fit does before its first
+    batch (loading, data loader iterators), so the rollouts draw the numbers the uninterrupted run drew.
+
+    Lightning saves the rest: weights, optimizer, scheduler, loop progress, and the data position
+    of a resumable train loader.
+    """
+
+    _resume_rng: dict[str, Any] | None = None
+
+    def training_state(self) -> dict[str, Any]:
+        """This process's state beyond weights, optimizer and loops; subclasses add theirs."""
+        return {"rng": rng_state()}
+
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        fitting = self._trainer is not None and self.trainer.state.fn == "fit"
+        self._resume_rng = state["rng"] if fitting else None
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["training_state"] = gather_over_ranks(self.training_state())
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        states = checkpoint.get("training_state")
+        if states and self.global_rank < len(states):
+            self.load_training_state(states[self.global_rank])
+
+    def on_train_start(self) -> None:
+        if self._resume_rng is not None:
+            set_rng_state(self._resume_rng)
+            self._resume_rng = None

@@ -75,6 +75,11 @@ class Rollout:
     def device(self) -> torch.device:
         return self.completion_ids.device
 
+    def model_inputs(self, rows: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(prompt_ids, prompt_mask, completion_ids, completion_mask)`` of ``rows``."""
+        rows = rows.to(self.device)
+        return self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows], self.completion_mask[rows]
+
     def to(self, device: torch.device | str) -> Rollout:
         """The rollout with its tensors on ``device``."""
         tensors = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -5,6 +5,7 @@ The engine options are checked where they are resolved (:mod:`grpo_lightning.gen
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 
 import torch
@@ -79,6 +80,10 @@ def check_settings(
             "change one of them so micro-batches tile each minibatch.",
         )
     require(val_temperature >= 0, f"val_temperature: must be >= 0, 0 is greedy (got {val_temperature}).")
+
+
+#: The arguments of ``GroupPolicyOptimization`` that :func:`check_settings` checks.
+CHECKED_SETTINGS = frozenset(inspect.signature(check_settings).parameters)
 
 
 def resolve_rewards(

@@ -198,7 +198,7 @@ def test_fp32_weights_can_roll_out_from_a_bf16_replica_refreshed_after_each_step
     # The second step's update is newer than the replica: the next rollout refreshes it, once.
     for expected_refreshes in (3, 3):
         with grpo.rollout_model() as model:
-            assert model is grpo._replica.model
+            assert model is grpo.rollout_weights.replica.model
         assert len(refreshes) == expected_refreshes
     assert all(torch.isfinite(torch.tensor(v)) for v in metrics[2].values())
     assert next(model.parameters()).dtype == torch.bfloat16

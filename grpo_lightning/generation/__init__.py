@@ -1,4 +1,5 @@
-"""Which engine samples the rollouts: the HF path, the static engine, and the choice between them."""
+"""Which engine samples the rollouts, from which weights: the HF path, the static engine, the
+choice between them (the one place engine options are checked and resolved), and the rollout weights."""
 
 from grpo_lightning.generation.choice import (
     EnginePlan,
@@ -9,16 +10,19 @@ from grpo_lightning.generation.choice import (
 )
 from grpo_lightning.generation.hf import generate_group
 from grpo_lightning.generation.sampler import RolloutSampler, build_rollout, format_prompt, sampling_keys
+from grpo_lightning.generation.weights import RolloutWeights, samples_from_shards
 
 __all__ = [
     "EnginePlan",
     "EngineTarget",
     "RolloutSampler",
+    "RolloutWeights",
     "build_rollout",
     "check_engine_options",
     "format_prompt",
     "generate_group",
     "resolve_engine",
+    "samples_from_shards",
     "sampling_keys",
     "static_engine_blocker",
 ]

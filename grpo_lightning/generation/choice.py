@@ -59,6 +59,8 @@ class EngineTarget:
 class EnginePlan:
     """The engine options resolved for one target: every field concrete."""
 
+    device_type: str
+    """The device the plan was made for."""
     rollout: Literal["static", "hf"]
     compile: bool
     decode_attention: str
@@ -71,6 +73,15 @@ class EnginePlan:
     """Automatic settings that fell back, each with its reason (announced as information)."""
     warnings: tuple[str, ...] = ()
     """Explicit settings that run otherwise than asked, and why (announced as warnings)."""
+
+    def logprob_options(self) -> dict[str, bool]:
+        """Keyword arguments of :func:`grpo_lightning.logprobs.completion_logprobs`."""
+        return {
+            "compiled": self.logprob_compile,
+            "fused_head": self.fused_lm_head,
+            "packed": self.padding_free,
+            "compiled_model": self.model_compile,
+        }
 
     def announce(self) -> None:
         for note in self.notes:
@@ -171,6 +182,7 @@ def resolve_engine(options: EngineOptions, target: EngineTarget, rollout_seed: i
             "padding it saves; use flash_attention_2 or flex_attention (on a GPU)."
         )
     return EnginePlan(
+        device_type=target.device_type,
         rollout=rollout,
         compile=(static and cuda) if options.compile is None else options.compile,
         decode_attention=options.decode_attention,
