@@ -39,10 +39,10 @@ from grpo_lightning.rollout import SamplingParams  # noqa: E402
 
 def restart(generator, prompt_len: int) -> None:
     """Put an engine's step buffers back at the first decode step (the cache keeps its values)."""
-    generator._cache_position.fill_(prompt_len)
-    generator._positions.fill_(prompt_len)
-    generator._step.zero_()
-    generator._finished.zero_()
+    generator._buffers.cache_position.fill_(prompt_len)
+    generator._buffers.positions.fill_(prompt_len)
+    generator._buffers.step.zero_()
+    generator._buffers.finished.zero_()
 
 
 def graphs_by_step(generator, prompt_len: int, steps: int) -> list:
