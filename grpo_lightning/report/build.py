@@ -94,8 +94,6 @@ def build_report(
 VARIANT_ORDER = ["grpo", "dr_grpo", "dapo", "rloo", "gspo"]
 
 
-
-
 def _arm_order(arm: str, cells: Sequence[CellInfo]) -> tuple:
     variant = next((c.variant for c in cells if c.arm == arm), arm)
     rank = VARIANT_ORDER.index(variant) if variant in VARIANT_ORDER else len(VARIANT_ORDER)

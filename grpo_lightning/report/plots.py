@@ -14,6 +14,7 @@ from grpo_lightning.report.runs import Run
 if TYPE_CHECKING:
     from grpo_lightning.report.arms import Arm
 
+#: The columns of every curve figure: the x axis and its label.
 AXES = [("step", "training step"), ("tokens", "generated tokens"), ("time", "wall-clock seconds")]
 
 
