@@ -61,9 +61,8 @@ DECODE_ATTENTION_KINDS = ("auto", "sdpa", "efficient", "math", "triton")
 """How ``gqa_sdpa_attention_forward`` computes a single query (``S == 1``):
 
 * ``"auto"`` (the default): ``"triton"`` on CUDA when the ``triton`` package imports, ``"math"`` on
-  a CPU, ``"sdpa"`` otherwise: the fastest measured on each (``benchmarks/RESULTS.md``). On a CPU
-  PyTorch's ``"sdpa"`` picks a flash kernel that is slower at one query per row than ``"math"``
-  compiled;
+  a CPU, ``"sdpa"`` otherwise: the fastest on each. On a CPU PyTorch's ``"sdpa"`` picks a flash
+  kernel that is slower at one query per row than ``"math"`` compiled;
 * ``"sdpa"``: ``scaled_dot_product_attention`` with PyTorch's choice of kernel;
 * ``"efficient"``: the same call restricted to the memory-efficient kernel on CUDA
   (``sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION)``, which ``torch.compile`` traces); other devices

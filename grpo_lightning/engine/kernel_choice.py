@@ -25,8 +25,8 @@ from grpo_lightning.engine.fused_decode import (
 from grpo_lightning.engine.kernels.availability import importable, kernels_run_on
 
 DOWN_PARTS = 2
-"""Parts of a decode step's down product on CUDA by default (``down_parts``): fewer kernels than
-cuBLAS splitting the product and adding the parts in a kernel of its own (``benchmarks/down_split.py``)."""
+"""Parts of a decode step's down product on CUDA by default (``down_parts``): the parts are added in
+the residual sum, one kernel fewer than cuBLAS splitting the product and adding its parts itself."""
 
 _QKV_MODULE = "grpo_lightning.engine.kernels.qkv"
 _SAMPLING_MODULE = "grpo_lightning.engine.kernels.sampling"

@@ -1,8 +1,8 @@
 """A Triton kernel for the attention of a decode step: one query per row over a masked KV cache.
 
 At a decode step each row of the batch has one query token, so attention is a matrix-vector product
-per head over the cache: little arithmetic, and latency-bound in the general-purpose kernels (cuDNN's
-SDPA takes about 21 us per layer at W1's shapes for a cache that takes 2 us to read). This kernel is
+per head over the cache: little arithmetic, and latency-bound in the general-purpose kernels, which
+take many times longer than reading the cache does. This kernel is
 written for that case, with grouped-query attention (``Hq = g * Hkv`` query heads) in mind:
 
 * one program per ``(row, KV head)`` reads that head's keys and values once, in blocks of
@@ -50,8 +50,8 @@ from grpo_lightning.engine.kernels.common import dot, dot_precision
 BLOCK_L = 64
 """Cache slots per block of the kernel's loop."""
 
-# Warps per program and software-pipelining stages of the kernel's loop: Triton's defaults, as fast
-# as any of 96 settings at W1's shape (benchmarks/decode_attention_configs.py, benchmarks/RESULTS.md).
+# Warps per program and software-pipelining stages of the kernel's loop: Triton's defaults
+# (benchmarks/studies/decode_attention_configs.py compares the others).
 DECODE_NUM_WARPS = 4
 DECODE_NUM_STAGES = 3
 
@@ -228,9 +228,9 @@ def _multiprocessors(device: torch.device) -> int:
 def cache_splits(batch: int, kv_heads: int, kv_len: int, device: torch.device, block: int = BLOCK_L) -> int:
     """How many programs share one ``(row, KV head)``'s cache. With fewer ``(row, KV head)`` pairs
     than the CUDA device has multiprocessors, enough for two programs per multiprocessor (at most
-    one per block of ``block`` slots, the kernel's loop step); else 1, as on other devices. On an H200: 32 rows x 4096
-    slots 25 against 58 us, 8 x 8192 19 against 113 us; 128 x 320 (256 pairs) 11.8 us with two
-    splits against 9.4 us with one (``benchmarks/RESULTS.md``)."""
+    one per block of ``block`` slots, the kernel's loop step); else 1, as on other devices: with few
+    pairs, most multiprocessors would otherwise idle, while with many the second kernel's pass over
+    the partial results costs more than it gains."""
     pairs = batch * kv_heads
     if device.type != "cuda" or pairs >= _multiprocessors(device):
         return 1
@@ -260,7 +260,7 @@ def launch_decode_attention(
     num_stages: int = DECODE_NUM_STAGES,
 ) -> Tensor:
     """:func:`decode_attention` with the kernel's launch settings as arguments (``block``: cache
-    slots per step of its loop), for ``benchmarks/decode_attention_configs.py`` to compare."""
+    slots per step of its loop), for ``benchmarks/studies/decode_attention_configs.py`` to compare."""
     batch, kv_heads, group, head_dim = query.shape
     kv_len = key.shape[2]
     if key.shape[:2] != (batch, kv_heads) or value.shape[:3] != key.shape[:3]:

@@ -5,15 +5,14 @@ At a decode step a layer of a Llama-family model begins, for ``x`` ``[B, H]`` (o
     q, k, v = rope(rms_norm(x) @ W_qkv^T + b_qkv)       -> k, v written to the cache
 
 which the compiled step runs as the norm (fused with the previous residual sum), the product, and one
-or two kernels for the rotary embedding and the cache write: 11.1 us per layer at W1's shapes on an
-H200, where the product alone takes 4.8 us. :func:`gained_qkv_rope` does it in one kernel, 7.1 us
-(``benchmarks/qkv_kernel.py``).
+or two kernels for the rotary embedding and the cache write. :func:`gained_qkv_rope` does it in one
+kernel, which saves the launches and the round trips of q, k and v through memory.
 
 **The norm, split in two.** ``rms_norm(x) @ W^T = r * ((x * g) @ W^T)``, with ``g`` the norm's weight
 and ``r = 1 / sqrt(mean(x^2) + eps)`` one number per row. :func:`gain_inputs` computes ``x * g`` and
 the sums of ``x^2`` over blocks of ``SQUARES_BLOCK`` columns in PyTorch, where ``torch.compile`` fuses
 them into the residual sum that produces ``x``; the kernel's loop is a plain product over ``x * g``
-and each row is scaled by ``r`` at the end. (Computing the norm inside the loop measured 12.4 us.)
+and each row is scaled by ``r`` at the end, which keeps the norm's reduction out of the loop.
 
 **Each program takes one head** (the q heads, then k, then v of ``W_qkv``'s rows) for a block of rows,
 as two ``[rows, D / 2]`` products, the halves of the head, which the rotary embedding mixes
@@ -23,10 +22,6 @@ as two ``[rows, D / 2]`` products, the halves of the head, which the rotary embe
 Rounding follows ``transformers``: the product's output (bias included) is rounded to the model's
 dtype before the rotary embedding; the norm's scale is applied in fp32 to the product instead of to
 ``x`` (rounding-level differences in bf16, none in fp32).
-
-The same approach for the other products of the layer (``o`` and ``down`` with the residual sum,
-gate/up with the activation) was measured slower than cuBLAS and the compiled element-wise kernels;
-``benchmarks/RESULTS.md`` has the figures.
 
 Importing this module needs Triton; the kernel runs on CUDA, or anywhere under Triton's interpreter
 (``TRITON_INTERPRET=1``, which the CPU tests use). It is a custom operator

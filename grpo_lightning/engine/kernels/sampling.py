@@ -1,10 +1,10 @@
 """Triton kernels for one decode step's draw: inverse-CDF sampling over the vocabulary in two passes.
 
 A decode step draws one token per row from ``softmax(logits / T)`` over ``[B, V]`` logits (``V`` is
-151936 for Qwen2.5). Compiled from PyTorch, the exponential race ``argmax(logits - log E)`` was one
-reduction per row: 128 programs for 132 streaming multiprocessors, each generating and reducing
-151936 random numbers, 0.12 ms per step on an H200 (``benchmarks/RESULTS.md``). Here a row needs one
-uniform number ``u`` and two passes that spread over the whole GPU:
+151936 for Qwen2.5). Compiled from PyTorch, the exponential race ``argmax(logits - log E)`` is one
+reduction per row: one program per row, each generating and reducing ``V`` random numbers, which
+leaves most of the GPU idle. Here a row needs one uniform number ``u`` and two passes that spread
+over the whole GPU:
 
 1. :func:`_block_masses_kernel`, one program per row and block of ``BLOCK`` tokens: the block's
    largest tempered logit ``m_b`` and ``s_b = sum(exp(z - m_b))`` over the tokens allowed (EOS is
