@@ -185,6 +185,7 @@ def make_step_recorder():
 
         def on_train_start(self, trainer, pl_module) -> None:
             self.threads = torch.get_num_threads()
+            self.engine_plan = pl_module.engine_plan  # as resolved for the training device
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             _sync()
@@ -572,7 +573,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     result["peak_mem_gib"] = max(recorder.first_step_peak, later_peak)
     result["steady_peak_mem_gib"] = later_peak if len(recorder.steps) > 1 else None  # steps 2..N
     result["world_size"] = trainer.world_size
-    plan = dataclasses.asdict(module.engine_plan)
+    plan = dataclasses.asdict(recorder.engine_plan)
     result["engine_resolved"] = {k: v for k, v in plan.items() if k not in ("notes", "warnings")}
     result["strategy"] = type(trainer.strategy).__name__
     result["precision"] = precision

@@ -174,14 +174,12 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
         self.policy: PreTrainedModel | None = None
         self.ref_model: PreTrainedModel | None = None
         self.tokenizer: PreTrainedTokenizerBase | None = None
-        self.sampler: RolloutSampler | None = None  # made with the engine plan, at the first use
+        self._samplers: dict[str, RolloutSampler] = {}  # by kind of device
         self.rollout_weights = RolloutWeights(DTYPES[rollout_dtype] if rollout_dtype else None)
         self.policy_version = 0  # optimizer steps taken: a rollout replica older than this is refreshed
         self.rollouts = 0  # generate() calls so far: part of the keys of keyed sampling
         self.step_metrics = StepMetrics()
-        self.val_accuracy = torchmetrics.MeanMetric()
-        self.val_reward = torchmetrics.MeanMetric()
-        self.val_length = torchmetrics.MeanMetric()
+        self.val_accuracy, self.val_reward, self.val_length = (torchmetrics.MeanMetric() for _ in range(3))
         self.generated_tokens = 0
         self.last_step_metrics: dict[str, float] = {}  # every metric of the last training step
 
@@ -289,18 +287,22 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
             self.tokenizer.save_pretrained(directory)
 
     @property
-    def engine_plan(self) -> EnginePlan:
-        """The engine options resolved for this device, model and strategy
-        (:func:`grpo_lightning.generation.resolve_engine`): once, announced then; again only if the
-        module moves to another kind of device."""
-        if self.sampler is None or self.sampler.plan.device_type != self.device.type:
+    def sampler(self) -> RolloutSampler:
+        """What samples this device's rollouts, on the engine options resolved for the device, the
+        model and the strategy (:func:`grpo_lightning.generation.resolve_engine`): once per kind
+        of device, announced then (Lightning moves the module to the CPU between stages)."""
+        kind = self.device.type
+        if kind not in self._samplers:
             gathered = samples_from_shards(self.policy, self._trainer.strategy if self._trainer is not None else None)
-            target = EngineTarget.of(self.policy, self.device.type, is_sharded(self.policy), gathered)
+            target = EngineTarget.of(self.policy, kind, is_sharded(self.policy), gathered)
             plan = resolve_engine(self.engine_options, target, self.hparams.rollout_seed)
             plan.announce()
-            if self.sampler is not None:
-                self.sampler.clear()
-            self.sampler = RolloutSampler(plan, seed=self.hparams.rollout_seed)
+            self._samplers[kind] = RolloutSampler(plan, seed=self.hparams.rollout_seed)
+        return self._samplers[kind]
+
+    @property
+    def engine_plan(self) -> EnginePlan:
+        """The engine options resolved for this device (see :attr:`sampler`)."""
         return self.sampler.plan
 
     # ------------------------------------------------------------------ checkpoints
@@ -376,7 +378,6 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
     def generate(self, batch: dict[str, list], group_size: int, sampling: SamplingParams) -> Rollout:
         """Sample ``group_size`` completions for each prompt of ``batch``."""
         texts = [self.format_prompt(p) for p in batch["prompt"]]
-        self.engine_plan  # the sampler follows the plan
         with self.rollout_model() as model:
             prompt_ids, prompt_mask, completion_ids = self.sampler.sample(
                 model, self.tokenizer, texts, group_size, sampling, rollout_number=self.rollouts

@@ -46,6 +46,20 @@ def test_scaled_down_w0_prints_the_json_summary_last(tmp_path):
     assert result["tokens_per_s"] == pytest.approx(16 / result["median_step_s"])
     assert result["peak_mem_gib"] >= 0
     assert json.loads(out.read_text()) == result
+    # No speed flag: the module's choice for the device (the HF path on a CPU), recorded as resolved.
+    assert set(result["engine"].values()) <= {"auto", None, False}
+    assert result["engine_resolved"]["rollout"] == "hf" and not result["engine_resolved"]["compile"]
+
+
+def test_speed_flags_set_the_module_s_engine_options():
+    args = bench.parse_args(["--workload", "W1", "--rollout", "static", "--compile", "--model-compile", "off",
+                             "--fused-lm-head", "on", "--decode-attention", "math"])  # fmt: skip
+    assert bench.engine_options(args) == bench.EngineOptions(
+        rollout="static", compile=True, decode_attention="math", model_compile=False, fused_lm_head=True
+    )
+    # The flags of earlier commands keep their meaning.
+    args = bench.parse_args(["--workload", "W1", "--rollout-engine", "hf", "--rollout-compile", "--logprob-compile"])
+    assert bench.engine_options(args) == bench.EngineOptions(rollout="hf", compile=True, logprob_compile=True)
 
 
 def test_workloads_match_the_spec():
