@@ -20,6 +20,8 @@ from grpo_lightning.report.arms import (
 )
 from grpo_lightning.report.cells import CellInfo, arm_configs, discover_cells
 from grpo_lightning.report.document import Doc
+from grpo_lightning.report.html import render_html
+from grpo_lightning.report.markdown import render_markdown
 from grpo_lightning.report.plots import plot_curves
 from grpo_lightning.report.runs import load_run
 from grpo_lightning.report.statistics import mean_ci
@@ -85,8 +87,8 @@ def build_report(
         doc.h(2, "Provenance")
         doc.items(list(provenance))
 
-    (target / "report.md").write_text(doc.markdown())
-    (target / "report.html").write_text(doc.html(f"Ablation report: {name}"))
+    (target / "report.md").write_text(render_markdown(doc))
+    (target / "report.html").write_text(render_html(doc, f"Ablation report: {name}"))
     return target
 
 

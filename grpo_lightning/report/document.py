@@ -1,5 +1,5 @@
 """A small document model (headings, paragraphs, lists, tables, images, foldable sections),
-written once by the report and rendered to both Markdown (``markdown.py``) and HTML (``html.py``)."""
+written once by the report and rendered by ``markdown.render_markdown`` and ``html.render_html``."""
 
 from __future__ import annotations
 
@@ -34,13 +34,3 @@ class Doc:
     def render(self, renderers: Mapping[str, Callable[..., str]]) -> list[str]:
         """Each block as text, by the renderer of its kind."""
         return [renderers[block[0]](*block[1:]) for block in self.blocks]
-
-    def markdown(self) -> str:
-        from grpo_lightning.report.markdown import render_markdown
-
-        return render_markdown(self)
-
-    def html(self, title: str) -> str:
-        from grpo_lightning.report.html import render_html
-
-        return render_html(self, title)
