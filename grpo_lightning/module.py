@@ -77,12 +77,9 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
             weights trained under bf16 autocast: a copy in that dtype, refreshed after every
             optimizer step, decodes in bf16. ``None``: the policy's own weights (no copy); under
             FSDP, a replica in the strategy's compute dtype.
-        rollout_seed: draw each completion's tokens from counter-based random numbers keyed by (this
-            seed, the rollout's number, the prompt text, the completion's index in its group)
-            instead of the global generator (:func:`grpo_lightning.generation.sampling_keys`): the
-            same prompts then sample the same completions whatever the batch composition,
-            micro-batching or number of devices (up to floating-point differences between batch
-            shapes). Needs the static engine. ``None``: the global generator, seeded by ``seed_everything``.
+        rollout_seed: keyed sampling (:func:`grpo_lightning.generation.sampling_keys`): the same
+            prompts sample the same completions whatever the batch composition, micro-batching or
+            number of devices. Needs the static engine. ``None``: the global generator.
         reward_funcs: reward functions ``(prompts, completions, **columns) -> list[float]``, as
             callables or import paths (``"grpo_lightning.rewards.accuracy_reward"``).
         reward_weights: one weight per reward function (default: all 1).
