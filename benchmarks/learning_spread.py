@@ -19,6 +19,7 @@ an interrupted run resumes); the summary goes to ``summary-steps<N>.json`` there
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -72,9 +73,16 @@ def worker(args: argparse.Namespace) -> None:
             if not trainer.sanity_checking:
                 self.accuracy[trainer.global_step] = trainer.callback_metrics["val/accuracy"].item()
 
+    def validate(cli, temperature: float) -> float:
+        """Validation accuracy, greedy (0) or sampled once per prompt at ``temperature`` (seeded)."""
+        cli.model.val_sampling = dataclasses.replace(cli.model.val_sampling, temperature=temperature)
+        torch.manual_seed(0)
+        return cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)[0]["val/accuracy"]
+
     with tempfile.TemporaryDirectory() as logs:
         cli = GRPOLightningCLI(args=fit_args(model_dir, "grpo", 1, 1, 0, logs), run=False)
-        warm = cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)[0]["val/accuracy"]
+        warm = validate(cli, 0.0)
+        warm_sampled = validate(cli, 1.0)
         for variant in args.variants:
             started = time.perf_counter()
             cli = GRPOLightningCLI(args=fit_args(model_dir, variant, args.steps, args.every, args.seed, logs), run=False)
@@ -82,6 +90,7 @@ def worker(args: argparse.Namespace) -> None:
             cli.trainer.callbacks.append(record)
             cli.trainer.fit(cli.model, datamodule=cli.datamodule)
             after = cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)[0]["val/accuracy"]
+            after_sampled = validate(cli, 1.0)
             row = {
                 "capability": args.capability,
                 "cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -95,6 +104,8 @@ def worker(args: argparse.Namespace) -> None:
                 "accuracy_during_fit": record.accuracy,
                 "optimizer_steps": cli.trainer.global_step,
                 "accuracy": after,
+                "warm_start_sampled_accuracy": warm_sampled,
+                "sampled_accuracy": after_sampled,
                 "seconds": round(time.perf_counter() - started, 1),
             }
             print("ROW " + json.dumps(row), flush=True)
@@ -104,11 +115,12 @@ def run_key(row: dict) -> tuple:
     return row["capability"], row["threads"], row["seed"], row["variant"], row["steps"], row["every"]
 
 
-def summarize(rows: list[dict], variants: list[str]) -> dict:
+def summarize(rows: list[dict], variants: list[str], sampled: bool = False) -> dict:
     """Per variant: gains over the warm start after the fit, their mean, std and min."""
+    after, before = ("sampled_accuracy", "warm_start_sampled_accuracy") if sampled else ("accuracy", "warm_start_accuracy")
     summary: dict[str, dict] = {}
     for variant in variants:
-        gains = [row["accuracy"] - row["warm_start_accuracy"] for row in rows if row["variant"] == variant]
+        gains = [row[after] - row[before] for row in rows if row["variant"] == variant and after in row]
         if not gains:
             continue
         mean = statistics.fmean(gains)
@@ -151,16 +163,19 @@ def report(args: argparse.Namespace, rows: list[dict], quiet: bool = False) -> N
             for cap in sorted({row["capability"] for row in rows})
         },
         "per_variant": summarize(rows, args.variants),
+        "per_variant_sampled": summarize(rows, args.variants, sampled=True),
     }
     (args.out / f"summary-steps{args.steps}.json").write_text(json.dumps(summary, indent=2) + "\n")
     if quiet:
         return
-    print(f"\nsteps {args.steps}\n{'variant':>8} {'runs':>4} {'mean':>7} {'std':>6} {'min':>7} {'mean-3std':>9}")
-    for variant, stats in summary["per_variant"].items():
-        print(
-            f"{variant:>8} {stats['runs']:>4} {stats['mean_gain']:>7.3f} {stats['std']:>6.3f} "
-            f"{stats['min']:>7.3f} {stats['mean_minus_3std']:>9.3f}"
-        )
+    for key, name in (("per_variant", "greedy"), ("per_variant_sampled", "sampled at T=1")):
+        print(f"\n{name}, {args.steps} steps")
+        print(f"{'variant':>8} {'runs':>4} {'mean':>7} {'std':>6} {'min':>7} {'mean-3std':>9}")
+        for variant, stats in summary[key].items():
+            print(
+                f"{variant:>8} {stats['runs']:>4} {stats['mean_gain']:>7.3f} {stats['std']:>6.3f} "
+                f"{stats['min']:>7.3f} {stats['mean_minus_3std']:>9.3f}"
+            )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -222,7 +237,8 @@ def main(argv: list[str] | None = None) -> None:
                 gain = row["accuracy"] - row["warm_start_accuracy"]
                 print(
                     f"{capability:>7} t{threads} seed {seed} {row['variant']:>8}: {row['warm_start_accuracy']:.3f} -> "
-                    f"{row['accuracy']:.3f} ({gain:+.3f}, {row['optimizer_steps']} steps, {row['seconds']} s)",
+                    f"{row['accuracy']:.3f} ({gain:+.3f}, {row['optimizer_steps']} steps, {row['seconds']} s); T=1 "
+                    f"{row['warm_start_sampled_accuracy']:.3f} -> {row['sampled_accuracy']:.3f}",
                     flush=True,
                 )
         if process.wait():
