@@ -25,8 +25,8 @@ from grpo_lightning.strategies import is_sharded
 #: fp32 elements converted at a time when ``chunk_rows`` is not given (256 MB).
 CHUNK_ELEMENTS = 2**26
 #: The fused head's backward pass takes vocabulary blocks of a multiple of this many columns: a
-#: block starting at an unaligned row of the weight makes cuBLAS fall back to slow kernels (they made
-#: the whole update 1.5x slower on an H200, benchmarks/RESULTS.md).
+#: block starting at an unaligned row of the weight makes cuBLAS fall back to slow kernels
+#: (benchmarks/JOURNAL.md).
 _COLUMN_ALIGNMENT = 64
 
 

@@ -17,16 +17,13 @@ How the module is sharded (FSDP1, Lightning's :class:`~lightning.pytorch.strateg
   an unsharded copy of the policy in the compute dtype, refreshed from the shards once after each
   optimizer step (one all-gather per unit). Decoding then reads local weights at every token and
   can use the static-cache engine and its CUDA graph; the replica costs one copy of the weights in
-  bf16 per device (3 GB for a 1.5B model). Chosen by measurement on W2 (1.5B, 512 new tokens)
-  on 2 x H200 (``benchmarks/RESULTS.md``): with ``"gather"`` (the sharded policy's decoder layers
-  gather their shards in every forward, i.e. at every decoded token) a card's rollout of half the
-  batch took 42.9 s against 10.3 s for the whole batch on one card, and the step scaled at 0.18 of
-  one card's throughput per card; from the replica it took 3.4 s (static engine), and 0.76.
-  Use ``"gather"`` only when a bf16 copy does not fit next to the shards.
+  bf16 per device (3 GB for a 1.5B model). With ``"gather"`` the sharded policy's decoder layers
+  gather their shards in every forward, i.e. at every decoded token, which made the rollout several
+  times slower than one card's (``benchmarks/JOURNAL.md``, W2). Use ``"gather"`` only when a bf16
+  copy does not fit next to the shards.
 * The frozen reference model is sharded too, unless ``reference_weights="unsharded"``: then each
   device holds a whole copy in the compute dtype, and the reference pass gathers nothing (one more
-  copy of the weights per device). On W2, 2 x H200, with ``sharding_strategy="SHARD_GRAD_OP"``:
-  reference pass 0.62 s against 0.68 s sharded, step time unchanged (5.18 against 5.17 s).
+  copy of the weights per device).
 * Gradient clipping by norm goes through the policy root's ``clip_grad_norm_``
   (:func:`clip_grad_norm_`); Lightning's FSDP precision plugin refuses norm clipping.
 * Checkpoints (``state_dict_type="full"``) hold the gathered policy under its plain parameter
@@ -288,11 +285,6 @@ class PolicyFSDPStrategy(FSDPStrategy):
             return FullyShardedDataParallel.optim_state_dict(self.model, getattr(optimizer, "_optimizer", optimizer))
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
-        if self.rollout_weights == "gather" and getattr(self.lightning_module.hparams, "rollout_engine", "hf") != "hf":
-            raise ValueError(
-                "rollout_engine: the static-cache engine needs whole weights on the device; with "
-                "rollout_weights='gather' use --model.rollout_engine hf, or keep the default rollout_weights='replica'."
-            )
         model = super()._setup_model(model)
         reference = getattr(self.lightning_module, "ref_model", None)
         if reference is not None and not is_sharded(reference):

@@ -155,7 +155,7 @@ def test_slots_in_use_rejects_an_empty_limit_and_restores_the_previous_one():
 @needs_kernel
 @pytest.mark.parametrize(("block", "warps", "stages", "splits"), [(32, 2, 1, 1), (128, 8, 4, 2), (256, 4, 2, 0)])
 def test_launch_settings_change_the_speed_not_the_result(block, warps, stages, splits):
-    """The settings ``benchmarks/decode_attention_configs.py`` compares: slots per loop step (more
+    """The settings ``benchmarks/studies/decode_attention_configs.py`` compares: slots per loop step (more
     than the cache holds, too), warps, pipeline stages and splits."""
     from grpo_lightning.engine.kernels.decode_attention import launch_decode_attention
 
