@@ -6,6 +6,7 @@ The engine options are checked where they are resolved (:mod:`grpo_lightning.gen
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable, Sequence
 
 import torch
@@ -30,6 +31,7 @@ def require(condition: bool, message: str) -> None:
 def check_settings(
     *,
     model: str,
+    tokenizer: str | None,
     dtype: str,
     rollout_dtype: str | None,
     group_size: int,
@@ -46,9 +48,16 @@ def check_settings(
     minibatch_size: int | None,
     micro_batch_size: int,
     val_temperature: float,
+    learning_rate: float,
+    weight_decay: float,
+    warmup_steps: int,
+    max_grad_norm: float | None,
 ) -> None:
     """Raise :class:`ConfigError` for the first invalid argument of ``GroupPolicyOptimization``."""
     require(isinstance(model, str) and model != "", "model: give a hub id or a local directory of a causal LM.")
+    check_model_path("model", model)
+    if tokenizer is not None:
+        check_model_path("tokenizer", tokenizer)
     require(dtype == "auto" or dtype in DTYPES, f"dtype: {dtype!r} is not one of 'auto', {', '.join(map(repr, DTYPES))}.")
     require(
         rollout_dtype is None or rollout_dtype in DTYPES,
@@ -80,6 +89,44 @@ def check_settings(
             "change one of them so micro-batches tile each minibatch.",
         )
     require(val_temperature >= 0, f"val_temperature: must be >= 0, 0 is greedy (got {val_temperature}).")
+    check_optimizer(learning_rate, weight_decay, warmup_steps, max_grad_norm)
+
+
+def check_optimizer(learning_rate: float, weight_decay: float, warmup_steps: int, max_grad_norm: float | None) -> None:
+    """Raise :class:`ConfigError` for an AdamW setting that cannot train."""
+    require(
+        learning_rate > 0,
+        f"learning_rate: must be > 0 (got {learning_rate}); give e.g. --model.learning_rate 1e-6 "
+        "(1e-3 for the tiny quickstart model).",
+    )
+    require(
+        weight_decay >= 0,
+        f"weight_decay: must be >= 0 (got {weight_decay}); give 0 for none, e.g. --model.weight_decay 0.0.",
+    )
+    require(
+        warmup_steps >= 0,
+        f"warmup_steps: must be >= 0 (got {warmup_steps}); give 0 for no warm-up, e.g. --model.warmup_steps 0.",
+    )
+    require(
+        max_grad_norm is None or max_grad_norm > 0,
+        f"max_grad_norm: must be > 0 or null (got {max_grad_norm}); give e.g. --model.max_grad_norm 1.0, "
+        "or null to turn clipping off.",
+    )
+
+
+def looks_local(path: str) -> bool:
+    """Whether ``path`` names a local directory rather than a hub id (``owner/name`` or ``name``)."""
+    return path.startswith(("/", "./", "../", "~", ".\\", "..\\")) or path.count("/") > 1 or os.path.exists(path)
+
+
+def check_model_path(field: str, path: str) -> None:
+    """Raise :class:`ConfigError` for a local-looking ``path`` that does not exist (it is never tried
+    on the hub, where it would fail later with a less helpful error)."""
+    if looks_local(path) and not os.path.isdir(os.path.expanduser(path)):
+        raise ConfigError(
+            f"{field}: no such directory {path!r} (from {os.getcwd()}); give a local model directory "
+            "or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'."
+        )
 
 
 #: The arguments of ``GroupPolicyOptimization`` that :func:`check_settings` checks.

@@ -206,6 +206,59 @@ def test_invalid_settings_are_rejected_at_construction_naming_the_field(override
         module("unused/model", **overrides)
 
 
+def test_zero_learning_rate_is_rejected_with_the_value_and_the_fix():
+    with pytest.raises(ConfigError, match=r"learning_rate: must be > 0 \(got 0.0\); give e.g. --model.learning_rate 1e-6"):
+        module("unused/model", learning_rate=0.0)
+
+
+def test_negative_learning_rate_is_rejected_with_the_value_and_the_fix():
+    with pytest.raises(ConfigError, match=r"learning_rate: must be > 0 \(got -0.001\); give e.g."):
+        module("unused/model", learning_rate=-1e-3)
+
+
+def test_negative_weight_decay_is_rejected_with_the_value_and_the_fix():
+    with pytest.raises(ConfigError, match=r"weight_decay: must be >= 0 \(got -0.1\); give 0 for none"):
+        module("unused/model", weight_decay=-0.1)
+
+
+def test_negative_warmup_steps_is_rejected_with_the_value_and_the_fix():
+    with pytest.raises(ConfigError, match=r"warmup_steps: must be >= 0 \(got -5\); give 0 for no warm-up"):
+        module("unused/model", warmup_steps=-5)
+
+
+@pytest.mark.parametrize("norm", [0.0, -1.0])
+def test_max_grad_norm_not_positive_is_rejected_with_the_value_and_the_fix(norm):
+    with pytest.raises(ConfigError, match=rf"max_grad_norm: must be > 0 or null \(got {norm}\); .*or null to turn clipping off"):
+        module("unused/model", max_grad_norm=norm)
+
+
+@pytest.mark.parametrize("path", ["/no/such/model", "./no_such_model", "../no_such_model", "~/no_such_model", "runs/x/model"])
+def test_a_local_model_path_that_does_not_exist_is_rejected_before_any_load(path, monkeypatch):
+    import grpo_lightning.module as module_lib
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a missing local path must not reach from_pretrained (nor the hub)")
+
+    monkeypatch.setattr(module_lib.AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(module_lib.AutoTokenizer, "from_pretrained", refuse)
+    with pytest.raises(ConfigError) as error:
+        module(path)
+    message = str(error.value)
+    assert message.startswith(f"model: no such directory {path!r}")
+    assert "give a local model directory or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'" in message
+
+
+def test_a_local_tokenizer_path_that_does_not_exist_is_rejected(tiny_model_dir):
+    with pytest.raises(ConfigError, match=r"tokenizer: no such directory '\./no_tokenizer'.*hub id like 'Qwen/Qwen2.5-0.5B-Instruct'"):
+        module(tiny_model_dir, tokenizer="./no_tokenizer")
+
+
+def test_hub_ids_and_existing_directories_pass_the_path_check(tiny_model_dir):
+    assert module("Qwen/Qwen2.5-0.5B-Instruct").model_name == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert module("gpt2").model_name == "gpt2"
+    assert module(tiny_model_dir, tokenizer=tiny_model_dir).tokenizer_name == tiny_model_dir
+
+
 def test_decode_options_reach_the_static_engine_and_keep_greedy_rollouts(make_module):
     """The module's ``engine.decode_attention`` and ``engine.fuse_projections`` are the engine's; the ``math`` kind
     and the fused projections (with ``triton``, computed as ``math`` on a CPU) decode the same greedy

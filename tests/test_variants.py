@@ -55,7 +55,7 @@ def test_construction_loads_nothing_and_is_instant(cls, monkeypatch):
     monkeypatch.setattr(module_lib.AutoModelForCausalLM, "from_pretrained", refuse)
     monkeypatch.setattr(module_lib.AutoTokenizer, "from_pretrained", refuse)
     start = time.perf_counter()
-    module = cls(model="no/such/model", group_size=4, max_new_tokens=16)
+    module = cls(model="no-such/model", group_size=4, max_new_tokens=16)
     assert time.perf_counter() - start < 1.0
     assert module.policy is None and module.ref_model is None and module.tokenizer is None
 
