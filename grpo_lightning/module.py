@@ -37,7 +37,8 @@ from grpo_lightning import functional as F
 from grpo_lightning import metrics, resume
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.generation import EnginePlan, EngineTarget, RolloutSampler, RolloutWeights, build_rollout
-from grpo_lightning.generation import check_engine_options, format_prompt, resolve_engine, samples_from_shards
+from grpo_lightning.generation import announce_prompt_format, check_engine_options, format_prompt, resolve_engine
+from grpo_lightning.generation import samples_from_shards
 from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.metrics import EVERY_STEP_METRICS, StepMetrics
 from grpo_lightning.rewards import resolve_reward_function, score_completions, weighted_reward
@@ -350,6 +351,7 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
 
     def on_fit_start(self) -> None:
         self.engine_plan  # resolved, and announced, before the first step
+        announce_prompt_format(self.tokenizer, self.hparams.use_chat_template)
         datamodule = self.trainer.datamodule
         check_rollout_size(getattr(datamodule, "batch_size", None), self.group_size, self.minibatch_size)
         context = getattr(self.policy.config, "max_position_embeddings", None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -321,6 +322,46 @@ def test_dapo_partial_batches_still_train(tiny_model_dir, tmp_path):
     trainer = make_trainer(tmp_path, max_steps=1, limit_val_batches=0)
     trainer.fit(dapo, small_data())
     assert trainer.global_step == 1
+
+
+# ---------------------------------------------------------------- how prompts reach the model
+
+WRAPPED = (
+    "prompts: plain text is wrapped in the tokenizer's chat template (use_chat_template: true); "
+    "set --model.use_chat_template false to send prompts as they are"
+)
+
+
+@pytest.fixture
+def templated_tokenizer_dir(tiny_model_dir, tmp_path) -> str:
+    """The tiny model's tokenizer with a chat template (one that leaves the text as it is)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+    tokenizer.save_pretrained(tmp_path / "templated")
+    return str(tmp_path / "templated")
+
+
+@pytest.mark.parametrize(
+    ("templated", "use_chat_template", "expected"),
+    [
+        (True, True, WRAPPED),
+        (True, False, "prompts: plain text is sent as it is (use_chat_template: false); set --model.use_chat_template "
+         "true to wrap it in the tokenizer's chat template"),
+        (False, True, "prompts: plain text is sent as it is (the tokenizer has no chat template); "
+         "chat-message prompts need a tokenizer with one"),
+    ],
+)
+def test_the_prompt_format_is_said_once_per_fit(
+    templated, use_chat_template, expected, tiny_model_dir, templated_tokenizer_dir, tmp_path, caplog
+):
+    tokenizer = templated_tokenizer_dir if templated else None
+    grpo = module(tiny_model_dir, tokenizer=tokenizer, use_chat_template=use_chat_template)
+    with caplog.at_level(logging.INFO):
+        make_trainer(tmp_path, max_steps=2, limit_val_batches=0).fit(grpo, small_data())
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("prompts:")]
+    assert said == [expected]
 
 
 def test_validate_fit_validate_on_one_trainer(tiny_model_dir, tmp_path):

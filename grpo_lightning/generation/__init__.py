@@ -9,7 +9,8 @@ from grpo_lightning.generation.choice import (
     static_engine_blocker,
 )
 from grpo_lightning.generation.hf import generate_group
-from grpo_lightning.generation.sampler import RolloutSampler, build_rollout, format_prompt, sampling_keys
+from grpo_lightning.generation.sampler import RolloutSampler, announce_prompt_format, build_rollout, format_prompt
+from grpo_lightning.generation.sampler import prompt_format_note, sampling_keys
 from grpo_lightning.generation.weights import RolloutWeights, samples_from_shards
 
 __all__ = [
@@ -17,10 +18,12 @@ __all__ = [
     "EngineTarget",
     "RolloutSampler",
     "RolloutWeights",
+    "announce_prompt_format",
     "build_rollout",
     "check_engine_options",
     "format_prompt",
     "generate_group",
+    "prompt_format_note",
     "resolve_engine",
     "samples_from_shards",
     "sampling_keys",

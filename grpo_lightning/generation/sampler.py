@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
@@ -85,6 +86,29 @@ def format_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Any, use_chat_temp
         return prompt
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def prompt_format_note(tokenizer: PreTrainedTokenizerBase, use_chat_template: bool) -> str:
+    """What :func:`format_prompt` does with plain-text prompts, and the setting that changes it."""
+    if not tokenizer.chat_template:
+        return (
+            "prompts: plain text is sent as it is (the tokenizer has no chat template); "
+            "chat-message prompts need a tokenizer with one"
+        )
+    if use_chat_template:
+        return (
+            "prompts: plain text is wrapped in the tokenizer's chat template (use_chat_template: true); "
+            "set --model.use_chat_template false to send prompts as they are"
+        )
+    return (
+        "prompts: plain text is sent as it is (use_chat_template: false); "
+        "set --model.use_chat_template true to wrap it in the tokenizer's chat template"
+    )
+
+
+def announce_prompt_format(tokenizer: PreTrainedTokenizerBase, use_chat_template: bool) -> None:
+    """Say once (rank zero, info) how plain-text prompts reach the model (:func:`prompt_format_note`)."""
+    rank_zero_info(prompt_format_note(tokenizer, use_chat_template))
 
 
 def build_rollout(
