@@ -31,33 +31,24 @@ import torch
 import torchmetrics
 from lightning.pytorch.strategies import ParallelStrategy
 from torch import Tensor
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase  # noqa: F401
 
 from grpo_lightning import functional as F
 from grpo_lightning import metrics, resume
 from grpo_lightning.engine.options import EngineOptions
-from grpo_lightning.generation import EnginePlan, EngineTarget, RolloutSampler, RolloutWeights, build_rollout
-from grpo_lightning.generation import announce_prompt_format, check_engine_options, format_prompt, resolve_engine
-from grpo_lightning.generation import samples_from_shards
+from grpo_lightning.generation import EnginePlan, RolloutSampler, RolloutWeights, build_rollout
+from grpo_lightning.generation import announce_prompt_format, check_engine_options, disable_dropout, format_prompt
+from grpo_lightning.generation import load_causal_lm, save_policy
 from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.metrics import EVERY_STEP_METRICS, StepMetrics
 from grpo_lightning.rewards import resolve_reward_function, score_completions, weighted_reward
 from grpo_lightning.rollout import Rollout, RolloutBuffer, SamplingParams
-from grpo_lightning.settings import CHECKED_SETTINGS, DTYPES, ConfigError, check_prompt_lengths, check_rollout_size
-from grpo_lightning.settings import check_settings, require, resolve_rewards
-from grpo_lightning.strategies import clip_grad_norm_, full_state_dict, is_sharded, shard
+from grpo_lightning.settings import CHECKED_SETTINGS, DTYPES, ConfigError, check_datasets, check_settings, require
+from grpo_lightning.settings import resolve_rewards
+from grpo_lightning.strategies import clip_grad_norm_, is_sharded, shard
 
 # Re-exported: variants and user code import them from here.
-__all__ = ["EVERY_STEP_METRICS", "ConfigError", "EngineOptions", "GroupPolicyOptimization", "StepMetrics"]
-
-
-def disable_dropout(model: torch.nn.Module) -> None:
-    """Zero every dropout probability of ``model``."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        if isinstance(getattr(module, "attention_dropout", None), float):
-            module.attention_dropout = 0.0
+__all__ = ["EVERY_STEP_METRICS", "ConfigError", "EngineOptions", "GroupPolicyOptimization", "StepMetrics", "disable_dropout"]
 
 
 class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
@@ -106,6 +97,8 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
     #: instead (RLOO) declares ``False`` and applies it in ``shape_rewards``; the reference log-probs
     #: are computed either way, and the old log-probs too (the reward's KL is taken against them).
     kl_in_loss: bool = True
+    #: Whether a batch may end without an update (DAPO): the loggers' x-axis then counts steps, not batches.
+    batches_without_update: bool = False
 
     def __init__(
         self,
@@ -180,6 +173,7 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
         self.val_accuracy, self.val_reward, self.val_length = (torchmetrics.MeanMetric() for _ in range(3))
         self.generated_tokens = 0
         self.last_step_metrics: dict[str, float] = {}  # every metric of the last training step
+        self.logged_steps = 0  # training steps logged: with an update, or counted by skip_update
 
     @property
     def max_new_tokens(self) -> int:
@@ -264,25 +258,14 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
                 self.ref_model = shard(self.ref_model)
 
     def _load_causal_lm(self) -> PreTrainedModel:
-        dtype = self.hparams.dtype
-        kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else DTYPES[dtype]}
-        if self.hparams.attn_implementation:
-            kwargs["attn_implementation"] = self.hparams.attn_implementation
-        return AutoModelForCausalLM.from_pretrained(self.model_name, **kwargs)
+        return load_causal_lm(self.model_name, self.hparams.dtype, self.hparams.attn_implementation)
 
     def save_pretrained(self, directory: str) -> None:
         """Write the policy and tokenizer as a plain Hugging Face directory (rank 0 writes).
 
         Under FSDP every process must call it: the shards are gathered first.
         """
-        policy, weights = self.policy, None
-        if is_sharded(policy):
-            with full_state_dict(policy):
-                weights = policy.state_dict()
-            policy = policy.module
-        if self.global_rank == 0:
-            policy.save_pretrained(directory, state_dict=weights)
-            self.tokenizer.save_pretrained(directory)
+        save_policy(self.policy, self.tokenizer, directory, write=self.global_rank == 0)
 
     @property
     def sampler(self) -> RolloutSampler:
@@ -291,11 +274,9 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
         of device, announced then (Lightning moves the module to the CPU between stages)."""
         kind = self.device.type
         if kind not in self._samplers:
-            gathered = samples_from_shards(self.policy, self._trainer.strategy if self._trainer is not None else None)
-            target = EngineTarget.of(self.policy, kind, is_sharded(self.policy), gathered)
-            plan = resolve_engine(self.engine_options, target, self.hparams.rollout_seed)
-            plan.announce()
-            self._samplers[kind] = RolloutSampler(plan, seed=self.hparams.rollout_seed)
+            strategy = self._trainer.strategy if self._trainer is not None else None
+            self._samplers[kind] = RolloutSampler.announced(self.policy, strategy, kind, self.engine_options,
+                                                            self.hparams.rollout_seed)  # fmt: skip
         return self._samplers[kind]
 
     @property
@@ -322,6 +303,7 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
             **super().training_state(),
             "generated_tokens": self.generated_tokens,
             "rollouts": self.rollouts,
+            "logged_steps": self.logged_steps,
             "step_metrics": self.step_metrics.state_dict(),
             "buffers": {name: buffer.state_dict() for name, buffer in buffers.items()},
         }
@@ -329,6 +311,7 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
     def load_training_state(self, state: dict[str, Any]) -> None:
         super().load_training_state(state)
         self.generated_tokens, self.rollouts = state["generated_tokens"], state.get("rollouts", 0)
+        self.logged_steps = state.get("logged_steps", self.trainer.global_step if self._trainer else 0)
         self.step_metrics.load_state_dict(state["step_metrics"])
         for name, buffer in state.get("buffers", {}).items():
             if isinstance(getattr(self, name, None), RolloutBuffer):
@@ -352,15 +335,10 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
     def on_fit_start(self) -> None:
         self.engine_plan  # resolved, and announced, before the first step
         announce_prompt_format(self.tokenizer, self.hparams.use_chat_template)
-        datamodule = self.trainer.datamodule
-        check_rollout_size(getattr(datamodule, "batch_size", None), self.group_size, self.minibatch_size)
         context = getattr(self.policy.config, "max_position_embeddings", None)
         longest = max(self.sampling.max_new_tokens, self.val_sampling.max_new_tokens)
-        for split in ("train_dataset", "val_dataset"):
-            dataset = getattr(datamodule, split, None)
-            if dataset is not None:
-                texts = [self.format_prompt(p) for p in dataset["prompt"]]
-                check_prompt_lengths(self.tokenizer, texts, context, longest, split.removesuffix("_dataset"))
+        check_datasets(self.trainer.datamodule, self.tokenizer, self.format_prompt, context, longest, self.group_size,
+                       self.minibatch_size)  # fmt: skip
 
     # ------------------------------------------------------------------ rollout
 
@@ -419,8 +397,11 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
             self.score(rollout)
         metrics.record_rewards(self.step_metrics, rollout, [name for name, _ in self.reward_functions])
 
+        steps = self.global_step
         rollout = self.select(rollout)
         if rollout is None:
+            if self.global_step == steps:  # only sampled: its counters go into the next step's row
+                self.drop_stale_row()
             return
 
         with timer.phase("logprob", "grpo.logprobs"):
@@ -438,6 +419,17 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
         self.step_metrics.update("perf/step_s", total_s)
         self.step_metrics.update("perf/tokens_per_s", float(rollout.completion_mask.sum()) / max(total_s, 1e-9))
         self.step_metrics.update("advantages/abs_mean", advantages.abs().mean())
+        self.log_step()
+
+    def skip_update(self) -> None:
+        """Count a training step that changes no weight: ``optimizer.step()`` without gradients
+        leaves every parameter as it is (AdamW skips those without one) and advances ``global_step``
+        (under manual optimization Lightning counts optimizer steps); the scheduler follows. Logs the row."""
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        scheduler.step()
+        self.step_metrics.update("learning_rate", scheduler.get_last_lr()[0])
         self.log_step()
 
     def update(self, rollout: Rollout, advantages: Tensor) -> None:
@@ -531,12 +523,21 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
         ``last_step_metrics``."""
         values = self.step_metrics.compute_and_reset(gather=resume.gather_over_ranks)
         values["perf/generated_tokens"] = float(sum(resume.gather_over_ranks(self.generated_tokens)))
+        if self.batches_without_update:
+            values["step"] = float(self.logged_steps)
+        self.logged_steps += 1
         self.last_step_metrics = values
         # The Trainer writes to its loggers every log_every_n_steps steps (True where it does not say).
         connector = getattr(self._trainer, "_logger_connector", None)
         others, progress = metrics.metrics_to_log(values, bool(getattr(connector, "should_update_logs", True)))
         self.log_dict(others, on_step=True, on_epoch=False)
         self.log_dict(progress, on_step=True, on_epoch=False, prog_bar=True)
+
+    def drop_stale_row(self) -> None:
+        """No logger row for a batch without an update (Lightning would write the last one again)."""
+        results = getattr(self._trainer, "_results", None)
+        if results is not None:
+            results.reset(metrics=False, fx="training_step")
 
     # ------------------------------------------------------------------ validation
 
@@ -566,4 +567,6 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
         self.log("val/accuracy", self.val_accuracy, on_epoch=True, prog_bar=True, batch_size=size)
         self.log("val/reward", self.val_reward, on_epoch=True, batch_size=size)
         self.log("val/mean_length", self.val_length, on_epoch=True, batch_size=size)
+        if self.batches_without_update:  # the x-axis of the last training step's row
+            self.log("step", float(max(self.logged_steps - 1, 0)), on_epoch=True, batch_size=size)
 

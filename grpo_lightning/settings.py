@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -173,3 +174,15 @@ def check_prompt_lengths(
             f"{max_new_tokens} it does not fit the model context of {context} tokens. "
             "Filter long prompts from the dataset or lower --model.max_new_tokens."
         )
+
+
+def check_datasets(datamodule: Any, tokenizer: PreTrainedTokenizerBase, format_prompt: Callable[[Any], str],
+                   context: int | None, max_new_tokens: int, group_size: int, minibatch_size: int | None) -> None:
+    """Before the first step: the rollout size against ``minibatch_size``, and every prompt of the
+    train and validation splits (as ``format_prompt`` writes it) against the model's ``context``."""
+    check_rollout_size(getattr(datamodule, "batch_size", None), group_size, minibatch_size)
+    for split in ("train_dataset", "val_dataset"):
+        dataset = getattr(datamodule, split, None)
+        if dataset is not None:
+            texts = [format_prompt(p) for p in dataset["prompt"]]
+            check_prompt_lengths(tokenizer, texts, context, max_new_tokens, split.removesuffix("_dataset"))

@@ -12,6 +12,7 @@ import time
 import lightning as L
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.testing import assert_close
 
 import grpo_lightning.module as module_lib
@@ -363,9 +364,14 @@ def test_dynamic_sampling_exhausted_trains_on_what_it_found_with_partial(make_mo
     batch = module.select(_draw(module, make_rollout, [False, False, True, False], tag=2))
     assert batch.num_groups == 2 and (_group_spread(batch) > 0).all()
     assert module.step_metrics.compute_and_reset()["dynamic_sampling/frac_groups_kept"] == pytest.approx(2 / 8)
-    # No informative group at all: no update.
+    # No informative group at all: no update, but the step counts (skip_update).
+    skipped = []
+    module.skip_update = lambda: skipped.append(module.step_metrics.compute_and_reset())
     assert module.select(_draw(module, make_rollout, [False] * 4, tag=3)) is None
+    assert skipped == []
     assert module.select(_draw(module, make_rollout, [False] * 4, tag=4)) is None
+    assert len(skipped) == 1 and skipped[0]["dynamic_sampling/skipped_updates"] == 1.0
+    assert skipped[0]["dynamic_sampling/gen_batches"] == 2 and skipped[0]["dynamic_sampling/frac_groups_kept"] == 0.0
 
 
 def test_dynamic_sampling_over_devices_waits_for_and_trims_to_the_device_with_fewest(make_module, make_rollout, monkeypatch):
@@ -412,3 +418,70 @@ def test_dapo_fit_updates_only_on_informative_groups(make_module):
     for rewards in updates:
         assert rewards.shape == (4, 2)
         assert (rewards.max(dim=1).values > rewards.min(dim=1).values).all()
+
+
+def constant_reward(prompts, completions, **columns) -> list[float]:
+    """Every completion the same reward: no group is ever informative."""
+    return [1.0] * len(completions)
+
+
+def _logged_rows(trainer: L.Trainer) -> dict[str, list[tuple[int, float]]]:
+    events = EventAccumulator(str(trainer.log_dir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def _logged_trainer(tmp_path, max_steps: int) -> L.Trainer:
+    return L.Trainer(
+        accelerator="cpu",
+        logger=L.pytorch.loggers.TensorBoardLogger(tmp_path, name="run"),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        max_steps=max_steps,
+        max_epochs=100,  # a bound for a fit that would not end: it must end on max_steps long before
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        log_every_n_steps=1,
+    )
+
+
+def test_dapo_fit_with_no_informative_group_ends_at_max_steps_without_changing_the_weights(make_module, tmp_path):
+    """Dynamic sampling never finds a group whose rewards differ: each step draws ``max_gen_batches``
+    batches, then counts without an update (``dynamic_sampling/skipped_updates``), one row a step."""
+    L.seed_everything(0)
+    module = make_module(DAPO, configure=False, reward_funcs=[constant_reward], group_size=2, max_new_tokens=4,
+                         max_gen_batches=2)  # fmt: skip
+    trainer = _logged_trainer(tmp_path, max_steps=3)
+    data = _arithmetic(batch_size=4)
+    start = time.perf_counter()
+    trainer.fit(module, datamodule=data)
+    assert time.perf_counter() - start < 60
+    assert trainer.global_step == 3
+    assert trainer.fit_loop.total_batch_idx + 1 == 6  # 2 generation batches a step
+    initial = make_module(DAPO, reward_funcs=[constant_reward])
+    for name, value in module.policy.state_dict().items():
+        assert torch.equal(value, initial.policy.state_dict()[name]), name
+    rows = _logged_rows(trainer)
+    assert rows["dynamic_sampling/skipped_updates"] == [(0, 1.0), (1, 1.0), (2, 1.0)]
+    assert rows["dynamic_sampling/gen_batches"] == [(0, 2.0), (1, 2.0), (2, 2.0)]
+    assert "loss" not in rows  # no update, no loss
+
+
+def test_dapo_logs_one_row_per_update_with_the_sampling_batches_folded_in(make_module, tmp_path):
+    """Batches that only sample log no row (no repeat of the last update's values); the x-axis
+    counts updates and each row's ``gen_batches`` counts the batches its update drew on."""
+    L.seed_everything(0)
+    module = make_module(DAPO, configure=False, reward_funcs=[odd_answer_reward], group_size=2, max_new_tokens=4,
+                         max_gen_batches=3)  # fmt: skip
+    trainer = _logged_trainer(tmp_path, max_steps=3)
+    trainer.fit(module, datamodule=_arithmetic(batch_size=4))
+    assert trainer.global_step == 3
+    rows = _logged_rows(trainer)
+    batches = trainer.fit_loop.total_batch_idx + 1
+    gen_batches = rows["dynamic_sampling/gen_batches"]
+    assert batches > 3, "every batch was full: change the reward or the seed"
+    for tag in ("reward", "loss", "dynamic_sampling/gen_batches", "entropy"):
+        assert [step for step, _ in rows[tag]] == [0, 1, 2], tag
+    assert sum(value for _, value in gen_batches) == batches
+    assert all(value == 0.0 for _, value in rows["dynamic_sampling/skipped_updates"])

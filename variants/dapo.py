@@ -19,6 +19,16 @@ GRPO advantages with four changes (eq. 8-13):
   ``penalty_factor``.
 
 No KL term (beta 0).
+
+What a step is: one update. A generation batch that leaves the dynamic-sampling buffer short of a
+batch of informative groups ends without one; it logs no row, and its counts (rewards, lengths,
+``dynamic_sampling/gen_batches``) go into the next update's row. ``max_steps``, ``global_step``,
+checkpoints and the loggers' x-axis (``step``) count updates; ``val_check_interval`` and
+``log_every_n_steps`` count generation batches (Lightning's batches). After ``max_gen_batches``
+batches short of a full batch, ``on_exhausted: partial`` trains on the groups found, and when no
+group was informative at all the step still counts, without changing the weights
+(``skip_update``; ``dynamic_sampling/skipped_updates`` is 1 in its row): a fit whose rewards never
+differ within a group ends at ``max_steps`` after ``max_gen_batches x max_steps`` batches.
 """
 
 from __future__ import annotations
@@ -40,11 +50,13 @@ class DAPO(GRPO):
         dynamic_sampling: drop zero-variance groups and refill the batch.
         max_gen_batches: generation batches one update may draw on.
         on_exhausted: when ``max_gen_batches`` are spent before the batch is full: ``"error"``, or
-            ``"partial"`` to train on the informative groups found so far (none: skip the update).
+            ``"partial"`` to train on the informative groups found so far (none: a step that changes no weight).
         overlong_buffer: ``L_cache`` in tokens; ``None`` is 20% of ``max_new_tokens`` (the paper's
             4096 of 20480); 0 turns the shaping off.
         overlong_penalty: the largest penalty, reached at ``max_new_tokens``.
     """
+
+    batches_without_update = True
 
     def __init__(
         self,
@@ -95,7 +107,11 @@ class DAPO(GRPO):
             )
         self.step_metrics.update("dynamic_sampling/gen_batches", self.buffer.batches)
         self.step_metrics.update("dynamic_sampling/frac_groups_kept", self.buffer.num_groups / self.buffer.groups_seen)
-        return self.buffer.take(min(kept, target), self.tokenizer.pad_token_id)
+        self.step_metrics.update("dynamic_sampling/skipped_updates", float(kept == 0))
+        batch = self.buffer.take(min(kept, target), self.tokenizer.pad_token_id)
+        if batch is None:
+            self.skip_update()  # the step counts: max_steps is reached even when nothing is informative
+        return batch
 
     def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
         """Soft overlong punishment (eq. 13) added to the task reward."""

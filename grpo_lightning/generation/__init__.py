@@ -11,7 +11,8 @@ from grpo_lightning.generation.choice import (
 from grpo_lightning.generation.hf import generate_group
 from grpo_lightning.generation.sampler import RolloutSampler, announce_prompt_format, build_rollout, format_prompt
 from grpo_lightning.generation.sampler import prompt_format_note, sampling_keys
-from grpo_lightning.generation.weights import RolloutWeights, samples_from_shards
+from grpo_lightning.generation.weights import RolloutWeights, disable_dropout, load_causal_lm, samples_from_shards
+from grpo_lightning.generation.weights import save_policy
 
 __all__ = [
     "EnginePlan",
@@ -21,11 +22,14 @@ __all__ = [
     "announce_prompt_format",
     "build_rollout",
     "check_engine_options",
+    "disable_dropout",
     "format_prompt",
     "generate_group",
+    "load_causal_lm",
     "prompt_format_note",
     "resolve_engine",
     "samples_from_shards",
     "sampling_keys",
+    "save_policy",
     "static_engine_blocker",
 ]

@@ -13,9 +13,11 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from grpo_lightning.engine import StaticCacheGenerator, fast_generate_group
-from grpo_lightning.generation.choice import EnginePlan
+from grpo_lightning.generation.choice import EnginePlan, EngineTarget, resolve_engine
 from grpo_lightning.generation.hf import generate_group
+from grpo_lightning.generation.weights import samples_from_shards
 from grpo_lightning.rollout import Rollout, SamplingParams, completion_mask_from_ids
+from grpo_lightning.strategies import is_sharded
 
 
 def sampling_keys(seed: int, rollout_number: int, texts: Sequence[str], group_size: int) -> Tensor:
@@ -44,6 +46,16 @@ class RolloutSampler:
         self.plan = plan
         self.seed = seed
         self.engine: StaticCacheGenerator | None = None
+
+    @classmethod
+    def announced(cls, policy: nn.Module, strategy: Any, kind: str, options: Any, seed: int | None) -> RolloutSampler:
+        """The sampler of a device of ``kind`` (``"cuda"``, ``"cpu"``), on the engine options
+        resolved for it, the policy and the strategy (:func:`resolve_engine`), announced."""
+        gathered = samples_from_shards(policy, strategy)
+        target = EngineTarget.of(policy, kind, is_sharded(policy), gathered)
+        plan = resolve_engine(options, target, seed)
+        plan.announce()
+        return cls(plan, seed=seed)
 
     def sample(
         self,

@@ -9,7 +9,41 @@ from typing import Any
 import torch
 from torch import nn
 
-from grpo_lightning.strategies import RolloutReplica, full_parameters, is_sharded
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from grpo_lightning.settings import DTYPES
+from grpo_lightning.strategies import RolloutReplica, full_parameters, full_state_dict, is_sharded
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Zero every dropout probability of ``model``: the log-probs of the update are then those of
+    the distribution the rollout sampled from."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+
+
+def load_causal_lm(name: str, dtype: str, attn_implementation: str | None) -> PreTrainedModel:
+    """``AutoModelForCausalLM.from_pretrained(name)`` in ``dtype`` (``"auto"`` or a name of ``DTYPES``)."""
+    kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else DTYPES[dtype]}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    return AutoModelForCausalLM.from_pretrained(name, **kwargs)
+
+
+def save_policy(policy: nn.Module, tokenizer: PreTrainedTokenizerBase, directory: str, write: bool = True) -> None:
+    """Write ``policy`` and ``tokenizer`` as a plain Hugging Face directory (where ``write``); a
+    sharded policy is gathered first, so under FSDP every process must call it."""
+    weights = None
+    if is_sharded(policy):
+        with full_state_dict(policy):
+            weights = policy.state_dict()
+        policy = policy.module
+    if write:
+        policy.save_pretrained(directory, state_dict=weights)
+        tokenizer.save_pretrained(directory)
 
 
 def samples_from_shards(policy: nn.Module, strategy: Any) -> bool:
