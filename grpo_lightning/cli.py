@@ -11,9 +11,16 @@ A ``--config`` that is not a file names a shipped config (``grpo_lightning.resou
 from __future__ import annotations
 
 import contextlib
+import difflib
+import importlib
+import inspect
+import os
+import re
 import sys
+import traceback
 import warnings
 from collections.abc import Iterator, Sequence
+from types import TracebackType
 
 from lightning.pytorch.cli import LightningCLI
 
@@ -21,6 +28,8 @@ from grpo_lightning.data import PromptDataModule
 from grpo_lightning.export import check_checkpoint
 from grpo_lightning.module import GroupPolicyOptimization
 from grpo_lightning.resources import resolve_config_args
+from grpo_lightning.rewards.scoring import RewardFunctionError
+from grpo_lightning.settings import ConfigError
 
 CONFIG_HELP = (
     "Path to a configuration file in json or yaml format, or the name of a shipped config when no such "
@@ -32,7 +41,10 @@ CONFIG_HELP = (
 class GRPOLightningCLI(LightningCLI):
     """LightningCLI in subclass mode: ``--model`` takes any variant's class path."""
 
-    def __init__(self, args: Sequence[str] | None = None, run: bool = True, **kwargs) -> None:
+    def __init__(
+        self, args: Sequence[str] | None = None, run: bool = True, *, raise_parse_errors: bool = False, **kwargs
+    ) -> None:
+        self.raise_parse_errors = raise_parse_errors  # main(): parse errors are raised, reported in one line
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)
         super().__init__(
@@ -46,6 +58,8 @@ class GRPOLightningCLI(LightningCLI):
         )
 
     def init_parser(self, **kwargs):
+        if self.raise_parse_errors:
+            kwargs.setdefault("exit_on_error", False)
         parser = super().init_parser(**kwargs)
         for action in parser._actions:
             if "--config" in action.option_strings:
@@ -57,11 +71,33 @@ class GRPOLightningCLI(LightningCLI):
             sys.argv[1:] = resolve_config_args(sys.argv[1:])
         elif isinstance(args, (list, tuple)):
             args = resolve_config_args(args)
-        super().parse_arguments(parser, args)
+        try:
+            super().parse_arguments(parser, args)
+        except Exception as error:
+            error.option_names = _option_names(parser)  # main() suggests the nearest one
+            raise
         subcommand = self.config.get("subcommand")
         if subcommand:
             # Lightning reads --ckpt_path next: a missing or truncated file fails here, naming it.
             check_checkpoint(self.config[subcommand].get("ckpt_path"))
+
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        except Exception as error:
+            error._raised_by_subcommand = True  # main(): not a parse error
+            raise
+
+
+def _option_names(parser) -> list[str]:
+    """Every ``--option`` of ``parser`` and of its subcommands' parsers."""
+    names: list[str] = []
+    for action in parser._actions:
+        names += [name for name in action.option_strings if name.startswith("--")]
+        for subparser in (getattr(action, "_name_parser_map", None) or {}).values():
+            names += _option_names(subparser)
+    return list(dict.fromkeys(names))
 
 
 #: Lightning's warnings at the start of every fit that describe this module as designed: the frozen
@@ -82,9 +118,165 @@ def expected_warnings_silenced() -> Iterator[None]:
         yield
 
 
+#: Frames of the methods that read the user's settings, paths and data before any training: an
+#: error raised under one of them is a problem of the configuration, reported in one line.
+SETUP_FUNCTIONS = frozenset({"setup", "prepare_data", "load", "configure_model", "_load_causal_lm", "on_fit_start"})
+
+#: Always a user's error, wherever raised.
+USER_ERRORS = (ConfigError, RewardFunctionError)
+
+TRACEBACK_ENV = "GRPO_LIGHTNING_TRACEBACK"
+
+
+def variant_names() -> list[str]:
+    """Class paths of the shipped variants: ``variants.GRPO``, ..."""
+    import variants
+
+    return [f"variants.{name}" for name in variants.__all__]
+
+
+def init_parameters(class_path: str) -> list[str]:
+    """Names of the ``__init__`` arguments of ``class_path`` and of its bases (``**kwargs`` forwarding)."""
+    module_name, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError):
+        return []
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        for parameter in inspect.signature(klass.__init__).parameters.values():
+            if parameter.name != "self" and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+                names.append(parameter.name)
+    return list(dict.fromkeys(names))
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and its causes, outermost first."""
+    chain: list[BaseException] = []
+    while error is not None and all(error is not seen for seen in chain):
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    return chain
+
+
+def _raised_in_setup(tb: TracebackType | None) -> bool:
+    while tb is not None:
+        frame = tb.tb_frame
+        owner = frame.f_locals.get("self")
+        if frame.f_code.co_name in SETUP_FUNCTIONS and owner is not None:
+            if any(c.__name__ in ("LightningModule", "LightningDataModule") for c in type(owner).__mro__):
+                return True
+        tb = tb.tb_next
+    return False
+
+
+def _raised_by_project(error: BaseException) -> bool:
+    """Whether ``error`` was raised in this package's or the variants' code."""
+    tb = error.__traceback__
+    last = None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    filename = last.tb_frame.f_code.co_filename if last is not None else ""
+    return any(part in filename for part in (f"{os.sep}grpo_lightning{os.sep}", f"{os.sep}variants{os.sep}"))
+
+
+def _first_line_block(text: str, limit: int = 6) -> str:
+    lines = [line.rstrip() for line in str(text).strip().splitlines() if line.strip()]
+    return "\n".join(lines[:limit])
+
+
+def user_error_message(error: BaseException, parsing: bool) -> str | None:
+    """The message to show for ``error`` when it is the user's (a setting, a path, a reward
+    function), else ``None`` (a bug: the traceback is shown). ``parsing``: raised while the
+    configuration was parsed or instantiated, where every ``ValueError``/``TypeError`` is the user's."""
+    chain = _chain(error)
+    texts = "\n".join(str(e) for e in chain)
+    # An unknown class path: list what --model (or --data) accepts.
+    unknown = re.search(r"Problem with given class_path '([\w.]+)':\s*\n?\s*(?:module '[\w.]+' has no attribute|No module named)", texts)
+    if unknown is None:
+        unknown = re.search(r"Expected a path but ([\w.]+) either not accessible or invalid", texts)
+    if unknown is not None and not any(isinstance(e, USER_ERRORS) for e in chain):
+        path = unknown.group(1)
+        if path.startswith("variants.") or "Parser key \"model\"" in texts or "--model" in texts:
+            choices = variant_names()
+            names = {choice.rpartition(".")[2]: choice for choice in choices}
+            close = difflib.get_close_matches(path.rpartition(".")[2], list(names), n=1, cutoff=0.6)
+            hint = f" Did you mean {names[close[0]]}?" if close else ""
+            return f"--model: unknown variant {path!r}; give one of {', '.join(choices)} (or a subclass's import path).{hint}"
+        return f"{path!r} is not an importable class path; check the spelling and that its package is installed."
+    # An unknown option of a class: suggest the nearest valid one.
+    option = re.search(r"Option '([\w.]+)' is not accepted", texts)
+    if option is not None:
+        name = option.group(1)
+        owner = re.search(r"Problem with given class_path '([\w.]+)'", texts)
+        key = re.search(r'Parser key "(\w+)"', texts)
+        group = f"--{key.group(1)}." if key else "--"
+        choices = init_parameters(owner.group(1)) if owner else []
+        close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+        hint = f"; did you mean {group}{close[0]}?" if close else f"; valid options: {', '.join(choices)}." if choices else "."
+        where = f" of {owner.group(1)}" if owner else ""
+        return f"{group}{name}: no such option{where}{hint}"
+    # An unknown option of the parser itself (--trainer.*, --seed_everything, ...).
+    unrecognized = re.search(r"unrecognized arguments: (--[\w.]+)", texts)
+    if unrecognized is not None:
+        name = unrecognized.group(1).partition("=")[0]
+        close = difflib.get_close_matches(name, getattr(error, "option_names", []), n=1, cutoff=0.6)
+        return f"{name}: no such option" + (f"; did you mean {close[0]}?" if close else "; see --help.")
+    # The innermost of the project's own errors (jsonargparse wraps what the constructors raise).
+    for candidate in reversed(chain):
+        if isinstance(candidate, USER_ERRORS):
+            return _first_line_block(candidate)
+    if parsing or _raised_in_setup(error.__traceback__):
+        for candidate in reversed(chain):
+            if isinstance(candidate, (ValueError, TypeError, FileNotFoundError)) and _raised_by_project(candidate):
+                return _first_line_block(candidate)
+    innermost = chain[-1]
+    in_setup = _raised_in_setup(error.__traceback__)
+    if isinstance(innermost, (ValueError, TypeError, FileNotFoundError)) and (parsing or in_setup):
+        if type(innermost).__module__.startswith("jsonargparse") or type(innermost).__name__ == "ArgumentError":
+            return _first_line_block(innermost, limit=3)
+        return _first_line_block(innermost)
+    if isinstance(innermost, OSError) and in_setup:
+        return _first_line_block(innermost)
+    if type(error).__name__ == "ArgumentError":  # any other parse error: jsonargparse's own message
+        return _first_line_block(error, limit=3)
+    return None
+
+
+def _wants_traceback(argv: list[str]) -> bool:
+    return "--verbose" in argv or os.environ.get(TRACEBACK_ENV, "").strip() not in ("", "0", "false")
+
+
 def main(args: Sequence[str] | None = None) -> None:
-    with expected_warnings_silenced():
-        GRPOLightningCLI(args=args)
+    """Run the CLI. A user's error is one ``error: ...`` line on stderr and exit status 2; ``--verbose``
+    (or ``GRPO_LIGHTNING_TRACEBACK=1``) shows its traceback instead."""
+    argv = list(sys.argv[1:] if args is None else args)
+    verbose = _wants_traceback(argv)
+    argv = [arg for arg in argv if arg != "--verbose"]
+    if args is None:
+        sys.argv[1:] = argv
+    else:
+        args = argv
+    try:
+        with expected_warnings_silenced():
+            GRPOLightningCLI(args=args, raise_parse_errors=True)
+    except Exception as error:
+        _report(error, verbose, parsing=not getattr(error, "_raised_by_subcommand", False))
+        raise
+
+
+def _report(error: BaseException, verbose: bool, parsing: bool) -> None:
+    """Print ``error: <message>`` and exit with status 2 for a user's error; return otherwise."""
+    if verbose:
+        return
+    message = user_error_message(error, parsing)
+    if message is None:
+        return
+    sys.stderr.write(f"error: {message}\n(run again with --verbose for the traceback)\n")
+    sys.stderr.flush()
+    raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
