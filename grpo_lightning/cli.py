@@ -17,13 +17,16 @@ import inspect
 import os
 import re
 import sys
-import traceback
 import warnings
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import TracebackType
 
+import yaml
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 
+from grpo_lightning.callbacks import FitSummary, ValidateBeforeTraining
 from grpo_lightning.data import PromptDataModule
 from grpo_lightning.export import check_checkpoint
 from grpo_lightning.module import GroupPolicyOptimization
@@ -57,6 +60,12 @@ class GRPOLightningCLI(LightningCLI):
             **kwargs,
         )
 
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """``fit`` and ``validate`` (the module has no test or predict step; ``generate`` samples
+        completions for a prompt file, see :func:`generate`)."""
+        return {name: keys for name, keys in LightningCLI.subcommands().items() if name in ("fit", "validate")}
+
     def init_parser(self, **kwargs):
         if self.raise_parse_errors:
             kwargs.setdefault("exit_on_error", False)
@@ -71,6 +80,7 @@ class GRPOLightningCLI(LightningCLI):
             sys.argv[1:] = resolve_config_args(sys.argv[1:])
         elif isinstance(args, (list, tuple)):
             args = resolve_config_args(args)
+        self.raw_args = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
         try:
             super().parse_arguments(parser, args)
         except Exception as error:
@@ -82,12 +92,107 @@ class GRPOLightningCLI(LightningCLI):
             check_checkpoint(self.config[subcommand].get("ckpt_path"))
 
 
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        self._name_logs_by_variant(config)
+        self._seed_data_order(config)
+        self._drop_disabled_progress_bars(config)
+
+    def _instantiate_trainer(self, config, callbacks):
+        """The Trainer, with the callbacks every fit has: the summary at the end and (``fit``)
+        validation before the first step."""
+        callbacks = [*callbacks, FitSummary()]
+        if self.subcommand == "fit":
+            callbacks.append(ValidateBeforeTraining())
+        return super()._instantiate_trainer(config, callbacks)
+
+    def _name_logs_by_variant(self, config) -> None:
+        """A TensorBoard/CSV logger without a name of the user's is named after the variant
+        (``grpo``, ``dr_grpo``, ...); resuming from ``<save_dir>/<name>/version_N/checkpoints/``
+        logs to that same ``version_N``."""
+        logger = config.get("trainer", {}).get("logger")
+        init_args = logger.get("init_args") if hasattr(logger, "get") else None
+        if init_args is None or "name" not in init_args:
+            return
+        if init_args.get("name") in (None, "lightning_logs"):
+            class_path = config.get("model", {}).get("class_path") or "grpo"
+            init_args["name"] = variant_log_name(class_path.rpartition(".")[2])
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path and init_args.get("version") is None and init_args.get("save_dir"):
+            version = checkpoint_version(ckpt_path, init_args["save_dir"], init_args["name"])
+            if version is not None:
+                init_args["version"] = version
+
+    def _seed_data_order(self, config) -> None:
+        """``--seed_everything S`` seeds the data order too unless ``data.seed`` is given."""
+        seed = config.get("seed_everything")
+        data = config.get("data")
+        init_args = data.get("init_args") if hasattr(data, "get") else None
+        if isinstance(seed, bool) or not isinstance(seed, int) or init_args is None or "seed" not in init_args:
+            return
+        if not self._data_seed_given(config):
+            init_args["seed"] = seed
+
+    def _data_seed_given(self, config) -> bool:
+        args = getattr(self, "raw_args", [])
+        if any(arg == "--data.seed" or arg.startswith("--data.seed=") for arg in args):
+            return True
+        if any(arg.startswith("--data=") or arg == "--data" for arg in args):
+            return True  # a whole data config of the user's: its seed is meant
+        for path in config.get("config") or []:
+            try:
+                loaded = yaml.safe_load(Path(str(path)).read_text()) or {}
+            except (OSError, yaml.YAMLError):
+                continue
+            data = loaded.get("data") if isinstance(loaded, dict) else None
+            if isinstance(data, dict) and ("seed" in data or "seed" in (data.get("init_args") or {})):
+                return True
+        return False
+
+    @staticmethod
+    def _drop_disabled_progress_bars(config) -> None:
+        """``--trainer.enable_progress_bar false`` with a config that lists a progress bar: the bar goes."""
+        trainer = config.get("trainer", {})
+        if trainer.get("enable_progress_bar") is not False or not trainer.get("callbacks"):
+            return
+        trainer["callbacks"] = [c for c in trainer["callbacks"] if not _is_progress_bar(c)]
+
     def _run_subcommand(self, subcommand: str) -> None:
         try:
             super()._run_subcommand(subcommand)
         except Exception as error:
             error._raised_by_subcommand = True  # main(): not a parse error
             raise
+
+
+def variant_log_name(class_name: str) -> str:
+    """``GRPO`` -> ``grpo``, ``DrGRPO`` -> ``dr_grpo``, ``MyGRPOVariant`` -> ``my_grpo_variant``."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", class_name).lower()
+
+
+def checkpoint_version(ckpt_path: str, save_dir: str, name: str) -> int | None:
+    """``N`` when ``ckpt_path`` is ``<save_dir>/<name>/version_N/checkpoints/*.ckpt``, else ``None``."""
+    path = Path(ckpt_path).expanduser().resolve()
+    match = re.fullmatch(r"version_(\d+)", path.parent.parent.name)
+    if path.parent.name != "checkpoints" or match is None:
+        return None
+    if path.parent.parent.parent != (Path(save_dir).expanduser().resolve() / name):
+        return None
+    return int(match.group(1))
+
+
+def _is_progress_bar(callback) -> bool:
+    if isinstance(callback, ProgressBar):
+        return True
+    class_path = callback.get("class_path") if hasattr(callback, "get") else None
+    if not class_path:
+        return False
+    module_name, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    return isinstance(cls, type) and issubclass(cls, ProgressBar)
 
 
 def _option_names(parser) -> list[str]:
@@ -231,6 +336,10 @@ def user_error_message(error: BaseException, parsing: bool) -> str | None:
     if parsing or _raised_in_setup(error.__traceback__):
         for candidate in reversed(chain):
             if isinstance(candidate, (ValueError, TypeError, FileNotFoundError)) and _raised_by_project(candidate):
+                return _first_line_block(candidate)
+    if parsing:  # a Trainer or callback argument Lightning refuses
+        for candidate in reversed(chain):
+            if type(candidate).__name__ == "MisconfigurationException":
                 return _first_line_block(candidate)
     innermost = chain[-1]
     in_setup = _raised_in_setup(error.__traceback__)
