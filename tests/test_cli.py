@@ -133,3 +133,48 @@ def test_a_checkpoint_rebuilds_the_module_with_its_engine_options(tiny_model_dir
     torch.save({"state_dict": {}, "hyper_parameters": dict(module.hparams), "pytorch-lightning_version": lightning.__version__}, path)
     loaded = GRPO.load_from_checkpoint(path, weights_only=True)
     assert loaded.engine_options == engine
+
+
+# ---------------------------------------------------------------- progress bar, seeds, subcommands
+
+
+def test_the_progress_bar_counts_optimizer_steps_without_v_num(tiny_model_dir, tmp_path, one_torch_thread):
+    from grpo_lightning.callbacks import StepProgressBar
+
+    args = cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir) + [
+        "--model.group_size", "2", "--model.max_new_tokens", "4", "--data.batch_size", "2", "--data.num_train", "8",
+        "--data.num_val", "2", "--trainer.max_steps", "2", "--trainer.val_check_interval", "1",
+        "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
+        "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
+    ]  # fmt: skip
+    cli = GRPOLightningCLI(args=args, run=False)
+    bar = cli.trainer.progress_bar_callback
+    assert isinstance(bar, StepProgressBar)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert (bar.train_progress_bar.n, bar.train_progress_bar.total) == (2, 2)
+    shown = bar.get_metrics(cli.trainer, cli.model)
+    assert "v_num" not in shown and "reward" in shown and "val/accuracy" in shown
+
+
+def test_disabling_the_progress_bar_drops_the_configured_one():
+    cli = GRPOLightningCLI(args=cli_args(VARIANT_CONFIGS[0]) + ["--trainer.enable_progress_bar", "false"], run=False)
+    assert cli.trainer.progress_bar_callback is None
+
+
+def test_seed_everything_seeds_the_data_order_unless_data_seed_is_given(tmp_path):
+    cli = GRPOLightningCLI(args=cli_args(VARIANT_CONFIGS[0]) + ["--seed_everything", "7"], run=False)
+    assert cli.datamodule.seed == 7
+    cli = GRPOLightningCLI(args=cli_args(VARIANT_CONFIGS[0]) + ["--seed_everything", "7", "--data.seed", "3"], run=False)
+    assert cli.datamodule.seed == 3
+    config = tmp_path / "data_seed.yaml"
+    config.write_text("data:\n  init_args:\n    seed: 5\n")
+    cli = GRPOLightningCLI(args=cli_args(VARIANT_CONFIGS[0], config) + ["--seed_everything", "7"], run=False)
+    assert cli.datamodule.seed == 5
+
+
+def test_only_fit_validate_and_generate_are_subcommands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    printed = capsys.readouterr().out
+    assert "fit" in printed and "validate" in printed and "generate" in printed
+    assert "predict" not in printed and "{fit,validate,test" not in printed
