@@ -14,6 +14,7 @@ import contextlib
 import difflib
 import importlib
 import inspect
+import json
 import os
 import re
 import sys
@@ -65,6 +66,25 @@ class GRPOLightningCLI(LightningCLI):
         """``fit`` and ``validate`` (the module has no test or predict step; ``generate`` samples
         completions for a prompt file, see :func:`generate`)."""
         return {name: keys for name, keys in LightningCLI.subcommands().items() if name in ("fit", "validate")}
+
+    def _add_subcommands(self, parser, **kwargs) -> None:
+        super()._add_subcommands(parser, **kwargs)
+        # generate: the arguments of validate (configs, --ckpt_path) and a prompt file and output.
+        subparser = self._prepare_subcommand_parser(self.trainer_class, "validate", description=GENERATE_HELP)
+        subparser.add_argument("--prompts", type=str, required=True, help="JSONL file with a 'prompt' column.")
+        subparser.add_argument("--output", type=str, required=True, help="JSONL file the completions are written to.")
+        subparser.add_argument("--batch_size", type=int, default=32, help="Prompts per generate call.")
+        self._subcommand_parsers["generate"] = subparser
+        parser._subcommands_action.add_subcommand("generate", subparser, help=GENERATE_HELP)
+
+    def generate(self) -> None:
+        """``grpo-lightning generate``: :func:`generate_completions` with the parsed configuration."""
+        config = self.config_init["generate"]
+        device = self.trainer.strategy.root_device
+        count = generate_completions(
+            self.model, config["prompts"], config["output"], config.get("ckpt_path"), config["batch_size"], device
+        )
+        print(f"wrote {count} completions to {config['output']}", flush=True)
 
     def init_parser(self, **kwargs):
         if self.raise_parse_errors:
@@ -159,10 +179,68 @@ class GRPOLightningCLI(LightningCLI):
 
     def _run_subcommand(self, subcommand: str) -> None:
         try:
-            super()._run_subcommand(subcommand)
+            if subcommand == "generate":
+                self.generate()
+            else:
+                super()._run_subcommand(subcommand)
         except Exception as error:
             error._raised_by_subcommand = True  # main(): not a parse error
             raise
+
+
+GENERATE_HELP = (
+    "Write completions for a prompt file (JSONL with a 'prompt' column) to a JSONL file, sampled as in "
+    "validation (model.val_temperature, model.val_max_new_tokens), from --ckpt_path or the start model."
+)
+
+
+def read_prompts(path: str) -> list[dict]:
+    """Rows of a JSONL prompt file; each must have a ``prompt``."""
+    if not Path(path).is_file():
+        raise ConfigError(f"prompts: no such file {path!r} (looked in {os.getcwd()}); give a JSONL file with a 'prompt' column.")
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ConfigError(f"prompts: line {number} of {path!r} is not JSON ({error.msg}); give one object a line.")
+            if not isinstance(row, dict) or "prompt" not in row:
+                raise ConfigError(f"prompts: line {number} of {path!r} has no 'prompt'; give {{\"prompt\": ...}} a line.")
+            rows.append(row)
+    if not rows:
+        raise ConfigError(f"prompts: {path!r} has no rows; add {{\"prompt\": ...}} lines.")
+    return rows
+
+
+def generate_completions(module, prompts: str, output: str, ckpt_path: str | None = None, batch_size: int = 32,
+                         device=None) -> int:  # fmt: skip
+    """Sample one completion per prompt of the JSONL file ``prompts`` with the module's validation
+    sampling and write ``{"prompt", "completion", ...the row's other columns}`` lines to ``output``.
+    With ``ckpt_path`` the policy's weights are those of the checkpoint. Returns the row count."""
+    import torch
+
+    rows = read_prompts(prompts)
+    module.configure_model()
+    if ckpt_path:
+        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        state = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("ref_model.")}
+        module.load_state_dict(state, strict=False)
+    if device is not None:
+        module.to(device)
+    module.eval()
+    Path(output).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    with open(Path(output).expanduser(), "w", encoding="utf-8") as handle, torch.no_grad():
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            batch = {key: [row.get(key) for row in chunk] for key in chunk[0]}
+            batch["prompt"] = [row["prompt"] for row in chunk]
+            rollout = module.generate(batch, 1, module.val_sampling)
+            for row, completion in zip(chunk, rollout.completions):
+                handle.write(json.dumps({**row, "completion": completion}, ensure_ascii=False) + "\n")
+    return len(rows)
 
 
 def variant_log_name(class_name: str) -> str:

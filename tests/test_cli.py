@@ -178,3 +178,33 @@ def test_only_fit_validate_and_generate_are_subcommands(capsys):
     printed = capsys.readouterr().out
     assert "fit" in printed and "validate" in printed and "generate" in printed
     assert "predict" not in printed and "{fit,validate,test" not in printed
+
+
+def test_generate_writes_a_completion_per_prompt(tiny_model_dir, tmp_path, one_torch_thread, capsys):
+    import json
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "12+3=", "answer": "15"}\n{"prompt": "4+4="}\n\n{"prompt": "1+1="}\n')
+    output = tmp_path / "out" / "completions.jsonl"
+    main([
+        "generate", *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir), "--model.val_max_new_tokens", "4",
+        "--trainer.logger.init_args.save_dir", str(tmp_path), "--prompts", str(prompts), "--output", str(output),
+        "--batch_size", "2",
+    ])  # fmt: skip
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [row["prompt"] for row in rows] == ["12+3=", "4+4=", "1+1="]
+    assert rows[0]["answer"] == "15" and all(isinstance(row["completion"], str) for row in rows)
+    assert f"wrote 3 completions to {output}" in capsys.readouterr().out
+
+
+def test_generate_without_a_prompt_column_is_an_error(tiny_model_dir, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"text": "12+3="}\n')
+    with pytest.raises(SystemExit) as done:
+        main([
+            "generate", *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir),
+            "--prompts", str(prompts), "--output", str(tmp_path / "out.jsonl"),
+        ])  # fmt: skip
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: prompts: line 1" in err and "has no 'prompt'" in err and "Traceback" not in err
