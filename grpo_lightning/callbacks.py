@@ -60,6 +60,9 @@ class ValidateBeforeTraining(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         if trainer.global_step > 0 or trainer.limit_val_batches == 0:
             return
+        datamodule = trainer.datamodule
+        if datamodule is not None and getattr(datamodule, "val_dataset", True) is None:
+            return  # a data module without a validation split
         others = [c for c in trainer.callbacks if c is not self and type(c).__name__ == type(self).__name__]
         if others:
             return
