@@ -31,7 +31,7 @@ from grpo_lightning.callbacks import FitSummary, ValidateBeforeTraining
 from grpo_lightning.data import PromptDataModule
 from grpo_lightning.export import check_checkpoint
 from grpo_lightning.module import GroupPolicyOptimization
-from grpo_lightning.resources import resolve_config_args
+from grpo_lightning.resources import config_dir, resolve_config_args
 from grpo_lightning.rewards.scoring import RewardFunctionError
 from grpo_lightning.settings import ConfigError
 
@@ -312,10 +312,14 @@ TRACEBACK_ENV = "GRPO_LIGHTNING_TRACEBACK"
 
 
 def variant_names() -> list[str]:
-    """Class paths of the shipped variants: ``variants.GRPO``, ..."""
-    import variants
-
-    return [f"variants.{name}" for name in variants.__all__]
+    """Class paths of the shipped variants (``variants.GRPO``, ...), read from the shipped
+    ``configs/variant/*.yaml`` (the package never imports ``variants``)."""
+    names = []
+    for path in sorted((config_dir() / "variant").glob("*.yaml")):
+        model = (yaml.safe_load(path.read_text()) or {}).get("model") or {}
+        if model.get("class_path"):
+            names.append(model["class_path"])
+    return names
 
 
 def init_parameters(class_path: str) -> list[str]:
