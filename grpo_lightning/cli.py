@@ -86,6 +86,12 @@ class GRPOLightningCLI(LightningCLI):
         )
         print(f"wrote {count} completions to {config['output']}", flush=True)
 
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument(
+            "--validate_before_fit", type=bool, default=True,
+            help="fit: run the validation loop before the first training step (val/* of the start model at step 0).",
+        )  # fmt: skip
+
     def init_parser(self, **kwargs):
         if self.raise_parse_errors:
             kwargs.setdefault("exit_on_error", False)
@@ -122,7 +128,7 @@ class GRPOLightningCLI(LightningCLI):
         """The Trainer, with the callbacks every fit has: the summary at the end and (``fit``)
         validation before the first step."""
         callbacks = [*callbacks, FitSummary()]
-        if self.subcommand == "fit":
+        if self.subcommand == "fit" and self.config["fit"].get("validate_before_fit", True):
             callbacks.append(ValidateBeforeTraining())
         return super()._instantiate_trainer(config, callbacks)
 
@@ -440,11 +446,12 @@ def _wants_traceback(argv: list[str]) -> bool:
     return "--verbose" in argv or os.environ.get(TRACEBACK_ENV, "").strip() not in ("", "0", "false")
 
 
-def main(args: Sequence[str] | None = None) -> None:
-    """Run the CLI. A user's error is one ``error: ...`` line on stderr and exit status 2; ``--verbose``
-    (or ``GRPO_LIGHTNING_TRACEBACK=1``) shows its traceback instead."""
+def main(args: Sequence[str] | None = None, *, report_errors: bool | None = None) -> None:
+    """Run the CLI. On the command line (``args`` None, or ``report_errors``) a user's error is one
+    ``error: ...`` line on stderr and exit status 2; ``--verbose`` (or ``GRPO_LIGHTNING_TRACEBACK=1``)
+    shows its traceback instead. Called from Python with ``args``, errors are raised as they are."""
     argv = list(sys.argv[1:] if args is None else args)
-    verbose = _wants_traceback(argv)
+    verbose = _wants_traceback(argv) or not (args is None if report_errors is None else report_errors)
     argv = [arg for arg in argv if arg != "--verbose"]
     if args is None:
         sys.argv[1:] = argv
@@ -452,7 +459,7 @@ def main(args: Sequence[str] | None = None) -> None:
         args = argv
     try:
         with expected_warnings_silenced():
-            GRPOLightningCLI(args=args, raise_parse_errors=True)
+            GRPOLightningCLI(args=args, raise_parse_errors=not verbose)
     except Exception as error:
         _report(error, verbose, parsing=not getattr(error, "_raised_by_subcommand", False))
         raise

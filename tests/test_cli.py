@@ -204,7 +204,7 @@ def test_generate_without_a_prompt_column_is_an_error(tiny_model_dir, tmp_path, 
         main([
             "generate", *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir),
             "--prompts", str(prompts), "--output", str(tmp_path / "out.jsonl"),
-        ])  # fmt: skip
+        ], report_errors=True)  # fmt: skip
     assert done.value.code == 2
     err = capsys.readouterr().err
     assert "error: prompts: line 1" in err and "has no 'prompt'" in err and "Traceback" not in err

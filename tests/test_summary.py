@@ -51,6 +51,11 @@ def test_a_fit_ends_with_a_summary(first_fit):
     assert Path(checkpoint).exists() and Path(checkpoint).parent == version / "checkpoints"
 
 
+def test_validation_before_the_fit_can_be_turned_off(tiny_model_dir, tmp_path, one_torch_thread, capsys):
+    main(fit_args(tiny_model_dir, tmp_path, "--validate_before_fit", "false", steps=1))
+    assert "validation:" not in capsys.readouterr().out
+
+
 def test_a_resumed_fit_logs_to_the_version_of_its_checkpoint(first_fit, tiny_model_dir, capsys):
     root, _ = first_fit
     last = root / "grpo" / "version_0" / "checkpoints" / "last.ckpt"
