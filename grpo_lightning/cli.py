@@ -4,8 +4,18 @@
     grpo-lightning fit --config configs/quickstart.yaml --model variants.DAPO --model.beta 0.0
     grpo-lightning fit --config configs/quickstart.yaml --print_config
 
+    grpo-lightning generate --config ... --ckpt_path CKPT --prompts prompts.jsonl --output out.jsonl
+
 A ``--config`` that is not a file names a shipped config (``grpo_lightning.resources``), so
 ``--config configs/trainer/cpu.yaml`` or ``--config trainer/cpu`` also work outside a clone.
+
+Subcommands: ``fit``, ``validate`` and ``generate`` (completions for a prompt file). Every fit
+validates before its first step (``--validate_before_fit false`` turns it off), prints a summary
+when it ends (:mod:`grpo_lightning.callbacks`), logs to ``<save_dir>/<variant>/version_N`` unless
+the logger is given a name, and when resumed (``--ckpt_path``) logs to its checkpoint's version.
+``--seed_everything S`` seeds the data order too unless ``data.seed`` is given. A user's error is
+one ``error: ...`` line (exit status 2); ``--verbose`` or ``GRPO_LIGHTNING_TRACEBACK=1`` shows the
+traceback.
 """
 
 from __future__ import annotations
