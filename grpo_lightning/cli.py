@@ -127,7 +127,6 @@ class GRPOLightningCLI(LightningCLI):
             # Lightning reads --ckpt_path next: a missing or truncated file fails here, naming it.
             check_checkpoint(self.config[subcommand].get("ckpt_path"))
 
-
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         self._name_logs_by_variant(config)
