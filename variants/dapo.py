@@ -29,6 +29,9 @@ batches short of a full batch, ``on_exhausted: partial`` trains on the groups fo
 group was informative at all the step still counts, without changing the weights
 (``skip_update``; ``dynamic_sampling/skipped_updates`` is 1 in its row): a fit whose rewards never
 differ within a group ends at ``max_steps`` after ``max_gen_batches x max_steps`` batches.
+Under manual optimization Lightning's ``global_step`` counts ``optimizer.step()`` calls, so an
+update (or ``skip_update``'s step without gradients) is what advances it; the generation batches
+stay Lightning's own batches, so their data position and the buffer go into every checkpoint.
 """
 
 from __future__ import annotations
