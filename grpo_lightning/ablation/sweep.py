@@ -54,8 +54,8 @@ def cell_command(spec: SweepSpec, cell: Cell, cell_dir: Path, model: str | None)
     ]  # fmt: skip
     if model is not None:
         command += ["--model.model", model]
-    if spec.validate_before_training:
-        command += ["--trainer.callbacks+=grpo_lightning.ablation.callbacks.ValidateBeforeTraining"]
+    if not spec.validate_before_training:  # every fit validates before its first step otherwise
+        command += ["--validate_before_fit", "false"]
     for key, value in [*spec.args.items(), *cell.overrides]:
         command += [f"--{key}", cli_value(value)]
     return command

@@ -84,7 +84,10 @@ def test_cell_command_uses_the_shared_yaml(tmp_path):
     assert f"--trainer.logger.init_args.save_dir {tmp_path / 'cell'} " in text
     assert "--model.model /m" in text
     assert text.endswith("--trainer.max_steps 3 --model.beta 0.0")
-    assert "--trainer.callbacks+=grpo_lightning.ablation.callbacks.ValidateBeforeTraining" in command
+    assert "--validate_before_fit" not in command  # every fit validates before training by default
+    unvalidated = SweepSpec.from_dict(spec_dict(tmp_path, validate_before_training=False))
+    no_validation = cell_command(unvalidated, unvalidated.cells()[0], tmp_path / "cell", "/m")
+    assert no_validation[no_validation.index("--validate_before_fit") + 1] == "false"
 
 
 def test_hydra_configs_compose():
@@ -267,7 +270,7 @@ def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch):
         record = json.loads((cell / "cell.json").read_text())
         assert record["overrides"] == {"model.group_size": 2} and record["seed"] == int(name.split("seed")[1][0])
     saved = (out / names[0] / "config.yaml").read_text()
-    assert "group_size: 2" in saved and "max_steps: 2" in saved and "ValidateBeforeTraining" in saved
+    assert "group_size: 2" in saved and "max_steps: 2" in saved and "validate_before_fit: true" in saved
 
     # run again, then as a Hydra multirun (one job per cell): every cell is done, nothing starts
     marks = {name: (out / name / DONE_FILE).stat().st_mtime_ns for name in names}
