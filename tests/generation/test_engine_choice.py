@@ -128,7 +128,7 @@ def test_the_module_resolves_once_and_announces_the_fallback_once(make_module, c
 def test_the_module_passes_a_cuda_plan_to_the_static_engine(make_module, monkeypatch):
     """The decision on a CUDA device, made here on a CPU: the module asks for the plan of its target;
     the plan it gets is the one it samples and computes log-probs with."""
-    import grpo_lightning.module as module_file
+    import grpo_lightning.generation.sampler as sampler_file
 
     asked = []
 
@@ -137,7 +137,7 @@ def test_the_module_passes_a_cuda_plan_to_the_static_engine(make_module, monkeyp
         plan = resolve_engine(options, EngineTarget("cuda", target.model_type, target.attn_implementation))
         return resolve_engine(EngineOptions(rollout=plan.rollout, fuse_projections=plan.fuse_projections), target)
 
-    monkeypatch.setattr(module_file, "resolve_engine", cuda_plan)
+    monkeypatch.setattr(sampler_file, "resolve_engine", cuda_plan)
     grpo = make_module(GRPO, dtype="float32")
     grpo.generate({"prompt": ["1+2="]}, 2, grpo.sampling)
     assert asked[0].device_type == "cpu" and asked[0].model_type == "qwen2"
