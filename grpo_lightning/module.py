@@ -31,7 +31,7 @@ import torch
 import torchmetrics
 from lightning.pytorch.strategies import ParallelStrategy
 from torch import Tensor
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase  # noqa: F401
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lightning import functional as F
 from grpo_lightning import metrics, resume

@@ -12,10 +12,10 @@ import time
 import lightning as L
 import pytest
 import torch
+import transformers
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.testing import assert_close
 
-import grpo_lightning.module as module_lib
 from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.rollout import Rollout
@@ -53,8 +53,8 @@ def test_construction_loads_nothing_and_is_instant(cls, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the constructor must not load a model or tokenizer")
 
-    monkeypatch.setattr(module_lib.AutoModelForCausalLM, "from_pretrained", refuse)
-    monkeypatch.setattr(module_lib.AutoTokenizer, "from_pretrained", refuse)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
     start = time.perf_counter()
     module = cls(model="no-such/model", group_size=4, max_new_tokens=16)
     assert time.perf_counter() - start < 1.0
