@@ -9,7 +9,8 @@
 A ``--config`` that is not a file names a shipped config (``grpo_lightning.resources``), so
 ``--config configs/trainer/cpu.yaml`` or ``--config trainer/cpu`` also work outside a clone.
 
-Subcommands: ``fit``, ``validate`` and ``generate`` (completions for a prompt file). Every fit
+Subcommands: ``fit``, ``validate``, ``test`` (the data's test split) and ``generate`` (completions
+for a prompt file). Every fit
 validates before its first step (``--validate_before_fit false`` turns it off), prints a summary
 when it ends (:mod:`grpo_lightning.callbacks`), logs to ``<save_dir>/<variant>/version_N`` unless
 the logger is given a name, and when resumed (``--ckpt_path``) logs to its checkpoint's version.
@@ -73,9 +74,9 @@ class GRPOLightningCLI(LightningCLI):
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        """``fit`` and ``validate`` (the module has no test or predict step; ``generate`` samples
-        completions for a prompt file, see :func:`generate`)."""
-        return {name: keys for name, keys in LightningCLI.subcommands().items() if name in ("fit", "validate")}
+        """``fit``, ``validate`` and ``test`` (the data's test split, ``test/*``); ``generate`` samples
+        completions for a prompt file (:func:`generate`). The module has no predict step."""
+        return {name: keys for name, keys in LightningCLI.subcommands().items() if name in ("fit", "validate", "test")}
 
     def _add_subcommands(self, parser, **kwargs) -> None:
         super()._add_subcommands(parser, **kwargs)

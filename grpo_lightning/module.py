@@ -188,12 +188,8 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
 
     def token_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
         """Per-token policy loss ``[N, T]`` (no KL): the clipped surrogate of PPO / DeepSeekMath eq. 3.
-
-        ``logp``, ``old_logp``, ``mask``: ``[N, T]``; ``advantages``: ``[N]``.
-        """
-        loss, clipped_low, clipped_high = F.clipped_surrogate(
-            logp, old_logp, advantages, self.clip_eps_low, self.clip_eps_high
-        )
+        ``logp``, ``old_logp``, ``mask``: ``[N, T]``; ``advantages``: ``[N]``."""
+        loss, clipped_low, clipped_high = F.clipped_surrogate(logp, old_logp, advantages, self.clip_eps_low, self.clip_eps_high)
         self.record_clipping(clipped_low, clipped_high, mask)
         return loss
 
@@ -542,8 +538,7 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
     # ------------------------------------------------------------------ validation
 
     def on_validation_epoch_start(self) -> None:
-        # Fresh states in this evaluation's own grad mode: a state made under inference mode (by a
-        # ``trainer.validate`` call) cannot be updated by a later validation that runs under no_grad.
+        # Fresh states in this evaluation's grad mode (one made under inference mode can't be updated).
         for metric in (self.val_accuracy, self.val_reward, self.val_length):
             metric.reset()
 
@@ -557,6 +552,8 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
         return score_completions([self.accuracy_function], rollout.prompts, rollout.completions, rollout.columns)[:, 0]
 
     def validation_step(self, batch: dict[str, list], batch_idx: int) -> None:
+        """One completion per prompt: ``val/*`` (``test/*`` on the test split, ``grpo-lightning test``)."""
+        prefix = "test" if self._trainer is not None and self.trainer.testing else "val"
         rollout = self.generate(batch, 1, self.val_sampling)
         self.score(rollout)
         accuracy = self.accuracy_scores(rollout)
@@ -564,9 +561,11 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
         self.val_accuracy.update(torch.nanmean(accuracy), size)
         self.val_reward.update(rollout.rewards.mean(), size)
         self.val_length.update(rollout.lengths.float().mean(), size)
-        self.log("val/accuracy", self.val_accuracy, on_epoch=True, prog_bar=True, batch_size=size)
-        self.log("val/reward", self.val_reward, on_epoch=True, batch_size=size)
-        self.log("val/mean_length", self.val_length, on_epoch=True, batch_size=size)
+        self.log(f"{prefix}/accuracy", self.val_accuracy, on_epoch=True, prog_bar=True, batch_size=size)
+        self.log(f"{prefix}/reward", self.val_reward, on_epoch=True, batch_size=size)
+        self.log(f"{prefix}/mean_length", self.val_length, on_epoch=True, batch_size=size)
         if self.batches_without_update:  # the x-axis of the last training step's row
             self.log("step", float(max(self.logged_steps - 1, 0)), on_epoch=True, batch_size=size)
 
+    test_step = validation_step
+    on_test_epoch_start = on_validation_epoch_start

@@ -172,12 +172,29 @@ def test_seed_everything_seeds_the_data_order_unless_data_seed_is_given(tmp_path
     assert cli.datamodule.seed == 5
 
 
-def test_only_fit_validate_and_generate_are_subcommands(capsys):
+def test_fit_validate_test_and_generate_are_the_subcommands(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     printed = capsys.readouterr().out
-    assert "fit" in printed and "validate" in printed and "generate" in printed
-    assert "predict" not in printed and "{fit,validate,test" not in printed
+    assert "{fit,validate,test,generate}" in printed and "predict" not in printed
+
+
+def test_test_evaluates_the_test_split_with_the_validation_metrics(tiny_model_dir, tmp_path, one_torch_thread):
+    import json
+
+    rows = "".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(6))
+    (tmp_path / "train.jsonl").write_text(rows)
+    (tmp_path / "test.jsonl").write_text(rows[: rows.index("\n") + 1] * 3)
+    cli = GRPOLightningCLI(
+        args=[
+            "test", *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir), "--data", "PromptDataModule",
+            "--data.path", str(tmp_path), "--data.batch_size", "2", "--model.val_max_new_tokens", "2",
+            "--trainer.logger.init_args.save_dir", str(tmp_path),
+        ],
+    )  # fmt: skip
+    metrics = cli.trainer.callback_metrics
+    assert {"test/accuracy", "test/reward", "test/mean_length"} <= set(metrics) and "val/accuracy" not in metrics
+    assert cli.datamodule.test_dataset.num_rows == 3
 
 
 def test_generate_writes_a_completion_per_prompt(tiny_model_dir, tmp_path, one_torch_thread, capsys):

@@ -319,3 +319,11 @@ def test_a_folder_without_data_files_says_what_it_expects(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(ValueError, match=r"data\.path=.*neither data files named by split.*train\.jsonl"):
         module(tmp_path).setup("fit")
+
+
+def test_test_path_loads_the_test_split_and_a_missing_one_names_the_fix(tmp_path):
+    data = module(write_jsonl(tmp_path / "rows.jsonl"), test_path=str(write_jsonl(tmp_path / "t.jsonl", ROWS[:2])))
+    data.setup("test")
+    assert list(data.test_dataset["question"]) == ["q0", "q1"] and len(list(data.test_dataloader())) == 1
+    with pytest.raises(ValueError, match=r"data\.test_split='test' is not a split.*--data\.test_path"):
+        module(tmp_path / "rows.jsonl").setup("test")

@@ -235,13 +235,13 @@ def test_max_grad_norm_not_positive_is_rejected_with_the_value_and_the_fix(norm)
 
 @pytest.mark.parametrize("path", ["/no/such/model", "./no_such_model", "../no_such_model", "~/no_such_model", "runs/x/model"])
 def test_a_local_model_path_that_does_not_exist_is_rejected_before_any_load(path, monkeypatch):
-    import grpo_lightning.module as module_lib
+    import transformers
 
     def refuse(*args, **kwargs):
         raise AssertionError("a missing local path must not reach from_pretrained (nor the hub)")
 
-    monkeypatch.setattr(module_lib.AutoModelForCausalLM, "from_pretrained", refuse)
-    monkeypatch.setattr(module_lib.AutoTokenizer, "from_pretrained", refuse)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
     with pytest.raises(ConfigError) as error:
         module(path)
     message = str(error.value)

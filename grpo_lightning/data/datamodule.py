@@ -154,11 +154,13 @@ class PromptDataModule(LightningDataModule):
             ``test.jsonl``), a directory written by ``Dataset.save_to_disk``/``DatasetDict.save_to_disk``,
             or a hub dataset name. Local paths are never looked up on the hub.
         val_path: A separate validation file (or folder), loaded as the ``val_split`` split.
+        test_path: A separate test file (or folder), loaded as the ``test`` split.
         name: Hub dataset configuration name.
         train_split: Split used for training.
         val_split: Split used for validation; ``None`` disables validation; ``"auto"`` takes the
             ``validation`` split (or ``val_path``) where there is one and trains without validation,
             saying so, where there is none.
+        test_split: Split that ``grpo-lightning test`` evaluates (``test/*`` metrics).
         prompt_column: Column holding the prompts (text or a list of chat messages).
         answer_column: Column holding reference answers; ``None`` if rewards need none.
         batch_size: Prompts per rollout; the policy samples a group of completions for each.
@@ -172,9 +174,11 @@ class PromptDataModule(LightningDataModule):
         self,
         path: str | None = None,
         val_path: str | None = None,
+        test_path: str | None = None,
         name: str | None = None,
         train_split: str = "train",
         val_split: str | None = "auto",
+        test_split: str = "test",
         prompt_column: str = "prompt",
         answer_column: str | None = "answer",
         batch_size: int = 8,
@@ -191,9 +195,12 @@ class PromptDataModule(LightningDataModule):
             _require_at_least("max_val_samples", max_val_samples, 1)
         self.path = path
         self.val_path = val_path
+        self.test_path = test_path
         self.name = name
         self.train_split = train_split
         self.val_split = val_split
+        self.test_split = test_split
+        self.test_dataset: Dataset | None = None
         self.prompt_column = prompt_column
         self.answer_column = answer_column
         self.batch_size = batch_size
@@ -218,6 +225,9 @@ class PromptDataModule(LightningDataModule):
             val_splits = self._load_path(self.val_path, "val_path")
             val_split = self.val_split if self.val_split not in (None, "auto") else "validation"
             splits[val_split] = val_splits.get("validation", val_splits.get(self.train_split))
+        if self.test_path is not None:
+            test_splits = self._load_path(self.test_path, "test_path")
+            splits[self.test_split] = test_splits.get("test", test_splits.get(self.train_split))
         return splits
 
     def _load_path(self, path: str, field: str) -> DatasetDict:
@@ -272,6 +282,8 @@ class PromptDataModule(LightningDataModule):
                     f"split {self.train_split!r}, so no full training batch exists; "
                     f"set --data.batch_size to at most {len(self.train_dataset)} or add rows."
                 )
+        if stage == "test":
+            self.test_dataset = self._checked_split("test_split", self.test_split)
         if stage in (None, "fit", "validate") and self.val_split is not None:
             val_dataset = self._checked_split("val_split", self.val_split)
             if self.max_val_samples is not None:
@@ -299,6 +311,15 @@ class PromptDataModule(LightningDataModule):
             # worker seeds come from here, not from the global RNG the rollouts sample from
             generator=torch.Generator().manual_seed(self.seed),
         )
+
+    def test_dataloader(self) -> DataLoader:
+        """Batches of ``val_batch_size`` prompts of ``test_split`` in dataset order."""
+        if self.test_dataset is None:
+            raise RuntimeError("test_dataloader() needs setup('test') to run first.")
+        return DataLoader(
+            self.test_dataset, batch_size=self.val_batch_size, shuffle=False, num_workers=self.num_workers,
+            collate_fn=self.collate,
+        )  # fmt: skip
 
     def val_dataloader(self) -> DataLoader | list:
         """Batches of ``val_batch_size`` prompts in dataset order; an empty list when ``val_split`` is None."""
@@ -335,6 +356,8 @@ class PromptDataModule(LightningDataModule):
             fix = f"set --data.{field} to one of them"
             if field == "val_split":
                 fix += ", or --data.val_split null to train without validation"
+            if field == "test_split":
+                fix += ", or give a test file with --data.test_path (or test.jsonl beside train.jsonl)"
             raise ValueError(
                 f"data.{field}={split!r} is not a split of the dataset; available splits: {available}; {fix}."
             )
