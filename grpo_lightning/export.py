@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grpo_lightning.checkpoints import load_tokenizer
+from grpo_lightning.generation import load_causal_lm
 
 #: ``ckpt_path`` values Lightning resolves itself rather than reading as a file.
 _SPECIAL_CKPT_PATHS = ("best", "last", "hpc", "registry")
@@ -81,11 +83,9 @@ def export_checkpoint(ckpt_path: str | os.PathLike, output_dir: str | os.PathLik
             "was it written by a grpo-lightning run?"
         )
     dtype = hparams.get("dtype", "auto")
-    policy = AutoModelForCausalLM.from_pretrained(base, dtype=dtype if dtype == "auto" else getattr(torch, dtype))
+    policy = load_causal_lm(base, dtype, None)
     policy.load_state_dict(weights, strict=True)
-    tokenizer = AutoTokenizer.from_pretrained(hparams.get("tokenizer") or base)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token  # as the run padded
+    tokenizer = load_tokenizer(hparams.get("tokenizer") or base)  # padded with EOS where it has no pad, as the run
     output = Path(output_dir)
     policy.save_pretrained(output)
     tokenizer.save_pretrained(output)

@@ -31,13 +31,14 @@ import torch
 import torchmetrics
 from lightning.pytorch.strategies import ParallelStrategy
 from torch import Tensor
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lightning import functional as F
 from grpo_lightning import metrics, resume
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.generation import EnginePlan, RolloutSampler, RolloutWeights, build_rollout
 from grpo_lightning.generation import announce_prompt_format, check_engine_options, disable_dropout, format_prompt
+from grpo_lightning.checkpoints import load_tokenizer
 from grpo_lightning.generation import load_causal_lm, save_policy
 from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.metrics import EVERY_STEP_METRICS, StepMetrics
@@ -237,9 +238,7 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
         """
         if self.policy is not None:
             return
-        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_name)
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.tokenizer = load_tokenizer(self.tokenizer_name)
         self.policy = self._load_causal_lm().train()
         if self.hparams.disable_dropout:
             disable_dropout(self.policy)

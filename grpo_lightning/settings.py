@@ -6,7 +6,6 @@ The engine options are checked where they are resolved (:mod:`grpo_lightning.gen
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -115,19 +114,13 @@ def check_optimizer(learning_rate: float, weight_decay: float, warmup_steps: int
     )
 
 
-def looks_local(path: str) -> bool:
-    """Whether ``path`` names a local directory rather than a hub id (``owner/name`` or ``name``)."""
-    return path.startswith(("/", "./", "../", "~", ".\\", "..\\")) or path.count("/") > 1 or os.path.exists(path)
-
-
 def check_model_path(field: str, path: str) -> None:
-    """Raise :class:`ConfigError` for a local-looking ``path`` that does not exist (it is never tried
-    on the hub, where it would fail later with a less helpful error)."""
-    if looks_local(path) and not os.path.isdir(os.path.expanduser(path)):
-        raise ConfigError(
-            f"{field}: no such directory {path!r} (from {os.getcwd()}); give a local model directory "
-            "or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'."
-        )
+    """Raise :class:`ConfigError` for a checkpoint that cannot load: a local path that does not
+    exist (it is never tried on the hub, where it would fail later with a less helpful error), or a
+    GGUF file without the packages that read it (:func:`grpo_lightning.checkpoints.resolve_checkpoint`)."""
+    from grpo_lightning.checkpoints import resolve_checkpoint  # checkpoints imports this module
+
+    resolve_checkpoint(path, field)
 
 
 #: The arguments of ``GroupPolicyOptimization`` that :func:`check_settings` checks.

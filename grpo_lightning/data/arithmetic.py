@@ -7,6 +7,8 @@ import random
 from datasets import Dataset, DatasetDict
 
 SUPPORTED_OPERATIONS = "+-*"
+#: The prompt of the built-in task, for models trained on it from scratch (the quickstart's).
+TERSE_TEMPLATE = "{a}{op}{b}="
 
 
 def format_target(answer: str) -> str:
@@ -20,8 +22,12 @@ def make_arithmetic_dataset(
     digits: int = 2,
     operations: str = "+",
     seed: int = 0,
+    template: str = TERSE_TEMPLATE,
 ) -> DatasetDict:
     """Build ``train``/``validation`` splits of problems like ``"37+45="`` with answers like ``"82"``.
+
+    ``template`` writes each prompt from the operands ``{a}``, ``{b}`` and the operation ``{op}``,
+    e.g. ``"What is {a} {op} {b}? Reply with only the number."`` for an instruction-tuned model.
 
     Operands are uniform in ``[0, 10**digits - 1]``; each problem's operation is drawn uniformly
     from ``operations``. For ``-`` the larger operand comes first, so answers are never negative.
@@ -29,6 +35,7 @@ def make_arithmetic_dataset(
     depends only on the arguments.
     """
     _check_arguments(num_train, num_val, digits, operations)
+    _check_template(template)
     ops = sorted(set(operations))
     total = num_train + num_val
     space = _count_distinct_prompts(10**digits, ops)
@@ -43,7 +50,7 @@ def make_arithmetic_dataset(
         problems = rng.sample(_all_problems(10**digits, ops), total)
     else:
         problems = _sample_distinct_problems(rng, 10**digits, ops, total)
-    prompts = [f"{a}{op}{b}=" for op, a, b in problems]
+    prompts = [template.format(a=a, op=op, b=b) for op, a, b in problems]
     answers = [str(_evaluate(op, a, b)) for op, a, b in problems]
     return DatasetDict(
         {
@@ -66,6 +73,18 @@ def _check_arguments(num_train: int, num_val: int, digits: int, operations: str)
             f"operations={operations!r} must be a non-empty string of characters from "
             f"{SUPPORTED_OPERATIONS!r}, e.g. '+-'."
         )
+
+
+def _check_template(template: str) -> None:
+    try:
+        written = template.format(a=37, op="+", b=45)
+    except (KeyError, IndexError, ValueError) as error:
+        raise ValueError(
+            f"template={template!r} cannot be filled ({type(error).__name__}: {error}); use only the fields "
+            "{a}, {op} and {b}, and double literal braces ({{ }})."
+        ) from None
+    if "37" not in written or "45" not in written:
+        raise ValueError(f"template={template!r} must contain {{a}} and {{b}}, e.g. 'What is {{a}} {{op}} {{b}}?'.")
 
 
 def _count_distinct_prompts(num_values: int, ops: list[str]) -> int:

@@ -11,7 +11,7 @@ from lightning import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from grpo_lightning.data.arithmetic import make_arithmetic_dataset
+from grpo_lightning.data.arithmetic import TERSE_TEMPLATE, make_arithmetic_dataset
 
 Batch = dict[str, list[Any]]
 
@@ -394,6 +394,7 @@ class ArithmeticDataModule(PromptDataModule):
         num_train: Training problems.
         num_val: Validation problems (disjoint from the training ones).
         task_seed: Seed that generates the problems.
+        template: How a prompt reads, from ``{a}``, ``{op}`` and ``{b}`` (default ``"{a}{op}{b}="``).
         **kwargs: Arguments of :class:`PromptDataModule` (batch sizes, shuffle seed, ...).
     """
 
@@ -404,9 +405,11 @@ class ArithmeticDataModule(PromptDataModule):
         num_train: int = 2000,
         num_val: int = 200,
         task_seed: int = 0,
+        template: str = TERSE_TEMPLATE,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.template = template
         self.digits = digits
         self.operations = operations
         self.num_train = num_train
@@ -420,6 +423,7 @@ class ArithmeticDataModule(PromptDataModule):
             digits=self.digits,
             operations=self.operations,
             seed=self.task_seed,
+            template=self.template,
         )
 
 

