@@ -51,8 +51,14 @@ def summary(runs: list[dict[str, Any]], before: float) -> dict[str, Any]:
         "after_sd": statistics.stdev(after) if len(after) > 1 else 0.0,
         "gain_points": 100 * (statistics.mean(after) - before),
         "steps": statistics.mean(run["steps"] for run in runs),
-        "step_s": statistics.median(run["step_s"] for run in runs if run.get("step_s")),
+        "step_s": statistics.median(_step_seconds(run) for run in runs),
     }
+
+
+def _step_seconds(run: dict[str, Any]) -> float:
+    """Median seconds between consecutive optimizer steps (the first measured from the start)."""
+    times = [0.0] + [point["time_s"] for point in run["reward"]]
+    return statistics.median(b - a for a, b in zip(times, times[1:]))
 
 
 def markdown(results: dict[str, Any], arms: dict[str, list[dict[str, Any]]]) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from grpo_lightning.checkpoints import load_tokenizer
+from grpo_lightning.model_sources import load_tokenizer
 from grpo_lightning.generation import load_causal_lm
 
 #: ``ckpt_path`` values Lightning resolves itself rather than reading as a file.

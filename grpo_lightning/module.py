@@ -38,7 +38,7 @@ from grpo_lightning import metrics, resume
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.generation import EnginePlan, RolloutSampler, RolloutWeights, build_rollout
 from grpo_lightning.generation import announce_prompt_format, check_engine_options, disable_dropout, format_prompt
-from grpo_lightning.checkpoints import load_tokenizer
+from grpo_lightning.model_sources import load_tokenizer
 from grpo_lightning.generation import load_causal_lm, save_policy
 from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.metrics import EVERY_STEP_METRICS, StepMetrics

@@ -117,10 +117,10 @@ def check_optimizer(learning_rate: float, weight_decay: float, warmup_steps: int
 def check_model_path(field: str, path: str) -> None:
     """Raise :class:`ConfigError` for a checkpoint that cannot load: a local path that does not
     exist (it is never tried on the hub, where it would fail later with a less helpful error), or a
-    GGUF file without the packages that read it (:func:`grpo_lightning.checkpoints.resolve_checkpoint`)."""
-    from grpo_lightning.checkpoints import resolve_checkpoint  # checkpoints imports this module
+    GGUF file without the packages that read it (:func:`grpo_lightning.model_sources.resolve_model_source`)."""
+    from grpo_lightning.model_sources import resolve_model_source  # checkpoints imports this module
 
-    resolve_checkpoint(path, field)
+    resolve_model_source(path, field)
 
 
 #: The arguments of ``GroupPolicyOptimization`` that :func:`check_settings` checks.

@@ -327,3 +327,23 @@ def test_test_path_loads_the_test_split_and_a_missing_one_names_the_fix(tmp_path
     assert list(data.test_dataset["question"]) == ["q0", "q1"] and len(list(data.test_dataloader())) == 1
     with pytest.raises(ValueError, match=r"data\.test_split='test' is not a split.*--data\.test_path"):
         module(tmp_path / "rows.jsonl").setup("test")
+
+
+def test_arithmetic_template_writes_instruction_prompts_for_the_same_problems():
+    terse = make_arithmetic_dataset(num_train=20, num_val=5, seed=1)
+    worded = make_arithmetic_dataset(num_train=20, num_val=5, seed=1, template="What is {a} {op} {b}? Reply with only the number.")
+    first = terse["train"][0]
+    a, b = first["prompt"][:-1].split("+")
+    assert worded["train"][0] == {"prompt": f"What is {a} + {b}? Reply with only the number.", "answer": first["answer"]}
+    assert list(worded["validation"]["answer"]) == list(terse["validation"]["answer"])
+
+
+@pytest.mark.parametrize(("template", "message"), [("{x}+{b}", "cannot be filled"), ("{a} plus one", "must contain {a} and {b}")])
+def test_arithmetic_template_errors_name_the_field(template, message):
+    with pytest.raises(ValueError, match=f"^template=.*{message}"):
+        make_arithmetic_dataset(num_train=5, num_val=0, template=template)
+
+
+def test_arithmetic_datamodule_passes_its_template_on():
+    module = ArithmeticDataModule(num_train=4, num_val=2, template="Compute {a}{op}{b}.")
+    assert all(p.startswith("Compute ") and p.endswith(".") for p in module.load()["train"]["prompt"])

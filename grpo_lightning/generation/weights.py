@@ -11,7 +11,7 @@ from torch import nn
 
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from grpo_lightning.checkpoints import resolve_checkpoint
+from grpo_lightning.model_sources import resolve_model_source
 from grpo_lightning.settings import DTYPES
 from grpo_lightning.strategies import RolloutReplica, full_parameters, full_state_dict, is_sharded
 
@@ -28,14 +28,14 @@ def disable_dropout(model: nn.Module) -> None:
 
 def load_causal_lm(name: str, dtype: str, attn_implementation: str | None) -> PreTrainedModel:
     """``AutoModelForCausalLM.from_pretrained`` of the checkpoint ``name`` names (a hub id, a
-    directory or a GGUF file: :mod:`grpo_lightning.checkpoints`) in ``dtype`` (``"auto"`` or a name
+    directory or a GGUF file: :mod:`grpo_lightning.model_sources`) in ``dtype`` (``"auto"`` or a name
     of ``DTYPES``)."""
-    checkpoint = resolve_checkpoint(name)
-    kwargs: dict[str, Any] = checkpoint.from_pretrained_kwargs(dense=True)
+    source = resolve_model_source(name)
+    kwargs: dict[str, Any] = source.from_pretrained_kwargs(dense=True)
     kwargs["dtype"] = dtype if dtype == "auto" else DTYPES[dtype]
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    return AutoModelForCausalLM.from_pretrained(checkpoint.location, **kwargs)
+    return AutoModelForCausalLM.from_pretrained(source.location, **kwargs)
 
 
 def save_policy(policy: nn.Module, tokenizer: PreTrainedTokenizerBase, directory: str, write: bool = True) -> None:

