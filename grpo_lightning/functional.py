@@ -20,6 +20,8 @@ References:
 * RLOO: Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization
   for Learning from Human Feedback in LLMs".
 * GSPO: Zheng et al. 2025, "Group Sequence Policy Optimization".
+* CISPO: MiniMax 2025, "MiniMax-M1"; SAPO: Gao et al. 2025, "Soft Adaptive Policy Optimization";
+  GMPO: Zhao et al. 2025, "Geometric-Mean Policy Optimization"; REINFORCE++: Hu et al. 2025.
 * KL estimators: Schulman 2020, "Approximating KL Divergence".
 """
 
@@ -35,10 +37,14 @@ __all__ = [
     "group_normalized_advantages",
     "group_centered_advantages",
     "leave_one_out_advantages",
+    "batch_normalized_advantages",
     "informative_groups",
     "overlong_penalty",
     "clipped_surrogate",
     "sequence_clipped_surrogate",
+    "clipped_weight_log_likelihood",
+    "soft_gated_surrogate",
+    "geometric_mean_surrogate",
     "kl_k1",
     "kl_k2",
     "kl_k3",
@@ -183,6 +189,25 @@ def leave_one_out_advantages(rewards: Tensor) -> Tensor:
     return torch.where(informative_groups(rewards).unsqueeze(1), adv, torch.zeros_like(adv))
 
 
+def batch_normalized_advantages(rewards: Tensor) -> Tensor:
+    """REINFORCE++-baseline advantages: group-mean baseline, then one scale for the whole batch.
+
+    ``rewards`` ``[P, G]`` -> ``[P, G]``::
+
+        A'_{p,i} = r_{p,i} - mean_g(r_p)
+        A_{p,i}  = (A'_{p,i} - mean_batch(A')) / std_batch(A')
+
+    ``mean_batch(A')`` is 0 (each group's centred rewards sum to 0) and is not subtracted, so equal
+    groups keep exactly 0. ``std_batch``: unbiased, over all ``P * G`` entries; where it is 0 (or
+    there are fewer than 2 entries) every advantage is 0.
+    """
+    centred = group_centered_advantages(rewards)
+    if centred.numel() < 2:
+        return torch.zeros_like(centred)
+    std = centred.std()
+    return centred / torch.where(std > 0, std, torch.ones_like(std))
+
+
 def informative_groups(rewards: Tensor) -> Tensor:
     """DAPO dynamic-sampling filter: ``[P, G]`` -> bool ``[P]``.
 
@@ -304,6 +329,97 @@ def sequence_clipped_surrogate(
         clipped_low.unsqueeze(-1).expand(shape).contiguous(),
         clipped_high.unsqueeze(-1).expand(shape).contiguous(),
     )
+
+
+def clipped_weight_log_likelihood(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    eps_low: Optional[float],
+    eps_high: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """CISPO per-token loss (MiniMax-M1 eqs. 4-5): a clipped, stop-gradient IS weight times
+    the log-likelihood.
+
+    ``logp``, ``old_logp``: ``[N, T]``; ``advantages``: ``[N]`` or ``[N, T]``. With
+    ``r = exp(logp - old_logp)``::
+
+        w    = clip(r, 1 - eps_low, 1 + eps_high)     (no lower bound when eps_low is None)
+        loss = -sg(w) * A * logp
+
+    ``d loss / d logp = -w * A`` on every token, clipped or not (``-A`` at ``r = 1``). Returns
+    ``(loss, clipped_low, clipped_high)``, all ``[N, T]``, the flags ``r < 1 - eps_low`` and
+    ``r > 1 + eps_high`` (the weight was truncated, whatever the sign of ``A``).
+    """
+    _check_clip(0.0 if eps_low is None else eps_low, eps_high)
+    if advantages.dim() == logp.dim() - 1:
+        advantages = advantages.unsqueeze(-1)
+    ratio = torch.exp(logp - old_logp).detach()
+    low = None if eps_low is None else 1.0 - eps_low
+    weight = ratio.clamp(min=low, max=1.0 + eps_high)
+    loss = -weight * advantages * logp
+    clipped_low = ratio < low if low is not None else torch.zeros_like(ratio, dtype=torch.bool)
+    return loss, clipped_low, ratio > 1.0 + eps_high
+
+
+def soft_gated_surrogate(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, tau_pos: float, tau_neg: float
+) -> Tensor:
+    """SAPO per-token loss: a sigmoid soft gate on the ratio instead of a hard clip.
+
+    ``logp``, ``old_logp``: ``[N, T]``; ``advantages``: ``[N]`` or ``[N, T]``. With
+    ``r = exp(logp - old_logp)``::
+
+        tau  = tau_pos if A > 0 else tau_neg
+        loss = -(4 / tau) * sigmoid(tau * (r - 1)) * A
+
+    ``d loss / d logp = -4 s (1 - s) r A``, ``s = sigmoid(tau (r - 1))``: ``-A`` at ``r = 1``.
+    """
+    if tau_pos <= 0 or tau_neg <= 0:
+        raise ValueError(f"temperatures must be positive, got tau_pos={tau_pos}, tau_neg={tau_neg}")
+    if advantages.dim() == logp.dim() - 1:
+        advantages = advantages.unsqueeze(-1)
+    ratio = torch.exp(logp - old_logp)
+    tau = torch.where(advantages > 0, tau_pos, tau_neg).to(ratio.dtype)
+    return -(4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0)) * advantages
+
+
+def geometric_mean_surrogate(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    eps_low: float,
+    eps_high: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """GMPO sequence loss: the geometric mean of token ratios, each clipped in log space.
+
+    ``logp``, ``old_logp``, ``mask``: ``[N, T]``; ``advantages``: ``[N]``. With
+    ``d_t = logp_t - old_logp_t`` and ``sgn = sign(A_i)``::
+
+        d'_t   = sgn * min(sgn * d_t, sgn * clip(d_t, -eps_low, eps_high))
+        s_i    = exp( sum_t mask_t * d'_t / max(|o_i|, 1) )
+        loss_i = -A_i * s_i
+
+    ``loss_i`` is broadcast to every token of row ``i`` (``[N, T]``), so
+    :func:`sequence_mean_token_mean` gives the mean of ``loss_i`` over completions. Returns
+    ``(loss, clipped_low, clipped_high)``, the flags ``(d < -eps_low) & (A < 0)`` and
+    ``(d > eps_high) & (A > 0)`` per token. An empty row has ``s_i = 1``.
+    """
+    _check_clip(eps_low, eps_high)
+    n = logp.shape[0]
+    if advantages.numel() != n:
+        raise ValueError(
+            f"geometric_mean_surrogate: advantages must have one value per row ({n}), "
+            f"got shape {tuple(advantages.shape)}"
+        )
+    advantages = advantages.reshape(n, 1)
+    sign = torch.sign(advantages)
+    delta = logp - old_logp
+    clipped = sign * torch.minimum(sign * delta, sign * delta.clamp(min=-eps_low, max=eps_high))
+    seq_ratio = torch.exp(masked_mean(clipped, mask, dim=-1)).unsqueeze(-1)
+    loss = (-advantages * seq_ratio).expand(logp.shape).contiguous()
+    return loss, (delta < -eps_low) & (advantages < 0), (delta > eps_high) & (advantages > 0)
 
 
 # ------------------------------------------------------------------------ KL penalty

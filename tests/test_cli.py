@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_lightning.cli import EXPECTED_WARNINGS, GRPOLightningCLI, main
+from grpo_lightning.cli import EXPECTED_WARNINGS, GRPOLightningCLI, main, variant_log_name
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.quickstart import quickstart_args
 from grpo_lightning.resources import config_dir
@@ -26,7 +26,7 @@ def cli_args(*configs: Path, model_dir: str = "some/model") -> list[str]:
 @pytest.mark.parametrize("variant_config", VARIANT_CONFIGS, ids=lambda p: p.stem)
 def test_each_variant_config_builds_its_module(variant_config):
     cli = GRPOLightningCLI(args=cli_args(variant_config, CONFIGS / "model/tiny.yaml"), run=False)
-    assert type(cli.model).__name__.lower().replace("drgrpo", "dr_grpo") == variant_config.stem
+    assert variant_log_name(type(cli.model).__name__) == variant_config.stem
     assert cli.model.policy is None  # nothing is loaded before configure_model
 
 

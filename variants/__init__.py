@@ -1,9 +1,13 @@
 """The GRPO family, one file per paper. Each is a ``GroupPolicyOptimization`` subclass."""
 
+from variants.cispo import CISPO
 from variants.dapo import DAPO
 from variants.dr_grpo import DrGRPO
+from variants.gmpo import GMPO
 from variants.grpo import GRPO
 from variants.gspo import GSPO
+from variants.reinforce_plus_plus import ReinforcePlusPlus
 from variants.rloo import RLOO
+from variants.sapo import SAPO
 
-__all__ = ["DAPO", "DrGRPO", "GRPO", "GSPO", "RLOO"]
+__all__ = ["CISPO", "DAPO", "DrGRPO", "GMPO", "GRPO", "GSPO", "RLOO", "ReinforcePlusPlus", "SAPO"]

@@ -1,0 +1,57 @@
+"""CISPO: MiniMax 2025, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning
+Attention", section 3.1 (arXiv 2506.13585).
+
+PPO and GRPO drop the gradient of every token whose ratio leaves the clip range, and the rare,
+low-probability "fork" tokens (``However``, ``Wait``) are the first to go. CISPO clips the
+importance-sampling weight instead and keeps every token's gradient (eqs. 4-5)::
+
+    J = 1 / sum_i |o_i| * sum_i sum_t sg(w_it) A_i log pi(o_it | q, o_i,<t)
+    w_it = clip(r_it, 1 - eps_low, 1 + eps_high),   r_it = pi(o_it) / pi_old(o_it)
+
+``sg`` is the stop-gradient: ``d(-J) / d log pi_it = -w_it A_i`` for every token, clipped or
+not; at ``r = 1`` that is the plain policy gradient ``-A_i``. Advantages are GRPO's (eq. 2); the
+loss is a token mean over the whole batch, as in DAPO. No KL term (beta 0).
+
+Clip range: the paper imposes no lower bound (its ``eps_low`` is set large) and tunes only
+``eps_high`` without publishing the value. ``clip_eps_low`` defaults to ``None``, no lower bound
+(the same as ``1.0``: the weight is never below 0); ``clip_eps_high`` defaults to 5.0, the
+value TRL documents for its CISPO loss (following ScaleRL, Khatri et al. 2025), so a weight is
+truncated only when a token grew more than six-fold since sampling.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from grpo_lightning import functional as F
+from variants.grpo import GRPO
+
+
+class CISPO(GRPO):
+    """GRPO advantages; a clipped, detached IS weight on each token's log-likelihood; token mean.
+
+    Args:
+        clip_eps_low: lower bound ``1 - clip_eps_low`` of the weight, in ``[0, 1)``; ``None``
+            (default) is no lower bound, as in the paper.
+        clip_eps_high: upper bound ``1 + clip_eps_high`` of the weight.
+    """
+
+    def __init__(
+        self, model: str, *, beta: float = 0.0, clip_eps_low: float | None = None, clip_eps_high: float = 5.0, **kwargs
+    ) -> None:
+        # The base checks a float in [0, 1); without a lower bound there is nothing of it to check.
+        low = 0.0 if clip_eps_low is None else clip_eps_low
+        super().__init__(model, beta=beta, clip_eps_low=low, clip_eps_high=clip_eps_high, **kwargs)
+        self.clip_eps_low = clip_eps_low
+
+    def token_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+        """``-sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log pi`` per token (eqs. 4-5)."""
+        loss, clipped_low, clipped_high = F.clipped_weight_log_likelihood(
+            logp, old_logp, advantages, self.clip_eps_low, self.clip_eps_high
+        )
+        self.record_clipping(clipped_low, clipped_high, mask)
+        return loss
+
+    def aggregate(self, loss: Tensor, mask: Tensor, *, num_sequences=None, num_tokens: Tensor | None = None) -> Tensor:
+        """``sum(loss * mask) / sum(mask)`` over the whole batch (eq. 4's ``1 / sum_i |o_i|``)."""
+        return F.token_mean(loss, mask, num_tokens=num_tokens)

@@ -1,0 +1,54 @@
+"""REINFORCE++ (baseline form): Hu et al. 2025, "REINFORCE++: Stabilizing Critic-Free Policy
+Optimization with Global Normalization" (arXiv 2501.03262), "REINFORCE++ w/ Baseline".
+
+The group mean is the baseline, and the scale is that of the whole batch, not of each prompt's
+group (global advantage normalisation)::
+
+    A'_i = r_i - mean_group(r)
+    A_i  = (A'_i - mean_batch(A')) / std_batch(A')
+
+``mean_batch(A')`` is 0 already; ``std_batch`` is the unbiased std of all ``P * G`` centred
+rewards of the batch (on each device, its share). Groups of equal rewards get exactly 0, and a
+batch where every group is equal gets 0 everywhere. The policy loss is PPO's clipped surrogate
+(eps 0.2), averaged over every token of the batch.
+
+KL: as in the paper, the k1 estimate ``log pi_old - log pi_ref`` is a penalty in the reward, not
+a loss term. The paper subtracts it per token, ``r_t = 1[t = T] r - beta * k1_t``, with returns
+summed to the end; here advantages are one per completion, so the penalty is its whole-sequence
+sum, the return at the first token (as RLOO does): ``r_i <- r_i - beta * sum_t k1_it``. A
+per-token return would need token-level advantages, which the hooks do not carry. ``beta`` 0.01
+is our default (the paper sets it per experiment); ``kl_in_reward=False`` moves the KL into the
+loss instead (``kl_estimator``, k3 by default).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from grpo_lightning import functional as F
+from grpo_lightning.module import GroupPolicyOptimization
+from grpo_lightning.rollout import Rollout
+
+
+class ReinforcePlusPlus(GroupPolicyOptimization):
+    """Group-mean baseline, batch-wide std; k1 KL in the reward; PPO clip; token mean."""
+
+    def __init__(self, model: str, *, beta: float = 0.01, kl_in_reward: bool = True, **kwargs) -> None:
+        super().__init__(model, beta=beta, **kwargs)
+        self.kl_in_loss = not kl_in_reward
+
+    def advantages(self, rewards: Tensor) -> Tensor:
+        """``(r - mean_group) / std_batch(r - mean_group)``; 0 where that std is 0."""
+        return F.batch_normalized_advantages(rewards)
+
+    def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
+        """``r - beta * sum_t k1`` when the KL is in the reward."""
+        if self.kl_in_loss or rollout.ref_logp is None:
+            return rewards
+        kl = F.masked_sum(F.kl_k1(rollout.old_logp, rollout.ref_logp), rollout.completion_mask, dim=-1)
+        self.step_metrics.update("kl_penalty", (self.beta * kl).mean())
+        return rewards - self.beta * kl
+
+    def aggregate(self, loss: Tensor, mask: Tensor, *, num_sequences=None, num_tokens: Tensor | None = None) -> Tensor:
+        """``sum(loss * mask) / sum(mask)`` over the whole batch."""
+        return F.token_mean(loss, mask, num_tokens=num_tokens)
