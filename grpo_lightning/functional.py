@@ -59,6 +59,8 @@ __all__ = [
 ]
 
 KL_ESTIMATORS: Tuple[str, ...] = ("k1", "k2", "k3")
+#: Divisors of :func:`group_normalized_advantages` (TRL's ``scale_rewards`` values).
+REWARD_SCALES: Tuple[str, ...] = ("group", "batch", "none")
 
 Count = Union[int, float, Tensor]
 Dim = Union[int, Tuple[int, ...], None]
@@ -138,24 +140,55 @@ def masked_mean(x: Tensor, mask: Tensor, dim: Dim = None) -> Tensor:
 # --------------------------------------------------------------- advantage estimators
 
 
-def group_normalized_advantages(rewards: Tensor, eps: float = 1e-4) -> Tensor:
+def group_normalized_advantages(rewards: Tensor, eps: float = 1e-4, scale: str = "group") -> Tensor:
     """GRPO outcome-supervision advantages (DeepSeekMath, Sec. 4.1.2).
 
     ``rewards`` ``[P, G]`` -> ``[P, G]``::
 
         A_{p,i} = (r_{p,i} - mean_g(r_p)) / (std_g(r_p) + eps)
 
-    with the unbiased (``G - 1``) standard deviation over each group. Members of a
-    group whose rewards are all equal get exactly 0. Raises ``ValueError`` for
-    ``G < 2`` (the unbiased std is undefined).
+    with the unbiased (``G - 1``) standard deviation over each group. ``scale`` (one of
+    :data:`REWARD_SCALES`) picks the divisor: ``"group"`` as above; ``"batch"`` the unbiased std of
+    all ``P x G`` rewards (as TRL's ``scale_rewards="batch"``); ``"none"`` no division (Dr. GRPO's
+    centring). Members of a group whose rewards are all equal get exactly 0. Raises ``ValueError``
+    for ``G < 2`` (the unbiased std is undefined) and an unknown ``scale``.
     """
     rewards = _check_groups(rewards, "group_normalized_advantages", min_group=2)
+    if scale not in REWARD_SCALES:
+        raise ValueError(f"scale must be one of {REWARD_SCALES}, got {scale!r}")
     if rewards.numel() == 0:
         return torch.zeros_like(rewards)
-    mean = rewards.mean(dim=1, keepdim=True)
-    std = rewards.std(dim=1, keepdim=True)
-    adv = (rewards - mean) / (std + eps)
+    adv = rewards - rewards.mean(dim=1, keepdim=True)
+    if scale == "group":
+        adv = adv / (rewards.std(dim=1, keepdim=True) + eps)
+    elif scale == "batch":
+        adv = adv / (rewards.std() + eps) if rewards.numel() > 1 else adv
     return torch.where(informative_groups(rewards).unsqueeze(1), adv, torch.zeros_like(adv))
+
+
+def group_normalized_reward_sum(per_function: Tensor, weights: Tensor, group_size: int, eps: float = 1e-4) -> Tensor:
+    """Normalise each reward function's scores within each group, then take the weighted sum (GDPO:
+    decoupled group normalisation of several rewards, so that one with a wide range does not drown
+    the others).
+
+    ``per_function`` ``[N, F]`` (rows grouped by ``group_size``), ``weights`` ``[F]`` -> ``[N]``::
+
+        z_{i,f} = (r_{i,f} - mean_g(r_f)) / (std_g(r_f) + eps),   R_i = sum_f w_f z_{i,f}
+
+    NaN scores ("not applicable") are left out of their group's mean and std and of the sum; a
+    function whose scores are equal within a group contributes 0 there.
+    """
+    n, functions = per_function.shape
+    scores = per_function.reshape(n // group_size, group_size, functions)
+    valid = ~torch.isnan(scores)
+    count = valid.sum(dim=1, keepdim=True)
+    filled = torch.where(valid, scores, torch.zeros_like(scores))
+    mean = filled.sum(dim=1, keepdim=True) / count.clamp(min=1)
+    centred = torch.where(valid, scores - mean, torch.zeros_like(scores))
+    std = (centred.square().sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)).sqrt()
+    z = torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
+    z = torch.where(valid, z, torch.full_like(z, float("nan"))).reshape(n, functions)
+    return torch.nansum(z * weights.to(device=z.device, dtype=z.dtype), dim=1)
 
 
 def group_centered_advantages(rewards: Tensor) -> Tensor:
@@ -261,6 +294,7 @@ def clipped_surrogate(
     advantages: Tensor,
     eps_low: float,
     eps_high: float,
+    delta: Optional[float] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Per-token clipped policy-gradient loss (PPO eq. 7, DeepSeekMath eq. 3;
     decoupled bounds as in DAPO eq. 10).
@@ -270,6 +304,9 @@ def clipped_surrogate(
 
         loss = -min(rho * A, clip(rho, 1 - eps_low, 1 + eps_high) * A)
 
+    ``delta`` (two-sided clipping, as TRL's ``delta``) also caps the unclipped term where
+    ``A < 0`` lets ``rho`` grow without bound: ``loss = -min(min(rho, delta) * A, clip(rho) * A)``.
+
     Returns ``(loss, clipped_low, clipped_high)``, all ``[N, T]``; the loss is neither
     masked nor aggregated. ``clipped_low = (rho < 1 - eps_low) & (A < 0)`` and
     ``clipped_high = (rho > 1 + eps_high) & (A > 0)`` mark the tokens where the clip
@@ -278,9 +315,12 @@ def clipped_surrogate(
     _check_clip(eps_low, eps_high)
     if advantages.dim() == logp.dim() - 1:
         advantages = advantages.unsqueeze(-1)
+    if delta is not None and not delta > 1.0 + eps_high:
+        raise ValueError(f"delta must exceed 1 + eps_high = {1.0 + eps_high}, got {delta}")
     ratio = torch.exp(logp - old_logp)
     clipped_ratio = ratio.clamp(min=1.0 - eps_low, max=1.0 + eps_high)
-    loss = -torch.minimum(ratio * advantages, clipped_ratio * advantages)
+    capped_ratio = ratio if delta is None else ratio.clamp(max=delta)
+    loss = -torch.minimum(capped_ratio * advantages, clipped_ratio * advantages)
     clipped_low = (ratio < 1.0 - eps_low) & (advantages < 0)
     clipped_high = (ratio > 1.0 + eps_high) & (advantages > 0)
     return loss, clipped_low, clipped_high
@@ -329,6 +369,21 @@ def sequence_clipped_surrogate(
         clipped_low.unsqueeze(-1).expand(shape).contiguous(),
         clipped_high.unsqueeze(-1).expand(shape).contiguous(),
     )
+
+
+def top_entropy_mask(entropy: Tensor, mask: Tensor, quantile: float) -> Tensor:
+    """The tokens that train under "Beyond the 80/20 rule" (Wang et al. 2025, arXiv 2506.01939):
+    those of ``mask`` whose entropy is at least the ``1 - quantile`` quantile of the entropies of
+    ``mask``'s tokens (linear interpolation, as ``torch.quantile``). ``quantile = 1`` keeps every
+    token of ``mask``. ``[N, T]`` -> ``[N, T]`` in ``mask``'s dtype.
+    """
+    if not 0.0 < quantile <= 1.0:
+        raise ValueError(f"quantile must be in (0, 1], got {quantile}")
+    selected = mask.bool()
+    if quantile == 1.0 or not selected.any():
+        return mask
+    threshold = torch.quantile(entropy.detach()[selected].float(), 1.0 - quantile)
+    return (selected & (entropy.detach() >= threshold)).to(mask.dtype)
 
 
 def clipped_weight_log_likelihood(

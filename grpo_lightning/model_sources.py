@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_lightning.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 
 PACKAGE_PREFIX = "package:"
 GGUF_SUFFIX = ".gguf"

@@ -29,13 +29,13 @@ from typing import Any
 import lightning as L
 import torch
 import torchmetrics
-from lightning.pytorch.strategies import ParallelStrategy
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lightning import functional as F
 from grpo_lightning import metrics, resume
 from grpo_lightning.engine.options import EngineOptions
+from grpo_lightning.evaluation import Evaluation
 from grpo_lightning.generation import EnginePlan, RolloutSampler, RolloutWeights, build_rollout
 from grpo_lightning.generation import announce_prompt_format, check_engine_options, disable_dropout, format_prompt
 from grpo_lightning.model_sources import load_tokenizer
@@ -45,14 +45,14 @@ from grpo_lightning.metrics import EVERY_STEP_METRICS, StepMetrics
 from grpo_lightning.rewards import resolve_reward_function, score_completions, weighted_reward
 from grpo_lightning.rollout import Rollout, RolloutBuffer, SamplingParams
 from grpo_lightning.settings import CHECKED_SETTINGS, DTYPES, ConfigError, check_datasets, check_settings, require
-from grpo_lightning.settings import resolve_rewards
-from grpo_lightning.strategies import clip_grad_norm_, is_sharded, shard
+from grpo_lightning.settings import check_options_apply, resolve_rewards
+from grpo_lightning.strategies import clip_policy_gradients, no_gradient_sync, shard
 
 # Re-exported: variants and user code import them from here.
 __all__ = ["EVERY_STEP_METRICS", "ConfigError", "EngineOptions", "GroupPolicyOptimization", "StepMetrics", "disable_dropout"]
 
 
-class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
+class GroupPolicyOptimization(resume.ExactResume, Evaluation, L.LightningModule):
     """Base module of the GRPO family: rollout, rewards, reference model, clipped update, logging.
 
     Args:
@@ -83,6 +83,16 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
         beta: KL coefficient; 0 loads no reference model.
         kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (Schulman 2020; DeepSeekMath uses k3).
         clip_eps_low, clip_eps_high: ratio clip range ``[1 - low, 1 + high]``.
+        delta: two-sided clipping: a negative-advantage token's ratio is also capped at ``delta``
+            (``> 1 + clip_eps_high``); ``None``: off.
+        scale_rewards: divisor of group-normalised advantages: the group's std (``"group"``), the
+            batch's (``"batch"``) or none (``"none"``).
+        reward_aggregation: ``"sum_then_normalize"``: the weighted sum of the reward functions;
+            ``"normalize_then_sum"``: each normalised within its group first (GDPO).
+        top_entropy_quantile: only the tokens whose entropy is in the top fraction ``q`` of the
+            micro-batch's carry loss (arXiv 2506.01939); 1: all.
+        mask_truncated_completions: completions that hit ``max_new_tokens`` without EOS carry no loss.
+        unbiased_kl: the KL estimate weighted by ``pi / pi_old`` (DeepSeek-V3.2).
         ppo_epochs: passes over each rollout (``mu`` in DeepSeekMath).
         minibatch_size: completions per optimizer step; ``None`` = the whole rollout (one step).
         micro_batch_size: completions per forward/backward pass (memory only).
@@ -100,6 +110,9 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
     kl_in_loss: bool = True
     #: Whether a batch may end without an update (DAPO): the loggers' x-axis then counts steps, not batches.
     batches_without_update: bool = False
+    #: Options of the base module that this variant's equations leave no place for, with the reason:
+    #: setting one is a :class:`ConfigError` naming both.
+    inapplicable_options: dict[str, str] = {}
 
     def __init__(
         self,
@@ -124,6 +137,12 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
         kl_estimator: str = "k3",
         clip_eps_low: float = 0.2,
         clip_eps_high: float = 0.2,
+        delta: float | None = None,
+        scale_rewards: str = "group",
+        reward_aggregation: str = "sum_then_normalize",
+        top_entropy_quantile: float = 1.0,
+        mask_truncated_completions: bool = False,
+        unbiased_kl: bool = False,
         ppo_epochs: int = 1,
         minibatch_size: int | None = None,
         micro_batch_size: int = 8,
@@ -146,6 +165,7 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
 
         check_settings(**{name: value for name, value in locals().items() if name in CHECKED_SETTINGS})
         check_engine_options(options, rollout_seed)
+        check_options_apply(type(self), self.inapplicable_options, self.kl_in_loss, self.hparams)
         self.reward_functions, self.reward_weights = resolve_rewards(reward_funcs, reward_weights)
         self.accuracy_function = resolve_reward_function(accuracy_func, field="accuracy_func")
 
@@ -190,7 +210,9 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
     def token_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
         """Per-token policy loss ``[N, T]`` (no KL): the clipped surrogate of PPO / DeepSeekMath eq. 3.
         ``logp``, ``old_logp``, ``mask``: ``[N, T]``; ``advantages``: ``[N]``."""
-        loss, clipped_low, clipped_high = F.clipped_surrogate(logp, old_logp, advantages, self.clip_eps_low, self.clip_eps_high)
+        loss, clipped_low, clipped_high = F.clipped_surrogate(
+            logp, old_logp, advantages, self.clip_eps_low, self.clip_eps_high, self.hparams.delta
+        )
         self.record_clipping(clipped_low, clipped_high, mask)
         return loss
 
@@ -405,7 +427,10 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
             if self.beta > 0:
                 rollout.ref_logp = self.compute_logprobs(self.ref_model, rollout)
 
-        rewards = self.shape_rewards(rollout.rewards, rollout)
+        rewards = rollout.rewards
+        if self.hparams.reward_aggregation == "normalize_then_sum":
+            rewards = F.group_normalized_reward_sum(rollout.reward_per_function, self.reward_weights, rollout.group_size)
+        rewards = self.shape_rewards(rewards, rollout)
         advantages = self.advantages(rewards.view(-1, rollout.group_size)).flatten()
         with timer.phase("update"):
             self.update(rollout, advantages)
@@ -445,21 +470,10 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
         self.step_metrics.update("learning_rate", scheduler.get_last_lr()[0])
 
     def clip_and_log_gradient_norm(self, optimizer) -> None:
-        """Log the policy's total gradient norm (``grad_norm``, before clipping) and clip it to
-        ``max_grad_norm``. Under FSDP the norm is over all shards."""
-        max_norm = self.hparams.max_grad_norm
-        if is_sharded(self.policy):
-            # Lightning's FSDP precision plugin refuses norm clipping: the FSDP root clips.
-            norm = clip_grad_norm_(self.policy, float("inf") if max_norm is None else max_norm)
-        elif getattr(self.trainer.precision_plugin, "scaler", None) is not None:
-            # fp16 with a gradient scaler: Lightning unscales before it clips; no norm to log.
-            if max_norm is not None:
-                self.clip_gradients(optimizer, gradient_clip_val=max_norm, gradient_clip_algorithm="norm")
-            return
-        else:
-            parameters = [p for p in self.policy.parameters() if p.grad is not None]
-            norm = torch.nn.utils.clip_grad_norm_(parameters, float("inf") if max_norm is None else max_norm)
-        self.step_metrics.update("grad_norm", norm)
+        """Clip the gradient to ``max_grad_norm`` and log its norm before clipping (``grad_norm``)."""
+        norm = clip_policy_gradients(self, optimizer, self.hparams.max_grad_norm)
+        if norm is not None:
+            self.step_metrics.update("grad_norm", norm)
 
     def accumulate_gradients(self, rollout: Rollout, advantages: Tensor, rows: Tensor) -> None:
         """Backward of one minibatch, ``micro_batch_size`` rows at a time.
@@ -467,14 +481,13 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
         The aggregation gets the minibatch-wide sequence and token counts (summed over devices),
         so the accumulated gradient does not depend on the micro-batch size.
         """
-        mask = rollout.completion_mask
         num_sequences = len(rows)
-        num_tokens = mask[rows.to(mask.device)].sum()
+        num_tokens = self.loss_mask(rollout, rows).sum()
         world = self.trainer.world_size if self._trainer is not None else 1
         if world > 1:
             # DDP averages gradients over devices: normalise by the mean count per device.
             num_tokens = self.trainer.strategy.reduce(num_tokens, reduce_op="sum") / world
-        total = torch.zeros((), device=mask.device)
+        total = torch.zeros((), device=num_tokens.device)
         micro_batches = rows.split(self.micro_batch_size)
         for index, micro_rows in enumerate(micro_batches):
             loss = self.micro_batch_loss(rollout, advantages, micro_rows, num_sequences, num_tokens)
@@ -483,27 +496,34 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
             total += loss.detach()
         self.step_metrics.update("loss", total)
 
+    def loss_mask(self, rollout: Rollout, rows: Tensor) -> Tensor:
+        """``[len(rows), T]``: the tokens that carry loss; none of a truncated completion under
+        ``mask_truncated_completions``."""
+        mask = rollout.completion_mask[rows.to(rollout.completion_mask.device)]
+        if self.hparams.mask_truncated_completions:
+            mask = mask * ~rollout.truncated[rows.to(mask.device)].unsqueeze(1)
+        return mask
+
     def no_gradient_sync(self) -> contextlib.AbstractContextManager:
-        """Context for the backward passes of all but a minibatch's last micro-batch: under DDP the
-        gradients accumulate locally and are averaged over devices once, in the last backward pass,
-        instead of once per micro-batch. Under FSDP, each backward pass still reduce-scatters (the
-        sharded gradients are what keep memory low)."""
-        strategy = self._trainer.strategy if self._trainer is not None else None
-        return strategy.block_backward_sync() if isinstance(strategy, ParallelStrategy) else contextlib.nullcontext()
+        """Context for the backward passes of all but a minibatch's last micro-batch (:func:`grpo_lightning.strategies.no_gradient_sync`)."""
+        return no_gradient_sync(self._trainer.strategy if self._trainer is not None else None)
 
     def micro_batch_loss(
         self, rollout: Rollout, advantages: Tensor, rows: Tensor, num_sequences: int, num_tokens: Tensor
     ) -> Tensor:
         """This micro-batch's share of the minibatch loss: ``aggregate(token_loss + beta * kl)``."""
-        mask = rollout.completion_mask
-        rows = rows.to(mask.device)
-        micro_mask = mask[rows]
+        micro_mask = self.loss_mask(rollout, rows)
+        rows = rows.to(micro_mask.device)
         tokens = micro_mask.sum()
         logp, entropy = self._forward(self.policy, rollout, rows)
         old_logp = logp.detach() if rollout.old_logp is None else rollout.old_logp[rows]
         loss = self.token_loss(logp, old_logp, advantages[rows], micro_mask)
+        if self.hparams.top_entropy_quantile < 1:
+            loss = loss * F.top_entropy_mask(entropy, micro_mask, self.hparams.top_entropy_quantile)
         if rollout.ref_logp is not None:
             kl = F.kl_estimate(logp, rollout.ref_logp[rows], self.kl_estimator)
+            if self.hparams.unbiased_kl:
+                kl = kl * torch.exp(logp - old_logp)
             if self.kl_in_loss:
                 loss = loss + self.beta * kl
             self.step_metrics.update("kl", F.masked_mean(kl.detach(), micro_mask), tokens)
@@ -533,38 +553,3 @@ class GroupPolicyOptimization(resume.ExactResume, L.LightningModule):
         results = getattr(self._trainer, "_results", None)
         if results is not None:
             results.reset(metrics=False, fx="training_step")
-
-    # ------------------------------------------------------------------ validation
-
-    def on_validation_epoch_start(self) -> None:
-        # Fresh states in this evaluation's grad mode (one made under inference mode can't be updated).
-        for metric in (self.val_accuracy, self.val_reward, self.val_length):
-            metric.reset()
-
-    def accuracy_scores(self, rollout: Rollout) -> Tensor:
-        """``[N]`` scores of ``accuracy_func``: its column of the rewards when it is also a reward
-        function, so it is not called twice."""
-        accuracy = self.accuracy_function[1]
-        for column, (_, function) in enumerate(self.reward_functions):
-            if function is accuracy:
-                return rollout.reward_per_function[:, column]
-        return score_completions([self.accuracy_function], rollout.prompts, rollout.completions, rollout.columns)[:, 0]
-
-    def validation_step(self, batch: dict[str, list], batch_idx: int) -> None:
-        """One completion per prompt: ``val/*`` (``test/*`` on the test split, ``grpo-lightning test``)."""
-        prefix = "test" if self._trainer is not None and self.trainer.testing else "val"
-        rollout = self.generate(batch, 1, self.val_sampling)
-        self.score(rollout)
-        accuracy = self.accuracy_scores(rollout)
-        size = len(rollout)
-        self.val_accuracy.update(torch.nanmean(accuracy), size)
-        self.val_reward.update(rollout.rewards.mean(), size)
-        self.val_length.update(rollout.lengths.float().mean(), size)
-        self.log(f"{prefix}/accuracy", self.val_accuracy, on_epoch=True, prog_bar=True, batch_size=size)
-        self.log(f"{prefix}/reward", self.val_reward, on_epoch=True, batch_size=size)
-        self.log(f"{prefix}/mean_length", self.val_length, on_epoch=True, batch_size=size)
-        if self.batches_without_update:  # the x-axis of the last training step's row
-            self.log("step", float(max(self.logged_steps - 1, 0)), on_epoch=True, batch_size=size)
-
-    test_step = validation_step
-    on_test_epoch_start = on_validation_epoch_start

@@ -13,13 +13,13 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from grpo_lightning import functional as F
+from grpo_lightning.errors import ConfigError
+from grpo_lightning.model_sources import resolve_model_source
 from grpo_lightning.rewards import resolve_reward_function
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class ConfigError(ValueError):
-    """An invalid setting, raised before any work is done; the message names the field and the fix."""
 
 
 def require(condition: bool, message: str) -> None:
@@ -44,6 +44,11 @@ def check_settings(
     kl_estimator: str,
     clip_eps_low: float,
     clip_eps_high: float,
+    delta: float | None,
+    scale_rewards: str,
+    reward_aggregation: str,
+    top_entropy_quantile: float,
+    unbiased_kl: bool,
     ppo_epochs: int,
     minibatch_size: int | None,
     micro_batch_size: int,
@@ -67,6 +72,20 @@ def check_settings(
         group_size >= 2,
         f"group_size: must be at least 2 (got {group_size}); group-relative advantages compare completions of one prompt.",
     )
+    require(
+        delta is None or delta > 1 + clip_eps_high,
+        f"delta: must exceed 1 + clip_eps_high = {1 + clip_eps_high} (got {delta}); e.g. --model.delta 2.0, or null for off.",
+    )
+    require(scale_rewards in F.REWARD_SCALES, f"scale_rewards: {scale_rewards!r} is not one of {', '.join(F.REWARD_SCALES)}.")
+    require(
+        reward_aggregation in REWARD_AGGREGATIONS,
+        f"reward_aggregation: {reward_aggregation!r} is not one of {', '.join(REWARD_AGGREGATIONS)}.",
+    )
+    require(
+        0 < top_entropy_quantile <= 1,
+        f"top_entropy_quantile: must be in (0, 1] (got {top_entropy_quantile}); 0.2 trains on the 20% highest-entropy tokens.",
+    )
+    require(not unbiased_kl or beta > 0, "unbiased_kl: weights the KL term, which beta = 0 turns off; set --model.beta > 0.")
     require(max_new_tokens >= 1, f"max_new_tokens: must be at least 1 (got {max_new_tokens}).")
     require(
         0 <= min_new_tokens <= max_new_tokens,
@@ -118,9 +137,34 @@ def check_model_path(field: str, path: str) -> None:
     """Raise :class:`ConfigError` for a checkpoint that cannot load: a local path that does not
     exist (it is never tried on the hub, where it would fail later with a less helpful error), or a
     GGUF file without the packages that read it (:func:`grpo_lightning.model_sources.resolve_model_source`)."""
-    from grpo_lightning.model_sources import resolve_model_source  # checkpoints imports this module
-
     resolve_model_source(path, field)
+
+
+#: Values of ``reward_aggregation``: the weighted sum as it is, or of per-group normalised scores (GDPO).
+REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+#: The base module's ablation options and their "off" values (what an inapplicable option must keep).
+ABLATION_OPTION_DEFAULTS = {
+    "delta": None,
+    "scale_rewards": "group",
+    "reward_aggregation": "sum_then_normalize",
+    "top_entropy_quantile": 1.0,
+    "mask_truncated_completions": False,
+    "unbiased_kl": False,
+}
+
+
+def check_options_apply(variant: type, inapplicable: dict[str, str], kl_in_loss: bool, values: Any) -> None:
+    """Raise :class:`ConfigError` for an ablation option set away from its default on a variant whose
+    equations leave no place for it (``inapplicable``: option -> reason; ``unbiased_kl`` also where
+    the KL is in the reward)."""
+    reasons = dict(inapplicable)
+    if not kl_in_loss:
+        reasons.setdefault("unbiased_kl", "its KL term is in the reward, not in the loss")
+    for option, reason in reasons.items():
+        if option in ABLATION_OPTION_DEFAULTS and values[option] != ABLATION_OPTION_DEFAULTS[option]:
+            raise ConfigError(
+                f"{option}: does not apply to {variant.__name__} ({reason}); drop --model.{option} or pick another variant."
+            )
 
 
 #: The arguments of ``GroupPolicyOptimization`` that :func:`check_settings` checks.

@@ -40,7 +40,7 @@ from functools import partial
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.strategies import FSDPStrategy, ParallelStrategy
 from torch import Tensor, nn
 from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, enable_wrap, wrap
@@ -173,6 +173,30 @@ class RolloutReplica:
 def clip_grad_norm_(model: nn.Module, max_norm: float) -> Tensor:
     """Clip the gradients of the FSDP root ``model`` to a total norm over all shards."""
     return model.clip_grad_norm_(max_norm)
+
+
+def clip_policy_gradients(module: Any, optimizer: Any, max_norm: float | None) -> Tensor | None:
+    """Clip ``module.policy``'s gradient to ``max_norm`` (``None``: no clipping) and return its
+    total norm before clipping. Under FSDP the norm is over all shards (the FSDP root clips:
+    Lightning's FSDP precision plugin refuses norm clipping); under fp16 with a gradient scaler
+    Lightning unscales before it clips and no norm is returned."""
+    policy = module.policy
+    if is_sharded(policy):
+        return clip_grad_norm_(policy, float("inf") if max_norm is None else max_norm)
+    if getattr(module.trainer.precision_plugin, "scaler", None) is not None:
+        if max_norm is not None:
+            module.clip_gradients(optimizer, gradient_clip_val=max_norm, gradient_clip_algorithm="norm")
+        return None
+    parameters = [p for p in policy.parameters() if p.grad is not None]
+    return torch.nn.utils.clip_grad_norm_(parameters, float("inf") if max_norm is None else max_norm)
+
+
+def no_gradient_sync(strategy: Any) -> contextlib.AbstractContextManager:
+    """Context for the backward passes of all but a minibatch's last micro-batch: under DDP the
+    gradients accumulate locally and are averaged over devices once, in the last backward pass,
+    instead of once per micro-batch. Under FSDP, each backward pass still reduce-scatters (the
+    sharded gradients are what keep memory low)."""
+    return strategy.block_backward_sync() if isinstance(strategy, ParallelStrategy) else contextlib.nullcontext()
 
 
 @contextlib.contextmanager

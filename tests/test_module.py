@@ -246,7 +246,7 @@ def test_a_local_model_path_that_does_not_exist_is_rejected_before_any_load(path
         module(path)
     message = str(error.value)
     assert message.startswith(f"model: no such directory {path!r}")
-    assert "give a local model directory or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'" in message
+    assert "give a local model directory, a .gguf file or a hub id like 'Qwen/Qwen2.5-0.5B-Instruct'" in message
 
 
 def test_a_local_tokenizer_path_that_does_not_exist_is_rejected(tiny_model_dir):

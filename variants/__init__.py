@@ -1,13 +1,15 @@
 """The GRPO family, one file per paper. Each is a ``GroupPolicyOptimization`` subclass."""
 
 from variants.cispo import CISPO
+from variants.clip_cov import ClipCov
 from variants.dapo import DAPO
 from variants.dr_grpo import DrGRPO
 from variants.gmpo import GMPO
 from variants.grpo import GRPO
 from variants.gspo import GSPO
+from variants.kl_cov import KLCov
 from variants.reinforce_plus_plus import ReinforcePlusPlus
 from variants.rloo import RLOO
 from variants.sapo import SAPO
 
-__all__ = ["CISPO", "DAPO", "DrGRPO", "GMPO", "GRPO", "GSPO", "RLOO", "ReinforcePlusPlus", "SAPO"]
+__all__ = ["CISPO", "ClipCov", "DAPO", "DrGRPO", "GMPO", "GRPO", "GSPO", "KLCov", "RLOO", "ReinforcePlusPlus", "SAPO"]

@@ -36,6 +36,8 @@ class CISPO(GRPO):
         clip_eps_high: upper bound ``1 + clip_eps_high`` of the weight.
     """
 
+    inapplicable_options = {"delta": "its clipped weight is detached: there is no min with an unclipped term to cap"}
+
     def __init__(
         self, model: str, *, beta: float = 0.0, clip_eps_low: float | None = None, clip_eps_high: float = 5.0, **kwargs
     ) -> None:

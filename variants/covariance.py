@@ -94,7 +94,7 @@ class CovarianceRule(GRPO):
         no-grad pass); inside the block, ``token_loss`` of any micro-batch of it reads that choice."""
         rows = rows.to(rollout.completion_mask.device)
         # The tokens that carry loss: the base's loss_mask where it has one (it may leave some out).
-        mask = self.loss_mask(rollout, rows) if hasattr(self, "loss_mask") else rollout.completion_mask[rows]
+        mask = self.loss_mask(rollout, rows)
         logp = self.compute_logprobs(self.policy, rollout.select(rows))
         old_logp = logp if rollout.old_logp is None else rollout.old_logp[rows]
         choice = torch.zeros_like(rollout.completion_mask, dtype=torch.bool)

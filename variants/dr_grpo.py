@@ -22,6 +22,8 @@ from grpo_lightning.module import GroupPolicyOptimization
 class DrGRPO(GroupPolicyOptimization):
     """Group-centred advantages and a constant, length-independent normaliser."""
 
+    inapplicable_options = {"scale_rewards": "its advantage r - mean is divided by no std"}
+
     def __init__(self, model: str, *, beta: float = 0.0, **kwargs) -> None:
         super().__init__(model, beta=beta, **kwargs)
 

@@ -24,6 +24,8 @@ from variants.grpo import GRPO
 class GMPO(GRPO):
     """GRPO with the geometric mean of per-token, log-space-clipped ratios."""
 
+    inapplicable_options = {"delta": "it clips log-ratios inside a geometric mean, not each token's ratio"}
+
     def __init__(
         self, model: str, *, beta: float = 0.0, clip_eps_low: float = 0.4, clip_eps_high: float = 0.4, **kwargs
     ) -> None:

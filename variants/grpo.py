@@ -21,8 +21,9 @@ class GRPO(GroupPolicyOptimization):
     """Group-normalised advantages; each completion's token mean, averaged over completions."""
 
     def advantages(self, rewards: Tensor) -> Tensor:
-        """``(r - mean_g) / (std_g + 1e-4)``, unbiased std; 0 for groups of equal rewards."""
-        return F.group_normalized_advantages(rewards)
+        """``(r - mean_g) / (std_g + 1e-4)``, unbiased std; 0 for groups of equal rewards
+        (``scale_rewards``: the std of the group, of the batch, or none)."""
+        return F.group_normalized_advantages(rewards, scale=self.hparams.scale_rewards)
 
     def aggregate(self, loss: Tensor, mask: Tensor, *, num_sequences: int | None = None, num_tokens=None) -> Tensor:
         """``1/G sum_i 1/|o_i| sum_t loss_it`` (eq. 3)."""

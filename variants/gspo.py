@@ -20,6 +20,8 @@ from variants.grpo import GRPO
 class GSPO(GRPO):
     """GRPO with a sequence-level, clipped importance ratio."""
 
+    inapplicable_options = {"delta": "it clips one ratio per sequence, not each token's"}
+
     def __init__(
         self, model: str, *, beta: float = 0.0, clip_eps_low: float = 3e-4, clip_eps_high: float = 4e-4, **kwargs
     ) -> None:

@@ -28,14 +28,18 @@ from torch import Tensor
 from grpo_lightning import functional as F
 from grpo_lightning.module import GroupPolicyOptimization
 from grpo_lightning.rollout import Rollout
+from grpo_lightning.settings import check_options_apply
 
 
 class ReinforcePlusPlus(GroupPolicyOptimization):
     """Group-mean baseline, batch-wide std; k1 KL in the reward; PPO clip; token mean."""
 
+    inapplicable_options = {"scale_rewards": "its advantage is divided by the batch's std by definition"}
+
     def __init__(self, model: str, *, beta: float = 0.01, kl_in_reward: bool = True, **kwargs) -> None:
         super().__init__(model, beta=beta, **kwargs)
         self.kl_in_loss = not kl_in_reward
+        check_options_apply(type(self), self.inapplicable_options, self.kl_in_loss, self.hparams)
 
     def advantages(self, rewards: Tensor) -> Tensor:
         """``(r - mean_group) / std_batch(r - mean_group)``; 0 where that std is 0."""

@@ -19,14 +19,18 @@ from torch import Tensor
 from grpo_lightning import functional as F
 from grpo_lightning.module import GroupPolicyOptimization
 from grpo_lightning.rollout import Rollout
+from grpo_lightning.settings import check_options_apply
 
 
 class RLOO(GroupPolicyOptimization):
     """Leave-one-out baseline; the loss sums over each completion's tokens."""
 
+    inapplicable_options = {"scale_rewards": "its leave-one-out advantage is divided by no std"}
+
     def __init__(self, model: str, *, beta: float = 0.05, kl_in_reward: bool = True, **kwargs) -> None:
         super().__init__(model, beta=beta, **kwargs)
         self.kl_in_loss = not kl_in_reward
+        check_options_apply(type(self), self.inapplicable_options, self.kl_in_loss, self.hparams)
 
     def advantages(self, rewards: Tensor) -> Tensor:
         """``r_i - mean_{j != i} r_j``."""

@@ -31,6 +31,8 @@ class SAPO(GRPO):
         tau_neg: gate temperature of tokens with a zero or negative advantage (> 0).
     """
 
+    inapplicable_options = {"delta": "its soft gate replaces the ratio clip"}
+
     def __init__(self, model: str, *, beta: float = 0.0, tau_pos: float = 1.0, tau_neg: float = 1.05, **kwargs) -> None:
         super().__init__(model, beta=beta, **kwargs)
         require(tau_pos > 0, f"tau_pos: the positive-advantage gate temperature must be > 0 (got {tau_pos}).")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from grpo_lightning.resources import config_path
 
-VARIANTS = ("grpo", "dr_grpo", "dapo", "rloo", "gspo", "cispo", "sapo", "gmpo", "reinforce_plus_plus")
+VARIANTS = ("grpo", "dr_grpo", "dapo", "rloo", "gspo", "cispo", "sapo", "gmpo", "reinforce_plus_plus", "clip_cov", "kl_cov")
 
 
 def quickstart_args(model_dir: str | Path, variant: str = "grpo", extra: Sequence[str] = ()) -> list[str]:
