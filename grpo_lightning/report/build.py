@@ -93,7 +93,12 @@ def build_report(
 
 
 #: The order of the built-in variants in tables and plots; other arms follow by name.
-VARIANT_ORDER = ["grpo", "dr_grpo", "dapo", "rloo", "gspo"]
+VARIANT_ORDER = ["grpo", "dr_grpo", "dapo", "rloo", "gspo", "cispo", "sapo", "gmpo", "reinforce_plus_plus", "clip_cov", "kl_cov"]
+#: Above this many arms the report turns wide: arms become rows ranked by final val/accuracy, the
+#: pairwise table keeps the significant pairs (all of them in a collapsed section) and the curves
+#: are drawn in groups of ``CURVE_GROUP`` arms.
+WIDE = 6
+CURVE_GROUP = 4
 
 
 def _arm_order(arm: str, cells: Sequence[CellInfo]) -> tuple:
@@ -146,19 +151,23 @@ def _final_section(doc: Doc, arms: Sequence[Arm], confidence: float) -> None:
         f"Last logged value of each run; mean [{confidence:.0%} CI] over seeds (n = runs). "
         "**Bold**: the best arm where higher (accuracy, reward) or lower (tokens, time) is better, unless tied."
     )
-    header = ["metric", *(f"{a.name} (n={len(a.runs)})" for a in arms)]
-    rows = []
+    metrics, cells = [], []  # cells[m][a]: the text of metric m for arm a
     for key, label, direction in FINAL_METRICS:
         stats = [mean_ci(a.finals(key), confidence) for a in arms]
         if all(not math.isfinite(s[0]) for s in stats):
             continue
         best = best_index([s[0] for s in stats], direction) if len(arms) > 1 else None
-        row = [label]
-        for i, (mean, low, high) in enumerate(stats):
-            text = fmt(mean) if not math.isfinite(low) else f"{fmt(mean)} [{fmt(low)}, {fmt(high)}]"
-            row.append(f"**{text}**" if i == best else text)
-        rows.append(row)
-    doc.table(header, rows)
+        texts = [fmt(mean) if not math.isfinite(low) else f"{fmt(mean)} [{fmt(low)}, {fmt(high)}]" for mean, low, high in stats]
+        metrics.append(label)
+        cells.append([f"**{text}**" if i == best else text for i, text in enumerate(texts)])
+    names = [f"{a.name} (n={len(a.runs)})" for a in arms]
+    if len(arms) > WIDE:  # one row per arm, best final val/accuracy first
+        order = ranked(arms)
+        doc.p("Arms are ranked by their mean final val/accuracy.")
+        doc.table(["rank", "arm", *metrics], [[str(r + 1), names[i], *(c[i] for c in cells)] for r, i in enumerate(order)],
+                  "rl" + "r" * len(metrics))  # fmt: skip
+    else:
+        doc.table(["metric", *names], [[label, *row] for label, row in zip(metrics, cells)])
     keys = [(k, label) for k, label, _ in FINAL_METRICS if k in PER_RUN_METRICS]
     body = Doc()
     body.table(
@@ -183,15 +192,27 @@ def _pairwise_section(doc: Doc, arms: Sequence[Arm]) -> None:
     if not rows:
         doc.p("Only one arm: nothing to compare.")
         return
-    doc.table(
-        ["A", "B", "n A", "n B", "mean A − B", "t", "dof", "p", "p (Holm)", "verdict"],
-        [
+    header = ["A", "B", "n A", "n B", "mean A − B", "t", "dof", "p", "p (Holm)", "verdict"]
+
+    def table_rows(selected):
+        return [
             [r["a"], r["b"], str(r["n_a"]), str(r["n_b"]), fmt(r["mean_a"] - r["mean_b"]), fmt(r["t"]),
              fmt(r["dof"]), fmt_p(r["p"]), fmt_p(r["p_holm"]), r["verdict"]]
-            for r in rows
-        ],  # fmt: skip
-        "llrrrrrrrl",
-    )
+            for r in selected
+        ]  # fmt: skip
+
+    if len(arms) <= WIDE:
+        doc.table(header, table_rows(rows), "llrrrrrrrl")
+        return
+    significant = [r for r in rows if math.isfinite(r["p_holm"]) and r["p_holm"] < 0.05]
+    if significant:
+        doc.p(f"The {len(significant)} of {len(rows)} pairs that differ significantly after Holm's correction:")
+        doc.table(header, table_rows(significant), "llrrrrrrrl")
+    else:
+        doc.p(f"None of the {len(rows)} pairs differs significantly after Holm's correction.")
+    body = Doc()
+    body.table(header, table_rows(rows), "llrrrrrrrl")
+    doc.details(f"All {len(rows)} pairs", body)
 
 
 def _curves_section(doc: Doc, arms: Sequence[Arm], target: Path) -> None:
@@ -203,13 +224,31 @@ def _curves_section(doc: Doc, arms: Sequence[Arm], target: Path) -> None:
         "since training began (validation time included). Step 0 of val/accuracy is the "
         "validation before training, when it was run."
     )
+    groups = [arms]
+    if len(arms) > WIDE:
+        order = [arms[i] for i in ranked(arms)]
+        groups = [order[start : start + CURVE_GROUP] for start in range(0, len(order), CURVE_GROUP)]
+        doc.p(f"With {len(arms)} arms the curves come in groups of {CURVE_GROUP}, in the order of their final "
+              "val/accuracy (the first group holds the best arms).")  # fmt: skip
     for stem, title, tags in CURVES:
         if not any(tag in run.scalars or tag in run.initial for arm in arms for run in arm.runs for tag in tags):
             continue
-        filename = f"curves_{stem}.png"
-        plot_curves(arms, tags, title, target / filename)
         doc.h(3, title)
-        doc.img(title, filename)
+        for number, group in enumerate(groups, start=1):
+            filename = f"curves_{stem}.png" if len(groups) == 1 else f"curves_{stem}_{number}.png"
+            heading = title if len(groups) == 1 else f"{title}: {', '.join(a.name for a in group)}"
+            plot_curves(group, tags, heading, target / filename)
+            doc.img(heading, filename)
+
+
+def ranked(arms: Sequence[Arm], key: str = "val/accuracy") -> list[int]:
+    """Indices of ``arms``, the highest mean final ``key`` first (arms without it last, in table order)."""
+
+    def score(i: int) -> float:
+        values = arms[i].finals(key)
+        return -float(sum(values) / len(values)) if values else math.inf
+
+    return sorted(range(len(arms)), key=score)
 
 
 def _notes_section(doc: Doc, confidence: float) -> None:

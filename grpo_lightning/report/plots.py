@@ -59,7 +59,8 @@ def plot_curves(arms: Sequence[Arm], tags: Sequence[str], title: str, path: Path
 
     rc = {"figure.dpi": 100, "savefig.dpi": 100, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3,
           "path.simplify": False, "svg.hashsalt": "grpo-lightning"}  # fmt: skip
-    colors = [matplotlib.colormaps["tab10"](i % 10) for i in range(len(arms))]
+    palette = "tab10" if len(arms) <= 10 else "tab20"
+    colors = [matplotlib.colormaps[palette](i % 20) for i in range(len(arms))]
     with matplotlib.rc_context(rc):
         fig, axes = plt.subplots(len(tags), len(AXES), figsize=(13, 3.4 * len(tags)), squeeze=False)
         for row, tag in enumerate(tags):

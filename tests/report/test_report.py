@@ -264,3 +264,22 @@ def test_cli_errors(tmp_path):
         main([str(tmp_path / "missing")])
     with pytest.raises(FileNotFoundError):
         main([str(tmp_path), "--out", str(tmp_path / "out")])
+
+
+def test_a_wide_sweep_ranks_the_arms_and_groups_the_curves(tmp_path):
+    # Nine arms (above WIDE = 6), three seeds each; arm k ends at 0.1 * k (+- 0.01), so the ranking is k = 9 .. 1.
+    root = tmp_path / "wide"
+    for k in range(1, 10):
+        for seed in range(3):
+            write_cell(root, "grpo", seed, 0.1 * k + 0.01 * (seed - 1), stem=f"-arm{k}")
+    target = build_report(root, tmp_path / "out", name="wide")
+    text = (target / "report.md").read_text()
+    final = text.split("## Final metrics")[1].split("## Pairwise")[0]
+    ranks = [line.split("|")[2].strip() for line in final.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    assert ranks == [f"grpo-arm{k} (n=3)" for k in range(9, 0, -1)]
+    # 36 pairs; neighbours 0.1 apart with a std of 0.01 differ significantly, so the significant ones are shown
+    # and all 36 are in the collapsed section.
+    assert "pairs that differ significantly after Holm's correction" in text and "All 36 pairs" in text
+    # Curves in groups of four, best first: 3 files per curve.
+    assert sorted(p.name for p in target.glob("curves_val_accuracy_*.png")) == [f"curves_val_accuracy_{i}.png" for i in (1, 2, 3)]
+    assert "val/accuracy: grpo-arm9, grpo-arm8, grpo-arm7, grpo-arm6" in text
