@@ -163,9 +163,9 @@ class GroupPolicyOptimization(resume.ExactResume, Evaluation, L.LightningModule)
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints leave the frozen reference model out
 
+        check_options_apply(type(self), self.inapplicable_options, self.kl_in_loss, self.hparams)
         check_settings(**{name: value for name, value in locals().items() if name in CHECKED_SETTINGS})
         check_engine_options(options, rollout_seed)
-        check_options_apply(type(self), self.inapplicable_options, self.kl_in_loss, self.hparams)
         self.reward_functions, self.reward_weights = resolve_rewards(reward_funcs, reward_weights)
         self.accuracy_function = resolve_reward_function(accuracy_func, field="accuracy_func")
 
