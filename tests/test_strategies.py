@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 import grpo_lightning.module
+import grpo_lightning.strategies
 from grpo_lightning.module import ConfigError
 from grpo_lightning.cli import GRPOLightningCLI, main
 from grpo_lightning.engine.options import EngineOptions
@@ -106,7 +107,7 @@ def fsdp_strategy() -> PolicyFSDPStrategy:
 
 def test_fsdp_shards_each_model_on_its_own_and_trains_as_without_it(tiny_model_dir, tmp_path, process_group_cleanup, monkeypatch):
     clipped = []
-    monkeypatch.setattr(grpo_lightning.module, "clip_grad_norm_", lambda model, norm: clipped.append(norm) or model.clip_grad_norm_(norm))
+    monkeypatch.setattr(grpo_lightning.strategies, "clip_grad_norm_", lambda model, norm: clipped.append(norm) or model.clip_grad_norm_(norm))
 
     grpo = fsdp_module(tiny_model_dir)
     every = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=2)
