@@ -27,8 +27,8 @@ from torch import Tensor
 
 from grpo_lightning import functional as F
 from grpo_lightning.module import GroupPolicyOptimization
-from grpo_lightning.rollout import Rollout
 from grpo_lightning.settings import check_options_apply
+from variants.rloo import RLOO
 
 
 class ReinforcePlusPlus(GroupPolicyOptimization):
@@ -45,13 +45,8 @@ class ReinforcePlusPlus(GroupPolicyOptimization):
         """``(r - mean_group) / std_batch(r - mean_group)``; 0 where that std is 0."""
         return F.batch_normalized_advantages(rewards)
 
-    def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
-        """``r - beta * sum_t k1`` when the KL is in the reward."""
-        if self.kl_in_loss or rollout.ref_logp is None:
-            return rewards
-        kl = F.masked_sum(F.kl_k1(rollout.old_logp, rollout.ref_logp), rollout.completion_mask, dim=-1)
-        self.step_metrics.update("kl_penalty", (self.beta * kl).mean())
-        return rewards - self.beta * kl
+    #: ``r - beta * sum_t k1`` when the KL is in the reward: RLOO's penalty, the same equation.
+    shape_rewards = RLOO.shape_rewards
 
     def aggregate(self, loss: Tensor, mask: Tensor, *, num_sequences=None, num_tokens: Tensor | None = None) -> Tensor:
         """``sum(loss * mask) / sum(mask)`` over the whole batch."""
