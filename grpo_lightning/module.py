@@ -194,6 +194,8 @@ class GroupPolicyOptimization(resume.ExactResume, Evaluation, L.LightningModule)
         self.val_accuracy, self.val_reward, self.val_length = (torchmetrics.MeanMetric() for _ in range(3))
         self.generated_tokens = 0
         self.last_step_metrics: dict[str, float] = {}  # every metric of the last training step
+        self.last_rollout: Rollout | None = None  # the last step's scored rollout and its advantages
+        self.last_advantages: Tensor | None = None
         self.logged_steps = 0  # training steps logged: with an update, or counted by skip_update
 
     @property
@@ -432,6 +434,7 @@ class GroupPolicyOptimization(resume.ExactResume, Evaluation, L.LightningModule)
             rewards = F.group_normalized_reward_sum(rollout.reward_per_function, self.reward_weights, rollout.group_size)
         rewards = self.shape_rewards(rewards, rollout)
         advantages = self.advantages(rewards.view(-1, rollout.group_size)).flatten()
+        self.last_rollout, self.last_advantages = rollout, advantages  # for callbacks (completion tables)
         with timer.phase("update"):
             self.update(rollout, advantages)
 
