@@ -7,6 +7,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
+from grpo_lightning.rewards import math_verifier
 from grpo_lightning.rewards.scoring import completion_text
 
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -15,6 +16,8 @@ BOXED_OPENING = re.compile(r"\\boxed\s*\{")
 NUMBER = re.compile(r"(?:(?<![\w)\]])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?:(?<![\w)\]])-)?\.\d+")
 LATEX_FRACTION = re.compile(r"^(-?)\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}$")
 THOUSANDS = re.compile(r"^[-+]?\d{1,3}(,\d{3})+(\.\d+)?$")
+# Plain words compare as text only: math-verify would read "AB" as the product a*b, equal to "BA".
+WORDS = re.compile(r"^[^\W\d_]+(?:\s+[^\W\d_]+)*$")
 RELATIVE_TOLERANCE = 1e-6
 
 
@@ -60,7 +63,9 @@ def parse_number(text: str) -> float | None:
 
 
 def answers_match(predicted: str | None, reference: Any) -> bool:
-    """Numeric comparison (relative tolerance 1e-6) when both sides are numbers, else normalized text equality."""
+    """Numeric comparison (relative tolerance 1e-6) when both sides are numbers; else normalized text
+    equality, then (with math-verify installed, and unless both are plain words) math-verify's
+    equivalence of the two as LaTeX: expressions, sets, intervals, units."""
     if predicted is None or reference is None:
         return False
     reference = str(reference)
@@ -69,7 +74,11 @@ def answers_match(predicted: str | None, reference: Any) -> bool:
         return predicted_number == reference_number or math.isclose(
             predicted_number, reference_number, rel_tol=RELATIVE_TOLERANCE
         )
-    return _normalize(predicted) == _normalize(reference)
+    if _normalize(predicted) == _normalize(reference):
+        return True
+    if WORDS.match(predicted.strip()) and WORDS.match(reference.strip()):
+        return False
+    return bool(math_verifier.equivalent(predicted, reference))
 
 
 def _normalize(text: str) -> str:

@@ -1,0 +1,126 @@
+"""Whether two math answers are equal by math-verify (the optional ``math`` extra), in a child process.
+
+math-verify's own timeouts use ``signal.alarm``, which only a main thread may set, and without them some
+answers take longer than any training step (``10^{10^{10}}``). So the comparisons run in a child process
+with those timeouts off; one that runs past ``DEADLINE_SECONDS`` ends the child (its memory with it) and
+counts as a mismatch, and the next comparison starts a new child. This works from any thread.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.util
+import json
+import queue
+import subprocess
+import sys
+import threading
+import warnings
+
+DEADLINE_SECONDS = 5.0
+"""Longest a single comparison may take before it counts as a mismatch."""
+STARTUP_SECONDS = 120.0
+"""Longest the child may take to import math-verify (and sympy)."""
+READY = "ready"
+
+_lock = threading.RLock()
+_child: subprocess.Popen | None = None
+_replies: queue.SimpleQueue | None = None
+_failed_to_start = False
+
+
+def available() -> bool:
+    """Whether math-verify is installed (``pip install 'grpo-lightning[math]'``)."""
+    return importlib.util.find_spec("math_verify") is not None
+
+
+def as_latex(text: str) -> str:
+    """``text`` in ``$...$`` unless it has math delimiters already: math-verify's parser reads LaTeX."""
+    text = text.strip()
+    return text if any(mark in text for mark in ("$", "\\(", "\\[")) else f"${text}$"
+
+
+def equivalent(predicted: str, reference: str) -> bool | None:
+    """math-verify's verdict on ``predicted`` against the gold ``reference``; ``None`` when it is not installed."""
+    if _failed_to_start or not available():
+        return None
+    with _lock:
+        replies = _started()
+        if replies is None:
+            return None
+        try:
+            _child.stdin.write(json.dumps([as_latex(predicted), as_latex(reference)]) + "\n")
+            _child.stdin.flush()
+            reply = replies.get(timeout=DEADLINE_SECONDS)
+        except (OSError, queue.Empty):
+            reply = None
+        if reply is None:  # past the deadline, or the child died (out of memory, say)
+            stop()
+        return reply == "1"
+
+
+def _started() -> queue.SimpleQueue | None:
+    """The running child's reply queue, starting the child if there is none; ``None`` if it cannot start."""
+    global _child, _replies, _failed_to_start
+    if _child is not None and _child.poll() is None:
+        return _replies
+    stop()  # a child that has exited on its own
+    try:
+        _child = subprocess.Popen(
+            [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
+        _replies = queue.SimpleQueue()
+        threading.Thread(target=_forward, args=(_child.stdout, _replies), daemon=True).start()
+        ready = _replies.get(timeout=STARTUP_SECONDS) == READY
+    except (OSError, queue.Empty):
+        ready = False
+    if not ready:
+        stop()
+        _failed_to_start = True
+        warnings.warn("math-verify did not start (see the error above); answers are compared without it.")
+        return None
+    return _replies
+
+
+def _forward(stream, replies: queue.SimpleQueue) -> None:
+    """Each line the child writes, then ``None`` when it exits."""
+    with stream:
+        for line in stream:
+            replies.put(line.strip())
+    replies.put(None)
+
+
+@atexit.register
+def stop() -> None:
+    """End the child; the next comparison starts a new one."""
+    global _child
+    with _lock:
+        if _child is not None:
+            _child.kill()
+            _child.wait()
+            with contextlib.suppress(OSError):
+                _child.stdin.close()
+            _child = None
+
+
+def serve() -> None:
+    """The child: ``READY``, then for each line ``[predicted, reference]`` (JSON) a line ``1`` or ``0``."""
+    import logging
+
+    from math_verify import parse, verify
+
+    logging.disable(logging.CRITICAL)  # unparsable model output is common; the verdict is 0 either way
+    print(READY, flush=True)
+    for line in sys.stdin:
+        try:
+            predicted, reference = json.loads(line)
+            gold, target = parse(reference, parsing_timeout=None), parse(predicted, parsing_timeout=None)
+            match = bool(gold and target and verify(gold, target, timeout_seconds=None))
+        except Exception:  # noqa: BLE001 - any failure on a model's output is a mismatch
+            match = False
+        print(int(match), flush=True)
+
+
+if __name__ == "__main__":
+    serve()
