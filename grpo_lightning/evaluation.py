@@ -1,24 +1,69 @@
-"""Validation and test of the policy: one completion per prompt, scored by the reward functions,
-``val/*`` metrics (``test/*`` under ``grpo-lightning test``). A mixin of
-:class:`grpo_lightning.module.GroupPolicyOptimization`, which owns the metrics, the reward functions
-and ``generate``."""
+"""Validation and test of the policy: ``val_samples`` completions per prompt, scored by the reward
+functions, with bootstrap confidence intervals over prompts (:mod:`grpo_lightning.sample_metrics`).
+
+Metrics, under ``val/`` (``test/`` under ``grpo-lightning test``; ``val/<name>/`` for each further
+validation set of the data module's ``val_sets``): ``accuracy`` (the mean of ``accuracy_func`` over
+every completion), ``reward``, ``mean_length``, and with ``n = val_samples > 1`` ``pass@k`` for
+``k = 1, 2, 4, ..., n`` and ``maj@n``; each with ``<metric>_ci_low`` and ``<metric>_ci_high``.
+A mixin of :class:`grpo_lightning.module.GroupPolicyOptimization`, which owns the reward functions
+and ``generate``.
+"""
 
 from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Hashable, Iterator
 
 import torch
 from torch import Tensor
 
+from grpo_lightning import resume
 from grpo_lightning.rewards import score_completions
+from grpo_lightning.rewards.accuracy import extract_answer, parse_number
+from grpo_lightning.rewards.scoring import completion_text
 from grpo_lightning.rollout import Rollout
+from grpo_lightning.sample_metrics import prompt_metrics, summarize
+
+#: Metrics shown in the progress bar.
+PROGRESS_BAR = ("accuracy",)
+
+
+def vote(completion: object) -> Hashable | None:
+    """The answer a completion votes for in ``maj@n``: its extracted answer, as a number when it is
+    one (so ``0.50`` and ``.5`` agree), else as lower-case text; ``None`` without an answer."""
+    answer = extract_answer(completion_text(completion))
+    if answer is None:
+        return None
+    number = parse_number(answer)
+    return number if number is not None else " ".join(answer.lower().split())
 
 
 class Evaluation:
     """``validation_step``/``test_step`` and what they need; mixed into the LightningModule."""
 
     def on_validation_epoch_start(self) -> None:
-        # Fresh states in this evaluation's grad mode (one made under inference mode can't be updated).
-        for metric in (self.val_accuracy, self.val_reward, self.val_length):
-            metric.reset()
+        self._evaluated: dict[int, list[dict[str, Tensor]]] = {}
+
+    @property
+    def val_samples(self) -> int:
+        """Completions per prompt in validation, ``n``."""
+        return self.hparams.val_samples
+
+    @contextlib.contextmanager
+    def evaluation_sampling(self, samples: int, temperature: float, prefix: str | None = None) -> Iterator[None]:
+        """Validate with ``samples`` completions per prompt at ``temperature`` inside the ``with``
+        block, logged under ``prefix`` (default: ``val``/``test``), e.g. pass@k after a greedy fit."""
+        if samples > 1 and temperature <= 0:
+            raise ValueError(f"evaluation_sampling: {samples} samples per prompt need temperature > 0 (got {temperature}).")
+        saved = (self.hparams.val_samples, self.val_sampling, getattr(self, "_metric_prefix", None))
+        self.hparams.val_samples = samples
+        self.val_sampling = dataclasses.replace(self.val_sampling, temperature=temperature)
+        self._metric_prefix = prefix
+        try:
+            yield
+        finally:
+            self.hparams.val_samples, self.val_sampling, self._metric_prefix = saved
 
     def accuracy_scores(self, rollout: Rollout) -> Tensor:
         """``[N]`` scores of ``accuracy_func``: its column of the rewards when it is also a reward
@@ -29,21 +74,36 @@ class Evaluation:
                 return rollout.reward_per_function[:, column]
         return score_completions([self.accuracy_function], rollout.prompts, rollout.completions, rollout.columns)[:, 0]
 
-    def validation_step(self, batch: dict[str, list], batch_idx: int) -> None:
-        """One completion per prompt: ``val/*`` (``test/*`` on the test split, ``grpo-lightning test``)."""
-        prefix = "test" if self._trainer is not None and self.trainer.testing else "val"
-        rollout = self.generate(batch, 1, self.val_sampling)
+    def validation_step(self, batch: dict[str, list], batch_idx: int, dataloader_idx: int = 0) -> None:
+        """``val_samples`` completions per prompt, scored; the metrics are computed over all prompts
+        at the epoch's end."""
+        samples = self.val_samples
+        rollout = self.generate(batch, samples, self.val_sampling)
         self.score(rollout)
-        accuracy = self.accuracy_scores(rollout)
-        size = len(rollout)
-        self.val_accuracy.update(torch.nanmean(accuracy), size)
-        self.val_reward.update(rollout.rewards.mean(), size)
-        self.val_length.update(rollout.lengths.float().mean(), size)
-        self.log(f"{prefix}/accuracy", self.val_accuracy, on_epoch=True, prog_bar=True, batch_size=size)
-        self.log(f"{prefix}/reward", self.val_reward, on_epoch=True, batch_size=size)
-        self.log(f"{prefix}/mean_length", self.val_length, on_epoch=True, batch_size=size)
+        per_prompt = prompt_metrics(
+            self.accuracy_scores(rollout).view(-1, samples).cpu(),
+            rollout.rewards.view(-1, samples).cpu(),
+            rollout.lengths.view(-1, samples).cpu(),
+            [vote(c) for c in rollout.completions] if samples > 1 else [],
+        )
+        self._evaluated.setdefault(dataloader_idx, []).append(per_prompt)
+
+    def on_validation_epoch_end(self) -> None:
+        """Log each validation set's metrics over its prompts on every device, with intervals."""
+        names = getattr(self._trainer.datamodule, "val_set_names", None) if self._trainer is not None else None
+        prefix = getattr(self, "_metric_prefix", None) or ("test" if self._trainer is not None and self.trainer.testing else "val")
+        for index, parts in sorted(self._evaluated.items()):
+            local = {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+            gathered = resume.gather_over_ranks(local)
+            per_prompt = {name: torch.cat([part[name] for part in gathered]) for name in local}
+            set_name = names[index] if names and index < len(names) and not self.trainer.testing else ""
+            where = f"{prefix}/{set_name}/" if set_name else f"{prefix}/"
+            for name, value in summarize(per_prompt).items():
+                self.log(where + name, value, prog_bar=name in PROGRESS_BAR and not set_name, add_dataloader_idx=False)
+        self._evaluated = {}
         if self.batches_without_update:  # the x-axis of the last training step's row
-            self.log("step", float(max(self.logged_steps - 1, 0)), on_epoch=True, batch_size=size)
+            self.log("step", float(max(self.logged_steps - 1, 0)), add_dataloader_idx=False)
 
     test_step = validation_step
     on_test_epoch_start = on_validation_epoch_start
+    on_test_epoch_end = on_validation_epoch_end

@@ -28,7 +28,6 @@ from typing import Any
 
 import lightning as L
 import torch
-import torchmetrics
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -99,6 +98,8 @@ class GroupPolicyOptimization(resume.ExactResume, Evaluation, L.LightningModule)
         learning_rate, weight_decay, warmup_steps, max_grad_norm: AdamW with linear warm-up,
             then constant; gradient norm clipping (``None`` disables it).
         val_temperature: sampling temperature of validation completions; 0 is greedy.
+        val_samples: completions per validation prompt, ``n``: ``pass@k`` and ``maj@n`` for ``n > 1``
+            (:mod:`grpo_lightning.evaluation`), which needs ``val_temperature > 0``.
         val_max_new_tokens: completion limit in validation (default ``max_new_tokens``).
         accuracy_func: the function whose mean is ``val/accuracy``.
         use_chat_template: wrap plain-text prompts in the tokenizer's chat template when it has one.
@@ -152,6 +153,7 @@ class GroupPolicyOptimization(resume.ExactResume, Evaluation, L.LightningModule)
         max_grad_norm: float | None = 1.0,
         val_temperature: float = 0.0,
         val_max_new_tokens: int | None = None,
+        val_samples: int = 1,
         accuracy_func: str | Callable = "grpo_lightning.rewards.accuracy_reward",
         use_chat_template: bool = True,
     ) -> None:
@@ -191,7 +193,6 @@ class GroupPolicyOptimization(resume.ExactResume, Evaluation, L.LightningModule)
         self.policy_version = 0  # optimizer steps taken: a rollout replica older than this is refreshed
         self.rollouts = 0  # generate() calls so far: part of the keys of keyed sampling
         self.step_metrics = StepMetrics()
-        self.val_accuracy, self.val_reward, self.val_length = (torchmetrics.MeanMetric() for _ in range(3))
         self.generated_tokens = 0
         self.last_step_metrics: dict[str, float] = {}  # every metric of the last training step
         self.last_rollout: Rollout | None = None  # the last step's scored rollout and its advantages

@@ -53,6 +53,7 @@ def check_settings(
     minibatch_size: int | None,
     micro_batch_size: int,
     val_temperature: float,
+    val_samples: int,
     learning_rate: float,
     weight_decay: float,
     warmup_steps: int,
@@ -108,6 +109,12 @@ def check_settings(
             "change one of them so micro-batches tile each minibatch.",
         )
     require(val_temperature >= 0, f"val_temperature: must be >= 0, 0 is greedy (got {val_temperature}).")
+    require(val_samples >= 1, f"val_samples: must be at least 1 (got {val_samples}).")
+    require(
+        val_samples == 1 or val_temperature > 0,
+        f"val_samples: {val_samples} completions per prompt are all the same under greedy decoding; "
+        "set --model.val_temperature 1.0 (pass@k is defined for sampled completions) or --model.val_samples 1.",
+    )
     check_optimizer(learning_rate, weight_decay, warmup_steps, max_grad_norm)
 
 
@@ -218,8 +225,9 @@ def check_datasets(datamodule: Any, tokenizer: PreTrainedTokenizerBase, format_p
     """Before the first step: the rollout size against ``minibatch_size``, and every prompt of the
     train and validation splits (as ``format_prompt`` writes it) against the model's ``context``."""
     check_rollout_size(getattr(datamodule, "batch_size", None), group_size, minibatch_size)
-    for split in ("train_dataset", "val_dataset"):
-        dataset = getattr(datamodule, split, None)
+    datasets = {split: getattr(datamodule, f"{split}_dataset", None) for split in ("train", "val")}
+    datasets.update({f"val_sets.{name}": d for name, d in getattr(datamodule, "extra_val_datasets", {}).items()})
+    for split, dataset in datasets.items():
         if dataset is not None:
             texts = [format_prompt(p) for p in dataset["prompt"]]
-            check_prompt_lengths(tokenizer, texts, context, max_new_tokens, split.removesuffix("_dataset"))
+            check_prompt_lengths(tokenizer, texts, context, max_new_tokens, split)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import torch
@@ -141,6 +142,16 @@ class ResumableDataLoader(DataLoader):
         self.position = (epoch, batches)
 
 
+def _check_val_set_names(val_sets: dict[str, str]) -> None:
+    """Names of ``val_sets`` become metric prefixes (``val/<name>/accuracy``): letters, digits, ``_`` and ``-``."""
+    for name in val_sets:
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", str(name)):
+            raise ValueError(
+                f"data.val_sets: name {name!r} is not usable in metric names; use letters, digits, '_' and '-', "
+                "e.g. --data.val_sets '{gsm8k: data/gsm8k.jsonl}'."
+            )
+
+
 class PromptDataModule(LightningDataModule):
     """Serves prompts from a dataset; each batch is a dict of column name -> list of values.
 
@@ -165,7 +176,10 @@ class PromptDataModule(LightningDataModule):
         answer_column: Column holding reference answers; ``None`` if rewards need none.
         batch_size: Prompts per rollout; the policy samples a group of completions for each.
         val_batch_size: Prompts per validation batch.
-        max_val_samples: Validate on the first this many rows only; ``None`` uses them all.
+        max_val_samples: Validate on the first this many rows only (of each validation set);
+            ``None`` uses them all.
+        val_sets: Further validation sets, name -> file or folder (its ``validation`` split, else
+            its only one), each validated beside the main one and logged under ``val/<name>/``.
         seed: Seed of the training shuffle.
         num_workers: Data loader worker processes.
     """
@@ -184,6 +198,7 @@ class PromptDataModule(LightningDataModule):
         batch_size: int = 8,
         val_batch_size: int = 32,
         max_val_samples: int | None = None,
+        val_sets: dict[str, str] | None = None,
         seed: int = 0,
         num_workers: int = 0,
     ) -> None:
@@ -206,6 +221,9 @@ class PromptDataModule(LightningDataModule):
         self.batch_size = batch_size
         self.val_batch_size = val_batch_size
         self.max_val_samples = max_val_samples
+        self.val_sets = dict(val_sets or {})
+        _check_val_set_names(self.val_sets)
+        self.extra_val_datasets: dict[str, Dataset] = {}
         self.seed = seed
         self.num_workers = num_workers
         self.train_dataset: Dataset | None = None
@@ -286,9 +304,24 @@ class PromptDataModule(LightningDataModule):
             self.test_dataset = self._checked_split("test_split", self.test_split)
         if stage in (None, "fit", "validate") and self.val_split is not None:
             val_dataset = self._checked_split("val_split", self.val_split)
-            if self.max_val_samples is not None:
-                val_dataset = val_dataset.select(range(min(self.max_val_samples, len(val_dataset))))
-            self.val_dataset = val_dataset
+            self.val_dataset = self._first_rows(val_dataset)
+        if stage in (None, "fit", "validate"):
+            for name, path in self.val_sets.items():
+                splits = self._load_path(path, f"val_sets.{name}")
+                split = "validation" if "validation" in splits else next(iter(splits))
+                self.extra_val_datasets[name] = self._first_rows(splits[split])
+
+    def _first_rows(self, dataset: Dataset) -> Dataset:
+        """The first ``max_val_samples`` rows of a validation set (all when it is ``None``)."""
+        if self.max_val_samples is None:
+            return dataset
+        return dataset.select(range(min(self.max_val_samples, len(dataset))))
+
+    @property
+    def val_set_names(self) -> list[str]:
+        """Names of the validation loaders, in order: ``""`` for the main one (``val/*``), then
+        the ``val_sets`` (``val/<name>/*``)."""
+        return ([""] if self.val_split is not None else []) + list(self.val_sets)
 
     def train_dataloader(self) -> ResumableDataLoader:
         """Shuffled (seeded by ``seed``) batches of ``batch_size`` prompts; the last partial batch is dropped.
@@ -322,18 +355,17 @@ class PromptDataModule(LightningDataModule):
         )  # fmt: skip
 
     def val_dataloader(self) -> DataLoader | list:
-        """Batches of ``val_batch_size`` prompts in dataset order; an empty list when ``val_split`` is None."""
-        if self.val_split is None:
-            return []
-        if self.val_dataset is None:
+        """Batches of ``val_batch_size`` prompts in dataset order: one loader, or one per
+        validation set (:attr:`val_set_names`) when ``val_sets`` adds some; none when there is none."""
+        if self.val_split is not None and self.val_dataset is None:
             raise RuntimeError("val_dataloader() needs setup('fit') or setup('validate') to run first.")
-        return DataLoader(
-            self.val_dataset,
-            batch_size=self.val_batch_size,
-            shuffle=False,
-            num_workers=self.num_workers,
-            collate_fn=self.collate,
-        )
+        datasets = ([self.val_dataset] if self.val_split is not None else []) + list(self.extra_val_datasets.values())
+        loaders = [
+            DataLoader(dataset, batch_size=self.val_batch_size, shuffle=False, num_workers=self.num_workers,
+                       collate_fn=self.collate)  # fmt: skip
+            for dataset in datasets
+        ]
+        return loaders[0] if len(loaders) == 1 and not self.val_sets else loaders
 
     def collate(self, rows: list[dict[str, Any]]) -> Batch:
         """Turn rows into a dict of column -> list, adding the ``prompt``/``answer`` aliases."""
