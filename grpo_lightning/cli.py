@@ -12,7 +12,8 @@ A ``--config`` that is not a file names a shipped config (``grpo_lightning.resou
 Subcommands: ``fit``, ``validate``, ``test`` (the data's test split) and ``generate`` (completions
 for a prompt file). Every fit
 validates before its first step (``--validate_before_fit false`` turns it off), prints a summary
-when it ends (:mod:`grpo_lightning.callbacks`), logs to ``<save_dir>/<variant>/version_N`` unless
+when it ends (:mod:`grpo_lightning.callbacks`), shows what the model writes (``--completions.*``,
+:mod:`grpo_lightning.completions`), logs to ``<save_dir>/<variant>/version_N`` unless
 the logger is given a name, and when resumed (``--ckpt_path``) logs to its checkpoint's version.
 ``--seed_everything S`` seeds the data order too unless ``data.seed`` is given. A user's error is
 one ``error: ...`` line (exit status 2); ``--verbose`` or ``GRPO_LIGHTNING_TRACEBACK=1`` shows the
@@ -39,6 +40,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 
 from grpo_lightning.callbacks import FitSummary, ValidateBeforeTraining
+from grpo_lightning.completions import CompletionLog
 from grpo_lightning.data import PromptDataModule
 from grpo_lightning.export import check_checkpoint
 from grpo_lightning.module import GroupPolicyOptimization
@@ -102,6 +104,8 @@ class GRPOLightningCLI(LightningCLI):
             "--validate_before_fit", type=bool, default=True,
             help="fit: run the validation loop before the first training step (val/* of the start model at step 0).",
         )  # fmt: skip
+        # fit: tables of completions in TensorBoard, and every completion as JSONL (--completions.jsonl true)
+        parser.add_lightning_class_args(CompletionLog, "completions")
 
     def init_parser(self, **kwargs):
         if self.raise_parse_errors:
