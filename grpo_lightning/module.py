@@ -43,6 +43,7 @@ from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.metrics import EVERY_STEP_METRICS, StepMetrics
 from grpo_lightning.rewards import resolve_reward_function, score_completions, weighted_reward
 from grpo_lightning.rollout import Rollout, RolloutBuffer, SamplingParams
+from grpo_lightning.rollout_correction import correct_policy_loss, resolve_correction
 from grpo_lightning.settings import CHECKED_SETTINGS, DTYPES, ConfigError, check_datasets, check_settings, require
 from grpo_lightning.settings import check_options_apply, resolve_rewards
 from grpo_lightning.strategies import clip_policy_gradients, no_gradient_sync, shard
@@ -92,6 +93,8 @@ class GroupPolicyOptimization(resume.ExactResume, Evaluation, L.LightningModule)
             micro-batch's carry loss (arXiv 2506.01939); 1: all.
         mask_truncated_completions: completions that hit ``max_new_tokens`` without EOS carry no loss.
         unbiased_kl: the KL estimate weighted by ``pi / pi_old`` (DeepSeek-V3.2).
+        rollout_correction, rollout_correction_cap: importance weights for the rollout engine's
+            log-probs against the training pass's, and their cap (:mod:`grpo_lightning.rollout_correction`).
         ppo_epochs: passes over each rollout (``mu`` in DeepSeekMath).
         minibatch_size: completions per optimizer step; ``None`` = the whole rollout (one step).
         micro_batch_size: completions per forward/backward pass (memory only).
@@ -144,6 +147,8 @@ class GroupPolicyOptimization(resume.ExactResume, Evaluation, L.LightningModule)
         top_entropy_quantile: float = 1.0,
         mask_truncated_completions: bool = False,
         unbiased_kl: bool = False,
+        rollout_correction: str | None = "auto",
+        rollout_correction_cap: float = 2.0,
         ppo_epochs: int = 1,
         minibatch_size: int | None = None,
         micro_batch_size: int = 8,
@@ -180,6 +185,7 @@ class GroupPolicyOptimization(resume.ExactResume, Evaluation, L.LightningModule)
         self.clip_eps_low = clip_eps_low
         self.clip_eps_high = clip_eps_high
         self.ppo_epochs = ppo_epochs
+        self.rollout_correction = resolve_correction(rollout_correction, rollout_dtype)
         self.minibatch_size = minibatch_size
         self.micro_batch_size = micro_batch_size
         self.sampling = SamplingParams(max_new_tokens, temperature, top_p, top_k, min_new_tokens)
@@ -195,8 +201,7 @@ class GroupPolicyOptimization(resume.ExactResume, Evaluation, L.LightningModule)
         self.step_metrics = StepMetrics()
         self.generated_tokens = 0
         self.last_step_metrics: dict[str, float] = {}  # every metric of the last training step
-        self.last_rollout: Rollout | None = None  # the last step's scored rollout and its advantages
-        self.last_advantages: Tensor | None = None
+        self.last_rollout, self.last_advantages = None, None  # the last step's scored rollout, its advantages
         self.logged_steps = 0  # training steps logged: with an update, or counted by skip_update
 
     @property
@@ -372,15 +377,15 @@ class GroupPolicyOptimization(resume.ExactResume, Evaluation, L.LightningModule)
         strategy = self._trainer.strategy if self._trainer is not None else None
         return self.rollout_weights.model(self.policy, self.policy_version, strategy)
 
-    def generate(self, batch: dict[str, list], group_size: int, sampling: SamplingParams) -> Rollout:
-        """Sample ``group_size`` completions for each prompt of ``batch``."""
+    def generate(self, batch: dict[str, list], group_size: int, sampling: SamplingParams, with_logprobs=False) -> Rollout:
+        """Sample ``group_size`` completions for each prompt of ``batch`` (``with_logprobs``: and
+        keep the engine's log-probs of the sampled tokens, ``rollout.sampling_logp``)."""
         texts = [self.format_prompt(p) for p in batch["prompt"]]
         with self.rollout_model() as model:
-            prompt_ids, prompt_mask, completion_ids = self.sampler.sample(
-                model, self.tokenizer, texts, group_size, sampling, rollout_number=self.rollouts
-            )
+            sampled = self.sampler.sample(model, self.tokenizer, texts, group_size, sampling, self.rollouts,
+                                          with_logprobs)  # fmt: skip
         self.rollouts += 1
-        return build_rollout(self.tokenizer, batch, group_size, prompt_ids, prompt_mask, completion_ids)
+        return build_rollout(self.tokenizer, batch, group_size, *sampled)
 
     def score(self, rollout: Rollout) -> None:
         """Fill ``rollout.reward_per_function`` ``[N, F]`` and the weighted ``rollout.rewards`` ``[N]``."""
@@ -410,7 +415,7 @@ class GroupPolicyOptimization(resume.ExactResume, Evaluation, L.LightningModule)
     def training_step(self, batch: dict[str, list], batch_idx: int) -> None:
         timer = metrics.PhaseTimer(self.step_metrics, self.device)
         with timer.phase("rollout"):
-            rollout = self.generate(batch, self.group_size, self.sampling)
+            rollout = self.generate(batch, self.group_size, self.sampling, with_logprobs=True)
         self.generated_tokens += int(rollout.completion_mask.sum())  # dropped groups cost compute too
         metrics.record_rollout(self.step_metrics, rollout)
         with timer.phase("score"):
@@ -522,6 +527,9 @@ class GroupPolicyOptimization(resume.ExactResume, Evaluation, L.LightningModule)
         logp, entropy = self._forward(self.policy, rollout, rows)
         old_logp = logp.detach() if rollout.old_logp is None else rollout.old_logp[rows]
         loss = self.token_loss(logp, old_logp, advantages[rows], micro_mask)
+        if rollout.sampling_logp is not None:  # the engine's log-probs against this pass's
+            loss = correct_policy_loss(loss, old_logp, rollout.sampling_logp[rows], micro_mask, self.rollout_correction,
+                                       self.hparams.rollout_correction_cap, self.step_metrics)  # fmt: skip
         if self.hparams.top_entropy_quantile < 1:
             loss = loss * F.top_entropy_mask(entropy, micro_mask, self.hparams.top_entropy_quantile)
         if rollout.ref_logp is not None:

@@ -42,7 +42,8 @@ class Rollout:
     Tensors: ``prompt_ids``/``prompt_mask`` ``[N, S]`` (left-padded), ``completion_ids``/
     ``completion_mask`` ``[N, T]`` (the mask covers tokens up to and including EOS),
     ``rewards`` ``[N]`` and ``reward_per_function`` ``[N, F]`` once scored, ``old_logp`` and
-    ``ref_logp`` ``[N, T]`` once computed. Text: ``prompts``, ``completions`` and the dataset
+    ``ref_logp`` ``[N, T]`` once computed, ``sampling_logp`` ``[N, T]``: the sampled tokens'
+    log-probabilities as the rollout engine computed them (when it recorded them). Text: ``prompts``, ``completions`` and the dataset
     ``columns`` (each a list of length ``N``).
     """
 
@@ -59,6 +60,7 @@ class Rollout:
     reward_per_function: Tensor | None = None
     old_logp: Tensor | None = None
     ref_logp: Tensor | None = None
+    sampling_logp: Tensor | None = None
 
     def __len__(self) -> int:
         return self.completion_ids.size(0)
@@ -127,7 +129,7 @@ class Rollout:
         merged["prompt_mask"] = torch.cat([pad(p.prompt_mask, prompt_len, 0, True) for p in parts])
         for name, value in (("completion_ids", pad_token_id), ("completion_mask", 0)):
             merged[name] = torch.cat([pad(getattr(p, name), completion_len, value, False) for p in parts])
-        for name in ("old_logp", "ref_logp"):
+        for name in ("old_logp", "ref_logp", "sampling_logp"):
             if all(getattr(p, name) is not None for p in parts):
                 merged[name] = torch.cat([pad(getattr(p, name), completion_len, 0, False) for p in parts])
         for name in ("truncated", "rewards", "reward_per_function"):

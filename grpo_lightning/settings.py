@@ -16,6 +16,7 @@ from grpo_lightning import functional as F
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.model_sources import resolve_model_source
 from grpo_lightning.rewards import resolve_reward_function
+from grpo_lightning.rollout_correction import CORRECTIONS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -49,6 +50,8 @@ def check_settings(
     reward_aggregation: str,
     top_entropy_quantile: float,
     unbiased_kl: bool,
+    rollout_correction: str | None,
+    rollout_correction_cap: float,
     ppo_epochs: int,
     minibatch_size: int | None,
     micro_batch_size: int,
@@ -87,6 +90,11 @@ def check_settings(
         f"top_entropy_quantile: must be in (0, 1] (got {top_entropy_quantile}); 0.2 trains on the 20% highest-entropy tokens.",
     )
     require(not unbiased_kl or beta > 0, "unbiased_kl: weights the KL term, which beta = 0 turns off; set --model.beta > 0.")
+    require(
+        rollout_correction in (None, "auto", *CORRECTIONS),
+        f"rollout_correction: {rollout_correction!r} is not one of {', '.join(CORRECTIONS)}, 'auto' or null.",
+    )
+    require(rollout_correction_cap >= 1, f"rollout_correction_cap: must be >= 1 (got {rollout_correction_cap}); e.g. 2.0.")
     require(max_new_tokens >= 1, f"max_new_tokens: must be at least 1 (got {max_new_tokens}).")
     require(
         0 <= min_new_tokens <= max_new_tokens,

@@ -6,10 +6,36 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
-from transformers import PreTrainedTokenizerBase
+from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase
 
 if TYPE_CHECKING:
     from grpo_lightning.rollout import SamplingParams
+
+
+class SampledTokenLogprobs(LogitsProcessor):
+    """Records the log-probability of each sampled token under ``softmax(logits / temperature)``
+    (temperature 1 when greedy), as the static engine does: at each step, the previous step's
+    log-probabilities are read at the token it sampled (the last of ``input_ids``). transformers runs
+    it after its own processors and before the temperature, top-k and top-p warpers, so it sees the
+    logits that a teacher-forced pass computes, except that ``min_new_tokens`` has blocked EOS."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.previous: Tensor | None = None
+        self.values: list[Tensor] = []
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        if self.previous is not None:
+            self.values.append(self.previous.gather(1, input_ids[:, -1:]).squeeze(1))
+        self.previous = (scores.float() / self.temperature).log_softmax(dim=-1)
+        return scores
+
+    def logprobs(self, completion_ids: Tensor) -> Tensor:
+        """``[N, T]`` log-probabilities of ``completion_ids``, the tokens generated while recording."""
+        values = list(self.values)
+        if self.previous is not None and len(values) < completion_ids.size(1):
+            values.append(self.previous.gather(1, completion_ids[:, -1:]).squeeze(1))
+        return torch.stack(values, dim=1) if values else completion_ids.new_zeros(completion_ids.shape, dtype=torch.float32)
 
 
 @torch.no_grad()
@@ -19,16 +45,19 @@ def generate_group(
     prompts: list[str],
     group_size: int,
     sampling: SamplingParams,
-) -> tuple[Tensor, Tensor, Tensor]:
+    with_logprobs: bool = False,
+) -> tuple[Tensor, Tensor, Tensor] | tuple[Tensor, Tensor, Tensor, Tensor]:
     """Sample ``group_size`` completions for each prompt with ``model.generate``.
 
     Returns ``(prompt_ids [N, S], prompt_mask [N, S], completion_ids [N, T])`` with
-    ``N = len(prompts) * group_size``, prompts left-padded and repeated in place.
+    ``N = len(prompts) * group_size``, prompts left-padded and repeated in place; ``with_logprobs``:
+    also the sampled tokens' log-probabilities ``[N, T]`` (:class:`SampledTokenLogprobs`).
     """
     device = next(model.parameters()).device
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
     prompt_ids = encoded["input_ids"].to(device).repeat_interleave(group_size, dim=0)
     prompt_mask = encoded["attention_mask"].to(device).repeat_interleave(group_size, dim=0)
+    recorder = SampledTokenLogprobs(sampling.temperature) if with_logprobs else None
     was_training = model.training
     model.eval()
     try:
@@ -36,8 +65,11 @@ def generate_group(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
             generation_config=sampling.generation_config(tokenizer),
+            logits_processor=LogitsProcessorList([recorder] if recorder else []),
         )
     finally:
         model.train(was_training)
     completion_ids = sequences[:, prompt_ids.size(1) :]
-    return prompt_ids, prompt_mask, completion_ids
+    if recorder is None:
+        return prompt_ids, prompt_mask, completion_ids
+    return prompt_ids, prompt_mask, completion_ids, recorder.logprobs(completion_ids)

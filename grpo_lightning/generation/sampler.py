@@ -65,10 +65,14 @@ class RolloutSampler:
         group_size: int,
         sampling: SamplingParams,
         rollout_number: int = 0,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """``(prompt_ids [N, S], prompt_mask [N, S], completion_ids [N, T])``, ``N = len(texts) * group_size``."""
+        with_logprobs: bool = False,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """``(prompt_ids [N, S], prompt_mask [N, S], completion_ids [N, T], logprobs)``,
+        ``N = len(texts) * group_size``; ``logprobs``: the sampled tokens' log-probabilities ``[N, T]``
+        as the engine computed them (``with_logprobs``), else ``None``."""
         if self.plan.rollout == "hf":
-            return generate_group(model, tokenizer, texts, group_size, sampling)
+            sampled = generate_group(model, tokenizer, texts, group_size, sampling, with_logprobs)
+            return sampled if with_logprobs else (*sampled, None)
         rows = len(texts) * group_size
         if self.engine is None or rows > self.engine.max_batch_size or self.engine.model is not model:
             # Sized to the largest batch seen (a validation batch may come first), not chunked.
@@ -82,7 +86,8 @@ class RolloutSampler:
                 fuse_projections=self.plan.fuse_projections,
             )
         keys = None if self.seed is None else sampling_keys(self.seed, rollout_number, texts, group_size)
-        return fast_generate_group(self.engine, tokenizer, texts, group_size, sampling, row_keys=keys)
+        sampled = fast_generate_group(self.engine, tokenizer, texts, group_size, sampling, keys, with_logprobs)
+        return sampled if with_logprobs else (*sampled, None)
 
     def clear(self) -> None:
         """Free the static engine's cache and compiled step."""
@@ -130,6 +135,7 @@ def build_rollout(
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     completion_ids: Tensor,
+    sampling_logp: Tensor | None = None,
 ) -> Rollout:
     """The :class:`Rollout` of sampled ids: completion masks up to EOS, decoded completions, and the
     batch's prompts and other columns repeated for each completion of their group."""
@@ -152,4 +158,5 @@ def build_rollout(
         prompts=repeat(list(batch["prompt"])),
         completions=completions,
         columns=columns,
+        sampling_logp=None if sampling_logp is None else sampling_logp * completion_mask,
     )
