@@ -59,7 +59,9 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
 WORKDIR_ENV = "GRPO_BENCH_WORKDIR"  # lets the processes a multi-device launch re-runs reuse rank 0's files
 PHASES = ("rollout_s", "score_s", "logprob_s", "update_s", "step_s")
 #: Training metrics recorded per step (means over all devices), for comparing runs step by step.
-TRAINING_METRICS = ("loss", "grad_norm", "reward", "reward_std", "kl", "entropy", "completions/mean_length", "clip_ratio/region")
+TRAINING_METRICS = ("loss", "grad_norm", "reward", "reward_std", "kl", "entropy", "completions/mean_length", "clip_ratio/region",
+                    *(f"sampling/{name}" for name in ("sampling_logp_difference/mean", "sampling_logp_difference/max",
+                      "importance_sampling_ratio/min", "importance_sampling_ratio/mean", "importance_sampling_ratio/max")))
 
 
 @dataclasses.dataclass(frozen=True)

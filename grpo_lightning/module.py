@@ -43,7 +43,7 @@ from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.metrics import EVERY_STEP_METRICS, StepMetrics
 from grpo_lightning.rewards import resolve_reward_function, score_completions, weighted_reward
 from grpo_lightning.rollout import Rollout, RolloutBuffer, SamplingParams
-from grpo_lightning.rollout_correction import correct_policy_loss, resolve_correction
+from grpo_lightning.rollout_correction import correct_policy_loss
 from grpo_lightning.settings import CHECKED_SETTINGS, DTYPES, ConfigError, check_datasets, check_settings, require
 from grpo_lightning.settings import check_options_apply, resolve_rewards
 from grpo_lightning.strategies import clip_policy_gradients, no_gradient_sync, shard
@@ -147,7 +147,7 @@ class GroupPolicyOptimization(resume.ExactResume, Evaluation, L.LightningModule)
         top_entropy_quantile: float = 1.0,
         mask_truncated_completions: bool = False,
         unbiased_kl: bool = False,
-        rollout_correction: str | None = "auto",
+        rollout_correction: str | None = None,
         rollout_correction_cap: float = 2.0,
         ppo_epochs: int = 1,
         minibatch_size: int | None = None,
@@ -185,7 +185,7 @@ class GroupPolicyOptimization(resume.ExactResume, Evaluation, L.LightningModule)
         self.clip_eps_low = clip_eps_low
         self.clip_eps_high = clip_eps_high
         self.ppo_epochs = ppo_epochs
-        self.rollout_correction = resolve_correction(rollout_correction, rollout_dtype)
+        self.rollout_correction = rollout_correction
         self.minibatch_size = minibatch_size
         self.micro_batch_size = micro_batch_size
         self.sampling = SamplingParams(max_new_tokens, temperature, top_p, top_k, min_new_tokens)

@@ -91,8 +91,8 @@ def check_settings(
     )
     require(not unbiased_kl or beta > 0, "unbiased_kl: weights the KL term, which beta = 0 turns off; set --model.beta > 0.")
     require(
-        rollout_correction in (None, "auto", *CORRECTIONS),
-        f"rollout_correction: {rollout_correction!r} is not one of {', '.join(CORRECTIONS)}, 'auto' or null.",
+        rollout_correction in (None, *CORRECTIONS),
+        f"rollout_correction: {rollout_correction!r} is not one of {', '.join(CORRECTIONS)} or null (off).",
     )
     require(rollout_correction_cap >= 1, f"rollout_correction_cap: must be >= 1 (got {rollout_correction_cap}); e.g. 2.0.")
     require(max_new_tokens >= 1, f"max_new_tokens: must be at least 1 (got {max_new_tokens}).")

@@ -12,7 +12,7 @@ import torch
 
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.rollout import SamplingParams
-from grpo_lightning.rollout_correction import correction_weights, importance_ratio, mismatch_metrics, resolve_correction
+from grpo_lightning.rollout_correction import correction_weights, importance_ratio, mismatch_metrics
 from grpo_lightning.settings import ConfigError
 from tests.conftest import length_parity_reward
 from variants import GRPO
@@ -54,12 +54,6 @@ def test_mismatch_metrics_by_hand():
     assert metrics["sampling/importance_sampling_ratio/min"] == pytest.approx(0.5)
     assert metrics["sampling/importance_sampling_ratio/mean"] == pytest.approx((0.5 + 3 + 1 + 1 + 0.8) / 5)
     assert metrics["sampling/importance_sampling_ratio/max"] == pytest.approx(3.0)
-
-
-def test_auto_corrects_only_a_rollout_copy_in_another_dtype():
-    assert resolve_correction("auto", None) is None
-    assert resolve_correction("auto", "bfloat16") == "token_truncate"
-    assert resolve_correction("sequence_mask", None) == "sequence_mask"
 
 
 def test_bad_settings_name_the_field(tiny_model_dir):
