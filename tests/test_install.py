@@ -112,6 +112,7 @@ def test_console_scripts_from_an_empty_folder(installed, tmp_path):
     assert "validation accuracy (grpo): warm start" in out
     summary = json.loads(next(tmp_path.glob("runs/quickstart/version_*/quickstart.json")).read_text())
     assert summary["optimizer_steps"] == 2
+    assert "after RL, 8 samples per problem at T=1" in out and 0 <= summary["pass@1"] <= summary["pass@8"] <= 1
     (model_dir,) = Path(env["GRPO_LIGHTNING_CACHE"]).glob("warmstart-*")
 
     # the smoke sweep, one seed, without DAPO (whose dynamic sampling waits for groups with

@@ -4,7 +4,8 @@
 2. Measure its validation accuracy.
 3. Train it with a GRPO-family variant through the same CLI and YAML configs as
    ``grpo-lightning fit``, logging to TensorBoard.
-4. Measure again and print both numbers.
+4. Measure again and print both numbers, and pass@k of the trained model from
+   :data:`PASS_AT_K_SAMPLES` completions per problem sampled at temperature 1.
 
 Extra arguments go to the CLI: ``grpo-lightning-quickstart --variant dapo --trainer.max_steps 50``.
 A quick check that an installation works (a weaker start model, cached separately):
@@ -21,6 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from grpo_lightning.resources import config_path
+
+#: Completions per validation problem behind the quickstart's pass@k line (sampled at T = 1).
+PASS_AT_K_SAMPLES = 8
 
 VARIANTS = ("grpo", "dr_grpo", "dapo", "rloo", "gspo", "cispo", "sapo", "gmpo", "reinforce_plus_plus", "clip_cov", "kl_cov")
 
@@ -60,11 +64,14 @@ def run_quickstart(argv: Sequence[str] | None = None) -> dict[str, float]:
         before = trainer.validate(module, datamodule=data, verbose=False)[0]["val/accuracy"]
         trainer.fit(module, datamodule=data)
         after = trainer.validate(module, datamodule=data, verbose=False)[0]["val/accuracy"]
+        with module.evaluation_sampling(PASS_AT_K_SAMPLES, temperature=1.0, prefix="sampled"):
+            sampled = trainer.validate(module, datamodule=data, verbose=False)[0]
 
     summary = {
         "variant": options.variant,
         "val_accuracy_before": before,
         "val_accuracy_after": after,
+        **{name.removeprefix("sampled/"): value for name, value in sampled.items()},
         "optimizer_steps": trainer.global_step,
         "seconds": round(time.perf_counter() - start, 1),
     }
@@ -75,7 +82,19 @@ def run_quickstart(argv: Sequence[str] | None = None) -> dict[str, float]:
         f"\nvalidation accuracy ({options.variant}): warm start {before:.1%} -> after RL {after:.1%} "
         f"({after - before:+.1%}) in {summary['seconds']:.0f} s; logs in {log_dir}"
     )
+    print(pass_at_k_line(sampled, PASS_AT_K_SAMPLES))
     return summary
+
+
+def pass_at_k_line(metrics: dict[str, float], samples: int) -> str:
+    """``pass@1 0.52 [0.48, 0.56], ...``: the sampled metrics with their 95% bootstrap intervals."""
+    names = [f"pass@{k}" for k in (1, 2, 4, 8, 16, 32) if k <= samples and f"sampled/pass@{k}" in metrics]
+    names.append(f"maj@{samples}")
+    shown = [
+        f"{name} {metrics[f'sampled/{name}']:.1%} [{metrics[f'sampled/{name}_ci_low']:.1%}, {metrics[f'sampled/{name}_ci_high']:.1%}]"
+        for name in names
+    ]
+    return f"after RL, {samples} samples per problem at T=1 (95% bootstrap intervals): " + ", ".join(shown)
 
 
 if __name__ == "__main__":
