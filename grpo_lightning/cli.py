@@ -12,7 +12,8 @@ A ``--config`` that is not a file names a shipped config (``grpo_lightning.resou
 Subcommands: ``fit``, ``validate``, ``test`` (the data's test split) and ``generate`` (completions
 for a prompt file). Every fit
 validates before its first step (``--validate_before_fit false`` turns it off), prints a summary
-when it ends (:mod:`grpo_lightning.callbacks`), shows what the model writes (``--completions.*``,
+when it ends (:mod:`grpo_lightning.callbacks`), checks its health (``--health.*``,
+:mod:`grpo_lightning.diagnostics`), shows what the model writes (``--completions.*``,
 :mod:`grpo_lightning.completions`), logs to ``<save_dir>/<variant>/version_N`` unless
 the logger is given a name, and when resumed (``--ckpt_path``) logs to its checkpoint's version.
 ``--seed_everything S`` seeds the data order too unless ``data.seed`` is given. A user's error is
@@ -42,6 +43,7 @@ from lightning.pytorch.cli import LightningCLI
 from grpo_lightning.callbacks import FitSummary, ValidateBeforeTraining
 from grpo_lightning.completions import CompletionLog
 from grpo_lightning.data import PromptDataModule
+from grpo_lightning.diagnostics import HealthChecks
 from grpo_lightning.export import check_checkpoint
 from grpo_lightning.module import GroupPolicyOptimization
 from grpo_lightning.resources import config_dir, resolve_config_args
@@ -106,6 +108,8 @@ class GRPOLightningCLI(LightningCLI):
         )  # fmt: skip
         # fit: tables of completions in TensorBoard, and every completion as JSONL (--completions.jsonl true)
         parser.add_lightning_class_args(CompletionLog, "completions")
+        # fit: health checks after every step, a summary and health.json at the end (--health.enabled false: off)
+        parser.add_lightning_class_args(HealthChecks, "health")
 
     def init_parser(self, **kwargs):
         if self.raise_parse_errors:

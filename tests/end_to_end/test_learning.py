@@ -14,6 +14,8 @@ and CPU kernel paths (``benchmarks/learning_spread.py``), not from one machine's
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -112,6 +114,9 @@ def test_variant_raises_validation_accuracy_over_the_warm_start(variant, warm_mo
     cli = GRPOLightningCLI(args=fit_args(warm_model_dir, variant, tmp_path), run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.global_step == STEPS
+    # The quickstart's setup learns: no health check may fire (grpo_lightning.diagnostics).
+    health = json.loads((Path(cli.trainer.log_dir) / "health.json").read_text())
+    assert [row for row in health if not row["ok"]] == [], variant
     # Validated after the fit: DAPO draws extra batches, so its last in-fit validation comes earlier.
     after = {"greedy": validate(cli, 0.0), "sampled": validate(cli, TEMPERATURE)}
     before = warm_start_accuracy

@@ -1,0 +1,354 @@
+"""Health checks: each check fires on the step its condition has held long enough, never before;
+the callback warns once per check, counts the steps as ``health/<check>``, and prints and writes
+``health.json`` when a fit ends (or stops on a reward function's error)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from grpo_lightning.cli import GRPOLightningCLI
+from grpo_lightning.diagnostics import (
+    EntropyCollapse,
+    EqualRewards,
+    GradNormExplosion,
+    HealthChecks,
+    HealthWarning,
+    KLExplosion,
+    RewardNaN,
+    Truncated,
+    ValAccuracyFlat,
+    _NaNCounting,
+    health_summary,
+)
+from grpo_lightning.errors import ConfigError
+from grpo_lightning.resources import config_dir
+from grpo_lightning.rewards import score_completions
+from grpo_lightning.rewards.scoring import RewardFunctionError
+
+CONFIGS = config_dir()
+BASE = ["--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml")]
+CHECKS = ["equal_rewards", "truncated", "entropy_collapse", "kl_explosion", "grad_norm_explosion", "reward_nan",
+          "val_accuracy_flat"]  # fmt: skip
+ROW_KEYS = {"check", "ok", "steps", "first_step", "detail"}
+
+
+def fired_at(check, values: list[dict[str, float]]) -> list[int]:
+    """The steps (from 1) at which ``check`` returned its message: the first firing only."""
+    return [step for step, metrics in enumerate(values, 1) if check.observe(step, metrics)]
+
+
+# ---------------------------------------------------------------- each check on crafted steps
+
+
+def test_equal_rewards_fires_once_the_condition_held_patience_steps_in_a_row():
+    check = EqualRewards(max_fraction=0.9, patience=3)
+    fractions = [1.0, 1.0, 0.5, 1.0, 0.95, 0.9, 1.0, 1.0, 1.0, 1.0]  # 0.9 itself is not over the bound
+    assert fired_at(check, [{"frac_reward_zero_std": f} for f in fractions]) == [9]
+    assert (check.count, check.first_step) == (2, 9)
+    assert "100% of the groups had equal rewards" in check.detail and "group_size" in check.detail
+
+
+def test_truncated_counts_every_step_it_holds_after_patience():
+    check = Truncated(max_fraction=0.5, patience=2)
+    ratios = [0.5, 0.75, 1.0, 1.0, 0.25, 1.0]
+    assert fired_at(check, [{"completions/clipped_ratio": r} for r in ratios]) == [3]
+    assert check.count == 2  # steps 3 and 4; step 6 alone is not 2 in a row
+    assert "max_new_tokens" in check.detail and "mask_truncated_completions" in check.detail
+
+
+def test_entropy_collapse_is_relative_to_the_first_step():
+    check = EntropyCollapse(fraction=0.1, floor=0.01, patience=2)
+    entropies = [2.0, 1.0, 0.5, 0.19, 0.21, 0.15, 0.1]
+    assert fired_at(check, [{"entropy": e} for e in entropies]) == [7]
+    assert check.first == 2.0 and "ClipCov" in check.detail
+
+
+def test_entropy_collapse_has_an_absolute_floor():
+    check = EntropyCollapse(fraction=0.1, floor=0.01, patience=2)
+    assert fired_at(check, [{"entropy": 0.005}] * 3) == [2]
+
+
+def test_missing_or_nan_metrics_do_not_fire():
+    for check in (EqualRewards(patience=1), Truncated(patience=1), EntropyCollapse(patience=1), KLExplosion()):
+        assert fired_at(check, [{}, {"entropy": math.nan, "frac_reward_zero_std": math.nan}]) == []
+
+
+def test_kl_over_its_bound_fires_after_three_steps_in_a_row_and_nan_at_once():
+    check = KLExplosion(max_value=1.0)
+    assert fired_at(check, [{"kl": k} for k in [0.5, 1.5, 0.5, 1.5, 1.2, 1.1]]) == [6]  # one odd batch is not enough
+    assert "kl 1.1 is over 1" in check.detail and "lower learning_rate" in check.detail
+    check = KLExplosion()
+    assert fired_at(check, [{"kl": 0.0}, {"kl": math.nan}]) == [2] and "kl is nan" in check.detail
+
+
+def test_a_kl_spike_is_compared_with_the_median_once_half_the_window_is_seen():
+    check = KLExplosion(spike_factor=10, window=4, patience=1)
+    kls = [0.001, 0.05, 0.01, 0.012, 0.011, 0.09, 0.2]  # step 2 is early; step 6 is under 10x the median
+    assert fired_at(check, [{"kl": k} for k in kls]) == [7]
+    assert "times its recent median" in check.detail
+
+
+def test_grad_norm_drifting_up_slowly_does_not_fire_but_a_lasting_jump_or_inf_does():
+    assert fired_at(GradNormExplosion(window=4), [{"grad_norm": 1.5**i} for i in range(20)]) == []
+    jump = [{"grad_norm": 1.0}] * 4 + [{"grad_norm": 11.0}] * 3
+    assert fired_at(GradNormExplosion(window=8, patience=3), jump) == [7]
+    assert fired_at(GradNormExplosion(), [{"grad_norm": 1.0}, {"grad_norm": math.inf}]) == [2]
+
+
+def test_reward_nan_fires_on_the_first_nan_and_names_the_function():
+    check = RewardNaN()
+    steps = [{"rewards/exact/nan_count": 0}, {"rewards/exact/nan_count": 3, "rewards/other/nan_count": 0}]
+    assert fired_at(check, steps) == [2]
+    assert "'exact' returned NaN for 3 completions" in check.detail and "other" not in check.detail
+
+
+def test_val_accuracy_flat_needs_three_validations_after_the_one_before_training():
+    check = ValAccuracyFlat(min_validations=3, epsilon=1e-4)
+    validations = [(0, 0.25), (10, 0.25), (20, 0.25), (30, 0.25), (40, 0.25)]
+    fired = [step for step, accuracy in validations if check.observe(step, {"val/accuracy": accuracy, "step": step})]
+    assert fired == [30] and check.count == 2
+
+
+def test_val_accuracy_that_moves_is_not_flat():
+    check = ValAccuracyFlat(min_validations=3)
+    for step, accuracy in [(0, 0.25), (10, 0.25), (20, 0.255), (30, 0.25), (40, 0.25)]:
+        assert check.observe(step, {"val/accuracy": accuracy, "step": step}) is None
+
+
+def test_nan_counting_tells_nan_from_none_and_leaves_the_scores_alone():
+    def reward(prompts, completions, **columns):
+        return [None, math.nan, 1.0, float("nan")]
+
+    counts: dict[str, int] = {}
+    scores = score_completions([("reward", _NaNCounting(reward, counts, "reward"))], ["p"] * 4, ["c"] * 4, {})
+    assert counts == {"reward": 2}
+    assert torch.equal(scores.isnan(), score_completions([("reward", reward)], ["p"] * 4, ["c"] * 4, {}).isnan())
+
+
+# ---------------------------------------------------------------- the callback, with stand-ins
+
+
+class FakeModule:
+    """What the callback reads of the LightningModule, and what it logs."""
+
+    def __init__(self) -> None:
+        self.logged_steps, self.last_step_metrics, self.logged = 0, {}, []
+        self.reward_functions = [("exact", lambda prompts, completions, **c: [math.nan] * len(completions))]
+
+    def log_dict(self, values, **kwargs) -> None:
+        self.logged.append(values)
+
+    def step(self, callback, trainer, nan: bool = False, **metrics: float) -> None:
+        """One training step: the callback's hooks around it, the reward function called if ``nan``."""
+        callback.on_train_batch_start(trainer, self, None, 0)
+        if nan:
+            self.reward_functions[0][1]([], ["a", "b"])
+        self.logged_steps += 1
+        self.last_step_metrics = metrics
+        callback.on_train_batch_end(trainer, self, None, None, 0)
+
+
+def fake_trainer(tmp_path: Path) -> SimpleNamespace:
+    """What the callback reads of the Trainer: rank 0 of one process, fitting, logging to ``tmp_path``."""
+    return SimpleNamespace(is_global_zero=True, world_size=1, global_step=0, log_dir=str(tmp_path),
+                           callback_metrics={}, sanity_checking=False, state=SimpleNamespace(fn="fit"))  # fmt: skip
+
+
+def test_the_callback_warns_once_per_check_and_logs_its_step_count_every_step(tmp_path):
+    callback, module = HealthChecks(patience=2), FakeModule()
+    trainer = fake_trainer(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            module.step(callback, trainer, frac_reward_zero_std=1.0)
+    assert [str(w.message) for w in caught if w.category is HealthWarning] == [
+        f"health check equal_rewards: {callback.checks[0].detail}"
+    ]
+    assert [values["health/equal_rewards"] for values in module.logged] == [0.0, 1.0, 2.0, 3.0]
+    assert set(module.logged[0]) == {f"health/{name}" for name in CHECKS}
+
+
+def test_the_callback_counts_nan_scores_of_the_steps_reward_functions(tmp_path):
+    callback, module = HealthChecks(), FakeModule()
+    trainer = fake_trainer(tmp_path)
+    original = module.reward_functions
+    module.step(callback, trainer)
+    with pytest.warns(HealthWarning, match="'exact' returned NaN for 2 completions"):
+        module.step(callback, trainer, nan=True)
+    assert module.logged[-1]["health/reward_nan"] == 1.0
+    assert module.reward_functions == original  # unwrapped between steps (validation sees the originals)
+
+
+def test_a_batch_that_ends_without_a_training_step_is_not_counted(tmp_path):
+    callback, module = HealthChecks(patience=1), FakeModule()
+    trainer = fake_trainer(tmp_path)
+    module.step(callback, trainer, frac_reward_zero_std=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        callback.on_train_batch_end(trainer, module, None, None, 1)  # DAPO filling its batch: no new step
+    assert callback.checks[0].count == 1 and len(module.logged) == 1
+
+
+def test_health_json_has_one_row_per_check_in_the_report_format(tmp_path, capsys):
+    callback, module = HealthChecks(patience=1), FakeModule()
+    trainer = fake_trainer(tmp_path)
+    module.step(callback, trainer, frac_reward_zero_std=0.0)
+    with pytest.warns(HealthWarning):
+        module.step(callback, trainer, frac_reward_zero_std=1.0)
+    callback.on_fit_end(trainer, module)
+    callback.teardown(trainer, module, "fit")
+    rows = json.loads((tmp_path / "health.json").read_text())
+    assert [row["check"] for row in rows] == CHECKS and all(set(row) == ROW_KEYS for row in rows)
+    assert rows[0] == {"check": "equal_rewards", "ok": False, "steps": 1, "first_step": 2,
+                       "detail": callback.checks[0].detail}  # fmt: skip
+    assert rows[1] == {"check": "truncated", "ok": True, "steps": 0, "first_step": None, "detail": ""}
+    printed = capsys.readouterr().out
+    assert printed.strip() == callback.text
+    assert "  WARN  equal_rewards        1 step from step 2: raise group_size" in printed
+    assert "  ok    truncated\n" in printed and printed.isascii()
+
+
+def test_disabled_the_callback_does_nothing(tmp_path):
+    callback, module = HealthChecks(enabled=False, patience=1), FakeModule()
+    trainer = fake_trainer(tmp_path)
+    module.step(callback, trainer, frac_reward_zero_std=1.0)
+    callback.on_fit_end(trainer, module)
+    callback.teardown(trainer, module, "fit")
+    assert module.logged == [] and not (tmp_path / "health.json").exists()
+
+
+def test_the_summary_is_plain_ascii_with_one_line_per_row():
+    rows = [{"check": "a", "ok": True, "steps": 0, "first_step": None, "detail": ""},
+            {"check": "long_name", "ok": False, "steps": 2, "first_step": 3, "detail": "x. Fix: do y."}]  # fmt: skip
+    assert health_summary(rows) == "health checks:\n  ok    a\n  WARN  long_name  2 steps from step 3: do y"
+
+
+# ---------------------------------------------------------------- real fits through the CLI
+
+
+def constant_reward(prompts, completions, **columns):
+    """Every completion scores 1: every group has equal rewards."""
+    return [1.0] * len(completions)
+
+
+def nan_reward(prompts, completions, **columns):
+    """A broken reward: NaN for every completion."""
+    return [math.nan] * len(completions)
+
+
+def failing_reward(prompts, completions, **columns):
+    raise ZeroDivisionError("no score")
+
+
+def fit_args(model_dir: str, root: Path, rewards: str, *extra: str) -> list[str]:
+    """A small GRPO fit logging under ``root``: 2 prompts x 2 completions a step."""
+    return [
+        "fit", *BASE, "--config", str(CONFIGS / "variant/grpo.yaml"), "--model.model", model_dir,
+        "--model.reward_funcs", rewards, "--model.group_size", "2", "--data.batch_size", "2",
+        "--data.num_train", "12", "--data.num_val", "2", "--trainer.enable_progress_bar", "false",
+        "--trainer.default_root_dir", str(root), "--trainer.logger.init_args.save_dir", str(root),
+        "--trainer.enable_checkpointing", "false", "--trainer.callbacks=[]", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def unhealthy_fit(tiny_model_dir, tmp_path_factory, one_torch_thread) -> SimpleNamespace:
+    """A 3-step fit that trips four checks: a constant reward (equal_rewards), completions that
+    can't end before max_new_tokens (truncated), a NaN reward (reward_nan) and an untrained model
+    validated after every step (val_accuracy_flat). Patience 2."""
+    root = tmp_path_factory.mktemp("unhealthy")
+    rewards = f"[{__name__}.constant_reward, {__name__}.nan_reward]"
+    args = fit_args(tiny_model_dir, root, rewards, "--model.max_new_tokens", "3", "--model.min_new_tokens", "3",
+                    "--trainer.max_steps", "3", "--trainer.val_check_interval", "1",
+                    "--health.patience", "2")  # fmt: skip
+    out = io.StringIO()
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out):
+        warnings.simplefilter("always")
+        cli = GRPOLightningCLI(args=args)
+    health = [str(w.message) for w in caught if issubclass(w.category, HealthWarning)]
+    return SimpleNamespace(trainer=cli.trainer, out=out.getvalue(), warnings=health, log_dir=Path(cli.trainer.log_dir))
+
+
+@pytest.mark.parametrize("name", ["equal_rewards", "truncated", "reward_nan", "val_accuracy_flat"])
+def test_a_fit_warns_once_for_each_check_it_trips(unhealthy_fit, name):
+    assert len([m for m in unhealthy_fit.warnings if m.startswith(f"health check {name}:")]) == 1
+
+
+def test_a_fit_logs_the_step_counts_as_health_metrics(unhealthy_fit):
+    metrics = unhealthy_fit.trainer.callback_metrics
+    counts = {name: float(metrics[f"health/{name}"]) for name in CHECKS}
+    # Patience 2 over 3 steps: steps 2 and 3; NaN from step 1; validation after step 3 logged no row.
+    expected = {name: 0.0 for name in CHECKS} | {"equal_rewards": 2.0, "truncated": 2.0, "reward_nan": 3.0}
+    assert counts == expected
+
+
+def test_a_fit_prints_the_health_summary_after_the_fit_summary(unhealthy_fit):
+    out = unhealthy_fit.out
+    assert out.index("fit finished:") < out.index("health checks (")
+    assert "  WARN  equal_rewards        2 steps from step 2:" in out
+    assert "  WARN  reward_nan           3 steps from step 1:" in out
+    assert "  WARN  val_accuracy_flat    1 step from step 3:" in out
+    assert "  ok    entropy_collapse\n" in out
+
+
+def test_a_fit_writes_health_json(unhealthy_fit):
+    rows = {row["check"]: row for row in json.loads((unhealthy_fit.log_dir / "health.json").read_text())}
+    assert list(rows) == CHECKS
+    assert rows["truncated"]["ok"] is False and rows["truncated"]["first_step"] == 2
+    assert "'nan_reward' returned NaN for 4 completions" in rows["reward_nan"]["detail"]
+    assert rows["entropy_collapse"] == {"check": "entropy_collapse", "ok": True, "steps": 0, "first_step": None,
+                                        "detail": ""}  # fmt: skip
+
+
+def test_a_fit_stopped_by_a_reward_function_error_records_it(tiny_model_dir, tmp_path, one_torch_thread, capsys):
+    args = fit_args(tiny_model_dir, tmp_path, f"[{__name__}.failing_reward]", "--model.max_new_tokens", "2",
+                    "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0")  # fmt: skip
+    with pytest.raises(RewardFunctionError):
+        GRPOLightningCLI(args=args)
+    (path,) = tmp_path.rglob("health.json")
+    rows = json.loads(path.read_text())
+    assert [row["check"] for row in rows] == [*CHECKS, "reward_function_error"]
+    assert rows[-1]["ok"] is False and rows[-1]["first_step"] == 1 and "ZeroDivisionError" in rows[-1]["detail"]
+    assert (
+        "  WARN  reward_function_error  1 step from step 1: the fit stopped: reward function" in capsys.readouterr().out
+    )
+
+
+def test_health_options_are_one_group_and_can_turn_the_checks_off(tmp_path):
+    args = [*BASE, "--config", str(CONFIGS / "variant/grpo.yaml"), "--model.model", "some/model"]
+    cli = GRPOLightningCLI(args=[*args, "--health.patience", "3", "--health.max_kl", "2.5"], run=False)
+    (health,) = [c for c in cli.trainer.callbacks if isinstance(c, HealthChecks)]
+    assert health.enabled and health.checks[0].patience == 3 and health.checks[3].max_value == 2.5
+    cli = GRPOLightningCLI(args=[*args, "--health.enabled", "false"], run=False)
+    assert not [c for c in cli.trainer.callbacks if isinstance(c, HealthChecks) and c.enabled]
+
+
+def test_a_resumed_fit_continues_the_checks_where_the_checkpoint_left_them(tmp_path):
+    callback, module = HealthChecks(patience=2), FakeModule()
+    trainer = fake_trainer(tmp_path)
+    module.step(callback, trainer, frac_reward_zero_std=1.0, entropy=2.0, kl=0.1)
+    resumed = HealthChecks(patience=2)
+    resumed.load_state_dict(callback.state_dict())
+    with pytest.warns(HealthWarning, match="equal_rewards"):
+        module.step(resumed, trainer, frac_reward_zero_std=1.0, entropy=2.0, kl=0.1)
+    assert resumed.checks[2].first == 2.0 and resumed.checks[3].history == [0.1, 0.1]
+
+
+def test_a_threshold_below_one_step_is_an_error_naming_the_option():
+    with pytest.raises(ConfigError, match="health.spike_patience must be at least 1, got 0"):
+        HealthChecks(spike_patience=0)
+
+
+def test_an_error_before_the_first_step_prints_no_health(tmp_path, capsys):
+    callback, module = HealthChecks(), FakeModule()
+    callback.on_exception(fake_trainer(tmp_path), module, ValueError("a configuration error"))
+    assert capsys.readouterr().out == "" and not (tmp_path / "health.json").exists()
