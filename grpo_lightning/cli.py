@@ -57,6 +57,11 @@ CONFIG_HELP = (
 )
 
 
+#: Subcommands that evaluate, and the module settings they take from the command line over a checkpoint's.
+EVALUATION_SUBCOMMANDS = ("validate", "test", "generate")
+EVALUATION_SETTINGS = ("val_temperature", "val_max_new_tokens", "val_samples", "accuracy_func")
+
+
 class GRPOLightningCLI(LightningCLI):
     """LightningCLI in subclass mode: ``--model`` takes any variant's class path."""
 
@@ -135,6 +140,17 @@ class GRPOLightningCLI(LightningCLI):
         if subcommand:
             # Lightning reads --ckpt_path next: a missing or truncated file fails here, naming it.
             check_checkpoint(self.config[subcommand].get("ckpt_path"))
+
+    def _parse_ckpt_path(self) -> None:
+        """Apply the hyperparameters of ``--ckpt_path`` (Lightning's behaviour), except how to evaluate:
+        ``validate``, ``test`` and ``generate`` take :data:`EVALUATION_SETTINGS` from the command line
+        and configs, so a checkpoint can be evaluated with other settings than it was trained with."""
+        subcommand = self.config.get("subcommand")
+        init_args = self.config[subcommand]["model"].get("init_args") if subcommand in EVALUATION_SUBCOMMANDS else None
+        kept = {key: init_args[key] for key in EVALUATION_SETTINGS if key in init_args} if init_args else {}
+        super()._parse_ckpt_path()
+        for key, value in kept.items():
+            self.config[subcommand]["model"]["init_args"][key] = value
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config

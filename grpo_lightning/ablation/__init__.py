@@ -1,7 +1,7 @@
 """Ablation sweeps: many ``grpo-lightning fit`` runs over variants, seeds and settings.
 
 ``run`` (the ``grpo-lightning-ablate`` entry point and the spec's documentation), ``spec``,
-``sweep``, ``metrics`` and ``callbacks`` (``ValidateBeforeTraining``, imported on first use so
+``sweep``, ``provenance``, ``metrics`` and ``callbacks`` (``ValidateBeforeTraining``, imported on first use so
 that the sweep runner does not import Lightning).
 """
 

@@ -17,7 +17,7 @@ A sweep spec (``configs/ablation/*.yaml``) names the shared YAML files and the a
     overrides:                        # extra axes: dotted CLI key -> list of values
       model.group_size: [4, 8]
     args:                             # fixed CLI overrides of every cell
-      trainer.max_steps: 100
+      trainer.max_steps: 400
     parallel: 1                       # cells run at once
     gpus: auto                        # handed out round-robin (CUDA_VISIBLE_DEVICES); none on CPU
     timeout_s: null                   # stop a cell after this many seconds (then it counts as failed)
@@ -33,17 +33,21 @@ subprocess, built from the same YAML files as a hand-run ``grpo-lightning fit``.
 
     python -m grpo_lightning.cli fit --config configs/variant/<v>.yaml --config <base_configs...> \\
         --seed_everything <s> --trainer.logger.init_args.save_dir <cell dir> --model.model <path> \\
-        --<args...> --<override key> <value>
+        --completions.jsonl true --<args...> --<override key> <value>
 
 A cell directory (e.g. ``grpo-seed0-group_size4``) holds ``cell.json`` (its identity and
 command), ``train.log``, the TensorBoard events, the resolved ``config.yaml`` saved by
-LightningCLI, ``metrics.json`` once the fit succeeded, and last a ``DONE`` marker. Running the
-sweep again skips cells that have the marker and starts unfinished ones afresh; a finished cell
-whose recorded settings (configs, args, overrides, model) differ from the spec's stops the sweep
-before anything runs. ``grpo-lightning-report <output_dir>`` then compares the variants.
+LightningCLI, ``completions.jsonl`` (every trained completion: ``--completions.jsonl true``),
+``metrics.json`` once the fit succeeded, and last a ``DONE`` marker. Running the sweep again
+skips cells that have the marker and starts unfinished ones afresh; a finished cell whose
+recorded settings (configs, args, overrides, model) differ from the spec's stops the sweep
+before anything runs. Each run that starts cells adds a record to ``<output_dir>/provenance.json``
+(commit, package versions, machine, load average, cells at once; ``provenance``).
+``grpo-lightning-report <output_dir>`` then compares the variants in ``<output_dir>/report``.
 
 This module is the Hydra entry point; ``spec`` validates the spec and lists its cells, ``sweep``
-runs them, ``metrics`` summarises a finished cell and ``callbacks`` holds the callback the cells add.
+runs them, ``provenance`` records what ran them, ``metrics`` summarises a finished cell and
+``callbacks`` holds the callback the cells add.
 """
 
 from __future__ import annotations

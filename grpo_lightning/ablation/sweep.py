@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_lightning.ablation import provenance
 from grpo_lightning.ablation.metrics import summarize_cell
 from grpo_lightning.ablation.spec import WARMSTART, Cell, SweepError, SweepSpec, cli_value, variant_config
 
@@ -56,6 +57,8 @@ def cell_command(spec: SweepSpec, cell: Cell, cell_dir: Path, model: str | None)
         command += ["--model.model", model]
     if not spec.validate_before_training:  # every fit validates before its first step otherwise
         command += ["--validate_before_fit", "false"]
+    # every trained completion in <cell>/completions.jsonl, for the report; `args` may turn it off
+    command += ["--completions.jsonl", "true"]
     for key, value in [*spec.args.items(), *cell.overrides]:
         command += [f"--{key}", cli_value(value)]
     return command
@@ -158,6 +161,43 @@ def launch(command: Sequence[str], log, env: Mapping[str, str] | None, timeout_s
         raise
 
 
+def _run_cells(spec: SweepSpec, todo: Sequence[Cell], results: dict[Cell, CellResult]) -> None:
+    """Run ``todo`` (``parallel`` at a time) into ``results``; add a record to ``provenance.json``."""
+    model = resolve_model(spec)
+    devices = _devices(spec.gpus)
+    threads = _threads_per_cell(spec.threads, spec.parallel, bool(devices))
+    slots: queue.Queue[int] = queue.Queue()
+    for slot in range(spec.parallel):
+        slots.put(slot)
+    lock = threading.Lock()
+
+    def work(cell: Cell) -> CellResult:
+        slot = slots.get()
+        try:
+            env = {"CUDA_VISIBLE_DEVICES": devices[slot % len(devices)]} if devices else {}
+            if threads is not None:
+                env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+            result = run_cell(spec, cell, model, env)
+        finally:
+            slots.put(slot)
+        with lock:
+            results[cell] = result
+        return result
+
+    record = provenance.start_record(spec.parallel, threads, devices)
+    with provenance.LoadMonitor() as monitor:
+        try:
+            if spec.parallel == 1:
+                for cell in todo:
+                    work(cell)
+            else:
+                with ThreadPoolExecutor(max_workers=spec.parallel) as pool:
+                    list(pool.map(work, todo))
+        finally:
+            statuses = {cell.name: results[cell].status if cell in results else "not finished" for cell in todo}
+            provenance.append_record(spec.output_dir, provenance.finish_record(record, monitor, statuses))
+
+
 def run_sweep(spec: SweepSpec | Mapping[str, Any]) -> list[CellResult]:
     """Run every unfinished cell of ``spec`` (sequentially, or ``parallel`` at a time)."""
     if not isinstance(spec, SweepSpec):
@@ -181,34 +221,15 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any]) -> list[CellResult]:
         else:
             todo.append(cell)
     if todo:
-        model = resolve_model(spec)
-        devices = _devices(spec.gpus)
-        threads = _threads_per_cell(spec.threads, spec.parallel, bool(devices))
-        slots: queue.Queue[int] = queue.Queue()
-        for slot in range(spec.parallel):
-            slots.put(slot)
-        lock = threading.Lock()
-
-        def work(cell: Cell) -> CellResult:
-            slot = slots.get()
-            try:
-                env = {"CUDA_VISIBLE_DEVICES": devices[slot % len(devices)]} if devices else {}
-                if threads is not None:
-                    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-                result = run_cell(spec, cell, model, env)
-            finally:
-                slots.put(slot)
-            with lock:
-                results[cell] = result
-            return result
-
-        if spec.parallel == 1:
-            for cell in todo:
-                work(cell)
-        else:
-            with ThreadPoolExecutor(max_workers=spec.parallel) as pool:
-                list(pool.map(work, todo))
+        _run_cells(spec, todo, results)
     ordered = [results[c] for c in cells]
     counts = {s: sum(r.status == s for r in ordered) for s in ("done", "skipped", "failed")}
-    logger.info("sweep %s: %d done, %d skipped, %d failed -> %s", spec.name, counts["done"], counts["skipped"], counts["failed"], spec.output_dir)
+    logger.info(
+        "sweep %s: %d done, %d skipped, %d failed -> %s",
+        spec.name,
+        counts["done"],
+        counts["skipped"],
+        counts["failed"],
+        spec.output_dir,
+    )
     return ordered

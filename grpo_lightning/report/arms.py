@@ -11,57 +11,9 @@ from typing import Any
 import numpy as np
 
 from grpo_lightning.report.cells import CellInfo
+from grpo_lightning.report.metrics import metric_bounds
 from grpo_lightning.report.runs import Run
-from grpo_lightning.report.statistics import holm, welch_dof, welch_test
-
-#: Final metrics of the table: (key, label, direction) with direction +1 higher is better,
-#: -1 lower is better, 0 no preference. Keys are scalar tags or the computed entries below.
-FINAL_METRICS = [
-    ("val/accuracy", "val/accuracy", 1),
-    ("initial:val/accuracy", "val/accuracy before training", 0),
-    ("gain:val/accuracy", "val/accuracy gain", 1),
-    ("val/reward", "val/reward", 1),
-    ("val/mean_length", "val/mean_length", 0),
-    ("reward", "reward", 1),
-    ("reward_std", "reward_std", 0),
-    ("frac_reward_zero_std", "frac_reward_zero_std", 0),
-    ("kl", "kl", 0),
-    ("entropy", "entropy", 0),
-    ("completions/mean_length", "completions/mean_length", 0),
-    ("clip_ratio/low", "clip_ratio/low", 0),
-    ("clip_ratio/high", "clip_ratio/high", 0),
-    ("steps", "training steps", 0),
-    ("batches", "rollout batches", 0),
-    ("perf/generated_tokens", "generated tokens", -1),
-    ("train_time_s", "training wall-clock (s)", -1),
-]
-
-#: Columns of the per-run table.
-PER_RUN_METRICS = {"val/accuracy", "initial:val/accuracy", "reward", "kl", "steps", "perf/generated_tokens", "train_time_s"}
-
-#: Metrics the summary paragraph names a winner for: (key, label, superlative, direction).
-SUMMARY_METRICS = [
-    ("val/accuracy", "final val/accuracy", "highest", 1),
-    ("reward", "final training reward", "highest", 1),
-    ("kl", "final KL to the reference", "lowest", -1),
-    ("perf/generated_tokens", "generated tokens", "fewest", -1),
-    ("train_time_s", "training wall-clock", "shortest", -1),
-]
-UNITS = {"train_time_s": " s"}
-
-
-def fmt(value: float, digits: int = 4) -> str:
-    if value is None or not math.isfinite(value):
-        return "n/a"
-    if value == 0:
-        return "0"
-    return f"{value:.{digits}g}"
-
-
-def fmt_p(p: float) -> str:
-    if not math.isfinite(p):
-        return "n/a"
-    return "<0.0001" if p < 1e-4 else f"{p:.4f}"
+from grpo_lightning.report.statistics import bootstrap_ci, holm, welch_dof, welch_test
 
 
 def final_value(run: Run, key: str) -> float:
@@ -92,17 +44,10 @@ class Arm:
     def finals(self, key: str) -> list[float]:
         return [v for v in (final_value(r, key) for r in self.runs) if math.isfinite(v)]
 
-
-def best_index(means: Sequence[float], direction: int) -> int | None:
-    if direction == 0:
-        return None
-    finite = [(m * direction, -i) for i, m in enumerate(means) if math.isfinite(m)]
-    if len(finite) < 2:
-        return None
-    best = max(finite)
-    if sum(1 for value, _ in finite if value == best[0]) > 1:
-        return None  # a tie: nobody in bold
-    return -best[1]
+    def interval(self, key: str, confidence: float = 0.95) -> tuple[float, float, float]:
+        """``(mean, low, high)`` of the final ``key`` over seeds: a percentile bootstrap of the
+        mean, inside the range the metric can take (``metrics.metric_bounds``)."""
+        return bootstrap_ci(self.finals(key), confidence, metric_bounds(key))
 
 
 def pairwise_rows(arms: Sequence[Arm], key: str = "val/accuracy") -> list[dict[str, Any]]:
@@ -134,43 +79,59 @@ def _verdict(row: Mapping[str, Any]) -> str:
     return f"not significant at 0.05{caution}"
 
 
-def summary_paragraph(arms: Sequence[Arm]) -> str:
-    """Which arm won on which metric, and whether its lead over the runner-up is significant."""
-    if not arms:
-        return "No finished runs."
-    seeds = sorted({len(a.runs) for a in arms})
-    parts = [f"{len(arms)} arm{'s' if len(arms) != 1 else ''} with {'/'.join(map(str, seeds))} seed(s) each."]
-    if len(arms) < 2:
-        return parts[0] + " With a single arm there is no comparison."
-    for key, label, superlative, direction in SUMMARY_METRICS:
-        scored = [(float(np.mean(a.finals(key))), a) for a in arms if a.finals(key)]
-        if len(scored) < 2:
-            continue
-        scored.sort(key=lambda s: -direction * s[0])  # stable: ties keep the table order
-        (best, winner), (second, runner_up) = scored[0], scored[1]
-        unit = UNITS.get(key, "")
-        if best == second:
-            tied = [a.name for value, a in scored if value == best]
-            parts.append(f"{_join_names(tied)} tie on {label} ({fmt(best) + unit}).")
-            continue
-        t, p = welch_test(winner.finals(key), runner_up.finals(key))
-        if not math.isfinite(p):
-            reason = "too few seeds to test" if min(len(winner.runs), len(runner_up.runs)) < 2 else "no variance within the arms"
-            verdict = f"the gap to **{runner_up.name}** ({fmt(second) + unit}) is not tested ({reason})"
-        else:
-            word = "significant" if p < 0.05 else "not significant"
-            verdict = f"its lead over **{runner_up.name}** ({fmt(second) + unit}) is {word} (Welch p {_p_phrase(p)})"
-        parts.append(f"**{winner.name}** has the {superlative} {label} ({fmt(best) + unit}); {verdict}.")
-    initial = [v for a in arms for v in a.finals("initial:val/accuracy")]
-    if initial:
-        parts.append(f"Before training, val/accuracy was {fmt(float(np.mean(initial)))}.")
-    return " ".join(parts)
+#: Above this many arms the report turns wide: arms become rows ranked by final val/accuracy, the
+#: pairwise table keeps the significant pairs (all of them in a collapsed section) and the curves
+#: are drawn in groups.
+WIDE = 6
 
 
-def _join_names(names: Sequence[str]) -> str:
-    bold = [f"**{n}**" for n in names]
-    return bold[0] if len(bold) == 1 else ", ".join(bold[:-1]) + " and " + bold[-1]
+def ranked(arms: Sequence[Arm], key: str = "val/accuracy") -> list[int]:
+    """Indices of ``arms``, the highest mean final ``key`` first (arms without it last, in table order)."""
+
+    def score(i: int) -> float:
+        values = arms[i].finals(key)
+        return -float(sum(values) / len(values)) if values else math.inf
+
+    return sorted(range(len(arms)), key=score)
 
 
-def _p_phrase(p: float) -> str:
-    return "< 0.0001" if p < 1e-4 else f"= {p:.4f}"
+@dataclass
+class Ranking:
+    """Arms with a final ``key``, best first (``scored``); the best and the arms that tie with it
+    (``tied``); the Welch tests of every pair (``rows``); each arm's ``(mean, low, high)``."""
+
+    scored: list[Arm]
+    tied: list[Arm]
+    rows: list[dict[str, Any]]
+    intervals: dict[str, tuple[float, float, float]]
+
+
+def rank_arms(arms: Sequence[Arm], key: str, direction: int, confidence: float = 0.95) -> Ranking | None:
+    """The best arm on ``key`` and the arms that tie with it; None with fewer than two arms.
+
+    Another arm ties with the best unless their difference is significant after Holm's correction
+    over every pair of arms (Welch's test), or their intervals do not overlap.
+    """
+    scored = [a for a in arms if a.finals(key)]
+    if len(scored) < 2 or direction == 0:
+        return None
+    intervals = {a.name: a.interval(key, confidence) for a in scored}
+    scored.sort(key=lambda a: -direction * intervals[a.name][0])  # stable: ties keep the table order
+    rows = pairwise_rows(scored, key)
+    best = scored[0]
+    tied = [best] + [a for a in scored[1:] if not _separated(intervals[best.name], intervals[a.name], pair_row(rows, best, a))]
+    return Ranking(scored, tied, rows, intervals)
+
+
+def pair_row(rows: Sequence[Mapping[str, Any]], a: Arm, b: Arm) -> Mapping[str, Any]:
+    """The row of ``pairwise_rows`` that compares ``a`` and ``b``."""
+    return next(r for r in rows if {r["a"], r["b"]} == {a.name, b.name})
+
+
+def _separated(best: tuple[float, float, float], other: tuple[float, float, float], row: Mapping[str, Any]) -> bool:
+    if math.isfinite(row["p_holm"]) and row["p_holm"] < 0.05:
+        return True
+    bounds = (best[1], best[2], other[1], other[2])
+    if not all(math.isfinite(v) for v in bounds):
+        return False
+    return best[2] < other[1] or other[2] < best[1]

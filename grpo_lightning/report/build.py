@@ -1,5 +1,5 @@
 """``build_report``: the report document of a sweep, section by section, written as Markdown,
-HTML and curve PNGs."""
+HTML, curve PNGs and the final-metrics table as CSV and LaTeX."""
 
 from __future__ import annotations
 
@@ -7,98 +7,100 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from grpo_lightning.report.arms import (
-    FINAL_METRICS,
-    PER_RUN_METRICS,
-    Arm,
-    best_index,
-    final_value,
-    fmt,
-    fmt_p,
-    pairwise_rows,
-    summary_paragraph,
-)
+from grpo_lightning.report.arms import WIDE, Arm, pairwise_rows
 from grpo_lightning.report.cells import CellInfo, arm_configs, discover_cells
+from grpo_lightning.report.completions import completions_section
+from grpo_lightning.report.curves import curves_section
 from grpo_lightning.report.document import Doc
+from grpo_lightning.report.effects import effects_section, ineffective_notes
+from grpo_lightning.report.finals import final_section
+from grpo_lightning.report.formatting import fmt, fmt_p, join_names
+from grpo_lightning.report.health import health_section
 from grpo_lightning.report.html import render_html
 from grpo_lightning.report.markdown import render_markdown
-from grpo_lightning.report.plots import plot_curves
+from grpo_lightning.report.provenance import provenance_section, read_provenance, wall_clock_caveat
 from grpo_lightning.report.runs import load_run
-from grpo_lightning.report.statistics import mean_ci
+from grpo_lightning.report.summary import summary_paragraph
+from grpo_lightning.report.validation import evaluation_section
 
-#: Learning curves: file stem, title, tags drawn (one row each).
-CURVES = [
-    ("val_accuracy", "val/accuracy", ["val/accuracy"]),
-    ("reward", "reward", ["reward"]),
-    ("kl", "kl", ["kl"]),
-    ("entropy", "entropy", ["entropy"]),
-    ("mean_length", "completions/mean_length", ["completions/mean_length"]),
-    ("clip_ratio", "clip_ratio", ["clip_ratio/low", "clip_ratio/high"]),
-    ("frac_reward_zero_std", "frac_reward_zero_std", ["frac_reward_zero_std"]),
-]
+#: The report's folder inside the sweep folder, unless another is given.
+DEFAULT_FOLDER = "report"
 
 
 def build_report(
     sweep_dir: str | Path,
-    out_dir: str | Path,
+    output: str | Path | None = None,
     name: str | None = None,
     confidence: float = 0.95,
     provenance: Sequence[str] = (),
 ) -> Path:
-    """Write ``report.md``, ``report.html`` and the curve PNGs of a sweep; returns the folder.
+    """Write ``report.md``, ``report.html``, the curve PNGs, ``final_metrics.csv`` and
+    ``final_metrics.tex`` of a sweep into ``output`` (default: ``<sweep_dir>/report``); returns it.
 
-    ``provenance``: lines for a "Provenance" section (the command, commit and machine that ran
-    the sweep), given by the caller so the report stays a pure function of its inputs.
+    ``name``: the report's title (default: the sweep folder's name). The Provenance section comes
+    from the sweep's ``provenance.json``; ``provenance`` adds lines of the caller's.
     """
     sweep_dir = Path(sweep_dir)
     name = name or sweep_dir.resolve().name
-    target = Path(out_dir) / name
-    target.mkdir(parents=True, exist_ok=True)
-
+    target = Path(output) if output is not None else sweep_dir / DEFAULT_FOLDER
     cells = discover_cells(sweep_dir)
     if not cells:
         raise FileNotFoundError(f"no runs under {sweep_dir}: expected cell folders of grpo-lightning-ablate")
+    target.mkdir(parents=True, exist_ok=True)
     finished = [c for c in cells if c.finished]
     unfinished = [c for c in cells if not c.finished]
-    arms: dict[str, Arm] = {}
-    for cell in finished:
-        arms.setdefault(cell.arm, Arm(cell.arm, [], []))
-        arms[cell.arm].cells.append(cell)
-        arms[cell.arm].runs.append(load_run(cell.directory))
-    arm_list = [arms[a] for a in sorted(arms, key=lambda a: _arm_order(a, finished))]
+    arms = load_arms(finished)
+    records = read_provenance(sweep_dir)
+    caveat = wall_clock_caveat(records)
+    configs, inconsistent = arm_configs([c for arm in arms for c in arm.cells])
+    notes = ineffective_notes(arms, configs)
 
     doc = Doc()
     doc.h(1, f"Ablation report: {name}")
     doc.p(
-        f"Sweep folder `{sweep_dir.resolve().name}`: {len(arm_list)} arms, {len(finished)} finished runs"
+        f"Sweep folder `{sweep_dir.resolve().name}`: {len(arms)} arms, {len(finished)} finished runs"
         + (f", {len(unfinished)} unfinished (left out)" if unfinished else "")
-        + f". Intervals are {confidence:.0%} Student-t confidence intervals over seeds."
+        + f". Intervals of means over seeds are {confidence:.0%} percentile-bootstrap intervals; see Method."
     )
     doc.h(2, "Summary")
-    doc.p(summary_paragraph(arm_list))
+    doc.p(summary_paragraph(arms, confidence, caveat))
+    if notes:
+        doc.p(f"Settings without effect: clip settings of {join_names(_noted(arms, notes))} never clipped a "
+              "token; see the section of that name.")  # fmt: skip
 
-    _runs_section(doc, arm_list, unfinished)
-    _config_section(doc, arm_list)
-    _final_section(doc, arm_list, confidence)
-    _pairwise_section(doc, arm_list)
-    _curves_section(doc, arm_list, target)
-    _notes_section(doc, confidence)
-    if provenance:
-        doc.h(2, "Provenance")
-        doc.items(list(provenance))
+    _runs_section(doc, arms, unfinished)
+    _config_section(doc, arms, configs, inconsistent)
+    effects_section(doc, notes)
+    final_section(doc, arms, confidence, target, name, caveat)
+    evaluation_section(doc, arms, confidence)
+    _pairwise_section(doc, arms)
+    health_section(doc, arms)
+    completions_section(doc, arms)
+    curves_section(doc, arms, target, caveat)
+    _method_section(doc, confidence)
+    provenance_section(doc, records, provenance)
 
     (target / "report.md").write_text(render_markdown(doc))
     (target / "report.html").write_text(render_html(doc, f"Ablation report: {name}"))
     return target
 
 
+def load_arms(finished: Sequence[CellInfo]) -> list[Arm]:
+    """The finished cells grouped into arms, in the order of ``VARIANT_ORDER``."""
+    arms: dict[str, Arm] = {}
+    for cell in finished:
+        arms.setdefault(cell.arm, Arm(cell.arm, [], []))
+        arms[cell.arm].cells.append(cell)
+        arms[cell.arm].runs.append(load_run(cell.directory))
+    return [arms[a] for a in sorted(arms, key=lambda a: _arm_order(a, finished))]
+
+
+def _noted(arms: Sequence[Arm], notes: Sequence[str]) -> list[str]:
+    return [a.name for a in arms if any(n.startswith(f"**{a.name}**") for n in notes)]
+
+
 #: The order of the built-in variants in tables and plots; other arms follow by name.
 VARIANT_ORDER = ["grpo", "dr_grpo", "dapo", "rloo", "gspo", "cispo", "sapo", "gmpo", "reinforce_plus_plus", "clip_cov", "kl_cov"]
-#: Above this many arms the report turns wide: arms become rows ranked by final val/accuracy, the
-#: pairwise table keeps the significant pairs (all of them in a collapsed section) and the curves
-#: are drawn in groups of ``CURVE_GROUP`` arms.
-WIDE = 6
-CURVE_GROUP = 4
 
 
 def _arm_order(arm: str, cells: Sequence[CellInfo]) -> tuple:
@@ -119,9 +121,8 @@ def _runs_section(doc: Doc, arms: Sequence[Arm], unfinished: Sequence[CellInfo])
         doc.p("Unfinished cells (no `DONE` marker; not counted): " + ", ".join(f"`{c.name}`" for c in unfinished) + ".")
 
 
-def _config_section(doc: Doc, arms: Sequence[Arm]) -> None:
+def _config_section(doc: Doc, arms: Sequence[Arm], configs: dict, inconsistent: dict) -> None:
     doc.h(2, "Configuration")
-    configs, inconsistent = arm_configs([c for arm in arms for c in arm.cells])
     names = [a.name for a in arms]
     keys = sorted({k for a in names for k in configs.get(a, {})})
     differing = [k for k in keys if len({configs.get(a, {}).get(k, "—") for a in names}) > 1]
@@ -138,7 +139,11 @@ def _config_section(doc: Doc, arms: Sequence[Arm]) -> None:
                                         for k in differing if k in configs.get(a, {}))] for a in names]  # fmt: skip
         doc.table(["arm", "settings that differ between arms (`model.init_args.` left out)"], rows, "ll")
     elif differing and len(names) > 1:
-        doc.table(["setting", *names], [[f"`{k}`", *(configs.get(a, {}).get(k, "—") for a in names)] for k in differing], "l" * (len(names) + 1))
+        doc.table(
+            ["setting", *names],
+            [[f"`{k}`", *(configs.get(a, {}).get(k, "—") for a in names)] for k in differing],
+            "l" * (len(names) + 1),
+        )
     else:
         doc.p("None: every arm has the same configuration.")
     for arm in names:
@@ -147,43 +152,6 @@ def _config_section(doc: Doc, arms: Sequence[Arm]) -> None:
     body = Doc()
     body.table(["setting", "value"], [[f"`{k}`", configs[names[0]].get(k, "—")] for k in shared], "ll")
     doc.details(f"Settings shared by every arm ({len(shared)})", body)
-
-
-def _final_section(doc: Doc, arms: Sequence[Arm], confidence: float) -> None:
-    doc.h(2, "Final metrics")
-    doc.p(
-        f"Last logged value of each run; mean [{confidence:.0%} CI] over seeds (n = runs). "
-        "**Bold**: the best arm where higher (accuracy, reward) or lower (tokens, time) is better, unless tied."
-    )
-    metrics, cells = [], []  # cells[m][a]: the text of metric m for arm a
-    for key, label, direction in FINAL_METRICS:
-        stats = [mean_ci(a.finals(key), confidence) for a in arms]
-        if all(not math.isfinite(s[0]) for s in stats):
-            continue
-        best = best_index([s[0] for s in stats], direction) if len(arms) > 1 else None
-        texts = [fmt(mean) if not math.isfinite(low) else f"{fmt(mean)} [{fmt(low)}, {fmt(high)}]" for mean, low, high in stats]
-        metrics.append(label)
-        cells.append([f"**{text}**" if i == best else text for i, text in enumerate(texts)])
-    names = [f"{a.name} (n={len(a.runs)})" for a in arms]
-    if len(arms) > WIDE:  # one row per arm, best final val/accuracy first
-        order = ranked(arms)
-        doc.p("Arms are ranked by their mean final val/accuracy.")
-        doc.table(["rank", "arm", *metrics], [[str(r + 1), names[i], *(c[i] for c in cells)] for r, i in enumerate(order)],
-                  "rl" + "r" * len(metrics))  # fmt: skip
-    else:
-        doc.table(["metric", *names], [[label, *row] for label, row in zip(metrics, cells)])
-    keys = [(k, label) for k, label, _ in FINAL_METRICS if k in PER_RUN_METRICS]
-    body = Doc()
-    body.table(
-        ["run", "seed", *(label for _, label in keys)],
-        [
-            [cell.name, str(cell.seed), *(fmt(final_value(run, k)) for k, _ in keys)]
-            for arm in arms
-            for cell, run in zip(arm.cells, arm.runs)
-        ],
-        "ll" + "r" * len(keys),
-    )
-    doc.details("Final values of every run", body)
 
 
 def _pairwise_section(doc: Doc, arms: Sequence[Arm]) -> None:
@@ -219,51 +187,35 @@ def _pairwise_section(doc: Doc, arms: Sequence[Arm]) -> None:
     doc.details(f"All {len(rows)} pairs", body)
 
 
-def _curves_section(doc: Doc, arms: Sequence[Arm], target: Path) -> None:
-    doc.h(2, "Learning curves")
-    doc.p(
-        "Mean over seeds where every seed has data (linear interpolation between logged points); the band "
-        "is ± one standard deviation across seeds. Columns: against training "
-        "steps, against completion tokens generated (compute-normalised) and against wall-clock seconds "
-        "since training began (validation time included). Step 0 of val/accuracy is the "
-        "validation before training, when it was run."
-    )
-    groups = [arms]
-    if len(arms) > WIDE:
-        order = [arms[i] for i in ranked(arms)]
-        groups = [order[start : start + CURVE_GROUP] for start in range(0, len(order), CURVE_GROUP)]
-        doc.p(f"With {len(arms)} arms the curves come in groups of {CURVE_GROUP}, in the order of their final "
-              "val/accuracy (the first group holds the best arms).")  # fmt: skip
-    for stem, title, tags in CURVES:
-        if not any(tag in run.scalars or tag in run.initial for arm in arms for run in arm.runs for tag in tags):
-            continue
-        doc.h(3, title)
-        for number, group in enumerate(groups, start=1):
-            filename = f"curves_{stem}.png" if len(groups) == 1 else f"curves_{stem}_{number}.png"
-            heading = title if len(groups) == 1 else f"{title}: {', '.join(a.name for a in group)}"
-            plot_curves(group, tags, heading, target / filename)
-            doc.img(heading, filename)
-
-
-def ranked(arms: Sequence[Arm], key: str = "val/accuracy") -> list[int]:
-    """Indices of ``arms``, the highest mean final ``key`` first (arms without it last, in table order)."""
-
-    def score(i: int) -> float:
-        values = arms[i].finals(key)
-        return -float(sum(values) / len(values)) if values else math.inf
-
-    return sorted(range(len(arms)), key=score)
-
-
-def _notes_section(doc: Doc, confidence: float) -> None:
+def _method_section(doc: Doc, confidence: float) -> None:
     doc.h(2, "Method")
     doc.items(
         [
             "Runs of one arm differ only in their seed; each finished run counts once (unfinished runs are left out).",
             "Final metric: the last value logged by the run; for val/* the last validation.",
-            f"Confidence interval: mean ± t({(1 + confidence) / 2:g}, n − 1) · s / √n with s the sample standard deviation.",
-            "Welch's t-test: t = (mean A − mean B) / √(s²A/nA + s²B/nB), Welch-Satterthwaite degrees of freedom, two-sided p.",
-            "Training step: a step that ended in a policy update and logged training metrics (DAPO's dynamic "
-            "sampling can spend several rollout batches on one); generated tokens are cumulative.",
+            (
+                f"Interval of a mean over seeds: percentile bootstrap, the {(1 - confidence) / 2:g} and "
+                f"{(1 + confidence) / 2:g} quantiles of the means of 10,000 resamples (with replacement, fixed "
+                "generator seed) of the runs' final values; it lies within the range of the runs and is clipped "
+                "to the range of the quantity. With few seeds it is narrow (with 3 seeds it cannot be wider "
+                "than their range): read it as the spread of the seeds, and the Welch test for differences."
+            ),
+            (
+                "Interval of one run's accuracy: the bootstrap over prompts the run logged, else the Wilson score "
+                "interval (p + z²/2n ± z √(p(1 − p)/n + z²/4n²)) / (1 + z²/n) over its n validation prompts."
+            ),
+            (
+                "Welch's t-test: t = (mean A − mean B) / √(s²A/nA + s²B/nB), Welch-Satterthwaite degrees of "
+                "freedom, two-sided p; Holm's correction over all pairs of arms of a metric."
+            ),
+            (
+                "Summary: an arm is named the best on a metric only when its difference to every other arm is "
+                "significant after Holm's correction or larger than both intervals (they do not overlap); "
+                "otherwise the arms within reach tie."
+            ),
+            (
+                "Training step: a step that ended in a policy update and logged training metrics (DAPO's dynamic "
+                "sampling can spend several rollout batches on one); generated tokens are cumulative."
+            ),
         ]
     )

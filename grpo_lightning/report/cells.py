@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_lightning.report.runs import event_directory
+
 
 @dataclass
 class CellInfo:
@@ -68,6 +70,19 @@ def discover_cells(sweep_dir: Path) -> list[CellInfo]:
     return sorted(cells, key=lambda c: (c.arm, c.seed if isinstance(c.seed, int) else -1, c.name))
 
 
+def log_file(directory: Path, name: str) -> Path | None:
+    """The file ``name`` a run wrote beside its logs: in the cell folder, else in the folder of its
+    TensorBoard event files; None when the run has none."""
+    directory = Path(directory)
+    if (directory / name).is_file():
+        return directory / name
+    try:
+        events = event_directory(directory)
+    except (FileNotFoundError, ValueError):
+        return None
+    return events / name if (events / name).is_file() else None
+
+
 # ---------------------------------------------------------------------------- configuration tables
 
 #: Settings that differ between the cells of one arm by construction.
@@ -109,9 +124,7 @@ def arm_configs(cells: Sequence[CellInfo]) -> tuple[dict[str, dict[str, Any]], d
         by_arm.setdefault(cell.arm, []).append(cell)
     configs, inconsistent = {}, {}
     for arm, members in by_arm.items():
-        flats = [
-            {k: v for k, v in flatten_config(c.config).items() if k not in PER_CELL_KEYS} for c in members if c.config
-        ]
+        flats = [{k: v for k, v in flatten_config(c.config).items() if k not in PER_CELL_KEYS} for c in members if c.config]
         configs[arm] = flats[0] if flats else {}
         keys = sorted({k for f in flats for k in f})
         inconsistent[arm] = [k for k in keys if len({f.get(k, "\0") for f in flats}) > 1]

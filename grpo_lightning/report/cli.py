@@ -1,33 +1,46 @@
-"""``grpo-lightning-report SWEEP_DIR [--name NAME] [--out DIR]``: the command line of the report."""
+"""``grpo-lightning-report SWEEP_DIR [--output DIR] [--name NAME]``: the command line of the report."""
 
 from __future__ import annotations
 
 import argparse
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from grpo_lightning.report.build import build_report
+from grpo_lightning.report.build import DEFAULT_FOLDER, build_report
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="grpo-lightning-report",
         description="Markdown/HTML report with statistics and learning curves of a grpo-lightning-ablate sweep.",
+        allow_abbrev=False,  # --out must not read as --output
     )
     parser.add_argument("sweep_dir", type=Path, help="the sweep's output_dir (one folder per cell)")
-    parser.add_argument("--name", default=None, help="report name (default: the sweep folder's name)")
-    parser.add_argument("--out", type=Path, default=Path("reports"), help="parent folder of the report (default: reports/)")
+    parser.add_argument(
+        "--output", type=Path, default=None,
+        help=f"the folder the report is written to (default: SWEEP_DIR/{DEFAULT_FOLDER}); "
+        "e.g. reports/default to replace a committed report",
+    )  # fmt: skip
+    parser.add_argument("--name", default=None, help="the report's title (default: the sweep folder's name)")
+    parser.add_argument("--out", type=Path, default=None, help="deprecated: writes to OUT/NAME; use --output")
     parser.add_argument("--confidence", type=float, default=0.95, help="confidence level of the intervals")
     parser.add_argument(
         "--provenance", action="append", default=[], metavar="LINE",
-        help="a line for the Provenance section (command, commit, machine); repeatable",
-    )
+        help="a line added to the Provenance section (which comes from the sweep's provenance.json); repeatable",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if not 0 < args.confidence < 1:
         parser.error("--confidence must be between 0 and 1")
     if not args.sweep_dir.is_dir():
         parser.error(f"{args.sweep_dir} is not a directory")
-    target = build_report(args.sweep_dir, args.out, args.name, args.confidence, args.provenance)
+    if args.out is not None and args.output is not None:
+        parser.error("give --output only (--out is its deprecated form)")
+    output = args.output
+    if args.out is not None:
+        warnings.warn("--out DIR is deprecated: give the report's own folder as --output DIR/NAME", FutureWarning, stacklevel=1)
+        output = args.out / (args.name or args.sweep_dir.resolve().name)
+    target = build_report(args.sweep_dir, output, args.name, args.confidence, args.provenance)
     print(f"report: {target / 'report.md'}")
     print(f"html:   {target / 'report.html'}")
 

@@ -21,7 +21,7 @@ details { margin: 1em 0; }
 
 def render_html(doc: Doc, title: str) -> str:
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f"<title>{escape(title)}</title>\n<style>\n{CSS}</style>\n</head>\n<body>\n{_body(doc)}</body>\n</html>\n"
     )
 
@@ -32,22 +32,35 @@ def _body(doc: Doc) -> str:
 
 def _heading(level: int, text: str) -> str:
     anchor = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-    return f"<h{level} id=\"{anchor}\">{_inline(text)}</h{level}>"
+    return f'<h{level} id="{anchor}">{_inline(text)}</h{level}>'
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str) -> str:
-    style = ["" if a == "l" else " class=\"num\"" for a in align]
-    lines = ["<table>", "<thead><tr>" + "".join(f"<th{s}>{_inline(c)}</th>" for c, s in zip(header, style)) + "</tr></thead>", "<tbody>"]
+    style = ["" if a == "l" else ' class="num"' for a in align]
+    lines = [
+        "<table>",
+        "<thead><tr>" + "".join(f"<th{s}>{_inline(c)}</th>" for c, s in zip(header, style)) + "</tr></thead>",
+        "<tbody>",
+    ]
     lines += ["<tr>" + "".join(f"<td{s}>{_inline(c)}</td>" for c, s in zip(row, style)) + "</tr>" for row in rows]
     lines += ["</tbody>", "</table>"]
     return "\n".join(lines)
 
 
 def _inline(text: str) -> str:
-    """Escaped text with Markdown's ``code`` and **bold** as HTML."""
-    escaped = escape(str(text), quote=False)
-    escaped = re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
-    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", escaped)
+    """Escaped text with Markdown's ``code``, **bold** and [links](target) as HTML; nothing inside
+    a code span is read as markup."""
+    parts = re.split(r"(`[^`]+`)", str(text))
+    return "".join(
+        f"<code>{escape(part[1:-1], quote=False)}</code>" if part.startswith("`") and len(part) > 1 else _markup(part)
+        for part in parts
+    )
+
+
+def _markup(text: str) -> str:
+    escaped = escape(text, quote=False)
+    escaped = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", escaped)
+    return re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", lambda m: f'<a href="{escape(m.group(2))}">{m.group(1)}</a>', escaped)
 
 
 HTML = {
@@ -55,6 +68,6 @@ HTML = {
     "p": lambda text: f"<p>{_inline(text)}</p>",
     "ul": lambda items: "<ul>\n" + "".join(f"<li>{_inline(i)}</li>\n" for i in items) + "</ul>",
     "table": _table,
-    "img": lambda alt, src: f"<p><img src=\"{escape(src)}\" alt=\"{escape(alt)}\"></p>",
+    "img": lambda alt, src: f'<p><img src="{escape(src)}" alt="{escape(alt)}"></p>',
     "details": lambda summary, body: f"<details><summary>{escape(summary)}</summary>\n{_body(body)}</details>",
 }

@@ -1,4 +1,5 @@
-"""Statistics of a sweep's final metrics: Student-t confidence intervals, Welch's t-test, Holm."""
+"""Statistics of a sweep's final metrics: intervals of a mean over seeds (percentile bootstrap,
+Student t), Wilson intervals of proportions, Welch's t-test and Holm's correction."""
 
 from __future__ import annotations
 
@@ -27,6 +28,57 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, f
         return (mean, math.nan, math.nan)
     half = float(stats.t.ppf((1.0 + confidence) / 2.0, n - 1)) * float(x.std(ddof=1)) / math.sqrt(n)
     return (mean, mean - half, mean + half)
+
+
+#: Resamples of ``bootstrap_ci``; its generator is seeded so that reports are reproducible.
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0
+
+
+def bootstrap_ci(
+    values: Sequence[float],
+    confidence: float = 0.95,
+    bounds: tuple[float, float] = (-math.inf, math.inf),
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> tuple[float, float, float]:
+    """Mean and percentile-bootstrap interval ``(mean, low, high)`` of independent samples.
+
+    ``resamples`` means of ``n`` values drawn with replacement; the interval is their
+    ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles. A mean of resampled values
+    lies within ``[min, max]`` of the data, so the interval does too; it is also clipped to
+    ``bounds``, the range the quantity can take. One value gives ``(value, nan, nan)``.
+    """
+    x = _finite_array(values)
+    if len(x) == 0:
+        return (math.nan, math.nan, math.nan)
+    mean = float(x.mean())
+    if len(x) == 1:
+        return (mean, math.nan, math.nan)
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, len(x), size=(resamples, len(x)))].mean(axis=1)
+    low, high = np.quantile(means, [(1 - confidence) / 2, (1 + confidence) / 2])
+    low = min(max(float(low), float(x.min()), bounds[0]), mean)
+    high = max(min(float(high), float(x.max()), bounds[1]), mean)
+    return (mean, low, high)
+
+
+def wilson_interval(successes: float, trials: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval ``(low, high)`` of a proportion ``successes / trials``.
+
+    ``(p + z^2 / 2n -+ z sqrt(p (1 - p) / n + z^2 / 4n^2)) / (1 + z^2 / n)`` with
+    ``z`` the normal ``(1 + confidence) / 2`` quantile; always inside ``[0, 1]``.
+    """
+    from scipy import stats
+
+    if trials <= 0:
+        return (math.nan, math.nan)
+    z = float(stats.norm.ppf((1 + confidence) / 2))
+    p = successes / trials
+    denominator = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denominator
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
+    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def welch_test(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:

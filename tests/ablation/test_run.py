@@ -5,8 +5,11 @@ import time
 import types
 
 import pytest
+import yaml
 
+from grpo_lightning.ablation import provenance
 from grpo_lightning.ablation import sweep as ablate
+from grpo_lightning.ablation.provenance import PROVENANCE_FILE
 from grpo_lightning.ablation.run import SPEC_DIR, main
 from grpo_lightning.ablation.spec import SweepError, SweepSpec, cli_value, flatten
 from grpo_lightning.ablation.sweep import DONE_FILE, METRICS_FILE, cell_command, run_sweep
@@ -85,6 +88,7 @@ def test_cell_command_uses_the_shared_yaml(tmp_path):
     assert "--model.model /m" in text
     assert text.endswith("--trainer.max_steps 3 --model.beta 0.0")
     assert "--validate_before_fit" not in command  # every fit validates before training by default
+    assert "--completions.jsonl true --trainer.max_steps 3" in text  # the report shows some; args come after
     unvalidated = SweepSpec.from_dict(spec_dict(tmp_path, validate_before_training=False))
     no_validation = cell_command(unvalidated, unvalidated.cells()[0], tmp_path / "cell", "/m")
     assert no_validation[no_validation.index("--validate_before_fit") + 1] == "false"
@@ -101,7 +105,14 @@ def test_hydra_configs_compose():
     assert [p.name for p in default.base_configs] == ["cpu.yaml", "arithmetic.yaml", "tiny.yaml"]
     assert len(default.cells()) == 15
     assert smoke.variants == ["grpo", "dapo"] and smoke.seeds == [0, 1] and smoke.parallel == 2
-    assert smoke.args["trainer.max_steps"] == 6 and smoke.args["trainer.val_check_interval"] == 3
+    assert smoke.args["trainer.max_steps"] == 12 and smoke.args["trainer.val_check_interval"] == 3
+    # several optimizer steps per rollout, so that the clip ranges the variants differ in act
+    data = yaml.safe_load((SPEC_DIR.parent / "data" / "arithmetic.yaml").read_text())["data"]["init_args"]
+    model = yaml.safe_load((SPEC_DIR.parent / "model" / "tiny.yaml").read_text())["model"]["init_args"]
+    rollout = data["batch_size"] * model["group_size"]  # completions per rollout
+    assert default.args["model.init_args.minibatch_size"] in (rollout // 4, rollout // 2)
+    assert rollout % default.args["model.init_args.minibatch_size"] == 0
+    assert smoke.args["model.init_args.minibatch_size"] * 2 == 4 * smoke.args["model.init_args.group_size"]
     assert smoke.overrides == {"model.beta": [0.0, 0.04]}
     assert smoke.output_dir.parts[-3:] == ("runs", "ablation", "smoke")
 
@@ -170,6 +181,25 @@ def test_parallel_gpus_round_robin_and_failures(tmp_path, monkeypatch):
     results = run_sweep(spec)
     assert [r.status for r in results] == ["skipped"] * 4 + ["done", "skipped"]
     assert [save_dir for save_dir, _ in launch.seen] == [str(failed)]
+
+    # one provenance record per run of the sweep that started cells
+    first, second = json.loads((tmp_path / "sweep" / PROVENANCE_FILE).read_text())
+    assert first["parallel"] == 2 and first["devices"] == ["3", "5"] and first["cells"]["dr_grpo-seed1"] == "failed"
+    assert len(first["cells"]) == 6 and second["cells"] == {"dr_grpo-seed1": "done"}
+    run_sweep(spec)  # nothing to run: no record
+    assert len(json.loads((tmp_path / "sweep" / PROVENANCE_FILE).read_text())) == 2
+
+
+def test_provenance_record():
+    record = provenance.finish_record(provenance.start_record(1, None, []), provenance.LoadMonitor(), {"a": "done"})
+    assert set(record["packages"]) == {"grpo-lightning", "torch", "transformers", "lightning"}
+    assert record["packages"]["torch"]  # installed here
+    assert record["machine"]["cores"] >= 1 and isinstance(record["machine"]["gpus"], list)
+    assert record["commit"] is None or len(record["commit"]) == 40
+    assert len(record["load_start"]) == 3 and record["started"] <= record["finished"]
+    with provenance.LoadMonitor(interval_s=0.01) as monitor:
+        time.sleep(0.05)
+    assert monitor.peak is not None and monitor.peak >= 0
 
 
 def test_threads_per_cell(monkeypatch):
@@ -267,6 +297,7 @@ def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch):
         assert metrics["val/accuracy_before"] is not None  # the validation before training ran
         assert metrics["generated_tokens"] > 0 and metrics["wall_time_s"] > 0
         assert metrics["final_step"]["reward"] == 1 and "val/accuracy" in metrics["final"]
+        assert json.loads((cell / "completions.jsonl").read_text().splitlines()[0])["step"] == 0
         record = json.loads((cell / "cell.json").read_text())
         assert record["overrides"] == {"model.group_size": 2} and record["seed"] == int(name.split("seed")[1][0])
     saved = (out / names[0] / "config.yaml").read_text()
@@ -282,7 +313,8 @@ def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch):
     main()
     assert {name: (out / name / DONE_FILE).stat().st_mtime_ns for name in names} == marks
 
-    target = build_report(out, tmp_path / "reports", name="tiny")
+    assert [r["cells"] for r in json.loads((out / PROVENANCE_FILE).read_text())] == [dict.fromkeys(names, "done")]
+    target = build_report(out, tmp_path / "reports" / "tiny", name="tiny")
     md = (target / "report.md").read_text()
     for section in ["## Summary", "## Runs", "## Configuration", "## Final metrics",
                     "## Pairwise comparison on final val/accuracy", "## Learning curves"]:  # fmt: skip

@@ -1,14 +1,14 @@
-import json
+import csv
 import math
 
 import numpy as np
 import pytest
-import yaml
 
 from grpo_lightning.report import (
     Run,
     Series,
     aligned_curve,
+    bootstrap_ci,
     build_report,
     discover_cells,
     holm,
@@ -17,13 +17,12 @@ from grpo_lightning.report import (
     mean_ci,
     welch_dof,
     welch_test,
+    wilson_interval,
 )
 
-# Final val/accuracy of the synthetic sweep, three seeds per variant.
+# Final val/accuracy of the synthetic sweep (tests/report/conftest.py), three seeds per variant.
 FINAL_ACCURACY = {"grpo": [0.5, 0.6, 0.7], "dapo": [0.2, 0.3, 0.4]}
 INITIAL_ACCURACY = 0.1
-STEPS = 6
-T0 = 1_000_000.0  # wall time of the first event
 
 
 def test_mean_ci_by_hand():
@@ -42,6 +41,45 @@ def test_mean_ci_by_hand():
     one = mean_ci([0.4])
     assert one[0] == 0.4 and math.isnan(one[1]) and math.isnan(one[2])
     assert all(math.isnan(v) for v in mean_ci([]))
+
+
+def test_bootstrap_interval_by_hand():
+    # two values: resampled means 0 (p 1/4), 0.5 (p 1/2), 1 (p 1/4); 2.5% and 97.5% quantiles 0 and 1
+    assert bootstrap_ci([0.0, 1.0]) == (0.5, 0.0, 1.0)
+    # three values: all three draws the lowest with p 1/27 = 3.7% > 2.5%: the interval is the range
+    assert bootstrap_ci([0.5, 0.6, 0.7]) == pytest.approx((0.6, 0.5, 0.7))
+    assert bootstrap_ci([0.3, 0.3, 0.3]) == pytest.approx((0.3, 0.3, 0.3))
+    one = bootstrap_ci([0.4])
+    assert one[0] == 0.4 and math.isnan(one[1]) and math.isnan(one[2])
+    assert all(math.isnan(v) for v in bootstrap_ci([]))
+
+
+def test_bootstrap_interval_stays_inside_the_data_and_the_bounds():
+    # skewed accuracies: Student t gives 0.2 -+ 2.776 * 0.4472 / sqrt(5) = [-0.355, 0.755], below 0
+    values = [0.0, 0.0, 0.0, 0.0, 1.0]
+    assert mean_ci(values)[1] < 0
+    mean, low, high = bootstrap_ci(values, bounds=(0.0, 1.0))
+    assert mean == pytest.approx(0.2) and 0.0 <= low <= mean <= high <= 1.0
+    assert bootstrap_ci(values, bounds=(0.0, 1.0)) == (mean, low, high)  # a fixed generator seed
+    seconds = [3.0, 5.0, 100.0, 4.0]  # one slow outlier: the interval stays within [3, 100]
+    mean, low, high = bootstrap_ci(seconds, bounds=(0.0, math.inf))
+    assert 3.0 <= low < mean < high <= 100.0
+    # five distinct values: the interval lies strictly inside their range (p of all-lowest = 1/3125)
+    mean, low, high = bootstrap_ci([1, 2, 3, 4, 5])
+    assert 1 < low < 3 < high < 5
+    # the bounds of the quantity clip the interval
+    assert bootstrap_ci([0.5, 0.6, 0.7], bounds=(0.55, 1.0))[1] == pytest.approx(0.55)
+
+
+def test_wilson_interval_by_hand():
+    # 7 of 10, z = 1.959964 (z^2 = 3.841459): centre (0.7 + 3.841459 / 20) / (1 + 0.3841459) = 0.644491;
+    # half z * sqrt(0.21 / 10 + 3.841459 / 400) / 1.3841459 = 1.959964 * 0.1749390 / 1.3841459 = 0.247715
+    low, high = wilson_interval(7, 10)
+    assert low == pytest.approx(0.644491 - 0.247715, abs=1e-5) and high == pytest.approx(0.644491 + 0.247715, abs=1e-5)
+    # 0 of 10: low 0, high z^2/n / (1 + z^2/n) = 0.3841459 / 1.3841459 = 0.277533
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.277533), abs=1e-6)
+    assert wilson_interval(10, 10) == pytest.approx((1 - 0.277533, 1.0), abs=1e-6)
+    assert all(math.isnan(v) for v in wilson_interval(0, 0))
 
 
 def test_welch_by_hand():
@@ -86,73 +124,13 @@ def test_aligned_curve_by_hand():
     assert x.tolist() == [2, 3] and mean.tolist() == [3, 4]
 
 
-def _reward(variant: str, seed: int, step: int) -> float:
-    return (0.1 if variant == "grpo" else 0.05) * step + 0.01 * seed
-
-
-def write_cell(root, variant: str, seed: int, final_accuracy: float, finished: bool = True, stem: str = "", stale=()):
-    """A cell folder as grpo-lightning-ablate leaves it; ``stale``: TensorBoard steps without an
-    update, where the previous training values are logged again (as Lightning does)."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    name = f"{variant}-seed{seed}{stem}"
-    directory = root / name
-    directory.mkdir(parents=True)
-    record = {"name": name, "arm": variant + stem, "variant": variant, "seed": seed, "overrides": {}, "command": []}
-    (directory / "cell.json").write_text(json.dumps(record))
-    config = {
-        "seed_everything": seed,
-        "trainer": {"max_steps": STEPS, "logger": {"init_args": {"save_dir": str(directory)}}},
-        "model": {
-            "class_path": f"variants.{variant.upper()}",
-            "init_args": {"group_size": 4, "clip_eps_high": 0.28 if variant == "dapo" else 0.2},
-        },
-        "data": {"init_args": {"num_train": 32}},
-    }
-    (directory / "config.yaml").write_text(yaml.safe_dump(config))
-    writer = SummaryWriter(log_dir=str(directory))
-    wall = T0
-    writer.add_scalar("val/accuracy", INITIAL_ACCURACY, 0, walltime=wall)
-    tokens = 0
-    previous = {}
-    for step in range(STEPS + len(stale)):
-        if step in stale:
-            wall += 0.5
-            for tag, value in previous.items():
-                writer.add_scalar(tag, value, step, walltime=wall)
-            continue
-        wall += 2.0 if variant == "grpo" else 1.0
-        tokens += 100 + 10 * step
-        scalars = {
-            "reward": _reward(variant, seed, step),
-            "kl": 0.01 * step,
-            "entropy": 1.0 - 0.05 * step,
-            "completions/mean_length": 10.0 + step,
-            "clip_ratio/low": 0.01,
-            "clip_ratio/high": 0.02,
-            "frac_reward_zero_std": 0.5,
-            "perf/step_s": 2.0 if variant == "grpo" else 1.0,
-            "perf/generated_tokens": float(tokens),
-        }
-        for tag, value in scalars.items():
-            writer.add_scalar(tag, value, step, walltime=wall)
-        previous = scalars
-        if step in (2, STEPS + len(stale) - 1):
-            accuracy = final_accuracy if step == STEPS + len(stale) - 1 else (INITIAL_ACCURACY + final_accuracy) / 2
-            writer.add_scalar("val/accuracy", accuracy, step, walltime=wall + 0.5)
-    writer.close()
-    if finished:
-        (directory / "DONE").write_text("")
-    return directory
-
-
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
+def sweep(tmp_path_factory, cell_writer):
     root = tmp_path_factory.mktemp("sweep") / "synthetic"
     for variant, finals in FINAL_ACCURACY.items():
         for seed, final in enumerate(finals):
-            write_cell(root, variant, seed, final)
-    write_cell(root, "grpo", 3, 0.0, finished=False)  # unfinished: left out
+            cell_writer(root, variant, seed, final)
+    cell_writer(root, "grpo", 3, 0.0, finished=False)  # unfinished: left out
     return root
 
 
@@ -168,8 +146,8 @@ def test_load_run_axes(sweep):
     assert run.train_time_s == pytest.approx(12.0)
 
 
-def test_logs_repeated_without_an_update_are_dropped(tmp_path):
-    directory = write_cell(tmp_path, "dapo", 0, 0.4, stale=(1, 4))
+def test_logs_repeated_without_an_update_are_dropped(tmp_path, cell_writer):
+    directory = cell_writer(tmp_path, "dapo", 0, 0.4, stale=(1, 4))
     run = load_run(directory)
     assert run.update_steps.tolist() == [0, 2, 3, 5, 6, 7]
     x, y = run.axis("reward", "step")
@@ -186,7 +164,7 @@ def test_discover_cells(sweep):
 
 
 def test_report_sections_and_numbers(sweep, tmp_path):
-    assert main([str(sweep), "--out", str(tmp_path / "reports"), "--name", "synthetic"]) is None  # exit status 0
+    assert main([str(sweep), "--output", str(tmp_path / "reports" / "synthetic")]) is None  # exit status 0
     target = tmp_path / "reports" / "synthetic"
     md = (target / "report.md").read_text()
     html = (target / "report.html").read_text()
@@ -199,13 +177,15 @@ def test_report_sections_and_numbers(sweep, tmp_path):
         "## Pairwise comparison on final val/accuracy",
         "## Learning curves",
         "## Method",
+        "## Provenance",
     ]:
         assert section in md
     for title in ["val/accuracy", "reward", "kl", "entropy", "completions/mean_length", "clip_ratio", "frac_reward_zero_std"]:
         assert f"### {title}\n" in md
     pngs = sorted(p.name for p in target.glob("*.png"))
     assert pngs == sorted(
-        f"curves_{s}.png" for s in ["val_accuracy", "reward", "kl", "entropy", "mean_length", "clip_ratio", "frac_reward_zero_std"]
+        f"curves_{s}.png"
+        for s in ["val_accuracy", "reward", "kl", "entropy", "mean_length", "clip_ratio", "frac_reward_zero_std"]
     )
     for png in pngs:
         assert f"]({png})" in md and f'src="{png}"' in html
@@ -219,23 +199,45 @@ def test_report_sections_and_numbers(sweep, tmp_path):
     assert "seed_everything" not in md and "save_dir" not in md
     assert "`model.init_args.group_size` | 4 |" in md  # shared
 
-    # final val/accuracy: grpo 0.6 [0.6 -+ 0.2484138], dapo 0.3 [0.3 -+ 0.2484138], grpo in bold
-    assert "| val/accuracy | **0.6 [0.3516, 0.8484]** | 0.3 [0.05159, 0.5484] |" in md
+    # Percentile bootstrap over three seeds: a resample is all-lowest with probability 1/27 > 2.5%, so the
+    # 2.5% quantile of the resampled means is the lowest seed, the 97.5% quantile the highest.
+    assert "| val/accuracy | **0.6 [0.5, 0.7]** | 0.3 [0.2, 0.4] |" in md
     assert "| val/accuracy before training | 0.1 [0.1, 0.1] | 0.1 [0.1, 0.1] |" in md
-    # final reward: grpo 0.5 + 0.01 * seed = 0.50, 0.51, 0.52: mean 0.51, s = 0.01, half = 4.3026527 * 0.01 / sqrt(3) = 0.0248414
-    assert "| reward | **0.51 [0.4852, 0.5348]** |" in md
-    # generated tokens 750 in every run; lower is better but equal: the first arm is bold
-    assert "| generated tokens |" in md
+    assert "| reward | **0.51 [0.5, 0.52]** |" in md  # 0.5 + 0.01 * seed
+    assert "| generated tokens | 750 [750, 750] | 750 [750, 750] |" in md  # equal: nobody in bold
     # Welch on final val/accuracy: t = 3.6742346, dof 4, p = 0.0213116 (see test_welch_by_hand)
     assert "| grpo | dapo | 3 | 3 | 0.3 | 3.674 | 4 | 0.0213 | 0.0213 | significant at 0.05 |" in md
-    assert "**grpo** has the highest final val/accuracy (0.6); its lead over **dapo** (0.3) is significant (Welch p = 0.0213)." in md
+    assert ("**grpo** has the highest final val/accuracy (0.6), ahead of the runner-up **dapo** (0.3; significant: "
+            "Welch p = 0.0213 after Holm's correction).") in md  # fmt: skip
+    assert "**grpo** and **dapo** tie for the fewest generated tokens (750, 750)" in md
+    # every grpo step takes 2 s, every dapo step 1 s: no variance, no test, but intervals [12, 12] and [6, 6]
+    assert ("**dapo** has the shortest training wall-clock (6 s), ahead of the runner-up **grpo** (12 s; the "
+            "intervals do not overlap; no test possible).") in md  # fmt: skip
     assert "Before training, val/accuracy was 0.1." in md
-    assert "<table>" in html and "<strong>0.6 [0.3516, 0.8484]</strong>" in html
+    assert "No `provenance.json` in the sweep folder" in md
+    assert "<table>" in html and "<strong>0.6 [0.5, 0.7]</strong>" in html
+    assert '<a href="final_metrics.csv">final_metrics.csv</a>' in html
+
+
+def test_final_metrics_csv_and_latex(sweep, tmp_path):
+    target = build_report(sweep, tmp_path / "out", name="synthetic")
+    md = (target / "report.md").read_text()
+    assert "[final_metrics.csv](final_metrics.csv)" in md and "[final_metrics.tex](final_metrics.tex)" in md
+    rows = list(csv.DictReader((target / "final_metrics.csv").open()))
+    accuracy = {r["arm"]: r for r in rows if r["metric"] == "val/accuracy"}
+    assert accuracy["grpo"] == {"metric": "val/accuracy", "arm": "grpo", "n": "3", "mean": "0.6", "ci_low": "0.5",
+                                "ci_high": "0.7", "interval": "percentile bootstrap over seeds"}  # fmt: skip
+    tex = (target / "final_metrics.tex").read_text()
+    assert tex.index(r"\toprule") < tex.index(r"\midrule") < tex.index(r"\bottomrule")
+    assert r"Metric & grpo ($n=3$) & dapo ($n=3$) \\" in tex
+    assert r"val/accuracy & \textbf{0.6 [0.5, 0.7]} & 0.3 [0.2, 0.4] \\" in tex
+    assert r"frac\_reward\_zero\_std" in tex and r"\label{tab:synthetic-final-metrics}" in tex
 
 
 def test_report_is_byte_identical(sweep, tmp_path):
     first = build_report(sweep, tmp_path / "a", name="same")
     files = sorted(p.name for p in first.iterdir())
+    assert {"report.md", "report.html", "final_metrics.csv", "final_metrics.tex"} <= set(files)
     before = {name: (first / name).read_bytes() for name in files}
     again = build_report(sweep, tmp_path / "a", name="same")
     other = build_report(sweep, tmp_path / "b", name="same")
@@ -246,36 +248,60 @@ def test_report_is_byte_identical(sweep, tmp_path):
     assert png.startswith(b"\x89PNG") and b"matplotlib" not in png
 
 
-def test_small_n_is_reported(tmp_path):
+def test_the_report_goes_into_the_sweep_folder_unless_told(tmp_path, cell_writer):
+    root = tmp_path / "runs" / "ablation" / "mine"
+    cell_writer(root, "grpo", 0, 0.5)
+    cell_writer(root, "dapo", 0, 0.4)
+    main([str(root)])
+    assert (root / "report" / "report.md").is_file() and "# Ablation report: mine" in (root / "report" / "report.md").read_text()
+    main([str(root)])  # the report folder is not taken for a cell
+    assert "2 finished runs" in (root / "report" / "report.md").read_text()
+    main([str(root), "--output", str(tmp_path / "reports" / "mine")])
+    assert (tmp_path / "reports" / "mine" / "final_metrics.tex").is_file()
+    with pytest.warns(FutureWarning, match="--output"):
+        main([str(root), "--out", str(tmp_path / "old"), "--name", "named"])
+    assert (tmp_path / "old" / "named" / "report.md").is_file()
+
+
+def test_small_n_is_reported(tmp_path, cell_writer):
     root = tmp_path / "tiny"
-    write_cell(root, "grpo", 0, 0.5)
-    write_cell(root, "grpo", 1, 0.7)
-    write_cell(root, "rloo", 0, 0.4)
+    cell_writer(root, "grpo", 0, 0.5)
+    cell_writer(root, "grpo", 1, 0.7)
+    cell_writer(root, "rloo", 0, 0.4)
     target = build_report(root, tmp_path / "out")
     md = (target / "report.md").read_text()
-    assert target.name == "tiny"
+    assert "# Ablation report: tiny" in md
     assert "n too small for a test (needs at least 2 seeds per arm)" in md
-    assert "| val/accuracy | **0.6 [-0.6706, 1.871]** | 0.4 |" in md  # t(0.975, 1) = 12.706205; half = 12.706205 * 0.1414214 / sqrt(2)
-    assert "not tested (too few seeds to test)" in md
+    # two seeds: resamples (0.5, 0.5) and (0.7, 0.7) have probability 1/4 each, so the interval is [0.5, 0.7]
+    assert "| val/accuracy | 0.6 [0.5, 0.7] | 0.4 |" in md  # a tie (see below): nobody in bold
+    assert ("**grpo** and **rloo** tie for the highest final val/accuracy (0.6, 0.4): no difference to **grpo** is "
+            "significant after Holm's correction or larger than the intervals (an arm with one seed has no "
+            "interval and no test).") in md  # fmt: skip
 
 
 def test_cli_errors(tmp_path):
     with pytest.raises(SystemExit):
         main([str(tmp_path / "missing")])
     with pytest.raises(FileNotFoundError):
-        main([str(tmp_path), "--out", str(tmp_path / "out")])
+        main([str(tmp_path), "--output", str(tmp_path / "out")])
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--out", str(tmp_path), "--output", str(tmp_path / "out")])
 
 
-def test_a_wide_sweep_ranks_the_arms_and_groups_the_curves(tmp_path):
+def test_a_wide_sweep_ranks_the_arms_and_groups_the_curves(tmp_path, cell_writer):
     # Nine arms (above WIDE = 6), three seeds each; arm k ends at 0.1 * k (+- 0.01), so the ranking is k = 9 .. 1.
     root = tmp_path / "wide"
     for k in range(1, 10):
         for seed in range(3):
-            write_cell(root, "grpo", seed, 0.1 * k + 0.01 * (seed - 1), stem=f"-arm{k}")
+            cell_writer(root, "grpo", seed, 0.1 * k + 0.01 * (seed - 1), stem=f"-arm{k}")
     target = build_report(root, tmp_path / "out", name="wide")
     text = (target / "report.md").read_text()
     final = text.split("## Final metrics")[1].split("## Pairwise")[0]
-    ranks = [line.split("|")[2].strip() for line in final.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    ranks = [
+        line.split("|")[2].strip()
+        for line in final.splitlines()
+        if line.startswith("| ") and line.split("|")[1].strip().isdigit()
+    ]
     assert ranks == [f"grpo-arm{k} (n=3)" for k in range(9, 0, -1)]
     # 36 pairs; neighbours 0.1 apart with a std of 0.01 differ significantly, so the significant ones are shown
     # and all 36 are in the collapsed section.
@@ -283,3 +309,5 @@ def test_a_wide_sweep_ranks_the_arms_and_groups_the_curves(tmp_path):
     # Curves in groups of four, best first: 3 files per curve.
     assert sorted(p.name for p in target.glob("curves_val_accuracy_*.png")) == [f"curves_val_accuracy_{i}.png" for i in (1, 2, 3)]
     assert "val/accuracy: grpo-arm9, grpo-arm8, grpo-arm7, grpo-arm6" in text
+    # nine arms with equal token counts: one tie, given as a count and a range
+    assert "All 9 arms tie for the fewest generated tokens (from 750 to 750)" in text
