@@ -42,7 +42,7 @@ from grpo_lightning.generation import load_causal_lm, save_policy
 from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.metrics import EVERY_STEP_METRICS, StepMetrics
 from grpo_lightning.rewards import resolve_reward_function, score_completions, weighted_reward
-from grpo_lightning.rollout import Rollout, RolloutBuffer, SamplingParams
+from grpo_lightning.rollout import Rollout, SamplingParams
 from grpo_lightning.rollout_correction import correct_policy_loss
 from grpo_lightning.settings import CHECKED_SETTINGS, DTYPES, ConfigError, check_datasets, check_settings, require
 from grpo_lightning.settings import check_options_apply, resolve_rewards
@@ -52,7 +52,7 @@ from grpo_lightning.strategies import clip_policy_gradients, no_gradient_sync, s
 __all__ = ["EVERY_STEP_METRICS", "ConfigError", "EngineOptions", "GroupPolicyOptimization", "StepMetrics", "disable_dropout"]
 
 
-class GroupPolicyOptimization(resume.ExactResume, Evaluation, L.LightningModule):
+class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningModule):
     """Base module of the GRPO family: rollout, rewards, reference model, clipped update, logging.
 
     Args:
@@ -309,38 +309,7 @@ class GroupPolicyOptimization(resume.ExactResume, Evaluation, L.LightningModule)
         """The engine options resolved for this device (see :attr:`sampler`)."""
         return self.sampler.plan
 
-    # ------------------------------------------------------------------ checkpoints
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Leave the frozen reference model out (it is reloaded from ``model``); add the training state."""
-        state = checkpoint.get("state_dict", {})
-        for key in [k for k in state if k.startswith("ref_model.")]:
-            del state[key]
-        super().on_save_checkpoint(checkpoint)
-
-    def training_state(self) -> dict[str, Any]:
-        """What an exact resume needs beyond weights, optimizer and loops
-        (:class:`~grpo_lightning.resume.ExactResume`): the RNG states, the generated-token count, the
-        metrics of a step in progress and every :class:`RolloutBuffer` attribute by name (DAPO's
-        dynamic-sampling buffer)."""
-        buffers = {name: value for name, value in vars(self).items() if isinstance(value, RolloutBuffer)}
-        return {
-            **super().training_state(),
-            "generated_tokens": self.generated_tokens,
-            "rollouts": self.rollouts,
-            "logged_steps": self.logged_steps,
-            "step_metrics": self.step_metrics.state_dict(),
-            "buffers": {name: buffer.state_dict() for name, buffer in buffers.items()},
-        }
-
-    def load_training_state(self, state: dict[str, Any]) -> None:
-        super().load_training_state(state)
-        self.generated_tokens, self.rollouts = state["generated_tokens"], state.get("rollouts", 0)
-        self.logged_steps = state.get("logged_steps", self.trainer.global_step if self._trainer else 0)
-        self.step_metrics.load_state_dict(state["step_metrics"])
-        for name, buffer in state.get("buffers", {}).items():
-            if isinstance(getattr(self, name, None), RolloutBuffer):
-                getattr(self, name).load_state_dict(buffer)
+    # ------------------------------------------------------------------ optimizer
 
     def configure_optimizers(self):
         parameters = [p for p in self.policy.parameters() if p.requires_grad]

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from grpo_lightning.rollout import RolloutBuffer
+
 
 def rng_state() -> dict[str, Any]:
     """States of the global generators: torch (CPU and the current CUDA device), numpy, python."""
@@ -88,3 +90,36 @@ class ExactResume:
         if self._resume_rng is not None:
             set_rng_state(self._resume_rng)
             self._resume_rng = None
+
+
+class GroupPolicyState(ExactResume):
+    """The checkpoint hooks of :class:`~grpo_lightning.module.GroupPolicyOptimization`: the frozen
+    reference model is left out (it is reloaded from ``model``), and the training state holds the
+    generated-token and rollout counts, the metrics of a step in progress and every
+    :class:`~grpo_lightning.rollout.RolloutBuffer` attribute by name (DAPO's dynamic-sampling buffer)."""
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint.get("state_dict", {})
+        for key in [k for k in state if k.startswith("ref_model.")]:
+            del state[key]
+        super().on_save_checkpoint(checkpoint)
+
+    def training_state(self) -> dict[str, Any]:
+        buffers = {name: value for name, value in vars(self).items() if isinstance(value, RolloutBuffer)}
+        return {
+            **super().training_state(),
+            "generated_tokens": self.generated_tokens,
+            "rollouts": self.rollouts,
+            "logged_steps": self.logged_steps,
+            "step_metrics": self.step_metrics.state_dict(),
+            "buffers": {name: buffer.state_dict() for name, buffer in buffers.items()},
+        }
+
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        super().load_training_state(state)
+        self.generated_tokens, self.rollouts = state["generated_tokens"], state.get("rollouts", 0)
+        self.logged_steps = state.get("logged_steps", self.trainer.global_step if self._trainer else 0)
+        self.step_metrics.load_state_dict(state["step_metrics"])
+        for name, buffer in state.get("buffers", {}).items():
+            if isinstance(getattr(self, name, None), RolloutBuffer):
+                getattr(self, name).load_state_dict(buffer)
