@@ -212,7 +212,7 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
     # ------------------------------------------------------------------ algorithm hooks
 
     def advantages(self, rewards: Tensor) -> Tensor:
-        """Advantage of each completion. ``rewards`` ``[P, G]`` -> ``[P, G]``."""
+        """Advantage of each completion. ``rewards`` ``[P, G]`` -> ``[P, G]``, or ``[P, G, T]`` per token."""
         raise NotImplementedError(f"{type(self).__name__} must implement advantages(rewards [P, G]) -> [P, G]")
 
     def token_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
@@ -242,6 +242,11 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
     def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
         """Adjust the ``[N]`` rewards once log-probs are known. Identity here."""
         return rewards
+
+    def needs_reference_model(self) -> bool:
+        """Whether the frozen reference model is loaded and its log-probs computed: for the KL term
+        (``beta > 0``); a variant whose loss needs them otherwise (e.g. a DPO term) says so here."""
+        return self.beta > 0
 
     def needs_old_logprobs(self, rollout_size: int) -> bool:
         """Old log-probs need a forward pass of their own unless the rollout makes one optimizer
@@ -275,7 +280,7 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         if self.hparams.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
         self.policy = shard(self.policy)
-        if self.beta > 0:
+        if self.needs_reference_model():
             self.ref_model = self._load_causal_lm()
             self.ref_model.eval().requires_grad_(False)
             strategy = self.trainer.strategy if self._trainer is not None else None
@@ -401,14 +406,14 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         with timer.phase("logprob", "grpo.logprobs"):
             if self.needs_old_logprobs(len(rollout)) or (self.beta > 0 and not self.kl_in_loss):
                 rollout.old_logp = self.compute_logprobs(self.policy, rollout)
-            if self.beta > 0:
+            if self.needs_reference_model():
                 rollout.ref_logp = self.compute_logprobs(self.ref_model, rollout)
 
         rewards = rollout.rewards
         if self.hparams.reward_aggregation == "normalize_then_sum":
             rewards = F.group_normalized_reward_sum(rollout.reward_per_function, self.reward_weights, rollout.group_size)
         rewards = self.shape_rewards(rewards, rollout)
-        advantages = self.advantages(rewards.view(-1, rollout.group_size)).flatten()
+        advantages = self.advantages(rewards.view(-1, rollout.group_size)).flatten(0, 1)  # [N], or per token [N, T]
         self.last_rollout, self.last_advantages = rollout, advantages  # for callbacks (completion tables)
         with timer.phase("update"):
             self.update(rollout, advantages)
