@@ -267,6 +267,8 @@ def hydra_args(out, model):
         "args.data.init_args.batch_size=2",
         "+args.data.init_args.val_batch_size=8",
         "+args.model.init_args.max_new_tokens=8",
+        "args.model.init_args.minibatch_size=4",  # one optimizer step per rollout of 2 prompts x 2
+        "args.model.init_args.micro_batch_size=4",
         "+overrides.model.group_size=[2]",
     ]
 

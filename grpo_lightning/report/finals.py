@@ -1,0 +1,127 @@
+"""The Final metrics section: each arm's final metrics with bounded intervals over seeds, each
+run's final values (its accuracy with an interval over the validation prompts), and the same
+table as ``final_metrics.csv`` and ``final_metrics.tex`` beside the report."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from grpo_lightning.report.arms import WIDE, Arm, final_value, rank_arms, ranked
+from grpo_lightning.report.document import Doc
+from grpo_lightning.report.formatting import fmt_interval, fmt_metric
+from grpo_lightning.report.metrics import FINAL_METRICS, PER_RUN_METRICS, WALL_CLOCK_METRICS, Metric
+from grpo_lightning.report.runs import Run
+from grpo_lightning.report.statistics import wilson_interval
+from grpo_lightning.report.tables import CSV_FILE, LATEX_FILE, Row, write_final_tables
+
+INTERVAL = "percentile bootstrap over seeds"
+
+
+def final_rows(arms: Sequence[Arm], confidence: float, wall_clock_caveat: str | None = None) -> list[Row]:
+    """``(metric, [(mean, low, high) per arm], leader)`` of every metric some arm logged; the
+    leader is the index of the arm ahead of all others (``arms.rank_arms``), else None."""
+    rows = []
+    for metric in FINAL_METRICS:
+        stats = [arm.interval(metric.key, confidence) for arm in arms]
+        if all(not math.isfinite(s[0]) for s in stats):
+            continue
+        rows.append((metric, stats, _leader(arms, metric, confidence, wall_clock_caveat)))
+    return rows
+
+
+def _leader(arms: Sequence[Arm], metric: Metric, confidence: float, wall_clock_caveat: str | None) -> int | None:
+    if wall_clock_caveat and metric.key in WALL_CLOCK_METRICS:
+        return None
+    ranking = rank_arms(arms, metric.key, metric.direction, confidence)
+    if ranking is None or len(ranking.tied) > 1:
+        return None
+    return list(arms).index(ranking.tied[0])
+
+
+def final_section(doc: Doc, arms: Sequence[Arm], confidence: float, target: Path, name: str,
+                  wall_clock_caveat: str | None = None) -> None:  # fmt: skip
+    doc.h(2, "Final metrics")
+    doc.p(
+        f"Last logged value of each run; mean [{confidence:.0%} {INTERVAL}] (n = runs): the "
+        f"{confidence:.0%} quantile range of the means of 10,000 resamples of the seeds, never outside the "
+        "range of the seeds nor the range the quantity can take (accuracies and shares in [0, 1], "
+        "counts and times ≥ 0). **Bold**: an arm ahead of every other where higher (accuracy, reward) or lower "
+        "(tokens, time) is better, significantly after Holm's correction or by more than the intervals. Also as "
+        f"[{CSV_FILE}]({CSV_FILE}) and [{LATEX_FILE}]({LATEX_FILE}) (LaTeX, booktabs)."
+    )
+    rows = final_rows(arms, confidence, wall_clock_caveat)
+    labels = [_label(metric.key, metric.label, wall_clock_caveat) for metric, _, _ in rows]
+    cells = [[_cell(stat, metric.key, i == best) for i, stat in enumerate(stats)] for metric, stats, best in rows]
+    names = [f"{a.name} (n={len(a.runs)})" for a in arms]
+    if len(arms) > WIDE:  # one row per arm, best final val/accuracy first
+        doc.p("Arms are ranked by their mean final val/accuracy.")
+        doc.table(["rank", "arm", *labels], [[str(r + 1), names[i], *(c[i] for c in cells)] for r, i in enumerate(ranked(arms))],
+                  "rl" + "r" * len(labels))  # fmt: skip
+    else:
+        doc.table(["metric", *names], [[label, *row] for label, row in zip(labels, cells)])
+    if wall_clock_caveat and any(metric.key in WALL_CLOCK_METRICS for metric, _, _ in rows):
+        doc.p(f"† Training wall-clock: {wall_clock_caveat}")
+    caption = (
+        f"Final metrics of {name}: mean over seeds [{confidence:.0%} percentile-bootstrap interval]; "
+        "bold: ahead of every other arm (significant after Holm's correction, or beyond the intervals)."
+    )
+    seeds = [len(a.runs) for a in arms]
+    write_final_tables(target, name, [a.name for a in arms], seeds, rows, INTERVAL, caption)
+    per_run_section(doc, arms, confidence)
+
+
+def _label(key: str, label: str, caveat: str | None) -> str:
+    return label + " †" if caveat and key in WALL_CLOCK_METRICS else label
+
+
+def _cell(stat: tuple[float, float, float], key: str, bold: bool) -> str:
+    text = fmt_interval(*stat, key)
+    return f"**{text}**" if bold else text
+
+
+def per_run_section(doc: Doc, arms: Sequence[Arm], confidence: float) -> None:
+    keys = [(m.key, m.label) for m in FINAL_METRICS if m.key in PER_RUN_METRICS]
+    body = Doc()
+    body.p(
+        f"val/accuracy [{confidence:.0%} interval over the validation prompts]: the interval the run logged "
+        "(`val/accuracy_ci_low`, `_ci_high`) where it did, else the Wilson score interval of the "
+        "number of right answers among the validation prompts of its config (one greedy answer each)."
+    )
+    body.table(
+        ["run", "seed", *(label for _, label in keys)],
+        [[cell.name, str(cell.seed), *(_run_value(cell.config, run, k, confidence) for k, _ in keys)]
+         for arm in arms for cell, run in zip(arm.cells, arm.runs)],
+        "ll" + "r" * len(keys),
+    )  # fmt: skip
+    doc.details("Final values of every run", body)
+
+
+def _run_value(config: Mapping[str, Any], run: Run, key: str, confidence: float) -> str:
+    value = final_value(run, key)
+    if key != "val/accuracy":
+        return fmt_metric(value, key)
+    low, high = final_value(run, key + "_ci_low"), final_value(run, key + "_ci_high")
+    prompts = validation_prompts(config)
+    if not math.isfinite(low) and prompts and math.isfinite(value):
+        low, high = wilson_interval(round(value * prompts), prompts, confidence)
+    return fmt_interval(value, low, high, key)
+
+
+def validation_prompts(config: Mapping[str, Any]) -> int | None:
+    """The number of validation prompts of a run's config, when one greedy answer per prompt makes
+    its accuracy a count of successes; None where it is not known."""
+    data = _init_args(config, "data")
+    model = _init_args(config, "model")
+    trainer = config.get("trainer") or {}
+    if trainer.get("limit_val_batches") not in (None, 1.0) or (model.get("val_samples") or 1) != 1:
+        return None
+    counts = [data[k] for k in ("num_val", "max_val_samples") if isinstance(data.get(k), int) and data[k] > 0]
+    return min(counts) if counts else None
+
+
+def _init_args(config: Mapping[str, Any], section: str) -> Mapping[str, Any]:
+    part = config.get(section) or {}
+    return (part.get("init_args") or {}) if isinstance(part, Mapping) else {}

@@ -1,0 +1,68 @@
+"""Numbers and text as the report prints them: counts with thousands separators, other values
+with four significant digits (no exponent between 0.001 and a million), intervals, p-values, and
+free text (prompts, completions) made safe for a Markdown table cell."""
+
+from __future__ import annotations
+
+import math
+
+#: Metrics whose values are counts: printed as whole numbers with thousands separators.
+COUNT_METRICS = {"perf/generated_tokens", "steps", "batches"}
+#: Units printed after a value.
+UNITS = {"train_time_s": " s"}
+
+
+def fmt(value: float | None, digits: int = 4) -> str:
+    """``0.5752`` -> ``0.5752``; ``70440.0`` -> ``70,440``; ``1.2e-05`` -> ``1.2e-05``; nan -> ``n/a``."""
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    if value == 0:
+        return "0"
+    if 10**digits <= abs(value) < 1e9 or (abs(value) >= 10 ** (digits - 1) and float(value).is_integer()):
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}"  # an exponent below 0.001 only
+
+
+def fmt_metric(value: float | None, key: str = "") -> str:
+    """A metric value: counts as whole numbers (``70,440``), the rest by :func:`fmt`."""
+    if key in COUNT_METRICS and value is not None and math.isfinite(value):
+        return f"{value:,.0f}"
+    return fmt(value)
+
+
+def fmt_interval(mean: float, low: float, high: float, key: str = "") -> str:
+    """``mean [low, high]``, or the mean alone without an interval."""
+    if not math.isfinite(low) or not math.isfinite(high):
+        return fmt_metric(mean, key)
+    return f"{fmt_metric(mean, key)} [{fmt_metric(low, key)}, {fmt_metric(high, key)}]"
+
+
+def fmt_p(p: float) -> str:
+    if not math.isfinite(p):
+        return "n/a"
+    return "<0.0001" if p < 1e-4 else f"{p:.4f}"
+
+
+def p_phrase(p: float) -> str:
+    return "< 0.0001" if p < 1e-4 else f"= {p:.4f}"
+
+
+def join_names(names: list[str]) -> str:
+    """``a``, ``b`` and ``c`` in bold."""
+    bold = [f"**{n}**" for n in names]
+    return bold[0] if len(bold) == 1 else ", ".join(bold[:-1]) + " and " + bold[-1]
+
+
+def shorten(text: str, limit: int) -> str:
+    """At most ``limit`` characters: the middle of a longer text is replaced by `` … ``."""
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 3, 2)
+    return text[: (keep + 1) // 2] + " … " + text[len(text) - keep // 2 :]
+
+
+def code_text(text: str, limit: int) -> str:
+    """Free text as an inline code span, shortened: nothing inside is read as Markdown, newlines
+    show as ``⏎`` and backticks (which would end the span) as ``'``."""
+    flat = shorten(str(text).replace("\r\n", "\n").replace("\n", "⏎").replace("`", "'"), limit)
+    return f"`{flat}`" if flat.strip() else "(empty)"

@@ -1,0 +1,259 @@
+"""The report's sections that read more than the TensorBoard scalars: provenance, settings without
+effect, evaluation metrics, health checks and completions; each from crafted files."""
+
+import json
+
+import numpy as np
+import pytest
+
+from grpo_lightning.report import Arm, Run, Series, build_report
+from grpo_lightning.report.effects import distinct_clip_settings, ineffective_notes
+from grpo_lightning.report.provenance import wall_clock_caveat
+
+PROVENANCE = {
+    "command": "grpo-lightning-ablate --config-name default",
+    "started": "2026-11-28T10:00:00+00:00",
+    "finished": "2026-11-28T10:30:00+00:00",
+    "commit": "0123456789abcdef0123456789abcdef01234567",
+    "dirty": False,
+    "packages": {"grpo-lightning": "0.1.0", "torch": "2.13.0+cpu", "transformers": "5.24.0", "lightning": "2.6.6"},
+    "machine": {"cpu": "AMD EPYC 7B13", "cores": 2, "memory_gib": 24.0, "gpus": [], "platform": "Linux", "python": "3.11.9"},
+    "parallel": 1,
+    "threads_per_cell": None,
+    "devices": [],
+    "load_start": [0.5, 0.4, 0.3],
+    "load_peak": 1.9,
+    "load_end": [1.2, 1.0, 0.8],
+    "cells": {"grpo-seed0": "done", "dapo-seed0": "done"},
+}
+
+
+def two_arm_sweep(root, cell_writer, seeds=(0, 1), **kwargs):
+    for seed in seeds:
+        cell_writer(root, "grpo", seed, 0.5 + 0.1 * seed, **kwargs.get("grpo", {}))
+        cell_writer(root, "dapo", seed, 0.3 + 0.1 * seed, **kwargs.get("dapo", {}))
+    return root
+
+
+def report_text(root, tmp_path) -> str:
+    return (build_report(root, tmp_path / "out") / "report.md").read_text()
+
+
+# ---------------------------------------------------------------------------- provenance
+
+
+def test_provenance_is_shown_and_an_idle_machine_keeps_wall_clock(tmp_path, cell_writer):
+    root = two_arm_sweep(tmp_path / "sweep", cell_writer)
+    (root / "provenance.json").write_text(json.dumps([PROVENANCE]))
+    md = report_text(root, tmp_path)
+    provenance = md.split("## Provenance")[1]
+    assert "Command: `grpo-lightning-ablate --config-name default`" in provenance
+    assert "Commit: `0123456789abcdef0123456789abcdef01234567`" in provenance
+    assert "torch 2.13.0+cpu, transformers 5.24.0, lightning 2.6.6" in provenance
+    assert "AMD EPYC 7B13, 2 cores, 24.0 GiB, no GPU" in provenance
+    assert "0.5 at the start, 1.2 at the end, at most 1.9 during the run; cells at once: 1" in provenance
+    assert "Cells run: 2 (2 done)" in provenance
+    assert "wall-clock times measure" not in md and "training wall-clock (s) †" not in md
+
+
+@pytest.mark.parametrize(
+    "changes, reason",
+    [
+        ({"load_peak": 3.1}, "the 1-minute load average reached 3.1 on 2 cores"),
+        ({"parallel": 2}, "2 cells ran at once on the CPU"),
+    ],
+)
+def test_a_loaded_machine_flags_wall_clock(tmp_path, cell_writer, changes, reason):
+    root = two_arm_sweep(tmp_path / "sweep", cell_writer)
+    (root / "provenance.json").write_text(json.dumps([{**PROVENANCE, **changes}]))
+    md = report_text(root, tmp_path)
+    assert reason in wall_clock_caveat([{**PROVENANCE, **changes}])
+    summary = md.split("## Summary")[1].split("## Runs")[0]
+    assert (
+        f"The training wall-clock is not compared: wall-clock times measure the machine's load as much as the algorithm ({reason})."
+        in summary
+    )
+    final = md.split("## Final metrics")[1].split("## Pairwise")[0]
+    assert "| training wall-clock (s) † |" in final and "† Training wall-clock: wall-clock times measure" in final
+    curves = md.split("## Learning curves")[1].split("### ")[0]
+    assert "**Warning, right-hand column (wall-clock seconds):** Wall-clock times measure" in curves
+
+
+def test_parallel_cells_on_gpus_keep_wall_clock():
+    assert wall_clock_caveat([{**PROVENANCE, "parallel": 2, "devices": ["0", "1"]}]) is None
+    assert wall_clock_caveat([]) is None
+
+
+# ---------------------------------------------------------------------------- settings without effect
+
+
+def arm(name: str, clip_values) -> Arm:
+    steps = np.arange(len(clip_values))
+    series = Series(steps, np.asarray(clip_values, dtype=float), steps * 1.0)
+    scalars = {"clip_ratio/low": series, "clip_ratio/high": series, "clip_ratio/region": series}
+    return Arm(name, [], [Run(None, scalars), Run(None, scalars)])
+
+
+def clip_config(class_name: str, low: float = 0.2, high: float = 0.2) -> dict:
+    return {"model.class_path": f"variants.{class_name}", "model.init_args.clip_eps_low": str(low),
+            "model.init_args.clip_eps_high": str(high)}  # fmt: skip
+
+
+def test_the_arms_with_clip_settings_of_their_own():
+    settings = {
+        "grpo": {"clip_eps_high": "0.2", "delta": "—"},
+        "dr_grpo": {"clip_eps_high": "0.2", "delta": "—"},
+        "dapo": {"clip_eps_high": "0.28", "delta": "—"},
+    }
+    assert distinct_clip_settings(settings) == {"dapo": ["clip_eps_high"]}  # grpo's and dr_grpo's are the majority
+    assert distinct_clip_settings({"a": {"x": "1"}, "b": {"x": "2"}}) == {"a": ["x"], "b": ["x"]}  # no majority
+    assert distinct_clip_settings({"a": {"x": "1"}, "b": {"x": "1"}}) == {}
+
+
+def test_clip_settings_that_never_clipped_are_flagged():
+    # the default ablation's shape: grpo and rloo clip alike (the majority), dapo and gspo differ
+    arms = [arm("grpo", [0, 0, 0]), arm("rloo", [0, 0, 0]), arm("dapo", [0, 0, 0]), arm("gspo", [0, 0.3, 0])]
+    configs = {"grpo": clip_config("GRPO"), "rloo": clip_config("RLOO"), "dapo": clip_config("DAPO", high=0.28),
+               "gspo": clip_config("GSPO", 3e-4, 4e-4)}  # fmt: skip
+    notes = ineffective_notes(arms, configs)
+    assert notes == [
+        (
+            "**dapo** (`clip_eps_high`=0.28): clip_ratio/region, clip_ratio/low and clip_ratio/high stayed 0 at every "
+            "step of every seed, so its clip settings had no effect; the importance ratio never left the clip range."
+        )
+    ]  # gspo (sequence-level, 3e-4 / 4e-4) clipped at step 1
+    configs["gspo"] = clip_config("GSPO", 3e-4, 4e-4)
+    arms[3] = arm("gspo", [0, 0, 0])
+    assert ineffective_notes(arms, configs)[1].startswith(
+        "**gspo** (`clip_eps_low`=0.0003, `clip_eps_high`=0.0004, `sequence-level clipping`=yes): clip_ratio/region"
+    )
+
+
+def test_an_upper_bound_that_never_clipped_is_flagged():
+    steps = np.arange(3)
+    zero, some = Series(steps, np.zeros(3), steps * 1.0), Series(steps, np.full(3, 0.1), steps * 1.0)
+    dapo = Arm("dapo", [], [Run(None, {"clip_ratio/low": some, "clip_ratio/high": zero, "clip_ratio/region": some})])
+    notes = ineffective_notes([arm("grpo", [0.1] * 3), arm("rloo", [0.1] * 3), dapo],
+                              {"grpo": clip_config("GRPO"), "rloo": clip_config("RLOO"), "dapo": clip_config("DAPO", high=0.28)})  # fmt: skip
+    assert notes == ["**dapo**: its `clip_eps_high`=0.28 never clipped a token (clip_ratio/high 0 at every step of every seed)."]
+
+
+def test_the_report_names_settings_without_effect(tmp_path, cell_writer):
+    root = tmp_path / "sweep"
+    for seed in (0, 1):
+        cell_writer(root, "grpo", seed, 0.5, clip=(0.0, 0.0))
+        cell_writer(root, "rloo", seed, 0.5, clip=(0.0, 0.0))
+        cell_writer(root, "dapo", seed, 0.5, clip=(0.0, 0.0))  # clip_eps_high 0.28, the others 0.2
+    md = report_text(root, tmp_path)
+    assert "Settings without effect: clip settings of **dapo** never clipped a token" in md
+    section = md.split("## Settings without effect")[1].split("## Final metrics")[0]
+    assert "- **dapo** (`clip_eps_high`=0.28): clip_ratio/region, clip_ratio/low and clip_ratio/high stayed 0" in section
+    assert "**grpo**" not in section and "**rloo**" not in section
+
+
+def test_no_note_where_clipping_happened(tmp_path, cell_writer):
+    md = report_text(two_arm_sweep(tmp_path / "sweep", cell_writer), tmp_path)
+    assert "Settings without effect" not in md
+
+
+# ---------------------------------------------------------------------------- evaluation metrics
+
+
+def test_pass_at_k_and_maj_at_k_per_variant(tmp_path, cell_writer):
+    def val(seed):  # pass@1 0.5 / 0.6 by seed; pass@2, pass@4 and maj@4 above it
+        p1 = 0.5 + 0.1 * seed
+        return {"val/pass@1": p1, "val/pass@1_ci_low": p1 - 0.05, "val/pass@1_ci_high": p1 + 0.05,
+                "val/pass@2": p1 + 0.1, "val/pass@4": p1 + 0.2, "val/maj@4": p1 + 0.05,
+                "val/accuracy_ci_low": p1 - 0.1, "val/accuracy_ci_high": p1 + 0.1}  # fmt: skip
+
+    root = tmp_path / "sweep"
+    for seed in (0, 1):
+        cell_writer(root, "grpo", seed, 0.5 + 0.1 * seed, final_val=val(seed))
+    cell_writer(root, "dapo", 0, 0.3)  # an arm without pass@k: no rows of its own
+    md = report_text(root, tmp_path)
+    section = md.split("## Evaluation")[1].split("## Pairwise")[0]
+    # two seeds: the bootstrap interval is the range of the two
+    assert "| accuracy | 0.55 [0.5, 0.6] | 0.3 |" in section
+    rows = [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows == ["metric", "accuracy", "pass@1", "pass@2", "pass@4", "maj@4", "run", "grpo-seed0", "grpo-seed1", "dapo-seed0"]
+    assert "| pass@4 | 0.75 [0.7, 0.8] | n/a |" in section
+    assert "| grpo-seed1 | 0.6 [0.5, 0.7] | 0.6 [0.55, 0.65] |" in section  # the run's own intervals over prompts
+    # per-run accuracy in the final values table: the interval the run logged
+    assert "| grpo-seed0 | 0 | 0.5 [0.4, 0.6] |" in md
+
+
+def test_per_run_accuracy_has_a_wilson_interval_when_the_prompts_are_counted(tmp_path, cell_writer):
+    root = tmp_path / "sweep"
+    cell_writer(root, "grpo", 0, 0.7, config_changes={})
+    config = root / "grpo-seed0" / "config.yaml"
+    config.write_text(config.read_text().replace("num_train: 32", "num_train: 32\n    num_val: 10"))
+    md = report_text(root, tmp_path)
+    assert "## Evaluation" not in md  # nothing beyond the greedy accuracy
+    assert "| grpo-seed0 | 0 | 0.7 [0.3968, 0.8922] |" in md  # Wilson 7 of 10, see test_wilson_interval_by_hand
+
+
+# ---------------------------------------------------------------------------- health
+
+
+def write_health(directory, flagged_first_step=None):
+    checks = [{"check": "finite_loss", "ok": True, "steps": 0, "first_step": None, "detail": ""}]
+    flagged = flagged_first_step is not None
+    checks.append({"check": "reward_collapse", "ok": not flagged, "steps": 3 if flagged else 0,
+                   "first_step": flagged_first_step, "detail": "reward std 0 for 3 steps" if flagged else ""})  # fmt: skip
+    (directory / "health.json").write_text(json.dumps(checks))
+
+
+def test_health_counts_the_seeds_that_flagged_each_check(tmp_path, cell_writer):
+    root = tmp_path / "sweep"
+    grpo = [cell_writer(root, "grpo", seed, 0.5) for seed in range(3)]
+    dapo = [cell_writer(root, "dapo", seed, 0.5) for seed in range(2)]
+    write_health(grpo[0], flagged_first_step=14)
+    write_health(grpo[1], flagged_first_step=9)
+    write_health(grpo[2])
+    write_health(dapo[0])  # dapo-seed1 has no health.json: it adds no rows
+    md = report_text(root, tmp_path)
+    section = md.split("## Health")[1].split("## Learning curves")[0]
+    assert "| check | grpo | dapo |" in section
+    assert "| `finite_loss` | 0 of 3 | 0 of 1 |" in section
+    assert "| `reward_collapse` | 2 of 3 (from step 9) | 0 of 1 |" in section
+    assert "`grpo-seed0`: `reward_collapse`, 3 steps from step 14: reward std 0 for 3 steps" in section
+
+
+def test_no_health_section_without_files(tmp_path, cell_writer):
+    assert "## Health" not in report_text(two_arm_sweep(tmp_path / "sweep", cell_writer), tmp_path)
+
+
+# ---------------------------------------------------------------------------- completions
+
+
+def completion(step, group, text, reward=1.0, advantage=0.5, truncated=False):
+    return {"step": step, "group": group, "prompt": f"What is {step}+{group}?", "completion": text,
+            "rewards": {"accuracy": reward, "format": None}, "reward": reward, "advantage": advantage,
+            "truncated": truncated}  # fmt: skip
+
+
+def test_completions_of_the_first_and_last_step(tmp_path, cell_writer):
+    root = tmp_path / "sweep"
+    seed1 = cell_writer(root, "grpo", 1, 0.5)
+    seed0 = cell_writer(root, "grpo", 0, 0.5)
+    cell_writer(root, "dapo", 0, 0.4)  # no completions.jsonl: no rows
+    records = [completion(0, g, f"first {g}") for g in range(5)]
+    records += [completion(5, 0, "middle step")]
+    records += [completion(9, 0, "a | b **bold** `tick` <b>x</b>\nnext line", reward=0.0, advantage=-0.75, truncated=True)]
+    records += [completion(9, 1, "x" * 500)]
+    lines = [json.dumps(r) for r in records] + ["not json"]
+    (seed0 / "completions.jsonl").write_text("\n".join(lines) + "\n")
+    (seed1 / "completions.jsonl").write_text(json.dumps(completion(0, 0, "from seed 1")) + "\n")
+    target = build_report(root, tmp_path / "out")
+    md = (target / "report.md").read_text()
+    section = md.split("## Completions")[1].split("## Learning curves")[0]
+    assert "### grpo" in section and "### dapo" not in section and "from seed 1" not in section
+    assert "| 0 | `What is 0+0?` | `first 0` | 1 | 0.5 |" in section
+    assert "first 2" in section and "first 3" not in section  # three per step
+    assert "middle step" not in section
+    # Markdown inside a code span is not read as such; | is escaped for the table; the line break shows as ⏎
+    assert "| 9 | `What is 9+0?` | `a \\| b **bold** 'tick' <b>x</b>⏎next line` (truncated) | 0 | -0.75 |" in section
+    long = next(line for line in section.splitlines() if "xxx" in line)
+    assert " … " in long and long.count("x") == 160 - 3
+    html = (target / "report.html").read_text()
+    assert "<code>a | b **bold** 'tick' &lt;b&gt;x&lt;/b&gt;⏎next line</code>" in html
