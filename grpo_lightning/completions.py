@@ -182,10 +182,14 @@ def _number(value: float) -> float | None:
 def completion_records(
     rollout: Rollout, advantages: Tensor, names: list[str], step: int, limit: int | None = None
 ) -> list[dict[str, Any]]:
-    """The JSONL objects of the rollout's first ``limit`` completions (all by default)."""
+    """The JSONL objects of the rollout's first ``limit`` completions (all by default); per-token
+    advantages ``[N, T]`` (process supervision, PPO) are given as each completion's token mean."""
     count = len(rollout) if limit is None else min(limit, len(rollout))
     rewards = rollout.rewards[:count].tolist()
     per_function = rollout.reward_per_function[:count].tolist()
+    if advantages.dim() == 2:
+        mask = rollout.completion_mask[:count].to(advantages.device)
+        advantages = (advantages[:count] * mask).sum(1) / mask.sum(1).clamp(min=1)
     advantage = advantages[:count].tolist()
     truncated = rollout.truncated[:count].tolist()
     return [

@@ -8,8 +8,9 @@ from variants.gmpo import GMPO
 from variants.grpo import GRPO
 from variants.gspo import GSPO
 from variants.kl_cov import KLCov
+from variants.process_grpo import ProcessGRPO
 from variants.reinforce_plus_plus import ReinforcePlusPlus
 from variants.rloo import RLOO
 from variants.sapo import SAPO
 
-__all__ = ["CISPO", "ClipCov", "DAPO", "DrGRPO", "GMPO", "GRPO", "GSPO", "KLCov", "RLOO", "ReinforcePlusPlus", "SAPO"]
+__all__ = ["CISPO", "ClipCov", "DAPO", "DrGRPO", "GMPO", "GRPO", "GSPO", "KLCov", "ProcessGRPO", "RLOO", "ReinforcePlusPlus", "SAPO"]

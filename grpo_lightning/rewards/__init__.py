@@ -2,6 +2,7 @@
 
 from grpo_lightning.rewards.accuracy import accuracy_reward, answers_match, extract_answer
 from grpo_lightning.rewards.format import r1_format_reward
+from grpo_lightning.rewards.process import ProcessRewardModel, answer_prefix_steps
 from grpo_lightning.rewards.reward_model import RewardModel
 from grpo_lightning.rewards.scoring import (
     RewardFunctionError,
@@ -11,9 +12,11 @@ from grpo_lightning.rewards.scoring import (
 )
 
 __all__ = [
+    "ProcessRewardModel",
     "RewardFunctionError",
     "RewardModel",
     "accuracy_reward",
+    "answer_prefix_steps",
     "answers_match",
     "extract_answer",
     "r1_format_reward",
