@@ -13,30 +13,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
 
 from grpo_lightning import resume
-from grpo_lightning.rewards import score_completions
-from grpo_lightning.rewards.accuracy import extract_answer, parse_number
-from grpo_lightning.rewards.scoring import completion_text
+from grpo_lightning.rewards import group_indices, score_completions
+from grpo_lightning.rewards.consistency import vote
 from grpo_lightning.rollout import Rollout
 from grpo_lightning.sample_metrics import prompt_metrics, summarize
 
 #: Metrics shown in the progress bar.
 PROGRESS_BAR = ("accuracy",)
-
-
-def vote(completion: object) -> Hashable | None:
-    """The answer a completion votes for in ``maj@n``: its extracted answer, as a number when it is
-    one (so ``0.50`` and ``.5`` agree), else as lower-case text; ``None`` without an answer."""
-    answer = extract_answer(completion_text(completion))
-    if answer is None:
-        return None
-    number = parse_number(answer)
-    return number if number is not None else " ".join(answer.lower().split())
 
 
 class Evaluation:
@@ -72,7 +61,8 @@ class Evaluation:
         for column, (_, function) in enumerate(self.reward_functions):
             if function is accuracy:
                 return rollout.reward_per_function[:, column]
-        return score_completions([self.accuracy_function], rollout.prompts, rollout.completions, rollout.columns)[:, 0]
+        columns, groups = rollout.columns, group_indices(len(rollout), rollout.group_size)
+        return score_completions([self.accuracy_function], rollout.prompts, rollout.completions, columns, groups)[:, 0]
 
     def validation_step(self, batch: dict[str, list], batch_idx: int, dataloader_idx: int = 0) -> None:
         """``val_samples`` completions per prompt, scored; the metrics are computed over all prompts

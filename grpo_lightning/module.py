@@ -363,7 +363,8 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
 
     def score(self, rollout: Rollout) -> None:
         """Fill ``rollout.reward_per_function`` ``[N, F]`` and the weighted ``rollout.rewards`` ``[N]``."""
-        per_function = score_completions(self.reward_functions, rollout.prompts, rollout.completions, rollout.columns)
+        columns, groups = rollout.columns, [row // rollout.group_size for row in range(len(rollout))]  # group_index
+        per_function = score_completions(self.reward_functions, rollout.prompts, rollout.completions, columns, groups)
         rollout.reward_per_function = per_function.to(self.device)
         rollout.rewards = weighted_reward(rollout.reward_per_function, self.reward_weights.to(self.device))
 

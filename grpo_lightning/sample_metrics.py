@@ -17,6 +17,8 @@ from collections.abc import Hashable, Sequence
 import torch
 from torch import Tensor
 
+from grpo_lightning.rewards.consistency import majority_answer
+
 #: Bootstrap resamples of the prompts behind each interval, and the interval's coverage.
 BOOTSTRAP_RESAMPLES = 1000
 CONFIDENCE = 0.95
@@ -46,17 +48,10 @@ def pass_k_values(num_samples: int) -> list[int]:
 def majority_correct(votes: Sequence[Hashable | None], correct: Sequence[float]) -> float:
     """1.0 when the most common answer among ``votes`` (one per completion of a prompt, ``None``
     for a completion without an answer) belongs to a correct completion, else 0.0; no vote: 0.0."""
-    counts: dict[Hashable, int] = {}
-    first_correct: dict[Hashable, float] = {}
-    for vote, score in zip(votes, correct):
-        if vote is None:
-            continue
-        counts[vote] = counts.get(vote, 0) + 1
-        first_correct.setdefault(vote, float(score))
-    if not counts:
+    winner = majority_answer(votes)
+    if winner is None:
         return 0.0
-    winner = max(counts, key=counts.__getitem__)  # the first of equally common answers
-    return 1.0 if first_correct[winner] == 1.0 else 0.0
+    return 1.0 if float(correct[list(votes).index(winner)]) == 1.0 else 0.0
 
 
 def bootstrap_interval(

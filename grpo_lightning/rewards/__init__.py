@@ -1,11 +1,15 @@
-"""Reward functions ``(prompts, completions, **columns) -> list[float | None]`` and how they are scored."""
+"""Reward functions ``(prompts, completions, **columns) -> list[float | None]`` (and ``group_index``
+for those that take it) and how they are scored."""
 
 from grpo_lightning.rewards.accuracy import accuracy_reward, answers_match, extract_answer
-from grpo_lightning.rewards.format import r1_format_reward
+from grpo_lightning.rewards.consistency import majority_answer, majority_vote_reward, vote
+from grpo_lightning.rewards.format import r1_format_reward, reasoning_length_reward
 from grpo_lightning.rewards.process import ProcessRewardModel, answer_prefix_steps
 from grpo_lightning.rewards.reward_model import RewardModel
 from grpo_lightning.rewards.scoring import (
     RewardFunctionError,
+    accepts_group_index,
+    group_indices,
     resolve_reward_function,
     score_completions,
     weighted_reward,
@@ -15,12 +19,18 @@ __all__ = [
     "ProcessRewardModel",
     "RewardFunctionError",
     "RewardModel",
+    "accepts_group_index",
     "accuracy_reward",
     "answer_prefix_steps",
     "answers_match",
     "extract_answer",
+    "group_indices",
+    "majority_answer",
+    "majority_vote_reward",
     "r1_format_reward",
+    "reasoning_length_reward",
     "resolve_reward_function",
     "score_completions",
+    "vote",
     "weighted_reward",
 ]

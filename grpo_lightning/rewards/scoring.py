@@ -2,18 +2,23 @@
 
 A reward function is a callable ``(prompts, completions, **columns) -> list[float | None]``:
 ``columns`` are the dataset's other columns aligned with the completions (e.g. ``answer=[...]``),
-and ``None`` means "not applicable to this sample".
+and ``None`` means "not applicable to this sample". A function that takes a ``group_index``
+parameter (or ``**kwargs``) also gets the group (prompt) of each completion, to score a completion
+against the others of its group (e.g. :func:`grpo_lightning.rewards.majority_vote_reward`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+import inspect
 import math
 import numbers
 import os
 import sys
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,8 +27,11 @@ import torch
 RewardFunction = Callable[..., Sequence[float | None]]
 
 EXAMPLE_PATH = "grpo_lightning.rewards.accuracy_reward"
-RESERVED_COLUMNS = ("prompt", "prompts", "completions")
+GROUP_INDEX = "group_index"
+RESERVED_COLUMNS = ("prompt", "prompts", "completions", GROUP_INDEX)
 PREVIEW_CHARS = 80
+# Whether each reward function takes group_index, by function (inspected once).
+_ACCEPTS_GROUP_INDEX: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
 class RewardFunctionError(RuntimeError):
@@ -126,20 +134,53 @@ def _function_name(function: Any) -> str:
     return name if isinstance(name, str) else type(function).__name__
 
 
+def group_indices(count: int, group_size: int) -> list[int]:
+    """The group of each of ``count`` completions laid out as a rollout lays them: rows
+    ``g*G .. g*G + G - 1`` are the completions of prompt ``g``."""
+    return [row // group_size for row in range(count)]
+
+
+def accepts_group_index(function: RewardFunction) -> bool:
+    """Whether ``function`` takes a ``group_index`` keyword: a parameter of that name, or ``**kwargs``.
+    Inspected once per function (functions that cannot be weakly referenced are inspected per call)."""
+    try:
+        return _ACCEPTS_GROUP_INDEX[function]
+    except (KeyError, TypeError):
+        pass
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # some builtins have no signature: call them without it
+        accepts = False
+    else:
+        accepts = any(
+            p.kind is p.VAR_KEYWORD or (p.name == GROUP_INDEX and p.kind is not p.POSITIONAL_ONLY) for p in parameters
+        )
+    with contextlib.suppress(TypeError):
+        _ACCEPTS_GROUP_INDEX[function] = accepts
+    return accepts
+
+
 def score_completions(
     reward_functions: list[tuple[str, RewardFunction]],
     prompts: list[Any],
     completions: list[Any],
     columns: dict[str, list[Any]],
+    group_index: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """Score every completion with every function: a float32 tensor ``[N, F]``.
 
     Each function is called as ``function(prompts, completions, **columns)``; the keys ``prompt``,
-    ``prompts`` and ``completions`` are dropped from ``columns``. ``None`` scores become NaN.
+    ``prompts``, ``completions`` and ``group_index`` are dropped from ``columns``. ``group_index``
+    (one int per completion, e.g. :func:`group_indices`) is passed to the functions that take it
+    (:func:`accepts_group_index`). ``None`` scores become NaN.
     """
     count = len(completions)
     if len(prompts) != count:
         raise ValueError(f"got {len(prompts)} prompts for {count} completions; pass one prompt per completion.")
+    if group_index is not None and len(group_index) != count:
+        raise ValueError(
+            f"got {len(group_index)} group_index values for {count} completions; pass one group per completion."
+        )
     columns = {key: values for key, values in columns.items() if key not in RESERVED_COLUMNS}
     for key, values in columns.items():
         if hasattr(values, "__len__") and len(values) != count:
@@ -149,7 +190,10 @@ def score_completions(
             )
     scores = torch.empty(count, len(reward_functions), dtype=torch.float32)
     for index, (name, function) in enumerate(reward_functions):
-        scores[:, index] = torch.tensor(_call(name, function, prompts, completions, columns), dtype=torch.float32)
+        arguments = columns
+        if group_index is not None and accepts_group_index(function):
+            arguments = {**columns, GROUP_INDEX: list(group_index)}
+        scores[:, index] = torch.tensor(_call(name, function, prompts, completions, arguments), dtype=torch.float32)
     return scores
 
 

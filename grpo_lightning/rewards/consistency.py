@@ -1,0 +1,63 @@
+"""Self-consistency: the answers of a prompt's completions vote (Wang et al. 2023), with no ground truth.
+
+The same vote gives ``maj@n`` in evaluation (:mod:`grpo_lightning.sample_metrics`) and the label-free
+reward :func:`majority_vote_reward`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from grpo_lightning.rewards.accuracy import extract_answer, parse_number
+from grpo_lightning.rewards.scoring import completion_text
+
+#: Reward of a completion that agrees with its group's most common answer, and of every other one.
+AGREES, DISAGREES = 1.0, -0.1
+
+
+def vote(completion: object) -> Hashable | None:
+    """The answer a completion votes for: its extracted answer, as a number when it is one (so
+    ``0.50`` and ``.5`` agree), else as lower-case text; ``None`` without an answer."""
+    answer = extract_answer(completion_text(completion))
+    if answer is None:
+        return None
+    number = parse_number(answer)
+    return number if number is not None else " ".join(answer.lower().split())
+
+
+def majority_answer(votes: Sequence[Hashable | None]) -> Hashable | None:
+    """The most common answer among ``votes``; ``None`` never votes, ties go to the answer seen first;
+    ``None`` when nobody voted."""
+    counts: dict[Hashable, int] = {}
+    for answer in votes:
+        if answer is not None:
+            counts[answer] = counts.get(answer, 0) + 1
+    return max(counts, key=counts.__getitem__) if counts else None  # max keeps the first of equals
+
+
+def majority_vote_reward(
+    prompts: list[Any], completions: list[Any], group_index: Sequence[int] | None = None, **kwargs: Any
+) -> list[float]:
+    """``1.0`` when a completion's answer is its group's most common answer, else ``-0.1`` (a
+    completion without an answer included). ``group_index[i]`` is the group (prompt) of completion
+    ``i``, which the scoring passes to every reward function that takes it."""
+    if group_index is None:
+        raise ValueError(
+            "majority_vote_reward needs group_index, the group of each completion: score it with "
+            "score_completions(..., group_index=...) or pass group_index=[0, 0, 1, 1, ...] yourself."
+        )
+    if len(group_index) != len(completions):
+        raise ValueError(
+            f"got {len(group_index)} group indices for {len(completions)} completions; pass one group_index "
+            "per completion."
+        )
+    votes = [vote(completion) for completion in completions]
+    members: dict[int, list[Hashable | None]] = {}
+    for group, answer in zip(group_index, votes):
+        members.setdefault(group, []).append(answer)
+    winners = {group: majority_answer(answers) for group, answers in members.items()}
+    return [
+        AGREES if answer is not None and answer == winners[group] else DISAGREES
+        for group, answer in zip(group_index, votes)
+    ]
