@@ -121,7 +121,7 @@ def test_console_scripts_from_an_empty_folder(installed, tmp_path):
     out = run(sweep, tmp_path, env)
     assert "sweep smoke: 2 done, 0 skipped, 0 failed" in out
     assert len(list(Path(env["GRPO_LIGHTNING_CACHE"]).glob("warmstart-*"))) == 1
-    run(["grpo-lightning-report", "runs/ablation/smoke", "--out", "reports"], tmp_path, env)
+    run(["grpo-lightning-report", "runs/ablation/smoke", "--output", "reports/smoke"], tmp_path, env)
     assert "**dr_grpo**" in (tmp_path / "reports" / "smoke" / "report.md").read_text()
 
     # shipped configs by name, as in the README (configs/...) or short
