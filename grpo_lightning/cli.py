@@ -284,8 +284,9 @@ def generate_completions(module, prompts: str, output: str, ckpt_path: str | Non
 
 
 def variant_log_name(class_name: str) -> str:
-    """``GRPO`` -> ``grpo``, ``DrGRPO`` -> ``dr_grpo``, ``MyGRPOVariant`` -> ``my_grpo_variant``."""
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", class_name).lower()
+    """``GRPO`` -> ``grpo``, ``DrGRPO`` -> ``dr_grpo``, ``MyGRPOVariant`` -> ``my_grpo_variant``;
+    ``GRPO`` is a word of its own after other capitals too: ``OnlineDPOGRPO`` -> ``online_dpo_grpo``."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])|(?<=[A-Z])(?=GRPO)", "_", class_name).lower()
 
 
 def checkpoint_version(ckpt_path: str, save_dir: str, name: str) -> int | None:

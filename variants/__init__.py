@@ -8,9 +8,13 @@ from variants.gmpo import GMPO
 from variants.grpo import GRPO
 from variants.gspo import GSPO
 from variants.kl_cov import KLCov
+from variants.online_dpo_grpo import OnlineDPOGRPO
 from variants.process_grpo import ProcessGRPO
 from variants.reinforce_plus_plus import ReinforcePlusPlus
 from variants.rloo import RLOO
 from variants.sapo import SAPO
 
-__all__ = ["CISPO", "ClipCov", "DAPO", "DrGRPO", "GMPO", "GRPO", "GSPO", "KLCov", "ProcessGRPO", "RLOO", "ReinforcePlusPlus", "SAPO"]
+__all__ = [
+    "CISPO", "ClipCov", "DAPO", "DrGRPO", "GMPO", "GRPO", "GSPO", "KLCov", "OnlineDPOGRPO", "ProcessGRPO",
+    "RLOO", "ReinforcePlusPlus", "SAPO",
+]
