@@ -38,7 +38,7 @@ from grpo_lightning.evaluation import Evaluation
 from grpo_lightning.generation import EnginePlan, RolloutSampler, RolloutWeights, build_rollout
 from grpo_lightning.generation import announce_prompt_format, check_engine_options, disable_dropout, format_prompt
 from grpo_lightning.model_sources import load_tokenizer
-from grpo_lightning.generation import load_causal_lm, save_policy
+from grpo_lightning.generation import announce_rollout_mode, load_causal_lm, save_policy
 from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.metrics import EVERY_STEP_METRICS, StepMetrics
 from grpo_lightning.rewards import resolve_reward_function, score_completions, weighted_reward
@@ -80,6 +80,7 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         max_new_tokens: completion length limit, ``L``.
         min_new_tokens: EOS is not sampled before this many tokens (benchmarks use ``L``).
         temperature, top_p, top_k: rollout sampling (``top_k = 0`` disables it).
+        rollout_mode: ``"sample"``, or ``"beam_search"``: each group is the ``G`` best beams, not samples.
         beta: KL coefficient; 0 loads no reference model.
         kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (Schulman 2020; DeepSeekMath uses k3).
         clip_eps_low, clip_eps_high: ratio clip range ``[1 - low, 1 + high]``.
@@ -137,6 +138,7 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
+        rollout_mode: str = "sample",
         beta: float = 0.04,
         kl_estimator: str = "k3",
         clip_eps_low: float = 0.2,
@@ -172,7 +174,8 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
 
         check_options_apply(type(self), self.inapplicable_options, self.kl_in_loss, self.hparams)
         check_settings(**{name: value for name, value in locals().items() if name in CHECKED_SETTINGS})
-        check_engine_options(options, rollout_seed)
+        beam_search = rollout_mode == "beam_search"
+        check_engine_options(options, rollout_seed, beam_search)
         self.reward_functions, self.reward_weights = resolve_rewards(reward_funcs, reward_weights)
         self.accuracy_function = resolve_reward_function(accuracy_func, field="accuracy_func")
 
@@ -188,7 +191,7 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         self.rollout_correction = rollout_correction
         self.minibatch_size = minibatch_size
         self.micro_batch_size = micro_batch_size
-        self.sampling = SamplingParams(max_new_tokens, temperature, top_p, top_k, min_new_tokens)
+        self.sampling = SamplingParams(max_new_tokens, temperature, top_p, top_k, min_new_tokens, beam_search)
         self.val_sampling = SamplingParams(val_max_new_tokens or max_new_tokens, val_temperature, top_p, top_k)
 
         self.policy: PreTrainedModel | None = None
@@ -305,8 +308,9 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         kind = self.device.type
         if kind not in self._samplers:
             strategy = self._trainer.strategy if self._trainer is not None else None
-            self._samplers[kind] = RolloutSampler.announced(self.policy, strategy, kind, self.engine_options,
-                                                            self.hparams.rollout_seed)  # fmt: skip
+            self._samplers[kind] = RolloutSampler.announced(
+                self.policy, strategy, kind, self.engine_options, self.hparams.rollout_seed, self.sampling.beam_search
+            )
         return self._samplers[kind]
 
     @property
@@ -334,6 +338,7 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
     def on_fit_start(self) -> None:
         self.engine_plan  # resolved, and announced, before the first step
         announce_prompt_format(self.tokenizer, self.hparams.use_chat_template)
+        announce_rollout_mode(self.hparams.rollout_mode)
         context = getattr(self.policy.config, "max_position_embeddings", None)
         longest = max(self.sampling.max_new_tokens, self.val_sampling.max_new_tokens)
         check_datasets(self.trainer.datamodule, self.tokenizer, self.format_prompt, context, longest, self.group_size,

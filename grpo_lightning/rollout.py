@@ -9,18 +9,39 @@ import torch
 from torch import Tensor, nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
+#: How a group's completions are drawn (the module's ``rollout_mode``): sampled from the policy, or
+#: the group's ``G`` best beams of a beam search, which are not samples of it.
+ROLLOUT_MODES = ("sample", "beam_search")
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How completions are drawn. ``temperature == 0`` means greedy decoding."""
+    """How completions are drawn. ``temperature == 0`` means greedy decoding; ``beam_search``: a
+    group of ``G`` is the ``G`` best beams of one beam search of ``G`` beams (no sampling: temperature,
+    top-p and top-k do not apply), ranked by their mean token log-probability."""
 
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     min_new_tokens: int = 0
+    beam_search: bool = False
 
-    def generation_config(self, tokenizer: PreTrainedTokenizerBase) -> GenerationConfig:
+    def generation_config(self, tokenizer: PreTrainedTokenizerBase, group_size: int = 1) -> GenerationConfig:
+        """The ``GenerationConfig`` of a ``generate`` call: one sampled completion per input row, or
+        under beam search the ``group_size`` best of ``group_size`` beams per input row."""
+        if self.beam_search:
+            return GenerationConfig(
+                max_new_tokens=self.max_new_tokens,
+                min_new_tokens=self.min_new_tokens,
+                do_sample=False,
+                num_beams=group_size,
+                num_return_sequences=group_size,
+                length_penalty=1.0,  # a beam's score: its summed log-probability over its length
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+                bos_token_id=tokenizer.bos_token_id,
+            )
         sampled = self.temperature > 0
         return GenerationConfig(
             max_new_tokens=self.max_new_tokens,

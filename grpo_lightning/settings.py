@@ -16,6 +16,7 @@ from grpo_lightning import functional as F
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.model_sources import resolve_model_source
 from grpo_lightning.rewards import resolve_reward_function
+from grpo_lightning.rollout import ROLLOUT_MODES
 from grpo_lightning.rollout_correction import CORRECTIONS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -41,6 +42,7 @@ def check_settings(
     temperature: float,
     top_p: float,
     top_k: int,
+    rollout_mode: str,
     beta: float,
     kl_estimator: str,
     clip_eps_low: float,
@@ -103,6 +105,13 @@ def check_settings(
     require(temperature > 0, f"temperature: rollouts must be sampled, so it must be > 0 (got {temperature}).")
     require(0 < top_p <= 1, f"top_p: must be in (0, 1] (got {top_p}).")
     require(top_k >= 0, f"top_k: must be >= 0, 0 disables it (got {top_k}).")
+    modes = ", ".join(map(repr, ROLLOUT_MODES))
+    require(rollout_mode in ROLLOUT_MODES, f"rollout_mode: {rollout_mode!r} is not one of {modes}.")
+    require(
+        rollout_correction is None or rollout_mode == "sample",
+        "rollout_correction: weighs tokens by the sampling engine's probabilities, and beam search samples nothing; "
+        "set rollout_correction to null or rollout_mode to 'sample'.",
+    )
     require(beta >= 0, f"beta: the KL coefficient must be >= 0 (got {beta}).")
     require(kl_estimator in F.KL_ESTIMATORS, f"kl_estimator: {kl_estimator!r} is not one of {F.KL_ESTIMATORS}.")
     require(0 <= clip_eps_low < 1, f"clip_eps_low: must be in [0, 1) (got {clip_eps_low}).")

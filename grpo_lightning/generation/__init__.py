@@ -10,6 +10,7 @@ from grpo_lightning.generation.choice import (
 )
 from grpo_lightning.generation.hf import generate_group
 from grpo_lightning.generation.sampler import RolloutSampler, announce_prompt_format, build_rollout, format_prompt
+from grpo_lightning.generation.sampler import announce_rollout_mode
 from grpo_lightning.generation.sampler import prompt_format_note, sampling_keys
 from grpo_lightning.generation.weights import RolloutWeights, disable_dropout, load_causal_lm, samples_from_shards
 from grpo_lightning.generation.weights import save_policy
@@ -20,6 +21,7 @@ __all__ = [
     "RolloutSampler",
     "RolloutWeights",
     "announce_prompt_format",
+    "announce_rollout_mode",
     "build_rollout",
     "check_engine_options",
     "disable_dropout",

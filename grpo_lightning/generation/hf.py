@@ -46,30 +46,38 @@ def generate_group(
     group_size: int,
     sampling: SamplingParams,
     with_logprobs: bool = False,
-) -> tuple[Tensor, Tensor, Tensor] | tuple[Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor] | tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Sample ``group_size`` completions for each prompt with ``model.generate``.
 
     Returns ``(prompt_ids [N, S], prompt_mask [N, S], completion_ids [N, T])`` with
     ``N = len(prompts) * group_size``, prompts left-padded and repeated in place; ``with_logprobs``:
     also the sampled tokens' log-probabilities ``[N, T]`` (:class:`SampledTokenLogprobs`).
+
+    ``sampling.beam_search``: each prompt goes to ``generate`` once, and its group is the
+    ``group_size`` best beams, best first, in the same rows; they are not sampled, so there are no
+    sampling log-probabilities (``None``).
     """
     device = next(model.parameters()).device
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-    prompt_ids = encoded["input_ids"].to(device).repeat_interleave(group_size, dim=0)
-    prompt_mask = encoded["attention_mask"].to(device).repeat_interleave(group_size, dim=0)
-    recorder = SampledTokenLogprobs(sampling.temperature) if with_logprobs else None
+    copies = 1 if sampling.beam_search else group_size  # beam search expands each prompt into its beams itself
+    prompt_ids = encoded["input_ids"].to(device).repeat_interleave(copies, dim=0)
+    prompt_mask = encoded["attention_mask"].to(device).repeat_interleave(copies, dim=0)
+    recorder = SampledTokenLogprobs(sampling.temperature) if with_logprobs and not sampling.beam_search else None
     was_training = model.training
     model.eval()
     try:
         sequences = model.generate(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
-            generation_config=sampling.generation_config(tokenizer),
+            generation_config=sampling.generation_config(tokenizer, group_size),
             logits_processor=LogitsProcessorList([recorder] if recorder else []),
         )
     finally:
         model.train(was_training)
     completion_ids = sequences[:, prompt_ids.size(1) :]
-    if recorder is None:
+    if sampling.beam_search:  # [P * G] beams, prompt-major: rows g*G .. g*G + G - 1 are prompt g's
+        prompt_ids = prompt_ids.repeat_interleave(group_size, dim=0)
+        prompt_mask = prompt_mask.repeat_interleave(group_size, dim=0)
+    if not with_logprobs:
         return prompt_ids, prompt_mask, completion_ids
-    return prompt_ids, prompt_mask, completion_ids, recorder.logprobs(completion_ids)
+    return prompt_ids, prompt_mask, completion_ids, recorder.logprobs(completion_ids) if recorder else None

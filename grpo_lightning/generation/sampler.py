@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
@@ -17,6 +17,7 @@ from grpo_lightning.generation.choice import EnginePlan, EngineTarget, resolve_e
 from grpo_lightning.generation.hf import generate_group
 from grpo_lightning.generation.weights import samples_from_shards
 from grpo_lightning.rollout import Rollout, SamplingParams, completion_mask_from_ids
+from grpo_lightning.settings import ConfigError
 from grpo_lightning.strategies import is_sharded
 
 
@@ -48,12 +49,14 @@ class RolloutSampler:
         self.engine: StaticCacheGenerator | None = None
 
     @classmethod
-    def announced(cls, policy: nn.Module, strategy: Any, kind: str, options: Any, seed: int | None) -> RolloutSampler:
+    def announced(
+        cls, policy: nn.Module, strategy: Any, kind: str, options: Any, seed: int | None, beam_search: bool = False
+    ) -> RolloutSampler:
         """The sampler of a device of ``kind`` (``"cuda"``, ``"cpu"``), on the engine options
-        resolved for it, the policy and the strategy (:func:`resolve_engine`), announced."""
+        resolved for it, the policy, the strategy and the rollout mode (:func:`resolve_engine`), announced."""
         gathered = samples_from_shards(policy, strategy)
         target = EngineTarget.of(policy, kind, is_sharded(policy), gathered)
-        plan = resolve_engine(options, target, seed)
+        plan = resolve_engine(options, target, seed, beam_search)
         plan.announce()
         return cls(plan, seed=seed)
 
@@ -73,6 +76,8 @@ class RolloutSampler:
         if self.plan.rollout == "hf":
             sampled = generate_group(model, tokenizer, texts, group_size, sampling, with_logprobs)
             return sampled if with_logprobs else (*sampled, None)
+        if sampling.beam_search:
+            raise ConfigError("rollout_mode: 'beam_search' runs on the HF generate path only; set engine.rollout 'hf'.")
         rows = len(texts) * group_size
         if self.engine is None or rows > self.engine.max_batch_size or self.engine.model is not model:
             # Sized to the largest batch seen (a validation batch may come first), not chunked.
@@ -126,6 +131,21 @@ def prompt_format_note(tokenizer: PreTrainedTokenizerBase, use_chat_template: bo
 def announce_prompt_format(tokenizer: PreTrainedTokenizerBase, use_chat_template: bool) -> None:
     """Say once (rank zero, info) how plain-text prompts reach the model (:func:`prompt_format_note`)."""
     rank_zero_info(prompt_format_note(tokenizer, use_chat_template))
+
+
+#: What ``rollout_mode: beam_search`` changes in the algorithm, said once when a fit starts.
+BEAM_SEARCH_CAVEAT = (
+    "rollout_mode 'beam_search': each group is the group_size best beams of a beam search, not samples from the "
+    "policy. The importance ratio pi / pi_old and the group's reward mean and std no longer estimate the "
+    "expectations over the policy's samples that GRPO's objective is written with: the update is a heuristic, "
+    "not an estimate of the policy gradient."
+)
+
+
+def announce_rollout_mode(rollout_mode: str) -> None:
+    """Warn once (rank zero) when the completions are not samples of the policy (:data:`BEAM_SEARCH_CAVEAT`)."""
+    if rollout_mode == "beam_search":
+        rank_zero_warn(BEAM_SEARCH_CAVEAT)
 
 
 def build_rollout(
