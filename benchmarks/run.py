@@ -4,7 +4,8 @@
 
 Builds a random-init model of the workload's shape and a word-level tokenizer of its vocabulary
 size, writes ``P`` random prompts of exactly the workload's prompt length, runs ``--steps`` GRPO
-steps (``variants.GRPO``, one optimizer step per rollout, every completion exactly
+steps (``variants.GRPO``; ``--variant ppo``: ``variants.PPO``, with its critic, on the same settings;
+one optimizer step per rollout, every completion exactly
 ``max_new_tokens`` long) and reports, over the steps after the first: the median wall-clock
 seconds per step, generated tokens per second, peak GPU memory and the median split between
 rollout, scoring, reference/old log-probs and the update. The last line of stdout is one JSON
@@ -57,9 +58,10 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
     )
 
 WORKDIR_ENV = "GRPO_BENCH_WORKDIR"  # lets the processes a multi-device launch re-runs reuse rank 0's files
-PHASES = ("rollout_s", "score_s", "logprob_s", "update_s", "step_s")
+PHASES = ("rollout_s", "score_s", "logprob_s", "values_s", "update_s", "step_s")  # values_s: PPO's critic pass
 #: Training metrics recorded per step (means over all devices), for comparing runs step by step.
 TRAINING_METRICS = ("loss", "grad_norm", "reward", "reward_std", "kl", "entropy", "completions/mean_length", "clip_ratio/region",
+                    "value/loss", "value/explained_variance",  # PPO's critic
                     *(f"sampling/{name}" for name in ("sampling_logp_difference/mean", "sampling_logp_difference/max",
                       "importance_sampling_ratio/min", "importance_sampling_ratio/mean", "importance_sampling_ratio/max")))
 
@@ -502,7 +504,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     import lightning as L
 
     from grpo_lightning.data import PromptDataModule
-    from variants import GRPO
+    from variants import GRPO, PPO
 
     L.seed_everything(args.seed, verbose=False)
     recorder = make_step_recorder()
@@ -529,7 +531,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     )
     if workload.prompts % trainer.world_size:
         raise SystemExit(f"{workload.prompts} prompts per step do not split over {trainer.world_size} devices")
-    module = GRPO(
+    module = {"grpo": GRPO, "ppo": PPO}[args.variant](
         model=paths["model"],
         dtype=dtype,
         reward_funcs=[benchmark_reward],
@@ -607,7 +609,7 @@ def run_trl(args: argparse.Namespace, workload: Workload, paths: dict[str, str],
 
 
 def print_table(result: dict[str, Any]) -> None:
-    columns = ("wall_s",) + PHASES
+    columns = ("wall_s",) + tuple(name for name in PHASES if name in result["phases"])
     print()
     print(f"{result['workload']} on {result['world_size']} x {result['device']}  ({result['dtype']} weights, "
           f"precision {result['precision']}, {result['strategy']}, {result['torch_threads']} CPU threads)")
@@ -636,6 +638,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workload", choices=sorted(WORKLOADS), required=True)
     parser.add_argument("--steps", type=int, default=5, help="training steps; medians skip the first")
     parser.add_argument("--compare", choices=["trl"], default=None, help="also run TRL's GRPOTrainer on the same workload")
+    parser.add_argument("--variant", choices=["grpo", "ppo"], default="grpo",
+                        help="the module: GRPO, or PPO with a critic (same workload and settings; recorded in the JSON)")
     parser.add_argument("--out", default=None, help="also write the JSON result to this file")
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--devices", default="1", help="Trainer devices (W2: 2 with --strategy fsdp)")
@@ -708,6 +712,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.profile_trace and args.profile_step is None:
         parser.error("--profile-trace needs --profile-step")
     args.devices = int(args.devices) if args.devices.isdigit() else args.devices
+    if args.compare == "trl" and args.variant != "grpo":
+        parser.error("--compare trl runs TRL's GRPO: compare --variant ppo with --variant grpo instead")
     if args.compare == "trl" and args.devices not in (1, "1"):
         parser.error("--compare trl runs on one device: use --devices 1 (compare multi-device runs with the 1-device one)")
     return args
@@ -737,7 +743,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         paths = build_workdir(Path(workdir), dataclasses.replace(workload, dtype=dtype), rows=workload.prompts * args.steps, seed=args.seed)
         build_s = time.perf_counter() - build_start
 
-        result: dict[str, Any] = {"workload": args.workload, "engine": dataclasses.asdict(engine_options(args)), "rollout_dtype": args.rollout_dtype, "device": device_name(), **versions()}
+        result: dict[str, Any] = {"workload": args.workload, "variant": args.variant, "engine": dataclasses.asdict(engine_options(args)), "rollout_dtype": args.rollout_dtype, "device": device_name(), **versions()}
         result["commit"], result["dirty"] = git_commit()
         result["date"] = time.strftime("%Y-%m-%d")
         result["command"] = " ".join(["python", "benchmarks/run.py", *(sys.argv[1:] if argv is None else argv)])

@@ -175,12 +175,14 @@ def clip_grad_norm_(model: nn.Module, max_norm: float) -> Tensor:
     return model.clip_grad_norm_(max_norm)
 
 
-def clip_policy_gradients(module: Any, optimizer: Any, max_norm: float | None) -> Tensor | None:
-    """Clip ``module.policy``'s gradient to ``max_norm`` (``None``: no clipping) and return its
-    total norm before clipping. Under FSDP the norm is over all shards (the FSDP root clips:
-    Lightning's FSDP precision plugin refuses norm clipping); under fp16 with a gradient scaler
-    Lightning unscales before it clips and no norm is returned."""
-    policy = module.policy
+def clip_policy_gradients(
+    module: Any, optimizer: Any, max_norm: float | None, model: nn.Module | None = None
+) -> Tensor | None:
+    """Clip ``module.policy``'s gradient (or ``model``'s, e.g. a critic's) to ``max_norm`` (``None``:
+    no clipping) and return its total norm before clipping. Under FSDP the norm is over all shards
+    (the FSDP root clips: Lightning's FSDP precision plugin refuses norm clipping); under fp16 with
+    a gradient scaler Lightning unscales before it clips and no norm is returned."""
+    policy = module.policy if model is None else model
     if is_sharded(policy):
         return clip_grad_norm_(policy, float("inf") if max_norm is None else max_norm)
     if getattr(module.trainer.precision_plugin, "scaler", None) is not None:

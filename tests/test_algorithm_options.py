@@ -267,7 +267,7 @@ def test_each_option_combines_with_each_variant_or_says_why_not(cls, option, mak
     if option == "unbiased_kl":
         kwargs["beta"] = 0.04
     reasons = dict(cls.inapplicable_options)
-    if option == "unbiased_kl" and cls.__name__ in ("RLOO", "ReinforcePlusPlus"):
+    if option == "unbiased_kl" and cls.__name__ in ("RLOO", "ReinforcePlusPlus", "PPO"):
         reasons["unbiased_kl"] = "its KL term is in the reward"
     if option in reasons:
         with pytest.raises(ConfigError, match=f"^{option}: does not apply to {cls.__name__}"):

@@ -9,6 +9,7 @@ from variants.grpo import GRPO
 from variants.gspo import GSPO
 from variants.kl_cov import KLCov
 from variants.online_dpo_grpo import OnlineDPOGRPO
+from variants.ppo import PPO
 from variants.process_grpo import ProcessGRPO
 from variants.reinforce_plus_plus import ReinforcePlusPlus
 from variants.rloo import RLOO
@@ -16,5 +17,5 @@ from variants.sapo import SAPO
 
 __all__ = [
     "CISPO", "ClipCov", "DAPO", "DrGRPO", "GMPO", "GRPO", "GSPO", "KLCov", "OnlineDPOGRPO", "ProcessGRPO",
-    "RLOO", "ReinforcePlusPlus", "SAPO",
+    "PPO", "RLOO", "ReinforcePlusPlus", "SAPO",
 ]

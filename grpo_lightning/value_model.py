@@ -1,0 +1,108 @@
+"""The critic of PPO: a value model of the policy's architecture, loaded from the same checkpoint.
+
+The value model is the causal LM's own backbone (its decoder without the LM head) with a scalar
+head ``Linear(hidden, 1)`` initialised to zero, rather than ``AutoModelForTokenClassification``
+with ``num_labels=1``:
+
+* It loads through :func:`grpo_lightning.generation.load_causal_lm`, so whatever ``model`` names
+  (a hub id, a directory, a GGUF file: :mod:`grpo_lightning.model_sources`) gives the critic too;
+  transformers has token-classification classes for about half its causal-LM architectures (none
+  for OLMo 2, Gemma 3, Granite or Cohere, say).
+* A zero head makes every value 0 at first, whatever the seed: the first advantages are the plain
+  returns, not returns minus the noise of a randomly drawn head. (The backbone's gradient is 0 in
+  the critic's first step, ``dV/dh = w = 0``, and flows from the second on.)
+
+Either way the ``[V, H]`` LM head is left out. What the critic costs is one more copy of the
+backbone's weights, their gradients and AdamW's two moments, and a forward and backward pass per
+minibatch: what GRPO saves by dropping it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+
+from grpo_lightning import functional as F
+from grpo_lightning.gae import explained_variance
+from grpo_lightning.generation import disable_dropout, load_causal_lm
+from grpo_lightning.metrics import StepMetrics
+from grpo_lightning.rollout import Rollout
+from grpo_lightning.strategies import clip_policy_gradients
+
+
+class ValueModel(nn.Module):
+    """``V(s_t)`` for each completion token: the backbone's last hidden state at the position before
+    token ``t`` (the prompt and the completion's tokens before ``t``), through the scalar head."""
+
+    def __init__(self, backbone: PreTrainedModel) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(backbone.config.hidden_size, 1, dtype=torch.float32, device=backbone.device)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor):
+        """Values ``[N, T]`` (fp32) of left-padded prompts ``[N, S]`` and completions ``[N, T]``; 0
+        where ``completion_mask`` is 0."""
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=F.position_ids_from_mask(attention_mask),
+            use_cache=False,
+        ).last_hidden_state  # fmt: skip
+        # The state at position p has read the tokens up to p: the one before token t is s_t.
+        length = completion_ids.size(1)
+        hidden = hidden[:, -length - 1 : -1]
+        values = self.head(hidden.to(self.head.weight.dtype)).squeeze(-1).float()
+        return values.masked_fill(completion_mask == 0, 0.0)
+
+
+def load_value_model(
+    name: str, dtype: str, attn_implementation: str | None, *, no_dropout: bool = True,
+    gradient_checkpointing: bool = False,
+) -> ValueModel:
+    """The value model of the checkpoint ``name`` names, its backbone in ``dtype`` (as the policy's:
+    :func:`~grpo_lightning.generation.load_causal_lm`), in training mode."""
+    backbone = load_causal_lm(name, dtype, attn_implementation).base_model  # the LM head is let go
+    if no_dropout:
+        disable_dropout(backbone)
+    if gradient_checkpointing:
+        backbone.gradient_checkpointing_enable()
+    return ValueModel(backbone).train()
+
+
+@torch.no_grad()
+def compute_values(model: ValueModel, rollout: Rollout, micro_batch_size: int) -> Tensor:
+    """Values ``[N, T]`` of the rollout's completions under ``model``, ``micro_batch_size`` rows at a time."""
+    rows = torch.arange(len(rollout)).split(micro_batch_size)
+    return torch.cat([model(*rollout.model_inputs(part)) for part in rows])
+
+
+def record_critic(metrics: StepMetrics, values: Tensor, returns: Tensor, advantages: Tensor, mask: Tensor) -> None:
+    """The critic's metrics over the valid tokens: ``value/mean``, ``returns/mean``,
+    ``value/explained_variance`` and ``advantages/mean_abs`` (of the advantages before whitening)."""
+    metrics.update("value/mean", F.masked_mean(values, mask))
+    metrics.update("returns/mean", F.masked_mean(returns, mask))
+    metrics.update("value/explained_variance", explained_variance(values, returns, mask))
+    metrics.update("advantages/mean_abs", F.masked_mean(advantages.abs(), mask))
+
+
+def clip_and_step(module: Any, optimizer: Any, model: nn.Module, max_norm: float | None) -> None:
+    """Clip ``model``'s gradient to ``max_norm`` (``None``: no clipping; its norm before clipping is
+    ``value/grad_norm``) and step ``optimizer`` with :func:`step_uncounted`."""
+    norm = clip_policy_gradients(module, optimizer, max_norm, model=model)
+    if norm is not None:
+        module.step_metrics.update("value/grad_norm", norm)
+    step_uncounted(module, optimizer)
+
+
+def step_uncounted(module: Any, optimizer: Any) -> None:
+    """``optimizer.step()`` through the Trainer's strategy (its precision plugin: gradient scaler,
+    ``on_before_optimizer_step`` hooks) without counting it in ``trainer.global_step``: under manual
+    optimization Lightning counts the steps of every optimizer it wraps, and ``global_step`` must keep
+    counting policy updates (``max_steps``, logging, checkpoints)."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # the torch optimizer inside Lightning's wrapper
+    module.trainer.strategy.optimizer_step(inner, closure=lambda: None)

@@ -1,0 +1,141 @@
+"""PPO with a learned critic: Schulman et al. 2017, "Proximal Policy Optimization Algorithms", as
+RLHF uses it (Ouyang et al. 2022, "Training language models to follow instructions with human
+feedback", eq. 2), with GAE (Schulman et al. 2016, eqs. 11-16). The critic GRPO drops.
+
+Each completion token ``t`` is an action; the task reward comes at the last token and the k1 KL
+penalty against the reference model at every token::
+
+    r_t     = -beta * (log pi_old(y_t) - log pi_ref(y_t)) + 1[t = last] * r
+    delta_t = r_t + gamma * V_old(s_{t+1}) - V_old(s_t)             (V = 0 after the last token)
+    A_t     = delta_t + gamma * lam * A_{t+1},   R_t = A_t + V_old(s_t)
+    A_t    <- (A_t - mean(A)) / std(A)          over the batch's tokens (``whiten_advantages``)
+    L_pi    = token mean of -min(rho_t A_t, clip(rho_t, 1 - eps, 1 + eps) A_t)
+    L_V     = token mean of 1/2 max((V - R)^2, (V_old + clip(V - V_old, -eps_v, eps_v) - R)^2)
+
+``rho_t = pi / pi_old``. ``V_old``: a no-grad pass of the critic over the rollout. The critic
+(:mod:`grpo_lightning.value_model`: the policy's backbone and a zero scalar head, loaded from
+``model``) has its own AdamW and clipping, and steps after each policy step, on its minibatch.
+
+Defaults: gamma 1, lambda 0.95 (one completion is one episode, rewarded at its end); beta 0.01;
+``value_learning_rate`` 1e-5, ten times the policy's default, as RLHF recipes give the critic the
+larger rate (it regresses a fresh head onto returns); ``value_clip`` 0.2 and ``value_max_grad_norm``
+1.0 as PPO2's. ``advantages/mean_abs``: ``|A_t|`` before whitening. One device only.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from grpo_lightning import functional as F
+from grpo_lightning import gae as G
+from grpo_lightning import value_model as V
+from grpo_lightning.metrics import PhaseTimer
+from grpo_lightning.module import GroupPolicyOptimization
+from grpo_lightning.rollout import Rollout
+from grpo_lightning.settings import ConfigError, require
+
+
+class PPO(GroupPolicyOptimization):
+    """Per-token GAE advantages from a learned critic; k1 KL in the reward; PPO clip; token mean."""
+
+    kl_in_loss = False
+    inapplicable_options: ClassVar[dict[str, str]] = {"scale_rewards": "its GAE advantages are whitened instead"}
+
+    def __init__(self, model: str, *, beta: float = 0.01, gamma: float = 1.0, lam: float = 0.95,
+                 whiten_advantages: bool = True, value_learning_rate: float = 1e-5, value_clip: float | None = 0.2,
+                 value_max_grad_norm: float | None = 1.0, **kwargs) -> None:  # fmt: skip
+        super().__init__(model, beta=beta, **kwargs)
+        require(0 <= gamma <= 1, f"gamma: must be in [0, 1], got {gamma}.")
+        require(0 <= lam <= 1, f"lam: must be in [0, 1], got {lam}.")
+        require(value_learning_rate > 0, f"value_learning_rate: must be positive, got {value_learning_rate}.")
+        require(value_clip is None or value_clip > 0, f"value_clip: must be positive (None: off), got {value_clip}.")
+        self.value_model = None
+        self.gae: tuple[Tensor, Tensor, Tensor] | None = None  # this rollout's advantages, returns and V_old
+
+    def configure_model(self) -> None:
+        super().configure_model()
+        if self.value_model is None:
+            self.value_model = V.load_value_model(self.model_name, self.hparams.dtype, self.hparams.attn_implementation,
+                                                no_dropout=self.hparams.disable_dropout,
+                                                gradient_checkpointing=self.hparams.gradient_checkpointing)  # fmt: skip
+
+    def configure_optimizers(self):
+        """The policy's AdamW and warm-up (the base module's), and the critic's own at ``value_learning_rate``."""
+        policy = super().configure_optimizers()
+        defaults, warmup = policy["optimizer"].defaults, policy["lr_scheduler"]["scheduler"].lr_lambdas[0]
+        critic = torch.optim.AdamW(self.value_model.parameters(), lr=self.hparams.value_learning_rate,
+                                   weight_decay=defaults["weight_decay"], fused=defaults["fused"])  # fmt: skip
+        scheduler = torch.optim.lr_scheduler.LambdaLR(critic, warmup)
+        return [policy, {"optimizer": critic, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}]
+
+    def on_fit_start(self) -> None:
+        if self.trainer.world_size > 1:
+            raise ConfigError("trainer.devices: PPO's critic is neither sharded nor synced; train PPO on one device.")
+        super().on_fit_start()
+
+    def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
+        """``r_t``, then GAE on ``V_old`` (kept for :meth:`advantages` and the critic); returns ``sum_t r_t``."""
+        with PhaseTimer(self.step_metrics, self.device).phase("values"):
+            old_values = V.compute_values(self.value_model, rollout, self.micro_batch_size)
+        mask = rollout.completion_mask
+        kl = None if rollout.ref_logp is None else F.kl_k1(rollout.old_logp, rollout.ref_logp)
+        token_rewards = G.token_rewards(rewards, kl, mask, self.beta)
+        advantages, returns = G.gae(token_rewards, old_values, mask, self.hparams.gamma, self.hparams.lam)
+        valid = self.loss_mask(rollout, torch.arange(len(rollout)))
+        V.record_critic(self.step_metrics, old_values, returns, advantages, valid)
+        if kl is not None:
+            self.step_metrics.update("kl_penalty", (self.beta * F.masked_sum(kl, mask, dim=-1)).mean())
+        if self.hparams.whiten_advantages:
+            advantages = G.whiten(advantages, valid)
+        self.gae = (advantages, returns, old_values)
+        return token_rewards.sum(-1)
+
+    def advantages(self, rewards: Tensor) -> Tensor:
+        """``[P, G, T]``: the GAE advantages :meth:`shape_rewards` computed for this rollout."""
+        if self.gae is None:
+            raise RuntimeError("PPO.advantages needs the rollout's values: call shape_rewards(rewards, rollout) first.")
+        return self.gae[0].view(*rewards.shape, -1)
+
+    def aggregate(self, loss: Tensor, mask: Tensor, *, num_sequences=None, num_tokens: Tensor | None = None) -> Tensor:
+        """``sum(loss * mask) / sum(mask)`` over the whole minibatch."""
+        return F.token_mean(loss, mask, num_tokens=num_tokens)
+
+    def update(self, rollout: Rollout, advantages: Tensor) -> None:
+        """The base module's loop (``ppo_epochs`` passes, one policy step per minibatch), each policy
+        step followed by the critic's on the same minibatch."""
+        (policy_opt, critic_opt), (policy_sched, critic_sched) = self.optimizers(), self.lr_schedulers()
+        size = len(rollout)
+        for _ in range(self.ppo_epochs):
+            order = torch.randperm(size) if self.needs_old_logprobs(size) else torch.arange(size)
+            for rows in order.split(self.minibatch_size or size):
+                policy_opt.zero_grad(set_to_none=True)
+                self.accumulate_gradients(rollout, advantages, rows)
+                self.clip_and_log_gradient_norm(policy_opt)
+                policy_opt.step()
+                policy_sched.step()
+                self.policy_version += 1
+                self.critic_step(rollout, rows, critic_opt)
+                critic_sched.step()
+        self.step_metrics.update("learning_rate", policy_sched.get_last_lr()[0])
+
+    def critic_step(self, rollout: Rollout, rows: Tensor, optimizer) -> None:
+        """One optimizer step of the critic on ``L_V`` over the minibatch ``rows``, in micro-batches."""
+        optimizer.zero_grad(set_to_none=True)
+        num_tokens = self.loss_mask(rollout, rows).sum()
+        for micro_rows in rows.split(self.micro_batch_size):
+            self.manual_backward(self.value_loss(rollout, micro_rows, num_tokens))
+        V.clip_and_step(self, optimizer, self.value_model, self.hparams.value_max_grad_norm)
+
+    def value_loss(self, rollout: Rollout, rows: Tensor, num_tokens: Tensor) -> Tensor:
+        """This micro-batch's share of the minibatch's ``L_V`` (divided by its token count ``num_tokens``)."""
+        mask = self.loss_mask(rollout, rows)
+        _, returns, old_values = (part[rows.to(mask.device)] for part in self.gae)
+        values = self.value_model(*rollout.model_inputs(rows))
+        loss, clipped = G.clipped_value_loss(values, old_values, returns, self.hparams.value_clip)
+        tokens = mask.sum()
+        self.step_metrics.update("value/loss", F.masked_mean(loss.detach(), mask), tokens)
+        self.step_metrics.update("value/clip_fraction", F.masked_mean(clipped.float(), mask), tokens)
+        return F.token_mean(loss, mask, num_tokens=num_tokens)
