@@ -201,6 +201,13 @@ def test_with_several_minibatches_each_pair_is_averaged_in_its_winners_minibatch
     assert float(sum(losses)) == pytest.approx(_dpo_term_by_hand(module, rollout, list(zip(led[0].tolist(), led[1].tolist()))), rel=1e-5)
 
 
+def test_a_minibatch_without_pairs_runs_no_pair_pass(prepared):
+    module, rollout, _, losses = prepared
+    empty = torch.zeros(0, dtype=torch.long)
+    module.accumulate_pair_gradients(rollout, empty, empty, padding=torch.arange(1))  # no forward of zero rows
+    assert losses == [] and "dpo/loss" not in module.step_metrics.compute_and_reset()
+
+
 def test_every_device_runs_as_many_pair_passes_and_the_count_is_their_mean(prepared, monkeypatch):
     """A second device with 3 more passes and 10 more pairs, through stand-ins for the collectives
     (the real ones need several processes)."""

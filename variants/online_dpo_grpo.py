@@ -90,7 +90,7 @@ class OnlineDPOGRPO(GRPO):
     def accumulate_pair_gradients(self, rollout: Rollout, winners: Tensor, losers: Tensor, padding: Tensor) -> None:
         """Backward of ``dpo_weight / num_pairs * sum_k loss_k``, whole pairs per pass."""
         size = max(1, self.micro_batch_size // 2)
-        parts = list(zip(winners.split(size), losers.split(size)))
+        parts = list(zip(winners.split(size), losers.split(size))) if len(winners) else []  # split([]): one empty part
         num_pairs, passes = torch.tensor(float(len(winners)), device=self.device), len(parts)
         world = self.trainer.world_size if self._trainer is not None else 1
         if world > 1:  # DDP averages gradients over devices: normalise by the mean count per device
