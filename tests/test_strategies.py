@@ -270,6 +270,11 @@ with open(os.path.join(out, f"rank{trainer.global_rank}.json"), "w") as f:
 if torch.distributed.is_initialized():
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+# Everything is written: skip the interpreter's teardown, where a thread of the CPU backends left
+# running at times aborts the process ("terminate called without an active exception").
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
 """
 
 
