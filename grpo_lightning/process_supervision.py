@@ -14,7 +14,6 @@ get, per completion, the end character offset of each completion token in the de
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,6 +21,9 @@ from typing import Any
 import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
+
+from grpo_lightning.rewards.process import delimited_step_ends, token_at
+from grpo_lightning.rewards.scoring import accepts_keyword
 
 #: Added to the std of a group's step rewards, as in the outcome advantages.
 EPS = 1e-4
@@ -37,27 +39,6 @@ def token_char_ends(tokenizer: PreTrainedTokenizerBase, completion_ids: Tensor, 
     return ends
 
 
-def token_at(char_ends: Sequence[int], char_end: int) -> int:
-    """Index of the first token whose text ends at or after character ``char_end`` (the last token
-    when the text is shorter)."""
-    for index, end in enumerate(char_ends):
-        if end >= char_end:
-            return index
-    return len(char_ends) - 1
-
-
-def delimited_step_ends(text: str, delimiter: str) -> list[int]:
-    """End character offsets of the steps of ``text`` split at ``delimiter`` (each step ends after
-    its delimiter; the last one at the end of the text). Empty trailing steps are dropped."""
-    ends, start = [], 0
-    while (found := text.find(delimiter, start)) != -1:
-        start = found + len(delimiter)
-        ends.append(start)
-    if start < len(text):
-        ends.append(len(text))
-    return ends
-
-
 def step_rewards(
     function: Callable[..., list],
     name: str,
@@ -69,7 +50,7 @@ def step_rewards(
 ) -> list[list[tuple[int, float]]]:
     """``(end_token_index, score)`` pairs of each completion from ``function`` (see the module
     docstring), checked: one entry per completion, as many floats as delimited steps, indices in range."""
-    extra = {"token_ends": char_ends} if _takes(function, "token_ends") else {}
+    extra = {"token_ends": char_ends} if accepts_keyword(function, "token_ends") else {}
     scored = function(prompts, completions, **columns, **extra)
     if not isinstance(scored, Sequence) or len(scored) != len(completions):
         got = len(scored) if isinstance(scored, Sequence) else type(scored).__name__
@@ -116,12 +97,4 @@ def step_advantages(pairs: list[list[tuple[int, float]]], group_size: int, lengt
             for index, _ in steps:
                 placed[row, last if index == latest else index] += next(normalised)
     return placed.flip(1).cumsum(1).flip(1).float()
-
-
-def _takes(function: Callable, keyword: str) -> bool:
-    try:
-        parameters = inspect.signature(function).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == keyword or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 

@@ -88,7 +88,9 @@ def run_quickstart(argv: Sequence[str] | None = None) -> dict[str, float]:
 
 def pass_at_k_line(metrics: dict[str, float], samples: int) -> str:
     """``pass@1 0.52 [0.48, 0.56], ...``: the sampled metrics with their 95% bootstrap intervals."""
-    names = [f"pass@{k}" for k in (1, 2, 4, 8, 16, 32) if k <= samples and f"sampled/pass@{k}" in metrics]
+    from grpo_lightning.sample_metrics import pass_k_values
+
+    names = [f"pass@{k}" for k in pass_k_values(samples)]
     names.append(f"maj@{samples}")
     shown = [
         f"{name} {metrics[f'sampled/{name}']:.1%} [{metrics[f'sampled/{name}_ci_low']:.1%}, {metrics[f'sampled/{name}_ci_high']:.1%}]"

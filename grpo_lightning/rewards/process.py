@@ -1,15 +1,37 @@
-"""Step rewards for process supervision (:mod:`grpo_lightning.process_supervision`): a rule-based
-scorer for answers checked digit by digit, and a process reward model."""
+"""Step rewards for process supervision (:mod:`grpo_lightning.process_supervision`): where steps end
+in a text and in its tokens, a rule-based scorer for answers checked digit by digit, and a process
+reward model."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from grpo_lightning.process_supervision import delimited_step_ends, token_at
 from grpo_lightning.rewards.accuracy import ANSWER_TAG, answers_match
 from grpo_lightning.rewards.scoring import completion_text
+
+
+def token_at(char_ends: Sequence[int], char_end: int) -> int:
+    """Index of the first token whose text ends at or after character ``char_end`` (the last token
+    when the text is shorter)."""
+    for index, end in enumerate(char_ends):
+        if end >= char_end:
+            return index
+    return len(char_ends) - 1
+
+
+def delimited_step_ends(text: str, delimiter: str) -> list[int]:
+    """End character offsets of the steps of ``text`` split at ``delimiter`` (each step ends after
+    its delimiter; the last one at the end of the text). Empty trailing steps are dropped."""
+    ends, start = [], 0
+    while (found := text.find(delimiter, start)) != -1:
+        start = found + len(delimiter)
+        ends.append(start)
+    if start < len(text):
+        ends.append(len(text))
+    return ends
 
 
 def answer_prefix_steps(

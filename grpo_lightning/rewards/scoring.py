@@ -30,8 +30,8 @@ EXAMPLE_PATH = "grpo_lightning.rewards.accuracy_reward"
 GROUP_INDEX = "group_index"
 RESERVED_COLUMNS = ("prompt", "prompts", "completions", GROUP_INDEX)
 PREVIEW_CHARS = 80
-# Whether each reward function takes group_index, by function (inspected once).
-_ACCEPTS_GROUP_INDEX: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+# Which keywords each reward function takes, by function (each inspected once).
+_ACCEPTS_KEYWORD: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
 
 
 class RewardFunctionError(RuntimeError):
@@ -141,10 +141,15 @@ def group_indices(count: int, group_size: int) -> list[int]:
 
 
 def accepts_group_index(function: RewardFunction) -> bool:
-    """Whether ``function`` takes a ``group_index`` keyword: a parameter of that name, or ``**kwargs``.
-    Inspected once per function (functions that cannot be weakly referenced are inspected per call)."""
+    """Whether ``function`` takes a ``group_index`` keyword (:func:`accepts_keyword`)."""
+    return accepts_keyword(function, GROUP_INDEX)
+
+
+def accepts_keyword(function: Callable, keyword: str) -> bool:
+    """Whether ``function`` takes ``keyword``: a parameter of that name, or ``**kwargs``. Inspected
+    once per function and keyword (functions that cannot be weakly referenced are inspected per call)."""
     try:
-        return _ACCEPTS_GROUP_INDEX[function]
+        return _ACCEPTS_KEYWORD[function][keyword]
     except (KeyError, TypeError):
         pass
     try:
@@ -153,10 +158,10 @@ def accepts_group_index(function: RewardFunction) -> bool:
         accepts = False
     else:
         accepts = any(
-            p.kind is p.VAR_KEYWORD or (p.name == GROUP_INDEX and p.kind is not p.POSITIONAL_ONLY) for p in parameters
+            p.kind is p.VAR_KEYWORD or (p.name == keyword and p.kind is not p.POSITIONAL_ONLY) for p in parameters
         )
     with contextlib.suppress(TypeError):
-        _ACCEPTS_GROUP_INDEX[function] = accepts
+        _ACCEPTS_KEYWORD.setdefault(function, {})[keyword] = accepts
     return accepts
 
 
