@@ -17,6 +17,17 @@ def length_parity_reward(prompts: list, completions: list[str], **columns) -> li
     return [float(len(c) % 3) for c in completions]
 
 
+def micro_batched_gradient(module, rollout: Rollout, advantages: torch.Tensor, sizes: Sequence[int],
+                           num_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The policy's gradient of the rollout's loss taken in micro-batches of ``sizes`` rows
+    (``micro_batch_loss`` with the whole rollout's sequence and token counts), by parameter name."""
+    module.policy.zero_grad(set_to_none=True)
+    n = len(rollout)
+    for rows in torch.arange(n).split(list(sizes)):
+        module.micro_batch_loss(rollout, advantages, rows, num_sequences=n, num_tokens=num_tokens).backward()
+    return {name: p.grad.clone() for name, p in module.policy.named_parameters()}
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Tiny matrices: one intra-op thread is much faster than several on a busy machine."""

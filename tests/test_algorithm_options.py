@@ -12,6 +12,7 @@ from torch.testing import assert_close
 
 from grpo_lightning import functional as F
 from grpo_lightning.settings import ConfigError
+from tests.conftest import micro_batched_gradient
 from variants import DAPO, GRPO, GSPO, RLOO, DrGRPO
 
 PROMPTS = ["12+34=", "5+6=", "77+8=", "9*9="]  # x group_size 4 = 16 rows
@@ -232,13 +233,8 @@ def test_the_options_keep_the_gradient_independent_of_micro_batching(cls, kwargs
     advantages = module.advantages(rollout.rewards.view(-1, rollout.group_size)).flatten()
     num_tokens = module.loss_mask(rollout, torch.arange(n)).sum()
 
-    def total_gradient(sizes: list[int]) -> dict[str, torch.Tensor]:
-        module.policy.zero_grad(set_to_none=True)
-        for rows in torch.arange(n).split(sizes):
-            module.micro_batch_loss(rollout, advantages, rows, num_sequences=n, num_tokens=num_tokens).backward()
-        return {name: p.grad.clone() for name, p in module.policy.named_parameters()}
-
-    whole, split = total_gradient([n]), total_gradient([3, 5, n - 8])
+    whole = micro_batched_gradient(module, rollout, advantages, [n], num_tokens)
+    split = micro_batched_gradient(module, rollout, advantages, [3, 5, n - 8], num_tokens)
     assert sum(g.abs().sum() for g in whole.values()) > 0
     for name in whole:
         assert_close(split[name], whole[name], rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}: {m}")

@@ -28,6 +28,7 @@ from grpo_lightning.export import read_checkpoint
 from grpo_lightning.resources import config_dir
 from grpo_lightning.settings import ConfigError
 from grpo_lightning.value_model import compute_values, load_value_model
+from tests.conftest import micro_batched_gradient
 from variants import PPO
 
 CONFIGS = config_dir()
@@ -171,13 +172,8 @@ def test_the_policy_gradient_does_not_depend_on_micro_batching(kwargs, make_modu
     n = len(rollout)
     tokens = module.loss_mask(rollout, torch.arange(n)).sum()
 
-    def gradient(sizes):
-        module.policy.zero_grad(set_to_none=True)
-        for rows in torch.arange(n).split(sizes):
-            module.micro_batch_loss(rollout, advantages, rows, num_sequences=n, num_tokens=tokens).backward()
-        return {name: p.grad.clone() for name, p in module.policy.named_parameters()}
-
-    whole, split = gradient([n]), gradient([3, 5, n - 8])
+    whole = micro_batched_gradient(module, rollout, advantages, [n], tokens)
+    split = micro_batched_gradient(module, rollout, advantages, [3, 5, n - 8], tokens)
     assert sum(g.abs().sum() for g in whole.values()) > 0
     for name in whole:
         assert_close(split[name], whole[name], rtol=1e-5, atol=1e-7, msg=lambda m, name=name: f"{name}: {m}")

@@ -12,11 +12,17 @@ from torch.testing import assert_close
 from transformers import AutoTokenizer
 
 from grpo_lightning.cli import GRPOLightningCLI
-from grpo_lightning.process_supervision import delimited_step_ends, step_advantages, step_rewards, token_at
+from grpo_lightning.process_supervision import (
+    delimited_step_ends,
+    step_advantages,
+    step_rewards,
+    token_at,
+)
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, tiny_config
 from grpo_lightning.resources import config_dir
 from grpo_lightning.rewards import ProcessRewardModel, answer_prefix_steps
 from grpo_lightning.settings import ConfigError
+from tests.conftest import micro_batched_gradient
 from variants import ProcessGRPO
 
 CONFIGS = config_dir()
@@ -127,13 +133,8 @@ def test_the_gradient_does_not_depend_on_micro_batching(make_module, make_rollou
     assert advantages.shape == rollout.completion_ids.shape and advantages.abs().sum() > 0
     n, tokens = len(rollout), rollout.completion_mask.sum()
 
-    def gradient(sizes):
-        module.policy.zero_grad(set_to_none=True)
-        for rows in torch.arange(n).split(sizes):
-            module.micro_batch_loss(rollout, advantages, rows, num_sequences=n, num_tokens=tokens).backward()
-        return {name: p.grad.clone() for name, p in module.policy.named_parameters()}
-
-    whole, split = gradient([n]), gradient([5, n - 5])
+    whole = micro_batched_gradient(module, rollout, advantages, [n], tokens)
+    split = micro_batched_gradient(module, rollout, advantages, [5, n - 5], tokens)
     for name in whole:
         assert_close(split[name], whole[name], rtol=1e-5, atol=1e-7)
 
