@@ -15,6 +15,8 @@ per-token KL penalty in the reward).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -68,11 +70,14 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: 
     return advantages, (advantages + values) * valid
 
 
-def whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+def whiten(x: Tensor, mask: Tensor, eps: float = 1e-8, total: Callable[[Tensor], Tensor] = lambda t: t) -> Tensor:
     """``(x - mean) / sqrt(var + eps)`` with the mean and the (biased) variance over the masked
-    entries of the whole batch; 0 outside ``mask``."""
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean).square(), mask)
+    entries of the whole batch; 0 outside ``mask``. ``total`` sums a tensor over the processes
+    whose batches make the whole batch (the identity: this process's batch alone)."""
+    mask = mask.to(x.dtype)
+    count = total(mask.sum())
+    mean = total((x * mask).sum()) / count
+    var = total(((x - mean).square() * mask).sum()) / count
     return torch.where(mask != 0, (x - mean) * torch.rsqrt(var + eps), torch.zeros_like(x))
 
 

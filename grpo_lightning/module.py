@@ -262,6 +262,14 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         """The smallest ``value`` over all processes (every process must call it)."""
         return resume.min_over_ranks(value, self.device)
 
+    @property
+    def num_processes(self) -> int:
+        return self.trainer.world_size if self._trainer is not None else 1
+
+    def sum_over_ranks(self, value: Tensor) -> Tensor:
+        """``value`` summed over all processes (every process must call it)."""
+        return self.trainer.strategy.reduce(value, reduce_op="sum") if self.num_processes > 1 else value
+
     def record_clipping(self, clipped_low: Tensor, clipped_high: Tensor, mask: Tensor) -> None:
         """Log the token shares the clipped surrogate clipped (``clip_ratio/*``)."""
         metrics.record_clipping(self.step_metrics, clipped_low, clipped_high, mask)
@@ -471,11 +479,8 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         so the accumulated gradient does not depend on the micro-batch size.
         """
         num_sequences = len(rows)
-        num_tokens = self.loss_mask(rollout, rows).sum()
-        world = self.trainer.world_size if self._trainer is not None else 1
-        if world > 1:
-            # DDP averages gradients over devices: normalise by the mean count per device.
-            num_tokens = self.trainer.strategy.reduce(num_tokens, reduce_op="sum") / world
+        # DDP and FSDP average gradients over devices: normalise by the mean count per device.
+        num_tokens = self.sum_over_ranks(self.loss_mask(rollout, rows).sum()) / self.num_processes
         total = torch.zeros((), device=num_tokens.device)
         micro_batches = rows.split(self.micro_batch_size)
         for index, micro_rows in enumerate(micro_batches):

@@ -33,16 +33,30 @@ from grpo_lightning.rollout import Rollout
 from grpo_lightning.strategies import clip_policy_gradients
 
 
+class ValueHead(nn.Linear):
+    """``Linear(hidden, 1)`` in fp32, zero at first; it casts the hidden states to its own dtype."""
+
+    def __init__(self, hidden_size: int, device: torch.device) -> None:
+        super().__init__(hidden_size, 1, dtype=torch.float32, device=device)
+        nn.init.zeros_(self.weight)
+        nn.init.zeros_(self.bias)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return super().forward(hidden.to(self.weight.dtype))
+
+
 class ValueModel(nn.Module):
     """``V(s_t)`` for each completion token: the backbone's last hidden state at the position before
-    token ``t`` (the prompt and the completion's tokens before ``t``), through the scalar head."""
+    token ``t`` (the prompt and the completion's tokens before ``t``), through the scalar head.
+
+    Under FSDP (:func:`grpo_lightning.strategies.shard`) each decoder layer is a unit and so is the
+    head (``_no_split_modules``): an fp32 head cannot share a flat parameter with bf16 weights."""
 
     def __init__(self, backbone: PreTrainedModel) -> None:
         super().__init__()
         self.backbone = backbone
-        self.head = nn.Linear(backbone.config.hidden_size, 1, dtype=torch.float32, device=backbone.device)
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
+        self.head = ValueHead(backbone.config.hidden_size, backbone.device)
+        self._no_split_modules = [*(backbone._no_split_modules or ()), ValueHead.__name__]
 
     def forward(self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor):
         """Values ``[N, T]`` (fp32) of left-padded prompts ``[N, S]`` and completions ``[N, T]``; 0
@@ -56,7 +70,7 @@ class ValueModel(nn.Module):
         # The state at position p has read the tokens up to p: the one before token t is s_t.
         length = completion_ids.size(1)
         hidden = hidden[:, -length - 1 : -1]
-        values = self.head(hidden.to(self.head.weight.dtype)).squeeze(-1).float()
+        values = self.head(hidden).squeeze(-1).float()
         return values.masked_fill(completion_mask == 0, 0.0)
 
 
@@ -72,6 +86,16 @@ def load_value_model(
     if gradient_checkpointing:
         backbone.gradient_checkpointing_enable()
     return ValueModel(backbone).train()
+
+
+def critic_optimizer(model: nn.Module, policy: dict[str, Any], learning_rate: float) -> dict[str, Any]:
+    """The critic's AdamW at ``learning_rate``, with the weight decay and the warm-up of the policy's
+    (``policy``: what the base module's ``configure_optimizers`` returns)."""
+    defaults, warmup = policy["optimizer"].defaults, policy["lr_scheduler"]["scheduler"].lr_lambdas[0]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=defaults["weight_decay"],
+                                  fused=defaults["fused"])  # fmt: skip
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup)
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
 @torch.no_grad()

@@ -145,6 +145,24 @@ def test_fsdp_shards_each_model_on_its_own_and_trains_as_without_it(tiny_model_d
     torch.testing.assert_close(logits(saved, tokenizer), logits(exported, tokenizer), rtol=0, atol=0)
 
 
+def test_ppo_under_fsdp_shards_its_critic_with_a_unit_per_layer_and_one_for_the_fp32_head(
+    tiny_model_dir, tmp_path, process_group_cleanup
+):
+    from variants import PPO
+
+    ppo = make_module(tiny_model_dir, cls=PPO, dtype="bfloat16")  # bf16 weights beside the fp32 head
+    every = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=1)
+    steps, trainer = fit(ppo, 1, tmp_path, callbacks=[every], strategy=PolicyFSDPStrategy(mixed_precision="bf16"))
+    critic = ppo.value_model
+    assert isinstance(critic, FullyShardedDataParallel)
+    units = [m.module for m in critic.modules() if isinstance(m, FullyShardedDataParallel) and m is not critic]
+    assert sorted(type(u).__name__ for u in units) == ["Qwen2DecoderLayer", "Qwen2DecoderLayer", "ValueHead"]
+    assert {id(p) for p in trainer.optimizers[1].param_groups[0]["params"]} == {id(p) for p in critic.parameters()}
+    assert torch.isfinite(torch.tensor(steps[1]["value/loss"]))
+    names = set(read_checkpoint(tmp_path / "ckpt" / "step=1.ckpt")["state_dict"])
+    assert {"value_model.head.weight", "value_model.backbone.norm.weight"} <= names  # plain names, gathered
+
+
 def test_gathered_fsdp_rollouts_refuse_the_static_cache_engine(tiny_model_dir, tmp_path, process_group_cleanup):
     strategy = PolicyFSDPStrategy(mixed_precision=None, rollout_weights="gather")
     with pytest.raises(ConfigError, match="engine.rollout: .*rollout_weights='gather'"):
@@ -225,7 +243,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.strategies import PolicyFSDPStrategy
-from variants import DAPO, GRPO
+from variants import DAPO, GRPO, PPO
 
 model_dir, out, kind, max_steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 ckpt_path = sys.argv[5] if len(sys.argv) > 5 else None
@@ -246,8 +264,8 @@ record = Record()
 # "keyed": keyed sampling (rollout_seed) on the static engine, FSDP on 2 processes or 1 process with
 # the 2 processes' prompts in one batch.
 keyed = kind.endswith("-keyed")
-devices = 1 if kind == "single-keyed" else 2
-strategy = {"ddp": "ddp", "ddp-compiled": "ddp", "single-keyed": "auto"}.get(kind) or PolicyFSDPStrategy(mixed_precision=None)
+devices = 1 if kind.startswith("single") else 2
+strategy = {"ddp": "ddp", "ddp-compiled": "ddp"}.get(kind) or ("auto" if devices == 1 else PolicyFSDPStrategy(mixed_precision=None))
 trainer = L.Trainer(
     strategy=strategy, accelerator="cpu", devices=devices, max_steps=max_steps, logger=False, enable_progress_bar=False,
     enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=out,
@@ -257,6 +275,8 @@ sampling = dict(engine=EngineOptions(rollout="static"), rollout_seed=7) if keyed
 if kind == "ddp-compiled":  # the log-prob passes through torch.compile
     sampling["engine"] = EngineOptions(model_compile=True)
 variant = dict(cls=DAPO, max_gen_batches=3) if kind == "fsdp-dapo" else dict(cls=GRPO, beta=0.04)
+if "ppo" in kind:  # a critic with a rate at which it moves in two steps
+    variant = dict(cls=PPO, beta=0.04, value_learning_rate=1e-2)
 # Micro-batches of one row: two backward passes per step and rank (DDP syncs only in the last).
 module = variant.pop("cls")(model=model_dir, reward_funcs=["test_checkpoint.length_reward"], group_size=2,
                             max_new_tokens=6, micro_batch_size=1, learning_rate=1e-3, dtype="float32",
@@ -360,6 +380,24 @@ def test_keyed_sampling_makes_two_fsdp_processes_train_like_one_process_with_the
         ours, reference = steps(two[0], step)[0], steps(one, step)[0]
         assert ours.keys() == reference.keys()
         torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-6)
+
+
+def test_ppo_over_two_fsdp_processes_trains_like_one_process_with_their_batches(tiny_model_dir, tmp_path):
+    """The critic is sharded too; its loss and the whitened advantages take every process's tokens,
+    so two processes make the one-process run's policy, critic steps included."""
+    script = tmp_path / "distributed_fit.py"
+    script.write_text(DISTRIBUTED_FIT)
+    two = torchrun(script, tiny_model_dir, tmp_path / "two", "fsdp-ppo-keyed", 2)
+    (one,) = torchrun(script, tiny_model_dir, tmp_path / "one", "single-ppo-keyed", 2, processes=1)
+    assert sorted(one["prompts"]) == sorted(two[0]["prompts"] + two[1]["prompts"])
+    for step in (1, 2):
+        ours, reference = steps(two[0], step)[0], steps(one, step)[0]
+        for name in ("loss", "value/loss", "grad_norm", "value/grad_norm", "kl"):
+            torch.testing.assert_close(ours[name], reference[name], rtol=1e-4, atol=1e-6, msg=f"step {step}: {name}")
+    assert steps(two[0], 2)[0]["value/loss"] != steps(two[0], 1)[0]["value/loss"]
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "one" / "saved")
+    policies = [logits(AutoModelForCausalLM.from_pretrained(tmp_path / run / "saved"), tokenizer) for run in ("one", "two")]
+    torch.testing.assert_close(policies[1], policies[0], rtol=1e-4, atol=1e-5)
 
 
 def test_dapo_dynamic_sampling_over_two_fsdp_processes_updates_together(tiny_model_dir, tmp_path):

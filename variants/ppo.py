@@ -19,7 +19,8 @@ penalty against the reference model at every token::
 Defaults: gamma 1, lambda 0.95 (one completion is one episode, rewarded at its end); beta 0.01;
 ``value_learning_rate`` 1e-5, ten times the policy's default, as RLHF recipes give the critic the
 larger rate (it regresses a fresh head onto returns); ``value_clip`` 0.2 and ``value_max_grad_norm``
-1.0 as PPO2's. ``advantages/mean_abs``: ``|A_t|`` before whitening. One device only.
+1.0 as PPO2's. ``advantages/mean_abs``: ``|A_t|`` before whitening. Several devices: FSDP
+(the critic is sharded too; advantages are whitened over all devices' tokens).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from grpo_lightning.metrics import PhaseTimer
 from grpo_lightning.module import GroupPolicyOptimization
 from grpo_lightning.rollout import Rollout
 from grpo_lightning.settings import ConfigError, require
+from grpo_lightning.strategies import is_sharded, shard
 
 
 class PPO(GroupPolicyOptimization):
@@ -58,22 +60,19 @@ class PPO(GroupPolicyOptimization):
     def configure_model(self) -> None:
         super().configure_model()
         if self.value_model is None:
-            self.value_model = V.load_value_model(self.model_name, self.hparams.dtype, self.hparams.attn_implementation,
-                                                no_dropout=self.hparams.disable_dropout,
-                                                gradient_checkpointing=self.hparams.gradient_checkpointing)  # fmt: skip
+            self.value_model = shard(V.load_value_model(self.model_name, self.hparams.dtype, self.hparams.attn_implementation,
+                                                      no_dropout=self.hparams.disable_dropout,
+                                                      gradient_checkpointing=self.hparams.gradient_checkpointing))  # fmt: skip
 
     def configure_optimizers(self):
         """The policy's AdamW and warm-up (the base module's), and the critic's own at ``value_learning_rate``."""
         policy = super().configure_optimizers()
-        defaults, warmup = policy["optimizer"].defaults, policy["lr_scheduler"]["scheduler"].lr_lambdas[0]
-        critic = torch.optim.AdamW(self.value_model.parameters(), lr=self.hparams.value_learning_rate,
-                                   weight_decay=defaults["weight_decay"], fused=defaults["fused"])  # fmt: skip
-        scheduler = torch.optim.lr_scheduler.LambdaLR(critic, warmup)
-        return [policy, {"optimizer": critic, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}]
+        return [policy, V.critic_optimizer(self.value_model, policy, self.hparams.value_learning_rate)]
 
     def on_fit_start(self) -> None:
-        if self.trainer.world_size > 1:
-            raise ConfigError("trainer.devices: PPO's critic is neither sharded nor synced; train PPO on one device.")
+        if self.trainer.world_size > 1 and not is_sharded(self.value_model):
+            raise ConfigError("trainer.strategy: PPO on several devices needs FSDP, which shards the critic too "
+                              "(--config configs/strategy/fsdp.yaml); DDP does not sync the critic's gradients.")
         super().on_fit_start()
 
     def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
@@ -89,7 +88,7 @@ class PPO(GroupPolicyOptimization):
         if kl is not None:
             self.step_metrics.update("kl_penalty", (self.beta * F.masked_sum(kl, mask, dim=-1)).mean())
         if self.hparams.whiten_advantages:
-            advantages = G.whiten(advantages, valid)
+            advantages = G.whiten(advantages, valid, total=self.sum_over_ranks)
         self.gae = (advantages, returns, old_values)
         return token_rewards.sum(-1)
 
@@ -124,7 +123,7 @@ class PPO(GroupPolicyOptimization):
     def critic_step(self, rollout: Rollout, rows: Tensor, optimizer) -> None:
         """One optimizer step of the critic on ``L_V`` over the minibatch ``rows``, in micro-batches."""
         optimizer.zero_grad(set_to_none=True)
-        num_tokens = self.loss_mask(rollout, rows).sum()
+        num_tokens = self.sum_over_ranks(self.loss_mask(rollout, rows).sum()) / self.num_processes  # as the policy's
         for micro_rows in rows.split(self.micro_batch_size):
             self.manual_backward(self.value_loss(rollout, micro_rows, num_tokens))
         V.clip_and_step(self, optimizer, self.value_model, self.hparams.value_max_grad_norm)
