@@ -2,6 +2,7 @@
 for those that take it) and how they are scored."""
 
 from grpo_lightning.rewards.accuracy import accuracy_reward, answers_match, extract_answer
+from grpo_lightning.rewards.code_execution import CodeExecutionReward, code_execution_reward
 from grpo_lightning.rewards.consistency import majority_answer, majority_vote_reward, vote
 from grpo_lightning.rewards.format import r1_format_reward, reasoning_length_reward
 from grpo_lightning.rewards.process import ProcessRewardModel, answer_prefix_steps
@@ -16,6 +17,7 @@ from grpo_lightning.rewards.scoring import (
 )
 
 __all__ = [
+    "CodeExecutionReward",
     "ProcessRewardModel",
     "RewardFunctionError",
     "RewardModel",
@@ -23,6 +25,7 @@ __all__ = [
     "accuracy_reward",
     "answer_prefix_steps",
     "answers_match",
+    "code_execution_reward",
     "extract_answer",
     "group_indices",
     "majority_answer",

@@ -1,0 +1,301 @@
+"""Code execution reward: the fraction of a dataset row's test cases that the completion's Python program passes.
+
+The program is the completion's last fenced ```` ```python ```` block (else its last fenced block). Test
+cases come from a dataset column, as a list of assert statements (each runs after the program, and
+passes when it raises nothing) or a list of ``{"input": stdin, "output": expected stdout}`` (stdout is
+compared with trailing whitespace stripped, line by line), or either as a JSON string.
+
+Every run is a fresh interpreter confined by :mod:`grpo_lightning.rewards.code_sandbox`, in a new
+temporary directory (removed afterwards) with an empty environment, its own process group, a
+wall-clock deadline and a cap on its output; runs go through a bounded pool of worker threads. What
+a completion does to itself (loops, crashes, forks, floods) scores 0 and never raises. The limits of
+that confinement: docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import secrets
+import selectors
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from grpo_lightning.rewards import code_sandbox
+from grpo_lightning.rewards.scoring import completion_text
+
+FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)```", re.DOTALL)
+PYTHON_TAGS = {"python", "python3", "py"}
+INTERPRETER_FLAGS = ("-I", "-S", "-B", "-X", "utf8")
+EXPECTED_FORMAT = (
+    'a list of assert statements such as ["assert add(1, 2) == 3"], or a list of '
+    '{"input": stdin text, "output": expected stdout}, or either as a JSON string'
+)
+READ_CHUNK = 1 << 16
+
+
+def extract_code(text: str) -> str | None:
+    """The last fenced ```` ```python ```` (or ``py``, ``python3``) block of ``text``, else its last fenced
+    block of any language; ``None`` when it has none."""
+    blocks = FENCE.findall(text)
+    python = [code for tag, code in blocks if tag.lower() in PYTHON_TAGS]
+    chosen = python or [code for _, code in blocks]
+    return chosen[-1] if chosen else None
+
+
+@dataclass(frozen=True)
+class TestCases:
+    """One row's tests: ``asserts`` (statements) or ``stdio`` (``(input, expected output)`` pairs)."""
+
+    __test__ = False  # not a pytest test class
+    mode: str
+    cases: tuple
+
+
+def parse_test_cases(value: Any, column: str, row: int) -> TestCases | None:
+    """The tests in one row of ``column``; ``None`` when the row has none. Raises ``ValueError`` naming
+    the column, the row and the expected format when the value is none of them."""
+
+    def malformed(problem: str) -> ValueError:
+        return ValueError(f"column {column!r}, row {row}: {problem}; expected {EXPECTED_FORMAT}.")
+
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise malformed(f"the string is not JSON ({error})") from error
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)):
+        raise malformed(f"got {type(value).__name__} {value!r:.80}")
+    if not value:
+        return None
+    if all(isinstance(case, str) for case in value):
+        for index, statement in enumerate(value):
+            try:
+                compile(statement, f"<test {index}>", "exec")
+            except (SyntaxError, ValueError) as error:
+                raise malformed(f"test {index} {statement!r:.80} is not valid Python ({error})") from error
+        return TestCases("asserts", tuple(value))
+    pairs = []
+    for index, case in enumerate(value):
+        if not (isinstance(case, dict) and isinstance(case.get("input"), str) and isinstance(case.get("output"), str)):
+            raise malformed(f"test {index} is {case!r:.80}, not a string or a dict of string 'input' and 'output'")
+        pairs.append((case["input"], case["output"]))
+    return TestCases("stdio", tuple(pairs))
+
+
+def same_output(actual: str, expected: str) -> bool:
+    """Equal after stripping trailing whitespace from each line and trailing blank lines."""
+
+    def normalized(text: str) -> list[str]:
+        return [line.rstrip() for line in text.replace("\r\n", "\n").rstrip().split("\n")]
+
+    return normalized(actual) == normalized(expected)
+
+
+@dataclass
+class Run:
+    """How one sandboxed run ended: ``status`` is the exit status, ``None`` when it was stopped
+    (deadline or output cap); ``output`` is at most ``max_output_bytes`` of its stdout; ``passed``
+    counts the assert tests it reported passing (passes reported before it was stopped count)."""
+
+    status: int | None
+    output: bytes
+    passed: int = 0
+
+
+class CodeExecutionReward:
+    """Reward function ``(prompts, completions, **columns) -> list[float | None]``: the fraction of the
+    row's test cases in ``column`` that the completion's program passes; 0.0 without a code block,
+    ``None`` for a row without tests.
+
+    Configure it as ``{"class_path": "grpo_lightning.rewards.CodeExecutionReward", "init_args":
+    {"column": "tests"}}``; ``grpo_lightning.rewards.code_execution_reward`` is the default instance.
+
+    Args:
+        column: Dataset column holding the test cases.
+        timeout_s: Wall-clock limit of one run: the program and all its assert tests, or one stdin test.
+        memory_mb: Address-space limit of a run (``RLIMIT_AS``).
+        max_output_bytes: Output a run may print before it is stopped.
+        file_size_mb: Largest file a run may write (``RLIMIT_FSIZE``).
+        workers: Runs at once; ``None``: ``min(4, os.cpu_count())``.
+        name: Name under which the rewards are logged.
+    """
+
+    def __init__(
+        self,
+        column: str = "test_cases",
+        timeout_s: float = 5.0,
+        memory_mb: int = 1024,
+        max_output_bytes: int = 1 << 20,
+        file_size_mb: int = 16,
+        workers: int | None = None,
+        name: str = "code_execution_reward",
+    ) -> None:
+        for field, value in (("timeout_s", timeout_s), ("memory_mb", memory_mb), ("file_size_mb", file_size_mb)):
+            if not value > 0:
+                raise ValueError(f"CodeExecutionReward {field}={value} must be positive.")
+        if max_output_bytes < 1 or (workers is not None and workers < 1):
+            raise ValueError(
+                f"CodeExecutionReward max_output_bytes={max_output_bytes} and workers={workers} must be at least 1."
+            )
+        self.column = column
+        self.timeout_s = timeout_s
+        self.memory_mb = memory_mb
+        self.max_output_bytes = max_output_bytes
+        self.file_size_mb = file_size_mb
+        self.workers = workers or min(4, os.cpu_count() or 1)
+        self.__name__ = name
+        self._checked = False
+        self._check_lock = threading.Lock()
+
+    def __call__(self, prompts: list[Any], completions: list[Any], **columns: Any) -> list[float | None]:
+        tests = self._test_cases(columns, len(completions))
+        programs = [extract_code(completion_text(completion)) for completion in completions]
+        self._check_sandbox()
+        jobs = []  # (completion, mode, program, assert statements, stdin, expected stdout)
+        for index, (program, cases) in enumerate(zip(programs, tests)):
+            if program is None or cases is None:
+                continue
+            if cases.mode == "asserts":
+                jobs.append((index, "asserts", program, cases.cases, b"", None))
+            else:
+                jobs.extend((index, "stdio", program, (), stdin.encode(), output) for stdin, output in cases.cases)
+        with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="code-execution") as pool:
+            runs = list(pool.map(lambda job: self.run(*job[1:5]), jobs))
+        passed = [0] * len(completions)
+        for (index, mode, *_, expected), run in zip(jobs, runs):
+            if mode == "asserts":
+                passed[index] += run.passed
+            else:
+                passed[index] += run.status == 0 and same_output(run.output.decode("utf-8", "replace"), expected)
+        return [
+            None if cases is None else (0.0 if program is None else passed[index] / len(cases.cases))
+            for index, (program, cases) in enumerate(zip(programs, tests))
+        ]
+
+    def _test_cases(self, columns: dict[str, Any], count: int) -> list[TestCases | None]:
+        if self.column not in columns:
+            raise ValueError(
+                f"{self.__name__} needs the test-case column {self.column!r}, but the dataset's columns are "
+                f"{sorted(columns)}; name the column with CodeExecutionReward(column=...)."
+            )
+        values = columns[self.column]
+        if len(values) != count:
+            raise ValueError(f"column {self.column!r} has {len(values)} values for {count} completions.")
+        return [parse_test_cases(value, self.column, row) for row, value in enumerate(values)]
+
+    def _check_sandbox(self) -> None:
+        """Run ``print('ok')`` once: a sandbox that can run nothing would score every completion 0."""
+        with self._check_lock:
+            if self._checked:
+                return
+            run = self.run("stdio", "print('ok')", (), b"")
+            if run.status != 0 or run.output.strip() != b"ok":
+                raise RuntimeError(
+                    f"{self.__name__}: the sandbox could not run print('ok') (exit status {run.status}, output "
+                    f"{run.output[:200]!r}); raise memory_mb={self.memory_mb} or timeout_s={self.timeout_s}, "
+                    f"and check that {sys.executable} -I -S runs on this machine."
+                )
+            self._checked = True
+
+    def run(self, mode: str, source: str, tests: tuple = (), stdin: bytes = b"") -> Run:
+        """Run ``source`` once in the sandbox (``mode`` ``"asserts"`` with ``tests``, or ``"stdio"`` with
+        ``stdin``)."""
+        nonce = secrets.token_hex(16)
+        header = json.dumps(
+            {
+                "mode": mode,
+                "source": source,
+                "tests": list(tests),
+                "nonce": nonce,
+                "memory_bytes": int(self.memory_mb * 2**20),
+                "cpu_seconds": math.ceil(self.timeout_s) + 1,
+                "file_bytes": int(self.file_size_mb * 2**20),
+            }
+        ).encode()
+        workdir = tempfile.mkdtemp(prefix="grpo-code-")
+        try:
+            with tempfile.TemporaryFile() as stdin_file:
+                stdin_file.write(b"%0*d" % (code_sandbox.HEADER_DIGITS, len(header)) + header + stdin)
+                stdin_file.seek(0)
+                run = self._supervise(stdin_file, workdir)
+        finally:
+            _remove_tree(workdir)
+        if mode == "asserts":
+            marker = nonce.encode() + b" "
+            reported = {line for line in run.output.split(b"\n") if line.startswith(marker)}
+            run.passed = len({line for line in reported if line[len(marker) :].isdigit()})
+        return run
+
+    def _supervise(self, stdin_file: Any, workdir: str) -> Run:
+        """Start the child, read its stdout until it ends, the deadline passes or the cap is reached;
+        then end its whole process group."""
+        process = subprocess.Popen(
+            [sys.executable, *INTERPRETER_FLAGS, code_sandbox.__file__],
+            stdin=stdin_file,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=workdir,
+            env={},
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + self.timeout_s
+        output, stopped = bytearray(), False
+        with process.stdout, selectors.DefaultSelector() as selector:
+            selector.register(process.stdout, selectors.EVENT_READ)
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not selector.select(remaining):
+                    stopped = True
+                    break
+                chunk = os.read(process.stdout.fileno(), READ_CHUNK)
+                if not chunk:
+                    break
+                output += chunk
+                if len(output) > self.max_output_bytes:
+                    stopped = True
+                    break
+            if not stopped:
+                try:
+                    process.wait(max(deadline - time.monotonic(), 0))
+                except subprocess.TimeoutExpired:
+                    stopped = True
+            _kill_group(process.pid)  # before reaping, so the group id still names this group
+            process.wait()
+        return Run(None if stopped else process.returncode, bytes(output[: self.max_output_bytes]))
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _remove_tree(path: str) -> None:
+    """Remove a run's directory, even where the program took away its own permissions."""
+    with contextlib.suppress(OSError):
+        os.chmod(path, stat.S_IRWXU)
+    for root, directories, _ in os.walk(path):
+        for name in directories:
+            directory = os.path.join(root, name)
+            if not os.path.islink(directory):  # a link may lead out of the directory
+                with contextlib.suppress(OSError):
+                    os.chmod(directory, stat.S_IRWXU)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+code_execution_reward = CodeExecutionReward()
+"""The default instance: test cases in the ``test_cases`` column, 5 s and 1 GiB a run."""
