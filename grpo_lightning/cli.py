@@ -41,10 +41,10 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 
 from grpo_lightning.callbacks import FitSummary, ValidateBeforeTraining
+from grpo_lightning.checkpoint_io import check_checkpoint
 from grpo_lightning.completions import CompletionLog
 from grpo_lightning.data import PromptDataModule
 from grpo_lightning.diagnostics import HealthChecks
-from grpo_lightning.export import check_checkpoint
 from grpo_lightning.module import GroupPolicyOptimization
 from grpo_lightning.resources import config_dir, resolve_config_args
 from grpo_lightning.rewards.scoring import RewardFunctionError
@@ -60,6 +60,8 @@ CONFIG_HELP = (
 #: Subcommands that evaluate, and the module settings they take from the command line over a checkpoint's.
 EVALUATION_SUBCOMMANDS = ("validate", "test", "generate")
 EVALUATION_SETTINGS = ("val_temperature", "val_max_new_tokens", "val_samples", "accuracy_func")
+#: The default ``--trainer.plugins``: :class:`~grpo_lightning.checkpoint_io.AtomicCheckpointIO`.
+ATOMIC_CHECKPOINT_IO = "grpo_lightning.checkpoint_io.AtomicCheckpointIO"
 
 
 class GRPOLightningCLI(LightningCLI):
@@ -71,6 +73,9 @@ class GRPOLightningCLI(LightningCLI):
         self.raise_parse_errors = raise_parse_errors  # main(): parse errors are raised, reported in one line
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)
+        # Checkpoints written atomically, checked when read (a --trainer.plugins of the user's replaces it).
+        plugins = [{"class_path": ATOMIC_CHECKPOINT_IO}]
+        kwargs["trainer_defaults"] = {"plugins": plugins, **kwargs.get("trainer_defaults", {})}
         super().__init__(
             GroupPolicyOptimization,
             PromptDataModule,
@@ -138,7 +143,8 @@ class GRPOLightningCLI(LightningCLI):
             raise
         subcommand = self.config.get("subcommand")
         if subcommand:
-            # Lightning reads --ckpt_path next: a missing or truncated file fails here, naming it.
+            # Lightning reads --ckpt_path next: a missing or truncated file fails here, naming it (and,
+            # when truncated, the newest complete checkpoint beside it).
             check_checkpoint(self.config[subcommand].get("ckpt_path"))
 
     def _parse_ckpt_path(self) -> None:

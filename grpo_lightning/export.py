@@ -12,42 +12,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from grpo_lightning.model_sources import load_tokenizer
+from grpo_lightning.checkpoint_io import check_checkpoint
 from grpo_lightning.generation import load_causal_lm
-
-#: ``ckpt_path`` values Lightning resolves itself rather than reading as a file.
-_SPECIAL_CKPT_PATHS = ("best", "last", "hpc", "registry")
-
-
-def check_checkpoint(path: str | os.PathLike | None) -> None:
-    """Fail early, naming ``path``, when it is not a checkpoint a fit can resume from.
-
-    Cheap: it checks the file exists and is a complete archive, without loading it. Lightning's
-    own values (``"last"``, ``"best"``, ...), URLs and sharded (directory) checkpoints pass.
-    """
-    if path is None:
-        return
-    text = str(path)
-    if text.split(":")[0] in _SPECIAL_CKPT_PATHS or "://" in text or os.path.isdir(text):
-        return
-    if not os.path.exists(text):
-        raise FileNotFoundError(
-            f"ckpt_path {text!r} does not exist. Give a checkpoint file written by the run's ModelCheckpoint "
-            "(e.g. runs/<name>/version_<n>/checkpoints/last.ckpt)."
-        )
-    if not zipfile.is_zipfile(text):
-        raise ValueError(
-            f"ckpt_path {text!r} is not a readable checkpoint: the file is truncated or corrupt "
-            f"({os.path.getsize(text)} bytes; e.g. the run was killed while writing it). "
-            "Resume from an earlier checkpoint of the run instead."
-        )
+from grpo_lightning.model_sources import load_tokenizer
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

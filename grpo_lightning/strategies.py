@@ -27,7 +27,8 @@ How the module is sharded (FSDP1, Lightning's :class:`~lightning.pytorch.strateg
 * Gradient clipping by norm goes through the policy root's ``clip_grad_norm_``
   (:func:`clip_grad_norm_`); Lightning's FSDP precision plugin refuses norm clipping.
 * Checkpoints (``state_dict_type="full"``) hold the gathered policy under its plain parameter
-  names, so they load with or without FSDP, on any number of devices.
+  names, so they load with or without FSDP, on any number of devices. Rank 0 writes the file
+  through the trainer's CheckpointIO (atomically with :mod:`grpo_lightning.checkpoint_io`'s).
 
 :class:`PolicyFSDPStrategy` also runs on CPU processes (gloo), which the tests use.
 """
@@ -44,6 +45,8 @@ from lightning.pytorch.strategies import FSDPStrategy, ParallelStrategy
 from torch import Tensor, nn
 from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, enable_wrap, wrap
+
+from grpo_lightning.checkpoint_io import check_checkpoint
 
 _PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -309,6 +312,12 @@ class PolicyFSDPStrategy(FSDPStrategy):
             return super().optimizer_state(optimizer)
         with full_state_dict(self.model):
             return FullyShardedDataParallel.optim_state_dict(self.model, getattr(optimizer, "_optimizer", optimizer))
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        # FSDP reads checkpoints itself, not through the CheckpointIO: a truncated file fails here,
+        # naming the checkpoint to resume from instead (grpo_lightning.checkpoint_io).
+        check_checkpoint(checkpoint_path)
+        return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
         model = super()._setup_model(model)
