@@ -88,8 +88,9 @@ class Evaluation:
             per_prompt = {name: torch.cat([part[name] for part in gathered]) for name in local}
             set_name = names[index] if names and index < len(names) and not self.trainer.testing else ""
             where = f"{prefix}/{set_name}/" if set_name else f"{prefix}/"
-            for name, value in summarize(per_prompt).items():
-                self.log(where + name, value, prog_bar=name in PROGRESS_BAR and not set_name, add_dataloader_idx=False)
+            for name, value in summarize(per_prompt).items():  # the same on every device (sync_dist: no warning)
+                self.log(where + name, value, prog_bar=name in PROGRESS_BAR and not set_name, add_dataloader_idx=False,
+                         sync_dist=True)  # fmt: skip
         self._evaluated = {}
         if self.batches_without_update:  # the x-axis of the last training step's row
             self.log("step", float(max(self.logged_steps - 1, 0)), add_dataloader_idx=False)
