@@ -15,6 +15,9 @@ from typing import Any
 from grpo_lightning.resources import config_dir, resolve_config, shipped_config
 
 WARMSTART = "warmstart"
+#: The override axis whose values are YAML files (or lists of them) added after ``base_configs``:
+#: ``overrides: {config: [null, schedules/cosine_kl.yaml]}`` compares a setting with and without them.
+CONFIG_AXIS = "config"
 
 #: Keys of the sweep spec; anything else is a mistake worth reporting.
 SPEC_KEYS = {
@@ -94,15 +97,24 @@ class Cell:
     @property
     def arm(self) -> str:
         """The cell's name without the seed: what the report compares across seeds."""
-        return "-".join([self.label, *(f"{short}{_label_value(v)}" for short, v in self._short_overrides())])
+        return self.label + self._config_part() + "".join(f"-{part}" for part in self._override_parts())
 
     @property
     def name(self) -> str:
-        parts = [self.label, f"seed{self.seed}", *(f"{short}{_label_value(v)}" for short, v in self._short_overrides())]
-        return "-".join(parts)
+        return "-".join([self.label + self._config_part(), f"seed{self.seed}", *self._override_parts()])
 
-    def _short_overrides(self) -> list[tuple[str, Any]]:
-        return [(_short_names([k for k, _ in self.overrides])[key], value) for key, value in self.overrides]
+    def config_files(self) -> list[str]:
+        """The YAML files of the ``config`` axis, as given."""
+        return config_files(dict(self.overrides).get(CONFIG_AXIS))
+
+    def _config_part(self) -> str:
+        """``+cosine_kl`` for the ``config`` axis' files (nothing without them)."""
+        return "".join(f"+{_label_value(Path(f).stem)}" for f in self.config_files())
+
+    def _override_parts(self) -> list[str]:
+        others = [(k, v) for k, v in self.overrides if k != CONFIG_AXIS]
+        shorts = _short_names([k for k, _ in others])
+        return [f"{shorts[key]}{_label_value(value)}" for key, value in others]
 
     def identity(self) -> dict[str, Any]:
         return {"variant": self.variant, "seed": self.seed, "overrides": dict(self.overrides)}
@@ -172,6 +184,9 @@ class SweepSpec:
             if not values:
                 raise SweepError(f"overrides.{key}: give at least one value.")
             overrides[key] = values
+        for value in overrides.get(CONFIG_AXIS, []):
+            for path in config_files(value):
+                resolve_path(path, f"overrides.{CONFIG_AXIS}")
         args = raw.get("args") or {}
         if isinstance(args, (list, tuple)):  # ["trainer.max_steps=5", ...]
             pairs = {}
@@ -265,6 +280,13 @@ def resolve_path(path: str | Path, field_name: str) -> Path:
         return resolve_config(path)
     except FileNotFoundError as error:
         raise SweepError(f"{field_name}: {error}") from None
+
+
+def config_files(value: Any) -> list[str]:
+    """The files one value of the ``config`` axis names: none (``null``/``none``), one, or a list."""
+    if value is None or value == "none":
+        return []
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
 
 
 def variant_config(variant: str) -> Path:

@@ -19,7 +19,8 @@ from typing import Any
 
 from grpo_lightning.ablation import provenance
 from grpo_lightning.ablation.metrics import summarize_cell
-from grpo_lightning.ablation.spec import WARMSTART, Cell, SweepError, SweepSpec, cli_value, variant_config
+from grpo_lightning.ablation.spec import CONFIG_AXIS, WARMSTART, Cell, SweepError, SweepSpec, cli_value
+from grpo_lightning.ablation.spec import resolve_path, variant_config
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,8 @@ def cell_command(spec: SweepSpec, cell: Cell, cell_dir: Path, model: str | None)
     command = [spec.python, "-m", "grpo_lightning.cli", "fit"]
     # The variant's class_path comes first: settings given before it would be bound to the base
     # class, whose defaults would then replace the variant's own (DAPO's beta, clip_eps_high).
-    for path in [variant_config(cell.variant), *spec.base_configs]:
+    configs = [resolve_path(f, f"overrides.{CONFIG_AXIS}") for f in cell.config_files()]
+    for path in [variant_config(cell.variant), *spec.base_configs, *configs]:
         command += ["--config", str(path)]
     command += [
         "--seed_everything", str(cell.seed),
@@ -60,7 +62,8 @@ def cell_command(spec: SweepSpec, cell: Cell, cell_dir: Path, model: str | None)
     # every trained completion in <cell>/completions.jsonl, for the report; `args` may turn it off
     command += ["--completions.jsonl", "true"]
     for key, value in [*spec.args.items(), *cell.overrides]:
-        command += [f"--{key}", cli_value(value)]
+        if key != CONFIG_AXIS:
+            command += [f"--{key}", cli_value(value)]
     return command
 
 

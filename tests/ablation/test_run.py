@@ -11,7 +11,7 @@ from grpo_lightning.ablation import provenance
 from grpo_lightning.ablation import sweep as ablate
 from grpo_lightning.ablation.provenance import PROVENANCE_FILE
 from grpo_lightning.ablation.run import SPEC_DIR, main
-from grpo_lightning.ablation.spec import SweepError, SweepSpec, cli_value, flatten
+from grpo_lightning.ablation.spec import SweepError, SweepSpec, cli_value, flatten, variant_config
 from grpo_lightning.ablation.sweep import DONE_FILE, METRICS_FILE, cell_command, run_sweep
 from grpo_lightning.report import build_report
 
@@ -94,6 +94,22 @@ def test_cell_command_uses_the_shared_yaml(tmp_path):
     assert no_validation[no_validation.index("--validate_before_fit") + 1] == "false"
 
 
+def test_the_config_axis_adds_yaml_files_after_the_shared_ones(tmp_path):
+    axis = [None, "schedules/cosine_kl.yaml", ["rewards/r1.yaml", "rollout/beam_search.yaml"]]
+    spec = SweepSpec.from_dict(spec_dict(tmp_path, overrides={"config": axis, "model.beta": [0.0]}))
+    cells = spec.cells()
+    arms = ["grpo-beta0.0", "grpo+cosine_kl-beta0.0", "grpo+r1+beam_search-beta0.0"]
+    assert list(dict.fromkeys(c.arm for c in cells)) == arms + [arm.replace("grpo", "dr_grpo") for arm in arms]
+    cell = next(c for c in cells if c.name == "grpo+r1+beam_search-seed0-beta0.0")
+    command = cell_command(spec, cell, tmp_path / "cell", None)
+    configs = [command[i + 1].split("configs/")[-1] for i, arg in enumerate(command) if arg == "--config"]
+    assert configs == ["variant/grpo.yaml", "trainer/cpu.yaml", "data/arithmetic.yaml", "model/tiny.yaml",
+                       "rewards/r1.yaml", "rollout/beam_search.yaml"]
+    assert "--model.beta" in command and not any(arg.startswith("--config=") or arg == "--config.0" for arg in command)
+    with pytest.raises(SweepError, match="overrides.config: .*missing.yaml"):
+        SweepSpec.from_dict(spec_dict(tmp_path, overrides={"config": ["missing.yaml"]}))
+
+
 def test_hydra_configs_compose():
     from hydra import compose, initialize_config_dir
 
@@ -115,6 +131,18 @@ def test_hydra_configs_compose():
     assert smoke.args["model.init_args.minibatch_size"] * 2 == 4 * smoke.args["model.init_args.group_size"]
     assert smoke.overrides == {"model.beta": [0.0, 0.04]}
     assert smoke.output_dir.parts[-3:] == ("runs", "ablation", "smoke")
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in SPEC_DIR.glob("*.yaml")))
+def test_every_shipped_sweep_composes_and_names_existing_configs(name):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(SPEC_DIR), version_base="1.3"):
+        spec = SweepSpec.from_dict(compose(name))  # every variant and config file resolves, or SweepError
+    cells = spec.cells()
+    assert cells and all(variant_config(c.variant).is_file() for c in cells)
+    if name == "grpo_options":
+        assert sorted({c.arm for c in cells}) == ["grpo", "grpo+beam_search", "grpo+cosine_kl", "grpo+majority_vote", "grpo+r1"]
 
 
 def test_warmstart_model_is_resolved_once(tmp_path, monkeypatch):
