@@ -102,6 +102,11 @@ WORKLOADS: dict[str, Workload] = {
         prompts=32, group_size=8, prompt_tokens=128, max_new_tokens=512, micro_batch_size=32,
         hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960, **QWEN25,
     ),
+    "W3": Workload(  # Qwen2.5-7B shape; with --lora-rank 64
+        prompts=16, group_size=8, prompt_tokens=256, max_new_tokens=512, micro_batch_size=16,
+        hidden_size=3584, num_layers=28, num_heads=28, num_kv_heads=4, intermediate_size=18944,
+        **{**QWEN25, "vocab_size": 152064, "tie_word_embeddings": False},
+    ),
 }
 
 
@@ -500,6 +505,11 @@ def make_strategy(args: argparse.Namespace):
     return args.strategy
 
 
+def lora_settings(rank: int | None) -> dict[str, Any] | None:
+    """The LoRA adapters of ``--lora-rank``, the same for both frameworks: every linear layer, alpha = 2 r."""
+    return None if rank is None else {"r": rank, "lora_alpha": 2 * rank, "lora_dropout": 0.0, "target_modules": "all-linear"}
+
+
 def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str], dtype: str, precision: str) -> dict[str, Any]:
     import lightning as L
 
@@ -546,6 +556,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
         engine=engine_options(args),
         rollout_seed=args.rollout_seed,
         rollout_dtype=args.rollout_dtype,
+        peft_config=lora_settings(args.lora_rank),
     )
     data = PromptDataModule(
         path=paths["prompts"], val_split=None, batch_size=workload.prompts // trainer.world_size, seed=args.seed
@@ -597,6 +608,8 @@ def run_trl(args: argparse.Namespace, workload: Workload, paths: dict[str, str],
     ]
     if args.accelerator == "cpu" or not torch.cuda.is_available():
         command.append("--cpu")
+    if args.lora_rank is not None:
+        command += ["--lora-rank", str(args.lora_rank)]
     if args.threads:
         command += ["--threads", str(args.threads)]
     print("running:", " ".join(command), flush=True)
@@ -640,6 +653,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compare", choices=["trl"], default=None, help="also run TRL's GRPOTrainer on the same workload")
     parser.add_argument("--variant", choices=["grpo", "ppo"], default="grpo",
                         help="the module: GRPO, or PPO with a critic (same workload and settings; recorded in the JSON)")
+    parser.add_argument("--lora-rank", type=int, default=None,
+                        help="train LoRA adapters of this rank on every linear layer (alpha 2 r), ours and TRL's")
     parser.add_argument("--out", default=None, help="also write the JSON result to this file")
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--devices", default="1", help="Trainer devices (W2: 2 with --strategy fsdp)")
@@ -743,7 +758,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         paths = build_workdir(Path(workdir), dataclasses.replace(workload, dtype=dtype), rows=workload.prompts * args.steps, seed=args.seed)
         build_s = time.perf_counter() - build_start
 
-        result: dict[str, Any] = {"workload": args.workload, "variant": args.variant, "engine": dataclasses.asdict(engine_options(args)), "rollout_dtype": args.rollout_dtype, "device": device_name(), **versions()}
+        result: dict[str, Any] = {"workload": args.workload, "variant": args.variant, "lora": lora_settings(args.lora_rank), "engine": dataclasses.asdict(engine_options(args)), "rollout_dtype": args.rollout_dtype, "device": device_name(), **versions()}
         result["commit"], result["dirty"] = git_commit()
         result["date"] = time.strftime("%Y-%m-%d")
         result["command"] = " ".join(["python", "benchmarks/run.py", *(sys.argv[1:] if argv is None else argv)])

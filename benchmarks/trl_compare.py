@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--cpu", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--lora-rank", type=int, default=None, help="LoRA adapters of this rank on every linear layer")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -155,7 +156,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         seed=args.seed,
     )
     timer = StepTimer()
+    peft_config = None
+    if args.lora_rank is not None:  # as run.py's lora_settings
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, lora_dropout=0.0,
+                                 target_modules="all-linear", task_type="CAUSAL_LM")  # fmt: skip
     trainer = GRPOTrainer(
+        peft_config=peft_config,
         model=args.model,
         reward_funcs=[benchmark_reward],
         args=config,

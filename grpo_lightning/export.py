@@ -20,6 +20,7 @@ import torch
 
 from grpo_lightning.checkpoint_io import check_checkpoint
 from grpo_lightning.generation import load_causal_lm
+from grpo_lightning.lora import add_adapters, merged_model, trainable_keys
 from grpo_lightning.model_sources import load_tokenizer
 
 
@@ -38,10 +39,14 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"could not read checkpoint {str(path)!r} ({type(error).__name__}: {error}).") from error
 
 
-def export_checkpoint(ckpt_path: str | os.PathLike, output_dir: str | os.PathLike, model: str | None = None) -> Path:
+def export_checkpoint(
+    ckpt_path: str | os.PathLike, output_dir: str | os.PathLike, model: str | None = None, adapter: bool = False
+) -> Path:
     """Write the checkpoint's policy and the run's tokenizer to ``output_dir``; returns it.
 
-    ``model`` overrides the base model recorded in the checkpoint (when it moved).
+    ``model`` overrides the base model recorded in the checkpoint (when it moved). A LoRA run's
+    policy is written merged (``W + (alpha / r) B A``), or with ``adapter`` as a PEFT adapter
+    directory (``PeftModel.from_pretrained(base, output_dir)``).
     """
     checkpoint = read_checkpoint(ckpt_path)
     hparams = checkpoint.get("hyper_parameters") or {}
@@ -57,7 +62,19 @@ def export_checkpoint(ckpt_path: str | os.PathLike, output_dir: str | os.PathLik
         )
     dtype = hparams.get("dtype", "auto")
     policy = load_causal_lm(base, dtype, None)
-    policy.load_state_dict(weights, strict=True)
+    settings = hparams.get("peft_config")
+    if adapter and not settings:
+        raise ValueError(f"checkpoint {str(ckpt_path)!r} is not of a LoRA run (no peft_config): export the model.")
+    if settings:
+        policy = add_adapters(policy, settings)
+        unexpected = policy.load_state_dict(weights, strict=False).unexpected_keys
+        missing = trainable_keys(policy, "") - set(weights)
+        if unexpected or missing:
+            raise ValueError(f"checkpoint {str(ckpt_path)!r}: adapters do not match peft_config "
+                             f"(unexpected {unexpected[:3]}, missing {sorted(missing)[:3]}).")  # fmt: skip
+        policy = policy if adapter else merged_model(policy)
+    else:
+        policy.load_state_dict(weights, strict=True)
     tokenizer = load_tokenizer(hparams.get("tokenizer") or base)  # padded with EOS where it has no pad, as the run
     output = Path(output_dir)
     policy.save_pretrained(output)
@@ -70,8 +87,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--ckpt_path", required=True, help="a .ckpt file written during training")
     parser.add_argument("--output_dir", required=True, help="directory to write the Hugging Face model to")
     parser.add_argument("--model", default=None, help="base model, when it is no longer where the run found it")
+    parser.add_argument("--adapter", action="store_true", help="LoRA runs: write the PEFT adapter, not the merged model")
     args = parser.parse_args(argv)
-    output = export_checkpoint(args.ckpt_path, args.output_dir, model=args.model)
+    output = export_checkpoint(args.ckpt_path, args.output_dir, model=args.model, adapter=args.adapter)
     print(f"wrote {output}")
 
 

@@ -345,7 +345,12 @@ def completion_logprobs(
 
     ``compiled_model``: run the model's forward (and so its backward) through ``torch.compile``
     (:class:`_ModelForwards`); sharded models run eagerly.
+
+    A PEFT model runs as the Hugging Face model inside it, whose layers hold the adapters (and
+    honour ``disable_adapter``): the fused head and packing then apply as to any model.
     """
+    if hasattr(model, "get_base_model") and hasattr(model, "disable_adapter"):
+        model = model.get_base_model()
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
     position_ids = position_ids_from_mask(attention_mask)

@@ -38,7 +38,9 @@ from grpo_lightning.evaluation import Evaluation
 from grpo_lightning.generation import EnginePlan, RolloutSampler, RolloutWeights, build_rollout
 from grpo_lightning.generation import announce_prompt_format, check_engine_options, disable_dropout, format_prompt
 from grpo_lightning.model_sources import load_tokenizer
-from grpo_lightning.generation import announce_rollout_mode, load_causal_lm, save_policy
+from grpo_lightning.generation import announce_rollout_mode, save_policy
+from grpo_lightning.lora import adapter_settings, reference_model
+from grpo_lightning.models import load_models
 from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.metrics import EVERY_STEP_METRICS, StepMetrics
 from grpo_lightning.rewards import resolve_reward_function, score_completions, weighted_reward
@@ -46,7 +48,7 @@ from grpo_lightning.rollout import Rollout, SamplingParams
 from grpo_lightning.rollout_correction import correct_policy_loss
 from grpo_lightning.settings import CHECKED_SETTINGS, DTYPES, ConfigError, check_datasets, check_settings, require
 from grpo_lightning.settings import check_options_apply, resolve_rewards
-from grpo_lightning.strategies import clip_policy_gradients, no_gradient_sync, shard
+from grpo_lightning.strategies import clip_policy_gradients, no_gradient_sync
 
 # Re-exported: variants and user code import them from here.
 __all__ = ["EVERY_STEP_METRICS", "ConfigError", "EngineOptions", "GroupPolicyOptimization", "StepMetrics", "disable_dropout"]
@@ -63,6 +65,8 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         attn_implementation: passed to ``from_pretrained`` (e.g. ``"sdpa"``, ``"flash_attention_2"``).
         disable_dropout: zero every dropout of the policy, so that the log-probs of the update are
             those of the distribution the rollout sampled from.
+        peft_config: a ``peft.LoraConfig`` (or a dict of its fields): train LoRA adapters only; the
+            reference model is the policy with them disabled (:mod:`grpo_lightning.lora`).
         engine: how rollouts are sampled and log-prob passes run, chosen for the device by default
             (:class:`~grpo_lightning.engine.options.EngineOptions`; ``--model.engine.rollout static``).
             Speed only: the algorithm computes the same with any of them.
@@ -127,6 +131,7 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         gradient_checkpointing: bool = False,
         attn_implementation: str | None = None,
         disable_dropout: bool = True,
+        peft_config: Any = None,
         engine: EngineOptions = EngineOptions(),
         rollout_dtype: str | None = None,
         rollout_seed: int | None = None,
@@ -168,7 +173,9 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         options = EngineOptions(**engine) if isinstance(engine, dict) else engine
         require(isinstance(options, EngineOptions), f"engine: give EngineOptions or a dict of its fields, got {engine!r}.")
         engine = asdict(options)  # plain values in the hyperparameters (hparams.yaml, loggers)
+        peft_config = adapter_settings(peft_config)
         self.save_hyperparameters()
+        self.hparams["peft_config"] = peft_config  # plain values, also where the CLI gave class_path/init_args
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints leave the frozen reference model out
 
@@ -277,29 +284,13 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
     # ------------------------------------------------------------------ model
 
     def configure_model(self) -> None:
-        """Load tokenizer, policy and (when ``beta > 0``) the frozen reference model.
-
-        Under an FSDP strategy each model is sharded on its own (``grpo_lightning.strategies.shard``),
-        the reference model unless the strategy keeps it whole (``reference_weights="unsharded"``).
-        """
+        """Load tokenizer, policy and, when the loss needs one, the frozen reference model
+        (:func:`grpo_lightning.models.load_models`: FSDP sharding, LoRA adapters)."""
         if self.policy is not None:
             return
         self.tokenizer = load_tokenizer(self.tokenizer_name)
-        self.policy = self._load_causal_lm().train()
-        if self.hparams.disable_dropout:
-            disable_dropout(self.policy)
-        if self.hparams.gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable()
-        self.policy = shard(self.policy)
-        if self.needs_reference_model():
-            self.ref_model = self._load_causal_lm()
-            self.ref_model.eval().requires_grad_(False)
-            strategy = self.trainer.strategy if self._trainer is not None else None
-            if getattr(strategy, "reference_weights", "sharded") == "sharded":
-                self.ref_model = shard(self.ref_model)
-
-    def _load_causal_lm(self) -> PreTrainedModel:
-        return load_causal_lm(self.model_name, self.hparams.dtype, self.hparams.attn_implementation)
+        strategy = self.trainer.strategy if self._trainer is not None else None
+        self.policy, self.ref_model = load_models(self.model_name, self.hparams, self.needs_reference_model(), strategy)
 
     def save_pretrained(self, directory: str) -> None:
         """Write the policy and tokenizer as a plain Hugging Face directory (rank 0 writes).
@@ -421,7 +412,8 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
             if self.needs_old_logprobs(len(rollout)) or (self.beta > 0 and not self.kl_in_loss):
                 rollout.old_logp = self.compute_logprobs(self.policy, rollout)
             if self.needs_reference_model():
-                rollout.ref_logp = self.compute_logprobs(self.ref_model, rollout)
+                with reference_model(self.policy, self.ref_model) as reference:  # LoRA: adapters off
+                    rollout.ref_logp = self.compute_logprobs(reference, rollout)
 
         rewards = rollout.rewards
         if self.hparams.reward_aggregation == "normalize_then_sum":

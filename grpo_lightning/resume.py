@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from grpo_lightning.lora import has_adapters, trainable_keys
 from grpo_lightning.rollout import RolloutBuffer
 
 
@@ -94,14 +95,17 @@ class ExactResume:
 
 class GroupPolicyState(ExactResume):
     """The checkpoint hooks of :class:`~grpo_lightning.module.GroupPolicyOptimization`: the frozen
-    reference model is left out (it is reloaded from ``model``), and the training state holds the
+    reference model (and under LoRA the frozen base weights) is left out (reloaded from ``model``), and the training state holds the
     generated-token and rollout counts, the metrics of a step in progress and every
     :class:`~grpo_lightning.rollout.RolloutBuffer` attribute by name (DAPO's dynamic-sampling buffer)."""
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint.get("state_dict", {})
-        for key in [k for k in state if k.startswith("ref_model.")]:
-            del state[key]
+        # LoRA: the frozen base weights are reloaded from ``model`` too; the adapters are kept.
+        kept = trainable_keys(self.policy, "policy.") if has_adapters(self.policy) else None
+        for key in [k for k in state if k.startswith("ref_model.") or (kept is not None and k.startswith("policy."))]:
+            if kept is None or key not in kept:
+                del state[key]
         super().on_save_checkpoint(checkpoint)
 
     def training_state(self) -> dict[str, Any]:

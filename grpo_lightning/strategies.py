@@ -36,7 +36,7 @@ How the module is sharded (FSDP1, Lightning's :class:`~lightning.pytorch.strateg
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from functools import partial
 from typing import Any, Literal
 
@@ -145,8 +145,9 @@ class RolloutReplica:
         self.version: int | None = None  # what the owner last refreshed it to
 
     @torch.no_grad()
-    def refresh(self, model: nn.Module) -> None:
-        """Copy the weights of ``model`` (and its buffers) into the replica."""
+    def refresh(self, model: nn.Module, tensors: Iterable[tuple[str, Tensor]] | None = None) -> None:
+        """Copy the weights of ``model`` (and its buffers) into the replica; or ``tensors``, named
+        as the replica's parameters (LoRA's merged weights: :func:`grpo_lightning.lora.merged_weights`)."""
         targets = dict(self.model.named_parameters(remove_duplicate=False))
         targets.update(self.model.named_buffers(remove_duplicate=False))
         written: set[str] = set()
@@ -159,7 +160,10 @@ class RolloutReplica:
             target.copy_(tensor.view(target.shape))
             written.add(name)
 
-        if not is_sharded(model):
+        if tensors is not None:
+            for name, tensor in tensors:
+                copy(name, tensor)
+        elif not is_sharded(model):
             for name, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
                 copy(name, tensor)
         units = [(name, m) for name, m in model.named_modules() if isinstance(m, FullyShardedDataParallel)]

@@ -11,6 +11,7 @@ from torch import nn
 
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from grpo_lightning.lora import has_adapters, merged_model, merged_weights
 from grpo_lightning.model_sources import resolve_model_source
 from grpo_lightning.settings import DTYPES
 from grpo_lightning.strategies import RolloutReplica, full_parameters, full_state_dict, is_sharded
@@ -42,6 +43,8 @@ def save_policy(policy: nn.Module, tokenizer: PreTrainedTokenizerBase, directory
     """Write ``policy`` and ``tokenizer`` as a plain Hugging Face directory (where ``write``); a
     sharded policy is gathered first, so under FSDP every process must call it."""
     weights = None
+    if has_adapters(policy):  # LoRA: the merged model (grpo_lightning.export --adapter writes the adapter)
+        policy = merged_model(policy)
     if is_sharded(policy):
         with full_state_dict(policy):
             weights = policy.state_dict()
@@ -58,7 +61,7 @@ def samples_from_shards(policy: nn.Module, strategy: Any) -> bool:
 
 class RolloutWeights:
     """Chooses the model rollouts sample from: the policy itself; or a :class:`RolloutReplica`
-    refreshed after every optimizer step, in ``dtype`` or, under FSDP (the strategy's
+    refreshed after every optimizer step, with LoRA's merged weights, in ``dtype`` or, under FSDP (the strategy's
     ``rollout_weights="replica"``), unsharded; or under FSDP with ``"gather"`` the sharded policy
     with its root parameters gathered."""
 
@@ -70,6 +73,14 @@ class RolloutWeights:
     def model(self, policy: nn.Module, version: int, strategy: Any = None) -> Iterator[nn.Module]:
         """The model to sample from inside the ``with`` block; ``version``: optimizer steps taken
         (a replica of an older version is refreshed first)."""
+        if has_adapters(policy):  # LoRA: a plain model with the merged weights, for any engine
+            if self.replica is None:
+                self.replica = RolloutReplica(policy.get_base_model(), self.dtype)
+            if self.replica.version != version:
+                self.replica.refresh(policy, merged_weights(policy))
+                self.replica.version = version
+            yield self.replica.model
+            return
         if not is_sharded(policy) and self.dtype in (None, next(policy.parameters()).dtype):
             yield policy
             return
