@@ -10,13 +10,11 @@ writes them to ``<log_dir>/health.json``: a list of ``{"check", "ok", "steps", "
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-import numbers
 import statistics
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -226,11 +224,13 @@ class GradNormExplosion(Explosion):
 class RewardNaN(Check):
     """A reward function returned NaN (``rewards/<fn>/nan_count > 0``; any, at once).
 
-    NaN is scored like None, "not applicable": it is left out of the weighted reward, which hides
-    a bug such as a division by zero or a failed parse."""
+    NaN is a failure of the function (:mod:`grpo_lightning.rewards.execution`): it stops the fit
+    under ``reward_execution.on_error=raise``; under ``zero`` or ``skip_group`` the sample scores 0
+    or its group is left out, and this check says that a bug (a division by zero, a failed parse)
+    is behind it. The module's scorer counts them (training rollouts only)."""
 
     name = "reward_nan"
-    consequence = "NaN is left out of the reward like None, which hides the bug"
+    consequence = "each NaN is scored 0 or its group left out, as reward_execution.on_error says"
     fix = "return a number for every completion (None only where the function does not apply)"
 
     def holds(self, metrics: dict[str, float]) -> str | None:
@@ -270,20 +270,10 @@ class ValAccuracyFlat(Check):
         return None
 
 
-class _NaNCounting:
-    """A reward function that counts the NaN scores it returns (None is not NaN: it means "not applicable")."""
-
-    def __init__(self, function: Callable, counts: dict[str, int], name: str) -> None:
-        functools.update_wrapper(self, function, updated=())
-        self.function, self.counts, self.name = function, counts, name
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        returned = self.function(*args, **kwargs)
-        values = returned.tolist() if hasattr(returned, "tolist") else returned
-        if isinstance(values, Sequence) and not isinstance(values, (str, bytes)):
-            nans = sum(1 for v in values if isinstance(v, numbers.Real) and math.isnan(v))
-            self.counts[self.name] = self.counts.get(self.name, 0) + nans
-        return returned
+def _nan_counts(pl_module) -> dict[str, int]:
+    """NaN scores each reward function has returned so far (:class:`grpo_lightning.rewards.RewardScorer`)."""
+    scorer = getattr(pl_module, "reward_scorer", None)
+    return dict(getattr(scorer, "nan_counts", {}))
 
 
 class HealthChecks(Callback):
@@ -333,8 +323,7 @@ class HealthChecks(Callback):
         self.rows: list[dict[str, Any]] = []
         self.text = ""
         self._steps_seen = 0
-        self._nan_counts: dict[str, int] = {}
-        self._wrapped: list | None = None
+        self._nan_seen: dict[str, int] = {}  # the module's NaN counts at the last step
         self._fit_ended = False
 
     def build_checks(self) -> list[Check]:
@@ -354,15 +343,9 @@ class HealthChecks(Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage == TrainerFn.FITTING:
             self.checks, self.rows, self.text, self._steps_seen = self.build_checks(), [], "", 0
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        functions = getattr(pl_module, "reward_functions", None)
-        if self.enabled and functions is not None and self._wrapped is None:
-            self._wrapped = functions
-            pl_module.reward_functions = [(n, _NaNCounting(f, self._nan_counts, n)) for n, f in functions]
+            self._nan_seen = dict(_nan_counts(pl_module))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        self._unwrap(pl_module)
         steps = getattr(pl_module, "logged_steps", None)
         if not self.enabled or steps is None or steps == self._steps_seen:
             return  # no training step ended with this batch (DAPO filling its batch)
@@ -371,7 +354,6 @@ class HealthChecks(Callback):
         metrics.update(
             {f"rewards/{name}/nan_count": n for name, n in self._reduced_nan_counts(trainer, pl_module).items()}
         )
-        self._nan_counts.clear()
         for check in self.checks[:-1]:
             self._warn(trainer, check, check.observe(steps, metrics))
         pl_module.log_dict({f"health/{c.name}": float(c.count) for c in self.checks}, on_step=True, on_epoch=False)
@@ -389,14 +371,12 @@ class HealthChecks(Callback):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         """A fit stopped by a reward function's error, or interrupted after some steps: summarised
         too. An error before the first step (a configuration error) has no health to report."""
-        self._unwrap(pl_module)
         steps = getattr(pl_module, "logged_steps", trainer.global_step)
         reportable = steps > 0 or isinstance(exception, RewardFunctionError)
         if self.enabled and trainer.state.fn == TrainerFn.FITTING and reportable:
             self.finish(trainer, exception, steps + 1)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        self._unwrap(pl_module)
         if stage == TrainerFn.FITTING and self._fit_ended:
             self._fit_ended = False
             self.finish(trainer)
@@ -410,14 +390,13 @@ class HealthChecks(Callback):
 
     # ---------------------------------------------------------------- helpers
 
-    def _unwrap(self, pl_module) -> None:
-        if self._wrapped is not None:
-            pl_module.reward_functions, self._wrapped = self._wrapped, None
-
     def _reduced_nan_counts(self, trainer, pl_module) -> dict[str, int]:
-        """NaN counts of this step's scores, summed over processes (each scores its own completions)."""
+        """NaN scores since the last step (the module's scorer counts them), summed over processes
+        (each scores its own completions)."""
         names = [name for name, _ in getattr(pl_module, "reward_functions", [])]
-        counts = torch.tensor([self._nan_counts.get(name, 0) for name in names], dtype=torch.float64)
+        totals, seen = _nan_counts(pl_module), self._nan_seen
+        counts = torch.tensor([totals.get(name, 0) - seen.get(name, 0) for name in names], dtype=torch.float64)
+        self._nan_seen = dict(totals)
         if trainer.world_size > 1:
             counts = trainer.strategy.reduce(counts.to(trainer.strategy.root_device), reduce_op="sum").cpu()
         return dict(zip(names, (int(n) for n in counts.tolist())))

@@ -4,6 +4,7 @@ One training step (manual optimization)::
 
     rollout      = generate(prompts)                  G completions per prompt
     rewards      = score(rollout)                     weighted reward functions       [P * G]
+    rollout      = contain(rollout)                   reward_execution.on_error=skip_group: failed groups out
     rollout      = select(rollout)                    hook (DAPO: dynamic sampling); None = no update yet
     old/ref logp                                      only when needed
     rewards      = shape_rewards(rewards, rollout)    hook (DAPO: overlong; RLOO: KL in the reward)
@@ -43,7 +44,7 @@ from grpo_lightning.lora import adapter_settings, reference_model
 from grpo_lightning.models import load_models
 from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.metrics import EVERY_STEP_METRICS, StepMetrics
-from grpo_lightning.rewards import resolve_reward_function, score_completions, weighted_reward
+from grpo_lightning.rewards import RewardExecution, RewardScorer, RewardScores, resolve_reward_function, weighted_reward
 from grpo_lightning.rollout import Rollout, SamplingParams
 from grpo_lightning.rollout_correction import correct_policy_loss
 from grpo_lightning.settings import CHECKED_SETTINGS, DTYPES, ConfigError, check_datasets, check_settings, require
@@ -80,6 +81,8 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         reward_funcs: reward functions ``(prompts, completions, **columns) -> list[float]``, as
             callables or import paths (``"grpo_lightning.rewards.accuracy_reward"``).
         reward_weights: one weight per reward function (default: all 1).
+        reward_execution: what a reward function that raises, returns NaN/inf or times out does, and
+            where it runs (:class:`~grpo_lightning.rewards.RewardExecution`; ``--model.reward_execution.on_error zero``).
         group_size: completions sampled per prompt, ``G``.
         max_new_tokens: completion length limit, ``L``.
         min_new_tokens: EOS is not sampled before this many tokens (benchmarks use ``L``).
@@ -137,6 +140,7 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         rollout_seed: int | None = None,
         reward_funcs: Sequence[str | Callable] = ("grpo_lightning.rewards.accuracy_reward",),
         reward_weights: Sequence[float] | None = None,
+        reward_execution: RewardExecution = RewardExecution(),
         group_size: int = 8,
         max_new_tokens: int = 256,
         min_new_tokens: int = 0,
@@ -173,6 +177,8 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         options = EngineOptions(**engine) if isinstance(engine, dict) else engine
         require(isinstance(options, EngineOptions), f"engine: give EngineOptions or a dict of its fields, got {engine!r}.")
         engine = asdict(options)  # plain values in the hyperparameters (hparams.yaml, loggers)
+        execution = RewardExecution.of(reward_execution)
+        reward_execution = asdict(execution)
         peft_config = adapter_settings(peft_config)
         self.save_hyperparameters()
         self.hparams["peft_config"] = peft_config  # plain values, also where the CLI gave class_path/init_args
@@ -184,6 +190,7 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         beam_search = rollout_mode == "beam_search"
         check_engine_options(options, rollout_seed, beam_search)
         self.reward_functions, self.reward_weights = resolve_rewards(reward_funcs, reward_weights)
+        self.reward_scorer = RewardScorer(execution, self.reward_functions)  # workers, warnings, NaN counts
         self.accuracy_function = resolve_reward_function(accuracy_func, field="accuracy_func")
 
         self.model_name = model
@@ -365,12 +372,14 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         self.rollouts += 1
         return build_rollout(self.tokenizer, batch, group_size, *sampled)
 
-    def score(self, rollout: Rollout) -> None:
-        """Fill ``rollout.reward_per_function`` ``[N, F]`` and the weighted ``rollout.rewards`` ``[N]``."""
+    def score(self, rollout: Rollout) -> RewardScores:
+        """Fill ``rollout.reward_per_function`` ``[N, F]`` and the weighted ``rollout.rewards`` ``[N]``;
+        return the scores with the samples each function failed on (``reward_execution``)."""
         columns, groups = rollout.columns, [row // rollout.group_size for row in range(len(rollout))]  # group_index
-        per_function = score_completions(self.reward_functions, rollout.prompts, rollout.completions, columns, groups)
-        rollout.reward_per_function = per_function.to(self.device)
+        scores = self.reward_scorer.score(self.reward_functions, rollout.prompts, rollout.completions, columns, groups)
+        rollout.reward_per_function = scores.per_function.to(self.device)
         rollout.rewards = weighted_reward(rollout.reward_per_function, self.reward_weights.to(self.device))
+        return scores
 
     @torch.no_grad()
     def compute_logprobs(self, model: torch.nn.Module, rollout: Rollout) -> Tensor:
@@ -398,11 +407,12 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         self.generated_tokens += int(rollout.completion_mask.sum())  # dropped groups cost compute too
         metrics.record_rollout(self.step_metrics, rollout)
         with timer.phase("score"):
-            self.score(rollout)
+            scores = self.score(rollout)
         metrics.record_rewards(self.step_metrics, rollout, [name for name, _ in self.reward_functions])
 
         steps = self.global_step
-        rollout = self.select(rollout)
+        rollout = self.reward_scorer.contain(self, rollout, scores)  # skip_group: drop groups a function failed on
+        rollout = self.select(rollout) if rollout is not None else None
         if rollout is None:
             if self.global_step == steps:  # only sampled: its counters go into the next step's row
                 self.drop_stale_row()

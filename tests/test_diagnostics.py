@@ -13,7 +13,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from grpo_lightning.cli import GRPOLightningCLI
 from grpo_lightning.diagnostics import (
@@ -26,12 +25,12 @@ from grpo_lightning.diagnostics import (
     RewardNaN,
     Truncated,
     ValAccuracyFlat,
-    _NaNCounting,
     health_summary,
 )
 from grpo_lightning.errors import ConfigError
+from grpo_lightning.metrics import StepMetrics
 from grpo_lightning.resources import config_dir
-from grpo_lightning.rewards import score_completions
+from grpo_lightning.rewards import RewardExecution, RewardFunctionWarning, RewardScorer
 from grpo_lightning.rewards.scoring import RewardFunctionError
 
 CONFIGS = config_dir()
@@ -124,14 +123,17 @@ def test_val_accuracy_that_moves_is_not_flat():
         assert check.observe(step, {"val/accuracy": accuracy, "step": step}) is None
 
 
-def test_nan_counting_tells_nan_from_none_and_leaves_the_scores_alone():
+def test_the_scorer_counts_nan_scores_of_training_rollouts_but_not_none():
     def reward(prompts, completions, **columns):
         return [None, math.nan, 1.0, float("nan")]
 
-    counts: dict[str, int] = {}
-    scores = score_completions([("reward", _NaNCounting(reward, counts, "reward"))], ["p"] * 4, ["c"] * 4, {})
-    assert counts == {"reward": 2}
-    assert torch.equal(scores.isnan(), score_completions([("reward", reward)], ["p"] * 4, ["c"] * 4, {}).isnan())
+    module = FakeModule()
+    module.reward_functions = [("reward", reward)]
+    with pytest.warns(RewardFunctionWarning):
+        scores = module.reward_scorer.score(module.reward_functions, ["p"] * 4, ["c"] * 4, {})
+    assert module.reward_scorer.nan_counts == {}  # validation scores the same way: not counted
+    module.reward_scorer.contain(module, None, scores)
+    assert module.reward_scorer.nan_counts == {"reward": 2}
 
 
 # ---------------------------------------------------------------- the callback, with stand-ins
@@ -143,15 +145,17 @@ class FakeModule:
     def __init__(self) -> None:
         self.logged_steps, self.last_step_metrics, self.logged = 0, {}, []
         self.reward_functions = [("exact", lambda prompts, completions, **c: [math.nan] * len(completions))]
+        self.reward_scorer, self.step_metrics = RewardScorer(RewardExecution(on_error="zero")), StepMetrics()
 
     def log_dict(self, values, **kwargs) -> None:
         self.logged.append(values)
 
     def step(self, callback, trainer, nan: bool = False, **metrics: float) -> None:
-        """One training step: the callback's hooks around it, the reward function called if ``nan``."""
+        """One training step: the callback's hooks around it, a rollout of 2 scored if ``nan``."""
         callback.on_train_batch_start(trainer, self, None, 0)
         if nan:
-            self.reward_functions[0][1]([], ["a", "b"])
+            scores = self.reward_scorer.score(self.reward_functions, ["p", "q"], ["a", "b"], {})
+            self.reward_scorer.contain(self, None, scores)
         self.logged_steps += 1
         self.last_step_metrics = metrics
         callback.on_train_batch_end(trainer, self, None, None, 0)
@@ -185,7 +189,7 @@ def test_the_callback_counts_nan_scores_of_the_steps_reward_functions(tmp_path):
     with pytest.warns(HealthWarning, match="'exact' returned NaN for 2 completions"):
         module.step(callback, trainer, nan=True)
     assert module.logged[-1]["health/reward_nan"] == 1.0
-    assert module.reward_functions == original  # unwrapped between steps (validation sees the originals)
+    assert module.reward_functions == original
 
 
 def test_a_batch_that_ends_without_a_training_step_is_not_counted(tmp_path):
@@ -263,13 +267,13 @@ def fit_args(model_dir: str, root: Path, rewards: str, *extra: str) -> list[str]
 @pytest.fixture(scope="module")
 def unhealthy_fit(tiny_model_dir, tmp_path_factory, one_torch_thread) -> SimpleNamespace:
     """A 3-step fit that trips four checks: a constant reward (equal_rewards), completions that
-    can't end before max_new_tokens (truncated), a NaN reward (reward_nan) and an untrained model
-    validated after every step (val_accuracy_flat). Patience 2."""
+    can't end before max_new_tokens (truncated), a NaN reward scored 0 (reward_nan) and an untrained
+    model validated after every step (val_accuracy_flat). Patience 2."""
     root = tmp_path_factory.mktemp("unhealthy")
     rewards = f"[{__name__}.constant_reward, {__name__}.nan_reward]"
     args = fit_args(tiny_model_dir, root, rewards, "--model.max_new_tokens", "3", "--model.min_new_tokens", "3",
                     "--trainer.max_steps", "3", "--trainer.val_check_interval", "1",
-                    "--health.patience", "2")  # fmt: skip
+                    "--health.patience", "2", "--model.reward_execution.on_error", "zero")  # fmt: skip
     out = io.StringIO()
     with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out):
         warnings.simplefilter("always")

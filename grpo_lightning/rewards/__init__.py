@@ -1,9 +1,16 @@
 """Reward functions ``(prompts, completions, **columns) -> list[float | None]`` (and ``group_index``
-for those that take it) and how they are scored."""
+for those that take it), how they are scored, and what a failing one does."""
 
 from grpo_lightning.rewards.accuracy import accuracy_reward, answers_match, extract_answer
 from grpo_lightning.rewards.code_execution import CodeExecutionReward, code_execution_reward
 from grpo_lightning.rewards.consistency import majority_answer, majority_vote_reward, vote
+from grpo_lightning.rewards.execution import (
+    RewardExecution,
+    RewardFunctionWarning,
+    RewardScorer,
+    RewardScores,
+    score_completions,
+)
 from grpo_lightning.rewards.format import r1_format_reward, reasoning_length_reward
 from grpo_lightning.rewards.process import ProcessRewardModel, answer_prefix_steps
 from grpo_lightning.rewards.reward_model import RewardModel
@@ -12,15 +19,18 @@ from grpo_lightning.rewards.scoring import (
     accepts_group_index,
     group_indices,
     resolve_reward_function,
-    score_completions,
     weighted_reward,
 )
 
 __all__ = [
     "CodeExecutionReward",
     "ProcessRewardModel",
+    "RewardExecution",
     "RewardFunctionError",
+    "RewardFunctionWarning",
     "RewardModel",
+    "RewardScorer",
+    "RewardScores",
     "accepts_group_index",
     "accuracy_reward",
     "answer_prefix_steps",

@@ -1,4 +1,4 @@
-"""Resolve reward functions from configuration and score completions with them.
+"""Resolve reward functions from configuration (:mod:`grpo_lightning.rewards.execution` calls them).
 
 A reward function is a callable ``(prompts, completions, **columns) -> list[float | None]``:
 ``columns`` are the dataset's other columns aligned with the completions (e.g. ``answer=[...]``),
@@ -13,11 +13,8 @@ import contextlib
 import functools
 import importlib
 import inspect
-import math
-import numbers
 import os
 import sys
-import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,9 +26,8 @@ RewardFunction = Callable[..., Sequence[float | None]]
 EXAMPLE_PATH = "grpo_lightning.rewards.accuracy_reward"
 GROUP_INDEX = "group_index"
 RESERVED_COLUMNS = ("prompt", "prompts", "completions", GROUP_INDEX)
-PREVIEW_CHARS = 80
-# Which keywords each reward function takes, by function (each inspected once).
-_ACCEPTS_KEYWORD: weakref.WeakKeyDictionary[Any, dict[str, bool]] = weakref.WeakKeyDictionary()
+# The keywords each reward function takes, by function (each inspected once).
+_KEYWORDS: weakref.WeakKeyDictionary[Any, tuple[frozenset[str], bool]] = weakref.WeakKeyDictionary()
 
 
 class RewardFunctionError(RuntimeError):
@@ -146,134 +142,34 @@ def accepts_group_index(function: RewardFunction) -> bool:
 
 
 def accepts_keyword(function: Callable, keyword: str) -> bool:
-    """Whether ``function`` takes ``keyword``: a parameter of that name, or ``**kwargs``. Inspected
-    once per function and keyword (functions that cannot be weakly referenced are inspected per call)."""
+    """Whether ``function`` takes ``keyword``: a parameter of that name, or ``**kwargs``."""
+    named, any_keyword = _keywords(function)
+    return keyword in named or any_keyword
+
+
+def names_group_index(function: RewardFunction) -> bool:
+    """Whether ``function`` has a ``group_index`` parameter by name (not only ``**kwargs``): its score
+    of a sample may depend on the sample's group."""
+    return GROUP_INDEX in _keywords(function)[0]
+
+
+def _keywords(function: Callable) -> tuple[frozenset[str], bool]:
+    """``(parameters passable by keyword, whether it takes **kwargs)``. Inspected once per function
+    (functions that cannot be weakly referenced are inspected per call)."""
     try:
-        return _ACCEPTS_KEYWORD[function][keyword]
+        return _KEYWORDS[function]
     except (KeyError, TypeError):
         pass
     try:
         parameters = inspect.signature(function).parameters.values()
     except (TypeError, ValueError):  # some builtins have no signature: call them without it
-        accepts = False
+        keywords: tuple[frozenset[str], bool] = (frozenset(), False)
     else:
-        accepts = any(
-            p.kind is p.VAR_KEYWORD or (p.name == keyword and p.kind is not p.POSITIONAL_ONLY) for p in parameters
-        )
+        named = frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        keywords = (named, any(p.kind is p.VAR_KEYWORD for p in parameters))
     with contextlib.suppress(TypeError):
-        _ACCEPTS_KEYWORD.setdefault(function, {})[keyword] = accepts
-    return accepts
-
-
-def score_completions(
-    reward_functions: list[tuple[str, RewardFunction]],
-    prompts: list[Any],
-    completions: list[Any],
-    columns: dict[str, list[Any]],
-    group_index: Sequence[int] | None = None,
-) -> torch.Tensor:
-    """Score every completion with every function: a float32 tensor ``[N, F]``.
-
-    Each function is called as ``function(prompts, completions, **columns)``; the keys ``prompt``,
-    ``prompts``, ``completions`` and ``group_index`` are dropped from ``columns``. ``group_index``
-    (one int per completion, e.g. :func:`group_indices`) is passed to the functions that take it
-    (:func:`accepts_group_index`). ``None`` scores become NaN.
-    """
-    count = len(completions)
-    if len(prompts) != count:
-        raise ValueError(f"got {len(prompts)} prompts for {count} completions; pass one prompt per completion.")
-    if group_index is not None and len(group_index) != count:
-        raise ValueError(
-            f"got {len(group_index)} group_index values for {count} completions; pass one group per completion."
-        )
-    columns = {key: values for key, values in columns.items() if key not in RESERVED_COLUMNS}
-    for key, values in columns.items():
-        if hasattr(values, "__len__") and len(values) != count:
-            raise ValueError(
-                f"column {key!r} has {len(values)} values for {count} completions; "
-                "repeat each row's value once per completion of its group."
-            )
-    scores = torch.empty(count, len(reward_functions), dtype=torch.float32)
-    for index, (name, function) in enumerate(reward_functions):
-        arguments = columns
-        if group_index is not None and accepts_group_index(function):
-            arguments = {**columns, GROUP_INDEX: list(group_index)}
-        scores[:, index] = torch.tensor(_call(name, function, prompts, completions, arguments), dtype=torch.float32)
-    return scores
-
-
-def _call(
-    name: str, function: RewardFunction, prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]]
-) -> list[float]:
-    try:
-        returned = function(prompts, completions, **columns)
-    except Exception as error:
-        sample = _first_failing_sample(function, prompts, completions, columns)
-        shown = sample or 0
-        where = f"sample {sample}" if sample is not None else f"the batch of {len(completions)} (no sample fails alone)"
-        raise RewardFunctionError(
-            f"reward function {name!r} raised {type(error).__name__}: {error} at {where}; "
-            f"prompt={_preview(prompts[shown])!r}, completion={_preview(completions[shown])!r}."
-        ) from error
-    return _as_scores(name, returned, len(completions))
-
-
-def _first_failing_sample(
-    function: RewardFunction, prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]]
-) -> int | None:
-    """Retry one sample at a time to find which input the function fails on."""
-    for sample in range(len(completions)):
-        single_columns = {key: _slice(values, sample) for key, values in columns.items()}
-        try:
-            function(prompts[sample : sample + 1], completions[sample : sample + 1], **single_columns)
-        except Exception:
-            return sample
-    return None
-
-
-def _slice(values: Any, sample: int) -> Any:
-    return values[sample : sample + 1] if hasattr(values, "__getitem__") and hasattr(values, "__len__") else values
-
-
-def _as_scores(name: str, returned: Any, count: int) -> list[float]:
-    expected = f"a list of {count} floats (or None), one per completion"
-    if isinstance(returned, torch.Tensor):
-        returned = returned.detach().cpu()
-    if hasattr(returned, "tolist"):  # tensors and numpy arrays
-        returned = returned.tolist()
-    if isinstance(returned, (str, bytes)) or not isinstance(returned, Sequence):
-        raise RewardFunctionError(f"reward function {name!r} returned {_describe(returned)}; expected {expected}.")
-    values = list(returned)
-    if len(values) != count:
-        raise RewardFunctionError(
-            f"reward function {name!r} returned {len(values)} values for {count} completions; expected {expected}."
-        )
-    if count and all(value is None for value in values):
-        warnings.warn(
-            f"reward function {name!r} returned None for every completion of a batch: it scored nothing, so it "
-            "adds 0 to every reward; return a number per completion (None only where it does not apply).",
-            stacklevel=2,
-        )
-    scores = []
-    for sample, value in enumerate(values):
-        if value is None:
-            scores.append(math.nan)
-        elif isinstance(value, numbers.Real):
-            scores.append(float(value))
-        else:
-            raise RewardFunctionError(
-                f"reward function {name!r} returned {_describe(value)} for sample {sample}; expected {expected}."
-            )
-    return scores
-
-
-def _describe(value: Any) -> str:
-    return f"{type(value).__name__} {_preview(value)!r}"
-
-
-def _preview(value: Any) -> str:
-    text = completion_text(value) if isinstance(value, (list, dict)) else str(value)
-    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 3] + "..."
+        _KEYWORDS[function] = keywords
+    return keywords
 
 
 def weighted_reward(per_function: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
