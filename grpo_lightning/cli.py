@@ -463,6 +463,9 @@ def user_error_message(error: BaseException, parsing: bool) -> str | None:
     for candidate in reversed(chain):
         if isinstance(candidate, USER_ERRORS):
             return _first_line_block(candidate)
+    refused = _refused_type(chain) if parsing else None
+    if refused is not None:
+        return refused
     if parsing or _raised_in_setup(error.__traceback__):
         for candidate in reversed(chain):
             if isinstance(candidate, (ValueError, TypeError, FileNotFoundError)) and _raised_by_project(candidate):
@@ -482,6 +485,31 @@ def user_error_message(error: BaseException, parsing: bool) -> str | None:
     if type(error).__name__ == "ArgumentError":  # any other parse error: jsonargparse's own message
         return _first_line_block(error, limit=3)
     return None
+
+
+#: How :func:`_refused_type` names the types jsonargparse expects.
+TYPE_WORDS = {
+    "float": "a finite number", "int": "an integer", "bool": "true or false", "str": "a string", "NoneType": "null",
+}  # fmt: skip
+
+
+def _refused_type(chain: list[BaseException]) -> str | None:
+    """jsonargparse's refusal of a value (``Expected a <class 'float'>. Got value: inf``, under
+    ``Parser key`` errors) as ``--model.learning_rate: must be a finite number (got 'inf').``"""
+    got = re.fullmatch(r"Expected a (.+?)\. Got value: (.*)", str(chain[-1]), re.S)
+    keys: list[str] = []
+    for error in chain:
+        key = re.match(r'Parser key "([\w.]+)":', str(error))
+        if key and key.group(1) not in keys[-1:]:
+            keys.append(key.group(1))
+    if got is None or not keys:
+        return None
+    kinds = re.findall(r"<class '(\w+)'>|typing\.Literal\[(.*?)\]", got.group(1))
+    words = [f"one of {literal}" if literal else TYPE_WORDS.get(name, f"a {name}") for name, literal in kinds]
+    innermost = next(str(e) for e in reversed(chain) if str(e).startswith(f'Parser key "{keys[-1]}"'))
+    if "<class 'NoneType'>" in innermost and "null" not in words:  # an Optional option
+        words.append("null")
+    return f"--{'.'.join(keys)}: must be {' or '.join(words) or got.group(1)} (got {got.group(2)!r})."
 
 
 def _wants_traceback(argv: list[str]) -> bool:

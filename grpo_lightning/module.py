@@ -47,8 +47,8 @@ from grpo_lightning.metrics import EVERY_STEP_METRICS, StepMetrics
 from grpo_lightning.rewards import RewardExecution, RewardScorer, RewardScores, resolve_reward_function, weighted_reward
 from grpo_lightning.rollout import Rollout, SamplingParams
 from grpo_lightning.rollout_correction import correct_policy_loss
-from grpo_lightning.settings import CHECKED_SETTINGS, DTYPES, ConfigError, check_datasets, check_settings, require
-from grpo_lightning.settings import check_options_apply, resolve_rewards
+from grpo_lightning.settings import CHECKED_SETTINGS, DTYPES, ConfigError, check_datasets, check_settings
+from grpo_lightning.settings import check_before_loading, check_options_apply, resolve_rewards
 from grpo_lightning.strategies import clip_policy_gradients, no_gradient_sync
 
 # Re-exported: variants and user code import them from here.
@@ -174,8 +174,7 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         use_chat_template: bool = True,
     ) -> None:
         super().__init__()
-        options = EngineOptions(**engine) if isinstance(engine, dict) else engine
-        require(isinstance(options, EngineOptions), f"engine: give EngineOptions or a dict of its fields, got {engine!r}.")
+        options = EngineOptions.of(engine)
         engine = asdict(options)  # plain values in the hyperparameters (hparams.yaml, loggers)
         execution = RewardExecution.of(reward_execution)
         reward_execution = asdict(execution)
@@ -289,6 +288,9 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         metrics.record_clipping(self.step_metrics, clipped_low, clipped_high, mask)
 
     # ------------------------------------------------------------------ model
+
+    def setup(self, stage: str) -> None:
+        check_before_loading(self, stage)  # what settings and data say before configure_model loads the model
 
     def configure_model(self) -> None:
         """Load tokenizer, policy and, when the loss needs one, the frozen reference model

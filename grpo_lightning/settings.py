@@ -6,6 +6,8 @@ The engine options are checked where they are resolved (:mod:`grpo_lightning.gen
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,6 +15,8 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from grpo_lightning import functional as F
+from grpo_lightning.argument_types import check_argument_types
+from grpo_lightning.data.checks import fit_prompts
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.model_sources import resolve_model_source
 from grpo_lightning.rewards import resolve_reward_function
@@ -20,8 +24,6 @@ from grpo_lightning.rollout import ROLLOUT_MODES
 from grpo_lightning.rollout_correction import CORRECTIONS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 
 
 def require(condition: bool, message: str) -> None:
@@ -34,6 +36,9 @@ def check_settings(
     *,
     model: str,
     tokenizer: str | None,
+    reward_funcs: Any,
+    reward_weights: Any,
+    accuracy_func: Any,
     dtype: str,
     rollout_dtype: str | None,
     group_size: int,
@@ -59,16 +64,21 @@ def check_settings(
     micro_batch_size: int,
     val_temperature: float,
     val_samples: int,
+    val_max_new_tokens: int | None,
     learning_rate: float,
     weight_decay: float,
     warmup_steps: int,
     max_grad_norm: float | None,
 ) -> None:
-    """Raise :class:`ConfigError` for the first invalid argument of ``GroupPolicyOptimization``."""
+    """Raise :class:`ConfigError` for the first invalid argument of ``GroupPolicyOptimization``
+    (their types: :func:`check_options_apply`)."""
     require(isinstance(model, str) and model != "", "model: give a hub id or a local directory of a causal LM.")
     check_model_path("model", model)
     if tokenizer is not None:
+        require(tokenizer != "", "tokenizer: give a hub id or a local directory, or null for the model's own.")
         check_model_path("tokenizer", tokenizer)
+    check_rewards(reward_funcs, reward_weights)
+    resolve_function(accuracy_func, "accuracy_func")
     require(dtype == "auto" or dtype in DTYPES, f"dtype: {dtype!r} is not one of 'auto', {', '.join(map(repr, DTYPES))}.")
     require(
         rollout_dtype is None or rollout_dtype in DTYPES,
@@ -121,11 +131,20 @@ def check_settings(
     if minibatch_size is not None:
         require(minibatch_size >= 1, f"minibatch_size: must be at least 1 or null (got {minibatch_size}).")
         require(
+            micro_batch_size <= minibatch_size,
+            f"micro_batch_size ({micro_batch_size}) is larger than minibatch_size ({minibatch_size}), the completions "
+            f"of one optimizer step; set --model.micro_batch_size to at most {minibatch_size}.",
+        )
+        require(
             minibatch_size % micro_batch_size == 0,
             f"minibatch_size ({minibatch_size}) must be a multiple of micro_batch_size ({micro_batch_size}): "
             "change one of them so micro-batches tile each minibatch.",
         )
     require(val_temperature >= 0, f"val_temperature: must be >= 0, 0 is greedy (got {val_temperature}).")
+    require(
+        val_max_new_tokens is None or val_max_new_tokens >= 1,
+        f"val_max_new_tokens: must be at least 1, or null for max_new_tokens (got {val_max_new_tokens}).",
+    )
     require(val_samples >= 1, f"val_samples: must be at least 1 (got {val_samples}).")
     require(
         val_samples == 1 or val_temperature > 0,
@@ -178,9 +197,12 @@ ABLATION_OPTION_DEFAULTS = {
 
 
 def check_options_apply(variant: type, inapplicable: dict[str, str], kl_in_loss: bool, values: Any) -> None:
-    """Raise :class:`ConfigError` for an ablation option set away from its default on a variant whose
-    equations leave no place for it (``inapplicable``: option -> reason; ``unbiased_kl`` also where
-    the KL is in the reward)."""
+    """Raise :class:`ConfigError` for a constructor argument of ``variant`` (or of a base) whose value
+    its annotation refuses (:func:`grpo_lightning.argument_types.check_argument_types`: a string for
+    an ``int``, NaN for a ``float``), then for an ablation option set away from its default on a
+    variant whose equations leave no place for it (``inapplicable``: option -> reason;
+    ``unbiased_kl`` also where the KL is in the reward)."""
+    check_argument_types(variant, values)
     reasons = dict(inapplicable)
     if not kl_in_loss:
         reasons.setdefault("unbiased_kl", "its KL term is in the reward, not in the loss")
@@ -195,17 +217,50 @@ def check_options_apply(variant: type, inapplicable: dict[str, str], kl_in_loss:
 CHECKED_SETTINGS = frozenset(inspect.signature(check_settings).parameters)
 
 
+def resolve_function(spec: Any, field: str) -> tuple[str, Callable]:
+    """``(name, function)`` of a reward function given as a callable or an import path; a path that
+    does not import, or names no function, is a :class:`ConfigError` naming ``field``."""
+    try:
+        return resolve_reward_function(spec, field=field)
+    except ConfigError:
+        raise
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
+
+
+def check_rewards(reward_funcs: Any, reward_weights: Any) -> None:
+    """Raise :class:`ConfigError` unless ``reward_funcs`` is a non-empty list of functions (or import
+    paths) and ``reward_weights`` null or one finite number per function."""
+    require(
+        isinstance(reward_funcs, Sequence) and not isinstance(reward_funcs, str) and len(reward_funcs) > 0,
+        f"reward_funcs: give a list of at least one reward function (got {reward_funcs!r}); "
+        "e.g. --model.reward_funcs '[grpo_lightning.rewards.accuracy_reward]'.",
+    )
+    for i, spec in enumerate(reward_funcs):
+        resolve_function(spec, f"reward_funcs[{i}]")
+    if reward_weights is None:
+        return
+    require(
+        isinstance(reward_weights, Sequence) and not isinstance(reward_weights, str),
+        f"reward_weights: give a list of numbers, one per reward function, or null for all 1 (got {reward_weights!r}).",
+    )
+    for i, weight in enumerate(reward_weights):
+        real = isinstance(weight, numbers.Real) and not isinstance(weight, bool)
+        require(real and math.isfinite(weight), f"reward_weights[{i}]: must be a finite number (got {weight!r}).")
+    require(
+        len(reward_weights) == len(reward_funcs),
+        f"reward_weights: {len(reward_weights)} weights for {len(reward_funcs)} reward functions; "
+        "give one per function.",
+    )
+
+
 def resolve_rewards(
     reward_funcs: Sequence[str | Callable], reward_weights: Sequence[float] | None
 ) -> tuple[list[tuple[str, Callable]], torch.Tensor]:
-    """``(name, function)`` of each reward function, and their weights ``[F]`` (default: all 1)."""
-    functions = [resolve_reward_function(spec, field=f"reward_funcs[{i}]") for i, spec in enumerate(reward_funcs)]
-    require(len(functions) > 0, "reward_funcs: give at least one reward function.")
-    weights = [1.0] * len(functions) if reward_weights is None else list(reward_weights)
-    require(
-        len(weights) == len(functions),
-        f"reward_weights: {len(weights)} weights for {len(functions)} reward functions; give one per function.",
-    )
+    """``(name, function)`` of each reward function, and their weights ``[F]`` (default: all 1), as
+    :func:`check_rewards` checked them."""
+    functions = [resolve_function(spec, f"reward_funcs[{i}]") for i, spec in enumerate(reward_funcs)]
+    weights = [1.0] * len(functions) if reward_weights is None else [float(w) for w in reward_weights]
     return functions, torch.tensor(weights, dtype=torch.float32)
 
 
@@ -221,30 +276,38 @@ def check_rollout_size(prompts_per_step: int | None, group_size: int, minibatch_
     )
 
 
-def check_prompt_lengths(
-    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], context: int | None, max_new_tokens: int, split: str
-) -> None:
-    """Raise if a prompt plus ``max_new_tokens`` exceeds the model's ``context`` (``None``: unknown)."""
-    if context is None:
-        return
-    lengths = [len(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
-    longest = max(range(len(lengths)), key=lengths.__getitem__, default=None)
-    if longest is not None and lengths[longest] > context - max_new_tokens:
-        raise ConfigError(
-            f"prompt of row {longest} in the {split} split has {lengths[longest]} tokens; with max_new_tokens="
-            f"{max_new_tokens} it does not fit the model context of {context} tokens. "
-            "Filter long prompts from the dataset or lower --model.max_new_tokens."
-        )
+def check_before_loading(module: Any, stage: str) -> None:
+    """What a fit's settings and data say before any model is loaded (``LightningModule.setup``):
+    the rollout size against ``minibatch_size``."""
+    if stage == "fit":
+        datamodule = module.trainer.datamodule
+        check_rollout_size(getattr(datamodule, "batch_size", None), module.group_size, module.minibatch_size)
 
 
 def check_datasets(datamodule: Any, tokenizer: PreTrainedTokenizerBase, format_prompt: Callable[[Any], str],
                    context: int | None, max_new_tokens: int, group_size: int, minibatch_size: int | None) -> None:
     """Before the first step: the rollout size against ``minibatch_size``, and every prompt of the
-    train and validation splits (as ``format_prompt`` writes it) against the model's ``context``."""
+    train and validation splits (as ``format_prompt`` writes it) against the model's ``context``,
+    as the data module's ``long_prompts`` says (:func:`grpo_lightning.data.checks.fit_prompts`; a
+    data module without one: ``"error"``)."""
     check_rollout_size(getattr(datamodule, "batch_size", None), group_size, minibatch_size)
-    datasets = {split: getattr(datamodule, f"{split}_dataset", None) for split in ("train", "val")}
-    datasets.update({f"val_sets.{name}": d for name, d in getattr(datamodule, "extra_val_datasets", {}).items()})
-    for split, dataset in datasets.items():
-        if dataset is not None:
-            texts = [format_prompt(p) for p in dataset["prompt"]]
-            check_prompt_lengths(tokenizer, texts, context, max_new_tokens, split)
+    column = getattr(datamodule, "prompt_column", "prompt")
+    handling = getattr(datamodule, "long_prompts", "error")
+
+    def fit(dataset: Any, split: str) -> Any:
+        return fit_prompts(dataset, column, tokenizer, format_prompt, context, max_new_tokens, handling, split)
+
+    for split in ("train", "val"):
+        dataset = getattr(datamodule, f"{split}_dataset", None)
+        fitted = None if dataset is None else fit(dataset, split)
+        if fitted is not dataset:  # truncated or skipped rows
+            setattr(datamodule, f"{split}_dataset", fitted)
+    extra = getattr(datamodule, "extra_val_datasets", {})
+    for name, dataset in extra.items():
+        extra[name] = fit(dataset, f"val_sets.{name}")
+    train, batch_size = getattr(datamodule, "train_dataset", None), getattr(datamodule, "batch_size", None)
+    require(
+        train is None or batch_size is None or len(train) >= batch_size,
+        f"data.batch_size={batch_size} is larger than the {len(train or ())} training prompts left after "
+        f"data.long_prompts={handling!r}; lower --data.batch_size or --model.max_new_tokens.",
+    )

@@ -6,6 +6,8 @@ import random
 
 from datasets import Dataset, DatasetDict
 
+from grpo_lightning.errors import ConfigError
+
 SUPPORTED_OPERATIONS = "+-*"
 #: The prompt of the built-in task, for models trained on it from scratch (the quickstart's).
 TERSE_TEMPLATE = "{a}{op}{b}="
@@ -34,13 +36,12 @@ def make_arithmetic_dataset(
     All prompts are distinct, hence the validation prompts never appear in training. The result
     depends only on the arguments.
     """
-    _check_arguments(num_train, num_val, digits, operations)
-    _check_template(template)
+    check_arithmetic_arguments(num_train, num_val, digits, operations, template)
     ops = sorted(set(operations))
     total = num_train + num_val
     space = _count_distinct_prompts(10**digits, ops)
     if total > space:
-        raise ValueError(
+        raise ConfigError(
             f"num_train + num_val = {total} exceeds the {space} distinct problems with "
             f"digits={digits} and operations={operations!r}; lower num_train/num_val, "
             "raise digits or add operations."
@@ -60,31 +61,33 @@ def make_arithmetic_dataset(
     )
 
 
-def _check_arguments(num_train: int, num_val: int, digits: int, operations: str) -> None:
+def check_arithmetic_arguments(num_train: int, num_val: int, digits: int, operations: str, template: str) -> None:
+    """Raise :class:`ConfigError` for arguments of :func:`make_arithmetic_dataset` that cannot build it."""
     if num_train < 1:
-        raise ValueError(f"num_train must be at least 1, got {num_train}.")
+        raise ConfigError(f"num_train must be at least 1, got {num_train}.")
     if num_val < 0:
-        raise ValueError(f"num_val must be 0 or more, got {num_val}.")
+        raise ConfigError(f"num_val must be 0 or more, got {num_val}.")
     if digits < 1:
-        raise ValueError(f"digits must be at least 1, got {digits}.")
+        raise ConfigError(f"digits must be at least 1, got {digits}.")
     unknown = sorted(set(operations) - set(SUPPORTED_OPERATIONS))
     if not operations or unknown:
-        raise ValueError(
+        raise ConfigError(
             f"operations={operations!r} must be a non-empty string of characters from "
             f"{SUPPORTED_OPERATIONS!r}, e.g. '+-'."
         )
+    _check_template(template)
 
 
 def _check_template(template: str) -> None:
     try:
         written = template.format(a=37, op="+", b=45)
     except (KeyError, IndexError, ValueError) as error:
-        raise ValueError(
+        raise ConfigError(
             f"template={template!r} cannot be filled ({type(error).__name__}: {error}); use only the fields "
             "{a}, {op} and {b}, and double literal braces ({{ }})."
         ) from None
     if "37" not in written or "45" not in written:
-        raise ValueError(f"template={template!r} must contain {{a}} and {{b}}, e.g. 'What is {{a}} {{op}} {{b}}?'.")
+        raise ConfigError(f"template={template!r} must contain {{a}} and {{b}}, e.g. 'What is {{a}} {{op}} {{b}}?'.")
 
 
 def _count_distinct_prompts(num_values: int, ops: list[str]) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
@@ -12,7 +12,10 @@ from lightning import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from grpo_lightning.data.arithmetic import TERSE_TEMPLATE, make_arithmetic_dataset
+from grpo_lightning.argument_types import check_argument_types
+from grpo_lightning.data.arithmetic import TERSE_TEMPLATE, check_arithmetic_arguments, make_arithmetic_dataset
+from grpo_lightning.data.checks import check_prompts, check_text_file
+from grpo_lightning.errors import ConfigError
 
 Batch = dict[str, list[Any]]
 
@@ -47,18 +50,30 @@ def _looks_local(path: str) -> bool:
 
 
 def _load_file(path: str, field: str) -> Dataset:
-    """One data file as a ``Dataset``, with a clear error for an unsupported or empty file."""
+    """One data file as a ``Dataset``, with a clear error for an unsupported or empty file, bytes
+    that are not UTF-8 and lines that are not JSON objects (:func:`~grpo_lightning.data.checks.check_text_file`),
+    and any other error of the reader naming the file."""
     extension = os.path.splitext(path)[1].lower()
     if extension not in FILE_BUILDERS:
-        raise ValueError(
+        raise ConfigError(
             f"{field}={path!r} has an unsupported extension {extension!r}; "
             f"use one of {sorted(FILE_BUILDERS)} or a directory written by save_to_disk."
         )
     if extension in (".json", ".jsonl", ".csv"):
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            if not any(line.strip() for line in handle):
-                raise ValueError(f"{field}={path!r} is empty: it has no rows; add rows or point at another file.")
-    return load_dataset(FILE_BUILDERS[extension], data_files={"rows": path})["rows"]
+        check_text_file(path, field)
+    try:
+        return load_dataset(FILE_BUILDERS[extension], data_files={"rows": path})["rows"]
+    except Exception as error:
+        cause: BaseException = error
+        for _ in range(20):  # the reader's own error, under the wrappers of datasets
+            if (cause.__cause__ or cause.__context__) is None:
+                break
+            cause = cause.__cause__ or cause.__context__
+        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        raise ConfigError(
+            f"{field}={path!r} could not be read as {FILE_BUILDERS[extension]} ({type(cause).__name__}: {reason}); "
+            "fix the file, or give the rows as JSON lines (one JSON object per line)."
+        ) from error
 
 
 
@@ -146,7 +161,7 @@ def _check_val_set_names(val_sets: dict[str, str]) -> None:
     """Names of ``val_sets`` become metric prefixes (``val/<name>/accuracy``): letters, digits, ``_`` and ``-``."""
     for name in val_sets:
         if not re.fullmatch(r"[A-Za-z0-9_-]+", str(name)):
-            raise ValueError(
+            raise ConfigError(
                 f"data.val_sets: name {name!r} is not usable in metric names; use letters, digits, '_' and '-', "
                 "e.g. --data.val_sets '{gsm8k: data/gsm8k.jsonl}'."
             )
@@ -182,6 +197,13 @@ class PromptDataModule(LightningDataModule):
             its only one), each validated beside the main one and logged under ``val/<name>/``.
         seed: Seed of the training shuffle.
         num_workers: Data loader worker processes.
+        long_prompts: A prompt longer than the model's context minus ``max_new_tokens``, found when
+            the fit starts: ``"error"`` (name it), ``"truncate"`` (keep its last tokens: the end of
+            the question) or ``"skip"`` (drop the row); both warn once per split with the count
+            (:func:`grpo_lightning.data.checks.fit_prompts`).
+
+    Rows are checked when loaded: a data file with bytes that are not UTF-8 or a JSON-lines line
+    that is not an object, and a missing or empty prompt, are errors naming the line or row.
     """
 
     def __init__(
@@ -201,8 +223,12 @@ class PromptDataModule(LightningDataModule):
         val_sets: dict[str, str] | None = None,
         seed: int = 0,
         num_workers: int = 0,
+        long_prompts: Literal["error", "truncate", "skip"] = "error",
     ) -> None:
         super().__init__()
+        paths = (path, val_path, test_path)
+        path, val_path, test_path = (os.fspath(p) if isinstance(p, os.PathLike) else p for p in paths)
+        check_argument_types(PromptDataModule, locals(), field="data.", cli="--data.")
         _require_at_least("batch_size", batch_size, 1)
         _require_at_least("val_batch_size", val_batch_size, 1)
         _require_at_least("num_workers", num_workers, 0)
@@ -226,6 +252,7 @@ class PromptDataModule(LightningDataModule):
         self.extra_val_datasets: dict[str, Dataset] = {}
         self.seed = seed
         self.num_workers = num_workers
+        self.long_prompts = long_prompts
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
         self._splits: DatasetDict | None = None
@@ -234,7 +261,7 @@ class PromptDataModule(LightningDataModule):
         """Load all splits from ``path`` (and the validation split from ``val_path``); subclasses may
         override this to build data in memory."""
         if self.path is None:
-            raise ValueError(
+            raise ConfigError(
                 "data.path is not set; set --data.path to a data file, a saved dataset directory "
                 "or a hub dataset name."
             )
@@ -260,7 +287,7 @@ class PromptDataModule(LightningDataModule):
             try:
                 loaded = load_from_disk(path)
             except FileNotFoundError as error:
-                raise ValueError(
+                raise ConfigError(
                     f"data.{field}={path!r} is a folder with neither data files named by split "
                     f"({', '.join(f'train{e}' for e in FILE_BUILDERS)}, validation..., test...) nor a dataset "
                     "written by save_to_disk; put train.jsonl (and validation.jsonl) there or point at a file."
@@ -269,13 +296,13 @@ class PromptDataModule(LightningDataModule):
         if os.path.isfile(path):
             return DatasetDict({self.train_split: _load_file(path, f"data.{field}")})
         if _looks_local(path):
-            raise ValueError(
+            raise ConfigError(
                 f"data.{field}={path!r}: no such file or folder (looked in {os.getcwd()}); check the path."
             )
         try:
             return load_dataset(path, self.name)
         except Exception as error:
-            raise ValueError(
+            raise ConfigError(
                 f"data.{field}={path!r} is not an existing file or directory and could not be loaded "
                 f"as a hub dataset ({type(error).__name__}: {error}); set --data.{field} to a local file, "
                 "a saved dataset directory or a hub dataset name (with --data.name for its config)."
@@ -295,7 +322,7 @@ class PromptDataModule(LightningDataModule):
         if stage in (None, "fit"):
             self.train_dataset = self._checked_split("train_split", self.train_split)
             if len(self.train_dataset) < self.batch_size:
-                raise ValueError(
+                raise ConfigError(
                     f"data.batch_size={self.batch_size} is larger than the {len(self.train_dataset)} rows of "
                     f"split {self.train_split!r}, so no full training batch exists; "
                     f"set --data.batch_size to at most {len(self.train_dataset)} or add rows."
@@ -309,6 +336,7 @@ class PromptDataModule(LightningDataModule):
             for name, path in self.val_sets.items():
                 splits = self._load_path(path, f"val_sets.{name}")
                 split = "validation" if "validation" in splits else next(iter(splits))
+                self._check_rows(splits[split], f"split {split!r} of data.val_sets.{name}")
                 self.extra_val_datasets[name] = self._first_rows(splits[split])
 
     def _first_rows(self, dataset: Dataset) -> Dataset:
@@ -390,7 +418,7 @@ class PromptDataModule(LightningDataModule):
                 fix += ", or --data.val_split null to train without validation"
             if field == "test_split":
                 fix += ", or give a test file with --data.test_path (or test.jsonl beside train.jsonl)"
-            raise ValueError(
+            raise ConfigError(
                 f"data.{field}={split!r} is not a split of the dataset; available splits: {available}; {fix}."
             )
         dataset = self._splits[split]
@@ -398,22 +426,26 @@ class PromptDataModule(LightningDataModule):
             fix = f"set --data.{field} to a split with rows"
             if field == "val_split":
                 fix += ", or --data.val_split null to train without validation"
-            raise ValueError(f"split {split!r} (data.{field}) has no rows; {fix}.")
-        self._check_column("prompt_column", self.prompt_column, dataset, split)
-        if self.answer_column is not None:
-            self._check_column("answer_column", self.answer_column, dataset, split)
+            raise ConfigError(f"split {split!r} (data.{field}) has no rows; {fix}.")
+        self._check_rows(dataset, f"split {split!r}")
         return dataset
 
+    def _check_rows(self, dataset: Dataset, where: str) -> None:
+        """The prompt and answer columns exist, and every prompt is text or chat messages, not empty."""
+        self._check_column("prompt_column", self.prompt_column, dataset, where)
+        if self.answer_column is not None:
+            self._check_column("answer_column", self.answer_column, dataset, where)
+        check_prompts(dataset[self.prompt_column], self.prompt_column, where)
+
     @staticmethod
-    def _check_column(field: str, column: str, dataset: Dataset, split: str) -> None:
+    def _check_column(field: str, column: str, dataset: Dataset, where: str) -> None:
         if column in dataset.column_names:
             return
         fix = f"set --data.{field} to one of them"
         if field == "answer_column":
             fix += ", or --data.answer_column null if the rewards need no reference answer"
-        raise ValueError(
-            f"data.{field}={column!r} is not a column of split {split!r}; "
-            f"available columns: {dataset.column_names}; {fix}."
+        raise ConfigError(
+            f"data.{field}={column!r} is not a column of {where}; available columns: {dataset.column_names}; {fix}."
         )
 
 
@@ -441,6 +473,8 @@ class ArithmeticDataModule(PromptDataModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        check_argument_types(ArithmeticDataModule, locals(), field="data.", cli="--data.")
+        check_arithmetic_arguments(num_train, num_val, digits, operations, template)
         self.template = template
         self.digits = digits
         self.operations = operations
@@ -461,4 +495,4 @@ class ArithmeticDataModule(PromptDataModule):
 
 def _require_at_least(field: str, value: int, minimum: int) -> None:
     if value < minimum:
-        raise ValueError(f"data.{field}={value} must be at least {minimum}; set --data.{field} to {minimum} or more.")
+        raise ConfigError(f"data.{field}={value} must be at least {minimum}; set --data.{field} to {minimum} or more.")

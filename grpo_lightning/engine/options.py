@@ -7,8 +7,11 @@ and ``"auto"`` are chosen for the device, the model and the strategy by
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+from grpo_lightning.argument_types import check_argument_types
+from grpo_lightning.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -56,3 +59,18 @@ class EngineOptions:
     """Run each micro-batch of the log-prob passes as one packed sequence without padding. Pays off
     with attention that keeps packed rows apart itself (``flash_attention_2``, ``flex_attention``);
     under ``sdpa``/``eager`` a dense mask does, which usually costs more than the padding saves."""
+
+    @classmethod
+    def of(cls, value: EngineOptions | dict[str, Any]) -> EngineOptions:
+        """``value`` itself, or built from a dict of its fields (the CLI's, a checkpoint's
+        hyperparameters); an unknown field or a value of the wrong type is a :class:`ConfigError`."""
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - {field.name for field in fields(cls)})
+            if unknown:
+                names = ", ".join(field.name for field in fields(cls))
+                raise ConfigError(f"engine: no option {unknown[0]!r}; give one of {names}.")
+            value = cls(**value)
+        if not isinstance(value, cls):
+            raise ConfigError(f"engine: give EngineOptions or a dict of its fields, got {value!r}.")
+        check_argument_types(cls, asdict(value), field="engine.", cli="--model.engine.")
+        return value

@@ -1,0 +1,325 @@
+"""Every invalid setting is a ``ConfigError`` naming the field, raised when the module is built, and
+every valid one builds without loading a model.
+
+Property-based (``hypothesis``): invalid values of each argument of ``GroupPolicyOptimization`` and
+the variants (out of range, NaN and infinities, wrong types, unknown names, settings that contradict
+each other) and valid combinations, through the constructors and through the CLI (one ``error:``
+line, exit status 2). The model is a hub id that does not exist: a constructor that loaded it would
+fail, so a module that builds has loaded nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+
+import lightning as L
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import variants
+from grpo_lightning.cli import GRPOLightningCLI, main
+from grpo_lightning.data import ArithmeticDataModule
+from grpo_lightning.module import GroupPolicyOptimization
+from grpo_lightning.rollout_correction import CORRECTIONS
+from grpo_lightning.settings import ConfigError
+
+MISSING_MODEL = "no-such-org/no-such-model"
+PROPERTY = settings(max_examples=60, deadline=None, database=None, derandomize=True)
+CLI_PROPERTY = settings(
+    max_examples=16, deadline=None, database=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+VARIANTS = [getattr(variants, name) for name in variants.__all__]
+
+NOT_FINITE = st.sampled_from([math.nan, math.inf, -math.inf])
+NOT_A_NUMBER = st.one_of(st.text(max_size=4), st.booleans(), st.lists(st.integers(), max_size=2))
+NOT_AN_INTEGER = st.one_of(NOT_A_NUMBER, st.floats(allow_nan=False).filter(lambda x: not x.is_integer()))
+NOT_A_BOOL = st.one_of(st.integers(0, 1), st.sampled_from(["true", "false", "yes", ""]), st.none())
+
+
+def floats(**bounds) -> st.SearchStrategy[float]:
+    return st.floats(allow_nan=False, allow_infinity=False, **bounds)
+
+
+def other_text(*valid: str) -> st.SearchStrategy[str]:
+    return st.text(max_size=12).filter(lambda text: text not in valid)
+
+
+def number(invalid_range: st.SearchStrategy, optional: bool = False) -> st.SearchStrategy:
+    """Numbers out of range, NaN and infinities, and values that are not numbers (``None`` too
+    unless the setting is optional)."""
+    wrong_type = NOT_A_NUMBER if optional else st.one_of(NOT_A_NUMBER, st.none())
+    return st.one_of(invalid_range, NOT_FINITE, wrong_type)
+
+
+def integer(invalid_range: st.SearchStrategy, optional: bool = False) -> st.SearchStrategy:
+    return st.one_of(invalid_range, NOT_AN_INTEGER if optional else st.one_of(NOT_AN_INTEGER, st.none()))
+
+
+#: Invalid values of each argument of the base module, the others at their defaults.
+INVALID = {
+    "tokenizer": st.one_of(st.just(""), st.integers()),
+    "dtype": other_text("auto", "float32", "bfloat16", "float16"),
+    "rollout_dtype": other_text("float32", "bfloat16", "float16"),
+    "gradient_checkpointing": NOT_A_BOOL,
+    "disable_dropout": NOT_A_BOOL,
+    "attn_implementation": st.integers(),
+    "rollout_seed": st.one_of(st.text(max_size=3), st.floats(allow_nan=False).filter(lambda x: not x.is_integer())),
+    "reward_funcs": st.one_of(st.just([]), st.just("grpo_lightning.rewards.accuracy_reward"), st.integers(),
+                              st.lists(st.sampled_from(["no_dots", "no.such.module_path", 3]), min_size=1, max_size=2)),
+    "reward_weights": st.one_of(st.lists(floats(), min_size=2, max_size=3), st.lists(NOT_FINITE, min_size=1,
+                                max_size=1), st.just(["1.0"]), st.just("1.0")),
+    "accuracy_func": st.one_of(st.integers(), st.just("not_a_path"), st.just("grpo_lightning.rewards.no_such_reward")),
+    "group_size": integer(st.integers(max_value=1)),
+    "max_new_tokens": integer(st.integers(max_value=0)),
+    "min_new_tokens": integer(st.one_of(st.integers(max_value=-1), st.integers(min_value=257))),
+    "temperature": number(floats(max_value=0)),
+    "top_p": number(st.one_of(floats(max_value=0), floats(min_value=1, exclude_min=True))),
+    "top_k": integer(st.integers(max_value=-1)),
+    "rollout_mode": other_text("sample", "beam_search"),
+    "beta": number(floats(max_value=0, exclude_max=True)),
+    "kl_estimator": other_text("k1", "k2", "k3"),
+    "clip_eps_low": number(st.one_of(floats(max_value=0, exclude_max=True), floats(min_value=1))),
+    "clip_eps_high": number(floats(max_value=0, exclude_max=True)),
+    "delta": number(floats(max_value=1.2), optional=True),
+    "scale_rewards": other_text("group", "batch", "none"),
+    "reward_aggregation": other_text("sum_then_normalize", "normalize_then_sum"),
+    "top_entropy_quantile": number(st.one_of(floats(max_value=0), floats(min_value=1, exclude_min=True))),
+    "mask_truncated_completions": NOT_A_BOOL,
+    "unbiased_kl": NOT_A_BOOL,
+    "rollout_correction": other_text(*CORRECTIONS),
+    "rollout_correction_cap": number(floats(max_value=1, exclude_max=True)),
+    "ppo_epochs": integer(st.integers(max_value=0)),
+    "minibatch_size": integer(st.integers(max_value=0), optional=True),
+    "micro_batch_size": integer(st.integers(max_value=0)),
+    "learning_rate": number(floats(max_value=0)),
+    "weight_decay": number(floats(max_value=0, exclude_max=True)),
+    "warmup_steps": integer(st.integers(max_value=-1)),
+    "max_grad_norm": number(floats(max_value=0), optional=True),
+    "val_temperature": number(floats(max_value=0, exclude_max=True)),
+    "val_max_new_tokens": integer(st.integers(max_value=0), optional=True),
+    "val_samples": integer(st.integers(max_value=0)),
+    "use_chat_template": NOT_A_BOOL,
+    "engine": st.one_of(st.just({"bogus": 1}), st.builds(dict, rollout=other_text("auto", "static", "hf")),
+                        st.builds(dict, compile=st.sampled_from(["yes", 1, 0.5])), st.integers()),
+}  # fmt: skip
+#: Invalid values of the variants' own arguments.
+INVALID_OF_VARIANT = {
+    variants.PPO: {
+        "gamma": number(st.one_of(floats(max_value=0, exclude_max=True), floats(min_value=1, exclude_min=True))),
+        "lam": number(st.one_of(floats(max_value=0, exclude_max=True), floats(min_value=1, exclude_min=True))),
+        "value_learning_rate": number(floats(max_value=0)),
+        "value_clip": number(floats(max_value=0), optional=True),
+        "value_max_grad_norm": st.one_of(NOT_FINITE, NOT_A_NUMBER),
+        "whiten_advantages": NOT_A_BOOL,
+    },
+    variants.DAPO: {
+        "max_gen_batches": integer(st.integers(max_value=0)),
+        "on_exhausted": other_text("error", "partial"),
+        "overlong_buffer": integer(st.one_of(st.integers(max_value=-1), st.integers(min_value=257)), optional=True),
+        "overlong_penalty": st.one_of(NOT_FINITE, NOT_A_NUMBER),
+        "dynamic_sampling": NOT_A_BOOL,
+    },
+    variants.SAPO: {"tau_pos": number(floats(max_value=0)), "tau_neg": number(floats(max_value=0))},
+    variants.KLCov: {
+        "kl_cov_ratio": number(st.one_of(floats(max_value=0), floats(min_value=1, exclude_min=True))),
+        "kl_coef": number(floats(max_value=0, exclude_max=True)),
+    },
+    variants.ClipCov: {"clip_cov_ratio": number(st.one_of(floats(max_value=0), floats(min_value=1, exclude_min=True)))},
+    variants.OnlineDPOGRPO: {
+        "dpo_weight": number(floats(max_value=0, exclude_max=True)),
+        "dpo_beta": number(floats(max_value=0)),
+    },
+    variants.ProcessGRPO: {"step_delimiter": st.one_of(st.just(""), st.integers())},
+    variants.RLOO: {"kl_in_reward": NOT_A_BOOL},
+}
+
+
+def refusal(cls: type, **arguments) -> str:
+    """The message of the :class:`ConfigError` that building ``cls`` with ``arguments`` raises;
+    any other exception fails the test."""
+    with pytest.raises(ConfigError) as raised:
+        cls(MISSING_MODEL, **arguments)
+    return str(raised.value)
+
+
+@PROPERTY
+@given(st.sampled_from(sorted(INVALID)).flatmap(lambda field: st.tuples(st.just(field), INVALID[field])))
+def test_an_invalid_setting_is_a_config_error_naming_it(case):
+    field, value = case
+    assert field in refusal(GroupPolicyOptimization, **{field: value})
+
+
+@PROPERTY
+@given(st.sampled_from(VARIANTS), st.sampled_from(sorted(INVALID)).flatmap(lambda f: st.tuples(st.just(f), INVALID[f])))
+def test_every_variant_refuses_the_invalid_settings_of_the_base(variant, case):
+    field, value = case
+    assert field in refusal(variant, **{field: value})
+
+
+@PROPERTY
+@given(
+    st.sampled_from(sorted(INVALID_OF_VARIANT, key=lambda cls: cls.__name__)).flatmap(
+        lambda cls: st.sampled_from(sorted(INVALID_OF_VARIANT[cls])).flatmap(
+            lambda field: st.tuples(st.just(cls), st.just(field), INVALID_OF_VARIANT[cls][field])
+        )
+    )
+)
+def test_an_invalid_setting_of_a_variant_is_a_config_error_naming_it(case):
+    variant, field, value = case
+    assert field in refusal(variant, **{field: value})
+
+
+@PROPERTY
+@given(micro=st.integers(1, 16), factor=st.integers(1, 4), extra=st.integers(1, 8))
+def test_micro_batches_must_tile_each_minibatch(micro, factor, extra):
+    message = refusal(GroupPolicyOptimization, micro_batch_size=micro * factor + extra, minibatch_size=micro * factor)
+    assert "micro_batch_size" in message and "minibatch_size" in message
+
+
+@PROPERTY
+@given(samples=st.integers(2, 64))
+def test_several_validation_samples_need_sampling(samples):
+    message = refusal(GroupPolicyOptimization, val_samples=samples, val_temperature=0.0)
+    assert "val_samples" in message and "val_temperature" in message
+
+
+@PROPERTY
+@given(high=floats(min_value=0, max_value=10), delta=floats(min_value=0, max_value=11))
+def test_delta_must_exceed_the_upper_clip(high, delta):
+    if delta > 1 + high:
+        GroupPolicyOptimization(MISSING_MODEL, clip_eps_high=high, delta=delta)
+    else:
+        assert "delta" in refusal(GroupPolicyOptimization, clip_eps_high=high, delta=delta)
+
+
+@st.composite
+def valid_settings(draw) -> dict:
+    """A valid combination of the settings every variant accepts."""
+    max_new_tokens = draw(st.integers(1, 1024))
+    micro = draw(st.integers(1, 16))
+    samples = draw(st.integers(1, 8))
+    return {
+        "group_size": draw(st.integers(2, 64)),
+        "max_new_tokens": max_new_tokens,
+        "min_new_tokens": draw(st.integers(0, max_new_tokens)),
+        "temperature": draw(floats(min_value=1e-3, max_value=10)),
+        "top_p": draw(floats(min_value=1e-3, max_value=1)),
+        "top_k": draw(st.integers(0, 100)),
+        "clip_eps_high": draw(floats(min_value=0, max_value=10)),
+        "ppo_epochs": draw(st.integers(1, 4)),
+        "micro_batch_size": micro,
+        "minibatch_size": draw(st.none() | st.integers(1, 8).map(lambda k: k * micro)),
+        "learning_rate": draw(floats(min_value=1e-8, max_value=1)),
+        "weight_decay": draw(floats(min_value=0, max_value=1)),
+        "warmup_steps": draw(st.integers(0, 1000)),
+        "max_grad_norm": draw(st.none() | floats(min_value=1e-3, max_value=100)),
+        "val_samples": samples,
+        "val_temperature": draw(floats(min_value=0.1 if samples > 1 else 0, max_value=2)),
+        "val_max_new_tokens": draw(st.none() | st.integers(1, 1024)),
+        "rollout_seed": draw(st.none() | st.integers(-(2**31), 2**31)),
+        "engine": draw(st.builds(dict, rollout=st.sampled_from(["auto", "static"]))),
+    }
+
+
+@PROPERTY
+@given(st.sampled_from(VARIANTS), valid_settings())
+def test_valid_settings_build_every_variant_without_loading_a_model(variant, arguments):
+    module = variant(MISSING_MODEL, **arguments)
+    assert module.policy is None and module.ref_model is None and module.tokenizer is None
+    assert module.group_size == arguments["group_size"]
+
+
+def test_a_local_model_path_that_does_not_exist_is_refused_when_built():
+    with pytest.raises(ConfigError, match="model: no such directory 'no/such/model'"):
+        GroupPolicyOptimization("no/such/model")
+
+
+# --- the CLI ------------------------------------------------------------------------------------
+
+BASE_ARGS = [
+    "--config", "trainer/cpu", "--config", "data/arithmetic", "--config", "variant/grpo", "--config", "model/tiny",
+    "--trainer.logger", "false",
+]  # fmt: skip
+
+#: Invalid values of options as typed on the command line; each error must name the option.
+INVALID_OPTIONS = {
+    "group_size": st.one_of(st.integers(max_value=1).map(str), st.sampled_from(["abc", "2.5", "nan"])),
+    "max_new_tokens": st.one_of(st.integers(max_value=0).map(str), st.just("x")),
+    "temperature": st.one_of(floats(max_value=0).map(str), st.sampled_from(["nan", "inf", "hot"])),
+    "top_p": st.one_of(floats(min_value=1, exclude_min=True).map(str), st.sampled_from(["0", "-inf", "nan"])),
+    "learning_rate": st.one_of(floats(max_value=0).map(str), st.sampled_from(["nan", "inf", "fast"])),
+    "beta": st.sampled_from(["-0.1", "nan", "inf"]),
+    "kl_estimator": st.sampled_from(["k4", "K3", ""]),
+    "scale_rewards": st.sampled_from(["std", "Group"]),
+    "delta": st.sampled_from(["1.0", "nan", "x"]),
+    "minibatch_size": st.sampled_from(["0", "3", "100"]),  # the tiny config's micro_batch_size is 128
+    "val_samples": st.sampled_from(["0", "4"]),  # 4 with the config's greedy val_temperature
+    "val_max_new_tokens": st.sampled_from(["0", "-1", "x"]),
+    "gradient_checkpointing": st.sampled_from(["maybe", "2"]),
+    "engine.rollout": st.sampled_from(["fast", "HF"]),
+    "reward_weights": st.sampled_from(["[nan]", "[1.0, 2.0]", "[x]"]),
+}
+
+
+def cli_error(*args: str) -> str:
+    """The one ``error:`` line the CLI prints for ``args`` (exit status 2, no traceback)."""
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        with pytest.raises(SystemExit) as exited:
+            main(["fit", *BASE_ARGS, *args], report_errors=True)
+    assert exited.value.code == 2, stderr.getvalue()[-2000:]
+    assert "Traceback" not in stderr.getvalue()
+    lines = [line for line in stderr.getvalue().splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, stderr.getvalue()[-2000:]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def empty_model_dir(tmp_path_factory) -> str:
+    """A directory that holds no model: loading it fails at once, so an invalid option that got
+    past the checks would fail the test quickly instead of training."""
+    return str(tmp_path_factory.mktemp("no_model"))
+
+
+@CLI_PROPERTY
+@given(st.sampled_from(sorted(INVALID_OPTIONS)).flatmap(lambda o: st.tuples(st.just(o), INVALID_OPTIONS[o])))
+def test_an_invalid_option_is_one_error_line_naming_it(empty_model_dir, case):
+    option, value = case
+    line = cli_error("--model.model", empty_model_dir, f"--model.{option}", value)
+    assert option.rpartition(".")[2] in line, line
+
+
+@settings(CLI_PROPERTY, max_examples=6)
+@given(st.sampled_from(["digits", "num_train", "batch_size", "val_batch_size"]), st.sampled_from(["0", "-2", "x"]))
+def test_an_invalid_data_option_is_one_error_line_naming_it(empty_model_dir, option, value):
+    assert option in cli_error("--model.model", empty_model_dir, f"--data.{option}", value)
+
+
+@settings(CLI_PROPERTY, max_examples=5)
+@given(
+    group_size=st.integers(2, 16),
+    temperature=floats(min_value=0.05, max_value=2),
+    learning_rate=floats(min_value=1e-7, max_value=1e-2),
+    long_prompts=st.sampled_from(["error", "truncate", "skip"]),
+)
+def test_valid_options_build_the_module_without_loading_a_model(group_size, temperature, learning_rate, long_prompts):
+    args = [*BASE_ARGS, "--model.model", MISSING_MODEL, "--model.group_size", str(group_size),
+            "--model.temperature", repr(temperature), "--model.learning_rate", repr(learning_rate),
+            "--data.long_prompts", long_prompts]  # fmt: skip
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        cli = GRPOLightningCLI(args=args, run=False)
+    assert cli.model.policy is None and cli.model.group_size == group_size
+    assert cli.datamodule.long_prompts == long_prompts
+
+
+def test_minibatches_that_do_not_tile_the_rollout_fail_before_any_model_is_loaded(tmp_path):
+    module = variants.GRPO(MISSING_MODEL, group_size=2, minibatch_size=4, micro_batch_size=4)
+    data = ArithmeticDataModule(num_train=8, num_val=0, val_split=None, batch_size=3)  # 3 x 2 = 6 completions
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+    with pytest.raises(ConfigError, match=r"minibatch_size \(4\) must divide the rollout size .* = 3 x 2 = 6"):
+        trainer.fit(module, data)
+    assert module.policy is None and module.tokenizer is None

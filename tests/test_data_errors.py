@@ -1,0 +1,188 @@
+"""Bad data fails before training with the file and line, or the split and row, and the fix; prompts
+too long for the model's context are refused, left-truncated or dropped as ``data.long_prompts`` says."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+
+from grpo_lightning.data import PromptDataModule
+from grpo_lightning.data.checks import fit_prompts
+from grpo_lightning.quickstart.tiny import build_char_tokenizer
+from grpo_lightning.settings import ConfigError, check_datasets
+
+GOOD = b'{"prompt": "1+1=", "answer": "2"}\n'
+
+
+def setup_error(path: Path, **kwargs) -> str:
+    """The message of the :class:`ConfigError` that loading ``path`` for a fit raises."""
+    data = PromptDataModule(path=str(path), val_split=None, batch_size=1, **kwargs)
+    with pytest.raises(ConfigError) as raised:
+        data.setup("fit")
+    return str(raised.value)
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+
+def test_a_malformed_jsonl_line_names_the_file_and_the_line(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(GOOD + b'{"prompt": "2+2=", "answer": \n' + GOOD)
+    message = setup_error(path)
+    assert str(path) in message and "line 2" in message and "not valid JSON" in message
+
+
+def test_a_jsonl_line_that_is_not_an_object_names_the_line(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(GOOD + GOOD + b"[1, 2]\n")
+    assert "line 3: a JSON list, not an object" in setup_error(path)
+
+
+def test_blank_lines_of_a_jsonl_file_are_not_rows(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(GOOD + b"\n   \n" + GOOD)
+    data = PromptDataModule(path=str(path), val_split=None, batch_size=1)
+    data.setup("fit")
+    assert len(data.train_dataset) == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "latin1"),
+    [("train.jsonl", GOOD + b'{"prompt": "caf\xe9", "answer": "2"}\n'), ("train.csv", b"prompt,answer\ncaf\xe9,2\n")],
+)
+def test_bytes_that_are_not_utf8_name_the_file_line_and_byte(tmp_path, name, latin1):
+    path = tmp_path / name
+    path.write_bytes(latin1)
+    message = setup_error(path)
+    assert str(path) in message and "line 2" in message and "0xe9" in message and "UTF-8" in message
+
+
+def test_a_malformed_json_array_names_the_line(tmp_path):
+    path = tmp_path / "train.json"
+    path.write_text('[\n  {"prompt": "1+1=", "answer": "2"},\n  {"prompt": "2+2=" "answer": "4"}\n]\n')
+    assert "line 3: not valid JSON" in setup_error(path)
+
+
+def test_a_file_the_reader_refuses_is_an_error_naming_the_file(tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_text('prompt,answer\n1+1=,2\n"2+2=,4\n')  # a quote never closed
+    message = setup_error(path)
+    assert str(path) in message and "could not be read as csv" in message
+
+
+# --- rows ----------------------------------------------------------------------------------------
+
+
+def test_an_empty_prompt_names_the_split_and_the_row(tmp_path):
+    rows = [{"prompt": "1+1=", "answer": "2"}] * 2 + [{"prompt": " ", "answer": "3"}]
+    message = setup_error(write_rows(tmp_path / "train.jsonl", rows))
+    assert "split 'train': row 2 (0-based) has an empty prompt in column 'prompt'" in message
+    assert "fill in or remove" in message
+
+
+def test_a_missing_prompt_is_named_with_how_many_rows_lack_one(tmp_path):
+    rows = [{"question": "1+1=", "answer": "2"}, {"answer": "3"}, {"question": "", "answer": "4"}]
+    message = setup_error(write_rows(tmp_path / "train.jsonl", rows), prompt_column="question")
+    assert "row 1 (0-based) (and 1 more rows) has no prompt in column 'question'" in message
+
+
+def test_a_chat_prompt_without_content_is_empty(tmp_path):
+    rows = [{"prompt": [{"role": "user", "content": "1+1="}], "answer": "2"},
+            {"prompt": [{"role": "user", "content": ""}], "answer": "3"}]  # fmt: skip
+    assert "row 1 (0-based) has an empty prompt" in setup_error(write_rows(tmp_path / "train.jsonl", rows))
+
+
+def test_a_validation_set_is_checked_like_the_training_split(tmp_path):
+    train = write_rows(tmp_path / "train.jsonl", [{"prompt": "1+1=", "answer": "2"}])
+    extra = write_rows(tmp_path / "extra.jsonl", [{"question": "1+2=", "answer": "3"}])
+    data = PromptDataModule(path=str(train), val_split=None, batch_size=1, val_sets={"extra": str(extra)})
+    with pytest.raises(ConfigError) as raised:
+        data.setup("fit")
+    message = str(raised.value)
+    assert "data.prompt_column='prompt'" in message and "data.val_sets.extra" in message
+    assert "available columns: ['question', 'answer']" in message
+
+
+# --- prompts longer than the model's context ------------------------------------------------------
+
+CONTEXT, MAX_NEW_TOKENS = 32, 8  # 24 tokens of prompt fit; the tokenizer has one token per character
+LONG = "1234567890" * 3  # 30 tokens
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+def prompt_data(tmp_path: Path, prompts: list, long_prompts: str = "error", batch_size: int = 2) -> PromptDataModule:
+    rows = [{"question": prompt, "answer": "0"} for prompt in prompts]
+    data = PromptDataModule(path=str(write_rows(tmp_path / "train.jsonl", rows)), prompt_column="question",
+                            val_split=None, batch_size=batch_size, long_prompts=long_prompts)  # fmt: skip
+    data.setup("fit")
+    return data
+
+
+def check(data: PromptDataModule, tokenizer) -> None:
+    """What the module does when the fit starts, with prompts as they are (no chat template)."""
+    check_datasets(data, tokenizer, str, CONTEXT, MAX_NEW_TOKENS, group_size=2, minibatch_size=None)
+
+
+def test_a_prompt_too_long_for_the_context_is_an_error_by_default(tmp_path, tokenizer):
+    data = prompt_data(tmp_path, ["1+1=", LONG, "2+2="])
+    with pytest.raises(ConfigError) as raised:
+        check(data, tokenizer)
+    message = str(raised.value)
+    assert "1 of 3 prompts of the train split are longer than 24 tokens" in message
+    assert "row 1, has 30" in message and "--data.long_prompts truncate" in message and "max_new_tokens" in message
+
+
+def test_truncate_keeps_the_end_of_a_long_prompt_and_warns_with_the_count(tmp_path, tokenizer):
+    data = prompt_data(tmp_path, ["1+1=", LONG, "2+2="], long_prompts="truncate")
+    with pytest.warns(UserWarning, match="cut 1 of 3 prompts of the train split"):
+        check(data, tokenizer)
+    assert data.train_dataset["question"] == ["1+1=", LONG[-24:], "2+2="]
+
+
+def test_skip_drops_the_long_prompts_and_warns_with_the_count(tmp_path, tokenizer):
+    data = prompt_data(tmp_path, ["1+1=", LONG, "2+2=", LONG + "0"], long_prompts="skip")
+    with pytest.warns(UserWarning, match="dropped 2 of 4 prompts of the train split"):
+        check(data, tokenizer)
+    assert data.train_dataset["question"] == ["1+1=", "2+2="]
+
+
+def test_skip_that_leaves_less_than_a_batch_is_an_error(tmp_path, tokenizer):
+    data = prompt_data(tmp_path, ["1+1=", LONG, LONG], long_prompts="skip")
+    with pytest.raises(ConfigError, match="data.batch_size=2 is larger than the 1 training prompts left"):
+        check(data, tokenizer)
+
+
+def test_truncating_a_chat_keeps_its_other_messages_and_the_end_of_the_last(tokenizer):
+    def format_chat(messages):  # a template of its own: "(" and ")" around each message
+        return "".join(f"({message['content']})" for message in messages)
+
+    chat = [{"role": "system", "content": "0"}, {"role": "user", "content": LONG}]
+    dataset = Dataset.from_dict({"prompt": [chat]})
+    with pytest.warns(UserWarning, match="cut 1 of 1 prompts"):
+        fitted = fit_prompts(dataset, "prompt", tokenizer, format_chat, CONTEXT, MAX_NEW_TOKENS, "truncate", "val")
+    (kept,) = fitted["prompt"]
+    assert kept[0] == chat[0] and LONG.endswith(kept[1]["content"])
+    assert len(format_chat(kept)) == CONTEXT - MAX_NEW_TOKENS  # (0)(...) fills the 24 tokens exactly
+
+
+def test_a_max_new_tokens_that_fills_the_context_is_an_error(tmp_path, tokenizer):
+    data = prompt_data(tmp_path, ["1+1=", "2+2="])
+    with pytest.raises(ConfigError, match="max_new_tokens: 32 leaves no room for a prompt"):
+        check_datasets(data, tokenizer, str, CONTEXT, CONTEXT, group_size=2, minibatch_size=None)
+
+
+def test_long_prompts_takes_only_error_truncate_or_skip():
+    with pytest.raises(ConfigError, match="data.long_prompts: must be one of 'error', 'truncate', 'skip'"):
+        PromptDataModule(long_prompts="cut")
