@@ -604,7 +604,7 @@ def run_trl(args: argparse.Namespace, workload: Workload, paths: dict[str, str],
         "--model", paths["model"], "--prompts", paths["prompts"],
         "--num-prompts", str(workload.prompts), "--group-size", str(workload.group_size),
         "--max-new-tokens", str(workload.max_new_tokens), "--micro-batch-size", str(workload.micro_batch_size),
-        "--steps", str(args.steps), "--dtype", dtype, "--seed", str(args.seed), "--beta", "0.04",
+        "--steps", str(args.trl_steps or args.steps), "--dtype", dtype, "--seed", str(args.seed), "--beta", "0.04",
     ]
     if args.accelerator == "cpu" or not torch.cuda.is_available():
         command.append("--cpu")
@@ -651,6 +651,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workload", choices=sorted(WORKLOADS), required=True)
     parser.add_argument("--steps", type=int, default=5, help="training steps; medians skip the first")
     parser.add_argument("--compare", choices=["trl"], default=None, help="also run TRL's GRPOTrainer on the same workload")
+    parser.add_argument("--trl-steps", type=int, default=None, help="TRL's steps (default --steps; medians skip the first)")
     parser.add_argument("--variant", choices=["grpo", "ppo"], default="grpo",
                         help="the module: GRPO, or PPO with a critic (same workload and settings; recorded in the JSON)")
     parser.add_argument("--lora-rank", type=int, default=None,
@@ -767,6 +768,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         result["steps"] = args.steps
         result["build_s"] = build_s
         result.update(run_ours(args, workload, paths, dtype, precision))
+        if args.out:  # ours is kept even if the comparison does not finish
+            Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"ours: median step {result['median_step_s']:.3f} s, peak {result['peak_mem_gib']:.2f} GiB", flush=True)
         if args.compare == "trl":
             gc.collect()  # our models and optimizer states must not hold GPU memory while TRL runs
             if torch.cuda.is_available():
