@@ -47,6 +47,7 @@ from grpo_lightning.data import PromptDataModule
 from grpo_lightning.diagnostics import HealthChecks
 from grpo_lightning.module import GroupPolicyOptimization
 from grpo_lightning.resources import config_dir, resolve_config_args
+from grpo_lightning.nonfinite import NonFiniteTrainingError
 from grpo_lightning.rewards.scoring import RewardFunctionError
 from grpo_lightning.settings import ConfigError
 
@@ -354,7 +355,7 @@ def expected_warnings_silenced() -> Iterator[None]:
 SETUP_FUNCTIONS = frozenset({"setup", "prepare_data", "load", "configure_model", "load_models", "on_fit_start"})
 
 #: Always a user's error, wherever raised.
-USER_ERRORS = (ConfigError, RewardFunctionError)
+USER_ERRORS = (ConfigError, RewardFunctionError, NonFiniteTrainingError)
 
 TRACEBACK_ENV = "GRPO_LIGHTNING_TRACEBACK"
 

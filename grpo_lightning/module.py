@@ -42,6 +42,7 @@ from grpo_lightning.model_sources import load_tokenizer
 from grpo_lightning.generation import announce_rollout_mode, save_policy
 from grpo_lightning.lora import adapter_settings, reference_model
 from grpo_lightning.models import load_models
+from grpo_lightning.nonfinite import NonFiniteGuard
 from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.metrics import EVERY_STEP_METRICS, StepMetrics
 from grpo_lightning.rewards import RewardExecution, RewardScorer, RewardScores, resolve_reward_function, weighted_reward
@@ -108,6 +109,8 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         micro_batch_size: completions per forward/backward pass (memory only).
         learning_rate, weight_decay, warmup_steps, max_grad_norm: AdamW with linear warm-up,
             then constant; gradient norm clipping (``None`` disables it).
+        max_nonfinite_steps: a step whose gradient is NaN or infinite changes no weight; after this
+            many in a row the fit stops (:mod:`grpo_lightning.nonfinite`).
         val_temperature: sampling temperature of validation completions; 0 is greedy.
         val_samples: completions per validation prompt, ``n``: ``pass@k`` and ``maj@n`` for ``n > 1``
             (:mod:`grpo_lightning.evaluation`), which needs ``val_temperature > 0``.
@@ -167,6 +170,7 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         weight_decay: float = 0.0,
         warmup_steps: int = 0,
         max_grad_norm: float | None = 1.0,
+        max_nonfinite_steps: int = 3,
         val_temperature: float = 0.0,
         val_max_new_tokens: int | None = None,
         val_samples: int = 1,
@@ -215,6 +219,7 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         self.policy_version = 0  # optimizer steps taken: a rollout replica older than this is refreshed
         self.rollouts = 0  # generate() calls so far: part of the keys of keyed sampling
         self.step_metrics = StepMetrics()
+        self.nonfinite = NonFiniteGuard(max_nonfinite_steps)
         self.generated_tokens = 0
         self.last_step_metrics: dict[str, float] = {}  # every metric of the last training step
         self.last_rollout, self.last_advantages = None, None  # the last step's scored rollout, its advantages
@@ -455,10 +460,8 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
 
     def update(self, rollout: Rollout, advantages: Tensor) -> None:
         """``ppo_epochs`` passes over the rollout; one optimizer step per minibatch."""
-        optimizer = self.optimizers()
-        scheduler = self.lr_schedulers()
-        size = len(rollout)
-        minibatch = self.minibatch_size or size
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        size, minibatch = len(rollout), self.minibatch_size or len(rollout)
         for _ in range(self.ppo_epochs):
             order = torch.randperm(size) if self.needs_old_logprobs(size) else torch.arange(size)
             for rows in order.split(minibatch):
@@ -471,10 +474,14 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         self.step_metrics.update("learning_rate", scheduler.get_last_lr()[0])
 
     def clip_and_log_gradient_norm(self, optimizer) -> None:
-        """Clip the gradient to ``max_grad_norm`` and log its norm before clipping (``grad_norm``)."""
+        """Clip the gradient to ``max_grad_norm`` and log its norm before clipping (``grad_norm``);
+        a NaN or infinite norm drops the gradient, so the step changes nothing (``skipped_steps``)."""
         norm = clip_policy_gradients(self, optimizer, self.hparams.max_grad_norm)
         if norm is not None:
             self.step_metrics.update("grad_norm", norm)
+            if not self.nonfinite.allows(norm, self.global_step, getattr(self.last_rollout, "prompts", ())):
+                optimizer.zero_grad(set_to_none=True)
+            self.step_metrics.update("skipped_steps", float(self.nonfinite.skipped), reduce="max")
 
     def accumulate_gradients(self, rollout: Rollout, advantages: Tensor, rows: Tensor) -> None:
         """Backward of one minibatch, ``micro_batch_size`` rows at a time.

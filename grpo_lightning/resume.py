@@ -116,6 +116,7 @@ class GroupPolicyState(ExactResume):
             "rollouts": self.rollouts,
             "logged_steps": self.logged_steps,
             "step_metrics": self.step_metrics.state_dict(),
+            "nonfinite": self.nonfinite.state_dict(),
             "buffers": {name: buffer.state_dict() for name, buffer in buffers.items()},
         }
 
@@ -123,6 +124,7 @@ class GroupPolicyState(ExactResume):
         super().load_training_state(state)
         self.generated_tokens, self.rollouts = state["generated_tokens"], state.get("rollouts", 0)
         self.logged_steps = state.get("logged_steps", self.trainer.global_step if self._trainer else 0)
+        self.nonfinite.load_state_dict(state.get("nonfinite", {}))
         self.step_metrics.load_state_dict(state["step_metrics"])
         for name, buffer in state.get("buffers", {}).items():
             if isinstance(getattr(self, name, None), RolloutBuffer):

@@ -116,10 +116,12 @@ def record_critic(metrics: StepMetrics, values: Tensor, returns: Tensor, advanta
 
 def clip_and_step(module: Any, optimizer: Any, model: nn.Module, max_norm: float | None) -> None:
     """Clip ``model``'s gradient to ``max_norm`` (``None``: no clipping; its norm before clipping is
-    ``value/grad_norm``) and step ``optimizer`` with :func:`step_uncounted`."""
+    ``value/grad_norm``; a non-finite one drops the gradient) and step ``optimizer`` with :func:`step_uncounted`."""
     norm = clip_policy_gradients(module, optimizer, max_norm, model=model)
     if norm is not None:
         module.step_metrics.update("value/grad_norm", norm)
+        if not module.nonfinite.allows(norm, module.global_step, what="critic's gradient"):
+            optimizer.zero_grad(set_to_none=True)  # the critic's step changes nothing either
     step_uncounted(module, optimizer)
 
 
