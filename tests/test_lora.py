@@ -9,13 +9,18 @@ import json
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from test_checkpoint import CONFIGS, assert_same_steps, fit, logits, make_module
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_lightning.cli import GRPOLightningCLI
 from grpo_lightning.export import export_checkpoint, read_checkpoint
-from grpo_lightning.lora import adapter_settings, has_adapters, merged_model, merged_weights
+from grpo_lightning.lora import (
+    adapter_settings,
+    has_adapters,
+    merged_model,
+    merged_weights,
+)
 from grpo_lightning.settings import ConfigError
-from test_checkpoint import CONFIGS, assert_same_steps, fit, logits, make_module
 from variants import GRPO
 
 peft = pytest.importorskip("peft")

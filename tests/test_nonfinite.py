@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_checkpoint import fit, make_module
 
 from grpo_lightning.nonfinite import NonFiniteGuard, NonFiniteTrainingError
 from grpo_lightning.settings import ConfigError
-from test_checkpoint import fit, make_module
 from variants import GRPO
 
 BAD_STEP = 1  # global step (0-based) of the poisoned update

@@ -63,22 +63,26 @@ class RolloutWeights:
     """Chooses the model rollouts sample from: the policy itself; or a :class:`RolloutReplica`
     refreshed after every optimizer step, with LoRA's merged weights, in ``dtype`` or, under FSDP (the strategy's
     ``rollout_weights="replica"``), unsharded; or under FSDP with ``"gather"`` the sharded policy
-    with its root parameters gathered."""
+    with its root parameters gathered. While ``stale`` (:class:`grpo_lightning.stale_rollouts.StaleRollouts`),
+    a second replica that holds the weights of the last :meth:`snapshot`."""
 
     def __init__(self, dtype: torch.dtype | None = None) -> None:
         self.dtype = dtype
         self.replica: RolloutReplica | None = None
+        self.stale = False
+        self.snapshot_replica: RolloutReplica | None = None
 
     @contextlib.contextmanager
     def model(self, policy: nn.Module, version: int, strategy: Any = None) -> Iterator[nn.Module]:
         """The model to sample from inside the ``with`` block; ``version``: optimizer steps taken
         (a replica of an older version is refreshed first)."""
+        if self.stale:
+            if self.snapshot_replica is None:
+                self.snapshot(policy, version)
+            yield self.snapshot_replica.model
+            return
         if has_adapters(policy):  # LoRA: a plain model with the merged weights, for any engine
-            if self.replica is None:
-                self.replica = RolloutReplica(policy.get_base_model(), self.dtype)
-            if self.replica.version != version:
-                self.replica.refresh(policy, merged_weights(policy))
-                self.replica.version = version
+            self.replica = self._refreshed(self.replica, policy, version)
             yield self.replica.model
             return
         if not is_sharded(policy) and self.dtype in (None, next(policy.parameters()).dtype):
@@ -88,9 +92,23 @@ class RolloutWeights:
             with full_parameters(policy):
                 yield policy
             return
-        if self.replica is None:
-            self.replica = RolloutReplica(policy, self.dtype)
-        if self.replica.version != version:
-            self.replica.refresh(policy)
-            self.replica.version = version
+        self.replica = self._refreshed(self.replica, policy, version)
         yield self.replica.model
+
+    def snapshot(self, policy: nn.Module, version: int) -> None:
+        """Copy the policy's current weights (``version``) into the replica stale rollouts sample
+        from (every process must call it under FSDP)."""
+        self.snapshot_replica = self._refreshed(self.snapshot_replica, policy, version)
+
+    @property
+    def snapshot_version(self) -> int | None:
+        return None if self.snapshot_replica is None else self.snapshot_replica.version
+
+    def _refreshed(self, replica: RolloutReplica | None, policy: nn.Module, version: int) -> RolloutReplica:
+        adapters = has_adapters(policy)
+        if replica is None:
+            replica = RolloutReplica(policy.get_base_model() if adapters else policy, self.dtype)
+        if replica.version != version:
+            replica.refresh(policy, merged_weights(policy) if adapters else None)
+            replica.version = version
+        return replica
