@@ -90,7 +90,10 @@ def lora_config(settings: dict[str, Any]) -> Any:
     unknown = sorted(set(settings) - known)
     if unknown:
         raise ConfigError(f"peft_config: {unknown} are not fields of peft.LoraConfig.")
-    return peft.LoraConfig(**{**settings, "task_type": "CAUSAL_LM"})
+    try:
+        return peft.LoraConfig(**{**settings, "task_type": "CAUSAL_LM"})
+    except (TypeError, ValueError) as error:  # peft's own checks of the values
+        raise ConfigError(f"peft_config: {error}") from error
 
 
 def add_adapters(model: PreTrainedModel, settings: dict[str, Any], gradient_checkpointing: bool = False) -> nn.Module:

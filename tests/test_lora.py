@@ -41,6 +41,8 @@ def test_the_config_is_kept_as_plain_values_and_checked():
         GRPO(model="m", peft_config={"rank": 4})
     with pytest.raises(ConfigError, match="peft_config: give a peft.LoraConfig"):
         GRPO(model="m", peft_config=3)
+    with pytest.raises(ConfigError, match="peft_config: When `layers_pattern` is specified"):  # peft's own check
+        GRPO(model="m", peft_config={"r": 4, "layers_pattern": "layers"})
 
 
 def test_only_the_adapters_train_and_the_reference_is_the_base_model(tiny_model_dir, tmp_path):
