@@ -109,6 +109,9 @@ class RolloutWeights:
         if replica is None:
             replica = RolloutReplica(policy.get_base_model() if adapters else policy, self.dtype)
         if replica.version != version:
-            replica.refresh(policy, merged_weights(policy) if adapters else None)
+            if adapters:
+                replica.refresh(policy, merged_weights(policy))
+            else:
+                replica.refresh(policy)
             replica.version = version
         return replica
