@@ -141,7 +141,8 @@ def test_the_value_model_loads_from_the_policy_checkpoint_and_gives_a_value_per_
 
 
 def test_options_out_of_range_name_the_field():
-    for field, value in [("gamma", 1.5), ("lam", -0.1), ("value_clip", 0.0), ("value_learning_rate", 0.0)]:
+    for field, value in [("gamma", 1.5), ("lam", -0.1), ("value_clip", 0.0), ("value_learning_rate", 0.0),
+                         ("value_max_grad_norm", -1.0)]:
         with pytest.raises(ConfigError, match=f"^{field}: must be"):
             PPO("x", **{field: value})
     with pytest.raises(ConfigError, match="^scale_rewards: does not apply to PPO"):

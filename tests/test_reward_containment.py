@@ -304,9 +304,10 @@ def test_a_function_that_cannot_reach_a_worker_is_a_config_error():
     [
         ({"on_error": "ignore"}, "reward_execution.on_error: 'ignore' is not one of raise, zero, skip_group."),
         ({"timeout_s": 0}, "reward_execution.timeout_s: must be seconds > 0 or null, got 0."),
+        ({"timeout_s": float("inf")}, "reward_execution.timeout_s: must be seconds > 0 or null, got inf."),
         ({"workers": -1}, "reward_execution.workers: must be an integer >= 0"),
     ],
-    ids=["on_error", "timeout_s", "workers"],
+    ids=["on_error", "timeout_s", "timeout_s_inf", "workers"],
 )
 def test_a_bad_value_is_a_config_error_naming_the_field(options, expected):
     with pytest.raises(ConfigError, match=expected.replace(".", r"\.").replace("(", r"\(")):

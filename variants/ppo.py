@@ -53,7 +53,8 @@ class PPO(GroupPolicyOptimization):
         require(0 <= gamma <= 1, f"gamma: must be in [0, 1], got {gamma}.")
         require(0 <= lam <= 1, f"lam: must be in [0, 1], got {lam}.")
         require(value_learning_rate > 0, f"value_learning_rate: must be positive, got {value_learning_rate}.")
-        require(value_clip is None or value_clip > 0, f"value_clip: must be positive (None: off), got {value_clip}.")
+        for name, value in (("value_clip", value_clip), ("value_max_grad_norm", value_max_grad_norm)):
+            require(value is None or value > 0, f"{name}: must be positive (None: off), got {value}.")
         self.value_model = None
         self.gae: tuple[Tensor, Tensor, Tensor] | None = None  # this rollout's advantages, returns and V_old
 

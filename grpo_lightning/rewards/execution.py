@@ -70,7 +70,8 @@ class RewardExecution:
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"reward_execution.on_error: {self.on_error!r} is not one of {', '.join(ON_ERROR)}.")
-        if self.timeout_s is not None and not (isinstance(self.timeout_s, numbers.Real) and self.timeout_s > 0):
+        seconds = self.timeout_s
+        if seconds is not None and not (isinstance(seconds, numbers.Real) and 0 < seconds < math.inf):
             raise ConfigError(f"reward_execution.timeout_s: must be seconds > 0 or null, got {self.timeout_s!r}.")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
             raise ConfigError(f"reward_execution.workers: must be an integer >= 0 (0: none), got {self.workers!r}.")
