@@ -32,6 +32,8 @@ from transformers import PreTrainedModel
 from grpo_lightning.settings import ConfigError
 
 ADAPTER = "default"  # the name PEFT gives the one adapter
+#: Fields the hyperparameters always show, default or not.
+SHOWN_FIELDS = ("r", "lora_alpha", "lora_dropout", "target_modules")
 
 
 def _peft():
@@ -61,14 +63,10 @@ def adapter_settings(config: Any) -> dict[str, Any] | None:
     else:
         raise ConfigError(f"peft_config: give a peft.LoraConfig or a dict of its fields, got {type(config).__name__}.")
     default = peft.LoraConfig()
-    settings = {}
-    for name, value in values.items():
-        differs = name not in ("peft_type", "task_type") and _plain(value) != _plain(getattr(default, name, None))
-        if differs or name in ("r", "lora_alpha", "lora_dropout", "target_modules"):
-            settings[name] = _plain(value)
+    settings = {name: _plain(value) for name, value in values.items()
+                if name not in ("peft_type", "task_type") and _plain(value) != _plain(getattr(default, name, None))}
     config = lora_config(settings)  # unknown fields and invalid values fail here, before any model is loaded
-    return {**{name: _plain(getattr(config, name)) for name in ("r", "lora_alpha", "lora_dropout", "target_modules")},
-            **settings}  # fmt: skip
+    return {**{name: _plain(getattr(config, name)) for name in SHOWN_FIELDS}, **settings}
 
 
 def _plain(value: Any) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 
 from grpo_lightning.generation import disable_dropout, load_causal_lm
@@ -25,7 +26,7 @@ def load_models(name: str, hparams: Mapping[str, Any], needs_reference: bool, st
     ``hparams`` (``dtype``, ``attn_implementation``, ``disable_dropout``, ``gradient_checkpointing``,
     ``peft_config``); the policy in training mode."""
     adapters = hparams.get("peft_config")
-    if adapters and strategy is not None and hasattr(strategy, "reference_weights"):  # PolicyFSDPStrategy
+    if adapters and isinstance(strategy, FSDPStrategy):
         raise ConfigError("peft_config: LoRA runs on one device or under DDP (--trainer.strategy ddp), not FSDP.")
     policy = load_causal_lm(name, hparams["dtype"], hparams["attn_implementation"]).train()
     if hparams["gradient_checkpointing"]:

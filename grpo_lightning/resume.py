@@ -103,9 +103,9 @@ class GroupPolicyState(ExactResume):
         state = checkpoint.get("state_dict", {})
         # LoRA: the frozen base weights are reloaded from ``model`` too; the adapters are kept.
         kept = trainable_keys(self.policy, "policy.") if has_adapters(self.policy) else None
-        for key in [k for k in state if k.startswith("ref_model.") or (kept is not None and k.startswith("policy."))]:
-            if kept is None or key not in kept:
-                del state[key]
+        frozen = [k for k in state if kept is not None and k.startswith("policy.") and k not in kept]
+        for key in [k for k in state if k.startswith("ref_model.")] + frozen:
+            del state[key]
         super().on_save_checkpoint(checkpoint)
 
     def training_state(self) -> dict[str, Any]:

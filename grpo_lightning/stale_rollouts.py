@@ -31,9 +31,6 @@ class StaleRollouts(Callback):
     def __init__(self) -> None:
         self._snapshot_due = False
 
-    def on_fit_start(self, trainer: Any, module: Any) -> None:
-        module.rollout_weights.stale = True
-
     def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
         weights = module.rollout_weights
         weights.stale = True
@@ -47,10 +44,7 @@ class StaleRollouts(Callback):
             self._snapshot_due = False
 
     def on_validation_start(self, trainer: Any, module: Any) -> None:
-        module.rollout_weights.stale = False
-
-    def on_validation_end(self, trainer: Any, module: Any) -> None:
-        module.rollout_weights.stale = trainer.training
+        module.rollout_weights.stale = False  # until the next training batch
 
     def on_fit_end(self, trainer: Any, module: Any) -> None:
         module.rollout_weights.stale = False

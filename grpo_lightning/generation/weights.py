@@ -81,17 +81,14 @@ class RolloutWeights:
                 self.snapshot(policy, version)
             yield self.snapshot_replica.model
             return
-        if has_adapters(policy):  # LoRA: a plain model with the merged weights, for any engine
-            self.replica = self._refreshed(self.replica, policy, version)
-            yield self.replica.model
-            return
-        if not is_sharded(policy) and self.dtype in (None, next(policy.parameters()).dtype):
-            yield policy
-            return
-        if samples_from_shards(policy, strategy):
-            with full_parameters(policy):
+        if not has_adapters(policy):  # LoRA always samples from a plain model with the merged weights
+            if not is_sharded(policy) and self.dtype in (None, next(policy.parameters()).dtype):
                 yield policy
-            return
+                return
+            if samples_from_shards(policy, strategy):
+                with full_parameters(policy):
+                    yield policy
+                return
         self.replica = self._refreshed(self.replica, policy, version)
         yield self.replica.model
 
