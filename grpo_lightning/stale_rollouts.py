@@ -15,6 +15,16 @@ The engine records each sampled token's log-prob under the stale weights
 logs how many optimizer steps the sampling weights were behind. Validation samples from the
 current policy.
 
+With ``overlap`` (the default on CUDA) the next batch's rollout is also generated that way: on a
+worker thread and its own CUDA stream (:class:`grpo_lightning.generation.ahead.SamplesAhead`),
+while the current batch's reference pass and update run. Each training batch then takes the rollout
+sampled for it, snapshots the policy and starts the next batch's, so the samples, their keys and the
+training are those of the run without overlap (with keyed sampling, ``rollout_seed``, exactly);
+the ``rollout`` phase (``perf/rollout_s``) is then only the time spent waiting for the worker. The
+next batch is the one the project's dataloaders (:class:`grpo_lightning.data.ResumableDataLoader`)
+hold ahead; the first batch of each epoch and the one after a validation are sampled in place; with
+another dataloader, or a training step that samples otherwise than the base module's, every one is.
+
     grpo-lightning fit ... --config configs/rollout/one_step_stale.yaml
 """
 
@@ -23,19 +33,41 @@ from __future__ import annotations
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+
+
+def upcoming_batch(trainer: Any) -> Any | None:
+    """The training batch after the current one, where the training dataloader tells it ahead
+    (:class:`grpo_lightning.data.ResumableDataLoader`'s ``upcoming``; ``None`` at an epoch's end)."""
+    return getattr(trainer.train_dataloader, "upcoming", None)
 
 
 class StaleRollouts(Callback):
-    """Training rollouts from the weights of the start of the previous update phase."""
+    """Training rollouts from the weights of the start of the previous update phase.
 
-    def __init__(self) -> None:
+    Args:
+        overlap: sample each next batch's rollout while the current batch trains; ``None``: on CUDA.
+    """
+
+    def __init__(self, overlap: bool | None = None) -> None:
+        self.overlap = overlap
         self._snapshot_due = False
+        self._ahead_version: int | None = None  # the policy version the rollout sampled ahead saw
+        self.sampled_in_place = 0  # with overlap: training batches not sampled ahead
 
     def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
         weights = module.rollout_weights
         weights.stale = True
+        if self.overlap is None:
+            self.overlap = module.device.type == "cuda"
+        if self.overlap:
+            sampled_ahead = self._request(module, batch, module.rollouts, submit=False)
+            if module.sampler.ahead.pending > sampled_ahead:  # training_step did not take the last one
+                self._stop_overlap(module)
+            else:
+                return self._sample_ahead(trainer, module, batch, sampled_ahead)
         if weights.snapshot_version is not None:  # the first rollout takes the starting weights
-            module.step_metrics.update("rollout/staleness", float(module.policy_version - weights.snapshot_version))
+            self._log_staleness(module, weights.snapshot_version)
         self._snapshot_due = True
 
     def on_before_optimizer_step(self, trainer: Any, module: Any, optimizer: Any) -> None:
@@ -43,8 +75,71 @@ class StaleRollouts(Callback):
             module.rollout_weights.snapshot(module.policy, module.policy_version)
             self._snapshot_due = False
 
+    def _stop_overlap(self, module: Any) -> None:
+        rank_zero_warn(
+            "StaleRollouts: this module's training_step does not sample as the base module's does, so the "
+            "rollout sampled ahead was not used; overlap is off for the rest of the fit."
+        )
+        module.sampler.ahead.clear()
+        module.sampler.ahead.on_take = None
+        self.overlap = False
+        self._snapshot_due = True  # the weights of this step's update: the next rollout's
+
+    def _sample_ahead(self, trainer: Any, module: Any, batch: Any, sampled_ahead: bool) -> None:
+        """Have this batch's rollout on the worker (sampled ahead, or now from the last snapshot);
+        once ``training_step`` takes it, snapshot the weights its update starts from and start the
+        next batch's rollout from them (:meth:`_start_next`)."""
+        version = self._ahead_version
+        if not sampled_ahead:  # the first batch of an epoch, the one after a validation
+            version = module.rollout_weights.snapshot_version  # None: the first rollout
+            self._request(module, batch, module.rollouts)
+            self.sampled_in_place += 1
+        if version is not None:
+            self._log_staleness(module, version)
+        upcoming = upcoming_batch(trainer)
+        if 0 < trainer.max_steps <= trainer.global_step + 1:
+            upcoming = None  # the last step: nothing after it
+        module.sampler.ahead.on_take = lambda: self._start_next(module, upcoming)
+
+    def _start_next(self, module: Any, upcoming: Any | None) -> None:
+        module.sampler.ahead.on_take = None
+        module.rollout_weights.snapshot(module.policy, module.policy_version)
+        self._ahead_version = None
+        if upcoming is not None:
+            self._request(module, upcoming, module.rollouts + 1)  # generate() counts the one just taken after
+            self._ahead_version = module.policy_version
+
+    def _request(self, module: Any, batch: Any, number: int, submit: bool = True) -> bool:
+        """Start the rollout ``training_step`` will ask for ``batch`` (the base module's
+        ``generate(batch, group_size, sampling, with_logprobs=True)``, numbered ``number``) on the
+        worker; or (``submit=False``) tell whether it was started."""
+        if not submit and module.rollout_weights.snapshot_version is None:
+            return False  # nothing was sampled yet
+        texts = [module.format_prompt(prompt) for prompt in batch["prompt"]]
+        arguments = (module.tokenizer, texts, module.group_size, module.sampling, number, True)
+        with module.rollout_model() as model:
+            if not submit:
+                return module.sampler.has_ahead(model, *arguments)
+            module.sampler.sample_ahead(model, *arguments)
+        return True
+
+    def _log_staleness(self, module: Any, version: int) -> None:
+        module.step_metrics.update("rollout/staleness", float(module.policy_version - version))
+
     def on_validation_start(self, trainer: Any, module: Any) -> None:
+        # Validation's rollouts take numbers (keys of keyed sampling): the batch after it is sampled again.
+        module.sampler.ahead.clear()
+        module.sampler.ahead.on_take = None
+        self._ahead_version = None
         module.rollout_weights.stale = False  # until the next training batch
 
     def on_fit_end(self, trainer: Any, module: Any) -> None:
+        self._stop(module)
+
+    def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+        self._stop(module)
+
+    def _stop(self, module: Any) -> None:
+        module.sampler.ahead.clear()
+        module.sampler.ahead.on_take = None
         module.rollout_weights.stale = False

@@ -5,8 +5,11 @@ the sampling log-probs, and validation samples from the current policy."""
 from __future__ import annotations
 
 import lightning as L
+import pytest
 import torch
-from test_checkpoint import fit, make_module
+from test_checkpoint import StepRecorder, fit, make_data, make_module
+
+from variants import GRPO
 
 from grpo_lightning.stale_rollouts import StaleRollouts
 
@@ -59,8 +62,77 @@ def test_validation_samples_from_the_current_policy(tiny_model_dir, tmp_path):
                         enable_progress_bar=False, enable_model_summary=False, val_check_interval=1,
                         limit_val_batches=1, num_sanity_val_steps=0, callbacks=[watch, StaleRollouts()],
                         default_root_dir=tmp_path)  # fmt: skip
-    from test_checkpoint import make_data
-
     trainer.fit(module, datamodule=make_data())
     assert watch.validation_stale and not any(watch.validation_stale)
     assert len(watch.sampled) == 2 and torch.equal(watch.sampled[1], watch.update_start[0])
+
+
+class TrainingStepOrder(L.Callback):
+    """The prompts of every training batch, in the order the fit trained on them."""
+
+    def __init__(self) -> None:
+        self.prompts = []
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.prompts.append(list(batch["prompt"]))
+
+
+def fit_with_validation(module, max_steps, root, callbacks, accelerator="cpu"):
+    """Epochs of four batches, validating after the third of each."""
+    L.seed_everything(0)
+    recorder = StepRecorder()
+    trainer = L.Trainer(max_steps=max_steps, accelerator=accelerator, devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, val_check_interval=3,
+                        limit_val_batches=1, num_sanity_val_steps=0, log_every_n_steps=1,
+                        callbacks=[recorder, *callbacks], default_root_dir=root)  # fmt: skip
+    trainer.fit(module, datamodule=make_data())
+    return recorder.steps
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.parametrize("accelerator", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_overlap_trains_exactly_as_the_stale_run_without_it(tiny_model_dir, tmp_path, accelerator):
+    """Sampling the next batch on a worker while the current one trains changes nothing but the
+    timing: with keyed sampling every step samples the same completions, across an epoch's end
+    (its first batch is sampled in place) and validations (the batch after one is sampled again).
+    Only float rounding may differ: CPU BLAS splits a product by the threads it finds free, and the
+    engine's sampling log-probs are computed on the worker thread. On CUDA the worker samples on its
+    own stream, with CUDA graphs, while the update runs."""
+    settings = dict(dtype="float32", rollout_correction="token_truncate", rollout_seed=7, beta=0.04)
+    runs = {}
+    for overlap in (False, True):
+        order = TrainingStepOrder()
+        stale = StaleRollouts(overlap=overlap)
+        module = make_module(tiny_model_dir, **settings)
+        runs[overlap] = fit_with_validation(module, 6, tmp_path / str(overlap), [order, stale], accelerator), order.prompts
+        assert not module.sampler.ahead.pending and not module.rollout_weights.stale
+        # Sampled in place: the first batch, the one after the validation after step 3, the first of epoch 2.
+        assert stale.sampled_in_place == (3 if overlap else 0)
+        assert module.sampler.ahead.taken == (6 if overlap else 0)  # through the worker, in place or ahead
+    (plain, plain_order), (overlapped, overlapped_order) = runs[False], runs[True]
+    assert overlapped_order == plain_order and len(plain_order) == 6
+    assert sorted(plain) == list(range(1, 7))
+    assert [plain[k]["rollout/staleness"] for k in range(2, 7)] == [1.0] * 5
+    assert sorted(overlapped) == sorted(plain)
+    for step in plain:
+        for name in ("reward", "reward_std", "completions/mean_length", "perf/generated_tokens"):
+            assert overlapped[step][name] == plain[step][name], (step, name)
+        torch.testing.assert_close(overlapped[step], plain[step], rtol=1e-4, atol=1e-7, msg=lambda m: f"{step}: {m}")
+
+
+def test_overlap_steps_aside_for_a_training_step_that_samples_otherwise(tiny_model_dir, tmp_path):
+    """A training_step that asks for other samples than the base module's never takes the rollout
+    sampled ahead: the callback says so once and trains on, without overlap."""
+
+    class OwnSampling(GRPO):
+        def generate(self, batch, group_size, sampling, with_logprobs=False):
+            return super().generate(batch, group_size, sampling, with_logprobs=False)
+
+    module = make_module(tiny_model_dir, cls=OwnSampling, dtype="float32")
+    stale = StaleRollouts(overlap=True)
+    with pytest.warns(UserWarning, match="overlap is off"):
+        steps, _ = fit(module, 3, tmp_path, callbacks=[stale])
+    assert stale.overlap is False and sorted(steps) == [1, 2, 3]
+    assert steps[3]["rollout/staleness"] == 1.0

@@ -112,6 +112,10 @@ class ResumableDataLoader(DataLoader):
     ``state_dict()`` holds the epoch and how many of its batches were served. Lightning saves it
     in every checkpoint and, on ``ckpt_path``, restores it before iterating, so a resumed fit
     continues the epoch's order with the first batch it had not served.
+
+    While a batch is out, ``upcoming`` is the batch served after it (``None`` at the epoch's end),
+    not yet counted as served: the next batch's rollout can start before it is asked for
+    (:class:`grpo_lightning.stale_rollouts.StaleRollouts` with ``overlap``).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -119,11 +123,15 @@ class ResumableDataLoader(DataLoader):
         if not isinstance(self.sampler, ResumableSampler):
             raise TypeError(f"ResumableDataLoader needs a ResumableSampler, got {type(self.sampler).__name__}.")
         self.position = (self.sampler.epoch, 0)  # (epoch, batches of it served)
+        self.upcoming: Any | None = None
 
     def __iter__(self):
         epoch, served = self.sampler.epoch, self.sampler.start // self.batch_size
         self.position = (epoch, served)
-        for batch in super().__iter__():
+        batches = super().__iter__()
+        self.upcoming = next(batches, None)
+        while self.upcoming is not None:
+            batch, self.upcoming = self.upcoming, next(batches, None)
             served += 1
             self.position = (epoch, served)
             yield batch

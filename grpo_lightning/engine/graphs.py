@@ -55,6 +55,8 @@ def capture_step_graphs(
     graphs = {}
     for limit in limits:
         graph = graphs[limit] = torch.cuda.CUDAGraph()
-        with slots_in_use(limit), torch.cuda.graph(graph, pool=pool, stream=stream):
+        # thread_local: another thread (the update, while rollouts are sampled ahead) may keep
+        # launching work and allocating memory on its own streams during the capture.
+        with slots_in_use(limit), torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
             step()
     return graphs

@@ -13,6 +13,8 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from grpo_lightning.engine import StaticCacheGenerator, fast_generate_group
+from grpo_lightning.engine.generator import model_device
+from grpo_lightning.generation.ahead import SamplesAhead
 from grpo_lightning.generation.choice import EnginePlan, EngineTarget, resolve_engine
 from grpo_lightning.generation.hf import generate_group
 from grpo_lightning.generation.weights import samples_from_shards
@@ -36,17 +38,27 @@ def sampling_keys(seed: int, rollout_number: int, texts: Sequence[str], group_si
     return torch.tensor(keys, dtype=torch.int64)
 
 
+def ahead_key(model: nn.Module, texts: Sequence[str], *arguments: Any) -> tuple:
+    """What a rollout sampled ahead is found by: the model, the prompts and the other arguments of
+    :meth:`RolloutSampler.sample` (a model's weights may change in place: they are not part of it)."""
+    return (id(model), tuple(texts), *arguments)
+
+
 class RolloutSampler:
     """Samples groups of completions with ``model.generate`` or the static engine, as ``plan`` says.
 
-    The static engine (its cache and compiled decode step) is kept between rollouts; it is rebuilt
-    for a larger batch or another model. ``seed``: keyed sampling (:func:`sampling_keys`), static engine only.
+    A static engine (its cache and captured decode steps) is kept for each of the last two models
+    sampled from (a stale snapshot in training, the policy in validation); it is rebuilt for a larger
+    batch. ``seed``: keyed sampling (:func:`sampling_keys`), static engine only. :meth:`sample_ahead`
+    draws a rollout on a worker while the caller goes on; :meth:`sample` with the same arguments
+    then returns it.
     """
 
     def __init__(self, plan: EnginePlan, seed: int | None = None) -> None:
         self.plan = plan
         self.seed = seed
-        self.engine: StaticCacheGenerator | None = None
+        self.engines: dict[int, StaticCacheGenerator] = {}  # by id of the model, the last used last
+        self.ahead = SamplesAhead()
 
     @classmethod
     def announced(
@@ -73,16 +85,50 @@ class RolloutSampler:
         """``(prompt_ids [N, S], prompt_mask [N, S], completion_ids [N, T], logprobs)``,
         ``N = len(texts) * group_size``; ``logprobs``: the sampled tokens' log-probabilities ``[N, T]``
         as the engine computed them (``with_logprobs``), else ``None``."""
+        ahead = self.ahead.take(ahead_key(model, texts, group_size, sampling, rollout_number, with_logprobs))
+        if ahead is not None:
+            return ahead
+        return self._sample(model, tokenizer, texts, group_size, sampling, rollout_number, with_logprobs)
+
+    def _sample(self, model, tokenizer, texts, group_size, sampling, rollout_number, with_logprobs):
         if self.plan.rollout == "hf":
             sampled = generate_group(model, tokenizer, texts, group_size, sampling, with_logprobs)
             return sampled if with_logprobs else (*sampled, None)
         if sampling.beam_search:
             raise ConfigError("rollout_mode: 'beam_search' runs on the HF generate path only; set engine.rollout 'hf'.")
-        rows = len(texts) * group_size
-        if self.engine is None or rows > self.engine.max_batch_size or self.engine.model is not model:
+        keys = None if self.seed is None else sampling_keys(self.seed, rollout_number, texts, group_size)
+        engine = self._engine(model, len(texts) * group_size, sampling)
+        sampled = fast_generate_group(engine, tokenizer, texts, group_size, sampling, keys, with_logprobs)
+        return sampled if with_logprobs else (*sampled, None)
+
+    def sample_ahead(
+        self,
+        model: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        texts: list[str],
+        group_size: int,
+        sampling: SamplingParams,
+        rollout_number: int = 0,
+        with_logprobs: bool = False,
+    ) -> None:
+        """Start :meth:`sample` with these arguments on the worker (:class:`SamplesAhead`); the
+        ``sample`` call with the same arguments returns its result. ``model``'s weights must stay
+        as they are until then."""
+        arguments = (model, tokenizer, texts, group_size, sampling, rollout_number, with_logprobs)
+        key = ahead_key(model, texts, group_size, sampling, rollout_number, with_logprobs)
+        self.ahead.submit(key, model_device(model), lambda: self._sample(*arguments))
+
+    def has_ahead(self, model, tokenizer, texts, group_size, sampling, rollout_number=0, with_logprobs=False) -> bool:
+        """Whether :meth:`sample_ahead` started the rollout of these arguments (and it was not taken)."""
+        return self.ahead.has(ahead_key(model, texts, group_size, sampling, rollout_number, with_logprobs))
+
+    def _engine(self, model: nn.Module, rows: int, sampling: SamplingParams) -> StaticCacheGenerator:
+        engine = self.engines.pop(id(model), None)
+        if engine is None or rows > engine.max_batch_size or engine.model is not model:
+            if engine is not None:
+                engine.clear()
             # Sized to the largest batch seen (a validation batch may come first), not chunked.
-            self.clear()
-            self.engine = StaticCacheGenerator(
+            engine = StaticCacheGenerator(
                 model,
                 max_batch_size=rows,
                 max_cache_len=sampling.max_new_tokens + 64,
@@ -90,15 +136,22 @@ class RolloutSampler:
                 decode_attention=self.plan.decode_attention,
                 fuse_projections=self.plan.fuse_projections,
             )
-        keys = None if self.seed is None else sampling_keys(self.seed, rollout_number, texts, group_size)
-        sampled = fast_generate_group(self.engine, tokenizer, texts, group_size, sampling, keys, with_logprobs)
-        return sampled if with_logprobs else (*sampled, None)
+        self.engines[id(model)] = engine
+        while len(self.engines) > 2:  # the least recently used first
+            self.engines.pop(next(iter(self.engines))).clear()
+        return engine
+
+    @property
+    def engine(self) -> StaticCacheGenerator | None:
+        """The engine of the last model sampled from."""
+        return next(reversed(self.engines.values()), None)
 
     def clear(self) -> None:
-        """Free the static engine's cache and compiled step."""
-        if self.engine is not None:
-            self.engine.clear()
-            self.engine = None
+        """Free the static engines' caches and compiled steps (after the worker is done)."""
+        self.ahead.clear()
+        for engine in self.engines.values():
+            engine.clear()
+        self.engines.clear()
 
 
 def format_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Any, use_chat_template: bool = True) -> str:

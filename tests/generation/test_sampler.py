@@ -3,12 +3,17 @@ sampler following its plan."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
+import pytest
 import torch
 
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.generation import EngineTarget, RolloutSampler, build_rollout, generate_group, resolve_engine
 from grpo_lightning.generation import sampling_keys
 from grpo_lightning.rollout import SamplingParams
+from grpo_lightning.settings import ConfigError
 from variants import GRPO
 
 
@@ -57,3 +62,37 @@ def test_the_static_engine_is_kept_between_rollouts_and_grown_for_a_larger_batch
     assert sampler.engine is not first and sampler.engine.max_batch_size == 4
     sampler.clear()
     assert sampler.engine is None
+
+
+def test_two_models_keep_an_engine_each(make_module):
+    """Stale rollouts sample from a snapshot and validation from the policy: neither rebuilds the
+    other's engine (on CUDA: its captured graphs); a third model replaces the least recent."""
+    grpo = make_module(GRPO, engine=EngineOptions(rollout="static"), dtype="float32")
+    sampler = RolloutSampler(resolve_engine(grpo.engine_options, EngineTarget.of(grpo.policy, "cpu")))
+    sampling = SamplingParams(max_new_tokens=4, temperature=0.0)
+    copies = [copy.deepcopy(grpo.policy) for _ in range(2)]
+    sampler.sample(grpo.policy, grpo.tokenizer, ["1+2="], 2, sampling)
+    policy_engine = sampler.engine
+    sampler.sample(copies[0], grpo.tokenizer, ["1+2="], 2, sampling)
+    sampler.sample(grpo.policy, grpo.tokenizer, ["1+2="], 2, sampling)
+    assert sampler.engine is policy_engine and len(sampler.engines) == 2
+    sampler.sample(copies[1], grpo.tokenizer, ["1+2="], 2, sampling)
+    assert [engine.model for engine in sampler.engines.values()] == [grpo.policy, copies[1]]
+
+
+def test_a_rollout_sampled_ahead_is_returned_by_the_same_call_and_a_failure_raises_there(make_module):
+    grpo = make_module(GRPO, engine=EngineOptions(rollout="static"), dtype="float32", rollout_seed=3)
+    sampler = RolloutSampler(resolve_engine(grpo.engine_options, EngineTarget.of(grpo.policy, "cpu")), seed=3)
+    sampling = SamplingParams(max_new_tokens=4, temperature=1.0)
+    arguments = (grpo.policy, grpo.tokenizer, ["1+2=", "3+4="], 2, sampling, 5, True)
+    expected = sampler.sample(*arguments)
+    sampler.sample_ahead(*arguments)
+    assert sampler.has_ahead(*arguments) and not sampler.has_ahead(*arguments[:5], 6, True)
+    got = sampler.sample(*arguments)
+    assert sampler.ahead.taken == 1 and not sampler.has_ahead(*arguments)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)  # the same tokens; log-probs up to BLAS's threads
+
+    sampler.sample_ahead(grpo.policy, grpo.tokenizer, ["1+2="], 2, dataclasses.replace(sampling, beam_search=True))
+    with pytest.raises(ConfigError, match="beam_search"):
+        sampler.sample(grpo.policy, grpo.tokenizer, ["1+2="], 2, dataclasses.replace(sampling, beam_search=True))
