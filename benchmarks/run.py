@@ -1,4 +1,4 @@
-"""Speed benchmark of one GRPO workload (W0, W1, W2 of WORKLOADS.md) through a real Lightning Trainer.
+"""Speed benchmark of one GRPO workload (``WORKLOADS``: W0 to W3, W5) through a real Lightning Trainer.
 
     python benchmarks/run.py --workload W0 [--compare trl] [--steps 5] [--out result.json]
 
@@ -6,7 +6,8 @@ Builds a random-init model of the workload's shape and a word-level tokenizer of
 size, writes ``P`` random prompts of exactly the workload's prompt length, runs ``--steps`` GRPO
 steps (``variants.GRPO``; ``--variant ppo``: ``variants.PPO``, with its critic, on the same settings;
 one optimizer step per rollout, every completion exactly
-``max_new_tokens`` long) and reports, over the steps after the first: the median wall-clock
+``max_new_tokens`` long, or with ``--stop-lengths lognormal`` (W5's default) each stopped at a drawn
+length, ``benchmarks/stop_lengths.py``) and reports, over the steps after the first: the median wall-clock
 seconds per step, generated tokens per second, peak GPU memory and the median split between
 rollout, scoring, reference/old log-probs and the update. The last line of stdout is one JSON
 object with every figure. ``--compare trl`` runs TRL's ``GRPOTrainer`` on the identical workload in
@@ -40,6 +41,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+if str(REPO_ROOT / "benchmarks") not in sys.path:  # this folder's modules (stop_lengths) when imported from elsewhere
+    sys.path.append(str(REPO_ROOT / "benchmarks"))
 
 import torch  # noqa: E402
 
@@ -85,6 +88,7 @@ class Workload:
     max_position_embeddings: int
     dtype: str
     rope_theta: float = 10000.0
+    stop_lengths: str | None = None  # "lognormal": completions stop at drawn lengths (benchmarks/stop_lengths.py)
 
 
 QWEN25 = dict(vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768, rope_theta=1e6, dtype="bfloat16")
@@ -108,6 +112,10 @@ WORKLOADS: dict[str, Workload] = {
         **{**QWEN25, "vocab_size": 152064, "tie_word_embeddings": False},
     ),
 }
+# W1's model and batch with long completions that stop early, with a long tail: log-normal lengths, median
+# 600, 10 % at 2048. Micro-batches of 8: 32 rows of 2112 tokens would hold 20 GB of bf16 logits per copy,
+# and TRL's update keeps several copies.
+WORKLOADS["W5"] = dataclasses.replace(WORKLOADS["W1"], max_new_tokens=2048, micro_batch_size=8, stop_lengths="lognormal")
 
 
 def benchmark_reward(prompts: list, completions: list[str], **columns: Any) -> list[float]:
@@ -125,7 +133,8 @@ def benchmark_reward(prompts: list, completions: list[str], **columns: Any) -> l
 def build_workdir(workdir: Path, workload: Workload, rows: int, seed: int) -> dict[str, str]:
     """Write ``model/`` (random weights + tokenizer) and ``prompts/`` (a ``save_to_disk`` dataset
     with columns prompt/answer) into ``workdir``; reuse them when ``spec.json`` matches."""
-    spec = {"workload": dataclasses.asdict(workload), "rows": rows, "seed": seed, "format": 1}
+    shape = {k: v for k, v in dataclasses.asdict(workload).items() if k != "stop_lengths"}  # the files do not depend on it
+    spec = {"workload": shape, "rows": rows, "seed": seed, "format": 1}
     paths = {"model": str(workdir / "model"), "prompts": str(workdir / "prompts")}
     spec_file = workdir / "spec.json"
     if spec_file.exists() and json.loads(spec_file.read_text()) == spec:
@@ -551,8 +560,9 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
         beta=0.04,
         ppo_epochs=1,
         micro_batch_size=workload.micro_batch_size,
-        # Random weights almost never sample EOS; forcing full length makes it so on every framework.
-        min_new_tokens=workload.max_new_tokens,
+        # Random weights almost never sample EOS; forcing full length makes it so on every framework
+        # (with stop lengths the forcing is theirs).
+        min_new_tokens=0 if workload.stop_lengths else workload.max_new_tokens,
         engine=engine_options(args),
         rollout_seed=args.rollout_seed,
         rollout_dtype=args.rollout_dtype,
@@ -563,7 +573,18 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     )
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    trainer.fit(module, data)
+    forced, undo = None, None
+    if workload.stop_lengths:
+        from stop_lengths import install_forced_stops, length_summary
+
+        forced, undo = install_forced_stops(workload.max_new_tokens, args.seed)
+    try:
+        trainer.fit(module, data)
+    finally:
+        if undo is not None:
+            undo()
+    if forced is not None and len(forced.lengths) < args.steps:
+        raise SystemExit(f"stop lengths: {len(forced.lengths)} rollouts went through the static engine, not {args.steps}")
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         # Every process ends the process group once all have trained: left to the interpreter's exit,
         # gloo's threads at times aborted a CPU run ("terminate called without an active exception").
@@ -580,7 +601,11 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
         else:
             print(text, flush=True)
     tokens_per_step = workload.prompts // trainer.world_size * workload.group_size * workload.max_new_tokens
+    if forced is not None:  # the drawn lengths of the timed steps (2..N)
+        tokens_per_step = length_summary(forced.lengths[1:] or forced.lengths, workload.max_new_tokens)["tokens_per_rollout"]
     result = summarize(recorder.steps, tokens_per_step, trainer.world_size)
+    if forced is not None:
+        result["stop_lengths"] = stop_length_report(forced, recorder.steps)
     if profile is not None:
         result["profile"] = profile
     result["steps_detail"] = recorder.steps
@@ -595,6 +620,13 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     result["dtype"] = dtype
     result["torch_threads"] = recorder.threads
     return result
+
+
+def stop_length_report(forced, steps: list[dict[str, float]]) -> dict[str, Any]:
+    """The forced stops' figures: the drawn lengths, the mean length the run produced (its logged
+    ``completions/mean_length``, mean over steps) and the decode-time profile."""
+    produced = [s["completions/mean_length"] for s in steps if "completions/mean_length" in s]
+    return {"mean_completion_length": statistics.mean(produced) if produced else None, **forced.summary()}
 
 
 def run_trl(args: argparse.Namespace, workload: Workload, paths: dict[str, str], dtype: str) -> dict[str, Any]:
@@ -612,6 +644,8 @@ def run_trl(args: argparse.Namespace, workload: Workload, paths: dict[str, str],
         command += ["--lora-rank", str(args.lora_rank)]
     if args.threads:
         command += ["--threads", str(args.threads)]
+    if workload.stop_lengths:
+        command += ["--stop-lengths", workload.stop_lengths]
     print("running:", " ".join(command), flush=True)
     completed = subprocess.run(command, stdout=subprocess.PIPE, text=True)
     lines = completed.stdout.strip().splitlines()
@@ -637,6 +671,8 @@ def print_table(result: dict[str, Any]) -> None:
     steady = result.get("steady_peak_mem_gib")
     print(f"generated tokens/s: {result['tokens_per_s']:.1f}   peak GPU memory: {result['peak_mem_gib']:.2f} GiB"
           + (f" (steps 2..: {steady:.2f} GiB)" if steady is not None else ""))
+    if "stop_lengths" in result:
+        print_stop_lengths(result)
     if "trl" in result:
         trl = result["trl"]
         print(f"TRL {trl['version']}: median step {trl['median_step_s']:.3f} s, peak GPU memory {trl['peak_mem_gib']:.2f} GiB "
@@ -644,6 +680,26 @@ def print_table(result: dict[str, Any]) -> None:
               f"phases {json.dumps({k: round(v, 3) for k, v in trl.get('phases', {}).items()})}")
         print(f"speedup (TRL / ours): {result['speedup']:.2f}x")
     print(flush=True)
+
+
+def print_stop_lengths(result: dict[str, Any]) -> None:
+    """The forced stops: drawn and produced mean lengths, and ms per decode step as rows finish."""
+    ours, trl = result["stop_lengths"], result.get("trl", {}).get("stop_lengths")
+    drawn = ours["drawn"]
+    line = (f"stop lengths: drawn mean {drawn['mean_length']:.1f} ({100 * drawn['at_limit']:.0f}% at the limit), "
+            f"produced mean: ours {ours['mean_completion_length']:.1f} ({ours['rows_off']} of {ours['rows']} rows off)")
+    if trl is not None:
+        line += (f", TRL {trl['mean_completion_length']:.1f} ({trl['rows_off']} of {trl['rows']} rows off; "
+                 f"drawn for its steps {trl['drawn']['mean_length']:.1f})")
+    print(line)
+    bucket = ours["bucket_steps"]
+    print(f"decode ms/step by steps ({bucket} a bucket; rollouts after the first):")
+    print(f"{'steps':>11} {'rows running':>13} {'ours':>8}" + (f" {'TRL':>8}" if trl else ""))
+    for j, ms in enumerate(ours["decode_ms_per_step"]):
+        running = ours["rows_running"][j] if j < len(ours["rows_running"]) else float("nan")
+        theirs = trl["decode_ms_per_step"] if trl else []
+        other = f" {theirs[j]:>8.3f}" if j < len(theirs) else (f" {'-':>8}" if trl else "")
+        print(f"{j * bucket + 1:>5}-{(j + 1) * bucket:<5} {running:>13.1f} {ms:>8.3f}" + other)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -720,6 +776,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     scale = parser.add_argument_group("workload overrides (smaller runs, e.g. tests; the result records them)")
     for name in ("prompts", "group_size", "prompt_tokens", "max_new_tokens", "micro_batch_size"):
         scale.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, dest=name)
+    scale.add_argument(
+        "--stop-lengths", choices=["lognormal", "none"], default=None,
+        help="lognormal: each completion stops at a drawn length, median max-new-tokens x 600/2048, 10%% at the "
+        "limit (W5's default; benchmarks/stop_lengths.py); needs the static engine and one device",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
@@ -742,8 +803,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     workload = WORKLOADS[args.workload]
     overrides = {k: getattr(args, k) for k in ("prompts", "group_size", "prompt_tokens", "max_new_tokens", "micro_batch_size")}
     overrides = {k: v for k, v in overrides.items() if v is not None}
+    if args.stop_lengths is not None:
+        overrides["stop_lengths"] = None if args.stop_lengths == "none" else args.stop_lengths
     workload = dataclasses.replace(workload, **overrides)
     on_gpu = torch.cuda.is_available() and args.accelerator not in ("cpu",)
+    if workload.stop_lengths and (args.rollout == "hf" or (args.rollout == "auto" and not on_gpu)):
+        raise SystemExit("--stop-lengths forces stops in the static engine: pass --rollout static (a CPU's default is hf)")
+    if workload.stop_lengths and args.devices not in (1, "1"):
+        raise SystemExit("--stop-lengths runs on one device: use --devices 1")
     dtype = args.dtype or (workload.dtype if on_gpu else "float32")
     # The weights are loaded in `dtype`; "32-true" leaves them so and keeps float32 the default dtype
     # for the module's own tensors (under "bf16-true" its step metrics would be rounded to bf16).

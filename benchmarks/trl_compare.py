@@ -11,7 +11,9 @@ One optimizer step consumes exactly one rollout of ``P x G`` completions:
 ``per_device_train_batch_size`` is the micro-batch, ``gradient_accumulation_steps`` the number of
 micro-batches in the rollout and ``generation_batch_size = P x G``, with ``num_iterations = 1`` (so
 TRL reuses the policy's own log-probs as the old ones, as run.py's module does). TRL's gradient
-checkpointing default is turned off to match. The last line of stdout is one JSON object.
+checkpointing default is turned off to match. ``--stop-lengths lognormal``: each completion stops at
+the length run.py's side draws for it (``stop_lengths.py``, a logits processor passed to the model's
+``generate``) instead of running to ``--max-new-tokens``. The last line of stdout is one JSON object.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--lora-rank", type=int, default=None, help="LoRA adapters of this rank on every linear layer")
+    parser.add_argument("--stop-lengths", choices=["lognormal"], default=None,
+                        help="completions stop at drawn lengths (stop_lengths.py; the same draws as run.py's)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -136,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         num_generations=args.group_size,
         num_iterations=1,
         max_completion_length=args.max_new_tokens,
-        generation_kwargs={"min_new_tokens": args.max_new_tokens},
+        generation_kwargs=None if args.stop_lengths else {"min_new_tokens": args.max_new_tokens},
         temperature=1.0,
         beta=args.beta,
         loss_type="grpo",
@@ -172,6 +176,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         callbacks=[timer],
     )
     wrapped = install_phase_timers(trainer, phases)
+    forced = None
+    if args.stop_lengths:
+        from stop_lengths import install_trl_forced_stops, length_summary
+
+        forced = install_trl_forced_stops(trainer.model, args.max_new_tokens, args.seed)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     trainer.train()
@@ -181,12 +190,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     median_step = statistics.median(s["wall_s"] for s in timed)
     phase_names = sorted({k for s in timed for k in s} - {"wall_s"})
     lengths = [e["completions/mean_length"] for e in trainer.state.log_history if "completions/mean_length" in e]
+    tokens_per_step = completions * args.max_new_tokens
+    if forced is not None:
+        if len(forced.lengths) != len(steps):
+            raise SystemExit(f"stop lengths: {len(forced.lengths)} generate calls for {len(steps)} steps")
+        timed_lengths = forced.lengths[1:] or forced.lengths
+        tokens_per_step = length_summary(timed_lengths, args.max_new_tokens)["tokens_per_rollout"]
     result = {
         "version": trl.__version__,
         "median_step_s": median_step,
         "step_s": [s["wall_s"] for s in steps],
         "optimizer_steps": len(steps),
-        "tokens_per_s": completions * args.max_new_tokens / median_step,
+        "tokens_per_s": tokens_per_step / median_step,
         "peak_mem_gib": max(timer.first_step_peak, later_peak),
         "steady_peak_mem_gib": later_peak if len(steps) > 1 else None,
         "phases": {name: statistics.median(s.get(name, 0.0) for s in timed) for name in phase_names},
@@ -203,6 +218,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "optim": str(config.optim),
         },
     }
+    if forced is not None:
+        result["stop_lengths"] = {"mean_completion_length": result["mean_completion_length"], **forced.summary()}
     print(json.dumps(result), flush=True)
     return result
 

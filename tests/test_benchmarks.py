@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import gzip
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import zlib
@@ -22,6 +24,9 @@ _spec.loader.exec_module(bench)
 _spec = importlib.util.spec_from_file_location("benchmarks_fsdp_scaling", REPO_ROOT / "benchmarks" / "fsdp_scaling.py")
 scaling = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(scaling)
+_spec = importlib.util.spec_from_file_location("stop_lengths", REPO_ROOT / "benchmarks" / "stop_lengths.py")
+stops = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(stops)
 
 REQUIRED_KEYS = {
     "median_step_s", "tokens_per_s", "peak_mem_gib", "phases", "workload", "device", "torch", "transformers", "commit",
@@ -293,3 +298,72 @@ def test_trace_phases_sums_busy_and_idle_time_and_the_outermost_host_calls(tmp_p
     ).stdout  # fmt: skip
     assert "== grpo.update: span 100.0 ms on the GPU, 4 kernels, busy 45.0 ms, idle 55.0 ms" in printed
     assert "== grpo.rollout: not in the trace" in printed
+
+
+
+def test_w5_is_w1_with_lognormal_stop_lengths_median_600_and_a_tenth_at_the_limit():
+    w1, w5 = bench.WORKLOADS["W1"], bench.WORKLOADS["W5"]
+    assert (w5.max_new_tokens, w5.stop_lengths, w5.micro_batch_size) == (2048, "lognormal", 8)
+    assert dataclasses.replace(w5, max_new_tokens=256, stop_lengths=None, micro_batch_size=32) == w1
+    lengths = [length for step in range(400) for length in stops.stop_lengths(step, 128, 2048, seed=0)]
+    assert statistics.median(lengths) == pytest.approx(600, rel=0.03)
+    assert sum(length == 2048 for length in lengths) / len(lengths) == pytest.approx(0.10, abs=0.01)
+    assert min(lengths) >= 1 and max(lengths) == 2048
+    # The same table for any caller, one draw per (step, row), whatever the number of rows asked.
+    assert stops.stop_lengths(3, 16, 2048, seed=0) == stops.stop_lengths(3, 128, 2048, seed=0)[:16]
+    assert stops.stop_lengths(3, 16, 2048, seed=0) != stops.stop_lengths(4, 16, 2048, seed=0)
+
+
+def test_force_stops_blocks_eos_before_the_drawn_length_and_everything_else_at_it():
+    is_eos = torch.tensor([False, True, False, False])
+    eos_at = stops.eos_steps([1, 3, 4], max_new_tokens=4)  # the third row reaches the limit: no EOS forced
+    assert eos_at.tolist() == [0, 2, 4]
+    logits = torch.zeros(3, 4)
+    inf = float("-inf")
+    assert stops.force_stops(logits, 0, eos_at, is_eos).tolist() == [[inf, 0, inf, inf], [0, inf, 0, 0], [0, inf, 0, 0]]
+    at_two = stops.force_stops(logits, torch.tensor([2]), eos_at, is_eos)  # as the engine passes its step
+    assert at_two.tolist() == [[0, 0, 0, 0], [inf, 0, inf, inf], [0, inf, 0, 0]]
+    assert stops.produced_lengths(torch.tensor([[5, 1, 0], [5, 5, 5], [1, 0, 0]]), [1]) == [2, 3, 1]
+
+
+FORCED_W0 = ["--prompts", "4", "--group-size", "4", "--prompt-tokens", "4", "--max-new-tokens", "32", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def forced_stop_run(tmp_path_factory):
+    """Our side of W0 with ``--stop-lengths lognormal`` (16 rows, up to 32 tokens, 2 steps)."""
+    directory = tmp_path_factory.mktemp("forced_stops")
+    command = [sys.executable, "benchmarks/run.py", "--workload", "W0", "--steps", "2", *FORCED_W0, "--rollout", "static",
+               "--stop-lengths", "lognormal", "--workdir", str(directory / "work")]  # fmt: skip
+    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1]), directory / "work", completed.stdout
+
+
+def test_forced_stops_give_every_completion_its_drawn_length(forced_stop_run):
+    result, _, printed = forced_stop_run
+    drawn = [stops.stop_lengths(step, 16, 32, seed=0) for step in range(2)]
+    report = result["stop_lengths"]
+    assert (report["rows"], report["rows_off"]) == (32, 0)
+    assert report["mean_length_per_rollout"] == [statistics.mean(d) for d in drawn]
+    # The module's own count of completion tokens (up to and including EOS) agrees, step by step.
+    assert [s["completions/mean_length"] for s in result["steps_detail"]] == pytest.approx([statistics.mean(d) for d in drawn])
+    assert result["tokens_per_step"] == sum(drawn[1])  # the timed step's tokens
+    assert report["bucket_steps"] == 4 and 0 < len(report["decode_ms_per_step"]) <= 8
+    assert all(ms > 0 for ms in report["decode_ms_per_step"])
+    assert report["rows_running"] == sorted(report["rows_running"], reverse=True)
+    assert "stop lengths: drawn mean" in printed and "decode ms/step" in printed
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is not installed")
+def test_trl_side_forces_the_same_lengths_on_the_same_rows(forced_stop_run):
+    ours, work, _ = forced_stop_run
+    command = [sys.executable, "benchmarks/trl_compare.py", "--model", str(work / "model"), "--prompts", str(work / "prompts"),
+               "--num-prompts", "4", "--group-size", "4", "--max-new-tokens", "32", "--micro-batch-size", "16",
+               "--steps", "2", "--cpu", "--threads", "1", "--stop-lengths", "lognormal"]  # fmt: skip
+    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    report = json.loads(completed.stdout.strip().splitlines()[-1])["stop_lengths"]
+    assert (report["rows"], report["rows_off"]) == (32, 0)
+    assert report["mean_length_per_rollout"] == ours["stop_lengths"]["mean_length_per_rollout"]
+    assert report["mean_completion_length"] == pytest.approx(ours["stop_lengths"]["mean_completion_length"])
