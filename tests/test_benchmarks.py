@@ -300,7 +300,6 @@ def test_trace_phases_sums_busy_and_idle_time_and_the_outermost_host_calls(tmp_p
     assert "== grpo.rollout: not in the trace" in printed
 
 
-
 def test_w5_is_w1_with_lognormal_stop_lengths_median_600_and_a_tenth_at_the_limit():
     w1, w5 = bench.WORKLOADS["W1"], bench.WORKLOADS["W5"]
     assert (w5.max_new_tokens, w5.stop_lengths, w5.micro_batch_size) == (2048, "lognormal", 8)
