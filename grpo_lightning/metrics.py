@@ -151,8 +151,8 @@ def record_clipping(metrics: StepMetrics, clipped_low: Tensor, clipped_high: Ten
 
 class PhaseTimer:
     """Wall time of a step's phases as ``perf/<phase>_s`` metrics, each phase also a profiler range
-    (``grpo.<phase>``). On CUDA the device's queued work is waited for at each boundary, so each
-    phase is charged its own kernels."""
+    (``grpo.<phase>``). On CUDA the current stream's queued work is waited for at each boundary,
+    so each phase is charged its own kernels (and not a rollout sampled ahead on its own stream)."""
 
     def __init__(self, metrics: StepMetrics, device: torch.device) -> None:
         self.metrics, self.device = metrics, device
@@ -160,7 +160,7 @@ class PhaseTimer:
 
     def clock(self) -> float:
         if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            torch.cuda.current_stream(self.device).synchronize()
         return time.perf_counter()
 
     @contextlib.contextmanager

@@ -35,6 +35,7 @@ How the module is sharded (FSDP1, Lightning's :class:`~lightning.pytorch.strateg
 
 from __future__ import annotations
 
+import copy
 import contextlib
 from collections.abc import Iterable, Iterator
 from functools import partial
@@ -128,7 +129,10 @@ class RolloutReplica:
         if dtype is None:
             mixed = getattr(model, "mixed_precision", None) if sharded else None
             dtype = getattr(mixed, "param_dtype", None) or next(model.parameters()).dtype
-        config = inner.config
+        # Its own config: the engine switches the attention implementation of the model it samples from
+        # (grouped_query_attention), which must not reach the policy, e.g. while a rollout is sampled
+        # ahead on another thread during the update (compiled forwards guard on it).
+        config = copy.deepcopy(inner.config)
         device = model.compute_device if sharded else next(model.parameters()).device
         # Initialising the copy must not draw from the generators the rollouts sample from. Its
         # weights are made outside inference mode, whatever the caller's (a first rollout may come

@@ -107,10 +107,11 @@ def test_overlap_trains_exactly_as_the_stale_run_without_it(tiny_model_dir, tmp_
         stale = StaleRollouts(overlap=overlap)
         module = make_module(tiny_model_dir, **settings)
         runs[overlap] = fit_with_validation(module, 6, tmp_path / str(overlap), [order, stale], accelerator), order.prompts
-        assert not module.sampler.ahead.pending and not module.rollout_weights.stale
+        sampler = module._samplers[accelerator]  # after a fit the module is back on the CPU
+        assert not sampler.ahead.pending and not module.rollout_weights.stale
         # Sampled in place: the first batch, the one after the validation after step 3, the first of epoch 2.
         assert stale.sampled_in_place == (3 if overlap else 0)
-        assert module.sampler.ahead.taken == (6 if overlap else 0)  # through the worker, in place or ahead
+        assert sampler.ahead.taken == (6 if overlap else 0)  # through the worker, in place or ahead
     (plain, plain_order), (overlapped, overlapped_order) = runs[False], runs[True]
     assert overlapped_order == plain_order and len(plain_order) == 6
     assert sorted(plain) == list(range(1, 7))

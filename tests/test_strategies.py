@@ -24,6 +24,7 @@ import grpo_lightning.module
 import grpo_lightning.strategies
 from grpo_lightning.module import ConfigError
 from grpo_lightning.cli import GRPOLightningCLI, main
+from grpo_lightning.engine.attention import GQA_ATTENTION, grouped_query_attention
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.export import export_checkpoint, read_checkpoint
 from grpo_lightning.strategies import (
@@ -241,6 +242,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from grpo_lightning.data import ArithmeticDataModule
+from grpo_lightning.engine.attention import GQA_ATTENTION, grouped_query_attention
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.strategies import PolicyFSDPStrategy
 from variants import DAPO, GRPO, PPO
@@ -433,3 +435,14 @@ def test_an_unsharded_reference_model_computes_in_the_strategys_dtype(tiny_model
     fit(grpo, 1, tmp_path, strategy=PolicyFSDPStrategy(mixed_precision="bf16", reference_weights="unsharded"))
     assert {p.dtype for p in grpo.ref_model.parameters()} == {torch.bfloat16}
     assert {b.dtype for b in grpo.ref_model.buffers()} == {torch.float32}  # rotary frequencies keep fp32
+
+
+def test_a_replica_has_its_own_config_so_the_engine_switches_its_attention_alone(tiny_model_dir):
+    """The engine sets the attention implementation of the model it samples from; on a replica that
+    must not reach the policy, whose compiled forwards guard on it (a rollout sampled ahead runs on
+    another thread while the policy trains)."""
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa")
+    replica = RolloutReplica(policy, torch.bfloat16)
+    with grouped_query_attention(replica.model):
+        assert replica.model.config._attn_implementation == GQA_ATTENTION
+        assert policy.config._attn_implementation == "sdpa"
