@@ -186,8 +186,10 @@ def build_workdir(workdir: Path, workload: Workload, rows: int, seed: int) -> di
 
 
 def _sync() -> None:
+    """Wait for the training stream: a rollout sampled ahead on its own stream (``--stale-rollouts
+    overlap``) runs on across step boundaries, and a step waits for it where it takes it."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
+        torch.cuda.current_stream().synchronize()
 
 
 def make_step_recorder():
@@ -533,6 +535,10 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     profiler = make_step_profiler(args.profile_step, args.profile_trace) if args.profile_step else None
     if profiler is not None:
         callbacks.append(profiler)
+    if args.stale_rollouts != "off":
+        from grpo_lightning.stale_rollouts import StaleRollouts
+
+        callbacks.append(StaleRollouts(overlap=args.stale_rollouts == "overlap"))
     trainer = L.Trainer(
         accelerator=args.accelerator,
         devices=args.devices,
@@ -566,6 +572,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
         engine=engine_options(args),
         rollout_seed=args.rollout_seed,
         rollout_dtype=args.rollout_dtype,
+        rollout_correction="token_truncate" if args.stale_rollouts != "off" else None,  # configs/rollout/one_step_stale.yaml
         peft_config=lora_settings(args.lora_rank),
     )
     data = PromptDataModule(
@@ -750,6 +757,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )  # fmt: skip
     parser.add_argument("--decode-attention", choices=list(DECODE_ATTENTION_KINDS), default="auto", help="engine.decode_attention")
     parser.add_argument("--padding-free", action="store_true", help="engine.padding_free")
+    parser.add_argument(
+        "--stale-rollouts", choices=["off", "stale", "overlap"], default="off",
+        help="one-step-stale rollouts (configs/rollout/one_step_stale.yaml): sampled in turn (stale), or the next "
+        "batch's while the current one trains (overlap)",
+    )
     parser.add_argument("--rollout-dtype", default=None, help="the module's rollout_dtype, e.g. bfloat16 with --dtype float32")
     parser.add_argument(
         "--rollout-weights", choices=["replica", "gather"], default="replica",
