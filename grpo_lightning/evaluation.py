@@ -19,7 +19,8 @@ import torch
 from torch import Tensor
 
 from grpo_lightning import resume
-from grpo_lightning.rewards import group_indices, score_completions
+from grpo_lightning.rewards import group_indices
+from grpo_lightning.rewards.execution import RewardScorer
 from grpo_lightning.rewards.consistency import vote
 from grpo_lightning.rollout import Rollout
 from grpo_lightning.sample_metrics import prompt_metrics, summarize
@@ -56,13 +57,18 @@ class Evaluation:
 
     def accuracy_scores(self, rollout: Rollout) -> Tensor:
         """``[N]`` scores of ``accuracy_func``: its column of the rewards when it is also a reward
-        function, so it is not called twice."""
+        function, so it is not called twice; its failures are handled as ``reward_execution`` says
+        (``zero`` and ``skip_group``: the sample scores 0)."""
         accuracy = self.accuracy_function[1]
         for column, (_, function) in enumerate(self.reward_functions):
             if function is accuracy:
                 return rollout.reward_per_function[:, column]
+        if getattr(self, "_accuracy_scorer", None) is None:
+            # Its on_error and timeout_s are the rewards' (reward_execution); it runs here, not in their workers.
+            self._accuracy_scorer = RewardScorer(dataclasses.replace(self.reward_scorer.execution, workers=0))
         columns, groups = rollout.columns, group_indices(len(rollout), rollout.group_size)
-        return score_completions([self.accuracy_function], rollout.prompts, rollout.completions, columns, groups)[:, 0]
+        scores = self._accuracy_scorer.score([self.accuracy_function], rollout.prompts, rollout.completions, columns, groups)
+        return scores.per_function[:, 0]
 
     def validation_step(self, batch: dict[str, list], batch_idx: int, dataloader_idx: int = 0) -> None:
         """``val_samples`` completions per prompt, scored; the metrics are computed over all prompts

@@ -362,3 +362,25 @@ def test_a_step_whose_every_group_failed_counts_without_changing_a_weight(tiny_m
     assert trainer.global_step == 2 and float(steps[2]["rewards/frac_groups_skipped"]) == 1.0
     original = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     assert all(torch.equal(value, original[name]) for name, value in module.policy.state_dict().items())
+
+
+def answer_check_that_fails_on_7(prompts, completions, answer, **columns):
+    """An accuracy function that raises on the prompt whose answer is 7."""
+    if "7" in answer:
+        raise ValueError("cannot parse")
+    return [1.0] * len(completions)
+
+
+@pytest.mark.parametrize("on_error", ["raise", "zero"])
+def test_the_accuracy_function_fails_as_reward_execution_says(tiny_model_dir, on_error):
+    module = make_module(tiny_model_dir, accuracy_func=answer_check_that_fails_on_7,
+                         reward_execution=RewardExecution(on_error=on_error))  # fmt: skip
+    module.configure_model()
+    rollout = module.generate({"prompt": ["3+4=", "1+2="], "answer": ["7", "3"]}, 2, module.val_sampling)
+    module.score(rollout)
+    if on_error == "raise":
+        with pytest.raises(RewardFunctionError, match="'answer_check_that_fails_on_7' raised ValueError: cannot parse"):
+            module.accuracy_scores(rollout)
+        return
+    with pytest.warns(RewardFunctionWarning, match="scored 0"):
+        assert module.accuracy_scores(rollout).tolist() == [0.0, 0.0, 1.0, 1.0]
