@@ -115,6 +115,9 @@ WORKLOADS: dict[str, Workload] = {
 # W1's model and batch with long completions that stop early, with a long tail: log-normal lengths, median
 # 600, 10 % at 2048. Micro-batches of 8: 32 rows of 2112 tokens would hold 20 GB of bf16 logits per copy,
 # and TRL's update keeps several copies.
+# W3's 7B shape, fully fine-tuned under FSDP (--devices 2|4 --strategy fsdp --activation-checkpointing;
+# weak scaling: --prompts 16 x devices). Micro-batches of 4 rows of 768 tokens keep the activations small.
+WORKLOADS["W4"] = dataclasses.replace(WORKLOADS["W3"], micro_batch_size=4)
 WORKLOADS["W5"] = dataclasses.replace(WORKLOADS["W1"], max_new_tokens=2048, micro_batch_size=8, stop_lengths="lognormal")
 
 
@@ -512,6 +515,8 @@ def make_strategy(args: argparse.Namespace):
             rollout_weights=args.rollout_weights,
             reference_weights=args.reference_weights,
             sharding_strategy=args.sharding_strategy,
+            activation_checkpointing=args.activation_checkpointing,
+            cpu_offload=args.cpu_offload,
         )
     return args.strategy
 
@@ -742,6 +747,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--reference-weights", choices=["sharded", "unsharded"], default="sharded",
                         help="with --strategy fsdp: shard the reference model, or keep a whole copy per device")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="with --strategy fsdp: recompute the policy's decoder layers in the backward pass (W4)")
+    parser.add_argument("--cpu-offload", action="store_true",
+                        help="with --strategy fsdp: keep sharded parameters and gradients in CPU memory")
     parser.add_argument("--sharding-strategy", default="FULL_SHARD", help="with --strategy fsdp: e.g. SHARD_GRAD_OP")
     for flag, field in (
         ("--compile", "compile"),

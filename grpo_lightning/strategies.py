@@ -48,6 +48,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, enable_wrap, wrap
 
 from grpo_lightning.checkpoint_io import check_checkpoint
+from grpo_lightning.errors import ConfigError
 
 _PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -298,6 +299,8 @@ class PolicyFSDPStrategy(FSDPStrategy):
             with super().model_sharded_context():
                 yield
             return
+        if self.cpu_offload.offload_params:
+            raise ConfigError("cpu_offload: the weights already live in CPU memory on a CPU run; set it on CUDA only.")
         # FSDP picks the accelerator unless given a device: on the CPU (gloo: tests, debugging) name it.
         with enable_wrap(
             wrapper_cls=FullyShardedDataParallel,

@@ -446,3 +446,8 @@ def test_a_replica_has_its_own_config_so_the_engine_switches_its_attention_alone
     with grouped_query_attention(replica.model):
         assert replica.model.config._attn_implementation == GQA_ATTENTION
         assert policy.config._attn_implementation == "sdpa"
+
+
+def test_cpu_offload_on_a_cpu_run_is_a_config_error(tiny_model_dir, tmp_path, process_group_cleanup):
+    with pytest.raises(ConfigError, match="cpu_offload: .*on CUDA only"):
+        fit(make_module(tiny_model_dir), 1, tmp_path, strategy=PolicyFSDPStrategy(mixed_precision=None, cpu_offload=True))
