@@ -1,29 +1,27 @@
 """One-step-stale rollouts: each rollout sampled with the weights the policy had before its
-previous update, as when the next batch is generated while the current one trains.
+previous update, and on CUDA generated while that update runs.
 
 Overlapping generation with the update (verl's and OpenRLHF's one-step off-policy pipelines)
-makes rollout ``k`` come from the weights after ``k - 1`` update phases instead of ``k``. This
-callback gives any fit that staleness without the overlap: before the first optimizer step of
-each training step it copies the policy into a replica
-(:meth:`grpo_lightning.generation.RolloutWeights.snapshot`), and rollouts sample from that replica
-until the next one. So whether a variant still learns as well when its samples are a step old can
-be measured anywhere, the CPU included, before any device time goes into the overlap itself.
+makes rollout ``k`` come from the weights after ``k - 1`` update phases instead of ``k``. Before
+each update this callback copies the policy into a replica
+(:meth:`grpo_lightning.generation.RolloutWeights.snapshot`), and training rollouts sample from that
+replica until the next one. The engine records each sampled token's log-prob under the stale
+weights (``rollout.sampling_logp``), so the update's importance correction (``rollout_correction``,
+e.g. ``token_truncate``: TIS) and the ``sampling/*`` metrics see the staleness; ``rollout/staleness``
+logs how many optimizer steps the sampling weights were behind. Validation samples from the current
+policy.
 
-The engine records each sampled token's log-prob under the stale weights
-(``rollout.sampling_logp``), so the update's importance correction (``rollout_correction``, e.g.
-``token_truncate``: TIS) and the ``sampling/*`` metrics see the staleness. ``rollout/staleness``
-logs how many optimizer steps the sampling weights were behind. Validation samples from the
-current policy.
-
-With ``overlap`` (the default on CUDA) the next batch's rollout is also generated that way: on a
-worker thread and its own CUDA stream (:class:`grpo_lightning.generation.ahead.SamplesAhead`),
-while the current batch's reference pass and update run. Each training batch then takes the rollout
-sampled for it, snapshots the policy and starts the next batch's, so the samples, their keys and the
-training are those of the run without overlap (with keyed sampling, ``rollout_seed``, exactly);
-the ``rollout`` phase (``perf/rollout_s``) is then only the time spent waiting for the worker. The
-next batch is the one the project's dataloaders (:class:`grpo_lightning.data.ResumableDataLoader`)
-hold ahead; the first batch of each epoch and the one after a validation are sampled in place; with
-another dataloader, or a training step that samples otherwise than the base module's, every one is.
+With ``overlap`` (the default on CUDA) the next batch's rollout is generated on a worker thread
+and its own CUDA stream (:class:`grpo_lightning.generation.ahead.SamplesAhead`) while the current
+batch's reference pass and update run: when ``training_step`` takes its rollout, the callback
+snapshots the weights its update starts from and starts the next batch's rollout from them. The
+samples are those of the run without overlap (with ``rollout_seed``, the same tokens), and the
+``rollout`` phase (``perf/rollout_s``) is the wait for the worker. The next batch is the one the
+project's dataloaders (:class:`grpo_lightning.data.ResumableDataLoader`) hold ahead; the first
+batch of each epoch and the one after a validation are sampled in place, and so is every batch of
+another dataloader. A ``training_step`` that samples otherwise than the base module's turns the
+overlap off, with a warning. Without overlap (the CPU's default) the same staleness lets a variant's
+learning with samples a step old be measured anywhere.
 
     grpo-lightning fit ... --config configs/rollout/one_step_stale.yaml
 """
