@@ -579,6 +579,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
         rollout_dtype=args.rollout_dtype,
         rollout_correction="token_truncate" if args.stale_rollouts != "off" else None,  # configs/rollout/one_step_stale.yaml
         peft_config=lora_settings(args.lora_rank),
+        gradient_checkpointing=args.gradient_checkpointing,
     )
     data = PromptDataModule(
         path=paths["prompts"], val_split=None, batch_size=workload.prompts // trainer.world_size, seed=args.seed
@@ -747,6 +748,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--reference-weights", choices=["sharded", "unsharded"], default="sharded",
                         help="with --strategy fsdp: shard the reference model, or keep a whole copy per device")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="the module's gradient_checkpointing: larger micro-batches fit (W3: 16 ran out of memory without)")
     parser.add_argument("--activation-checkpointing", action="store_true",
                         help="with --strategy fsdp: recompute the policy's decoder layers in the backward pass (W4)")
     parser.add_argument("--cpu-offload", action="store_true",
