@@ -40,6 +40,27 @@ def upcoming_batch(trainer: Any) -> Any | None:
     return getattr(trainer.train_dataloader, "upcoming", None)
 
 
+def sampler_arguments(module: Any, batch: Any, number: int) -> tuple:
+    """What the base module's ``generate(batch, group_size, sampling, with_logprobs=True)`` passes
+    :meth:`~grpo_lightning.generation.RolloutSampler.sample` after the model, as rollout ``number``."""
+    texts = [module.format_prompt(prompt) for prompt in batch["prompt"]]
+    return (module.tokenizer, texts, module.group_size, module.sampling, number, True)
+
+
+def was_sampled_ahead(module: Any, arguments: tuple) -> bool:
+    """Whether the rollout of ``arguments`` was started ahead and not taken yet."""
+    if module.rollout_weights.snapshot_version is None:
+        return False  # nothing was sampled yet (and asking for the model would take the first snapshot)
+    with module.rollout_model() as model:
+        return module.sampler.has_ahead(model, *arguments)
+
+
+def sample_ahead(module: Any, arguments: tuple) -> None:
+    """Start the rollout of ``arguments`` on the sampler's worker, from the model training rollouts sample from."""
+    with module.rollout_model() as model:
+        module.sampler.sample_ahead(model, *arguments)
+
+
 class StaleRollouts(Callback):
     """Training rollouts from the weights of the start of the previous update phase.
 
@@ -59,11 +80,12 @@ class StaleRollouts(Callback):
         if self.overlap is None:
             self.overlap = module.device.type == "cuda"
         if self.overlap:
-            sampled_ahead = self._request(module, batch, module.rollouts, submit=False)
+            arguments = sampler_arguments(module, batch, module.rollouts)
+            sampled_ahead = was_sampled_ahead(module, arguments)
             if module.sampler.ahead.pending > sampled_ahead:  # training_step did not take the last one
                 self._stop_overlap(module)
             else:
-                return self._sample_ahead(trainer, module, batch, sampled_ahead)
+                return self._sample_ahead(trainer, module, arguments, sampled_ahead)
         if weights.snapshot_version is not None:  # the first rollout takes the starting weights
             self._log_staleness(module, weights.snapshot_version)
         self._snapshot_due = True
@@ -79,18 +101,17 @@ class StaleRollouts(Callback):
             "rollout sampled ahead was not used; overlap is off for the rest of the fit."
         )
         module.sampler.ahead.clear()
-        module.sampler.ahead.on_take = None
         self.overlap = False
         self._snapshot_due = True  # the weights of this step's update: the next rollout's
 
-    def _sample_ahead(self, trainer: Any, module: Any, batch: Any, sampled_ahead: bool) -> None:
+    def _sample_ahead(self, trainer: Any, module: Any, arguments: tuple, sampled_ahead: bool) -> None:
         """Have this batch's rollout on the worker (sampled ahead, or now from the last snapshot);
         once ``training_step`` takes it, snapshot the weights its update starts from and start the
         next batch's rollout from them (:meth:`_start_next`)."""
         version = self._ahead_version
         if not sampled_ahead:  # the first batch of an epoch, the one after a validation
             version = module.rollout_weights.snapshot_version  # None: the first rollout
-            self._request(module, batch, module.rollouts)
+            sample_ahead(module, arguments)
             self.sampled_in_place += 1
         if version is not None:
             self._log_staleness(module, version)
@@ -104,22 +125,8 @@ class StaleRollouts(Callback):
         module.rollout_weights.snapshot(module.policy, module.policy_version)
         self._ahead_version = None
         if upcoming is not None:
-            self._request(module, upcoming, module.rollouts + 1)  # generate() counts the one just taken after
+            sample_ahead(module, sampler_arguments(module, upcoming, module.rollouts + 1))  # generate() counts after
             self._ahead_version = module.policy_version
-
-    def _request(self, module: Any, batch: Any, number: int, submit: bool = True) -> bool:
-        """Start the rollout ``training_step`` will ask for ``batch`` (the base module's
-        ``generate(batch, group_size, sampling, with_logprobs=True)``, numbered ``number``) on the
-        worker; or (``submit=False``) tell whether it was started."""
-        if not submit and module.rollout_weights.snapshot_version is None:
-            return False  # nothing was sampled yet
-        texts = [module.format_prompt(prompt) for prompt in batch["prompt"]]
-        arguments = (module.tokenizer, texts, module.group_size, module.sampling, number, True)
-        with module.rollout_model() as model:
-            if not submit:
-                return module.sampler.has_ahead(model, *arguments)
-            module.sampler.sample_ahead(model, *arguments)
-        return True
 
     def _log_staleness(self, module: Any, version: int) -> None:
         module.step_metrics.update("rollout/staleness", float(module.policy_version - version))
@@ -127,7 +134,6 @@ class StaleRollouts(Callback):
     def on_validation_start(self, trainer: Any, module: Any) -> None:
         # Validation's rollouts take numbers (keys of keyed sampling): the batch after it is sampled again.
         module.sampler.ahead.clear()
-        module.sampler.ahead.on_take = None
         self._ahead_version = None
         module.rollout_weights.stale = False  # until the next training batch
 
@@ -139,5 +145,4 @@ class StaleRollouts(Callback):
 
     def _stop(self, module: Any) -> None:
         module.sampler.ahead.clear()
-        module.sampler.ahead.on_take = None
         module.rollout_weights.stale = False

@@ -81,6 +81,7 @@ class SamplesAhead:
                 future.result()
 
     def clear(self) -> None:
-        """Wait for the worker and drop what it sampled."""
+        """Wait for the worker and drop what it sampled, and ``on_take`` with it."""
         self.wait()
         self._pending.clear()
+        self.on_take = None
