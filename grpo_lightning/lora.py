@@ -10,6 +10,8 @@
 * Rollouts sample from a plain copy of the model holding the merged weights
   ``W + (alpha / r) B A`` (:func:`merged_weights`), refreshed after each optimizer step, so the
   fast engine decodes an ordinary Hugging Face model with no adapter arithmetic per token.
+* Forward passes through the adapters run under :func:`adapter_autocast`: float32 adapters on a
+  bf16 base compute their products in bf16.
 * Checkpoints hold the adapters (the frozen base weights are reloaded from ``model``);
   ``save_pretrained`` and :mod:`grpo_lightning.export` write the merged model, or the adapter
   alone with ``--adapter``.
@@ -104,6 +106,23 @@ def add_adapters(model: PreTrainedModel, settings: dict[str, Any], gradient_chec
 
 def has_adapters(model: nn.Module | None) -> bool:
     return model is not None and hasattr(model, "disable_adapter") and hasattr(model, "get_base_model")
+
+
+def adapter_autocast(model: nn.Module) -> contextlib.AbstractContextManager:
+    """Mixed precision for float32 adapters on a bf16 or fp16 base model (PEFT's default).
+
+    PEFT runs ``B A x`` in the adapters' float32, which on a GPU takes CUDA cores instead of tensor
+    cores. Inside the returned ``torch.autocast`` the products run in the base weights' dtype,
+    while ``A`` and ``B`` and their gradients stay float32, as in mixed-precision training
+    (Micikevicius et al. 2018). ``nullcontext`` for a model without adapters or with float32 weights.
+    """
+    if not has_adapters(model):
+        return contextlib.nullcontext()
+    base = model.get_base_model().get_input_embeddings().weight
+    adapter = next((p for name, p in model.named_parameters() if ".lora_A." in name), None)
+    if adapter is None or base.dtype not in (torch.bfloat16, torch.float16) or adapter.dtype == base.dtype:
+        return contextlib.nullcontext()
+    return torch.autocast(base.device.type, dtype=base.dtype)
 
 
 @contextlib.contextmanager

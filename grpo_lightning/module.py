@@ -40,7 +40,7 @@ from grpo_lightning.generation import EnginePlan, RolloutSampler, RolloutWeights
 from grpo_lightning.generation import announce_prompt_format, check_engine_options, disable_dropout, format_prompt
 from grpo_lightning.model_sources import load_tokenizer
 from grpo_lightning.generation import announce_rollout_mode, save_policy
-from grpo_lightning.lora import adapter_settings, reference_model
+from grpo_lightning.lora import adapter_autocast, adapter_settings, reference_model
 from grpo_lightning.models import load_models
 from grpo_lightning.nonfinite import NonFiniteGuard
 from grpo_lightning.logprobs import completion_logprobs
@@ -400,10 +400,11 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
     def _forward(
         self, model: torch.nn.Module, rollout: Rollout, rows: Tensor, with_entropy: bool = True
     ) -> tuple[Tensor, Tensor | None]:
-        return completion_logprobs(
-            model, *rollout.model_inputs(rows), temperature=self.sampling.temperature, with_entropy=with_entropy,
-            **self.engine_plan.logprob_options(),
-        )  # fmt: skip
+        with adapter_autocast(model):  # LoRA: bf16 products for float32 adapters
+            return completion_logprobs(
+                model, *rollout.model_inputs(rows), temperature=self.sampling.temperature, with_entropy=with_entropy,
+                **self.engine_plan.logprob_options(),
+            )  # fmt: skip
 
     # ------------------------------------------------------------------ training
 

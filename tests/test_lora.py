@@ -4,8 +4,10 @@ exactly, and the run exports as a merged model or as the adapter."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
+import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -29,7 +31,7 @@ LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
 
 
 def lora_module(model_dir: str, **overrides):
-    return make_module(model_dir, beta=0.04, dtype="float32", peft_config=LORA, **overrides)
+    return make_module(model_dir, **{"beta": 0.04, "dtype": "float32", "peft_config": LORA, **overrides})
 
 
 def test_the_config_is_kept_as_plain_values_and_checked():
@@ -143,3 +145,55 @@ def test_the_fused_lm_head_path_gives_the_peft_models_log_probs(tiny_model_dir, 
         base, _ = completion_logprobs(module.policy, *inputs, with_entropy=False, fused_head=True)
     torch.testing.assert_close(base, module.last_rollout.ref_logp, rtol=1e-5, atol=1e-5)
     assert (base - plain).abs().max() > 1e-4  # the adapters act
+
+
+def test_float32_adapters_on_a_bf16_model_multiply_in_bf16_and_keep_float32_gradients(tiny_model_dir):
+    """``adapter_autocast``: the adapters' products in the base weights' bf16, the adapters and their
+    gradients float32, the gradients those of the float32 products up to bf16 rounding; nothing
+    changes for a float32 model or a model without adapters."""
+    from grpo_lightning.logprobs import completion_logprobs
+    from grpo_lightning.lora import adapter_autocast, add_adapters
+
+    torch.manual_seed(0)
+    policy = add_adapters(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16), LORA)
+    for name, parameter in policy.named_parameters():
+        if ".lora_B." in name:  # B = 0 at the start would leave A without a gradient
+            torch.nn.init.normal_(parameter, std=0.1)
+    lora_a = next(m for n, m in policy.named_modules() if n.endswith("q_proj.lora_A.default"))
+    outputs = []
+    lora_a.register_forward_hook(lambda module, args, output: outputs.append(output.dtype))
+    ids = torch.randint(3, policy.config.vocab_size, (2, 12))
+    inputs = (ids[:, :6], torch.ones(2, 6, dtype=torch.long), ids[:, 6:], torch.ones(2, 6, dtype=torch.long))
+
+    def adapter_grads(context) -> dict[str, torch.Tensor]:
+        policy.zero_grad()
+        with context:
+            logp, _ = completion_logprobs(policy, *inputs, with_entropy=False)
+        logp.float().sum().backward()
+        return {n: p.grad.clone() for n, p in policy.named_parameters() if p.requires_grad}
+
+    plain = adapter_grads(contextlib.nullcontext())
+    mixed = adapter_grads(adapter_autocast(policy))
+    assert outputs == [torch.float32, torch.bfloat16]
+    assert all(gradient.dtype == torch.float32 for gradient in mixed.values())
+    for name in plain:
+        scale = plain[name].abs().max()
+        assert scale > 0 and (mixed[name] - plain[name]).abs().max() <= 0.05 * scale, name
+    with policy.disable_adapter():  # the reference pass: the same autocast as the policy's
+        assert isinstance(adapter_autocast(policy), torch.autocast)
+    float32_policy = add_adapters(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LORA)
+    for model in (float32_policy, AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)):
+        assert isinstance(adapter_autocast(model), contextlib.nullcontext)
+
+
+def test_a_bf16_lora_update_runs_its_adapters_in_bf16(tiny_model_dir, tmp_path):
+    module = lora_module(tiny_model_dir, dtype="bfloat16")
+    seen = []
+
+    class Hook(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            lora_a = next(m for n, m in pl_module.policy.named_modules() if n.endswith("q_proj.lora_A.default"))
+            lora_a.register_forward_hook(lambda module, args, output: seen.append(output.dtype))
+
+    fit(module, 1, tmp_path, callbacks=[Hook()])
+    assert seen and set(seen) == {torch.bfloat16}
