@@ -3,8 +3,9 @@
 W3's model shape (Qwen2.5-7B widths, ``--layers`` of its 28 decoder layers, random weights) with
 LoRA r 64 on every linear layer, added by ``grpo_lightning.lora.add_adapters`` as the module does.
 PEFT keeps the adapters in float32 next to bf16 base weights, so by default their products run in
-float32; the module runs them under ``adapter_autocast`` (bf16 products, float32 adapters). Each setting times the policy's forward and backward through ``completion_logprobs`` (the update)
-and the adapters-off forward without gradients (the reference pass)::
+float32; the module runs them under ``adapter_autocast`` (bf16 products, float32 adapters). Each
+setting times the policy's forward and backward through ``completion_logprobs`` (the update) and
+the adapters-off forward without gradients (the reference pass)::
 
     python benchmarks/studies/lora_update.py --layers 4            # one GPU, about a minute
 
