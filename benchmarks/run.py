@@ -32,6 +32,7 @@ import tempfile
 import time
 import zlib
 from pathlib import Path
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -205,10 +206,17 @@ def make_step_recorder():
             self.steps: list[dict[str, float]] = []
             self._start = 0.0
             self.first_step_peak = 0.0
+            self.memory: dict[str, float] = {}  # memory_held after the last step (CUDA)
 
         def on_train_start(self, trainer, pl_module) -> None:
             self.threads = torch.get_num_threads()
             self.engine_plan = pl_module.engine_plan  # as resolved for the training device
+
+        def on_train_end(self, trainer, pl_module) -> None:
+            try:  # a breakdown that fails must not lose the run's timings
+                self.memory = memory_held(pl_module, trainer.optimizers[0])
+            except Exception as error:  # noqa: BLE001
+                self.memory = {"error": repr(error)}
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             _sync()
@@ -231,6 +239,61 @@ def make_step_recorder():
                 self.first_step_peak = reset_peak_memory()
 
     return StepRecorder()
+
+
+def _gib(tensors: Iterable[Any], device_type: str = "cuda") -> float:
+    """GiB of the distinct storages behind ``tensors`` on ``device_type`` (views of one buffer count once)."""
+    storages = {}
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == device_type:
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values()) / 2**30
+
+
+def _tensors_in(value: Any, depth: int = 3) -> Iterator[Any]:
+    """The tensors in ``value``, its lists, dicts and attributes, ``depth`` levels down."""
+    if isinstance(value, torch.Tensor):
+        yield value
+        return
+    if depth == 0:
+        return
+    if isinstance(value, dict):
+        items = value.values()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        items = vars(value).values() if hasattr(value, "__dict__") else ()
+    for item in items:
+        yield from _tensors_in(item, depth - 1)
+
+
+def memory_held(module: Any, optimizer: Any, device_type: str | None = None) -> dict[str, float]:
+    """GiB this process holds on the GPU (``device_type``) after its last step, by owner; on CUDA also
+    what is allocated then and the peak of steps 2..N: the part of the peak held between steps, and
+    the part only a step needs. Empty without CUDA unless ``device_type`` is given."""
+    device_type = device_type or ("cuda" if torch.cuda.is_available() else None)
+    if device_type is None:
+        return {}
+    parameters = list(module.policy.parameters())
+    replica = getattr(module.rollout_weights, "replica", None)
+    engines = [engine for sampler in module._samplers.values() for engine in sampler.engines.values()]
+
+    def gib(tensors: Iterable[Any]) -> float:
+        return _gib(tensors, device_type)
+
+    held = {
+        "policy_parameters": gib(parameters),
+        "policy_gradients": gib(p.grad for p in parameters),
+        "optimizer_state": gib(v for state in optimizer.state.values() for v in state.values()),
+        "reference_parameters": gib(module.ref_model.parameters()) if module.ref_model is not None else 0.0,
+        "rollout_replica": gib(replica.model.parameters()) if replica is not None else 0.0,
+        "rollout_kv_cache": gib(t for engine in engines for t in _tensors_in(engine._cache)),
+    }
+    if device_type == "cuda":
+        held["allocated"] = torch.cuda.memory_allocated() / 2**30
+        held["peak_steps_2_on"] = torch.cuda.max_memory_allocated() / 2**30
+    return held
 
 
 def reset_peak_memory() -> float:
@@ -625,6 +688,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     later_peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
     result["peak_mem_gib"] = max(recorder.first_step_peak, later_peak)
     result["steady_peak_mem_gib"] = later_peak if len(recorder.steps) > 1 else None  # steps 2..N
+    result["memory_held_gib"] = recorder.memory
     result["world_size"] = trainer.world_size
     plan = dataclasses.asdict(recorder.engine_plan)
     result["engine_resolved"] = {k: v for k, v in plan.items() if k not in ("notes", "warnings")}
@@ -684,6 +748,9 @@ def print_table(result: dict[str, Any]) -> None:
     steady = result.get("steady_peak_mem_gib")
     print(f"generated tokens/s: {result['tokens_per_s']:.1f}   peak GPU memory: {result['peak_mem_gib']:.2f} GiB"
           + (f" (steps 2..: {steady:.2f} GiB)" if steady is not None else ""))
+    if result.get("memory_held_gib"):
+        print("GPU memory after the last step, GiB: " + ", ".join(f"{k} {v}" if isinstance(v, str) else f"{k} {v:.2f}"
+                                                                  for k, v in result["memory_held_gib"].items()))
     if "stop_lengths" in result:
         print_stop_lengths(result)
     if "trl" in result:

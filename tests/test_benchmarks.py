@@ -366,3 +366,25 @@ def test_trl_side_forces_the_same_lengths_on_the_same_rows(forced_stop_run):
     assert (report["rows"], report["rows_off"]) == (32, 0)
     assert report["mean_length_per_rollout"] == ours["stop_lengths"]["mean_length_per_rollout"]
     assert report["mean_completion_length"] == pytest.approx(ours["stop_lengths"]["mean_completion_length"])
+
+
+def test_memory_held_counts_each_owner_s_tensors_once(tiny_model_dir, tmp_path):
+    """``memory_held`` (the per-owner breakdown the GPU runs print) after a real fit, counted on the
+    CPU: the policy's weights, AdamW's two moments per weight, the reference copy and the engine's
+    key/value cache."""
+    from test_checkpoint import fit, make_module
+
+    from grpo_lightning.engine.options import EngineOptions
+
+    module = make_module(tiny_model_dir, beta=0.04, engine=EngineOptions(rollout="static"))
+    _, trainer = fit(module, 1, tmp_path)
+    held = bench.memory_held(module, trainer.optimizers[0], device_type="cpu")
+    weights = sum(p.numel() * p.element_size() for p in module.policy.parameters()) / 2**30
+    assert held["policy_parameters"] == pytest.approx(weights)
+    assert held["policy_gradients"] == pytest.approx(weights)  # kept until the next step's zero_grad
+    assert held["optimizer_state"] == pytest.approx(2 * weights, rel=0.01)  # plus a step counter per weight
+    assert held["reference_parameters"] == pytest.approx(weights)
+    assert held["rollout_replica"] == 0.0  # the engine samples from the policy itself
+    assert held["rollout_kv_cache"] > 0
+    if not torch.cuda.is_available():
+        assert bench.memory_held(module, trainer.optimizers[0]) == {}
