@@ -31,8 +31,8 @@ import sys
 import tempfile
 import time
 import zlib
-from pathlib import Path
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -206,7 +206,7 @@ def make_step_recorder():
             self.steps: list[dict[str, float]] = []
             self._start = 0.0
             self.first_step_peak = 0.0
-            self.memory: dict[str, float] = {}  # memory_held after the last step (CUDA)
+            self.memory: dict[str, Any] = {}  # memory_held after the last step (CUDA), or the error it raised
 
         def on_train_start(self, trainer, pl_module) -> None:
             self.threads = torch.get_num_threads()
