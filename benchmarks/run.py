@@ -1,4 +1,4 @@
-"""Speed benchmark of one GRPO workload (``WORKLOADS``: W0 to W3, W5) through a real Lightning Trainer.
+"""Speed benchmark of one GRPO workload (``WORKLOADS``: W0 to W5) through a real Lightning Trainer.
 
     python benchmarks/run.py --workload W0 [--compare trl] [--steps 5] [--out result.json]
 
@@ -424,7 +424,8 @@ def make_first_step_dump(directory: Path):
 
 def make_step_profiler(step: int, trace: str | None = None):
     """A Callback profiling training step ``step`` (counted from 1) on rank 0 with
-    ``torch.profiler`` (CPU, and CUDA when available); its events are in ``.events`` after it.
+    ``torch.profiler`` (CPU, and CUDA when the module runs there); its events are in ``.events``
+    after it, and ``.on_cuda`` says whether they hold the GPU's.
     ``trace``: also write the step's Chrome trace there (gzipped when it ends in ``.gz``)."""
     import lightning as L
     from torch.profiler import ProfilerActivity, profile
@@ -434,11 +435,13 @@ def make_step_profiler(step: int, trace: str | None = None):
             self.seen = 0
             self.profiler = None
             self.events = None
+            self.on_cuda = False
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             self.seen += 1
             if self.seen == step and trainer.is_global_zero:
-                activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+                self.on_cuda = pl_module.device.type == "cuda"
+                activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.on_cuda else [])
                 self.profiler = profile(activities=activities)
                 self.profiler.__enter__()
 
@@ -454,15 +457,14 @@ def make_step_profiler(step: int, trace: str | None = None):
     return StepProfiler()
 
 
-def profile_report(events, step: int) -> tuple[str, dict[str, Any]]:
+def profile_report(events, step: int, cuda: bool) -> tuple[str, dict[str, Any]]:
     """The text tables and their JSON summary of a profiled step: the ops by self device time (by
-    self CPU time without CUDA), 40 in the table and 15 in the JSON; then the module's ``grpo.*``
+    self CPU time when ``cuda`` is false), 40 in the table and 15 in the JSON; then the module's ``grpo.*``
     ``record_function`` ranges by total device time: the time of the kernels that ran inside each
     range's span on the GPU (without CUDA: its CPU time), with that span and its host time."""
     from torch.autograd import DeviceType
     from torch.autograd.profiler_util import EventList
 
-    cuda = torch.cuda.is_available()
     self_key, total_key = ("self_device_time_total", "device_time_total") if cuda else ("self_cpu_time_total", "cpu_time_total")
     averages = events.key_averages()
     # A range also has a GPU-side copy spanning its kernels: not an op of its own.
@@ -671,7 +673,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     profile = None
     if profiler is not None and profiler.events is not None:
         recorder.steps[args.profile_step - 1]["profiled"] = True
-        text, profile = profile_report(profiler.events, args.profile_step)
+        text, profile = profile_report(profiler.events, args.profile_step, profiler.on_cuda)
         if args.out:
             Path(args.out).with_suffix(".profile.txt").write_text(text + "\n")
         else:

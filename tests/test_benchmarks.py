@@ -32,11 +32,12 @@ REQUIRED_KEYS = {
     "median_step_s", "tokens_per_s", "peak_mem_gib", "phases", "workload", "device", "torch", "transformers", "commit",
 }
 TINY_W0 = ["--prompts", "2", "--group-size", "2", "--prompt-tokens", "4", "--max-new-tokens", "4", "--threads", "1"]
+ON_CPU = ["--accelerator", "cpu"]  # the CPU path's choices (HF rollout, CPU profile), also on a machine with a GPU
 
 
 def test_scaled_down_w0_prints_the_json_summary_last(tmp_path):
     out = tmp_path / "result.json"
-    command = [sys.executable, "benchmarks/run.py", "--workload", "W0", "--steps", "2", *TINY_W0,
+    command = [sys.executable, "benchmarks/run.py", "--workload", "W0", "--steps", "2", *TINY_W0, *ON_CPU,
                "--workdir", str(tmp_path / "work"), "--out", str(out)]
     completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -114,7 +115,7 @@ def dumped_and_profiled_run(tmp_path_factory):
     """One scaled-down W0 run with ``--dump-first-step`` and ``--profile-step 2``."""
     directory = tmp_path_factory.mktemp("dump_and_profile")
     out, dump = directory / "result.json", directory / "dump"
-    command = [sys.executable, "benchmarks/run.py", "--workload", "W0", "--steps", "2", *TINY_W0, "--workdir",
+    command = [sys.executable, "benchmarks/run.py", "--workload", "W0", "--steps", "2", *TINY_W0, *ON_CPU, "--workdir",
                str(directory / "work"), "--out", str(out), "--dump-first-step", str(dump), "--profile-step", "2"]  # fmt: skip
     completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr[-3000:]
