@@ -437,6 +437,15 @@ def test_an_unsharded_reference_model_computes_in_the_strategys_dtype(tiny_model
     assert {b.dtype for b in grpo.ref_model.buffers()} == {torch.float32}  # rotary frequencies keep fp32
 
 
+def test_under_32_true_the_shards_are_float32_whatever_dtype_loaded_them(tiny_model_dir, tmp_path, process_group_cleanup):
+    """As the strategy's docstring says and W4's memory breakdown shows: Lightning's FSDP precision
+    ``32-true`` casts the module, so a bf16-loaded model trains float32 shards, its reference too."""
+    grpo = make_module(tiny_model_dir, beta=0.04, dtype="bfloat16")
+    fit(grpo, 1, tmp_path, strategy=PolicyFSDPStrategy(mixed_precision="bf16"))
+    assert {p.dtype for p in grpo.policy.parameters()} == {torch.float32}
+    assert {p.dtype for p in grpo.ref_model.parameters()} == {torch.float32}
+
+
 def test_a_replica_has_its_own_config_so_the_engine_switches_its_attention_alone(tiny_model_dir):
     """The engine sets the attention implementation of the model it samples from; on a replica that
     must not reach the policy, whose compiled forwards guard on it (a rollout sampled ahead runs on
