@@ -27,8 +27,8 @@ def fenced(source: str, tag: str = "python") -> str:
 
 
 @pytest.fixture(scope="module")
-def reward() -> CodeExecutionReward:
-    return CodeExecutionReward(timeout_s=TIMEOUT_S, memory_mb=256, workers=2)
+def reward(sandbox_backend) -> CodeExecutionReward:
+    return CodeExecutionReward(timeout_s=TIMEOUT_S, memory_mb=256, workers=2, sandbox=sandbox_backend)
 
 
 def score(reward, source: str, tests) -> float:
@@ -88,8 +88,8 @@ def test_a_row_without_tests_is_not_scored(reward):
     assert reward(["p", "p"], [fenced(ADD)] * 2, test_cases=[None, []]) == [None, None]
 
 
-def test_the_test_case_column_is_configurable():
-    reward = CodeExecutionReward(column="tests", timeout_s=TIMEOUT_S)
+def test_the_test_case_column_is_configurable(sandbox_backend):
+    reward = CodeExecutionReward(column="tests", timeout_s=TIMEOUT_S, sandbox=sandbox_backend)
     assert reward(["prompt"], [fenced(ADD)], tests=[ADD_TESTS]) == [1.0]
 
 
@@ -113,8 +113,8 @@ def test_a_missing_test_case_column_raises_naming_it(reward):
         reward(["prompt"], [fenced(ADD)], tests=[ADD_TESTS])
 
 
-def test_a_sandbox_that_cannot_run_anything_raises_instead_of_scoring_zero():
-    starved = CodeExecutionReward(memory_mb=1)
+def test_a_sandbox_that_cannot_run_anything_raises_instead_of_scoring_zero(sandbox_backend):
+    starved = CodeExecutionReward(memory_mb=1, sandbox=sandbox_backend)
     with pytest.raises(RuntimeError, match="could not run print"):
         starved(["prompt"], [fenced(ADD)], test_cases=[ADD_TESTS])
 
@@ -122,8 +122,8 @@ def test_a_sandbox_that_cannot_run_anything_raises_instead_of_scoring_zero():
 # Hostile programs: each contained, scored 0, and the process goes on
 
 
-def test_an_infinite_loop_is_stopped_at_the_deadline():
-    reward = CodeExecutionReward(timeout_s=1.0)
+def test_an_infinite_loop_is_stopped_at_the_deadline(sandbox_backend):
+    reward = CodeExecutionReward(timeout_s=1.0, sandbox=sandbox_backend)
     start = time.monotonic()
     assert score(reward, "while True:\n    pass\n", stdio("done")) == 0.0
     assert time.monotonic() - start < 3.0
@@ -220,8 +220,8 @@ def test_a_program_cannot_report_passes_itself(reward):
     assert score(reward, forger, ["assert True", "assert 1 == 1"]) == 0.0
 
 
-def test_passes_before_a_timeout_still_count():
-    reward = CodeExecutionReward(timeout_s=1.0)
+def test_passes_before_a_timeout_still_count(sandbox_backend):
+    reward = CodeExecutionReward(timeout_s=1.0, sandbox=sandbox_backend)
     program = "def double(n):\n    while n == 3:\n        pass\n    return 2 * n\n"
     assert score(reward, program, ["assert double(1) == 2", "assert double(2) == 4", "assert double(3) == 6"]) == 2 / 3
 
@@ -231,8 +231,8 @@ def test_a_hostile_completion_does_not_affect_the_rest_of_its_batch(reward):
     assert reward(["p"] * 3, completions, test_cases=[ADD_TESTS] * 3) == [1.0, 0.0, 0.0]
 
 
-def test_completions_run_at_once_and_come_back_in_order():
-    reward = CodeExecutionReward(timeout_s=1.0, workers=4)
+def test_completions_run_at_once_and_come_back_in_order(sandbox_backend):
+    reward = CodeExecutionReward(timeout_s=1.0, workers=4, sandbox=sandbox_backend)
     sleeper = fenced("import time\ntime.sleep(60)\n")
     completions = [sleeper, fenced(ADD), sleeper, sleeper, "no code", sleeper]
     start = time.monotonic()

@@ -13,7 +13,9 @@ Split forms (``L`` an expected value: a literal, or ``set``, ``frozenset``, ``tu
 ``E op L`` and ``L op E`` for ``op`` in ``== != < <= > >= in not in`` (and ``is``/``is not`` with
 ``None``, ``True`` or ``False``); ``math.isclose(E, L, ...)``; ``abs(E - L) < L`` (or ``<=``);
 ``E`` and ``not E`` (truth), where ``E`` holds no comparison or boolean operator (the expected value
-would be inside the call). Anything else is a *statement* test, run in a process of its own.
+would be inside the call). Several ``assert`` statements in one test, and ``assert A and B``, split into one part each (all must
+pass). Anything else is a *whole* test, run in a process of its own: it holds its expected value,
+so a program set on it can fake its pass (one test at most, never another's).
 """
 
 from __future__ import annotations
@@ -45,18 +47,24 @@ class SplitTest:
     check: Callable[[Any], bool]
 
 
-def split(statement: str) -> SplitTest | None:
-    """The split form of one assert test, ``None`` when it has none (it is then run whole)."""
+def split(statement: str) -> tuple[SplitTest, ...] | None:
+    """The parts of one assert test, each split (the test passes when every part does); ``None`` when
+    some part does not split (the test is then run whole). Several ``assert`` statements, and
+    ``assert A and B``, give one part each."""
     try:
         module = ast.parse(statement)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
-    if len(module.body) != 1 or not isinstance(module.body[0], ast.Assert):
+    if not module.body or not all(isinstance(node, ast.Assert) for node in module.body):
         return None
+    tests = []
+    for node in module.body:
+        tests += node.test.values if isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And) else [node.test]
     try:
-        return _split_expression(module.body[0].test)
+        parts = tuple(_split_expression(test) for test in tests)
     except RecursionError:
         return None
+    return None if any(part is None for part in parts) else parts
 
 
 def _split_expression(test: ast.expr) -> SplitTest | None:

@@ -33,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -131,7 +132,7 @@ class _Job:
     program: str
     stdin: bytes = b""
     expected: str | None = None
-    split: tuple[assert_tests.SplitTest, ...] = ()
+    split: tuple[tuple[assert_tests.SplitTest, ...], ...] = ()  # each test's parts
     statement: str | None = None
 
 
@@ -186,6 +187,7 @@ class CodeExecutionReward:
         self.sandbox = sandbox
         self.__name__ = name
         self._checked = False
+        self._warned_whole = False
         self._check_lock = threading.Lock()
 
     @property
@@ -205,6 +207,15 @@ class CodeExecutionReward:
                 jobs.extend(_Job(row, "stdio", program, stdin.encode(), output) for stdin, output in cases.cases)
             else:
                 jobs.extend(_assert_jobs(row, program, cases.cases))
+        whole = next((job.statement for job in jobs if job.mode == "statement"), None)
+        if whole is not None and not self._warned_whole:
+            self._warned_whole = True
+            warnings.warn(
+                f"{self.__name__}: the assert test {whole!r:.120} does not split into a call and an expected value, "
+                "so it runs whole in the sandbox, where a program set on it can fake its pass; write tests as "
+                "`assert f(args) == expected` (the forms that split: grpo_lightning.rewards.assert_tests).",
+                stacklevel=2,
+            )
         with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="code-execution") as pool:
             passed_by_job = list(pool.map(self._passed, jobs))
         passed = [0] * len(completions)
@@ -256,7 +267,7 @@ class CodeExecutionReward:
     @staticmethod
     def _request(job: _Job) -> tuple[dict, str, bytes]:
         if job.mode == "calls":
-            return {"mode": "calls", "calls": [[i, test.call] for i, test in enumerate(job.split)]}, job.program, b""
+            return {"mode": "calls", "calls": list(enumerate(_calls(job)))}, job.program, b""
         if job.mode == "statement":
             return {"mode": "statement", "statement": job.statement}, job.program, b""
         return {"mode": "stdio"}, job.program, job.stdin
@@ -326,27 +337,44 @@ class CodeExecutionReward:
 def _assert_jobs(row: int, program: str, statements: tuple) -> list[_Job]:
     """The split tests of a row in one run; each test that does not split in a run of its own."""
     split = [assert_tests.split(statement) for statement in statements]
-    jobs = [_Job(row, "calls", program, split=tuple(test for test in split if test is not None))]
+    jobs = [_Job(row, "calls", program, split=tuple(parts for parts in split if parts is not None))]
     jobs = jobs if jobs[0].split else []
-    jobs += [_Job(row, "statement", program, statement=s) for s, test in zip(statements, split) if test is None]
+    jobs += [_Job(row, "statement", program, statement=s) for s, parts in zip(statements, split) if parts is None]
     return jobs
 
 
+def _calls(job: _Job) -> list[str]:
+    """The calls a ``calls`` job sends, in order: every part of every test."""
+    return [part.call for parts in job.split for part in parts]
+
+
 def _judge(job: _Job, run: Run) -> int:
-    """How many of ``job``'s tests passed, judged here from what the run printed: at most one per test."""
+    """How many of ``job``'s tests passed, judged here from what the run printed: at most one per test.
+    A call reported more than once, or with anything but a plain value, fails."""
     if job.mode == "stdio":
         return int(run.status == 0 and same_output(run.output.decode("utf-8", "replace"), job.expected))
     if job.mode == "statement":
         return int(run.status == 0 and run.output == run.nonce.encode() + b"\n")
-    values: dict[int, Any] = {}
+    reports: dict[int, list[Any]] = {}
     for line in run.output.split(b"\n"):
         try:
             index, value = json.loads(line)
-            if type(index) is int and 0 <= index < len(job.split) and value is not None:
-                values[index] = assert_tests.decode(value)
         except (ValueError, TypeError, RecursionError):
             continue  # a malformed line reports nothing
-    return sum(index in values and test.check(values[index]) for index, test in enumerate(job.split))
+        if type(index) is int:
+            reports.setdefault(index, []).append(value)
+    passed, index = 0, 0
+    for parts in job.split:
+        results = []
+        for part in parts:
+            values = reports.get(index, [])
+            index += 1
+            try:
+                results.append(len(values) == 1 and values[0] is not None and part.check(assert_tests.decode(values[0])))
+            except assert_tests.Undecodable:
+                results.append(False)
+        passed += all(results)
+    return passed
 
 
 def _kill_group(pid: int) -> None:
