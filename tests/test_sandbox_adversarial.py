@@ -9,7 +9,6 @@ sandbox (no mocks).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import socket
@@ -37,6 +36,25 @@ def score(reward: CodeExecutionReward, source: str, tests) -> float:
 
 def stdio(expected: str) -> list[dict]:
     return [{"input": "", "output": expected}]
+
+
+def unhooked(attack: str) -> str:
+    """A program that runs ``attack`` in a subinterpreter, out of the audit hook's reach (where
+    this Python has none, in the program itself): what stops it must be the kernel's."""
+    return textwrap.dedent(f"""
+    try:
+        import _xxsubinterpreters as interpreters
+    except ImportError:
+        try:
+            import _interpreters as interpreters
+        except ImportError:
+            interpreters = None
+    attack = {textwrap.dedent(attack)!r}
+    if interpreters is None:
+        exec(attack, {{}})
+    else:
+        interpreters.run_string(interpreters.create(), attack)
+    """)
 
 
 # ---------------------------------------------------------------- reward hacks: forged passes
@@ -176,12 +194,13 @@ builtins.repr = lambda *a: "9"
 builtins.str = lambda *a: "9"
 json.dumps = lambda value, *a, **k: '[%d, ["bool", true]]' % value[0]
 original_write = os.write
-os.write = lambda fd, data: original_write(fd, data.replace(b'["none"]', b'["int", "9"]'))
+os.write = lambda fd, data: original_write(fd, data.replace(b'["none"]', b'["bool", true]'))
 def square(n):
     return None
 """,
     "self-referential value": "def square(n):\n    value = []\n    value.append(value)\n    return value\n",
-    "deeply nested value": "def square(n):\n    value = 9\n    for _ in range(10**5):\n        value = [value]\n    return value\n",
+    "deeply nested value": "def square(n):\n    value = 9\n    for _ in range(10**5):\n        value = [value]\n"
+    "    return value\n",
     "a flood of result lines": "import os\ndef square(n):\n    while True:\n        os.write(3, b'[0, [\"int\", \"9\"]]\\n' * 4096)\n",
     "threads that keep writing": """
 import os, threading, time
@@ -300,50 +319,36 @@ def test_writing_outside_the_run_directory_fails_every_way(reward, outside, name
     assert os.listdir(outside) == []
 
 
+DOUBLE_FORK = """
+import ctypes, os
+print(os.getcwd(), flush=True)
+libc = ctypes.CDLL(None)
+if libc.fork() == 0:
+    libc.setsid()
+    if libc.fork() == 0:
+        hold = ctypes.create_string_buffer(64 << 20)
+        libc.sleep(60)
+    libc._exit(0)
+libc.wait(None)
+print("forked", flush=True)
+libc.sleep(60)
+"""
+
+
 def test_no_process_outlives_its_run(reward):
-    """A double-forked, ``setsid`` child holding memory, as the trainer's own process would not."""
-    survivor = """
-    import os, time
-    print(os.getcwd(), flush=True)
-    if os.fork() == 0:
-        os.setsid()
-        if os.fork() == 0:
-            hold = bytearray(64 << 20)
-            time.sleep(60)
-        os._exit(0)
-    time.sleep(60)
-    """
-    run = reward.run("stdio", textwrap.dedent(survivor))
+    """A double-forked, ``setsid`` child holding memory, made through libc past the audit hook."""
+    run = reward.run("stdio", unhooked(DOUBLE_FORK))
     assert run.status != 0
     assert not processes_in(run.output.split(b"\n")[0].decode())
 
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (apt-get install bubblewrap)")
-@pytest.mark.skipif(importlib.util.find_spec("_xxsubinterpreters") is None, reason="the attack uses _xxsubinterpreters")
 def test_bubblewrap_alone_ends_every_process_of_a_run(monkeypatch):
     """Without the seccomp filter (which refuses ``fork``), the PID namespace still takes every
     process of the run with it: double fork, ``setsid``, and past the deadline."""
     monkeypatch.setattr(sandbox_command, "seccomp_filter", lambda: None)
     unfiltered = CodeExecutionReward(timeout_s=1.0, memory_mb=256, sandbox="bubblewrap")
-    survivor = """
-    import os, _xxsubinterpreters as interpreters
-    print(os.getcwd(), flush=True)
-    attack = (  # in a subinterpreter, which the audit hook does not reach, through libc
-        "import ctypes\\n"
-        "libc = ctypes.CDLL(None)\\n"
-        "if libc.fork() == 0:\\n"
-        "    libc.setsid()\\n"
-        "    if libc.fork() == 0:\\n"
-        "        libc.sleep(60)\\n"
-        "    libc._exit(0)\\n"
-        "libc.wait(None)\\n"
-    )
-    interpreters.run_string(interpreters.create(), attack)
-    print('forked', flush=True)
-    import time
-    time.sleep(60)
-    """
-    run = unfiltered.run("stdio", textwrap.dedent(survivor))
+    run = unfiltered.run("stdio", unhooked(DOUBLE_FORK))
     cwd, forked = run.output.split(b"\n")[:2]
     assert forked == b"forked"  # the attack ran: the grandchild existed
     assert not processes_in(cwd.decode())
@@ -375,14 +380,14 @@ def test_no_unix_socket_outside_is_reachable(reward, outside):
         listener.listen()
         abstract_listener.bind(abstract)
         abstract_listener.listen()
-        source = (
+        source = unhooked(
             "import socket\n"
             f"for address in ({path!r}, {abstract!r}):\n"
             "    try:\n"
             "        client = socket.socket(socket.AF_UNIX)\n"
             "        client.connect(address)\n"
             "        client.sendall(b'hi')\n"
-            "        print('connected')\n"
+            "        print('connected', flush=True)\n"
             "    except OSError:\n"
             "        pass\n"
         )
@@ -396,7 +401,8 @@ def test_no_unix_socket_outside_is_reachable(reward, outside):
 def test_no_tcp_connection_is_made(reward):
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
-        source = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1).sendall(b'hi')\nprint('sent')\n"
+        source = unhooked(f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1).sendall(b'hi')\n")
+        source += "print('sent')\n"
         assert score(reward, source, stdio("sent")) == 0.0
         listener.settimeout(0.1)
         with pytest.raises(TimeoutError):
@@ -426,9 +432,9 @@ def test_proc_shows_nothing_of_the_trainer(reward):
             found.append(len(memory.read(16)) > 0)
     except (OSError, ValueError, OverflowError):
         pass
-    print("found" if any(found) else "nothing")
+    print("found" if any(found) else "nothing", flush=True)
     """
-    run = reward.run("stdio", textwrap.dedent(snoop))
+    run = reward.run("stdio", unhooked(snoop))
     assert run.output.strip() == b"nothing"
 
 

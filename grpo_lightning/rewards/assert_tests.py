@@ -13,8 +13,8 @@ Split forms (``L`` an expected value: a literal, or ``set``, ``frozenset``, ``tu
 ``E op L`` and ``L op E`` for ``op`` in ``== != < <= > >= in not in`` (and ``is``/``is not`` with
 ``None``, ``True`` or ``False``); ``math.isclose(E, L, ...)``; ``abs(E - L) < L`` (or ``<=``);
 ``E`` and ``not E`` (truth), where ``E`` holds no comparison or boolean operator (the expected value
-would be inside the call). Several ``assert`` statements in one test, and ``assert A and B``, split into one part each (all must
-pass). Anything else is a *whole* test, run in a process of its own: it holds its expected value,
+would be inside the call). Several ``assert`` statements in one test, and ``assert A and B``, split
+into one part each (all must pass). Anything else is a *whole* test, run in a process of its own: it holds its expected value,
 so a program set on it can fake its pass (one test at most, never another's).
 """
 
@@ -59,7 +59,8 @@ def split(statement: str) -> tuple[SplitTest, ...] | None:
         return None
     tests = []
     for node in module.body:
-        tests += node.test.values if isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And) else [node.test]
+        conjunction = isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And)
+        tests += node.test.values if conjunction else [node.test]
     try:
         parts = tuple(_split_expression(test) for test in tests)
     except RecursionError:

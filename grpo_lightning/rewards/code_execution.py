@@ -177,7 +177,8 @@ class CodeExecutionReward:
                 f"CodeExecutionReward max_output_bytes={max_output_bytes} and workers={workers} must be at least 1."
             )
         if sandbox not in sandbox_command.BACKENDS:
-            raise ValueError(f"CodeExecutionReward sandbox={sandbox!r} must be one of {', '.join(sandbox_command.BACKENDS)}.")
+            choices = ", ".join(sandbox_command.BACKENDS)
+            raise ValueError(f"CodeExecutionReward sandbox={sandbox!r} must be one of {choices}.")
         self.column = column
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
@@ -222,7 +223,7 @@ class CodeExecutionReward:
         for job, count in zip(jobs, passed_by_job):
             passed[job.row] += count
         return [
-            None if cases is None else (0.0 if program is None else min(passed[row], len(cases.cases)) / len(cases.cases))
+            None if cases is None else (0.0 if program is None else passed[row] / len(cases.cases))
             for row, (program, cases) in enumerate(zip(programs, tests))
         ]
 
@@ -244,7 +245,8 @@ class CodeExecutionReward:
                 return
             run = self.run("stdio", "print('ok')", (), b"")
             if run.status != 0 or run.output.strip() != b"ok":
-                failed = " (its seccomp filter could not be loaded)" if run.status == code_sandbox.SECCOMP_FAILED else ""
+                seccomp = run.status == code_sandbox.SECCOMP_FAILED
+                failed = " (its seccomp filter could not be loaded)" if seccomp else ""
                 raise RuntimeError(
                     f"{self.__name__}: the sandbox ({self.backend}) could not run print('ok') (exit status "
                     f"{run.status}{failed}, output {run.output[:200]!r}); raise memory_mb={self.memory_mb} or "
@@ -370,7 +372,8 @@ def _judge(job: _Job, run: Run) -> int:
             values = reports.get(index, [])
             index += 1
             try:
-                results.append(len(values) == 1 and values[0] is not None and part.check(assert_tests.decode(values[0])))
+                reported = len(values) == 1 and values[0] is not None
+                results.append(reported and part.check(assert_tests.decode(values[0])))
             except assert_tests.Undecodable:
                 results.append(False)
         passed += all(results)

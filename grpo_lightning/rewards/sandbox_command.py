@@ -32,7 +32,9 @@ BACKENDS = ("auto", "bubblewrap", "python")
 INTERPRETER_FLAGS = ("-I", "-S", "-B", "-X", "utf8")
 SANDBOX_UID = 65534  # "nobody"
 SCRIPT_INSIDE = "/sandbox/code_sandbox.py"
-SYSTEM_LIBRARIES = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32", "/etc/ld.so.cache")
+SYSTEM_LIBRARIES = (
+    "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/local/lib", "/lib", "/lib64", "/lib32", "/etc/ld.so.cache",
+)  # fmt: skip
 PROBE_TIMEOUT_S = 30.0
 CLONE_THREAD = 0x00010000
 DENIED_SYSCALLS = (
