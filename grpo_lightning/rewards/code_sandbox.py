@@ -1,13 +1,23 @@
 """The child side of :mod:`grpo_lightning.rewards.code_execution`: confine this process, then run one
-untrusted program. Run as ``python -I -S -B -X utf8 code_sandbox.py`` in an empty directory with an
-empty environment; it imports nothing but the standard library.
+untrusted program. Run as ``python -I -S -B -X utf8 code_sandbox.py`` (directly or under bubblewrap:
+:mod:`~grpo_lightning.rewards.sandbox_command`) in an empty directory with an empty environment; it
+imports nothing but the standard library.
 
 Standard input starts with a header: ten ASCII digits giving the length of a JSON object
-``{"mode", "source", "tests", "nonce", "memory_bytes", "cpu_seconds", "file_bytes"}``. In ``"stdio"``
-mode the rest of standard input is the program's input, and the caller compares its output with the
-expected one. In ``"asserts"`` mode the program's input and output are ``/dev/null``; after the program, each
-test statement runs in its namespace and each one that raises nothing writes ``"<nonce> <index>"`` to
-the original standard output. The nonce never reaches the program's input, so printing cannot fake a pass.
+``{"mode", "source", "memory_bytes", "cpu_seconds", "file_bytes", "seccomp", ...}``. Modes:
+
+* ``"stdio"``: the rest of standard input is the program's input; the caller compares its output
+  with the expected one.
+* ``"calls"`` (``"calls"``: ``[index, expression]`` pairs): the program's input and output are
+  ``/dev/null``; after the program, each expression is evaluated in its namespace and written to the
+  original standard output as the JSON line ``[index, value]``, the value encoded by :func:`encoder`
+  (``null`` when it raised or is no plain value). The caller holds the expected values and compares.
+* ``"statement"`` (``"statement"``, ``"nonce"``): after the program, one whole test statement; when
+  it raises nothing, the nonce is written to the original standard output.
+
+The program runs in this interpreter and can change anything here, this module's functions
+included: what it writes is a claim the caller checks, never trusted. Only ``"statement"`` runs hold
+something worth stealing (the test and its nonce).
 
 Confinement, in order, each step kept only where the platform allows it:
 
@@ -16,15 +26,16 @@ Confinement, in order, each step kept only where the platform allows it:
 2. Landlock (Linux 5.13+): writes only beneath the working directory, reads only of it, the Python
    installation and system libraries, no ``execve``, no TCP (Linux 6.7+), no signals to processes
    outside (Linux 6.12+);
-3. rlimits: address space, CPU seconds, file size, no core files, one process (``RLIMIT_NPROC``;
+3. the caller's seccomp filter (``"seccomp"``, compiled BPF), where it sends one: a run that cannot
+   load it ends with ``SECCOMP_FAILED`` before the program starts;
+4. rlimits: address space, CPU seconds, file size, no core files, one process (``RLIMIT_NPROC``;
    the kernel does not apply it to root);
-4. an audit hook (:func:`sys.addaudithook`, which cannot be removed) that refuses sockets, ``fork``,
+5. an audit hook (:func:`sys.addaudithook`, which cannot be removed) that refuses sockets, ``fork``,
    ``exec``, ``system``, ``subprocess``, ``kill``, ``ctypes``, raising the rlimits and walking the
    heap, and opens or file changes outside the allowed directories.
 
-The audit hook runs in the same interpreter as the program: it stops the obvious, but a program set
-on it can fool its path checks (by replacing the functions they call). Steps 1-3 are the kernel's:
-they hold whatever the program does.
+The audit hook runs in the same interpreter as the program and does not reach subinterpreters: it
+stops the obvious only. Steps 1-4 are the kernel's: they hold whatever the program does.
 """
 
 from __future__ import annotations
@@ -86,7 +97,7 @@ def readable_roots(workdir: str) -> list[str]:
 
 
 def confine(workdir: str, header: dict) -> None:
-    """Steps 1-4 of the module's docstring."""
+    """Steps 1-5 of the module's docstring."""
     try:  # steps 1 and 2 are Linux's; elsewhere, or where they are not allowed, they are left out
         import ctypes
 
@@ -156,7 +167,7 @@ def landlock(ctypes, libc, workdir: str) -> None:
 
 
 def seccomp(program: bytes) -> None:
-    """Step 5: load the caller's seccomp filter (compiled BPF); a run that cannot load it ends here,
+    """Step 3: load the caller's seccomp filter (compiled BPF); a run that cannot load it ends here,
     with ``SECCOMP_FAILED``, before any of the program runs."""
     try:
         import ctypes
@@ -176,7 +187,7 @@ def seccomp(program: bytes) -> None:
 
 
 def audit_hook(workdir: str, readable: list[str]):
-    """Step 4: a hook that raises ``PermissionError`` for refused events."""
+    """Step 5: a hook that raises ``PermissionError`` for refused events."""
     realpath, fsdecode, sep = os.path.realpath, os.fsdecode, os.sep
     # Copies: the program can reach this module's globals (it is ``__main__``), not these.
     refused, imports, write_events = frozenset(REFUSED_EVENTS), frozenset(REFUSED_IMPORTS), dict(WRITE_EVENTS)
