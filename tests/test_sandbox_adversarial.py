@@ -456,6 +456,21 @@ def test_a_fork_bomb_scores_zero_and_leaves_nothing(reward):
     assert not processes_in(run.output.split(b"\n")[0].decode())
 
 
+@pytest.mark.skipif(sandbox_command.seccomp_filter() is None, reason="without the seccomp filter this is a real fork bomb")
+def test_a_fork_bomb_past_the_audit_hook_is_refused_by_the_kernel(reward):
+    bomb = """
+    import ctypes, os
+    print(os.getcwd(), flush=True)
+    libc = ctypes.CDLL(None)
+    for _ in range(10000):
+        libc.syscall(57)  # fork(2)
+    print("forked", flush=True)
+    """
+    run = reward.run("stdio", unhooked(bomb))
+    assert run.output.split(b"\n")[1] == b"forked"  # every fork refused at once, none waited for
+    assert not processes_in(run.output.split(b"\n")[0].decode())
+
+
 @pytest.mark.parametrize(
     "source",
     [
