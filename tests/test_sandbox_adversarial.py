@@ -486,5 +486,30 @@ def test_a_memory_bomb_scores_zero(reward, source):
     assert time.monotonic() - start < TIMEOUT_S + 2.0
 
 
+RESULTS_TO_COLLIDE = {  # ints k * (2**61 - 1) all hash to 0: each insert in a hash table compares with all before
+    "indices": "DATA = b''.join(b'[%d, [\"int\", \"9\"]]\\n' % (k * (2**61 - 1)) for k in range(1, 30000))\n",
+    "a set": "ITEMS = b','.join(b'[\"int\", \"%d\"]' % (k * (2**61 - 1)) for k in range(1, 30000))\n"
+    "DATA = b'[0, [\"set\", [' + ITEMS + b']]]\\n'\n",
+}
+WRITER = """
+import os
+def square(n):
+    for fd in range(3, 10):
+        try:
+            os.write(fd, DATA)
+        except OSError:
+            pass
+    os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("data", RESULTS_TO_COLLIDE.values(), ids=RESULTS_TO_COLLIDE.keys())
+def test_results_built_to_collide_in_a_hash_table_do_not_stall_the_trainer(reward, data):
+    """1 MiB of results whose keys all collide took the trainer 10-20 s to read."""
+    start = time.monotonic()
+    assert score(reward, data + WRITER, ["assert square(3) == {9}"]) == 0.0
+    assert time.monotonic() - start < 3.0
+
+
 def test_the_next_program_runs_as_before_after_every_attack(reward):
     assert score(reward, "def square(n):\n    return n * n\n", SQUARE_TESTS) == 1.0

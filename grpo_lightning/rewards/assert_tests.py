@@ -36,6 +36,7 @@ EXPECTED_CALLS = {"set": set, "frozenset": frozenset, "tuple": tuple, "list": li
                   "float": float, "int": int, "str": str, "bytes": bytes, "dict": dict}  # fmt: skip
 LEAKY_NODES = (ast.Compare, ast.BoolOp, ast.IfExp, ast.Lambda, ast.NamedExpr, ast.Assert)
 MAX_DEPTH = 64
+MAX_HASHED = 4096  # items of sets and dicts in one value: ints that collide on purpose make each insert slow
 MAX_INT_DIGITS = 4300  # Python's own default limit on int <-> str conversion
 
 
@@ -179,12 +180,12 @@ def decode(node: Any) -> Any:
     """The plain value a ``[tag, payload]`` tree (parsed JSON) stands for; :class:`Undecodable` for
     anything else."""
     try:
-        return _decode(node, 0)
+        return _decode(node, 0, [MAX_HASHED])
     except (ValueError, TypeError, RecursionError, OverflowError, MemoryError) as error:
         raise Undecodable(str(error)) from error
 
 
-def _decode(node: Any, depth: int) -> Any:
+def _decode(node: Any, depth: int, hashable_left: list[int]) -> Any:
     if depth > MAX_DEPTH or not isinstance(node, list) or not node or not isinstance(node[0], str):
         raise Undecodable("not a tagged value")
     tag, payload = node[0], node[1:]
@@ -206,7 +207,11 @@ def _decode(node: Any, depth: int) -> Any:
         return bytes.fromhex(value)
     if type(value) is not list:
         raise Undecodable(f"bad payload for {tag!r}")
-    items = [_decode(item, depth + 1) for item in value]
+    items = [_decode(item, depth + 1, hashable_left) for item in value]
+    if tag in ("set", "frozenset", "dict"):
+        hashable_left[0] -= len(items)
+        if hashable_left[0] < 0:
+            raise Undecodable(f"more than {MAX_HASHED} items of sets and dicts")
     containers = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}
     if tag in containers:
         return containers[tag](items)
