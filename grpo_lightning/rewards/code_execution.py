@@ -279,8 +279,8 @@ class CodeExecutionReward:
         nonce = secrets.token_hex(16)
         header = {
             **request,
+            **({"nonce": nonce} if request["mode"] == "statement" else {}),
             "source": source,
-            "nonce": nonce,
             "memory_bytes": int(self.memory_mb * 2**20),
             "cpu_seconds": math.ceil(self.timeout_s) + 1,
             "file_bytes": int(self.file_size_mb * 2**20),
