@@ -320,8 +320,13 @@ def test_writing_outside_the_run_directory_fails_every_way(reward, outside, name
 
 
 DOUBLE_FORK = """
-import ctypes, os
+import os
 print(os.getcwd(), flush=True)
+try:
+    import ctypes
+except ImportError as error:  # Pythons whose subinterpreters cannot load it
+    print("no ctypes:", error, flush=True)
+    raise
 libc = ctypes.CDLL(None)
 if libc.fork() == 0:
     libc.setsid()
@@ -350,6 +355,8 @@ def test_bubblewrap_alone_ends_every_process_of_a_run(monkeypatch):
     unfiltered = CodeExecutionReward(timeout_s=1.0, memory_mb=256, sandbox="bubblewrap")
     run = unfiltered.run("stdio", unhooked(DOUBLE_FORK))
     cwd, forked = run.output.split(b"\n")[:2]
+    if forked.startswith(b"no ctypes"):
+        pytest.skip(f"the attack needs ctypes in a subinterpreter: {forked.decode()}")
     assert forked == b"forked"  # the attack ran: the grandchild existed
     assert not processes_in(cwd.decode())
 
