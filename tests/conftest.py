@@ -91,3 +91,13 @@ def make_rollout() -> Callable:
         return rollout
 
     return make
+
+
+@pytest.fixture(scope="module", params=["python", "bubblewrap"])
+def sandbox_backend(request) -> str:
+    """Each code-execution backend: the interpreter's own layers, and bubblewrap where it is installed."""
+    import shutil
+
+    if request.param == "bubblewrap" and shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (apt-get install bubblewrap)")
+    return request.param
