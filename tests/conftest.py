@@ -96,8 +96,8 @@ def make_rollout() -> Callable:
 @pytest.fixture(scope="module", params=["python", "bubblewrap"])
 def sandbox_backend(request) -> str:
     """Each code-execution backend: the interpreter's own layers, and bubblewrap where it is installed."""
-    import shutil
+    from grpo_lightning.rewards.sandbox_command import bubblewrap_problem
 
-    if request.param == "bubblewrap" and shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap is not installed (apt-get install bubblewrap)")
+    if request.param == "bubblewrap" and bubblewrap_problem() is not None:
+        pytest.skip(f"bubblewrap cannot run here: {bubblewrap_problem()} (apt-get install bubblewrap)")
     return request.param

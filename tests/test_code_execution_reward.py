@@ -330,6 +330,7 @@ def test_a_test_that_does_not_split_runs_whole_and_is_warned_about(reward):
 def test_without_bubblewrap_auto_falls_back_and_warns_once_naming_the_package(monkeypatch):
     monkeypatch.setattr(sandbox_command.shutil, "which", lambda name: None)
     sandbox_command.resolve.cache_clear()
+    sandbox_command.bubblewrap_problem.cache_clear()
     try:
         with pytest.warns(UserWarning, match=r"without bubblewrap \(no `bwrap` on PATH\).*package `bubblewrap`"):
             assert sandbox_command.resolve("auto") == "python"
@@ -340,6 +341,7 @@ def test_without_bubblewrap_auto_falls_back_and_warns_once_naming_the_package(mo
             sandbox_command.resolve("bubblewrap")
     finally:
         sandbox_command.resolve.cache_clear()
+        sandbox_command.bubblewrap_problem.cache_clear()
 
 
 def test_a_seccomp_filter_that_cannot_be_loaded_stops_the_run_before_the_program(sandbox_backend, monkeypatch):

@@ -347,7 +347,7 @@ def test_no_process_outlives_its_run(reward):
     assert not processes_in(run.output.split(b"\n")[0].decode())
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (apt-get install bubblewrap)")
+@pytest.mark.skipif(sandbox_command.bubblewrap_problem() is not None, reason="bubblewrap cannot run here")
 def test_bubblewrap_alone_ends_every_process_of_a_run(monkeypatch):
     """Without the seccomp filter (which refuses ``fork``), the PID namespace still takes every
     process of the run with it: double fork, ``setsid``, and past the deadline."""

@@ -129,7 +129,7 @@ def resolve(requested: str) -> str:
     seccomp_filter()  # its warning, if any, before the first run
     if requested == "python":
         return "python"
-    problem = _bubblewrap_problem()
+    problem = bubblewrap_problem()
     if problem is None:
         return "bubblewrap"
     if requested == "bubblewrap":
@@ -142,8 +142,10 @@ def resolve(requested: str) -> str:
     return "python"
 
 
-def _bubblewrap_problem() -> str | None:
-    """Why bubblewrap cannot run here, ``None`` when a probe run prints ``ok``."""
+@functools.cache
+def bubblewrap_problem() -> str | None:
+    """Why bubblewrap cannot run here (not installed, or user namespaces refused to it), ``None``
+    when a probe run prints ``ok``."""
     if shutil.which("bwrap") is None:
         return "no `bwrap` on PATH"
     import tempfile
