@@ -42,6 +42,8 @@ from grpo_lightning.rewards.scoring import accepts_group_index, completion_text,
 
 ON_ERROR = ("raise", "zero", "skip_group")
 PREVIEW_CHARS = 80
+#: The largest score kept: scores are float32, where anything larger becomes inf.
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 class RewardFunctionWarning(UserWarning):
@@ -432,17 +434,45 @@ def _as_scores(
     for row, value in zip(rows, values):
         if value is None:
             scores.append(math.nan)
-        elif isinstance(value, numbers.Real) and math.isfinite(value):
-            scores.append(float(value))
+        elif isinstance(value, numbers.Real) and _float32_score(value) is not None:
+            scores.append(_float32_score(value))
         elif isinstance(value, numbers.Real):
             scores.append(math.nan)
-            message = f"reward function {name!r} returned {float(value)} for {where([row])}; expected a finite number"
-            failures.append(_Failure([row], message + " (None where it does not apply).", nan=math.isnan(value)))
+            message = f"reward function {name!r} returned {_number_text(value)} for {where([row])}; expected a finite"
+            message += f" number of at most {FLOAT32_MAX:.4g} in magnitude (None where it does not apply)."
+            failures.append(_Failure([row], message, nan=_is_nan(value)))
         else:
             scores.append(math.nan)
             failures.append(_Failure([row], f"reward function {name!r} returned {_describe(value)} for sample {row}; "
                                             f"expected {expected}."))  # fmt: skip
     return scores, failures
+
+
+def _float32_score(value: numbers.Real) -> float | None:
+    """``value`` as a float when float32 holds it finitely; ``None`` for NaN, infinities and numbers
+    past float32's range (``1e39`` would become inf in the rewards, ``10**400`` does not even fit a float)."""
+    try:
+        number = float(value)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    return number if math.isfinite(number) and abs(number) <= FLOAT32_MAX else None
+
+
+def _is_nan(value: numbers.Real) -> bool:
+    try:
+        return math.isnan(value)
+    except (OverflowError, ValueError, TypeError):
+        return False
+
+
+def _number_text(value: numbers.Real) -> str:
+    """``value`` for a message, short even for an integer of thousands of digits."""
+    try:
+        return repr(float(value))
+    except (OverflowError, ValueError, TypeError):
+        if isinstance(value, numbers.Integral):
+            return f"an integer of about {int(int(value).bit_length() * math.log10(2)) + 1} digits"
+        return f"a {type(value).__name__} too large for a float"
 
 
 def _describe(value: Any) -> str:
