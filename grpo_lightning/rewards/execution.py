@@ -1,8 +1,9 @@
 """How reward functions are called (``--model.reward_execution.*``), and what a failing one does.
 
-A reward function *fails* on a sample when it raises (on the batch, and then again when retried on
-that sample alone, or on its group), returns anything but a finite number or ``None`` for it, or
-runs past ``timeout_s`` (every sample of that call fails). ``on_error`` says what follows:
+A reward function *fails* on a sample when it raises (``SystemExit`` too; on the batch, and then
+again when retried on that sample alone, or on its group), returns anything but a finite number that
+float32 holds (scores are float32: ``1e39`` would be inf) or ``None`` for it, or runs past
+``timeout_s`` (every sample of that call fails). ``on_error`` says what follows:
 
 * ``raise`` (default): :class:`RewardFunctionError`, naming the function, the sample and the failure;
 * ``zero``: the sample scores 0 for that function; each function's first failure is warned
@@ -411,7 +412,7 @@ def _as_scores(
     name: str, returned: Any, rows: list[int], where: Callable[[list[int]], str]
 ) -> tuple[list[float], list[_Failure]]:
     """One float per row (None -> NaN) and the failures: the whole return if it is no list of
-    ``len(rows)``, else each value that is not a finite number or None."""
+    ``len(rows)``, else each value that is not a finite number float32 holds, or None."""
     count = len(rows)
     expected = f"a list of {count} floats (or None), one per completion"
     if isinstance(returned, torch.Tensor):
