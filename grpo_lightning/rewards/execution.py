@@ -433,10 +433,11 @@ def _as_scores(
         )
     scores, failures = [], []
     for row, value in zip(rows, values):
+        score = _float32_score(value) if isinstance(value, numbers.Real) else None
         if value is None:
             scores.append(math.nan)
-        elif isinstance(value, numbers.Real) and _float32_score(value) is not None:
-            scores.append(_float32_score(value))
+        elif score is not None:
+            scores.append(score)
         elif isinstance(value, numbers.Real):
             scores.append(math.nan)
             message = f"reward function {name!r} returned {_number_text(value)} for {where([row])}; expected a finite"
