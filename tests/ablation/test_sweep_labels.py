@@ -112,3 +112,10 @@ def test_sweep_errors_arrive_as_one_line(argv, expected, tmp_path, monkeypatch, 
         logging.root.handlers[:] = handlers
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip() == expected
+
+
+def test_cells_run_by_another_interpreter_are_not_checked_here_and_say_so(tmp_path):
+    spec = SweepSpec.from_dict(spec_dict(tmp_path, python=str(tmp_path / "other" / "python"), args={"model": "variants.GRPO"}))
+    cells = spec.cells()
+    with pytest.warns(UserWarning, match="resolved configs are not checked"):
+        labels.check_cells(spec, cells, [cell_command(spec, c, tmp_path / c.name, "/m") for c in cells])
