@@ -28,26 +28,26 @@ class ValidationSteps(L.Callback):
         self.steps.append(trainer.global_step)
 
 
-def fit(tmp_path, cls, max_steps: int, val_check_interval: int, **settings):
+def fit(tmp_path, model_dir: str, cls, max_steps: int, val_check_interval: int, **settings):
     """A fit of two optimizer steps per rollout (2 prompts x 2 completions, minibatches of 2)."""
     record = ValidationSteps()
     trainer = make_trainer(tmp_path, max_steps=max_steps, val_check_interval=val_check_interval, callbacks=[record])
-    policy = module(str(settings.pop("model")), cls, minibatch_size=2, micro_batch_size=2, reward_funcs=[odd_answers_informative],
+    policy = module(model_dir, cls, minibatch_size=2, micro_batch_size=2, reward_funcs=[odd_answers_informative],
                     accuracy_func=odd_answers_informative, **settings)  # fmt: skip
     trainer.fit(policy, small_data())
     return trainer, policy, record.steps
 
 
 def test_grpo_and_dapo_validate_at_the_same_optimizer_steps_and_at_the_end(tiny_model_dir, tmp_path, one_torch_thread):
-    grpo, _, grpo_steps = fit(tmp_path / "grpo", GRPO, 10, 4, model=tiny_model_dir)
-    dapo, _, dapo_steps = fit(tmp_path / "dapo", DAPO, 10, 4, model=tiny_model_dir, max_gen_batches=20, on_exhausted="error")
+    grpo, _, grpo_steps = fit(tmp_path / "grpo", tiny_model_dir, GRPO, 10, 4)
+    dapo, _, dapo_steps = fit(tmp_path / "dapo", tiny_model_dir, DAPO, 10, 4, max_gen_batches=20, on_exhausted="error")
     batches = [trainer.fit_loop.epoch_loop.total_batch_idx + 1 for trainer in (grpo, dapo)]
     assert batches[1] > batches[0] == 5  # DAPO drew extra generation batches for its updates
     assert grpo_steps == dapo_steps == [4, 8, 10]  # every 4 optimizer steps, and at the end
 
 
 def test_tensorboard_steps_are_optimizer_steps(tiny_model_dir, tmp_path, one_torch_thread):
-    trainer, _, _ = fit(tmp_path, GRPO, 6, 4, model=tiny_model_dir)
+    trainer, _, _ = fit(tmp_path, tiny_model_dir, GRPO, 6, 4)
     events = EventAccumulator(str(trainer.log_dir))
     events.Reload()
     assert [e.step for e in events.Scalars("reward")] == [2, 4, 6]  # each rollout makes two optimizer steps
@@ -72,7 +72,7 @@ def test_the_fit_summary_validation_is_that_of_the_last_step(tiny_model_dir, tmp
 
 def test_an_interval_the_updates_step_over_is_named(tiny_model_dir, tmp_path, one_torch_thread):
     with pytest.warns(UserWarning, match="val_check_interval 3 counts optimizer steps.*validated at step 4"):
-        _, _, steps = fit(tmp_path, GRPO, 6, 3, model=tiny_model_dir)
+        _, _, steps = fit(tmp_path, tiny_model_dir, GRPO, 6, 3)
     assert steps == [4, 6]
 
 
