@@ -115,8 +115,7 @@ class Evaluation:
                 self.log(where + name, value, prog_bar=name in PROGRESS_BAR and not set_name, add_dataloader_idx=False,
                          sync_dist=True)  # fmt: skip
         self._evaluated = {}
-        if self.batches_without_update:  # the x-axis of the last training step's row
-            self.log("step", float(max(self.logged_steps - 1, 0)), add_dataloader_idx=False)
+        self.log("step", float(self.global_step), add_dataloader_idx=False)  # the x-axis: optimizer steps taken
 
     def _evaluated_loader(self, index: int) -> Any:
         """The data loader of validation (or test) set ``index``, as the trainer runs it."""
