@@ -42,14 +42,19 @@ from lightning.pytorch.cli import LightningCLI
 
 from grpo_lightning.callbacks import FitSummary, ValidateBeforeTraining
 from grpo_lightning.checkpoint_io import check_checkpoint
+from grpo_lightning.cli_variants import (
+    describe_model_option, register_shipped_variants, resolve_variant_args, shipped_variants,
+)
+from grpo_lightning.cli_generate import make_optional, require_model
 from grpo_lightning.completions import CompletionLog
 from grpo_lightning.data import PromptDataModule
 from grpo_lightning.diagnostics import HealthChecks
 from grpo_lightning.module import GroupPolicyOptimization
-from grpo_lightning.resources import config_dir, resolve_config_args
+from grpo_lightning.resources import resolve_config_args
 from grpo_lightning.nonfinite import NonFiniteTrainingError
 from grpo_lightning.rewards.scoring import RewardFunctionError
 from grpo_lightning.settings import ConfigError
+from grpo_lightning.third_party_notices import THIRD_PARTY_WARNINGS, silence_tips
 
 CONFIG_HELP = (
     "Path to a configuration file in json or yaml format, or the name of a shipped config when no such "
@@ -77,6 +82,8 @@ class GRPOLightningCLI(LightningCLI):
         # Checkpoints written atomically, checked when read (a --trainer.plugins of the user's replaces it).
         plugins = [{"class_path": ATOMIC_CHECKPOINT_IO}]
         kwargs["trainer_defaults"] = {"plugins": plugins, **kwargs.get("trainer_defaults", {})}
+        register_shipped_variants()  # --model DAPO, and the variants listed in --help
+        silence_tips()  # Lightning's product tips, printed by every Trainer
         super().__init__(
             GroupPolicyOptimization,
             PromptDataModule,
@@ -100,6 +107,7 @@ class GRPOLightningCLI(LightningCLI):
         subparser.add_argument("--prompts", type=str, required=True, help="JSONL file with a 'prompt' column.")
         subparser.add_argument("--output", type=str, required=True, help="JSONL file the completions are written to.")
         subparser.add_argument("--batch_size", type=int, default=32, help="Prompts per generate call.")
+        make_optional(subparser)  # the model from --ckpt_path, no data
         self._subcommand_parsers["generate"] = subparser
         parser._subcommands_action.add_subcommand("generate", subparser, help=GENERATE_HELP)
 
@@ -121,6 +129,7 @@ class GRPOLightningCLI(LightningCLI):
         parser.add_lightning_class_args(CompletionLog, "completions")
         # fit: health checks after every step, a summary and health.json at the end (--health.enabled false: off)
         parser.add_lightning_class_args(HealthChecks, "health")
+        describe_model_option(parser)
 
     def init_parser(self, **kwargs):
         if self.raise_parse_errors:
@@ -133,9 +142,9 @@ class GRPOLightningCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         if args is None:  # Lightning reads sys.argv, and warns when it is given both
-            sys.argv[1:] = resolve_config_args(sys.argv[1:])
+            sys.argv[1:] = resolve_variant_args(resolve_config_args(sys.argv[1:]))
         elif isinstance(args, (list, tuple)):
-            args = resolve_config_args(args)
+            args = resolve_variant_args(resolve_config_args(args))
         self.raw_args = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
         try:
             super().parse_arguments(parser, args)
@@ -153,7 +162,8 @@ class GRPOLightningCLI(LightningCLI):
         ``validate``, ``test`` and ``generate`` take :data:`EVALUATION_SETTINGS` from the command line
         and configs, so a checkpoint can be evaluated with other settings than it was trained with."""
         subcommand = self.config.get("subcommand")
-        init_args = self.config[subcommand]["model"].get("init_args") if subcommand in EVALUATION_SUBCOMMANDS else None
+        model = self.config[subcommand].get("model") if subcommand in EVALUATION_SUBCOMMANDS else None
+        init_args = model.get("init_args") if model is not None else None  # generate: the model may come from ckpt_path
         kept = {key: init_args[key] for key in EVALUATION_SETTINGS if key in init_args} if init_args else {}
         super()._parse_ckpt_path()
         for key, value in kept.items():
@@ -161,6 +171,8 @@ class GRPOLightningCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        if self.subcommand == "generate":
+            require_model(config)
         self._name_logs_by_variant(config)
         self._seed_data_order(config)
         self._drop_disabled_progress_bars(config)
@@ -343,9 +355,10 @@ EXPECTED_WARNINGS = (
 
 @contextlib.contextmanager
 def expected_warnings_silenced() -> Iterator[None]:
-    """Inside the ``with`` block, ``EXPECTED_WARNINGS`` are not shown; every other warning is."""
+    """Inside the ``with`` block, ``EXPECTED_WARNINGS`` and other packages' ``THIRD_PARTY_WARNINGS``
+    are not shown; every other warning is."""
     with warnings.catch_warnings():
-        for message in EXPECTED_WARNINGS:
+        for message in (*EXPECTED_WARNINGS, *THIRD_PARTY_WARNINGS):
             warnings.filterwarnings("ignore", message=message)
         yield
 
@@ -362,13 +375,8 @@ TRACEBACK_ENV = "GRPO_LIGHTNING_TRACEBACK"
 
 def variant_names() -> list[str]:
     """Class paths of the shipped variants (``variants.GRPO``, ...), read from the shipped
-    ``configs/variant/*.yaml`` (the package never imports ``variants``)."""
-    names = []
-    for path in sorted((config_dir() / "variant").glob("*.yaml")):
-        model = (yaml.safe_load(path.read_text()) or {}).get("model") or {}
-        if model.get("class_path"):
-            names.append(model["class_path"])
-    return names
+    ``configs/variant/*.yaml``."""
+    return list(shipped_variants().values())
 
 
 def init_parameters(class_path: str) -> list[str]:
@@ -437,8 +445,8 @@ def user_error_message(error: BaseException, parsing: bool) -> str | None:
         path = unknown.group(1)
         if path.startswith("variants.") or "Parser key \"model\"" in texts or "--model" in texts:
             choices = variant_names()
-            names = {choice.rpartition(".")[2]: choice for choice in choices}
-            close = difflib.get_close_matches(path.rpartition(".")[2], list(names), n=1, cutoff=0.6)
+            names = {choice.rpartition(".")[2].lower(): choice for choice in choices}
+            close = difflib.get_close_matches(path.rpartition(".")[2].lower(), list(names), n=1, cutoff=0.6)
             hint = f" Did you mean {names[close[0]]}?" if close else ""
             return f"--model: unknown variant {path!r}; give one of {', '.join(choices)} (or a subclass's import path).{hint}"
         return f"{path!r} is not an importable class path; check the spelling and that its package is installed."
