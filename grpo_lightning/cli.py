@@ -373,12 +373,6 @@ USER_ERRORS = (ConfigError, RewardFunctionError, NonFiniteTrainingError)
 TRACEBACK_ENV = "GRPO_LIGHTNING_TRACEBACK"
 
 
-def variant_names() -> list[str]:
-    """Class paths of the shipped variants (``variants.GRPO``, ...), read from the shipped
-    ``configs/variant/*.yaml``."""
-    return list(shipped_variants().values())
-
-
 def init_parameters(class_path: str) -> list[str]:
     """Names of the ``__init__`` arguments of ``class_path`` and of its bases (``**kwargs`` forwarding)."""
     module_name, _, name = class_path.rpartition(".")
@@ -440,11 +434,11 @@ def user_error_message(error: BaseException, parsing: bool) -> str | None:
     # An unknown class path: list what --model (or --data) accepts.
     unknown = re.search(r"Problem with given class_path '([\w.]+)':\s*\n?\s*(?:module '[\w.]+' has no attribute|No module named)", texts)
     if unknown is None:
-        unknown = re.search(r"Expected a path but ([\w.]+) either not accessible or invalid", texts)
+        unknown = re.search(r"(?:Expected a path but|--model\.help: Expected a dot import path string:) ([\w.]+)", texts)
     if unknown is not None and not any(isinstance(e, USER_ERRORS) for e in chain):
         path = unknown.group(1)
         if path.startswith("variants.") or "Parser key \"model\"" in texts or "--model" in texts:
-            choices = variant_names()
+            choices = list(shipped_variants().values())
             names = {choice.rpartition(".")[2].lower(): choice for choice in choices}
             close = difflib.get_close_matches(path.rpartition(".")[2].lower(), list(names), n=1, cutoff=0.6)
             hint = f" Did you mean {names[close[0]]}?" if close else ""

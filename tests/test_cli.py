@@ -269,10 +269,13 @@ def test_model_help_takes_a_variants_short_name(given, capsys):
     assert "--model.dynamic_sampling" in printed and "--model.overlong_buffer" in printed
 
 
-def test_a_misspelt_variant_suggests_the_nearest_whatever_its_case(capsys):
-    with pytest.raises(SystemExit):
-        main(["fit", *BASE, "--model.model", "m", "--model", "Dapo"], report_errors=True)
-    assert "Did you mean variants.DAPO?" in capsys.readouterr().err
+@pytest.mark.parametrize("option", ["--model", "--model.help"])
+def test_a_misspelt_variant_suggests_the_nearest_whatever_its_case(option, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["fit", *BASE, "--model.model", "m", option, "Dapoo"], report_errors=True)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown variant 'Dapoo'" in err and "Did you mean variants.DAPO?" in err
 
 
 # ---------------------------------------------------------------- output of other packages
