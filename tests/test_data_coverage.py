@@ -7,6 +7,7 @@ import json
 import warnings
 
 import pytest
+from datasets import Dataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -72,8 +73,8 @@ def test_the_tiny_models_tokenizer_reads_the_arithmetic_prompts_whole(tiny_token
 
 def test_an_unknown_token_loses_its_characters():
     tokenizer = word_tokenizer()
-    [(row, text, read, lost)] = lost_prompt_characters(["what is 2+2?", "what is 3+3?"], tokenizer, str)
-    assert (row, read, lost) == (1, "what is", "3+?")
+    [(row, text, read, lost)] = lost_prompt_characters(["what is 2+2?", "what is 3+3?"], tokenizer, str, [7, 8])
+    assert (row, read, lost) == (8, "what is", "3+?")
 
 
 @settings(max_examples=60, deadline=None)
@@ -90,19 +91,23 @@ def test_harmless_differences_are_not_losses():
     assert lost_characters("a-b", "a b") == "-"
 
 
-def test_a_large_split_is_read_from_evenly_spread_rows():
+def test_a_large_split_is_read_from_evenly_spread_rows(tiny_tokenizer):
     rows = sampled_rows(100_000)
     assert len(rows) == SAMPLED_PROMPTS and rows[0] == 0 and rows[-1] == 99_999
     assert sampled_rows(5) == [0, 1, 2, 3, 4]
+    prompts = ["1+1="] * 100_000
+    prompts[99_999] = QUESTION
     formatted = []
-    lost_prompt_characters(["1+1="] * 100_000, BYTE_LEVEL, lambda p: formatted.append(p) or p)
+    split = Dataset.from_dict({"prompt": prompts})
+    with pytest.warns(UserWarning, match=f"1 of {SAMPLED_PROMPTS} prompts checked in the train split.* row 99999,"):
+        warn_lost_characters({"train": split}, "prompt", tiny_tokenizer, lambda p: formatted.append(p) or p)
     assert len(formatted) == SAMPLED_PROMPTS
 
 
 def test_one_warning_names_the_split_row_and_lost_characters(tiny_tokenizer):
-    splits = {"train": {"prompt": ["1+1=", QUESTION]}, "val": {"prompt": [QUESTION]}}
+    train, val = Dataset.from_dict({"prompt": ["1+1=", QUESTION]}), Dataset.from_dict({"prompt": [QUESTION]})
     with pytest.warns(UserWarning) as caught:
-        assert warn_lost_characters(splits, "prompt", tiny_tokenizer, str)
+        assert warn_lost_characters({"train": train, "val": val}, "prompt", tiny_tokenizer, str)
     [warning] = caught
     message = str(warning.message)
     assert "1 of 2 prompts checked in the train split" in message
@@ -110,7 +115,7 @@ def test_one_warning_names_the_split_row_and_lost_characters(tiny_tokenizer):
     assert "docs/bring_your_own" in message
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert not warn_lost_characters({"train": {"prompt": ["1+1="]}}, "prompt", tiny_tokenizer, str)
+        assert not warn_lost_characters({"train": train.select([0]), "val": None}, "prompt", tiny_tokenizer, str)
 
 
 def test_a_fit_on_the_tiny_model_warns_once_about_a_question_it_cannot_read(tiny_model_dir, tmp_path, one_torch_thread):

@@ -50,14 +50,14 @@ def lost_characters(text: str, read: str) -> str:
 
 
 def lost_prompt_characters(
-    prompts: Sequence[Any], tokenizer: Any, format_prompt: Callable[[Any], str]
+    prompts: Sequence[Any], tokenizer: Any, format_prompt: Callable[[Any], str], rows: Sequence[int] | None = None
 ) -> list[tuple[int, str, str, str]]:
-    """``(row, text, read, lost)`` for every sampled prompt that loses characters, where ``text`` is
-    the formatted prompt and ``read`` what the model receives."""
-    rows = sampled_rows(len(prompts))
-    texts = [format_prompt(prompts[i]) for i in rows]
+    """``(row, text, read, lost)`` for each of ``prompts`` (``rows``: their row numbers, by default
+    their positions) that loses characters, where ``text`` is the formatted prompt and ``read`` what
+    the model receives."""
+    texts = [format_prompt(prompt) for prompt in prompts]
     found = []
-    for row, text, read in zip(rows, texts, read_back(tokenizer, texts)):
+    for row, text, read in zip(rows or range(len(texts)), texts, read_back(tokenizer, texts)):
         lost = lost_characters(text, read)
         if lost:
             found.append((row, text, read, lost))
@@ -71,18 +71,18 @@ def _shown(text: str) -> str:
 def warn_lost_characters(
     splits: dict[str, Any], column: str, tokenizer: Any, format_prompt: Callable[[Any], str]
 ) -> bool:
-    """Warn once (rank zero) for the first of ``splits`` (``{name: dataset}``) whose sampled prompts
+    """Warn once (rank zero) for the first of ``splits`` (``{name: Dataset}``) whose sampled prompts
     lose characters to the tokenizer, naming a row, what the model receives and what it loses.
     Returns whether it warned."""
     for split, dataset in splits.items():
         if dataset is None or len(dataset) == 0:
             continue
-        prompts = dataset[column]
-        lossy = lost_prompt_characters(prompts, tokenizer, format_prompt)
+        rows = sampled_rows(len(dataset))  # a column of a large dataset is not read whole
+        lossy = lost_prompt_characters(dataset.select(rows)[column], tokenizer, format_prompt, rows)
         if not lossy:
             continue
         row, text, read, lost = lossy[0]
-        checked = len(sampled_rows(len(prompts)))
+        checked = len(rows)
         rank_zero_warn(
             f"data: the tokenizer loses characters of {len(lossy)} of {checked} prompts checked in the {split} "
             f"split, so the model never sees them: row {row}, {_shown(text)}, reaches it as {_shown(read)} "
