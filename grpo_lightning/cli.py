@@ -42,18 +42,16 @@ from lightning.pytorch.cli import LightningCLI
 
 from grpo_lightning.callbacks import FitSummary, ValidateBeforeTraining
 from grpo_lightning.checkpoint_io import check_checkpoint
-from grpo_lightning.cli_variants import (
-    describe_model_option, register_shipped_variants, resolve_variant_args, shipped_variants,
-)
-from grpo_lightning.cli_generate import make_optional, require_model
 from grpo_lightning.completions import CompletionLog
 from grpo_lightning.data import PromptDataModule
 from grpo_lightning.diagnostics import HealthChecks
 from grpo_lightning.module import GroupPolicyOptimization
-from grpo_lightning.resources import resolve_config_args
+from grpo_lightning.resources import config_dir, resolve_config_args
 from grpo_lightning.nonfinite import NonFiniteTrainingError
 from grpo_lightning.rewards.scoring import RewardFunctionError
 from grpo_lightning.settings import ConfigError
+from grpo_lightning.cli_generate import make_optional, require_model
+from grpo_lightning.cli_variants import describe_model_option, register_shipped_variants, resolve_variant_args
 from grpo_lightning.third_party_notices import THIRD_PARTY_WARNINGS, silence_tips
 
 CONFIG_HELP = (
@@ -373,6 +371,17 @@ USER_ERRORS = (ConfigError, RewardFunctionError, NonFiniteTrainingError)
 TRACEBACK_ENV = "GRPO_LIGHTNING_TRACEBACK"
 
 
+def variant_names() -> list[str]:
+    """Class paths of the shipped variants (``variants.GRPO``, ...), read from the shipped
+    ``configs/variant/*.yaml`` (the package never imports ``variants``)."""
+    names = []
+    for path in sorted((config_dir() / "variant").glob("*.yaml")):
+        model = (yaml.safe_load(path.read_text()) or {}).get("model") or {}
+        if model.get("class_path"):
+            names.append(model["class_path"])
+    return names
+
+
 def init_parameters(class_path: str) -> list[str]:
     """Names of the ``__init__`` arguments of ``class_path`` and of its bases (``**kwargs`` forwarding)."""
     module_name, _, name = class_path.rpartition(".")
@@ -438,7 +447,7 @@ def user_error_message(error: BaseException, parsing: bool) -> str | None:
     if unknown is not None and not any(isinstance(e, USER_ERRORS) for e in chain):
         path = unknown.group(1)
         if path.startswith("variants.") or "Parser key \"model\"" in texts or "--model" in texts:
-            choices = list(shipped_variants().values())
+            choices = variant_names()
             names = {choice.rpartition(".")[2].lower(): choice for choice in choices}
             close = difflib.get_close_matches(path.rpartition(".")[2].lower(), list(names), n=1, cutoff=0.6)
             hint = f" Did you mean {names[close[0]]}?" if close else ""
