@@ -50,9 +50,7 @@ from grpo_lightning.resources import config_dir, resolve_config_args
 from grpo_lightning.nonfinite import NonFiniteTrainingError
 from grpo_lightning.rewards.scoring import RewardFunctionError
 from grpo_lightning.settings import ConfigError
-from grpo_lightning.cli_generate import make_optional, require_model
-from grpo_lightning.cli_variants import describe_model_option, register_shipped_variants, resolve_variant_args
-from grpo_lightning.third_party_notices import THIRD_PARTY_WARNINGS, silence_tips
+from grpo_lightning import cli_generate, cli_variants, third_party_notices
 
 CONFIG_HELP = (
     "Path to a configuration file in json or yaml format, or the name of a shipped config when no such "
@@ -80,8 +78,8 @@ class GRPOLightningCLI(LightningCLI):
         # Checkpoints written atomically, checked when read (a --trainer.plugins of the user's replaces it).
         plugins = [{"class_path": ATOMIC_CHECKPOINT_IO}]
         kwargs["trainer_defaults"] = {"plugins": plugins, **kwargs.get("trainer_defaults", {})}
-        register_shipped_variants()  # --model DAPO, and the variants listed in --help
-        silence_tips()  # Lightning's product tips, printed by every Trainer
+        cli_variants.register_shipped_variants()  # --model DAPO, and the variants listed in --help
+        third_party_notices.silence_tips()  # Lightning's product tips, printed by every Trainer
         super().__init__(
             GroupPolicyOptimization,
             PromptDataModule,
@@ -105,7 +103,7 @@ class GRPOLightningCLI(LightningCLI):
         subparser.add_argument("--prompts", type=str, required=True, help="JSONL file with a 'prompt' column.")
         subparser.add_argument("--output", type=str, required=True, help="JSONL file the completions are written to.")
         subparser.add_argument("--batch_size", type=int, default=32, help="Prompts per generate call.")
-        make_optional(subparser)  # the model from --ckpt_path, no data
+        cli_generate.make_optional(subparser)  # the model from --ckpt_path, no data
         self._subcommand_parsers["generate"] = subparser
         parser._subcommands_action.add_subcommand("generate", subparser, help=GENERATE_HELP)
 
@@ -127,7 +125,7 @@ class GRPOLightningCLI(LightningCLI):
         parser.add_lightning_class_args(CompletionLog, "completions")
         # fit: health checks after every step, a summary and health.json at the end (--health.enabled false: off)
         parser.add_lightning_class_args(HealthChecks, "health")
-        describe_model_option(parser)
+        cli_variants.describe_model_option(parser)
 
     def init_parser(self, **kwargs):
         if self.raise_parse_errors:
@@ -140,9 +138,9 @@ class GRPOLightningCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         if args is None:  # Lightning reads sys.argv, and warns when it is given both
-            sys.argv[1:] = resolve_variant_args(resolve_config_args(sys.argv[1:]))
+            sys.argv[1:] = cli_variants.resolve_variant_args(resolve_config_args(sys.argv[1:]))
         elif isinstance(args, (list, tuple)):
-            args = resolve_variant_args(resolve_config_args(args))
+            args = cli_variants.resolve_variant_args(resolve_config_args(args))
         self.raw_args = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
         try:
             super().parse_arguments(parser, args)
@@ -170,7 +168,7 @@ class GRPOLightningCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand == "generate":
-            require_model(config)
+            cli_generate.require_model(config)
         self._name_logs_by_variant(config)
         self._seed_data_order(config)
         self._drop_disabled_progress_bars(config)
@@ -353,10 +351,9 @@ EXPECTED_WARNINGS = (
 
 @contextlib.contextmanager
 def expected_warnings_silenced() -> Iterator[None]:
-    """Inside the ``with`` block, ``EXPECTED_WARNINGS`` and other packages' ``THIRD_PARTY_WARNINGS``
-    are not shown; every other warning is."""
+    """Inside the ``with`` block, ``EXPECTED_WARNINGS`` and ``THIRD_PARTY_WARNINGS`` are not shown; every other is."""
     with warnings.catch_warnings():
-        for message in (*EXPECTED_WARNINGS, *THIRD_PARTY_WARNINGS):
+        for message in (*EXPECTED_WARNINGS, *third_party_notices.THIRD_PARTY_WARNINGS):
             warnings.filterwarnings("ignore", message=message)
         yield
 
