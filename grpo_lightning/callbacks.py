@@ -30,13 +30,21 @@ class StepProgressBar(TQDMProgressBar):
     def _total_steps(trainer) -> int | None:
         return trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
 
+    def on_train_start(self, trainer, *_: Any) -> None:
+        # A resumed fit starts mid-epoch, where Lightning calls no on_train_epoch_start: the bar
+        # counts steps (out of max_steps) from the start, validation before the first step included.
+        super().on_train_start(trainer)
+        self._show_steps(trainer)
+
     def on_train_epoch_start(self, trainer, *_: Any) -> None:
         if self._leave:
             self.train_progress_bar = self.init_train_tqdm()
+        self._show_steps(trainer)
+
+    def _show_steps(self, trainer) -> None:
         bar = self.train_progress_bar
         bar.reset(total=self._total_steps(trainer))
-        bar.initial = 0
-        bar.n = trainer.global_step
+        bar.initial = bar.n = trainer.global_step  # the rate counts this run's steps only
         bar.set_description("Step")
         bar.refresh()
 

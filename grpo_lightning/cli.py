@@ -50,6 +50,7 @@ from grpo_lightning.resources import config_dir, resolve_config_args
 from grpo_lightning.nonfinite import NonFiniteTrainingError
 from grpo_lightning.rewards.scoring import RewardFunctionError
 from grpo_lightning.settings import ConfigError
+from grpo_lightning import cli_generate, cli_variants, third_party_notices
 
 CONFIG_HELP = (
     "Path to a configuration file in json or yaml format, or the name of a shipped config when no such "
@@ -77,6 +78,8 @@ class GRPOLightningCLI(LightningCLI):
         # Checkpoints written atomically, checked when read (a --trainer.plugins of the user's replaces it).
         plugins = [{"class_path": ATOMIC_CHECKPOINT_IO}]
         kwargs["trainer_defaults"] = {"plugins": plugins, **kwargs.get("trainer_defaults", {})}
+        cli_variants.register_shipped_variants()  # --model DAPO, and the variants listed in --help
+        third_party_notices.silence_tips()  # Lightning's product tips, printed by every Trainer
         super().__init__(
             GroupPolicyOptimization,
             PromptDataModule,
@@ -100,6 +103,7 @@ class GRPOLightningCLI(LightningCLI):
         subparser.add_argument("--prompts", type=str, required=True, help="JSONL file with a 'prompt' column.")
         subparser.add_argument("--output", type=str, required=True, help="JSONL file the completions are written to.")
         subparser.add_argument("--batch_size", type=int, default=32, help="Prompts per generate call.")
+        cli_generate.make_optional(subparser)  # the model from --ckpt_path, no data
         self._subcommand_parsers["generate"] = subparser
         parser._subcommands_action.add_subcommand("generate", subparser, help=GENERATE_HELP)
 
@@ -121,6 +125,7 @@ class GRPOLightningCLI(LightningCLI):
         parser.add_lightning_class_args(CompletionLog, "completions")
         # fit: health checks after every step, a summary and health.json at the end (--health.enabled false: off)
         parser.add_lightning_class_args(HealthChecks, "health")
+        cli_variants.describe_model_option(parser)
 
     def init_parser(self, **kwargs):
         if self.raise_parse_errors:
@@ -133,9 +138,9 @@ class GRPOLightningCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         if args is None:  # Lightning reads sys.argv, and warns when it is given both
-            sys.argv[1:] = resolve_config_args(sys.argv[1:])
+            sys.argv[1:] = cli_variants.resolve_variant_args(resolve_config_args(sys.argv[1:]))
         elif isinstance(args, (list, tuple)):
-            args = resolve_config_args(args)
+            args = cli_variants.resolve_variant_args(resolve_config_args(args))
         self.raw_args = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
         try:
             super().parse_arguments(parser, args)
@@ -153,7 +158,8 @@ class GRPOLightningCLI(LightningCLI):
         ``validate``, ``test`` and ``generate`` take :data:`EVALUATION_SETTINGS` from the command line
         and configs, so a checkpoint can be evaluated with other settings than it was trained with."""
         subcommand = self.config.get("subcommand")
-        init_args = self.config[subcommand]["model"].get("init_args") if subcommand in EVALUATION_SUBCOMMANDS else None
+        model = self.config[subcommand].get("model") if subcommand in EVALUATION_SUBCOMMANDS else None
+        init_args = model.get("init_args") if model is not None else None  # generate: the model may come from ckpt_path
         kept = {key: init_args[key] for key in EVALUATION_SETTINGS if key in init_args} if init_args else {}
         super()._parse_ckpt_path()
         for key, value in kept.items():
@@ -161,6 +167,8 @@ class GRPOLightningCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        if self.subcommand == "generate":
+            cli_generate.require_model(config)
         self._name_logs_by_variant(config)
         self._seed_data_order(config)
         self._drop_disabled_progress_bars(config)
@@ -343,9 +351,9 @@ EXPECTED_WARNINGS = (
 
 @contextlib.contextmanager
 def expected_warnings_silenced() -> Iterator[None]:
-    """Inside the ``with`` block, ``EXPECTED_WARNINGS`` are not shown; every other warning is."""
+    """Inside the ``with`` block, ``EXPECTED_WARNINGS`` and ``THIRD_PARTY_WARNINGS`` are not shown; every other is."""
     with warnings.catch_warnings():
-        for message in EXPECTED_WARNINGS:
+        for message in (*EXPECTED_WARNINGS, *third_party_notices.THIRD_PARTY_WARNINGS):
             warnings.filterwarnings("ignore", message=message)
         yield
 
@@ -432,13 +440,13 @@ def user_error_message(error: BaseException, parsing: bool) -> str | None:
     # An unknown class path: list what --model (or --data) accepts.
     unknown = re.search(r"Problem with given class_path '([\w.]+)':\s*\n?\s*(?:module '[\w.]+' has no attribute|No module named)", texts)
     if unknown is None:
-        unknown = re.search(r"Expected a path but ([\w.]+) either not accessible or invalid", texts)
+        unknown = re.search(r"(?:Expected a path but|--model\.help: Expected a dot import path string:) ([\w.]+)", texts)
     if unknown is not None and not any(isinstance(e, USER_ERRORS) for e in chain):
         path = unknown.group(1)
         if path.startswith("variants.") or "Parser key \"model\"" in texts or "--model" in texts:
             choices = variant_names()
-            names = {choice.rpartition(".")[2]: choice for choice in choices}
-            close = difflib.get_close_matches(path.rpartition(".")[2], list(names), n=1, cutoff=0.6)
+            names = {choice.rpartition(".")[2].lower(): choice for choice in choices}
+            close = difflib.get_close_matches(path.rpartition(".")[2].lower(), list(names), n=1, cutoff=0.6)
             hint = f" Did you mean {names[close[0]]}?" if close else ""
             return f"--model: unknown variant {path!r}; give one of {', '.join(choices)} (or a subclass's import path).{hint}"
         return f"{path!r} is not an importable class path; check the spelling and that its package is installed."
