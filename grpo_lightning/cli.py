@@ -41,9 +41,10 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 
 from grpo_lightning.callbacks import FitSummary, ValidateBeforeTraining
-from grpo_lightning.checkpoint_io import check_checkpoint
+from grpo_lightning.checkpoint_io import check_checkpoint, load_checkpoint_file
 from grpo_lightning.completions import CompletionLog
 from grpo_lightning.data import PromptDataModule
+from grpo_lightning.final_checkpoint import FinalCheckpoint
 from grpo_lightning.diagnostics import HealthChecks
 from grpo_lightning.module import GroupPolicyOptimization
 from grpo_lightning.resources import config_dir, resolve_config_args
@@ -166,9 +167,9 @@ class GRPOLightningCLI(LightningCLI):
         self._drop_disabled_progress_bars(config)
 
     def _instantiate_trainer(self, config, callbacks):
-        """The Trainer, with the callbacks every fit has: the summary at the end and (``fit``)
-        validation before the first step."""
-        callbacks = [*callbacks, FitSummary()]
+        """The Trainer, with the callbacks every fit has: the final checkpoint, the summary at the end
+        and (``fit``) validation before the first step."""
+        callbacks = [*callbacks, FinalCheckpoint(), FitSummary()]
         if self.subcommand == "fit" and self.config["fit"].get("validate_before_fit", True):
             callbacks.append(ValidateBeforeTraining())
         return super()._instantiate_trainer(config, callbacks)
@@ -272,7 +273,7 @@ def generate_completions(module, prompts: str, output: str, ckpt_path: str | Non
     rows = read_prompts(prompts)
     module.configure_model()
     if ckpt_path:
-        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        checkpoint = load_checkpoint_file(ckpt_path)  # weights_only: a crafted pickle cannot run code
         state = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("ref_model.")}
         module.load_state_dict(state, strict=False)
     if device is not None:

@@ -16,27 +16,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from grpo_lightning.checkpoint_io import check_checkpoint
+from grpo_lightning.checkpoint_io import load_checkpoint_file
 from grpo_lightning.generation import load_causal_lm
 from grpo_lightning.lora import add_adapters, merged_model, trainable_keys
 from grpo_lightning.model_sources import load_tokenizer
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a Lightning checkpoint file on the CPU; errors name the path and the fix."""
+    """Load a Lightning checkpoint file on the CPU with ``weights_only=True``; errors name the path and the fix."""
     if os.path.isdir(path):
         raise ValueError(
             f"{str(path)!r} is a sharded FSDP checkpoint (a directory); consolidate it into one file first: "
             f"python -m lightning.fabric.utilities.consolidate_checkpoint {path}"
         )
-    check_checkpoint(path)
-    try:
-        # The checkpoint holds the run's hyperparameters (reward functions may be callables).
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as error:
-        raise ValueError(f"could not read checkpoint {str(path)!r} ({type(error).__name__}: {error}).") from error
+    return load_checkpoint_file(path)  # weights_only: a crafted pickle cannot run code
 
 
 def export_checkpoint(
