@@ -185,6 +185,11 @@ class GRPOLightningCLI(LightningCLI):
         if init_args.get("name") in (None, "lightning_logs"):
             class_path = config.get("model", {}).get("class_path") or "grpo"
             init_args["name"] = variant_log_name(class_path.rpartition(".")[2])
+        if self.subcommand in EVALUATION_SUBCOMMANDS and init_args.get("save_dir"):
+            # Read-only on the run it evaluates: logs and config.yaml go to a folder of their own.
+            init_args["version"] = evaluation_version(init_args["save_dir"], init_args["name"], self.subcommand,
+                                                      init_args.get("version"))  # fmt: skip
+            return
         ckpt_path = config.get("ckpt_path")
         if ckpt_path and init_args.get("version") is None and init_args.get("save_dir"):
             version = checkpoint_version(ckpt_path, init_args["save_dir"], init_args["name"])
@@ -231,6 +236,8 @@ class GRPOLightningCLI(LightningCLI):
                 self.generate()
             else:
                 super()._run_subcommand(subcommand)
+                if subcommand in EVALUATION_SUBCOMMANDS and self.trainer.is_global_zero and self.trainer.log_dir:
+                    print(f"{subcommand}: logs and config.yaml in {self.trainer.log_dir}", flush=True)
         except Exception as error:
             error._raised_by_subcommand = True  # main(): not a parse error
             raise
@@ -295,6 +302,19 @@ def variant_log_name(class_name: str) -> str:
     """``GRPO`` -> ``grpo``, ``DrGRPO`` -> ``dr_grpo``, ``MyGRPOVariant`` -> ``my_grpo_variant``;
     ``GRPO`` is a word of its own after other capitals too: ``OnlineDPOGRPO`` -> ``online_dpo_grpo``."""
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])|(?<=[A-Z])(?=GRPO)", "_", class_name).lower()
+
+
+def evaluation_version(save_dir: str, name: str, subcommand: str, version: int | str | None) -> int | str:
+    """The logger version of ``validate``/``test``/``generate``: ``version`` when its folder does not
+    exist yet, else the first free ``<subcommand>_<k>`` under ``<save_dir>/<name>``, never a run's own
+    folder (a run's ``config.yaml`` names its version when it was resumed)."""
+    parent = Path(save_dir).expanduser() / name
+    if version is not None and not (parent / (f"version_{version}" if isinstance(version, int) else version)).exists():
+        return version
+    k = 0
+    while (parent / f"{subcommand}_{k}").exists():
+        k += 1
+    return f"{subcommand}_{k}"
 
 
 def checkpoint_version(ckpt_path: str, save_dir: str, name: str) -> int | None:
