@@ -82,6 +82,12 @@ def newest_complete_checkpoint(path: str | os.PathLike) -> Path | None:
     return None
 
 
+def newest_last_checkpoint(folders: list[Path]) -> Path | None:
+    """The most recently written ``last*.ckpt`` file in ``folders`` (glob patterns allowed)."""
+    found = [Path(p) for folder in folders for p in glob.glob(str(Path(folder) / "last*.ckpt")) if os.path.isfile(p)]
+    return max(found, key=lambda p: (p.stat().st_mtime_ns, p.name), default=None)
+
+
 def corrupt_message(path: str | os.PathLike, reason: str) -> str:
     """The error for a damaged checkpoint: the file, why, and what to resume from instead."""
     good = newest_complete_checkpoint(path)
@@ -126,8 +132,7 @@ def load_errors_named(path: str | os.PathLike) -> Iterator[None]:
         yield
     except ConfigError:
         raise
-    except (pickle.UnpicklingError, RuntimeError, EOFError, UnicodeDecodeError, zipfile.BadZipFile, ValueError,
-            KeyError, IndexError, TypeError, AttributeError) as error:  # fmt: skip
+    except (pickle.UnpicklingError, RuntimeError, EOFError, UnicodeDecodeError, zipfile.BadZipFile) as error:
         if isinstance(error, RuntimeError) and "PytorchStreamReader" not in str(error):
             raise
         name = _unsafe_global(error)
@@ -137,7 +142,8 @@ def load_errors_named(path: str | os.PathLike) -> Iterator[None]:
                 "would run code. grpo-lightning's checkpoints hold tensors and plain values only (hyperparameters "
                 "included: give reward functions as import paths, not Python objects); use a file a fit wrote."
             ) from error
-        reason = str(error).split(". ")[0].splitlines()[0] if str(error) else type(error).__name__
+        damaged = re.search(r"WeightsUnpickler error: (.+)", str(error))
+        reason = f"a damaged pickle: {damaged.group(1).strip()}" if damaged else str(error).split(". ")[0].splitlines()[0]
         raise CorruptCheckpointError(corrupt_message(path, reason)) from error
 
 

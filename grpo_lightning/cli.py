@@ -5,12 +5,17 @@
     grpo-lightning fit --config configs/quickstart.yaml --print_config
 
     grpo-lightning generate --config ... --ckpt_path CKPT --prompts prompts.jsonl --output out.jsonl
+    grpo-lightning export --ckpt_path CKPT --output_dir hf-model
 
 A ``--config`` that is not a file names a shipped config (``grpo_lightning.resources``), so
 ``--config configs/trainer/cpu.yaml`` or ``--config trainer/cpu`` also work outside a clone.
 
-Subcommands: ``fit``, ``validate``, ``test`` (the data's test split) and ``generate`` (completions
-for a prompt file). Every fit
+Subcommands: ``fit``, ``validate``, ``test`` (the data's test split), ``generate`` (completions
+for a prompt file) and ``export`` (a checkpoint as a Hugging Face model, :mod:`grpo_lightning.export`).
+``validate``, ``test`` and ``generate`` write nothing into the run they read: their logs and
+``config.yaml`` go to ``<save_dir>/<name>/<subcommand>_N``. ``--ckpt_path last`` resumes the newest
+``last.ckpt`` of the runs of that name. Every fit saves ``last.ckpt`` when it ends, however it ends
+(:mod:`grpo_lightning.final_checkpoint`). Every fit
 validates before its first step (``--validate_before_fit false`` turns it off), prints a summary
 when it ends (:mod:`grpo_lightning.callbacks`), checks its health (``--health.*``,
 :mod:`grpo_lightning.diagnostics`), shows what the model writes (``--completions.*``,
@@ -41,11 +46,12 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 
 from grpo_lightning.callbacks import FitSummary, ValidateBeforeTraining
-from grpo_lightning.checkpoint_io import check_checkpoint, load_checkpoint_file
+from grpo_lightning.checkpoint_io import check_checkpoint, load_checkpoint_file, load_errors_named, newest_last_checkpoint
 from grpo_lightning.completions import CompletionLog
 from grpo_lightning.data import PromptDataModule
 from grpo_lightning.final_checkpoint import FinalCheckpoint
 from grpo_lightning.diagnostics import HealthChecks
+from grpo_lightning.export import main as export_main
 from grpo_lightning.module import GroupPolicyOptimization
 from grpo_lightning.resources import config_dir, resolve_config_args
 from grpo_lightning.nonfinite import NonFiniteTrainingError
@@ -145,9 +151,37 @@ class GRPOLightningCLI(LightningCLI):
             raise
         subcommand = self.config.get("subcommand")
         if subcommand:
+            if self.config[subcommand].get("ckpt_path") == "last":
+                self.config[subcommand]["ckpt_path"] = str(self._last_checkpoint_of_run(self.config[subcommand]))
             # Lightning reads --ckpt_path next: a missing or truncated file fails here, naming it (and,
             # when truncated, the newest complete checkpoint beside it).
             check_checkpoint(self.config[subcommand].get("ckpt_path"))
+
+    @staticmethod
+    def _last_checkpoint_of_run(config) -> Path:
+        """``--ckpt_path last``: the newest ``last*.ckpt`` of the runs of this name (``<save_dir>/<name>/
+        version_*/checkpoints``, or a ModelCheckpoint's ``dirpath``). Lightning would look only in the new
+        version's empty folder, warn and train from scratch."""
+        trainer = config.get("trainer") or {}
+        logger = trainer.get("logger")
+        init_args = (logger.get("init_args") if hasattr(logger, "get") else None) or {}
+        name = init_args.get("name")
+        if name in (None, "lightning_logs"):
+            name = variant_log_name(((config.get("model") or {}).get("class_path") or "grpo").rpartition(".")[2])
+        save_dir = Path(str(init_args.get("save_dir") or trainer.get("default_root_dir") or ".")).expanduser()
+        folders = [save_dir / name / "version_*" / "checkpoints", Path(str(trainer.get("default_root_dir") or ".")) / "checkpoints"]
+        for callback in trainer.get("callbacks") or []:
+            dirpath = (callback.get("init_args") or {}).get("dirpath") if hasattr(callback, "get") else None
+            if dirpath and str(callback.get("class_path", "")).endswith("ModelCheckpoint"):
+                folders.append(Path(str(dirpath)).expanduser())
+        found = newest_last_checkpoint(folders)
+        if found is None:
+            raise ConfigError(
+                f"--ckpt_path last: no last.ckpt of a run named {name!r} in {save_dir / name}/version_*/checkpoints "
+                "(nor in a ModelCheckpoint's dirpath); give a checkpoint file, or leave --ckpt_path out to start anew."
+            )
+        print(f"--ckpt_path last: {found}", file=sys.stderr, flush=True)
+        return found
 
     def _parse_ckpt_path(self) -> None:
         """Apply the hyperparameters of ``--ckpt_path`` (Lightning's behaviour), except how to evaluate:
@@ -156,7 +190,9 @@ class GRPOLightningCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         init_args = self.config[subcommand]["model"].get("init_args") if subcommand in EVALUATION_SUBCOMMANDS else None
         kept = {key: init_args[key] for key in EVALUATION_SETTINGS if key in init_args} if init_args else {}
-        super()._parse_ckpt_path()
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        with load_errors_named(ckpt_path) if ckpt_path else contextlib.nullcontext():
+            super()._parse_ckpt_path()  # torch.load(weights_only=True): a refused global is one line too
         for key, value in kept.items():
             self.config[subcommand]["model"]["init_args"][key] = value
 
@@ -543,6 +579,8 @@ def main(args: Sequence[str] | None = None, *, report_errors: bool | None = None
     ``error: ...`` line on stderr and exit status 2; ``--verbose`` (or ``GRPO_LIGHTNING_TRACEBACK=1``)
     shows its traceback instead. Called from Python with ``args``, errors are raised as they are."""
     argv = list(sys.argv[1:] if args is None else args)
+    if argv[:1] == ["export"]:  # not a Trainer method: its own parser
+        return export_main(argv[1:], prog="grpo-lightning export")
     verbose = _wants_traceback(argv) or not (args is None if report_errors is None else report_errors)
     argv = [arg for arg in argv if arg != "--verbose"]
     if args is None:

@@ -1,6 +1,7 @@
 """Export the policy of a training checkpoint as a plain Hugging Face model directory.
 
-    python -m grpo_lightning.export --ckpt_path runs/grpo/version_0/checkpoints/last.ckpt --output_dir grpo-model
+    grpo-lightning export --ckpt_path runs/grpo/version_0/checkpoints/last.ckpt --output_dir grpo-model
+    python -m grpo_lightning.export ...  (the same)
 
 The directory loads with ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``
 (and serves with any Hugging Face-compatible engine). The base model the run started from
@@ -75,14 +76,19 @@ def export_checkpoint(
     return output
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m grpo_lightning.export", description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None, prog: str = "python -m grpo_lightning.export") -> None:
+    """A user's error (a missing, damaged or unsafe checkpoint, a wrong option) is one ``error:`` line,
+    exit status 2."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--ckpt_path", required=True, help="a .ckpt file written during training")
     parser.add_argument("--output_dir", required=True, help="directory to write the Hugging Face model to")
     parser.add_argument("--model", default=None, help="base model, when it is no longer where the run found it")
     parser.add_argument("--adapter", action="store_true", help="LoRA runs: write the PEFT adapter, not the merged model")
     args = parser.parse_args(argv)
-    output = export_checkpoint(args.ckpt_path, args.output_dir, model=args.model, adapter=args.adapter)
+    try:
+        output = export_checkpoint(args.ckpt_path, args.output_dir, model=args.model, adapter=args.adapter)
+    except (ValueError, FileNotFoundError) as error:  # ConfigError, CorruptCheckpointError, UnsafeCheckpointError
+        parser.exit(2, f"{parser.prog}: error: {str(error).strip().splitlines()[0]}\n")
     print(f"wrote {output}")
 
 
