@@ -122,7 +122,7 @@ def cli_command() -> list[str]:
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_fit_stopped_by_a_signal_saves_its_last_completed_step(tiny_model_dir, tmp_path, stop):
+def test_a_fit_stopped_by_a_signal_saves_its_last_completed_step(tiny_model_dir, tmp_path, stop, one_torch_thread):
     paused_at = 3
     env = {
         **os.environ, "PAUSE_AT_STEP": str(paused_at), "PAUSE_DIR": str(tmp_path), "OMP_NUM_THREADS": "1",
@@ -149,6 +149,18 @@ def test_a_fit_stopped_by_a_signal_saves_its_last_completed_step(tiny_model_dir,
     assert f"fit stopped by {stop.name}: {paused_at} / 40 optimizer steps" in printed
     assert summary_checkpoint(printed)[1] == paused_at
     assert not list((tmp_path / "grpo" / "version_0" / "checkpoints").glob(".*.tmp"))  # written atomically
+    if stop == signal.SIGTERM:  # resumed, it ends where one uninterrupted fit ends
+        last = tmp_path / "grpo" / "version_0" / "checkpoints" / "last.ckpt"
+        main(fit_args(tiny_model_dir, tmp_path, "--ckpt_path", str(last)))
+        main(fit_args(tiny_model_dir, tmp_path / "uninterrupted"))
+        assert_same_weights(tmp_path, tmp_path / "uninterrupted", steps=5)
+
+
+def assert_same_weights(root: Path, other: Path, steps: int) -> None:
+    first, second = (load_checkpoint_file(r / "grpo" / "version_0" / "checkpoints" / "last.ckpt") for r in (root, other))
+    assert first["global_step"] == second["global_step"] == steps
+    assert first["state_dict"].keys() == second["state_dict"].keys()
+    assert all(torch.equal(first["state_dict"][k], second["state_dict"][k]) for k in first["state_dict"])
 
 
 def test_the_final_checkpoint_is_a_state_to_resume_from(tiny_model_dir, tmp_path, one_torch_thread, capsys):
@@ -159,8 +171,4 @@ def test_the_final_checkpoint_is_a_state_to_resume_from(tiny_model_dir, tmp_path
     last = tmp_path / "parts" / "grpo" / "version_0" / "checkpoints" / "last.ckpt"
     main(fit_args(tiny_model_dir, tmp_path / "parts", "--seed_everything", "1", "--ckpt_path", str(last)))
     capsys.readouterr()
-    full, parts = (load_checkpoint_file(root / "grpo" / "version_0" / "checkpoints" / "last.ckpt")
-                   for root in (tmp_path / "full", tmp_path / "parts"))  # fmt: skip
-    assert full["global_step"] == parts["global_step"] == 5
-    assert full["state_dict"].keys() == parts["state_dict"].keys()
-    assert all(torch.equal(full["state_dict"][k], parts["state_dict"][k]) for k in full["state_dict"])
+    assert_same_weights(tmp_path / "full", tmp_path / "parts", steps=5)
