@@ -11,10 +11,8 @@ A ``--config`` that is not a file names a shipped config (``grpo_lightning.resou
 ``--config configs/trainer/cpu.yaml`` or ``--config trainer/cpu`` also work outside a clone.
 
 Subcommands: ``fit``, ``validate``, ``test`` (the data's test split), ``generate`` (completions
-for a prompt file) and ``export`` (a checkpoint as a Hugging Face model, :mod:`grpo_lightning.export`).
-``validate``, ``test`` and ``generate`` write nothing into the run they read: their logs and
-``config.yaml`` go to ``<save_dir>/<name>/<subcommand>_N``. ``--ckpt_path last`` resumes the newest
-``last.ckpt`` of the runs of that name. Every fit saves ``last.ckpt`` when it ends, however it ends
+for a prompt file) and ``export`` (:mod:`grpo_lightning.export`). Evaluation writes nothing into the
+run it reads (:mod:`grpo_lightning.run_folders`); every fit saves ``last.ckpt`` however it ends
 (:mod:`grpo_lightning.final_checkpoint`). Every fit
 validates before its first step (``--validate_before_fit false`` turns it off), prints a summary
 when it ends (:mod:`grpo_lightning.callbacks`), checks its health (``--health.*``,
@@ -46,14 +44,15 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 
 from grpo_lightning.callbacks import FitSummary, ValidateBeforeTraining
-from grpo_lightning.checkpoint_io import check_checkpoint, load_checkpoint_file, load_errors_named, newest_last_checkpoint
+from grpo_lightning.checkpoint_io import check_checkpoint, load_checkpoint_file, load_errors_named
 from grpo_lightning.completions import CompletionLog
 from grpo_lightning.data import PromptDataModule
-from grpo_lightning.final_checkpoint import FinalCheckpoint
 from grpo_lightning.diagnostics import HealthChecks
 from grpo_lightning.export import main as export_main
+from grpo_lightning.final_checkpoint import FinalCheckpoint
 from grpo_lightning.module import GroupPolicyOptimization
 from grpo_lightning.resources import config_dir, resolve_config_args
+from grpo_lightning.run_folders import evaluation_version, last_checkpoint_of_run
 from grpo_lightning.nonfinite import NonFiniteTrainingError
 from grpo_lightning.rewards.scoring import RewardFunctionError
 from grpo_lightning.settings import ConfigError
@@ -151,37 +150,14 @@ class GRPOLightningCLI(LightningCLI):
             raise
         subcommand = self.config.get("subcommand")
         if subcommand:
-            if self.config[subcommand].get("ckpt_path") == "last":
-                self.config[subcommand]["ckpt_path"] = str(self._last_checkpoint_of_run(self.config[subcommand]))
+            config = self.config[subcommand]
+            if config.get("ckpt_path") == "last":  # Lightning would look in a new version's empty folder
+                variant = variant_log_name(((config.get("model") or {}).get("class_path") or "grpo").rpartition(".")[2])
+                config["ckpt_path"] = str(last_checkpoint_of_run(config.get("trainer") or {}, variant))
+                print(f"--ckpt_path last: {config['ckpt_path']}", file=sys.stderr, flush=True)
             # Lightning reads --ckpt_path next: a missing or truncated file fails here, naming it (and,
             # when truncated, the newest complete checkpoint beside it).
             check_checkpoint(self.config[subcommand].get("ckpt_path"))
-
-    @staticmethod
-    def _last_checkpoint_of_run(config) -> Path:
-        """``--ckpt_path last``: the newest ``last*.ckpt`` of the runs of this name (``<save_dir>/<name>/
-        version_*/checkpoints``, or a ModelCheckpoint's ``dirpath``). Lightning would look only in the new
-        version's empty folder, warn and train from scratch."""
-        trainer = config.get("trainer") or {}
-        logger = trainer.get("logger")
-        init_args = (logger.get("init_args") if hasattr(logger, "get") else None) or {}
-        name = init_args.get("name")
-        if name in (None, "lightning_logs"):
-            name = variant_log_name(((config.get("model") or {}).get("class_path") or "grpo").rpartition(".")[2])
-        save_dir = Path(str(init_args.get("save_dir") or trainer.get("default_root_dir") or ".")).expanduser()
-        folders = [save_dir / name / "version_*" / "checkpoints", Path(str(trainer.get("default_root_dir") or ".")) / "checkpoints"]
-        for callback in trainer.get("callbacks") or []:
-            dirpath = (callback.get("init_args") or {}).get("dirpath") if hasattr(callback, "get") else None
-            if dirpath and str(callback.get("class_path", "")).endswith("ModelCheckpoint"):
-                folders.append(Path(str(dirpath)).expanduser())
-        found = newest_last_checkpoint(folders)
-        if found is None:
-            raise ConfigError(
-                f"--ckpt_path last: no last.ckpt of a run named {name!r} in {save_dir / name}/version_*/checkpoints "
-                "(nor in a ModelCheckpoint's dirpath); give a checkpoint file, or leave --ckpt_path out to start anew."
-            )
-        print(f"--ckpt_path last: {found}", file=sys.stderr, flush=True)
-        return found
 
     def _parse_ckpt_path(self) -> None:
         """Apply the hyperparameters of ``--ckpt_path`` (Lightning's behaviour), except how to evaluate:
@@ -338,19 +314,6 @@ def variant_log_name(class_name: str) -> str:
     """``GRPO`` -> ``grpo``, ``DrGRPO`` -> ``dr_grpo``, ``MyGRPOVariant`` -> ``my_grpo_variant``;
     ``GRPO`` is a word of its own after other capitals too: ``OnlineDPOGRPO`` -> ``online_dpo_grpo``."""
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])|(?<=[A-Z])(?=GRPO)", "_", class_name).lower()
-
-
-def evaluation_version(save_dir: str, name: str, subcommand: str, version: int | str | None) -> int | str:
-    """The logger version of ``validate``/``test``/``generate``: ``version`` when its folder does not
-    exist yet, else the first free ``<subcommand>_<k>`` under ``<save_dir>/<name>``, never a run's own
-    folder (a run's ``config.yaml`` names its version when it was resumed)."""
-    parent = Path(save_dir).expanduser() / name
-    if version is not None and not (parent / (f"version_{version}" if isinstance(version, int) else version)).exists():
-        return version
-    k = 0
-    while (parent / f"{subcommand}_{k}").exists():
-        k += 1
-    return f"{subcommand}_{k}"
 
 
 def checkpoint_version(ckpt_path: str, save_dir: str, name: str) -> int | None:
