@@ -90,6 +90,11 @@ def test_a_fit_off_the_checkpoint_interval_ends_with_last_ckpt_at_its_last_step(
     assert summary_checkpoint(capsys.readouterr().out)[1] == 5
 
 
+def test_without_a_save_last_checkpoint_the_first_one_writes_last_ckpt(tiny_model_dir, tmp_path, one_torch_thread):
+    main(fit_args(tiny_model_dir, tmp_path, "--trainer.callbacks.save_last", "false", steps=3))
+    assert last_step(tmp_path) == 3
+
+
 def test_a_fit_ended_by_max_time_saves_its_last_step(tiny_model_dir, tmp_path, one_torch_thread, capsys):
     slow = f"{__name__}.SlowThirdStep"
     main(fit_args(
