@@ -19,6 +19,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
+from grpo_lightning.engine.compilation import checkpoints_activations, layers_compiled, repeated_layers
 from grpo_lightning.functional import position_ids_from_mask
 from grpo_lightning.strategies import is_sharded
 
@@ -279,9 +280,10 @@ class _ModelForwards:
     """The model calls of the log-prob passes, compiled with ``torch.compile`` when asked: Inductor
     fuses each decoder layer's normalisations, rotary embedding, activation and residual additions
     (dozens of element-wise kernels per layer in eager mode) in the forward and the backward pass,
-    and saves fewer intermediate tensors for the backward. The model is an argument of the compiled
-    functions, so the policy and the reference model share their compiled code where their
-    parameters agree in shape, dtype and ``requires_grad``. Sharded models run eagerly. A compiler
+    and saves fewer intermediate tensors for the backward. Compilation is regional: one decoder
+    layer is compiled and its code runs every layer, of the policy and of the reference model alike
+    (:func:`~grpo_lightning.engine.compilation.layers_compiled`), so compile time does not grow with
+    depth; a model without repeated layers is compiled whole. Sharded models run eagerly. A compiler
     failure in the forward pass is warned about once and the model runs eagerly from then on."""
 
     def __init__(self) -> None:
@@ -291,10 +293,15 @@ class _ModelForwards:
     def run(self, function, compiled: bool, model: nn.Module, *args):
         if not compiled or self.failed or is_sharded(model):
             return function(model, *args)
-        if function not in self.compiled:
+        # Gradient checkpointing recomputes layers after the context: they are compiled with the whole pass.
+        layers = None if checkpoints_activations(model) else repeated_layers(model)
+        if layers is None and function not in self.compiled:
             self.compiled[function] = torch.compile(function)
         try:
-            return self.compiled[function](model, *args)
+            if layers is None:
+                return self.compiled[function](model, *args)
+            with layers_compiled(layers):
+                return function(model, *args)
         except Exception as error:  # noqa: BLE001 - any compiler failure: eager from now on
             warnings.warn(f"torch.compile of the model's forward failed, running it eagerly: {error!r}", stacklevel=3)
             self.failed = True

@@ -287,3 +287,41 @@ def test_the_compiled_model_gives_the_eager_log_probs_and_gradients(tiny_model_d
         for name in eager_grads:
             torch.testing.assert_close(compiled_grads[name], eager_grads[name], rtol=1e-4, atol=1e-6, msg=f"{options} {name}")
     assert not logprobs._FORWARDS.failed
+
+
+def test_the_compiled_model_traces_one_decoder_layer_for_all_layers_and_both_models(tiny_model_dir, monkeypatch):
+    """Regional compilation: one graph for the policy's layers (with gradients) and one for the
+    frozen copy's, not one per layer, gradient checkpointing or not. Dynamo's eager backend stands
+    in for Inductor (which graphs are traced is Dynamo's business)."""
+    from torch._dynamo.utils import counters
+
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda function, **kwargs: compile_(function, backend="eager"))
+    monkeypatch.setattr(logprobs, "_FORWARDS", logprobs._ModelForwards())
+    from grpo_lightning.engine import compilation
+
+    compilation._compiled_layer_call.cache_clear()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    frozen = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).requires_grad_(False)
+    assert model.config.num_hidden_layers == 2
+    batch = ragged_batch(model.config.vocab_size)
+    torch._dynamo.reset()
+    counters.clear()
+    for checkpointing in (False, True):
+        if checkpointing:
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable({"use_reentrant": False})
+        gradients = []
+        for compiled in (True, False):
+            with torch.no_grad():
+                completion_logprobs(frozen, *batch, with_entropy=False, compiled_model=compiled)
+            logp, _ = completion_logprobs(model, *batch, compiled_model=compiled)
+            logp.sum().backward()
+            gradients.append({name: p.grad.clone() for name, p in model.named_parameters()})
+            model.zero_grad(set_to_none=True)
+        for name in gradients[1]:
+            torch.testing.assert_close(gradients[0][name], gradients[1][name], msg=f"checkpointing {checkpointing}: {name}")
+        if not checkpointing:
+            assert counters["stats"]["unique_graphs"] == 2
+    assert not logprobs._FORWARDS.failed
+    compilation._compiled_layer_call.cache_clear()

@@ -27,6 +27,7 @@ models, which then decode through their own ``forward``.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -222,35 +223,60 @@ class FusedDecoder:
 
             self.kernel = kernel
 
-    def __call__(self, input_ids: Tensor, mask: Tensor, position_ids: Tensor, cache: Any, cache_position: Tensor) -> Tensor:
+    def __call__(
+        self, input_ids: Tensor, mask: Tensor, position_ids: Tensor, cache: Any, cache_position: Tensor,
+        layer_step: Callable | None = None,
+    ) -> Tensor:
+        """The logits ``[B, V]`` of one token per row. ``layer_step``: :meth:`decode_layer` or a
+        compiled copy of it (compiled once, the same code for every layer), where the cache has
+        ``layers`` (transformers 5)."""
         hidden = self.inner.embed_tokens(input_ids)  # [B, 1, H]
         cos, sin = self.inner.rotary_emb(hidden, position_ids)
-        on_kernel = self.qkv_kernel and getattr(cache, "layers", None) is not None
+        cache_layers = getattr(cache, "layers", None)
         for index, fused in enumerate(self.layers):
-            if on_kernel:
-                query, keys, values = self._kernel_qkv(fused, hidden[:, 0], cos[:, 0], sin[:, 0], cache.layers[index], cache_position)
+            if cache_layers is not None:
+                hidden = (layer_step or FusedDecoder.decode_layer)(self, fused, hidden, cos, sin, cache_layers[index], cache_position, mask)
             else:
                 query, key, value = self._project_qkv(fused, hidden, cos, sin)
                 keys, values = cache.update(key, value, index, {"cache_position": cache_position})
-            hidden = self._layer_rest(fused, hidden, query, keys, values, mask)
+                hidden = self._layer_rest(fused, hidden, query, keys, values, mask)
         hidden = self.inner.norm(hidden)
         return self.model.get_output_embeddings()(hidden[:, -1])
 
+    def decode_layer(
+        self, fused: FusedLayer, hidden: Tensor, cos: Tensor, sin: Tensor, cache_layer: Any, cache_position: Tensor, mask: Tensor
+    ) -> Tensor:
+        """One layer of a decode step: its keys and values written to ``cache_layer`` at ``cache_position``."""
+        if self.qkv_kernel:
+            query, keys, values = self._kernel_qkv(fused, hidden[:, 0], cos[:, 0], sin[:, 0], cache_layer, cache_position)
+        else:
+            query, key, value = self._project_qkv(fused, hidden, cos, sin)
+            keys, values = cache_layer.update(key, value, {"cache_position": cache_position})
+        return self._layer_rest(fused, hidden, query, keys, values, mask)
+
     def prefill(
-        self, input_ids: Tensor, mask: Tensor, position_ids: Tensor, cache: Any, cache_position: Tensor, rows: Tensor
+        self, input_ids: Tensor, mask: Tensor, position_ids: Tensor, cache: Any, cache_position: Tensor, rows: Tensor,
+        layer_step: Callable | None = None,
     ) -> Tensor:
         """The forward pass of prompts ``input_ids`` ``[P, S]`` (a GRPO batch's distinct prompts); row
         ``i`` of the cache gets the keys and values of prompt ``rows[i]``, at slots ``cache_position``
         ``[S]``. Attention is over the prompts' own keys, with ``mask`` ``[P, 1, S, S]``. Returns the
-        logits ``[P, V]`` of the last position."""
+        logits ``[P, V]`` of the last position. ``layer_step``: :meth:`prefill_layer` or a compiled copy."""
         hidden = self.inner.embed_tokens(input_ids)  # [P, S, H]
         cos, sin = self.inner.rotary_emb(hidden, position_ids)
-        for index, fused in enumerate(self.layers):
-            query, key, value = self._project_qkv(fused, hidden, cos, sin)
-            cache.update(key[rows], value[rows], index, {"cache_position": cache_position})
-            hidden = self._layer_rest(fused, hidden, query, key, value, mask)
+        for cache_layer, fused in zip(cache.layers, self.layers, strict=True):
+            hidden = (layer_step or FusedDecoder.prefill_layer)(self, fused, hidden, cos, sin, cache_layer, cache_position, mask, rows)
         hidden = self.inner.norm(hidden[:, -1:])
         return self.model.get_output_embeddings()(hidden[:, -1])
+
+    def prefill_layer(
+        self, fused: FusedLayer, hidden: Tensor, cos: Tensor, sin: Tensor, cache_layer: Any, cache_position: Tensor,
+        mask: Tensor, rows: Tensor,
+    ) -> Tensor:
+        """One layer of :meth:`prefill`."""
+        query, key, value = self._project_qkv(fused, hidden, cos, sin)
+        cache_layer.update(key[rows], value[rows], {"cache_position": cache_position})
+        return self._layer_rest(fused, hidden, query, key, value, mask)
 
     def _layer_rest(self, fused: FusedLayer, hidden: Tensor, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
         """The layer after its q/k/v: attention, ``o_proj`` and the residual sum, then the MLP."""

@@ -353,11 +353,14 @@ class StaticCacheGenerator:
 
     # ------------------------------------------------------------------------------ the model
 
-    def _decode_forward(self, input_ids: Tensor, allowed: Tensor, position_ids: Tensor, cache_position: Tensor) -> Tensor:
-        """The forward pass of a decode step: with fused projections when they apply."""
+    def _decode_forward(
+        self, input_ids: Tensor, allowed: Tensor, position_ids: Tensor, cache_position: Tensor, layer_step=None
+    ) -> Tensor:
+        """The forward pass of a decode step: with fused projections when they apply, each layer
+        through ``layer_step`` (:meth:`FusedDecoder.decode_layer` by default)."""
         if self._decoder is None:
             return self._forward(self._cache, input_ids, allowed, position_ids, cache_position)
-        return self._decoder(input_ids, self._forward.mask(allowed), position_ids, self._cache, cache_position)
+        return self._decoder(input_ids, self._forward.mask(allowed), position_ids, self._cache, cache_position, layer_step)
 
     def _prefill(self, prompt_ids: Tensor, prompt_mask: Tensor) -> Tensor:
         """Reset the cache, run the prompts through it and set up the decode buffers.
@@ -487,14 +490,17 @@ class StaticCacheGenerator:
         return self.compile_options if self.compile_options is not None else default_compile_options(self._buffers.out.device)
 
     def _first_working_step(self, sampling: SamplingParams):
-        """The decode step to use, after running it once: with ``compile``, the whole step
-        compiled, else its model forward compiled, else eager (:mod:`grpo_lightning.engine.compilation`)."""
+        """The decode step to use, after running it once: with ``compile``, its layers compiled
+        (fused projections on a cache with ``layers``), else the whole step compiled, else its
+        model forward compiled, else eager (:mod:`grpo_lightning.engine.compilation`)."""
         if self._compile_candidates is None:
             self._compile_candidates = []
             if self.compile:
+                regional = self._decoder is not None and getattr(self._cache, "layers", None) is not None
                 self._compile_candidates = compiled_step_candidates(
-                    self._decode_step, self._decode_forward, self._inductor_options()
-                )
+                    self._decode_step, self._decode_forward, self._inductor_options(),
+                    layer_step=FusedDecoder.decode_layer if regional else None,
+                )  # fmt: skip
         return first_working_step(self._compile_candidates, self._decode_step, sampling)
 
 

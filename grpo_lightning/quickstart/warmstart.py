@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock
 from datasets import Dataset, DatasetDict
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
@@ -170,6 +171,13 @@ def run_warm_start(
     if output_dir is None:
         output_dir = default_cache_dir() / f"warmstart-{settings.cache_key()}"
     output_dir = Path(output_dir)
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Processes started together (test workers, a sweep's cells) train it once: the others wait.
+    with FileLock(f"{output_dir}.lock"):
+        return _train_unless_cached(settings, output_dir, log_every)
+
+
+def _train_unless_cached(settings: WarmStartSettings, output_dir: Path, log_every: int) -> Path:
     marker = output_dir / MARKER_FILE
     if _marker_matches(marker, settings):
         logger.info("Reusing warm start at %s", output_dir)

@@ -26,9 +26,9 @@ def final_value(run: Run, key: str) -> float:
     if key == "train_time_s":
         return run.train_time_s
     if key == "steps":
-        return float(len(run.update_steps)) if len(run.update_steps) else math.nan
+        return run.optimizer_steps()
     if key == "batches":
-        return float(run.update_steps[-1] + 1) if len(run.update_steps) else math.nan
+        return run.generation_batches()
     series = run.scalars.get(key)
     if series is None or not len(series.values):
         return math.nan

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from grpo_lightning.report.arms import WIDE, Arm, pairwise_rows
 from grpo_lightning.report.cells import CellInfo, arm_configs, discover_cells
+from grpo_lightning.report.labels import check_arm_classes
 from grpo_lightning.report.completions import completions_section
 from grpo_lightning.report.curves import curves_section
 from grpo_lightning.report.document import Doc
@@ -46,6 +47,7 @@ def build_report(
     cells = discover_cells(sweep_dir)
     if not cells:
         raise FileNotFoundError(f"no runs under {sweep_dir}: expected cell folders of grpo-lightning-ablate")
+    check_arm_classes(cells)  # each arm's class from its resolved configs: a mislabelled arm is refused
     target.mkdir(parents=True, exist_ok=True)
     finished = [c for c in cells if c.finished]
     unfinished = [c for c in cells if not c.finished]
@@ -214,8 +216,8 @@ def _method_section(doc: Doc, confidence: float) -> None:
                 "otherwise the arms within reach tie."
             ),
             (
-                "Training step: a step that ended in a policy update and logged training metrics (DAPO's dynamic "
-                "sampling can spend several rollout batches on one); generated tokens are cumulative."
+                "Step: an optimizer step (a rollout may make several; DAPO's dynamic sampling can spend several "
+                "generation batches on one update); generated tokens are cumulative."
             ),
         ]
     )

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from grpo_lightning.report.build import DEFAULT_FOLDER, build_report
+from grpo_lightning.report.labels import MislabelledArmError
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -40,7 +41,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.out is not None:
         warnings.warn("--out DIR is deprecated: give the report's own folder as --output DIR/NAME", FutureWarning, stacklevel=1)
         output = args.out / (args.name or args.sweep_dir.resolve().name)
-    target = build_report(args.sweep_dir, output, args.name, args.confidence, args.provenance)
+    try:
+        target = build_report(args.sweep_dir, output, args.name, args.confidence, args.provenance)
+    except MislabelledArmError as error:
+        parser.exit(2, f"error: {error}\n")
     print(f"report: {target / 'report.md'}")
     print(f"html:   {target / 'report.html'}")
 

@@ -37,8 +37,8 @@ FINAL_METRICS = [
     Metric("clip_ratio/region", "clip_ratio/region"),
     Metric("clip_ratio/low", "clip_ratio/low"),
     Metric("clip_ratio/high", "clip_ratio/high"),
-    Metric("steps", "training steps"),
-    Metric("batches", "rollout batches"),
+    Metric("steps", "optimizer steps"),
+    Metric("batches", "generation batches"),
     Metric("perf/generated_tokens", "generated tokens", -1),
     Metric("train_time_s", "training wall-clock (s)", -1),
 ]

@@ -14,6 +14,8 @@ IGNORED_TAGS = {"epoch", "hp_metric"}
 #: A training scalar present in every step the module logs: the time axis starts from its first event.
 STEP_TIME_TAG = "perf/step_s"
 TOKENS_TAG = "perf/generated_tokens"
+#: Logged by runs whose loggers' step is the optimizer steps taken; older runs logged the batch counter.
+GENERATION_BATCHES_TAG = "counters/generation_batches"
 
 
 @dataclass
@@ -30,10 +32,11 @@ class Run:
     """The scalars of one fit run, with the axes of the learning curves.
 
     ``scalars`` leaves out the validation before training, which is in ``initial``. For every
-    point, ``x_step`` is the number of training steps done, counting the steps that logged
-    training metrics (a step ends in a policy update; DAPO's dynamic sampling can spend several
-    generation batches on one), ``x_tokens`` the completion tokens generated so far and
-    ``x_time`` the seconds since training began (validation time included).
+    point, ``x_step`` is the number of optimizer steps taken (each rollout may make several; DAPO's
+    dynamic sampling can spend several generation batches on one), ``x_tokens`` the completion
+    tokens generated so far and ``x_time`` the seconds since training began (validation time
+    included). Runs logged before the loggers' step counted optimizer steps give the training
+    steps done instead (each row of training metrics one).
     """
 
     directory: Path
@@ -66,8 +69,29 @@ class Run:
         keep = np.isfinite(x) & np.isfinite(y)
         return x[keep], y[keep]
 
+    @property
+    def steps_are_optimizer_steps(self) -> bool:
+        """Whether the run's TensorBoard steps are optimizer steps (it logged ``counters/*``)."""
+        return GENERATION_BATCHES_TAG in self.scalars
+
+    def optimizer_steps(self) -> float:
+        """Optimizer steps taken by the last training step (older runs: training steps done)."""
+        if not len(self.update_steps):
+            return math.nan
+        return float(self.update_steps[-1]) if self.steps_are_optimizer_steps else float(len(self.update_steps))
+
+    def generation_batches(self) -> float:
+        """Batches of prompts sampled for training (DAPO's dynamic sampling draws several per update)."""
+        series = self.scalars.get(GENERATION_BATCHES_TAG)
+        if series is not None:
+            return float(series.values[-1]) if len(series.values) else math.nan
+        return float(self.update_steps[-1] + 1) if len(self.update_steps) else math.nan  # the batch counter
+
     def steps_done(self, tb_steps: np.ndarray) -> np.ndarray:
-        """Training steps done at each TensorBoard step (the logger's batch counter)."""
+        """Optimizer steps taken at each TensorBoard step (older runs: training steps done at each
+        value of the logger's batch counter)."""
+        if self.steps_are_optimizer_steps:
+            return tb_steps.astype(float)
         if not len(self.update_steps):
             return tb_steps.astype(float) + 1.0
         return np.searchsorted(self.update_steps, tb_steps, side="right").astype(float)

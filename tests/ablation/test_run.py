@@ -121,7 +121,7 @@ def test_hydra_configs_compose():
     assert [p.name for p in default.base_configs] == ["cpu.yaml", "arithmetic.yaml", "tiny.yaml"]
     assert len(default.cells()) == 15
     assert smoke.variants == ["grpo", "dapo"] and smoke.seeds == [0, 1] and smoke.parallel == 2
-    assert smoke.args["trainer.max_steps"] == 12 and smoke.args["trainer.val_check_interval"] == 3
+    assert smoke.args["trainer.max_steps"] == 12 and smoke.args["trainer.val_check_interval"] == 6
     # several optimizer steps per rollout, so that the clip ranges the variants differ in act
     data = yaml.safe_load((SPEC_DIR.parent / "data" / "arithmetic.yaml").read_text())["data"]["init_args"]
     model = yaml.safe_load((SPEC_DIR.parent / "model" / "tiny.yaml").read_text())["model"]["init_args"]
@@ -195,7 +195,7 @@ def fake_fit(fail=()):
 def test_parallel_gpus_round_robin_and_failures(tmp_path, monkeypatch):
     launch = fake_fit(fail=("dr_grpo-seed1",))
     monkeypatch.setattr(ablate, "launch", launch)
-    spec = spec_dict(tmp_path, seeds=[0, 1, 2], parallel=2, gpus=["3", "5"])
+    spec = spec_dict(tmp_path, seeds=[0, 1, 2], parallel=2, gpus=["3", "5"], model="/m")
     results = run_sweep(spec)
     assert [r.status for r in results] == ["done"] * 4 + ["failed", "done"]
     assert {device for _, device in launch.seen} == {"3", "5"}
@@ -245,11 +245,11 @@ def test_threads_per_cell(monkeypatch):
 
 def test_finished_cells_with_other_settings_stop_the_sweep(tmp_path, monkeypatch):
     monkeypatch.setattr(ablate, "launch", fake_fit())
-    run_sweep(spec_dict(tmp_path, args={"trainer.max_steps": 2}))
+    run_sweep(spec_dict(tmp_path, args={"trainer.max_steps": 2}, model="/m"))
     with pytest.raises(SweepError, match="other settings"):
-        run_sweep(spec_dict(tmp_path, args={"trainer.max_steps": 3}))
+        run_sweep(spec_dict(tmp_path, args={"trainer.max_steps": 3}, model="/m"))
     # the same settings written the other way round resume
-    results = run_sweep(spec_dict(tmp_path, args={"trainer": {"max_steps": 2}}, parallel=2))
+    results = run_sweep(spec_dict(tmp_path, args={"trainer": {"max_steps": 2}}, parallel=2, model="/m"))
     assert {r.status for r in results} == {"skipped"}
 
 
@@ -261,7 +261,7 @@ def test_variant_as_a_yaml_path(tmp_path):
 
 def test_cli_exits_nonzero_on_failure(tmp_path, monkeypatch):
     monkeypatch.setattr(ablate, "launch", fake_fit(fail=("grpo-seed0",)))
-    monkeypatch.setattr(sys, "argv", ["grpo-lightning-ablate", f"output_dir={tmp_path / 'sweep'}", "model=null",
+    monkeypatch.setattr(sys, "argv", ["grpo-lightning-ablate", f"output_dir={tmp_path / 'sweep'}", "model=/m",
                                       "variants=[grpo]", "seeds=[0]"])  # fmt: skip
     with pytest.raises(SystemExit) as exit_info:
         main()
@@ -326,7 +326,8 @@ def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch):
         metrics = json.loads((cell / METRICS_FILE).read_text())
         assert metrics["val/accuracy_before"] is not None  # the validation before training ran
         assert metrics["generated_tokens"] > 0 and metrics["wall_time_s"] > 0
-        assert metrics["final_step"]["reward"] == 1 and "val/accuracy" in metrics["final"]
+        assert metrics["final_step"]["reward"] == 2 and "val/accuracy" in metrics["final"]  # optimizer steps
+        assert metrics["optimizer_steps"] == 2 and metrics["rollouts"] == 2 and metrics["generation_batches"] == 2
         assert json.loads((cell / "completions.jsonl").read_text().splitlines()[0])["step"] == 0
         record = json.loads((cell / "cell.json").read_text())
         assert record["overrides"] == {"model.group_size": 2} and record["seed"] == int(name.split("seed")[1][0])

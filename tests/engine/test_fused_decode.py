@@ -165,6 +165,33 @@ def test_compiled_fused_step_gives_the_eager_tokens(tokenizer, tmp_path, device)
     assert compiled._decoder is not None
 
 
+def test_one_compiled_layer_step_serves_every_layer(tokenizer, tmp_path, monkeypatch):
+    """Regional compilation: the decode step and the prefill each trace one decoder layer once and
+    run it for all four layers (a graph per layer would mean compile time growing with depth).
+    Dynamo's eager backend stands in for Inductor: which graphs are traced is Dynamo's business."""
+    config = tiny_config(tokenizer, hidden_size=32, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=64,
+                         initializer_range=1.0)  # fmt: skip
+    path = save_tiny_model(tmp_path, tokenizer, config, seed=0)
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda function, **kwargs: compile_(function, backend="eager", dynamic=kwargs.get("dynamic")))
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    regional = StaticCacheGenerator(
+        load(path), len(PROMPTS), 32, compile=True, compile_prefill=True, fuse_projections=True, use_cuda_graph=False
+    )
+    eager = StaticCacheGenerator(load(path), len(PROMPTS), 32, use_cuda_graph=False)
+    keys = torch.arange(len(PROMPTS)) + 5
+    for _ in range(2):  # the first prefill allocates the cache eagerly, the second is compiled
+        tokens, logprobs = rollout(regional, tokenizer, temperature=1.0, keys=keys)
+        expected_tokens, expected_logprobs = rollout(eager, tokenizer, temperature=1.0, keys=keys)
+        assert torch.equal(tokens, expected_tokens)
+        torch.testing.assert_close(logprobs, expected_logprobs)
+    assert regional._compile_candidates[0][0] == "the decode step's layers"
+    assert counters["stats"]["unique_graphs"] == 2  # the decode layer and the prefill layer
+
+
 def test_other_models_decode_through_their_own_forward(tokenizer, tmp_path):
     config = tiny_config(tokenizer, model_type="olmo2", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                          intermediate_size=64, initializer_range=1.0)  # fmt: skip
