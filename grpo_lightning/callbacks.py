@@ -10,6 +10,9 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from grpo_lightning.checkpoint_io import checkpoint_step
 
 #: Train metrics of the summary, from ``module.last_step_metrics``.
 SUMMARY_TRAIN_METRICS = ("reward", "kl", "loss")
@@ -83,9 +86,10 @@ class ValidateBeforeTraining(Callback):
 
 
 class FitSummary(Callback):
-    """Print, on rank 0, a short block when a fit ends: optimizer steps / ``max_steps``, wall time,
-    the last train and validation metrics, the log directory, the saved ``config.yaml`` and the last
-    checkpoint. The text is kept in ``self.text``."""
+    """Print, on rank 0, a short block when a fit ends (a stop by SIGTERM or SIGINT included):
+    optimizer steps / ``max_steps``, wall time, the last train and validation metrics, the log
+    directory, the saved ``config.yaml`` and the last checkpoint with the optimizer step it holds.
+    The text is kept in ``self.text``."""
 
     def __init__(self) -> None:
         self.started = time.monotonic()
@@ -97,6 +101,13 @@ class FitSummary(Callback):
     def on_fit_end(self, trainer, pl_module) -> None:
         self.text = fit_summary(trainer, pl_module, time.monotonic() - self.started)
         _print(self.text)
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if isinstance(exception, SIGTERMException):  # after FinalCheckpoint wrote the checkpoint
+            code = exception.code if isinstance(exception.code, int) else 128 + 15
+            name = "SIGINT" if code == 128 + 2 else "SIGTERM"
+            self.text = fit_summary(trainer, pl_module, time.monotonic() - self.started, stopped_by=name)
+            _print(self.text)
 
 
 @rank_zero_only
@@ -128,11 +139,12 @@ def last_checkpoint(trainer) -> str | None:
     return max(paths, key=lambda p: (Path(p).stat().st_mtime, Path(p).name == "last.ckpt")) if paths else None
 
 
-def fit_summary(trainer, pl_module, seconds: float) -> str:
-    """The text of :class:`FitSummary`."""
+def fit_summary(trainer, pl_module, seconds: float, stopped_by: str | None = None) -> str:
+    """The text of :class:`FitSummary`; ``stopped_by``: the signal that stopped the fit."""
     max_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
     steps = f"{trainer.global_step}" + (f" / {max_steps}" if max_steps else "")
-    lines = [f"fit finished: {steps} optimizer steps in {_duration(seconds)}"]
+    ended = f"stopped by {stopped_by}" if stopped_by else "finished"
+    lines = [f"fit {ended}: {steps} optimizer steps in {_duration(seconds)}"]
     train = getattr(pl_module, "last_step_metrics", {}) or {}
     shown = [f"{name} {_format(train[name])}" for name in SUMMARY_TRAIN_METRICS if name in train]
     if shown:
@@ -149,5 +161,6 @@ def fit_summary(trainer, pl_module, seconds: float) -> str:
             lines.append(f"  config:      {config}")
     checkpoint = last_checkpoint(trainer)
     if checkpoint:
-        lines.append(f"  checkpoint:  {checkpoint}")
+        step = checkpoint_step(checkpoint) if trainer.is_global_zero else None
+        lines.append(f"  checkpoint:  {checkpoint}" + (f" (optimizer step {step})" if step is not None else ""))
     return "\n".join(lines)

@@ -5,12 +5,15 @@
     grpo-lightning fit --config configs/quickstart.yaml --print_config
 
     grpo-lightning generate --config ... --ckpt_path CKPT --prompts prompts.jsonl --output out.jsonl
+    grpo-lightning export --ckpt_path CKPT --output_dir hf-model
 
 A ``--config`` that is not a file names a shipped config (``grpo_lightning.resources``), so
 ``--config configs/trainer/cpu.yaml`` or ``--config trainer/cpu`` also work outside a clone.
 
-Subcommands: ``fit``, ``validate``, ``test`` (the data's test split) and ``generate`` (completions
-for a prompt file). Every fit
+Subcommands: ``fit``, ``validate``, ``test`` (the data's test split), ``generate`` (completions
+for a prompt file) and ``export`` (:mod:`grpo_lightning.export`). Evaluation writes nothing into the
+run it reads (:mod:`grpo_lightning.run_folders`); every fit saves ``last.ckpt`` however it ends
+(:mod:`grpo_lightning.final_checkpoint`). Every fit
 validates before its first step (``--validate_before_fit false`` turns it off), prints a summary
 when it ends (:mod:`grpo_lightning.callbacks`), checks its health (``--health.*``,
 :mod:`grpo_lightning.diagnostics`), shows what the model writes (``--completions.*``,
@@ -41,12 +44,15 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 
 from grpo_lightning.callbacks import FitSummary, ValidateBeforeTraining
-from grpo_lightning.checkpoint_io import check_checkpoint
+from grpo_lightning.checkpoint_io import check_checkpoint, load_checkpoint_file, load_errors_named
 from grpo_lightning.completions import CompletionLog
 from grpo_lightning.data import PromptDataModule
 from grpo_lightning.diagnostics import HealthChecks
+from grpo_lightning.export import main as export_main
+from grpo_lightning.final_checkpoint import FinalCheckpoint
 from grpo_lightning.module import GroupPolicyOptimization
 from grpo_lightning.resources import config_dir, resolve_config_args
+from grpo_lightning.run_folders import evaluation_version, last_checkpoint_of_run
 from grpo_lightning.nonfinite import NonFiniteTrainingError
 from grpo_lightning.rewards.scoring import RewardFunctionError
 from grpo_lightning.settings import ConfigError
@@ -149,6 +155,11 @@ class GRPOLightningCLI(LightningCLI):
             raise
         subcommand = self.config.get("subcommand")
         if subcommand:
+            config = self.config[subcommand]
+            if config.get("ckpt_path") == "last":  # Lightning would look in a new version's empty folder
+                variant = variant_log_name(((config.get("model") or {}).get("class_path") or "grpo").rpartition(".")[2])
+                config["ckpt_path"] = str(last_checkpoint_of_run(config.get("trainer") or {}, variant))
+                print(f"--ckpt_path last: {config['ckpt_path']}", file=sys.stderr, flush=True)
             # Lightning reads --ckpt_path next: a missing or truncated file fails here, naming it (and,
             # when truncated, the newest complete checkpoint beside it).
             check_checkpoint(self.config[subcommand].get("ckpt_path"))
@@ -161,7 +172,9 @@ class GRPOLightningCLI(LightningCLI):
         model = self.config[subcommand].get("model") if subcommand in EVALUATION_SUBCOMMANDS else None
         init_args = model.get("init_args") if model is not None else None  # generate: the model may come from ckpt_path
         kept = {key: init_args[key] for key in EVALUATION_SETTINGS if key in init_args} if init_args else {}
-        super()._parse_ckpt_path()
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        with load_errors_named(ckpt_path) if ckpt_path else contextlib.nullcontext():
+            super()._parse_ckpt_path()  # torch.load(weights_only=True): a refused global is one line too
         for key, value in kept.items():
             self.config[subcommand]["model"]["init_args"][key] = value
 
@@ -174,9 +187,9 @@ class GRPOLightningCLI(LightningCLI):
         self._drop_disabled_progress_bars(config)
 
     def _instantiate_trainer(self, config, callbacks):
-        """The Trainer, with the callbacks every fit has: the summary at the end and (``fit``)
-        validation before the first step."""
-        callbacks = [*callbacks, FitSummary()]
+        """The Trainer, with the callbacks every fit has: the final checkpoint, the summary at the end
+        and (``fit``) validation before the first step."""
+        callbacks = [*callbacks, FinalCheckpoint(), FitSummary()]
         if self.subcommand == "fit" and self.config["fit"].get("validate_before_fit", True):
             callbacks.append(ValidateBeforeTraining())
         return super()._instantiate_trainer(config, callbacks)
@@ -192,6 +205,11 @@ class GRPOLightningCLI(LightningCLI):
         if init_args.get("name") in (None, "lightning_logs"):
             class_path = config.get("model", {}).get("class_path") or "grpo"
             init_args["name"] = variant_log_name(class_path.rpartition(".")[2])
+        if self.subcommand in EVALUATION_SUBCOMMANDS and init_args.get("save_dir"):
+            # Read-only on the run it evaluates: logs and config.yaml go to a folder of their own.
+            init_args["version"] = evaluation_version(init_args["save_dir"], init_args["name"], self.subcommand,
+                                                      init_args.get("version"))  # fmt: skip
+            return
         ckpt_path = config.get("ckpt_path")
         if ckpt_path and init_args.get("version") is None and init_args.get("save_dir"):
             version = checkpoint_version(ckpt_path, init_args["save_dir"], init_args["name"])
@@ -238,6 +256,8 @@ class GRPOLightningCLI(LightningCLI):
                 self.generate()
             else:
                 super()._run_subcommand(subcommand)
+                if subcommand in EVALUATION_SUBCOMMANDS and self.trainer.is_global_zero and self.trainer.log_dir:
+                    print(f"{subcommand}: logs and config.yaml in {self.trainer.log_dir}", flush=True)
         except Exception as error:
             error._raised_by_subcommand = True  # main(): not a parse error
             raise
@@ -280,7 +300,7 @@ def generate_completions(module, prompts: str, output: str, ckpt_path: str | Non
     rows = read_prompts(prompts)
     module.configure_model()
     if ckpt_path:
-        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        checkpoint = load_checkpoint_file(ckpt_path)  # weights_only: a crafted pickle cannot run code
         state = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("ref_model.")}
         module.load_state_dict(state, strict=False)
     if device is not None:
@@ -530,6 +550,8 @@ def main(args: Sequence[str] | None = None, *, report_errors: bool | None = None
     ``error: ...`` line on stderr and exit status 2; ``--verbose`` (or ``GRPO_LIGHTNING_TRACEBACK=1``)
     shows its traceback instead. Called from Python with ``args``, errors are raised as they are."""
     argv = list(sys.argv[1:] if args is None else args)
+    if argv[:1] == ["export"]:  # not a Trainer method: its own parser
+        return export_main(argv[1:], prog="grpo-lightning export")
     verbose = _wants_traceback(argv) or not (args is None if report_errors is None else report_errors)
     argv = [arg for arg in argv if arg != "--verbose"]
     if args is None:
