@@ -30,7 +30,6 @@ import contextlib
 import difflib
 import importlib
 import inspect
-import json
 import os
 import re
 import sys
@@ -44,7 +43,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 
 from grpo_lightning.callbacks import FitSummary, ValidateBeforeTraining
-from grpo_lightning.checkpoint_io import check_checkpoint, load_checkpoint_file, load_errors_named
+from grpo_lightning.checkpoint_io import check_checkpoint, load_errors_named
 from grpo_lightning.completions import CompletionLog
 from grpo_lightning.data import PromptDataModule
 from grpo_lightning.diagnostics import HealthChecks
@@ -105,19 +104,19 @@ class GRPOLightningCLI(LightningCLI):
     def _add_subcommands(self, parser, **kwargs) -> None:
         super()._add_subcommands(parser, **kwargs)
         # generate: the arguments of validate (configs, --ckpt_path) and a prompt file and output.
-        subparser = self._prepare_subcommand_parser(self.trainer_class, "validate", description=GENERATE_HELP)
+        subparser = self._prepare_subcommand_parser(self.trainer_class, "validate", description=cli_generate.GENERATE_HELP)
         subparser.add_argument("--prompts", type=str, required=True, help="JSONL file with a 'prompt' column.")
         subparser.add_argument("--output", type=str, required=True, help="JSONL file the completions are written to.")
         subparser.add_argument("--batch_size", type=int, default=32, help="Prompts per generate call.")
         cli_generate.make_optional(subparser)  # the model from --ckpt_path, no data
         self._subcommand_parsers["generate"] = subparser
-        parser._subcommands_action.add_subcommand("generate", subparser, help=GENERATE_HELP)
+        parser._subcommands_action.add_subcommand("generate", subparser, help=cli_generate.GENERATE_HELP)
 
     def generate(self) -> None:
-        """``grpo-lightning generate``: :func:`generate_completions` with the parsed configuration."""
+        """``grpo-lightning generate``: :func:`cli_generate.generate_completions` with the parsed configuration."""
         config = self.config_init["generate"]
         device = self.trainer.strategy.root_device
-        count = generate_completions(
+        count = cli_generate.generate_completions(
             self.model, config["prompts"], config["output"], config.get("ckpt_path"), config["batch_size"], device
         )
         print(f"wrote {count} completions to {config['output']}", flush=True)
@@ -261,61 +260,6 @@ class GRPOLightningCLI(LightningCLI):
         except Exception as error:
             error._raised_by_subcommand = True  # main(): not a parse error
             raise
-
-
-GENERATE_HELP = (
-    "Write completions for a prompt file (JSONL with a 'prompt' column) to a JSONL file, sampled as in "
-    "validation (model.val_temperature, model.val_max_new_tokens), from --ckpt_path or the start model."
-)
-
-
-def read_prompts(path: str) -> list[dict]:
-    """Rows of a JSONL prompt file; each must have a ``prompt``."""
-    if not Path(path).is_file():
-        raise ConfigError(f"prompts: no such file {path!r} (looked in {os.getcwd()}); give a JSONL file with a 'prompt' column.")
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ConfigError(f"prompts: line {number} of {path!r} is not JSON ({error.msg}); give one object a line.")
-            if not isinstance(row, dict) or "prompt" not in row:
-                raise ConfigError(f"prompts: line {number} of {path!r} has no 'prompt'; give {{\"prompt\": ...}} a line.")
-            rows.append(row)
-    if not rows:
-        raise ConfigError(f"prompts: {path!r} has no rows; add {{\"prompt\": ...}} lines.")
-    return rows
-
-
-def generate_completions(module, prompts: str, output: str, ckpt_path: str | None = None, batch_size: int = 32,
-                         device=None) -> int:  # fmt: skip
-    """Sample one completion per prompt of the JSONL file ``prompts`` with the module's validation
-    sampling and write ``{"prompt", "completion", ...the row's other columns}`` lines to ``output``.
-    With ``ckpt_path`` the policy's weights are those of the checkpoint. Returns the row count."""
-    import torch
-
-    rows = read_prompts(prompts)
-    module.configure_model()
-    if ckpt_path:
-        checkpoint = load_checkpoint_file(ckpt_path)  # weights_only: a crafted pickle cannot run code
-        state = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("ref_model.")}
-        module.load_state_dict(state, strict=False)
-    if device is not None:
-        module.to(device)
-    module.eval()
-    Path(output).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    with open(Path(output).expanduser(), "w", encoding="utf-8") as handle, torch.no_grad():
-        for start in range(0, len(rows), batch_size):
-            chunk = rows[start : start + batch_size]
-            batch = {key: [row.get(key) for row in chunk] for key in chunk[0]}
-            batch["prompt"] = [row["prompt"] for row in chunk]
-            rollout = module.generate(batch, 1, module.val_sampling)
-            for row, completion in zip(chunk, rollout.completions):
-                handle.write(json.dumps({**row, "completion": completion}, ensure_ascii=False) + "\n")
-    return len(rows)
 
 
 def variant_log_name(class_name: str) -> str:

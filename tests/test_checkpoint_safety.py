@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from grpo_lightning.checkpoint_io import UnsafeCheckpointError, load_checkpoint_file
-from grpo_lightning.cli import generate_completions, main
+from grpo_lightning.cli import main
+from grpo_lightning.cli_generate import generate_completions
 from grpo_lightning.export import main as export_main
 from grpo_lightning.resources import config_dir
 
