@@ -46,14 +46,18 @@ FINAL_METRICS = [
 #: Columns of the per-run table.
 PER_RUN_METRICS = {"val/accuracy", "initial:val/accuracy", "reward", "kl", "steps", "perf/generated_tokens", "train_time_s"}
 
-#: Metrics the summary names a winner for: (key, label, superlative, direction).
+#: Metrics the summary compares with the baseline: (key, label, direction).
 SUMMARY_METRICS = [
-    ("val/accuracy", "final val/accuracy", "highest", 1),
-    ("reward", "final training reward", "highest", 1),
-    ("kl", "final KL to the reference", "lowest", -1),
-    ("perf/generated_tokens", "generated tokens", "fewest", -1),
-    ("train_time_s", "training wall-clock", "shortest", -1),
+    ("val/accuracy", "final val/accuracy", 1),
+    ("reward", "training reward", 1),
+    ("kl", "KL to the reference", -1),
+    ("perf/generated_tokens", "generated tokens", -1),
+    ("train_time_s", "training wall-clock", -1),
 ]
+
+#: Config settings that set the scale of the training reward: arms that differ in one are not
+#: compared on it (parts of flattened config keys).
+REWARD_SCALE_KEYS = ("reward_funcs", "reward_weights", "step_reward", "reward_aggregation", "reward_model")
 
 #: Wall-clock metrics: meaningless when the machine was loaded (see ``provenance.wall_clock_caveat``).
 WALL_CLOCK_METRICS = {"train_time_s"}

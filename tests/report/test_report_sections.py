@@ -171,12 +171,12 @@ def test_pass_at_k_and_maj_at_k_per_variant(tmp_path, cell_writer):
         cell_writer(root, "grpo", seed, 0.5 + 0.1 * seed, final_val=val(seed))
     cell_writer(root, "dapo", 0, 0.3)  # an arm without pass@k: no rows of its own
     md = report_text(root, tmp_path)
-    section = md.split("## Evaluation")[1].split("## Pairwise")[0]
-    # two seeds: the bootstrap interval is the range of the two
-    assert "| accuracy | 0.55 [0.5, 0.6] | 0.3 |" in section
+    section = md.split("## Evaluation")[1].split("## Effects")[0]
+    # two seeds: 0.55 -+ t(0.975, 1) 12.706 * 0.05 = [-0.085, 1.19], clipped to [0, 1]
+    assert "| accuracy | 0.55 [0, 1] | 0.3 |" in section
     rows = [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows == ["metric", "accuracy", "pass@1", "pass@2", "pass@4", "maj@4", "run", "grpo-seed0", "grpo-seed1", "dapo-seed0"]
-    assert "| pass@4 | 0.75 [0.7, 0.8] | n/a |" in section
+    assert "| pass@4 | 0.75 [0.1147, 1] | n/a |" in section  # 0.75 -+ 0.6353, clipped at 1
     assert "| grpo-seed1 | 0.6 [0.5, 0.7] | 0.6 [0.55, 0.65] |" in section  # the run's own intervals over prompts
     # per-run accuracy in the final values table: the interval the run logged
     assert "| grpo-seed0 | 0 | 0.5 [0.4, 0.6] |" in md
