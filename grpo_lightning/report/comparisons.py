@@ -203,21 +203,19 @@ def comparison_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence:
             continue
         compared = comparable_arms(arms, baseline, key, configs)
         effects = baseline_effects(compared, baseline, key, direction, confidence)
-        if not effects or not baseline.finals(key):
+        left_out = [a.name for a in arms if a not in compared]
+        if (not effects and not left_out) or not baseline.finals(key):
             continue
         rows = [[f"**{e.arm}**", str(e.n), difference_text(e), fmt(e.effect_size, 3), fmt_p(e.p), fmt_p(e.p_holm),
                  fmt(e.mde), e.verdict] for e in effects]  # fmt: skip
         title = f"{label} ({baseline.name}: {fmt_metric(baseline.interval(key, confidence)[0], key)})"
-        left_out = [a.name for a in arms if a not in compared]
         note = f"Not compared (other reward functions): {', '.join(left_out)}." if left_out else ""
+        body = doc if number == 0 else Doc()
         if number == 0:
             doc.h(3, title)
-            doc.table(header, rows, "lrrrrrrl")
-            if note:
-                doc.p(note)
-        else:
-            body = Doc()
+        if rows:
             body.table(header, rows, "lrrrrrrl")
-            if note:
-                body.p(note)
+        if note:
+            body.p(note)
+        if number != 0:
             doc.details(title, body)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from grpo_lightning.report.arms import WIDE, Arm, ranked
 from grpo_lightning.report.document import Doc
-from grpo_lightning.report.plots import arm_colors, plot_curves, y_range
+from grpo_lightning.report.plots import AXES, arm_colors, plot_curves, y_range
 
 #: Learning curves: file stem, title, tags drawn (one row each).
 CURVES = [
@@ -33,12 +33,13 @@ def curves_section(doc: Doc, arms: Sequence[Arm], target: Path, wall_clock_cavea
         f"between logged points); band: the {confidence:.0%} Student-t interval of that mean at each point (the "
         "interval of Final metrics, point by point; one seed has none). One colour per arm and one y-range per "
         "curve in every figure. Columns: against training steps, against completion tokens generated "
-        "(compute-normalised) and against wall-clock seconds since training began (validation time included). "
+        "(compute-normalised) and, where the machine's load allows, against wall-clock seconds since training began "
+        "(validation time included). "
         "Step 0 of val/accuracy is the validation before training, when it was run."
     )
     if wall_clock_caveat:
-        doc.p(f"**Warning, right-hand column (wall-clock seconds):** {wall_clock_caveat[0].upper()}{wall_clock_caveat[1:]} "
-              "Compare the arms against steps or generated tokens instead.")  # fmt: skip
+        doc.p(f"**The wall-clock column is left out:** {wall_clock_caveat[0].upper()}{wall_clock_caveat[1:]} "
+              "Compare the arms against steps or generated tokens.")  # fmt: skip
     groups = [list(arms)]
     if len(arms) > WIDE:
         order = [arms[i] for i in ranked(arms) if baseline is None or arms[i].name != baseline.name]
@@ -48,6 +49,7 @@ def curves_section(doc: Doc, arms: Sequence[Arm], target: Path, wall_clock_cavea
               + (f", each with the baseline **{baseline.name}**" if baseline else "")
               + ", the others in the order of their mean final val/accuracy.")  # fmt: skip
     colors = arm_colors([a.name for a in arms])
+    shown = [a for a in AXES if not (wall_clock_caveat and a[0] == "time")]
     for stem, title, tags in CURVES:
         if not any(tag in run.scalars or tag in run.initial for arm in arms for run in arm.runs for tag in tags):
             continue
@@ -56,5 +58,5 @@ def curves_section(doc: Doc, arms: Sequence[Arm], target: Path, wall_clock_cavea
         for number, group in enumerate(groups, start=1):
             filename = f"curves_{stem}.png" if len(groups) == 1 else f"curves_{stem}_{number}.png"
             heading = title if len(groups) == 1 else f"{title}: {', '.join(a.name for a in group)}"
-            plot_curves(group, tags, heading, target / filename, confidence, colors, ylims)
+            plot_curves(group, tags, heading, target / filename, confidence, colors, ylims, shown)
             doc.img(heading, filename)

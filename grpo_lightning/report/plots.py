@@ -86,8 +86,9 @@ def y_range(arms: Sequence[Arm], tag: str) -> tuple[float, float] | None:
 
 
 def plot_curves(arms: Sequence[Arm], tags: Sequence[str], title: str, path: Path, confidence: float = 0.95,
-                colors: dict[str, tuple] | None = None, ylims: dict[str, tuple[float, float] | None] | None = None) -> None:  # fmt: skip
-    """One row per tag, one column per x axis; deterministic PNG bytes."""
+                colors: dict[str, tuple] | None = None, ylims: dict[str, tuple[float, float] | None] | None = None,
+                axes_shown: Sequence[tuple[str, str]] = tuple(AXES)) -> None:  # fmt: skip
+    """One row per tag, one column per x axis of ``axes_shown``; deterministic PNG bytes."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -97,9 +98,9 @@ def plot_curves(arms: Sequence[Arm], tags: Sequence[str], title: str, path: Path
           "path.simplify": False, "svg.hashsalt": "grpo-lightning"}  # fmt: skip
     colors = colors or arm_colors([a.name for a in arms])
     with matplotlib.rc_context(rc):
-        fig, axes = plt.subplots(len(tags), len(AXES), figsize=(13, 3.4 * len(tags)), squeeze=False)
+        fig, axes = plt.subplots(len(tags), len(axes_shown), figsize=(13, 3.4 * len(tags)), squeeze=False)
         for row, tag in enumerate(tags):
-            for col, (axis, label) in enumerate(AXES):
+            for col, (axis, label) in enumerate(axes_shown):
                 ax = axes[row][col]
                 drawn = False
                 for arm in arms:

@@ -44,14 +44,13 @@ def summary_paragraph(arms: Sequence[Arm], baseline: Arm | None = None, confiden
             parts.append(f"The {label} is not compared: {wall_clock_caveat}")
             continue
         compared = comparable_arms(arms, baseline, key, configs or {})
-        if len(compared) < 2:
-            continue
-        sentence = metric_sentence(compared, baseline, key, label, direction, confidence)
         left_out = [a.name for a in arms if a not in compared]
+        sentence = metric_sentence(compared, baseline, key, label, direction, confidence) if len(compared) > 1 else ""
         if left_out:
-            sentence += (f" Not compared on this scale: {', '.join(f'**{n}**' for n in left_out)} (other reward "
-                         "functions, so another reward scale).")  # fmt: skip
-        parts.append(sentence)
+            sentence += (f" The {label} of {', '.join(f'**{n}**' for n in left_out)} is not compared with "
+                         f"**{baseline.name}**'s: other reward functions, so another scale.")  # fmt: skip
+        if sentence:
+            parts.append(sentence.strip())
     parts += flag_sentences(arms, baseline)
     initial = [v for a in arms for v in a.finals("initial:val/accuracy")]
     if initial:

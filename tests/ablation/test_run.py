@@ -374,8 +374,10 @@ def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch):
     target = build_report(out, tmp_path / "reports" / "tiny", name="tiny")
     md = (target / "report.md").read_text()
     for section in ["## Summary", "## Runs", "## Configuration", "## Final metrics",
-                    "## Pairwise comparison on final val/accuracy", "## Learning curves"]:  # fmt: skip
+                    "## Effects against the baseline (grpo-group_size2)", "## Learning curves"]:  # fmt: skip
         assert section in md
+    assert json.loads((out / names[0] / "cell.json").read_text())["baseline"] == "grpo-group_size2"
+    assert (target / "data" / names[0] / "scalars.csv.gz").is_file() and (target / "REGENERATE").is_file()
     assert "| grpo-group_size2 (n=2) | dr_grpo-group_size2 (n=2) |" in md
     assert "| `model.class_path` | variants.GRPO | variants.DrGRPO |" in md
     assert "| `model.init_args.beta` | 0.04 | 0.0 |" in md  # each variant keeps its own defaults
