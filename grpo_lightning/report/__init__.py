@@ -2,25 +2,27 @@
 
     grpo-lightning-report runs/ablation/default                             # runs/ablation/default/report/
     grpo-lightning-report runs/ablation/default --output reports/default    # the committed report
+    OUT=/tmp/default sh reports/default/REGENERATE                          # rebuilt from reports/default/data
 
 Writes ``report.md``, ``report.html``, one PNG per learning curve and the final metrics as
 ``final_metrics.csv`` and ``final_metrics.tex`` (booktabs) into the sweep's ``report/`` folder,
 or into ``--output`` (so that a committed report is replaced only when asked for). Runs are
 grouped into *arms*: cells that differ only in their seed (``cell.json`` written by
 ``grpo-lightning-ablate``; for plain ``grpo-lightning fit`` directories the model class and the
-seed come from the saved ``config.yaml``). The report is a pure function of the logs:
-regenerating it from the same sweep directory gives byte-identical files.
+seed come from the saved ``config.yaml``). The report is a pure function of the logs: it copies
+what it reads into ``data/`` beside itself and is built from that copy, so regenerating it from
+the sweep folder or from ``data/`` gives byte-identical files.
 
 Statistics: the mean over seeds with its Student-t interval (``seed_interval``, behind every
 interval over seeds), each arm against the baseline arm over shared seeds (``comparisons``: the
 paired t-test, Cohen's d_z, Holm's correction, the minimum detectable effect), Wilson intervals of
-one run's accuracy (``wilson_interval``). ``data`` copies what the report reads into ``data/``
-beside it, so that ``REGENERATE`` rebuilds it byte for byte.
+one run's accuracy (``wilson_interval``).
 
 Modules: ``runs`` (a run's TensorBoard scalars), ``cells`` (a sweep's cell folders and configs),
-``statistics``, ``metrics`` (which metrics, their ranges), ``arms`` (final values and
-comparisons of arms), ``formatting`` (numbers and text); the sections: ``summary``, ``effects``
-(settings without effect), ``comparisons``, ``finals`` with ``tables`` (CSV and LaTeX), ``validation``,
+``data`` (the ``data/`` folder and ``REGENERATE``), ``statistics``, ``metrics`` (which metrics,
+their ranges), ``arms`` (final values over seeds), ``formatting`` (numbers and text); the
+sections: ``summary``, ``effects`` (settings without effect), ``comparisons`` (effects against the
+baseline), ``finals`` with ``tables`` (CSV and LaTeX), ``validation``,
 ``health``, ``completions``, ``curves`` with ``plots``, ``provenance``; ``document`` with
 ``markdown`` and ``html`` (the report's text), ``build`` (the report) and ``cli`` (the command).
 """

@@ -33,6 +33,9 @@ def final_value(run: Run, key: str) -> float:
     if key.startswith("gain:"):
         tag = key.split(":", 1)[1]
         return final_value(run, tag) - run.initial.get(tag, math.nan)
+    if key.startswith("step_of:"):  # the training step at which the last value of a tag was logged
+        series = run.scalars.get(key.split(":", 1)[1])
+        return float(run.steps_done(series.steps[-1:])[0]) if series is not None and len(series.steps) else math.nan
     if key == "train_time_s":
         return run.train_time_s
     if key == "steps":

@@ -88,8 +88,14 @@ def cost_text(arm: Arm, baseline: Arm) -> str:
 
 
 def flag_sentences(arms: Sequence[Arm], baseline: Arm) -> list[str]:
-    """Arms identical to another at every seed, and arms that started from another point."""
+    """Arms identical to another at every seed, arms that started from another point, and final
+    validations taken at different training steps."""
     sentences = []
+    steps = {a.name: sorted(set(a.finals("step_of:val/accuracy"))) for a in arms}
+    if len({tuple(s) for s in steps.values() if s}) > 1:
+        shown = "; ".join(f"**{name}** {', '.join(fmt_metric(v) for v in s)}" for name, s in steps.items() if s)
+        sentences.append(f"**Warning:** the final val/accuracy was taken at different training steps ({shown}): "
+                         "arms validated at an earlier step had less training when compared.")  # fmt: skip
     for a, b in identical_arms(arms):
         sentences.append(f"**Warning:** **{a}** and **{b}** logged the same reward, kl and val/accuracy at every "
                          "step of every seed: what sets them apart had no effect.")  # fmt: skip

@@ -138,3 +138,22 @@ def test_verdicts_without_a_test_or_below_the_practical_threshold():
     assert effects["shifted"].p_holm < 0.05 and effects["shifted"].verdict == "below the practical threshold (0.01)"
     assert effects["one"].verdict == "no test: 1 shared seed (a paired test needs 2)"
     assert identical_arms([baseline, same, shifted]) == [("grpo", "grpo+r1")]
+
+
+def test_final_validations_at_different_steps_are_flagged():
+    from grpo_lightning.report.summary import flag_sentences
+
+    def arm(name, last_val_step):  # 100 training steps; the last validation after step last_val_step + 1
+        cells = [CellInfo(Path(name), f"{name}-seed{s}", name, name, s, {}, True, {}) for s in range(2)]
+        runs = [Run(Path(name), {"val/accuracy": Series(np.array([24, last_val_step]), np.array([0.3, 0.4 + s / 10]),
+                                                       np.array([0.0, 1.0]))}, update_steps=np.arange(100))
+                for s in range(2)]  # fmt: skip
+        return Arm(name, cells, runs)
+
+    grpo, dapo = arm("grpo", 99), arm("dapo", 87)
+    assert dapo.finals("step_of:val/accuracy") == [88.0, 88.0]
+    assert flag_sentences([grpo, dapo], grpo) == [
+        "**Warning:** the final val/accuracy was taken at different training steps (**grpo** 100; **dapo** 88): "
+        "arms validated at an earlier step had less training when compared."
+    ]
+    assert not any("different training steps" in f for f in flag_sentences([grpo, arm("rloo", 99)], grpo))
