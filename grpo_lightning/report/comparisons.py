@@ -192,7 +192,9 @@ def comparison_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence:
         "Cohen's d_z (mean / standard deviation of the differences), the paired t-test's p and Holm's correction "
         f"over the arms compared, and the minimum detectable effect (MDE) at 80% power. Differences below "
         f"{PRACTICAL_ABSOLUTE:g} on accuracies and shares, or below {PRACTICAL_RELATIVE:.0%} of the baseline's mean "
-        "elsewhere, are not called better or worse. See Method for the formulas."
+        "elsewhere, are not called better or worse. The interval is for one comparison; the verdict "
+        "follows the Holm-corrected p, so with many arms an interval can miss 0 while the verdict is not "
+        "distinguishable. See Method for the formulas."
     )
     if len(arms) < 2:
         doc.p("Only one arm: nothing to compare.")
