@@ -21,7 +21,7 @@ from grpo_lightning.report.health import health_section
 from grpo_lightning.report.html import render_html
 from grpo_lightning.report.markdown import render_markdown
 from grpo_lightning.report.provenance import provenance_section, provenance_warnings, read_provenance, wall_clock_caveat
-from grpo_lightning.report.runs import load_run
+from grpo_lightning.report.runs import load_run, optimizer_steps_per_rollout
 from grpo_lightning.report.summary import summary_paragraph
 from grpo_lightning.report.validation import evaluation_section
 
@@ -127,7 +127,9 @@ def load_arms(finished: Sequence[CellInfo]) -> list[Arm]:
     for cell in finished:
         arms.setdefault(cell.arm, Arm(cell.arm, [], []))
         arms[cell.arm].cells.append(cell)
-        arms[cell.arm].runs.append(load_run(cell.directory))
+        run = load_run(cell.directory)
+        run.updates_per_step = optimizer_steps_per_rollout(cell.config)
+        arms[cell.arm].runs.append(run)
     return [arms[a] for a in sorted(arms, key=lambda a: _arm_order(a, finished))]
 
 

@@ -45,6 +45,9 @@ class Run:
     t0: float = math.nan
     train_time_s: float = math.nan
     update_steps: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.int64))
+    #: Optimizer steps per training step, for runs that logged the batch counter (read from the
+    #: cell's config by :func:`optimizer_steps_per_rollout`); runs with ``counters/*`` ignore it.
+    updates_per_step: int = 1
 
     def axis(self, tag: str, axis: str, include_initial: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """``(x, y)`` of ``tag`` against ``"step"``, ``"tokens"`` or ``"time"``."""
@@ -78,7 +81,9 @@ class Run:
         """Optimizer steps taken by the last training step (older runs: training steps done)."""
         if not len(self.update_steps):
             return math.nan
-        return float(self.update_steps[-1]) if self.steps_are_optimizer_steps else float(len(self.update_steps))
+        if self.steps_are_optimizer_steps:
+            return float(self.update_steps[-1])
+        return float(len(self.update_steps) * self.updates_per_step)
 
     def generation_batches(self) -> float:
         """Batches of prompts sampled for training (DAPO's dynamic sampling draws several per update)."""
@@ -93,8 +98,8 @@ class Run:
         if self.steps_are_optimizer_steps:
             return tb_steps.astype(float)
         if not len(self.update_steps):
-            return tb_steps.astype(float) + 1.0
-        return np.searchsorted(self.update_steps, tb_steps, side="right").astype(float)
+            return (tb_steps.astype(float) + 1.0) * self.updates_per_step
+        return np.searchsorted(self.update_steps, tb_steps, side="right").astype(float) * self.updates_per_step
 
     def _tokens_at(self, steps: np.ndarray) -> np.ndarray:
         tokens = self.scalars.get(TOKENS_TAG)
@@ -179,6 +184,18 @@ def read_scalars_csv(path: Path) -> dict[str, Series]:
                     np.asarray([r[2] for r in points], dtype=float))
         for tag, points in sorted(rows.items())
     }  # fmt: skip
+
+
+def optimizer_steps_per_rollout(config: dict) -> int:
+    """Optimizer steps a fit of ``config`` (a cell's resolved ``config.yaml``) takes per rollout:
+    ``ppo_epochs`` passes, each one step per ``minibatch_size`` rows of ``batch_size x group_size``."""
+    model = config.get("model") or {}
+    model = model.get("init_args", model)
+    data = config.get("data") or {}
+    data = data.get("init_args", data)
+    rows = int(data.get("batch_size") or 1) * int(model.get("group_size") or 1)
+    minibatch = model.get("minibatch_size")
+    return int(model.get("ppo_epochs") or 1) * (math.ceil(rows / int(minibatch)) if minibatch else 1)
 
 
 def load_run(run_dir: str | Path) -> Run:
