@@ -11,6 +11,8 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_only
 
+from grpo_lightning.time_budget import TimeBudget
+
 #: Train metrics of the summary, from ``module.last_step_metrics``.
 SUMMARY_TRAIN_METRICS = ("reward", "kl", "loss")
 #: Validation metrics of the summary, from ``trainer.callback_metrics``.
@@ -142,4 +144,7 @@ def fit_summary(trainer, pl_module, seconds: float) -> str:
     checkpoint = last_checkpoint(trainer)
     if checkpoint:
         lines.append(f"  checkpoint:  {checkpoint}")
+    budgets = [c for c in trainer.callbacks if isinstance(c, TimeBudget)]
+    if budgets:
+        lines.append(f"  time:        {budgets[0].summary()}")
     return "\n".join(lines)

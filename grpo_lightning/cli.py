@@ -50,6 +50,7 @@ from grpo_lightning.resources import config_dir, resolve_config_args
 from grpo_lightning.nonfinite import NonFiniteTrainingError
 from grpo_lightning.rewards.scoring import RewardFunctionError
 from grpo_lightning.settings import ConfigError
+from grpo_lightning.time_budget import TimeBudget
 
 CONFIG_HELP = (
     "Path to a configuration file in json or yaml format, or the name of a shipped config when no such "
@@ -166,11 +167,13 @@ class GRPOLightningCLI(LightningCLI):
         self._drop_disabled_progress_bars(config)
 
     def _instantiate_trainer(self, config, callbacks):
-        """The Trainer, with the callbacks every fit has: the summary at the end and (``fit``)
-        validation before the first step."""
+        """The Trainer, with the callbacks every fit has: the summary at the end, (``fit``) validation
+        before the first step, and ``max_time`` counted from the process start (:class:`TimeBudget`,
+        in place of Lightning's timer; after the validation before the first step, which it counts)."""
         callbacks = [*callbacks, FitSummary()]
         if self.subcommand == "fit" and self.config["fit"].get("validate_before_fit", True):
             callbacks.append(ValidateBeforeTraining())
+        callbacks.append(TimeBudget(config.pop("max_time", None)))
         return super()._instantiate_trainer(config, callbacks)
 
     def _name_logs_by_variant(self, config) -> None:
