@@ -416,3 +416,22 @@ def test_memory_held_counts_each_owner_s_tensors_once(tiny_model_dir, tmp_path):
     assert held["rollout_kv_cache"] > 0
     if not torch.cuda.is_available():
         assert bench.memory_held(module, trainer.optimizers[0]) == {}
+
+
+def test_budget_race_reports_steps_wall_clock_and_accuracy_per_framework(tiny_model_dir, tmp_path):
+    """Both frameworks train the recipe's task on the tiny model for 6 s from their process's start."""
+    frameworks = ["grpo-lightning"] + (["trl"] if importlib.util.find_spec("trl") else [])
+    tiny = ["--model", tiny_model_dir, "--set", "model.max_new_tokens=4", "--set", "model.group_size=2",
+            "--set", "model.micro_batch_size=4", "--set", "data.batch_size=2", "--set", "data.num_train=64",
+            "--set", "data.num_val=8", "--set", "trainer.precision=32-true"]  # fmt: skip
+    command = [sys.executable, "benchmarks/budget_race.py", "--budgets", "0.1", "--device", "cpu", *tiny,
+               *([] if "trl" in frameworks else ["--no-trl"])]  # fmt: skip
+    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert [run["framework"] for run in result["runs"]] == frameworks
+    assert 0.0 <= result["accuracy_before"] <= 1.0
+    for run in result["runs"]:
+        assert run["budget_min"] == 0.1 and isinstance(run["steps"], int) and run["steps"] >= 0
+        assert run["wall_s"] >= 6.0  # the budget counts from the process's start: it ends no earlier
+        assert 0.0 <= run["accuracy"] <= 1.0
