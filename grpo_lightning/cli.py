@@ -31,6 +31,7 @@ import json
 import os
 import re
 import sys
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -73,6 +74,9 @@ class GRPOLightningCLI(LightningCLI):
         self, args: Sequence[str] | None = None, run: bool = True, *, raise_parse_errors: bool = False, **kwargs
     ) -> None:
         self.raise_parse_errors = raise_parse_errors  # main(): parse errors are raised, reported in one line
+        # max_time counts from the process start on the command line; called from Python (a notebook, a
+        # test) the process may be old, so it counts from here.
+        self.budget_start = None if args is None else time.time()
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)
         # Checkpoints written atomically, checked when read (a --trainer.plugins of the user's replaces it).
@@ -169,11 +173,12 @@ class GRPOLightningCLI(LightningCLI):
     def _instantiate_trainer(self, config, callbacks):
         """The Trainer, with the callbacks every fit has: the summary at the end, (``fit``) validation
         before the first step, and ``max_time`` counted from the process start (:class:`TimeBudget`,
-        in place of Lightning's timer; after the validation before the first step, which it counts)."""
+        in place of Lightning's timer; after the validation before the first step, which it counts;
+        from the CLI's creation when it is given ``args``)."""
         callbacks = [*callbacks, FitSummary()]
         if self.subcommand == "fit" and self.config["fit"].get("validate_before_fit", True):
             callbacks.append(ValidateBeforeTraining())
-        callbacks.append(TimeBudget(config.pop("max_time", None)))
+        callbacks.append(TimeBudget(config.pop("max_time", None), start=self.budget_start))
         return super()._instantiate_trainer(config, callbacks)
 
     def _name_logs_by_variant(self, config) -> None:

@@ -39,9 +39,10 @@ def slow_functions(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
 
 
-def fit(tiny_model_dir, tmp_path, *extra: str) -> GRPOLightningCLI:
-    """``grpo-lightning fit`` of the tiny model on one-prompt batches, 1000 steps unless stopped."""
-    return GRPOLightningCLI(args=[
+def fit(tiny_model_dir, tmp_path, *extra: str, monkeypatch=None) -> GRPOLightningCLI:
+    """``grpo-lightning fit`` of the tiny model on one-prompt batches, 1000 steps unless stopped; with
+    ``monkeypatch``, read from ``sys.argv`` as on the command line."""
+    args = [
         "fit", "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
         "--config", str(CONFIGS / "variant/grpo.yaml"), "--model.model", tiny_model_dir,
         "--model.group_size", "2", "--model.max_new_tokens", "2", "--data.batch_size", "1", "--data.num_train", "1000",
@@ -49,7 +50,11 @@ def fit(tiny_model_dir, tmp_path, *extra: str) -> GRPOLightningCLI:
         "--trainer.val_check_interval", "1000", "--trainer.enable_progress_bar", "false",
         "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
         "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"), *extra,
-    ])  # fmt: skip
+    ]  # fmt: skip
+    if monkeypatch is None:
+        return GRPOLightningCLI(args=args)
+    monkeypatch.setattr(sys, "argv", ["grpo-lightning", *args])
+    return GRPOLightningCLI()
 
 
 def the_budget(cli) -> TimeBudget:
@@ -60,12 +65,12 @@ def the_budget(cli) -> TimeBudget:
 def test_max_time_counts_the_time_before_the_fit_and_stops_within_a_step(
     tiny_model_dir, tmp_path, slow_functions, monkeypatch, one_torch_thread, capsys
 ):
-    """The clock starts 2 s before the trainer is built (as imports would take), so loading and setting
-    up count: a 10 s budget leaves less than 8 s of 0.4 s steps, where Lightning's timer, counting from
-    the start of training, would train 10 s."""
+    """On the command line the clock starts with the process, here 2 s before the trainer is built (as
+    imports would take), so loading and setting up count: a 10 s budget leaves less than 8 s of 0.4 s
+    steps, where Lightning's timer, counting from the start of training, would train 10 s."""
     monkeypatch.setattr(time_budget, "process_start_time", lambda: time.time() - 2.0)
     cli = fit(tiny_model_dir, tmp_path, "--model.reward_funcs", "[slow_functions.slow_reward]",
-              "--validate_before_fit", "false", "--trainer.max_time", "00:00:00:10")  # fmt: skip
+              "--validate_before_fit", "false", "--trainer.max_time", "00:00:00:10", monkeypatch=monkeypatch)  # fmt: skip
     budget = the_budget(cli)
     assert budget.budget == 10.0
     assert cli.trainer.global_step >= 1
@@ -77,13 +82,15 @@ def test_max_time_counts_the_time_before_the_fit_and_stops_within_a_step(
 def test_a_slow_validation_before_the_fit_stops_at_the_budget(
     tiny_model_dir, tmp_path, slow_functions, monkeypatch, one_torch_thread, capsys, caplog
 ):
-    """Validation before the first step would take 8 s (eight 1 s batches): a 6 s budget, counted from
-    when the trainer is built, stops it, and no training step starts after it."""
-    monkeypatch.setattr(time_budget, "process_start_time", time.time)
+    """Validation before the first step would take 8 s (eight 1 s batches): a 6 s budget stops it, and
+    no training step starts after it. Called from Python, the budget counts from the CLI's creation
+    (this process started long before)."""
     caplog.set_level(logging.INFO)
+    created = time.time()
     cli = fit(tiny_model_dir, tmp_path, "--model.accuracy_func", "slow_functions.slow_accuracy",
               "--trainer.max_time", "00:00:00:06")  # fmt: skip
     budget = the_budget(cli)
+    assert budget.start >= created
     assert budget.validation_stopped
     assert cli.trainer.global_step == 0
     assert budget.ended - budget.start <= 6.0 + 1.0 + 1.5  # one 1 s validation batch over at most, and slack
