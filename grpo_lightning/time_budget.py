@@ -91,6 +91,7 @@ class TimeBudget(Callback):
     def __init__(self, max_time: Any = None, start: float | None = None) -> None:
         self.budget = budget_seconds(max_time)
         self.start = process_start_time() if start is None else start
+        self.origin = "process start" if start is None else "start"
         self.train_started: float | None = None
         self.first_step_started: float | None = None
         self.first_step_ended: float | None = None
@@ -121,7 +122,7 @@ class TimeBudget(Callback):
         self.validating_before_training = self.validating
         if self.exhausted(trainer):
             trainer.should_stop = True
-            rank_zero_info(f"max_time: the budget of {_duration(self.budget)} from process start was used up before "
+            rank_zero_info(f"max_time: the budget of {_duration(self.budget)} from {self.origin} was used up before "
                            "the first training step; no step is taken.")  # fmt: skip
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -152,7 +153,7 @@ class TimeBudget(Callback):
         if not self.exhausted(trainer):
             return
         if not self.validation_stopped:
-            rank_zero_info(f"max_time: the budget of {_duration(self.budget)} from process start is used up; "
+            rank_zero_info(f"max_time: the budget of {_duration(self.budget)} from {self.origin} is used up; "
                            f"validation stops (after {batch_idx} batch(es)), and so does the run.")  # fmt: skip
         self.validation_stopped = True
         trainer.should_stop = True
@@ -168,7 +169,7 @@ class TimeBudget(Callback):
         validation excluded), validation, the first step (its compilation included) and the others."""
         end = self.ended or time.time()
         budget = f" (max_time {_duration(self.budget)})" if self.budget is not None else ""
-        line = f"{_duration(end - self.start)} since process start{budget}"
+        line = f"{_duration(end - self.start)} since {self.origin}{budget}"
         if self.train_started is None:
             return line
         parts = [f"start-up and loading {_duration(self.train_started - self.start - self.validating_before_training)}",
@@ -178,5 +179,5 @@ class TimeBudget(Callback):
             if self.steps > 1:
                 later_validation = self.validating - self.validating_before_training
                 later = max(end - self.first_step_ended - later_validation, 0.0)
-                parts.append(f"{self.steps - 1} more steps {_duration(later)}")
+                parts.append(f"{self.steps - 1} more step{'s' if self.steps > 2 else ''} {_duration(later)}")
         return f"{line}: " + ", ".join(parts)
