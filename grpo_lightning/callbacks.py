@@ -14,6 +14,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from grpo_lightning.checkpoint_io import checkpoint_step
 
+from grpo_lightning.time_budget import TimeBudget
+
 #: Train metrics of the summary, from ``module.last_step_metrics``.
 SUMMARY_TRAIN_METRICS = ("reward", "kl", "loss")
 #: Validation metrics of the summary, from ``trainer.callback_metrics``.
@@ -163,4 +165,7 @@ def fit_summary(trainer, pl_module, seconds: float, stopped_by: str | None = Non
     if checkpoint:
         step = checkpoint_step(checkpoint) if trainer.is_global_zero else None
         lines.append(f"  checkpoint:  {checkpoint}" + (f" (optimizer step {step})" if step is not None else ""))
+    budgets = [c for c in trainer.callbacks if isinstance(c, TimeBudget)]
+    if budgets:
+        lines.append(f"  time:        {budgets[0].summary()}")
     return "\n".join(lines)

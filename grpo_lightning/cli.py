@@ -33,6 +33,7 @@ import inspect
 import os
 import re
 import sys
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -56,6 +57,7 @@ from grpo_lightning.nonfinite import NonFiniteTrainingError
 from grpo_lightning.rewards.scoring import RewardFunctionError
 from grpo_lightning.settings import ConfigError
 from grpo_lightning import cli_generate, cli_variants, third_party_notices
+from grpo_lightning.time_budget import TimeBudget
 
 CONFIG_HELP = (
     "Path to a configuration file in json or yaml format, or the name of a shipped config when no such "
@@ -78,6 +80,9 @@ class GRPOLightningCLI(LightningCLI):
         self, args: Sequence[str] | None = None, run: bool = True, *, raise_parse_errors: bool = False, **kwargs
     ) -> None:
         self.raise_parse_errors = raise_parse_errors  # main(): parse errors are raised, reported in one line
+        # max_time counts from the process start on the command line; called from Python (a notebook, a
+        # test) the process may be old, so it counts from here.
+        self.budget_start = None if args is None else time.time()
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)
         # Checkpoints written atomically, checked when read (a --trainer.plugins of the user's replaces it).
@@ -186,11 +191,14 @@ class GRPOLightningCLI(LightningCLI):
         self._drop_disabled_progress_bars(config)
 
     def _instantiate_trainer(self, config, callbacks):
-        """The Trainer, with the callbacks every fit has: the final checkpoint, the summary at the end
-        and (``fit``) validation before the first step."""
+        """The Trainer, with the callbacks every fit has: the final checkpoint, the summary at the
+        end, (``fit``) validation before the first step, and ``max_time`` counted from the process
+        start (:class:`TimeBudget`, in place of Lightning's timer; after the validation before the
+        first step, which it counts; from the CLI's creation when it is given ``args``)."""
         callbacks = [*callbacks, FinalCheckpoint(), FitSummary()]
         if self.subcommand == "fit" and self.config["fit"].get("validate_before_fit", True):
             callbacks.append(ValidateBeforeTraining())
+        callbacks.append(TimeBudget(config.pop("max_time", None), start=self.budget_start))
         return super()._instantiate_trainer(config, callbacks)
 
     def _name_logs_by_variant(self, config) -> None:
