@@ -88,9 +88,9 @@ class Run:
     def generation_batches(self) -> float:
         """Batches of prompts sampled for training (DAPO's dynamic sampling draws several per update)."""
         series = self.scalars.get(GENERATION_BATCHES_TAG)
-        if series is not None:
-            return float(series.values[-1]) if len(series.values) else math.nan
-        return float(self.update_steps[-1] + 1) if len(self.update_steps) else math.nan  # the batch counter
+        if series is None or not len(series.values):
+            return math.nan  # older runs did not count them (DAPO's logged step counted its updates)
+        return float(series.values[-1])
 
     def steps_done(self, tb_steps: np.ndarray) -> np.ndarray:
         """Optimizer steps taken at each TensorBoard step (older runs: training steps done at each

@@ -1,7 +1,9 @@
 """The report's step is the optimizer step: runs that log ``counters/*`` are read on that axis,
-with their generation batches beside it; older runs keep the training steps done."""
+with their generation batches beside it; older runs count their optimizer steps from their config."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 from torch.utils.tensorboard import SummaryWriter
@@ -58,3 +60,5 @@ def test_a_run_logged_on_the_batch_counter_counts_its_optimizer_steps_from_its_c
     run.updates_per_step = optimizer_steps_per_rollout(config)
     assert final_value(run, "steps") == 12
     assert run.axis("reward", "step")[0].tolist() == [4, 8, 12]
+    # Their generation batches were not counted (DAPO's logged step was its update count): unknown.
+    assert math.isnan(final_value(run, "batches"))
