@@ -63,8 +63,9 @@ import os
 import sys
 from typing import Any
 
+from grpo_lightning.ablation.launch import HydraLaunch, check_launcher, is_local, launcher_target, run_cell_job
 from grpo_lightning.ablation.spec import SweepError, SweepSpec
-from grpo_lightning.ablation.sweep import CellResult, run_sweep
+from grpo_lightning.ablation.sweep import CellResult, InProcess, Launch, run_sweep
 from grpo_lightning.resources import config_dir
 
 #: The folder of the shipped sweep specs, the ``--config-name`` choices.
@@ -82,9 +83,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (SweepError, ConfigError, HydraException, OmegaConfBaseException)
 
 
-def sweep_from_config(cfg: Any) -> list[CellResult]:
-    """Run the sweep described by a Hydra/OmegaConf config (or a plain mapping)."""
-    results = run_sweep(SweepSpec.from_dict(cfg))
+def sweep_from_config(cfg: Any, launch: Launch | None = None) -> list[CellResult]:
+    """Run the sweep described by a Hydra/OmegaConf config (or a plain mapping): its cells one
+    after another in this process, or through ``launch``."""
+    results = run_sweep(SweepSpec.from_dict(cfg), launch)
     failed = [r for r in results if r.status == "failed"]
     for result in failed:
         print(f"FAILED {result.cell.name}: {result.message}", file=sys.stderr)
@@ -93,11 +95,28 @@ def sweep_from_config(cfg: Any) -> list[CellResult]:
     return results
 
 
-def _sweep_job(cfg: Any) -> list[CellResult]:
-    """Hydra's job: :func:`sweep_from_config`, with a user's error in one line (Hydra would print
-    its own line and a traceback around the message)."""
+def sweep_job(cfg: Any) -> Any:
+    """Hydra's task function, for the whole sweep and for each of its launcher's jobs:
+
+    - the app's own run checks the sweep and starts a multirun of this function over its
+      unfinished cells, through the launcher of the command line (``launch``);
+    - such a job (``cell`` set) runs its one cell;
+    - a job of the user's own multirun (``-m variant=grpo,dapo``) runs its cells one after another.
+
+    A user's error is one line (Hydra would print its own line and a traceback around the message).
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     try:
-        return sweep_from_config(cfg)
+        spec = SweepSpec.from_dict(cfg)
+        if spec.cell is not None:
+            return run_cell_job(spec)
+        target = launcher_target()
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            return sweep_from_config(cfg, InProcess(local=is_local(target)))
+        check_launcher(spec, target)
+        return sweep_from_config(cfg, HydraLaunch(sweep_job, target))
     except _user_errors() as error:
         if os.environ.get(TRACEBACK_ENV):
             raise
@@ -115,7 +134,7 @@ def main() -> None:
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     logging.getLogger("tensorboard").setLevel(logging.WARNING)
-    app = hydra.main(version_base="1.3", config_path=str(SPEC_DIR), config_name="default")(_sweep_job)
+    app = hydra.main(version_base="1.3", config_path=str(SPEC_DIR), config_name="default")(sweep_job)
     full_error = os.environ.get(HYDRA_FULL_ERROR)  # the user's: Hydra's own report with the traceback
     os.environ[HYDRA_FULL_ERROR] = "1"  # Hydra raises its errors, reported here in one line
     try:

@@ -38,6 +38,7 @@ SPEC_KEYS = {
     "python",
     "timeout_s",
     "threads",
+    "cell",
 }
 
 
@@ -152,6 +153,8 @@ class SweepSpec:
     python: str = sys.executable
     timeout_s: float | None = None
     threads: Any = "auto"
+    #: The one cell a launcher's job runs (``launch``); ``None`` outside those jobs.
+    cell: str | None = None
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> SweepSpec:
@@ -222,6 +225,7 @@ class SweepSpec:
             python=str(raw.get("python") or sys.executable),
             timeout_s=None if raw.get("timeout_s") is None else float(raw["timeout_s"]),
             threads=raw.get("threads", "auto"),
+            cell=None if raw.get("cell") is None else str(raw["cell"]),
         )
 
     def settings(self, cell: Cell) -> dict[str, Any]:
