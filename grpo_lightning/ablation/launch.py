@@ -89,9 +89,23 @@ class HydraLaunch:
         names = ",".join(f"'{cell.name}'" for cell in cells)  # names are [A-Za-z0-9.+_-]: safe to quote
         overrides = [*hydra_overrides, "hydra.mode=MULTIRUN", *hydra_config.overrides.task, f"++cell={names}"]
         logger.info("launching %d cells with the %s launcher", len(cells), self.name)
-        batches = GlobalHydra.instance().hydra.multirun(hydra_config.job.config_name, self.task_function, overrides)
+        try:
+            batches = GlobalHydra.instance().hydra.multirun(
+                hydra_config.job.config_name, self.task_function, overrides, with_log_configuration=False
+            )
+        except Exception as error:  # a job that died (SLURM's time limit, a lost node): its cell has no DONE
+            logger.error("the %s launcher's jobs did not all finish: %s", self.name, error)
+            return [_result_on_disk(spec, cell, f"its job did not finish: {error}") for cell in cells]
         results = {job.return_value.cell.name: job.return_value for batch in batches for job in batch}
         return [results[cell.name] for cell in cells]
+
+
+def _result_on_disk(spec: SweepSpec, cell: Cell, message: str) -> CellResult:
+    """A cell's result read from its folder: done if it has its ``DONE`` marker, else failed."""
+    cell_dir = spec.output_dir / cell.name
+    if is_done(cell_dir):
+        return CellResult(cell, cell_dir, "done")
+    return CellResult(cell, cell_dir, "failed", message=" ".join(message.split()))
 
 
 def run_cell_job(spec: SweepSpec) -> CellResult:

@@ -1,7 +1,8 @@
 """``grpo-lightning-ablate``: sweeps of Lightning fit runs over variants, seeds and settings.
 
     grpo-lightning-ablate --config-name default
-    grpo-lightning-ablate --config-name smoke output_dir=runs/ablation/try parallel=2
+    grpo-lightning-ablate --config-name smoke hydra/launcher=joblib parallel=2
+    grpo-lightning-ablate hydra/launcher=submitit_slurm hydra.launcher.partition=gpu hydra.launcher.gpus_per_node=1
     grpo-lightning-ablate -m variant=grpo,dapo seed=0,1,2
     grpo-lightning-ablate ++overrides.model.beta=[0.0,0.04] args.trainer.max_steps=50
 
@@ -18,16 +19,20 @@ A sweep spec (``configs/ablation/*.yaml``) names the shared YAML files and the a
       model.group_size: [4, 8]
     args:                             # fixed CLI overrides of every cell
       trainer.max_steps: 400
-    parallel: 1                       # cells run at once
+    parallel: 1                       # cells at once on this machine (more: hydra/launcher=joblib)
     gpus: auto                        # handed out round-robin (CUDA_VISIBLE_DEVICES); none on CPU
     timeout_s: null                   # stop a cell after this many seconds (then it counts as failed)
     threads: auto                     # torch CPU threads per cell (auto: cores / parallel for CPU cells)
     validate_before_training: true    # val/* of the start model, logged before the first step
     variant: null                     # a single variant / seed (Hydra multirun sets these)
     seed: null
+    cell: null                        # the one cell of a launcher's job (set by the sweep)
 
 Every cell (variant x seed x override values) is one ``python -m grpo_lightning.cli fit`` in a
-subprocess, built from the same YAML files as a hand-run ``grpo-lightning fit``. Paths in
+subprocess, run as one job of a Hydra launcher (``launch``): the basic one runs the cells one
+after another, ``hydra/launcher=joblib`` ``parallel`` at a time in local processes,
+``hydra/launcher=submitit_slurm`` as SLURM jobs (``pip install 'grpo-lightning[launchers]'``).
+The command is built from the same YAML files as a hand-run ``grpo-lightning fit``. Paths in
 ``base_configs`` and ``variants`` are relative to the working directory or name shipped configs
 (``configs/trainer/cpu.yaml`` works from a clone and after ``pip install`` alike)::
 
@@ -42,7 +47,7 @@ LightningCLI, ``completions.jsonl`` (every trained completion: ``--completions.j
 skips cells that have the marker and starts unfinished ones afresh; a finished cell whose
 recorded settings (configs, args, overrides, model) differ from the spec's stops the sweep
 before anything runs. Each run that starts cells adds a record to ``<output_dir>/provenance.json``
-(commit, package versions, machine, load average, cells at once; ``provenance``).
+(commit, package versions, machine, load average, launcher, cells at once; ``provenance``).
 ``grpo-lightning-report <output_dir>`` then compares the variants in ``<output_dir>/report``.
 
 Before any cell runs, the sweep checks that each runs what its name says (``labels``): a base
@@ -52,7 +57,7 @@ with its variant, seed and axis values. Errors, Hydra's own included, are one ``
 (exit status 2; ``GRPO_LIGHTNING_TRACEBACK=1`` raises them with the traceback).
 
 This module is the Hydra entry point; ``spec`` validates the spec and lists its cells, ``labels``
-checks them, ``sweep`` runs them, ``provenance`` records what ran them, ``metrics`` summarises a finished cell and
+checks them, ``launch`` hands them to the launcher, ``sweep`` runs each, ``provenance`` records what ran them, ``metrics`` summarises a finished cell and
 ``callbacks`` holds the callback the cells add.
 """
 
@@ -142,7 +147,10 @@ def main() -> None:
     except _user_errors() as error:
         if full_error == "1" or os.environ.get(TRACEBACK_ENV):
             raise
-        print(f"error: {one_line(error)}", file=sys.stderr)
+        message = one_line(error)
+        if "Could not find 'hydra/launcher/" in message:
+            message += f" ({LAUNCHERS_HINT})"
+        print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
     finally:
         if full_error is None:
@@ -150,6 +158,7 @@ def main() -> None:
 
 
 HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"
+LAUNCHERS_HINT = "the joblib and submitit launchers: pip install 'grpo-lightning[launchers]'"
 #: Set (as for ``grpo-lightning``), a user's error is raised with its traceback.
 TRACEBACK_ENV = "GRPO_LIGHTNING_TRACEBACK"
 

@@ -115,3 +115,26 @@ def test_parallel_cells_need_a_launcher_that_runs_several(tmp_path, monkeypatch,
     assert exit_info.value.code == 2
     assert "hydra/launcher=joblib" in capsys.readouterr().err
     assert not (tmp_path / "sweep" / PROVENANCE_FILE).exists()  # nothing started
+
+
+def test_a_job_that_dies_fails_its_cell(tmp_path, monkeypatch, capsys):
+    """A submitit job killed mid-cell (as SLURM's time limit would): the cell counts as failed,
+    the command exits 1, and the cell has no DONE, so the next run redoes it."""
+    fake = tmp_path / "fake-python"
+    fake.write_text(f"#!{sys.executable}\nimport os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    out = tmp_path / "sweep"
+    with pytest.raises(SystemExit) as exit_info, pytest.warns(UserWarning, match="not checked"):
+        ablate(monkeypatch, f"output_dir={out}", "model=/m", "variants=[grpo]", "seeds=[0]", f"+python={fake}",
+               "gpus=none", "hydra/launcher=submitit_local")  # fmt: skip
+    assert exit_info.value.code == 1
+    assert "FAILED grpo-seed0: its job did not finish" in capsys.readouterr().err
+    assert not (out / "grpo-seed0" / DONE_FILE).exists()
+    assert json.loads((out / PROVENANCE_FILE).read_text())[0]["cells"] == {"grpo-seed0": "failed"}
+
+
+def test_a_missing_launcher_names_the_extra(tmp_path, monkeypatch, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        ablate(monkeypatch, f"output_dir={tmp_path / 'sweep'}", "model=/m", "hydra/launcher=no_such_launcher")
+    assert exit_info.value.code == 2
+    assert "pip install 'grpo-lightning[launchers]'" in capsys.readouterr().err
