@@ -15,12 +15,12 @@ threads, whichever process runs the cell. A remote launcher's job takes the node
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_lightning.ablation.spec import Cell, SweepError, SweepSpec
-from grpo_lightning.ablation.sweep import CellResult, is_done, resolve_model, run_local_cell
+from grpo_lightning.ablation.sweep import CellResult, check_sweep, is_done, resolve_model, run_local_cell
 
 logger = logging.getLogger(__name__)
 
@@ -109,11 +109,13 @@ def _result_on_disk(spec: SweepSpec, cell: Cell, message: str) -> CellResult:
 
 
 def run_cell_job(spec: SweepSpec) -> CellResult:
-    """One launcher job: the cell named ``spec.cell`` (skipped if another run finished it)."""
+    """One launcher job: the cell named ``spec.cell``, checked again where it runs (the job may
+    come from a hand-written ``cell=``), and skipped if another run finished it."""
     by_name = {cell.name: (index, cell) for index, cell in enumerate(spec.cells())}
     if spec.cell not in by_name:
         raise SweepError(f"cell: the sweep has no cell {spec.cell!r}; its cells: {sorted(by_name)}.")
     index, cell = by_name[spec.cell]
+    check_sweep(spec, [cell])
     cell_dir = spec.output_dir / cell.name
     if is_done(cell_dir):
         return CellResult(cell, cell_dir, "skipped")

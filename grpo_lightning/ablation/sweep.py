@@ -245,12 +245,9 @@ def _run_cells(spec: SweepSpec, todo: Sequence[Cell], results: dict[Cell, CellRe
             provenance.append_record(spec.output_dir, provenance.finish_record(record, monitor, statuses))
 
 
-def run_sweep(spec: SweepSpec | Mapping[str, Any], launch: Launch | None = None) -> list[CellResult]:
-    """Check ``spec``, then run every unfinished cell: one after another in this process, or
-    through ``launch`` (a Hydra launcher: ``launch.HydraLaunch``)."""
-    if not isinstance(spec, SweepSpec):
-        spec = SweepSpec.from_dict(spec)
-    cells = spec.cells()
+def check_sweep(spec: SweepSpec, cells: Sequence[Cell]) -> None:
+    """Refuse to run ``cells`` unless each runs what its name says (``labels``) and each finished
+    one was run with the spec's settings; before any cell runs, and again in each launcher job."""
     for cell in cells:
         variant_config(cell.variant)  # fail on a misspelt variant before any work
     for note in labels.check_shared_files(spec):  # a base config that sets an arm's class is refused
@@ -258,15 +255,24 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], launch: Launch | None = None)
     unfinished = [cell for cell in cells if not is_done(spec.output_dir / cell.name)]
     commands = [cell_command(spec, cell, spec.output_dir / cell.name, spec.model) for cell in unfinished]
     labels.check_cells(spec, unfinished, commands)  # each cell's resolved config against its name
-    spec.output_dir.mkdir(parents=True, exist_ok=True)
-    results: dict[Cell, CellResult] = {}
-    todo = []
     changed = [cell.name for cell in cells if is_done(spec.output_dir / cell.name) and _settings_changed(spec, cell)]
     if changed:
         raise SweepError(
             f"finished cells in {spec.output_dir} were run with other settings: {changed}. Give the sweep "
             "another output_dir, or delete these folders to run them again."
         )
+
+
+def run_sweep(spec: SweepSpec | Mapping[str, Any], launch: Launch | None = None) -> list[CellResult]:
+    """Check ``spec``, then run every unfinished cell: one after another in this process, or
+    through ``launch`` (a Hydra launcher: ``launch.HydraLaunch``)."""
+    if not isinstance(spec, SweepSpec):
+        spec = SweepSpec.from_dict(spec)
+    cells = spec.cells()
+    check_sweep(spec, cells)
+    spec.output_dir.mkdir(parents=True, exist_ok=True)
+    results: dict[Cell, CellResult] = {}
+    todo = []
     for cell in cells:
         if is_done(spec.output_dir / cell.name):
             logger.info("cell %s: done before, skipped", cell.name)

@@ -138,3 +138,17 @@ def test_a_missing_launcher_names_the_extra(tmp_path, monkeypatch, capsys):
         ablate(monkeypatch, f"output_dir={tmp_path / 'sweep'}", "model=/m", "hydra/launcher=no_such_launcher")
     assert exit_info.value.code == 2
     assert "pip install 'grpo-lightning[launchers]'" in capsys.readouterr().err
+
+
+def test_a_job_checks_its_cell_before_it_runs(tmp_path, monkeypatch, capsys):
+    """A job's cell is checked where it runs: a hand-written ``cell=`` whose base config makes every
+    arm GRPO is refused there too, and nothing starts."""
+    from grpo_lightning.ablation import sweep
+
+    monkeypatch.setattr(sweep, "launch", lambda *a, **k: pytest.fail("a cell ran"))
+    base = "[configs/trainer/cpu.yaml,configs/data/arithmetic.yaml,docs/bring_your_own/config.yaml]"
+    with pytest.raises(SystemExit) as exit_info:
+        ablate(monkeypatch, f"output_dir={tmp_path / 'sweep'}", "model=/m", "variants=[dapo]", "seeds=[0]",
+               f"base_configs={base}", "cell=dapo-seed0")  # fmt: skip
+    assert exit_info.value.code == 2
+    assert "sets model.class_path (variants.GRPO)" in capsys.readouterr().err
