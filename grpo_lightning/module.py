@@ -40,6 +40,7 @@ from grpo_lightning.generation import EnginePlan, RolloutSampler, RolloutWeights
 from grpo_lightning.generation import announce_prompt_format, check_engine_options, disable_dropout, format_prompt
 from grpo_lightning.model_sources import load_tokenizer
 from grpo_lightning.generation import announce_rollout_mode, save_policy
+from grpo_lightning.generation.compile_payback import run_length
 from grpo_lightning.lora import adapter_autocast, adapter_settings, reference_model
 from grpo_lightning.models import load_models
 from grpo_lightning.nonfinite import NonFiniteGuard
@@ -319,8 +320,9 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         kind = self.device.type
         if kind not in self._samplers:
             strategy = self._trainer.strategy if self._trainer is not None else None
+            run = run_length(self._trainer, self.sampling.max_new_tokens, self.val_sampling.max_new_tokens)
             self._samplers[kind] = RolloutSampler.announced(
-                self.policy, strategy, kind, self.engine_options, self.hparams.rollout_seed, self.sampling.beam_search
+                self.policy, strategy, kind, self.engine_options, self.hparams.rollout_seed, self.sampling.beam_search, run
             )
         return self._samplers[kind]
 

@@ -48,8 +48,9 @@ def test_a_fit_ends_with_a_summary(first_fit):
     version = root / "grpo" / "version_0"
     assert f"logs:        {version}" in summary
     assert f"config:      {version / 'config.yaml'}" in summary and (version / "config.yaml").exists()
-    checkpoint = summary.split("checkpoint:  ")[1].splitlines()[0]
+    checkpoint, _, step = summary.split("checkpoint:  ")[1].splitlines()[0].rpartition(" (optimizer step ")
     assert Path(checkpoint).exists() and Path(checkpoint).parent == version / "checkpoints"
+    assert step == "2)"
 
 
 def test_validation_before_the_fit_can_be_turned_off(tiny_model_dir, tmp_path, one_torch_thread):

@@ -14,7 +14,8 @@ A sweep spec (``configs/ablation/*.yaml``) names the shared YAML files and the a
     model: warmstart                  # a path / hub id, "warmstart", or null (from base_configs)
     warmstart: {}                     # keyword arguments of grpo_lightning.quickstart.warmstart.warm_start
     variants: [grpo, dr_grpo, dapo, rloo, gspo]   # names of configs/variant/*.yaml (or YAML paths)
-    seeds: [0, 1, 2]
+    seeds: [0, 1, 2, 3, 4]            # the default: five
+    baseline: grpo                    # the arm the report compares the others with (default: the first)
     overrides:                        # extra axes: dotted CLI key -> list of values
       model.group_size: [4, 8]
     args:                             # fixed CLI overrides of every cell

@@ -130,7 +130,8 @@ def run_cell(spec: SweepSpec, cell: Cell, model: str | None, env: Mapping[str, s
         shutil.rmtree(cell_dir)
     cell_dir.mkdir(parents=True)
     command = cell_command(spec, cell, cell_dir, model)
-    record = {**cell.identity(), "name": cell.name, "arm": cell.arm, "command": command, "settings": spec.settings(cell)}
+    record = {**cell.identity(), "name": cell.name, "arm": cell.arm, "baseline": spec.baseline_arm(), "command": command,
+              "settings": spec.settings(cell)}  # fmt: skip
     (cell_dir / CELL_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     logger.info("cell %s: starting", cell.name)
     started = time.perf_counter()

@@ -116,10 +116,10 @@ def test_hydra_configs_compose():
     with initialize_config_dir(config_dir=str(SPEC_DIR), version_base="1.3"):
         default = SweepSpec.from_dict(compose("default"))
         smoke = SweepSpec.from_dict(compose("smoke", overrides=["+overrides.model.beta=[0.0,0.04]", "parallel=2"]))
-    assert default.variants == ["grpo", "dr_grpo", "dapo", "rloo", "gspo"] and default.seeds == [0, 1, 2]
+    assert default.variants == ["grpo", "dr_grpo", "dapo", "rloo", "gspo"] and default.seeds == [0, 1, 2, 3, 4]
     assert default.model == "warmstart" and default.output_dir.name == "default"
     assert [p.name for p in default.base_configs] == ["cpu.yaml", "arithmetic.yaml", "tiny.yaml"]
-    assert len(default.cells()) == 15
+    assert len(default.cells()) == 25 and default.baseline_arm() == "grpo"
     assert smoke.variants == ["grpo", "dapo"] and smoke.seeds == [0, 1] and smoke.parallel == 2
     assert smoke.args["trainer.max_steps"] == 12 and smoke.args["trainer.val_check_interval"] == 6
     # several optimizer steps per rollout, so that the clip ranges the variants differ in act
@@ -216,6 +216,33 @@ def test_parallel_gpus_round_robin_and_failures(tmp_path, monkeypatch):
     assert len(first["cells"]) == 6 and second["cells"] == {"dr_grpo-seed1": "done"}
     run_sweep(spec)  # nothing to run: no record
     assert len(json.loads((tmp_path / "sweep" / PROVENANCE_FILE).read_text())) == 2
+
+
+def test_the_baseline_arm_and_five_seeds_by_default(tmp_path):
+    spec = {"output_dir": str(tmp_path / "sweep"), "base_configs": BASE, "variants": ["grpo", "dapo"]}
+    default = SweepSpec.from_dict(spec)
+    assert default.seeds == [0, 1, 2, 3, 4]
+    assert default.baseline_arm() == "grpo"  # the first arm
+    assert SweepSpec.from_dict({**spec, "baseline": "dapo"}).baseline_arm() == "dapo"
+    with pytest.raises(SweepError, match="baseline: 'ppo' is not an arm of the sweep; give one of"):
+        SweepSpec.from_dict({**spec, "baseline": "ppo"})
+
+
+def test_provenance_records_the_uncommitted_diff(tmp_path):
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)  # fmt: skip
+
+    git("init", "-q")
+    (tmp_path / "loss.py").write_text("beta = 0.04\n")
+    git("add", "loss.py")
+    git("commit", "-q", "-m", "first")
+    assert provenance.git_commit(tmp_path)["dirty"] is False and provenance.git_commit(tmp_path)["diff"] == ""
+    (tmp_path / "loss.py").write_text("beta = 0.0\n")
+    record = provenance.git_commit(tmp_path)
+    assert record["dirty"] is True and "-beta = 0.04" in record["diff"] and "+beta = 0.0" in record["diff"]
 
 
 def test_provenance_record():
@@ -348,8 +375,10 @@ def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch):
     target = build_report(out, tmp_path / "reports" / "tiny", name="tiny")
     md = (target / "report.md").read_text()
     for section in ["## Summary", "## Runs", "## Configuration", "## Final metrics",
-                    "## Pairwise comparison on final val/accuracy", "## Learning curves"]:  # fmt: skip
+                    "## Effects against the baseline (grpo-group_size2)", "## Learning curves"]:  # fmt: skip
         assert section in md
+    assert json.loads((out / names[0] / "cell.json").read_text())["baseline"] == "grpo-group_size2"
+    assert (target / "data" / names[0] / "scalars.csv.gz").is_file() and (target / "REGENERATE").is_file()
     assert "| grpo-group_size2 (n=2) | dr_grpo-group_size2 (n=2) |" in md
     assert "| `model.class_path` | variants.GRPO | variants.DrGRPO |" in md
     assert "| `model.init_args.beta` | 0.04 | 0.0 |" in md  # each variant keeps its own defaults

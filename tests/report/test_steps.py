@@ -36,3 +36,25 @@ def test_a_run_is_read_on_optimizer_steps(tmp_path):
     assert x.tolist() == [0, 12] and y.tolist() == pytest.approx([0.1, 0.5])
     assert final_value(run, "steps") == 12  # optimizer steps, not the 3 rows of training metrics
     assert final_value(run, "batches") == 6  # generation batches: two per update
+
+
+def test_a_run_logged_on_the_batch_counter_counts_its_optimizer_steps_from_its_config(tmp_path):
+    """Runs from before ``counters/*`` logged one row per rollout at the batch counter: their
+    optimizer steps are the rollouts times the steps each rollout took, read from the cell's
+    config (``ppo_epochs`` passes of one step per ``minibatch_size`` rows), never the rows alone."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from grpo_lightning.report.runs import optimizer_steps_per_rollout
+
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    for batch in range(3):  # rows at the batch counter 0, 1, 2
+        writer.add_scalar("reward", 0.1, batch, walltime=1_000_000.0 + batch)
+    writer.close()
+    run = load_run(tmp_path)
+    config = {"model": {"init_args": {"group_size": 8, "minibatch_size": 32, "ppo_epochs": 1}},
+              "data": {"init_args": {"batch_size": 16}}}  # fmt: skip
+    assert optimizer_steps_per_rollout(config) == 4  # 16 x 8 rows in minibatches of 32
+    assert optimizer_steps_per_rollout({"model": {"init_args": {"ppo_epochs": 2}}}) == 2
+    run.updates_per_step = optimizer_steps_per_rollout(config)
+    assert final_value(run, "steps") == 12
+    assert run.axis("reward", "step")[0].tolist() == [4, 8, 12]
