@@ -173,7 +173,7 @@ def run_warm_start(
     output_dir = Path(output_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     # Processes started together (test workers, a sweep's cells) train it once: the others wait.
-    with FileLock(f"{output_dir}.lock"):
+    with FileLock(output_dir.with_name(f".{output_dir.name}.lock")):
         return _train_unless_cached(settings, output_dir, log_every)
 
 
