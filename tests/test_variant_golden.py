@@ -32,7 +32,7 @@ GOLDEN = {
     "GSPO": (0.05624600127339363, 9.13187026977539, 0.8538329386425989, 1.4170150890525461),
     "KLCov": (-0.07789790630340576, 9.13187026977539, -0.873672507806428, 0.7895942831385838),
     "OnlineDPOGRPO": (2.0857709534466267, 9.13187026977539, 0.5916239538991537, 1.4214665739612455),
-    "ProcessGRPO": (0.0019971956498920918, 0.0, -0.018357156390091, 0.016131443188601442),
+    "ProcessGRPO": (-0.42590001225471497, 47.14988708496094, -0.2522275326074759, 0.9042255028664401),
     "PPO": (0.03539812192320824, 64.79403686523438, -0.6601632848365568, 0.8168804373351903),
     "RLOO": (-0.4247859716415405, 7.72747802734375, -4.0394229681811, 4.611307681969165),
     "ReinforcePlusPlus": (-0.062100838869810104, 9.63705062866211, -0.7222539427155859, 0.8124252922850915),
@@ -67,9 +67,15 @@ def fingerprint(module, rollout) -> tuple[float, float, float, float]:
     return loss, float(advantages.abs().sum()), float(flat.sum()), float(flat.norm())
 
 
+def alternating_steps(prompts, completions, token_ends, **columns):
+    """A step per token, scored 0, 1, 0, ...: per-token advantages that are not all 0."""
+    return [[(t, float(t % 2)) for t in range(len(ends))] for ends in token_ends]
+
+
 def measure(make_module, make_rollout, name: str) -> tuple[float, float, float, float]:
     torch.manual_seed(0)
-    module = make_module(getattr(variants, name), micro_batch_size=12)
+    kwargs = {"step_reward_func": alternating_steps} if name == "ProcessGRPO" else {}
+    module = make_module(getattr(variants, name), micro_batch_size=12, **kwargs)
     rollout = make_rollout(module, PROMPTS, seed=0, answer=ANSWERS)
     return fingerprint(module, rollout)
 
