@@ -35,9 +35,9 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lightning import functional as F
+from grpo_lightning import metrics, resume, step_schedule
 from grpo_lightning.algorithms import resolve_parts
 from grpo_lightning.algorithms.hooks import AlgorithmHooks
-from grpo_lightning import metrics, resume, step_schedule
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.evaluation import Evaluation
 from grpo_lightning.generation import EnginePlan, RolloutSampler, RolloutWeights, build_rollout
