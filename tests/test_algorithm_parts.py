@@ -173,11 +173,14 @@ def test_print_config_shows_both_parts_and_takes_them_from_the_command_line(cls)
     assert "    aggregation: seq_mean_token_mean\n" in out and "    advantage: null\n" in out
 
 
-def test_the_command_line_composes_rloo_with_dr_grpos_aggregation():
+def test_the_command_line_composes_rloo_with_dr_grpos_aggregation_and_prints_it_round_trip(tmp_path):
     code, out, err = run_cli(*variant_args(variants.RLOO, "--model.aggregation", "seq_mean_token_sum_norm",
                                            "--model.advantage", "group_mean", "--print_config"))  # fmt: skip
     assert code == 0, err
     assert "aggregation: seq_mean_token_sum_norm" in out and "advantage: group_mean" in out
+    (tmp_path / "config.yaml").write_text(out)
+    code, again, err = run_cli("--config", str(tmp_path / "config.yaml"), "--print_config")
+    assert code == 0 and again == out, err  # the printed file is the whole configuration
 
 
 def test_the_command_line_refuses_ppos_advantage_in_one_line():
