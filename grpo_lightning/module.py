@@ -14,8 +14,10 @@ One training step (manual optimization)::
             for micro-batch:                          memory only: the gradient does not depend on it
                 loss = aggregate(token_loss(...) + beta * kl, mask)    hooks
 
-Variants (``variants/``) override only the hooks: ``advantages``, ``token_loss``, ``aggregate``,
-and where their paper asks, ``select`` and ``shape_rewards``; they may declare ``kl_in_loss``.
+Variants (``variants/``) name their advantage estimator and aggregation among the registered parts
+(``default_advantage``, ``default_aggregation``: :mod:`grpo_lightning.algorithms`), which a run may
+swap (``--model.advantage``, ``--model.aggregation``); they override the hooks ``token_loss``, and
+where their paper asks, ``advantages``, ``select`` and ``shape_rewards``; they may declare ``kl_in_loss``.
 How rollouts are sampled is :mod:`grpo_lightning.generation`'s choice; step metrics are
 :mod:`grpo_lightning.metrics`'; the state of an exact resume is :mod:`grpo_lightning.resume`'s.
 """
@@ -34,6 +36,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lightning import functional as F
 from grpo_lightning import metrics, resume, step_schedule
+from grpo_lightning.algorithms import resolve_parts
+from grpo_lightning.algorithms.hooks import AlgorithmHooks
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.evaluation import Evaluation
 from grpo_lightning.generation import EnginePlan, RolloutSampler, RolloutWeights, build_rollout
@@ -57,7 +61,7 @@ from grpo_lightning.strategies import clip_policy_gradients, no_gradient_sync
 __all__ = ["EVERY_STEP_METRICS", "ConfigError", "EngineOptions", "GroupPolicyOptimization", "StepMetrics", "disable_dropout"]
 
 
-class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningModule):
+class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluation, L.LightningModule):
     """Base module of the GRPO family: rollout, rewards, reference model, clipped update, logging.
 
     Args:
@@ -95,7 +99,12 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         clip_eps_low, clip_eps_high: ratio clip range ``[1 - low, 1 + high]``.
         delta: two-sided clipping: a negative-advantage token's ratio is also capped at ``delta``
             (``> 1 + clip_eps_high``); ``None``: off.
-        scale_rewards: divisor of group-normalised advantages: the group's std (``"group"``), the
+        advantage: the advantage estimator, a name of :data:`grpo_lightning.algorithms.ADVANTAGES`
+            (``group_std``, ``group_mean``, ``leave_one_out``, ``batch_std``); ``None``: the variant's own.
+        aggregation: how the per-token loss becomes one number, a name of
+            :data:`grpo_lightning.algorithms.AGGREGATIONS` (``token_mean``, ``seq_mean_token_mean``,
+            ``seq_mean_token_sum``, ``seq_mean_token_sum_norm``); ``None``: the variant's own.
+        scale_rewards: divisor of ``group_std``'s advantages: the group's std (``"group"``), the
             batch's (``"batch"``) or none (``"none"``).
         reward_aggregation: ``"sum_then_normalize"``: the weighted sum of the reward functions;
             ``"normalize_then_sum"``: each normalised within its group first (GDPO).
@@ -119,14 +128,6 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         accuracy_func: the function whose mean is ``val/accuracy``.
         use_chat_template: wrap plain-text prompts in the tokenizer's chat template when it has one.
     """
-
-    #: Whether the KL term is added to the per-token loss. A variant that puts it in the reward
-    #: instead (RLOO) declares ``False`` and applies it in ``shape_rewards``; the reference log-probs
-    #: are computed either way, and the old log-probs too (the reward's KL is taken against them).
-    kl_in_loss: bool = True
-    #: Options of the base module that this variant's equations leave no place for, with the reason:
-    #: setting one is a :class:`ConfigError` naming both.
-    inapplicable_options: dict[str, str] = {}
 
     def __init__(
         self,
@@ -155,6 +156,8 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         clip_eps_low: float = 0.2,
         clip_eps_high: float = 0.2,
         delta: float | None = None,
+        advantage: str | None = None,
+        aggregation: str | None = None,
         scale_rewards: str = "group",
         reward_aggregation: str = "sum_then_normalize",
         top_entropy_quantile: float = 1.0,
@@ -189,6 +192,7 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
 
         check_options_apply(type(self), self.inapplicable_options, self.kl_in_loss, self.hparams)
         check_settings(**{name: value for name, value in locals().items() if name in CHECKED_SETTINGS})
+        self.advantage_name, self.aggregation_name = resolve_parts(type(self), advantage, aggregation, scale_rewards)
         beam_search = rollout_mode == "beam_search"
         check_engine_options(options, rollout_seed, beam_search)
         self.reward_functions, self.reward_weights = resolve_rewards(reward_funcs, reward_weights)
@@ -229,50 +233,6 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         """Completion length limit of the training rollouts, ``L``."""
         return self.sampling.max_new_tokens
 
-    # ------------------------------------------------------------------ algorithm hooks
-
-    def advantages(self, rewards: Tensor) -> Tensor:
-        """Advantage of each completion. ``rewards`` ``[P, G]`` -> ``[P, G]``, or ``[P, G, T]`` per token."""
-        raise NotImplementedError(f"{type(self).__name__} must implement advantages(rewards [P, G]) -> [P, G]")
-
-    def token_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
-        """Per-token policy loss ``[N, T]`` (no KL): the clipped surrogate of PPO / DeepSeekMath eq. 3.
-        ``logp``, ``old_logp``, ``mask``: ``[N, T]``; ``advantages``: ``[N]``."""
-        loss, clipped_low, clipped_high = F.clipped_surrogate(
-            logp, old_logp, advantages, self.clip_eps_low, self.clip_eps_high, self.hparams.delta
-        )
-        self.record_clipping(clipped_low, clipped_high, mask)
-        return loss
-
-    def aggregate(
-        self, loss: Tensor, mask: Tensor, *, num_sequences: int | None = None, num_tokens: Tensor | None = None
-    ) -> Tensor:
-        """Reduce the per-token loss ``[N, T]`` to a scalar.
-
-        ``num_sequences`` and ``num_tokens`` are the counts of the whole minibatch (all
-        micro-batches, all devices): summing the micro-batch results must equal the result on the
-        whole minibatch. When ``None`` they are taken from ``loss`` and ``mask``.
-        """
-        raise NotImplementedError(f"{type(self).__name__} must implement aggregate(loss [N, T], mask [N, T]) -> []")
-
-    def select(self, rollout: Rollout) -> Rollout | None:
-        """Groups to train on. Identity here; ``None`` ends the step without an update."""
-        return rollout
-
-    def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
-        """Adjust the ``[N]`` rewards once log-probs are known. Identity here."""
-        return rewards
-
-    def needs_reference_model(self) -> bool:
-        """Whether the frozen reference model is loaded and its log-probs computed: for the KL term
-        (``beta > 0``); a variant whose loss needs them otherwise (e.g. a DPO term) says so here."""
-        return self.beta > 0
-
-    def needs_old_logprobs(self, rollout_size: int) -> bool:
-        """Old log-probs need a forward pass of their own unless the rollout makes one optimizer
-        step: then they equal the current log-probs (detached) and that pass is skipped."""
-        return self.ppo_epochs > 1 or (self.minibatch_size is not None and rollout_size > self.minibatch_size)
-
     # ------------------------------------------------------------------ helpers for hooks
 
     def min_over_ranks(self, value: int) -> int:
@@ -286,10 +246,6 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
     def sum_over_ranks(self, value: Tensor) -> Tensor:
         """``value`` summed over all processes (every process must call it)."""
         return self.trainer.strategy.reduce(value, reduce_op="sum") if self.num_processes > 1 else value
-
-    def record_clipping(self, clipped_low: Tensor, clipped_high: Tensor, mask: Tensor) -> None:
-        """Log the token shares the clipped surrogate clipped (``clip_ratio/*``)."""
-        metrics.record_clipping(self.step_metrics, clipped_low, clipped_high, mask)
 
     # ------------------------------------------------------------------ model
 

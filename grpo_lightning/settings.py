@@ -186,8 +186,13 @@ def check_model_path(field: str, path: str) -> None:
 
 #: Values of ``reward_aggregation``: the weighted sum as it is, or of per-group normalised scores (GDPO).
 REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
-#: The base module's ablation options and their "off" values (what an inapplicable option must keep).
+#: The base module's ablation options and their "off" values (what an inapplicable option must keep),
+#: and the base's defaults of the options a variant may have no place for.
 ABLATION_OPTION_DEFAULTS = {
+    "advantage": None,
+    "aggregation": None,
+    "clip_eps_low": 0.2,
+    "clip_eps_high": 0.2,
     "delta": None,
     "scale_rewards": "group",
     "reward_aggregation": "sum_then_normalize",

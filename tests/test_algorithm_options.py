@@ -245,6 +245,8 @@ def test_the_options_keep_the_gradient_independent_of_micro_batching(cls, kwargs
 
 ALL_VARIANTS = [getattr(__import__("variants"), name) for name in __import__("variants").__all__]
 OPTION_VALUES = {
+    "advantage": "leave_one_out",
+    "aggregation": "seq_mean_token_sum_norm",
     "delta": 2.0,
     "scale_rewards": "batch",
     "reward_aggregation": "normalize_then_sum",

@@ -219,3 +219,9 @@ def test_the_engine_does_not_import_the_training_module():
         if target == "grpo_lightning.module"
     ]
     assert not found, "\n".join(found)
+
+
+def test_no_module_is_an_alias_of_another():
+    """A module that replaces itself in ``sys.modules`` is a second name for one thing: import the real one."""
+    found = [str(path.relative_to(ROOT)) for path in MODULES.values() if "sys.modules[__name__]" in path.read_text()]
+    assert not found, "\n".join(found)

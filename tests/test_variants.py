@@ -76,7 +76,7 @@ def test_defaults_follow_the_papers(cls, beta, eps_low, eps_high, kl_in_loss):
     module = cls(model="unused")
     assert module.beta == beta
     assert (module.clip_eps_low, module.clip_eps_high) == (eps_low, eps_high)
-    assert module.kl_estimator == "k3"
+    assert module.kl_estimator == ("k3" if kl_in_loss else "k1")  # RLOO: k1 in the reward, as the paper
     assert module.kl_in_loss is kl_in_loss
 
 
@@ -194,6 +194,21 @@ def test_rloo_puts_the_summed_k1_kl_in_the_reward():
     assert_close(shaped, t([1.025, 1.95]))
     in_loss = RLOO(model="unused", kl_in_reward=False)
     assert_close(in_loss.shape_rewards(t([1.0, 2.0]), rollout), t([1.0, 2.0]))
+    assert in_loss.kl_estimator == "k3"  # in the loss, the base's default
+
+
+def test_rloo_puts_the_chosen_kl_estimator_in_the_reward():
+    rollout = hand_rollout([3, 2], width=3, group_size=2)
+    rollout.old_logp = t([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]])
+    rollout.ref_logp = t([[-1.5, -1.0, -3.0], [-1.0, -1.0, 0.0]])
+    # k3 = exp(d) - d - 1 with d = ref - old: row 0 d = -0.5, 1, 0; row 1 d = -0.5, -0.5 (third token masked)
+    k3 = lambda d: math.exp(d) - d - 1  # noqa: E731
+    row0, row1 = k3(-0.5) + k3(1.0) + k3(0.0), 2 * k3(-0.5)  # 0.824813, 0.213061
+    shaped = RLOO(model="unused", kl_estimator="k3").shape_rewards(t([1.0, 2.0]), rollout)
+    assert_close(shaped, t([1.0 - 0.05 * row0, 2.0 - 0.05 * row1]))
+    # k2 = d^2 / 2: row 0 (0.25 + 1) / 2, row 1 (0.25 + 0.25) / 2
+    shaped = RLOO(model="unused", kl_estimator="k2").shape_rewards(t([1.0, 2.0]), rollout)
+    assert_close(shaped, t([1.0 - 0.05 * 0.625, 2.0 - 0.05 * 0.25]))
 
 
 # ------------------------------------------------------------------ micro-batch invariance

@@ -55,7 +55,7 @@ def test_construction_loads_nothing_and_is_instant(cls, monkeypatch):
     "cls, beta, eps_low, eps_high, kl_in_loss",
     [
         (CISPO, 0.0, None, 5.0, True),  # no lower bound on the IS weight; TRL's / ScaleRL's 5.0 above
-        (SAPO, 0.0, 0.2, 0.2, True),  # no clip at all: the base's range, unused
+        (SAPO, 0.0, 0.2, 0.2, True),  # no clip at all: the base's range, which it refuses to change
         (GMPO, 0.0, 0.4, 0.4, True),  # log-space clip, ratios within (e^-0.4, e^0.4)
         (ReinforcePlusPlus, 0.01, 0.2, 0.2, False),  # PPO clip; k1 KL in the reward
     ],
@@ -76,6 +76,13 @@ def test_sapo_temperatures_default_to_the_paper_and_must_be_positive():
         SAPO(model="unused", tau_pos=0.0)
     with pytest.raises(ConfigError, match="tau_neg"):
         SAPO(model="unused", tau_neg=-1.0)
+
+
+@pytest.mark.parametrize("option", ["clip_eps_low", "clip_eps_high"])
+def test_sapo_refuses_a_clip_range_it_would_not_use(option):
+    """Its gate has no clip: a clip range set on it would change nothing, so it is an error."""
+    with pytest.raises(ConfigError, match=f"^{option}: does not apply to SAPO \\(its soft gate replaces the ratio clip\\)"):
+        SAPO(model="unused", **{option: 0.3})
 
 
 def test_cispo_lower_bound_is_checked_by_the_base_when_given():
@@ -265,6 +272,16 @@ def test_reinforce_plus_plus_puts_the_summed_k1_kl_in_the_reward():
     in_loss = ReinforcePlusPlus(model="unused", kl_in_reward=False)
     assert in_loss.kl_in_loss is True
     assert_close(in_loss.shape_rewards(t([1.0, 2.0]), rollout), t([1.0, 2.0]))
+    assert in_loss.kl_estimator == "k3"  # in the loss, the base's default
+
+
+def test_reinforce_plus_plus_puts_the_chosen_kl_estimator_in_the_reward():
+    rollout = hand_rollout([3, 2], width=3, group_size=2)
+    rollout.old_logp = t([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]])
+    rollout.ref_logp = t([[-1.5, -1.0, -3.0], [-1.0, -1.0, 0.0]])
+    # k2 = (ref - old)^2 / 2: row 0 (0.25 + 1 + 0) / 2 = 0.625; row 1 (0.25 + 0.25) / 2 = 0.25 (third token masked)
+    shaped = ReinforcePlusPlus(model="unused", kl_estimator="k2").shape_rewards(t([1.0, 2.0]), rollout)
+    assert_close(shaped, t([1.0 - 0.01 * 0.625, 2.0 - 0.01 * 0.25]))
 
 
 # ------------------------------------------------------------------ micro-batch invariance

@@ -36,6 +36,8 @@ class CISPO(GRPO):
         clip_eps_high: upper bound ``1 + clip_eps_high`` of the weight.
     """
 
+    #: ``sum(loss * mask) / sum(mask)`` over the whole batch (eq. 4's ``1 / sum_i |o_i|``).
+    default_aggregation = "token_mean"
     inapplicable_options = {"delta": "its clipped weight is detached: there is no min with an unclipped term to cap"}
 
     def __init__(
@@ -53,7 +55,3 @@ class CISPO(GRPO):
         )
         self.record_clipping(clipped_low, clipped_high, mask)
         return loss
-
-    def aggregate(self, loss: Tensor, mask: Tensor, *, num_sequences=None, num_tokens: Tensor | None = None) -> Tensor:
-        """``sum(loss * mask) / sum(mask)`` over the whole batch (eq. 4's ``1 / sum_i |o_i|``)."""
-        return F.token_mean(loss, mask, num_tokens=num_tokens)

@@ -79,6 +79,9 @@ class CovarianceRule(GRPO):
     ``token_loss`` through ``chosen``.
     """
 
+    #: ``sum(loss * mask) / sum(mask)`` over the whole minibatch (the authors' ``token-mean``).
+    default_aggregation = "token_mean"
+
     def __init__(self, model: str, *, beta: float = 0.0, **kwargs) -> None:
         super().__init__(model, beta=beta, **kwargs)
         self.minibatch_choice: Tensor | None = None  # [N, T] over the rollout, during one minibatch
@@ -119,7 +122,3 @@ class CovarianceRule(GRPO):
         if self.minibatch_choice is None:
             return self.choose_tokens(logp.detach(), old_logp, advantages, mask) & mask.bool()
         return self.minibatch_choice[self.micro_rows.to(self.minibatch_choice.device)] & mask.bool()
-
-    def aggregate(self, loss: Tensor, mask: Tensor, *, num_sequences=None, num_tokens: Tensor | None = None) -> Tensor:
-        """``sum(loss * mask) / sum(mask)`` over the whole minibatch (the authors' ``token-mean``)."""
-        return F.token_mean(loss, mask, num_tokens=num_tokens)

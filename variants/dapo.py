@@ -60,6 +60,9 @@ class DAPO(GRPO):
         overlong_penalty: the largest penalty, reached at ``max_new_tokens``.
     """
 
+    #: ``sum(loss * mask) / sum(mask)`` over the whole batch (all micro-batches and devices).
+    default_aggregation = "token_mean"
+
     def __init__(
         self,
         model: str,
@@ -122,7 +125,3 @@ class DAPO(GRPO):
         penalty = F.overlong_penalty(rollout.lengths, self.max_new_tokens, self.overlong_buffer, self.overlong_penalty)
         self.step_metrics.update("overlong_penalty", penalty.mean())
         return rewards + penalty.to(rewards)
-
-    def aggregate(self, loss: Tensor, mask: Tensor, *, num_sequences=None, num_tokens: Tensor | None = None) -> Tensor:
-        """``sum(loss * mask) / sum(mask)`` over the whole batch (all micro-batches and devices)."""
-        return F.token_mean(loss, mask, num_tokens=num_tokens)

@@ -13,9 +13,6 @@ with a constant normaliser ``L = max_new_tokens``. No KL term (beta 0).
 
 from __future__ import annotations
 
-from torch import Tensor
-
-from grpo_lightning import functional as F
 from grpo_lightning.module import GroupPolicyOptimization
 
 
@@ -27,10 +24,7 @@ class DrGRPO(GroupPolicyOptimization):
     def __init__(self, model: str, *, beta: float = 0.0, **kwargs) -> None:
         super().__init__(model, beta=beta, **kwargs)
 
-    def advantages(self, rewards: Tensor) -> Tensor:
-        """``r - mean_g`` (no division by the group std)."""
-        return F.group_centered_advantages(rewards)
-
-    def aggregate(self, loss: Tensor, mask: Tensor, *, num_sequences: int | None = None, num_tokens=None) -> Tensor:
-        """``sum(loss * mask) / (N * max_new_tokens)``."""
-        return F.constant_normalized_sum(loss, mask, self.max_new_tokens, num_sequences=num_sequences)
+    #: ``r - mean_g`` (no division by the group std).
+    default_advantage = "group_mean"
+    #: ``sum(loss * mask) / (N * max_new_tokens)``.
+    default_aggregation = "seq_mean_token_sum_norm"

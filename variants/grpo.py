@@ -11,20 +11,14 @@ Defaults are the paper's: eps 0.2, beta 0.04, k3.
 
 from __future__ import annotations
 
-from torch import Tensor
-
-from grpo_lightning import functional as F
 from grpo_lightning.module import GroupPolicyOptimization
 
 
 class GRPO(GroupPolicyOptimization):
     """Group-normalised advantages; each completion's token mean, averaged over completions."""
 
-    def advantages(self, rewards: Tensor) -> Tensor:
-        """``(r - mean_g) / (std_g + 1e-4)``, unbiased std; 0 for groups of equal rewards
-        (``scale_rewards``: the std of the group, of the batch, or none)."""
-        return F.group_normalized_advantages(rewards, scale=self.hparams.scale_rewards)
-
-    def aggregate(self, loss: Tensor, mask: Tensor, *, num_sequences: int | None = None, num_tokens=None) -> Tensor:
-        """``1/G sum_i 1/|o_i| sum_t loss_it`` (eq. 3)."""
-        return F.sequence_mean_token_mean(loss, mask, num_sequences=num_sequences)
+    #: ``(r - mean_g) / (std_g + 1e-4)``, unbiased std; 0 for groups of equal rewards
+    #: (``scale_rewards``: the std of the group, of the batch, or none).
+    default_advantage = "group_std"
+    #: ``1/G sum_i 1/|o_i| sum_t loss_it`` (eq. 3).
+    default_aggregation = "seq_mean_token_mean"

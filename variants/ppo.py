@@ -2,8 +2,8 @@
 RLHF uses it (Ouyang et al. 2022, "Training language models to follow instructions with human
 feedback", eq. 2), with GAE (Schulman et al. 2016, eqs. 11-16). The critic GRPO drops.
 
-Each completion token ``t`` is an action; the task reward comes at the last token and the k1 KL
-penalty against the reference model at every token::
+Each completion token ``t`` is an action; the task reward comes at the last token and the KL
+penalty against the reference model at every token (k1 below; ``kl_estimator`` k2 or k3 instead)::
 
     r_t     = -beta * (log pi_old(y_t) - log pi_ref(y_t)) + 1[t = last] * r
     delta_t = r_t + gamma * V_old(s_{t+1}) - V_old(s_t)             (V = 0 after the last token)
@@ -44,12 +44,14 @@ class PPO(GroupPolicyOptimization):
     """Per-token GAE advantages from a learned critic; k1 KL in the reward; PPO clip; token mean."""
 
     kl_in_loss = False
-    inapplicable_options: ClassVar[dict[str, str]] = {"scale_rewards": "its GAE advantages are whitened instead"}
+    inapplicable_options: ClassVar[dict[str, str]] = {"scale_rewards": "its GAE advantages are whitened instead",
+                                                      "advantage": "its advantages are GAE's, per token"}  # fmt: skip
+    default_aggregation = "token_mean"  # over the whole minibatch
 
     def __init__(self, model: str, *, beta: float = 0.01, gamma: float = 1.0, lam: float = 0.95,
                  whiten_advantages: bool = True, value_learning_rate: float = 1e-5, value_clip: float | None = 0.2,
-                 value_max_grad_norm: float | None = 1.0, **kwargs) -> None:  # fmt: skip
-        super().__init__(model, beta=beta, **kwargs)
+                 value_max_grad_norm: float | None = 1.0, kl_estimator: str = "k1", **kwargs) -> None:  # fmt: skip
+        super().__init__(model, beta=beta, kl_estimator=kl_estimator, **kwargs)
         require(0 <= gamma <= 1, f"gamma: must be in [0, 1], got {gamma}.")
         require(0 <= lam <= 1, f"lam: must be in [0, 1], got {lam}.")
         require(value_learning_rate > 0, f"value_learning_rate: must be positive, got {value_learning_rate}.")
@@ -81,7 +83,7 @@ class PPO(GroupPolicyOptimization):
         with PhaseTimer(self.step_metrics, self.device).phase("values"):
             old_values = V.compute_values(self.value_model, rollout, self.micro_batch_size)
         mask = rollout.completion_mask
-        kl = None if rollout.ref_logp is None else F.kl_k1(rollout.old_logp, rollout.ref_logp)
+        kl = None if rollout.ref_logp is None else F.kl_estimate(rollout.old_logp, rollout.ref_logp, self.kl_estimator)
         token_rewards = G.token_rewards(rewards, kl, mask, self.beta)
         advantages, returns = G.gae(token_rewards, old_values, mask, self.hparams.gamma, self.hparams.lam)
         valid = self.loss_mask(rollout, torch.arange(len(rollout)))
@@ -98,10 +100,6 @@ class PPO(GroupPolicyOptimization):
         if self.gae is None:
             raise RuntimeError("PPO.advantages needs the rollout's values: call shape_rewards(rewards, rollout) first.")
         return self.gae[0].view(*rewards.shape, -1)
-
-    def aggregate(self, loss: Tensor, mask: Tensor, *, num_sequences=None, num_tokens: Tensor | None = None) -> Tensor:
-        """``sum(loss * mask) / sum(mask)`` over the whole minibatch."""
-        return F.token_mean(loss, mask, num_tokens=num_tokens)
 
     def update(self, rollout: Rollout, advantages: Tensor) -> None:
         """The base module's loop (``ppo_epochs`` passes, one policy step per minibatch), each policy

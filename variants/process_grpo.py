@@ -38,6 +38,7 @@ class ProcessGRPO(GRPO):
     inapplicable_options = {
         "scale_rewards": "its advantages are normalised over the group's steps",
         "reward_aggregation": "its advantages come from the step rewards",
+        "advantage": "its advantages are per token, from the step rewards",
     }
 
     def __init__(

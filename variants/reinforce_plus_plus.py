@@ -18,17 +18,15 @@ summed to the end; here advantages are one per completion, so the penalty is its
 sum, the return at the first token (as RLOO does): ``r_i <- r_i - beta * sum_t k1_it``. A
 per-token return would need token-level advantages, which the hooks do not carry. ``beta`` 0.01
 is our default (the paper sets it per experiment); ``kl_in_reward=False`` moves the KL into the
-loss instead (``kl_estimator``, k3 by default).
+loss instead. ``kl_estimator``: k1 in the reward and k3 in the loss by default; either acts where
+the KL is.
 """
 
 from __future__ import annotations
 
-from torch import Tensor
-
-from grpo_lightning import functional as F
 from grpo_lightning.module import GroupPolicyOptimization
 from grpo_lightning.settings import check_options_apply
-from variants.rloo import RLOO
+from variants.rloo import RLOO, kl_estimator_of
 
 
 class ReinforcePlusPlus(GroupPolicyOptimization):
@@ -36,18 +34,16 @@ class ReinforcePlusPlus(GroupPolicyOptimization):
 
     inapplicable_options = {"scale_rewards": "its advantage is divided by the batch's std by definition"}
 
-    def __init__(self, model: str, *, beta: float = 0.01, kl_in_reward: bool = True, **kwargs) -> None:
-        super().__init__(model, beta=beta, **kwargs)
+    def __init__(self, model: str, *, beta: float = 0.01, kl_in_reward: bool = True, kl_estimator: str | None = None,
+                 **kwargs) -> None:  # fmt: skip
+        super().__init__(model, beta=beta, kl_estimator=kl_estimator_of(kl_estimator, kl_in_reward), **kwargs)
         self.kl_in_loss = not kl_in_reward
         check_options_apply(type(self), self.inapplicable_options, self.kl_in_loss, self.hparams)
 
-    def advantages(self, rewards: Tensor) -> Tensor:
-        """``(r - mean_group) / std_batch(r - mean_group)``; 0 where that std is 0."""
-        return F.batch_normalized_advantages(rewards)
+    #: ``(r - mean_group) / std_batch(r - mean_group)``; 0 where that std is 0.
+    default_advantage = "batch_std"
+    #: ``sum(loss * mask) / sum(mask)`` over the whole batch.
+    default_aggregation = "token_mean"
 
-    #: ``r - beta * sum_t k1`` when the KL is in the reward: RLOO's penalty, the same equation.
+    #: ``r - beta * sum_t kl_t`` when the KL is in the reward: RLOO's penalty, the same equation.
     shape_rewards = RLOO.shape_rewards
-
-    def aggregate(self, loss: Tensor, mask: Tensor, *, num_sequences=None, num_tokens: Tensor | None = None) -> Tensor:
-        """``sum(loss * mask) / sum(mask)`` over the whole batch."""
-        return F.token_mean(loss, mask, num_tokens=num_tokens)

@@ -10,8 +10,8 @@ gradient ``-A`` (the ``4 / tau`` factor normalises it); as ``r`` leaves 1 the gr
 smoothly instead of dropping to zero at a clip boundary. Negative advantages push up the logits
 of many unsampled tokens, so their gate decays faster: ``tau_neg > tau_pos``. Advantages and the
 aggregation (mean over completions of each one's token mean) are GRPO's. Defaults are the
-paper's: tau_pos 1.0, tau_neg 1.05, no KL term. There is no clip, so ``clip_eps_low`` and
-``clip_eps_high`` are unused and no ``clip_ratio/*`` is logged.
+paper's: tau_pos 1.0, tau_neg 1.05, no KL term. There is no clip: setting ``clip_eps_low``,
+``clip_eps_high`` or ``delta`` is an error, and no ``clip_ratio/*`` is logged.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ class SAPO(GRPO):
         tau_neg: gate temperature of tokens with a zero or negative advantage (> 0).
     """
 
-    inapplicable_options = {"delta": "its soft gate replaces the ratio clip"}
+    inapplicable_options = {
+        option: "its soft gate replaces the ratio clip" for option in ("delta", "clip_eps_low", "clip_eps_high")
+    }
 
     def __init__(self, model: str, *, beta: float = 0.0, tau_pos: float = 1.0, tau_neg: float = 1.05, **kwargs) -> None:
         super().__init__(model, beta=beta, **kwargs)

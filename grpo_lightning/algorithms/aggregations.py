@@ -1,0 +1,47 @@
+"""Loss aggregations: the per-token loss ``[N, T]`` and its mask ``[N, T]`` -> the scalar loss.
+
+Each takes the counts of the whole minibatch (``num_sequences``, ``num_tokens``: every micro-batch
+and device) so that summing micro-batch results gives the minibatch's result, whatever the
+micro-batch size; ``max_tokens`` is the completion length limit ``L``. The math is
+:mod:`grpo_lightning.functional`'s; here each gets the name it is selected by
+(``--model.aggregation NAME``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor
+
+from grpo_lightning import functional as F
+
+
+def token_mean(loss: Tensor, mask: Tensor, *, num_sequences=None, num_tokens=None, max_tokens: int = 1) -> Tensor:
+    """DAPO eq. 12: ``sum_it loss_it / sum_it |mask|`` (every token of the batch weighs the same)."""
+    return F.token_mean(loss, mask, num_tokens=num_tokens)
+
+
+def seq_mean_token_mean(loss: Tensor, mask: Tensor, *, num_sequences=None, num_tokens=None, max_tokens: int = 1) -> Tensor:
+    """GRPO (DeepSeekMath eq. 3): ``1/N sum_i 1/|o_i| sum_t loss_it``."""
+    return F.sequence_mean_token_mean(loss, mask, num_sequences=num_sequences)
+
+
+def seq_mean_token_sum(loss: Tensor, mask: Tensor, *, num_sequences=None, num_tokens=None, max_tokens: int = 1) -> Tensor:
+    """RLOO (a completion is one action): ``1/N sum_i sum_t loss_it``."""
+    return F.sequence_mean_token_sum(loss, mask, num_sequences=num_sequences)
+
+
+def seq_mean_token_sum_norm(
+    loss: Tensor, mask: Tensor, *, num_sequences=None, num_tokens=None, max_tokens: int = 1
+) -> Tensor:
+    """Dr. GRPO: ``1/(N L) sum_i sum_t loss_it``, a constant normaliser (no length bias)."""
+    return F.constant_normalized_sum(loss, mask, max_tokens, num_sequences=num_sequences)
+
+
+#: Name -> aggregation ``(loss [N, T], mask [N, T], *, num_sequences, num_tokens, max_tokens) -> []``.
+AGGREGATIONS: dict[str, Callable[..., Tensor]] = {
+    "token_mean": token_mean,
+    "seq_mean_token_mean": seq_mean_token_mean,
+    "seq_mean_token_sum": seq_mean_token_sum,
+    "seq_mean_token_sum_norm": seq_mean_token_sum_norm,
+}

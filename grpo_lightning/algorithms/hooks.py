@@ -1,0 +1,84 @@
+"""The algorithm hooks of :class:`~grpo_lightning.module.GroupPolicyOptimization`, and what each
+does unless a variant overrides it: the registered parts the variant names
+(:mod:`grpo_lightning.algorithms`), PPO's clipped surrogate, no selection and no reward shaping."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from grpo_lightning import functional as F
+from grpo_lightning import metrics
+from grpo_lightning.algorithms.advantages import ADVANTAGES
+from grpo_lightning.algorithms.aggregations import AGGREGATIONS
+from grpo_lightning.rollout import Rollout
+
+
+class AlgorithmHooks:
+    """What one update computes, hook by hook (the step that calls them: ``GroupPolicyOptimization``)."""
+
+    #: Whether the KL term is added to the per-token loss. A variant that puts it in the reward
+    #: instead (RLOO) declares ``False`` and applies it in ``shape_rewards``; the reference log-probs
+    #: are computed either way, and the old log-probs too (the reward's KL is taken against them).
+    kl_in_loss: bool = True
+    #: Options of the base module that this variant's equations leave no place for, with the reason:
+    #: setting one is a :class:`ConfigError` naming both.
+    inapplicable_options: dict[str, str] = {}
+    #: The variant's advantage estimator and aggregation (names of the registries of
+    #: :mod:`grpo_lightning.algorithms`), used when ``advantage`` / ``aggregation`` is ``None``.
+    default_advantage: str | None = None
+    default_aggregation: str | None = None
+
+    def advantages(self, rewards: Tensor) -> Tensor:
+        """Advantage of each completion. ``rewards`` ``[P, G]`` -> ``[P, G]``, or ``[P, G, T]`` per token.
+        Here: the estimator named ``advantage`` (or the variant's ``default_advantage``)."""
+        if self.advantage_name is None:
+            raise NotImplementedError(f"{type(self).__name__} must name a default_advantage or implement advantages")
+        if self.hparams.scale_rewards != "group":  # group_std's divisor: the batch's std, or none
+            return F.group_normalized_advantages(rewards, scale=self.hparams.scale_rewards)
+        return ADVANTAGES[self.advantage_name](rewards)
+
+    def token_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+        """Per-token policy loss ``[N, T]`` (no KL): the clipped surrogate of PPO / DeepSeekMath eq. 3.
+        ``logp``, ``old_logp``, ``mask``: ``[N, T]``; ``advantages``: ``[N]``."""
+        loss, clipped_low, clipped_high = F.clipped_surrogate(
+            logp, old_logp, advantages, self.clip_eps_low, self.clip_eps_high, self.hparams.delta
+        )
+        self.record_clipping(clipped_low, clipped_high, mask)
+        return loss
+
+    def aggregate(
+        self, loss: Tensor, mask: Tensor, *, num_sequences: int | None = None, num_tokens: Tensor | None = None
+    ) -> Tensor:
+        """Reduce the per-token loss ``[N, T]`` to a scalar.
+
+        ``num_sequences`` and ``num_tokens`` are the counts of the whole minibatch (all
+        micro-batches, all devices): summing the micro-batch results must equal the result on the
+        whole minibatch. When ``None`` they are taken from ``loss`` and ``mask``. Here: the
+        aggregation named ``aggregation`` (or the variant's ``default_aggregation``).
+        """
+        if self.aggregation_name is None:
+            raise NotImplementedError(f"{type(self).__name__} must name a default_aggregation or implement aggregate")
+        aggregation = AGGREGATIONS[self.aggregation_name]
+        return aggregation(loss, mask, num_sequences=num_sequences, num_tokens=num_tokens, max_tokens=self.max_new_tokens)
+
+    def select(self, rollout: Rollout) -> Rollout | None:
+        """Groups to train on. Identity here; ``None`` ends the step without an update."""
+        return rollout
+
+    def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
+        """Adjust the ``[N]`` rewards once log-probs are known. Identity here."""
+        return rewards
+
+    def needs_reference_model(self) -> bool:
+        """Whether the frozen reference model is loaded and its log-probs computed: for the KL term
+        (``beta > 0``); a variant whose loss needs them otherwise (e.g. a DPO term) says so here."""
+        return self.beta > 0
+
+    def needs_old_logprobs(self, rollout_size: int) -> bool:
+        """Old log-probs need a forward pass of their own unless the rollout makes one optimizer
+        step: then they equal the current log-probs (detached) and that pass is skipped."""
+        return self.ppo_epochs > 1 or (self.minibatch_size is not None and rollout_size > self.minibatch_size)
+
+    def record_clipping(self, clipped_low: Tensor, clipped_high: Tensor, mask: Tensor) -> None:
+        """Log the token shares the clipped surrogate clipped (``clip_ratio/*``)."""
+        metrics.record_clipping(self.step_metrics, clipped_low, clipped_high, mask)
