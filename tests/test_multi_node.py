@@ -5,6 +5,7 @@ every logged metric at every step, and the final weights."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -36,7 +37,7 @@ def free_port() -> int:
 def fit_command(model_dir: str, out: Path, nodes: int, devices: int, strategy: list[str]) -> list[str]:
     """``grpo-lightning fit`` of GRPO on the tiny model: 2 steps of 2 prompts x 2 completions per
     process, keyed sampling (the same prompts sample the same completions however the processes are
-    started), logs and ``last.ckpt`` under ``out``."""
+    started), logs, rank 0's completions (``completions.jsonl``) and ``last.ckpt`` under ``out``."""
     return [
         sys.executable, "-m", "grpo_lightning.cli", "fit",
         "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
@@ -49,7 +50,7 @@ def fit_command(model_dir: str, out: Path, nodes: int, devices: int, strategy: l
         "--trainer.max_steps", str(STEPS), "--trainer.limit_val_batches", "0", "--validate_before_fit", "false",
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
         "--trainer.default_root_dir", str(out), "--trainer.logger.init_args.save_dir", str(out),
-        "--trainer.callbacks.dirpath", str(out / "ckpt"), "--completions.max_rows", "0",
+        "--trainer.callbacks.dirpath", str(out / "ckpt"), "--completions.max_rows", "0", "--completions.jsonl", "true",
     ]  # fmt: skip
 
 
@@ -85,6 +86,13 @@ def logged(out: Path) -> dict[str, list[tuple[int, float]]]:
     }
 
 
+def completions(out: Path) -> list[tuple]:
+    """What rank 0 sampled and how it scored: (step, prompt, completion, reward) of each completion."""
+    (path,) = (out / "grpo").glob("version_*/completions.jsonl")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [(row["step"], row["prompt"], row["completion"], row["reward"]) for row in rows]
+
+
 def final_weights(out: Path) -> dict[str, torch.Tensor]:
     state = torch.load(out / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
     return {k: v for k, v in state.items() if k.startswith("policy.")}
@@ -104,6 +112,8 @@ def test_fsdp_over_two_nodes_on_localhost_trains_like_ddp_on_one_node_of_two_dev
     }
     finish(nodes, two_nodes)
 
+    assert completions(two_nodes) == completions(one_node)
+    assert [row[0] for row in completions(one_node)] == [0] * 4 + [1] * 4  # 2 prompts x 2 a step on rank 0
     expected, got = logged(one_node), logged(two_nodes)
     assert {"loss", "reward", "kl", "grad_norm"} <= set(expected), sorted(expected)
     assert sorted(got) == sorted(expected)
