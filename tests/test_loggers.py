@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from grpo_lightning.cli import GRPOLightningCLI, main
-from grpo_lightning.loggers import log_dir, table_writers
 from grpo_lightning.resources import config_dir
 
 CONFIGS = config_dir()
@@ -65,7 +64,7 @@ def wandb_records(path: Path):
             position += block - position % block
             continue
         _, length, kind = struct.unpack("<IHB", data[position : position + 7])
-        if kind == 0:
+        if kind == 0 or position + 7 + length > len(data):  # the end, or a record still being written
             break
         pending += data[position + 7 : position + 7 + length]
         position += 7 + length
@@ -74,6 +73,22 @@ def wandb_records(path: Path):
             record.ParseFromString(pending)
             pending = b""
             yield record
+
+
+def wandb_history(path: Path, last_step: int, timeout_s: float = 60) -> list[dict]:
+    """The history rows of an offline run, once its file holds the metrics of ``last_step``:
+    wandb's service writes the file on its own, also after ``wandb.finish()`` returned."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        history = [
+            {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            for record in wandb_records(path)
+            if record.WhichOneof("record_type") == "history"
+        ]
+        if any(row.get("trainer/global_step") == last_step and "loss" in row for row in history):
+            return history
+        assert time.monotonic() < deadline, f"no metrics of step {last_step} in {path} after {timeout_s} s"
+        time.sleep(0.5)
 
 
 def test_the_wandb_config_logs_metrics_and_tables_offline(tiny_model_dir, tmp_path, monkeypatch, one_torch_thread):
@@ -88,10 +103,7 @@ def test_the_wandb_config_logs_metrics_and_tables_offline(tiny_model_dir, tmp_pa
         wandb.finish()
 
     (run_file,) = (tmp_path / "runs" / "wandb").glob("offline-run-*/run-*.wandb")
-    history = []
-    for record in wandb_records(run_file):
-        if record.WhichOneof("record_type") == "history":
-            history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
+    history = wandb_history(run_file, last_step=STEPS - 1)
     tables = [row for row in history if "completions/_type" in row]  # a table's fields are nested keys
     logged = {tag: [(int(r["trainer/global_step"]), r[tag]) for r in history if tag in r] for tag in TRAINED}
     expected = tensorboard_scalars(tmp_path / "runs" / "grpo" / "version_0")
