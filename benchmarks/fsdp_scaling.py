@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     workdir = tempfile.mkdtemp(prefix=f"grpo-bench-{args.workload}-")  # one model and prompt set for all runs
     common = [
         "--workload", args.workload, "--steps", str(args.steps), "--micro-batch-size", str(args.micro_batch_size),
-        "--rollout", "static", "--rollout-seed", str(args.rollout_seed), "--workdir", workdir, *args.extra,
+        "--rollout", "static", "--rollout-seed", str(args.rollout_seed), "--workdir", workdir, "--first-step", "none", *args.extra,
     ]  # fmt: skip
     fsdp = ["--strategy", "fsdp", "--dtype", "float32"]
     many = str(args.devices)

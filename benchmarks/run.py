@@ -49,6 +49,7 @@ import torch  # noqa: E402
 
 from grpo_lightning.engine import DECODE_ATTENTION_KINDS  # noqa: E402
 from grpo_lightning.engine.options import EngineOptions  # noqa: E402
+from first_step import KINDS as FIRST_STEP_KINDS  # noqa: E402
 
 #: The values of an on/off engine flag, as the engine option's.
 SWITCH = {"auto": None, "on": True, "off": False}
@@ -206,6 +207,7 @@ def make_step_recorder():
             self.steps: list[dict[str, float]] = []
             self._start = 0.0
             self.first_step_peak = 0.0
+            self.first_step_end_time: float | None = None  # time.time() at the end of the first step
             self.memory: dict[str, Any] = {}  # memory_held after the last step (CUDA), or the error it raised
 
         def on_train_start(self, trainer, pl_module) -> None:
@@ -236,6 +238,7 @@ def make_step_recorder():
                     record[name] = float(metrics[name])
             self.steps.append(record)
             if len(self.steps) == 1:
+                self.first_step_end_time = time.time()
                 self.first_step_peak = reset_peak_memory()
 
     return StepRecorder()
@@ -698,6 +701,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     result["precision"] = precision
     result["dtype"] = dtype
     result["torch_threads"] = recorder.threads
+    result["first_step_end_time"] = recorder.first_step_end_time
     return result
 
 
@@ -708,8 +712,11 @@ def stop_length_report(forced, steps: list[dict[str, float]]) -> dict[str, Any]:
     return {"mean_completion_length": statistics.mean(produced) if produced else None, **forced.summary()}
 
 
-def run_trl(args: argparse.Namespace, workload: Workload, paths: dict[str, str], dtype: str) -> dict[str, Any]:
-    """TRL's GRPOTrainer on the same files, in its own process (its own peak-memory counter)."""
+def run_trl(args: argparse.Namespace, workload: Workload, paths: dict[str, str], dtype: str,
+            kinds: tuple[str, ...] = (), cache_root: Path | None = None) -> dict[str, Any]:
+    """TRL's GRPOTrainer on the same files, in its own process (its own peak-memory counter) on empty
+    compile caches under ``cache_root``: its first step from the process's start is ``first_step_s``;
+    with ``"warm"`` in ``kinds`` a second process of one step on those caches gives ``first_step_warm_s``."""
     command = [
         sys.executable, str(Path(__file__).with_name("trl_compare.py")),
         "--model", paths["model"], "--prompts", paths["prompts"],
@@ -725,13 +732,17 @@ def run_trl(args: argparse.Namespace, workload: Workload, paths: dict[str, str],
         command += ["--threads", str(args.threads)]
     if workload.stop_lengths:
         command += ["--stop-lengths", workload.stop_lengths]
-    print("running:", " ".join(command), flush=True)
-    completed = subprocess.run(command, stdout=subprocess.PIPE, text=True)
-    lines = completed.stdout.strip().splitlines()
-    if completed.returncode != 0 or not lines:
-        sys.stdout.write(completed.stdout)
-        raise SystemExit(f"TRL comparison failed with exit code {completed.returncode}")
-    return json.loads(lines[-1])
+    from first_step import cache_env, first_step_s, timed_process
+
+    result, launched = timed_process(command, cache_env(cache_root) if kinds else dict(os.environ))
+    end = result.pop("first_step_end_time")
+    if "cold" in kinds:  # a new process, on empty compile caches
+        result["first_step_s"] = end - launched
+    if "warm" in kinds:
+        steps = command.index("--steps") + 1
+        warm, launched = timed_process([*command[:steps], "1", *command[steps + 1:]], cache_env(cache_root))
+        result["first_step_warm_s"] = first_step_s(warm, launched)
+    return result
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -753,6 +764,14 @@ def print_table(result: dict[str, Any]) -> None:
     if result.get("memory_held_gib"):
         print("GPU memory after the last step, GiB: " + ", ".join(f"{k} {v}" if isinstance(v, str) else f"{k} {v:.2f}"
                                                                   for k, v in result["memory_held_gib"].items()))
+    if "first_step_s" in result:
+        line = f"first step from process start: ours {result['first_step_s']:.1f} s cold"
+        line += f", {result['first_step_warm_s']:.1f} s warm" if "first_step_warm_s" in result else ""
+        trl = result.get("trl", {})
+        if "first_step_s" in trl:
+            line += f"; TRL {trl['first_step_s']:.1f} s cold"
+            line += f", {trl['first_step_warm_s']:.1f} s warm" if "first_step_warm_s" in trl else ""
+        print(line)
     if "stop_lengths" in result:
         print_stop_lengths(result)
     if "trl" in result:
@@ -866,6 +885,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--profile-trace", default=None, metavar="PATH",
         help="with --profile-step: also write that step's Chrome trace to PATH (.json, or .json.gz)",
     )
+    parser.add_argument(
+        "--first-step", choices=list(FIRST_STEP_KINDS), default="both",
+        help="first_step_s: seconds from a new process's start to the end of its first optimizer step, ours and "
+        "TRL's, on empty compile caches (cold) and then on the caches that filled (warm; both: cold and warm), "
+        "each in its own process; one device only",
+    )
+    parser.add_argument("--first-step-child", action="store_true", help=argparse.SUPPRESS)  # one step on the parent's files
     scale = parser.add_argument_group("workload overrides (smaller runs, e.g. tests; the result records them)")
     for name in ("prompts", "group_size", "prompt_tokens", "max_new_tokens", "micro_batch_size"):
         scale.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, dest=name)
@@ -909,7 +935,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     # for the module's own tensors (under "bf16-true" its step metrics would be rounded to bf16).
     precision = args.precision or "32-true"
 
-    created = None
+    if args.first_step_child:
+        return first_step_child(args, workload, dtype, precision)
+
+    created = caches = None
     workdir = args.workdir or os.environ.get(WORKDIR_ENV)
     if workdir is None:
         workdir = created = tempfile.mkdtemp(prefix=f"grpo-bench-{args.workload}-")
@@ -928,6 +957,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         result["steps"] = args.steps
         result["build_s"] = build_s
         result.update(run_ours(args, workload, paths, dtype, precision))
+        result.pop("first_step_end_time")  # this process also built the files: its first step is not a user's
+        kinds = FIRST_STEP_KINDS[args.first_step] if args.devices in (1, "1") else ()
+        caches = Path(tempfile.mkdtemp(prefix="grpo-bench-caches-"))
+        if kinds:
+            from first_step import measure_ours
+
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            result.update(measure_ours(sys.argv[1:] if argv is None else list(argv), workdir, kinds, caches / "ours"))
         if args.out:  # ours is kept even if the comparison does not finish
             Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
         print(f"ours: median step {result['median_step_s']:.3f} s, peak {result['peak_mem_gib']:.2f} GiB", flush=True)
@@ -935,7 +974,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             gc.collect()  # our models and optimizer states must not hold GPU memory while TRL runs
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            trl = run_trl(args, workload, paths, dtype)
+            trl = run_trl(args, workload, paths, dtype, kinds, caches / "trl" if kinds else None)
             result["trl"] = trl
             result["speedup"] = trl["median_step_s"] / result["median_step_s"]
         print_table(result)
@@ -947,6 +986,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     finally:
         if created is not None:
             shutil.rmtree(created, ignore_errors=True)
+        if caches is not None:
+            shutil.rmtree(caches, ignore_errors=True)
+
+
+def first_step_child(args: argparse.Namespace, workload: Workload, dtype: str, precision: str) -> dict[str, Any]:
+    """``--first-step-child``: one step of ours on the files the parent wrote (``--workdir``); the last
+    line is ``{"first_step_end_time": ...}`` (``benchmarks/first_step.py``)."""
+    args.steps, args.profile_step, args.profile_trace, args.dump_first_step = 1, None, None, None
+    paths = {"model": str(Path(args.workdir) / "model"), "prompts": str(Path(args.workdir) / "prompts")}
+    result = run_ours(args, workload, paths, dtype, precision)
+    line = {"first_step_end_time": result["first_step_end_time"], "step_s": result["step_s"]}
+    print(json.dumps(line), flush=True)
+    return line
 
 
 if __name__ == "__main__":

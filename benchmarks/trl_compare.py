@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if "generate_and_score_s" in phases:
                 step["update_s"] = step["wall_s"] - phases["generate_and_score_s"]
             steps.append(step)
+            if len(steps) == 1:
+                self.first_step_end_time = time.time()  # run.py: the first step from the process's start
             if len(steps) == 1 and torch.cuda.is_available():  # as run.py: the later steps' peak too
                 self.first_step_peak = torch.cuda.max_memory_allocated() / 2**30
                 torch.cuda.reset_peak_memory_stats()
@@ -201,6 +203,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "median_step_s": median_step,
         "step_s": [s["wall_s"] for s in steps],
         "optimizer_steps": len(steps),
+        "first_step_end_time": timer.first_step_end_time,
         "tokens_per_s": tokens_per_step / median_step,
         "peak_mem_gib": max(timer.first_step_peak, later_peak),
         "steady_peak_mem_gib": later_peak if len(steps) > 1 else None,

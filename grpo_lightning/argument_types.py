@@ -1,8 +1,9 @@
 """Constructor arguments against their annotations, so a wrong type is a :class:`ConfigError` naming
 the field, not a ``TypeError`` from a comparison deep inside.
 
-Checked: ``int``, ``float`` (finite: NaN and inf are refused), ``bool``, ``str``, ``None`` and
-``Literal[...]``, and unions of them (``int | None``). Annotations with anything else
+Checked: ``int`` (within int64: every count and size ends up in a tensor or a C call, where a larger
+one fails far from its cause), ``float`` (finite: NaN, inf and integers past a float's range are
+refused), ``bool``, ``str``, ``None`` and ``Literal[...]``, and unions of them (``int | None``). Annotations with anything else
 (``Sequence[str | Callable]``, ``EngineOptions``, ``Any``) are left to the checks of their own.
 """
 
@@ -21,6 +22,7 @@ from typing import Any, Literal
 from grpo_lightning.errors import ConfigError
 
 _SIMPLE = (int, float, bool, str, type(None))
+INT64_MAX = 2**63 - 1
 
 
 @functools.cache
@@ -53,7 +55,13 @@ def check_argument_types(cls: type, values: Mapping[str, Any], field: str = "", 
             example = (
                 "" if default is inspect.Parameter.empty or default is None else f"; e.g. {cli}{name} {_cli(default)}"
             )
-            raise ConfigError(f"{field}{name}: must be {_describe(accepted)} (got {values[name]!r}){example}.")
+            value = values[name]
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+                limit = f"an integer must fit in 64 bits (at most {INT64_MAX} in magnitude)"
+                if int not in accepted:
+                    limit = "a number must fit in a float"
+                raise ConfigError(f"{field}{name}: {_shown(value)} is too large; {limit}{example}.")
+            raise ConfigError(f"{field}{name}: must be {_describe(accepted)} (got {value!r}){example}.")
 
 
 def _evaluate(annotation: Any, namespace: Mapping[str, Any]) -> Any:
@@ -85,10 +93,13 @@ def _matches(value: Any, accepted: Any) -> bool:
     if accepted is bool:
         return isinstance(value, bool)
     if accepted is int:
-        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool) and abs(value) <= INT64_MAX
     if accepted is float:
         real = isinstance(value, numbers.Real) and not isinstance(value, bool)
-        return real and math.isfinite(value)
+        try:
+            return real and math.isfinite(value)
+        except OverflowError:  # an integer too large for a float
+            return False
     return isinstance(value, accepted)
 
 
@@ -101,6 +112,12 @@ def _describe(accepted: tuple[Any, ...]) -> str:
         else:
             parts.append(words[option])
     return " or ".join(dict.fromkeys(parts))
+
+
+def _shown(value: numbers.Integral) -> str:
+    """A huge integer for a message (``repr`` refuses integers of over 4300 digits)."""
+    digits = int(int(value).bit_length() * math.log10(2)) + 1
+    return repr(value) if digits < 40 else f"an integer of about {digits} digits"
 
 
 def _cli(value: Any) -> str:

@@ -10,6 +10,11 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from grpo_lightning.checkpoint_io import checkpoint_step
+
+from grpo_lightning.time_budget import TimeBudget
 
 #: Train metrics of the summary, from ``module.last_step_metrics``.
 SUMMARY_TRAIN_METRICS = ("reward", "kl", "loss")
@@ -30,13 +35,21 @@ class StepProgressBar(TQDMProgressBar):
     def _total_steps(trainer) -> int | None:
         return trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
 
+    def on_train_start(self, trainer, *_: Any) -> None:
+        # A resumed fit starts mid-epoch, where Lightning calls no on_train_epoch_start: the bar
+        # counts steps (out of max_steps) from the start, validation before the first step included.
+        super().on_train_start(trainer)
+        self._show_steps(trainer)
+
     def on_train_epoch_start(self, trainer, *_: Any) -> None:
         if self._leave:
             self.train_progress_bar = self.init_train_tqdm()
+        self._show_steps(trainer)
+
+    def _show_steps(self, trainer) -> None:
         bar = self.train_progress_bar
         bar.reset(total=self._total_steps(trainer))
-        bar.initial = 0
-        bar.n = trainer.global_step
+        bar.initial = bar.n = trainer.global_step  # the rate counts this run's steps only
         bar.set_description("Step")
         bar.refresh()
 
@@ -75,9 +88,10 @@ class ValidateBeforeTraining(Callback):
 
 
 class FitSummary(Callback):
-    """Print, on rank 0, a short block when a fit ends: optimizer steps / ``max_steps``, wall time,
-    the last train and validation metrics, the log directory, the saved ``config.yaml`` and the last
-    checkpoint. The text is kept in ``self.text``."""
+    """Print, on rank 0, a short block when a fit ends (a stop by SIGTERM or SIGINT included):
+    optimizer steps / ``max_steps``, wall time, the last train and validation metrics, the log
+    directory, the saved ``config.yaml`` and the last checkpoint with the optimizer step it holds.
+    The text is kept in ``self.text``."""
 
     def __init__(self) -> None:
         self.started = time.monotonic()
@@ -89,6 +103,13 @@ class FitSummary(Callback):
     def on_fit_end(self, trainer, pl_module) -> None:
         self.text = fit_summary(trainer, pl_module, time.monotonic() - self.started)
         _print(self.text)
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if isinstance(exception, SIGTERMException):  # after FinalCheckpoint wrote the checkpoint
+            code = exception.code if isinstance(exception.code, int) else 128 + 15
+            name = "SIGINT" if code == 128 + 2 else "SIGTERM"
+            self.text = fit_summary(trainer, pl_module, time.monotonic() - self.started, stopped_by=name)
+            _print(self.text)
 
 
 @rank_zero_only
@@ -120,11 +141,12 @@ def last_checkpoint(trainer) -> str | None:
     return max(paths, key=lambda p: (Path(p).stat().st_mtime, Path(p).name == "last.ckpt")) if paths else None
 
 
-def fit_summary(trainer, pl_module, seconds: float) -> str:
-    """The text of :class:`FitSummary`."""
+def fit_summary(trainer, pl_module, seconds: float, stopped_by: str | None = None) -> str:
+    """The text of :class:`FitSummary`; ``stopped_by``: the signal that stopped the fit."""
     max_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
     steps = f"{trainer.global_step}" + (f" / {max_steps}" if max_steps else "")
-    lines = [f"fit finished: {steps} optimizer steps in {_duration(seconds)}"]
+    ended = f"stopped by {stopped_by}" if stopped_by else "finished"
+    lines = [f"fit {ended}: {steps} optimizer steps in {_duration(seconds)}"]
     train = getattr(pl_module, "last_step_metrics", {}) or {}
     shown = [f"{name} {_format(train[name])}" for name in SUMMARY_TRAIN_METRICS if name in train]
     if shown:
@@ -141,5 +163,9 @@ def fit_summary(trainer, pl_module, seconds: float) -> str:
             lines.append(f"  config:      {config}")
     checkpoint = last_checkpoint(trainer)
     if checkpoint:
-        lines.append(f"  checkpoint:  {checkpoint}")
+        step = checkpoint_step(checkpoint) if trainer.is_global_zero else None
+        lines.append(f"  checkpoint:  {checkpoint}" + (f" (optimizer step {step})" if step is not None else ""))
+    budgets = [c for c in trainer.callbacks if isinstance(c, TimeBudget)]
+    if budgets:
+        lines.append(f"  time:        {budgets[0].summary()}")
     return "\n".join(lines)

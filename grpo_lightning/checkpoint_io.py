@@ -11,8 +11,14 @@ that is on another file system, and no fsync.
 
 A truncated or corrupt file given to resume from is a :class:`CorruptCheckpointError` naming it and
 the newest complete checkpoint of the same directory to resume from instead: :func:`check_checkpoint`
-(cheap: the archive's index, not its tensors) runs on the CLI's ``--ckpt_path`` before any model is
-built, and in :meth:`AtomicCheckpointIO.load_checkpoint` for paths Lightning resolves (``"last"``).
+(cheap: the archive's index and its ``data.pkl`` record with their CRCs, not its tensors) runs on the
+CLI's ``--ckpt_path`` before any model is built, and in :meth:`AtomicCheckpointIO.load_checkpoint` for
+paths Lightning resolves (``"last"``).
+
+Every read is ``torch.load(..., weights_only=True)`` (:func:`load_checkpoint_file`): a checkpoint's
+pickle may name only tensors and plain values, so a crafted file cannot run code when it is read; one
+that names anything else is an :class:`UnsafeCheckpointError`. grpo-lightning's own checkpoints need no
+allow-listed global (a test loads one written by a real CLI fit).
 
 FSDP (:class:`~grpo_lightning.strategies.PolicyFSDPStrategy`): with ``state_dict_type="full"`` rank 0
 writes the one file through the trainer's CheckpointIO, so it is atomic too; a ``"sharded"``
@@ -24,9 +30,11 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import pickle
+import re
 import uuid
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +53,22 @@ class CorruptCheckpointError(ConfigError):
     """A checkpoint file that is truncated or corrupt (e.g. its run was killed while writing it)."""
 
 
+class UnsafeCheckpointError(ConfigError):
+    """A checkpoint whose pickle names a global that is not plain data: loading it would run code."""
+
+
 def damage(path: str | os.PathLike) -> str | None:
     """Why the file at ``path`` is not a complete ``torch.save`` archive, or ``None`` when it is one.
-    Reads the archive's index (at its end), not its records."""
+    Reads the archive's index (at its end) and its ``data.pkl`` record (checked against its CRC), not
+    the tensors' records."""
     try:
         with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-    except (zipfile.BadZipFile, EOFError, OSError) as error:
+            pickles = [name for name in archive.namelist() if name.endswith("data.pkl")]
+            if not pickles:
+                return "an archive without a data.pkl record"
+            archive.read(pickles[0])  # its local header and CRC-32: torch's reader checks neither
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError) as error:
         return f"{os.path.getsize(path)} bytes, not a complete archive: {error}"
-    if not any(name.endswith("data.pkl") for name in names):
-        return "an archive without a data.pkl record"
     return None
 
 
@@ -66,6 +80,12 @@ def newest_complete_checkpoint(path: str | os.PathLike) -> Path | None:
         if damage(candidate) is None:
             return candidate
     return None
+
+
+def newest_last_checkpoint(folders: list[Path]) -> Path | None:
+    """The most recently written ``last*.ckpt`` file in ``folders`` (glob patterns allowed)."""
+    found = [Path(p) for folder in folders for p in glob.glob(str(Path(folder) / "last*.ckpt")) if os.path.isfile(p)]
+    return max(found, key=lambda p: (p.stat().st_mtime_ns, p.name), default=None)
 
 
 def corrupt_message(path: str | os.PathLike, reason: str) -> str:
@@ -96,6 +116,53 @@ def check_checkpoint(path: str | os.PathLike | None) -> None:
     reason = damage(text)
     if reason is not None:
         raise CorruptCheckpointError(corrupt_message(text, reason))
+
+
+def _unsafe_global(error: BaseException) -> str | None:
+    """The global a ``weights_only`` load refused (``posix.system``), or ``None`` for other failures."""
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
+    return found.group(1) if found else None
+
+
+@contextlib.contextmanager
+def load_errors_named(path: str | os.PathLike) -> Iterator[None]:
+    """Inside the ``with`` block, a failing checkpoint read is one error naming ``path`` and the fix:
+    :class:`UnsafeCheckpointError` for a refused global, :class:`CorruptCheckpointError` otherwise."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (pickle.UnpicklingError, RuntimeError, EOFError, UnicodeDecodeError, zipfile.BadZipFile) as error:
+        if isinstance(error, RuntimeError) and "PytorchStreamReader" not in str(error):
+            raise
+        name = _unsafe_global(error)
+        if name is not None:
+            raise UnsafeCheckpointError(
+                f"checkpoint {path} is not loaded: its pickle calls {name}, which is not plain data, so reading it "
+                "would run code. grpo-lightning's checkpoints hold tensors and plain values only (hyperparameters "
+                "included: give reward functions as import paths, not Python objects); use a file a fit wrote."
+            ) from error
+        damaged = re.search(r"WeightsUnpickler error: (.+)", str(error))
+        reason = f"a damaged pickle: {damaged.group(1).strip()}" if damaged else str(error).split(". ")[0].splitlines()[0]
+        raise CorruptCheckpointError(corrupt_message(path, reason)) from error
+
+
+def load_checkpoint_file(path: str | os.PathLike, mmap: bool = False) -> dict[str, Any]:
+    """A checkpoint file's contents on the CPU, read with ``weights_only=True`` after
+    :func:`check_checkpoint`; every failure is one error naming the file. ``mmap``: tensors stay on
+    disk until touched (reading ``global_step`` of a large file)."""
+    check_checkpoint(path)
+    with load_errors_named(path):
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+
+
+def checkpoint_step(path: str | os.PathLike) -> int | None:
+    """The ``global_step`` (optimizer steps) a checkpoint file holds, or ``None`` when it cannot be read."""
+    try:
+        step = load_checkpoint_file(path, mmap=True).get("global_step")
+    except (OSError, ConfigError):
+        return None
+    return int(step) if isinstance(step, int) else None
 
 
 def _is_local(path: str | os.PathLike) -> bool:
@@ -148,10 +215,5 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     ) -> dict[str, Any]:
         if _is_local(path):
             check_checkpoint(path)
-        try:
+        with load_errors_named(path):  # torch's archive reader: a record cut short or failing its CRC, ...
             return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-        except RuntimeError as error:  # torch's archive reader: a record cut short or failing its CRC
-            if "PytorchStreamReader" not in str(error):
-                raise
-            reason = str(error).split(". ")[0]  # torch's first sentence; the rest guesses at causes
-            raise CorruptCheckpointError(corrupt_message(path, reason)) from error

@@ -5,12 +5,15 @@
     grpo-lightning fit --config configs/quickstart.yaml --print_config
 
     grpo-lightning generate --config ... --ckpt_path CKPT --prompts prompts.jsonl --output out.jsonl
+    grpo-lightning export --ckpt_path CKPT --output_dir hf-model
 
 A ``--config`` that is not a file names a shipped config (``grpo_lightning.resources``), so
 ``--config configs/trainer/cpu.yaml`` or ``--config trainer/cpu`` also work outside a clone.
 
-Subcommands: ``fit``, ``validate``, ``test`` (the data's test split) and ``generate`` (completions
-for a prompt file). Every fit
+Subcommands: ``fit``, ``validate``, ``test`` (the data's test split), ``generate`` (completions
+for a prompt file) and ``export`` (:mod:`grpo_lightning.export`). Evaluation writes nothing into the
+run it reads (:mod:`grpo_lightning.run_folders`); every fit saves ``last.ckpt`` however it ends
+(:mod:`grpo_lightning.final_checkpoint`). Every fit
 validates before its first step (``--validate_before_fit false`` turns it off), prints a summary
 when it ends (:mod:`grpo_lightning.callbacks`), checks its health (``--health.*``,
 :mod:`grpo_lightning.diagnostics`), shows what the model writes (``--completions.*``,
@@ -27,10 +30,10 @@ import contextlib
 import difflib
 import importlib
 import inspect
-import json
 import os
 import re
 import sys
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -41,15 +44,20 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 
 from grpo_lightning.callbacks import FitSummary, ValidateBeforeTraining
-from grpo_lightning.checkpoint_io import check_checkpoint
+from grpo_lightning.checkpoint_io import check_checkpoint, load_errors_named
 from grpo_lightning.completions import CompletionLog
 from grpo_lightning.data import PromptDataModule
 from grpo_lightning.diagnostics import HealthChecks
+from grpo_lightning.export import main as export_main
+from grpo_lightning.final_checkpoint import FinalCheckpoint
 from grpo_lightning.module import GroupPolicyOptimization
 from grpo_lightning.resources import config_dir, resolve_config_args
+from grpo_lightning.run_folders import evaluation_version, last_checkpoint_of_run
 from grpo_lightning.nonfinite import NonFiniteTrainingError
 from grpo_lightning.rewards.scoring import RewardFunctionError
 from grpo_lightning.settings import ConfigError
+from grpo_lightning import cli_generate, cli_variants, third_party_notices
+from grpo_lightning.time_budget import TimeBudget
 
 CONFIG_HELP = (
     "Path to a configuration file in json or yaml format, or the name of a shipped config when no such "
@@ -72,11 +80,16 @@ class GRPOLightningCLI(LightningCLI):
         self, args: Sequence[str] | None = None, run: bool = True, *, raise_parse_errors: bool = False, **kwargs
     ) -> None:
         self.raise_parse_errors = raise_parse_errors  # main(): parse errors are raised, reported in one line
+        # max_time counts from the process start on the command line; called from Python (a notebook, a
+        # test) the process may be old, so it counts from here.
+        self.budget_start = None if args is None else time.time()
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)
         # Checkpoints written atomically, checked when read (a --trainer.plugins of the user's replaces it).
         plugins = [{"class_path": ATOMIC_CHECKPOINT_IO}]
         kwargs["trainer_defaults"] = {"plugins": plugins, **kwargs.get("trainer_defaults", {})}
+        cli_variants.register_shipped_variants()  # --model DAPO, and the variants listed in --help
+        third_party_notices.silence_tips()  # Lightning's product tips, printed by every Trainer
         super().__init__(
             GroupPolicyOptimization,
             PromptDataModule,
@@ -96,18 +109,19 @@ class GRPOLightningCLI(LightningCLI):
     def _add_subcommands(self, parser, **kwargs) -> None:
         super()._add_subcommands(parser, **kwargs)
         # generate: the arguments of validate (configs, --ckpt_path) and a prompt file and output.
-        subparser = self._prepare_subcommand_parser(self.trainer_class, "validate", description=GENERATE_HELP)
+        subparser = self._prepare_subcommand_parser(self.trainer_class, "validate", description=cli_generate.GENERATE_HELP)
         subparser.add_argument("--prompts", type=str, required=True, help="JSONL file with a 'prompt' column.")
         subparser.add_argument("--output", type=str, required=True, help="JSONL file the completions are written to.")
         subparser.add_argument("--batch_size", type=int, default=32, help="Prompts per generate call.")
+        cli_generate.make_optional(subparser)  # the model from --ckpt_path, no data
         self._subcommand_parsers["generate"] = subparser
-        parser._subcommands_action.add_subcommand("generate", subparser, help=GENERATE_HELP)
+        parser._subcommands_action.add_subcommand("generate", subparser, help=cli_generate.GENERATE_HELP)
 
     def generate(self) -> None:
-        """``grpo-lightning generate``: :func:`generate_completions` with the parsed configuration."""
+        """``grpo-lightning generate``: :func:`cli_generate.generate_completions` with the parsed configuration."""
         config = self.config_init["generate"]
         device = self.trainer.strategy.root_device
-        count = generate_completions(
+        count = cli_generate.generate_completions(
             self.model, config["prompts"], config["output"], config.get("ckpt_path"), config["batch_size"], device
         )
         print(f"wrote {count} completions to {config['output']}", flush=True)
@@ -121,6 +135,7 @@ class GRPOLightningCLI(LightningCLI):
         parser.add_lightning_class_args(CompletionLog, "completions")
         # fit: health checks after every step, a summary and health.json at the end (--health.enabled false: off)
         parser.add_lightning_class_args(HealthChecks, "health")
+        cli_variants.describe_model_option(parser)
 
     def init_parser(self, **kwargs):
         if self.raise_parse_errors:
@@ -133,9 +148,9 @@ class GRPOLightningCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         if args is None:  # Lightning reads sys.argv, and warns when it is given both
-            sys.argv[1:] = resolve_config_args(sys.argv[1:])
+            sys.argv[1:] = cli_variants.resolve_variant_args(resolve_config_args(sys.argv[1:]))
         elif isinstance(args, (list, tuple)):
-            args = resolve_config_args(args)
+            args = cli_variants.resolve_variant_args(resolve_config_args(args))
         self.raw_args = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict) else []
         try:
             super().parse_arguments(parser, args)
@@ -144,6 +159,11 @@ class GRPOLightningCLI(LightningCLI):
             raise
         subcommand = self.config.get("subcommand")
         if subcommand:
+            config = self.config[subcommand]
+            if config.get("ckpt_path") == "last":  # Lightning would look in a new version's empty folder
+                variant = variant_log_name(((config.get("model") or {}).get("class_path") or "grpo").rpartition(".")[2])
+                config["ckpt_path"] = str(last_checkpoint_of_run(config.get("trainer") or {}, variant))
+                print(f"--ckpt_path last: {config['ckpt_path']}", file=sys.stderr, flush=True)
             # Lightning reads --ckpt_path next: a missing or truncated file fails here, naming it (and,
             # when truncated, the newest complete checkpoint beside it).
             check_checkpoint(self.config[subcommand].get("ckpt_path"))
@@ -153,24 +173,32 @@ class GRPOLightningCLI(LightningCLI):
         ``validate``, ``test`` and ``generate`` take :data:`EVALUATION_SETTINGS` from the command line
         and configs, so a checkpoint can be evaluated with other settings than it was trained with."""
         subcommand = self.config.get("subcommand")
-        init_args = self.config[subcommand]["model"].get("init_args") if subcommand in EVALUATION_SUBCOMMANDS else None
+        model = self.config[subcommand].get("model") if subcommand in EVALUATION_SUBCOMMANDS else None
+        init_args = model.get("init_args") if model is not None else None  # generate: the model may come from ckpt_path
         kept = {key: init_args[key] for key in EVALUATION_SETTINGS if key in init_args} if init_args else {}
-        super()._parse_ckpt_path()
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        with load_errors_named(ckpt_path) if ckpt_path else contextlib.nullcontext():
+            super()._parse_ckpt_path()  # torch.load(weights_only=True): a refused global is one line too
         for key, value in kept.items():
             self.config[subcommand]["model"]["init_args"][key] = value
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        if self.subcommand == "generate":
+            cli_generate.require_model(config)
         self._name_logs_by_variant(config)
         self._seed_data_order(config)
         self._drop_disabled_progress_bars(config)
 
     def _instantiate_trainer(self, config, callbacks):
-        """The Trainer, with the callbacks every fit has: the summary at the end and (``fit``)
-        validation before the first step."""
-        callbacks = [*callbacks, FitSummary()]
+        """The Trainer, with the callbacks every fit has: the final checkpoint, the summary at the
+        end, (``fit``) validation before the first step, and ``max_time`` counted from the process
+        start (:class:`TimeBudget`, in place of Lightning's timer; after the validation before the
+        first step, which it counts; from the CLI's creation when it is given ``args``)."""
+        callbacks = [*callbacks, FinalCheckpoint(), FitSummary()]
         if self.subcommand == "fit" and self.config["fit"].get("validate_before_fit", True):
             callbacks.append(ValidateBeforeTraining())
+        callbacks.append(TimeBudget(config.pop("max_time", None), start=self.budget_start))
         return super()._instantiate_trainer(config, callbacks)
 
     def _name_logs_by_variant(self, config) -> None:
@@ -189,6 +217,11 @@ class GRPOLightningCLI(LightningCLI):
         if init_args.get("name") in (None, "lightning_logs"):
             class_path = config.get("model", {}).get("class_path") or "grpo"
             init_args["name"] = variant_log_name(class_path.rpartition(".")[2])
+        if self.subcommand in EVALUATION_SUBCOMMANDS and init_args.get("save_dir"):
+            # Read-only on the run it evaluates: logs and config.yaml go to a folder of their own.
+            init_args["version"] = evaluation_version(init_args["save_dir"], init_args["name"], self.subcommand,
+                                                      init_args.get("version"))  # fmt: skip
+            return
         ckpt_path = config.get("ckpt_path")
         versioned = str(logger.get("class_path", "")).endswith(("TensorBoardLogger", "CSVLogger"))
         if versioned and ckpt_path and init_args.get("version") is None and init_args.get("save_dir"):
@@ -236,64 +269,11 @@ class GRPOLightningCLI(LightningCLI):
                 self.generate()
             else:
                 super()._run_subcommand(subcommand)
+                if subcommand in EVALUATION_SUBCOMMANDS and self.trainer.is_global_zero and self.trainer.log_dir:
+                    print(f"{subcommand}: logs and config.yaml in {self.trainer.log_dir}", flush=True)
         except Exception as error:
             error._raised_by_subcommand = True  # main(): not a parse error
             raise
-
-
-GENERATE_HELP = (
-    "Write completions for a prompt file (JSONL with a 'prompt' column) to a JSONL file, sampled as in "
-    "validation (model.val_temperature, model.val_max_new_tokens), from --ckpt_path or the start model."
-)
-
-
-def read_prompts(path: str) -> list[dict]:
-    """Rows of a JSONL prompt file; each must have a ``prompt``."""
-    if not Path(path).is_file():
-        raise ConfigError(f"prompts: no such file {path!r} (looked in {os.getcwd()}); give a JSONL file with a 'prompt' column.")
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ConfigError(f"prompts: line {number} of {path!r} is not JSON ({error.msg}); give one object a line.")
-            if not isinstance(row, dict) or "prompt" not in row:
-                raise ConfigError(f"prompts: line {number} of {path!r} has no 'prompt'; give {{\"prompt\": ...}} a line.")
-            rows.append(row)
-    if not rows:
-        raise ConfigError(f"prompts: {path!r} has no rows; add {{\"prompt\": ...}} lines.")
-    return rows
-
-
-def generate_completions(module, prompts: str, output: str, ckpt_path: str | None = None, batch_size: int = 32,
-                         device=None) -> int:  # fmt: skip
-    """Sample one completion per prompt of the JSONL file ``prompts`` with the module's validation
-    sampling and write ``{"prompt", "completion", ...the row's other columns}`` lines to ``output``.
-    With ``ckpt_path`` the policy's weights are those of the checkpoint. Returns the row count."""
-    import torch
-
-    rows = read_prompts(prompts)
-    module.configure_model()
-    if ckpt_path:
-        checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        state = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("ref_model.")}
-        module.load_state_dict(state, strict=False)
-    if device is not None:
-        module.to(device)
-    module.eval()
-    Path(output).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    with open(Path(output).expanduser(), "w", encoding="utf-8") as handle, torch.no_grad():
-        for start in range(0, len(rows), batch_size):
-            chunk = rows[start : start + batch_size]
-            batch = {key: [row.get(key) for row in chunk] for key in chunk[0]}
-            batch["prompt"] = [row["prompt"] for row in chunk]
-            rollout = module.generate(batch, 1, module.val_sampling)
-            for row, completion in zip(chunk, rollout.completions):
-                handle.write(json.dumps({**row, "completion": completion}, ensure_ascii=False) + "\n")
-    return len(rows)
 
 
 def variant_log_name(class_name: str) -> str:
@@ -349,9 +329,9 @@ EXPECTED_WARNINGS = (
 
 @contextlib.contextmanager
 def expected_warnings_silenced() -> Iterator[None]:
-    """Inside the ``with`` block, ``EXPECTED_WARNINGS`` are not shown; every other warning is."""
+    """Inside the ``with`` block, ``EXPECTED_WARNINGS`` and ``THIRD_PARTY_WARNINGS`` are not shown; every other is."""
     with warnings.catch_warnings():
-        for message in EXPECTED_WARNINGS:
+        for message in (*EXPECTED_WARNINGS, *third_party_notices.THIRD_PARTY_WARNINGS):
             warnings.filterwarnings("ignore", message=message)
         yield
 
@@ -438,13 +418,13 @@ def user_error_message(error: BaseException, parsing: bool) -> str | None:
     # An unknown class path: list what --model (or --data) accepts.
     unknown = re.search(r"Problem with given class_path '([\w.]+)':\s*\n?\s*(?:module '[\w.]+' has no attribute|No module named)", texts)
     if unknown is None:
-        unknown = re.search(r"Expected a path but ([\w.]+) either not accessible or invalid", texts)
+        unknown = re.search(r"(?:Expected a path but|--model\.help: Expected a dot import path string:) ([\w.]+)", texts)
     if unknown is not None and not any(isinstance(e, USER_ERRORS) for e in chain):
         path = unknown.group(1)
         if path.startswith("variants.") or "Parser key \"model\"" in texts or "--model" in texts:
             choices = variant_names()
-            names = {choice.rpartition(".")[2]: choice for choice in choices}
-            close = difflib.get_close_matches(path.rpartition(".")[2], list(names), n=1, cutoff=0.6)
+            names = {choice.rpartition(".")[2].lower(): choice for choice in choices}
+            close = difflib.get_close_matches(path.rpartition(".")[2].lower(), list(names), n=1, cutoff=0.6)
             hint = f" Did you mean {names[close[0]]}?" if close else ""
             return f"--model: unknown variant {path!r}; give one of {', '.join(choices)} (or a subclass's import path).{hint}"
         return f"{path!r} is not an importable class path; check the spelling and that its package is installed."
@@ -528,6 +508,8 @@ def main(args: Sequence[str] | None = None, *, report_errors: bool | None = None
     ``error: ...`` line on stderr and exit status 2; ``--verbose`` (or ``GRPO_LIGHTNING_TRACEBACK=1``)
     shows its traceback instead. Called from Python with ``args``, errors are raised as they are."""
     argv = list(sys.argv[1:] if args is None else args)
+    if argv[:1] == ["export"]:  # not a Trainer method: its own parser
+        return export_main(argv[1:], prog="grpo-lightning export")
     verbose = _wants_traceback(argv) or not (args is None if report_errors is None else report_errors)
     argv = [arg for arg in argv if arg != "--verbose"]
     if args is None:

@@ -5,8 +5,8 @@ Metrics, under ``val/`` (``test/`` under ``grpo-lightning test``; ``val/<name>/`
 validation set of the data module's ``val_sets``): ``accuracy`` (the mean of ``accuracy_func`` over
 every completion), ``reward``, ``mean_length``, and with ``n = val_samples > 1`` ``pass@k`` for
 ``k = 1, 2, 4, ..., n`` and ``maj@n``; each with ``<metric>_ci_low`` and ``<metric>_ci_high``.
-A mixin of :class:`grpo_lightning.module.GroupPolicyOptimization`, which owns the reward functions
-and ``generate``.
+On several devices each prompt counts once (:func:`unpadded`). A mixin of
+:class:`grpo_lightning.module.GroupPolicyOptimization`, which owns the reward functions and ``generate``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils.data import DistributedSampler
 
 from grpo_lightning import resume
 from grpo_lightning.rewards import group_indices
@@ -27,6 +29,19 @@ from grpo_lightning.sample_metrics import prompt_metrics, summarize
 
 #: Metrics shown in the progress bar.
 PROGRESS_BAR = ("accuracy",)
+
+
+def unpadded(sampler: Any, count: int) -> Tensor:
+    """``[count]`` bool: which of the first ``count`` prompts a process evaluated are its own, not
+    padding. On several devices Lightning puts a ``DistributedSampler`` under each evaluation loader;
+    it deals the prompts to the processes in turn after repeating the first ones until every process
+    gets as many (5 prompts on 2 processes: 6), so each repeat would be scored twice. The ``k``-th
+    prompt of rank ``r`` is at ``r + k * num_replicas`` of that list, and padding from ``len(dataset)``
+    on. Every process still evaluates as many batches, as FSDP's collectives in generation need."""
+    if not isinstance(sampler, DistributedSampler):
+        return torch.ones(count, dtype=torch.bool)
+    positions = sampler.rank + sampler.num_replicas * torch.arange(count)
+    return positions < len(sampler.dataset)
 
 
 class Evaluation:
@@ -90,6 +105,8 @@ class Evaluation:
         prefix = getattr(self, "_metric_prefix", None) or ("test" if self._trainer is not None and self.trainer.testing else "val")
         for index, parts in sorted(self._evaluated.items()):
             local = {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+            own = unpadded(getattr(self._evaluated_loader(index), "sampler", None), len(next(iter(local.values()))))
+            local = {name: values[own] for name, values in local.items()}
             gathered = resume.gather_over_ranks(local)
             per_prompt = {name: torch.cat([part[name] for part in gathered]) for name in local}
             set_name = names[index] if names and index < len(names) and not self.trainer.testing else ""
@@ -98,8 +115,14 @@ class Evaluation:
                 self.log(where + name, value, prog_bar=name in PROGRESS_BAR and not set_name, add_dataloader_idx=False,
                          sync_dist=True)  # fmt: skip
         self._evaluated = {}
-        if self.batches_without_update:  # the x-axis of the last training step's row
-            self.log("step", float(max(self.logged_steps - 1, 0)), add_dataloader_idx=False)
+        self.log("step", float(self.global_step), add_dataloader_idx=False)  # the x-axis: optimizer steps taken
+
+    def _evaluated_loader(self, index: int) -> Any:
+        """The data loader of validation (or test) set ``index``, as the trainer runs it."""
+        loaders = self.trainer.test_dataloaders if self.trainer.testing else self.trainer.val_dataloaders
+        if isinstance(loaders, (list, tuple)):
+            return loaders[index] if index < len(loaders) else None
+        return loaders if index == 0 else None
 
     test_step = validation_step
     on_test_epoch_start = on_validation_epoch_start

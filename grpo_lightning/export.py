@@ -1,6 +1,7 @@
 """Export the policy of a training checkpoint as a plain Hugging Face model directory.
 
-    python -m grpo_lightning.export --ckpt_path runs/grpo/version_0/checkpoints/last.ckpt --output_dir grpo-model
+    grpo-lightning export --ckpt_path runs/grpo/version_0/checkpoints/last.ckpt --output_dir grpo-model
+    python -m grpo_lightning.export ...  (the same)
 
 The directory loads with ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``
 (and serves with any Hugging Face-compatible engine). The base model the run started from
@@ -16,27 +17,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from grpo_lightning.checkpoint_io import check_checkpoint
+from grpo_lightning.checkpoint_io import load_checkpoint_file
 from grpo_lightning.generation import load_causal_lm
 from grpo_lightning.lora import add_adapters, merged_model, trainable_keys
 from grpo_lightning.model_sources import load_tokenizer
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a Lightning checkpoint file on the CPU; errors name the path and the fix."""
+    """Load a Lightning checkpoint file on the CPU with ``weights_only=True``; errors name the path and the fix."""
     if os.path.isdir(path):
         raise ValueError(
             f"{str(path)!r} is a sharded FSDP checkpoint (a directory); consolidate it into one file first: "
             f"python -m lightning.fabric.utilities.consolidate_checkpoint {path}"
         )
-    check_checkpoint(path)
-    try:
-        # The checkpoint holds the run's hyperparameters (reward functions may be callables).
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as error:
-        raise ValueError(f"could not read checkpoint {str(path)!r} ({type(error).__name__}: {error}).") from error
+    return load_checkpoint_file(path)  # weights_only: a crafted pickle cannot run code
 
 
 def export_checkpoint(
@@ -82,14 +76,19 @@ def export_checkpoint(
     return output
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m grpo_lightning.export", description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None, prog: str = "python -m grpo_lightning.export") -> None:
+    """A user's error (a missing, damaged or unsafe checkpoint, a wrong option) is one ``error:`` line,
+    exit status 2."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--ckpt_path", required=True, help="a .ckpt file written during training")
     parser.add_argument("--output_dir", required=True, help="directory to write the Hugging Face model to")
     parser.add_argument("--model", default=None, help="base model, when it is no longer where the run found it")
     parser.add_argument("--adapter", action="store_true", help="LoRA runs: write the PEFT adapter, not the merged model")
     args = parser.parse_args(argv)
-    output = export_checkpoint(args.ckpt_path, args.output_dir, model=args.model, adapter=args.adapter)
+    try:
+        output = export_checkpoint(args.ckpt_path, args.output_dir, model=args.model, adapter=args.adapter)
+    except (ValueError, FileNotFoundError) as error:  # ConfigError, CorruptCheckpointError, UnsafeCheckpointError
+        parser.exit(2, f"{parser.prog}: error: {str(error).strip().splitlines()[0]}\n")
     print(f"wrote {output}")
 
 

@@ -121,6 +121,18 @@ def metrics_to_log(values: dict[str, float], loggers_write: bool) -> tuple[dict[
     return {k: v for k, v in logged.items() if k not in progress}, progress
 
 
+def counters(rollouts: int, generation_batches: int, optimizer_steps: int) -> dict[str, float]:
+    """A training row's x-axis and work counters: ``step`` (the loggers' x-axis) is the optimizer
+    steps taken, this update's included; ``counters/rollouts`` the rollouts trained on and
+    ``counters/generation_batches`` the batches of prompts sampled for training (DAPO's dynamic
+    sampling draws several per update), beside ``perf/generated_tokens``."""
+    return {
+        "counters/rollouts": float(rollouts),
+        "counters/generation_batches": float(generation_batches),
+        "step": float(optimizer_steps),
+    }
+
+
 def record_rollout(metrics: StepMetrics, rollout: Rollout) -> None:
     """Completion lengths and the share of completions cut at ``max_new_tokens``."""
     lengths = rollout.lengths.float()

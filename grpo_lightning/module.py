@@ -33,13 +33,14 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lightning import functional as F
-from grpo_lightning import metrics, resume
+from grpo_lightning import metrics, resume, step_schedule
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.evaluation import Evaluation
 from grpo_lightning.generation import EnginePlan, RolloutSampler, RolloutWeights, build_rollout
 from grpo_lightning.generation import announce_prompt_format, check_engine_options, disable_dropout, format_prompt
 from grpo_lightning.model_sources import load_tokenizer
 from grpo_lightning.generation import announce_rollout_mode, save_policy
+from grpo_lightning.generation.compile_payback import run_length
 from grpo_lightning.lora import adapter_autocast, adapter_settings, reference_model
 from grpo_lightning.models import load_models
 from grpo_lightning.nonfinite import NonFiniteGuard
@@ -123,8 +124,6 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
     #: instead (RLOO) declares ``False`` and applies it in ``shape_rewards``; the reference log-probs
     #: are computed either way, and the old log-probs too (the reward's KL is taken against them).
     kl_in_loss: bool = True
-    #: Whether a batch may end without an update (DAPO): the loggers' x-axis then counts steps, not batches.
-    batches_without_update: bool = False
     #: Options of the base module that this variant's equations leave no place for, with the reason:
     #: setting one is a :class:`ConfigError` naming both.
     inapplicable_options: dict[str, str] = {}
@@ -220,7 +219,7 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         self.rollouts = 0  # generate() calls so far: part of the keys of keyed sampling
         self.step_metrics = StepMetrics()
         self.nonfinite = NonFiniteGuard(max_nonfinite_steps)
-        self.generated_tokens = 0
+        self.generated_tokens = self.generation_batches = self.trained_rollouts = 0  # sampled; rollouts trained on
         self.last_step_metrics: dict[str, float] = {}  # every metric of the last training step
         self.last_rollout, self.last_advantages = None, None  # the last step's scored rollout, its advantages
         self.logged_steps = 0  # training steps logged: with an update, or counted by skip_update
@@ -321,8 +320,9 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         kind = self.device.type
         if kind not in self._samplers:
             strategy = self._trainer.strategy if self._trainer is not None else None
+            run = run_length(self._trainer, self.sampling.max_new_tokens, self.val_sampling.max_new_tokens)
             self._samplers[kind] = RolloutSampler.announced(
-                self.policy, strategy, kind, self.engine_options, self.hparams.rollout_seed, self.sampling.beam_search
+                self.policy, strategy, kind, self.engine_options, self.hparams.rollout_seed, self.sampling.beam_search, run
             )
         return self._samplers[kind]
 
@@ -332,6 +332,10 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         return self.sampler.plan
 
     # ------------------------------------------------------------------ optimizer
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        """Validation and checkpoints at optimizer steps, in every Trainer (:mod:`grpo_lightning.step_schedule`)."""
+        return [step_schedule.ValidationSchedule(), step_schedule.CheckpointSchedule()]
 
     def configure_optimizers(self):
         parameters = [p for p in self.policy.parameters() if p.requires_grad]
@@ -410,6 +414,7 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
 
     def training_step(self, batch: dict[str, list], batch_idx: int) -> None:
         timer = metrics.PhaseTimer(self.step_metrics, self.device)
+        self.generation_batches += 1
         with timer.phase("rollout"):
             rollout = self.generate(batch, self.group_size, self.sampling, with_logprobs=True)
         self.generated_tokens += int(rollout.completion_mask.sum())  # dropped groups cost compute too
@@ -441,6 +446,7 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
         self.last_rollout, self.last_advantages = rollout, advantages  # for callbacks (completion tables)
         with timer.phase("update"):
             self.update(rollout, advantages)
+        self.trained_rollouts += 1
 
         total_s = timer.total()
         self.step_metrics.update("perf/step_s", total_s)
@@ -544,11 +550,10 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
     def log_step(self) -> None:
         """Log the step's metrics (:func:`grpo_lightning.metrics.metrics_to_log`): means over every
         device's rollouts, generated tokens summed over devices; all of them are kept in
-        ``last_step_metrics``."""
+        ``last_step_metrics``; the x-axis and counters of :func:`grpo_lightning.metrics.counters`."""
         values = self.step_metrics.compute_and_reset(gather=resume.gather_over_ranks)
         values["perf/generated_tokens"] = float(sum(resume.gather_over_ranks(self.generated_tokens)))
-        if self.batches_without_update:
-            values["step"] = float(self.logged_steps)
+        values.update(metrics.counters(self.trained_rollouts, self.generation_batches, self.global_step))
         self.logged_steps += 1
         self.last_step_metrics = values
         # The Trainer writes to its loggers every log_every_n_steps steps (True where it does not say).

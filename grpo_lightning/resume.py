@@ -96,7 +96,7 @@ class ExactResume:
 class GroupPolicyState(ExactResume):
     """The checkpoint hooks of :class:`~grpo_lightning.module.GroupPolicyOptimization`: the frozen
     reference model (and under LoRA the frozen base weights) is left out (reloaded from ``model``), and the training state holds the
-    generated-token and rollout counts, the metrics of a step in progress and every
+    generated-token, rollout and generation-batch counts, the metrics of a step in progress and every
     :class:`~grpo_lightning.rollout.RolloutBuffer` attribute by name (DAPO's dynamic-sampling buffer)."""
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -115,6 +115,8 @@ class GroupPolicyState(ExactResume):
             "generated_tokens": self.generated_tokens,
             "rollouts": self.rollouts,
             "logged_steps": self.logged_steps,
+            "generation_batches": self.generation_batches,
+            "trained_rollouts": self.trained_rollouts,
             "step_metrics": self.step_metrics.state_dict(),
             "nonfinite": self.nonfinite.state_dict(),
             "buffers": {name: buffer.state_dict() for name, buffer in buffers.items()},
@@ -124,6 +126,8 @@ class GroupPolicyState(ExactResume):
         super().load_training_state(state)
         self.generated_tokens, self.rollouts = state["generated_tokens"], state.get("rollouts", 0)
         self.logged_steps = state.get("logged_steps", self.trainer.global_step if self._trainer else 0)
+        self.generation_batches = state.get("generation_batches", self.logged_steps)
+        self.trained_rollouts = state.get("trained_rollouts", self.logged_steps)
         self.nonfinite.load_state_dict(state.get("nonfinite", {}))
         self.step_metrics.load_state_dict(state["step_metrics"])
         for name, buffer in state.get("buffers", {}).items():

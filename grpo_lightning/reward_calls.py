@@ -39,13 +39,30 @@ class RewardTimeout(CallLost):
     """A call ran past its deadline."""
 
 
+class ResultLost(CallLost):
+    """A call returned, in a worker process, a value that could not be sent back to the trainer."""
+
+
+UNSENDABLE = "returned a value that cannot be sent back from its worker process"
+
+
+#: What a reward function raises that is its own failure: any ``Exception``, and ``SystemExit``
+#: (``sys.exit()`` in a reward ends a call, not the fit). ``KeyboardInterrupt`` stays the user's.
+CALL_FAILURES = (Exception, SystemExit)
+
+
 class RemoteError(Exception):
     """What a reward function raised in a worker process, as text (exceptions need not pickle)."""
 
 
 def describe_error(error: BaseException) -> str:
-    """``"Type: message"`` of an exception, or of the one a worker raised."""
-    return str(error) if isinstance(error, RemoteError) else f"{type(error).__name__}: {error}"
+    """``"Type: message"`` of an exception, or of the one a worker raised (an exception whose
+    ``__str__`` raises too is named by its type alone)."""
+    try:
+        text = str(error)
+    except Exception:  # noqa: BLE001 - a user's exception may fail to print; its type still names it
+        return f"{type(error).__name__}: <message could not be printed>"
+    return text if isinstance(error, RemoteError) else f"{type(error).__name__}: {text}"
 
 
 @dataclass
@@ -82,13 +99,13 @@ def call_batch(
     the first that fails too when ``first_only``."""
     try:
         return Outcome(returned=function(prompts, completions, **columns))
-    except Exception as error:  # noqa: BLE001 - whatever a user's function raises is its outcome
+    except CALL_FAILURES as error:  # whatever a user's function raises is its outcome
         outcome = Outcome(error=error)
     for unit, rows in enumerate(units):
         unit_prompts, unit_completions, unit_columns = arguments(prompts, completions, columns, rows)
         try:
             outcome.retries.append((unit, function(unit_prompts, unit_completions, **unit_columns), None))
-        except Exception as error:  # noqa: BLE001
+        except CALL_FAILURES as error:
             outcome.retries.append((unit, None, error))
             if first_only:
                 break
@@ -120,12 +137,15 @@ async def call_batch_async(
     """:func:`call_batch` for an ``async`` function: its retries are awaited together."""
     try:
         return Outcome(returned=await function(prompts, completions, **columns))
-    except Exception as error:  # noqa: BLE001
+    except CALL_FAILURES as error:
         outcome = Outcome(error=error)
 
     async def retry(rows: list[int]) -> Any:
         unit_prompts, unit_completions, unit_columns = arguments(prompts, completions, columns, rows)
-        return await function(unit_prompts, unit_completions, **unit_columns)
+        try:
+            return await function(unit_prompts, unit_completions, **unit_columns)
+        except SystemExit as error:  # a task that raises it would stop the event loop: returned as a failure
+            return error
 
     results = await asyncio.gather(*(retry(rows) for rows in units), return_exceptions=True)
     for unit, result in enumerate(results):
@@ -205,8 +225,16 @@ def _serve(connection: Connection, payload: bytes) -> None:
         try:
             connection.send(outcome)
         except Exception as error:  # noqa: BLE001 - what the function returned does not pickle
-            unsent = f"returned a value that cannot be sent back ({describe_error(error)})"
-            connection.send(Outcome(error=RemoteError(unsent)))
+            connection.send(Outcome(error=ResultLost(f"{UNSENDABLE} ({describe_error(error)})")))
+
+
+def _received(data: bytes) -> Outcome:
+    """The outcome a worker sent; one that does not unpickle here (a class the trainer cannot
+    import, a ``__reduce__`` that raises) is the call's failure, not the trainer's."""
+    try:
+        return pickle.loads(data)
+    except CALL_FAILURES as error:  # whatever unpickling a user's value raises
+        return Outcome(error=ResultLost(f"{UNSENDABLE} ({describe_error(error)})"))
 
 
 def _sendable(error: BaseException | None) -> RemoteError | None:
@@ -259,7 +287,7 @@ class WorkerPool:
         while pending or busy:
             while pending and idle:
                 worker, task = idle.pop(), pending.popleft()
-                self.workers[worker].connection.send(tasks[task])
+                self._send(worker, tasks[task])
                 busy[worker] = (task, time.monotonic() + timeout_s if timeout_s is not None else float("inf"))
             soonest = min(deadline for _, deadline in busy.values())
             ready = wait([self.workers[w].connection for w in busy], None if soonest == float("inf") else
@@ -268,12 +296,14 @@ class WorkerPool:
                 connection = self.workers[worker].connection
                 if connection in ready or connection.poll():
                     try:
-                        outcomes[task] = connection.recv()
+                        received = connection.recv_bytes()
                     except (EOFError, OSError):
                         self.workers[worker].process.join(5)
                         code = self.workers[worker].process.exitcode
                         outcomes[task] = Outcome(error=CallLost(f"ended its worker process (exit code {code})"))
                         self._replace(worker)
+                    else:
+                        outcomes[task] = _received(received)
                 elif time.monotonic() >= deadline:
                     outcomes[task] = Outcome(error=RewardTimeout(f"took longer than {timeout_s:g} s"))
                     self._replace(worker)
@@ -282,6 +312,17 @@ class WorkerPool:
                 del busy[worker]
                 idle.append(worker)
         return outcomes  # type: ignore[return-value]
+
+    def _send(self, worker: int, task: tuple) -> None:
+        """Hand ``task`` to ``worker``, first replacing it if it died while idle (killed, or ended by
+        a thread a reward function left running): its pipe is broken, and no task of its was lost."""
+        if not self.workers[worker].process.is_alive():
+            self._replace(worker)
+        try:
+            self.workers[worker].connection.send(task)
+        except (BrokenPipeError, ConnectionResetError):  # it died between the check and the send
+            self._replace(worker)
+            self.workers[worker].connection.send(task)
 
     def _replace(self, worker: int) -> None:
         self.workers[worker].stop()

@@ -17,6 +17,7 @@ from transformers import PreTrainedTokenizerBase
 from grpo_lightning import functional as F
 from grpo_lightning.argument_types import check_argument_types
 from grpo_lightning.data.checks import fit_prompts
+from grpo_lightning.data.coverage import warn_lost_characters
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.model_sources import resolve_model_source
 from grpo_lightning.rewards import resolve_reward_function
@@ -289,7 +290,8 @@ def check_datasets(datamodule: Any, tokenizer: PreTrainedTokenizerBase, format_p
     """Before the first step: the rollout size against ``minibatch_size``, and every prompt of the
     train and validation splits (as ``format_prompt`` writes it) against the model's ``context``,
     as the data module's ``long_prompts`` says (:func:`grpo_lightning.data.checks.fit_prompts`; a
-    data module without one: ``"error"``)."""
+    data module without one: ``"error"``); a warning when prompts lose characters to the tokenizer
+    (:func:`grpo_lightning.data.coverage.warn_lost_characters`)."""
     check_rollout_size(getattr(datamodule, "batch_size", None), group_size, minibatch_size)
     column = getattr(datamodule, "prompt_column", "prompt")
     handling = getattr(datamodule, "long_prompts", "error")
@@ -306,6 +308,9 @@ def check_datasets(datamodule: Any, tokenizer: PreTrainedTokenizerBase, format_p
     for name, dataset in extra.items():
         extra[name] = fit(dataset, f"val_sets.{name}")
     train, batch_size = getattr(datamodule, "train_dataset", None), getattr(datamodule, "batch_size", None)
+    splits = {"train": train, "val": getattr(datamodule, "val_dataset", None)}
+    splits.update({f"val_sets.{name}": dataset for name, dataset in extra.items()})
+    warn_lost_characters(splits, column, tokenizer, format_prompt)
     require(
         train is None or batch_size is None or len(train) >= batch_size,
         f"data.batch_size={batch_size} is larger than the {len(train or ())} training prompts left after "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -9,6 +10,10 @@ import torch
 
 from grpo_lightning.rollout import Rollout
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_tiny_model, tiny_config
+
+
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # pytest -n: the workers share the cores
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 def length_parity_reward(prompts: list, completions: list[str], **columns) -> list[float]:
@@ -91,3 +96,13 @@ def make_rollout() -> Callable:
         return rollout
 
     return make
+
+
+@pytest.fixture(scope="module", params=["python", "bubblewrap"])
+def sandbox_backend(request) -> str:
+    """Each code-execution backend: the interpreter's own layers, and bubblewrap where it is installed."""
+    from grpo_lightning.rewards.sandbox_command import bubblewrap_problem
+
+    if request.param == "bubblewrap" and bubblewrap_problem() is not None:
+        pytest.skip(f"bubblewrap cannot run here: {bubblewrap_problem()} (apt-get install bubblewrap)")
+    return request.param

@@ -24,6 +24,9 @@ _spec.loader.exec_module(bench)
 _spec = importlib.util.spec_from_file_location("benchmarks_fsdp_scaling", REPO_ROOT / "benchmarks" / "fsdp_scaling.py")
 scaling = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(scaling)
+_spec = importlib.util.spec_from_file_location("first_step", REPO_ROOT / "benchmarks" / "first_step.py")
+first_step = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(first_step)
 _spec = importlib.util.spec_from_file_location("stop_lengths", REPO_ROOT / "benchmarks" / "stop_lengths.py")
 stops = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(stops)
@@ -31,7 +34,8 @@ _spec.loader.exec_module(stops)
 REQUIRED_KEYS = {
     "median_step_s", "tokens_per_s", "peak_mem_gib", "phases", "workload", "device", "torch", "transformers", "commit",
 }
-TINY_W0 = ["--prompts", "2", "--group-size", "2", "--prompt-tokens", "4", "--max-new-tokens", "4", "--threads", "1"]
+TINY_W0 = ["--prompts", "2", "--group-size", "2", "--prompt-tokens", "4", "--max-new-tokens", "4", "--threads", "1",
+           "--first-step", "none"]  # fmt: skip
 ON_CPU = ["--accelerator", "cpu"]  # the CPU path's choices (HF rollout, CPU profile), also on a machine with a GPU
 
 
@@ -55,6 +59,29 @@ def test_scaled_down_w0_prints_the_json_summary_last(tmp_path):
     # No speed flag: the module's choice for the device (the HF path on a CPU), recorded as resolved.
     assert set(result["engine"].values()) <= {"auto", None, False}
     assert result["engine_resolved"]["rollout"] == "hf" and not result["engine_resolved"]["compile"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is not installed")
+def test_first_step_from_process_start_is_measured_for_both_frameworks(tmp_path):
+    command = [sys.executable, "benchmarks/run.py", "--workload", "W0", "--steps", "2", *TINY_W0, *ON_CPU,
+               "--compare", "trl", "--first-step", "cold", "--workdir", str(tmp_path / "work")]  # fmt: skip
+    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=400)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    ours, trl = result, result["trl"]
+    # A new process's first step includes its imports and loading: longer than the step alone.
+    assert ours["first_step_s"] > ours["step_s"][0] and trl["first_step_s"] > trl["step_s"][0]
+    assert "first_step_warm_s" not in ours and "first_step_warm_s" not in trl  # --first-step cold
+    assert "first step from process start: ours" in completed.stdout
+
+
+def test_the_first_step_clock_starts_before_the_process_does(tmp_path):
+    child = "import json, time; time.sleep(1.0); print(json.dumps({'first_step_end_time': time.time()}))"
+    env = first_step.cache_env(tmp_path)
+    line, launched = first_step.timed_process([sys.executable, "-c", child], env)
+    assert first_step.first_step_s(line, launched) >= 1.0  # the interpreter's start and the sleep count
+    assert {env[name] for name in first_step.CACHE_VARIABLES} == {str(p) for p in tmp_path.iterdir()}
+    assert not any(list(p.iterdir()) for p in tmp_path.iterdir())  # empty: a cold start
 
 
 def test_speed_flags_set_the_module_s_engine_options():
@@ -334,7 +361,7 @@ def forced_stop_run(tmp_path_factory):
     """Our side of W0 with ``--stop-lengths lognormal`` (16 rows, up to 32 tokens, 2 steps)."""
     directory = tmp_path_factory.mktemp("forced_stops")
     command = [sys.executable, "benchmarks/run.py", "--workload", "W0", "--steps", "2", *FORCED_W0, "--rollout", "static",
-               "--stop-lengths", "lognormal", "--workdir", str(directory / "work")]  # fmt: skip
+               "--stop-lengths", "lognormal", "--first-step", "none", "--workdir", str(directory / "work")]  # fmt: skip
     completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr[-3000:]
     return json.loads(completed.stdout.strip().splitlines()[-1]), directory / "work", completed.stdout
@@ -389,3 +416,22 @@ def test_memory_held_counts_each_owner_s_tensors_once(tiny_model_dir, tmp_path):
     assert held["rollout_kv_cache"] > 0
     if not torch.cuda.is_available():
         assert bench.memory_held(module, trainer.optimizers[0]) == {}
+
+
+def test_budget_race_reports_steps_wall_clock_and_accuracy_per_framework(tiny_model_dir, tmp_path):
+    """Both frameworks train the recipe's task on the tiny model for 6 s from their process's start."""
+    frameworks = ["grpo-lightning"] + (["trl"] if importlib.util.find_spec("trl") else [])
+    tiny = ["--model", tiny_model_dir, "--set", "model.max_new_tokens=4", "--set", "model.group_size=2",
+            "--set", "model.micro_batch_size=4", "--set", "data.batch_size=2", "--set", "data.num_train=64",
+            "--set", "data.num_val=8", "--set", "trainer.precision=32-true"]  # fmt: skip
+    command = [sys.executable, "benchmarks/budget_race.py", "--budgets", "0.1", "--device", "cpu", *tiny,
+               *([] if "trl" in frameworks else ["--no-trl"])]  # fmt: skip
+    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert [run["framework"] for run in result["runs"]] == frameworks
+    assert 0.0 <= result["accuracy_before"] <= 1.0
+    for run in result["runs"]:
+        assert run["budget_min"] == 0.1 and isinstance(run["steps"], int) and run["steps"] >= 0
+        assert run["wall_s"] >= 6.0  # the budget counts from the process's start: it ends no earlier
+        assert 0.0 <= run["accuracy"] <= 1.0

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import warnings
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from grpo_lightning.cli import EXPECTED_WARNINGS, GRPOLightningCLI, main, varian
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.quickstart import quickstart_args
 from grpo_lightning.resources import config_dir
+from grpo_lightning.third_party_notices import THIRD_PARTY_WARNINGS
 
 CONFIGS = config_dir()
 VARIANT_CONFIGS = sorted((CONFIGS / "variant").glob("*.yaml"))
@@ -87,7 +90,8 @@ def test_a_fit_shows_no_warning_about_what_the_module_does_by_design(tiny_model_
         warnings.warn("not expected")
     messages = [str(w.message) for w in caught]
     assert "not expected" in messages
-    assert not [m for m in messages for pattern in EXPECTED_WARNINGS if re.search(pattern, m)], messages
+    silenced = (*EXPECTED_WARNINGS, *THIRD_PARTY_WARNINGS)  # and torch's LeafSpec deprecation, Lightning's doing
+    assert not [m for m in messages for pattern in silenced if re.search(pattern, m)], messages
 
 
 # ---------------------------------------------------------------- the engine options group
@@ -225,3 +229,132 @@ def test_generate_without_a_prompt_column_is_an_error(tiny_model_dir, tmp_path, 
     assert done.value.code == 2
     err = capsys.readouterr().err
     assert "error: prompts: line 1" in err and "has no 'prompt'" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- variants by name, help
+
+
+def test_fit_help_lists_the_variants_and_points_at_model_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    printed = " ".join(capsys.readouterr().out.split())
+    description = printed[printed.index("Runs the full optimization routine.") :]
+    assert "--model.help NAME lists a variant's options" in description[:800]
+    for name in ("GRPO", "DrGRPO", "DAPO", "RLOO", "GSPO", "dr_grpo", "reinforce_plus_plus"):
+        assert name in description[:800], name
+    assert "variants.DAPO" in printed  # the known subclasses of --model
+
+
+@pytest.mark.parametrize(
+    "given", [["--model", "DAPO"], ["--model", "dapo"], ["--model=dapo"], ["--model", "variants.DAPO"]], ids=" ".join
+)
+def test_a_variant_is_named_by_class_name_config_name_or_class_path(given):
+    cli = GRPOLightningCLI(args=[*BASE, "--model.model", "m", *given, "--model.clip_eps_high", "0.3"], run=False)
+    assert type(cli.model).__name__ == "DAPO" and cli.model.clip_eps_high == 0.3
+
+
+def test_a_config_file_may_name_a_variant_by_class_name(tmp_path):
+    config = tmp_path / "dr.yaml"
+    config.write_text("model:\n  class_path: DrGRPO\n")
+    cli = GRPOLightningCLI(args=cli_args(config), run=False)
+    assert type(cli.model).__name__ == "DrGRPO"
+
+
+@pytest.mark.parametrize("given", ["DAPO", "dapo"])
+def test_model_help_takes_a_variants_short_name(given, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--model.help", given])
+    assert done.value.code == 0
+    printed = capsys.readouterr().out
+    assert "--model.dynamic_sampling" in printed and "--model.overlong_buffer" in printed
+
+
+@pytest.mark.parametrize("option", ["--model", "--model.help"])
+def test_a_misspelt_variant_suggests_the_nearest_whatever_its_case(option, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["fit", *BASE, "--model.model", "m", option, "Dapoo"], report_errors=True)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown variant 'Dapoo'" in err and "Did you mean variants.DAPO?" in err
+
+
+# ---------------------------------------------------------------- output of other packages
+
+
+def test_a_fit_prints_no_product_tip_of_lightning_but_the_projects_messages(tiny_model_dir, tmp_path, one_torch_thread):
+    import logging
+
+    import lightning_utilities.core.rank_zero as rank_zero
+
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    rank_zero.log.addHandler(handler)
+    try:
+        main([
+            "fit", *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir), "--trainer.max_steps", "1",
+            "--model.max_new_tokens", "4", "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path),
+            "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
+        ])  # fmt: skip
+    finally:
+        rank_zero.log.removeHandler(handler)
+    assert not [message for message in records if "Tip" in message], records
+    assert any(message.startswith("prompts: plain text is sent as it is") for message in records), records
+
+
+# ---------------------------------------------------------------- a run to resume and generate from
+
+#: A fit of a few seconds on the tiny model.
+SMALL_RUN = [
+    "--model.group_size", "2", "--model.max_new_tokens", "4", "--model.val_max_new_tokens", "4", "--data.batch_size", "2",
+    "--data.num_train", "8", "--data.num_val", "2", "--trainer.val_check_interval", "1",
+    "--trainer.callbacks.every_n_train_steps", "1",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def one_step_run(tiny_model_dir, tmp_path_factory, one_torch_thread) -> Path:
+    """A folder where ``runs/grpo/version_0/checkpoints/last.ckpt`` holds a one-step fit."""
+    folder = tmp_path_factory.mktemp("one_step_run")
+    runs = str(folder / "runs")
+    main([
+        "fit", *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir), *SMALL_RUN, "--trainer.max_steps", "1",
+        "--trainer.default_root_dir", runs, "--trainer.logger.init_args.save_dir", runs,
+    ])  # fmt: skip
+    assert (folder / "runs/grpo/version_0/checkpoints/last.ckpt").is_file()
+    return folder
+
+
+def test_a_resumed_fit_shows_its_steps_out_of_max_steps(one_step_run, tiny_model_dir, tmp_path):
+    """Lightning calls no on_train_epoch_start when a fit resumes mid-epoch: the bar still counts steps."""
+    checkpoint = tmp_path / "last.ckpt"
+    shutil.copy(one_step_run / "runs/grpo/version_0/checkpoints/last.ckpt", checkpoint)
+    args = cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir) + SMALL_RUN + [
+        "--trainer.max_steps", "3", "--trainer.default_root_dir", str(tmp_path),
+        "--trainer.logger.init_args.save_dir", str(tmp_path),
+    ]  # fmt: skip
+    cli = GRPOLightningCLI(args=args, run=False)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=str(checkpoint))
+    bar = cli.trainer.progress_bar_callback.train_progress_bar
+    assert (bar.n, bar.total, bar.desc.rstrip(": ")) == (3, 3, "Step")
+
+
+def test_the_readme_generate_example_runs_as_written(one_step_run, monkeypatch, capsys):
+    """Only the checkpoint, the prompts and the output: no data, model or trainer config."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    example = re.search(r"`grpo-lightning generate ([^`]+)`", readme).group(1).split()
+    monkeypatch.chdir(one_step_run)
+    Path("p.jsonl").write_text('{"prompt": "12+3="}\n{"prompt": "4+4="}\n')
+    main(["generate", *example], report_errors=True)
+    output = example[example.index("--output") + 1]
+    rows = [json.loads(line) for line in Path(output).read_text().splitlines()]
+    assert [row["prompt"] for row in rows] == ["12+3=", "4+4="]
+    assert f"wrote 2 completions to {output}" in capsys.readouterr().out
+
+
+def test_generate_without_a_model_or_checkpoint_says_what_to_give(tmp_path, capsys):
+    (tmp_path / "p.jsonl").write_text('{"prompt": "1+1="}\n')
+    with pytest.raises(SystemExit) as done:
+        main(["generate", "--prompts", str(tmp_path / "p.jsonl"), "--output", str(tmp_path / "o.jsonl")], report_errors=True)
+    assert done.value.code == 2
+    assert "error: generate: no model; give --ckpt_path" in capsys.readouterr().err

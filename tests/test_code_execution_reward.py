@@ -10,10 +10,11 @@ import json
 import os
 import socket
 import time
+import warnings
 
 import pytest
 
-from grpo_lightning.rewards import CodeExecutionReward, code_execution_reward
+from grpo_lightning.rewards import CodeExecutionReward, assert_tests, code_execution_reward, sandbox_command
 from grpo_lightning.rewards.code_execution import extract_code
 
 TIMEOUT_S = 2.0
@@ -27,8 +28,8 @@ def fenced(source: str, tag: str = "python") -> str:
 
 
 @pytest.fixture(scope="module")
-def reward() -> CodeExecutionReward:
-    return CodeExecutionReward(timeout_s=TIMEOUT_S, memory_mb=256, workers=2)
+def reward(sandbox_backend) -> CodeExecutionReward:
+    return CodeExecutionReward(timeout_s=TIMEOUT_S, memory_mb=256, workers=2, sandbox=sandbox_backend)
 
 
 def score(reward, source: str, tests) -> float:
@@ -88,8 +89,8 @@ def test_a_row_without_tests_is_not_scored(reward):
     assert reward(["p", "p"], [fenced(ADD)] * 2, test_cases=[None, []]) == [None, None]
 
 
-def test_the_test_case_column_is_configurable():
-    reward = CodeExecutionReward(column="tests", timeout_s=TIMEOUT_S)
+def test_the_test_case_column_is_configurable(sandbox_backend):
+    reward = CodeExecutionReward(column="tests", timeout_s=TIMEOUT_S, sandbox=sandbox_backend)
     assert reward(["prompt"], [fenced(ADD)], tests=[ADD_TESTS]) == [1.0]
 
 
@@ -113,8 +114,8 @@ def test_a_missing_test_case_column_raises_naming_it(reward):
         reward(["prompt"], [fenced(ADD)], tests=[ADD_TESTS])
 
 
-def test_a_sandbox_that_cannot_run_anything_raises_instead_of_scoring_zero():
-    starved = CodeExecutionReward(memory_mb=1)
+def test_a_sandbox_that_cannot_run_anything_raises_instead_of_scoring_zero(sandbox_backend):
+    starved = CodeExecutionReward(memory_mb=1, sandbox=sandbox_backend)
     with pytest.raises(RuntimeError, match="could not run print"):
         starved(["prompt"], [fenced(ADD)], test_cases=[ADD_TESTS])
 
@@ -122,8 +123,8 @@ def test_a_sandbox_that_cannot_run_anything_raises_instead_of_scoring_zero():
 # Hostile programs: each contained, scored 0, and the process goes on
 
 
-def test_an_infinite_loop_is_stopped_at_the_deadline():
-    reward = CodeExecutionReward(timeout_s=1.0)
+def test_an_infinite_loop_is_stopped_at_the_deadline(sandbox_backend):
+    reward = CodeExecutionReward(timeout_s=1.0, sandbox=sandbox_backend)
     start = time.monotonic()
     assert score(reward, "while True:\n    pass\n", stdio("done")) == 0.0
     assert time.monotonic() - start < 3.0
@@ -220,8 +221,8 @@ def test_a_program_cannot_report_passes_itself(reward):
     assert score(reward, forger, ["assert True", "assert 1 == 1"]) == 0.0
 
 
-def test_passes_before_a_timeout_still_count():
-    reward = CodeExecutionReward(timeout_s=1.0)
+def test_passes_before_a_timeout_still_count(sandbox_backend):
+    reward = CodeExecutionReward(timeout_s=1.0, sandbox=sandbox_backend)
     program = "def double(n):\n    while n == 3:\n        pass\n    return 2 * n\n"
     assert score(reward, program, ["assert double(1) == 2", "assert double(2) == 4", "assert double(3) == 6"]) == 2 / 3
 
@@ -231,11 +232,125 @@ def test_a_hostile_completion_does_not_affect_the_rest_of_its_batch(reward):
     assert reward(["p"] * 3, completions, test_cases=[ADD_TESTS] * 3) == [1.0, 0.0, 0.0]
 
 
-def test_completions_run_at_once_and_come_back_in_order():
-    reward = CodeExecutionReward(timeout_s=1.0, workers=4)
+def test_completions_run_at_once_and_come_back_in_order(sandbox_backend):
+    reward = CodeExecutionReward(timeout_s=1.0, workers=4, sandbox=sandbox_backend)
     sleeper = fenced("import time\ntime.sleep(60)\n")
     completions = [sleeper, fenced(ADD), sleeper, sleeper, "no code", sleeper]
     start = time.monotonic()
     scores = reward(["p"] * 6, completions, test_cases=[ADD_TESTS] * 6)
     assert scores == [0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     assert time.monotonic() - start < 3.5  # one after another: 5 deadlines, 5 s
+
+
+# Assert tests split: the sandbox returns each call's value, this process compares
+
+
+@pytest.mark.parametrize(
+    ("statement", "call", "passing", "failing"),
+    [
+        ("assert add(1, 2) == 3", "add(1, 2)", 3, 4),
+        ("assert 3 == add(1, 2)", "add(1, 2)", 3.0, "3"),
+        ("assert f(x) != [1]", "f(x)", (1,), [1]),
+        ("assert f() is None", "f()", None, 0),
+        ("assert f() is not False", "f()", 0, False),
+        ("assert f() < 2.5", "f()", 2, 3),
+        ("assert 'a' in f()", "f()", "cat", "dog"),
+        ("assert f() in (1, 2)", "f()", 2, 3),
+        ("assert f() == set([1, 2])", "f()", {2, 1}, [1, 2]),
+        ("assert math.isclose(f(), 0.5, rel_tol=1e-3)", "f()", 0.5001, 0.6),
+        ("assert abs(area(2) - 12.56) < 0.01", "area(2)", 12.566, 12.6),
+        ("assert is_prime(7)", "is_prime(7)", True, 0),
+        ("assert not is_prime(8)", "is_prime(8)", [], [0]),
+        ("assert f() == 1, 'a message'", "f()", 1, 2),
+    ],
+)
+def test_an_assert_test_splits_into_a_call_and_a_check_of_its_value(statement, call, passing, failing):
+    (part,) = assert_tests.split(statement)
+    assert part.call == call
+    assert part.check(passing) and not part.check(failing)
+
+
+def test_several_asserts_or_a_conjunction_split_into_parts_that_must_all_pass():
+    parts = assert_tests.split("assert f(1) == 1 and f(2) == 4\nassert f(3) == 9")
+    assert [part.call for part in parts] == ["f(1)", "f(2)", "f(3)"]
+    assert [part.check(value) for part, value in zip(parts, (1, 4, 8))] == [True, True, False]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "assert (f(1) == 3) == True",  # the comparison would run where the program is
+        "assert f(1) == g(2)",  # no expected value
+        "assert f(1) == 3 or f(1) == 4",
+        "assert check(f(1), lambda v: v == 3)",
+        "assert f() is 300",  # identity of anything but None, True, False cannot cross
+        "assert math.isclose(f(), 0.5, rel_tol=g())",
+        "x = f(1)\nassert x == 3",
+        "f(1)",
+    ],
+)
+def test_tests_that_would_hide_their_check_in_the_call_do_not_split(statement):
+    assert assert_tests.split(statement) is None
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        ["int", "12"],
+        ["float", "nan"],
+        ["tuple", [["str", "a"], ["none"]]],
+        ["dict", [["tuple", [["int", "1"], ["set", []]]]]],
+    ],
+    ids=["int", "float", "tuple", "dict"],
+)
+def test_only_plain_values_are_decoded(node):
+    assert type(assert_tests.decode(node)) in (int, float, tuple, dict)
+
+
+@pytest.mark.parametrize(
+    "node",
+    [["int", "9" * 5000], ["dict", [["list", []]]], ["list", [["list", [["object"]]]]], ["str", 1], "9", None],
+    ids=["huge int", "dict of a list", "unknown tag", "wrong payload", "untagged", "null"],
+)
+def test_anything_else_is_undecodable(node):
+    with pytest.raises(assert_tests.Undecodable):
+        assert_tests.decode(node)
+
+
+def test_a_test_that_does_not_split_runs_whole_and_is_warned_about(reward):
+    tests = ["assert add(1, 2) == 3 or add(1, 2) == 4", "assert add(2, 2) == 4", "assert add(1, 1) == 3 or False"]
+    fresh = CodeExecutionReward(timeout_s=TIMEOUT_S, memory_mb=256, sandbox=reward.sandbox)
+    with pytest.warns(UserWarning, match=r"'assert add\(1, 2\) == 3 or add\(1, 2\) == 4' does not split"):
+        assert score(fresh, ADD, tests) == pytest.approx(2 / 3)
+
+
+# The backends
+
+
+def test_without_bubblewrap_auto_falls_back_and_warns_once_naming_the_package(monkeypatch):
+    monkeypatch.setattr(sandbox_command.shutil, "which", lambda name: None)
+    sandbox_command.resolve.cache_clear()
+    sandbox_command.bubblewrap_problem.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match=r"without bubblewrap \(no `bwrap` on PATH\).*package `bubblewrap`"):
+            assert sandbox_command.resolve("auto") == "python"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert sandbox_command.resolve("auto") == "python"
+        with pytest.raises(sandbox_command.SandboxUnavailable, match="sandbox='bubblewrap': no `bwrap` on PATH"):
+            sandbox_command.resolve("bubblewrap")
+    finally:
+        sandbox_command.resolve.cache_clear()
+        sandbox_command.bubblewrap_problem.cache_clear()
+
+
+def test_a_seccomp_filter_that_cannot_be_loaded_stops_the_run_before_the_program(sandbox_backend, monkeypatch):
+    monkeypatch.setattr(sandbox_command, "seccomp_filter", lambda: b"not a filter")
+    reward = CodeExecutionReward(timeout_s=TIMEOUT_S, sandbox=sandbox_backend)
+    with pytest.raises(RuntimeError, match=r"could not run print\('ok'\) \(exit status 125 \(its seccomp filter"):
+        reward(["prompt"], [fenced(ADD)], test_cases=[ADD_TESTS])
+
+
+def test_an_unknown_sandbox_is_a_value_error_naming_the_choices():
+    with pytest.raises(ValueError, match="sandbox='docker' must be one of auto, bubblewrap, python"):
+        CodeExecutionReward(sandbox="docker")

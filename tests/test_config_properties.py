@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import variants
+from grpo_lightning.argument_types import annotated_arguments
 from grpo_lightning.cli import GRPOLightningCLI, main
 from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.module import GroupPolicyOptimization
@@ -54,8 +55,13 @@ def number(invalid_range: st.SearchStrategy, optional: bool = False) -> st.Searc
     return st.one_of(invalid_range, NOT_FINITE, wrong_type)
 
 
+#: Integers no tensor holds: past int64, and past a float's range.
+HUGE_INTEGERS = st.one_of(st.integers(min_value=2**63), st.integers(max_value=-(2**63) - 1), st.just(10**400))
+
+
 def integer(invalid_range: st.SearchStrategy, optional: bool = False) -> st.SearchStrategy:
-    return st.one_of(invalid_range, NOT_AN_INTEGER if optional else st.one_of(NOT_AN_INTEGER, st.none()))
+    wrong_type = NOT_AN_INTEGER if optional else st.one_of(NOT_AN_INTEGER, st.none())
+    return st.one_of(invalid_range, HUGE_INTEGERS, wrong_type)
 
 
 #: Invalid values of each argument of the base module, the others at their defaults.
@@ -157,6 +163,26 @@ def test_an_invalid_setting_is_a_config_error_naming_it(case):
 def test_every_variant_refuses_the_invalid_settings_of_the_base(variant, case):
     field, value = case
     assert field in refusal(variant, **{field: value})
+
+
+def arguments_annotated(cls: type, kind: type) -> list[str]:
+    return sorted(name for name, (accepted, _) in annotated_arguments(cls).items() if kind in accepted)
+
+
+@pytest.mark.parametrize("variant", [GroupPolicyOptimization, *VARIANTS], ids=lambda cls: cls.__name__)
+def test_an_integer_past_int64_is_a_config_error_naming_the_field(variant):
+    """Every integer setting, of the base and of each variant: 99999999999999999999 got as far as
+    generation before (a traceback from inside torch)."""
+    for name in arguments_annotated(variant, int):
+        for value in (99999999999999999999, -(2**63) - 1, 10**5000):
+            message = refusal(variant, **{name: value})
+            assert message.startswith(f"{name}: ") and "too large; an integer must fit in 64 bits" in message
+
+
+def test_an_integer_past_a_floats_range_is_a_config_error_naming_the_field():
+    for name in arguments_annotated(GroupPolicyOptimization, float):
+        if int not in annotated_arguments(GroupPolicyOptimization)[name][0]:
+            assert refusal(GroupPolicyOptimization, **{name: 10**400}).startswith(f"{name}: an integer of about 401")
 
 
 @PROPERTY
@@ -290,6 +316,12 @@ def test_an_invalid_option_is_one_error_line_naming_it(empty_model_dir, case):
     option, value = case
     line = cli_error("--model.model", empty_model_dir, f"--model.{option}", value)
     assert option.rpartition(".")[2] in line, line
+
+
+@pytest.mark.parametrize("option", ["--model.group_size", "--model.max_new_tokens", "--data.batch_size"])
+def test_a_huge_integer_option_is_one_error_line_naming_it(empty_model_dir, option):
+    line = cli_error("--model.model", empty_model_dir, option, "99999999999999999999")
+    assert f"{option.rpartition('.')[2]}: 99999999999999999999 is too large" in line, line
 
 
 @settings(CLI_PROPERTY, max_examples=6)

@@ -78,13 +78,26 @@ def test_a_file_the_reader_refuses_is_an_error_naming_the_file(tmp_path):
     assert str(path) in message and "could not be read as csv" in message
 
 
+@pytest.mark.parametrize("name", ["train.jsonl", "train.json"])
+def test_json_nested_too_deeply_to_read_names_the_file(tmp_path, name):
+    """100,000 levels: past the recursion limit of Python's JSON reader, which raised RecursionError."""
+    path = tmp_path / name
+    deep = "[" * 100_000 + "]" * 100_000
+    path.write_bytes(GOOD + b'{"prompt": "2+2=", "answer": ' + deep.encode() + b"}\n")
+    message = setup_error(path)
+    assert str(path) in message and "nested too deeply" in message
+    if name == "train.jsonl":
+        assert "line 2" in message
+
+
 # --- rows ----------------------------------------------------------------------------------------
 
 
-def test_an_empty_prompt_names_the_split_and_the_row(tmp_path):
+def test_an_empty_prompt_names_the_split_the_file_and_the_row(tmp_path):
     rows = [{"prompt": "1+1=", "answer": "2"}] * 2 + [{"prompt": " ", "answer": "3"}]
-    message = setup_error(write_rows(tmp_path / "train.jsonl", rows))
-    assert "split 'train': row 2 (0-based) has an empty prompt in column 'prompt'" in message
+    path = write_rows(tmp_path / "train.jsonl", rows)
+    message = setup_error(path)
+    assert f"split 'train' (file {str(path)!r}): row 2 (0-based) has an empty prompt in column 'prompt'" in message
     assert "fill in or remove" in message
 
 
@@ -98,6 +111,31 @@ def test_a_chat_prompt_without_content_is_empty(tmp_path):
     rows = [{"prompt": [{"role": "user", "content": "1+1="}], "answer": "2"},
             {"prompt": [{"role": "user", "content": ""}], "answer": "3"}]  # fmt: skip
     assert "row 1 (0-based) has an empty prompt" in setup_error(write_rows(tmp_path / "train.jsonl", rows))
+
+
+@pytest.mark.parametrize(
+    ("prompt", "problem"),
+    [
+        ([1, 2, 3], "a list prompt (its message 0 is an int, not a chat message)"),
+        ([{"content": "1+1="}], "a list prompt (its message 0 has no 'role')"),
+        ([{"role": "user", "content": "hi"}, {"role": "user"}], "a list prompt (its message 1 has no text 'content')"),
+        (7, "an int"),
+    ],
+    ids=["numbers", "no-role", "no-content", "number"],
+)
+def test_a_prompt_that_is_neither_text_nor_chat_messages_names_the_file_and_the_row(tmp_path, prompt, problem):
+    """Checked with the rows, not in the chat template once the model is loaded."""
+    path = write_rows(tmp_path / "train.jsonl", [{"prompt": "1+1=", "answer": "2"}, {"prompt": prompt, "answer": "2"}])
+    message = setup_error(path)
+    assert f"split 'train' (file {str(path)!r}): row 1 (0-based) has {problem} in column 'prompt'" in message
+
+
+def test_well_formed_chat_prompts_pass_the_row_check(tmp_path):
+    rows = [{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1="}], "answer": "2"},
+            {"prompt": [{"role": "user", "content": [{"type": "text", "text": "2+2="}]}], "answer": "4"}]  # fmt: skip
+    data = PromptDataModule(path=str(write_rows(tmp_path / "train.jsonl", rows)), val_split=None, batch_size=1)
+    data.setup("fit")
+    assert len(data.train_dataset) == 2
 
 
 def test_a_validation_set_is_checked_like_the_training_split(tmp_path):

@@ -53,3 +53,22 @@ def test_results_holds_only_the_latest_figures():
 def test_the_docs_the_readme_promises_exist():
     for name in ("architecture", "configuration", "performance", "scaling", "ablations", "adding_a_variant"):
         assert (REPO_ROOT / "docs" / f"{name}.md").is_file(), name
+
+
+def test_the_zoos_run_time_is_stated_once_as_its_report_measured_it():
+    """docs/ablations.md gives the zoo's run time, read from the committed report's provenance; the
+    README and the sweep's config point there instead of stating another figure."""
+    from datetime import datetime
+
+    provenance = (REPO_ROOT / "reports" / "zoo" / "report.md").read_text()
+    start, end = re.search(r"Date \(UTC\): (\S+) to (\S+)", provenance).groups()
+    seconds = (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+    ablations = " ".join((REPO_ROOT / "docs" / "ablations.md").read_text().split())
+    paragraph = ablations[ablations.index("`--config-name zoo` runs") :][:400]
+    minutes, rest = re.search(r"(\d+) min (\d+) s", paragraph).groups()
+    assert int(minutes) * 60 + int(rest) == seconds
+    readme = " ".join((REPO_ROOT / "README.md").read_text().split())
+    mention = readme[readme.index("`--config-name zoo`") - 200 :][:400]
+    duration = re.compile(r"\d+ ?(?:min|minutes|s|seconds)\b")
+    assert not duration.search(mention), mention
+    assert not duration.search((REPO_ROOT / "configs" / "ablation" / "zoo.yaml").read_text())

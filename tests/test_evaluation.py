@@ -6,13 +6,19 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.data import DistributedSampler, SequentialSampler
 
 from grpo_lightning.callbacks import last_checkpoint
 from grpo_lightning.cli import GRPOLightningCLI
-from grpo_lightning.evaluation import vote
+from grpo_lightning.evaluation import unpadded, vote
 from grpo_lightning.export import export_checkpoint
 from grpo_lightning.resources import config_dir
 from grpo_lightning.sample_metrics import (
@@ -26,6 +32,7 @@ from grpo_lightning.sample_metrics import (
 from grpo_lightning.settings import ConfigError
 
 CONFIGS = config_dir()
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def counted_pass_at_k(outcomes: list[int], k: int) -> float:
@@ -154,3 +161,72 @@ def test_evaluation_sampling_overrides_samples_temperature_and_prefix(tiny_model
     assert cli.model.val_samples == 1 and cli.model.val_sampling.temperature == 0.0
     with pytest.raises(ValueError, match="temperature > 0"), cli.model.evaluation_sampling(samples=2, temperature=0.0):
         pass
+
+
+# --- several processes ---------------------------------------------------------------------------
+
+
+def test_padding_a_distributed_sampler_adds_is_not_counted():
+    """5 prompts on 2 processes: ``DistributedSampler`` deals 0, 2, 4 and 1, 3, 0 (a repeat)."""
+    dataset = list(range(5))
+    dealt = [list(DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=False)) for rank in (0, 1)]
+    assert dealt == [[0, 2, 4], [1, 3, 0]]
+    own = [unpadded(DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=False), 3) for rank in (0, 1)]
+    assert [mask.tolist() for mask in own] == [[True, True, True], [True, True, False]]
+    shuffled = [DistributedSampler(dataset, num_replicas=3, rank=rank, shuffle=True, seed=1) for rank in (0, 1, 2)]
+    kept = [i for sampler in shuffled for i, keep in zip(sampler, unpadded(sampler, len(sampler))) if keep]
+    assert sorted(kept) == dataset  # each prompt once, whatever the order
+    assert unpadded(SequentialSampler(dataset), 5).all()
+
+
+DDP_VALIDATION_REWARDS = """
+def answer_is_one(prompts, completions, answer, **columns):
+    return [float(a == "1") for a in answer]
+"""
+
+DDP_VALIDATE = """
+import json, os, sys
+import lightning as L
+import torch
+from grpo_lightning.data import PromptDataModule
+from variants import GRPO
+
+model_dir, data_dir, out = sys.argv[1:4]
+trainer = L.Trainer(strategy="ddp", accelerator="cpu", devices=2, logger=False, enable_progress_bar=False,
+                    enable_model_summary=False, default_root_dir=data_dir)
+module = GRPO(model=model_dir, reward_funcs=["ddp_validation_rewards.answer_is_one"], group_size=2, max_new_tokens=2,
+              accuracy_func="ddp_validation_rewards.answer_is_one", dtype="float32")
+data = PromptDataModule(path=os.path.join(data_dir, "train.jsonl"), val_path=os.path.join(data_dir, "val.jsonl"),
+                        batch_size=1, val_batch_size=2)
+(metrics,) = trainer.validate(module, datamodule=data)
+if trainer.global_rank == 0:
+    with open(out, "w") as f:
+        json.dump(metrics, f)
+torch.distributed.barrier()
+torch.distributed.destroy_process_group()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)  # skip the interpreter's teardown, where a thread of the CPU backends at times aborts
+"""
+
+
+def test_validation_on_two_processes_scores_each_prompt_once(tiny_model_dir, tmp_path):
+    """A real 2-process gloo DDP validation of 5 prompts, only the first correct: 1/5, where the
+    sampler's repeat of prompt 0 made it 2/6."""
+    rows = [{"prompt": f"{i}+0=", "answer": "1" if i == 0 else "0"} for i in range(5)]
+    for name in ("train.jsonl", "val.jsonl"):
+        (tmp_path / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "ddp_validation_rewards.py").write_text(DDP_VALIDATION_REWARDS)
+    (tmp_path / "ddp_validate.py").write_text(DDP_VALIDATE)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launcher = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    out = tmp_path / "metrics.json"
+    command = [sys.executable, *launcher, str(tmp_path / "ddp_validate.py"), tiny_model_dir, str(tmp_path), str(out)]
+    paths = [str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    metrics = json.loads(out.read_text())
+    assert metrics["val/accuracy"] == pytest.approx(1 / 5)

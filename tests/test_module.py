@@ -84,7 +84,7 @@ def test_fit_writes_tensorboard_events_with_every_metric(tiny_model_dir, tmp_pat
     events.Reload()
     logged = set(events.Tags()["scalars"])
     assert REQUIRED_METRICS <= logged, REQUIRED_METRICS - logged
-    assert [e.step for e in events.Scalars("reward")] == [0, 1]
+    assert [e.step for e in events.Scalars("reward")] == [1, 2]  # optimizer steps taken
 
 
 def test_every_metric_reaches_the_loggers_on_their_steps(tiny_model_dir, tmp_path):
@@ -109,8 +109,8 @@ def test_every_metric_reaches_the_loggers_on_their_steps(tiny_model_dir, tmp_pat
     assert training_metrics <= set(events.Tags()["scalars"])
     for name in ("entropy", "grad_norm", "reward", "completions/mean_length"):
         scalars = events.Scalars(name)
-        # Lightning writes a step's metrics under the optimizer steps taken before it.
-        assert [e.step for e in scalars] == [1, 3], name
+        # A step's metrics are written under the optimizer steps taken, its own included.
+        assert [e.step for e in scalars] == [2, 4], name
         assert [e.value for e in scalars] == pytest.approx([seen[2][name], seen[4][name]]), name
 
 

@@ -9,6 +9,8 @@ import asyncio
 import importlib
 import math
 import os
+import re
+import signal
 import sys
 import textwrap
 import threading
@@ -130,6 +132,49 @@ def test_none_is_not_a_failure():
     assert not scores.failed.any()
 
 
+def returns(value):
+    def reward(prompts, completions, **columns):
+        return [value if c == "abcd" else 1.0 for c in completions]
+
+    return reward
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(1e39, "1e+39"), (-1e39, "-1e+39"), (10**400, "an integer of about 401 digits")],
+    ids=["past-float32", "past-float32-negative", "past-float64"],
+)
+def test_a_score_float32_cannot_hold_is_a_failure_handled_by_on_error(value, shown):
+    """Scores are float32: 1e39 would be inf in the rewards, silently zeroing the advantages."""
+    with pytest.raises(RewardFunctionError, match=rf"'huge' returned {re.escape(shown)} for sample 2; prompt='p2'"):
+        score([("huge", returns(value))])
+    with pytest.warns(RewardFunctionWarning, match="expected a finite number of at most 3.403e"):
+        scores = score([("huge", returns(value))], "zero")
+    assert scores.per_function[:, 0].tolist() == [1.0, 1.0, 0.0, 1.0]
+    assert scores.failed[:, 0].tolist() == [False, False, True, False]
+
+
+def exits_on_long(prompts, completions, **columns):
+    if any(len(c) > 3 for c in completions):
+        sys.exit(0)
+    return [float(len(c)) for c in completions]
+
+
+async def exits_on_long_async(prompts, completions, **columns):
+    return exits_on_long(prompts, completions)
+
+
+@pytest.mark.parametrize("function", [exits_on_long, exits_on_long_async], ids=["sync", "async"])
+@pytest.mark.parametrize("timeout_s", [None, 5.0], ids=["no-timeout", "timeout"])
+def test_sys_exit_in_a_reward_function_is_its_failure_not_the_end_of_the_fit(function, timeout_s):
+    with pytest.raises(RewardFunctionError, match=r"raised SystemExit: 0 at sample 2; prompt='p2'"):
+        score([("exits", function)], timeout_s=timeout_s)
+    with pytest.warns(RewardFunctionWarning, match="raised SystemExit"):
+        scores = score([("exits", function)], "zero", timeout_s=timeout_s)
+    assert scores.per_function[:, 0].tolist() == [1.0, 0.0, 0.0, 2.0]
+    assert scores.failed[:, 0].tolist() == [False, False, True, False]
+
+
 # ---------------------------------------------------------------- timeouts
 
 
@@ -215,6 +260,7 @@ def test_an_async_function_that_blocks_its_loop_times_out_and_the_next_call_gets
 
 WORKER_REWARDS = """
 import os
+import sys
 import time
 
 
@@ -242,6 +288,31 @@ def exits_on_crash(prompts, completions, **columns):
     if "crash" in completions:
         os._exit(3)  # as a crash in native code would: no exception, the process is gone
     return [float(len(c)) for c in completions]
+
+
+def calls_sys_exit(prompts, completions, **columns):
+    if "exit" in completions:
+        sys.exit(0)
+    return [float(len(c)) for c in completions]
+
+
+def refuse_to_load():
+    raise ValueError("this value cannot be rebuilt here")
+
+
+class Unloadable(float):
+    # pickles in the worker, but raises when the trainer unpickles it
+
+    def __reduce__(self):
+        return refuse_to_load, ()
+
+
+def unloadable_on_bad(prompts, completions, **columns):
+    return [Unloadable(1.0) if c == "bad" else float(len(c)) for c in completions]
+
+
+def unpicklable_on_bad(prompts, completions, **columns):
+    return [(x for x in "generator") if c == "bad" else float(len(c)) for c in completions]
 """
 
 
@@ -289,6 +360,42 @@ def test_a_worker_that_dies_fails_only_its_chunk_and_is_replaced(worker_rewards)
         scores = pooled.score([("exits_on_crash", module.exits_on_crash)], ["p"] * 4, ["a", "b", "crash", "ddd"], {})
     assert scores.per_function[:, 0].tolist() == [1.0, 1.0, 0.0, 0.0]
     assert all(w.process.is_alive() for w in pooled._pool.workers)
+
+
+def test_sys_exit_in_a_worker_fails_only_its_sample(worker_rewards):
+    module, pooled = worker_rewards
+    with pytest.warns(RewardFunctionWarning, match=r"'calls_sys_exit' raised SystemExit: 0 at sample 2"):
+        scores = pooled.score([("calls_sys_exit", module.calls_sys_exit)], ["p"] * 4, ["a", "b", "exit", "ddd"], {})
+    assert scores.per_function[:, 0].tolist() == [1.0, 1.0, 0.0, 3.0]
+
+
+def test_a_worker_that_died_while_idle_is_replaced_before_the_next_call(worker_rewards):
+    """As when the OOM killer or an operator ends it between steps: its pipe is broken, no task is lost."""
+    module, pooled = worker_rewards
+    functions = [("worker_pid", module.worker_pid)]
+    before = set(pooled.score(functions, ["p"] * 4, ["a", "b", "c", "d"], {}).per_function[:, 0].tolist())
+    for pid in before:
+        os.kill(int(pid), signal.SIGKILL)
+    for pid in before:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and os.path.exists(f"/proc/{int(pid)}/status"):
+            time.sleep(0.05)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no failure: the tasks were never lost
+        scores = pooled.score(functions, ["p"] * 4, ["a", "b", "c", "d"], {})
+    after = set(scores.per_function[:, 0].tolist())
+    assert len(after) == 2 and not after & before and not scores.failed.any()
+
+
+@pytest.mark.parametrize("function", ["unloadable_on_bad", "unpicklable_on_bad"])
+def test_a_value_that_cannot_come_back_from_a_worker_fails_its_chunk_naming_the_function(worker_rewards, function):
+    module, pooled = worker_rewards
+    functions = [(function, getattr(module, function))]
+    lost = rf"'{function}' returned a value that cannot be sent back from its worker process \(.*\) on a batch of 2"
+    with pytest.warns(RewardFunctionWarning, match=lost):
+        scores = pooled.score(functions, ["p"] * 4, ["a", "bad", "cc", "ddd"], {})
+    assert scores.per_function[:, 0].tolist() == [0.0, 0.0, 2.0, 3.0]
+    assert scores.failed[:, 0].tolist() == [True, True, False, False]
 
 
 def test_a_function_that_cannot_reach_a_worker_is_a_config_error():

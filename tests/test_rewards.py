@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from grpo_lightning.rewards import (
     RewardFunctionError,
@@ -14,11 +16,13 @@ from grpo_lightning.rewards import (
     accuracy_reward,
     answers_match,
     extract_answer,
+    majority_vote_reward,
     r1_format_reward,
     resolve_reward_function,
     score_completions,
     weighted_reward,
 )
+from grpo_lightning.rewards.accuracy import parse_number
 
 # --- extract_answer ------------------------------------------------------------------------------
 
@@ -72,6 +76,49 @@ def test_answers_match_rejects_different_numbers(predicted, reference):
 def test_answers_match_compares_text_after_normalizing_case_and_spaces():
     assert answers_match("  New   York ", "new york")
     assert not answers_match("Paris", "London")
+
+
+# --- parse_number --------------------------------------------------------------------------------
+
+#: Text made of what numbers are written with, so most examples reach the float conversion.
+NUMBER_LIKE = st.text(alphabet="0123456789eE+-./,_ $\\frac{}", max_size=40)
+HUGE = ["9" * 309, "-" + "9" * 400, "1e400", "-1e400", "1" * 5000, "1e99999999999", "1e00000000000099999999999"]
+
+
+#: Numbers near and past a float's range, as a model may write them.
+LARGE_NUMBERS = st.one_of(
+    st.integers(min_value=-(10**400), max_value=10**400).map(str),
+    st.builds("{}e{}".format, st.integers(-99, 99), st.integers(-1000, 1000)),
+    st.builds("{}/{}".format, st.integers(min_value=10**300, max_value=10**320), st.integers(1, 10**9)),
+)
+
+
+@settings(max_examples=300, deadline=1000, database=None, derandomize=True)
+@given(st.one_of(st.text(max_size=60), NUMBER_LIKE, LARGE_NUMBERS))
+@example("1e400")
+@example("9" * 309)
+@example(r"\frac{1e400}{1}")
+def test_parse_number_never_raises_and_gives_a_finite_float_or_none(text):
+    """``deadline``: an exponent such as ``1e99999999999`` must not be expanded digit by digit."""
+    number = parse_number(text)
+    assert number is None or isinstance(number, float) and math.isfinite(number)
+
+
+@pytest.mark.parametrize("text", HUGE)
+def test_a_number_no_float_holds_is_no_number(text):
+    """It raised OverflowError (309 digits, 1e400), or hung expanding the exponent."""
+    assert parse_number(text) is None
+
+
+def test_a_nonzero_number_too_small_for_a_float_is_not_zero():
+    assert parse_number("1e-400") is None and parse_number("0e-400") == 0.0
+
+
+@pytest.mark.parametrize("text", HUGE)
+def test_accuracy_and_majority_votes_score_numbers_no_float_holds_as_text(text):
+    completions = [f"<answer>{text}</answer>", f"<answer>{text}</answer>", "<answer>7</answer>"]
+    assert accuracy_reward(["p"] * 3, completions, [text, "7", "7"]) == [1.0, 0.0, 1.0]
+    assert majority_vote_reward(["p"] * 3, completions, group_index=[0, 0, 0]) == [1.0, 1.0, -0.1]
 
 
 # --- accuracy_reward -----------------------------------------------------------------------------

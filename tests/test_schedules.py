@@ -123,7 +123,8 @@ def test_a_cli_fit_logs_the_scheduled_beta_at_every_step(scheduled_fit):
     cli, _ = scheduled_fit
     assert cli.trainer.global_step == STEPS
     expected = {step: cosine_kl_coefficient(step, STEPS, 0.1, 0.04) for step in range(STEPS)}
-    assert logged_beta(cli.trainer) == pytest.approx(expected, abs=1e-7)
+    # the update from step s is logged at s + 1, the optimizer steps taken
+    assert logged_beta(cli.trainer) == pytest.approx({step + 1: beta for step, beta in expected.items()}, abs=1e-7)
     assert len(set(expected.values())) == STEPS  # steps 1-3 are on the cosine: four different values
     assert cli.model.beta == pytest.approx(expected[STEPS - 1])  # what the last step's KL term used
     assert cli.model.hparams.beta == 0.04  # the configured value stays in the hyperparameters
@@ -134,7 +135,7 @@ def test_a_resumed_fit_continues_the_schedule_from_its_checkpoints_step(schedule
     checkpoint = next((root / "every_step").glob("*step=2.ckpt"))
     resumed = GRPOLightningCLI(args=fit_args(tiny_model_dir, tmp_path, "--ckpt_path", str(checkpoint)))
     assert resumed.trainer.global_step == STEPS
-    expected = {step: cosine_kl_coefficient(step, STEPS, 0.1, 0.04) for step in (2, 3)}
+    expected = {step + 1: cosine_kl_coefficient(step, STEPS, 0.1, 0.04) for step in (2, 3)}  # logged at s + 1
     assert logged_beta(resumed.trainer) == pytest.approx(expected, abs=1e-7)
 
 

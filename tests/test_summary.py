@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from grpo_lightning.cli import checkpoint_version, main, variant_log_name
 from grpo_lightning.resources import config_dir
@@ -47,13 +48,27 @@ def test_a_fit_ends_with_a_summary(first_fit):
     version = root / "grpo" / "version_0"
     assert f"logs:        {version}" in summary
     assert f"config:      {version / 'config.yaml'}" in summary and (version / "config.yaml").exists()
-    checkpoint = summary.split("checkpoint:  ")[1].splitlines()[0]
+    checkpoint, _, step = summary.split("checkpoint:  ")[1].splitlines()[0].rpartition(" (optimizer step ")
     assert Path(checkpoint).exists() and Path(checkpoint).parent == version / "checkpoints"
+    assert step == "2)"
 
 
-def test_validation_before_the_fit_can_be_turned_off(tiny_model_dir, tmp_path, one_torch_thread, capsys):
+def test_validation_before_the_fit_can_be_turned_off(tiny_model_dir, tmp_path, one_torch_thread):
     main(fit_args(tiny_model_dir, tmp_path, "--validate_before_fit", "false", steps=1))
-    assert "validation:" not in capsys.readouterr().out
+    events = EventAccumulator(str(tmp_path / "grpo" / "version_0"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("val/accuracy")] == [1]  # only the validation that ends the fit
+
+
+def test_the_summary_validation_is_that_of_the_last_step(first_fit):
+    """max_steps 2 with val_check_interval 100: the fit still ends with a validation, so the summary's
+    val/accuracy is that of the final weights (logged at step 2), not of the start model."""
+    root, printed = first_fit
+    events = EventAccumulator(str(root / "grpo" / "version_0"))
+    events.Reload()
+    accuracy = events.Scalars("val/accuracy")
+    assert [e.step for e in accuracy] == [0, 2]
+    assert f"validation:  val/accuracy {accuracy[-1].value:.4g}" in printed
 
 
 def test_a_resumed_fit_logs_to_the_version_of_its_checkpoint(first_fit, tiny_model_dir, capsys):

@@ -463,14 +463,17 @@ def test_dapo_fit_with_no_informative_group_ends_at_max_steps_without_changing_t
     for name, value in module.policy.state_dict().items():
         assert torch.equal(value, initial.policy.state_dict()[name]), name
     rows = _logged_rows(trainer)
-    assert rows["dynamic_sampling/skipped_updates"] == [(0, 1.0), (1, 1.0), (2, 1.0)]
-    assert rows["dynamic_sampling/gen_batches"] == [(0, 2.0), (1, 2.0), (2, 2.0)]
+    assert rows["dynamic_sampling/skipped_updates"] == [(1, 1.0), (2, 1.0), (3, 1.0)]  # at the optimizer steps taken
+    assert rows["dynamic_sampling/gen_batches"] == [(1, 2.0), (2, 2.0), (3, 2.0)]
+    assert rows["counters/generation_batches"] == [(1, 2.0), (2, 4.0), (3, 6.0)]
+    assert rows["counters/rollouts"] == [(1, 0.0), (2, 0.0), (3, 0.0)]  # none was trained on
     assert "loss" not in rows  # no update, no loss
 
 
 def test_dapo_logs_one_row_per_update_with_the_sampling_batches_folded_in(make_module, tmp_path):
     """Batches that only sample log no row (no repeat of the last update's values); the x-axis
-    counts updates and each row's ``gen_batches`` counts the batches its update drew on."""
+    counts optimizer steps (one an update here) and each row's ``gen_batches`` counts the batches its
+    update drew on."""
     L.seed_everything(0)
     module = make_module(DAPO, configure=False, reward_funcs=[odd_answer_reward], group_size=2, max_new_tokens=4,
                          max_gen_batches=3)  # fmt: skip
@@ -482,6 +485,6 @@ def test_dapo_logs_one_row_per_update_with_the_sampling_batches_folded_in(make_m
     gen_batches = rows["dynamic_sampling/gen_batches"]
     assert batches > 3, "every batch was full: change the reward or the seed"
     for tag in ("reward", "loss", "dynamic_sampling/gen_batches", "entropy"):
-        assert [step for step, _ in rows[tag]] == [0, 1, 2], tag
-    assert sum(value for _, value in gen_batches) == batches
+        assert [step for step, _ in rows[tag]] == [1, 2, 3], tag
+    assert sum(value for _, value in gen_batches) == batches == rows["counters/generation_batches"][-1][1]
     assert all(value == 0.0 for _, value in rows["dynamic_sampling/skipped_updates"])

@@ -20,11 +20,12 @@ GRPO advantages with four changes (eq. 8-13):
 
 No KL term (beta 0).
 
-What a step is: one update. A generation batch that leaves the dynamic-sampling buffer short of a
-batch of informative groups ends without one; it logs no row, and its counts (rewards, lengths,
-``dynamic_sampling/gen_batches``) go into the next update's row. ``max_steps``, ``global_step``,
-checkpoints and the loggers' x-axis (``step``) count updates; ``val_check_interval`` and
-``log_every_n_steps`` count generation batches (Lightning's batches). After ``max_gen_batches``
+What a step is: an optimizer step, as for every variant. A generation batch that leaves the
+dynamic-sampling buffer short of a batch of informative groups ends without an update; it logs no
+row, and its counts (rewards, lengths, ``dynamic_sampling/gen_batches``, ``counters/generation_batches``)
+go into the next update's row. ``max_steps``, ``global_step``, ``val_check_interval``, checkpoints
+and the loggers' x-axis (``step``) count optimizer steps, so DAPO validates at the same steps as
+GRPO; ``log_every_n_steps`` counts generation batches (Lightning's batches). After ``max_gen_batches``
 batches short of a full batch, ``on_exhausted: partial`` trains on the groups found, and when no
 group was informative at all the step still counts, without changing the weights
 (``skip_update``; ``dynamic_sampling/skipped_updates`` is 1 in its row): a fit whose rewards never
@@ -58,8 +59,6 @@ class DAPO(GRPO):
             4096 of 20480); 0 turns the shaping off.
         overlong_penalty: the largest penalty, reached at ``max_new_tokens``.
     """
-
-    batches_without_update = True
 
     def __init__(
         self,

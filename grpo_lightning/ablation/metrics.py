@@ -18,8 +18,9 @@ def summarize_cell(cell_dir: Path, wall_time_s: float | None = None) -> dict[str
         "final_step": {tag: int(series.steps[-1]) for tag, series in sorted(run.scalars.items()) if len(series.steps)},
         "val/accuracy_before": _finite(run.initial.get("val/accuracy")),
         "generated_tokens": _finite(final.get("perf/generated_tokens")),
-        "training_steps": len(run.update_steps),
-        "rollout_batches": int(run.update_steps[-1] + 1) if len(run.update_steps) else 0,
+        "optimizer_steps": _finite(run.optimizer_steps()),
+        "rollouts": _finite(final.get("counters/rollouts")),
+        "generation_batches": _finite(run.generation_batches()),
         "train_time_s": _finite(run.train_time_s),
         "wall_time_s": None if wall_time_s is None else round(wall_time_s, 3),
     }

@@ -47,16 +47,17 @@ def _output(command: list[str], cwd: Path | None = None) -> str | None:
     return result.stdout.strip()
 
 
-def git_commit() -> dict[str, Any]:
+def git_commit(root: Path | None = None) -> dict[str, Any]:
     """The commit of the checkout grpo_lightning is imported from (none when installed from a wheel),
-    and whether tracked files differed from it."""
-    root = Path(__file__).resolve().parents[2]
+    whether tracked files differed from it, and how (``git diff HEAD``), so a dirty run can be redone."""
+    root = Path(root).resolve() if root is not None else Path(__file__).resolve().parents[2]
     top = _output(["git", "rev-parse", "--show-toplevel"], root)
     commit = _output(["git", "rev-parse", "HEAD"], root)
     if not commit or not top or Path(top).resolve() != root:  # an installed copy inside some other checkout
-        return {"commit": None, "dirty": None}
+        return {"commit": None, "dirty": None, "diff": None}
     status = _output(["git", "status", "--porcelain", "--untracked-files=no"], root)
-    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+    diff = _output(["git", "diff", "HEAD", "--no-color", "--no-ext-diff"], root) if status else ""
+    return {"commit": commit, "dirty": bool(status) if status is not None else None, "diff": diff}
 
 
 def cpu_model() -> str:

@@ -13,7 +13,8 @@ A sweep spec (``configs/ablation/*.yaml``) names the shared YAML files and the a
     model: warmstart                  # a path / hub id, "warmstart", or null (from base_configs)
     warmstart: {}                     # keyword arguments of grpo_lightning.quickstart.warmstart.warm_start
     variants: [grpo, dr_grpo, dapo, rloo, gspo]   # names of configs/variant/*.yaml (or YAML paths)
-    seeds: [0, 1, 2]
+    seeds: [0, 1, 2, 3, 4]            # the default: five
+    baseline: grpo                    # the arm the report compares the others with (default: the first)
     overrides:                        # extra axes: dotted CLI key -> list of values
       model.group_size: [4, 8]
     args:                             # fixed CLI overrides of every cell
@@ -45,23 +46,41 @@ before anything runs. Each run that starts cells adds a record to ``<output_dir>
 (commit, package versions, machine, load average, cells at once; ``provenance``).
 ``grpo-lightning-report <output_dir>`` then compares the variants in ``<output_dir>/report``.
 
-This module is the Hydra entry point; ``spec`` validates the spec and lists its cells, ``sweep``
-runs them, ``provenance`` records what ran them, ``metrics`` summarises a finished cell and
+Before any cell runs, the sweep checks that each runs what its name says (``labels``): a base
+config that sets the model's class (or a variant file's model settings, or the data seed) is
+refused, and each cell's command line is parsed as ``grpo-lightning fit`` parses it and compared
+with its variant, seed and axis values. Errors, Hydra's own included, are one ``error: ...`` line
+(exit status 2; ``GRPO_LIGHTNING_TRACEBACK=1`` raises them with the traceback).
+
+This module is the Hydra entry point; ``spec`` validates the spec and lists its cells, ``labels``
+checks them, ``sweep`` runs them, ``provenance`` records what ran them, ``metrics`` summarises a finished cell and
 ``callbacks`` holds the callback the cells add.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
-from grpo_lightning.ablation.spec import SweepSpec
+from grpo_lightning.ablation.spec import SweepError, SweepSpec
 from grpo_lightning.ablation.sweep import CellResult, run_sweep
 from grpo_lightning.resources import config_dir
 
 #: The folder of the shipped sweep specs, the ``--config-name`` choices.
 SPEC_DIR = config_dir() / "ablation"
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """What ``main`` reports in one ``error: ...`` line: an invalid spec, a setting a fit would
+    refuse, and Hydra's own errors (a misspelt key, an unknown config name)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from grpo_lightning.errors import ConfigError
+
+    return (SweepError, ConfigError, HydraException, OmegaConfBaseException)
 
 
 def sweep_from_config(cfg: Any) -> list[CellResult]:
@@ -75,6 +94,18 @@ def sweep_from_config(cfg: Any) -> list[CellResult]:
     return results
 
 
+def _sweep_job(cfg: Any) -> list[CellResult]:
+    """Hydra's job: :func:`sweep_from_config`, with a user's error in one line (Hydra would print
+    its own line and a traceback around the message)."""
+    try:
+        return sweep_from_config(cfg)
+    except _user_errors() as error:
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        print(f"error: {one_line(error)}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def main() -> None:
     """Hydra entry point: ``grpo-lightning-ablate [--config-name NAME] [-m] [key=value ...]``.
 
@@ -85,8 +116,33 @@ def main() -> None:
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     logging.getLogger("tensorboard").setLevel(logging.WARNING)
-    app = hydra.main(version_base="1.3", config_path=str(SPEC_DIR), config_name="default")(sweep_from_config)
-    app()
+    app = hydra.main(version_base="1.3", config_path=str(SPEC_DIR), config_name="default")(_sweep_job)
+    full_error = os.environ.get(HYDRA_FULL_ERROR)  # the user's: Hydra's own report with the traceback
+    os.environ[HYDRA_FULL_ERROR] = "1"  # Hydra raises its errors, reported here in one line
+    try:
+        app()
+    except _user_errors() as error:
+        if full_error == "1" or os.environ.get(TRACEBACK_ENV):
+            raise
+        print(f"error: {one_line(error)}", file=sys.stderr)
+        raise SystemExit(2) from None
+    finally:
+        if full_error is None:
+            os.environ.pop(HYDRA_FULL_ERROR, None)
+
+
+HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"
+#: Set (as for ``grpo-lightning``), a user's error is raised with its traceback.
+TRACEBACK_ENV = "GRPO_LIGHTNING_TRACEBACK"
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message on one line; Hydra's composition errors add their OmegaConf cause's first line."""
+    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    cause = error.__cause__
+    if cause is not None and type(cause).__module__.startswith("omegaconf") and str(cause).strip():
+        text += f" ({str(cause).strip().splitlines()[0]})"
+    return text or type(error).__name__
 
 
 if __name__ == "__main__":

@@ -38,7 +38,10 @@ SPEC_KEYS = {
     "python",
     "timeout_s",
     "threads",
+    "baseline",
 }
+#: Seeds of a sweep that names none: five, so that paired tests have some power.
+DEFAULT_SEEDS = [0, 1, 2, 3, 4]
 
 
 class SweepError(ValueError):
@@ -152,6 +155,8 @@ class SweepSpec:
     python: str = sys.executable
     timeout_s: float | None = None
     threads: Any = "auto"
+    #: The arm every other arm is compared with in the report (default: the first cell's arm).
+    baseline: str | None = None
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> SweepSpec:
@@ -168,7 +173,7 @@ class SweepSpec:
             variants = [str(raw["variant"])]
         if not variants:
             raise SweepError("variants: name at least one of configs/variant/*.yaml (e.g. [grpo, dapo]).")
-        seeds = _as_list(raw.get("seeds", [0]), "seeds")
+        seeds = _as_list(raw.get("seeds", DEFAULT_SEEDS), "seeds")
         if raw.get("seed") is not None:
             seeds = [raw["seed"]]
         try:
@@ -206,7 +211,7 @@ class SweepSpec:
             raise SweepError(f"parallel: must be at least 1 (got {parallel}).")
         base_configs = [resolve_path(p, "base_configs") for p in _as_list(raw.get("base_configs"), "base_configs")]
         model = raw.get("model")
-        return cls(
+        spec = cls(
             output_dir=Path(str(raw["output_dir"])).expanduser().absolute(),
             base_configs=base_configs,
             variants=[str(v) for v in variants],
@@ -222,7 +227,12 @@ class SweepSpec:
             python=str(raw.get("python") or sys.executable),
             timeout_s=None if raw.get("timeout_s") is None else float(raw["timeout_s"]),
             threads=raw.get("threads", "auto"),
+            baseline=None if raw.get("baseline") is None else str(raw["baseline"]),
         )
+        arms = list(dict.fromkeys(cell.arm for cell in spec.cells())) if spec.baseline is not None else []
+        if spec.baseline is not None and spec.baseline not in arms:
+            raise SweepError(f"baseline: {spec.baseline!r} is not an arm of the sweep; give one of {arms}.")
+        return spec
 
     def settings(self, cell: Cell) -> dict[str, Any]:
         """What a finished cell's results depend on besides its identity; a rerun of the sweep
@@ -237,6 +247,10 @@ class SweepSpec:
             "validate_before_training": self.validate_before_training,
         }
         return json.loads(json.dumps(settings, sort_keys=True, default=str))
+
+    def baseline_arm(self) -> str:
+        """The arm the report compares every other arm with."""
+        return self.baseline or self.cells()[0].arm
 
     def cells(self) -> list[Cell]:
         keys = list(self.overrides)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_lightning.ablation import provenance
+from grpo_lightning.ablation import labels, provenance
 from grpo_lightning.ablation.metrics import summarize_cell
 from grpo_lightning.ablation.spec import CONFIG_AXIS, WARMSTART, Cell, SweepError, SweepSpec, cli_value
 from grpo_lightning.ablation.spec import resolve_path, variant_config
@@ -127,7 +127,8 @@ def run_cell(spec: SweepSpec, cell: Cell, model: str | None, env: Mapping[str, s
         shutil.rmtree(cell_dir)
     cell_dir.mkdir(parents=True)
     command = cell_command(spec, cell, cell_dir, model)
-    record = {**cell.identity(), "name": cell.name, "arm": cell.arm, "command": command, "settings": spec.settings(cell)}
+    record = {**cell.identity(), "name": cell.name, "arm": cell.arm, "baseline": spec.baseline_arm(), "command": command,
+              "settings": spec.settings(cell)}  # fmt: skip
     (cell_dir / CELL_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     logger.info("cell %s: starting", cell.name)
     started = time.perf_counter()
@@ -208,6 +209,11 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any]) -> list[CellResult]:
     cells = spec.cells()
     for cell in cells:
         variant_config(cell.variant)  # fail on a misspelt variant before any work
+    for note in labels.check_shared_files(spec):  # a base config that sets an arm's class is refused
+        logger.info("%s", note)
+    unfinished = [cell for cell in cells if not is_done(spec.output_dir / cell.name)]
+    commands = [cell_command(spec, cell, spec.output_dir / cell.name, spec.model) for cell in unfinished]
+    labels.check_cells(spec, unfinished, commands)  # each cell's resolved config against its name
     spec.output_dir.mkdir(parents=True, exist_ok=True)
     results: dict[Cell, CellResult] = {}
     todo = []

@@ -2,8 +2,8 @@
 the fix, before any step.
 
 - a ``.json``/``.jsonl``/``.csv`` file whose bytes are not UTF-8, or a JSON-lines line that is not
-  one JSON object: :func:`check_text_file`;
-- a missing or empty prompt: :func:`check_prompts`;
+  one JSON object or is nested too deeply to read: :func:`check_text_file`;
+- a missing or empty prompt, or one that is neither text nor chat messages: :func:`check_prompts`;
 - a prompt that does not fit the model's context with ``max_new_tokens``: :func:`fit_prompts`,
   as ``data.long_prompts`` says: ``"error"`` (default), ``"truncate"`` (keep the prompt's end: the
   question a chat model answers) or ``"skip"`` (drop the row), counted in one warning per split.
@@ -48,6 +48,11 @@ def check_text_file(path: str, field: str) -> None:
         try:
             json.loads(text)
             return  # one JSON document (a list of rows)
+        except RecursionError:
+            raise ConfigError(
+                f"{field}={path!r}: JSON nested too deeply to read (more levels than Python's JSON reader "
+                "allows); flatten the nested values, or give one JSON object per line."
+            ) from None
         except json.JSONDecodeError as error:
             if text.lstrip().startswith("["):
                 raise ConfigError(
@@ -67,6 +72,9 @@ def _check_json_lines(text: str, path: str, field: str) -> None:
         except json.JSONDecodeError as error:
             problem = f"not valid JSON ({error.msg} at column {error.colno})"
             raise ConfigError(f"{field}={path!r} line {number}: {problem}; {JSON_LINE_HINT}.") from None
+        except RecursionError:
+            problem = "JSON nested too deeply to read (more levels than Python's JSON reader allows)"
+            raise ConfigError(f"{field}={path!r} line {number}: {problem}; flatten its nested values.") from None
         if not isinstance(row, dict):
             raise ConfigError(
                 f"{field}={path!r} line {number}: a JSON {type(row).__name__}, not an object; {JSON_LINE_HINT}."
@@ -82,19 +90,51 @@ def _is_empty(prompt: Any) -> bool:
     return prompt is None
 
 
+def _message_problem(message: Any) -> str | None:
+    """What makes ``message`` no chat message (a dict with a text ``role`` and a text or list
+    ``content``), or ``None``. Rows of one column share their keys, so a message missing one holds
+    ``None`` there."""
+    if not isinstance(message, dict):
+        return f"is {_a(type(message).__name__)}, not a chat message"
+    role = message.get("role")
+    if not isinstance(role, str) or not role.strip():
+        return "has no 'role'"
+    if not isinstance(message.get("content"), (str, list)):
+        return "has no text 'content'"
+    return None
+
+
+def _prompt_problem(prompt: Any) -> str | None:
+    """What is wrong with ``prompt`` as a prompt (``"an empty prompt"``, ...), or ``None``."""
+    if prompt is None:
+        return "no prompt"
+    if isinstance(prompt, list):
+        for index, message in enumerate(prompt):
+            problem = _message_problem(message)
+            if problem is not None:
+                return f"a list prompt (its message {index} {problem})"
+    elif not isinstance(prompt, str):
+        return _a(type(prompt).__name__)
+    return "an empty prompt" if _is_empty(prompt) else None
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 def check_prompts(prompts: Sequence[Any], column: str, where: str) -> None:
     """Raise :class:`ConfigError` naming the first row (0-based) of ``prompts`` (column ``column`` of
     ``where``, e.g. ``"split 'train'"``) that is missing, empty or neither text nor a list of chat
-    messages, and how many rows are."""
-    bad = [i for i, prompt in enumerate(prompts) if _is_empty(prompt) or not isinstance(prompt, (str, list))]
-    if not bad:
+    messages, and how many rows are: a bad prompt fails here, not inside the chat template once
+    the model is loaded."""
+    problems = [(i, problem) for i, prompt in enumerate(prompts) if (problem := _prompt_problem(prompt)) is not None]
+    if not problems:
         return
-    prompt = prompts[bad[0]]
-    what = "no prompt" if prompt is None else "an empty prompt" if _is_empty(prompt) else f"a {type(prompt).__name__}"
-    more = f" (and {len(bad) - 1} more rows)" if len(bad) > 1 else ""
+    row, what = problems[0]
+    more = f" (and {len(problems) - 1} more rows)" if len(problems) > 1 else ""
     raise ConfigError(
-        f"{where}: row {bad[0]} (0-based){more} has {what} in column {column!r}; a prompt is text or a list of "
-        "chat messages: fill in or remove those rows."
+        f"{where}: row {row} (0-based){more} has {what} in column {column!r}; a prompt is text or a list of "
+        'chat messages like {"role": "user", "content": "..."}: fill in or remove those rows.'
     )
 
 

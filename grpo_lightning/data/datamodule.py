@@ -211,7 +211,8 @@ class PromptDataModule(LightningDataModule):
             (:func:`grpo_lightning.data.checks.fit_prompts`).
 
     Rows are checked when loaded: a data file with bytes that are not UTF-8 or a JSON-lines line
-    that is not an object, and a missing or empty prompt, are errors naming the line or row.
+    that is not an object (or is nested too deeply to read), and a prompt that is missing, empty, or
+    neither text nor chat messages, are errors naming the file and the line or row.
     """
 
     def __init__(
@@ -264,6 +265,9 @@ class PromptDataModule(LightningDataModule):
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
         self._splits: DatasetDict | None = None
+        # id -> (dataset, the file it was read from): row errors name the file; holding the dataset
+        # keeps its id from being reused by another
+        self._files: dict[int, tuple[Dataset, str]] = {}
 
     def load(self) -> DatasetDict:
         """Load all splits from ``path`` (and the validation split from ``val_path``); subclasses may
@@ -291,7 +295,7 @@ class PromptDataModule(LightningDataModule):
         if os.path.isdir(path):
             files = _split_files(path)
             if files:
-                return DatasetDict({split: _load_file(file, f"data.{field}") for split, file in files.items()})
+                return DatasetDict({split: self._read(file, f"data.{field}") for split, file in files.items()})
             try:
                 loaded = load_from_disk(path)
             except FileNotFoundError as error:
@@ -302,7 +306,7 @@ class PromptDataModule(LightningDataModule):
                 ) from error
             return loaded if isinstance(loaded, DatasetDict) else DatasetDict({self.train_split: loaded})
         if os.path.isfile(path):
-            return DatasetDict({self.train_split: _load_file(path, f"data.{field}")})
+            return DatasetDict({self.train_split: self._read(path, f"data.{field}")})
         if _looks_local(path):
             raise ConfigError(
                 f"data.{field}={path!r}: no such file or folder (looked in {os.getcwd()}); check the path."
@@ -315,6 +319,11 @@ class PromptDataModule(LightningDataModule):
                 f"as a hub dataset ({type(error).__name__}: {error}); set --data.{field} to a local file, "
                 "a saved dataset directory or a hub dataset name (with --data.name for its config)."
             ) from error
+
+    def _read(self, path: str, field: str) -> Dataset:
+        dataset = _load_file(path, field)
+        self._files[id(dataset)] = (dataset, path)
+        return dataset
 
     def setup(self, stage: str | None = None) -> None:
         """Load and validate the splits needed for ``stage`` (once)."""
@@ -440,6 +449,9 @@ class PromptDataModule(LightningDataModule):
 
     def _check_rows(self, dataset: Dataset, where: str) -> None:
         """The prompt and answer columns exist, and every prompt is text or chat messages, not empty."""
+        read = self._files.get(id(dataset))
+        if read is not None and read[0] is dataset:
+            where = f"{where} (file {read[1]!r})"
         self._check_column("prompt_column", self.prompt_column, dataset, where)
         if self.answer_column is not None:
             self._check_column("answer_column", self.answer_column, dataset, where)

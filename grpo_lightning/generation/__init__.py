@@ -8,6 +8,7 @@ from grpo_lightning.generation.choice import (
     resolve_engine,
     static_engine_blocker,
 )
+from grpo_lightning.generation.compile_payback import FitLength
 from grpo_lightning.generation.hf import generate_group
 from grpo_lightning.generation.sampler import RolloutSampler, announce_prompt_format, build_rollout, format_prompt
 from grpo_lightning.generation.sampler import announce_rollout_mode
@@ -18,6 +19,7 @@ from grpo_lightning.generation.weights import save_policy
 __all__ = [
     "EnginePlan",
     "EngineTarget",
+    "FitLength",
     "RolloutSampler",
     "RolloutWeights",
     "announce_prompt_format",

@@ -8,7 +8,7 @@ explicit setting that cannot run raises :class:`~grpo_lightning.settings.ConfigE
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -16,6 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from grpo_lightning.engine import DECODE_ATTENTION_KINDS
 from grpo_lightning.engine.fused_decode import FUSED_MODEL_TYPES
 from grpo_lightning.engine.options import EngineOptions
+from grpo_lightning.generation.compile_payback import FitLength, compile_cache_is_warm, compile_choices
 from grpo_lightning.settings import ConfigError, require
 from grpo_lightning.logprobs import supports_packed_sequences
 
@@ -37,6 +38,8 @@ class EngineTarget:
     """The policy is sharded (FSDP)."""
     gathered: bool = False
     """Rollouts sample from the sharded policy itself (FSDP ``rollout_weights="gather"``)."""
+    num_layers: int | None = None
+    """The model's decoder layers (what compiling it costs and saves grows with)."""
 
     @classmethod
     def of(cls, model: Any, device_type: str, sharded: bool = False, gathered: bool = False) -> EngineTarget:
@@ -52,6 +55,7 @@ class EngineTarget:
             full_attention=full,
             sharded=sharded,
             gathered=gathered,
+            num_layers=getattr(config, "num_hidden_layers", None),
         )
 
 
@@ -143,9 +147,13 @@ def static_engine_blocker(target: EngineTarget) -> str | None:
 
 
 def resolve_engine(
-    options: EngineOptions, target: EngineTarget, rollout_seed: int | None = None, beam_search: bool = False
+    options: EngineOptions,
+    target: EngineTarget,
+    rollout_seed: int | None = None,
+    beam_search: bool = False,
+    fit: FitLength | None = None,
 ) -> EnginePlan:
-    """The options made concrete for ``target``.
+    """The options made concrete for ``target``; ``fit``: how long the run is, where known.
 
     * ``rollout "auto"``: the static engine on CUDA where it can run, or where an explicit setting
       needs it (:func:`static_only_settings`); the HF path otherwise (a CPU, an unsupported model,
@@ -153,6 +161,10 @@ def resolve_engine(
     * ``compile``: on with the static engine on CUDA. ``fuse_projections``: the same, for the model
       types of ``FUSED_MODEL_TYPES``. ``decode_attention "auto"`` is the engine's own choice per device.
     * ``logprob_compile``, ``fused_lm_head``: on CUDA. ``model_compile``: on CUDA for unsharded models.
+    * With ``fit`` given, the three compilation options left automatic (``compile``,
+      ``model_compile``, ``logprob_compile``) are on only where compiling is estimated to pay back
+      within the run (:func:`~grpo_lightning.generation.compile_payback.compile_choices`); the choice
+      and its reason are announced in one line.
     """
     check_engine_options(options, rollout_seed, beam_search)
     cuda = target.device_type == "cuda"
@@ -182,9 +194,17 @@ def resolve_engine(
                 f"engine.fuse_projections auto: off because the model type {target.model_type!r} is not one of "
                 f"{', '.join(FUSED_MODEL_TYPES)}."
             )
+    compile_decode, compile_logprob = static and cuda, cuda
+    automatic = [options.compile is None and static, options.model_compile is None, options.logprob_compile is None]
+    if fit is not None and cuda and target.num_layers and any(automatic):
+        if compile_cache_is_warm(target.model_type, target.num_layers):
+            fit = replace(fit, warm_cache=True)
+        choice = compile_choices(fit, target.num_layers, static and options.compile is None)
+        compile_decode, compile_logprob = choice.compile, choice.logprob_passes
+        notes.append(f"engine compilation auto: {choice.reason}.")
     model_compile = options.model_compile
     if model_compile is None:
-        model_compile = cuda and not target.sharded
+        model_compile = compile_logprob and not target.sharded
     elif model_compile and target.sharded:
         warnings.append("engine.model_compile: the policy is sharded (FSDP), so its log-prob passes run eagerly.")
         model_compile = False
@@ -197,10 +217,10 @@ def resolve_engine(
     return EnginePlan(
         device_type=target.device_type,
         rollout=rollout,
-        compile=(static and cuda) if options.compile is None else options.compile,
+        compile=compile_decode if options.compile is None else options.compile,
         decode_attention=options.decode_attention,
         fuse_projections=fuse,
-        logprob_compile=cuda if options.logprob_compile is None else options.logprob_compile,
+        logprob_compile=compile_logprob if options.logprob_compile is None else options.logprob_compile,
         model_compile=model_compile,
         fused_lm_head=cuda if options.fused_lm_head is None else options.fused_lm_head,
         padding_free=options.padding_free,

@@ -16,6 +16,7 @@ from grpo_lightning.engine import StaticCacheGenerator, fast_generate_group
 from grpo_lightning.engine.generator import model_device
 from grpo_lightning.generation.ahead import SamplesAhead
 from grpo_lightning.generation.choice import EnginePlan, EngineTarget, resolve_engine
+from grpo_lightning.generation.compile_payback import FitLength
 from grpo_lightning.generation.hf import generate_group
 from grpo_lightning.generation.weights import samples_from_shards
 from grpo_lightning.rollout import Rollout, SamplingParams, completion_mask_from_ids
@@ -62,13 +63,15 @@ class RolloutSampler:
 
     @classmethod
     def announced(
-        cls, policy: nn.Module, strategy: Any, kind: str, options: Any, seed: int | None, beam_search: bool = False
+        cls, policy: nn.Module, strategy: Any, kind: str, options: Any, seed: int | None, beam_search: bool = False,
+        fit: FitLength | None = None,
     ) -> RolloutSampler:
         """The sampler of a device of ``kind`` (``"cuda"``, ``"cpu"``), on the engine options
-        resolved for it, the policy, the strategy and the rollout mode (:func:`resolve_engine`), announced."""
+        resolved for it, the policy, the strategy, the rollout mode and the run's length
+        (:func:`resolve_engine`), announced."""
         gathered = samples_from_shards(policy, strategy)
         target = EngineTarget.of(policy, kind, is_sharded(policy), gathered)
-        plan = resolve_engine(options, target, seed, beam_search)
+        plan = resolve_engine(options, target, seed, beam_search, fit)
         plan.announce()
         return cls(plan, seed=seed)
 

@@ -2,46 +2,61 @@
 
     grpo-lightning-report runs/ablation/default                             # runs/ablation/default/report/
     grpo-lightning-report runs/ablation/default --output reports/default    # the committed report
+    OUT=/tmp/default sh reports/default/REGENERATE                          # rebuilt from reports/default/data
 
 Writes ``report.md``, ``report.html``, one PNG per learning curve and the final metrics as
 ``final_metrics.csv`` and ``final_metrics.tex`` (booktabs) into the sweep's ``report/`` folder,
 or into ``--output`` (so that a committed report is replaced only when asked for). Runs are
 grouped into *arms*: cells that differ only in their seed (``cell.json`` written by
 ``grpo-lightning-ablate``; for plain ``grpo-lightning fit`` directories the model class and the
-seed come from the saved ``config.yaml``). The report is a pure function of the logs:
-regenerating it from the same sweep directory gives byte-identical files.
+seed come from the saved ``config.yaml``). The report is a pure function of the logs: it copies
+what it reads into ``data/`` beside itself and is built from that copy, so regenerating it from
+the sweep folder or from ``data/`` gives byte-identical files.
 
-Statistics: the mean over seeds with a percentile-bootstrap interval inside the range of the
-quantity (``bootstrap_ci``), Wilson intervals of one run's accuracy (``wilson_interval``),
-Welch's unequal-variance t-test between arms (``welch_test``), Holm's correction over the pairs.
+Statistics: the mean over seeds with its Student-t interval (``seed_interval``, behind every
+interval over seeds), each arm against the baseline arm over shared seeds (``comparisons``: the
+paired t-test, Cohen's d_z, Holm's correction, the minimum detectable effect), Wilson intervals of
+one run's accuracy (``wilson_interval``).
 
 Modules: ``runs`` (a run's TensorBoard scalars), ``cells`` (a sweep's cell folders and configs),
-``statistics``, ``metrics`` (which metrics, their ranges), ``arms`` (final values and
-comparisons of arms), ``formatting`` (numbers and text); the sections: ``summary``, ``effects``
-(settings without effect), ``finals`` with ``tables`` (CSV and LaTeX), ``validation``,
+``data`` (the ``data/`` folder and ``REGENERATE``), ``statistics``, ``metrics`` (which metrics,
+their ranges), ``arms`` (final values over seeds), ``formatting`` (numbers and text); the
+sections: ``summary``, ``effects`` (settings without effect), ``comparisons`` (effects against the
+baseline), ``finals`` with ``tables`` (CSV and LaTeX), ``validation``,
 ``health``, ``completions``, ``curves`` with ``plots``, ``provenance``; ``document`` with
 ``markdown`` and ``html`` (the report's text), ``build`` (the report) and ``cli`` (the command).
 """
 
-from grpo_lightning.report.arms import Arm, final_value, pairwise_rows
+from grpo_lightning.report.arms import Arm, final_value
 from grpo_lightning.report.build import build_report
 from grpo_lightning.report.cells import CellInfo, arm_configs, discover_cells, flatten_config
 from grpo_lightning.report.cli import main
+from grpo_lightning.report.comparisons import Effect, baseline_effects
 from grpo_lightning.report.document import Doc
 from grpo_lightning.report.plots import aligned_curve, plot_curves
 from grpo_lightning.report.runs import Run, Series, event_directory, load_run, read_scalars
-from grpo_lightning.report.statistics import bootstrap_ci, holm, mean_ci, welch_dof, welch_test, wilson_interval
+from grpo_lightning.report.statistics import (
+    holm,
+    minimum_detectable_effect,
+    paired_test,
+    seed_interval,
+    standardised_effect,
+    welch_dof,
+    welch_test,
+    wilson_interval,
+)
 from grpo_lightning.report.summary import summary_paragraph
 
 __all__ = [
     "Arm",
     "CellInfo",
     "Doc",
+    "Effect",
     "Run",
     "Series",
     "aligned_curve",
     "arm_configs",
-    "bootstrap_ci",
+    "baseline_effects",
     "build_report",
     "discover_cells",
     "event_directory",
@@ -50,10 +65,12 @@ __all__ = [
     "holm",
     "load_run",
     "main",
-    "mean_ci",
-    "pairwise_rows",
+    "minimum_detectable_effect",
+    "paired_test",
     "plot_curves",
     "read_scalars",
+    "seed_interval",
+    "standardised_effect",
     "summary_paragraph",
     "welch_dof",
     "welch_test",

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import combinations
 from typing import Any
 
 import numpy as np
@@ -13,25 +12,41 @@ import numpy as np
 from grpo_lightning.report.cells import CellInfo
 from grpo_lightning.report.metrics import metric_bounds
 from grpo_lightning.report.runs import Run
-from grpo_lightning.report.statistics import bootstrap_ci, holm, welch_dof, welch_test
+from grpo_lightning.report.statistics import seed_interval
+
+
+#: Training metrics are averaged over this many last training steps: one step is one batch.
+SMOOTHING_STEPS = 10
+
+
+def smoothed(key: str) -> bool:
+    """Whether ``final_value`` averages ``key`` over the last ``SMOOTHING_STEPS`` training steps:
+    training scalars (not validation, not the cumulative perf/* counters, not computed keys)."""
+    return ":" not in key and not key.startswith(("val/", "test/", "perf/")) and key not in ("train_time_s", "steps", "batches")
 
 
 def final_value(run: Run, key: str) -> float:
-    """A run's final value of a metric key of ``FINAL_METRICS``."""
+    """A run's final value of a metric key of ``FINAL_METRICS``: the last validation for val/*,
+    the mean of the last ``SMOOTHING_STEPS`` training steps for training scalars."""
     if key.startswith("initial:"):
         return run.initial.get(key.split(":", 1)[1], math.nan)
     if key.startswith("gain:"):
         tag = key.split(":", 1)[1]
         return final_value(run, tag) - run.initial.get(tag, math.nan)
+    if key.startswith("step_of:"):  # the training step at which the last value of a tag was logged
+        series = run.scalars.get(key.split(":", 1)[1])
+        return float(run.steps_done(series.steps[-1:])[0]) if series is not None and len(series.steps) else math.nan
     if key == "train_time_s":
         return run.train_time_s
     if key == "steps":
-        return float(len(run.update_steps)) if len(run.update_steps) else math.nan
+        return run.optimizer_steps()
     if key == "batches":
-        return float(run.update_steps[-1] + 1) if len(run.update_steps) else math.nan
+        return run.generation_batches()
     series = run.scalars.get(key)
     if series is None or not len(series.values):
         return math.nan
+    if smoothed(key):
+        return float(np.mean(series.values[-SMOOTHING_STEPS:]))
     return float(series.values[-1])
 
 
@@ -44,94 +59,33 @@ class Arm:
     def finals(self, key: str) -> list[float]:
         return [v for v in (final_value(r, key) for r in self.runs) if math.isfinite(v)]
 
+    def finals_by_seed(self, key: str) -> dict[Any, float]:
+        """The final ``key`` of each seed that has one."""
+        values = {cell.seed: final_value(run, key) for cell, run in zip(self.cells, self.runs)}
+        return {seed: v for seed, v in values.items() if math.isfinite(v)}
+
     def interval(self, key: str, confidence: float = 0.95) -> tuple[float, float, float]:
-        """``(mean, low, high)`` of the final ``key`` over seeds: a percentile bootstrap of the
-        mean, inside the range the metric can take (``metrics.metric_bounds``)."""
-        return bootstrap_ci(self.finals(key), confidence, metric_bounds(key))
+        """``(mean, low, high)`` of the final ``key`` over seeds: ``statistics.seed_interval``,
+        clipped to the range the metric can take (``metrics.metric_bounds``; clipping never
+        removes the true mean, so the coverage stays)."""
+        mean, low, high = seed_interval(self.finals(key), confidence)
+        lower, upper = metric_bounds(key)
+        if math.isfinite(low):
+            low, high = max(low, lower), min(high, upper)
+        return (mean, low, high)
 
 
-def pairwise_rows(arms: Sequence[Arm], key: str = "val/accuracy") -> list[dict[str, Any]]:
-    """Welch tests of every pair of arms on a final metric, with Holm-adjusted p-values."""
-    rows = []
-    for a, b in combinations(arms, 2):
-        x, y = a.finals(key), b.finals(key)
-        t, p = welch_test(x, y)
-        rows.append(
-            {"a": a.name, "b": b.name, "n_a": len(x), "n_b": len(y),
-             "mean_a": float(np.mean(x)) if x else math.nan, "mean_b": float(np.mean(y)) if y else math.nan,
-             "t": t, "dof": welch_dof(x, y), "p": p, "x": x, "y": y}
-        )  # fmt: skip
-    for row, adjusted in zip(rows, holm([r["p"] for r in rows])):
-        row["p_holm"] = adjusted
-        row["verdict"] = _verdict(row)
-    return rows
-
-
-def _verdict(row: Mapping[str, Any]) -> str:
-    if min(row["n_a"], row["n_b"]) < 2:
-        return "n too small for a test (needs at least 2 seeds per arm)"
-    if not math.isfinite(row["p"]):
-        return "no variance within either arm: test undefined"
-    caution = " (n=2 per arm: low power)" if min(row["n_a"], row["n_b"]) < 3 else ""
-    if row["p"] < 0.05:
-        holm_note = "" if row["p_holm"] < 0.05 else ", not after Holm correction"
-        return f"significant at 0.05{holm_note}{caution}"
-    return f"not significant at 0.05{caution}"
-
-
-#: Above this many arms the report turns wide: arms become rows ranked by final val/accuracy, the
-#: pairwise table keeps the significant pairs (all of them in a collapsed section) and the curves
-#: are drawn in groups.
+#: Above this many arms the report turns wide: arms become rows sorted by mean final
+#: val/accuracy and the curves are drawn in groups.
 WIDE = 6
 
 
 def ranked(arms: Sequence[Arm], key: str = "val/accuracy") -> list[int]:
-    """Indices of ``arms``, the highest mean final ``key`` first (arms without it last, in table order)."""
+    """Indices of ``arms``, the highest mean final ``key`` first (arms without it last, in table
+    order): an order for reading, not a claim that one arm beats the next."""
 
     def score(i: int) -> float:
         values = arms[i].finals(key)
         return -float(sum(values) / len(values)) if values else math.inf
 
     return sorted(range(len(arms)), key=score)
-
-
-@dataclass
-class Ranking:
-    """Arms with a final ``key``, best first (``scored``); the best and the arms that tie with it
-    (``tied``); the Welch tests of every pair (``rows``); each arm's ``(mean, low, high)``."""
-
-    scored: list[Arm]
-    tied: list[Arm]
-    rows: list[dict[str, Any]]
-    intervals: dict[str, tuple[float, float, float]]
-
-
-def rank_arms(arms: Sequence[Arm], key: str, direction: int, confidence: float = 0.95) -> Ranking | None:
-    """The best arm on ``key`` and the arms that tie with it; None with fewer than two arms.
-
-    Another arm ties with the best unless their difference is significant after Holm's correction
-    over every pair of arms (Welch's test), or their intervals do not overlap.
-    """
-    scored = [a for a in arms if a.finals(key)]
-    if len(scored) < 2 or direction == 0:
-        return None
-    intervals = {a.name: a.interval(key, confidence) for a in scored}
-    scored.sort(key=lambda a: -direction * intervals[a.name][0])  # stable: ties keep the table order
-    rows = pairwise_rows(scored, key)
-    best = scored[0]
-    tied = [best] + [a for a in scored[1:] if not _separated(intervals[best.name], intervals[a.name], pair_row(rows, best, a))]
-    return Ranking(scored, tied, rows, intervals)
-
-
-def pair_row(rows: Sequence[Mapping[str, Any]], a: Arm, b: Arm) -> Mapping[str, Any]:
-    """The row of ``pairwise_rows`` that compares ``a`` and ``b``."""
-    return next(r for r in rows if {r["a"], r["b"]} == {a.name, b.name})
-
-
-def _separated(best: tuple[float, float, float], other: tuple[float, float, float], row: Mapping[str, Any]) -> bool:
-    if math.isfinite(row["p_holm"]) and row["p_holm"] < 0.05:
-        return True
-    bounds = (best[1], best[2], other[1], other[2])
-    if not all(math.isfinite(v) for v in bounds):
-        return False
-    return best[2] < other[1] or other[2] < best[1]

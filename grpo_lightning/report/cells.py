@@ -21,6 +21,13 @@ class CellInfo:
     overrides: dict[str, Any]
     finished: bool
     config: dict[str, Any]
+    #: The arm the sweep compares the others with, as its cell.json records it.
+    baseline: str | None = None
+
+
+#: The file that marks a report's ``data/`` folder (``report.data``): cells below one belong to
+#: that report, not to the sweep folder that holds it.
+DATA_MARKER = "sweep.json"
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -37,7 +44,7 @@ def discover_cells(sweep_dir: Path) -> list[CellInfo]:
     """Cells of a sweep: folders with ``cell.json``, else folders with event files and a config."""
     sweep_dir = Path(sweep_dir)
     cells = []
-    cell_files = sorted(sweep_dir.rglob("cell.json"))
+    cell_files = [p for p in sorted(sweep_dir.rglob("cell.json")) if not _inside_data_folder(p, sweep_dir)]
     if cell_files:
         for path in cell_files:
             record = json.loads(path.read_text())
@@ -52,11 +59,14 @@ def discover_cells(sweep_dir: Path) -> list[CellInfo]:
                     overrides=dict(record.get("overrides") or {}),
                     finished=(directory / "DONE").is_file(),
                     config=_read_yaml(directory / "config.yaml"),
+                    baseline=record.get("baseline"),
                 )
             )
     else:
         for config_path in sorted(sweep_dir.rglob("config.yaml")):
             directory = config_path.parent
+            if _inside_data_folder(config_path, sweep_dir):
+                continue
             if not any(directory.rglob("events.out.tfevents.*")):
                 continue
             config = _read_yaml(config_path)
@@ -68,6 +78,11 @@ def discover_cells(sweep_dir: Path) -> list[CellInfo]:
                          config.get("seed_everything"), {}, True, config)
             )  # fmt: skip
     return sorted(cells, key=lambda c: (c.arm, c.seed if isinstance(c.seed, int) else -1, c.name))
+
+
+def _inside_data_folder(path: Path, sweep_dir: Path) -> bool:
+    """Whether ``path`` lies in a report's ``data/`` folder below ``sweep_dir``."""
+    return any((parent / DATA_MARKER).is_file() for parent in path.parents if parent != sweep_dir and sweep_dir in parent.parents)
 
 
 def log_file(directory: Path, name: str) -> Path | None:

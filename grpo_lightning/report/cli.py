@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from grpo_lightning.report.build import DEFAULT_FOLDER, build_report
+from grpo_lightning.report.labels import MislabelledArmError
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -16,11 +17,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         description="Markdown/HTML report with statistics and learning curves of a grpo-lightning-ablate sweep.",
         allow_abbrev=False,  # --out must not read as --output
     )
-    parser.add_argument("sweep_dir", type=Path, help="the sweep's output_dir (one folder per cell)")
+    parser.add_argument("sweep_dir", type=Path,
+                        help="the sweep's output_dir (one folder per cell), or the data/ folder beside a report")  # fmt: skip
     parser.add_argument(
         "--output", type=Path, default=None,
-        help=f"the folder the report is written to (default: SWEEP_DIR/{DEFAULT_FOLDER}); "
-        "e.g. reports/default to replace a committed report",
+        help=f"the folder the report is written to (default: SWEEP_DIR/{DEFAULT_FOLDER}, or the folder holding a "
+        "data/ folder); e.g. reports/default to replace a committed report",
     )  # fmt: skip
     parser.add_argument("--name", default=None, help="the report's title (default: the sweep folder's name)")
     parser.add_argument("--out", type=Path, default=None, help="deprecated: writes to OUT/NAME; use --output")
@@ -40,7 +42,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.out is not None:
         warnings.warn("--out DIR is deprecated: give the report's own folder as --output DIR/NAME", FutureWarning, stacklevel=1)
         output = args.out / (args.name or args.sweep_dir.resolve().name)
-    target = build_report(args.sweep_dir, output, args.name, args.confidence, args.provenance)
+    try:
+        target = build_report(args.sweep_dir, output, args.name, args.confidence, args.provenance)
+    except MislabelledArmError as error:
+        parser.exit(2, f"error: {error}\n")
     print(f"report: {target / 'report.md'}")
     print(f"html:   {target / 'report.html'}")
 

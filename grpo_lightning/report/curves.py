@@ -1,5 +1,6 @@
-"""The Learning curves section: one PNG per curve (in groups of arms when there are many), with
-a warning beside the wall-clock column when the machine's load makes it meaningless."""
+"""The Learning curves section: one PNG per curve (in groups of arms, each with the baseline, when
+there are many), with a warning beside the wall-clock column when the machine's load makes it
+meaningless."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from grpo_lightning.report.arms import WIDE, Arm, ranked
 from grpo_lightning.report.document import Doc
-from grpo_lightning.report.plots import plot_curves
+from grpo_lightning.report.plots import AXES, arm_colors, plot_curves, y_range
 
 #: Learning curves: file stem, title, tags drawn (one row each).
 CURVES = [
@@ -24,30 +25,38 @@ CURVES = [
 CURVE_GROUP = 4
 
 
-def curves_section(doc: Doc, arms: Sequence[Arm], target: Path, wall_clock_caveat: str | None = None) -> None:
+def curves_section(doc: Doc, arms: Sequence[Arm], target: Path, wall_clock_caveat: str | None = None,
+                   baseline: Arm | None = None, confidence: float = 0.95) -> None:  # fmt: skip
     doc.h(2, "Learning curves")
     doc.p(
-        "Mean over seeds where every seed has data (linear interpolation between logged points); the band "
-        "is ± one standard deviation across seeds. Columns: against training "
-        "steps, against completion tokens generated (compute-normalised) and against wall-clock seconds "
-        "since training began (validation time included). Step 0 of val/accuracy is the "
-        "validation before training, when it was run."
+        "Thin lines: each seed. Thick line: the mean over seeds where every seed has data (linear interpolation "
+        f"between logged points); band: the {confidence:.0%} Student-t interval of that mean at each point (the "
+        "interval of Final metrics, point by point; one seed has none). One colour per arm and one y-range per "
+        "curve in every figure. Columns: against training steps, against completion tokens generated "
+        "(compute-normalised) and, where the machine's load allows, against wall-clock seconds since training began "
+        "(validation time included). "
+        "Step 0 of val/accuracy is the validation before training, when it was run."
     )
     if wall_clock_caveat:
-        doc.p(f"**Warning, right-hand column (wall-clock seconds):** {wall_clock_caveat[0].upper()}{wall_clock_caveat[1:]} "
-              "Compare the arms against steps or generated tokens instead.")  # fmt: skip
+        doc.p(f"**The wall-clock column is left out:** {wall_clock_caveat[0].upper()}{wall_clock_caveat[1:]} "
+              "Compare the arms against steps or generated tokens.")  # fmt: skip
     groups = [list(arms)]
     if len(arms) > WIDE:
-        order = [arms[i] for i in ranked(arms)]
-        groups = [order[start : start + CURVE_GROUP] for start in range(0, len(order), CURVE_GROUP)]
-        doc.p(f"With {len(arms)} arms the curves come in groups of {CURVE_GROUP}, in the order of their final "
-              "val/accuracy (the first group holds the best arms).")  # fmt: skip
+        order = [arms[i] for i in ranked(arms) if baseline is None or arms[i].name != baseline.name]
+        size = CURVE_GROUP - (baseline is not None)
+        groups = [([baseline] if baseline else []) + order[start : start + size] for start in range(0, len(order), size)]
+        doc.p(f"With {len(arms)} arms the curves come in groups of {CURVE_GROUP}"
+              + (f", each with the baseline **{baseline.name}**" if baseline else "")
+              + ", the others in the order of their mean final val/accuracy.")  # fmt: skip
+    colors = arm_colors([a.name for a in arms])
+    shown = [a for a in AXES if not (wall_clock_caveat and a[0] == "time")]
     for stem, title, tags in CURVES:
         if not any(tag in run.scalars or tag in run.initial for arm in arms for run in arm.runs for tag in tags):
             continue
         doc.h(3, title)
+        ylims = {tag: y_range(arms, tag) for tag in tags}
         for number, group in enumerate(groups, start=1):
             filename = f"curves_{stem}.png" if len(groups) == 1 else f"curves_{stem}_{number}.png"
             heading = title if len(groups) == 1 else f"{title}: {', '.join(a.name for a in group)}"
-            plot_curves(group, tags, heading, target / filename)
+            plot_curves(group, tags, heading, target / filename, confidence, colors, ylims, shown)
             doc.img(heading, filename)

@@ -1,4 +1,4 @@
-"""The Final metrics section: each arm's final metrics with bounded intervals over seeds, each
+"""The Final metrics section: each arm's final metrics with Student-t intervals over seeds, each
 run's final values (its accuracy with an interval over the validation prompts), and the same
 table as ``final_metrics.csv`` and ``final_metrics.tex`` beside the report."""
 
@@ -9,64 +9,54 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpo_lightning.report.arms import WIDE, Arm, final_value, rank_arms, ranked
+from grpo_lightning.report.arms import SMOOTHING_STEPS, WIDE, Arm, final_value, ranked
 from grpo_lightning.report.document import Doc
 from grpo_lightning.report.formatting import fmt_interval, fmt_metric
-from grpo_lightning.report.metrics import FINAL_METRICS, PER_RUN_METRICS, WALL_CLOCK_METRICS, Metric
+from grpo_lightning.report.metrics import FINAL_METRICS, PER_RUN_METRICS, WALL_CLOCK_METRICS
 from grpo_lightning.report.runs import Run
 from grpo_lightning.report.statistics import wilson_interval
 from grpo_lightning.report.tables import CSV_FILE, LATEX_FILE, Row, write_final_tables
 
-INTERVAL = "percentile bootstrap over seeds"
+INTERVAL = "Student t over seeds"
 
 
-def final_rows(arms: Sequence[Arm], confidence: float, wall_clock_caveat: str | None = None) -> list[Row]:
-    """``(metric, [(mean, low, high) per arm], leader)`` of every metric some arm logged; the
-    leader is the index of the arm ahead of all others (``arms.rank_arms``), else None."""
+def final_rows(arms: Sequence[Arm], confidence: float) -> list[Row]:
+    """``(metric, [(mean, low, high) per arm])`` of every metric some arm logged."""
     rows = []
     for metric in FINAL_METRICS:
         stats = [arm.interval(metric.key, confidence) for arm in arms]
         if all(not math.isfinite(s[0]) for s in stats):
             continue
-        rows.append((metric, stats, _leader(arms, metric, confidence, wall_clock_caveat)))
+        rows.append((metric, stats))
     return rows
-
-
-def _leader(arms: Sequence[Arm], metric: Metric, confidence: float, wall_clock_caveat: str | None) -> int | None:
-    if wall_clock_caveat and metric.key in WALL_CLOCK_METRICS:
-        return None
-    ranking = rank_arms(arms, metric.key, metric.direction, confidence)
-    if ranking is None or len(ranking.tied) > 1:
-        return None
-    return list(arms).index(ranking.tied[0])
 
 
 def final_section(doc: Doc, arms: Sequence[Arm], confidence: float, target: Path, name: str,
                   wall_clock_caveat: str | None = None) -> None:  # fmt: skip
     doc.h(2, "Final metrics")
     doc.p(
-        f"Last logged value of each run; mean [{confidence:.0%} {INTERVAL}] (n = runs): the "
-        f"{confidence:.0%} quantile range of the means of 10,000 resamples of the seeds, never outside the "
-        "range of the seeds nor the range the quantity can take (accuracies and shares in [0, 1], "
-        "counts and times ≥ 0). **Bold**: an arm ahead of every other where higher (accuracy, reward) or lower "
-        "(tokens, time) is better, significantly after Holm's correction or by more than the intervals. Also as "
-        f"[{CSV_FILE}]({CSV_FILE}) and [{LATEX_FILE}]({LATEX_FILE}) (LaTeX, booktabs)."
+        f"Each run's value at the end of training: the last validation for val/*, the mean of the last "
+        f"{SMOOTHING_STEPS} training steps for training metrics (reward, kl, entropy, lengths, clip and "
+        f"zero-spread shares). Mean over seeds [{confidence:.0%} Student-t interval over seeds, clipped to the "
+        "range the quantity can take] (n = runs); one seed has no interval. These intervals describe each arm "
+        "alone: whether two arms differ is the paired test of Effects against the baseline, not whether "
+        f"their intervals overlap. Also as [{CSV_FILE}]({CSV_FILE}) and [{LATEX_FILE}]({LATEX_FILE}) (LaTeX, booktabs)."
     )
-    rows = final_rows(arms, confidence, wall_clock_caveat)
-    labels = [_label(metric.key, metric.label, wall_clock_caveat) for metric, _, _ in rows]
-    cells = [[_cell(stat, metric.key, i == best) for i, stat in enumerate(stats)] for metric, stats, best in rows]
+    rows = final_rows(arms, confidence)
+    labels = [_label(metric.key, metric.label, wall_clock_caveat) for metric, _ in rows]
+    cells = [[interval_text(stat, metric.key) for stat in stats] for metric, stats in rows]
     names = [f"{a.name} (n={len(a.runs)})" for a in arms]
     if len(arms) > WIDE:  # one row per arm, best final val/accuracy first
-        doc.p("Arms are ranked by their mean final val/accuracy.")
-        doc.table(["rank", "arm", *labels], [[str(r + 1), names[i], *(c[i] for c in cells)] for r, i in enumerate(ranked(arms))],
+        doc.p("Arms are sorted by their mean final val/accuracy (an order for reading; see Effects for tests).")
+        doc.table(["#", "arm", *labels], [[str(r + 1), names[i], *(c[i] for c in cells)] for r, i in enumerate(ranked(arms))],
                   "rl" + "r" * len(labels))  # fmt: skip
     else:
         doc.table(["metric", *names], [[label, *row] for label, row in zip(labels, cells)])
-    if wall_clock_caveat and any(metric.key in WALL_CLOCK_METRICS for metric, _, _ in rows):
+    if wall_clock_caveat and any(metric.key in WALL_CLOCK_METRICS for metric, _ in rows):
         doc.p(f"† Training wall-clock: {wall_clock_caveat}")
     caption = (
-        f"Final metrics of {name}: mean over seeds [{confidence:.0%} percentile-bootstrap interval]; "
-        "bold: ahead of every other arm (significant after Holm's correction, or beyond the intervals)."
+        f"Final metrics of {name}: mean over seeds [{confidence:.0%} Student-t interval over seeds]; training "
+        f"metrics averaged over the last {SMOOTHING_STEPS} steps."
     )
     seeds = [len(a.runs) for a in arms]
     write_final_tables(target, name, [a.name for a in arms], seeds, rows, INTERVAL, caption)
@@ -77,9 +67,12 @@ def _label(key: str, label: str, caveat: str | None) -> str:
     return label + " †" if caveat and key in WALL_CLOCK_METRICS else label
 
 
-def _cell(stat: tuple[float, float, float], key: str, bold: bool) -> str:
-    text = fmt_interval(*stat, key)
-    return f"**{text}**" if bold else text
+def interval_text(stat: tuple[float, float, float], key: str) -> str:
+    """``mean [low, high]``; the mean alone for one seed; ``(all seeds equal)`` for a zero-width interval."""
+    mean, low, high = stat
+    if math.isfinite(low) and low == high == mean:
+        return f"{fmt_metric(mean, key)} (all seeds equal)"
+    return fmt_interval(mean, low, high, key)
 
 
 def per_run_section(doc: Doc, arms: Sequence[Arm], confidence: float) -> None:

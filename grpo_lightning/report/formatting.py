@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 #: Metrics whose values are counts: printed as whole numbers with thousands separators.
-COUNT_METRICS = {"perf/generated_tokens", "steps", "batches"}
+COUNT_METRICS = {"perf/generated_tokens", "steps", "batches", "step_of:val/accuracy"}
 #: Units printed after a value.
 UNITS = {"train_time_s": " s"}
 

@@ -37,35 +37,45 @@ FINAL_METRICS = [
     Metric("clip_ratio/region", "clip_ratio/region"),
     Metric("clip_ratio/low", "clip_ratio/low"),
     Metric("clip_ratio/high", "clip_ratio/high"),
-    Metric("steps", "training steps"),
-    Metric("batches", "rollout batches"),
+    Metric("step_of:val/accuracy", "step of the final validation"),
+    Metric("steps", "optimizer steps"),
+    Metric("batches", "generation batches"),
     Metric("perf/generated_tokens", "generated tokens", -1),
     Metric("train_time_s", "training wall-clock (s)", -1),
 ]
 
 #: Columns of the per-run table.
-PER_RUN_METRICS = {"val/accuracy", "initial:val/accuracy", "reward", "kl", "steps", "perf/generated_tokens", "train_time_s"}
+PER_RUN_METRICS = {"val/accuracy", "initial:val/accuracy", "reward", "kl", "step_of:val/accuracy", "steps",
+                   "perf/generated_tokens", "train_time_s"}  # fmt: skip
 
-#: Metrics the summary names a winner for: (key, label, superlative, direction).
+#: Metrics the summary compares with the baseline: (key, label, direction).
 SUMMARY_METRICS = [
-    ("val/accuracy", "final val/accuracy", "highest", 1),
-    ("reward", "final training reward", "highest", 1),
-    ("kl", "final KL to the reference", "lowest", -1),
-    ("perf/generated_tokens", "generated tokens", "fewest", -1),
-    ("train_time_s", "training wall-clock", "shortest", -1),
+    ("val/accuracy", "final val/accuracy", 1),
+    ("reward", "training reward", 1),
+    ("kl", "KL to the reference", -1),
+    ("perf/generated_tokens", "generated tokens", -1),
+    ("train_time_s", "training wall-clock", -1),
 ]
+
+#: Config settings that set the scale of the training reward: arms that differ in one are not
+#: compared on it (parts of flattened config keys).
+REWARD_SCALE_KEYS = ("reward_funcs", "reward_weights", "step_reward", "reward_aggregation", "reward_model")
 
 #: Wall-clock metrics: meaningless when the machine was loaded (see ``provenance.wall_clock_caveat``).
 WALL_CLOCK_METRICS = {"train_time_s"}
 
 _PROPORTIONS = re.compile(r"^(val|test)/(accuracy|pass@\d+|maj@\d+)$|^(frac_|clip_ratio/|completions/clipped_ratio)")
 _NON_NEGATIVE = re.compile(r"length|entropy|reward_std|^perf/|^train_time_s$|^steps$|^batches$")
+#: Computed keys that count steps.
+_STEP_KINDS = {"step_of"}
 
 
 def metric_bounds(key: str) -> tuple[float, float]:
     """The range a metric can take: accuracies and shares in ``[0, 1]``, a gain of accuracy in
     ``[-1, 1]``, times, counts, lengths and entropies ``>= 0``; unbounded otherwise."""
     kind, _, tag = key.rpartition(":")
+    if kind in _STEP_KINDS:
+        return NON_NEGATIVE
     if _PROPORTIONS.search(tag):
         return (-1.0, 1.0) if kind == "gain" else PROPORTION
     if _NON_NEGATIVE.search(tag) and kind != "gain":

@@ -1,5 +1,6 @@
-"""Learning-curve PNGs: the mean over seeds with a band of one standard deviation, against
-training steps, generated tokens and wall-clock seconds."""
+"""Learning-curve PNGs: each seed as a thin line under the mean over seeds and the band of its
+Student-t interval (``statistics.seed_interval``), against training steps, generated tokens and
+wall-clock seconds; one colour per arm and one y-range per curve across the figures of a report."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from grpo_lightning.report.runs import Run
+from grpo_lightning.report.statistics import seed_interval
 
 if TYPE_CHECKING:
     from grpo_lightning.report.arms import Arm
@@ -18,26 +20,40 @@ if TYPE_CHECKING:
 AXES = [("step", "training step"), ("tokens", "generated tokens"), ("time", "wall-clock seconds")]
 
 
-def aligned_curve(runs: Sequence[Run], tag: str, axis: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Mean and standard deviation over runs of ``tag`` on a common grid of ``axis``.
+def aligned_seeds(runs: Sequence[Run], tag: str, axis: str) -> tuple[np.ndarray, np.ndarray]:
+    """``tag`` of every run with data on a common grid of ``axis``: ``(x, values [runs, x])``.
 
     The grid is every x any run logged inside the range all runs cover; each run is linearly
-    interpolated onto it (runs that logged the same steps are used as they are). Returns
-    ``(x, mean, std, n_runs)``.
+    interpolated onto it (runs that logged the same steps are used as they are).
     """
     curves = [run.axis(tag, axis) for run in runs]
     curves = [_sorted_unique(x, y) for x, y in curves if len(x)]
     empty = np.array([])
     if not curves:
-        return empty, empty, empty, 0
+        return empty, np.empty((0, 0))
     low = max(float(x[0]) for x, _ in curves)
     high = min(float(x[-1]) for x, _ in curves)
     if high < low:
-        return empty, empty, empty, 0
+        return empty, np.empty((0, 0))
     grid = np.unique(np.concatenate([x[(x >= low) & (x <= high)] for x, _ in curves]))
-    stacked = np.stack([np.interp(grid, x, y) for x, y in curves])
-    std = stacked.std(axis=0, ddof=1) if len(curves) > 1 else np.zeros(len(grid))
-    return grid, stacked.mean(axis=0), std, len(curves)
+    return grid, np.stack([np.interp(grid, x, y) for x, y in curves])
+
+
+def aligned_curve(runs: Sequence[Run], tag: str, axis: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Mean and standard deviation over runs of ``tag`` on the grid of ``aligned_seeds``:
+    ``(x, mean, std, n_runs)``."""
+    grid, stacked = aligned_seeds(runs, tag, axis)
+    if not len(grid):
+        return grid, grid, grid, 0
+    std = stacked.std(axis=0, ddof=1) if len(stacked) > 1 else np.zeros(len(grid))
+    return grid, stacked.mean(axis=0), std, len(stacked)
+
+
+def seed_band(stacked: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean and interval over seeds at every x: ``statistics.seed_interval`` of each column."""
+    columns = [seed_interval(stacked[:, j], confidence) for j in range(stacked.shape[1])]
+    mean, low, high = (np.asarray(v, dtype=float) for v in zip(*columns)) if columns else (np.array([]),) * 3
+    return mean, low, high
 
 
 def _sorted_unique(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -50,8 +66,29 @@ def _sorted_unique(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray
 PNG_METADATA = {"Software": None, "Title": None, "Author": None, "Description": None, "Creation Time": None}
 
 
-def plot_curves(arms: Sequence[Arm], tags: Sequence[str], title: str, path: Path) -> None:
-    """One row per tag, one column per x axis; deterministic PNG bytes."""
+def arm_colors(names: Sequence[str]) -> dict[str, tuple]:
+    """One colour per arm, the same in every figure of a report."""
+    import matplotlib
+
+    palette = matplotlib.colormaps["tab10" if len(names) <= 10 else "tab20"]
+    return {name: palette(i % 20) for i, name in enumerate(names)}
+
+
+def y_range(arms: Sequence[Arm], tag: str) -> tuple[float, float] | None:
+    """The range of every seed's values of ``tag`` (with a margin): one y-range for the figures
+    of a curve, so that groups of arms can be compared by eye."""
+    values = [y for arm in arms for run in arm.runs for y in run.axis(tag, "step")[1]]
+    if not values:
+        return None
+    low, high = float(min(values)), float(max(values))
+    margin = 0.05 * (high - low) if high > low else 0.05 * max(abs(high), 1.0)
+    return (low - margin, high + margin)
+
+
+def plot_curves(arms: Sequence[Arm], tags: Sequence[str], title: str, path: Path, confidence: float = 0.95,
+                colors: dict[str, tuple] | None = None, ylims: dict[str, tuple[float, float] | None] | None = None,
+                axes_shown: Sequence[tuple[str, str]] = tuple(AXES)) -> None:  # fmt: skip
+    """One row per tag, one column per x axis of ``axes_shown``; deterministic PNG bytes."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -59,30 +96,38 @@ def plot_curves(arms: Sequence[Arm], tags: Sequence[str], title: str, path: Path
 
     rc = {"figure.dpi": 100, "savefig.dpi": 100, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3,
           "path.simplify": False, "svg.hashsalt": "grpo-lightning"}  # fmt: skip
-    palette = "tab10" if len(arms) <= 10 else "tab20"
-    colors = [matplotlib.colormaps[palette](i % 20) for i in range(len(arms))]
+    colors = colors or arm_colors([a.name for a in arms])
     with matplotlib.rc_context(rc):
-        fig, axes = plt.subplots(len(tags), len(AXES), figsize=(13, 3.4 * len(tags)), squeeze=False)
+        fig, axes = plt.subplots(len(tags), len(axes_shown), figsize=(13, 3.4 * len(tags)), squeeze=False)
         for row, tag in enumerate(tags):
-            for col, (axis, label) in enumerate(AXES):
+            for col, (axis, label) in enumerate(axes_shown):
                 ax = axes[row][col]
                 drawn = False
-                for arm, color in zip(arms, colors):
-                    x, mean, std, n = aligned_curve(arm.runs, tag, axis)
+                for arm in arms:
+                    color = colors[arm.name]
+                    x, stacked = aligned_seeds(arm.runs, tag, axis)
                     if not len(x):
                         continue
                     drawn = True
+                    for run in arm.runs:
+                        rx, ry = run.axis(tag, axis)
+                        if len(rx):
+                            ax.plot(rx, ry, color=color, linewidth=0.6, alpha=0.35)
+                    mean, low, high = seed_band(stacked, confidence)
                     marker = "o" if axis == "step" and len(x) <= 30 else None
-                    ax.plot(x, mean, color=color, label=f"{arm.name} (n={n})", marker=marker, markersize=3, linewidth=1.4)
-                    if n > 1:
-                        ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.18, linewidth=0)
+                    ax.plot(x, mean, color=color, label=f"{arm.name} (n={len(stacked)})", marker=marker, markersize=3,
+                            linewidth=1.6)  # fmt: skip
+                    if len(stacked) > 1:
+                        ax.fill_between(x, low, high, color=color, alpha=0.18, linewidth=0)
                 if not drawn:
                     ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+                elif ylims and ylims.get(tag):
+                    ax.set_ylim(*ylims[tag])
                 ax.set_xlabel(label)
                 ax.set_ylabel(tag)
                 if row == 0 and col == 0 and drawn:
                     ax.legend(fontsize=8, loc="best")
-        fig.suptitle(title)
+        fig.suptitle(f"{title}: mean over seeds, band {confidence:.0%} t-interval of the mean, thin lines single seeds")
         height = 3.4 * len(tags)
         fig.subplots_adjust(left=0.06, right=0.99, wspace=0.25, hspace=0.4, top=1 - 0.45 / height, bottom=0.55 / height)
         fig.savefig(path, format="png", metadata=PNG_METADATA)

@@ -49,6 +49,27 @@ def wall_clock_caveat(records: Sequence[Mapping[str, Any]]) -> str | None:
     return "wall-clock times measure the machine's load as much as the algorithm (" + "; ".join(unique) + ")."
 
 
+def provenance_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Banners for the top of a report whose code is not one clean commit: no record of it, cells
+    run from a checkout with uncommitted changes (and whether the diff was kept), several commits."""
+    if not records:
+        return [f"**Warning: no `{PROVENANCE_FILE}`: the code these runs used is unknown.**"]
+    lines = []
+    dirty = [r for r in records if r.get("dirty")]
+    if dirty:
+        kept = all(r.get("diff") for r in dirty)
+        how = ("the uncommitted diff is recorded in `data/provenance.json`" if kept
+               else "the uncommitted diff was not recorded, so these runs cannot be redone exactly")  # fmt: skip
+        lines.append(f"**Warning: {len(dirty)} of {len(records)} runs of the sweep used a checkout with uncommitted "
+                     f"changes to tracked files;** {how}.")  # fmt: skip
+    commits = list(dict.fromkeys(str(r.get("commit")) for r in records))
+    if len(commits) > 1:
+        shown = ", ".join(f"`{c[:10]}`" for c in commits)
+        lines.append(f"**Warning: the cells of this sweep ran at {len(commits)} different commits** ({shown}; see "
+                     "Provenance for which cells ran at which): arms may differ by code as well as by setting.")  # fmt: skip
+    return lines
+
+
 def provenance_section(doc: Doc, records: Sequence[Mapping[str, Any]], extra: Sequence[str] = ()) -> None:
     doc.h(2, "Provenance")
     if not records:

@@ -14,6 +14,8 @@ IGNORED_TAGS = {"epoch", "hp_metric"}
 #: A training scalar present in every step the module logs: the time axis starts from its first event.
 STEP_TIME_TAG = "perf/step_s"
 TOKENS_TAG = "perf/generated_tokens"
+#: Logged by runs whose loggers' step is the optimizer steps taken; older runs logged the batch counter.
+GENERATION_BATCHES_TAG = "counters/generation_batches"
 
 
 @dataclass
@@ -30,10 +32,11 @@ class Run:
     """The scalars of one fit run, with the axes of the learning curves.
 
     ``scalars`` leaves out the validation before training, which is in ``initial``. For every
-    point, ``x_step`` is the number of training steps done, counting the steps that logged
-    training metrics (a step ends in a policy update; DAPO's dynamic sampling can spend several
-    generation batches on one), ``x_tokens`` the completion tokens generated so far and
-    ``x_time`` the seconds since training began (validation time included).
+    point, ``x_step`` is the number of optimizer steps taken (each rollout may make several; DAPO's
+    dynamic sampling can spend several generation batches on one), ``x_tokens`` the completion
+    tokens generated so far and ``x_time`` the seconds since training began (validation time
+    included). Runs logged before the loggers' step counted optimizer steps give the training
+    steps done instead (each row of training metrics one).
     """
 
     directory: Path
@@ -42,6 +45,9 @@ class Run:
     t0: float = math.nan
     train_time_s: float = math.nan
     update_steps: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.int64))
+    #: Optimizer steps per training step, for runs that logged the batch counter (read from the
+    #: cell's config by :func:`optimizer_steps_per_rollout`); runs with ``counters/*`` ignore it.
+    updates_per_step: int = 1
 
     def axis(self, tag: str, axis: str, include_initial: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """``(x, y)`` of ``tag`` against ``"step"``, ``"tokens"`` or ``"time"``."""
@@ -66,11 +72,34 @@ class Run:
         keep = np.isfinite(x) & np.isfinite(y)
         return x[keep], y[keep]
 
-    def steps_done(self, tb_steps: np.ndarray) -> np.ndarray:
-        """Training steps done at each TensorBoard step (the logger's batch counter)."""
+    @property
+    def steps_are_optimizer_steps(self) -> bool:
+        """Whether the run's TensorBoard steps are optimizer steps (it logged ``counters/*``)."""
+        return GENERATION_BATCHES_TAG in self.scalars
+
+    def optimizer_steps(self) -> float:
+        """Optimizer steps taken by the last training step (older runs: training steps done)."""
         if not len(self.update_steps):
-            return tb_steps.astype(float) + 1.0
-        return np.searchsorted(self.update_steps, tb_steps, side="right").astype(float)
+            return math.nan
+        if self.steps_are_optimizer_steps:
+            return float(self.update_steps[-1])
+        return float(len(self.update_steps) * self.updates_per_step)
+
+    def generation_batches(self) -> float:
+        """Batches of prompts sampled for training (DAPO's dynamic sampling draws several per update)."""
+        series = self.scalars.get(GENERATION_BATCHES_TAG)
+        if series is None or not len(series.values):
+            return math.nan  # older runs did not count them (DAPO's logged step counted its updates)
+        return float(series.values[-1])
+
+    def steps_done(self, tb_steps: np.ndarray) -> np.ndarray:
+        """Optimizer steps taken at each TensorBoard step (older runs: training steps done at each
+        value of the logger's batch counter)."""
+        if self.steps_are_optimizer_steps:
+            return tb_steps.astype(float)
+        if not len(self.update_steps):
+            return (tb_steps.astype(float) + 1.0) * self.updates_per_step
+        return np.searchsorted(self.update_steps, tb_steps, side="right").astype(float) * self.updates_per_step
 
     def _tokens_at(self, steps: np.ndarray) -> np.ndarray:
         tokens = self.scalars.get(TOKENS_TAG)
@@ -114,10 +143,67 @@ def read_scalars(directory: Path) -> dict[str, Series]:
     return scalars
 
 
+#: A run's scalars as gzipped CSV text (``zcat`` reads it), in the ``data/`` folder beside a
+#: report (``report.data``).
+SCALARS_FILE = "scalars.csv.gz"
+SCALARS_HEADER = ["tag", "step", "value", "wall"]
+
+
+def write_scalars_csv(scalars: Mapping[str, Series], path: Path) -> None:
+    """``tag,step,value,wall``, one row per logged point; values as ``repr`` so that reading them
+    back gives the same floats, and the report the same bytes. Gzipped without a time stamp, so
+    the file's bytes depend on the scalars alone."""
+    import csv
+    import gzip
+    import io
+
+    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as packed, \
+            io.TextIOWrapper(packed, encoding="utf-8", newline="") as out:  # fmt: skip
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(SCALARS_HEADER)
+        for tag in sorted(scalars):
+            series = scalars[tag]
+            for step, value, wall in zip(series.steps, series.values, series.wall):
+                writer.writerow([tag, int(step), repr(float(value)), repr(float(wall))])
+
+
+def read_scalars_csv(path: Path) -> dict[str, Series]:
+    """The scalars ``write_scalars_csv`` wrote."""
+    import csv
+    import gzip
+
+    rows: dict[str, list[tuple[int, float, float]]] = {}
+    with gzip.open(path, "rt", encoding="utf-8", newline="") as lines:
+        reader = csv.reader(lines)
+        if next(reader, None) != SCALARS_HEADER:
+            raise ValueError(f"{path}: expected the header {','.join(SCALARS_HEADER)}")
+        for tag, step, value, wall in reader:
+            rows.setdefault(tag, []).append((int(step), float(value), float(wall)))
+    return {
+        tag: Series(np.asarray([r[0] for r in points], dtype=np.int64), np.asarray([r[1] for r in points], dtype=float),
+                    np.asarray([r[2] for r in points], dtype=float))
+        for tag, points in sorted(rows.items())
+    }  # fmt: skip
+
+
+def optimizer_steps_per_rollout(config: dict) -> int:
+    """Optimizer steps a fit of ``config`` (a cell's resolved ``config.yaml``) takes per rollout:
+    ``ppo_epochs`` passes, each one step per ``minibatch_size`` rows of ``batch_size x group_size``."""
+    model = config.get("model") or {}
+    model = model.get("init_args", model)
+    data = config.get("data") or {}
+    data = data.get("init_args", data)
+    rows = int(data.get("batch_size") or 1) * int(model.get("group_size") or 1)
+    minibatch = model.get("minibatch_size")
+    return int(model.get("ppo_epochs") or 1) * (math.ceil(rows / int(minibatch)) if minibatch else 1)
+
+
 def load_run(run_dir: str | Path) -> Run:
-    """Read a run's scalars and split off the validation logged before the first training step."""
+    """Read a run's scalars (its TensorBoard events, or ``scalars.csv`` in a report's ``data/``)
+    and split off the validation logged before the first training step."""
     run_dir = Path(run_dir)
-    scalars = read_scalars(event_directory(run_dir))
+    csv_file = run_dir / SCALARS_FILE
+    scalars = read_scalars_csv(csv_file) if csv_file.is_file() else read_scalars(event_directory(run_dir))
     train_walls = [s.wall[0] for tag, s in scalars.items() if not tag.startswith("val/") and len(s.wall)]
     first_train = min(train_walls) if train_walls else math.inf
     initial: dict[str, float] = {}

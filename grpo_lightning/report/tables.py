@@ -14,8 +14,8 @@ from grpo_lightning.report.metrics import Metric
 
 CSV_FILE = "final_metrics.csv"
 LATEX_FILE = "final_metrics.tex"
-#: ``(metric, [(mean, low, high) per arm], index of the best arm or None)``
-Row = tuple[Metric, list[tuple[float, float, float]], int | None]
+#: ``(metric, [(mean, low, high) per arm])``
+Row = tuple[Metric, list[tuple[float, float, float]]]
 
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
                   "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}  # fmt: skip
@@ -29,7 +29,7 @@ def final_metrics_csv(arm_names: Sequence[str], seeds: Sequence[int], rows: Sequ
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["metric", "arm", "n", "mean", "ci_low", "ci_high", "interval"])
-    for metric, stats, _ in rows:
+    for metric, stats in rows:
         for name, n, (mean, low, high) in zip(arm_names, seeds, stats):
             method = interval if math.isfinite(low) else ""
             writer.writerow([metric.key, name, n, _number(mean), _number(low), _number(high), method])
@@ -41,8 +41,8 @@ def latex_escape(text: str) -> str:
 
 
 def final_metrics_latex(name: str, arm_names: Sequence[str], seeds: Sequence[int], rows: Sequence[Row], caption: str) -> str:
-    """A ``table`` with a booktabs ``tabular``: one row per metric, one column per arm, the best arm
-    of a metric in bold; needs ``\\usepackage{booktabs}``."""
+    """A ``table`` with a booktabs ``tabular``: one row per metric, one column per arm; needs
+    ``\\usepackage{booktabs}``."""
     lines = [
         r"\begin{table}[t]",
         r"\centering",
@@ -53,9 +53,8 @@ def final_metrics_latex(name: str, arm_names: Sequence[str], seeds: Sequence[int
         " & ".join(["Metric", *(f"{latex_escape(a)} ($n={n}$)" for a, n in zip(arm_names, seeds))]) + r" \\",
         r"\midrule",
     ]
-    for metric, stats, best in rows:
+    for metric, stats in rows:
         texts = [latex_escape(fmt_interval(*s, metric.key)) for s in stats]
-        texts = [rf"\textbf{{{t}}}" if i == best else t for i, t in enumerate(texts)]
         lines.append(" & ".join([latex_escape(metric.label), *texts]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
     return "\n".join(lines) + "\n"

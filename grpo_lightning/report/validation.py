@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from grpo_lightning.report.arms import Arm, final_value
 from grpo_lightning.report.document import Doc
+from grpo_lightning.report.finals import interval_text
 from grpo_lightning.report.formatting import fmt_interval
 
 _METRIC = re.compile(r"^val/(accuracy|pass@(\d+)|maj@(\d+)|mean_length)$")
@@ -49,18 +50,19 @@ def evaluation_section(doc: Doc, arms: Sequence[Arm], confidence: float) -> None
     tags = evaluation_tags(arms)
     doc.h(2, "Evaluation")
     doc.p(
-        f"Final validation metrics: mean over seeds [{confidence:.0%} percentile-bootstrap interval over seeds, "
-        "inside [0, 1] for accuracies]. pass@k: a prompt counts when any of k of its n samples is right; "
+        f"Final validation metrics: mean over seeds [{confidence:.0%} Student-t interval over seeds, clipped to "
+        "[0, 1]]. pass@k: a prompt counts when any of k of its n samples is right; "
         "maj@n: when the answer most of its n samples give is right."
     )
     header = ["metric", *(f"{a.name} (n={len(a.runs)})" for a in arms)]
-    rows = [[tag.removeprefix("val/"), *(fmt_interval(*a.interval(tag, confidence), tag) for a in arms)] for tag in tags]
+    rows = [[tag.removeprefix("val/"), *(interval_text(a.interval(tag, confidence), tag) for a in arms)] for tag in tags]
     doc.table(header, rows)
     with_ci = [tag for tag in tags if any(tag + CI_LOW in run.scalars for a in arms for run in a.runs)]
     if not with_ci:
         return
     body = Doc()
-    body.p("Each run's final value [the interval over prompts it logged itself].")
+    body.p("Each run's final value [the interval over prompts it logged itself: the sampling of prompts only, "
+           "not of seeds].")  # fmt: skip
     body.table(
         ["run", *(tag.removeprefix("val/") for tag in with_ci)],
         [[cell.name, *(run_interval_text(arm, i, tag) for tag in with_ci)]

@@ -19,6 +19,9 @@ THOUSANDS = re.compile(r"^[-+]?\d{1,3}(,\d{3})+(\.\d+)?$")
 # Plain words compare as text only: math-verify would read "AB" as the product a*b, equal to "BA".
 WORDS = re.compile(r"^[^\W\d_]+(?:\s+[^\W\d_]+)*$")
 RELATIVE_TOLERANCE = 1e-6
+#: Exponents (``1e400``) past this are no float's, and too costly to expand exactly.
+EXPONENT = re.compile(r"[eE][-+]?([\d_]+)")
+MAX_EXPONENT = 4300
 
 
 def extract_answer(text: str) -> str | None:
@@ -49,17 +52,29 @@ def _last_boxed(text: str) -> str | None:
 
 
 def parse_number(text: str) -> float | None:
-    """Parse ints, decimals, fractions (``3/4``, ``\\frac{3}{4}``) and ``1,234``; ``None`` if not a number."""
+    """Parse ints, decimals, fractions (``3/4``, ``\\frac{3}{4}``) and ``1,234``; ``None`` if not a
+    number, or not one a float holds (``1e400``, 309 digits, a nonzero ``1e-400``): such answers
+    compare as text. Never raises, on any text a model writes."""
     cleaned = text.strip().strip("$").strip().rstrip(".").strip()
     latex = LATEX_FRACTION.match(cleaned)
     if latex:
         cleaned = f"{latex.group(1)}{latex.group(2)}/{latex.group(3)}"
     if THOUSANDS.match(cleaned):
         cleaned = cleaned.replace(",", "")
+    cleaned = cleaned.replace(" ", "")
+    if any(_too_large(exponent) for exponent in EXPONENT.findall(cleaned)):
+        return None  # Fraction would compute 10**exponent first: "1e999999999" takes minutes
     try:
-        return float(Fraction(cleaned.replace(" ", "")))
-    except (ValueError, ZeroDivisionError):
+        exact = Fraction(cleaned)
+        number = float(exact)
+    except (ValueError, ZeroDivisionError, OverflowError):  # ValueError too for over 4300 digits
         return None
+    return None if number == 0 and exact != 0 else number
+
+
+def _too_large(exponent: str) -> bool:
+    digits = exponent.replace("_", "").lstrip("0")
+    return len(digits) > len(str(MAX_EXPONENT)) or bool(digits) and int(digits) > MAX_EXPONENT
 
 
 def answers_match(predicted: str | None, reference: Any) -> bool:

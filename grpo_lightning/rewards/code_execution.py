@@ -5,7 +5,11 @@ cases come from a dataset column, as a list of assert statements (each runs afte
 passes when it raises nothing) or a list of ``{"input": stdin, "output": expected stdout}`` (stdout is
 compared with trailing whitespace stripped, line by line), or either as a JSON string.
 
-Every run is a fresh interpreter confined by :mod:`grpo_lightning.rewards.code_sandbox`, in a new
+Assert tests are split (:mod:`grpo_lightning.rewards.assert_tests`): the sandbox returns the value of
+each call, and this process compares it with the expected one, which never enters the sandbox.
+
+Every run is a fresh interpreter confined by :mod:`grpo_lightning.rewards.code_sandbox`, under
+bubblewrap where it runs (:mod:`grpo_lightning.rewards.sandbox_command`), in a new
 temporary directory (removed afterwards) with an empty environment, its own process group, a
 wall-clock deadline and a cap on its output; runs go through a bounded pool of worker threads. What
 a completion does to itself (loops, crashes, forks, floods) scores 0 and never raises. The limits of
@@ -29,16 +33,16 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_lightning.rewards import code_sandbox
+from grpo_lightning.rewards import assert_tests, code_sandbox, sandbox_command
 from grpo_lightning.rewards.scoring import completion_text
 
 FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)```", re.DOTALL)
 PYTHON_TAGS = {"python", "python3", "py"}
-INTERPRETER_FLAGS = ("-I", "-S", "-B", "-X", "utf8")
 EXPECTED_FORMAT = (
     'a list of assert statements such as ["assert add(1, 2) == 3"], or a list of '
     '{"input": stdin text, "output": expected stdout}, or either as a JSON string'
@@ -110,11 +114,26 @@ def same_output(actual: str, expected: str) -> bool:
 class Run:
     """How one sandboxed run ended: ``status`` is the exit status, ``None`` when it was stopped
     (deadline or output cap); ``output`` is at most ``max_output_bytes`` of its stdout; ``passed``
-    counts the assert tests it reported passing (passes reported before it was stopped count)."""
+    counts the assert tests it passed (passes reported before it was stopped count)."""
 
     status: int | None
     output: bytes
     passed: int = 0
+    nonce: str = ""  # what a whole assert test's run prints when it passes
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One run: ``mode`` ``stdio`` (``stdin``, judged against ``expected``), ``calls`` (the split
+    tests ``split``) or ``statement`` (one whole test)."""
+
+    row: int
+    mode: str
+    program: str
+    stdin: bytes = b""
+    expected: str | None = None
+    split: tuple[tuple[assert_tests.SplitTest, ...], ...] = ()  # each test's parts
+    statement: str | None = None
 
 
 class CodeExecutionReward:
@@ -127,12 +146,16 @@ class CodeExecutionReward:
 
     Args:
         column: Dataset column holding the test cases.
-        timeout_s: Wall-clock limit of one run: the program and all its assert tests, or one stdin test.
+        timeout_s: Wall-clock limit of one run: the program and all its split assert tests, one whole
+            assert test, or one stdin test.
         memory_mb: Address-space limit of a run (``RLIMIT_AS``).
         max_output_bytes: Output a run may print before it is stopped.
         file_size_mb: Largest file a run may write (``RLIMIT_FSIZE``).
         workers: Runs at once; ``None``: ``min(4, os.cpu_count())``.
         name: Name under which the rewards are logged.
+        sandbox: ``auto`` (bubblewrap where it runs, else the interpreter's own layers, warned once),
+            ``bubblewrap`` (an error where it cannot run) or ``python`` (see
+            :mod:`~grpo_lightning.rewards.sandbox_command`).
     """
 
     def __init__(
@@ -144,6 +167,7 @@ class CodeExecutionReward:
         file_size_mb: int = 16,
         workers: int | None = None,
         name: str = "code_execution_reward",
+        sandbox: str = "auto",
     ) -> None:
         for field, value in (("timeout_s", timeout_s), ("memory_mb", memory_mb), ("file_size_mb", file_size_mb)):
             if not value > 0:
@@ -152,39 +176,55 @@ class CodeExecutionReward:
             raise ValueError(
                 f"CodeExecutionReward max_output_bytes={max_output_bytes} and workers={workers} must be at least 1."
             )
+        if sandbox not in sandbox_command.BACKENDS:
+            choices = ", ".join(sandbox_command.BACKENDS)
+            raise ValueError(f"CodeExecutionReward sandbox={sandbox!r} must be one of {choices}.")
         self.column = column
         self.timeout_s = timeout_s
         self.memory_mb = memory_mb
         self.max_output_bytes = max_output_bytes
         self.file_size_mb = file_size_mb
         self.workers = workers or min(4, os.cpu_count() or 1)
+        self.sandbox = sandbox
         self.__name__ = name
         self._checked = False
+        self._warned_whole = False
         self._check_lock = threading.Lock()
+
+    @property
+    def backend(self) -> str:
+        """The backend runs use: ``bubblewrap`` or ``python`` (decided once per process for ``auto``)."""
+        return sandbox_command.resolve(self.sandbox)
 
     def __call__(self, prompts: list[Any], completions: list[Any], **columns: Any) -> list[float | None]:
         tests = self._test_cases(columns, len(completions))
         programs = [extract_code(completion_text(completion)) for completion in completions]
         self._check_sandbox()
-        jobs = []  # (completion, mode, program, assert statements, stdin, expected stdout)
-        for index, (program, cases) in enumerate(zip(programs, tests)):
+        jobs: list[_Job] = []
+        for row, (program, cases) in enumerate(zip(programs, tests)):
             if program is None or cases is None:
                 continue
-            if cases.mode == "asserts":
-                jobs.append((index, "asserts", program, cases.cases, b"", None))
+            if cases.mode == "stdio":
+                jobs.extend(_Job(row, "stdio", program, stdin.encode(), output) for stdin, output in cases.cases)
             else:
-                jobs.extend((index, "stdio", program, (), stdin.encode(), output) for stdin, output in cases.cases)
+                jobs.extend(_assert_jobs(row, program, cases.cases))
+        whole = next((job.statement for job in jobs if job.mode == "statement"), None)
+        if whole is not None and not self._warned_whole:
+            self._warned_whole = True
+            warnings.warn(
+                f"{self.__name__}: the assert test {whole!r:.120} does not split into a call and an expected value, "
+                "so it runs whole in the sandbox, where a program set on it can fake its pass; write tests as "
+                "`assert f(args) == expected` (the forms that split: grpo_lightning.rewards.assert_tests).",
+                stacklevel=2,
+            )
         with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="code-execution") as pool:
-            runs = list(pool.map(lambda job: self.run(*job[1:5]), jobs))
+            passed_by_job = list(pool.map(self._passed, jobs))
         passed = [0] * len(completions)
-        for (index, mode, *_, expected), run in zip(jobs, runs):
-            if mode == "asserts":
-                passed[index] += run.passed
-            else:
-                passed[index] += run.status == 0 and same_output(run.output.decode("utf-8", "replace"), expected)
+        for job, count in zip(jobs, passed_by_job):
+            passed[job.row] += count
         return [
-            None if cases is None else (0.0 if program is None else passed[index] / len(cases.cases))
-            for index, (program, cases) in enumerate(zip(programs, tests))
+            None if cases is None else (0.0 if program is None else passed[row] / len(cases.cases))
+            for row, (program, cases) in enumerate(zip(programs, tests))
         ]
 
     def _test_cases(self, columns: dict[str, Any], count: int) -> list[TestCases | None]:
@@ -205,47 +245,64 @@ class CodeExecutionReward:
                 return
             run = self.run("stdio", "print('ok')", (), b"")
             if run.status != 0 or run.output.strip() != b"ok":
+                seccomp = run.status == code_sandbox.SECCOMP_FAILED
+                failed = " (its seccomp filter could not be loaded)" if seccomp else ""
                 raise RuntimeError(
-                    f"{self.__name__}: the sandbox could not run print('ok') (exit status {run.status}, output "
-                    f"{run.output[:200]!r}); raise memory_mb={self.memory_mb} or timeout_s={self.timeout_s}, "
-                    f"and check that {sys.executable} -I -S runs on this machine."
+                    f"{self.__name__}: the sandbox ({self.backend}) could not run print('ok') (exit status "
+                    f"{run.status}{failed}, output {run.output[:200]!r}); raise memory_mb={self.memory_mb} or "
+                    f"timeout_s={self.timeout_s}, and check that {sys.executable} -I -S runs on this machine."
                 )
             self._checked = True
 
     def run(self, mode: str, source: str, tests: tuple = (), stdin: bytes = b"") -> Run:
-        """Run ``source`` once in the sandbox (``mode`` ``"asserts"`` with ``tests``, or ``"stdio"`` with
-        ``stdin``)."""
+        """Run ``source`` in the sandbox: ``mode`` ``"stdio"`` once with ``stdin``, or ``"asserts"`` with
+        ``tests`` (the split ones in one run, each other one in a run of its own; ``passed`` is their sum)."""
+        if mode == "stdio":
+            return self._execute({"mode": "stdio"}, source, stdin)
+        runs = [(job, self._execute(*self._request(job))) for job in _assert_jobs(0, source, tests)]
+        last = runs[-1][1] if runs else Run(0, b"")
+        return Run(last.status, last.output, sum(_judge(job, run) for job, run in runs))
+
+    def _passed(self, job: _Job) -> int:
+        return _judge(job, self._execute(*self._request(job)))
+
+    @staticmethod
+    def _request(job: _Job) -> tuple[dict, str, bytes]:
+        if job.mode == "calls":
+            return {"mode": "calls", "calls": list(enumerate(_calls(job)))}, job.program, b""
+        if job.mode == "statement":
+            return {"mode": "statement", "statement": job.statement}, job.program, b""
+        return {"mode": "stdio"}, job.program, job.stdin
+
+    def _execute(self, request: dict, source: str, stdin: bytes) -> Run:
+        """One run of ``source`` in a new temporary directory, removed afterwards."""
         nonce = secrets.token_hex(16)
-        header = json.dumps(
-            {
-                "mode": mode,
-                "source": source,
-                "tests": list(tests),
-                "nonce": nonce,
-                "memory_bytes": int(self.memory_mb * 2**20),
-                "cpu_seconds": math.ceil(self.timeout_s) + 1,
-                "file_bytes": int(self.file_size_mb * 2**20),
-            }
-        ).encode()
+        header = {
+            **request,
+            **({"nonce": nonce} if request["mode"] == "statement" else {}),
+            "source": source,
+            "memory_bytes": int(self.memory_mb * 2**20),
+            "cpu_seconds": math.ceil(self.timeout_s) + 1,
+            "file_bytes": int(self.file_size_mb * 2**20),
+            "seccomp": (sandbox_command.seccomp_filter() or b"").hex(),
+        }
+        encoded = json.dumps(header).encode()
         workdir = tempfile.mkdtemp(prefix="grpo-code-")
         try:
             with tempfile.TemporaryFile() as stdin_file:
-                stdin_file.write(b"%0*d" % (code_sandbox.HEADER_DIGITS, len(header)) + header + stdin)
+                stdin_file.write(b"%0*d" % (code_sandbox.HEADER_DIGITS, len(encoded)) + encoded + stdin)
                 stdin_file.seek(0)
                 run = self._supervise(stdin_file, workdir)
         finally:
             _remove_tree(workdir)
-        if mode == "asserts":
-            marker = nonce.encode() + b" "
-            reported = {line for line in run.output.split(b"\n") if line.startswith(marker)}
-            run.passed = len({line for line in reported if line[len(marker) :].isdigit()})
+        run.nonce = nonce
         return run
 
     def _supervise(self, stdin_file: Any, workdir: str) -> Run:
         """Start the child, read its stdout until it ends, the deadline passes or the cap is reached;
         then end its whole process group."""
         process = subprocess.Popen(
-            [sys.executable, *INTERPRETER_FLAGS, code_sandbox.__file__],
+            sandbox_command.command(self.backend, workdir),
             stdin=stdin_file,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -277,6 +334,51 @@ class CodeExecutionReward:
             _kill_group(process.pid)  # before reaping, so the group id still names this group
             process.wait()
         return Run(None if stopped else process.returncode, bytes(output[: self.max_output_bytes]))
+
+
+def _assert_jobs(row: int, program: str, statements: tuple) -> list[_Job]:
+    """The split tests of a row in one run; each test that does not split in a run of its own."""
+    split = [assert_tests.split(statement) for statement in statements]
+    jobs = [_Job(row, "calls", program, split=tuple(parts for parts in split if parts is not None))]
+    jobs = jobs if jobs[0].split else []
+    jobs += [_Job(row, "statement", program, statement=s) for s, parts in zip(statements, split) if parts is None]
+    return jobs
+
+
+def _calls(job: _Job) -> list[str]:
+    """The calls a ``calls`` job sends, in order: every part of every test."""
+    return [part.call for parts in job.split for part in parts]
+
+
+def _judge(job: _Job, run: Run) -> int:
+    """How many of ``job``'s tests passed, judged here from what the run printed: at most one per test.
+    A call reported more than once, or with anything but a plain value, fails."""
+    if job.mode == "stdio":
+        return int(run.status == 0 and same_output(run.output.decode("utf-8", "replace"), job.expected))
+    if job.mode == "statement":
+        return int(run.status == 0 and run.output == run.nonce.encode() + b"\n")
+    reports: dict[int, list[Any]] = {}
+    calls = _calls(job)
+    for line in run.output.split(b"\n"):
+        try:
+            index, value = json.loads(line)
+        except (ValueError, TypeError, RecursionError):
+            continue  # a malformed line reports nothing
+        if type(index) is int and 0 <= index < len(calls):  # no other key: ints chosen to collide are slow
+            reports.setdefault(index, []).append(value)
+    passed, index = 0, 0
+    for parts in job.split:
+        results = []
+        for part in parts:
+            values = reports.get(index, [])
+            index += 1
+            try:
+                reported = len(values) == 1 and values[0] is not None
+                results.append(reported and part.check(assert_tests.decode(values[0])))
+            except assert_tests.Undecodable:
+                results.append(False)
+        passed += all(results)
+    return passed
 
 
 def _kill_group(pid: int) -> None:

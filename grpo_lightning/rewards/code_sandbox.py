@@ -1,13 +1,23 @@
 """The child side of :mod:`grpo_lightning.rewards.code_execution`: confine this process, then run one
-untrusted program. Run as ``python -I -S -B -X utf8 code_sandbox.py`` in an empty directory with an
-empty environment; it imports nothing but the standard library.
+untrusted program. Run as ``python -I -S -B -X utf8 code_sandbox.py`` (directly or under bubblewrap:
+:mod:`~grpo_lightning.rewards.sandbox_command`) in an empty directory with an empty environment; it
+imports nothing but the standard library.
 
 Standard input starts with a header: ten ASCII digits giving the length of a JSON object
-``{"mode", "source", "tests", "nonce", "memory_bytes", "cpu_seconds", "file_bytes"}``. In ``"stdio"``
-mode the rest of standard input is the program's input, and the caller compares its output with the
-expected one. In ``"asserts"`` mode the program's input and output are ``/dev/null``; after the program, each
-test statement runs in its namespace and each one that raises nothing writes ``"<nonce> <index>"`` to
-the original standard output. The nonce never reaches the program's input, so printing cannot fake a pass.
+``{"mode", "source", "memory_bytes", "cpu_seconds", "file_bytes", "seccomp", ...}``. Modes:
+
+* ``"stdio"``: the rest of standard input is the program's input; the caller compares its output
+  with the expected one.
+* ``"calls"`` (``"calls"``: ``[index, expression]`` pairs): the program's input and output are
+  ``/dev/null``; after the program, each expression is evaluated in its namespace and written to the
+  original standard output as the JSON line ``[index, value]``, the value encoded by :func:`encoder`
+  (``null`` when it raised or is no plain value). The caller holds the expected values and compares.
+* ``"statement"`` (``"statement"``, ``"nonce"``): after the program, one whole test statement; when
+  it raises nothing, the nonce is written to the original standard output.
+
+The program runs in this interpreter and can change anything here, this module's functions
+included: what it writes is a claim the caller checks, never trusted. Only ``"statement"`` runs hold
+something worth stealing (the test and its nonce).
 
 Confinement, in order, each step kept only where the platform allows it:
 
@@ -16,15 +26,16 @@ Confinement, in order, each step kept only where the platform allows it:
 2. Landlock (Linux 5.13+): writes only beneath the working directory, reads only of it, the Python
    installation and system libraries, no ``execve``, no TCP (Linux 6.7+), no signals to processes
    outside (Linux 6.12+);
-3. rlimits: address space, CPU seconds, file size, no core files, one process (``RLIMIT_NPROC``;
+3. the caller's seccomp filter (``"seccomp"``, compiled BPF), where it sends one: a run that cannot
+   load it ends with ``SECCOMP_FAILED`` before the program starts;
+4. rlimits: address space, CPU seconds, file size, no core files, one process (``RLIMIT_NPROC``;
    the kernel does not apply it to root);
-4. an audit hook (:func:`sys.addaudithook`, which cannot be removed) that refuses sockets, ``fork``,
+5. an audit hook (:func:`sys.addaudithook`, which cannot be removed) that refuses sockets, ``fork``,
    ``exec``, ``system``, ``subprocess``, ``kill``, ``ctypes``, raising the rlimits and walking the
    heap, and opens or file changes outside the allowed directories.
 
-The audit hook runs in the same interpreter as the program: it stops the obvious, but a program set
-on it can fool its path checks (by replacing the functions they call). Steps 1-3 are the kernel's:
-they hold whatever the program does.
+The audit hook runs in the same interpreter as the program and does not reach subinterpreters: it
+stops the obvious only. Steps 1-4 are the kernel's: they hold whatever the program does.
 """
 
 from __future__ import annotations
@@ -38,7 +49,8 @@ import sys
 HEADER_DIGITS = 10
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
+SECCOMP_FAILED = 125  # exit status of a run whose seccomp filter could not be loaded
 LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446  # every architecture
 LANDLOCK_CREATE_RULESET_VERSION = 1
 LANDLOCK_RULE_PATH_BENEATH = 1
@@ -85,7 +97,7 @@ def readable_roots(workdir: str) -> list[str]:
 
 
 def confine(workdir: str, header: dict) -> None:
-    """Steps 1-4 of the module's docstring."""
+    """Steps 1-5 of the module's docstring."""
     try:  # steps 1 and 2 are Linux's; elsewhere, or where they are not allowed, they are left out
         import ctypes
 
@@ -98,6 +110,8 @@ def confine(workdir: str, header: dict) -> None:
         del libc
     except (ImportError, AttributeError, OSError):
         pass
+    if header.get("seccomp"):
+        seccomp(bytes.fromhex(header["seccomp"]))
     for name in [name for name in sys.modules if name.split(".")[0] in ("ctypes", "_ctypes")]:
         del sys.modules[name]
     import resource
@@ -152,8 +166,28 @@ def landlock(ctypes, libc, workdir: str) -> None:
         os.close(ruleset)
 
 
+def seccomp(program: bytes) -> None:
+    """Step 3: load the caller's seccomp filter (compiled BPF); a run that cannot load it ends here,
+    with ``SECCOMP_FAILED``, before any of the program runs."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        buffer = ctypes.create_string_buffer(program, len(program))
+
+        class Program(ctypes.Structure):  # struct sock_fprog
+            _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+        fprog = Program(len(program) // 8, ctypes.addressof(buffer))
+        arguments = (SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0)
+        if libc.prctl(ctypes.c_int(PR_SET_SECCOMP), *(ctypes.c_ulong(value) for value in arguments)) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+    except (ImportError, AttributeError, OSError):
+        os._exit(SECCOMP_FAILED)
+
+
 def audit_hook(workdir: str, readable: list[str]):
-    """Step 4: a hook that raises ``PermissionError`` for refused events."""
+    """Step 5: a hook that raises ``PermissionError`` for refused events."""
     realpath, fsdecode, sep = os.path.realpath, os.fsdecode, os.sep
     # Copies: the program can reach this module's globals (it is ``__main__``), not these.
     refused, imports, write_events = frozenset(REFUSED_EVENTS), frozenset(REFUSED_IMPORTS), dict(WRITE_EVENTS)
@@ -186,18 +220,51 @@ def audit_hook(workdir: str, readable: list[str]):
     return hook
 
 
+def encoder():
+    """``encode(value)``: ``value`` as tagged JSON-ready lists (read by
+    :func:`grpo_lightning.rewards.assert_tests.decode`), for the builtin types only, subclasses and
+    other objects refused: their comparisons could lie, and comparing is the caller's job."""
+    exact, text, represent, containers = type, str, repr, (list, tuple, set, frozenset)
+
+    def encode(value, depth=0):
+        if depth > 64:
+            raise ValueError("nested too deeply")
+        kind = exact(value)
+        if value is None:
+            return ["none"]
+        if kind is bool or kind is str:
+            return [kind.__name__, value]
+        if kind is int:
+            return ["int", text(value)]
+        if kind is float or kind is complex:
+            return [kind.__name__, represent(value)]
+        if kind is bytes:
+            return ["bytes", value.hex()]
+        if kind in containers:
+            return [kind.__name__, [encode(item, depth + 1) for item in value]]
+        if kind is dict:
+            return ["dict", [["tuple", [encode(k, depth + 2), encode(v, depth + 2)]] for k, v in value.items()]]
+        raise TypeError(f"{kind.__name__} is not a plain value")
+
+    return encode
+
+
 def main() -> None:
     header = json.loads(read_exactly(0, int(read_exactly(0, HEADER_DIGITS))))
     workdir = os.path.realpath(os.getcwd())
-    run, write, leave = builtins.exec, os.write, os._exit  # the program may replace the originals
+    # The program may replace any of these originals; it gains nothing by it (see the module docstring).
+    run, evaluate, write, leave, dumps, encode = builtins.exec, builtins.eval, os.write, os._exit, json.dumps, encoder()
     sys.argv = ["solution.py"]
     namespace = {"__name__": "__main__", "__builtins__": builtins}
-    if header["mode"] == "stdio":
+    mode, source = header["mode"], header.pop("source")
+    if mode == "stdio":
         confine(workdir, header)
-        run(compile(header.pop("source"), "solution.py", "exec"), namespace)
+        run(compile(source, "solution.py", "exec"), namespace)
         return
-    tests = [compile(test, f"<test {index}>", "exec") for index, test in enumerate(header["tests"])]
-    nonce, source = header.pop("nonce").encode(), header.pop("source")
+    if mode == "calls":
+        calls = [(index, compile(call, f"<test {index}>", "eval")) for index, call in header["calls"]]
+    else:
+        statement, nonce = compile(header["statement"], "<test>", "exec"), header.pop("nonce").encode()
     results = os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
@@ -210,12 +277,19 @@ def main() -> None:
         pass  # a program that ends itself is still tested on what it defined
     except BaseException:  # noqa: BLE001 - a program that fails passes no test
         leave(1)
-    for index, test in enumerate(tests):
+    if mode == "statement":
         try:
-            run(test, namespace)
-        except BaseException:  # noqa: BLE001, S112 - a test that raises anything fails
-            continue
-        write(results, b"%s %d\n" % (nonce, index))
+            run(statement, namespace)
+        except BaseException:  # noqa: BLE001 - a test that raises anything fails
+            leave(1)
+        write(results, nonce + b"\n")
+        leave(0)
+    for index, call in calls:
+        try:
+            line = dumps([index, encode(evaluate(call, namespace))])
+        except BaseException:  # noqa: BLE001 - a call that raises, or returns no plain value, fails
+            line = dumps([index, None])
+        write(results, line.encode() + b"\n")
     leave(0)
 
 

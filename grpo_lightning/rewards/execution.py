@@ -1,8 +1,9 @@
 """How reward functions are called (``--model.reward_execution.*``), and what a failing one does.
 
-A reward function *fails* on a sample when it raises (on the batch, and then again when retried on
-that sample alone, or on its group), returns anything but a finite number or ``None`` for it, or
-runs past ``timeout_s`` (every sample of that call fails). ``on_error`` says what follows:
+A reward function *fails* on a sample when it raises (``SystemExit`` too; on the batch, and then
+again when retried on that sample alone, or on its group), returns anything but a finite number that
+float32 holds (scores are float32: ``1e39`` would be inf) or ``None`` for it, or runs past
+``timeout_s`` (every sample of that call fails). ``on_error`` says what follows:
 
 * ``raise`` (default): :class:`RewardFunctionError`, naming the function, the sample and the failure;
 * ``zero``: the sample scores 0 for that function; each function's first failure is warned
@@ -42,6 +43,8 @@ from grpo_lightning.rewards.scoring import accepts_group_index, completion_text,
 
 ON_ERROR = ("raise", "zero", "skip_group")
 PREVIEW_CHARS = 80
+#: The largest score kept: scores are float32, where anything larger becomes inf.
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 class RewardFunctionWarning(UserWarning):
@@ -409,7 +412,7 @@ def _as_scores(
     name: str, returned: Any, rows: list[int], where: Callable[[list[int]], str]
 ) -> tuple[list[float], list[_Failure]]:
     """One float per row (None -> NaN) and the failures: the whole return if it is no list of
-    ``len(rows)``, else each value that is not a finite number or None."""
+    ``len(rows)``, else each value that is not a finite number float32 holds, or None."""
     count = len(rows)
     expected = f"a list of {count} floats (or None), one per completion"
     if isinstance(returned, torch.Tensor):
@@ -430,19 +433,48 @@ def _as_scores(
         )
     scores, failures = [], []
     for row, value in zip(rows, values):
+        score = _float32_score(value) if isinstance(value, numbers.Real) else None
         if value is None:
             scores.append(math.nan)
-        elif isinstance(value, numbers.Real) and math.isfinite(value):
-            scores.append(float(value))
+        elif score is not None:
+            scores.append(score)
         elif isinstance(value, numbers.Real):
             scores.append(math.nan)
-            message = f"reward function {name!r} returned {float(value)} for {where([row])}; expected a finite number"
-            failures.append(_Failure([row], message + " (None where it does not apply).", nan=math.isnan(value)))
+            message = f"reward function {name!r} returned {_number_text(value)} for {where([row])}; expected a finite"
+            message += f" number of at most {FLOAT32_MAX:.4g} in magnitude (None where it does not apply)."
+            failures.append(_Failure([row], message, nan=_is_nan(value)))
         else:
             scores.append(math.nan)
             failures.append(_Failure([row], f"reward function {name!r} returned {_describe(value)} for sample {row}; "
                                             f"expected {expected}."))  # fmt: skip
     return scores, failures
+
+
+def _float32_score(value: numbers.Real) -> float | None:
+    """``value`` as a float when float32 holds it finitely; ``None`` for NaN, infinities and numbers
+    past float32's range (``1e39`` would become inf in the rewards, ``10**400`` does not even fit a float)."""
+    try:
+        number = float(value)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    return number if math.isfinite(number) and abs(number) <= FLOAT32_MAX else None
+
+
+def _is_nan(value: numbers.Real) -> bool:
+    try:
+        return math.isnan(value)
+    except (OverflowError, ValueError, TypeError):
+        return False
+
+
+def _number_text(value: numbers.Real) -> str:
+    """``value`` for a message, short even for an integer of thousands of digits."""
+    try:
+        return repr(float(value))
+    except (OverflowError, ValueError, TypeError):
+        if isinstance(value, numbers.Integral):
+            return f"an integer of about {int(int(value).bit_length() * math.log10(2)) + 1} digits"
+        return f"a {type(value).__name__} too large for a float"
 
 
 def _describe(value: Any) -> str:

@@ -116,12 +116,12 @@ def test_hydra_configs_compose():
     with initialize_config_dir(config_dir=str(SPEC_DIR), version_base="1.3"):
         default = SweepSpec.from_dict(compose("default"))
         smoke = SweepSpec.from_dict(compose("smoke", overrides=["+overrides.model.beta=[0.0,0.04]", "parallel=2"]))
-    assert default.variants == ["grpo", "dr_grpo", "dapo", "rloo", "gspo"] and default.seeds == [0, 1, 2]
+    assert default.variants == ["grpo", "dr_grpo", "dapo", "rloo", "gspo"] and default.seeds == [0, 1, 2, 3, 4]
     assert default.model == "warmstart" and default.output_dir.name == "default"
     assert [p.name for p in default.base_configs] == ["cpu.yaml", "arithmetic.yaml", "tiny.yaml"]
-    assert len(default.cells()) == 15
+    assert len(default.cells()) == 25 and default.baseline_arm() == "grpo"
     assert smoke.variants == ["grpo", "dapo"] and smoke.seeds == [0, 1] and smoke.parallel == 2
-    assert smoke.args["trainer.max_steps"] == 12 and smoke.args["trainer.val_check_interval"] == 3
+    assert smoke.args["trainer.max_steps"] == 12 and smoke.args["trainer.val_check_interval"] == 6
     # several optimizer steps per rollout, so that the clip ranges the variants differ in act
     data = yaml.safe_load((SPEC_DIR.parent / "data" / "arithmetic.yaml").read_text())["data"]["init_args"]
     model = yaml.safe_load((SPEC_DIR.parent / "model" / "tiny.yaml").read_text())["model"]["init_args"]
@@ -195,7 +195,7 @@ def fake_fit(fail=()):
 def test_parallel_gpus_round_robin_and_failures(tmp_path, monkeypatch):
     launch = fake_fit(fail=("dr_grpo-seed1",))
     monkeypatch.setattr(ablate, "launch", launch)
-    spec = spec_dict(tmp_path, seeds=[0, 1, 2], parallel=2, gpus=["3", "5"])
+    spec = spec_dict(tmp_path, seeds=[0, 1, 2], parallel=2, gpus=["3", "5"], model="/m")
     results = run_sweep(spec)
     assert [r.status for r in results] == ["done"] * 4 + ["failed", "done"]
     assert {device for _, device in launch.seen} == {"3", "5"}
@@ -216,6 +216,33 @@ def test_parallel_gpus_round_robin_and_failures(tmp_path, monkeypatch):
     assert len(first["cells"]) == 6 and second["cells"] == {"dr_grpo-seed1": "done"}
     run_sweep(spec)  # nothing to run: no record
     assert len(json.loads((tmp_path / "sweep" / PROVENANCE_FILE).read_text())) == 2
+
+
+def test_the_baseline_arm_and_five_seeds_by_default(tmp_path):
+    spec = {"output_dir": str(tmp_path / "sweep"), "base_configs": BASE, "variants": ["grpo", "dapo"]}
+    default = SweepSpec.from_dict(spec)
+    assert default.seeds == [0, 1, 2, 3, 4]
+    assert default.baseline_arm() == "grpo"  # the first arm
+    assert SweepSpec.from_dict({**spec, "baseline": "dapo"}).baseline_arm() == "dapo"
+    with pytest.raises(SweepError, match="baseline: 'ppo' is not an arm of the sweep; give one of"):
+        SweepSpec.from_dict({**spec, "baseline": "ppo"})
+
+
+def test_provenance_records_the_uncommitted_diff(tmp_path):
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)  # fmt: skip
+
+    git("init", "-q")
+    (tmp_path / "loss.py").write_text("beta = 0.04\n")
+    git("add", "loss.py")
+    git("commit", "-q", "-m", "first")
+    assert provenance.git_commit(tmp_path)["dirty"] is False and provenance.git_commit(tmp_path)["diff"] == ""
+    (tmp_path / "loss.py").write_text("beta = 0.0\n")
+    record = provenance.git_commit(tmp_path)
+    assert record["dirty"] is True and "-beta = 0.04" in record["diff"] and "+beta = 0.0" in record["diff"]
 
 
 def test_provenance_record():
@@ -245,11 +272,11 @@ def test_threads_per_cell(monkeypatch):
 
 def test_finished_cells_with_other_settings_stop_the_sweep(tmp_path, monkeypatch):
     monkeypatch.setattr(ablate, "launch", fake_fit())
-    run_sweep(spec_dict(tmp_path, args={"trainer.max_steps": 2}))
+    run_sweep(spec_dict(tmp_path, args={"trainer.max_steps": 2}, model="/m"))
     with pytest.raises(SweepError, match="other settings"):
-        run_sweep(spec_dict(tmp_path, args={"trainer.max_steps": 3}))
+        run_sweep(spec_dict(tmp_path, args={"trainer.max_steps": 3}, model="/m"))
     # the same settings written the other way round resume
-    results = run_sweep(spec_dict(tmp_path, args={"trainer": {"max_steps": 2}}, parallel=2))
+    results = run_sweep(spec_dict(tmp_path, args={"trainer": {"max_steps": 2}}, parallel=2, model="/m"))
     assert {r.status for r in results} == {"skipped"}
 
 
@@ -261,7 +288,7 @@ def test_variant_as_a_yaml_path(tmp_path):
 
 def test_cli_exits_nonzero_on_failure(tmp_path, monkeypatch):
     monkeypatch.setattr(ablate, "launch", fake_fit(fail=("grpo-seed0",)))
-    monkeypatch.setattr(sys, "argv", ["grpo-lightning-ablate", f"output_dir={tmp_path / 'sweep'}", "model=null",
+    monkeypatch.setattr(sys, "argv", ["grpo-lightning-ablate", f"output_dir={tmp_path / 'sweep'}", "model=/m",
                                       "variants=[grpo]", "seeds=[0]"])  # fmt: skip
     with pytest.raises(SystemExit) as exit_info:
         main()
@@ -326,7 +353,8 @@ def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch):
         metrics = json.loads((cell / METRICS_FILE).read_text())
         assert metrics["val/accuracy_before"] is not None  # the validation before training ran
         assert metrics["generated_tokens"] > 0 and metrics["wall_time_s"] > 0
-        assert metrics["final_step"]["reward"] == 1 and "val/accuracy" in metrics["final"]
+        assert metrics["final_step"]["reward"] == 2 and "val/accuracy" in metrics["final"]  # optimizer steps
+        assert metrics["optimizer_steps"] == 2 and metrics["rollouts"] == 2 and metrics["generation_batches"] == 2
         assert json.loads((cell / "completions.jsonl").read_text().splitlines()[0])["step"] == 0
         record = json.loads((cell / "cell.json").read_text())
         assert record["overrides"] == {"model.group_size": 2} and record["seed"] == int(name.split("seed")[1][0])
@@ -347,8 +375,10 @@ def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch):
     target = build_report(out, tmp_path / "reports" / "tiny", name="tiny")
     md = (target / "report.md").read_text()
     for section in ["## Summary", "## Runs", "## Configuration", "## Final metrics",
-                    "## Pairwise comparison on final val/accuracy", "## Learning curves"]:  # fmt: skip
+                    "## Effects against the baseline (grpo-group_size2)", "## Learning curves"]:  # fmt: skip
         assert section in md
+    assert json.loads((out / names[0] / "cell.json").read_text())["baseline"] == "grpo-group_size2"
+    assert (target / "data" / names[0] / "scalars.csv.gz").is_file() and (target / "REGENERATE").is_file()
     assert "| grpo-group_size2 (n=2) | dr_grpo-group_size2 (n=2) |" in md
     assert "| `model.class_path` | variants.GRPO | variants.DrGRPO |" in md
     assert "| `model.init_args.beta` | 0.04 | 0.0 |" in md  # each variant keeps its own defaults

@@ -43,7 +43,7 @@ def test_the_recipe_trains_the_gguf_model_and_exports_it(tmp_path):
     run = tmp_path / "smollm2" / "version_0"
     events = EventAccumulator(str(run))
     events.Reload()
-    assert [e.step for e in events.Scalars("val/accuracy")] == [0, 1]  # before training; after step 2 (logged at index 1)
+    assert [e.step for e in events.Scalars("val/accuracy")] == [0, 2]  # before training; after optimizer step 2
     assert len(events.Scalars("reward")) == 2
     assert all(e.value > 0 for e in events.Scalars("completions/mean_length"))
 

@@ -132,7 +132,7 @@ def test_the_module_passes_a_cuda_plan_to_the_static_engine(make_module, monkeyp
 
     asked = []
 
-    def cuda_plan(options, target, rollout_seed=None, beam_search=False):
+    def cuda_plan(options, target, rollout_seed=None, beam_search=False, fit=None):
         asked.append(target)
         plan = resolve_engine(options, EngineTarget("cuda", target.model_type, target.attn_implementation))
         return resolve_engine(EngineOptions(rollout=plan.rollout, fuse_projections=plan.fuse_projections), target)

@@ -8,67 +8,19 @@ from grpo_lightning.report import (
     Run,
     Series,
     aligned_curve,
-    bootstrap_ci,
     build_report,
     discover_cells,
     holm,
     load_run,
     main,
-    mean_ci,
     welch_dof,
     welch_test,
     wilson_interval,
 )
 
 # Final val/accuracy of the synthetic sweep (tests/report/conftest.py), three seeds per variant.
-FINAL_ACCURACY = {"grpo": [0.5, 0.6, 0.7], "dapo": [0.2, 0.3, 0.4]}
+FINAL_ACCURACY = {"grpo": [0.5, 0.6, 0.7], "dapo": [0.2, 0.35, 0.3]}
 INITIAL_ACCURACY = 0.1
-
-
-def test_mean_ci_by_hand():
-    # mean 0.6, s = 0.1, se = 0.1 / sqrt(3) = 0.0577350
-    # t(0.975, 2) = (2p - 1) / sqrt(2 p (1 - p)) at p = 0.975 = 0.95 / sqrt(0.04875) = 4.3026527
-    # half width = 4.3026527 * 0.0577350 = 0.2484138
-    mean, low, high = mean_ci([0.5, 0.6, 0.7])
-    assert mean == pytest.approx(0.6)
-    assert low == pytest.approx(0.6 - 0.2484138, abs=1e-6)
-    assert high == pytest.approx(0.6 + 0.2484138, abs=1e-6)
-    # 90%: t(0.95, 2) = 0.9 / sqrt(2 * 0.95 * 0.05) = 2.9199856; half = 0.1685851
-    assert mean_ci([0.5, 0.6, 0.7], confidence=0.90)[1] == pytest.approx(0.6 - 0.1685851, abs=1e-6)
-    # n = 4: values 1, 2, 3, 6: mean 3, s^2 = (4 + 1 + 0 + 9) / 3 = 14 / 3, se = sqrt(14 / 12) = 1.0801234
-    # t(0.975, 3) = 3.1824463 (table value); half = 3.4374349
-    assert mean_ci([1, 2, 3, 6])[2] == pytest.approx(3 + 3.4374349, abs=1e-6)
-    one = mean_ci([0.4])
-    assert one[0] == 0.4 and math.isnan(one[1]) and math.isnan(one[2])
-    assert all(math.isnan(v) for v in mean_ci([]))
-
-
-def test_bootstrap_interval_by_hand():
-    # two values: resampled means 0 (p 1/4), 0.5 (p 1/2), 1 (p 1/4); 2.5% and 97.5% quantiles 0 and 1
-    assert bootstrap_ci([0.0, 1.0]) == (0.5, 0.0, 1.0)
-    # three values: all three draws the lowest with p 1/27 = 3.7% > 2.5%: the interval is the range
-    assert bootstrap_ci([0.5, 0.6, 0.7]) == pytest.approx((0.6, 0.5, 0.7))
-    assert bootstrap_ci([0.3, 0.3, 0.3]) == pytest.approx((0.3, 0.3, 0.3))
-    one = bootstrap_ci([0.4])
-    assert one[0] == 0.4 and math.isnan(one[1]) and math.isnan(one[2])
-    assert all(math.isnan(v) for v in bootstrap_ci([]))
-
-
-def test_bootstrap_interval_stays_inside_the_data_and_the_bounds():
-    # skewed accuracies: Student t gives 0.2 -+ 2.776 * 0.4472 / sqrt(5) = [-0.355, 0.755], below 0
-    values = [0.0, 0.0, 0.0, 0.0, 1.0]
-    assert mean_ci(values)[1] < 0
-    mean, low, high = bootstrap_ci(values, bounds=(0.0, 1.0))
-    assert mean == pytest.approx(0.2) and 0.0 <= low <= mean <= high <= 1.0
-    assert bootstrap_ci(values, bounds=(0.0, 1.0)) == (mean, low, high)  # a fixed generator seed
-    seconds = [3.0, 5.0, 100.0, 4.0]  # one slow outlier: the interval stays within [3, 100]
-    mean, low, high = bootstrap_ci(seconds, bounds=(0.0, math.inf))
-    assert 3.0 <= low < mean < high <= 100.0
-    # five distinct values: the interval lies strictly inside their range (p of all-lowest = 1/3125)
-    mean, low, high = bootstrap_ci([1, 2, 3, 4, 5])
-    assert 1 < low < 3 < high < 5
-    # the bounds of the quantity clip the interval
-    assert bootstrap_ci([0.5, 0.6, 0.7], bounds=(0.55, 1.0))[1] == pytest.approx(0.55)
 
 
 def test_wilson_interval_by_hand():
@@ -174,7 +126,7 @@ def test_report_sections_and_numbers(sweep, tmp_path):
         "## Runs",
         "## Configuration",
         "## Final metrics",
-        "## Pairwise comparison on final val/accuracy",
+        "## Effects against the baseline (grpo)",
         "## Learning curves",
         "## Method",
         "## Provenance",
@@ -199,23 +151,25 @@ def test_report_sections_and_numbers(sweep, tmp_path):
     assert "seed_everything" not in md and "save_dir" not in md
     assert "`model.init_args.group_size` | 4 |" in md  # shared
 
-    # Percentile bootstrap over three seeds: a resample is all-lowest with probability 1/27 > 2.5%, so the
-    # 2.5% quantile of the resampled means is the lowest seed, the 97.5% quantile the highest.
-    assert "| val/accuracy | **0.6 [0.5, 0.7]** | 0.3 [0.2, 0.4] |" in md
-    assert "| val/accuracy before training | 0.1 [0.1, 0.1] | 0.1 [0.1, 0.1] |" in md
-    assert "| reward | **0.51 [0.5, 0.52]** |" in md  # 0.5 + 0.01 * seed
-    assert "| generated tokens | 750 [750, 750] | 750 [750, 750] |" in md  # equal: nobody in bold
-    # Welch on final val/accuracy: t = 3.6742346, dof 4, p = 0.0213116 (see test_welch_by_hand)
-    assert "| grpo | dapo | 3 | 3 | 0.3 | 3.674 | 4 | 0.0213 | 0.0213 | significant at 0.05 |" in md
-    assert ("**grpo** has the highest final val/accuracy (0.6), ahead of the runner-up **dapo** (0.3; significant: "
-            "Welch p = 0.0213 after Holm's correction).") in md  # fmt: skip
-    assert "**grpo** and **dapo** tie for the fewest generated tokens (750, 750)" in md
-    # every grpo step takes 2 s, every dapo step 1 s: no variance, no test, but intervals [12, 12] and [6, 6]
-    assert ("**dapo** has the shortest training wall-clock (6 s), ahead of the runner-up **grpo** (12 s; the "
-            "intervals do not overlap; no test possible).") in md  # fmt: skip
-    assert "Before training, val/accuracy was 0.1." in md
-    assert "No `provenance.json` in the sweep folder" in md
-    assert "<table>" in html and "<strong>0.6 [0.5, 0.7]</strong>" in html
+    # Student t over three seeds: 0.6 -+ 4.3026527 * 0.1 / sqrt(3) = 0.6 -+ 0.2484138;
+    # dapo 0.2, 0.35, 0.3: s = 0.0763763, 0.2833333 -+ 0.1897292
+    assert "| val/accuracy | 0.6 [0.3516, 0.8484] | 0.2833 [0.0936, 0.4731] |" in md
+    assert "| val/accuracy before training | 0.1 (all seeds equal) | 0.1 (all seeds equal) |" in md
+    # reward 0.1 * step + 0.01 * seed over 6 steps: the mean of the last 10 (all 6) is 0.25 + 0.01 * seed
+    assert "| reward | 0.26 [0.2352, 0.2848] |" in md
+    assert "| generated tokens | 750 (all seeds equal) | 750 (all seeds equal) |" in md
+    # paired: dapo - grpo = -0.3, -0.25, -0.4 at seeds 0, 1, 2: mean -0.3166667, s_d = 0.0763763,
+    # t = -0.3166667 / (0.0763763 / sqrt(3)) = -7.181325 with 2 dof, p = 0.0188442 (scipy.stats.ttest_rel);
+    # d_z = -4.146; interval -0.3166667 -+ 4.3026527 * 0.0440959 = [-0.5064, -0.1269]
+    assert "| **dapo** | 3 | -0.3167 [-0.5064, -0.1269] | -4.15 | 0.0188 | 0.0188 |" in md
+    assert "**dapo** -0.3167 [-0.5064, -0.1269], worse (Holm p = 0.0188); 1x the tokens" in md
+    # equal token counts at every seed; every grpo step takes 2 s, every dapo step 1 s: no spread, no test
+    assert "On generated tokens (grpo 750): **dapo** identical at every seed." in md
+    assert "On training wall-clock (grpo 12 s): **dapo** no test: the difference is -6 at every seed" in md
+    assert "tie" not in md.split("## Summary")[1].split("## Runs")[0]
+    assert "Before training, val/accuracy was 0.1 on average." in md
+    assert "no `provenance.json`: the code these runs used is unknown" in md
+    assert "<table>" in html and "0.6 [0.3516, 0.8484]" in html
     assert '<a href="final_metrics.csv">final_metrics.csv</a>' in html
 
 
@@ -225,25 +179,28 @@ def test_final_metrics_csv_and_latex(sweep, tmp_path):
     assert "[final_metrics.csv](final_metrics.csv)" in md and "[final_metrics.tex](final_metrics.tex)" in md
     rows = list(csv.DictReader((target / "final_metrics.csv").open()))
     accuracy = {r["arm"]: r for r in rows if r["metric"] == "val/accuracy"}
-    assert accuracy["grpo"] == {"metric": "val/accuracy", "arm": "grpo", "n": "3", "mean": "0.6", "ci_low": "0.5",
-                                "ci_high": "0.7", "interval": "percentile bootstrap over seeds"}  # fmt: skip
+    assert accuracy["grpo"] == {"metric": "val/accuracy", "arm": "grpo", "n": "3", "mean": "0.6", "ci_low": "0.351586",
+                                "ci_high": "0.848414", "interval": "Student t over seeds"}  # fmt: skip
     tex = (target / "final_metrics.tex").read_text()
     assert tex.index(r"\toprule") < tex.index(r"\midrule") < tex.index(r"\bottomrule")
     assert r"Metric & grpo ($n=3$) & dapo ($n=3$) \\" in tex
-    assert r"val/accuracy & \textbf{0.6 [0.5, 0.7]} & 0.3 [0.2, 0.4] \\" in tex
+    assert r"val/accuracy & 0.6 [0.3516, 0.8484] & 0.2833 [0.0936, 0.4731] \\" in tex
+    assert r"\textbf" not in tex and "Student-t" in tex
     assert r"frac\_reward\_zero\_std" in tex and r"\label{tab:synthetic-final-metrics}" in tex
 
 
 def test_report_is_byte_identical(sweep, tmp_path):
     first = build_report(sweep, tmp_path / "a", name="same")
-    files = sorted(p.name for p in first.iterdir())
+    files = sorted(p.name for p in first.iterdir() if p.is_file() and p.name != "REGENERATE")
     assert {"report.md", "report.html", "final_metrics.csv", "final_metrics.tex"} <= set(files)
     before = {name: (first / name).read_bytes() for name in files}
     again = build_report(sweep, tmp_path / "a", name="same")
     other = build_report(sweep, tmp_path / "b", name="same")
+    rebuilt = build_report(first / "data", tmp_path / "c")  # from the data folder beside the report
     for name in files:
         assert (again / name).read_bytes() == before[name], name
         assert (other / name).read_bytes() == before[name], name
+        assert (rebuilt / name).read_bytes() == before[name], name
     png = before["curves_reward.png"]
     assert png.startswith(b"\x89PNG") and b"matplotlib" not in png
 
@@ -271,12 +228,11 @@ def test_small_n_is_reported(tmp_path, cell_writer):
     target = build_report(root, tmp_path / "out")
     md = (target / "report.md").read_text()
     assert "# Ablation report: tiny" in md
-    assert "n too small for a test (needs at least 2 seeds per arm)" in md
-    # two seeds: resamples (0.5, 0.5) and (0.7, 0.7) have probability 1/4 each, so the interval is [0.5, 0.7]
-    assert "| val/accuracy | 0.6 [0.5, 0.7] | 0.4 |" in md  # a tie (see below): nobody in bold
-    assert ("**grpo** and **rloo** tie for the highest final val/accuracy (0.6, 0.4): no difference to **grpo** is "
-            "significant after Holm's correction or larger than the intervals (an arm with one seed has no "
-            "interval and no test).") in md  # fmt: skip
+    # two seeds: 0.6 -+ t(0.975, 1) 12.706 * 0.1 = [-0.67, 1.87], clipped to the range of an accuracy;
+    # one seed: no interval
+    assert "| val/accuracy | 0.6 [0, 1] | 0.4 |" in md
+    assert "**rloo** no test: 1 shared seed (a paired test needs 2)" in md
+    assert "tie" not in md.split("## Summary")[1].split("## Runs")[0]
 
 
 def test_cli_errors(tmp_path):
@@ -289,25 +245,24 @@ def test_cli_errors(tmp_path):
 
 
 def test_a_wide_sweep_ranks_the_arms_and_groups_the_curves(tmp_path, cell_writer):
-    # Nine arms (above WIDE = 6), three seeds each; arm k ends at 0.1 * k (+- 0.01), so the ranking is k = 9 .. 1.
+    # Nine arms (above WIDE = 6), three seeds each; arm k ends near 0.1 * k, so the order is k = 9 .. 1.
     root = tmp_path / "wide"
     for k in range(1, 10):
         for seed in range(3):
-            cell_writer(root, "grpo", seed, 0.1 * k + 0.01 * (seed - 1), stem=f"-arm{k}")
+            cell_writer(root, "grpo", seed, 0.1 * k + 0.01 * (seed - 1) * k / 3, stem=f"-arm{k}")
     target = build_report(root, tmp_path / "out", name="wide")
     text = (target / "report.md").read_text()
-    final = text.split("## Final metrics")[1].split("## Pairwise")[0]
+    final = text.split("## Final metrics")[1].split("## Effects")[0]
     ranks = [
         line.split("|")[2].strip()
         for line in final.splitlines()
         if line.startswith("| ") and line.split("|")[1].strip().isdigit()
     ]
     assert ranks == [f"grpo-arm{k} (n=3)" for k in range(9, 0, -1)]
-    # 36 pairs; neighbours 0.1 apart with a std of 0.01 differ significantly, so the significant ones are shown
-    # and all 36 are in the collapsed section.
-    assert "pairs that differ significantly after Holm's correction" in text and "All 36 pairs" in text
-    # Curves in groups of four, best first: 3 files per curve.
+    # every arm against the baseline, the first arm (grpo-arm1): 8 comparisons, all far above the MDE
+    effects = text.split("## Effects against the baseline (grpo-arm1)")[1].split("\n## ")[0]
+    assert effects.count("| better |") == 8
+    # Curves in groups of four, each with the baseline, the others best first: 3 files per curve.
     assert sorted(p.name for p in target.glob("curves_val_accuracy_*.png")) == [f"curves_val_accuracy_{i}.png" for i in (1, 2, 3)]
-    assert "val/accuracy: grpo-arm9, grpo-arm8, grpo-arm7, grpo-arm6" in text
-    # nine arms with equal token counts: one tie, given as a count and a range
-    assert "All 9 arms tie for the fewest generated tokens (from 750 to 750)" in text
+    assert "val/accuracy: grpo-arm1, grpo-arm9, grpo-arm8, grpo-arm7" in text
+    assert "val/accuracy: grpo-arm1, grpo-arm3, grpo-arm2" in text

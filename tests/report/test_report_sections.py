@@ -56,6 +56,44 @@ def test_provenance_is_shown_and_an_idle_machine_keeps_wall_clock(tmp_path, cell
     assert "wall-clock times measure" not in md and "training wall-clock (s) †" not in md
 
 
+def test_a_dirty_tree_and_mixed_commits_carry_a_banner(tmp_path, cell_writer):
+    root = two_arm_sweep(tmp_path / "sweep", cell_writer)
+    clean = {**PROVENANCE, "diff": ""}
+    dirty = {**PROVENANCE, "commit": "fedcba9876543210fedcba9876543210fedcba98", "dirty": True, "diff": "-beta = 0.04"}
+    (root / "provenance.json").write_text(json.dumps([clean, dirty]))
+    head = report_text(root, tmp_path).split("## Summary")[0]
+    assert ("**Warning: 1 of 2 runs of the sweep used a checkout with uncommitted changes to tracked files;** the "
+            "uncommitted diff is recorded in `data/provenance.json`.") in head  # fmt: skip
+    assert "**Warning: the cells of this sweep ran at 2 different commits** (`0123456789`, `fedcba9876`" in head
+    (root / "provenance.json").write_text(json.dumps([clean]))
+    assert "Warning" not in report_text(root, tmp_path / "again").split("## Summary")[0]
+    (root / "provenance.json").write_text(json.dumps([{**PROVENANCE, "dirty": True}]))  # no diff recorded
+    assert "cannot be redone exactly" in report_text(root, tmp_path / "old").split("## Summary")[0]
+
+
+def test_training_reward_is_compared_only_on_the_baselines_reward_functions(tmp_path, cell_writer):
+    majority = {"reward_funcs": ["grpo_lightning.rewards.majority_vote_reward"]}
+    root = two_arm_sweep(tmp_path / "sweep", cell_writer, seeds=(0, 1, 2), dapo={"config_changes": majority})
+    md = report_text(root, tmp_path)
+    summary = md.split("## Summary")[1].split("## Runs")[0]
+    assert "On final val/accuracy (grpo 0.6): **dapo**" in summary
+    # only the baseline itself is on its scale: no comparison, and a note why
+    assert "On training reward" not in summary
+    assert "The training reward of **dapo** is not compared with **grpo**'s: other reward functions" in summary
+    assert "Not compared (other reward functions): dapo." in md.split("## Effects against the baseline")[1]
+
+
+def test_identical_arms_and_other_starts_are_flagged(tmp_path, cell_writer):
+    root = tmp_path / "sweep"
+    for seed in (0, 1, 2):
+        cell_writer(root, "grpo", seed, 0.5 + 0.1 * seed)
+        cell_writer(root, "grpo", seed, 0.5 + 0.1 * seed, stem="+r1")  # the same runs under another name
+    summary = report_text(root, tmp_path).split("## Summary")[1].split("## Runs")[0]
+    assert ("**Warning:** **grpo** and **grpo+r1** logged the same reward, kl and val/accuracy at every step of "
+            "every seed: what sets them apart had no effect.") in summary  # fmt: skip
+    assert "**grpo+r1** identical at every seed" in summary
+
+
 @pytest.mark.parametrize(
     "changes, reason",
     [
@@ -76,7 +114,7 @@ def test_a_loaded_machine_flags_wall_clock(tmp_path, cell_writer, changes, reaso
     final = md.split("## Final metrics")[1].split("## Pairwise")[0]
     assert "| training wall-clock (s) † |" in final and "† Training wall-clock: wall-clock times measure" in final
     curves = md.split("## Learning curves")[1].split("### ")[0]
-    assert "**Warning, right-hand column (wall-clock seconds):** Wall-clock times measure" in curves
+    assert "**The wall-clock column is left out:** Wall-clock times measure" in curves
 
 
 def test_parallel_cells_on_gpus_keep_wall_clock():
@@ -171,12 +209,12 @@ def test_pass_at_k_and_maj_at_k_per_variant(tmp_path, cell_writer):
         cell_writer(root, "grpo", seed, 0.5 + 0.1 * seed, final_val=val(seed))
     cell_writer(root, "dapo", 0, 0.3)  # an arm without pass@k: no rows of its own
     md = report_text(root, tmp_path)
-    section = md.split("## Evaluation")[1].split("## Pairwise")[0]
-    # two seeds: the bootstrap interval is the range of the two
-    assert "| accuracy | 0.55 [0.5, 0.6] | 0.3 |" in section
+    section = md.split("## Evaluation")[1].split("## Effects")[0]
+    # two seeds: 0.55 -+ t(0.975, 1) 12.706 * 0.05 = [-0.085, 1.19], clipped to [0, 1]
+    assert "| accuracy | 0.55 [0, 1] | 0.3 |" in section
     rows = [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows == ["metric", "accuracy", "pass@1", "pass@2", "pass@4", "maj@4", "run", "grpo-seed0", "grpo-seed1", "dapo-seed0"]
-    assert "| pass@4 | 0.75 [0.7, 0.8] | n/a |" in section
+    assert "| pass@4 | 0.75 [0.1147, 1] | n/a |" in section  # 0.75 -+ 0.6353, clipped at 1
     assert "| grpo-seed1 | 0.6 [0.5, 0.7] | 0.6 [0.55, 0.65] |" in section  # the run's own intervals over prompts
     # per-run accuracy in the final values table: the interval the run logged
     assert "| grpo-seed0 | 0 | 0.5 [0.4, 0.6] |" in md

@@ -1,0 +1,230 @@
+"""What a sweep checks before any cell runs, so that each cell runs what its name says.
+
+The variant's YAML comes first on a cell's command line (jsonargparse binds later settings to the
+class it names), so a shared ``base_configs`` file that also sets ``model.class_path`` would
+replace every arm's variant, silently. A base config (or a file of the ``config`` axis) is
+therefore refused when it sets what the ``variants`` axis sets (the model's class and the variant
+files' own settings) or the data order's seed (the ``seeds`` axis). What the other axes set comes
+after every file on the command line, so there the axis wins, and says so in the sweep's log:
+``seed_everything`` and each key of ``overrides``. Then each cell's command line is parsed as
+``grpo-lightning fit`` parses it, and the resolved class, seed and axis values are compared with
+the cell's label.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+import sys
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpo_lightning.ablation.spec import CONFIG_AXIS, Cell, SweepError, SweepSpec, cli_value, flatten
+from grpo_lightning.ablation.spec import config_files, resolve_path, variant_config
+
+CLASS_KEY = "model.class_path"
+DATA_SEED_KEY = "data.seed"
+
+
+def canonical(key: str) -> str:
+    """``model.init_args.beta`` and ``model.beta`` name the same setting: ``model.beta``."""
+    return ".".join(part for part in key.split(".") if part != "init_args")
+
+
+def yaml_settings(path: Path) -> dict[str, Any]:
+    """The settings a YAML file makes, by canonical dotted key (``model: variants.GRPO`` is a class path)."""
+    loaded = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(loaded, Mapping):
+        return {}
+    loaded = dict(loaded)
+    if isinstance(loaded.get("model"), str):
+        loaded["model"] = {"class_path": loaded["model"]}
+    return {canonical(key): value for key, value in flatten(loaded).items()}
+
+
+def variant_class(variant: str) -> str:
+    """The ``model.class_path`` of a variant's YAML file; a variant file must name one."""
+    path = variant_config(variant)
+    class_path = yaml_settings(path).get(CLASS_KEY)
+    if not class_path:
+        raise SweepError(f"variants: {path} sets no model.class_path; a variant's file names its class (e.g. variants.GRPO).")
+    return str(class_path)
+
+
+def same_class(a: str, b: str) -> bool:
+    """Whether two class paths name one class (``variants.DAPO`` and ``variants.dapo.DAPO`` do)."""
+    if a == b:
+        return True
+    try:
+        return _import(a) is _import(b)
+    except (ImportError, AttributeError, ValueError):
+        return False  # not importable here: only the same path is known to be the same class
+
+
+def _import(class_path: str) -> Any:
+    module, _, name = class_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def refused_keys(spec: SweepSpec) -> dict[str, str]:
+    """Canonical key -> the axis that sets it, for the settings a shared file may not make: the
+    model settings of the ``variants`` axis (its file comes first, so a later file would win) and
+    the data order's seed."""
+    keys = {CLASS_KEY: "variants", DATA_SEED_KEY: "seeds"}
+    for variant in spec.variants:
+        for key in yaml_settings(variant_config(variant)):
+            if key.startswith("model."):
+                keys.setdefault(key, "variants")
+    return keys
+
+
+def _fix(key: str, axis: str) -> str:
+    if key == CLASS_KEY:
+        return "remove model.class_path from it (the variants axis gives each cell its class)"
+    if axis == "seeds":
+        return "remove it from that file (each cell's seed sets the data order)"
+    return "remove it from that file (the variant's own file sets it for its cells)"
+
+
+def shared_files(spec: SweepSpec) -> list[tuple[str, Path]]:
+    """``(field, path)`` of each YAML file every cell (or every cell of a ``config`` value) shares."""
+    files = [("base_configs", path) for path in spec.base_configs]
+    for value in spec.overrides.get(CONFIG_AXIS, []):
+        files += [(f"overrides.{CONFIG_AXIS}", resolve_path(f, f"overrides.{CONFIG_AXIS}")) for f in config_files(value)]
+    return files
+
+
+def check_shared_files(spec: SweepSpec) -> list[str]:
+    """Refuse a base config, a ``config``-axis file or an ``args`` entry that sets what the
+    ``variants`` or ``seeds`` axis sets; return a line for each setting of a file that an axis
+    given on the command line replaces (``seed_everything``, the keys of ``overrides``)."""
+    refused = refused_keys(spec)
+    replaced = {canonical(key): f"overrides.{key}" for key in spec.overrides if key != CONFIG_AXIS}
+    replaced["seed_everything"] = "seeds"
+    notes = []
+    for field, path in shared_files(spec):
+        for key, value in yaml_settings(path).items():
+            if key in refused:
+                raise SweepError(
+                    f"{field}: {path} sets {key} ({cli_value(value)}), which the {refused[key]} axis sets for "
+                    f"each cell; {_fix(key, refused[key])}."
+                )
+            if key in replaced:
+                notes.append(f"{replaced[key]} replaces {key} ({cli_value(value)}) of {path} in every cell")
+    for key, value in spec.args.items():
+        if canonical(key) == CLASS_KEY:
+            raise SweepError(
+                f"args: {key} ({cli_value(value)}) would make every cell that class; the variants axis sets it: "
+                "remove it from args."
+            )
+    return notes
+
+
+def check_cells(spec: SweepSpec, cells: Sequence[Cell], commands: Sequence[Sequence[str]]) -> None:
+    """Parse each cell's fit command as ``grpo-lightning fit`` does and refuse a cell whose resolved
+    class, seed or axis values differ from its label. Cells run by another interpreter (``python``)
+    are parsed by it, not here: the check is left out, with a warning."""
+    if cells and Path(spec.python).resolve() != Path(sys.executable).resolve():
+        warnings.warn(f"python: the cells run with {spec.python}, so their resolved configs are not checked "
+                      "against their names here.", stacklevel=2)  # fmt: skip
+        return
+    parser = None
+    for cell, command in zip(cells, commands):
+        arguments = list(command[command.index("fit"):])
+        parser, resolved = parse_fit_command(arguments, cell.name, parser)
+        expected = variant_class(cell.variant)
+        got = str(resolved.get("model.class_path"))
+        if not same_class(got, expected):
+            raise SweepError(
+                f"cell {cell.name}: its resolved model.class_path is {got}, not {expected} as its variant "
+                f"{cell.variant!r} says; a file after the variant's sets model.class_path: remove it there."
+            )
+        if resolved.get("seed_everything") != cell.seed:
+            seed = resolved.get("seed_everything")
+            raise SweepError(f"cell {cell.name}: its resolved seed_everything is {seed}, not {cell.seed} as its name says.")
+        for key, value in cell.overrides:
+            if key == CONFIG_AXIS:
+                continue
+            found, got = _lookup(resolved, key)
+            if found and not _same_value(got, value):
+                raise SweepError(
+                    f"cell {cell.name}: its resolved {key} is {cli_value(got)}, not {cli_value(value)} as its name says."
+                )
+
+
+def _lookup(resolved: Any, key: str) -> tuple[bool, Any]:
+    """The resolved value of a dotted CLI key, with or without ``init_args``."""
+    parts = key.split(".")
+    for candidate in (key, ".".join([parts[0], "init_args", *parts[1:]])):
+        try:
+            value = resolved[candidate]
+        except (KeyError, TypeError):
+            continue
+        return True, value.as_dict() if hasattr(value, "as_dict") else value
+    return False, None
+
+
+def _same_value(got: Any, expected: Any) -> bool:
+    numbers = (int, float)
+    if isinstance(got, numbers) and isinstance(expected, numbers) and not isinstance(got, bool) and not isinstance(expected, bool):
+        return math.isclose(float(got), float(expected), rel_tol=1e-12, abs_tol=0.0)
+    return cli_value(got) == cli_value(expected)
+
+
+def parse_fit_command(arguments: list[str], name: str, cli: Any = None) -> tuple[Any, Any]:
+    """``(cli, config)``: the configuration ``grpo-lightning fit`` resolves from ``arguments``
+    (``["fit", ...]``), without instantiating anything; pass the ``cli`` back to parse the next
+    command with the same parser (building it is the slow part)."""
+    try:
+        if cli is None:
+            cli = _parse_only_cli(arguments)
+        else:
+            cli.parse_arguments(cli.parser, arguments)
+    except Exception as error:  # the message grpo-lightning fit would print, on one line
+        raise SweepError(f"cell {name}: its fit command does not parse: {parse_error_line(error)}") from None
+    return cli, cli.config["fit"]
+
+
+def parse_error_line(error: BaseException) -> str:
+    """What ``grpo-lightning fit`` says of a parse error (:func:`grpo_lightning.cli.user_error_message`),
+    on one line; a missing required setting is named with where a sweep gives it."""
+    from grpo_lightning.cli import user_error_message
+
+    texts = "\n".join(str(e) for e in (error, error.__cause__, error.__context__) if e is not None)
+    required = re.search(r'Parser key "(\w+)".*?the following arguments are required: ([\w, ]+)', texts, re.S)
+    if required is not None:
+        group, names = required.groups()
+        where = "the sweep's model: (a directory, a hub id or warmstart), or a base config" if names == "model" else "a base config or args"
+        return f"{group}.{names} is required; give it in {where}."
+    text = user_error_message(error, parsing=True) or str(error)
+    return " ".join(line.strip() for line in text.splitlines() if line.strip()) or type(error).__name__
+
+
+def _parse_only_cli(arguments: list[str]) -> Any:
+    from grpo_lightning.cli import GRPOLightningCLI
+
+    class ParseOnly(GRPOLightningCLI):
+        def _set_seed(self) -> None:  # no global seeding in the sweep's own process
+            pass
+
+        def before_instantiate_classes(self) -> None:
+            pass
+
+        def instantiate_classes(self) -> None:
+            pass
+
+        def after_instantiate_classes(self) -> None:
+            pass
+
+        def _add_instantiators(self) -> None:
+            pass
+
+        def _run_subcommand(self, subcommand: str) -> None:
+            pass
+
+    return ParseOnly(args=arguments, raise_parse_errors=True)

@@ -1,0 +1,123 @@
+"""Whether compiling pays back within this run: what ``"auto"`` weighs for the compilation options.
+
+Compiling costs once (seconds before the first step that uses it) and saves a little on every step
+after. A short fit, a debugging run or an ablation cell can end before it has paid back, so
+:func:`compile_choices` compiles a part only where the estimated saving over the fit's length
+(``max_steps``, or the time left of ``max_time``) exceeds the estimated cost of compiling it: cold,
+or warm when the compile cache already holds this model's graphs (:func:`compile_cache_is_warm`).
+
+Both are rough models: a decode step's saving grows with the layers and the tokens it decodes, a
+log-prob pass's with the layers; the cost of compiling does not grow with depth, since one decoder
+layer is compiled and run for all. The constants below are the only calibration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# ---------------------------------------------------------------------------------- calibration
+# From W1 (Qwen2.5-0.5B shape, 24 layers, 128 completions x 256 tokens) on one H200, torch 2.11, each
+# first step with empty compile caches, then the median step (benchmarks/JOURNAL.md, 2026-11-28):
+# * nothing compiled: first step 14.0 s (rollout 12.9, log-probs 0.3, update 0.9), then rollout
+#   0.647 s, log-probs 0.178 s, update 0.603 s;
+# * one decoder layer compiled for all: first step 41.4 s (28.7 / 4.5 / 8.2), then 0.371 / 0.109 / 0.370 s;
+#   with warm caches 11.7 s, 0.28 of the cold first step.
+# Derived: compiling the decode step and the prefill costs 28.7 - 12.9 = 16 s and saves
+# 0.647 - 0.371 = 0.28 s a rollout = 4.5e-5 s a layer and token (against the static engine's CUDA
+# graphs run eagerly); compiling the log-prob passes costs 4.5 + 8.2 - 1.2 = 11.5 s and saves
+# 0.781 - 0.479 = 0.30 s a step = 12.5 ms a layer at W1's 41k tokens a step; 9 ms is kept for
+# smaller batches (the SmolLM2 recipe's first estimate, from 1.1 s per step against TRL's 1.37 s).
+DECODE_COMPILE_COLD_S = 16.0
+DECODE_SAVED_S_PER_LAYER_TOKEN = 4.5e-5
+DECODE_SAVED_OFFSET_S_PER_STEP = 0.0
+LOGPROB_COMPILE_COLD_S = 11.5
+LOGPROB_SAVED_S_PER_LAYER_STEP = 9e-3
+WARM_CACHE_COST_FRACTION = 0.28
+#: Seconds per step assumed without compilation, to turn ``max_time`` into steps: TRL's eager W1
+#: step per layer and token (7.7 s / (24 x 256)), plus the log-prob passes' eager share.
+EAGER_S_PER_LAYER_TOKEN = 1.25e-3
+EAGER_LOGPROB_S_PER_LAYER_STEP = 0.02
+
+
+@dataclass(frozen=True)
+class FitLength:
+    """What a run offers compilation to pay back over; ``None`` where not bounded."""
+
+    max_steps: int | None
+    """Optimizer steps (one rollout each) left in the run."""
+    max_time_s: float | None
+    """Seconds left of the run's ``max_time`` budget."""
+    max_new_tokens: int
+    """Tokens each rollout decodes."""
+    warm_cache: bool = False
+    """The compile cache holds this model's compiled graphs already (:func:`compile_cache_is_warm`)."""
+
+
+def compile_cache_is_warm(model_type: str | None, num_layers: int | None) -> bool:
+    """Whether the project's compile cache holds compiled graphs of this model shape. No such cache
+    is kept yet, so every compilation is estimated cold; a persistent cache answers here."""
+    return False
+
+
+@dataclass(frozen=True)
+class CompileChoice:
+    """What ``"auto"`` chose for the compilation options, and the one line that says why."""
+
+    compile: bool
+    """The static engine's decode step (``engine.compile``)."""
+    logprob_passes: bool
+    """The log-prob passes (``engine.model_compile`` and ``engine.logprob_compile``)."""
+    reason: str
+
+
+def _steps(fit: FitLength, eager_step_s: float) -> float | None:
+    bounds = [float(fit.max_steps)] if fit.max_steps is not None else []
+    if fit.max_time_s is not None:
+        bounds.append(max(fit.max_time_s, 0.0) / eager_step_s)
+    return min(bounds) if bounds else None
+
+
+def compile_choices(fit: FitLength, num_layers: int, static_engine: bool) -> CompileChoice:
+    """Compile each part (the decode step, only with the static engine; the log-prob passes) whose
+    estimated saving over ``fit`` exceeds its estimated cost of compiling; an unbounded fit compiles."""
+    decode_saving = DECODE_SAVED_S_PER_LAYER_TOKEN * num_layers * fit.max_new_tokens - DECODE_SAVED_OFFSET_S_PER_STEP
+    logprob_saving = LOGPROB_SAVED_S_PER_LAYER_STEP * num_layers
+    eager_step = num_layers * (EAGER_S_PER_LAYER_TOKEN * fit.max_new_tokens + EAGER_LOGPROB_S_PER_LAYER_STEP)
+    steps = _steps(fit, eager_step)
+    scale = WARM_CACHE_COST_FRACTION if fit.warm_cache else 1.0
+    decode_cost = scale * DECODE_COMPILE_COLD_S
+    logprob_cost = scale * LOGPROB_COMPILE_COLD_S
+    if steps is None:
+        return CompileChoice(static_engine, True, "the fit has no max_steps or max_time, so compilation pays back")
+    compile_decode = static_engine and decode_saving * steps > decode_cost
+    compile_logprob = logprob_saving * steps > logprob_cost
+    cache = "warm" if fit.warm_cache else "cold"
+    parts = []
+    if static_engine:
+        parts.append(f"decode step {'on' if compile_decode else 'off'} (saves ~{max(decode_saving * steps, 0.0):.0f} s, "
+                     f"costs ~{decode_cost:.0f} s)")  # fmt: skip
+    parts.append(f"log-prob passes {'on' if compile_logprob else 'off'} (saves ~{logprob_saving * steps:.0f} s, "
+                 f"costs ~{logprob_cost:.0f} s)")  # fmt: skip
+    reason = f"over ~{steps:.0f} steps of {fit.max_new_tokens} tokens, {num_layers} layers, {cache} compile cache: " + (
+        "; ".join(parts)
+    )
+    return CompileChoice(compile_decode, compile_logprob, reason)
+
+
+def run_length(trainer, max_new_tokens: int, val_max_new_tokens: int) -> FitLength | None:
+    """The length of ``trainer``'s run: a fit's steps left (``max_steps``) and time left (``max_time``,
+    :func:`~grpo_lightning.time_budget.remaining_seconds`); ``validate``/``test``: one rollout per batch.
+    ``None`` outside a run."""
+    from grpo_lightning.time_budget import remaining_seconds
+
+    fn = getattr(getattr(trainer, "state", None), "fn", None)
+    fn = getattr(fn, "value", fn)
+    if fn == "fit":
+        steps = trainer.max_steps - trainer.global_step if trainer.max_steps and trainer.max_steps > 0 else None
+        return FitLength(steps, remaining_seconds(trainer), max_new_tokens)
+    if fn in ("validate", "test"):
+        batches = trainer.num_val_batches if fn == "validate" else trainer.num_test_batches
+        finite = [b for b in batches if b != float("inf")]
+        if batches and len(finite) == len(batches):
+            return FitLength(int(sum(finite)), remaining_seconds(trainer), val_max_new_tokens)
+    return None
