@@ -50,6 +50,7 @@ from grpo_lightning.data import PromptDataModule
 from grpo_lightning.diagnostics import HealthChecks
 from grpo_lightning.export import main as export_main
 from grpo_lightning.final_checkpoint import FinalCheckpoint
+from grpo_lightning.loggers import log_dir
 from grpo_lightning.module import GroupPolicyOptimization
 from grpo_lightning.resources import config_dir, resolve_config_args
 from grpo_lightning.run_folders import evaluation_version, last_checkpoint_of_run
@@ -209,21 +210,20 @@ class GRPOLightningCLI(LightningCLI):
         for logger in loggers if isinstance(loggers, list) else [loggers]:
             self._name_log_by_variant(config, logger)
 
-    @staticmethod
-    def _name_log_by_variant(config, logger) -> None:
+    def _name_log_by_variant(self, config, logger) -> None:
         init_args = logger.get("init_args") if hasattr(logger, "get") else None
         if init_args is None or "name" not in init_args:
             return
         if init_args.get("name") in (None, "lightning_logs"):
             class_path = config.get("model", {}).get("class_path") or "grpo"
             init_args["name"] = variant_log_name(class_path.rpartition(".")[2])
-        if self.subcommand in EVALUATION_SUBCOMMANDS and init_args.get("save_dir"):
+        versioned = str(logger.get("class_path", "")).endswith(("TensorBoardLogger", "CSVLogger"))
+        if versioned and self.subcommand in EVALUATION_SUBCOMMANDS and init_args.get("save_dir"):
             # Read-only on the run it evaluates: logs and config.yaml go to a folder of their own.
             init_args["version"] = evaluation_version(init_args["save_dir"], init_args["name"], self.subcommand,
                                                       init_args.get("version"))  # fmt: skip
             return
         ckpt_path = config.get("ckpt_path")
-        versioned = str(logger.get("class_path", "")).endswith(("TensorBoardLogger", "CSVLogger"))
         if versioned and ckpt_path and init_args.get("version") is None and init_args.get("save_dir"):
             version = checkpoint_version(ckpt_path, init_args["save_dir"], init_args["name"])
             if version is not None:
@@ -269,8 +269,8 @@ class GRPOLightningCLI(LightningCLI):
                 self.generate()
             else:
                 super()._run_subcommand(subcommand)
-                if subcommand in EVALUATION_SUBCOMMANDS and self.trainer.is_global_zero and self.trainer.log_dir:
-                    print(f"{subcommand}: logs and config.yaml in {self.trainer.log_dir}", flush=True)
+                if subcommand in EVALUATION_SUBCOMMANDS and self.trainer.is_global_zero and log_dir(self.trainer):
+                    print(f"{subcommand}: logs and config.yaml in {log_dir(self.trainer)}", flush=True)
         except Exception as error:
             error._raised_by_subcommand = True  # main(): not a parse error
             raise
