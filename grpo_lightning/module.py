@@ -315,15 +315,14 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
     @property
     def sampler(self) -> RolloutSampler:
         """What samples this device's rollouts, on the engine options resolved for the device, the
-        model and the strategy (:func:`grpo_lightning.generation.resolve_engine`): once per kind
-        of device, announced then (Lightning moves the module to the CPU between stages)."""
+        model, the strategy and the run's length (:func:`grpo_lightning.generation.resolve_engine`):
+        once per kind of device, announced then (Lightning moves the module to the CPU between stages)."""
         kind = self.device.type
         if kind not in self._samplers:
             strategy = self._trainer.strategy if self._trainer is not None else None
             run = run_length(self._trainer, self.sampling.max_new_tokens, self.val_sampling.max_new_tokens)
-            self._samplers[kind] = RolloutSampler.announced(
-                self.policy, strategy, kind, self.engine_options, self.hparams.rollout_seed, self.sampling.beam_search, run
-            )
+            options = (self.engine_options, self.hparams.rollout_seed, self.sampling.beam_search, run)
+            self._samplers[kind] = RolloutSampler.announced(self.policy, strategy, kind, *options)
         return self._samplers[kind]
 
     @property
@@ -333,8 +332,7 @@ class GroupPolicyOptimization(resume.GroupPolicyState, Evaluation, L.LightningMo
 
     # ------------------------------------------------------------------ optimizer
 
-    def configure_callbacks(self) -> list[L.Callback]:
-        """Validation and checkpoints at optimizer steps, in every Trainer (:mod:`grpo_lightning.step_schedule`)."""
+    def configure_callbacks(self) -> list[L.Callback]:  # in every Trainer: validation, checkpoints at optimizer steps
         return [step_schedule.ValidationSchedule(), step_schedule.CheckpointSchedule()]
 
     def configure_optimizers(self):

@@ -1,8 +1,9 @@
 """Ablation sweeps: many ``grpo-lightning fit`` runs over variants, seeds and settings.
 
 ``run`` (the ``grpo-lightning-ablate`` entry point and the spec's documentation), ``spec``,
-``sweep``, ``provenance``, ``metrics`` and ``callbacks`` (``ValidateBeforeTraining``, imported on first use so
-that the sweep runner does not import Lightning).
+``labels``, ``launch`` (the cells as the jobs of a Hydra launcher), ``sweep``, ``provenance``,
+``metrics`` and ``callbacks`` (``ValidateBeforeTraining``, imported on first use so that the
+sweep runner does not import Lightning).
 """
 
 from grpo_lightning.ablation.run import main, sweep_from_config

@@ -154,13 +154,17 @@ def finish_record(record: dict[str, Any], monitor: LoadMonitor, cells: dict[str,
 
 
 def append_record(output_dir: Path, record: dict[str, Any]) -> None:
-    """Add ``record`` to the sweep's ``provenance.json`` (a list; written whole, then renamed)."""
+    """Add ``record`` to the sweep's ``provenance.json`` (a list; written whole, then renamed; under
+    a lock, for the jobs of a multirun that finish at once)."""
+    from filelock import FileLock
+
     path = Path(output_dir) / PROVENANCE_FILE
-    records = read_records(path)
-    records.append(record)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(json.dumps(records, indent=2, sort_keys=True) + "\n")
-    temporary.replace(path)
+    with FileLock(str(path.with_name(f".{path.name}.lock"))):
+        records = read_records(path)
+        records.append(record)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}")
+        temporary.write_text(json.dumps(records, indent=2, sort_keys=True) + "\n")
+        temporary.replace(path)
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

@@ -1,7 +1,8 @@
 """``grpo-lightning-ablate``: sweeps of Lightning fit runs over variants, seeds and settings.
 
     grpo-lightning-ablate --config-name default
-    grpo-lightning-ablate --config-name smoke output_dir=runs/ablation/try parallel=2
+    grpo-lightning-ablate --config-name smoke hydra/launcher=joblib parallel=2
+    grpo-lightning-ablate hydra/launcher=submitit_slurm hydra.launcher.partition=gpu hydra.launcher.gpus_per_node=1
     grpo-lightning-ablate -m variant=grpo,dapo seed=0,1,2
     grpo-lightning-ablate ++overrides.model.beta=[0.0,0.04] args.trainer.max_steps=50
 
@@ -19,16 +20,20 @@ A sweep spec (``configs/ablation/*.yaml``) names the shared YAML files and the a
       model.group_size: [4, 8]
     args:                             # fixed CLI overrides of every cell
       trainer.max_steps: 400
-    parallel: 1                       # cells run at once
+    parallel: 1                       # cells at once on this machine (more: hydra/launcher=joblib)
     gpus: auto                        # handed out round-robin (CUDA_VISIBLE_DEVICES); none on CPU
     timeout_s: null                   # stop a cell after this many seconds (then it counts as failed)
     threads: auto                     # torch CPU threads per cell (auto: cores / parallel for CPU cells)
     validate_before_training: true    # val/* of the start model, logged before the first step
     variant: null                     # a single variant / seed (Hydra multirun sets these)
     seed: null
+    cell: null                        # the one cell of a launcher's job (set by the sweep)
 
 Every cell (variant x seed x override values) is one ``python -m grpo_lightning.cli fit`` in a
-subprocess, built from the same YAML files as a hand-run ``grpo-lightning fit``. Paths in
+subprocess, run as one job of a Hydra launcher (``launch``): the basic one runs the cells one
+after another, ``hydra/launcher=joblib`` ``parallel`` at a time in local processes,
+``hydra/launcher=submitit_slurm`` as SLURM jobs (``pip install 'grpo-lightning[launchers]'``).
+The command is built from the same YAML files as a hand-run ``grpo-lightning fit``. Paths in
 ``base_configs`` and ``variants`` are relative to the working directory or name shipped configs
 (``configs/trainer/cpu.yaml`` works from a clone and after ``pip install`` alike)::
 
@@ -43,7 +48,7 @@ LightningCLI, ``completions.jsonl`` (every trained completion: ``--completions.j
 skips cells that have the marker and starts unfinished ones afresh; a finished cell whose
 recorded settings (configs, args, overrides, model) differ from the spec's stops the sweep
 before anything runs. Each run that starts cells adds a record to ``<output_dir>/provenance.json``
-(commit, package versions, machine, load average, cells at once; ``provenance``).
+(commit, package versions, machine, load average, launcher, cells at once; ``provenance``).
 ``grpo-lightning-report <output_dir>`` then compares the variants in ``<output_dir>/report``.
 
 Before any cell runs, the sweep checks that each runs what its name says (``labels``): a base
@@ -53,7 +58,7 @@ with its variant, seed and axis values. Errors, Hydra's own included, are one ``
 (exit status 2; ``GRPO_LIGHTNING_TRACEBACK=1`` raises them with the traceback).
 
 This module is the Hydra entry point; ``spec`` validates the spec and lists its cells, ``labels``
-checks them, ``sweep`` runs them, ``provenance`` records what ran them, ``metrics`` summarises a finished cell and
+checks them, ``launch`` hands them to the launcher, ``sweep`` runs each, ``provenance`` records what ran them, ``metrics`` summarises a finished cell and
 ``callbacks`` holds the callback the cells add.
 """
 
@@ -64,8 +69,9 @@ import os
 import sys
 from typing import Any
 
+from grpo_lightning.ablation.launch import HydraLaunch, check_launcher, is_local, launcher_target, run_cell_job
 from grpo_lightning.ablation.spec import SweepError, SweepSpec
-from grpo_lightning.ablation.sweep import CellResult, run_sweep
+from grpo_lightning.ablation.sweep import CellResult, InProcess, Launch, run_sweep
 from grpo_lightning.resources import config_dir
 
 #: The folder of the shipped sweep specs, the ``--config-name`` choices.
@@ -83,9 +89,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (SweepError, ConfigError, HydraException, OmegaConfBaseException)
 
 
-def sweep_from_config(cfg: Any) -> list[CellResult]:
-    """Run the sweep described by a Hydra/OmegaConf config (or a plain mapping)."""
-    results = run_sweep(SweepSpec.from_dict(cfg))
+def sweep_from_config(cfg: Any, launch: Launch | None = None) -> list[CellResult]:
+    """Run the sweep described by a Hydra/OmegaConf config (or a plain mapping): its cells one
+    after another in this process, or through ``launch``."""
+    results = run_sweep(SweepSpec.from_dict(cfg), launch)
     failed = [r for r in results if r.status == "failed"]
     for result in failed:
         print(f"FAILED {result.cell.name}: {result.message}", file=sys.stderr)
@@ -94,11 +101,28 @@ def sweep_from_config(cfg: Any) -> list[CellResult]:
     return results
 
 
-def _sweep_job(cfg: Any) -> list[CellResult]:
-    """Hydra's job: :func:`sweep_from_config`, with a user's error in one line (Hydra would print
-    its own line and a traceback around the message)."""
+def sweep_job(cfg: Any) -> Any:
+    """Hydra's task function, for the whole sweep and for each of its launcher's jobs:
+
+    - the app's own run checks the sweep and starts a multirun of this function over its
+      unfinished cells, through the launcher of the command line (``launch``);
+    - such a job (``cell`` set) runs its one cell;
+    - a job of the user's own multirun (``-m variant=grpo,dapo``) runs its cells one after another.
+
+    A user's error is one line (Hydra would print its own line and a traceback around the message).
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     try:
-        return sweep_from_config(cfg)
+        spec = SweepSpec.from_dict(cfg)
+        if spec.cell is not None:
+            return run_cell_job(spec)
+        target = launcher_target()
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            return sweep_from_config(cfg, InProcess(local=is_local(target)))
+        check_launcher(spec, target)
+        return sweep_from_config(cfg, HydraLaunch(sweep_job, target))
     except _user_errors() as error:
         if os.environ.get(TRACEBACK_ENV):
             raise
@@ -116,7 +140,7 @@ def main() -> None:
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     logging.getLogger("tensorboard").setLevel(logging.WARNING)
-    app = hydra.main(version_base="1.3", config_path=str(SPEC_DIR), config_name="default")(_sweep_job)
+    app = hydra.main(version_base="1.3", config_path=str(SPEC_DIR), config_name="default")(sweep_job)
     full_error = os.environ.get(HYDRA_FULL_ERROR)  # the user's: Hydra's own report with the traceback
     os.environ[HYDRA_FULL_ERROR] = "1"  # Hydra raises its errors, reported here in one line
     try:
@@ -124,7 +148,10 @@ def main() -> None:
     except _user_errors() as error:
         if full_error == "1" or os.environ.get(TRACEBACK_ENV):
             raise
-        print(f"error: {one_line(error)}", file=sys.stderr)
+        message = one_line(error)
+        if "Could not find 'hydra/launcher/" in message:
+            message += f" ({LAUNCHERS_HINT})"
+        print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
     finally:
         if full_error is None:
@@ -132,6 +159,7 @@ def main() -> None:
 
 
 HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"
+LAUNCHERS_HINT = "the joblib and submitit launchers: pip install 'grpo-lightning[launchers]'"
 #: Set (as for ``grpo-lightning``), a user's error is raised with its traceback.
 TRACEBACK_ENV = "GRPO_LIGHTNING_TRACEBACK"
 

@@ -39,6 +39,7 @@ SPEC_KEYS = {
     "timeout_s",
     "threads",
     "baseline",
+    "cell",
 }
 #: Seeds of a sweep that names none: five, so that paired tests have some power.
 DEFAULT_SEEDS = [0, 1, 2, 3, 4]
@@ -157,6 +158,8 @@ class SweepSpec:
     threads: Any = "auto"
     #: The arm every other arm is compared with in the report (default: the first cell's arm).
     baseline: str | None = None
+    #: The one cell a launcher's job runs (``launch``); ``None`` outside those jobs.
+    cell: str | None = None
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> SweepSpec:
@@ -228,6 +231,7 @@ class SweepSpec:
             timeout_s=None if raw.get("timeout_s") is None else float(raw["timeout_s"]),
             threads=raw.get("threads", "auto"),
             baseline=None if raw.get("baseline") is None else str(raw["baseline"]),
+            cell=None if raw.get("cell") is None else str(raw["cell"]),
         )
         arms = list(dict.fromkeys(cell.arm for cell in spec.cells())) if spec.baseline is not None else []
         if spec.baseline is not None and spec.baseline not in arms:

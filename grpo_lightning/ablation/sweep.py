@@ -1,21 +1,20 @@
-"""Running a sweep: one ``grpo-lightning fit`` subprocess per unfinished cell, sequentially or a
-few at a time, each in its own folder that ends with a ``DONE`` marker."""
+"""Running a sweep: one ``grpo-lightning fit`` subprocess per unfinished cell, each in its own
+folder that ends with a ``DONE`` marker. The cells run one after another here, or as the jobs of
+a Hydra launcher (``launch``); either way each runs :func:`run_cell`."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-import queue
 import shutil
 import subprocess
-import threading
 import time
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from grpo_lightning.ablation import labels, provenance
 from grpo_lightning.ablation.metrics import summarize_cell
@@ -28,6 +27,10 @@ DONE_FILE = "DONE"
 CELL_FILE = "cell.json"
 METRICS_FILE = "metrics.json"
 LOG_FILE = "train.log"
+#: The lock files of this machine's ``parallel`` slots, inside the sweep's folder.
+SLOTS_DIR = "_slots"
+#: Seconds between two looks for a free slot.
+SLOT_POLL_S = 1.0
 
 
 def resolve_model(spec: SweepSpec) -> str | None:
@@ -165,48 +168,87 @@ def launch(command: Sequence[str], log, env: Mapping[str, str] | None, timeout_s
         raise
 
 
-def _run_cells(spec: SweepSpec, todo: Sequence[Cell], results: dict[Cell, CellResult]) -> None:
-    """Run ``todo`` (``parallel`` at a time) into ``results``; add a record to ``provenance.json``."""
-    model = resolve_model(spec)
+@contextmanager
+def local_slot(spec: SweepSpec, index: int) -> Iterator[dict[str, str]]:
+    """Hold one of this machine's ``spec.parallel`` slots while a cell runs; yield its environment
+    (the slot's GPU, round-robin, and CPU threads). Lock files make the slots shared by every
+    process of the sweep (a launcher's jobs), and trying from slot ``index`` on spreads
+    consecutive cells over the GPUs."""
+    from filelock import FileLock, Timeout
+
     devices = _devices(spec.gpus)
     threads = _threads_per_cell(spec.threads, spec.parallel, bool(devices))
-    slots: queue.Queue[int] = queue.Queue()
-    for slot in range(spec.parallel):
-        slots.put(slot)
-    lock = threading.Lock()
+    folder = spec.output_dir / SLOTS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    while True:
+        for k in range(spec.parallel):
+            slot = (index + k) % spec.parallel
+            lock = FileLock(str(folder / f"slot{slot}.lock"))
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                continue
+            try:
+                env = {"CUDA_VISIBLE_DEVICES": devices[slot % len(devices)]} if devices else {}
+                if threads is not None:
+                    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+                yield env
+            finally:
+                lock.release()
+            return
+        time.sleep(SLOT_POLL_S)
 
-    def work(cell: Cell) -> CellResult:
-        slot = slots.get()
-        try:
-            env = {"CUDA_VISIBLE_DEVICES": devices[slot % len(devices)]} if devices else {}
-            if threads is not None:
-                env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-            result = run_cell(spec, cell, model, env)
-        finally:
-            slots.put(slot)
-        with lock:
-            results[cell] = result
-        return result
 
+def run_local_cell(spec: SweepSpec, cell: Cell, model: str | None, index: int, local: bool = True) -> CellResult:
+    """:func:`run_cell` in one of this machine's slots (``local``), or on the devices a remote
+    launcher's job was given (its ``CUDA_VISIBLE_DEVICES`` and threads left as they are)."""
+    if not local:
+        return run_cell(spec, cell, model)
+    with local_slot(spec, index) as env:
+        return run_cell(spec, cell, model, env)
+
+
+class Launch(Protocol):
+    """Runs a sweep's unfinished cells and returns their results in order (``launch.HydraLaunch``)."""
+
+    name: str  # recorded in provenance.json
+    local: bool  # whether the cells run on this machine
+
+    def __call__(self, spec: SweepSpec, cells: Sequence[Cell]) -> Iterable[CellResult]: ...
+
+
+@dataclass
+class InProcess:
+    """One cell after another, in this process (outside Hydra, and in a job of a user's ``-m``
+    multirun); ``local=False`` where that job runs on a node a remote launcher gave it."""
+
+    local: bool = True
+    name: str = "in-process"
+
+    def __call__(self, spec: SweepSpec, cells: Sequence[Cell]) -> Iterator[CellResult]:
+        model = resolve_model(spec)
+        for index, cell in enumerate(cells):
+            yield run_local_cell(spec, cell, model, index, self.local)
+
+
+def _run_cells(spec: SweepSpec, todo: Sequence[Cell], results: dict[Cell, CellResult], launch: Launch) -> None:
+    """Run ``todo`` into ``results`` through ``launch``; add a record to ``provenance.json``."""
+    devices = _devices(spec.gpus) if launch.local else []
+    threads = _threads_per_cell(spec.threads, spec.parallel, bool(devices)) if launch.local else None
     record = provenance.start_record(spec.parallel, threads, devices)
+    record["launcher"] = launch.name
     with provenance.LoadMonitor() as monitor:
         try:
-            if spec.parallel == 1:
-                for cell in todo:
-                    work(cell)
-            else:
-                with ThreadPoolExecutor(max_workers=spec.parallel) as pool:
-                    list(pool.map(work, todo))
+            for result in launch(spec, todo):
+                results[result.cell] = result
         finally:
             statuses = {cell.name: results[cell].status if cell in results else "not finished" for cell in todo}
             provenance.append_record(spec.output_dir, provenance.finish_record(record, monitor, statuses))
 
 
-def run_sweep(spec: SweepSpec | Mapping[str, Any]) -> list[CellResult]:
-    """Run every unfinished cell of ``spec`` (sequentially, or ``parallel`` at a time)."""
-    if not isinstance(spec, SweepSpec):
-        spec = SweepSpec.from_dict(spec)
-    cells = spec.cells()
+def check_sweep(spec: SweepSpec, cells: Sequence[Cell]) -> None:
+    """Refuse to run ``cells`` unless each runs what its name says (``labels``) and each finished
+    one was run with the spec's settings; before any cell runs, and again in each launcher job."""
     for cell in cells:
         variant_config(cell.variant)  # fail on a misspelt variant before any work
     for note in labels.check_shared_files(spec):  # a base config that sets an arm's class is refused
@@ -214,15 +256,24 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any]) -> list[CellResult]:
     unfinished = [cell for cell in cells if not is_done(spec.output_dir / cell.name)]
     commands = [cell_command(spec, cell, spec.output_dir / cell.name, spec.model) for cell in unfinished]
     labels.check_cells(spec, unfinished, commands)  # each cell's resolved config against its name
-    spec.output_dir.mkdir(parents=True, exist_ok=True)
-    results: dict[Cell, CellResult] = {}
-    todo = []
     changed = [cell.name for cell in cells if is_done(spec.output_dir / cell.name) and _settings_changed(spec, cell)]
     if changed:
         raise SweepError(
             f"finished cells in {spec.output_dir} were run with other settings: {changed}. Give the sweep "
             "another output_dir, or delete these folders to run them again."
         )
+
+
+def run_sweep(spec: SweepSpec | Mapping[str, Any], launch: Launch | None = None) -> list[CellResult]:
+    """Check ``spec``, then run every unfinished cell: one after another in this process, or
+    through ``launch`` (a Hydra launcher: ``launch.HydraLaunch``)."""
+    if not isinstance(spec, SweepSpec):
+        spec = SweepSpec.from_dict(spec)
+    cells = spec.cells()
+    check_sweep(spec, cells)
+    spec.output_dir.mkdir(parents=True, exist_ok=True)
+    results: dict[Cell, CellResult] = {}
+    todo = []
     for cell in cells:
         if is_done(spec.output_dir / cell.name):
             logger.info("cell %s: done before, skipped", cell.name)
@@ -230,7 +281,7 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any]) -> list[CellResult]:
         else:
             todo.append(cell)
     if todo:
-        _run_cells(spec, todo, results)
+        _run_cells(spec, todo, results, launch or InProcess())
     ordered = [results[c] for c in cells]
     counts = {s: sum(r.status == s for r in ordered) for s in ("done", "skipped", "failed")}
     logger.info(

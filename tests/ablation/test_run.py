@@ -340,7 +340,7 @@ def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch):
     launches = []
     real_launch = ablate.launch
     monkeypatch.setattr(ablate, "launch", lambda command, *a: launches.append(command) or real_launch(command, *a))
-    argv = ["grpo-lightning-ablate", "--config-name", "smoke", *hydra_args(out, tiny_model), "parallel=2"]
+    argv = ["grpo-lightning-ablate", "--config-name", "smoke", *hydra_args(out, tiny_model)]
     monkeypatch.setattr(sys, "argv", argv)
     main()
 
