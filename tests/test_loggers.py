@@ -110,12 +110,12 @@ def test_the_wandb_config_logs_metrics_and_tables_offline(tiny_model_dir, tmp_pa
         wandb.finish()
 
     (run_file,) = (tmp_path / "runs" / "wandb").glob("offline-run-*/run-*.wandb")
-    history = wandb_history(run_file, last_step=STEPS - 1)
+    history = wandb_history(run_file, last_step=STEPS)
     tables = [row for row in history if "completions/_type" in row]  # a table's fields are nested keys
     logged = {tag: [(int(r["trainer/global_step"]), r[tag]) for r in history if tag in r] for tag in TRAINED}
     expected = tensorboard_scalars(tmp_path / "runs" / "grpo" / "version_0")
     for tag in TRAINED:
-        assert [step for step, _ in logged[tag]] == list(range(STEPS))
+        assert [step for step, _ in logged[tag]] == list(range(1, STEPS + 1))  # after each optimizer step
         assert [value for _, value in logged[tag]] == pytest.approx([value for _, value in expected[tag]], rel=1e-6)
     assert [int(row["trainer/global_step"]) for row in tables] == list(range(STEPS))
     assert tables[0]["completions/_type"] == "table-file"
@@ -143,7 +143,7 @@ def test_the_mlflow_config_logs_metrics_and_tables_to_a_local_store(tiny_model_d
     expected = tensorboard_scalars(tmp_path / "runs" / "grpo" / "version_0")
     for tag in TRAINED:
         logged = [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, tag), key=lambda m: m.step)]
-        assert [step for step, _ in logged] == list(range(STEPS))
+        assert [step for step, _ in logged] == list(range(1, STEPS + 1))  # after each optimizer step
         assert [value for _, value in logged] == pytest.approx([value for _, value in expected[tag]], rel=1e-6)
     assert sorted(Path(a.path).name for a in client.list_artifacts(run.info.run_id, "completions")) == [
         f"step_{step}.json" for step in range(STEPS)
