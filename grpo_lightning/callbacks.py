@@ -13,7 +13,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from grpo_lightning.checkpoint_io import checkpoint_step
-
+from grpo_lightning.loggers import log_dir
 from grpo_lightning.time_budget import TimeBudget
 
 #: Train metrics of the summary, from ``module.last_step_metrics``.
@@ -155,10 +155,10 @@ def fit_summary(trainer, pl_module, seconds: float, stopped_by: str | None = Non
     shown = [f"{name} {_format(metrics[name])}" for name in SUMMARY_VAL_METRICS if name in metrics]
     if shown:
         lines.append("  validation:  " + ", ".join(shown))
-    log_dir = trainer.log_dir if trainer.loggers else None
-    if log_dir:
-        lines.append(f"  logs:        {log_dir}")
-        config = Path(log_dir) / "config.yaml"
+    directory = log_dir(trainer) if trainer.loggers else None  # no broadcast: also on one rank's exception
+    if directory:
+        lines.append(f"  logs:        {directory}")
+        config = Path(directory) / "config.yaml"
         if config.exists():
             lines.append(f"  config:      {config}")
     checkpoint = last_checkpoint(trainer)

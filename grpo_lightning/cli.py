@@ -50,6 +50,7 @@ from grpo_lightning.data import PromptDataModule
 from grpo_lightning.diagnostics import HealthChecks
 from grpo_lightning.export import main as export_main
 from grpo_lightning.final_checkpoint import FinalCheckpoint
+from grpo_lightning.loggers import log_dir
 from grpo_lightning.module import GroupPolicyOptimization
 from grpo_lightning.resources import config_dir, resolve_config_args
 from grpo_lightning.run_folders import evaluation_version, last_checkpoint_of_run
@@ -202,23 +203,28 @@ class GRPOLightningCLI(LightningCLI):
         return super()._instantiate_trainer(config, callbacks)
 
     def _name_logs_by_variant(self, config) -> None:
-        """A TensorBoard/CSV logger without a name of the user's is named after the variant
-        (``grpo``, ``dr_grpo``, ...); resuming from ``<save_dir>/<name>/version_N/checkpoints/``
-        logs to that same ``version_N``."""
-        logger = config.get("trainer", {}).get("logger")
+        """A logger without a name of the user's (each of a list of loggers) is named after the
+        variant (``grpo``, ``dr_grpo``, ...); resuming from ``<save_dir>/<name>/version_N/checkpoints/``
+        a TensorBoard/CSV logger logs to that same ``version_N``."""
+        loggers = config.get("trainer", {}).get("logger")
+        for logger in loggers if isinstance(loggers, list) else [loggers]:
+            self._name_log_by_variant(config, logger)
+
+    def _name_log_by_variant(self, config, logger) -> None:
         init_args = logger.get("init_args") if hasattr(logger, "get") else None
         if init_args is None or "name" not in init_args:
             return
         if init_args.get("name") in (None, "lightning_logs"):
             class_path = config.get("model", {}).get("class_path") or "grpo"
             init_args["name"] = variant_log_name(class_path.rpartition(".")[2])
-        if self.subcommand in EVALUATION_SUBCOMMANDS and init_args.get("save_dir"):
+        versioned = str(logger.get("class_path", "")).endswith(("TensorBoardLogger", "CSVLogger"))
+        if versioned and self.subcommand in EVALUATION_SUBCOMMANDS and init_args.get("save_dir"):
             # Read-only on the run it evaluates: logs and config.yaml go to a folder of their own.
             init_args["version"] = evaluation_version(init_args["save_dir"], init_args["name"], self.subcommand,
                                                       init_args.get("version"))  # fmt: skip
             return
         ckpt_path = config.get("ckpt_path")
-        if ckpt_path and init_args.get("version") is None and init_args.get("save_dir"):
+        if versioned and ckpt_path and init_args.get("version") is None and init_args.get("save_dir"):
             version = checkpoint_version(ckpt_path, init_args["save_dir"], init_args["name"])
             if version is not None:
                 init_args["version"] = version
@@ -263,8 +269,8 @@ class GRPOLightningCLI(LightningCLI):
                 self.generate()
             else:
                 super()._run_subcommand(subcommand)
-                if subcommand in EVALUATION_SUBCOMMANDS and self.trainer.is_global_zero and self.trainer.log_dir:
-                    print(f"{subcommand}: logs and config.yaml in {self.trainer.log_dir}", flush=True)
+                if subcommand in EVALUATION_SUBCOMMANDS and self.trainer.is_global_zero and log_dir(self.trainer):
+                    print(f"{subcommand}: logs and config.yaml in {log_dir(self.trainer)}", flush=True)
         except Exception as error:
             error._raised_by_subcommand = True  # main(): not a parse error
             raise
@@ -516,6 +522,18 @@ def main(args: Sequence[str] | None = None, *, report_errors: bool | None = None
     except Exception as error:
         _report(error, verbose, parsing=not getattr(error, "_raised_by_subcommand", False))
         raise
+    leave_process_group()
+
+
+def leave_process_group() -> None:
+    """After a run of several processes, all of them leave the process group together: a process
+    that exits with it alive can abort in gloo's teardown (``terminate called without an active
+    exception``), failing a run that finished."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _report(error: BaseException, verbose: bool, parsing: bool) -> None:

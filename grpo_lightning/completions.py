@@ -29,9 +29,10 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from grpo_lightning.errors import ConfigError
+from grpo_lightning.loggers import log_dir, table_writers
 from grpo_lightning.rollout import Rollout
 
-#: The TensorBoard tag of the tables (the Text tab).
+#: The tag (TensorBoard, W&B) or artifact folder (MLflow) of the tables.
 TABLE_TAG = "completions"
 
 
@@ -39,8 +40,8 @@ class CompletionLog(Callback):
     """What the model writes: tables in TensorBoard's Text tab, and every completion as JSONL.
 
     A table of prompt, completion, each reward function's score, the reward and the advantage goes
-    to every logger whose experiment has ``add_text`` (TensorBoard; others are skipped), under the
-    tag ``completions``. Only rank 0 writes, its own share of the batch.
+    to every logger that shows tables, under the tag ``completions``: TensorBoard's Text tab, a
+    ``wandb.Table``, an MLflow table artifact (:func:`grpo_lightning.loggers.table_writers`). Only rank 0 writes, its own share of the batch.
 
     Tables are written at optimizer step ``s`` (0-based, the TensorBoard step) when
     :func:`is_table_step` says so and the loggers write that step's metrics (Lightning's
@@ -93,7 +94,7 @@ class CompletionLog(Callback):
             )
         if self.jsonl is False or not trainer.is_global_zero:
             return
-        path = Path(self.jsonl).expanduser() if isinstance(self.jsonl, str) else Path(trainer.log_dir or ".")
+        path = Path(self.jsonl).expanduser() if isinstance(self.jsonl, str) else Path(log_dir(trainer) or ".")
         path = path / "completions.jsonl" if self.jsonl is True else path
         path.parent.mkdir(parents=True, exist_ok=True)
         keep_steps_before(path, trainer.global_step)
@@ -112,13 +113,14 @@ class CompletionLog(Callback):
         names = [name for name, _ in pl_module.reward_functions]
         connector = getattr(trainer, "_logger_connector", None)
         loggers_write = bool(getattr(connector, "should_update_logs", True))
-        writers = text_writers(trainer.loggers) if self.max_rows and loggers_write else []
+        writers = table_writers(trainer.loggers, TABLE_TAG) if self.max_rows and loggers_write else []
         steps = range(self._step, max(trainer.global_step, self._step + 1))  # the update's optimizer steps
         if writers and any(is_table_step(step, self.every_n_steps, self.first_steps) for step in steps):
             rows = completion_records(rollout, advantages, names, self._step, limit=self.max_rows)
             text = completion_table(rows, names, self.max_chars, total=len(rollout), group_size=rollout.group_size)
-            for add_text in writers:
-                add_text(TABLE_TAG, text, global_step=self._step)
+            columns, cells = completion_columns(rows, names, self.max_chars)
+            for write in writers:
+                write(text, columns, cells, self._step)
         if self.path is not None:
             rows = completion_records(rollout, advantages, names, self._step)
             with open(self.path, "a", encoding="utf-8") as handle:
@@ -150,16 +152,6 @@ def keep_steps_before(path: Path, step: int) -> None:
             except (ValueError, KeyError, TypeError):
                 continue  # a line cut short when the interrupted fit stopped
     path.write_text("".join(kept), encoding="utf-8")
-
-
-def text_writers(loggers) -> list:
-    """The ``add_text`` of each logger's experiment that has one (TensorBoard's ``SummaryWriter``)."""
-    writers = []
-    for logger in loggers:
-        add_text = getattr(getattr(logger, "experiment", None), "add_text", None)
-        if callable(add_text):
-            writers.append(add_text)
-    return writers
 
 
 def prompt_text(prompt: Any) -> str:
@@ -228,6 +220,18 @@ def markdown_cell(text: str) -> str:
 
 def _format(value: float | None) -> str:
     return "" if value is None else f"{value:.4g}"
+
+
+def completion_columns(rows: list[dict[str, Any]], names: list[str], max_chars: int) -> tuple[list[str], list[list]]:
+    """The table of :func:`completion_table` as column names and rows of plain values, for loggers
+    with a table type of their own (W&B, MLflow)."""
+    columns = ["prompt", "completion", *names, "reward", "advantage"]
+    cells = [
+        [shorten(row["prompt"], max_chars), shorten(row["completion"], max_chars), *(row["rewards"][n] for n in names),
+         row["reward"], row["advantage"]]
+        for row in rows
+    ]  # fmt: skip
+    return columns, cells
 
 
 def completion_table(rows: list[dict[str, Any]], names: list[str], max_chars: int, total: int, group_size: int) -> str:

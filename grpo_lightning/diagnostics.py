@@ -22,6 +22,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.trainer.states import TrainerFn
 
+from grpo_lightning.loggers import log_dir
 from grpo_lightning.rewards.scoring import RewardFunctionError
 from grpo_lightning.settings import require
 
@@ -414,7 +415,8 @@ class HealthChecks(Callback):
                               "detail": f"the fit stopped: {exception}"})  # fmt: skip
         if not trainer.is_global_zero:
             return
-        path = Path(trainer.log_dir) / HEALTH_FILE if trainer.log_dir else None
+        directory = log_dir(trainer)  # not trainer.log_dir: a broadcast that rank 0 alone would wait in
+        path = Path(directory) / HEALTH_FILE if directory else None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(self.rows, indent=2) + "\n", encoding="utf-8")

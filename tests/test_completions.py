@@ -240,8 +240,8 @@ def stand_ins(tmp_path, loggers_write: bool = True):
     """A trainer with a text-capable logger and a logger without ``add_text``, and a module."""
     experiment = TextExperiment()
     trainer = SimpleNamespace(
-        global_step=0, is_global_zero=True, log_every_n_steps=1, log_dir=str(tmp_path),
-        loggers=[SimpleNamespace(experiment=object()), SimpleNamespace(experiment=experiment)],
+        global_step=0, is_global_zero=True, log_every_n_steps=1,
+        loggers=[SimpleNamespace(experiment=object(), save_dir=str(tmp_path)), SimpleNamespace(experiment=experiment)],
         _logger_connector=SimpleNamespace(should_update_logs=loggers_write),
     )  # fmt: skip
     module = SimpleNamespace(last_rollout=None, last_advantages=None, reward_functions=[("acc", None), ("fmt", None)])

@@ -163,7 +163,7 @@ class FakeModule:
 
 def fake_trainer(tmp_path: Path) -> SimpleNamespace:
     """What the callback reads of the Trainer: rank 0 of one process, fitting, logging to ``tmp_path``."""
-    return SimpleNamespace(is_global_zero=True, world_size=1, global_step=0, log_dir=str(tmp_path),
+    return SimpleNamespace(is_global_zero=True, world_size=1, global_step=0, loggers=[], default_root_dir=str(tmp_path),
                            callback_metrics={}, sanity_checking=False, state=SimpleNamespace(fn="fit"))  # fmt: skip
 
 
