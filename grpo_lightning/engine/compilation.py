@@ -3,8 +3,8 @@
 Compilation is regional where the model allows it: one decoder layer's step is compiled once and
 run for every layer (the layers share their code and differ only in their weights, which the
 compiled code takes as inputs), so compile time does not grow with depth. Unrolling all the layers
-into one graph compiles each of them anew: for a 24-layer model, about ten times longer for the
-same speed under a CUDA graph (benchmarks/RESULTS.md).
+into one graph compiles each of them anew, several times the compile time for a step a few percent
+faster at most (benchmarks/JOURNAL.md, 2026-11-28).
 
 Inductor cannot generate code for every graph: the step is tried with its layers compiled, then
 compiled whole, then with only its model forward compiled, then eager; a candidate that fails is
