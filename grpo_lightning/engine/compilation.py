@@ -121,10 +121,11 @@ def layers_compiled(layers: nn.ModuleList) -> Iterator[None]:
     shared by every layer and every model of the same layer class, for as long as the context lasts
     (``nn.Module.compile``'s hook, undone on exit)."""
     compiled = _compiled_layer_call()
+    before = [layer._compiled_call_impl for layer in layers]
     for layer in layers:
         layer._compiled_call_impl = functools.partial(compiled, layer)
     try:
         yield
     finally:
-        for layer in layers:
-            layer._compiled_call_impl = None
+        for layer, hook in zip(layers, before, strict=True):
+            layer._compiled_call_impl = hook
