@@ -288,8 +288,12 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
 
     # ------------------------------------------------------------------ optimizer
 
-    def configure_callbacks(self) -> list[L.Callback]:  # in every Trainer: validation, checkpoints at optimizer steps
-        return [step_schedule.ValidationSchedule(), step_schedule.CheckpointSchedule()]
+    def configure_callbacks(self) -> list[L.Callback]:
+        """Validation and checkpoints at optimizer steps, in every Trainer (once: a Trainer that runs
+        again, e.g. ``validate`` after ``fit``, keeps those it has)."""
+        attached = {type(callback) for callback in self.trainer.callbacks} if self._trainer is not None else set()
+        schedules = (step_schedule.ValidationSchedule, step_schedule.CheckpointSchedule)
+        return [schedule() for schedule in schedules if schedule not in attached]
 
     def configure_optimizers(self):
         parameters = [p for p in self.policy.parameters() if p.requires_grad]

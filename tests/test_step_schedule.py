@@ -92,3 +92,17 @@ def test_checkpoints_are_saved_where_an_update_steps_over_the_interval(tiny_mode
     trainer = make_trainer(tmp_path, max_steps=8, val_check_interval=8, callbacks=[every])
     trainer.fit(module(tiny_model_dir, GRPO, minibatch_size=2, micro_batch_size=2), small_data())
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("*.ckpt")) == ["step=4.ckpt", "step=6.ckpt"]
+
+
+def test_a_trainer_that_runs_again_keeps_its_schedules_without_a_notice(tiny_model_dir, tmp_path, one_torch_thread, capfd):
+    """``validate`` after ``fit`` on one Trainer: the schedules are attached once, so Lightning has
+    nothing to override and prints no notice about it."""
+    from grpo_lightning import step_schedule
+
+    trainer, policy = make_trainer(tmp_path, max_steps=1), module(tiny_model_dir)
+    data = small_data()
+    trainer.fit(policy, data)
+    trainer.validate(policy, data)
+    kinds = [type(c) for c in trainer.callbacks]
+    assert kinds.count(step_schedule.ValidationSchedule) == 1 and kinds.count(step_schedule.CheckpointSchedule) == 1
+    assert "will override existing callbacks" not in "".join(capfd.readouterr())
