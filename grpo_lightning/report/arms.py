@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from grpo_lightning.report.cells import CellInfo
+from grpo_lightning.report.learning import curve_value, is_curve_key
 from grpo_lightning.report.metrics import metric_bounds
 from grpo_lightning.report.runs import Run
 from grpo_lightning.report.statistics import seed_interval
@@ -33,6 +34,8 @@ def final_value(run: Run, key: str) -> float:
     if key.startswith("gain:"):
         tag = key.split(":", 1)[1]
         return final_value(run, tag) - run.initial.get(tag, math.nan)
+    if is_curve_key(key):  # area under the val/accuracy curve, steps or tokens to a threshold
+        return curve_value(run, key)
     if key.startswith("step_of:"):  # the training step at which the last value of a tag was logged
         series = run.scalars.get(key.split(":", 1)[1])
         return float(run.steps_done(series.steps[-1:])[0]) if series is not None and len(series.steps) else math.nan

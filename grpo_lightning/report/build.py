@@ -9,6 +9,7 @@ from pathlib import Path
 from grpo_lightning.report.arms import SMOOTHING_STEPS, WIDE, Arm
 from grpo_lightning.report.cells import CellInfo, arm_configs, discover_cells
 from grpo_lightning.report.labels import check_arm_classes
+from grpo_lightning.report.learning import curve_metrics, threshold_note
 from grpo_lightning.report.comparisons import ALPHA, PRACTICAL_ABSOLUTE, PRACTICAL_RELATIVE, comparison_section
 from grpo_lightning.report.completions import completions_section
 from grpo_lightning.report.curves import curves_section
@@ -99,7 +100,8 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     _runs_section(doc, arms, unfinished, baseline)
     _config_section(doc, arms, configs, inconsistent)
     effects_section(doc, notes)
-    final_section(doc, arms, confidence, target, name, caveat)
+    curve_rows = curve_metrics(arms, baseline)
+    final_section(doc, arms, confidence, target, name, caveat, curve_rows, threshold_note(curve_rows, baseline))
     evaluation_section(doc, arms, confidence)
     if baseline is not None:
         comparison_section(doc, arms, baseline, confidence, caveat, configs)

@@ -10,6 +10,7 @@ from pathlib import Path
 from grpo_lightning.report.arms import WIDE, Arm, ranked
 from grpo_lightning.report.document import Doc
 from grpo_lightning.report.plots import AXES, arm_colors, plot_curves, y_range
+from grpo_lightning.report.validation import evaluation_tags
 
 #: Learning curves: file stem, title, tags drawn (one row each).
 CURVES = [
@@ -21,8 +22,21 @@ CURVES = [
     ("clip_ratio", "clip_ratio", ["clip_ratio/low", "clip_ratio/high"]),
     ("frac_reward_zero_std", "frac_reward_zero_std", ["frac_reward_zero_std"]),
 ]
+#: The figure of pass@k and maj@k over training, after val/accuracy's.
+SAMPLED = ("pass_maj", "pass@k and maj@k")
 #: Arms per figure in a wide report.
 CURVE_GROUP = 4
+
+
+def sampled_tags(arms: Sequence[Arm]) -> list[str]:
+    """The pass@k (k > 1) and maj@k tags the runs validated with: pass@1 is val/accuracy's curve."""
+    return [tag for tag in evaluation_tags(arms) if tag.startswith(("val/pass@", "val/maj@")) and tag != "val/pass@1"]
+
+
+def curve_figures(arms: Sequence[Arm]) -> list[tuple[str, str, list[str]]]:
+    """``CURVES``, with pass@k and maj@k after val/accuracy when the runs logged them."""
+    sampled = sampled_tags(arms)
+    return [CURVES[0], *([(*SAMPLED, sampled)] if sampled else []), *CURVES[1:]]
 
 
 def curves_section(doc: Doc, arms: Sequence[Arm], target: Path, wall_clock_caveat: str | None = None,
@@ -35,7 +49,8 @@ def curves_section(doc: Doc, arms: Sequence[Arm], target: Path, wall_clock_cavea
         "curve in every figure. Columns: against training steps, against completion tokens generated "
         "(compute-normalised) and, where the machine's load allows, against wall-clock seconds since training began "
         "(validation time included). "
-        "Step 0 of val/accuracy is the validation before training, when it was run."
+        "Step 0 of val/accuracy (and of pass@k and maj@k, drawn when the runs validated with several samples "
+        "per prompt) is the validation before training, when it was run."
     )
     if wall_clock_caveat:
         doc.p(f"**The wall-clock column is left out:** {wall_clock_caveat[0].upper()}{wall_clock_caveat[1:]} "
@@ -50,7 +65,7 @@ def curves_section(doc: Doc, arms: Sequence[Arm], target: Path, wall_clock_cavea
               + ", the others in the order of their mean final val/accuracy.")  # fmt: skip
     colors = arm_colors([a.name for a in arms])
     shown = [a for a in AXES if not (wall_clock_caveat and a[0] == "time")]
-    for stem, title, tags in CURVES:
+    for stem, title, tags in curve_figures(arms):
         if not any(tag in run.scalars or tag in run.initial for arm in arms for run in arm.runs for tag in tags):
             continue
         doc.h(3, title)

@@ -12,7 +12,8 @@ from typing import Any
 from grpo_lightning.report.arms import SMOOTHING_STEPS, WIDE, Arm, final_value, ranked
 from grpo_lightning.report.document import Doc
 from grpo_lightning.report.formatting import fmt_interval, fmt_metric
-from grpo_lightning.report.metrics import FINAL_METRICS, PER_RUN_METRICS, WALL_CLOCK_METRICS
+from grpo_lightning.report.learning import REACH_AXES, reached_by_every_run, split_key
+from grpo_lightning.report.metrics import FINAL_METRICS, PER_RUN_METRICS, WALL_CLOCK_METRICS, Metric
 from grpo_lightning.report.runs import Run
 from grpo_lightning.report.statistics import wilson_interval
 from grpo_lightning.report.tables import CSV_FILE, LATEX_FILE, Row, write_final_tables
@@ -20,19 +21,34 @@ from grpo_lightning.report.tables import CSV_FILE, LATEX_FILE, Row, write_final_
 INTERVAL = "Student t over seeds"
 
 
-def final_rows(arms: Sequence[Arm], confidence: float) -> list[Row]:
-    """``(metric, [(mean, low, high) per arm])`` of every metric some arm logged."""
+def final_rows(arms: Sequence[Arm], confidence: float, curve_metrics: Sequence[Metric] = ()) -> list[Row]:
+    """``(metric, [(mean, low, high) per arm])`` of every metric some arm logged; ``curve_metrics``
+    (``learning.curve_metrics``) follow the gain of val/accuracy. An arm with a seed that never
+    reached a threshold has ``(inf, nan, nan)`` there: a mean over the seeds that did would flatter it."""
     rows = []
-    for metric in FINAL_METRICS:
-        stats = [arm.interval(metric.key, confidence) for arm in arms]
-        if all(not math.isfinite(s[0]) for s in stats):
+    for metric in table_metrics(curve_metrics):
+        stats = [_stat(arm, metric.key, confidence) for arm in arms]
+        if all(math.isnan(s[0]) for s in stats):
             continue
         rows.append((metric, stats))
     return rows
 
 
+def table_metrics(curve_metrics: Sequence[Metric] = ()) -> list[Metric]:
+    """``FINAL_METRICS`` with ``curve_metrics`` after the gain of val/accuracy."""
+    at = next(i for i, m in enumerate(FINAL_METRICS) if m.key == "gain:val/accuracy") + 1
+    return [*FINAL_METRICS[:at], *curve_metrics, *FINAL_METRICS[at:]]
+
+
+def _stat(arm: Arm, key: str, confidence: float) -> tuple[float, float, float]:
+    if split_key(key)[0] in REACH_AXES and arm.runs and not reached_by_every_run(arm, key):
+        return (math.inf, math.nan, math.nan)
+    return arm.interval(key, confidence)
+
+
 def final_section(doc: Doc, arms: Sequence[Arm], confidence: float, target: Path, name: str,
-                  wall_clock_caveat: str | None = None) -> None:  # fmt: skip
+                  wall_clock_caveat: str | None = None, curve_metrics: Sequence[Metric] = (),
+                  curve_note: str = "") -> None:  # fmt: skip
     doc.h(2, "Final metrics")
     doc.p(
         f"Each run's value at the end of training: the last validation for val/*, the mean of the last "
@@ -42,7 +58,9 @@ def final_section(doc: Doc, arms: Sequence[Arm], confidence: float, target: Path
         "alone: whether two arms differ is the paired test of Effects against the baseline, not whether "
         f"their intervals overlap. Also as [{CSV_FILE}]({CSV_FILE}) and [{LATEX_FILE}]({LATEX_FILE}) (LaTeX, booktabs)."
     )
-    rows = final_rows(arms, confidence)
+    if curve_note:
+        doc.p(curve_note)
+    rows = final_rows(arms, confidence, curve_metrics)
     labels = [_label(metric.key, metric.label, wall_clock_caveat) for metric, _ in rows]
     cells = [[interval_text(stat, metric.key) for stat in stats] for metric, stats in rows]
     names = [f"{a.name} (n={len(a.runs)})" for a in arms]
@@ -60,7 +78,7 @@ def final_section(doc: Doc, arms: Sequence[Arm], confidence: float, target: Path
     )
     seeds = [len(a.runs) for a in arms]
     write_final_tables(target, name, [a.name for a in arms], seeds, rows, INTERVAL, caption)
-    per_run_section(doc, arms, confidence)
+    per_run_section(doc, arms, confidence, curve_metrics)
 
 
 def _label(key: str, label: str, caveat: str | None) -> str:
@@ -75,8 +93,8 @@ def interval_text(stat: tuple[float, float, float], key: str) -> str:
     return fmt_interval(mean, low, high, key)
 
 
-def per_run_section(doc: Doc, arms: Sequence[Arm], confidence: float) -> None:
-    keys = [(m.key, m.label) for m in FINAL_METRICS if m.key in PER_RUN_METRICS]
+def per_run_section(doc: Doc, arms: Sequence[Arm], confidence: float, curve_metrics: Sequence[Metric] = ()) -> None:
+    keys = [(m.key, m.label) for m in table_metrics(curve_metrics) if m.key in PER_RUN_METRICS or m in curve_metrics]
     body = Doc()
     body.p(
         f"val/accuracy [{confidence:.0%} interval over the validation prompts]: the interval the run logged "

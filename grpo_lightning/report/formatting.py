@@ -8,6 +8,8 @@ import math
 
 #: Metrics whose values are counts: printed as whole numbers with thousands separators.
 COUNT_METRICS = {"perf/generated_tokens", "steps", "batches", "step_of:val/accuracy"}
+#: Keys of thresholds reached (``learning.REACH_AXES``): ``inf`` means never reached.
+REACH_PREFIXES = ("steps_to@", "tokens_to@")
 #: Units printed after a value.
 UNITS = {"train_time_s": " s"}
 
@@ -23,8 +25,15 @@ def fmt(value: float | None, digits: int = 4) -> str:
     return f"{value:.{digits}g}"  # an exponent below 0.001 only
 
 
+def not_reached(value: float | None, key: str) -> bool:
+    """Whether ``value`` is a threshold never reached (``inf`` of ``steps_to@``/``tokens_to@``)."""
+    return value == math.inf and key.startswith(REACH_PREFIXES)
+
+
 def fmt_metric(value: float | None, key: str = "") -> str:
     """A metric value: counts as whole numbers (``70,440``), the rest by :func:`fmt`."""
+    if not_reached(value, key):
+        return "not reached"
     if key in COUNT_METRICS and value is not None and math.isfinite(value):
         return f"{value:,.0f}"
     return fmt(value)
@@ -32,6 +41,8 @@ def fmt_metric(value: float | None, key: str = "") -> str:
 
 def fmt_interval(mean: float, low: float, high: float, key: str = "") -> str:
     """``mean [low, high]``, or the mean alone without an interval."""
+    if not_reached(mean, key):
+        return "not reached by every seed"
     if not math.isfinite(low) or not math.isfinite(high):
         return fmt_metric(mean, key)
     return f"{fmt_metric(mean, key)} [{fmt_metric(low, key)}, {fmt_metric(high, key)}]"

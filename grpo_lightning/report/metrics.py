@@ -66,14 +66,15 @@ WALL_CLOCK_METRICS = {"train_time_s"}
 
 _PROPORTIONS = re.compile(r"^(val|test)/(accuracy|pass@\d+|maj@\d+)$|^(frac_|clip_ratio/|completions/clipped_ratio)")
 _NON_NEGATIVE = re.compile(r"length|entropy|reward_std|^perf/|^train_time_s$|^steps$|^batches$")
-#: Computed keys that count steps.
-_STEP_KINDS = {"step_of"}
+#: Computed keys that count steps or tokens.
+_STEP_KINDS = {"step_of", "steps_to", "tokens_to"}
 
 
 def metric_bounds(key: str) -> tuple[float, float]:
     """The range a metric can take: accuracies and shares in ``[0, 1]``, a gain of accuracy in
     ``[-1, 1]``, times, counts, lengths and entropies ``>= 0``; unbounded otherwise."""
     kind, _, tag = key.rpartition(":")
+    kind = kind.partition("@")[0]  # auc@0-400, steps_to@0.33: the parameter does not change the range
     if kind in _STEP_KINDS:
         return NON_NEGATIVE
     if _PROPORTIONS.search(tag):

@@ -22,6 +22,8 @@ _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$",
 
 
 def _number(value: float) -> str:
+    if value == math.inf:  # a threshold not reached by every seed (learning.py)
+        return "inf"
     return "" if not math.isfinite(value) else f"{value:.6g}"
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from grpo_lightning.report import Arm, Run, Series, build_report
+from grpo_lightning.report.curves import sampled_tags
 from grpo_lightning.report.effects import distinct_clip_settings, ineffective_notes
 from grpo_lightning.report.provenance import wall_clock_caveat
 
@@ -218,6 +219,13 @@ def test_pass_at_k_and_maj_at_k_per_variant(tmp_path, cell_writer):
     assert "| grpo-seed1 | 0.6 [0.5, 0.7] | 0.6 [0.55, 0.65] |" in section  # the run's own intervals over prompts
     # per-run accuracy in the final values table: the interval the run logged
     assert "| grpo-seed0 | 0 | 0.5 [0.4, 0.6] |" in md
+    # pass@k (k > 1) and maj@k over training, after val/accuracy's figure (pass@1 is its curve)
+    curves = md.split("## Learning curves")[1]
+    assert curves.index("### val/accuracy") < curves.index("### pass@k and maj@k") < curves.index("### reward")
+    assert (tmp_path / "out" / "curves_pass_maj.png").is_file()
+    assert sampled_tags([Arm("grpo", [], [Run(tmp_path, {t: None for t in ("val/pass@1", "val/maj@4", "val/pass@2",
+                                                                              "val/pass@1_ci_low")})])]) == [
+        "val/pass@2", "val/maj@4"]  # fmt: skip
 
 
 def test_per_run_accuracy_has_a_wilson_interval_when_the_prompts_are_counted(tmp_path, cell_writer):
