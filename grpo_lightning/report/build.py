@@ -21,7 +21,13 @@ from grpo_lightning.report.formatting import join_names
 from grpo_lightning.report.health import health_section
 from grpo_lightning.report.html import render_html
 from grpo_lightning.report.markdown import render_markdown
-from grpo_lightning.report.provenance import provenance_section, provenance_warnings, read_provenance, wall_clock_caveat
+from grpo_lightning.report.provenance import (
+    command_line_notes,
+    provenance_section,
+    provenance_warnings,
+    read_provenance,
+    wall_clock_caveat,
+)
 from grpo_lightning.report.runs import load_run, optimizer_steps_per_rollout
 from grpo_lightning.report.summary import summary_paragraph
 from grpo_lightning.report.validation import evaluation_section
@@ -81,7 +87,7 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
 
     doc = Doc()
     doc.h(1, f"Ablation report: {name}")
-    for line in provenance_warnings(records):
+    for line in provenance_warnings(records) + command_line_notes(records):
         doc.p(line)
     doc.p(
         f"Sweep folder `{meta.get('sweep_folder', data_dir.resolve().name)}`: {len(arms)} arms, {len(finished)} finished runs"

@@ -78,7 +78,7 @@ def final_section(doc: Doc, arms: Sequence[Arm], confidence: float, target: Path
     )
     seeds = [len(a.runs) for a in arms]
     write_final_tables(target, name, [a.name for a in arms], seeds, rows, INTERVAL, caption)
-    per_run_section(doc, arms, confidence, curve_metrics)
+    per_run_section(doc, arms, confidence, curve_metrics, wall_clock_caveat)
 
 
 def _label(key: str, label: str, caveat: str | None) -> str:
@@ -93,8 +93,10 @@ def interval_text(stat: tuple[float, float, float], key: str) -> str:
     return fmt_interval(mean, low, high, key)
 
 
-def per_run_section(doc: Doc, arms: Sequence[Arm], confidence: float, curve_metrics: Sequence[Metric] = ()) -> None:
-    keys = [(m.key, m.label) for m in table_metrics(curve_metrics) if m.key in PER_RUN_METRICS or m in curve_metrics]
+def per_run_section(doc: Doc, arms: Sequence[Arm], confidence: float, curve_metrics: Sequence[Metric] = (),
+                    wall_clock_caveat: str | None = None) -> None:  # fmt: skip
+    keys = [(m.key, _label(m.key, m.label, wall_clock_caveat)) for m in table_metrics(curve_metrics)
+            if m.key in PER_RUN_METRICS or m in curve_metrics]  # fmt: skip
     body = Doc()
     body.p(
         f"val/accuracy [{confidence:.0%} interval over the validation prompts]: the interval the run logged "

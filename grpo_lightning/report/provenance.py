@@ -70,6 +70,36 @@ def provenance_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+#: Command-line settings of ``grpo-lightning-ablate`` that change how cells run, not what they
+#: compute (wall-clock aside): not worth a note.
+EXECUTION_SETTINGS = ("parallel", "gpus", "threads", "timeout_s", "hydra", "hydra/launcher")
+
+
+def command_line_changes(command: str) -> list[str]:
+    """The overrides of the sweep's config on a ``grpo-lightning-ablate`` command line (Hydra's
+    ``key=value``), leaving out ``EXECUTION_SETTINGS``. The command is as ``provenance.json``
+    recorded it (its arguments joined by spaces)."""
+    words = command.split()
+    changes = []
+    for i, word in enumerate(words):
+        if word.startswith("-") or "=" not in word or (i and words[i - 1] in ("--config-name", "-cn")):
+            continue
+        key = word.split("=", 1)[0].lstrip("+~")
+        if key.split(".", 1)[0] not in EXECUTION_SETTINGS and key not in EXECUTION_SETTINGS:
+            changes.append(word)
+    return changes
+
+
+def command_line_notes(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A note for the top of a report whose sweep ran with settings its config file does not
+    have (fewer steps, other seeds, ...): they are the report's conditions, so they are said first."""
+    changes = list(dict.fromkeys(c for r in records for c in command_line_changes(str(r.get("command") or ""))))
+    if not changes:
+        return []
+    return [f"**Note: the sweep's command line changed its config file:** {', '.join(f'`{c}`' for c in changes)} "
+            "(the Configuration section shows the settings the cells ran with)."]  # fmt: skip
+
+
 def provenance_section(doc: Doc, records: Sequence[Mapping[str, Any]], extra: Sequence[str] = ()) -> None:
     doc.h(2, "Provenance")
     if not records:

@@ -9,7 +9,7 @@ import pytest
 from grpo_lightning.report import Arm, Run, Series, build_report
 from grpo_lightning.report.curves import sampled_tags
 from grpo_lightning.report.effects import distinct_clip_settings, ineffective_notes
-from grpo_lightning.report.provenance import wall_clock_caveat
+from grpo_lightning.report.provenance import command_line_changes, command_line_notes, wall_clock_caveat
 
 PROVENANCE = {
     "command": "grpo-lightning-ablate --config-name default",
@@ -60,12 +60,14 @@ def test_provenance_is_shown_and_an_idle_machine_keeps_wall_clock(tmp_path, cell
 def test_a_dirty_tree_and_mixed_commits_carry_a_banner(tmp_path, cell_writer):
     root = two_arm_sweep(tmp_path / "sweep", cell_writer)
     clean = {**PROVENANCE, "diff": ""}
-    dirty = {**PROVENANCE, "commit": "fedcba9876543210fedcba9876543210fedcba98", "dirty": True, "diff": "-beta = 0.04"}
+    dirty = {**PROVENANCE, "commit": "fedcba9876543210fedcba9876543210fedcba98", "dirty": True, "diff": "-beta = 0.04",
+             "command": "grpo-lightning-ablate --config-name default args.trainer.max_steps=50"}  # fmt: skip
     (root / "provenance.json").write_text(json.dumps([clean, dirty]))
     head = report_text(root, tmp_path).split("## Summary")[0]
     assert ("**Warning: 1 of 2 runs of the sweep used a checkout with uncommitted changes to tracked files;** the "
             "uncommitted diff is recorded in `data/provenance.json`.") in head  # fmt: skip
     assert "**Warning: the cells of this sweep ran at 2 different commits** (`0123456789`, `fedcba9876`" in head
+    assert "**Note: the sweep's command line changed its config file:** `args.trainer.max_steps=50`" in head
     (root / "provenance.json").write_text(json.dumps([clean]))
     assert "Warning" not in report_text(root, tmp_path / "again").split("## Summary")[0]
     (root / "provenance.json").write_text(json.dumps([{**PROVENANCE, "dirty": True}]))  # no diff recorded
@@ -114,8 +116,19 @@ def test_a_loaded_machine_flags_wall_clock(tmp_path, cell_writer, changes, reaso
     )
     final = md.split("## Final metrics")[1].split("## Pairwise")[0]
     assert "| training wall-clock (s) † |" in final and "† Training wall-clock: wall-clock times measure" in final
+    assert "| training wall-clock (s) † |\n" in final.split("<summary>Final values of every run")[1]  # the per-run column too
     curves = md.split("## Learning curves")[1].split("### ")[0]
     assert "**The wall-clock column is left out:** Wall-clock times measure" in curves
+
+
+def test_a_sweep_run_with_changed_settings_says_so_first():
+    command = ("grpo-lightning-ablate --config-name grpo_systems args.trainer.max_steps=100 parallel=2 gpus=none "
+               "hydra/launcher=joblib hydra.launcher.n_jobs=2 ++seeds=[0,1]")  # fmt: skip
+    assert command_line_changes(command) == ["args.trainer.max_steps=100", "++seeds=[0,1]"]  # not how cells ran
+    assert command_line_notes([{**PROVENANCE, "command": command}]) == [
+        "**Note: the sweep's command line changed its config file:** `args.trainer.max_steps=100`, `++seeds=[0,1]` "
+        "(the Configuration section shows the settings the cells ran with)."]  # fmt: skip
+    assert command_line_notes([PROVENANCE]) == []
 
 
 def test_parallel_cells_on_gpus_keep_wall_clock():
