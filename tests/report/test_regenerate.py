@@ -22,3 +22,16 @@ def test_the_committed_default_report_regenerates_byte_for_byte(tmp_path):
     assert sorted(p.name for p in out.iterdir() if p.is_file()) == committed
     different = [name for name in committed if (out / name).read_bytes() != (REPORT / name).read_bytes()]
     assert not different, f"rebuilt with other bytes: {different}"
+
+
+def test_every_committed_report_regenerates_or_says_it_cannot():
+    """A report without data/ and REGENERATE is an unverifiable number: it must say so at its top."""
+    reports = sorted(p.parent for p in (REPO / "reports").glob("*/report.md"))
+    assert len(reports) >= 5
+    for folder in reports:
+        if (folder / "REGENERATE").is_file():
+            assert (folder / "data" / "sweep.json").is_file(), folder.name
+            assert (folder / "REGENERATE").read_text() == f'grpo-lightning-report reports/{folder.name}/data --output "$OUT"\n'
+        else:
+            head = (folder / "report.md").read_text().split("## Summary")[0]
+            assert "cannot be regenerated" in head, f"{folder.name}: no data/, REGENERATE or banner"
