@@ -22,6 +22,7 @@ import importlib.util
 import json
 import os
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,7 +163,12 @@ def dense_copy(source: ModelSource) -> ModelSource:
     key = hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()[:16]
     folder = cache_dir() / GGUF_COPIES / f"{Path(path).stem}-{key}"
     if not (folder / COPY_DONE).is_file():
-        _write_dense_copy(source, folder, made_from)
+        try:
+            _write_dense_copy(source, folder, made_from)
+        except OSError as error:  # a read-only or full cache: read the file itself, as without a cache
+            message = f"model: no dense copy of {path} in {folder.parent} ({error}); reading the GGUF file each time."
+            warnings.warn(message, stacklevel=2)
+            return source
     return ModelSource(str(folder))
 
 
@@ -182,7 +188,8 @@ def _write_dense_copy(source: ModelSource, folder: Path, made_from: dict[str, An
     partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     AutoTokenizer.from_pretrained(source.location, **source.from_pretrained_kwargs()).save_pretrained(partial)
-    model = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch.float32, **source.from_pretrained_kwargs(dense=True))
+    dense = source.from_pretrained_kwargs(dense=True)
+    model = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch.float32, **dense)
     model.save_pretrained(partial)
     (partial / COPY_DONE).write_text(json.dumps(made_from, indent=1) + "\n")
     try:

@@ -123,3 +123,13 @@ def test_an_edited_gguf_file_gets_a_new_copy_and_other_sources_none(gguf_file, t
     assert dense_copy(directory) is directory
     hub_file = ModelSource("org/repo", "model.Q4.gguf")
     assert dense_copy(hub_file) is hub_file
+
+
+def test_a_cache_that_cannot_be_written_leaves_the_gguf_file_read_directly(gguf_file, tmp_path, monkeypatch):
+    blocked = tmp_path / "not_a_folder"
+    blocked.write_text("")
+    monkeypatch.setenv(model_sources.CACHE_ENV_VAR, str(blocked))
+    source = ModelSource(str(gguf_file.parent), gguf_file.name)
+    with pytest.warns(UserWarning, match="no dense copy of .*tiny.gguf.*reading the GGUF file each time"):
+        assert dense_copy(source) is source
+    assert load_causal_lm(str(gguf_file), "float32", None).config.num_hidden_layers == LAYERS
