@@ -167,10 +167,11 @@ def variant_args(cls: type, *extra: str) -> list[str]:
 
 
 @pytest.mark.parametrize("cls", VARIANTS, ids=lambda cls: cls.__name__)
-def test_print_config_shows_both_parts_and_takes_them_from_the_command_line(cls):
+def test_print_config_shows_the_parts_and_takes_them_from_the_command_line(cls):
     code, out, err = run_cli(*variant_args(cls, "--model.aggregation", "seq_mean_token_mean", "--print_config"))
     assert code == 0, err
     assert "    aggregation: seq_mean_token_mean\n" in out and "    advantage: null\n" in out
+    assert "    surrogate: null\n" in out
 
 
 def test_the_command_line_composes_rloo_with_dr_grpos_aggregation_and_prints_it_round_trip(tmp_path):
