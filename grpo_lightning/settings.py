@@ -198,6 +198,7 @@ ABLATION_OPTION_DEFAULTS = {
     "clip_ratio_c": None,
     "off_policy_mask_threshold": None,
     "entropy_coef": 0.0,
+    "rollout_correction": None,
     "scale_rewards": "group",
     "reward_aggregation": "sum_then_normalize",
     "top_entropy_quantile": 1.0,
