@@ -223,6 +223,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         self.kl_estimator = kl_estimator
         self.clip_eps_low = clip_eps_low
         self.clip_eps_high = clip_eps_high
+        self.entropy_coef = entropy_coef  # AdaptiveEntropy steers it during a fit
         self.ppo_epochs = ppo_epochs
         self.rollout_correction = rollout_correction
         self.minibatch_size = minibatch_size
@@ -504,8 +505,8 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         logp, entropy = self._forward(self.policy, rollout, rows)
         old_logp = logp.detach() if rollout.old_logp is None else rollout.old_logp[rows]
         loss = self.token_loss(logp, old_logp, advantages[rows], micro_mask)
-        if self.hparams.entropy_coef:  # its gradient raises each loss token's entropy
-            loss = loss + self.hparams.entropy_coef * entropy_bonus(logp, old_logp)
+        if self.entropy_coef:  # its gradient raises each loss token's entropy
+            loss = loss + self.entropy_coef * entropy_bonus(logp, old_logp)
         if rollout.sampling_logp is not None:  # the engine's log-probs against this pass's
             loss = correct_policy_loss(loss, old_logp, rollout.sampling_logp[rows], micro_mask, self.rollout_correction,
                                        self.hparams.rollout_correction_cap, self.step_metrics)  # fmt: skip

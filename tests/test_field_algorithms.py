@@ -11,7 +11,7 @@ from torch.testing import assert_close
 
 import variants
 from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS, SURROGATES
-from grpo_lightning.algorithms.entropy import entropy_bonus
+from grpo_lightning.algorithms.entropy import AdaptiveEntropy, entropy_bonus
 from grpo_lightning.algorithms.masks import off_policy_sequence_mask
 from grpo_lightning.algorithms.surrogates import vespo_weight
 from grpo_lightning.settings import ConfigError
@@ -175,6 +175,39 @@ def test_the_entropy_bonus_gradient_is_minus_the_entropy_gradient_in_expectation
     (grad,) = torch.autograd.grad(expected, logits, retain_graph=True)
     (entropy_grad,) = torch.autograd.grad(-(log_pi.exp() * log_pi).sum(), logits)
     assert_close(grad, -entropy_grad)
+
+
+def test_adaptive_entropy_steps_the_coefficient_toward_the_target_once_per_step_and_resumes():
+    module = variants.GRPO("unused", entropy_coef=0.01)
+    control = AdaptiveEntropy(target=0.2, delta=0.005, min_coef=0.0, max_coef=0.012)
+    control.on_train_start(None, module)
+    steps = [(1, 0.1), (1, 0.1), (2, 0.1), (3, 0.5), (4, 0.5), (5, 0.5)]  # (logged steps, entropy) after each batch
+    seen = []
+    for logged, entropy in steps:
+        module.logged_steps, module.last_step_metrics = logged, {"entropy": entropy}
+        control.on_train_batch_end(None, module, None, None, 0)
+        seen.append(round(module.entropy_coef, 6))
+    # below the target: +0.005 (capped at 0.012), once per logged step; above it: -0.005, down to 0.
+    assert seen == [0.012, 0.012, 0.012, 0.007, 0.002, 0.0]
+    resumed, fresh = AdaptiveEntropy(), variants.GRPO("unused", entropy_coef=0.01)
+    resumed.load_state_dict(control.state_dict())
+    resumed.on_train_start(None, fresh)
+    assert fresh.entropy_coef == 0.0 and resumed.seen == 5
+
+
+def test_adaptive_entropy_is_a_trainer_callback_on_the_command_line():
+    from grpo_lightning.cli import GRPOLightningCLI
+    from grpo_lightning.resources import config_dir
+
+    configs = config_dir()
+    args = ["--config", str(configs / "trainer/cpu.yaml"), "--config", str(configs / "data/arithmetic.yaml"),
+            "--model", "GRPO", "--model.model", "m", "--trainer.callbacks+=grpo_lightning.algorithms.entropy.AdaptiveEntropy",
+            "--trainer.callbacks.target", "0.3"]  # fmt: skip
+    trainer = GRPOLightningCLI(args=args, run=False).trainer
+    (control,) = [c for c in trainer.callbacks if isinstance(c, AdaptiveEntropy)]
+    assert control.target == 0.3
+    with pytest.raises(ConfigError, match="^AdaptiveEntropy: needs target >= 0, delta > 0"):
+        AdaptiveEntropy(delta=0.0)
 
 
 def test_opsm_and_entropy_coef_refuse_invalid_values():
