@@ -50,8 +50,17 @@ def test_dapo_parts_has_one_arm_per_technique_at_five_seeds(dapo_parts):
     assert sorted({cell.arm for cell in cells}) == sorted(DAPO_ARMS) and len(cells) == 5 * len(DAPO_ARMS)
 
 
-@pytest.mark.parametrize("arm", DAPO_ARMS)
-def test_each_dapo_parts_cell_builds_dapo_with_only_its_technique(arm, dapo_parts, tmp_path):
+def test_each_technique_file_sets_only_its_own_option():
+    folder = SPEC_DIR / "dapo_parts"
+    settings = {path.stem: yaml.safe_load(path.read_text())["model"]["init_args"] for path in folder.glob("*.yaml")}
+    assert settings.pop("grpo_end") == {"clip_eps_high": 0.2, "dynamic_sampling": False,
+                                        "aggregation": "seq_mean_token_mean", "overlong_buffer": 0}  # fmt: skip
+    assert settings == {"clip_higher": {"clip_eps_high": 0.28}, "dynamic_sampling": {"dynamic_sampling": True},
+                        "token_mean": {"aggregation": "token_mean"}, "overlong_shaping": {"overlong_buffer": None}}  # fmt: skip
+
+
+@pytest.mark.parametrize("arm", ["dapo", "dapo+grpo_end", "dapo+grpo_end+overlong_shaping"])
+def test_a_dapo_parts_cell_builds_dapo_with_only_its_technique(arm, dapo_parts, tmp_path):
     cell = next(cell for cell in dapo_parts.cells() if cell.arm == arm)
     command = cell_command(dapo_parts, cell, tmp_path / cell.name, model="some/model")
     module = GRPOLightningCLI(args=command[command.index("fit") + 1 :], run=False).model
