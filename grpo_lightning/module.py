@@ -14,10 +14,11 @@ One training step (manual optimization)::
             for micro-batch:                          memory only: the gradient does not depend on it
                 loss = aggregate(token_loss(...) + beta * kl, mask)    hooks
 
-Variants (``variants/``) name their advantage estimator and aggregation among the registered parts
-(``default_advantage``, ``default_aggregation``: :mod:`grpo_lightning.algorithms`), which a run may
-swap (``--model.advantage``, ``--model.aggregation``); they override the hooks ``token_loss``, and
-where their paper asks, ``advantages``, ``select`` and ``shape_rewards``; they may declare ``kl_in_loss``.
+Variants (``variants/``) name their advantage estimator, per-token surrogate and aggregation among the
+registered parts (``default_advantage``, ``default_surrogate``, ``default_aggregation``:
+:mod:`grpo_lightning.algorithms`), which a run may swap (``--model.advantage``, ``--model.surrogate``,
+``--model.aggregation``); where their paper asks they override the hooks (``advantages``,
+``token_loss``, ``select``, ``shape_rewards``); they may declare ``kl_in_loss``.
 How rollouts are sampled is :mod:`grpo_lightning.generation`'s choice; step metrics are
 :mod:`grpo_lightning.metrics`'; the state of an exact resume is :mod:`grpo_lightning.resume`'s.
 """
