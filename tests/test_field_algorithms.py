@@ -241,3 +241,10 @@ def test_opsm_the_entropy_bonus_and_the_dual_clip_give_the_same_gradient_in_any_
     assert any(g.abs().sum() > 0 for g in whole.values())
     for key in whole:
         assert_close(split[key], whole[key], rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}, {key}: {m}")
+
+
+def test_dppo_without_a_cap_stays_finite_where_the_ratio_overflows():
+    logp, old = torch.tensor([[0.0]], requires_grad=True), torch.tensor([[-200.0]])  # r = e^200 overflows float32
+    loss = surrogate_loss("dppo_tv", logp, old, torch.tensor([[-1.0]]), None, clip_eps_low=1.0, clip_eps_high=1.0,
+                          clip_ratio_c=None)  # fmt: skip
+    assert torch.isfinite(token_grad(loss.sum(), logp)).all()

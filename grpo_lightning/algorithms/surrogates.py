@@ -146,7 +146,7 @@ def divergence_masked(logp, old_logp, advantages, valid_pos, valid_neg, cap) -> 
     """DPPO's loss ``-valid * sg(min(r, cap)) * A * log pi``; logs the dropped share (``clip_ratio/region``)."""
     advantages = per_token(advantages, logp)
     valid = torch.where(advantages > 0, valid_pos, valid_neg)
-    weight = torch.exp(logp.detach() - old_logp)
+    weight = torch.exp((logp.detach() - old_logp).clamp(-20.0, 20.0))  # as verl: no overflow without a cap
     weight = weight if cap is None else weight.clamp(max=cap)
     loss = -valid.to(logp.dtype) * weight * advantages * logp
     dropped = ~valid
