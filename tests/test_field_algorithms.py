@@ -53,7 +53,7 @@ def test_each_preset_names_its_parts_and_the_papers_defaults(name, parts, defaul
 # ------------------------------------------------------------------ LUSPO
 
 
-def test_luspo_on_policy_is_the_length_weighted_loss_of_the_issue_and_its_gradient():
+def test_luspo_on_policy_is_the_length_weighted_loss_and_its_gradient():
     logp = torch.full((2, 5), -1.0, requires_grad=True)
     module = variants.LUSPO("unused")
     loss = module.aggregate(module.token_loss(logp, logp.detach(), SIGNS, MASK), MASK)
