@@ -152,13 +152,12 @@ def record_rewards(metrics: StepMetrics, rollout: Rollout, names: Sequence[str])
         metrics.update(f"rewards/{name}/mean", torch.nanmean(column))
 
 
-def record_clipping(metrics: StepMetrics, clipped_low: Tensor, clipped_high: Tensor, mask: Tensor) -> None:
-    """Token shares clipped at the low bound, the high bound, and either (``clip_ratio/*``)."""
+def record_token_shares(metrics: StepMetrics, shares: dict[str, Tensor], mask: Tensor) -> None:
+    """Each ``name -> [N, T]`` of ``shares`` (flags or values, e.g. a surrogate's ``clip_ratio/*``)
+    as its mean over the tokens of ``mask``, weighted by their count."""
     tokens = mask.sum()
-    metrics.update("clip_ratio/low", F.masked_mean(clipped_low.float(), mask), tokens)
-    metrics.update("clip_ratio/high", F.masked_mean(clipped_high.float(), mask), tokens)
-    either = (clipped_low | clipped_high).float()
-    metrics.update("clip_ratio/region", F.masked_mean(either, mask), tokens)
+    for name, values in shares.items():
+        metrics.update(name, F.masked_mean(values.detach().float(), mask), tokens)
 
 
 class PhaseTimer:

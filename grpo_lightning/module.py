@@ -14,10 +14,11 @@ One training step (manual optimization)::
             for micro-batch:                          memory only: the gradient does not depend on it
                 loss = aggregate(token_loss(...) + beta * kl, mask)    hooks
 
-Variants (``variants/``) name their advantage estimator and aggregation among the registered parts
-(``default_advantage``, ``default_aggregation``: :mod:`grpo_lightning.algorithms`), which a run may
-swap (``--model.advantage``, ``--model.aggregation``); they override the hooks ``token_loss``, and
-where their paper asks, ``advantages``, ``select`` and ``shape_rewards``; they may declare ``kl_in_loss``.
+Variants (``variants/``) name their advantage estimator, per-token surrogate and aggregation among the
+registered parts (``default_advantage``, ``default_surrogate``, ``default_aggregation``:
+:mod:`grpo_lightning.algorithms`), which a run may swap (``--model.advantage``, ``--model.surrogate``,
+``--model.aggregation``); where their paper asks they override the hooks (``advantages``,
+``token_loss``, ``select``, ``shape_rewards``); they may declare ``kl_in_loss``.
 How rollouts are sampled is :mod:`grpo_lightning.generation`'s choice; step metrics are
 :mod:`grpo_lightning.metrics`'; the state of an exact resume is :mod:`grpo_lightning.resume`'s.
 """
@@ -36,8 +37,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lightning import functional as F
 from grpo_lightning import metrics, resume, step_schedule
-from grpo_lightning.algorithms import resolve_parts
-from grpo_lightning.algorithms.hooks import AlgorithmHooks
+from grpo_lightning.algorithms import check_loss_options, resolve_parts
+from grpo_lightning.algorithms.entropy import entropy_bonus
+from grpo_lightning.algorithms.hooks import AlgorithmHooks, inapplicable_with
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.evaluation import Evaluation
 from grpo_lightning.generation import EnginePlan, RolloutSampler, RolloutWeights, build_rollout
@@ -99,11 +101,18 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         clip_eps_low, clip_eps_high: ratio clip range ``[1 - low, 1 + high]``.
         delta: two-sided clipping: a negative-advantage token's ratio is also capped at ``delta``
             (``> 1 + clip_eps_high``); ``None``: off.
+        clip_ratio_c: dual clip: a negative-advantage token's loss is at most ``-clip_ratio_c * A`` (verl: 3.0); ``None``: off.
         advantage: the advantage estimator, a name of :data:`grpo_lightning.algorithms.ADVANTAGES`
-            (``group_std``, ``group_mean``, ``leave_one_out``, ``batch_std``); ``None``: the variant's own.
+            (``group_std``, ``group_mean``, ``leave_one_out``, ``batch_std``, ...); ``None``: the variant's own.
+        surrogate: the per-token policy loss, a name of :data:`grpo_lightning.algorithms.SURROGATES`
+            (``ppo_clip``, ``gspo``, ``cispo``, ``sapo``, ``gmpo``, ``reinforce``, ...); ``None``: the variant's own.
         aggregation: how the per-token loss becomes one number, a name of
             :data:`grpo_lightning.algorithms.AGGREGATIONS` (``token_mean``, ``seq_mean_token_mean``,
             ``seq_mean_token_sum``, ``seq_mean_token_sum_norm``); ``None``: the variant's own.
+        off_policy_mask_threshold: OPSM: a negative-advantage completion whose mean ``log pi_old - log pi``
+            exceeds it carries no loss (:mod:`grpo_lightning.algorithms.masks`); ``None``: off.
+        entropy_coef: entropy bonus: each token's loss gets a term whose gradient is ``- entropy_coef *
+            grad H_t``, estimated at the sampled token (:mod:`grpo_lightning.algorithms.entropy`); 0: off.
         scale_rewards: divisor of ``group_std``'s advantages: the group's std (``"group"``), the
             batch's (``"batch"``) or none (``"none"``).
         reward_aggregation: ``"sum_then_normalize"``: the weighted sum of the reward functions;
@@ -156,8 +165,12 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         clip_eps_low: float = 0.2,
         clip_eps_high: float = 0.2,
         delta: float | None = None,
+        clip_ratio_c: float | None = None,
         advantage: str | None = None,
+        surrogate: str | None = None,
         aggregation: str | None = None,
+        off_policy_mask_threshold: float | None = None,
+        entropy_coef: float = 0.0,
         scale_rewards: str = "group",
         reward_aggregation: str = "sum_then_normalize",
         top_entropy_quantile: float = 1.0,
@@ -190,9 +203,13 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints leave the frozen reference model out
 
+        self.inapplicable_options = inapplicable_with(type(self), surrogate)  # with the surrogate of this run
         check_options_apply(type(self), self.inapplicable_options, self.kl_in_loss, self.hparams)
+        check_loss_options(delta, clip_ratio_c, off_policy_mask_threshold, entropy_coef)
         check_settings(**{name: value for name, value in locals().items() if name in CHECKED_SETTINGS})
-        self.advantage_name, self.aggregation_name = resolve_parts(type(self), advantage, aggregation, scale_rewards)
+        self.advantage_name, self.aggregation_name, self.surrogate_name = resolve_parts(
+            type(self), advantage, aggregation, scale_rewards, surrogate
+        )
         beam_search = rollout_mode == "beam_search"
         check_engine_options(options, rollout_seed, beam_search)
         self.reward_functions, self.reward_weights = resolve_rewards(reward_funcs, reward_weights)
@@ -207,6 +224,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         self.kl_estimator = kl_estimator
         self.clip_eps_low = clip_eps_low
         self.clip_eps_high = clip_eps_high
+        self.entropy_coef = entropy_coef  # AdaptiveEntropy steers it during a fit
         self.ppo_epochs = ppo_epochs
         self.rollout_correction = rollout_correction
         self.minibatch_size = minibatch_size
@@ -488,6 +506,8 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         logp, entropy = self._forward(self.policy, rollout, rows)
         old_logp = logp.detach() if rollout.old_logp is None else rollout.old_logp[rows]
         loss = self.token_loss(logp, old_logp, advantages[rows], micro_mask)
+        if self.entropy_coef:  # its gradient raises each loss token's entropy
+            loss = loss + self.entropy_coef * entropy_bonus(logp, old_logp)
         if rollout.sampling_logp is not None:  # the engine's log-probs against this pass's
             loss = correct_policy_loss(loss, old_logp, rollout.sampling_logp[rows], micro_mask, self.rollout_correction,
                                        self.hparams.rollout_correction_cap, self.step_metrics)  # fmt: skip

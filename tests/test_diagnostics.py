@@ -71,6 +71,18 @@ def test_entropy_collapse_is_relative_to_the_first_step():
     assert check.first == 2.0 and "ClipCov" in check.detail
 
 
+def test_entropy_collapses_fix_names_options_the_module_has():
+    """The suggested fix is a command line that works: each ``--model.X`` it names is an option."""
+    import inspect
+    import re
+
+    from grpo_lightning.module import GroupPolicyOptimization
+
+    named = re.findall(r"--model\.(\w+)", EntropyCollapse.fix)
+    assert "entropy_coef" in named
+    assert set(named) <= set(inspect.signature(GroupPolicyOptimization).parameters)
+
+
 def test_entropy_collapse_has_an_absolute_floor():
     check = EntropyCollapse(fraction=0.1, floor=0.01, patience=2)
     assert fired_at(check, [{"entropy": 0.005}] * 3) == [2]

@@ -40,6 +40,7 @@ class ProcessGRPO(GRPO):
         "reward_aggregation": "its advantages come from the step rewards",
         "advantage": "its advantages are per token, from the step rewards",
     }
+    token_advantages = True  # a per-sequence surrogate cannot take them
 
     def __init__(
         self,
