@@ -36,6 +36,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lightning import functional as F
 from grpo_lightning import metrics, resume, step_schedule
+from grpo_lightning.agents import EnvironmentOptions
+from grpo_lightning.agents.multi_turn import multi_turn_engine, sample_episodes
 from grpo_lightning.algorithms import resolve_parts
 from grpo_lightning.algorithms.hooks import AlgorithmHooks
 from grpo_lightning.engine.options import EngineOptions
@@ -127,6 +129,8 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         val_max_new_tokens: completion limit in validation (default ``max_new_tokens``).
         accuracy_func: the function whose mean is ``val/accuracy``.
         use_chat_template: wrap plain-text prompts in the tokenizer's chat template when it has one.
+        environment: multi-turn rollouts: model turns and an environment's replies, with tools
+            (:class:`~grpo_lightning.agents.EnvironmentOptions`; ``--model.environment.name``); on the HF path.
     """
 
     def __init__(
@@ -178,6 +182,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         val_samples: int = 1,
         accuracy_func: str | Callable = "grpo_lightning.rewards.accuracy_reward",
         use_chat_template: bool = True,
+        environment: EnvironmentOptions | None = None,
     ) -> None:
         super().__init__()
         options = EngineOptions.of(engine)
@@ -185,6 +190,8 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         execution = RewardExecution.of(reward_execution)
         reward_execution = asdict(execution)
         peft_config = adapter_settings(peft_config)
+        self.environment = None if environment is None else EnvironmentOptions.of(environment)
+        environment = None if environment is None else self.environment.state()
         self.save_hyperparameters()
         self.hparams["peft_config"] = peft_config  # plain values, also where the CLI gave class_path/init_args
         self.automatic_optimization = False
@@ -195,6 +202,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         self.advantage_name, self.aggregation_name = resolve_parts(type(self), advantage, aggregation, scale_rewards)
         beam_search = rollout_mode == "beam_search"
         check_engine_options(options, rollout_seed, beam_search)
+        options = options if self.environment is None else multi_turn_engine(options, rollout_seed, beam_search)
         self.reward_functions, self.reward_weights = resolve_rewards(reward_funcs, reward_weights)
         self.reward_scorer = RewardScorer(execution, self.reward_functions)  # workers, warnings, NaN counts
         self.accuracy_function = resolve_reward_function(accuracy_func, field="accuracy_func")
@@ -316,6 +324,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         announce_rollout_mode(self.hparams.rollout_mode)
         context = getattr(self.policy.config, "max_position_embeddings", None)
         longest = max(self.sampling.max_new_tokens, self.val_sampling.max_new_tokens)
+        longest = longest if self.environment is None else self.environment.token_budget(longest)
         check_datasets(self.trainer.datamodule, self.tokenizer, self.format_prompt, context, longest, self.group_size,
                        self.minibatch_size)  # fmt: skip
 
@@ -334,6 +343,12 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
     def generate(self, batch: dict[str, list], group_size: int, sampling: SamplingParams, with_logprobs=False) -> Rollout:
         """Sample ``group_size`` completions for each prompt of ``batch`` (``with_logprobs``: and
         keep the engine's log-probs of the sampled tokens, ``rollout.sampling_logp``)."""
+        if self.environment is not None:
+            with self.rollout_model() as model:
+                rollout = sample_episodes(model, self.tokenizer, batch, group_size, sampling, self.environment,
+                                          self.hparams.use_chat_template, with_logprobs)  # fmt: skip
+            self.rollouts += 1
+            return rollout
         texts = [self.format_prompt(p) for p in batch["prompt"]]
         with self.rollout_model() as model:
             sampled = self.sampler.sample(model, self.tokenizer, texts, group_size, sampling, self.rollouts,
