@@ -97,3 +97,18 @@ def test_guess_the_number_ends_with_no_reward_after_the_last_wrong_guess():
     environment.reset({"prompt": "x"})
     assert environment.step({"role": "assistant", "content": "<answer>9</answer>"}) == ([{"role": "user", "content": "-"}], None, False)
     assert environment.step({"role": "assistant", "content": "<answer>1</answer>"}) == ([], 0.0, True)
+
+
+def test_the_docs_example_environment_runs():
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text()
+    code = next(block for block in re.findall(r"```python\n(.*?)```", page, re.DOTALL) if "MultiplyEnvironment" in block)
+    namespace: dict = {"__name__": "docs_agents_example"}
+    exec(code, namespace)  # noqa: S102 - the page's own example
+    environment = namespace["MultiplyEnvironment"]()
+    environment.reset({"prompt": "What is 6 times 7?", "answer": "42"})
+    call = '<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>'
+    assert environment.step({"role": "assistant", "content": call})[0][0]["content"] == "42"
+    assert environment.step({"role": "assistant", "content": "It is 42."}) == ([], 1.0, True)
