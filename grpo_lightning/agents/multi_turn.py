@@ -49,6 +49,7 @@ class Trajectory:
     ids: list[int] = field(default_factory=list)
     from_model: list[bool] = field(default_factory=list)
     logp: list[float] = field(default_factory=list)
+    conversation: list[dict] = field(default_factory=list)  # the turns after the prompt, by source
     reward: float = 0.0
     turns: int = 0
     finished: bool = False
@@ -112,10 +113,11 @@ def sample_episodes(
             length = ids.index(eos) + 1 if eos in ids else len(ids)
             episode.append(ids[:length], True, logp[:length])
             episode.turns += 1
+            text = tokenizer.decode(ids[:length], skip_special_tokens=True)
+            episode.conversation.append({"role": "assistant", "content": text})
             if eos not in ids:
                 episode.end(truncated=True)  # the turn was cut: no reply can follow it
                 continue
-            text = tokenizer.decode(ids[:length], skip_special_tokens=True)
             replies, reward, done = episode.environment.step({"role": "assistant", "content": text})
             episode.reward += 0.0 if reward is None else float(reward)
             if done:
@@ -126,12 +128,13 @@ def sample_episodes(
                 episode.end(truncated=True)
                 continue
             episode.append(reply, False)
+            episode.conversation += [{"role": m.get("role", "user"), "content": str(m.get("content", ""))} for m in replies]
     return episodes_rollout(episodes, tokenizer, batch, group_size, device, with_logprobs)
 
 
 def episodes_rollout(episodes, tokenizer, batch, group_size, device, with_logprobs) -> Rollout:
-    """The :class:`Rollout` of finished episodes, with their counts as columns (``environment_reward``,
-    ``turns``, ``tool_calls``, ``tool_errors``)."""
+    """The :class:`Rollout` of finished episodes, with their counts and turns as columns (``environment_reward``,
+    ``turns``, ``tool_calls``, ``tool_errors``, ``conversation``)."""
     prompt_ids, prompt_mask = left_padded([e.prompt_ids for e in episodes], tokenizer.pad_token_id, device)
     completion_ids = right_padded([e.ids for e in episodes], tokenizer.pad_token_id, torch.long, device)
     model_mask = right_padded([[float(m) for m in e.from_model] for e in episodes], 0.0, torch.float32, device)
@@ -145,6 +148,7 @@ def episodes_rollout(episodes, tokenizer, batch, group_size, device, with_logpro
     columns["turns"] = [e.turns for e in episodes]
     columns["tool_calls"] = [getattr(e.environment, "tool_calls", 0) for e in episodes]
     columns["tool_errors"] = [dict(getattr(e.environment, "tool_errors", Counter())) for e in episodes]
+    columns["conversation"] = [e.conversation for e in episodes]
     return Rollout(
         group_size=group_size,
         prompt_ids=prompt_ids,

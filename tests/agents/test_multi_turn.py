@@ -146,6 +146,18 @@ def test_the_step_logs_episode_metrics(episodes):
     assert values["agent/tool_errors/timeout"] == 0.0
 
 
+def test_completion_records_and_tables_show_each_turn_with_its_source(episodes):
+    from grpo_lightning.completions import completion_records, completion_table
+
+    module, rollout = episodes
+    records = completion_records(rollout, torch.zeros(len(rollout)), ["environment_reward"], step=0)
+    for record, turns in zip(records, rollout.columns["turns"]):
+        assert [turn["role"] for turn in record["conversation"]] == ["assistant", "user"] * (turns - 1) + ["assistant"]
+        assert all(turn["content"] == REPLY for turn in record["conversation"] if turn["role"] == "user")
+    table = completion_table(records, ["environment_reward"], 500, len(rollout), rollout.group_size)
+    assert "\\[assistant\\]" in table and "\\[user\\] (12)" in table
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
