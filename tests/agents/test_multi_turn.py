@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from grpo_lightning.agents import EnvironmentOptions, environment_reward
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.logprobs import completion_logprobs
+import variants
 from variants import DAPO, GRPO, PPO
 
 REPLY = "(12)"
@@ -187,3 +190,43 @@ def test_environment_options_come_back_from_the_hyperparameters(make_module):
     module = make_module(GRPO, configure=False, environment=SCRIPTED)
     assert module.hparams["environment"] == {**SCRIPTED, "args": {}}
     assert EnvironmentOptions.of(module.hparams["environment"]) == module.environment
+
+
+REFUSING = {"PPO", "ProcessGRPO"}
+
+
+@pytest.mark.parametrize("name", sorted(variants.__all__))
+def test_every_variant_ignores_what_it_is_given_at_environment_tokens_or_refuses(name, make_module, one_torch_thread):
+    """Log-probs, the reference's and the sampler's, changed at the environment's tokens only, change
+    no variant's loss: its ratios, KL, reward shaping and aggregation all read the model's tokens."""
+    cls = getattr(variants, name)
+    settings = {"environment": SCRIPTED, "reward_funcs": [environment_reward], "max_new_tokens": 6, "beta": 0.04,
+                "rollout_correction": "token_truncate", **({"overlong_penalty": 0.0} if cls is DAPO else {})}  # fmt: skip
+    if name in REFUSING:
+        with pytest.raises(ConfigError, match=f"environment: does not apply to {name}"):
+            make_module(cls, configure=False, **settings)
+        return
+    module = ending_turns(make_module(cls, **settings))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        rollout = module.generate({"prompt": ["12+34=", "5+6="]}, module.group_size, module.sampling, with_logprobs=True)
+    module.score(rollout)
+    rollout.old_logp = module.compute_logprobs(module.policy, rollout) - 0.01
+    rollout.ref_logp = rollout.old_logp + 0.02
+    environment = rollout.environment_mask.bool()
+    assert environment.any()
+
+    def loss(rollout):
+        advantages = module.advantages(module.shape_rewards(rollout.rewards, rollout).view(-1, rollout.group_size))
+        rows = torch.arange(len(rollout))
+        num_tokens = module.loss_mask(rollout, rows).sum()
+        torch.manual_seed(0)
+        return module.micro_batch_loss(rollout, advantages.flatten(0, 1), rows, len(rollout), num_tokens)
+
+    changed = dataclasses.replace(rollout, **{
+        name: getattr(rollout, name).masked_fill(environment, value) for name, value in
+        (("old_logp", -7.0), ("ref_logp", 3.0), ("sampling_logp", -9.0))
+    })  # fmt: skip
+    reference = loss(rollout)
+    assert torch.isfinite(reference)
+    assert torch.equal(loss(changed), reference)
