@@ -73,8 +73,8 @@ class EnvironmentOptions:
         factory: Callable[..., Any] = import_object(self.name, "environment.name")
         try:
             environment = factory(**self.args)
-        except TypeError as error:
-            raise ConfigError(f"environment.args: {self.name} does not take them ({error}).") from None
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"environment.args: {self.name} refuses them ({error}).") from None
         if not isinstance(environment, Environment):
             raise ConfigError(f"environment.name: {self.name} made {environment!r}, which has no reset(row) and step(message).")
         return environment

@@ -168,7 +168,9 @@ def test_completion_records_and_tables_show_each_turn_with_its_source(episodes):
         ({"rollout_seed": 0}, "rollout_seed: a setting of the static engine"),
         ({"rollout_mode": "beam_search"}, "rollout_mode: multi-turn rollouts"),
         ({"environment": {"name": "no.such.Environment"}}, "environment.name: 'no.such.Environment' does not import"),
-        ({"environment": {**SCRIPTED, "args": {"rounds": 2}}}, "environment.args: .* does not take them"),
+        ({"environment": {**SCRIPTED, "args": {"rounds": 2}}}, "environment.args: .* refuses them"),
+        ({"environment": {"name": "grpo_lightning.agents.GuessNumberEnvironment", "args": {"low": 9, "high": 1}}},
+         "environment.args: .* refuses them .*need low <= high"),
         ({"environment": {**SCRIPTED, "max_turns": 0}}, "environment.max_turns"),
     ],
 )
