@@ -5,7 +5,7 @@ A tool is a function with type hints and a Google-style docstring (``Args:`` des
 argument), as transformers' :func:`~transformers.utils.get_json_schema` reads them. A call runs on
 a daemon thread with a time limit; a call past it is reported as a timeout and left to finish on
 its own (a thread cannot be stopped): a tool that runs untrusted code must run it in the
-code-execution sandbox (:mod:`grpo_lightning.rewards.code_sandbox`).
+code-execution sandbox, as :func:`grpo_lightning.agents.python_tool.python` does.
 """
 
 from __future__ import annotations

@@ -111,3 +111,11 @@ def test_the_calculator_evaluates_arithmetic_only():
             calculator(refused)
     with pytest.raises(ValueError, match="too large"):
         calculator("*".join(["99999999999"] * 4))
+
+
+def test_the_python_tool_runs_code_in_the_sandbox_and_returns_what_it_prints():
+    from grpo_lightning.agents import python
+
+    assert tool_schema(python)["function"]["parameters"]["required"] == ["code"]
+    assert python("print(6 * 7)") == "42\n"
+    assert python("print('partial')\nraise SystemExit(3)") == "partial\n\n(exit status 3)"
