@@ -26,7 +26,7 @@ def byte_tokenizer(template: str) -> PreTrainedTokenizerFast:
     backend = Tokenizer(BPE(vocab=vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<pad>",
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<pad>", unk_token="<unk>",
                                         additional_special_tokens=["<|im_start|>"])  # fmt: skip
     tokenizer.chat_template = template
     return tokenizer

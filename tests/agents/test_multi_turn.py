@@ -232,3 +232,30 @@ def test_every_variant_ignores_what_it_is_given_at_environment_tokens_or_refuses
     reference = loss(rollout)
     assert torch.isfinite(reference)
     assert torch.equal(loss(changed), reference)
+
+
+def test_episodes_through_a_chat_template_append_its_replies_to_the_sampled_ids(tmp_path, one_torch_thread):
+    from grpo_lightning.agents.chat_tokens import ChatTokens
+    from grpo_lightning.quickstart.tiny import save_tiny_model, tiny_config
+    from test_agent_environments import CHATML, byte_tokenizer
+
+    tokenizer = byte_tokenizer(CHATML)
+    config = tiny_config(tokenizer, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
+    directory = save_tiny_model(tmp_path / "chatml", tokenizer, config)
+    module = GRPO(model=str(directory), environment=SCRIPTED, reward_funcs=[environment_reward], beta=0.0,
+                  group_size=2, max_new_tokens=6)  # fmt: skip
+    module.configure_model()
+    ending_turns(module, bias=6.0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        rollout = module.generate({"prompt": ["What is 12+34?"]}, 2, module.sampling, with_logprobs=True)
+    chat = ChatTokens(module.tokenizer)
+    assert module.tokenizer.decode(rollout.prompt_ids[0][rollout.prompt_mask[0].bool()]) == (
+        "<|im_start|>user\nWhat is 12+34?<|im_end|>\n<|im_start|>assistant\n")  # fmt: skip
+    reply = chat.reply_ids([{"role": "user", "content": REPLY}])
+    assert module.tokenizer.decode(reply) == f"\n<|im_start|>user\n{REPLY}<|im_end|>\n<|im_start|>assistant\n"
+    replies = [ids for row in range(len(rollout)) for is_model, ids in segments(rollout, row) if not is_model]
+    assert replies and all(ids == reply for ids in replies)
+    scored = module.compute_logprobs(module.policy, rollout)
+    mask = rollout.completion_mask.bool()
+    assert torch.allclose(scored[mask], rollout.sampling_logp[mask], atol=1e-4)
