@@ -140,6 +140,24 @@ def record_rollout(metrics: StepMetrics, rollout: Rollout) -> None:
     metrics.update("completions/min_length", lengths.min(), reduce="min")
     metrics.update("completions/max_length", lengths.max(), reduce="max")
     metrics.update("completions/clipped_ratio", rollout.truncated.float().mean())
+    if rollout.environment_mask is not None:
+        record_episodes(metrics, rollout)
+
+
+def record_episodes(metrics: StepMetrics, rollout: Rollout) -> None:
+    """Per multi-turn episode (:mod:`grpo_lightning.agents`): turns, tool calls, failed calls by kind,
+    the environment's reward, tokens by source (model, environment) and the share truncated."""
+    from grpo_lightning.agents.tools import TOOL_ERROR_KINDS
+
+    columns = rollout.columns
+    metrics.update("agent/turns", sum(columns["turns"]) / len(rollout))
+    metrics.update("agent/tool_calls", sum(columns["tool_calls"]) / len(rollout))
+    for kind in TOOL_ERROR_KINDS:
+        metrics.update(f"agent/tool_errors/{kind}", sum(e.get(kind, 0) for e in columns["tool_errors"]) / len(rollout))
+    metrics.update("agent/environment_reward", sum(columns["environment_reward"]) / len(rollout))
+    metrics.update("agent/model_tokens", rollout.completion_mask.sum() / len(rollout))
+    metrics.update("agent/environment_tokens", rollout.environment_mask.sum() / len(rollout))
+    metrics.update("agent/truncated", rollout.truncated.float().mean())
 
 
 def record_rewards(metrics: StepMetrics, rollout: Rollout, names: Sequence[str]) -> None:

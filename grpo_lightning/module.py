@@ -37,6 +37,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lightning import functional as F
 from grpo_lightning import metrics, resume, step_schedule
+from grpo_lightning.agents import EnvironmentOptions
+from grpo_lightning.agents.multi_turn import multi_turn_engine, sample_episodes
 from grpo_lightning.algorithms import check_loss_options, resolve_parts
 from grpo_lightning.algorithms.entropy import entropy_bonus
 from grpo_lightning.algorithms.hooks import AlgorithmHooks, inapplicable_with
@@ -102,17 +104,10 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         delta: two-sided clipping: a negative-advantage token's ratio is also capped at ``delta``
             (``> 1 + clip_eps_high``); ``None``: off.
         clip_ratio_c: dual clip: a negative-advantage token's loss is at most ``-clip_ratio_c * A`` (verl: 3.0); ``None``: off.
-        advantage: the advantage estimator, a name of :data:`grpo_lightning.algorithms.ADVANTAGES`
-            (``group_std``, ``group_mean``, ``leave_one_out``, ``batch_std``, ...); ``None``: the variant's own.
-        surrogate: the per-token policy loss, a name of :data:`grpo_lightning.algorithms.SURROGATES`
-            (``ppo_clip``, ``gspo``, ``cispo``, ``sapo``, ``gmpo``, ``reinforce``, ...); ``None``: the variant's own.
-        aggregation: how the per-token loss becomes one number, a name of
-            :data:`grpo_lightning.algorithms.AGGREGATIONS` (``token_mean``, ``seq_mean_token_mean``,
-            ``seq_mean_token_sum``, ``seq_mean_token_sum_norm``); ``None``: the variant's own.
+        advantage, surrogate, aggregation: the registered parts (:mod:`grpo_lightning.algorithms`: ``ADVANTAGES``
+            e.g. ``group_std``; ``SURROGATES`` e.g. ``ppo_clip``, ``gspo``; ``AGGREGATIONS`` e.g. ``token_mean``); ``None``: the variant's own.
         off_policy_mask_threshold: OPSM: a negative-advantage completion whose mean ``log pi_old - log pi``
-            exceeds it carries no loss (:mod:`grpo_lightning.algorithms.masks`); ``None``: off.
-        entropy_coef: entropy bonus: each token's loss gets a term whose gradient is ``- entropy_coef *
-            grad H_t``, estimated at the sampled token (:mod:`grpo_lightning.algorithms.entropy`); 0: off.
+            exceeds it carries no loss; ``None``: off. entropy_coef: an entropy bonus (estimated at the sampled token); 0: off.
         scale_rewards: divisor of ``group_std``'s advantages: the group's std (``"group"``), the
             batch's (``"batch"``) or none (``"none"``).
         reward_aggregation: ``"sum_then_normalize"``: the weighted sum of the reward functions;
@@ -136,6 +131,8 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         val_max_new_tokens: completion limit in validation (default ``max_new_tokens``).
         accuracy_func: the function whose mean is ``val/accuracy``.
         use_chat_template: wrap plain-text prompts in the tokenizer's chat template when it has one.
+        environment: multi-turn rollouts: model turns and an environment's replies, with tools
+            (:class:`~grpo_lightning.agents.EnvironmentOptions`; ``--model.environment.name``); on the HF path.
     """
 
     def __init__(
@@ -191,6 +188,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         val_samples: int = 1,
         accuracy_func: str | Callable = "grpo_lightning.rewards.accuracy_reward",
         use_chat_template: bool = True,
+        environment: EnvironmentOptions | None = None,
     ) -> None:
         super().__init__()
         options = EngineOptions.of(engine)
@@ -198,6 +196,8 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         execution = RewardExecution.of(reward_execution)
         reward_execution = asdict(execution)
         peft_config = adapter_settings(peft_config)
+        self.environment = None if environment is None else EnvironmentOptions.of(environment)
+        environment = None if environment is None else self.environment.state()
         self.save_hyperparameters()
         self.hparams["peft_config"] = peft_config  # plain values, also where the CLI gave class_path/init_args
         self.automatic_optimization = False
@@ -212,6 +212,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         )
         beam_search = rollout_mode == "beam_search"
         check_engine_options(options, rollout_seed, beam_search)
+        options = options if self.environment is None else multi_turn_engine(options, rollout_seed, beam_search)
         self.reward_functions, self.reward_weights = resolve_rewards(reward_funcs, reward_weights)
         self.reward_scorer = RewardScorer(execution, self.reward_functions)  # workers, warnings, NaN counts
         self.accuracy_function = resolve_reward_function(accuracy_func, field="accuracy_func")
@@ -334,6 +335,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         announce_rollout_mode(self.hparams.rollout_mode)
         context = getattr(self.policy.config, "max_position_embeddings", None)
         longest = max(self.sampling.max_new_tokens, self.val_sampling.max_new_tokens)
+        longest = longest if self.environment is None else self.environment.token_budget(longest)
         check_datasets(self.trainer.datamodule, self.tokenizer, self.format_prompt, context, longest, self.group_size,
                        self.minibatch_size)  # fmt: skip
 
@@ -352,6 +354,12 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
     def generate(self, batch: dict[str, list], group_size: int, sampling: SamplingParams, with_logprobs=False) -> Rollout:
         """Sample ``group_size`` completions for each prompt of ``batch`` (``with_logprobs``: and
         keep the engine's log-probs of the sampled tokens, ``rollout.sampling_logp``)."""
+        if self.environment is not None:
+            with self.rollout_model() as model:
+                rollout = sample_episodes(model, self.tokenizer, batch, group_size, sampling, self.environment,
+                                          self.hparams.use_chat_template, with_logprobs)  # fmt: skip
+            self.rollouts += 1
+            return rollout
         texts = [self.format_prompt(p) for p in batch["prompt"]]
         with self.rollout_model() as model:
             sampled = self.sampler.sample(model, self.tokenizer, texts, group_size, sampling, self.rollouts,

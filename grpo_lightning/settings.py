@@ -204,6 +204,7 @@ ABLATION_OPTION_DEFAULTS = {
     "top_entropy_quantile": 1.0,
     "mask_truncated_completions": False,
     "unbiased_kl": False,
+    "environment": None,  # multi-turn rollouts: refused by variants that need one completion per prompt
 }
 
 
