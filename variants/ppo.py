@@ -45,8 +45,7 @@ class PPO(GroupPolicyOptimization):
 
     kl_in_loss = False
     inapplicable_options: ClassVar[dict[str, str]] = {"scale_rewards": "its GAE advantages are whitened instead",
-                                                      "advantage": "its advantages are GAE's, per token",
-                                                      "environment": "its GAE runs over one completion"}  # fmt: skip
+        "advantage": "its advantages are GAE's, per token", "environment": "its GAE runs over one completion"}  # fmt: skip
     default_aggregation = "token_mean"  # over the whole minibatch
     token_advantages = True  # GAE's, per token: a per-sequence surrogate cannot take them
 
