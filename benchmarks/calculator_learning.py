@@ -17,7 +17,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpo_lightning.agents import EnvironmentOptions, think_expression_calls
+from grpo_lightning.agents import EnvironmentOptions
 from grpo_lightning.agents.calculator_warmstart import calculator_warm_start
 from grpo_lightning.agents.multi_turn import sample_episodes
 from grpo_lightning.cli import GRPOLightningCLI, expected_warnings_silenced
@@ -33,7 +33,6 @@ OPTIONS = EnvironmentOptions(
 
 def greedy_episodes(model, tokenizer, rows) -> dict[str, float]:
     """Greedy accuracy (the environment's reward) and the share of episodes with a tool call."""
-    assert think_expression_calls  # the recipe's call format
     rollout = sample_episodes(model, tokenizer, rows, 1, SamplingParams(16, temperature=0.0), OPTIONS)
     columns = rollout.columns
     return {

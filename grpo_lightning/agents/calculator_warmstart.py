@@ -55,7 +55,9 @@ class CalculatorWarmStartSettings:
     max_position_embeddings: int = 64
 
     def cache_key(self) -> str:
-        payload = json.dumps({"version": _FORMAT_VERSION, **asdict(self)}, sort_keys=True)
+        """A hash of the settings and of the tokenizer's vocabulary (a new alphabet trains again)."""
+        vocabulary = json.dumps(build_char_tokenizer().get_vocab(), sort_keys=True)
+        payload = json.dumps({"version": _FORMAT_VERSION, "vocabulary": vocabulary, **asdict(self)}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
@@ -98,7 +100,7 @@ def calculator_warm_start(output_dir: str | Path | None = None, **settings) -> P
     with FileLock(output_dir.with_name(f".{output_dir.name}.lock")):
         marker = output_dir / MARKER_FILE
         try:
-            if json.loads(marker.read_text())["settings"] == asdict(chosen):
+            if json.loads(marker.read_text())["key"] == chosen.cache_key():
                 return output_dir
         except (OSError, ValueError, KeyError):
             pass
@@ -106,7 +108,7 @@ def calculator_warm_start(output_dir: str | Path | None = None, **settings) -> P
         started = time.perf_counter()
         model, tokenizer, losses = train_calculator_model(chosen)
         save_model_and_tokenizer(model, tokenizer, output_dir)
-        record = {"settings": asdict(chosen), "losses": losses, "seconds": time.perf_counter() - started}
+        record = {"key": chosen.cache_key(), "settings": asdict(chosen), "losses": losses, "seconds": time.perf_counter() - started}
         marker.write_text(json.dumps({**record, "environment": environment()}, indent=2) + "\n")
     return output_dir
 

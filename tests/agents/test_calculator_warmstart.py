@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from grpo_lightning.agents.calculator_warmstart import calculator_transcript, calculator_warm_start
-from grpo_lightning.quickstart.tiny import build_char_tokenizer
+from grpo_lightning.agents import calculator_warmstart
+from grpo_lightning.agents.calculator_warmstart import CalculatorWarmStartSettings, calculator_transcript, calculator_warm_start
+from grpo_lightning.quickstart.tiny import DEFAULT_ALPHABET, build_char_tokenizer
 
 TINY = dict(steps=2, num_train=40, num_val=4, batch_size=8, hidden_size=16, intermediate_size=32)
 
@@ -33,3 +34,9 @@ def test_the_warm_start_is_reused_for_the_same_settings_and_redone_for_others(tm
     assert (first / "warm_start.json").stat().st_mtime_ns == written
     calculator_warm_start(tmp_path / "a", **{**TINY, "call_fraction": 0.5})
     assert json.loads((first / "warm_start.json").read_text())["settings"]["call_fraction"] == 0.5
+
+
+def test_a_tokenizer_with_another_alphabet_trains_again(monkeypatch):
+    key = CalculatorWarmStartSettings().cache_key()
+    monkeypatch.setattr(calculator_warmstart, "build_char_tokenizer", lambda: build_char_tokenizer(DEFAULT_ALPHABET + "abc"))
+    assert CalculatorWarmStartSettings().cache_key() != key
