@@ -72,7 +72,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as log_dir:
             after = greedy_episodes(fit(model_dir, seed, options.steps, log_dir), tokenizer, rows)
         seconds = round(time.perf_counter() - started, 1)
-        print(json.dumps({"warm_start_seed": options.warm_start_seed, "seed": seed, "steps": options.steps, "after": after, "seconds": seconds}), flush=True)
+        run = {"warm_start_seed": options.warm_start_seed, "seed": seed, "steps": options.steps}
+        print(json.dumps({**run, "after": after, "seconds": seconds}), flush=True)
 
 
 if __name__ == "__main__":

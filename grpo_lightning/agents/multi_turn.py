@@ -1,10 +1,11 @@
 """Multi-turn rollouts on the HF generate path: model turns and environment replies, token in, token out.
 
 Every trajectory keeps its token ids as sampled; a model turn continues them (``model.generate`` from
-the last turn's KV cache, :mod:`~grpo_lightning.agents.turn_cache`), an environment reply appends the ids of its rendered text
-(:class:`~grpo_lightning.agents.chat_tokens.ChatTokens`). Nothing is decoded and encoded again,
-so the trainer scores the sampled tokens. The model's tokens are the rollout's ``completion_mask``
-(loss, token counts), the replies' its ``environment_mask`` (attended to, never trained on).
+the last turn's KV cache, :mod:`~grpo_lightning.agents.turn_cache`), an environment reply appends
+the ids of its rendered text (:class:`~grpo_lightning.agents.chat_tokens.ChatTokens`). Nothing is
+decoded and encoded again, so the trainer scores the sampled tokens. The model's tokens are the
+rollout's ``completion_mask`` (loss, token counts), the replies' its ``environment_mask`` (attended
+to, never trained on).
 """
 
 from __future__ import annotations
