@@ -1,10 +1,11 @@
 """Multi-turn rollouts on the HF generate path: model turns and environment replies, token in, token out.
 
-Every trajectory keeps its token ids as sampled; a model turn continues them (``model.generate`` on
-the whole sequence so far), an environment reply appends the ids of its rendered text
-(:class:`~grpo_lightning.agents.chat_tokens.ChatTokens`). Nothing is decoded and encoded again,
-so the trainer scores the sampled tokens. The model's tokens are the rollout's ``completion_mask``
-(loss, token counts), the replies' its ``environment_mask`` (attended to, never trained on).
+Every trajectory keeps its token ids as sampled; a model turn continues them (``model.generate`` from
+the last turn's KV cache, :mod:`~grpo_lightning.agents.turn_cache`), an environment reply appends
+the ids of its rendered text (:class:`~grpo_lightning.agents.chat_tokens.ChatTokens`). Nothing is
+decoded and encoded again, so the trainer scores the sampled tokens. The model's tokens are the
+rollout's ``completion_mask`` (loss, token counts), the replies' its ``environment_mask`` (attended
+to, never trained on).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 
 from grpo_lightning.agents.chat_tokens import ChatTokens
 from grpo_lightning.agents.environment import Environment, EnvironmentOptions
+from grpo_lightning.agents.turn_cache import TurnCache
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.generation.choice import static_only_settings
@@ -93,24 +95,35 @@ def sample_episodes(
     options: EnvironmentOptions,
     use_chat_template: bool = True,
     with_logprobs: bool = False,
+    reuse_cache: bool = True,
 ) -> Rollout:
     """``group_size`` episodes of each row of ``batch``, as one :class:`Rollout` (``N = P * G``
-    rows, group-major); each turn samples at most ``sampling.max_new_tokens`` tokens."""
+    rows, group-major); each turn samples at most ``sampling.max_new_tokens`` tokens. ``reuse_cache``:
+    each turn continues the last one's KV cache (:class:`TurnCache`), else feeds the whole history again."""
     device = next(model.parameters()).device
     rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
     episodes = [start(options, row, tokenizer, use_chat_template) for row in rows for _ in range(group_size)]
     budget, eos = options.token_budget(sampling.max_new_tokens), tokenizer.eos_token_id
+    cache, previous = (TurnCache(tokenizer.pad_token_id) if reuse_cache else None), {}
     for turn in range(options.max_turns):
         active = [e for e in episodes if not e.finished]
         if not active:
             break
         limits = [min(sampling.max_new_tokens, budget - len(e.ids)) for e in active]
-        prompt_ids, prompt_mask = left_padded([e.prompt_ids + e.ids for e in active], tokenizer.pad_token_id, device)
         turn_sampling = replace(sampling, max_new_tokens=max(limits), min_new_tokens=min(sampling.min_new_tokens, min(limits)))
-        new_ids, new_logp = generate_from_ids(model, tokenizer, prompt_ids, prompt_mask, turn_sampling, 1, True)
-        for episode, ids, logp, limit in zip(active, new_ids.tolist(), new_logp.tolist(), limits):
+        histories = [e.prompt_ids + e.ids for e in active]
+        if cache is None:
+            prompt_ids, prompt_mask = left_padded(histories, tokenizer.pad_token_id, device)
+            new_ids, new_logp = generate_from_ids(model, tokenizer, prompt_ids, prompt_mask, turn_sampling, 1, True)
+        else:
+            inputs = cache.inputs(histories, [previous[id(e)] for e in active] if previous else [], device)
+            new_ids, new_logp = cache.generate(model, tokenizer, *inputs, turn_sampling)
+        previous = {id(e): row for row, e in enumerate(active)}
+        for row, (episode, ids, logp, limit) in enumerate(zip(active, new_ids.tolist(), new_logp.tolist(), limits)):
             ids = ids[:limit]
             length = ids.index(eos) + 1 if eos in ids else len(ids)
+            if cache is not None:
+                cache.kept(row, length, ids[length - 1])
             episode.append(ids[:length], True, logp[:length])
             episode.turns += 1
             text = tokenizer.decode(ids[:length], skip_special_tokens=True)
@@ -128,6 +141,8 @@ def sample_episodes(
                 episode.end(truncated=True)
                 continue
             episode.append(reply, False)
+            if cache is not None:
+                cache.replied(row, reply)
             episode.conversation += [{"role": m.get("role", "user"), "content": str(m.get("content", ""))} for m in replies]
     return episodes_rollout(episodes, tokenizer, batch, group_size, device, with_logprobs)
 

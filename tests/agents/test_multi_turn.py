@@ -261,3 +261,43 @@ def test_episodes_through_a_chat_template_append_its_replies_to_the_sampled_ids(
     scored = module.compute_logprobs(module.policy, rollout)
     mask = rollout.completion_mask.bool()
     assert torch.allclose(scored[mask], rollout.sampling_logp[mask], atol=1e-4)
+
+
+class PromptLengthEnvironment(ScriptedEnvironment):
+    """Episodes of 1 to 3 turns, by the prompt's length: they leave the batch at different turns."""
+
+    def reset(self, row):
+        self.turns = 1 + len(row["prompt"]) % 3
+        return super().reset(row)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_turns_continued_from_the_cache_sample_what_feeding_the_whole_history_again_samples(
+    temperature, make_module, one_torch_thread
+):
+    from grpo_lightning.agents.multi_turn import sample_episodes
+
+    environment = {**SCRIPTED, "name": f"{__name__}.PromptLengthEnvironment"}
+    module = ending_turns(make_module(GRPO, environment=environment, reward_funcs=[environment_reward], max_new_tokens=6))
+    batch = {"prompt": ["12+34=", "5+6=", "(1+2)*3=", "1+1="]}
+    sampling = dataclasses.replace(module.sampling, temperature=temperature)
+    fed = []
+    count = lambda _, args, kwargs: fed.append(kwargs["input_ids"].numel())  # noqa: E731
+    hook = module.policy.register_forward_pre_hook(count, with_kwargs=True)
+
+    def episodes(reuse_cache: bool):
+        fed.clear()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            rollout = sample_episodes(module.policy, module.tokenizer, batch, 4, sampling, module.environment,
+                                      with_logprobs=True, reuse_cache=reuse_cache)  # fmt: skip
+        return rollout, sum(fed)
+
+    (cached, fed_cached), (again, fed_again) = episodes(True), episodes(False)
+    hook.remove()
+    assert len(set(again.columns["turns"])) > 1  # some episodes end early, and leave the cache
+    assert torch.equal(cached.completion_ids, again.completion_ids)
+    assert torch.equal(cached.completion_mask, again.completion_mask)
+    assert torch.equal(cached.environment_mask, again.environment_mask)
+    torch.testing.assert_close(cached.sampling_logp, again.sampling_logp, atol=1e-5, rtol=0)
+    assert fed_cached < fed_again  # the cache saved feeding the history again

@@ -1,0 +1,80 @@
+"""Does GRPO teach the tiny model to call its calculator? Greedy accuracy and tool-call rate on the
+calculator recipe's 200 validation products, before and after a fit, for several fit seeds.
+
+    python benchmarks/calculator_learning.py --seeds 0 1 2 --steps 40
+
+The start model is ``calculator_warm_start()`` (docs/agents.md); the fit is
+``--config trainer/cpu --config recipes/calculator`` through the real CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grpo_lightning.agents import EnvironmentOptions
+from grpo_lightning.agents.calculator_warmstart import calculator_warm_start
+from grpo_lightning.agents.multi_turn import sample_episodes
+from grpo_lightning.cli import GRPOLightningCLI, expected_warnings_silenced
+from grpo_lightning.data.arithmetic import make_arithmetic_dataset
+from grpo_lightning.resources import config_path
+from grpo_lightning.rollout import SamplingParams
+
+OPTIONS = EnvironmentOptions(
+    "grpo_lightning.agents.CalculatorEnvironment",
+    {"tool_call_format": "grpo_lightning.agents.think_expression_calls"}, max_turns=3, max_tokens=40,
+)  # fmt: skip
+
+
+def greedy_episodes(model, tokenizer, rows) -> dict[str, float]:
+    """Greedy accuracy (the environment's reward) and the share of episodes with a tool call."""
+    rollout = sample_episodes(model, tokenizer, rows, 1, SamplingParams(16, temperature=0.0), OPTIONS)
+    columns = rollout.columns
+    return {
+        "accuracy": sum(columns["environment_reward"]) / len(rollout),
+        "tool_call_rate": sum(c > 0 for c in columns["tool_calls"]) / len(rollout),
+    }
+
+
+def fit(model_dir: str, seed: int, steps: int, log_dir: str):
+    args = [
+        "--config", str(config_path("trainer/cpu.yaml")), "--config", str(config_path("recipes/calculator.yaml")),
+        "--model.model", model_dir, f"--seed_everything={seed}", f"--trainer.max_steps={steps}",
+        f"--trainer.val_check_interval={steps}", f"--trainer.logger.init_args.save_dir={log_dir}",
+        "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]", "--trainer.enable_progress_bar=false",
+    ]  # fmt: skip
+    cli = GRPOLightningCLI(args=args, run=False)
+    with expected_warnings_silenced():
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    return cli.model.policy.eval()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--warm-start-seed", type=int, default=0)
+    options = parser.parse_args()
+    torch.set_num_threads(options.threads)
+    model_dir = str(calculator_warm_start(seed=options.warm_start_seed))
+    rows = make_arithmetic_dataset(2000, 200, 3, "*", 0)["validation"].to_dict()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    before = greedy_episodes(AutoModelForCausalLM.from_pretrained(model_dir).eval(), tokenizer, rows)
+    print(json.dumps({"model": model_dir, "before": before}))
+    for seed in options.seeds:
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory() as log_dir:
+            after = greedy_episodes(fit(model_dir, seed, options.steps, log_dir), tokenizer, rows)
+        seconds = round(time.perf_counter() - started, 1)
+        run = {"warm_start_seed": options.warm_start_seed, "seed": seed, "steps": options.steps}
+        print(json.dumps({**run, "after": after, "seconds": seconds}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""A supervised warm start that teaches the tiny model the calculator recipe's call format.
+
+The transcripts are episodes of :class:`~grpo_lightning.agents.CalculatorEnvironment` on the
+recipe's 3-digit products, tokenised exactly as a rollout tokenises them: the prompt, a call
+``<think>a*b</think>`` and EOS, the tool's reply, then ``<answer>product</answer>`` and EOS. Each
+problem is also written answered at once, which a model this small cannot do for 3-digit products;
+a batch draws the call transcript with probability ``call_fraction``. Below one half, the model
+learns the format but answers in its head when decoding greedily: reinforcement learning has to
+teach it when to call. The model's tokens carry the loss; the prompt and the tool's reply do not.
+Results are cached under a hash of the settings, like the quickstart's warm start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+
+from grpo_lightning.agents.calculator import CalculatorEnvironment, think_expression_calls
+from grpo_lightning.agents.chat_tokens import ChatTokens
+from grpo_lightning.data.arithmetic import format_target, make_arithmetic_dataset
+from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_model_and_tokenizer, tiny_config
+from grpo_lightning.quickstart.warmstart import MARKER_FILE, default_cache_dir, environment, reproducible_cpu
+
+_FORMAT_VERSION = 2
+
+
+@dataclass(frozen=True)
+class CalculatorWarmStartSettings:
+    """Everything that determines the model; its hash names the cache folder. The data settings are
+    the calculator recipe's, so its validation split stays unseen."""
+
+    digits: int = 3
+    num_train: int = 2000
+    num_val: int = 200
+    data_seed: int = 0
+    call_fraction: float = 0.45
+    steps: int = 600
+    batch_size: int = 64
+    learning_rate: float = 3e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.01
+    seed: int = 0
+    hidden_size: int = 96
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    max_position_embeddings: int = 64
+
+    def cache_key(self) -> str:
+        """A hash of the settings and of the tokenizer's vocabulary (a new alphabet trains again)."""
+        vocabulary = json.dumps(build_char_tokenizer().get_vocab(), sort_keys=True)
+        payload = json.dumps({"version": _FORMAT_VERSION, "vocabulary": vocabulary, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+def calculator_transcript(
+    tokenizer: PreTrainedTokenizerBase, prompt: str, answer: str, call: bool
+) -> tuple[list[int], list[int]]:
+    """One episode's token ids, as a rollout builds them, and its labels (``-100`` off the model's turns)."""
+    env = CalculatorEnvironment(tool_call_format=think_expression_calls)
+    chat = ChatTokens(tokenizer, env.tools, use_chat_template=False)
+    ids = chat.prompt_ids(env.reset({"prompt": prompt, "answer": answer}))
+    labels = [-100] * len(ids)
+
+    def model_turn(text: str) -> None:
+        turn = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+        ids.extend(turn)
+        labels.extend(turn)
+
+    if call:
+        text = f"<think>{prompt.rstrip('=')}</think>"
+        model_turn(text)
+        replies, _, _ = env.step({"role": "assistant", "content": text})
+        reply = chat.reply_ids(replies)
+        ids.extend(reply)
+        labels.extend([-100] * len(reply))
+    model_turn(format_target(answer))
+    return ids, labels
+
+
+def calculator_warm_start(output_dir: str | Path | None = None, **settings) -> Path:
+    """Train (or reuse) the calculator recipe's start model and return its ``save_pretrained`` directory.
+
+    ``settings`` are fields of :class:`CalculatorWarmStartSettings`. With ``output_dir=None`` the
+    directory is ``default_cache_dir() / "calculator-<hash of the settings>"``.
+    """
+    chosen = CalculatorWarmStartSettings(**settings)
+    if output_dir is None:
+        output_dir = default_cache_dir() / f"calculator-{chosen.cache_key()}"
+    output_dir = Path(output_dir)
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(output_dir.with_name(f".{output_dir.name}.lock")):
+        marker = output_dir / MARKER_FILE
+        try:
+            if json.loads(marker.read_text())["key"] == chosen.cache_key():
+                return output_dir
+        except (OSError, ValueError, KeyError):
+            pass
+        marker.unlink(missing_ok=True)
+        started = time.perf_counter()
+        model, tokenizer, losses = train_calculator_model(chosen)
+        save_model_and_tokenizer(model, tokenizer, output_dir)
+        record = {"key": chosen.cache_key(), "settings": asdict(chosen), "losses": losses, "seconds": time.perf_counter() - started}
+        marker.write_text(json.dumps({**record, "environment": environment()}, indent=2) + "\n")
+    return output_dir
+
+
+def train_calculator_model(settings: CalculatorWarmStartSettings) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, list]:
+    """Fit a fresh tiny model to the transcripts of the training split; the mean loss every 50 steps."""
+    tokenizer = build_char_tokenizer()
+    config = tiny_config(
+        tokenizer, hidden_size=settings.hidden_size, num_layers=settings.num_layers, num_heads=settings.num_heads,
+        num_kv_heads=settings.num_kv_heads, intermediate_size=settings.intermediate_size,
+        max_position_embeddings=settings.max_position_embeddings,
+    )  # fmt: skip
+    train = make_arithmetic_dataset(
+        settings.num_train, settings.num_val, settings.digits, "*", settings.data_seed
+    )["train"]
+    rows = [  # each problem twice: answered at once (2 i), and with a call (2 i + 1)
+        calculator_transcript(tokenizer, prompt, answer, call)
+        for prompt, answer in zip(train["prompt"], train["answer"])
+        for call in (False, True)
+    ]
+    width = max(len(ids) for ids, _ in rows)
+    if width > settings.max_position_embeddings:
+        raise ValueError(f"transcripts are {width} tokens long but max_position_embeddings={settings.max_position_embeddings}")
+    input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids, _ in rows])
+    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
+    attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
+
+    losses, running = [], []
+    with torch.random.fork_rng(devices=[]), reproducible_cpu():
+        torch.manual_seed(settings.seed)
+        model = AutoModelForCausalLM.from_config(config)
+        generator = torch.Generator().manual_seed(settings.seed)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
+        model.train()
+        for step in range(1, settings.steps + 1):
+            for group in optimizer.param_groups:
+                group["lr"] = settings.learning_rate * min(1.0, step / max(1, settings.warmup_steps))
+            problems = torch.randint(len(train), (settings.batch_size,), generator=generator)
+            calls = torch.rand(settings.batch_size, generator=generator) < settings.call_fraction
+            batch = 2 * problems + calls.long()
+            loss = model(input_ids=input_ids[batch], attention_mask=attention_mask[batch], labels=labels[batch]).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            running.append(loss.item())
+            if step % 50 == 0 or step == settings.steps:
+                losses.append((step, sum(running) / len(running)))
+                running = []
+    model.eval()
+    return model, tokenizer, losses

@@ -1,0 +1,84 @@
+"""Multi-turn generation that continues from the previous turn's KV cache on the HF path.
+
+After a turn, the cache holds every running episode's tokens in one batch layout: its left padding,
+and the turn's tokens up to the longest turn of the batch (a shorter turn leaves masked holes after
+its EOS). The next turn feeds only what the cache lacks: each episode's last sampled token (masked
+where the cache holds it, so that every row ends on a real token) and the environment's reply,
+left-padded to a common width. Position ids count unmasked tokens only, so every token keeps the
+position it has when the whole history is fed again. A cache whose rows cannot be selected (no
+``batch_select_indices``) is dropped when an episode ends, and the histories are fed again.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from transformers import LogitsProcessorList, PreTrainedTokenizerBase
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from grpo_lightning.generation.hf import SampledTokenLogprobs
+from grpo_lightning.rollout import SamplingParams
+
+#: The name ``generate`` takes the cache by, and returns it under (``past_key_values`` before transformers renamed it).
+_CACHE = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
+
+
+class TurnCache:
+    """The running episodes' KV cache and the token layout it holds; rows follow the episodes' order."""
+
+    def __init__(self, pad_token_id: int) -> None:
+        self.pad = pad_token_id
+        self.cache = None
+        self.ids: Tensor | None = None  # [A, L]: the tokens the cache holds (pads and holes included)
+        self.mask: Tensor | None = None  # [A, L]: 1 where a token is part of the episode
+        self.pending: list[list[int]] = []  # per row, the episode's tokens the cache lacks
+        self.turn_start = 0  # where the last turn's tokens start in the layout
+
+    def inputs(self, histories: list[list[int]], keep: list[int], device: torch.device) -> tuple[Tensor, Tensor]:
+        """``input_ids`` and ``attention_mask`` of the next turn for the rows ``keep`` of the last one
+        (``histories``: their whole sequences, used on the first turn only)."""
+        if self.cache is not None and len(keep) < self.ids.size(0) and not hasattr(self.cache, "batch_select_indices"):
+            self.cache = None  # a cache whose rows cannot be selected: feed the whole histories again
+        if self.cache is None:
+            width = max(len(h) for h in histories)
+            ids = torch.tensor([[self.pad] * (width - len(h)) + h for h in histories], device=device)
+            mask = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in histories], device=device)
+            return ids, mask
+        if len(keep) < self.ids.size(0):
+            self.cache.batch_select_indices(torch.tensor(keep, device=device))
+        pending = [self.pending[row] for row in keep]
+        width = max(len(p) for p in pending)
+        new_ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in pending], device=device)
+        new_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in pending], device=device)
+        return torch.cat([self.ids[keep], new_ids], 1), torch.cat([self.mask[keep], new_mask], 1)
+
+    def generate(
+        self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, ids: Tensor, mask: Tensor, sampling: SamplingParams
+    ) -> tuple[Tensor, Tensor]:
+        """``(new_ids [A, T], logprobs [A, T])`` of one turn from ``inputs``, keeping the cache."""
+        recorder = SampledTokenLogprobs(sampling.temperature)
+        config = sampling.generation_config(tokenizer, 1)
+        config.return_dict_in_generate = True
+        was_training = model.training
+        model.eval()
+        try:
+            output = model.generate(
+                input_ids=ids, attention_mask=mask, generation_config=config, logits_processor=LogitsProcessorList([recorder]),
+                **({_CACHE: self.cache} if self.cache is not None else {}),
+            )  # fmt: skip
+        finally:
+            model.train(was_training)
+        self.cache = getattr(output, _CACHE)
+        new_ids, self.turn_start = output.sequences[:, ids.size(1) :], ids.size(1)
+        self.ids, self.mask = output.sequences[:, :-1], torch.cat([mask, torch.zeros_like(new_ids[:, :-1])], 1)
+        self.pending = [[] for _ in range(new_ids.size(0))]
+        return new_ids, recorder.logprobs(new_ids)
+
+    def kept(self, row: int, length: int, last_token: int) -> None:
+        """Row ``row`` kept its turn's first ``length`` tokens (the last, ``last_token``, goes in again)."""
+        self.mask[row, self.turn_start : self.turn_start + length - 1] = 1
+        self.pending[row] = [last_token]
+
+    def replied(self, row: int, reply: list[int]) -> None:
+        """Row ``row``'s episode goes on after the environment's ``reply``."""
+        self.pending[row] += reply
