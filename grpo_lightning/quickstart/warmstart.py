@@ -36,13 +36,13 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from grpo_lightning.data.arithmetic import format_target, make_arithmetic_dataset
-from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_model_and_tokenizer, tiny_config
+from grpo_lightning.quickstart.tiny import TEXT_ALPHABET, build_char_tokenizer, save_model_and_tokenizer, tiny_config
 
 logger = logging.getLogger(__name__)
 
 CACHE_ENV_VAR = "GRPO_LIGHTNING_CACHE"
 MARKER_FILE = "warm_start.json"
-_FORMAT_VERSION = 2  # 2: one thread, deterministic algorithms
+_FORMAT_VERSION = 3  # 2: one thread, deterministic algorithms; 3: the tokenizer reads printable ASCII
 _ANSWER_PATTERN = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _STRICT_FORMAT = re.compile(r"<answer>\d+</answer>")
 
@@ -307,7 +307,7 @@ def train_supervised(
     Stops after ``settings.steps`` steps, or earlier once the greedy (teacher-forced exact match)
     accuracy on the held-out dev rows reaches ``settings.target_accuracy``.
     """
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_char_tokenizer(TEXT_ALPHABET)  # reads any English prompt a user brings
     config = tiny_config(
         tokenizer,
         model_type=settings.model_type,

@@ -69,6 +69,8 @@ def test_warm_start_writes_loadable_dir(fast_dir, cache):
     assert model.config.vocab_size == len(tokenizer)
     answer_id = tokenizer.convert_tokens_to_ids("<answer>")
     assert tokenizer.encode("<answer>", add_special_tokens=False) == [answer_id]
+    question = "Which is larger, 27 or 82?\n"  # the model reads what a user writes
+    assert tokenizer.decode(tokenizer.encode(question, add_special_tokens=False)) == question
 
 
 def test_supervised_loss_decreases(fast_dir):
