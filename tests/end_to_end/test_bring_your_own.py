@@ -15,6 +15,7 @@ one machine the run is deterministic. The fit takes about 30 s (AVX-512) to 70 s
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -76,3 +77,19 @@ def test_the_readme_fit_raises_validation_accuracy(warm_model_dir, tmp_path):
     print(f"val/accuracy {before:.2f} -> {after:.2f} (margin {MARGIN})")
     assert after >= before + MARGIN, accuracy
     assert re.search(r"prompts: plain text is sent as it is", done.stderr + done.stdout)
+
+
+def test_make_data_writes_the_shipped_rows_which_the_quickstart_model_reads_whole(tmp_path):
+    """make_data.py reproduces both tasks' files, and the quickstart model's tokenizer loses no
+    character of the task in words (``larger/``)."""
+    from grpo_lightning.data.coverage import lost_prompt_characters
+    from grpo_lightning.quickstart.tiny import TEXT_ALPHABET, build_char_tokenizer
+
+    folder = README.parent
+    subprocess.run([sys.executable, str(folder / "make_data.py")], cwd=tmp_path, check=True, timeout=60)
+    files = ["train.jsonl", "validation.jsonl", "larger/train.jsonl", "larger/validation.jsonl"]
+    for name in files:
+        assert (tmp_path / name).read_text() == (folder / name).read_text(), name
+    prompts = [json.loads(line)["prompt"] for name in files[2:] for line in (folder / name).read_text().splitlines()]
+    assert len(prompts) == len(set(prompts)) == 500 and prompts[0].startswith("Which is larger, ")
+    assert lost_prompt_characters(prompts, build_char_tokenizer(TEXT_ALPHABET), str) == []
