@@ -13,6 +13,10 @@ problems, scored by one evaluator::
     python benchmarks/budget_race.py --budgets 1,3,10 --device gpu --out race.json
     python benchmarks/budget_race.py --budgets 0.5 --device cpu --model DIR --set model.max_new_tokens=4
 
+``--parallel`` runs the two frameworks of each budget and seed at the same time, ours on the first
+visible GPU and TRL on the second (same card model, same host): half the wall-clock, each process
+alone on its card.
+
 ``--model`` and ``--set KEY=VALUE`` (``model.*``, ``data.*``, ``trainer.*`` of the recipe) change the
 recipe for both frameworks alike (the tests run a tiny model this way). The last stdout line is the JSON.
 """
@@ -20,6 +24,7 @@ recipe for both frameworks alike (the tests run a tiny model this way). The last
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -27,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +115,19 @@ def _timed(command: list[str], env: dict[str, str]) -> float:
     started = time.time()
     subprocess.run(command, check=True, env=env)
     return time.time() - started
+
+
+def _on_gpu(env: dict[str, str], index: int) -> dict[str, str]:
+    """``env`` with only the ``index``-th of the visible GPUs left visible."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    devices = visible.split(",") if visible else [str(i) for i in range(_gpu_count())]
+    return {**env, "CUDA_VISIBLE_DEVICES": devices[index]}
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 # ------------------------------------------------------------------ the two frameworks
@@ -198,6 +217,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--model", default=None, help="the recipe's model, replaced (both frameworks)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe setting, e.g. data.num_val=50")
     parser.add_argument("--no-trl", action="store_true", help="only grpo-lightning")
+    parser.add_argument("--parallel", action="store_true", help="ours on the first GPU and TRL on the second, at once")
     parser.add_argument("--out", default=None, help="also write the JSON here (a --trl-worker's folder)")
     parser.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)  # the settings file of a TRL run
     args = parser.parse_args(argv)
@@ -214,14 +234,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCHMARKS), os.environ.get("PYTHONPATH", "")])}
     result: dict[str, Any] = {"budgets_min": budgets, "seeds": args.seeds, "device": args.device, "date": time.strftime("%Y-%m-%d"),
                               "command": " ".join(["python", "benchmarks/budget_race.py", *(sys.argv[1:] if argv is None else argv)]),
-                              "model": settings["model"]["init_args"]["model"], "runs": []}  # fmt: skip
+                              "model": settings["model"]["init_args"]["model"], "parallel": args.parallel, "runs": []}  # fmt: skip
     try:
         result["accuracy_before"] = evaluate(settings["model"]["init_args"]["model"], settings, eval_device)
         for minutes in budgets:
             for seed in args.seeds:
-                runs = [run_ours(settings, args.device, minutes, seed, work / f"ours-{minutes}-{seed}", env)]
-                if not args.no_trl:
-                    runs.append(run_trl(settings, args.device, minutes, seed, work / f"trl-{minutes}-{seed}", env, settings_file))
+                ours = functools.partial(run_ours, settings, args.device, minutes, seed, work / f"ours-{minutes}-{seed}")
+                trl = functools.partial(run_trl, settings, args.device, minutes, seed, work / f"trl-{minutes}-{seed}",
+                                        settings_file=settings_file)  # fmt: skip
+                if args.parallel and not args.no_trl:
+                    with ThreadPoolExecutor(2) as pool:
+                        started = [pool.submit(ours, env=_on_gpu(env, 0)), pool.submit(trl, env=_on_gpu(env, 1))]
+                        runs = [future.result() for future in started]
+                else:
+                    runs = [ours(env=env)] + ([] if args.no_trl else [trl(env=env)])
                 for run in runs:
                     run["accuracy"] = evaluate(run["model_dir"], settings, eval_device)
                     shutil.rmtree(run.pop("model_dir"))

@@ -13,7 +13,9 @@ update began), ``group`` the prompt's index within the update, ``prompt`` the pr
 prompt's last user message), ``rewards`` each reward function's score (``null`` where it gave
 none), ``reward`` their weighted sum (``reward_weights``; ``null`` scores count 0) and
 ``advantage`` the variant's advantage. Reward shaping (DAPO's overlong penalty) is in the
-advantage, not in ``reward``.
+advantage, not in ``reward``. Multi-turn runs (:mod:`grpo_lightning.agents`) add ``conversation``:
+the episode's turns in order, each ``{"role": ..., "content": ...}`` with its source as the role
+(``assistant`` for the model, ``tool`` or ``user`` for the environment); tables show it.
 """
 
 from __future__ import annotations
@@ -184,7 +186,8 @@ def completion_records(
         advantages = (advantages[:count] * mask).sum(1) / mask.sum(1).clamp(min=1)
     advantage = advantages[:count].tolist()
     truncated = rollout.truncated[:count].tolist()
-    return [
+    conversations = rollout.columns.get("conversation")
+    records = [
         {
             "step": int(step),
             "group": i // rollout.group_size,
@@ -197,6 +200,16 @@ def completion_records(
         }
         for i in range(count)
     ]
+    for record, conversation in zip(records, conversations or ()):
+        record["conversation"] = conversation
+    return records
+
+
+def shown_completion(row: dict[str, Any]) -> str:
+    """A record's completion as tables show it: a multi-turn episode's turns, each after its source."""
+    if "conversation" not in row:
+        return row["completion"]
+    return "\n".join(f"[{turn['role']}] {turn['content']}" for turn in row["conversation"])
 
 
 def shorten(text: str, max_chars: int) -> str:
@@ -227,7 +240,7 @@ def completion_columns(rows: list[dict[str, Any]], names: list[str], max_chars: 
     with a table type of their own (W&B, MLflow)."""
     columns = ["prompt", "completion", *names, "reward", "advantage"]
     cells = [
-        [shorten(row["prompt"], max_chars), shorten(row["completion"], max_chars), *(row["rewards"][n] for n in names),
+        [shorten(row["prompt"], max_chars), shorten(shown_completion(row), max_chars), *(row["rewards"][n] for n in names),
          row["reward"], row["advantage"]]
         for row in rows
     ]  # fmt: skip
@@ -245,7 +258,7 @@ def completion_table(rows: list[dict[str, Any]], names: list[str], max_chars: in
         "|" + "---|" * len(header),
     ]
     for row in rows:
-        cells = [markdown_cell(shorten(row["prompt"], max_chars)), markdown_cell(shorten(row["completion"], max_chars))]
+        cells = [markdown_cell(shorten(row["prompt"], max_chars)), markdown_cell(shorten(shown_completion(row), max_chars))]
         cells += [_format(row["rewards"][name]) for name in names]
         cells += [_format(row["reward"]), _format(row["advantage"])]
         lines.append("| " + " | ".join(cells) + " |")

@@ -5,7 +5,9 @@ metrics (``module.last_step_metrics``) to its checks. A check that fires warns o
 (:class:`HealthWarning`, rank 0) and counts the steps it holds as ``health/<check>``, logged with
 the step's metrics. When the fit ends, or stops on an error, it prints one line per check and
 writes them to ``<log_dir>/health.json``: a list of ``{"check", "ok", "steps", "first_step",
-"detail"}``. Steps are counted from 1: step ``n`` is the ``n``-th training step.
+"detail"}``. ``first_step`` (and each message's step) is the optimizer step at which the check
+first fired: the x-axis of the logged metrics. ``steps`` counts the training steps it fired on, one
+per logged update (an update of several optimizer steps, ``ppo_epochs`` or minibatches, is one).
 """
 
 from __future__ import annotations
@@ -141,7 +143,9 @@ class EntropyCollapse(Check):
 
     name = "entropy_collapse"
     consequence = "sampling repeats itself, so groups score alike and exploration has stopped"
-    fix = "lower learning_rate, raise clip_eps_high (DAPO), or use variants.ClipCov or variants.KLCov"
+    fix = ("lower learning_rate, add an entropy bonus (--model.entropy_coef 0.001, or steer it to a target with "
+           "grpo_lightning.algorithms.entropy.AdaptiveEntropy), raise clip_eps_high (DAPO), or use variants.ClipCov "
+           "or variants.KLCov")
     state_names = (*Check.state_names, "first")
 
     def __init__(self, fraction: float = 0.1, floor: float = 0.01, patience: int = 5) -> None:
@@ -355,16 +359,16 @@ class HealthChecks(Callback):
         metrics.update(
             {f"rewards/{name}/nan_count": n for name, n in self._reduced_nan_counts(trainer, pl_module).items()}
         )
-        for check in self.checks[:-1]:
-            self._warn(trainer, check, check.observe(steps, metrics))
+        for check in self.checks[:-1]:  # at the optimizer step the update's metrics are logged at
+            self._warn(trainer, check, check.observe(trainer.global_step, metrics))
         pl_module.log_dict({f"health/{c.name}": float(c.count) for c in self.checks}, on_step=True, on_epoch=False)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         accuracy = trainer.callback_metrics.get("val/accuracy")
         if not self.enabled or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or accuracy is None:
             return
-        check, steps = self.checks[-1], getattr(pl_module, "logged_steps", trainer.global_step)
-        self._warn(trainer, check, check.observe(steps, {"val/accuracy": float(accuracy), "step": steps}))
+        check, step = self.checks[-1], trainer.global_step
+        self._warn(trainer, check, check.observe(step, {"val/accuracy": float(accuracy), "step": step}))
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self._fit_ended = self.enabled  # summarised in teardown: after every on_fit_end (FitSummary's text)
@@ -375,7 +379,7 @@ class HealthChecks(Callback):
         steps = getattr(pl_module, "logged_steps", trainer.global_step)
         reportable = steps > 0 or isinstance(exception, RewardFunctionError)
         if self.enabled and trainer.state.fn == TrainerFn.FITTING and reportable:
-            self.finish(trainer, exception, steps + 1)
+            self.finish(trainer, exception, trainer.global_step + 1)  # the optimizer step that did not happen
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if stage == TrainerFn.FITTING and self._fit_ended:

@@ -140,6 +140,24 @@ def record_rollout(metrics: StepMetrics, rollout: Rollout) -> None:
     metrics.update("completions/min_length", lengths.min(), reduce="min")
     metrics.update("completions/max_length", lengths.max(), reduce="max")
     metrics.update("completions/clipped_ratio", rollout.truncated.float().mean())
+    if rollout.environment_mask is not None:
+        record_episodes(metrics, rollout)
+
+
+def record_episodes(metrics: StepMetrics, rollout: Rollout) -> None:
+    """Per multi-turn episode (:mod:`grpo_lightning.agents`): turns, tool calls, failed calls by kind,
+    the environment's reward, tokens by source (model, environment) and the share truncated."""
+    from grpo_lightning.agents.tools import TOOL_ERROR_KINDS
+
+    columns = rollout.columns
+    metrics.update("agent/turns", sum(columns["turns"]) / len(rollout))
+    metrics.update("agent/tool_calls", sum(columns["tool_calls"]) / len(rollout))
+    for kind in TOOL_ERROR_KINDS:
+        metrics.update(f"agent/tool_errors/{kind}", sum(e.get(kind, 0) for e in columns["tool_errors"]) / len(rollout))
+    metrics.update("agent/environment_reward", sum(columns["environment_reward"]) / len(rollout))
+    metrics.update("agent/model_tokens", rollout.completion_mask.sum() / len(rollout))
+    metrics.update("agent/environment_tokens", rollout.environment_mask.sum() / len(rollout))
+    metrics.update("agent/truncated", rollout.truncated.float().mean())
 
 
 def record_rewards(metrics: StepMetrics, rollout: Rollout, names: Sequence[str]) -> None:
@@ -152,13 +170,12 @@ def record_rewards(metrics: StepMetrics, rollout: Rollout, names: Sequence[str])
         metrics.update(f"rewards/{name}/mean", torch.nanmean(column))
 
 
-def record_clipping(metrics: StepMetrics, clipped_low: Tensor, clipped_high: Tensor, mask: Tensor) -> None:
-    """Token shares clipped at the low bound, the high bound, and either (``clip_ratio/*``)."""
+def record_token_shares(metrics: StepMetrics, shares: dict[str, Tensor], mask: Tensor) -> None:
+    """Each ``name -> [N, T]`` of ``shares`` (flags or values, e.g. a surrogate's ``clip_ratio/*``)
+    as its mean over the tokens of ``mask``, weighted by their count."""
     tokens = mask.sum()
-    metrics.update("clip_ratio/low", F.masked_mean(clipped_low.float(), mask), tokens)
-    metrics.update("clip_ratio/high", F.masked_mean(clipped_high.float(), mask), tokens)
-    either = (clipped_low | clipped_high).float()
-    metrics.update("clip_ratio/region", F.masked_mean(either, mask), tokens)
+    for name, values in shares.items():
+        metrics.update(name, F.masked_mean(values.detach().float(), mask), tokens)
 
 
 class PhaseTimer:

@@ -14,10 +14,11 @@ One training step (manual optimization)::
             for micro-batch:                          memory only: the gradient does not depend on it
                 loss = aggregate(token_loss(...) + beta * kl, mask)    hooks
 
-Variants (``variants/``) name their advantage estimator and aggregation among the registered parts
-(``default_advantage``, ``default_aggregation``: :mod:`grpo_lightning.algorithms`), which a run may
-swap (``--model.advantage``, ``--model.aggregation``); they override the hooks ``token_loss``, and
-where their paper asks, ``advantages``, ``select`` and ``shape_rewards``; they may declare ``kl_in_loss``.
+Variants (``variants/``) name their advantage estimator, per-token surrogate and aggregation among the
+registered parts (``default_advantage``, ``default_surrogate``, ``default_aggregation``:
+:mod:`grpo_lightning.algorithms`), which a run may swap (``--model.advantage``, ``--model.surrogate``,
+``--model.aggregation``); where their paper asks they override the hooks (``advantages``,
+``token_loss``, ``select``, ``shape_rewards``); they may declare ``kl_in_loss``.
 How rollouts are sampled is :mod:`grpo_lightning.generation`'s choice; step metrics are
 :mod:`grpo_lightning.metrics`'; the state of an exact resume is :mod:`grpo_lightning.resume`'s.
 """
@@ -36,8 +37,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lightning import functional as F
 from grpo_lightning import metrics, resume, step_schedule
-from grpo_lightning.algorithms import resolve_parts
-from grpo_lightning.algorithms.hooks import AlgorithmHooks
+from grpo_lightning.agents import EnvironmentOptions
+from grpo_lightning.agents.multi_turn import multi_turn_engine, sample_episodes
+from grpo_lightning.algorithms import check_loss_options, resolve_parts
+from grpo_lightning.algorithms.entropy import entropy_bonus
+from grpo_lightning.algorithms.hooks import AlgorithmHooks, inapplicable_with
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.evaluation import Evaluation
 from grpo_lightning.generation import EnginePlan, RolloutSampler, RolloutWeights, build_rollout
@@ -99,11 +103,11 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         clip_eps_low, clip_eps_high: ratio clip range ``[1 - low, 1 + high]``.
         delta: two-sided clipping: a negative-advantage token's ratio is also capped at ``delta``
             (``> 1 + clip_eps_high``); ``None``: off.
-        advantage: the advantage estimator, a name of :data:`grpo_lightning.algorithms.ADVANTAGES`
-            (``group_std``, ``group_mean``, ``leave_one_out``, ``batch_std``); ``None``: the variant's own.
-        aggregation: how the per-token loss becomes one number, a name of
-            :data:`grpo_lightning.algorithms.AGGREGATIONS` (``token_mean``, ``seq_mean_token_mean``,
-            ``seq_mean_token_sum``, ``seq_mean_token_sum_norm``); ``None``: the variant's own.
+        clip_ratio_c: dual clip: a negative-advantage token's loss is at most ``-clip_ratio_c * A`` (verl: 3.0); ``None``: off.
+        advantage, surrogate, aggregation: the registered parts (:mod:`grpo_lightning.algorithms`: ``ADVANTAGES``
+            e.g. ``group_std``; ``SURROGATES`` e.g. ``ppo_clip``, ``gspo``; ``AGGREGATIONS`` e.g. ``token_mean``); ``None``: the variant's own.
+        off_policy_mask_threshold: OPSM: a negative-advantage completion whose mean ``log pi_old - log pi``
+            exceeds it carries no loss; ``None``: off. entropy_coef: an entropy bonus (estimated at the sampled token); 0: off.
         scale_rewards: divisor of ``group_std``'s advantages: the group's std (``"group"``), the
             batch's (``"batch"``) or none (``"none"``).
         reward_aggregation: ``"sum_then_normalize"``: the weighted sum of the reward functions;
@@ -127,6 +131,8 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         val_max_new_tokens: completion limit in validation (default ``max_new_tokens``).
         accuracy_func: the function whose mean is ``val/accuracy``.
         use_chat_template: wrap plain-text prompts in the tokenizer's chat template when it has one.
+        environment: multi-turn rollouts: model turns and an environment's replies, with tools
+            (:class:`~grpo_lightning.agents.EnvironmentOptions`; ``--model.environment.name``); on the HF path.
     """
 
     def __init__(
@@ -156,8 +162,12 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         clip_eps_low: float = 0.2,
         clip_eps_high: float = 0.2,
         delta: float | None = None,
+        clip_ratio_c: float | None = None,
         advantage: str | None = None,
+        surrogate: str | None = None,
         aggregation: str | None = None,
+        off_policy_mask_threshold: float | None = None,
+        entropy_coef: float = 0.0,
         scale_rewards: str = "group",
         reward_aggregation: str = "sum_then_normalize",
         top_entropy_quantile: float = 1.0,
@@ -178,6 +188,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         val_samples: int = 1,
         accuracy_func: str | Callable = "grpo_lightning.rewards.accuracy_reward",
         use_chat_template: bool = True,
+        environment: EnvironmentOptions | None = None,
     ) -> None:
         super().__init__()
         options = EngineOptions.of(engine)
@@ -185,16 +196,23 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         execution = RewardExecution.of(reward_execution)
         reward_execution = asdict(execution)
         peft_config = adapter_settings(peft_config)
+        self.environment = None if environment is None else EnvironmentOptions.of(environment)
+        environment = None if environment is None else self.environment.state()
         self.save_hyperparameters()
         self.hparams["peft_config"] = peft_config  # plain values, also where the CLI gave class_path/init_args
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints leave the frozen reference model out
 
+        self.inapplicable_options = inapplicable_with(type(self), surrogate)  # with the surrogate of this run
         check_options_apply(type(self), self.inapplicable_options, self.kl_in_loss, self.hparams)
+        check_loss_options(delta, clip_ratio_c, off_policy_mask_threshold, entropy_coef)
         check_settings(**{name: value for name, value in locals().items() if name in CHECKED_SETTINGS})
-        self.advantage_name, self.aggregation_name = resolve_parts(type(self), advantage, aggregation, scale_rewards)
+        self.advantage_name, self.aggregation_name, self.surrogate_name = resolve_parts(
+            type(self), advantage, aggregation, scale_rewards, surrogate
+        )
         beam_search = rollout_mode == "beam_search"
         check_engine_options(options, rollout_seed, beam_search)
+        options = options if self.environment is None else multi_turn_engine(options, rollout_seed, beam_search)
         self.reward_functions, self.reward_weights = resolve_rewards(reward_funcs, reward_weights)
         self.reward_scorer = RewardScorer(execution, self.reward_functions)  # workers, warnings, NaN counts
         self.accuracy_function = resolve_reward_function(accuracy_func, field="accuracy_func")
@@ -207,6 +225,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         self.kl_estimator = kl_estimator
         self.clip_eps_low = clip_eps_low
         self.clip_eps_high = clip_eps_high
+        self.entropy_coef = entropy_coef  # AdaptiveEntropy steers it during a fit
         self.ppo_epochs = ppo_epochs
         self.rollout_correction = rollout_correction
         self.minibatch_size = minibatch_size
@@ -316,6 +335,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         announce_rollout_mode(self.hparams.rollout_mode)
         context = getattr(self.policy.config, "max_position_embeddings", None)
         longest = max(self.sampling.max_new_tokens, self.val_sampling.max_new_tokens)
+        longest = longest if self.environment is None else self.environment.token_budget(longest)
         check_datasets(self.trainer.datamodule, self.tokenizer, self.format_prompt, context, longest, self.group_size,
                        self.minibatch_size)  # fmt: skip
 
@@ -334,6 +354,12 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
     def generate(self, batch: dict[str, list], group_size: int, sampling: SamplingParams, with_logprobs=False) -> Rollout:
         """Sample ``group_size`` completions for each prompt of ``batch`` (``with_logprobs``: and
         keep the engine's log-probs of the sampled tokens, ``rollout.sampling_logp``)."""
+        if self.environment is not None:
+            with self.rollout_model() as model:
+                rollout = sample_episodes(model, self.tokenizer, batch, group_size, sampling, self.environment,
+                                          self.hparams.use_chat_template, with_logprobs)  # fmt: skip
+            self.rollouts += 1
+            return rollout
         texts = [self.format_prompt(p) for p in batch["prompt"]]
         with self.rollout_model() as model:
             sampled = self.sampler.sample(model, self.tokenizer, texts, group_size, sampling, self.rollouts,
@@ -488,6 +514,8 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         logp, entropy = self._forward(self.policy, rollout, rows)
         old_logp = logp.detach() if rollout.old_logp is None else rollout.old_logp[rows]
         loss = self.token_loss(logp, old_logp, advantages[rows], micro_mask)
+        if self.entropy_coef:  # its gradient raises each loss token's entropy
+            loss = loss + self.entropy_coef * entropy_bonus(logp, old_logp)
         if rollout.sampling_logp is not None:  # the engine's log-probs against this pass's
             loss = correct_policy_loss(loss, old_logp, rollout.sampling_logp[rows], micro_mask, self.rollout_correction,
                                        self.hparams.rollout_correction_cap, self.step_metrics)  # fmt: skip

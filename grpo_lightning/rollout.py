@@ -66,6 +66,11 @@ class Rollout:
     ``ref_logp`` ``[N, T]`` once computed, ``sampling_logp`` ``[N, T]``: the sampled tokens'
     log-probabilities as the rollout engine computed them (when it recorded them). Text: ``prompts``, ``completions`` and the dataset
     ``columns`` (each a list of length ``N``).
+
+    Multi-turn rollouts (:mod:`grpo_lightning.agents`): the completion holds the model's turns and the
+    environment's replies between them; ``completion_mask`` marks the model's tokens only (the loss and
+    every token count), ``environment_mask`` ``[N, T]`` the environment's, which the model attends to
+    but is not trained on.
     """
 
     group_size: int
@@ -82,6 +87,7 @@ class Rollout:
     old_logp: Tensor | None = None
     ref_logp: Tensor | None = None
     sampling_logp: Tensor | None = None
+    environment_mask: Tensor | None = None
 
     def __len__(self) -> int:
         return self.completion_ids.size(0)
@@ -99,9 +105,13 @@ class Rollout:
         return self.completion_ids.device
 
     def model_inputs(self, rows: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``(prompt_ids, prompt_mask, completion_ids, completion_mask)`` of ``rows``."""
+        """``(prompt_ids, prompt_mask, completion_ids, attention mask of the completion)`` of ``rows``:
+        the completion's attention mask also covers the environment's tokens."""
         rows = rows.to(self.device)
-        return self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows], self.completion_mask[rows]
+        attended = self.completion_mask[rows]
+        if self.environment_mask is not None:
+            attended = attended + self.environment_mask[rows]
+        return self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows], attended
 
     def to(self, device: torch.device | str) -> Rollout:
         """The rollout with its tensors on ``device``."""
@@ -150,7 +160,7 @@ class Rollout:
         merged["prompt_mask"] = torch.cat([pad(p.prompt_mask, prompt_len, 0, True) for p in parts])
         for name, value in (("completion_ids", pad_token_id), ("completion_mask", 0)):
             merged[name] = torch.cat([pad(getattr(p, name), completion_len, value, False) for p in parts])
-        for name in ("old_logp", "ref_logp", "sampling_logp"):
+        for name in ("old_logp", "ref_logp", "sampling_logp", "environment_mask"):
             if all(getattr(p, name) is not None for p in parts):
                 merged[name] = torch.cat([pad(getattr(p, name), completion_len, 0, False) for p in parts])
         for name in ("truncated", "rewards", "reward_per_function"):

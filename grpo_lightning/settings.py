@@ -190,15 +190,21 @@ REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 #: and the base's defaults of the options a variant may have no place for.
 ABLATION_OPTION_DEFAULTS = {
     "advantage": None,
+    "surrogate": None,
     "aggregation": None,
     "clip_eps_low": 0.2,
     "clip_eps_high": 0.2,
     "delta": None,
+    "clip_ratio_c": None,
+    "off_policy_mask_threshold": None,
+    "entropy_coef": 0.0,
+    "rollout_correction": None,
     "scale_rewards": "group",
     "reward_aggregation": "sum_then_normalize",
     "top_entropy_quantile": 1.0,
     "mask_truncated_completions": False,
     "unbiased_kl": False,
+    "environment": None,  # multi-turn rollouts: refused by variants that need one completion per prompt
 }
 
 
@@ -213,10 +219,21 @@ def check_options_apply(variant: type, inapplicable: dict[str, str], kl_in_loss:
     if not kl_in_loss:
         reasons.setdefault("unbiased_kl", "its KL term is in the reward, not in the loss")
     for option, reason in reasons.items():
-        if option in ABLATION_OPTION_DEFAULTS and values[option] != ABLATION_OPTION_DEFAULTS[option]:
+        if option in ABLATION_OPTION_DEFAULTS and values[option] != option_default(variant, option):
             raise ConfigError(
                 f"{option}: does not apply to {variant.__name__} ({reason}); drop --model.{option} or pick another variant."
             )
+
+
+def option_default(variant: type, option: str) -> Any:
+    """The default of ``option`` in ``variant``'s constructor (the closest class that names it),
+    else the base's "off" value (:data:`ABLATION_OPTION_DEFAULTS`)."""
+    for cls in variant.__mro__:
+        init = cls.__dict__.get("__init__")
+        parameter = inspect.signature(init).parameters.get(option) if init is not None else None
+        if parameter is not None and parameter.default is not inspect.Parameter.empty:
+            return parameter.default
+    return ABLATION_OPTION_DEFAULTS[option]
 
 
 #: The arguments of ``GroupPolicyOptimization`` that :func:`check_settings` checks.

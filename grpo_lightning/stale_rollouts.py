@@ -33,6 +33,8 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
+from grpo_lightning.errors import ConfigError
+
 
 def upcoming_batch(trainer: Any) -> Any | None:
     """The training batch after the current one, where the training dataloader tells it ahead
@@ -77,8 +79,11 @@ class StaleRollouts(Callback):
     def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
         weights = module.rollout_weights
         weights.stale = True
+        multi_turn = getattr(module, "environment", None) is not None
         if self.overlap is None:
-            self.overlap = module.device.type == "cuda"
+            self.overlap = module.device.type == "cuda" and not multi_turn
+        if self.overlap and multi_turn:
+            raise ConfigError("StaleRollouts.overlap: multi-turn rollouts (environment) are not sampled ahead; set overlap to false.")
         if self.overlap:
             arguments = sampler_arguments(module, batch, module.rollouts)
             sampled_ahead = was_sampled_ahead(module, arguments)

@@ -258,7 +258,7 @@ OPTION_VALUES = {
 
 @pytest.mark.parametrize("option", sorted(OPTION_VALUES))
 @pytest.mark.parametrize("cls", ALL_VARIANTS, ids=lambda c: c.__name__)
-def test_each_option_combines_with_each_variant_or_says_why_not(cls, option, make_module, make_rollout):
+def test_each_option_combines_with_each_variant_or_says_why_not(cls, option, make_module, make_rollout, one_torch_thread):
     kwargs = {option: OPTION_VALUES[option]}
     if option == "delta" and cls.__name__ == "CISPO":
         kwargs["clip_eps_high"] = 0.2  # CISPO's default upper bound 5.0 would need delta > 6

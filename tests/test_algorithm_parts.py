@@ -33,11 +33,13 @@ HAND_ADVANTAGES = {
     "group_mean": 0.5,  # r - 0.5
     "leave_one_out": 2 / 3,  # r = 1: 1 - (0 + 0 + 1) / 3; r = 0: 0 - (1 + 0 + 1) / 3
     "batch_std": 0.5 / (1 / 7) ** 0.5,  # centred 8 entries, sum of squares 1, unbiased std sqrt(1/7): 1.322876
+    "gpg": 8 / 6 * 0.5,  # alpha = 8 completions / 6 non-zero rewards, times r - 0.5
+    "max_rl": 0.5 / (0.5 + 1e-6),  # (r - 0.5) / (mean 0.5 + 1e-6): +-1 for a success rate of 1/2
 }
 
 
 def test_the_registries_hold_the_named_parts():
-    assert list(ADVANTAGES) == ["group_std", "group_mean", "leave_one_out", "batch_std"]
+    assert list(ADVANTAGES) == ["group_std", "group_mean", "leave_one_out", "batch_std", "gpg", "max_rl"]
     assert list(AGGREGATIONS) == ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
 
 
@@ -167,10 +169,11 @@ def variant_args(cls: type, *extra: str) -> list[str]:
 
 
 @pytest.mark.parametrize("cls", VARIANTS, ids=lambda cls: cls.__name__)
-def test_print_config_shows_both_parts_and_takes_them_from_the_command_line(cls):
+def test_print_config_shows_the_parts_and_takes_them_from_the_command_line(cls):
     code, out, err = run_cli(*variant_args(cls, "--model.aggregation", "seq_mean_token_mean", "--print_config"))
     assert code == 0, err
     assert "    aggregation: seq_mean_token_mean\n" in out and "    advantage: null\n" in out
+    assert "    surrogate: null\n" in out
 
 
 def test_the_command_line_composes_rloo_with_dr_grpos_aggregation_and_prints_it_round_trip(tmp_path):

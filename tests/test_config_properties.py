@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import variants
-from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS
+from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS, SURROGATES
 from grpo_lightning.argument_types import annotated_arguments
 from grpo_lightning.cli import GRPOLightningCLI, main
 from grpo_lightning.data import ArithmeticDataModule
@@ -91,9 +91,13 @@ INVALID = {
     "clip_eps_low": number(st.one_of(floats(max_value=0, exclude_max=True), floats(min_value=1))),
     "clip_eps_high": number(floats(max_value=0, exclude_max=True)),
     "delta": number(floats(max_value=1.2), optional=True),
+    "clip_ratio_c": number(floats(max_value=1), optional=True),
     "scale_rewards": other_text("group", "batch", "none"),
     "advantage": other_text(*ADVANTAGES),
+    "surrogate": other_text(*SURROGATES),
     "aggregation": other_text(*AGGREGATIONS),
+    "off_policy_mask_threshold": number(floats(max_value=0, exclude_max=True), optional=True),
+    "entropy_coef": number(floats(max_value=0, exclude_max=True)),
     "reward_aggregation": other_text("sum_then_normalize", "normalize_then_sum"),
     "top_entropy_quantile": number(st.one_of(floats(max_value=0), floats(min_value=1, exclude_min=True))),
     "mask_truncated_completions": NOT_A_BOOL,

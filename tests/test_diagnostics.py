@@ -71,6 +71,18 @@ def test_entropy_collapse_is_relative_to_the_first_step():
     assert check.first == 2.0 and "ClipCov" in check.detail
 
 
+def test_entropy_collapses_fix_names_options_the_module_has():
+    """The suggested fix is a command line that works: each ``--model.X`` it names is an option."""
+    import inspect
+    import re
+
+    from grpo_lightning.module import GroupPolicyOptimization
+
+    named = re.findall(r"--model\.(\w+)", EntropyCollapse.fix)
+    assert "entropy_coef" in named
+    assert set(named) <= set(inspect.signature(GroupPolicyOptimization).parameters)
+
+
 def test_entropy_collapse_has_an_absolute_floor():
     check = EntropyCollapse(fraction=0.1, floor=0.01, patience=2)
     assert fired_at(check, [{"entropy": 0.005}] * 3) == [2]
@@ -157,6 +169,7 @@ class FakeModule:
             scores = self.reward_scorer.score(self.reward_functions, ["p", "q"], ["a", "b"], {})
             self.reward_scorer.contain(self, None, scores)
         self.logged_steps += 1
+        trainer.global_step += 1  # one optimizer step per update
         self.last_step_metrics = metrics
         callback.on_train_batch_end(trainer, self, None, None, 0)
 
@@ -311,6 +324,21 @@ def test_a_fit_writes_health_json(unhealthy_fit):
     assert "'nan_reward' returned NaN for 4 completions" in rows["reward_nan"]["detail"]
     assert rows["entropy_collapse"] == {"check": "entropy_collapse", "ok": True, "steps": 0, "first_step": None,
                                         "detail": ""}  # fmt: skip
+
+
+def test_health_json_names_the_optimizer_step_an_update_of_several_ends_at(tiny_model_dir, tmp_path, one_torch_thread):
+    """Two optimizer steps per rollout (ppo_epochs 2): a NaN reward from the first rollout on is first
+    seen at optimizer step 2, the x-axis of that update's metrics; two updates fire it."""
+    args = fit_args(tiny_model_dir, tmp_path, f"[{__name__}.nan_reward]", "--model.max_new_tokens", "2",
+                    "--model.ppo_epochs", "2", "--trainer.max_steps", "4", "--trainer.limit_val_batches", "0",
+                    "--model.reward_execution.on_error", "zero")  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        GRPOLightningCLI(args=args)
+    (path,) = tmp_path.rglob("health.json")
+    row = next(row for row in json.loads(path.read_text()) if row["check"] == "reward_nan")
+    assert (row["ok"], row["steps"], row["first_step"]) == (False, 2, 2)
+    assert row["detail"].startswith("step 2: ")
 
 
 def test_a_fit_stopped_by_a_reward_function_error_records_it(tiny_model_dir, tmp_path, one_torch_thread, capsys):

@@ -21,9 +21,6 @@ truncated only when a token grew more than six-fold since sampling.
 
 from __future__ import annotations
 
-from torch import Tensor
-
-from grpo_lightning import functional as F
 from variants.grpo import GRPO
 
 
@@ -38,7 +35,8 @@ class CISPO(GRPO):
 
     #: ``sum(loss * mask) / sum(mask)`` over the whole batch (eq. 4's ``1 / sum_i |o_i|``).
     default_aggregation = "token_mean"
-    inapplicable_options = {"delta": "its clipped weight is detached: there is no min with an unclipped term to cap"}
+    #: ``-sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log pi`` per token (eqs. 4-5); ``delta`` has no place.
+    default_surrogate = "cispo"
 
     def __init__(
         self, model: str, *, beta: float = 0.0, clip_eps_low: float | None = None, clip_eps_high: float = 5.0, **kwargs
@@ -47,11 +45,3 @@ class CISPO(GRPO):
         low = 0.0 if clip_eps_low is None else clip_eps_low
         super().__init__(model, beta=beta, clip_eps_low=low, clip_eps_high=clip_eps_high, **kwargs)
         self.clip_eps_low = clip_eps_low
-
-    def token_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
-        """``-sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log pi`` per token (eqs. 4-5)."""
-        loss, clipped_low, clipped_high = F.clipped_weight_log_likelihood(
-            logp, old_logp, advantages, self.clip_eps_low, self.clip_eps_high
-        )
-        self.record_clipping(clipped_low, clipped_high, mask)
-        return loss

@@ -42,6 +42,8 @@ class ClipCov(CovarianceRule):
         clip_cov_seed: seed of the draw (with the optimizer step and the rank).
     """
 
+    inapplicable_options = {"surrogate": "its candidates leave out the tokens PPO's clip stops: it is ppo_clip's"}
+
     def __init__(
         self,
         model: str,

@@ -85,6 +85,11 @@ class DAPO(GRPO):
             0 <= overlong_buffer <= self.max_new_tokens,
             f"overlong_buffer: must be between 0 and max_new_tokens ({self.max_new_tokens}), got {overlong_buffer}.",
         )
+        require(
+            self.environment is None or overlong_penalty == 0,
+            "overlong_penalty: measures one completion against max_new_tokens, and multi-turn episodes (environment) "
+            "have several turns; set overlong_penalty to 0.",
+        )
         self.dynamic_sampling = dynamic_sampling
         self.max_gen_batches = max_gen_batches
         self.on_exhausted = on_exhausted

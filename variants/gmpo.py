@@ -15,27 +15,17 @@ clip range is the paper's: 0.4 / 0.4 in log space, ratios within
 
 from __future__ import annotations
 
-from torch import Tensor
-
-from grpo_lightning import functional as F
 from variants.grpo import GRPO
 
 
 class GMPO(GRPO):
     """GRPO with the geometric mean of per-token, log-space-clipped ratios."""
 
-    inapplicable_options = {"delta": "it clips log-ratios inside a geometric mean, not each token's ratio"}
+    #: ``-A_i * exp(mean_t d'_it)`` on every token of sequence ``i``: GRPO's aggregation (a mean over
+    #: completions of each one's token mean) then gives ``1/G sum_i -A_i s_i``; ``delta`` has no place.
+    default_surrogate = "gmpo"
 
     def __init__(
         self, model: str, *, beta: float = 0.0, clip_eps_low: float = 0.4, clip_eps_high: float = 0.4, **kwargs
     ) -> None:
         super().__init__(model, beta=beta, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, **kwargs)
-
-    def token_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
-        """``-A_i * exp(mean_t d'_it)`` on every token of sequence ``i``: GRPO's aggregation (a
-        mean over completions of each one's token mean) then gives ``1/G sum_i -A_i s_i``."""
-        loss, clipped_low, clipped_high = F.geometric_mean_surrogate(
-            logp, old_logp, advantages, mask, self.clip_eps_low, self.clip_eps_high
-        )
-        self.record_clipping(clipped_low, clipped_high, mask)
-        return loss

@@ -11,26 +11,16 @@ Advantages are GRPO's. The clip range is the paper's (3e-4, 4e-4): sequence rati
 
 from __future__ import annotations
 
-from torch import Tensor
-
-from grpo_lightning import functional as F
 from variants.grpo import GRPO
 
 
 class GSPO(GRPO):
     """GRPO with a sequence-level, clipped importance ratio."""
 
-    inapplicable_options = {"delta": "it clips one ratio per sequence, not each token's"}
+    #: ``-min(s_i A_i, clip(s_i) A_i)`` on every token of sequence ``i`` (eqs. 5-7); ``delta`` has no place.
+    default_surrogate = "gspo"
 
     def __init__(
         self, model: str, *, beta: float = 0.0, clip_eps_low: float = 3e-4, clip_eps_high: float = 4e-4, **kwargs
     ) -> None:
         super().__init__(model, beta=beta, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, **kwargs)
-
-    def token_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
-        """``-min(s_i A_i, clip(s_i) A_i)`` on every token of sequence ``i`` (eq. 5-7)."""
-        loss, clipped_low, clipped_high = F.sequence_clipped_surrogate(
-            logp, old_logp, advantages, mask, self.clip_eps_low, self.clip_eps_high
-        )
-        self.record_clipping(clipped_low, clipped_high, mask)
-        return loss

@@ -45,8 +45,9 @@ class PPO(GroupPolicyOptimization):
 
     kl_in_loss = False
     inapplicable_options: ClassVar[dict[str, str]] = {"scale_rewards": "its GAE advantages are whitened instead",
-                                                      "advantage": "its advantages are GAE's, per token"}  # fmt: skip
+        "advantage": "its advantages are GAE's, per token", "environment": "its GAE runs over one completion"}  # fmt: skip
     default_aggregation = "token_mean"  # over the whole minibatch
+    token_advantages = True  # GAE's, per token: a per-sequence surrogate cannot take them
 
     def __init__(self, model: str, *, beta: float = 0.01, gamma: float = 1.0, lam: float = 0.95,
                  whiten_advantages: bool = True, value_learning_rate: float = 1e-5, value_clip: float | None = 0.2,

@@ -39,7 +39,9 @@ class ProcessGRPO(GRPO):
         "scale_rewards": "its advantages are normalised over the group's steps",
         "reward_aggregation": "its advantages come from the step rewards",
         "advantage": "its advantages are per token, from the step rewards",
+        "environment": "its steps are split from one completion's text, which has no environment replies",
     }
+    token_advantages = True  # a per-sequence surrogate cannot take them
 
     def __init__(
         self,

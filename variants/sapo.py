@@ -16,9 +16,6 @@ paper's: tau_pos 1.0, tau_neg 1.05, no KL term. There is no clip: setting ``clip
 
 from __future__ import annotations
 
-from torch import Tensor
-
-from grpo_lightning import functional as F
 from grpo_lightning.settings import require
 from variants.grpo import GRPO
 
@@ -31,9 +28,8 @@ class SAPO(GRPO):
         tau_neg: gate temperature of tokens with a zero or negative advantage (> 0).
     """
 
-    inapplicable_options = {
-        option: "its soft gate replaces the ratio clip" for option in ("delta", "clip_eps_low", "clip_eps_high")
-    }
+    #: ``-(4 / tau) * sigmoid(tau * (r - 1)) * A`` per token; no clip option has a place.
+    default_surrogate = "sapo"
 
     def __init__(self, model: str, *, beta: float = 0.0, tau_pos: float = 1.0, tau_neg: float = 1.05, **kwargs) -> None:
         super().__init__(model, beta=beta, **kwargs)
@@ -41,7 +37,3 @@ class SAPO(GRPO):
         require(tau_neg > 0, f"tau_neg: the negative-advantage gate temperature must be > 0 (got {tau_neg}).")
         self.tau_pos = tau_pos
         self.tau_neg = tau_neg
-
-    def token_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
-        """``-(4 / tau) * sigmoid(tau * (r - 1)) * A`` per token."""
-        return F.soft_gated_surrogate(logp, old_logp, advantages, self.tau_pos, self.tau_neg)

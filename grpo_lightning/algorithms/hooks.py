@@ -1,6 +1,6 @@
 """The algorithm hooks of :class:`~grpo_lightning.module.GroupPolicyOptimization`, and what each
 does unless a variant overrides it: the registered parts the variant names
-(:mod:`grpo_lightning.algorithms`), PPO's clipped surrogate, no selection and no reward shaping."""
+(:mod:`grpo_lightning.algorithms`), no selection and no reward shaping."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from grpo_lightning import functional as F
 from grpo_lightning import metrics
 from grpo_lightning.algorithms.advantages import ADVANTAGES
 from grpo_lightning.algorithms.aggregations import AGGREGATIONS
+from grpo_lightning.algorithms.masks import off_policy_sequence_mask
+from grpo_lightning.algorithms.surrogates import SURROGATES, Surrogate
 from grpo_lightning.rollout import Rollout
 
 
@@ -21,12 +23,24 @@ class AlgorithmHooks:
     #: are computed either way, and the old log-probs too (the reward's KL is taken against them).
     kl_in_loss: bool = True
     #: Options of the base module that this variant's equations leave no place for, with the reason:
-    #: setting one is a :class:`ConfigError` naming both.
+    #: setting one is a :class:`ConfigError` naming both. The clip options its default surrogate
+    #: does not read are added to those a class declares (``declared_inapplicable``).
     inapplicable_options: dict[str, str] = {}
-    #: The variant's advantage estimator and aggregation (names of the registries of
-    #: :mod:`grpo_lightning.algorithms`), used when ``advantage`` / ``aggregation`` is ``None``.
+    declared_inapplicable: dict[str, str] = {}
+    #: The variant's advantage estimator, per-token surrogate and aggregation (names of the registries
+    #: of :mod:`grpo_lightning.algorithms`), used when ``advantage`` / ``surrogate`` / ``aggregation`` is ``None``.
     default_advantage: str | None = None
+    default_surrogate: str = "ppo_clip"
     default_aggregation: str | None = None
+    #: Whether its advantages are per token (``[P, G, T]``): a per-sequence surrogate cannot take them.
+    token_advantages: bool = False
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("inapplicable_options")
+        if own is not None:
+            cls.declared_inapplicable = dict(own)
+        cls.inapplicable_options = inapplicable_with(cls, None)
 
     def advantages(self, rewards: Tensor) -> Tensor:
         """Advantage of each completion. ``rewards`` ``[P, G]`` -> ``[P, G]``, or ``[P, G, T]`` per token.
@@ -38,13 +52,29 @@ class AlgorithmHooks:
         return ADVANTAGES[self.advantage_name](rewards)
 
     def token_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
-        """Per-token policy loss ``[N, T]`` (no KL): the clipped surrogate of PPO / DeepSeekMath eq. 3.
-        ``logp``, ``old_logp``, ``mask``: ``[N, T]``; ``advantages``: ``[N]``."""
-        loss, clipped_low, clipped_high = F.clipped_surrogate(
-            logp, old_logp, advantages, self.clip_eps_low, self.clip_eps_high, self.hparams.delta
-        )
-        self.record_clipping(clipped_low, clipped_high, mask)
+        """Per-token policy loss ``[N, T]`` (no KL): the surrogate named ``surrogate`` (or the
+        variant's ``default_surrogate``), its token shares logged; then the off-policy sequence mask
+        where ``off_policy_mask_threshold`` is set. ``logp``, ``old_logp``, ``mask``: ``[N, T]``;
+        ``advantages``: ``[N]`` or ``[N, T]``."""
+        surrogate = SURROGATES[self.surrogate_name]
+        loss, shares = surrogate.loss(logp, old_logp, advantages, mask, **self.surrogate_settings(surrogate))
+        metrics.record_token_shares(self.step_metrics, shares, mask)
+        threshold = self.hparams.get("off_policy_mask_threshold")
+        if threshold is not None:
+            kept = off_policy_sequence_mask(logp, old_logp, advantages, mask, threshold)
+            self.step_metrics.update("off_policy_mask/dropped", F.masked_mean(1 - kept, mask), mask.sum())
+            loss = loss * kept
         return loss
+
+    def surrogate_settings(self, surrogate: Surrogate) -> dict:
+        """The settings ``surrogate`` takes that this module has (an attribute, else a hyperparameter)."""
+        found = {}
+        for name in surrogate.options():
+            if hasattr(self, name):
+                found[name] = getattr(self, name)
+            elif name in self.hparams:
+                found[name] = self.hparams[name]
+        return found
 
     def aggregate(
         self, loss: Tensor, mask: Tensor, *, num_sequences: int | None = None, num_tokens: Tensor | None = None
@@ -79,6 +109,14 @@ class AlgorithmHooks:
         step: then they equal the current log-probs (detached) and that pass is skipped."""
         return self.ppo_epochs > 1 or (self.minibatch_size is not None and rollout_size > self.minibatch_size)
 
-    def record_clipping(self, clipped_low: Tensor, clipped_high: Tensor, mask: Tensor) -> None:
-        """Log the token shares the clipped surrogate clipped (``clip_ratio/*``)."""
-        metrics.record_clipping(self.step_metrics, clipped_low, clipped_high, mask)
+
+
+def inapplicable_with(variant: type, surrogate: str | None) -> dict[str, str]:
+    """``option -> reason`` of the options ``variant`` has no place for with ``surrogate`` (``None``:
+    its own): those it declares, and the clip options the surrogate does not read."""
+    name = variant.default_surrogate if surrogate is None else surrogate
+    part = SURROGATES.get(name)
+    unused = part.unused_clip_options() if part is not None else {}
+    if surrogate is not None:
+        unused = {option: f"with the surrogate {name}, {reason}" for option, reason in unused.items()}
+    return {**unused, **variant.declared_inapplicable}

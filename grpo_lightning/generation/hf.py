@@ -62,6 +62,29 @@ def generate_group(
     copies = 1 if sampling.beam_search else group_size  # beam search expands each prompt into its beams itself
     prompt_ids = encoded["input_ids"].to(device).repeat_interleave(copies, dim=0)
     prompt_mask = encoded["attention_mask"].to(device).repeat_interleave(copies, dim=0)
+    completion_ids, logprobs = generate_from_ids(model, tokenizer, prompt_ids, prompt_mask, sampling, group_size,
+                                                 with_logprobs)  # fmt: skip
+    if sampling.beam_search:  # [P * G] beams, prompt-major: rows g*G .. g*G + G - 1 are prompt g's
+        prompt_ids = prompt_ids.repeat_interleave(group_size, dim=0)
+        prompt_mask = prompt_mask.repeat_interleave(group_size, dim=0)
+    if not with_logprobs:
+        return prompt_ids, prompt_mask, completion_ids
+    return prompt_ids, prompt_mask, completion_ids, logprobs
+
+
+@torch.no_grad()
+def generate_from_ids(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    sampling: SamplingParams,
+    group_size: int = 1,
+    with_logprobs: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """``(completion_ids [N, T], logprobs [N, T] or None)``: one completion per row of the left-padded
+    ``prompt_ids`` ``[N, S]`` (under beam search, ``group_size`` beams per row), continuing exactly
+    these token ids; ``with_logprobs``: the sampled tokens' log-probabilities (:class:`SampledTokenLogprobs`)."""
     recorder = SampledTokenLogprobs(sampling.temperature) if with_logprobs and not sampling.beam_search else None
     was_training = model.training
     model.eval()
@@ -75,9 +98,4 @@ def generate_group(
     finally:
         model.train(was_training)
     completion_ids = sequences[:, prompt_ids.size(1) :]
-    if sampling.beam_search:  # [P * G] beams, prompt-major: rows g*G .. g*G + G - 1 are prompt g's
-        prompt_ids = prompt_ids.repeat_interleave(group_size, dim=0)
-        prompt_mask = prompt_mask.repeat_interleave(group_size, dim=0)
-    if not with_logprobs:
-        return prompt_ids, prompt_mask, completion_ids
-    return prompt_ids, prompt_mask, completion_ids, recorder.logprobs(completion_ids) if recorder else None
+    return completion_ids, recorder.logprobs(completion_ids) if recorder else None

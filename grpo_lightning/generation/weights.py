@@ -12,7 +12,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lightning.lora import has_adapters, merged_model, merged_weights
-from grpo_lightning.model_sources import resolve_model_source
+from grpo_lightning.model_sources import dense_copy, resolve_model_source
 from grpo_lightning.settings import DTYPES
 from grpo_lightning.strategies import RolloutReplica, full_parameters, full_state_dict, is_sharded
 
@@ -29,9 +29,9 @@ def disable_dropout(model: nn.Module) -> None:
 
 def load_causal_lm(name: str, dtype: str, attn_implementation: str | None) -> PreTrainedModel:
     """``AutoModelForCausalLM.from_pretrained`` of the checkpoint ``name`` names (a hub id, a
-    directory or a GGUF file: :mod:`grpo_lightning.model_sources`) in ``dtype`` (``"auto"`` or a name
-    of ``DTYPES``)."""
-    source = resolve_model_source(name)
+    directory or a GGUF file, read through its :func:`~grpo_lightning.model_sources.dense_copy`) in
+    ``dtype`` (``"auto"`` or a name of ``DTYPES``)."""
+    source = dense_copy(resolve_model_source(name))
     kwargs: dict[str, Any] = source.from_pretrained_kwargs(dense=True)
     kwargs["dtype"] = dtype if dtype == "auto" else DTYPES[dtype]
     if attn_implementation:

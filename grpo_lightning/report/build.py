@@ -138,7 +138,8 @@ def _noted(arms: Sequence[Arm], notes: Sequence[str]) -> list[str]:
 
 
 #: The order of the built-in variants in tables and plots; other arms follow by name.
-VARIANT_ORDER = ["grpo", "dr_grpo", "dapo", "rloo", "gspo", "cispo", "sapo", "gmpo", "reinforce_plus_plus", "clip_cov", "kl_cov"]
+VARIANT_ORDER = ["grpo", "dr_grpo", "dapo", "rloo", "gspo", "cispo", "sapo", "gmpo", "reinforce_plus_plus", "clip_cov", "kl_cov",
+                 "luspo", "vespo", "dppo", "gpg", "dro", "max_rl"]  # fmt: skip
 
 
 def _arm_order(arm: str, cells: Sequence[CellInfo]) -> tuple:

@@ -16,8 +16,10 @@ from grpo_lightning.report.document import Doc
 
 #: Config keys of the clip settings; the report shows them without ``model.init_args.``.
 CLIP_KEYS = ("model.init_args.clip_eps_low", "model.init_args.clip_eps_high", "model.init_args.delta")
-#: Classes that clip one ratio per sequence instead of each token's.
-SEQUENCE_CLIPPING = {"GSPO"}
+#: Classes that clip one ratio per sequence instead of each token's (their surrogate is ``gspo``), and
+#: the surrogates that do, for an arm that names one (``model.init_args.surrogate``).
+SEQUENCE_CLIPPING = {"GSPO", "LUSPO"}
+SEQUENCE_SURROGATES = {"gspo"}
 SEQUENCE_SETTING = "sequence-level clipping"
 #: The clip shares the module logs, and the bound each clip setting acts on.
 CLIP_TAGS = ("clip_ratio/region", "clip_ratio/low", "clip_ratio/high")
@@ -28,7 +30,9 @@ def clip_settings(config: Mapping[str, str]) -> dict[str, str]:
     """The clip settings of a flattened config: each of ``CLIP_KEYS`` and the clipping level."""
     settings = {key.rsplit(".", 1)[-1]: str(config.get(key, "—")) for key in CLIP_KEYS}
     class_name = str(config.get("model.class_path", "")).rsplit(".", 1)[-1]
-    settings[SEQUENCE_SETTING] = "yes" if class_name in SEQUENCE_CLIPPING else "no"
+    surrogate = config.get("model.init_args.surrogate")
+    sequence = surrogate in SEQUENCE_SURROGATES if surrogate not in (None, "None", "null") else class_name in SEQUENCE_CLIPPING
+    settings[SEQUENCE_SETTING] = "yes" if sequence else "no"
     return settings
 
 

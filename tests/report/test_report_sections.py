@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from grpo_lightning.report import Arm, Run, Series, build_report
-from grpo_lightning.report.effects import distinct_clip_settings, ineffective_notes
+from grpo_lightning.report.effects import clip_settings, distinct_clip_settings, ineffective_notes
 from grpo_lightning.report.provenance import wall_clock_caveat
 
 PROVENANCE = {
@@ -146,6 +146,15 @@ def test_the_arms_with_clip_settings_of_their_own():
     assert distinct_clip_settings(settings) == {"dapo": ["clip_eps_high"]}  # grpo's and dr_grpo's are the majority
     assert distinct_clip_settings({"a": {"x": "1"}, "b": {"x": "2"}}) == {"a": ["x"], "b": ["x"]}  # no majority
     assert distinct_clip_settings({"a": {"x": "1"}, "b": {"x": "1"}}) == {}
+
+
+def test_sequence_level_clipping_follows_the_surrogate_an_arm_names():
+    def sequence(class_name, surrogate=None):
+        config = {**clip_config(class_name), "model.init_args.surrogate": surrogate}
+        return clip_settings(config)["sequence-level clipping"]
+
+    assert [sequence("GSPO"), sequence("LUSPO"), sequence("GRPO")] == ["yes", "yes", "no"]
+    assert [sequence("GRPO", "gspo"), sequence("GSPO", "ppo_clip"), sequence("GSPO", "None")] == ["yes", "no", "yes"]
 
 
 def test_clip_settings_that_never_clipped_are_flagged():

@@ -1,0 +1,93 @@
+"""The environment protocol of multi-turn rollouts, and the options that pick one (``--model.environment``).
+
+An episode: ``reset(row)`` gives the opening messages (the prompt); then the model answers, and
+``step(assistant_message)`` gives the environment's reply ``(new_messages, reward, done)``, until
+``done``, ``max_turns`` model turns or ``max_tokens`` tokens after the prompt. The episode's
+reward is the sum of the rewards ``step`` returned (``None`` adds nothing); it reaches the reward
+functions as the column ``environment_reward`` (:func:`environment_reward`).
+
+One environment is built per trajectory, so a group's ``G`` trajectories of one task each have
+their own state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Protocol, runtime_checkable
+
+from grpo_lightning.agents.tool_calls import import_object
+from grpo_lightning.errors import ConfigError
+
+Message = dict[str, Any]
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """What a multi-turn rollout talks to. Optional attributes: ``tools`` (callables whose schemas
+    go to the chat template), ``tool_calls`` and ``tool_errors`` (counts, logged per step)."""
+
+    def reset(self, row: dict[str, Any]) -> list[Message]:
+        """The opening messages of an episode on the dataset ``row`` (its columns by name)."""
+        ...
+
+    def step(self, message: Message) -> tuple[list[Message], float | None, bool]:
+        """The reply to the model's ``{"role": "assistant", "content": text}``: messages (role
+        ``tool`` or ``user``), a reward or ``None``, and whether the episode is over."""
+        ...
+
+
+@dataclass(frozen=True)
+class EnvironmentOptions:
+    """Multi-turn rollouts: which environment, and how long an episode may run."""
+
+    name: str
+    """Import path of the environment's class (or of a function returning one), e.g.
+    ``grpo_lightning.agents.CalculatorEnvironment``."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of each new environment."""
+    max_turns: int = 4
+    """Model turns per episode at most; an episode still going then is truncated."""
+    max_tokens: int | None = None
+    """Tokens after the prompt at most, the model's and the environment's together; ``None``:
+    ``max_turns * max_new_tokens``. Each turn is also limited to ``max_new_tokens``."""
+
+    @classmethod
+    def of(cls, value: EnvironmentOptions | dict[str, Any]) -> EnvironmentOptions:
+        """``value`` itself, or built from a dict of its fields; checked, and one environment built."""
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - {f.name for f in fields(cls)})
+            if unknown or "name" not in value:
+                problem = f"no option {unknown[0]!r}" if unknown else "'name' is missing"
+                raise ConfigError(f"environment: {problem}; give name (an import path), args, max_turns, max_tokens.")
+            value = cls(**value)
+        if not isinstance(value, cls):
+            raise ConfigError(f"environment: give EnvironmentOptions or a dict of its fields, got {value!r}.")
+        if value.max_turns < 1 or (value.max_tokens is not None and value.max_tokens < 1):
+            raise ConfigError("environment.max_turns and environment.max_tokens: must be at least 1.")
+        value.make()
+        return value
+
+    def make(self) -> Environment:
+        """A new environment."""
+        factory: Callable[..., Any] = import_object(self.name, "environment.name")
+        try:
+            environment = factory(**self.args)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"environment.args: {self.name} refuses them ({error}).") from None
+        if not isinstance(environment, Environment):
+            raise ConfigError(f"environment.name: {self.name} made {environment!r}, which has no reset(row) and step(message).")
+        return environment
+
+    def token_budget(self, max_new_tokens: int) -> int:
+        """Tokens after the prompt at most."""
+        return self.max_tokens if self.max_tokens is not None else self.max_turns * max_new_tokens
+
+    def state(self) -> dict[str, Any]:
+        """Plain values, for the hyperparameters."""
+        return asdict(self)
+
+
+def environment_reward(prompts: list, completions: list, environment_reward: list[float], **columns: Any) -> list[float]:
+    """The reward the environment gave each episode (the sum of its steps' rewards)."""
+    return [float(value) for value in environment_reward]

@@ -1,0 +1,164 @@
+"""Multi-turn rollouts on the HF generate path: model turns and environment replies, token in, token out.
+
+Every trajectory keeps its token ids as sampled; a model turn continues them (``model.generate`` on
+the whole sequence so far), an environment reply appends the ids of its rendered text
+(:class:`~grpo_lightning.agents.chat_tokens.ChatTokens`). Nothing is decoded and encoded again,
+so the trainer scores the sampled tokens. The model's tokens are the rollout's ``completion_mask``
+(loss, token counts), the replies' its ``environment_mask`` (attended to, never trained on).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+from grpo_lightning.agents.chat_tokens import ChatTokens
+from grpo_lightning.agents.environment import Environment, EnvironmentOptions
+from grpo_lightning.engine.options import EngineOptions
+from grpo_lightning.errors import ConfigError
+from grpo_lightning.generation.choice import static_only_settings
+from grpo_lightning.generation.hf import generate_from_ids
+from grpo_lightning.rollout import Rollout, SamplingParams
+
+
+def multi_turn_engine(options: EngineOptions, rollout_seed: int | None, beam_search: bool) -> EngineOptions:
+    """The engine options of multi-turn rollouts: the HF generate path, whatever ``"auto"`` would pick
+    (the static engine does not yet continue a sequence after the environment's tokens)."""
+    if beam_search:
+        raise ConfigError("rollout_mode: multi-turn rollouts (environment) sample each turn; set rollout_mode to 'sample'.")
+    static = ["engine.rollout"] if options.rollout == "static" else []
+    for name in static + static_only_settings(options, rollout_seed):
+        raise ConfigError(
+            f"{name}: a setting of the static engine, and multi-turn rollouts (environment) run on the HF generate "
+            f"path only; leave {name} unset (engine.rollout 'auto' or 'hf'), or drop --model.environment."
+        )
+    return replace(options, rollout="hf")
+
+
+@dataclass
+class Trajectory:
+    """One episode: its environment, token ids after the prompt and, for each, whether the model sampled it."""
+
+    environment: Environment
+    chat: ChatTokens
+    prompt_ids: list[int]
+    ids: list[int] = field(default_factory=list)
+    from_model: list[bool] = field(default_factory=list)
+    logp: list[float] = field(default_factory=list)
+    conversation: list[dict] = field(default_factory=list)  # the turns after the prompt, by source
+    reward: float = 0.0
+    turns: int = 0
+    finished: bool = False
+    truncated: bool = False
+
+    def append(self, ids: list[int], from_model: bool, logp: list[float] | None = None) -> None:
+        self.ids += ids
+        self.from_model += [from_model] * len(ids)
+        self.logp += logp if logp is not None else [0.0] * len(ids)
+
+    def end(self, truncated: bool = False) -> None:
+        self.finished, self.truncated = True, truncated
+
+
+def start(options: EnvironmentOptions, row: dict, tokenizer: PreTrainedTokenizerBase, use_chat_template: bool) -> Trajectory:
+    environment = options.make()
+    messages = environment.reset(row)
+    chat = ChatTokens(tokenizer, getattr(environment, "tools", ()), use_chat_template)
+    return Trajectory(environment, chat, chat.prompt_ids(messages))
+
+
+def left_padded(sequences: list[list[int]], pad: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    width = max(len(s) for s in sequences)
+    ids = torch.tensor([[pad] * (width - len(s)) + s for s in sequences], device=device)
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences], device=device)
+    return ids, mask
+
+
+def right_padded(rows: list[list], value, dtype: torch.dtype, device: torch.device) -> Tensor:
+    width = max(1, max(len(r) for r in rows))
+    return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=dtype, device=device)
+
+
+@torch.no_grad()
+def sample_episodes(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    batch: dict[str, list],
+    group_size: int,
+    sampling: SamplingParams,
+    options: EnvironmentOptions,
+    use_chat_template: bool = True,
+    with_logprobs: bool = False,
+) -> Rollout:
+    """``group_size`` episodes of each row of ``batch``, as one :class:`Rollout` (``N = P * G``
+    rows, group-major); each turn samples at most ``sampling.max_new_tokens`` tokens."""
+    device = next(model.parameters()).device
+    rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
+    episodes = [start(options, row, tokenizer, use_chat_template) for row in rows for _ in range(group_size)]
+    budget, eos = options.token_budget(sampling.max_new_tokens), tokenizer.eos_token_id
+    for turn in range(options.max_turns):
+        active = [e for e in episodes if not e.finished]
+        if not active:
+            break
+        limits = [min(sampling.max_new_tokens, budget - len(e.ids)) for e in active]
+        prompt_ids, prompt_mask = left_padded([e.prompt_ids + e.ids for e in active], tokenizer.pad_token_id, device)
+        turn_sampling = replace(sampling, max_new_tokens=max(limits), min_new_tokens=min(sampling.min_new_tokens, min(limits)))
+        new_ids, new_logp = generate_from_ids(model, tokenizer, prompt_ids, prompt_mask, turn_sampling, 1, True)
+        for episode, ids, logp, limit in zip(active, new_ids.tolist(), new_logp.tolist(), limits):
+            ids = ids[:limit]
+            length = ids.index(eos) + 1 if eos in ids else len(ids)
+            episode.append(ids[:length], True, logp[:length])
+            episode.turns += 1
+            text = tokenizer.decode(ids[:length], skip_special_tokens=True)
+            episode.conversation.append({"role": "assistant", "content": text})
+            if eos not in ids:
+                episode.end(truncated=True)  # the turn was cut: no reply can follow it
+                continue
+            replies, reward, done = episode.environment.step({"role": "assistant", "content": text})
+            episode.reward += 0.0 if reward is None else float(reward)
+            if done:
+                episode.end()
+                continue
+            reply = episode.chat.reply_ids(replies)
+            if turn == options.max_turns - 1 or len(episode.ids) + len(reply) >= budget:
+                episode.end(truncated=True)
+                continue
+            episode.append(reply, False)
+            episode.conversation += [{"role": m.get("role", "user"), "content": str(m.get("content", ""))} for m in replies]
+    return episodes_rollout(episodes, tokenizer, batch, group_size, device, with_logprobs)
+
+
+def episodes_rollout(episodes, tokenizer, batch, group_size, device, with_logprobs) -> Rollout:
+    """The :class:`Rollout` of finished episodes, with their counts and turns as columns (``environment_reward``,
+    ``turns``, ``tool_calls``, ``tool_errors``, ``conversation``)."""
+    prompt_ids, prompt_mask = left_padded([e.prompt_ids for e in episodes], tokenizer.pad_token_id, device)
+    completion_ids = right_padded([e.ids for e in episodes], tokenizer.pad_token_id, torch.long, device)
+    model_mask = right_padded([[float(m) for m in e.from_model] for e in episodes], 0.0, torch.float32, device)
+    environment_mask = right_padded([[float(not m) for m in e.from_model] for e in episodes], 0.0, torch.float32, device)
+
+    def repeat(values: list) -> list:
+        return [v for v in values for _ in range(group_size)]
+
+    columns = {k: repeat(v) for k, v in batch.items() if k not in ("prompt", "completion", "completions")}
+    columns["environment_reward"] = [e.reward for e in episodes]
+    columns["turns"] = [e.turns for e in episodes]
+    columns["tool_calls"] = [getattr(e.environment, "tool_calls", 0) for e in episodes]
+    columns["tool_errors"] = [dict(getattr(e.environment, "tool_errors", Counter())) for e in episodes]
+    columns["conversation"] = [e.conversation for e in episodes]
+    return Rollout(
+        group_size=group_size,
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=model_mask,
+        truncated=torch.tensor([e.truncated for e in episodes], device=device),
+        prompts=repeat(list(batch["prompt"])),
+        completions=[tokenizer.decode(e.ids, skip_special_tokens=True) for e in episodes],
+        columns=columns,
+        sampling_logp=right_padded([e.logp for e in episodes], 0.0, torch.float32, device) if with_logprobs else None,
+        environment_mask=environment_mask,
+    )

@@ -1,0 +1,114 @@
+"""The built-in environments, and rendering environment replies as tokens appended to the sampled ones."""
+
+from __future__ import annotations
+
+import pytest
+from tokenizers import Tokenizer, decoders, pre_tokenizers
+from tokenizers.models import BPE
+from transformers import PreTrainedTokenizerFast
+
+from grpo_lightning.agents import CalculatorEnvironment, GuessNumberEnvironment, calculator
+from grpo_lightning.agents.chat_tokens import ChatTokens
+from grpo_lightning.errors import ConfigError
+
+CHATML = (
+    "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CHATML_WITHOUT_TOOLS = CHATML.split("{% endif %}", 1)[1]
+NO_END_OF_TURN = "{%- for m in messages %}{{ m.role }}: {{ m.content }}\n\n{% endfor %}{%- if add_generation_prompt %}assistant: {% endif %}"
+
+
+def byte_tokenizer(template: str) -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer (one token per byte) with ChatML's special tokens and ``template``."""
+    vocab = {symbol: index for index, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    backend = Tokenizer(BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<pad>", unk_token="<unk>",
+                                        additional_special_tokens=["<|im_start|>"])  # fmt: skip
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def test_a_reply_renders_as_the_template_continues_a_conversation_after_the_turn_s_eos():
+    tokenizer = byte_tokenizer(CHATML)
+    chat = ChatTokens(tokenizer, [calculator])
+    opening = [{"role": "user", "content": "What is 12*34?"}]
+    turn = tokenizer('<tool_call>{"name": "calculator"}</tool_call><|im_end|>', add_special_tokens=False)["input_ids"]
+    reply = [{"role": "tool", "content": "408"}]
+    ids = chat.prompt_ids(opening) + turn + chat.reply_ids(reply)
+    assistant = {"role": "assistant", "content": '<tool_call>{"name": "calculator"}</tool_call>'}
+    whole = tokenizer.apply_chat_template(opening + [assistant] + reply, tools=chat.schemas, tokenize=False,
+                                          add_generation_prompt=True)  # fmt: skip
+    assert tokenizer.decode(ids) == whole
+    # The newline the template writes after <|im_end|> belongs to the reply: the turn stopped at EOS.
+    assert tokenizer.decode(chat.reply_ids(reply)) == "\n<|im_start|>tool\n408<|im_end|>\n<|im_start|>assistant\n"
+    assert '"name": "calculator"' in tokenizer.decode(chat.prompt_ids(opening))
+
+
+def test_tools_a_template_leaves_out_go_into_a_system_message():
+    chat = ChatTokens(byte_tokenizer(CHATML_WITHOUT_TOOLS), [calculator])
+    text = chat.tokenizer.decode(chat.prompt_ids([{"role": "user", "content": "What is 12*34?"}]))
+    assert text.startswith("<|im_start|>system\nYou can call these tools")
+    assert '"name": "calculator"' in text and "<tool_call>" in text
+    assert ChatTokens(byte_tokenizer(CHATML_WITHOUT_TOOLS)).instruction is None  # no tools, no message
+
+
+def test_a_template_whose_turns_do_not_end_with_eos_is_refused():
+    with pytest.raises(ConfigError, match="does not end an assistant turn with the EOS token"):
+        ChatTokens(byte_tokenizer(NO_END_OF_TURN))
+
+
+def test_without_a_chat_template_messages_are_their_contents():
+    tokenizer = byte_tokenizer(CHATML)
+    chat = ChatTokens(tokenizer, use_chat_template=False)
+    assert tokenizer.decode(chat.prompt_ids([{"role": "user", "content": "12*34="}])) == "12*34="
+    assert tokenizer.decode(chat.reply_ids([{"role": "tool", "content": "408"}])) == "408"
+
+
+def test_the_calculator_environment_scores_the_answer_after_its_tool_calls():
+    environment = CalculatorEnvironment()
+    environment.reset({"prompt": "What is 12*34?", "answer": "408"})
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*34"}}</tool_call>'
+    assert environment.step({"role": "assistant", "content": call}) == (
+        [{"role": "tool", "name": "calculator", "content": "408"}], None, False)  # fmt: skip
+    assert environment.step({"role": "assistant", "content": "<answer>408</answer>"}) == ([], 1.0, True)
+    assert environment.step({"role": "assistant", "content": "<answer>407</answer>"}) == ([], 0.0, True)
+
+
+def test_guess_the_number_replies_higher_or_lower_and_scores_by_guesses_used():
+    environment = GuessNumberEnvironment(low=0, high=15, max_guesses=4)
+    opening = environment.reset({"prompt": "task 1"})
+    assert opening[0]["content"].startswith("I am thinking of a whole number from 0 to 15")
+    secret = environment.secret
+    again = GuessNumberEnvironment(low=0, high=15, max_guesses=4)
+    again.reset({"prompt": "task 1"})
+    assert again.secret == secret  # every trajectory of a task plays the same secret
+    low_guess = f"<answer>{secret - 1}</answer>" if secret > 0 else "no number"
+    expected = "higher" if secret > 0 else "invalid"
+    assert environment.step({"role": "assistant", "content": low_guess}) == ([{"role": "user", "content": expected}], None, False)
+    assert environment.step({"role": "assistant", "content": f"<answer>{secret}</answer>"}) == ([], 0.75, True)
+
+
+def test_guess_the_number_ends_with_no_reward_after_the_last_wrong_guess():
+    environment = GuessNumberEnvironment(low=3, high=3, max_guesses=2, higher="+", lower="-")
+    environment.reset({"prompt": "x"})
+    assert environment.step({"role": "assistant", "content": "<answer>9</answer>"}) == ([{"role": "user", "content": "-"}], None, False)
+    assert environment.step({"role": "assistant", "content": "<answer>1</answer>"}) == ([], 0.0, True)
+
+
+def test_the_docs_example_environment_runs():
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text()
+    code = next(block for block in re.findall(r"```python\n(.*?)```", page, re.DOTALL) if "MultiplyEnvironment" in block)
+    namespace: dict = {"__name__": "docs_agents_example"}
+    exec(code, namespace)  # noqa: S102 - the page's own example
+    environment = namespace["MultiplyEnvironment"]()
+    environment.reset({"prompt": "What is 6 times 7?", "answer": "42"})
+    call = '<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>'
+    assert environment.step({"role": "assistant", "content": call})[0][0]["content"] == "42"
+    assert environment.step({"role": "assistant", "content": "It is 42."}) == ([], 1.0, True)

@@ -1,0 +1,164 @@
+"""The registered per-token surrogates (:data:`grpo_lightning.algorithms.SURROGATES`): hand-computed
+values and gradients, the shares they return apart from the loss, micro-batch invariance of each,
+and ``--model.surrogate`` on the variants (what composes, and what is refused)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import variants
+from grpo_lightning.algorithms import SURROGATES
+from grpo_lightning.algorithms.surrogates import dual_clip, ppo_clip
+from grpo_lightning.settings import ConfigError
+from tests.conftest import micro_batched_gradient
+
+PROMPTS = ["12+34=", "5+6=", "77+8="]  # x group_size 4 = 12 rows
+VARIANTS = [getattr(variants, name) for name in variants.__all__]
+
+
+def test_every_variant_names_a_registered_surrogate():
+    for cls in VARIANTS:
+        assert cls.default_surrogate in SURROGATES, cls.__name__
+
+
+def test_the_presets_name_their_papers_surrogate():
+    assert [getattr(variants, name).default_surrogate for name in ("GRPO", "GSPO", "CISPO", "SAPO", "GMPO")] == [
+        "ppo_clip", "gspo", "cispo", "sapo", "gmpo"
+    ]  # fmt: skip
+
+
+# ------------------------------------------------------------------ by hand
+
+
+def test_dual_clip_bounds_a_negative_advantage_tokens_loss_by_c_times_its_advantage():
+    logp = torch.tensor([[math.log(5.0), math.log(2.0), math.log(5.0)]], requires_grad=True)
+    old, advantages = torch.zeros(1, 3), torch.tensor([[-1.0, -1.0, 1.0]])
+    loss, shares = ppo_clip(logp, old, advantages, torch.ones(1, 3), clip_ratio_c=3.0)
+    # A < 0, r = 5: PPO's loss max(5, 0.8) * 1 = 5, bounded by -c A = 3. r = 2: 2 < 3, unchanged.
+    # A > 0, r = 5: the upper clip binds, -1.2; the dual clip never acts where A > 0.
+    assert_close(loss, torch.tensor([[3.0, 2.0, -1.2]]))
+    assert shares["clip_ratio/dual"].tolist() == [[True, False, False]]
+    (grad,) = torch.autograd.grad(loss.sum(), logp)
+    assert_close(grad, torch.tensor([[0.0, 2.0, 0.0]]))  # -A r where nothing binds, 0 where a bound does
+
+
+def test_dual_clip_equals_delta_above_the_upper_bound_and_refuses_c_at_most_1():
+    logp, old = torch.randn(4, 6), torch.randn(4, 6)
+    advantages = torch.tensor([-1.0, 0.5, -2.0, 1.0])
+    dual, _ = ppo_clip(logp, old, advantages, None, clip_ratio_c=2.0)
+    delta, _ = ppo_clip(logp, old, advantages, None, delta=2.0)
+    assert_close(dual, delta)
+    with pytest.raises(ValueError, match="clip_ratio_c must be > 1"):
+        dual_clip(torch.zeros(1, 1), torch.ones(1, 1), 1.0)
+
+
+def test_ppo_clip_returns_its_clip_shares_apart_from_the_loss():
+    logp = torch.log(torch.tensor([[0.5, 1.0, 1.5]]))
+    _, shares = ppo_clip(logp, torch.zeros(1, 3), torch.tensor([[-1.0, 1.0, 1.0]]), None)
+    assert shares["clip_ratio/low"].tolist() == [[True, False, False]]
+    assert shares["clip_ratio/high"].tolist() == [[False, False, True]]
+    assert shares["clip_ratio/region"].tolist() == [[True, False, True]]
+
+
+def test_reinforce_is_minus_the_advantage_times_the_log_prob_whatever_the_old_policy():
+    logp = torch.tensor([[-0.5, -2.0]], requires_grad=True)
+    loss, shares = SURROGATES["reinforce"].loss(logp, torch.zeros(1, 2), torch.tensor([2.0]), torch.ones(1, 2))
+    assert_close(loss, torch.tensor([[1.0, 4.0]])) and shares == {}
+    assert_close(torch.autograd.grad(loss.sum(), logp)[0], torch.tensor([[-2.0, -2.0]]))
+
+
+def test_the_surrogate_options_are_read_from_the_function_signatures():
+    assert SURROGATES["ppo_clip"].options() == ("clip_eps_low", "clip_eps_high", "delta", "clip_ratio_c")
+    assert SURROGATES["sapo"].options() == ("tau_pos", "tau_neg")
+    assert SURROGATES["gspo"].unused_clip_options() == dict.fromkeys(("delta", "clip_ratio_c"), SURROGATES["gspo"].unclipped)
+
+
+# ------------------------------------------------------------------ on the module
+
+
+def gradients(module, rollout, sizes):
+    n = len(rollout)
+    advantages = module.advantages(rollout.rewards.view(-1, rollout.group_size)).flatten()
+    num_tokens = module.loss_mask(rollout, torch.arange(n)).sum()
+    return micro_batched_gradient(module, rollout, advantages, sizes, num_tokens)
+
+
+def off_policy(module, rollout):
+    """Old log-probs away from the policy's, so that every ratio, clip, gate and mask acts."""
+    logp = module.compute_logprobs(module.policy, rollout)
+    rollout.old_logp = logp + 0.3 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(1))
+    return rollout
+
+
+@pytest.mark.parametrize("name", SURROGATES)
+def test_each_surrogate_gives_the_same_gradient_in_any_micro_batches(name, make_module, make_rollout, one_torch_thread):
+    module = make_module(variants.GRPO, surrogate=name, beta=0.0)
+    rollout = off_policy(module, make_rollout(module, PROMPTS))
+    whole, split = gradients(module, rollout, [len(rollout)]), gradients(module, rollout, [5, 4, 3])
+    assert any(g.abs().sum() > 0 for g in whole.values())
+    for key in whole:
+        assert_close(split[key], whole[key], rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}, {key}: {m}")
+
+
+def update_loss(module, rollout) -> float:
+    n, rows = len(rollout), torch.arange(len(rollout))
+    advantages = module.advantages(rollout.rewards.view(-1, rollout.group_size)).flatten()
+    return module.micro_batch_loss(rollout, advantages, rows, n, module.loss_mask(rollout, rows).sum()).item()
+
+
+def test_grpo_with_gspos_surrogate_and_clip_range_is_gspo(make_module, make_rollout, one_torch_thread):
+    composed = make_module(variants.GRPO, beta=0.0, surrogate="gspo", clip_eps_low=3e-4, clip_eps_high=4e-4)
+    rollout = off_policy(composed, make_rollout(composed, PROMPTS))
+    assert update_loss(composed, rollout) == update_loss(make_module(variants.GSPO), rollout)
+    assert update_loss(composed, rollout) != update_loss(make_module(variants.GRPO, beta=0.0), rollout)
+
+
+def test_the_surrogate_logs_its_shares_and_sapos_gate_logs_none(make_module, make_rollout, one_torch_thread):
+    grpo = make_module(variants.GRPO, beta=0.0, clip_ratio_c=3.0)
+    rollout = off_policy(grpo, make_rollout(grpo, PROMPTS))
+    update_loss(grpo, rollout)
+    logged = grpo.step_metrics.compute_and_reset()
+    assert {"clip_ratio/low", "clip_ratio/high", "clip_ratio/region", "clip_ratio/dual"} <= set(logged)
+    sapo = make_module(variants.SAPO)
+    update_loss(sapo, rollout)
+    assert not any(name.startswith("clip_ratio/") for name in sapo.step_metrics.compute_and_reset())
+
+
+# ------------------------------------------------------------------ what composes and what is refused
+
+
+def test_a_per_sequence_surrogate_is_refused_where_advantages_are_per_token():
+    for name in ("PPO", "ProcessGRPO"):
+        with pytest.raises(ConfigError, match=f"^surrogate: gspo needs one advantage per completion, and {name}'s"):
+            getattr(variants, name)("unused", surrogate="gspo")
+    assert variants.PPO("unused", surrogate="cispo").surrogate_name == "cispo"
+
+
+def test_an_unknown_surrogate_is_refused_naming_the_choices():
+    with pytest.raises(ConfigError, match=f"^surrogate: 'nope' is not one of {', '.join(SURROGATES)};"):
+        variants.GRPO("unused", surrogate="nope")
+
+
+def test_clip_options_follow_the_surrogate_of_the_run():
+    with pytest.raises(ConfigError, match="^delta: does not apply to GRPO \\(with the surrogate sapo, its soft gate"):
+        variants.GRPO("unused", surrogate="sapo", delta=2.0)
+    with pytest.raises(ConfigError, match="^clip_eps_high: does not apply to SAPO \\(its soft gate"):
+        variants.SAPO("unused", clip_eps_high=0.28)
+    assert variants.SAPO("unused", surrogate="ppo_clip", clip_eps_high=0.28).clip_eps_high == 0.28
+    # GSPO's own clip range is its default, not a setting: another surrogate does not refuse it.
+    assert variants.GSPO("unused", surrogate="sapo").surrogate_name == "sapo"
+    with pytest.raises(ConfigError, match="^surrogate: does not apply to ClipCov"):
+        variants.ClipCov("unused", surrogate="cispo")
+
+
+def test_clip_ratio_c_must_exceed_1_and_not_be_set_with_delta():
+    with pytest.raises(ConfigError, match="^clip_ratio_c: the dual-clip bound must be > 1"):
+        variants.GRPO("unused", clip_ratio_c=1.0)
+    with pytest.raises(ConfigError, match="^clip_ratio_c: bounds the same negative-advantage loss as delta"):
+        variants.GRPO("unused", clip_ratio_c=3.0, delta=3.0)
+    with pytest.raises(ConfigError, match="^clip_ratio_c: does not apply to GSPO"):
+        variants.GSPO("unused", clip_ratio_c=3.0)

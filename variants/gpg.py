@@ -1,0 +1,27 @@
+"""GPG: Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for Model
+Reasoning" (arXiv 2504.02546), Group Policy Gradient.
+
+The plain policy gradient with a group baseline: no ratio, no clip, no KL term, no reference model::
+
+    A_i = alpha (r_i - mean_group(r)) / F_norm,   F_norm = 1,   alpha = B / #{i : r_i != 0}
+    L   = 1 / sum_i |o_i| * sum_i sum_t -A_i log pi(o_it)
+
+``alpha`` (``B`` completions of the batch) makes up for the groups of equal rewards, which carry no
+gradient (verl's ``gpg`` estimator). The loss is a token mean over the batch.
+"""
+
+from __future__ import annotations
+
+from variants.grpo import GRPO
+
+
+class GPG(GRPO):
+    """Group-centred advantages scaled by the batch's rewarded share; REINFORCE; token mean."""
+
+    default_advantage = "gpg"
+    default_surrogate = "reinforce"
+    default_aggregation = "token_mean"
+    inapplicable_options = {"scale_rewards": "its advantage is divided by no std"}
+
+    def __init__(self, model: str, *, beta: float = 0.0, **kwargs) -> None:
+        super().__init__(model, beta=beta, **kwargs)
