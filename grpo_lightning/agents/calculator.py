@@ -40,8 +40,8 @@ def calculator(expression: str) -> str:
 
 
 def think_expression_calls(text: str) -> list[ToolCall]:
-    """Calculator calls written as ``<think>EXPRESSION</think>``: a call format for models whose
-    vocabulary cannot write JSON, such as the quickstart's character-level tiny model."""
+    """Calculator calls written as ``<think>EXPRESSION</think>``: a call format for models that
+    have not learnt to write JSON, such as the quickstart's tiny model."""
     return [ToolCall("calculator", {"expression": body}) for body in _THINK.findall(text)]
 
 

@@ -34,6 +34,11 @@ BOS_TOKEN = "<s>"
 UNK_TOKEN = "<unk>"
 SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, BOS_TOKEN, UNK_TOKEN)
 DEFAULT_ALPHABET = "0123456789+-*=() .,"
+#: Printable ASCII (letters, digits, punctuation, space) with newline and tab: any English prompt
+#: reaches the model whole. The quickstart's model reads this alphabet.
+TEXT_ALPHABET = DEFAULT_ALPHABET + "".join(
+    ch for ch in map(chr, range(ord(" "), ord("~") + 1)) if ch not in DEFAULT_ALPHABET
+) + "\n\t"
 DEFAULT_SPECIAL_WORDS = ("<think>", "</think>", "<answer>", "</answer>")
 
 # Pre-tokenization regex of the Qwen2 tokenizer.
@@ -49,6 +54,10 @@ ROUNDTRIP_SAMPLES = (
     "<think>3*4=12</think> <answer>12</answer>",
     "(12-5)*3 = 21, 0.5 .",
     "  9  ",
+)
+TEXT_ROUNDTRIP_SAMPLES = (
+    "Which is larger, 27 or 82?",
+    "Q: Is 'x' < \"y\"?\n\tA: {yes}; [no] | maybe! @#$%^&_~`",
 )
 
 
@@ -228,8 +237,10 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, path: str | Path) -> None
 
 def _default_samples(tokenizer: PreTrainedTokenizerBase) -> list[str]:
     """Task-like strings for a character tokenizer, decoded word runs for a word-level one."""
-    if all(ch in tokenizer.get_vocab() for ch in "0123456789+="):
-        return list(ROUNDTRIP_SAMPLES)
+    vocab = tokenizer.get_vocab()
+    if all(_byte_level(ch) in vocab for ch in "0123456789+="):
+        readable = all(_byte_level(ch) in vocab for ch in TEXT_ALPHABET)
+        return list(ROUNDTRIP_SAMPLES) + (list(TEXT_ROUNDTRIP_SAMPLES) if readable else [])
     ids = word_token_ids(tokenizer)
     return [tokenizer.decode(ids[:40]), tokenizer.decode(ids[-40:]), tokenizer.decode(ids[::997])]
 

@@ -1,9 +1,9 @@
 """Supervised warm start of a tiny causal LM on the built-in arithmetic task.
 
-The result is a partially trained model that already writes ``<answer>N</answer></s>``
-but gets only some answers right, leaving headroom for reinforcement learning: training
-stops once greedy accuracy on held-out training rows reaches a target. Results are cached
-on disk under a hash of all settings.
+The result is a partially trained model that already writes ``<answer>N</answer></s>``, after a
+terse prompt (``37+45=``) or a question in words, but gets only some answers right, leaving
+headroom for reinforcement learning: training stops once greedy accuracy on held-out training rows
+reaches a target. Results are cached on disk under a hash of all settings.
 
 The supervised pass runs on one CPU thread with deterministic algorithms, so the result does not
 depend on the thread count; it is bitwise the same for a given torch build and CPU instruction set
@@ -35,16 +35,26 @@ from datasets import Dataset, DatasetDict
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from grpo_lightning.data.arithmetic import format_target, make_arithmetic_dataset
-from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_model_and_tokenizer, tiny_config
+from grpo_lightning.data.arithmetic import TERSE_TEMPLATE, format_target, make_arithmetic_dataset
+from grpo_lightning.quickstart.tiny import TEXT_ALPHABET, build_char_tokenizer, save_model_and_tokenizer, tiny_config
 
 logger = logging.getLogger(__name__)
 
 CACHE_ENV_VAR = "GRPO_LIGHTNING_CACHE"
 MARKER_FILE = "warm_start.json"
-_FORMAT_VERSION = 2  # 2: one thread, deterministic algorithms
+_FORMAT_VERSION = 3  # 2: one thread, deterministic algorithms; 3: printable ASCII, prompts in words too
 _ANSWER_PATTERN = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _STRICT_FORMAT = re.compile(r"<answer>\d+</answer>")
+#: One training row in WORDED_EVERY is written in words, in one of WORDED_TEMPLATES in turn, so that
+#: the model reads a question in words and answers it in its format: a task a user writes in words
+#: starts from a model that answers. The dev rows (early stopping) and the validation split stay terse.
+WORDED_EVERY = 4
+WORDED_TEMPLATES = (
+    "What is {a} plus {b}?",
+    "Add together {a} and {b}.",
+    "Compute {a} + {b}, please.",
+    "Sum of {a} and {b}?",
+)
 
 
 @dataclass(frozen=True)
@@ -77,14 +87,15 @@ class WarmStartSettings:
         payload = json.dumps({"version": _FORMAT_VERSION, **asdict(self)}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
-    def dataset(self) -> DatasetDict:
-        """The task splits; the warm start never sees ``validation``."""
+    def dataset(self, template: str = TERSE_TEMPLATE) -> DatasetDict:
+        """The task splits, prompts written by ``template``; the warm start never sees ``validation``."""
         return make_arithmetic_dataset(
             num_train=self.num_train,
             num_val=self.num_val,
             digits=self.digits,
             operations=self.operations,
             seed=self.data_seed,
+            template=template,
         )
 
     def train_and_dev(self) -> tuple[Dataset, Dataset]:
@@ -271,6 +282,17 @@ def supervised_batch_tensors(
     return input_ids, attention_mask, labels
 
 
+def training_prompts(settings: WarmStartSettings, count: int) -> list[str]:
+    """The first ``count`` training problems: every :data:`WORDED_EVERY`-th row in words (one of
+    :data:`WORDED_TEMPLATES` in turn), the others terse (``37+45=``)."""
+    terse = settings.dataset()["train"]["prompt"]
+    worded = [settings.dataset(template)["train"]["prompt"] for template in WORDED_TEMPLATES]
+    return [
+        worded[(row // WORDED_EVERY) % len(worded)][row] if row % WORDED_EVERY == WORDED_EVERY - 1 else terse[row]
+        for row in range(count)
+    ]
+
+
 def _learning_rate_factor(step: int, warmup_steps: int) -> float:
     """Linear warm-up, then constant (so stopping early leaves a consistent schedule)."""
     return min(1.0, (step + 1) / max(1, warmup_steps))
@@ -307,7 +329,7 @@ def train_supervised(
     Stops after ``settings.steps`` steps, or earlier once the greedy (teacher-forced exact match)
     accuracy on the held-out dev rows reaches ``settings.target_accuracy``.
     """
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_char_tokenizer(TEXT_ALPHABET)  # reads any English prompt a user brings
     config = tiny_config(
         tokenizer,
         model_type=settings.model_type,
@@ -319,7 +341,8 @@ def train_supervised(
         max_position_embeddings=settings.max_position_embeddings,
     )
     train, dev = settings.train_and_dev()
-    input_ids, attention_mask, labels = supervised_batch_tensors(tokenizer, train["prompt"], train["answer"])
+    prompts = training_prompts(settings, len(train))
+    input_ids, attention_mask, labels = supervised_batch_tensors(tokenizer, prompts, train["answer"])
     dev_batch = supervised_batch_tensors(tokenizer, dev["prompt"], dev["answer"]) if len(dev) else None
     if input_ids.shape[1] > settings.max_position_embeddings:
         raise ValueError(

@@ -53,6 +53,16 @@ STEPS = 240
 # Greedy accuracy gains are printed, not asserted: after 240 steps they ranged from +0.015 (scalar
 # path) to +0.38 (AVX-512 path). At 30 or 120 steps the sampled gains of some paths were too small
 # for any margin above noise (summary-steps120.json).
+# Re-checked on the warm start that reads printable ASCII and saw sums in words (2026-11-28, a busy
+# machine, `learning_spread.py --steps 240 --seeds 0` on all three paths plus seeds 1 2 of grpo on
+# AVX-512: benchmarks/results/learning_spread_ascii/). Sampled gains, AVX-512 / AVX2 / scalar, seed 0:
+#   grpo 0.250 / 0.285 / 0.225 (AVX-512 seeds 1, 2: 0.185, 0.260; std over its 3 seeds 0.041)
+#   dr_grpo 0.275 / 0.260 / 0.250   dapo 0.230 / 0.285 / 0.235   rloo 0.255 / 0.230 / 0.240
+#   gspo 0.215 / 0.315 / 0.190      cispo 0.210 / 0.235 / 0.220  sapo 0.220 / 0.230 / 0.260
+#   gmpo 0.215 / 0.315 / 0.190      reinforce_plus_plus 0.270 / 0.230 / 0.265
+#   clip_cov 0.210 / 0.245 / 0.205  kl_cov 0.210 / 0.235 / 0.220
+# The smallest, 0.185, is over twice the largest margin, so the margins stand; the spread over seeds
+# within a path was re-measured for grpo on AVX-512 only.
 MARGINS = {
     "grpo": 0.07, "dr_grpo": 0.06, "dapo": 0.09, "rloo": 0.06, "gspo": 0.07,
     "cispo": 0.06, "sapo": 0.06, "gmpo": 0.07, "reinforce_plus_plus": 0.06, "clip_cov": 0.05, "kl_cov": 0.06,

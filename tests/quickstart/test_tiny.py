@@ -2,9 +2,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_lightning.quickstart.tiny import (
+    TEXT_ALPHABET,
     build_char_tokenizer,
     build_word_level_tokenizer,
     check_tokenizer_roundtrip,
@@ -15,6 +18,7 @@ from grpo_lightning.quickstart.tiny import (
 )
 
 SAMPLE = "37+45=<answer>82</answer>"
+QUESTION = "Which is larger, 27 or 82?"
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +58,32 @@ def test_autotokenizer_round_trip(saved_dir, char_tokenizer):
     for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
         assert getattr(loaded, name) == getattr(char_tokenizer, name)
     assert len(loaded) == len(char_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def text_tokenizer(tmp_path_factory):
+    """The quickstart model's tokenizer as a user's checkpoint gives it: saved, then ``AutoTokenizer``."""
+    path = tmp_path_factory.mktemp("text_tokenizer")
+    save_tokenizer(build_char_tokenizer(TEXT_ALPHABET), path)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def test_text_alphabet_is_printable_ascii_newline_and_tab():
+    assert sorted(TEXT_ALPHABET) == sorted(map(chr, [*range(32, 127), ord("\n"), ord("\t")]))
+
+
+def test_the_text_tokenizer_reads_a_question_one_token_per_character(text_tokenizer):
+    ids = text_tokenizer.encode(QUESTION, add_special_tokens=False)
+    assert text_tokenizer.convert_ids_to_tokens(ids) == [ch if ch != " " else "Ġ" for ch in QUESTION]
+    assert text_tokenizer.decode(ids) == QUESTION
+
+
+@settings(max_examples=80, deadline=None)
+@given(text=st.text(alphabet=TEXT_ALPHABET, max_size=80))
+def test_the_text_tokenizer_round_trips_any_printable_text(text_tokenizer, text):
+    ids = text_tokenizer.encode(text, add_special_tokens=False)
+    assert text_tokenizer.unk_token_id not in ids
+    assert text_tokenizer.decode(ids) == text
 
 
 def test_saved_model_loads_and_generates(saved_dir, char_tokenizer):

@@ -6,9 +6,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_lightning.data.arithmetic import make_arithmetic_dataset
-from grpo_lightning.quickstart.tiny import build_char_tokenizer
+from grpo_lightning.quickstart.tiny import TEXT_ALPHABET, build_char_tokenizer
 from grpo_lightning.quickstart.warmstart import (
     MARKER_FILE,
+    WORDED_EVERY,
+    WORDED_TEMPLATES,
     WarmStartSettings,
     default_cache_dir,
     environment,
@@ -18,6 +20,7 @@ from grpo_lightning.quickstart.warmstart import (
     read_marker,
     reproducible_cpu,
     supervised_batch_tensors,
+    training_prompts,
     warm_start,
 )
 
@@ -69,6 +72,8 @@ def test_warm_start_writes_loadable_dir(fast_dir, cache):
     assert model.config.vocab_size == len(tokenizer)
     answer_id = tokenizer.convert_tokens_to_ids("<answer>")
     assert tokenizer.encode("<answer>", add_special_tokens=False) == [answer_id]
+    question = "Which is larger, 27 or 82?\n"  # the model reads what a user writes
+    assert tokenizer.decode(tokenizer.encode(question, add_special_tokens=False)) == question
 
 
 def test_supervised_loss_decreases(fast_dir):
@@ -123,6 +128,21 @@ def test_default_split_matches_default_task_split():
     train, dev = settings.train_and_dev()
     assert settings.dataset()["validation"]["prompt"] == default["validation"]["prompt"]
     assert not set(train["prompt"]) & set(default["validation"]["prompt"])
+
+
+def test_one_training_row_in_four_is_a_question_in_words():
+    """The same problems, some written in words: the model learns to read text and answer it."""
+    settings = WarmStartSettings(num_train=100, num_val=10, num_dev=20)
+    train, _ = settings.train_and_dev()
+    prompts = training_prompts(settings, len(train))
+    terse = [row for row, prompt in enumerate(prompts) if prompt == train["prompt"][row]]
+    assert terse == [row for row in range(len(train)) if row % WORDED_EVERY != WORDED_EVERY - 1]
+    tokenizer = build_char_tokenizer(TEXT_ALPHABET)
+    for row in range(WORDED_EVERY - 1, len(prompts), WORDED_EVERY):
+        a, b = train["prompt"][row].removesuffix("=").split("+")
+        template = WORDED_TEMPLATES[(row // WORDED_EVERY) % len(WORDED_TEMPLATES)]
+        assert prompts[row] == template.format(a=a, b=b)
+        assert tokenizer.decode(tokenizer.encode(prompts[row], add_special_tokens=False)) == prompts[row]
 
 
 def test_dev_rows_are_held_out():
