@@ -58,7 +58,7 @@ def test_an_unknown_variant_lists_the_valid_ones(tiny_model_dir):
 
 
 def test_a_misspelt_variant_suggests_the_nearest(tiny_model_dir):
-    assert "Did you mean variants.DAPO?" in error_line(run_fit("--model", "variants.DAPPO", model=tiny_model_dir))
+    assert "Did you mean variants.DAPO?" in error_line(run_fit("--model", "variants.DAAPO", model=tiny_model_dir))
 
 
 def test_a_missing_data_file_names_the_path(tiny_model_dir, tmp_path):
