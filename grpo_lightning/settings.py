@@ -19,7 +19,7 @@ from grpo_lightning.argument_types import check_argument_types
 from grpo_lightning.data.checks import fit_prompts
 from grpo_lightning.data.coverage import warn_lost_characters
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.model_sources import resolve_model_source
+from grpo_lightning.model_sources import WARM_START_PREFIX, WARM_STARTS, resolve_model_source
 from grpo_lightning.rewards import resolve_reward_function
 from grpo_lightning.rollout import ROLLOUT_MODES
 from grpo_lightning.rollout_correction import CORRECTIONS
@@ -180,7 +180,10 @@ def check_optimizer(learning_rate: float, weight_decay: float, warmup_steps: int
 def check_model_path(field: str, path: str) -> None:
     """Raise :class:`ConfigError` for a checkpoint that cannot load: a local path that does not
     exist (it is never tried on the hub, where it would fail later with a less helpful error), or a
-    GGUF file without the packages that read it (:func:`grpo_lightning.model_sources.resolve_model_source`)."""
+    GGUF file without the packages that read it (:func:`grpo_lightning.model_sources.resolve_model_source`).
+    A built-in warm start is only named here; loading the model trains it if it is not cached."""
+    if path.startswith(WARM_START_PREFIX) and path[len(WARM_START_PREFIX) :] in WARM_STARTS:
+        return
     resolve_model_source(path, field)
 
 

@@ -92,3 +92,21 @@ def test_the_module_refuses_a_missing_gguf_before_loading_anything(monkeypatch):
 
     with pytest.raises(ConfigError, match="model: no such file './nowhere/model.gguf'"):
         variants.GRPO(model="./nowhere/model.gguf")
+
+
+def test_a_built_in_warm_start_is_named_at_construction_and_trained_only_to_load(monkeypatch, tmp_path):
+    from grpo_lightning.settings import check_model_path
+
+    def trains():
+        raise AssertionError("trained while only checking the setting")
+
+    fakes = type(sys)("fake_warm_starts")
+    fakes.trains, fakes.cached = trains, lambda: tmp_path
+    monkeypatch.setitem(sys.modules, "fake_warm_starts", fakes)
+    monkeypatch.setitem(model_sources.WARM_STARTS, "calculator", "fake_warm_starts:trains")
+    check_model_path("model", "warmstart:calculator")
+    monkeypatch.setitem(model_sources.WARM_STARTS, "calculator", "fake_warm_starts:cached")
+    assert resolve_model_source("warmstart:calculator") == ModelSource(str(tmp_path))
+    with pytest.raises(ModelSourceError, match="model: 'warmstart:calculater' is no built-in warm start; give one of "
+                       "warmstart:quickstart, warmstart:calculator"):  # fmt: skip
+        check_model_path("model", "warmstart:calculater")

@@ -50,12 +50,12 @@ def test_grpo_teaches_the_tiny_model_to_call_the_calculator(tmp_path, one_torch_
     before, calls_before = greedy_accuracy_and_call_rate(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer, rows)
     args = [
         "--config", str(config_path("trainer/cpu.yaml")), "--config", str(config_path("recipes/calculator.yaml")),
-        "--model.model", model_dir, f"--trainer.max_steps={STEPS}", f"--trainer.logger.init_args.save_dir={tmp_path}",
+        f"--trainer.max_steps={STEPS}", f"--trainer.logger.init_args.save_dir={tmp_path}",  # model: warmstart:calculator
         "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]", "--trainer.enable_progress_bar=false",
     ]  # fmt: skip
     cli = GRPOLightningCLI(args=args, run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    assert cli.trainer.global_step == STEPS
+    assert cli.trainer.global_step == STEPS and cli.model.model_name == "warmstart:calculator"
     torch.manual_seed(0)
     after, calls_after = greedy_accuracy_and_call_rate(cli.model.policy.eval(), tokenizer, rows)
     print(f"calculator: greedy accuracy {before:.3f} -> {after:.3f}, tool calls {calls_before:.3f} -> {calls_after:.3f}")

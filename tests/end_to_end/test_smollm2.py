@@ -9,7 +9,6 @@ minutes, against TRL, is measured by benchmarks/smollm2.py (reports/smollm2/).
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import subprocess
 import sys
@@ -29,7 +28,7 @@ pytestmark = [
 ]
 
 
-def test_the_recipe_trains_the_gguf_model_and_exports_it(tmp_path):
+def test_the_recipe_trains_the_gguf_model_and_exports_it(tmp_path, monkeypatch):
     executable = shutil.which("grpo-lightning", path=str(Path(sys.executable).parent))
     program = [executable] if executable else [sys.executable, "-c", "from grpo_lightning.cli import main; main()"]
     command = [
@@ -37,8 +36,8 @@ def test_the_recipe_trains_the_gguf_model_and_exports_it(tmp_path):
         "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--data.max_val_samples=16",
         f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}",
     ]
-    env = {**os.environ, "GRPO_LIGHTNING_CACHE": str(tmp_path / "cache")}  # its own copy of the GGUF file
-    finished = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    monkeypatch.setenv("GRPO_LIGHTNING_CACHE", str(tmp_path / "cache"))  # its own copy of the GGUF file
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "chat template" in finished.stdout + finished.stderr
 
