@@ -33,7 +33,8 @@ def test_the_recipe_trains_the_gguf_model_and_exports_it(tmp_path, monkeypatch):
     program = [executable] if executable else [sys.executable, "-c", "from grpo_lightning.cli import main; main()"]
     command = [
         *program, "fit", "--config", "trainer/cpu", "--config", "recipes/smollm2",
-        "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--data.max_val_samples=16",
+        "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--data.max_val_samples=8",
+        "--data.batch_size=2",  # 2 prompts x 8 completions a step: what is tested is the path, not learning
         f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}",
     ]
     monkeypatch.setenv("GRPO_LIGHTNING_CACHE", str(tmp_path / "cache"))  # its own copy of the GGUF file
