@@ -19,14 +19,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from filelock import FileLock
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from grpo_lightning.agents.calculator import CalculatorEnvironment, think_expression_calls
 from grpo_lightning.agents.chat_tokens import ChatTokens
 from grpo_lightning.data.arithmetic import format_target, make_arithmetic_dataset
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_model_and_tokenizer, tiny_config
-from grpo_lightning.quickstart.warmstart import MARKER_FILE, default_cache_dir, environment, reproducible_cpu
+from grpo_lightning.quickstart.warmstart import MARKER_FILE, build_once, default_cache_dir, environment, reproducible_cpu
 
 _FORMAT_VERSION = 2
 
@@ -93,24 +92,24 @@ def calculator_warm_start(output_dir: str | Path | None = None, **settings) -> P
     directory is ``default_cache_dir() / "calculator-<hash of the settings>"``.
     """
     chosen = CalculatorWarmStartSettings(**settings)
+    key = chosen.cache_key()
     if output_dir is None:
-        output_dir = default_cache_dir() / f"calculator-{chosen.cache_key()}"
-    output_dir = Path(output_dir)
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(output_dir.with_name(f".{output_dir.name}.lock")):
-        marker = output_dir / MARKER_FILE
+        output_dir = default_cache_dir() / f"calculator-{key}"
+
+    def is_current(marker: Path) -> bool:
         try:
-            if json.loads(marker.read_text())["key"] == chosen.cache_key():
-                return output_dir
+            return json.loads(marker.read_text())["key"] == key
         except (OSError, ValueError, KeyError):
-            pass
-        marker.unlink(missing_ok=True)
+            return False
+
+    def build(out: Path) -> None:
         started = time.perf_counter()
         model, tokenizer, losses = train_calculator_model(chosen)
-        save_model_and_tokenizer(model, tokenizer, output_dir)
-        record = {"key": chosen.cache_key(), "settings": asdict(chosen), "losses": losses, "seconds": time.perf_counter() - started}
-        marker.write_text(json.dumps({**record, "environment": environment()}, indent=2) + "\n")
-    return output_dir
+        save_model_and_tokenizer(model, tokenizer, out)
+        record = {"key": key, "settings": asdict(chosen), "losses": losses, "seconds": time.perf_counter() - started}
+        (out / MARKER_FILE).write_text(json.dumps({**record, "environment": environment()}, indent=2) + "\n")
+
+    return build_once(Path(output_dir), is_current, build)
 
 
 def train_calculator_model(settings: CalculatorWarmStartSettings) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, list]:

@@ -18,12 +18,11 @@ import argparse
 import hashlib
 import json
 import logging
-import os
 import platform
 import re
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,11 +35,11 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from grpo_lightning.data.arithmetic import TERSE_TEMPLATE, format_target, make_arithmetic_dataset
+from grpo_lightning.model_sources import cache_dir
 from grpo_lightning.quickstart.tiny import TEXT_ALPHABET, build_char_tokenizer, save_model_and_tokenizer, tiny_config
 
 logger = logging.getLogger(__name__)
 
-CACHE_ENV_VAR = "GRPO_LIGHTNING_CACHE"
 MARKER_FILE = "warm_start.json"
 _FORMAT_VERSION = 3  # 2: one thread, deterministic algorithms; 3: printable ASCII, prompts in words too
 _ANSWER_PATTERN = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -108,8 +107,23 @@ class WarmStartSettings:
 
 
 def default_cache_dir() -> Path:
-    """``$GRPO_LIGHTNING_CACHE`` if set, else ``~/.cache/grpo_lightning``."""
-    return Path(os.environ.get(CACHE_ENV_VAR) or Path.home() / ".cache" / "grpo_lightning")
+    """``$GRPO_LIGHTNING_CACHE`` if set, else ``~/.cache/grpo_lightning`` (the project's cache)."""
+    return cache_dir()
+
+
+def build_once(output_dir: Path, is_current: Callable[[Path], bool], build: Callable[[Path], None]) -> Path:
+    """``output_dir`` as ``build`` writes it (its marker file last), unless ``is_current(marker)``
+    says the marker there is this build's. Processes started together (test workers, a sweep's
+    cells) build it once: the others wait on a file lock, then reuse it."""
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(output_dir.with_name(f".{output_dir.name}.lock")):
+        marker = output_dir / MARKER_FILE
+        if is_current(marker):
+            logger.info("Reusing %s", output_dir)
+        else:
+            marker.unlink(missing_ok=True)
+            build(output_dir)
+    return output_dir
 
 
 def warm_start(
@@ -181,20 +195,13 @@ def run_warm_start(
     """``warm_start`` for a ready-made ``WarmStartSettings``."""
     if output_dir is None:
         output_dir = default_cache_dir() / f"warmstart-{settings.cache_key()}"
-    output_dir = Path(output_dir)
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    # Processes started together (test workers, a sweep's cells) train it once: the others wait.
-    with FileLock(output_dir.with_name(f".{output_dir.name}.lock")):
-        return _train_unless_cached(settings, output_dir, log_every)
+    return build_once(
+        Path(output_dir), lambda marker: _marker_matches(marker, settings), lambda out: _train(settings, out, log_every)
+    )
 
 
-def _train_unless_cached(settings: WarmStartSettings, output_dir: Path, log_every: int) -> Path:
+def _train(settings: WarmStartSettings, output_dir: Path, log_every: int) -> None:
     marker = output_dir / MARKER_FILE
-    if _marker_matches(marker, settings):
-        logger.info("Reusing warm start at %s", output_dir)
-        return output_dir
-    marker.unlink(missing_ok=True)
-
     logger.info("Warm start -> %s with %s", output_dir, settings)
     started = time.perf_counter()
     model, tokenizer, training = train_supervised(settings, log_every=log_every)
@@ -207,7 +214,6 @@ def _train_unless_cached(settings: WarmStartSettings, output_dir: Path, log_ever
     }
     marker.write_text(json.dumps(record, indent=2) + "\n")
     logger.info("Warm start done in %.1f s (%d steps)", record["seconds"], training.stopped_at)
-    return output_dir
 
 
 def environment() -> dict[str, Any]:
