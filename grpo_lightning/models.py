@@ -17,6 +17,7 @@ from torch import nn
 from grpo_lightning.generation import disable_dropout, load_causal_lm
 from grpo_lightning.lora import add_adapters
 from grpo_lightning.settings import ConfigError
+from grpo_lightning.compute import matmul_parameters
 from grpo_lightning.strategies import shard
 
 
@@ -24,7 +25,8 @@ def load_models(name: str, hparams: Mapping[str, Any], needs_reference: bool, st
                 ) -> tuple[nn.Module, nn.Module | None]:  # fmt: skip
     """``(policy, reference model or None)`` of the checkpoint ``name`` with the module's
     ``hparams`` (``dtype``, ``attn_implementation``, ``disable_dropout``, ``gradient_checkpointing``,
-    ``peft_config``); the policy in training mode."""
+    ``peft_config``); the policy in training mode, its ``matmul_parameters`` (the whole model's N of
+    :mod:`grpo_lightning.compute`) counted before sharding."""
     adapters = hparams.get("peft_config")
     if adapters and isinstance(strategy, FSDPStrategy):
         raise ConfigError("peft_config: LoRA runs on one device or under DDP (--trainer.strategy ddp), not FSDP.")
@@ -35,7 +37,9 @@ def load_models(name: str, hparams: Mapping[str, Any], needs_reference: bool, st
         policy = add_adapters(policy, adapters, hparams["gradient_checkpointing"])
     if hparams["disable_dropout"]:  # the adapters' dropout too
         disable_dropout(policy)
+    parameters = matmul_parameters(policy)
     policy = shard(policy)
+    policy.matmul_parameters = parameters  # an FSDP root's attributes fall through to the module's
     if not needs_reference or adapters:
         return policy, None
     reference = load_causal_lm(name, hparams["dtype"], hparams["attn_implementation"])

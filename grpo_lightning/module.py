@@ -42,6 +42,7 @@ from grpo_lightning.agents.multi_turn import multi_turn_engine, sample_episodes
 from grpo_lightning.algorithms import check_loss_options, resolve_parts
 from grpo_lightning.algorithms.entropy import entropy_bonus
 from grpo_lightning.algorithms.hooks import AlgorithmHooks, inapplicable_with
+from grpo_lightning.compute import ComputeMeter, policy_parameters
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.evaluation import Evaluation
 from grpo_lightning.generation import EnginePlan, RolloutSampler, RolloutWeights, build_rollout
@@ -243,6 +244,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         self.step_metrics = StepMetrics()
         self.nonfinite = NonFiniteGuard(max_nonfinite_steps)
         self.generated_tokens = self.generation_batches = self.trained_rollouts = 0  # sampled; rollouts trained on
+        self.compute = ComputeMeter()  # token passes of training: perf/flops
         self.last_step_metrics: dict[str, float] = {}  # every metric of the last training step
         self.last_rollout, self.last_advantages = None, None  # the last step's scored rollout, its advantages
         self.logged_steps = 0  # training steps logged: with an update, or counted by skip_update
@@ -316,13 +318,9 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
 
     def configure_optimizers(self):
         parameters = [p for p in self.policy.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(
-            parameters,
-            lr=self.hparams.learning_rate,
-            weight_decay=self.hparams.weight_decay,
-            # One fused kernel for all parameters, on CUDA and on a CPU; the default elsewhere.
-            fused=True if all(p.device.type in ("cuda", "cpu") for p in parameters) else None,
-        )
+        fused = True if all(p.device.type in ("cuda", "cpu") for p in parameters) else None  # one kernel for all
+        hparams = self.hparams
+        optimizer = torch.optim.AdamW(parameters, lr=hparams.learning_rate, weight_decay=hparams.weight_decay, fused=fused)
         warmup = self.hparams.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
@@ -388,6 +386,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
     def _forward(
         self, model: torch.nn.Module, rollout: Rollout, rows: Tensor, with_entropy: bool = True
     ) -> tuple[Tensor, Tensor | None]:
+        self.compute.add_forward(*rollout.model_inputs(rows)[1::2], backward=torch.is_grad_enabled())  # masks
         with adapter_autocast(model):  # LoRA: bf16 products for float32 adapters
             return completion_logprobs(
                 model, *rollout.model_inputs(rows), temperature=self.sampling.temperature, with_entropy=with_entropy,
@@ -402,6 +401,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         with timer.phase("rollout"):
             rollout = self.generate(batch, self.group_size, self.sampling, with_logprobs=True)
         self.generated_tokens += int(rollout.completion_mask.sum())  # dropped groups cost compute too
+        self.compute.add_forward(rollout.prompt_mask, *rollout.model_inputs(torch.arange(len(rollout)))[3:])
         metrics.record_rollout(self.step_metrics, rollout)
         with timer.phase("score"):
             scores = self.score(rollout)
@@ -539,6 +539,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         ``last_step_metrics``; the x-axis and counters of :func:`grpo_lightning.metrics.counters`."""
         values = self.step_metrics.compute_and_reset(gather=resume.gather_over_ranks)
         values["perf/generated_tokens"] = float(sum(resume.gather_over_ranks(self.generated_tokens)))
+        values["perf/flops"] = float(sum(resume.gather_over_ranks(self.compute.flops(policy_parameters(self.policy)))))
         values.update(metrics.counters(self.trained_rollouts, self.generation_batches, self.global_step))
         self.logged_steps += 1
         self.last_step_metrics = values

@@ -113,6 +113,7 @@ class GroupPolicyState(ExactResume):
         return {
             **super().training_state(),
             "generated_tokens": self.generated_tokens,
+            "compute": self.compute.state_dict(),
             "rollouts": self.rollouts,
             "logged_steps": self.logged_steps,
             "generation_batches": self.generation_batches,
@@ -125,6 +126,7 @@ class GroupPolicyState(ExactResume):
     def load_training_state(self, state: dict[str, Any]) -> None:
         super().load_training_state(state)
         self.generated_tokens, self.rollouts = state["generated_tokens"], state.get("rollouts", 0)
+        self.compute.load_state_dict(state.get("compute", {}))
         self.logged_steps = state.get("logged_steps", self.trainer.global_step if self._trainer else 0)
         self.generation_batches = state.get("generation_batches", self.logged_steps)
         self.trained_rollouts = state.get("trained_rollouts", self.logged_steps)

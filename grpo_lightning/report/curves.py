@@ -10,6 +10,7 @@ from pathlib import Path
 from grpo_lightning.report.arms import WIDE, Arm, ranked
 from grpo_lightning.report.document import Doc
 from grpo_lightning.report.plots import AXES, arm_colors, plot_curves, y_range
+from grpo_lightning.report.runs import FLOPS_TAG
 from grpo_lightning.report.validation import evaluation_tags
 
 #: Learning curves: file stem, title, tags drawn (one row each).
@@ -64,7 +65,8 @@ def curves_section(doc: Doc, arms: Sequence[Arm], target: Path, wall_clock_cavea
               + (f", each with the baseline **{baseline.name}**" if baseline else "")
               + ", the others in the order of their mean final val/accuracy.")  # fmt: skip
     colors = arm_colors([a.name for a in arms])
-    shown = [a for a in AXES if not (wall_clock_caveat and a[0] == "time")]
+    logged_flops = any(FLOPS_TAG in run.scalars for arm in arms for run in arm.runs)  # older runs did not
+    shown = [a for a in AXES if not (wall_clock_caveat and a[0] == "time") and (logged_flops or a[0] != "flops")]
     for stem, title, tags in curve_figures(arms):
         if not any(tag in run.scalars or tag in run.initial for arm in arms for run in arm.runs for tag in tags):
             continue

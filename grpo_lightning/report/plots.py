@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     from grpo_lightning.report.arms import Arm
 
 #: The columns of every curve figure: the x axis and its label.
-AXES = [("step", "training step"), ("tokens", "generated tokens"), ("time", "wall-clock seconds")]
+AXES = [("step", "training step"), ("tokens", "generated tokens"), ("flops", "training FLOPs (2N per token pass)"),
+        ("time", "wall-clock seconds")]  # fmt: skip
 
 
 def aligned_seeds(runs: Sequence[Run], tag: str, axis: str) -> tuple[np.ndarray, np.ndarray]:
@@ -98,7 +99,8 @@ def plot_curves(arms: Sequence[Arm], tags: Sequence[str], title: str, path: Path
           "path.simplify": False, "svg.hashsalt": "grpo-lightning"}  # fmt: skip
     colors = colors or arm_colors([a.name for a in arms])
     with matplotlib.rc_context(rc):
-        fig, axes = plt.subplots(len(tags), len(axes_shown), figsize=(13, 3.4 * len(tags)), squeeze=False)
+        width = max(13.0, 4.3 * len(axes_shown))
+        fig, axes = plt.subplots(len(tags), len(axes_shown), figsize=(width, 3.4 * len(tags)), squeeze=False)
         for row, tag in enumerate(tags):
             for col, (axis, label) in enumerate(axes_shown):
                 ax = axes[row][col]

@@ -14,6 +14,8 @@ IGNORED_TAGS = {"epoch", "hp_metric"}
 #: A training scalar present in every step the module logs: the time axis starts from its first event.
 STEP_TIME_TAG = "perf/step_s"
 TOKENS_TAG = "perf/generated_tokens"
+#: Training FLOPs so far (grpo_lightning.compute), logged by runs since it was added.
+FLOPS_TAG = "perf/flops"
 #: Logged by runs whose loggers' step is the optimizer steps taken; older runs logged the batch counter.
 GENERATION_BATCHES_TAG = "counters/generation_batches"
 
@@ -34,7 +36,7 @@ class Run:
     ``scalars`` leaves out the validation before training, which is in ``initial``. For every
     point, ``x_step`` is the number of optimizer steps taken (each rollout may make several; DAPO's
     dynamic sampling can spend several generation batches on one), ``x_tokens`` the completion
-    tokens generated so far and ``x_time`` the seconds since training began (validation time
+    tokens generated so far, ``x_flops`` the training FLOPs so far (:mod:`grpo_lightning.compute`) and ``x_time`` the seconds since training began (validation time
     included). Runs logged before the loggers' step counted optimizer steps give the training
     steps done instead (each row of training metrics one).
     """
@@ -50,7 +52,7 @@ class Run:
     updates_per_step: int = 1
 
     def axis(self, tag: str, axis: str, include_initial: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """``(x, y)`` of ``tag`` against ``"step"``, ``"tokens"`` or ``"time"``."""
+        """``(x, y)`` of ``tag`` against ``"step"``, ``"tokens"``, ``"flops"`` or ``"time"``."""
         series = self.scalars.get(tag)
         xs: list[float] = []
         ys: list[float] = []
@@ -61,11 +63,13 @@ class Run:
             if axis == "step":
                 x = self.steps_done(series.steps)
             elif axis == "tokens":
-                x = self._tokens_at(series.steps)
+                x = self._cumulative_at(TOKENS_TAG, series.steps)
+            elif axis == "flops":
+                x = self._cumulative_at(FLOPS_TAG, series.steps)
             elif axis == "time":
                 x = series.wall - self.t0
             else:
-                raise ValueError(f"axis: {axis!r} is not 'step', 'tokens' or 'time'")
+                raise ValueError(f"axis: {axis!r} is not 'step', 'tokens', 'flops' or 'time'")
             xs.extend(x.tolist())
             ys.extend(series.values.tolist())
         x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
@@ -101,13 +105,13 @@ class Run:
             return (tb_steps.astype(float) + 1.0) * self.updates_per_step
         return np.searchsorted(self.update_steps, tb_steps, side="right").astype(float) * self.updates_per_step
 
-    def _tokens_at(self, steps: np.ndarray) -> np.ndarray:
-        tokens = self.scalars.get(TOKENS_TAG)
-        if tokens is None or len(tokens.steps) == 0:
+    def _cumulative_at(self, counter: str, steps: np.ndarray) -> np.ndarray:
+        """The running total ``counter`` (tokens, FLOPs) up to and including each TensorBoard step."""
+        totals = self.scalars.get(counter)
+        if totals is None or len(totals.steps) == 0:
             return np.full(len(steps), math.nan)
-        # the tokens generated up to and including TensorBoard step s
-        index = np.searchsorted(tokens.steps, steps, side="right") - 1
-        out = np.where(index >= 0, tokens.values[np.clip(index, 0, None)], 0.0)
+        index = np.searchsorted(totals.steps, steps, side="right") - 1
+        out = np.where(index >= 0, totals.values[np.clip(index, 0, None)], 0.0)
         return out.astype(float)
 
 
