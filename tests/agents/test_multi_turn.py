@@ -164,8 +164,7 @@ def test_completion_records_and_tables_show_each_turn_with_its_source(episodes):
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"engine": {"rollout": "static"}}, "engine.rollout: a setting of the static engine"),
-        ({"rollout_seed": 0}, "rollout_seed: a setting of the static engine"),
+        ({"rollout_seed": 0}, "rollout_seed: keyed sampling .* multi-turn"),
         ({"rollout_mode": "beam_search"}, "rollout_mode: multi-turn rollouts"),
         ({"environment": {"name": "no.such.Environment"}}, "environment.name: 'no.such.Environment' does not import"),
         ({"environment": {**SCRIPTED, "args": {"rounds": 2}}}, "environment.args: .* refuses them"),
