@@ -3,6 +3,8 @@ whole history to ``model.generate`` samples, whichever way the cache was filled.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -41,8 +43,8 @@ def turn_tokens(ids: list[int], eos: int) -> list[int]:
 def fed_again(model, tokenizer, histories: list[list[int]]) -> tuple[list[list[int]], list[list[float]]]:
     """Each history's greedy turn and its log-probs from ``model.generate`` on the whole history."""
     width = max(len(h) for h in histories)
-    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(h)) + h for h in histories])
-    mask = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in histories])
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(h)) + h for h in histories], device=model.device)
+    mask = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in histories], device=model.device)
     new_ids, logprobs = generate_from_ids(model, tokenizer, ids, mask, GREEDY, 1, True)
     turns = [turn_tokens(row, tokenizer.eos_token_id) for row in new_ids.tolist()]
     return turns, [lp[: len(t)] for t, lp in zip(turns, logprobs.tolist())]
@@ -63,10 +65,16 @@ def counted(monkeypatch):
     return counts
 
 
-def test_turns_continued_on_the_cache_sample_what_the_whole_history_samples(model, tokenizer, counted):
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_turns_continued_on_the_cache_sample_what_the_whole_history_samples(device, model, tokenizer, counted):
     """Rows keep turns of different lengths and get replies of different lengths (or none); one
     episode ends; one history is rewritten (the cache no longer holds a prefix of it); the cache runs
-    out of room. Every turn samples what ``model.generate`` samples from the whole history."""
+    out of room. Every turn samples what ``model.generate`` samples from the whole history. On CUDA
+    the decode steps replay CUDA graphs, captured once, on the first turn."""
+    model = copy.deepcopy(model).to(device) if device != "cpu" else model
     eos = tokenizer.eos_token_id
     histories = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
     engine = StaticCacheGenerator(model, len(PROMPTS), 8)
@@ -90,6 +98,8 @@ def test_turns_continued_on_the_cache_sample_what_the_whole_history_samples(mode
         if turn == 2:
             histories[2][1] = histories[2][0]  # not what the cache holds: the histories are prefilled again
     assert engine.max_cache_len == 64
+    if device == "cuda":
+        assert len(next(iter(engine._graphs.values()))) >= 1
     # Turn 3: the rewritten history. Turn 8: 62 slots were written, and the next turn needs more than 2.
     assert paths == ["_prefill", "_append", "_append", "_prefill", "_append", "_append", "_append", "_append", "_prefill"]
 
