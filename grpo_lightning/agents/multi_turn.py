@@ -1,7 +1,9 @@
-"""Multi-turn rollouts on the HF generate path: model turns and environment replies, token in, token out.
+"""Multi-turn rollouts: model turns and environment replies, token in, token out.
 
-Every trajectory keeps its token ids as sampled; a model turn continues them (``model.generate`` from
-the last turn's KV cache, :mod:`~grpo_lightning.agents.turn_cache`), an environment reply appends
+Every trajectory keeps its token ids as sampled; a model turn continues them from the cache the
+last turn left (``model.generate`` on the HF path, or the static engine's
+:meth:`~grpo_lightning.engine.StaticCacheGenerator.sample_turn`; :mod:`~grpo_lightning.agents.turn_cache`),
+an environment reply appends
 the ids of its rendered text (:class:`~grpo_lightning.agents.chat_tokens.ChatTokens`). Nothing is
 decoded and encoded again, so the trainer scores the sampled tokens. The model's tokens are the
 rollout's ``completion_mask`` (loss, token counts), the replies' its ``environment_mask`` (attended
