@@ -94,7 +94,10 @@ class EpisodeTurns:
                                                layout.pad, None, layout.record_logprobs)  # fmt: skip
                 b = self._buffers
             if longest + sampling.max_new_tokens > self.max_cache_len:
-                raise ValueError(f"sample_turn: max_new_tokens {sampling.max_new_tokens} is over the first turn's")
+                raise ValueError(
+                    f"sample_turn: {sampling.max_new_tokens} new tokens after a history of {longest} are over the cache "
+                    f"({self.max_cache_len} slots, sized on the first turn); a later turn may not sample more tokens"
+                )
             pending = layout.pending(histories) if layout.held else None
             width = 0 if pending is None else max(len(new) for _, new in pending)
             if pending is None or layout.frontier + width + sampling.max_new_tokens - 1 > self.max_cache_len:

@@ -254,6 +254,7 @@ class StaticCacheGenerator(EpisodeTurns):
         record_logprobs: bool,
     ) -> tuple[Tensor, Tensor | None]:
         rows, prompt_len = prompt_ids.shape
+        self._episodes = None  # this batch overwrites the cache that episodes would continue
         use_graph = self._begin(prompt_len + sampling.max_new_tokens, sampling, eos_ids, pad, row_keys, record_logprobs)
         prompt_ids, prompt_mask = self._filled(prompt_ids, prompt_mask)
         logits = self._prefill(prompt_ids, prompt_mask)
@@ -353,8 +354,7 @@ class StaticCacheGenerator(EpisodeTurns):
         Returns the number of tokens sampled."""
         self._emit(logits, sampling)
         check_every = self.check_every or (16 if self._buffers.out.device.type == "cuda" else 1)
-        steps = 1
-        eager_step = None
+        steps, eager_step = 1, None
         bound = 0  # index in limits of the bound of the current step
         while steps < sampling.max_new_tokens:
             while limits[bound] < first_slot + steps:  # this step uses first_slot + steps slots

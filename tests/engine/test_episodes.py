@@ -104,7 +104,7 @@ def test_turns_continued_on_the_cache_sample_what_the_whole_history_samples(devi
     assert paths == ["_prefill", "_append", "_append", "_prefill", "_append", "_append", "_append", "_append", "_prefill"]
 
 
-def test_episodes_need_a_start_and_rows_that_fit(model, tokenizer):
+def test_episodes_need_a_start_rows_that_fit_and_a_cache_no_single_turn_batch_overwrote(model, tokenizer):
     engine = StaticCacheGenerator(model, 2, 32)
     with pytest.raises(ValueError, match="call start_episodes first"):
         engine.sample_turn([[1, 2]], GREEDY)
@@ -113,3 +113,7 @@ def test_episodes_need_a_start_and_rows_that_fit(model, tokenizer):
     engine.start_episodes(2, tokenizer.eos_token_id, tokenizer.pad_token_id, 4)
     with pytest.raises(ValueError, match="over max_history"):
         engine.sample_turn([[1, 2, 3, 4, 5], None], GREEDY)
+    engine.sample_turn([[1, 2], [3]], GREEDY)
+    engine.generate(torch.tensor([[1, 2]]), torch.tensor([[1, 1]]), GREEDY, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    with pytest.raises(ValueError, match="call start_episodes first"):  # the cache no longer holds the episodes
+        engine.sample_turn([[1, 2, 4], [3, 5]], GREEDY)
