@@ -133,7 +133,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         accuracy_func: the function whose mean is ``val/accuracy``.
         use_chat_template: wrap plain-text prompts in the tokenizer's chat template when it has one.
         environment: multi-turn rollouts: model turns and an environment's replies, with tools
-            (:class:`~grpo_lightning.agents.EnvironmentOptions`; ``--model.environment.name``); on the HF path.
+            (:class:`~grpo_lightning.agents.EnvironmentOptions`; ``--model.environment.name``).
     """
 
     def __init__(
@@ -355,7 +355,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         if self.environment is not None:
             with self.rollout_model() as model:
                 rollout = sample_episodes(model, self.tokenizer, batch, group_size, sampling, self.environment,
-                                          self.hparams.use_chat_template, with_logprobs)  # fmt: skip
+                                          self.hparams.use_chat_template, with_logprobs, self.sampler)  # fmt: skip
             self.rollouts += 1
             return rollout
         texts = [self.format_prompt(p) for p in batch["prompt"]]

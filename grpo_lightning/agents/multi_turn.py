@@ -1,7 +1,9 @@
-"""Multi-turn rollouts on the HF generate path: model turns and environment replies, token in, token out.
+"""Multi-turn rollouts: model turns and environment replies, token in, token out.
 
-Every trajectory keeps its token ids as sampled; a model turn continues them (``model.generate`` from
-the last turn's KV cache, :mod:`~grpo_lightning.agents.turn_cache`), an environment reply appends
+Every trajectory keeps its token ids as sampled; a model turn continues them from the cache the
+last turn left (``model.generate`` on the HF path, or the static engine's
+:meth:`~grpo_lightning.engine.StaticCacheGenerator.sample_turn`; :mod:`~grpo_lightning.agents.turn_cache`),
+an environment reply appends
 the ids of its rendered text (:class:`~grpo_lightning.agents.chat_tokens.ChatTokens`). Nothing is
 decoded and encoded again, so the trainer scores the sampled tokens. The model's tokens are the
 rollout's ``completion_mask`` (loss, token counts), the replies' its ``environment_mask`` (attended
@@ -19,26 +21,23 @@ from transformers import PreTrainedTokenizerBase
 
 from grpo_lightning.agents.chat_tokens import ChatTokens
 from grpo_lightning.agents.environment import Environment, EnvironmentOptions
-from grpo_lightning.agents.turn_cache import TurnCache
+from grpo_lightning.agents.turn_cache import EngineTurns, HFTurns, left_padded
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.generation.choice import static_only_settings
-from grpo_lightning.generation.hf import generate_from_ids
+from grpo_lightning.generation.sampler import RolloutSampler
 from grpo_lightning.rollout import Rollout, SamplingParams
 
 
 def multi_turn_engine(options: EngineOptions, rollout_seed: int | None, beam_search: bool) -> EngineOptions:
-    """The engine options of multi-turn rollouts: the HF generate path, whatever ``"auto"`` would pick
-    (the static engine does not yet continue a sequence after the environment's tokens)."""
+    """The engine options of multi-turn rollouts, checked: each turn is sampled, without keyed sampling."""
     if beam_search:
         raise ConfigError("rollout_mode: multi-turn rollouts (environment) sample each turn; set rollout_mode to 'sample'.")
-    static = ["engine.rollout"] if options.rollout == "static" else []
-    for name in static + static_only_settings(options, rollout_seed):
+    if rollout_seed is not None:
         raise ConfigError(
-            f"{name}: a setting of the static engine, and multi-turn rollouts (environment) run on the HF generate "
-            f"path only; leave {name} unset (engine.rollout 'auto' or 'hf'), or drop --model.environment."
+            "rollout_seed: keyed sampling draws each completion's tokens by their index in it, which multi-turn "
+            "rollouts (environment) would repeat at every turn; leave rollout_seed unset, or drop --model.environment."
         )
-    return replace(options, rollout="hf")
+    return options
 
 
 @dataclass
@@ -73,13 +72,6 @@ def start(options: EnvironmentOptions, row: dict, tokenizer: PreTrainedTokenizer
     return Trajectory(environment, chat, chat.prompt_ids(messages))
 
 
-def left_padded(sequences: list[list[int]], pad: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    width = max(len(s) for s in sequences)
-    ids = torch.tensor([[pad] * (width - len(s)) + s for s in sequences], device=device)
-    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences], device=device)
-    return ids, mask
-
-
 def right_padded(rows: list[list], value, dtype: torch.dtype, device: torch.device) -> Tensor:
     width = max(1, max(len(r) for r in rows))
     return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=dtype, device=device)
@@ -95,35 +87,35 @@ def sample_episodes(
     options: EnvironmentOptions,
     use_chat_template: bool = True,
     with_logprobs: bool = False,
+    sampler: RolloutSampler | None = None,
     reuse_cache: bool = True,
 ) -> Rollout:
     """``group_size`` episodes of each row of ``batch``, as one :class:`Rollout` (``N = P * G``
-    rows, group-major); each turn samples at most ``sampling.max_new_tokens`` tokens. ``reuse_cache``:
-    each turn continues the last one's KV cache (:class:`TurnCache`), else feeds the whole history again."""
+    rows, group-major); each turn samples at most ``sampling.max_new_tokens`` tokens. On the static
+    engine where ``sampler``'s plan says so (:class:`EngineTurns`), else on the HF path
+    (:class:`HFTurns`); there ``reuse_cache``: each turn continues the last one's KV cache, else
+    feeds the whole history again."""
     device = next(model.parameters()).device
     rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
     episodes = [start(options, row, tokenizer, use_chat_template) for row in rows for _ in range(group_size)]
     budget, eos = options.token_budget(sampling.max_new_tokens), tokenizer.eos_token_id
-    cache, previous = (TurnCache(tokenizer.pad_token_id) if reuse_cache else None), {}
+    engine = None if sampler is None else sampler.turn_engine(model, len(episodes), sampling)
+    if engine is not None:
+        turns = EngineTurns(engine, tokenizer, len(episodes), max(len(e.prompt_ids) for e in episodes) + budget)
+    else:
+        turns = HFTurns(model, tokenizer, reuse_cache)
     for turn in range(options.max_turns):
-        active = [e for e in episodes if not e.finished]
+        active = [number for number, e in enumerate(episodes) if not e.finished]
         if not active:
             break
-        limits = [min(sampling.max_new_tokens, budget - len(e.ids)) for e in active]
+        limits = [min(sampling.max_new_tokens, budget - len(episodes[n].ids)) for n in active]
         turn_sampling = replace(sampling, max_new_tokens=max(limits), min_new_tokens=min(sampling.min_new_tokens, min(limits)))
-        histories = [e.prompt_ids + e.ids for e in active]
-        if cache is None:
-            prompt_ids, prompt_mask = left_padded(histories, tokenizer.pad_token_id, device)
-            new_ids, new_logp = generate_from_ids(model, tokenizer, prompt_ids, prompt_mask, turn_sampling, 1, True)
-        else:
-            inputs = cache.inputs(histories, [previous[id(e)] for e in active] if previous else [], device)
-            new_ids, new_logp = cache.generate(model, tokenizer, *inputs, turn_sampling)
-        previous = {id(e): row for row, e in enumerate(active)}
-        for row, (episode, ids, logp, limit) in enumerate(zip(active, new_ids.tolist(), new_logp.tolist(), limits)):
-            ids = ids[:limit]
+        histories = [episodes[n].prompt_ids + episodes[n].ids for n in active]
+        new_ids, new_logp = turns.sample(active, histories, turn_sampling)
+        for row, (number, ids, logp, limit) in enumerate(zip(active, new_ids.tolist(), new_logp.tolist(), limits)):
+            episode, ids = episodes[number], ids[:limit]
             length = ids.index(eos) + 1 if eos in ids else len(ids)
-            if cache is not None:
-                cache.kept(row, length, ids[length - 1])
+            turns.kept(row, length, ids[length - 1])
             episode.append(ids[:length], True, logp[:length])
             episode.turns += 1
             text = tokenizer.decode(ids[:length], skip_special_tokens=True)
@@ -141,8 +133,7 @@ def sample_episodes(
                 episode.end(truncated=True)
                 continue
             episode.append(reply, False)
-            if cache is not None:
-                cache.replied(row, reply)
+            turns.replied(row, reply)
             episode.conversation += [{"role": m.get("role", "user"), "content": str(m.get("content", ""))} for m in replies]
     return episodes_rollout(episodes, tokenizer, batch, group_size, device, with_logprobs)
 

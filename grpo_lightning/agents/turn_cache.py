@@ -1,4 +1,6 @@
-"""Multi-turn generation that continues from the previous turn's KV cache on the HF path.
+"""The turns of multi-turn episodes, on the HF path (:class:`HFTurns`) or the static engine (:class:`EngineTurns`).
+
+On the HF path each turn continues from the previous turn's KV cache (:class:`TurnCache`).
 
 After a turn, the cache holds every running episode's tokens in one batch layout: its left padding,
 and the turn's tokens up to the longest turn of the batch (a shorter turn leaves masked holes after
@@ -16,11 +18,20 @@ from torch import Tensor, nn
 from transformers import LogitsProcessorList, PreTrainedTokenizerBase
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from grpo_lightning.generation.hf import SampledTokenLogprobs
+from grpo_lightning.engine import StaticCacheGenerator
+from grpo_lightning.generation.hf import SampledTokenLogprobs, generate_from_ids
 from grpo_lightning.rollout import SamplingParams
 
 #: The name ``generate`` takes the cache by, and returns it under (``past_key_values`` before transformers renamed it).
 _CACHE = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
+
+
+def left_padded(sequences: list[list[int]], pad: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """``(ids, mask)`` ``[len(sequences), longest]`` of token id lists, left-padded with ``pad``."""
+    width = max(len(s) for s in sequences)
+    ids = torch.tensor([[pad] * (width - len(s)) + s for s in sequences], device=device)
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences], device=device)
+    return ids, mask
 
 
 class TurnCache:
@@ -40,16 +51,10 @@ class TurnCache:
         if self.cache is not None and len(keep) < self.ids.size(0) and not hasattr(self.cache, "batch_select_indices"):
             self.cache = None  # a cache whose rows cannot be selected: feed the whole histories again
         if self.cache is None:
-            width = max(len(h) for h in histories)
-            ids = torch.tensor([[self.pad] * (width - len(h)) + h for h in histories], device=device)
-            mask = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in histories], device=device)
-            return ids, mask
+            return left_padded(histories, self.pad, device)
         if len(keep) < self.ids.size(0):
             self.cache.batch_select_indices(torch.tensor(keep, device=device))
-        pending = [self.pending[row] for row in keep]
-        width = max(len(p) for p in pending)
-        new_ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in pending], device=device)
-        new_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in pending], device=device)
+        new_ids, new_mask = left_padded([self.pending[row] for row in keep], self.pad, device)
         return torch.cat([self.ids[keep], new_ids], 1), torch.cat([self.mask[keep], new_mask], 1)
 
     def generate(
@@ -82,3 +87,56 @@ class TurnCache:
     def replied(self, row: int, reply: list[int]) -> None:
         """Row ``row``'s episode goes on after the environment's ``reply``."""
         self.pending[row] += reply
+
+
+class HFTurns:
+    """The turns of episodes on the HF generate path: each continues :class:`TurnCache` (``reuse_cache``),
+    or feeds the whole histories again."""
+
+    def __init__(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, reuse_cache: bool = True) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.cache = TurnCache(tokenizer.pad_token_id) if reuse_cache else None
+        self.previous: dict[int, int] = {}  # episode number -> its row in the last turn
+
+    def sample(self, episodes: list[int], histories: list[list[int]], sampling: SamplingParams) -> tuple[Tensor, Tensor]:
+        """``(new_ids [A, T], logprobs [A, T])``: a turn of each of the running ``episodes`` (their
+        numbers, increasing) after its whole history."""
+        device = next(self.model.parameters()).device
+        if self.cache is None:
+            ids, mask = left_padded(histories, self.tokenizer.pad_token_id, device)
+            new_ids, logprobs = generate_from_ids(self.model, self.tokenizer, ids, mask, sampling, 1, True)
+        else:
+            inputs = self.cache.inputs(histories, [self.previous[e] for e in episodes] if self.previous else [], device)
+            new_ids, logprobs = self.cache.generate(self.model, self.tokenizer, *inputs, sampling)
+        self.previous = {episode: row for row, episode in enumerate(episodes)}
+        return new_ids, logprobs
+
+    def kept(self, row: int, length: int, last_token: int) -> None:
+        if self.cache is not None:
+            self.cache.kept(row, length, last_token)
+
+    def replied(self, row: int, reply: list[int]) -> None:
+        if self.cache is not None:
+            self.cache.replied(row, reply)
+
+
+class EngineTurns:
+    """The turns of episodes on the static engine (:meth:`StaticCacheGenerator.sample_turn`): each
+    episode keeps its row, and the engine finds what its cache lacks from the histories."""
+
+    def __init__(self, engine: StaticCacheGenerator, tokenizer: PreTrainedTokenizerBase, episodes: int, max_history: int):
+        self.engine, self.episodes = engine, episodes
+        engine.start_episodes(episodes, tokenizer.eos_token_id, tokenizer.pad_token_id, max_history, return_logprobs=True)
+
+    def sample(self, episodes: list[int], histories: list[list[int]], sampling: SamplingParams) -> tuple[Tensor, Tensor]:
+        rows: list[list[int] | None] = [None] * self.episodes
+        for episode, history in zip(episodes, histories):
+            rows[episode] = history
+        new_ids, logprobs = self.engine.sample_turn(rows, sampling)
+        return new_ids[episodes], logprobs[episodes]
+
+    def kept(self, row: int, length: int, last_token: int) -> None:
+        """Nothing to do: the engine compares the next histories with what its cache holds."""
+
+    def replied(self, row: int, reply: list[int]) -> None:
+        """Nothing to do (see :meth:`kept`)."""

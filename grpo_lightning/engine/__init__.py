@@ -2,7 +2,8 @@
 
 from grpo_lightning.engine.attention import DECODE_ATTENTION_KINDS
 from grpo_lightning.engine.cache import new_static_cache, slot_limits
-from grpo_lightning.engine.generator import StaticCacheGenerator, fast_generate_group
+from grpo_lightning.engine.generator import StaticCacheGenerator
+from grpo_lightning.engine.group import fast_generate_group
 from grpo_lightning.engine.sampling import (
     cumulative_count_sample,
     exponential_race_sample,

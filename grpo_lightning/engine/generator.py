@@ -34,16 +34,16 @@ layer (:func:`~grpo_lightning.engine.cache.static_cache_attention`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import PreTrainedTokenizerBase
 
 from grpo_lightning.engine.attention import check_decode_attention, decode_attention, grouped_query_attention
-from grpo_lightning.engine.buffers import DecodeBuffers
+from grpo_lightning.engine.buffers import DecodeBuffers, stop_ids
 from grpo_lightning.engine.cache import (
     SLOT_LIMIT_BLOCK,
     distinct_rows,
@@ -59,6 +59,7 @@ from grpo_lightning.engine.compilation import (
     default_compile_options,
     first_working_step,
 )
+from grpo_lightning.engine.episodes import EpisodeLayout, EpisodeTurns
 from grpo_lightning.engine.fused_decode import FusedDecoder, FusedLayer, fuse_projections
 from grpo_lightning.engine.graphs import capture_step_graphs, weights_fingerprint
 from grpo_lightning.engine.kernel_choice import (
@@ -78,8 +79,9 @@ def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-class StaticCacheGenerator:
+class StaticCacheGenerator(EpisodeTurns):
     """Samples completions on a reusable ``transformers.StaticCache``; see the module docstring.
+    Multi-turn episodes: :meth:`start_episodes`, then :meth:`sample_turn` per turn (:mod:`~grpo_lightning.engine.episodes`).
 
     Args:
         model: a causal LM (``transformers`` decoder-only model); its weights are used in place.
@@ -176,6 +178,7 @@ class StaticCacheGenerator:
         self._record_logprobs = False
         self._keyed = False
         self._compiled_prefills = CompiledPrefill()
+        self._episodes: EpisodeLayout | None = None  # multi-turn rollouts (start_episodes)
 
     # ----------------------------------------------------------------------------------- public
 
@@ -205,43 +208,24 @@ class StaticCacheGenerator:
         ``softmax(logits / temperature)`` (``temperature`` 1 when greedy), before top-k, top-p and
         the EOS block: what a teacher-forced forward pass of the completions computes (0 after EOS).
         """
-        if eos_token_id is None:
-            eos_ids = []
-        else:
-            eos_ids = [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(i) for i in eos_token_id]
-        pad = pad_token_id if pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
+        eos_ids, pad = stop_ids(eos_token_id, pad_token_id)
         rows = prompt_ids.size(0)
         if rows == 0 or sampling.max_new_tokens < 1:
             empty = prompt_ids.new_full((rows, 0), pad)
             return (empty, empty.float()) if return_logprobs else empty
-        was_training = self.model.training
-        self.model.eval()
-        # Autocast is off: the rollout runs in the parameters' dtype. Under autocast the keys (fp32
-        # from the rotary embedding) and the values (bf16) differ in dtype, which the StaticCache of
-        # some releases cannot hold. Inference mode is off (grad stays off): the cache, buffers and
-        # graphs persist between calls made in either mode.
-        try:
-            with (
-                torch.inference_mode(False),
-                torch.no_grad(),  # leaving inference mode turns gradients back on
-                torch.autocast(model_device(self.model).type, enabled=False),
-                grouped_query_attention(self.model),
-                decode_attention(self.decode_attention),
-            ):
-                parts = [
-                    self._generate_batch(
-                        prompt_ids[start : start + self.max_batch_size],
-                        prompt_mask[start : start + self.max_batch_size],
-                        sampling,
-                        eos_ids,
-                        pad,
-                        None if row_keys is None else row_keys[start : start + self.max_batch_size],
-                        return_logprobs,
-                    )
-                    for start in range(0, rows, self.max_batch_size)
-                ]
-        finally:
-            self.model.train(was_training)
+        with self._rolling_out():
+            parts = [
+                self._generate_batch(
+                    prompt_ids[start : start + self.max_batch_size],
+                    prompt_mask[start : start + self.max_batch_size],
+                    sampling,
+                    eos_ids,
+                    pad,
+                    None if row_keys is None else row_keys[start : start + self.max_batch_size],
+                    return_logprobs,
+                )
+                for start in range(0, rows, self.max_batch_size)
+            ]
         width = max(tokens.size(1) for tokens, _ in parts)
         tokens = torch.cat([nn.functional.pad(t, (0, width - t.size(1)), value=pad) for t, _ in parts])
         if not return_logprobs:
@@ -270,58 +254,110 @@ class StaticCacheGenerator:
         record_logprobs: bool,
     ) -> tuple[Tensor, Tensor | None]:
         rows, prompt_len = prompt_ids.shape
+        self._episodes = None  # this batch overwrites the cache that episodes would continue
+        use_graph = self._begin(prompt_len + sampling.max_new_tokens, sampling, eos_ids, pad, row_keys, record_logprobs)
+        prompt_ids, prompt_mask = self._filled(prompt_ids, prompt_mask)
+        logits = self._prefill(prompt_ids, prompt_mask)
+        limits = self._slot_limits(prompt_len + 1, prompt_len + sampling.max_new_tokens - 1)
+        graphs, captured = self._step_graphs(sampling, limits, use_graph)
+        if captured:
+            logits = self._prefill(prompt_ids, prompt_mask)  # the warm-up steps used the cache
+        steps = self._decode(logits, sampling, rows, prompt_len, limits, graphs)
+        return self._buffers.completions(rows, steps, self._record_logprobs)
+
+    @contextlib.contextmanager
+    def _rolling_out(self) -> Iterator[None]:
+        """The model in eval mode, autocast and inference mode off, the engine's attention on.
+
+        Autocast is off: the rollout runs in the parameters' dtype. Under autocast the keys (fp32
+        from the rotary embedding) and the values (bf16) differ in dtype, which the StaticCache of
+        some releases cannot hold. Inference mode is off (grad stays off): the cache, buffers and
+        graphs persist between calls made in either mode."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with (
+                torch.inference_mode(False),
+                torch.no_grad(),  # leaving inference mode turns gradients back on
+                torch.autocast(model_device(self.model).type, enabled=False),
+                grouped_query_attention(self.model),
+                decode_attention(self.decode_attention),
+            ):
+                yield
+        finally:
+            self.model.train(was_training)
+
+    def _begin(
+        self, needed_len: int, sampling: SamplingParams, eos_ids: list[int], pad: int, row_keys: Tensor | None,
+        record_logprobs: bool,
+    ) -> bool:  # fmt: skip
+        """Set up the cache (``needed_len`` slots at least), the fused layers and the per-call
+        settings; whether the decode steps run as CUDA graphs."""
         device = model_device(self.model)
         use_graph = device.type == "cuda" if self.use_cuda_graph is None else self.use_cuda_graph
         if use_graph and device.type != "cuda":
             raise ValueError(f"use_cuda_graph=True needs the model on CUDA, it is on {device}")
-        self._prepare(device, prompt_len + sampling.max_new_tokens)
+        self._prepare(device, needed_len)
         if self.fuse_projections:  # before the weights' addresses are read: it may move them
             fused = fuse_projections(self.model, self._fused)
             if fused is not self._fused or fused is None:
                 self._fused = fused
                 self._decoder = fused_decoder(self.model, fused, device, self.qkv_kernel, self.down_parts)
-        prompt_ids = prompt_ids.to(device)
-        prompt_mask = prompt_mask.to(device)
-        if rows < self.max_batch_size:
-            filler = self.max_batch_size - rows
-            prompt_ids = torch.cat([prompt_ids, prompt_ids[:1].expand(filler, -1)])
-            prompt_mask = torch.cat([prompt_mask, prompt_mask[:1].expand(filler, -1)])
         self._buffers.set_stop_tokens(eos_ids, pad, sampling.min_new_tokens)
         self._sampling_ops = sampling_kernels(device, self.sampling_kernel)
         # Per-call settings read by _emit; a captured graph bakes them in, so they are part of its key.
-        keyed = self._keyed = row_keys is not None
+        self._keyed = row_keys is not None
         self._record_logprobs = record_logprobs
-        if keyed:
-            self._buffers.row_keys[:rows] = row_keys.to(device)
-            self._buffers.row_keys[rows:] = 0
+        if row_keys is not None:
+            self._buffers.row_keys[: len(row_keys)] = row_keys.to(device)
+            self._buffers.row_keys[len(row_keys) :] = 0
+        return use_graph
 
-        logits = self._prefill(prompt_ids, prompt_mask)
-        limits = [self.max_cache_len]
-        if reads_slots_in_use(self.attend_slots_in_use, self.decode_attention, device) and sampling.max_new_tokens > 1:
-            last = prompt_len + sampling.max_new_tokens - 1  # slots the last decode step uses
-            limits = slot_limits(prompt_len + 1, last, self.max_cache_len, SLOT_LIMIT_BLOCK)
-        graphs = None
-        if use_graph:
-            fingerprint = weights_fingerprint(self.model)
-            if fingerprint != self._weights:
-                # Graphs read the old addresses: drop them, and their memory pool with them.
-                self._graphs.clear()
-                self._graph_pool = None
-                self._weights = fingerprint
-            key = (sampling.temperature, sampling.top_k, sampling.top_p, keyed, record_logprobs)
-            graphs = self._graphs.setdefault(key, {})
-            missing = [limit for limit in limits if limit not in graphs]
-            if missing:
-                graphs.update(self._capture(sampling, missing))
-                logits = self._prefill(prompt_ids, prompt_mask)  # the warm-up steps used the cache
+    def _filled(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """``ids`` and ``mask`` on the device, with copies of their first row up to ``max_batch_size`` rows."""
+        device = model_device(self.model)
+        ids, mask, filler = ids.to(device), mask.to(device), self.max_batch_size - ids.size(0)
+        if filler > 0:
+            ids, mask = torch.cat([ids, ids[:1].expand(filler, -1)]), torch.cat([mask, mask[:1].expand(filler, -1)])
+        return ids, mask
+
+    def _slot_limits(self, first: int, last: int) -> list[int]:
+        """The bounds on the cache slots read by decode steps that use from ``first`` to ``last`` slots:
+        a few (:func:`slot_limits`) where the attention kernel reads only the slots in use, else the whole cache."""
+        if reads_slots_in_use(self.attend_slots_in_use, self.decode_attention, self._buffers.out.device) and last >= first:
+            return slot_limits(first, last, self.max_cache_len, SLOT_LIMIT_BLOCK)
+        return [self.max_cache_len]
+
+    def _step_graphs(self, sampling: SamplingParams, limits: list[int], use_graph: bool) -> tuple[dict | None, bool]:
+        """The CUDA graphs of the decode step for ``limits`` (``None`` without graphs), and whether
+        some were captured now, after which the cache must be prefilled again."""
+        if not use_graph:
+            return None, False
+        fingerprint = weights_fingerprint(self.model)
+        if fingerprint != self._weights:
+            # Graphs read the old addresses: drop them, and their memory pool with them.
+            self._graphs.clear()
+            self._graph_pool = None
+            self._weights = fingerprint
+        key = (sampling.temperature, sampling.top_k, sampling.top_p, self._keyed, self._record_logprobs)
+        graphs = self._graphs.setdefault(key, {})
+        missing = [limit for limit in limits if limit not in graphs]
+        if missing:
+            graphs.update(self._capture(sampling, missing))
+        return graphs, bool(missing)
+
+    def _decode(
+        self, logits: Tensor, sampling: SamplingParams, rows: int, first_slot: int, limits: list[int], graphs: dict | None
+    ) -> int:
+        """Sample from ``logits``, then decode until every one of the first ``rows`` rows has finished
+        or ``sampling.max_new_tokens`` tokens; the first decode step writes cache slot ``first_slot``.
+        Returns the number of tokens sampled."""
         self._emit(logits, sampling)
-
-        check_every = self.check_every or (16 if device.type == "cuda" else 1)
-        steps = 1
-        eager_step = None
+        check_every = self.check_every or (16 if self._buffers.out.device.type == "cuda" else 1)
+        steps, eager_step = 1, None
         bound = 0  # index in limits of the bound of the current step
         while steps < sampling.max_new_tokens:
-            while limits[bound] < prompt_len + steps:  # this step uses prompt_len + steps slots
+            while limits[bound] < first_slot + steps:  # this step uses first_slot + steps slots
                 bound += 1
             if graphs is not None:
                 graphs[limits[bound]].replay()
@@ -334,7 +370,7 @@ class StaticCacheGenerator:
             steps += 1
             if steps % check_every == 0 and steps < sampling.max_new_tokens and bool(self._buffers.finished[:rows].all()):
                 break
-        return self._buffers.completions(rows, steps, self._record_logprobs)
+        return steps
 
     def _prepare(self, device: torch.device, needed_len: int) -> None:
         """(Re)allocate the cache and the step buffers when the device, dtype or length changed."""
@@ -502,33 +538,3 @@ class StaticCacheGenerator:
                     layer_step=FusedDecoder.decode_layer if regional else None,
                 )  # fmt: skip
         return first_working_step(self._compile_candidates, self._decode_step, sampling)
-
-
-@torch.no_grad()
-def fast_generate_group(
-    generator: StaticCacheGenerator,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: list[str],
-    group_size: int,
-    sampling: SamplingParams,
-    row_keys: Tensor | None = None,
-    with_logprobs: bool = False,
-) -> tuple[Tensor, Tensor, Tensor] | tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``generate_group`` on a ``StaticCacheGenerator``: same arguments (the generator in place of the
-    model) and the same ``(prompt_ids [N, S], prompt_mask [N, S], completion_ids [N, T])``, and
-    ``with_logprobs`` the sampled tokens' log-probabilities ``[N, T]``.
-    ``row_keys`` ``[N]``: keyed sampling (``StaticCacheGenerator.generate``), one key per completion."""
-    device = model_device(generator.model)
-    encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-    prompt_ids = encoded["input_ids"].to(device).repeat_interleave(group_size, dim=0)
-    prompt_mask = encoded["attention_mask"].to(device).repeat_interleave(group_size, dim=0)
-    completions = generator.generate(
-        prompt_ids,
-        prompt_mask,
-        sampling,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        row_keys=row_keys,
-        return_logprobs=with_logprobs,
-    )
-    return (prompt_ids, prompt_mask, *completions) if with_logprobs else (prompt_ids, prompt_mask, completions)

@@ -148,6 +148,11 @@ class RolloutSampler:
             self.engines.pop(next(iter(self.engines))).clear()
         return engine
 
+    def turn_engine(self, model: nn.Module, rows: int, sampling: SamplingParams) -> StaticCacheGenerator | None:
+        """The static engine that samples multi-turn episodes of ``rows`` rows from ``model``, or
+        ``None`` where the plan samples on the HF path."""
+        return self._engine(model, rows, sampling) if self.plan.rollout == "static" else None
+
     @property
     def engine(self) -> StaticCacheGenerator | None:
         """The engine of the last model sampled from."""

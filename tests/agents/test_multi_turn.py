@@ -48,11 +48,16 @@ def ending_turns(module, bias: float = 2.5):
     return module
 
 
-@pytest.fixture
-def episodes(make_module, one_torch_thread):
-    """A GRPO module (token mean, no KL) on the tiny model with the scripted environment, and a rollout of it."""
+ENGINES = ["hf", "static"]
+
+
+@pytest.fixture(params=ENGINES)
+def episodes(request, make_module, one_torch_thread):
+    """A GRPO module (token mean, no KL) on the tiny model with the scripted environment, and a rollout
+    of it, on each engine (the HF generate path, the static engine)."""
     module = ending_turns(make_module(GRPO, environment=SCRIPTED, reward_funcs=[environment_reward], beta=0.0,
-                                      aggregation="token_mean", max_new_tokens=6))  # fmt: skip
+                                      aggregation="token_mean", max_new_tokens=6, engine={"rollout": request.param}))  # fmt: skip
+    assert module.engine_plan.rollout == request.param
     batch = {"prompt": ["12+34=", "5+6="], "answer": ["46", "11"]}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -164,8 +169,7 @@ def test_completion_records_and_tables_show_each_turn_with_its_source(episodes):
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"engine": {"rollout": "static"}}, "engine.rollout: a setting of the static engine"),
-        ({"rollout_seed": 0}, "rollout_seed: a setting of the static engine"),
+        ({"rollout_seed": 0}, "rollout_seed: keyed sampling .* multi-turn"),
         ({"rollout_mode": "beam_search"}, "rollout_mode: multi-turn rollouts"),
         ({"environment": {"name": "no.such.Environment"}}, "environment.name: 'no.such.Environment' does not import"),
         ({"environment": {**SCRIPTED, "args": {"rounds": 2}}}, "environment.args: .* refuses them"),
@@ -236,7 +240,8 @@ def test_every_variant_ignores_what_it_is_given_at_environment_tokens_or_refuses
     assert torch.equal(loss(changed), reference)
 
 
-def test_episodes_through_a_chat_template_append_its_replies_to_the_sampled_ids(tmp_path, one_torch_thread):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_episodes_through_a_chat_template_append_its_replies_to_the_sampled_ids(engine, tmp_path, one_torch_thread):
     from grpo_lightning.agents.chat_tokens import ChatTokens
     from grpo_lightning.quickstart.tiny import save_tiny_model, tiny_config
     from test_agent_environments import CHATML, byte_tokenizer
@@ -245,7 +250,7 @@ def test_episodes_through_a_chat_template_append_its_replies_to_the_sampled_ids(
     config = tiny_config(tokenizer, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
     directory = save_tiny_model(tmp_path / "chatml", tokenizer, config)
     module = GRPO(model=str(directory), environment=SCRIPTED, reward_funcs=[environment_reward], beta=0.0,
-                  group_size=2, max_new_tokens=6)  # fmt: skip
+                  group_size=2, max_new_tokens=6, engine={"rollout": engine})  # fmt: skip
     module.configure_model()
     ending_turns(module, bias=6.0)
     with torch.random.fork_rng(devices=[]):
@@ -301,3 +306,61 @@ def test_turns_continued_from_the_cache_sample_what_feeding_the_whole_history_ag
     assert torch.equal(cached.environment_mask, again.environment_mask)
     torch.testing.assert_close(cached.sampling_logp, again.sampling_logp, atol=1e-5, rtol=0)
     assert fed_cached < fed_again  # the cache saved feeding the history again
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_static_engine_samples_the_episodes_the_hf_path_samples(temperature, make_module, one_torch_thread, monkeypatch):
+    """Greedy: the same conversations, token for token. Sampled (the engines draw differently): the
+    scored log-probs are the sampled ones on both. The static engine prefills the prompts once; every
+    later turn appends to its cache."""
+    from grpo_lightning.engine import StaticCacheGenerator
+
+    prefills = []
+    prefill = StaticCacheGenerator._prefill
+    monkeypatch.setattr(StaticCacheGenerator, "_prefill", lambda self, *a: prefills.append(a[0].shape) or prefill(self, *a))
+    environment = {**SCRIPTED, "name": f"{__name__}.PromptLengthEnvironment"}
+    batch = {"prompt": ["12+34=", "5+6=", "(1+2)*3=", "1+1="]}
+    rollouts = {}
+    for engine in ENGINES:
+        module = ending_turns(make_module(GRPO, environment=environment, reward_funcs=[environment_reward],
+                                          max_new_tokens=6, engine={"rollout": engine}))  # fmt: skip
+        sampling = dataclasses.replace(module.sampling, temperature=temperature)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            rollouts[engine] = module.generate(batch, module.group_size, sampling, with_logprobs=True)
+        scored = module.compute_logprobs(module.policy, rollouts[engine])
+        mask = rollouts[engine].completion_mask.bool()
+        torch.testing.assert_close(scored[mask], rollouts[engine].sampling_logp[mask], atol=1e-4, rtol=0)
+    hf, static = rollouts["hf"], rollouts["static"]
+    assert len(set(static.columns["turns"])) > 1 and max(static.columns["turns"]) == 3  # episodes leave at different turns
+    assert len(prefills) == 1  # the prompts, once: every later turn appended to the cache
+    if temperature == 0.0:
+        assert static.columns["conversation"] == hf.columns["conversation"]
+        assert torch.equal(static.completion_ids, hf.completion_ids)
+        assert torch.equal(static.completion_mask, hf.completion_mask)
+        assert torch.equal(static.environment_mask, hf.environment_mask)
+        torch.testing.assert_close(static.sampling_logp, hf.sampling_logp, atol=1e-5, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("engine", [{"rollout": "static", "compile": False}, {}], ids=["graphs", "auto"])
+def test_static_engine_episodes_on_cuda_score_exactly_the_sampled_tokens(engine, make_module):
+    """On CUDA (CUDA graphs; ``auto``: also the compiled step, fused projections and Triton kernels),
+    the trainer scores the ids the static engine sampled across turns, with their log-probs."""
+    module = ending_turns(make_module(GRPO, environment=SCRIPTED, reward_funcs=[environment_reward], max_new_tokens=6,
+                                      engine=engine)).to("cuda")  # fmt: skip
+    assert module.engine_plan.rollout == "static"
+    torch.manual_seed(0)
+    rollout = module.generate({"prompt": ["12+34=", "5+6="]}, module.group_size, module.sampling, with_logprobs=True)
+    reply = module.tokenizer(REPLY, add_special_tokens=False)["input_ids"]
+    for row in range(len(rollout)):
+        parts = segments(rollout, row)
+        turns = [ids for is_model, ids in parts if is_model]
+        assert [ids for is_model, ids in parts if not is_model] == [reply] * (len(turns) - 1)
+        assert all(ids[-1] == module.tokenizer.eos_token_id for ids in turns[:-1])
+        assert rollout.columns["turns"][row] == len(turns)
+    assert max(rollout.columns["turns"]) > 1
+    assert module.sampler.engine._graphs  # the decode steps ran as CUDA graphs
+    scored = module.compute_logprobs(module.policy, rollout)
+    mask = rollout.completion_mask.bool()
+    torch.testing.assert_close(scored[mask], rollout.sampling_logp[mask], atol=1e-3, rtol=0)
