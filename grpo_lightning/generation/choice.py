@@ -22,7 +22,7 @@ from grpo_lightning.generation.compile_payback import (
     compile_choices,
     triton_kernels_pay_back,
 )
-from grpo_lightning.generation.compile_record import CompiledShape, CompileRecord
+from grpo_lightning.generation.compile_record import CompileRecord, record_for
 from grpo_lightning.settings import ConfigError, require
 from grpo_lightning.logprobs import supports_packed_sequences
 
@@ -64,7 +64,7 @@ class EngineTarget:
             sharded=sharded,
             gathered=gathered,
             num_layers=getattr(config, "num_hidden_layers", None),
-            record=CompileRecord.here(CompiledShape.of(model)) if device_type == "cuda" else None,
+            record=record_for(model) if device_type == "cuda" else None,
         )
 
 

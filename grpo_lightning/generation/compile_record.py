@@ -69,6 +69,15 @@ class CompiledShape:
         )
 
 
+def record_for(model: Any) -> CompileRecord | None:
+    """The record of a model on a CUDA device (:meth:`CompileRecord.here`); ``None`` where its shape cannot be
+    read (no parameters, no CUDA device), which estimates every part cold."""
+    try:
+        return CompileRecord.here(CompiledShape.of(model))
+    except (StopIteration, RuntimeError, AssertionError, AttributeError):
+        return None
+
+
 def software() -> dict[str, str | None]:
     """The versions of the compilers: torch (Inductor) and Triton."""
     import torch
