@@ -8,6 +8,7 @@ explicit setting that cannot run raises :class:`~grpo_lightning.settings.ConfigE
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -220,10 +221,11 @@ def resolve_engine(
     automatic = [options.compile is None and static, options.model_compile is None, options.logprob_compile is None]
     parts = part_options(options, target, fuse, fit)
     if fit is not None and cuda and target.num_layers and (static or any(automatic)):
-        warm = set(fit.warm) | ({"kernels"} if compile_cache_is_warm(target.record, "kernels", parts["kernels"]) else set())
+        is_warm = functools.partial(compile_cache_is_warm, target.record)
+        warm = set(fit.warm) | ({"kernels"} if is_warm("kernels", parts["kernels"]) else set())
         kernels = not static or triton_kernels_pay_back(replace(fit, warm=frozenset(warm)), target.num_layers)
         parts["decode"]["triton_kernels"] = kernels
-        warm |= {part for part in ("decode", "logprobs") if compile_cache_is_warm(target.record, part, parts[part])}
+        warm |= {part for part in ("decode", "logprobs") if is_warm(part, parts[part])}
         weighed = (static and options.compile is None, static, any(automatic[1:]))
         choice = compile_choices(replace(fit, warm=frozenset(warm)), target.num_layers, *weighed)
         compile_decode, compile_logprob = choice.compile, choice.logprob_passes
@@ -264,12 +266,13 @@ def resolve_engine(
 def part_options(options: EngineOptions, target: EngineTarget, fuse: bool, fit: FitLength | None) -> dict[str, dict]:
     """For each compiled part, the settings that change its code (what its record is named by):
     ``"decode"``'s ``triton_kernels`` is added once the kernels are chosen."""
+    model_compile = options.model_compile is not False and not target.sharded
     return {
         "kernels": {"fuse_projections": fuse, "decode_attention": options.decode_attention},
         "decode": {"fuse_projections": fuse, "decode_attention": options.decode_attention, "triton_kernels": True,
                    "max_new_tokens": fit.max_new_tokens if fit is not None else None},  # fmt: skip
         "logprobs": {
-            "model_compile": not target.sharded if options.model_compile is None else options.model_compile and not target.sharded,
+            "model_compile": model_compile,
             "logprob_compile": True if options.logprob_compile is None else options.logprob_compile,
             "fused_lm_head": True if options.fused_lm_head is None else options.fused_lm_head,
             "padding_free": options.padding_free,

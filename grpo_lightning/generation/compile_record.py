@@ -53,6 +53,7 @@ class CompiledShape:
         config = config.get_text_config() if hasattr(config, "get_text_config") else config
         parameter = next(getattr(model, "module", model).parameters())
         index = parameter.device.index if parameter.device.index is not None else torch.cuda.current_device()
+        capability = torch.cuda.get_device_capability(index)
         heads = getattr(config, "num_attention_heads", None)
         hidden = getattr(config, "hidden_size", None)
         head_dim = getattr(config, "head_dim", None) or (hidden // heads if hidden and heads else None)
@@ -65,7 +66,7 @@ class CompiledShape:
             head_dim=head_dim,
             vocab_size=getattr(config, "vocab_size", None),
             dtype=str(parameter.dtype),
-            device=f"{torch.cuda.get_device_name(index)} sm{''.join(map(str, torch.cuda.get_device_capability(index)))}",
+            device=f"{torch.cuda.get_device_name(index)} sm{''.join(map(str, capability))}",
         )
 
 
