@@ -153,11 +153,12 @@ def test_the_sampler_builds_the_engine_on_the_fallbacks_the_plan_chose_and_marks
     grpo = make_module(GRPO, engine=EngineOptions(rollout="static"), dtype="float32")
     plan = resolve_engine(grpo.engine_options, EngineTarget.of(grpo.policy, "cpu"))
     marked = []
-    plan = dataclasses.replace(plan, triton_kernels=False)
+    plan = dataclasses.replace(plan, triton_kernels=False, compiled={"decode": {"max_new_tokens": 2}})
     object.__setattr__(plan, "mark_compiled", lambda *parts: marked.append(parts))  # stands for the CUDA record
     sampler = RolloutSampler(plan)
-    sampling = SamplingParams(max_new_tokens=2, temperature=0.0)
-    for _ in range(2):
-        sampler.sample(grpo.policy, grpo.tokenizer, ["1+2="], 2, sampling)
+    validation = SamplingParams(max_new_tokens=3, temperature=0.0)  # another cache length: not the fit's decode step
+    sampler.sample(grpo.policy, grpo.tokenizer, ["1+2="], 2, validation)
     assert sampler.engine.qkv_kernel is False and sampler.engine.sampling_kernel is False
-    assert marked == [("decode", "kernels"), ()]
+    for _ in range(2):
+        sampler.sample(grpo.policy, grpo.tokenizer, ["1+2="], 2, SamplingParams(max_new_tokens=2, temperature=0.0))
+    assert marked == [("kernels",), ("decode",), ()]
