@@ -90,6 +90,7 @@ class EnginePlan:
     warnings: tuple[str, ...] = ()
     """Explicit settings that run otherwise than asked, and why (announced as warnings)."""
     record: CompileRecord | None = None
+    """Where the plan's compiled parts are recorded once they have run (the target's record)."""
     compiled: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The parts this plan compiles (``compile_record.PARTS``), each with the options that change its code."""
 

@@ -46,7 +46,8 @@ EAGER_LOGPROB_S_PER_LAYER_STEP = 0.02
 # The static engine's Triton kernels (decode attention, q/k/v, sampling) against their torch fallbacks,
 # W1's decode step on one H200, compiled (benchmarks/JOURNAL.md, 2026-11-26): attention 1.56 against
 # 1.77 ms with SDPA, 8.8 us a layer; q/k/v 1.53 against 1.56 ms, 1.3 us a layer; sampling 1.401
-# against 1.485 ms, 84 us a token whatever the depth.
+# against 1.485 ms, 84 us a token whatever the depth. With the decode step uncompiled the fallbacks
+# may cost more than this (not measured).
 TRITON_SAVED_S_PER_LAYER_TOKEN = 1.0e-5
 TRITON_SAVED_S_PER_TOKEN = 8.4e-5
 # ESTIMATE, to be measured: the kernels' compile on an empty Triton cache. The SmolLM2 recipe's first
