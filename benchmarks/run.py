@@ -696,7 +696,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     result["memory_held_gib"] = recorder.memory
     result["world_size"] = trainer.world_size
     plan = dataclasses.asdict(recorder.engine_plan)
-    result["engine_resolved"] = {k: v for k, v in plan.items() if k not in ("notes", "warnings")}
+    result["engine_resolved"] = {k: v for k, v in plan.items() if k not in ("notes", "warnings", "record")}
     result["strategy"] = type(trainer.strategy).__name__
     result["precision"] = precision
     result["dtype"] = dtype

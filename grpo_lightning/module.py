@@ -430,6 +430,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         self.last_rollout, self.last_advantages = rollout, advantages  # for callbacks (completion tables)
         with timer.phase("update"):
             self.update(rollout, advantages)
+        self.sampler.compiled_and_ran("logprobs")
         self.trained_rollouts += 1
 
         total_s = timer.total()

@@ -8,7 +8,8 @@ explicit setting that cannot run raises :class:`~grpo_lightning.settings.ConfigE
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import functools
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -16,7 +17,13 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from grpo_lightning.engine import DECODE_ATTENTION_KINDS
 from grpo_lightning.engine.fused_decode import FUSED_MODEL_TYPES
 from grpo_lightning.engine.options import EngineOptions
-from grpo_lightning.generation.compile_payback import FitLength, compile_cache_is_warm, compile_choices
+from grpo_lightning.generation.compile_payback import (
+    FitLength,
+    compile_cache_is_warm,
+    compile_choices,
+    triton_kernels_pay_back,
+)
+from grpo_lightning.generation.compile_record import CompileRecord, record_for
 from grpo_lightning.settings import ConfigError, require
 from grpo_lightning.logprobs import supports_packed_sequences
 
@@ -40,6 +47,8 @@ class EngineTarget:
     """Rollouts sample from the sharded policy itself (FSDP ``rollout_weights="gather"``)."""
     num_layers: int | None = None
     """The model's decoder layers (what compiling it costs and saves grows with)."""
+    record: CompileRecord | None = None
+    """What this machine has compiled for the model (on CUDA): whether each part's compile cache is warm."""
 
     @classmethod
     def of(cls, model: Any, device_type: str, sharded: bool = False, gathered: bool = False) -> EngineTarget:
@@ -56,6 +65,7 @@ class EngineTarget:
             sharded=sharded,
             gathered=gathered,
             num_layers=getattr(config, "num_hidden_layers", None),
+            record=record_for(model) if device_type == "cuda" else None,
         )
 
 
@@ -73,10 +83,22 @@ class EnginePlan:
     model_compile: bool
     fused_lm_head: bool
     padding_free: bool
+    triton_kernels: bool = True
+    """The static engine's Triton kernels where they run (``False``: their torch fallbacks)."""
     notes: tuple[str, ...] = ()
     """Automatic settings that fell back, each with its reason (announced as information)."""
     warnings: tuple[str, ...] = ()
     """Explicit settings that run otherwise than asked, and why (announced as warnings)."""
+    record: CompileRecord | None = None
+    """Where the plan's compiled parts are recorded once they have run (the target's record)."""
+    compiled: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The parts this plan compiles (``compile_record.PARTS``), each with the options that change its code."""
+
+    def mark_compiled(self, *parts: str) -> None:
+        """Record that these of the plan's compiled parts have compiled and run (:meth:`CompileRecord.mark`)."""
+        for part in parts:
+            if self.record is not None and part in self.compiled:
+                self.record.mark(part, self.compiled[part])
 
     def logprob_options(self) -> dict[str, bool]:
         """Keyword arguments of :func:`grpo_lightning.logprobs.completion_logprobs`."""
@@ -163,8 +185,10 @@ def resolve_engine(
     * ``logprob_compile``, ``fused_lm_head``: on CUDA. ``model_compile``: on CUDA for unsharded models.
     * With ``fit`` given, the three compilation options left automatic (``compile``,
       ``model_compile``, ``logprob_compile``) are on only where compiling is estimated to pay back
-      within the run (:func:`~grpo_lightning.generation.compile_payback.compile_choices`); the choice
-      and its reason are announced in one line.
+      within the run (:func:`~grpo_lightning.generation.compile_payback.compile_choices`), cold or warm
+      as this machine's record of compiled parts says (``target.record``); so are the static engine's
+      Triton kernels (q/k/v, sampling, and decode attention where ``decode_attention`` is ``"auto"``),
+      which otherwise run their torch fallbacks. The choice and its reason are announced in one line.
     """
     check_engine_options(options, rollout_seed, beam_search)
     cuda = target.device_type == "cuda"
@@ -194,12 +218,17 @@ def resolve_engine(
                 f"engine.fuse_projections auto: off because the model type {target.model_type!r} is not one of "
                 f"{', '.join(FUSED_MODEL_TYPES)}."
             )
-    compile_decode, compile_logprob = static and cuda, cuda
+    compile_decode, compile_logprob, kernels = static and cuda, cuda, True
     automatic = [options.compile is None and static, options.model_compile is None, options.logprob_compile is None]
-    if fit is not None and cuda and target.num_layers and any(automatic):
-        if compile_cache_is_warm(target.model_type, target.num_layers):
-            fit = replace(fit, warm_cache=True)
-        choice = compile_choices(fit, target.num_layers, static and options.compile is None)
+    parts = part_options(options, target, fuse, fit)
+    if fit is not None and cuda and target.num_layers and (static or any(automatic)):
+        is_warm = functools.partial(compile_cache_is_warm, target.record)
+        warm = set(fit.warm) | ({"kernels"} if is_warm("kernels", parts["kernels"]) else set())
+        kernels = not static or triton_kernels_pay_back(replace(fit, warm=frozenset(warm)), target.num_layers)
+        parts["decode"]["triton_kernels"] = kernels
+        warm |= {part for part in ("decode", "logprobs") if is_warm(part, parts[part])}
+        weighed = (static and options.compile is None, static, any(automatic[1:]))
+        choice = compile_choices(replace(fit, warm=frozenset(warm)), target.num_layers, *weighed)
         compile_decode, compile_logprob = choice.compile, choice.logprob_passes
         notes.append(f"engine compilation auto: {choice.reason}.")
     model_compile = options.model_compile
@@ -214,16 +243,39 @@ def resolve_engine(
             "are kept apart by a dense mask over the whole packed sequence, which usually costs more than the "
             "padding it saves; use flash_attention_2 or flex_attention (on a GPU)."
         )
-    return EnginePlan(
+    plan = EnginePlan(
         device_type=target.device_type,
         rollout=rollout,
         compile=compile_decode if options.compile is None else options.compile,
-        decode_attention=options.decode_attention,
+        decode_attention="sdpa" if not kernels and options.decode_attention == "auto" else options.decode_attention,
         fuse_projections=fuse,
         logprob_compile=compile_logprob if options.logprob_compile is None else options.logprob_compile,
         model_compile=model_compile,
         fused_lm_head=cuda if options.fused_lm_head is None else options.fused_lm_head,
         padding_free=options.padding_free,
+        triton_kernels=kernels,
         notes=tuple(notes),
         warnings=tuple(warnings),
+        record=target.record,
     )
+    on = {"decode": static and plan.compile, "kernels": static and kernels,
+          "logprobs": plan.model_compile or plan.logprob_compile}  # fmt: skip
+    parts["logprobs"].update(model_compile=plan.model_compile, logprob_compile=plan.logprob_compile)
+    return replace(plan, compiled={part: parts[part] for part, compiled in on.items() if compiled and cuda})
+
+
+def part_options(options: EngineOptions, target: EngineTarget, fuse: bool, fit: FitLength | None) -> dict[str, dict]:
+    """For each compiled part, the settings that change its code (what its record is named by):
+    ``"decode"``'s ``triton_kernels`` is added once the kernels are chosen."""
+    model_compile = options.model_compile is not False and not target.sharded
+    return {
+        "kernels": {"fuse_projections": fuse, "decode_attention": options.decode_attention},
+        "decode": {"fuse_projections": fuse, "decode_attention": options.decode_attention, "triton_kernels": True,
+                   "max_new_tokens": fit.max_new_tokens if fit is not None else None},  # fmt: skip
+        "logprobs": {
+            "model_compile": model_compile,
+            "logprob_compile": True if options.logprob_compile is None else options.logprob_compile,
+            "fused_lm_head": True if options.fused_lm_head is None else options.fused_lm_head,
+            "padding_free": options.padding_free,
+        },
+    }

@@ -4,7 +4,9 @@ Compiling costs once (seconds before the first step that uses it) and saves a li
 after. A short fit, a debugging run or an ablation cell can end before it has paid back, so
 :func:`compile_choices` compiles a part only where the estimated saving over the fit's length
 (``max_steps``, or the time left of ``max_time``) exceeds the estimated cost of compiling it: cold,
-or warm when the compile cache already holds this model's graphs (:func:`compile_cache_is_warm`).
+or warm where this machine's compile cache holds that part already
+(:class:`~grpo_lightning.generation.compile_record.CompileRecord`). The static engine's Triton kernels
+are weighed the same way: on a cold Triton cache a short run decodes with their torch fallbacks.
 
 Both are rough models: a decode step's saving grows with the layers and the tokens it decodes, a
 log-prob pass's with the layers; the cost of compiling does not grow with depth, since one decoder
@@ -14,6 +16,10 @@ layer is compiled and run for all. The constants below are the only calibration.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from grpo_lightning.generation.compile_record import CompileRecord
 
 # ---------------------------------------------------------------------------------- calibration
 # From W1 (Qwen2.5-0.5B shape, 24 layers, 128 completions x 256 tokens) on one H200, torch 2.11, each
@@ -37,6 +43,19 @@ WARM_CACHE_COST_FRACTION = 0.28
 #: step per layer and token (7.7 s / (24 x 256)), plus the log-prob passes' eager share.
 EAGER_S_PER_LAYER_TOKEN = 1.25e-3
 EAGER_LOGPROB_S_PER_LAYER_STEP = 0.02
+# The static engine's Triton kernels (decode attention, q/k/v, sampling) against their torch fallbacks,
+# W1's decode step on one H200, compiled (benchmarks/JOURNAL.md, 2026-11-26): attention 1.56 against
+# 1.77 ms with SDPA, 8.8 us a layer; q/k/v 1.53 against 1.56 ms, 1.3 us a layer; sampling 1.401
+# against 1.485 ms, 84 us a token whatever the depth. With the decode step uncompiled the fallbacks
+# may cost more than this (not measured).
+TRITON_SAVED_S_PER_LAYER_TOKEN = 1.0e-5
+TRITON_SAVED_S_PER_TOKEN = 8.4e-5
+# ESTIMATE, to be measured: the kernels' compile on an empty Triton cache. The SmolLM2 recipe's first
+# step took 36 s on empty caches and 3 s on warm ones (JOURNAL.md, 2026-11-28); 8 s of the difference is
+# the log-prob passes' cold compile (11.5 s x (1 - 0.28)), the rest is put on the kernels. Not yet
+# measured alone; loading them from a warm cache is taken as free.
+TRITON_KERNELS_COMPILE_COLD_S = 25.0
+TRITON_KERNELS_COMPILE_WARM_S = 0.0
 
 
 @dataclass(frozen=True)
@@ -49,14 +68,15 @@ class FitLength:
     """Seconds left of the run's ``max_time`` budget."""
     max_new_tokens: int
     """Tokens each rollout decodes."""
-    warm_cache: bool = False
-    """The compile cache holds this model's compiled graphs already (:func:`compile_cache_is_warm`)."""
+    warm: frozenset[str] = frozenset()
+    """The parts (``compile_record.PARTS``: ``"decode"``, ``"logprobs"``, ``"kernels"``) whose compiled
+    code this machine's compile caches hold already (:func:`compile_cache_is_warm`)."""
 
 
-def compile_cache_is_warm(model_type: str | None, num_layers: int | None) -> bool:
-    """Whether the project's compile cache holds compiled graphs of this model shape. No such cache
-    is kept yet, so every compilation is estimated cold; a persistent cache answers here."""
-    return False
+def compile_cache_is_warm(record: CompileRecord | None, part: str, options: dict[str, Any]) -> bool:
+    """Whether ``part`` of this model has been compiled and run with ``options`` on this machine, into
+    compile-cache folders that are still there (:meth:`CompileRecord.is_warm`); ``None``: no record, cold."""
+    return record is not None and record.is_warm(part, options)
 
 
 @dataclass(frozen=True)
@@ -68,6 +88,8 @@ class CompileChoice:
     logprob_passes: bool
     """The log-prob passes (``engine.model_compile`` and ``engine.logprob_compile``)."""
     reason: str
+    triton_kernels: bool = True
+    """The static engine's Triton kernels (``False``: their torch fallbacks)."""
 
 
 def _steps(fit: FitLength, eager_step_s: float) -> float | None:
@@ -77,31 +99,60 @@ def _steps(fit: FitLength, eager_step_s: float) -> float | None:
     return min(bounds) if bounds else None
 
 
-def compile_choices(fit: FitLength, num_layers: int, static_engine: bool) -> CompileChoice:
-    """Compile each part (the decode step, only with the static engine; the log-prob passes) whose
-    estimated saving over ``fit`` exceeds its estimated cost of compiling; an unbounded fit compiles."""
+def triton_kernels_pay_back(fit: FitLength, num_layers: int) -> bool:
+    """Whether the static engine's Triton kernels save more over ``fit`` than compiling them costs."""
+    return _triton_estimate(fit, num_layers)[0]
+
+
+def _triton_estimate(fit: FitLength, num_layers: int) -> tuple[bool, float, float]:
+    steps = _steps(fit, _eager_step_s(fit, num_layers))
+    cost = TRITON_KERNELS_COMPILE_WARM_S if "kernels" in fit.warm else TRITON_KERNELS_COMPILE_COLD_S
+    if steps is None:
+        return True, float("inf"), cost
+    saving = (TRITON_SAVED_S_PER_LAYER_TOKEN * num_layers + TRITON_SAVED_S_PER_TOKEN) * fit.max_new_tokens * steps
+    return saving > cost, saving, cost
+
+
+def _eager_step_s(fit: FitLength, num_layers: int) -> float:
+    return num_layers * (EAGER_S_PER_LAYER_TOKEN * fit.max_new_tokens + EAGER_LOGPROB_S_PER_LAYER_STEP)
+
+
+def _cost(part: str, fit: FitLength, cold_s: float) -> float:
+    return (WARM_CACHE_COST_FRACTION if part in fit.warm else 1.0) * cold_s
+
+
+def _weighed(name: str, on: bool, saving: float, cost: float, warm: bool, off: str = "off") -> str:
+    return (f"{name} {'on' if on else off} ({'warm' if warm else 'cold'} cache: saves ~{max(saving, 0.0):.0f} s, "
+            f"costs ~{cost:.0f} s)")  # fmt: skip
+
+
+def compile_choices(
+    fit: FitLength, num_layers: int, static_engine: bool, triton_kernels: bool = False, logprob_passes: bool = True
+) -> CompileChoice:
+    """Compile each part left to ``auto`` (the decode step: ``static_engine``; the static engine's Triton
+    kernels: ``triton_kernels``; the log-prob passes: ``logprob_passes``) whose estimated saving over
+    ``fit`` exceeds its estimated cost of compiling; an unbounded fit compiles."""
     decode_saving = DECODE_SAVED_S_PER_LAYER_TOKEN * num_layers * fit.max_new_tokens - DECODE_SAVED_OFFSET_S_PER_STEP
     logprob_saving = LOGPROB_SAVED_S_PER_LAYER_STEP * num_layers
-    eager_step = num_layers * (EAGER_S_PER_LAYER_TOKEN * fit.max_new_tokens + EAGER_LOGPROB_S_PER_LAYER_STEP)
-    steps = _steps(fit, eager_step)
-    scale = WARM_CACHE_COST_FRACTION if fit.warm_cache else 1.0
-    decode_cost = scale * DECODE_COMPILE_COLD_S
-    logprob_cost = scale * LOGPROB_COMPILE_COLD_S
+    steps = _steps(fit, _eager_step_s(fit, num_layers))
+    decode_cost = _cost("decode", fit, DECODE_COMPILE_COLD_S)
+    logprob_cost = _cost("logprobs", fit, LOGPROB_COMPILE_COLD_S)
     if steps is None:
         return CompileChoice(static_engine, True, "the fit has no max_steps or max_time, so compilation pays back")
     compile_decode = static_engine and decode_saving * steps > decode_cost
     compile_logprob = logprob_saving * steps > logprob_cost
-    cache = "warm" if fit.warm_cache else "cold"
+    kernels, kernel_saving, kernel_cost = _triton_estimate(fit, num_layers)
     parts = []
     if static_engine:
-        parts.append(f"decode step {'on' if compile_decode else 'off'} (saves ~{max(decode_saving * steps, 0.0):.0f} s, "
-                     f"costs ~{decode_cost:.0f} s)")  # fmt: skip
-    parts.append(f"log-prob passes {'on' if compile_logprob else 'off'} (saves ~{logprob_saving * steps:.0f} s, "
-                 f"costs ~{logprob_cost:.0f} s)")  # fmt: skip
-    reason = f"over ~{steps:.0f} steps of {fit.max_new_tokens} tokens, {num_layers} layers, {cache} compile cache: " + (
-        "; ".join(parts)
-    )
-    return CompileChoice(compile_decode, compile_logprob, reason)
+        parts.append(_weighed("decode step", compile_decode, decode_saving * steps, decode_cost, "decode" in fit.warm))
+    if logprob_passes:
+        saving = logprob_saving * steps
+        parts.append(_weighed("log-prob passes", compile_logprob, saving, logprob_cost, "logprobs" in fit.warm))
+    if triton_kernels:
+        off = "off, their torch fallbacks instead"
+        parts.append(_weighed("Triton kernels", kernels, kernel_saving, kernel_cost, "kernels" in fit.warm, off))
+    reason = f"over ~{steps:.0f} steps of {fit.max_new_tokens} tokens, {num_layers} layers: " + "; ".join(parts)
+    return CompileChoice(compile_decode, compile_logprob, reason, kernels or not triton_kernels)
 
 
 def run_length(trainer, max_new_tokens: int, val_max_new_tokens: int) -> FitLength | None:

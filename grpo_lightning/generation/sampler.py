@@ -60,6 +60,7 @@ class RolloutSampler:
         self.seed = seed
         self.engines: dict[int, StaticCacheGenerator] = {}  # by id of the model, the last used last
         self.ahead = SamplesAhead()
+        self.marked: set[str] = set()
 
     @classmethod
     def announced(
@@ -106,7 +107,17 @@ class RolloutSampler:
         # the GIL while the update runs slows both down several times over (measured: 0.38 s to 6 s).
         engine.check_every = sampling.max_new_tokens if ahead and model_device(model).type == "cuda" else None
         sampled = fast_generate_group(engine, tokenizer, texts, group_size, sampling, keys, with_logprobs)
+        # The decode step compiles for its cache length: a validation rollout of another length is not the fit's.
+        same_length = self.plan.compiled.get("decode", {}).get("max_new_tokens") == sampling.max_new_tokens
+        self.compiled_and_ran("kernels", *(("decode",) if same_length else ()))
         return sampled if with_logprobs else (*sampled, None)
+
+    def compiled_and_ran(self, *parts: str) -> None:
+        """Record, once per process, that these parts of the plan have compiled and run, so that the next
+        process finds their compile cache warm (:meth:`EnginePlan.mark_compiled`)."""
+        new = [part for part in parts if part not in self.marked]
+        self.marked.update(new)
+        self.plan.mark_compiled(*new)
 
     def sample_ahead(
         self,
@@ -142,6 +153,8 @@ class RolloutSampler:
                 compile=self.plan.compile,
                 decode_attention=self.plan.decode_attention,
                 fuse_projections=self.plan.fuse_projections,
+                qkv_kernel=None if self.plan.triton_kernels else False,
+                sampling_kernel=None if self.plan.triton_kernels else False,
             )
         self.engines[id(model)] = engine
         while len(self.engines) > 2:  # the least recently used first
