@@ -310,8 +310,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
     # ------------------------------------------------------------------ optimizer
 
     def configure_callbacks(self) -> list[L.Callback]:
-        """Validation and checkpoints at optimizer steps, in every Trainer (once: a Trainer that runs
-        again, e.g. ``validate`` after ``fit``, keeps those it has)."""
+        """Validation and checkpoints at optimizer steps, in every Trainer, once (``validate`` after ``fit``)."""
         attached = {type(callback) for callback in self.trainer.callbacks} if self._trainer is not None else set()
         schedules = (step_schedule.ValidationSchedule, step_schedule.CheckpointSchedule)
         return [schedule() for schedule in schedules if schedule not in attached]
