@@ -123,6 +123,11 @@ class Cell:
     def identity(self) -> dict[str, Any]:
         return {"variant": self.variant, "seed": self.seed, "overrides": dict(self.overrides)}
 
+    def __hash__(self) -> int:
+        # an axis value may be a list (the config axis' files), which the generated hash refuses;
+        # equal cells have the same name
+        return hash(self.name)
+
 
 def _short_names(keys: Sequence[str]) -> dict[str, str]:
     """The last component of each dotted key, or more components where that is ambiguous."""
