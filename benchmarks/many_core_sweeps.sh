@@ -13,7 +13,7 @@
 # finished cells and warm start are restored first: the sweeps skip those cells and run the rest.
 # Settings (environment):
 #   SWEEPS      "field:20 dapo_parts:6 stale_rollouts:4"  sweeps (shipped spec names) and cells at once
-#   DEADLINE_S  480                                        seconds from the start until the sweeps stop
+#   DEADLINE_S  460                                        seconds from the start until the sweeps stop
 #   RUNS        runs/ablation                              where the sweep folders go
 #   EXTRA       ""                                         more Hydra overrides of every sweep (a smoke run:
 #               "seeds=[0] args.trainer.max_steps=2 args.trainer.val_check_interval=2")
@@ -22,7 +22,7 @@ set -f  # EXTRA holds Hydra lists (seeds=[0]), not file patterns
 : "${OUT:?set OUT to the folder the tarballs go to}"
 EARLIER=${1:-}
 SWEEPS=${SWEEPS:-"field:20 dapo_parts:6 stale_rollouts:4"}
-DEADLINE_S=${DEADLINE_S:-480}
+DEADLINE_S=${DEADLINE_S:-460}
 RUNS=${RUNS:-runs/ablation}
 EXTRA=${EXTRA:-}
 PYTHON=${PYTHON:-python}

@@ -98,8 +98,8 @@ def report(tarball: Path, report_dir: Path) -> None:
     from grpo_lightning.report.data import REGENERATE_FILE, regenerate_line
     from grpo_lightning.report.labels import check_arm_classes
 
-    if (report_dir / DATA).exists():
-        raise SystemExit(f"report: {report_dir / DATA} exists; remove it to build the report from {tarball}")
+    if report_dir.exists() and any(report_dir.iterdir()):  # an earlier report's files would stay beside the new ones
+        raise SystemExit(f"report: {report_dir} is not empty; remove it (git rm -r -q {report_dir}) to build the report from {tarball}")
     report_dir.mkdir(parents=True, exist_ok=True)
     data = _unpack(tarball, report_dir)
     check_arm_classes(discover_cells(data))  # each arm's class from its resolved configs, as from a sweep folder
