@@ -123,6 +123,11 @@ class Cell:
     def identity(self) -> dict[str, Any]:
         return {"variant": self.variant, "seed": self.seed, "overrides": dict(self.overrides)}
 
+    def __hash__(self) -> int:
+        # an axis value may be a list (the config axis' files), which the generated hash refuses;
+        # equal cells have the same name
+        return hash(self.name)
+
 
 def _short_names(keys: Sequence[str]) -> dict[str, str]:
     """The last component of each dotted key, or more components where that is ambiguous."""
@@ -242,8 +247,8 @@ class SweepSpec:
         """What a finished cell's results depend on besides its identity; a rerun of the sweep
         with other settings must not reuse it."""
         settings = {
-            "variant_config": str(variant_config(cell.variant)),
-            "base_configs": [str(p) for p in self.base_configs],
+            "variant_config": portable_path(variant_config(cell.variant)),
+            "base_configs": [portable_path(p) for p in self.base_configs],
             "args": self.args,
             "overrides": dict(cell.overrides),
             "model": self.model,
@@ -298,6 +303,18 @@ def resolve_path(path: str | Path, field_name: str) -> Path:
         return resolve_config(path)
     except FileNotFoundError as error:
         raise SweepError(f"{field_name}: {error}") from None
+
+
+def portable_path(path: str | Path) -> str:
+    """A config file as a cell's settings record it: ``configs/...`` for a shipped config, else
+    relative to the working directory where it is inside it, so that the record still matches
+    when the sweep resumes from another checkout of the same tree; else the absolute path."""
+    path = Path(path).absolute()
+    for root, prefix in ((config_dir().absolute(), "configs"), (Path.cwd().absolute(), None)):
+        if root in path.parents:
+            relative = path.relative_to(root).as_posix()
+            return f"{prefix}/{relative}" if prefix else relative
+    return path.as_posix()
 
 
 def config_files(value: Any) -> list[str]:

@@ -74,8 +74,9 @@ def _export_cell(cell: CellInfo, target: Path) -> None:
         (target / "DONE").write_text("")
     try:
         write_scalars_csv(read_scalars(event_directory(cell.directory)), target / SCALARS_FILE)
-    except FileNotFoundError:  # an unfinished cell that logged nothing
-        pass
+    except FileNotFoundError:  # no event files: a cell restored from a data folder, or one that logged nothing
+        if (cell.directory / SCALARS_FILE).is_file():
+            shutil.copyfile(cell.directory / SCALARS_FILE, target / SCALARS_FILE)
     health = log_file(cell.directory, HEALTH_FILE)
     if health is not None:
         shutil.copyfile(health, target / HEALTH_FILE)

@@ -69,3 +69,15 @@ def test_a_dapo_parts_cell_builds_dapo_with_only_its_technique(arm, dapo_parts, 
     assert (module.clip_eps_high, module.dynamic_sampling, module.aggregation_name) == (clip_eps_high, dynamic_sampling,
                                                                                         aggregation)  # fmt: skip
     assert module.overlong_buffer == (module.max_new_tokens // 5 if overlong_buffer is None else overlong_buffer)
+
+
+def test_a_sweep_whose_axis_values_are_lists_skips_its_finished_cells(tmp_path):
+    """The DAPO-parts cells carry lists of files (the config axis): a sweep keys its results by cell."""
+    from grpo_lightning.ablation.sweep import run_sweep
+
+    spec = sweep("dapo_parts", tmp_path)
+    for cell in spec.cells():
+        (tmp_path / cell.name).mkdir()
+        (tmp_path / cell.name / "DONE").write_text("")
+    results = run_sweep(spec)
+    assert [r.status for r in results] == ["skipped"] * 30 and len({r.cell for r in results}) == 30

@@ -280,6 +280,22 @@ def test_finished_cells_with_other_settings_stop_the_sweep(tmp_path, monkeypatch
     assert {r.status for r in results} == {"skipped"}
 
 
+def test_finished_cells_resume_from_another_checkout_of_the_tree(tmp_path, monkeypatch):
+    """Cells record their config files relative to the shipped configs, not where this checkout
+    lies; records with this checkout's absolute paths (as earlier versions wrote them) still match."""
+    monkeypatch.setattr(ablate, "launch", fake_fit())
+    run_sweep(spec_dict(tmp_path, model="/m"))
+    spec = SweepSpec.from_dict(spec_dict(tmp_path, model="/m"))
+    cell_json = tmp_path / "sweep" / spec.cells()[0].name / "cell.json"
+    record = json.loads(cell_json.read_text())
+    assert record["settings"]["variant_config"] == "configs/variant/grpo.yaml"
+    assert record["settings"]["base_configs"] == BASE
+    record["settings"]["variant_config"] = str(variant_config("grpo"))
+    record["settings"]["base_configs"] = [str(p) for p in spec.base_configs]
+    cell_json.write_text(json.dumps(record))
+    assert {r.status for r in run_sweep(spec_dict(tmp_path, model="/m"))} == {"skipped"}
+
+
 def test_variant_as_a_yaml_path(tmp_path):
     spec = SweepSpec.from_dict(spec_dict(tmp_path, variants=["configs/variant/gspo.yaml"], seeds=[4]))
     assert [c.name for c in spec.cells()] == ["gspo-seed4"]

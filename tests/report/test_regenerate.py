@@ -41,3 +41,19 @@ def test_every_committed_report_regenerates_or_says_it_cannot():
         else:
             head = (folder / "report.md").read_text().split("## Summary")[0]
             assert "cannot be regenerated" in head, f"{folder.name}: no data/, REGENERATE or banner"
+
+
+def test_a_cell_restored_from_a_data_folder_keeps_its_scalars_when_exported_again(tmp_path, cell_writer):
+    """A finished cell copied back from a report's data/ (to resume its sweep elsewhere) has
+    scalars.csv.gz and no event files; exporting the sweep again keeps those scalars."""
+    import shutil
+
+    from grpo_lightning.report.cells import discover_cells
+    from grpo_lightning.report.data import export_data
+
+    cell_writer(tmp_path / "sweep", "grpo", 0, 0.3)
+    export_data(tmp_path / "sweep", discover_cells(tmp_path / "sweep"), tmp_path / "first", "s", [])
+    shutil.copytree(tmp_path / "first" / "grpo-seed0", tmp_path / "resumed" / "grpo-seed0")
+    export_data(tmp_path / "resumed", discover_cells(tmp_path / "resumed"), tmp_path / "second", "s", [])
+    scalars = (tmp_path / "first" / "grpo-seed0" / "scalars.csv.gz").read_bytes()
+    assert len(scalars) > 100 and (tmp_path / "second" / "grpo-seed0" / "scalars.csv.gz").read_bytes() == scalars
