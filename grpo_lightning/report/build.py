@@ -42,6 +42,7 @@ def build_report(
     name: str | None = None,
     confidence: float = 0.95,
     provenance: Sequence[str] = (),
+    baseline: str | None = None,
 ) -> Path:
     """Write ``report.md``, ``report.html``, the curve PNGs, ``final_metrics.csv`` and
     ``final_metrics.tex`` of a sweep into ``output`` (default: ``<sweep_dir>/report``); returns it.
@@ -50,11 +51,14 @@ def build_report(
     ``output/REGENERATE``, then is built from that copy; from such a ``data`` folder (default
     output: the folder that holds it) it is rebuilt, byte for byte. ``name``: the report's title
     (default: the sweep folder's name). The Provenance section comes from the sweep's
-    ``provenance.json``; ``provenance`` adds lines of the caller's.
+    ``provenance.json``; ``provenance`` adds lines of the caller's. ``baseline``: the arm every other
+    is compared with, in place of the sweep's ``baseline`` (kept in ``data/sweep.json``).
     """
     sweep_dir = Path(sweep_dir)
     if is_data_folder(sweep_dir):
         target = Path(output) if output is not None else sweep_dir.resolve().parent
+        if baseline is not None:
+            raise ValueError("baseline: a data folder keeps the baseline it was exported with; build from the sweep folder")
         return _build(sweep_dir, target, name, confidence, provenance)
     target = Path(output) if output is not None else sweep_dir / DEFAULT_FOLDER
     cells = discover_cells(sweep_dir)
@@ -62,7 +66,7 @@ def build_report(
         raise FileNotFoundError(f"no runs under {sweep_dir}: expected cell folders of grpo-lightning-ablate")
     check_arm_classes(cells)  # each arm's class from its resolved configs: a mislabelled arm is refused
     target.mkdir(parents=True, exist_ok=True)
-    export_data(sweep_dir, cells, target / DATA_FOLDER, name or sweep_dir.resolve().name, provenance)
+    export_data(sweep_dir, cells, target / DATA_FOLDER, name or sweep_dir.resolve().name, provenance, baseline)
     (target / REGENERATE_FILE).write_text(regenerate_line(target / DATA_FOLDER, confidence))
     return _build(target / DATA_FOLDER, target, None, confidence, ())
 
@@ -79,7 +83,7 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     finished = [c for c in cells if c.finished]
     unfinished = [c for c in cells if not c.finished]
     arms = load_arms(finished)
-    baseline = baseline_arm(arms, finished)
+    baseline = baseline_arm(arms, finished, meta.get("baseline"))
     records = read_provenance(data_dir)
     caveat = wall_clock_caveat(records)
     configs, inconsistent = arm_configs([c for arm in arms for c in arm.cells])
@@ -103,7 +107,7 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
         doc.p(f"Settings without effect: clip settings of {join_names(_noted(arms, notes))} never clipped a "
               "token; see the section of that name.")  # fmt: skip
 
-    _runs_section(doc, arms, unfinished, baseline)
+    _runs_section(doc, arms, unfinished, baseline, chosen=bool(meta.get("baseline")))
     _config_section(doc, arms, configs, inconsistent)
     effects_section(doc, notes)
     curve_rows = curve_metrics(arms, baseline)
@@ -122,9 +126,14 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     return target
 
 
-def baseline_arm(arms: Sequence[Arm], cells: Sequence[CellInfo]) -> Arm | None:
-    """The arm the sweep named as its baseline (``baseline`` in cell.json), else the first arm."""
+def baseline_arm(arms: Sequence[Arm], cells: Sequence[CellInfo], chosen: str | None = None) -> Arm | None:
+    """``chosen`` (the report's choice), else the arm the sweep named as its baseline (``baseline`` in
+    cell.json), else the first arm."""
     by_name = {a.name: a for a in arms}
+    if chosen is not None:
+        if chosen not in by_name:
+            raise ValueError(f"baseline: no arm is named {chosen!r}; the arms are {sorted(by_name)}")
+        return by_name[chosen]
     named = [c.baseline for c in cells if c.baseline in by_name]
     return by_name[named[0]] if named else (arms[0] if arms else None)
 
@@ -156,10 +165,12 @@ def _arm_order(arm: str, cells: Sequence[CellInfo]) -> tuple:
     return (rank, variant, arm)
 
 
-def _runs_section(doc: Doc, arms: Sequence[Arm], unfinished: Sequence[CellInfo], baseline: Arm | None) -> None:
+def _runs_section(doc: Doc, arms: Sequence[Arm], unfinished: Sequence[CellInfo], baseline: Arm | None,
+                  chosen: bool = False) -> None:  # fmt: skip
     doc.h(2, "Runs")
     if baseline is not None:
-        doc.p(f"Baseline: **{baseline.name}** (the sweep's `baseline`, else its first arm); every other arm is compared with it.")
+        origin = "chosen for this report" if chosen else "the sweep's `baseline`, else its first arm"
+        doc.p(f"Baseline: **{baseline.name}** ({origin}); every other arm is compared with it.")
     rows = []
     for arm in arms:
         seeds = ", ".join(str(c.seed) for c in arm.cells)

@@ -31,6 +31,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--provenance", action="append", default=[], metavar="LINE",
         help="a line added to the Provenance section (which comes from the sweep's provenance.json); repeatable",
     )  # fmt: skip
+    parser.add_argument("--baseline", default=None, metavar="ARM",
+                        help="the arm every other is compared with (default: the sweep's baseline, else its first arm)")  # fmt: skip
     args = parser.parse_args(argv)
     if not 0 < args.confidence < 1:
         parser.error("--confidence must be between 0 and 1")
@@ -43,8 +45,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         warnings.warn("--out DIR is deprecated: give the report's own folder as --output DIR/NAME", FutureWarning, stacklevel=1)
         output = args.out / (args.name or args.sweep_dir.resolve().name)
     try:
-        target = build_report(args.sweep_dir, output, args.name, args.confidence, args.provenance)
-    except MislabelledArmError as error:
+        target = build_report(args.sweep_dir, output, args.name, args.confidence, args.provenance, args.baseline)
+    except (MislabelledArmError, ValueError) as error:
         parser.exit(2, f"error: {error}\n")
     print(f"report: {target / 'report.md'}")
     print(f"html:   {target / 'report.html'}")

@@ -57,3 +57,24 @@ def test_a_cell_restored_from_a_data_folder_keeps_its_scalars_when_exported_agai
     export_data(tmp_path / "resumed", discover_cells(tmp_path / "resumed"), tmp_path / "second", "s", [])
     scalars = (tmp_path / "first" / "grpo-seed0" / "scalars.csv.gz").read_bytes()
     assert len(scalars) > 100 and (tmp_path / "second" / "grpo-seed0" / "scalars.csv.gz").read_bytes() == scalars
+
+
+def test_a_report_can_compare_with_another_baseline_and_its_data_keeps_the_choice(tmp_path, cell_writer):
+    """``--baseline ARM``: every other arm is compared with ARM, and data/sweep.json keeps the choice
+    so that REGENERATE rebuilds the same report; an arm that does not exist is refused by name."""
+    import pytest
+
+    from grpo_lightning.report import build_report
+
+    sweep = tmp_path / "sweep"
+    for variant, accuracy in (("grpo", 0.3), ("dapo", 0.4)):
+        for seed in (0, 1):
+            cell_writer(sweep, variant, seed, accuracy + 0.01 * seed)
+    target = build_report(sweep, tmp_path / "report", baseline="dapo")
+    text = (target / "report.md").read_text()
+    assert "Baseline: **dapo** (chosen for this report)" in text
+    assert '"baseline": "dapo"' in (target / "data" / "sweep.json").read_text()
+    again = build_report(target / "data", tmp_path / "again")
+    assert (again / "report.md").read_text() == text
+    with pytest.raises(ValueError, match="baseline: no arm is named 'ppo'"):
+        build_report(sweep, tmp_path / "other", baseline="ppo")
