@@ -33,7 +33,7 @@ def byte_symbols() -> list[str]:
 
 
 def write_tiny_gguf(path) -> None:
-    tokens = [*byte_symbols(), "<|im_start|>", "<|im_end|>", "is"]
+    tokens = [*byte_symbols(), "<|im_start|>", "<|im_end|>", "is", "th"]
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_block_count(LAYERS)
     writer.add_context_length(128)
@@ -45,9 +45,9 @@ def write_tiny_gguf(path) -> None:
     writer.add_rope_freq_base(10000.0)
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list(tokens)
-    writer.add_token_merges(["i s"])
+    writer.add_token_merges(["i s", "t h"])  # two: transformers 5.17's reader reads a one-element array as its element
     writer.add_token_scores([0.0] * len(tokens))
-    writer.add_token_types([1] * 256 + [3, 3, 1])
+    writer.add_token_types([1] * 256 + [3, 3, 1, 1])
     writer.add_bos_token_id(256)
     writer.add_eos_token_id(257)
     writer.add_chat_template(CHAT_TEMPLATE)

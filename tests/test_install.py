@@ -90,7 +90,8 @@ def installed(tmp_path_factory) -> dict[str, str]:
     # the "system" of a new one): its site-packages go on the new one's path, after its own.
     new_site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                    check=True, capture_output=True, text=True).stdout.strip())  # fmt: skip
-    ours = [*site.getsitepackages(), sysconfig.get_path("purelib")]
+    on_path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != REPO]
+    ours = [*site.getsitepackages(), sysconfig.get_path("purelib"), *on_path]  # PYTHONPATH: dependencies put there
     (new_site / "zz_test_dependencies.pth").write_text("\n".join(dict.fromkeys(ours)) + "\n")
     run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
          "--no-build-isolation", "--no-index", str(source)], root, dict(os.environ))  # fmt: skip

@@ -91,5 +91,8 @@ def measure(make_module, make_rollout, name: str) -> tuple[float, float, float, 
 def test_variant_loss_and_gradient_are_unchanged(name, make_module, make_rollout, one_torch_thread):
     measured = measure(make_module, make_rollout, name)
     assert name in GOLDEN, f"no recorded values for {name}: {measured}"
+    norm = GOLDEN[name][3]
     for label, got, want in zip(("loss", "sum |A|", "gradient sum", "gradient norm"), measured, GOLDEN[name]):
-        assert got == pytest.approx(want, rel=1e-6, abs=1e-9), f"{name}: {label} {got!r} != recorded {want!r}"
+        # A signed sum's rounding (other torch builds, other CPUs) scales with its terms, not with the sum.
+        tolerance = 1e-6 * norm if label == "gradient sum" else 1e-9
+        assert got == pytest.approx(want, rel=1e-6, abs=tolerance), f"{name}: {label} {got!r} != recorded {want!r}"
