@@ -41,6 +41,10 @@ def test_every_committed_report_regenerates_or_says_it_cannot():
         else:
             head = (folder / "report.md").read_text().split("## Summary")[0]
             assert "cannot be regenerated" in head, f"{folder.name}: no data/, REGENERATE or banner"
+    for folder in sorted(p for p in (REPO / "reports").iterdir() if p.is_dir() and p not in reports):
+        # reports of benchmarks (reports/smollm2): their own builder, from data/ beside them
+        assert (folder / "data").is_dir() and (folder / "REGENERATE").is_file(), folder.name
+        assert "reports/" + folder.name + "/data" in (folder / "REGENERATE").read_text(), folder.name
 
 
 def test_a_cell_restored_from_a_data_folder_keeps_its_scalars_when_exported_again(tmp_path, cell_writer):
