@@ -25,8 +25,8 @@ def fit_args(model_dir: str, logger: str) -> list[str]:
     logging under ``runs/`` of the working directory; a completion table at each step."""
     return [
         "fit", "--config", "trainer/cpu", "--config", "data/arithmetic", "--config", "variant/grpo",
-        "--config", f"logger/{logger}", "--model.model", model_dir, "--model.group_size", "2",
-        "--model.max_new_tokens", "4", "--data.batch_size", "2", "--data.num_train", "8", "--data.num_val", "2",
+        "--config", f"logger/{logger}", "--model.model", model_dir, "--model.sampling.group_size", "2",
+        "--model.sampling.max_new_tokens", "4", "--data.batch_size", "2", "--data.num_train", "8", "--data.num_val", "2",
         "--trainer.max_steps", str(STEPS), "--trainer.limit_val_batches", "0", "--validate_before_fit", "false",
         "--trainer.enable_progress_bar", "false", "--completions.first_steps", str(STEPS), "--completions.max_rows", "4",
     ]  # fmt: skip

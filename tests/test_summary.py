@@ -18,7 +18,7 @@ def fit_args(model_dir: str, root: Path, *extra: str, variant: str = "grpo", ste
     return [
         "fit", "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
         "--config", str(CONFIGS / f"variant/{variant}.yaml"), "--model.model", model_dir,
-        "--model.group_size", "2", "--model.max_new_tokens", "4", "--model.micro_batch_size", "8",
+        "--model.sampling.group_size", "2", "--model.sampling.max_new_tokens", "4", "--model.optim.micro_batch_size", "8",
         "--data.batch_size", "2", "--data.num_train", "16", "--data.num_val", "4", "--data.val_batch_size", "4",
         "--trainer.max_steps", str(steps), "--trainer.val_check_interval", "100",
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",

@@ -31,7 +31,7 @@ def multi_turn_engine(options: EngineOptions, rollout_seed: int | None, beam_sea
     """The engine options of multi-turn rollouts: the HF generate path, whatever ``"auto"`` would pick
     (the static engine does not yet continue a sequence after the environment's tokens)."""
     if beam_search:
-        raise ConfigError("rollout_mode: multi-turn rollouts (environment) sample each turn; set rollout_mode to 'sample'.")
+        raise ConfigError("sampling.mode: multi-turn rollouts (environment) sample each turn; set sampling.mode to 'sample'.")
     static = ["engine.rollout"] if options.rollout == "static" else []
     for name in static + static_only_settings(options, rollout_seed):
         raise ConfigError(
