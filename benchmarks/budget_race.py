@@ -181,15 +181,34 @@ def trl_worker(settings: dict[str, Any], device: str, minutes: float, seed: int,
     completions = data_args["batch_size"] * model_args["sampling"]["group_size"]
     micro = min(model_args.get("optim", {}).get("micro_batch_size") or completions, completions)
     config = GRPOConfig(
-        output_dir=str(root / "trainer"), seed=seed, max_steps=1_000_000, report_to="none", save_strategy="no",
-        logging_steps=1, disable_tqdm=True, use_cpu=device == "cpu", bf16=str(settings["trainer"].get("precision", "")).startswith("bf16"),
-        use_vllm=False, per_device_train_batch_size=micro, gradient_accumulation_steps=completions // micro,
-        generation_batch_size=completions, num_generations=model_args["sampling"]["group_size"], num_iterations=1,
-        max_completion_length=model_args["sampling"]["max_new_tokens"], temperature=model_args.get("sampling", {}).get("temperature", 1.0),
-        beta=model_args.get("kl", {}).get("beta", 0.04), loss_type="grpo", scale_rewards="group", epsilon=0.2,
-        learning_rate=model_args["optim"]["learning_rate"], lr_scheduler_type="constant", warmup_steps=0,
-        max_grad_norm=model_args.get("optim", {}).get("max_grad_norm", 1.0), gradient_checkpointing=False, disable_dropout=True,
-    )  # fmt: skip
+        output_dir=str(root / "trainer"),
+        seed=seed,
+        max_steps=1_000_000,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        use_cpu=device == "cpu",
+        bf16=str(settings["trainer"].get("precision", "")).startswith("bf16"),
+        use_vllm=False,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=completions // micro,
+        generation_batch_size=completions,
+        num_generations=model_args["sampling"]["group_size"],
+        num_iterations=1,
+        max_completion_length=model_args["sampling"]["max_new_tokens"],
+        temperature=model_args.get("sampling", {}).get("temperature", 1.0),
+        beta=model_args.get("kl", {}).get("beta", 0.04),
+        loss_type="grpo",
+        scale_rewards="group",
+        epsilon=0.2,
+        learning_rate=model_args["optim"]["learning_rate"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_grad_norm=model_args.get("optim", {}).get("max_grad_norm", 1.0),
+        gradient_checkpointing=False,
+        disable_dropout=True,
+    )
 
     class StopAtBudget(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):

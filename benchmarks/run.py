@@ -631,8 +631,11 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
         raise SystemExit(f"{workload.prompts} prompts per step do not split over {trainer.world_size} devices")
     module = {"grpo": GRPO, "ppo": PPO}[args.variant](
         model=paths["model"],
-        policy={"dtype": dtype, "peft_config": lora_settings(args.lora_rank),
-                "gradient_checkpointing": args.gradient_checkpointing},
+        policy={
+            "dtype": dtype,
+            "peft_config": lora_settings(args.lora_rank),
+            "gradient_checkpointing": args.gradient_checkpointing,
+        },
         rewards={"funcs": [benchmark_reward]},
         sampling={
             "group_size": workload.group_size,
@@ -643,7 +646,9 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
             "min_new_tokens": 0 if workload.stop_lengths else workload.max_new_tokens,
             "seed": args.rollout_seed,
             "dtype": args.rollout_dtype,
-            "correction": "token_truncate" if args.stale_rollouts != "off" else None,  # configs/rollout/one_step_stale.yaml
+            "correction": (
+                "token_truncate" if args.stale_rollouts != "off" else None
+            ),  # configs/rollout/one_step_stale.yaml
         },
         kl={"beta": 0.04},
         optim={"ppo_epochs": 1, "micro_batch_size": workload.micro_batch_size},

@@ -439,7 +439,12 @@ def user_error_message(error: BaseException, parsing: bool) -> str | None:
         choices = init_parameters(owner.group(1)) if owner else []
         if group == "--model." and name in MOVED:  # a setting of a former release, now in a group
             return f"{group}{name} moved to {group}{MOVED[name]}; give --model.{MOVED[name]} (in YAML: {MOVED[name]} under init_args)."
-        nested = {field: f"{option}.{field}" for option, cls in GROUPS.items() if option in choices for field in field_names(cls)}
+        nested = {
+            field: f"{option}.{field}"
+            for option, cls in GROUPS.items()
+            if option in choices
+            for field in field_names(cls)
+        }
         close = difflib.get_close_matches(name, [*choices, *nested], n=1, cutoff=0.6)
         close = [nested.get(close[0], close[0])] if close and close[0] not in choices else close
         hint = f"; did you mean {group}{close[0]}?" if close else f"; valid options: {', '.join(choices)}." if choices else "."

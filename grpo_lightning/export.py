@@ -59,7 +59,9 @@ def export_checkpoint(
     policy = load_causal_lm(base, dtype, None)
     settings = policy_settings.get("peft_config")
     if adapter and not settings:
-        raise ValueError(f"checkpoint {str(ckpt_path)!r} is not of a LoRA run (no policy.peft_config): export the model.")
+        raise ValueError(
+            f"checkpoint {str(ckpt_path)!r} is not of a LoRA run (no policy.peft_config): export the model."
+        )
     if settings:
         policy = add_adapters(policy, settings)
         unexpected = policy.load_state_dict(weights, strict=False).unexpected_keys
@@ -70,7 +72,9 @@ def export_checkpoint(
         policy = policy if adapter else merged_model(policy)
     else:
         policy.load_state_dict(weights, strict=True)
-    tokenizer = load_tokenizer(policy_settings.get("tokenizer") or base)  # padded with EOS where it has no pad, as the run
+    tokenizer = load_tokenizer(
+        policy_settings.get("tokenizer") or base
+    )  # padded with EOS where it has no pad, as the run
     output = Path(output_dir)
     policy.save_pretrained(output)
     tokenizer.save_pretrained(output)

@@ -27,7 +27,9 @@ def load_models(name: str, hparams: Mapping[str, Any], needs_reference: bool, st
     ``gradient_checkpointing``, ``peft_config``); the policy in training mode."""
     adapters = hparams.get("peft_config")
     if adapters and isinstance(strategy, FSDPStrategy):
-        raise ConfigError("policy.peft_config: LoRA runs on one device or under DDP (--trainer.strategy ddp), not FSDP.")
+        raise ConfigError(
+            "policy.peft_config: LoRA runs on one device or under DDP (--trainer.strategy ddp), not FSDP."
+        )
     policy = load_causal_lm(name, hparams["dtype"], hparams["attn_implementation"]).train()
     if hparams["gradient_checkpointing"]:
         policy.gradient_checkpointing_enable()

@@ -142,7 +142,9 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         )
         self.clip_eps_low, self.clip_eps_high = surrogate_clip(self.surrogate_name, loss)
         check_engine_options(options, sampling.seed, sampling.beam_search)
-        options = options if self.environment is None else multi_turn_engine(options, sampling.seed, sampling.beam_search)
+        options = (
+            options if self.environment is None else multi_turn_engine(options, sampling.seed, sampling.beam_search)
+        )
         self.reward_functions, self.reward_weights = resolve_rewards(rewards.funcs, rewards.weights)
         self.reward_scorer = RewardScorer(rewards.execution, self.reward_functions)  # workers, warnings, NaN counts
         self.accuracy_function = resolve_reward_function(evaluation.accuracy_func, field="evaluation.accuracy_func")
@@ -180,7 +182,9 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
 
     def option_values(self) -> dict[str, Any]:
         """Every option of the groups by its dotted name (``loss.delta``), and the parts and environment."""
-        values = {f"{name}.{key}": value for name in GROUPS for key, value in vars(getattr(self, f"{name}_options")).items()}
+        values = {
+            f"{name}.{key}": value for name in GROUPS for key, value in vars(getattr(self, f"{name}_options")).items()
+        }
         return {**values, "advantage": self.hparams.advantage, "aggregation": self.hparams.aggregation,
                 "environment": self.hparams.environment}  # fmt: skip
 
@@ -215,7 +219,9 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
             return
         self.tokenizer = load_tokenizer(self.tokenizer_name)
         strategy = self.trainer.strategy if self._trainer is not None else None
-        self.policy, self.ref_model = load_models(self.model_name, self.hparams.policy, self.needs_reference_model(), strategy)
+        self.policy, self.ref_model = load_models(
+            self.model_name, self.hparams.policy, self.needs_reference_model(), strategy
+        )
 
     def save_pretrained(self, directory: str) -> None:
         """Write the policy and tokenizer as a plain Hugging Face directory (rank 0 writes).

@@ -101,14 +101,19 @@ class PolicyOptions(OptionGroup):
     """Wrap plain-text prompts in the tokenizer's chat template when it has one."""
 
     def check(self) -> None:
-        require(self.tokenizer != "", "policy.tokenizer: give a hub id or a local directory, or null for the model's own.")
+        require(
+            self.tokenizer != "", "policy.tokenizer: give a hub id or a local directory, or null for the model's own."
+        )
         require(self.dtype == "auto" or self.dtype in DTYPES,
                 f"policy.dtype: {self.dtype!r} is not one of 'auto', {', '.join(map(repr, DTYPES))}.")  # fmt: skip
 
     def state(self) -> dict[str, Any]:
         from grpo_lightning.lora import adapter_settings  # peft is an extra: imported where adapters are asked for
 
-        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "peft_config": adapter_settings(self.peft_config)}
+        return {
+            **{f.name: getattr(self, f.name) for f in fields(self)},
+            "peft_config": adapter_settings(self.peft_config),
+        }
 
 
 @dataclass(frozen=True)
@@ -151,16 +156,23 @@ class SamplingOptions(OptionGroup):
         require(0 <= self.min_new_tokens <= self.max_new_tokens,
                 f"sampling.min_new_tokens: must be between 0 and max_new_tokens ({self.max_new_tokens}), "
                 f"got {self.min_new_tokens}.")  # fmt: skip
-        require(self.temperature > 0, f"sampling.temperature: rollouts must be sampled, so it must be > 0 (got {self.temperature}).")
+        require(
+            self.temperature > 0,
+            f"sampling.temperature: rollouts must be sampled, so it must be > 0 (got {self.temperature}).",
+        )
         require(0 < self.top_p <= 1, f"sampling.top_p: must be in (0, 1] (got {self.top_p}).")
         require(self.top_k >= 0, f"sampling.top_k: must be >= 0, 0 disables it (got {self.top_k}).")
         modes = ", ".join(map(repr, ROLLOUT_MODES))
         require(self.mode in ROLLOUT_MODES, f"sampling.mode: {self.mode!r} is not one of {modes}.")
         require(self.dtype is None or self.dtype in DTYPES,
                 f"sampling.dtype: {self.dtype!r} is not one of {', '.join(map(repr, DTYPES))} or null.")  # fmt: skip
-        require(self.correction in (None, *CORRECTIONS),
-                f"sampling.correction: {self.correction!r} is not one of {', '.join(CORRECTIONS)} or null (off).")  # fmt: skip
-        require(self.correction_cap >= 1, f"sampling.correction_cap: must be >= 1 (got {self.correction_cap}); e.g. 2.0.")
+        require(
+            self.correction in (None, *CORRECTIONS),
+            f"sampling.correction: {self.correction!r} is not one of {', '.join(CORRECTIONS)} or null (off).",
+        )
+        require(
+            self.correction_cap >= 1, f"sampling.correction_cap: must be >= 1 (got {self.correction_cap}); e.g. 2.0."
+        )
         require(self.correction is None or self.mode == "sample",
                 "sampling.correction: weighs tokens by the sampling engine's probabilities, and beam search samples "
                 "nothing; set sampling.correction to null or sampling.mode to 'sample'.")  # fmt: skip
@@ -203,9 +215,13 @@ class RewardOptions(OptionGroup):
     def check(self) -> None:
         check_rewards(self.funcs, self.weights)
         RewardExecution.of(self.execution)
-        require(self.scale in F.REWARD_SCALES, f"rewards.scale: {self.scale!r} is not one of {', '.join(F.REWARD_SCALES)}.")
-        require(self.aggregation in REWARD_AGGREGATIONS,
-                f"rewards.aggregation: {self.aggregation!r} is not one of {', '.join(REWARD_AGGREGATIONS)}.")  # fmt: skip
+        require(
+            self.scale in F.REWARD_SCALES, f"rewards.scale: {self.scale!r} is not one of {', '.join(F.REWARD_SCALES)}."
+        )
+        require(
+            self.aggregation in REWARD_AGGREGATIONS,
+            f"rewards.aggregation: {self.aggregation!r} is not one of {', '.join(REWARD_AGGREGATIONS)}.",
+        )
 
     def state(self) -> dict[str, Any]:
         def plain(spec: Any) -> Any:  # a callable by its import path where it has one
@@ -254,7 +270,10 @@ class LossOptions(OptionGroup):
                 f"loss.delta: must exceed 1 + clip_eps_high = {1 + (high or 0)} (got {self.delta}); "
                 "e.g. --model.loss.delta 2.0, or null for off.")  # fmt: skip
         c, threshold = self.clip_ratio_c, self.off_policy_mask_threshold
-        require(c is None or c > 1, f"loss.clip_ratio_c: the dual-clip bound must be > 1 (got {c}); e.g. 3.0, or null for off.")
+        require(
+            c is None or c > 1,
+            f"loss.clip_ratio_c: the dual-clip bound must be > 1 (got {c}); e.g. 3.0, or null for off.",
+        )
         require(threshold is None or threshold >= 0, f"loss.off_policy_mask_threshold: must be >= 0 (got {threshold}); "
                 "e.g. 0.5, or null for off.")  # fmt: skip
         require(self.entropy_coef >= 0, f"loss.entropy_coef: must be a finite number >= 0 (got {self.entropy_coef}); "
@@ -265,8 +284,11 @@ class LossOptions(OptionGroup):
     def check_clip_pair(self) -> None:
         """Raise :class:`ConfigError` where ``delta`` and ``clip_ratio_c`` are both set (the module
         checks it once it knows both apply: a variant may preset one and have no place for the other)."""
-        require(self.clip_ratio_c is None or self.delta is None, "loss.clip_ratio_c: bounds the same negative-advantage "
-                "loss as loss.delta (for clip_ratio_c > 1 + clip_eps_high they are equal); set one of them.")  # fmt: skip
+        require(
+            self.clip_ratio_c is None or self.delta is None,
+            "loss.clip_ratio_c: bounds the same negative-advantage "
+            "loss as loss.delta (for clip_ratio_c > 1 + clip_eps_high they are equal); set one of them.",
+        )
 
 
 @dataclass(frozen=True)
@@ -319,8 +341,11 @@ class OptimOptions(OptionGroup):
         require(micro >= 1, f"optim.micro_batch_size: must be at least 1 (got {micro}).")
         if mini is not None:
             require(mini >= 1, f"optim.minibatch_size: must be at least 1 or null (got {mini}).")
-            require(micro <= mini, f"optim.micro_batch_size ({micro}) is larger than optim.minibatch_size ({mini}), "
-                    f"the completions of one optimizer step; set --model.optim.micro_batch_size to at most {mini}.")  # fmt: skip
+            require(
+                micro <= mini,
+                f"optim.micro_batch_size ({micro}) is larger than optim.minibatch_size ({mini}), "
+                f"the completions of one optimizer step; set --model.optim.micro_batch_size to at most {mini}.",
+            )
             require(mini % micro == 0, f"optim.minibatch_size ({mini}) must be a multiple of optim.micro_batch_size "
                     f"({micro}): change one of them so micro-batches tile each minibatch.")  # fmt: skip
         require(self.learning_rate > 0, f"optim.learning_rate: must be > 0 (got {self.learning_rate}); give e.g. "
@@ -329,8 +354,10 @@ class OptimOptions(OptionGroup):
                 "give 0 for none, e.g. --model.optim.weight_decay 0.0.")  # fmt: skip
         require(self.warmup_steps >= 0, f"optim.warmup_steps: must be >= 0 (got {self.warmup_steps}); "
                 "give 0 for no warm-up, e.g. --model.optim.warmup_steps 0.")  # fmt: skip
-        require(self.max_nonfinite_steps >= 1,
-                f"optim.max_nonfinite_steps: must be a positive integer, got {self.max_nonfinite_steps!r}.")  # fmt: skip
+        require(
+            self.max_nonfinite_steps >= 1,
+            f"optim.max_nonfinite_steps: must be a positive integer, got {self.max_nonfinite_steps!r}.",
+        )
         require(self.max_grad_norm is None or self.max_grad_norm > 0,
                 f"optim.max_grad_norm: must be > 0 or null (got {self.max_grad_norm}); give e.g. "
                 "--model.optim.max_grad_norm 1.0, or null to turn clipping off.")  # fmt: skip
@@ -439,25 +466,51 @@ def resolve_groups(variant: type, values: Mapping[str, Any]) -> dict[str, Option
 
 #: Where each former flat argument of the constructor lives now (``--model.NAME`` -> ``--model.GROUP.FIELD``).
 MOVED = {
-    "tokenizer": "policy.tokenizer", "dtype": "policy.dtype", "gradient_checkpointing": "policy.gradient_checkpointing",
-    "attn_implementation": "policy.attn_implementation", "disable_dropout": "policy.disable_dropout",
-    "peft_config": "policy.peft_config", "use_chat_template": "policy.use_chat_template",
-    "group_size": "sampling.group_size", "max_new_tokens": "sampling.max_new_tokens",
-    "min_new_tokens": "sampling.min_new_tokens", "temperature": "sampling.temperature", "top_p": "sampling.top_p",
-    "top_k": "sampling.top_k", "rollout_mode": "sampling.mode", "rollout_dtype": "sampling.dtype",
-    "rollout_seed": "sampling.seed", "rollout_correction": "sampling.correction",
+    "tokenizer": "policy.tokenizer",
+    "dtype": "policy.dtype",
+    "gradient_checkpointing": "policy.gradient_checkpointing",
+    "attn_implementation": "policy.attn_implementation",
+    "disable_dropout": "policy.disable_dropout",
+    "peft_config": "policy.peft_config",
+    "use_chat_template": "policy.use_chat_template",
+    "group_size": "sampling.group_size",
+    "max_new_tokens": "sampling.max_new_tokens",
+    "min_new_tokens": "sampling.min_new_tokens",
+    "temperature": "sampling.temperature",
+    "top_p": "sampling.top_p",
+    "top_k": "sampling.top_k",
+    "rollout_mode": "sampling.mode",
+    "rollout_dtype": "sampling.dtype",
+    "rollout_seed": "sampling.seed",
+    "rollout_correction": "sampling.correction",
     "rollout_correction_cap": "sampling.correction_cap",
-    "reward_funcs": "rewards.funcs", "reward_weights": "rewards.weights", "reward_execution": "rewards.execution",
-    "scale_rewards": "rewards.scale", "reward_aggregation": "rewards.aggregation",
-    "surrogate": "loss.surrogate", "clip_eps_low": "loss.clip_eps_low", "clip_eps_high": "loss.clip_eps_high",
-    "delta": "loss.delta", "clip_ratio_c": "loss.clip_ratio_c", "off_policy_mask_threshold": "loss.off_policy_mask_threshold",
-    "entropy_coef": "loss.entropy_coef", "top_entropy_quantile": "loss.top_entropy_quantile",
+    "reward_funcs": "rewards.funcs",
+    "reward_weights": "rewards.weights",
+    "reward_execution": "rewards.execution",
+    "scale_rewards": "rewards.scale",
+    "reward_aggregation": "rewards.aggregation",
+    "surrogate": "loss.surrogate",
+    "clip_eps_low": "loss.clip_eps_low",
+    "clip_eps_high": "loss.clip_eps_high",
+    "delta": "loss.delta",
+    "clip_ratio_c": "loss.clip_ratio_c",
+    "off_policy_mask_threshold": "loss.off_policy_mask_threshold",
+    "entropy_coef": "loss.entropy_coef",
+    "top_entropy_quantile": "loss.top_entropy_quantile",
     "mask_truncated_completions": "loss.mask_truncated_completions",
-    "beta": "kl.beta", "kl_estimator": "kl.estimator", "unbiased_kl": "kl.unbiased",
-    "ppo_epochs": "optim.ppo_epochs", "minibatch_size": "optim.minibatch_size",
-    "micro_batch_size": "optim.micro_batch_size", "learning_rate": "optim.learning_rate",
-    "weight_decay": "optim.weight_decay", "warmup_steps": "optim.warmup_steps", "max_grad_norm": "optim.max_grad_norm",
+    "beta": "kl.beta",
+    "kl_estimator": "kl.estimator",
+    "unbiased_kl": "kl.unbiased",
+    "ppo_epochs": "optim.ppo_epochs",
+    "minibatch_size": "optim.minibatch_size",
+    "micro_batch_size": "optim.micro_batch_size",
+    "learning_rate": "optim.learning_rate",
+    "weight_decay": "optim.weight_decay",
+    "warmup_steps": "optim.warmup_steps",
+    "max_grad_norm": "optim.max_grad_norm",
     "max_nonfinite_steps": "optim.max_nonfinite_steps",
-    "val_temperature": "evaluation.temperature", "val_max_new_tokens": "evaluation.max_new_tokens",
-    "val_samples": "evaluation.samples", "accuracy_func": "evaluation.accuracy_func",
-}  # fmt: skip
+    "val_temperature": "evaluation.temperature",
+    "val_max_new_tokens": "evaluation.max_new_tokens",
+    "val_samples": "evaluation.samples",
+    "accuracy_func": "evaluation.accuracy_func",
+}

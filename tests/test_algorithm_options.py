@@ -92,7 +92,11 @@ def test_the_training_step_hands_normalised_sums_to_the_advantages(make_module, 
     def constant(prompts, completions, **kwargs):
         return [float(len(c) % 3) * 10 for c in completions]
 
-    module = make_module(GRPO, rewards={"aggregation": "normalize_then_sum", "funcs": ["tests.conftest.length_parity_reward", constant]}, kl={"beta": 0.0})  # fmt: skip
+    module = make_module(
+        GRPO,
+        rewards={"aggregation": "normalize_then_sum", "funcs": ["tests.conftest.length_parity_reward", constant]},
+        kl={"beta": 0.0},
+    )
     seen = {}
     monkeypatch.setattr(module, "advantages", lambda rewards: seen.setdefault("rewards", rewards) * 0)
     monkeypatch.setattr(module, "update", lambda rollout, advantages: None)

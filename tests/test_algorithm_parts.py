@@ -138,7 +138,9 @@ def update_loss(module, rollout) -> float:
 
 def test_rloo_with_dr_grpos_parts_is_dr_grpo(make_module, make_rollout, one_torch_thread):
     """The same token loss with the same two parts is the same algorithm, whichever class holds them."""
-    composed = make_module(variants.RLOO, advantage="group_mean", aggregation="seq_mean_token_sum_norm", kl={"beta": 0.0})
+    composed = make_module(
+        variants.RLOO, advantage="group_mean", aggregation="seq_mean_token_sum_norm", kl={"beta": 0.0}
+    )
     rollout = make_rollout(composed, PROMPTS)
     assert update_loss(composed, rollout) == update_loss(make_module(variants.DrGRPO), rollout)
     assert update_loss(composed, rollout) != update_loss(make_module(variants.RLOO, kl={"beta": 0.0}), rollout)

@@ -30,9 +30,11 @@ def length_reward(prompts, completions, **columns):
 def make_module(model_dir: str, cls=GRPO, **overrides):
     settings = dict(
         # an import path, as configs give it: resuming loads checkpoints with weights_only=True
-        model=model_dir, rewards={"funcs": [f"{__name__}.length_reward"]}, sampling={"group_size": 2, "max_new_tokens": 6},
+        model=model_dir,
+        rewards={"funcs": [f"{__name__}.length_reward"]},
+        sampling={"group_size": 2, "max_new_tokens": 6},
         optim={"micro_batch_size": 2, "learning_rate": 1e-3},
-    )  # fmt: skip
+    )
     return cls(**merged(settings, overrides))
 
 

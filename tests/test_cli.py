@@ -83,12 +83,27 @@ def test_a_fit_shows_no_warning_about_what_the_module_does_by_design(tiny_model_
     how the module works: a CLI fit does not warn about them (other warnings still show)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        main([
-            "fit", *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir), "--trainer.max_steps", "1", "--model.sampling.max_new_tokens", "8",
-            "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path),
-            "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.callbacks+=ModelCheckpoint",
-            "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"), "--trainer.callbacks.every_n_train_steps", "1",
-        ])  # fmt: skip
+        main(
+            [
+                "fit",
+                *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir),
+                "--trainer.max_steps",
+                "1",
+                "--model.sampling.max_new_tokens",
+                "8",
+                "--trainer.limit_val_batches",
+                "0",
+                "--trainer.default_root_dir",
+                str(tmp_path),
+                "--trainer.logger.init_args.save_dir",
+                str(tmp_path),
+                "--trainer.callbacks+=ModelCheckpoint",
+                "--trainer.callbacks.dirpath",
+                str(tmp_path / "ckpt"),
+                "--trainer.callbacks.every_n_train_steps",
+                "1",
+            ]
+        )
         warnings.warn("not expected")
     messages = [str(w.message) for w in caught]
     assert "not expected" in messages
@@ -148,11 +163,27 @@ def test_the_progress_bar_counts_optimizer_steps_without_v_num(tiny_model_dir, t
     from grpo_lightning.callbacks import StepProgressBar
 
     args = cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir) + [
-        "--model.sampling.group_size", "2", "--model.sampling.max_new_tokens", "4", "--data.batch_size", "2", "--data.num_train", "8",
-        "--data.num_val", "2", "--trainer.max_steps", "2", "--trainer.val_check_interval", "1",
-        "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
-        "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
-    ]  # fmt: skip
+        "--model.sampling.group_size",
+        "2",
+        "--model.sampling.max_new_tokens",
+        "4",
+        "--data.batch_size",
+        "2",
+        "--data.num_train",
+        "8",
+        "--data.num_val",
+        "2",
+        "--trainer.max_steps",
+        "2",
+        "--trainer.val_check_interval",
+        "1",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+        "--trainer.callbacks.dirpath",
+        str(tmp_path / "ckpt"),
+    ]
     cli = GRPOLightningCLI(args=args, run=False)
     bar = cli.trainer.progress_bar_callback
     assert isinstance(bar, StepProgressBar)
@@ -209,11 +240,22 @@ def test_generate_writes_a_completion_per_prompt(tiny_model_dir, tmp_path, one_t
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "12+3=", "answer": "15"}\n{"prompt": "4+4="}\n\n{"prompt": "1+1="}\n')
     output = tmp_path / "out" / "completions.jsonl"
-    main([
-        "generate", *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir), "--model.evaluation.max_new_tokens", "4",
-        "--trainer.logger.init_args.save_dir", str(tmp_path), "--prompts", str(prompts), "--output", str(output),
-        "--batch_size", "2",
-    ])  # fmt: skip
+    main(
+        [
+            "generate",
+            *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir),
+            "--model.evaluation.max_new_tokens",
+            "4",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path),
+            "--prompts",
+            str(prompts),
+            "--output",
+            str(output),
+            "--batch_size",
+            "2",
+        ]
+    )
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     assert [row["prompt"] for row in rows] == ["12+3=", "4+4=", "1+1="]
     assert rows[0]["answer"] == "15" and all(isinstance(row["completion"], str) for row in rows)
@@ -293,11 +335,24 @@ def test_a_fit_prints_no_product_tip_of_lightning_but_the_projects_messages(tiny
     handler.emit = lambda record: records.append(record.getMessage())
     rank_zero.log.addHandler(handler)
     try:
-        main([
-            "fit", *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir), "--trainer.max_steps", "1",
-            "--model.sampling.max_new_tokens", "4", "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path),
-            "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
-        ])  # fmt: skip
+        main(
+            [
+                "fit",
+                *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir),
+                "--trainer.max_steps",
+                "1",
+                "--model.sampling.max_new_tokens",
+                "4",
+                "--trainer.limit_val_batches",
+                "0",
+                "--trainer.default_root_dir",
+                str(tmp_path),
+                "--trainer.logger.init_args.save_dir",
+                str(tmp_path),
+                "--trainer.callbacks.dirpath",
+                str(tmp_path / "ckpt"),
+            ]
+        )
     finally:
         rank_zero.log.removeHandler(handler)
     assert not [message for message in records if "Tip" in message], records
@@ -308,10 +363,23 @@ def test_a_fit_prints_no_product_tip_of_lightning_but_the_projects_messages(tiny
 
 #: A fit of a few seconds on the tiny model.
 SMALL_RUN = [
-    "--model.sampling.group_size", "2", "--model.sampling.max_new_tokens", "4", "--model.evaluation.max_new_tokens", "4", "--data.batch_size", "2",
-    "--data.num_train", "8", "--data.num_val", "2", "--trainer.val_check_interval", "1",
-    "--trainer.callbacks.every_n_train_steps", "1",
-]  # fmt: skip
+    "--model.sampling.group_size",
+    "2",
+    "--model.sampling.max_new_tokens",
+    "4",
+    "--model.evaluation.max_new_tokens",
+    "4",
+    "--data.batch_size",
+    "2",
+    "--data.num_train",
+    "8",
+    "--data.num_val",
+    "2",
+    "--trainer.val_check_interval",
+    "1",
+    "--trainer.callbacks.every_n_train_steps",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")

@@ -76,11 +76,21 @@ INVALID = {
     "policy.disable_dropout": NOT_A_BOOL,
     "policy.attn_implementation": st.integers(),
     "sampling.seed": st.one_of(st.text(max_size=3), st.floats(allow_nan=False).filter(lambda x: not x.is_integer())),
-    "rewards.funcs": st.one_of(st.just([]), st.just("grpo_lightning.rewards.accuracy_reward"), st.integers(),
-                              st.lists(st.sampled_from(["no_dots", "no.such.module_path", 3]), min_size=1, max_size=2)),
-    "rewards.weights": st.one_of(st.lists(floats(), min_size=2, max_size=3), st.lists(NOT_FINITE, min_size=1,
-                                max_size=1), st.just(["1.0"]), st.just("1.0")),
-    "evaluation.accuracy_func": st.one_of(st.integers(), st.just("not_a_path"), st.just("grpo_lightning.rewards.no_such_reward")),
+    "rewards.funcs": st.one_of(
+        st.just([]),
+        st.just("grpo_lightning.rewards.accuracy_reward"),
+        st.integers(),
+        st.lists(st.sampled_from(["no_dots", "no.such.module_path", 3]), min_size=1, max_size=2),
+    ),
+    "rewards.weights": st.one_of(
+        st.lists(floats(), min_size=2, max_size=3),
+        st.lists(NOT_FINITE, min_size=1, max_size=1),
+        st.just(["1.0"]),
+        st.just("1.0"),
+    ),
+    "evaluation.accuracy_func": st.one_of(
+        st.integers(), st.just("not_a_path"), st.just("grpo_lightning.rewards.no_such_reward")
+    ),
     "sampling.group_size": integer(st.integers(max_value=1)),
     "sampling.max_new_tokens": integer(st.integers(max_value=0)),
     "sampling.min_new_tokens": integer(st.one_of(st.integers(max_value=-1), st.integers(min_value=257))),
@@ -117,9 +127,13 @@ INVALID = {
     "evaluation.max_new_tokens": integer(st.integers(max_value=0), optional=True),
     "evaluation.samples": integer(st.integers(max_value=0)),
     "policy.use_chat_template": NOT_A_BOOL,
-    "engine": st.one_of(st.just({"bogus": 1}), st.builds(dict, rollout=other_text("auto", "static", "hf")),
-                        st.builds(dict, compile=st.sampled_from(["yes", 1, 0.5])), st.integers()),
-}  # fmt: skip
+    "engine": st.one_of(
+        st.just({"bogus": 1}),
+        st.builds(dict, rollout=other_text("auto", "static", "hf")),
+        st.builds(dict, compile=st.sampled_from(["yes", 1, 0.5])),
+        st.integers(),
+    ),
+}
 #: Invalid values of the variants' own arguments.
 INVALID_OF_VARIANT = {
     variants.PPO: {
@@ -185,7 +199,9 @@ def arguments_annotated(cls: type, kind: type) -> list[str]:
 
 def accepted_of(name: str) -> tuple:
     group, _, field = name.partition(".")
-    return annotated_arguments(GROUPS[group])[field][0] if field else annotated_arguments(GroupPolicyOptimization)[name][0]
+    return (
+        annotated_arguments(GROUPS[group])[field][0] if field else annotated_arguments(GroupPolicyOptimization)[name][0]
+    )
 
 
 @pytest.mark.parametrize("variant", [GroupPolicyOptimization, *VARIANTS], ids=lambda cls: cls.__name__)
@@ -369,7 +385,9 @@ def test_valid_options_build_the_module_without_loading_a_model(group_size, temp
 
 
 def test_minibatches_that_do_not_tile_the_rollout_fail_before_any_model_is_loaded(tmp_path):
-    module = variants.GRPO(MISSING_MODEL, sampling={"group_size": 2}, optim={"minibatch_size": 4, "micro_batch_size": 4})
+    module = variants.GRPO(
+        MISSING_MODEL, sampling={"group_size": 2}, optim={"minibatch_size": 4, "micro_batch_size": 4}
+    )
     data = ArithmeticDataModule(num_train=8, num_val=0, val_split=None, batch_size=3)  # 3 x 2 = 6 completions
     trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip

@@ -288,9 +288,23 @@ def unhealthy_fit(tiny_model_dir, tmp_path_factory, one_torch_thread) -> SimpleN
     model validated after every step (val_accuracy_flat). Patience 2."""
     root = tmp_path_factory.mktemp("unhealthy")
     rewards = f"[{__name__}.constant_reward, {__name__}.nan_reward]"
-    args = fit_args(tiny_model_dir, root, rewards, "--model.sampling.max_new_tokens", "3", "--model.sampling.min_new_tokens", "3",
-                    "--trainer.max_steps", "3", "--trainer.val_check_interval", "1",
-                    "--health.patience", "2", "--model.rewards.execution.on_error", "zero")  # fmt: skip
+    args = fit_args(
+        tiny_model_dir,
+        root,
+        rewards,
+        "--model.sampling.max_new_tokens",
+        "3",
+        "--model.sampling.min_new_tokens",
+        "3",
+        "--trainer.max_steps",
+        "3",
+        "--trainer.val_check_interval",
+        "1",
+        "--health.patience",
+        "2",
+        "--model.rewards.execution.on_error",
+        "zero",
+    )
     out = io.StringIO()
     with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out):
         warnings.simplefilter("always")

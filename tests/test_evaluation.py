@@ -127,14 +127,36 @@ def test_validate_a_checkpoint_and_an_exported_model_with_pass_at_k_and_two_sets
     extra = tmp_path / "extra.jsonl"
     extra.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(4)))
     fit = GRPOLightningCLI(
-        args=["fit", *arguments(tiny_model_dir, tmp_path), "--trainer.max_steps", "1", "--model.sampling.max_new_tokens", "4",
-              "--data.batch_size", "2", "--model.sampling.group_size", "2", "--trainer.default_root_dir", str(tmp_path),
-              "--validate_before_fit", "false", "--trainer.val_check_interval", "1"],
-    )  # fmt: skip
+        args=[
+            "fit",
+            *arguments(tiny_model_dir, tmp_path),
+            "--trainer.max_steps",
+            "1",
+            "--model.sampling.max_new_tokens",
+            "4",
+            "--data.batch_size",
+            "2",
+            "--model.sampling.group_size",
+            "2",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--validate_before_fit",
+            "false",
+            "--trainer.val_check_interval",
+            "1",
+        ]
+    )
     checkpoint = last_checkpoint(fit.trainer)
     assert checkpoint, "the fit saved no checkpoint"
 
-    sampled = ["--model.evaluation.samples", "4", "--model.evaluation.temperature", "1.0", "--data.val_sets", json.dumps({"plus_one": str(extra)})]
+    sampled = [
+        "--model.evaluation.samples",
+        "4",
+        "--model.evaluation.temperature",
+        "1.0",
+        "--data.val_sets",
+        json.dumps({"plus_one": str(extra)}),
+    ]
     on_checkpoint = GRPOLightningCLI(args=["validate", *arguments(tiny_model_dir, tmp_path, *sampled), "--ckpt_path", checkpoint])
     metrics = on_checkpoint.trainer.callback_metrics
     for prefix in ("val/", "val/plus_one/"):

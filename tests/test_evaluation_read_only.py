@@ -29,14 +29,41 @@ def file_hashes(folder: Path) -> dict[str, str]:
 def run(tiny_model_dir, tmp_path_factory, one_torch_thread) -> Path:
     """A 2-step CLI fit's run folder, ``<root>/grpo/version_0``."""
     root = tmp_path_factory.mktemp("runs")
-    main([
-        "fit", "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
-        "--config", str(CONFIGS / "variant/grpo.yaml"), "--model.model", tiny_model_dir,
-        "--model.sampling.group_size", "2", "--model.sampling.max_new_tokens", "4", "--model.evaluation.max_new_tokens", "4",
-        "--data.batch_size", "2", "--data.num_train", "8", "--data.num_val", "4", "--data.val_batch_size", "4",
-        "--trainer.max_steps", "2", "--trainer.enable_progress_bar", "false",
-        "--trainer.default_root_dir", str(root), "--trainer.logger.init_args.save_dir", str(root),
-    ])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--config",
+            str(CONFIGS / "trainer/cpu.yaml"),
+            "--config",
+            str(CONFIGS / "data/arithmetic.yaml"),
+            "--config",
+            str(CONFIGS / "variant/grpo.yaml"),
+            "--model.model",
+            tiny_model_dir,
+            "--model.sampling.group_size",
+            "2",
+            "--model.sampling.max_new_tokens",
+            "4",
+            "--model.evaluation.max_new_tokens",
+            "4",
+            "--data.batch_size",
+            "2",
+            "--data.num_train",
+            "8",
+            "--data.num_val",
+            "4",
+            "--data.val_batch_size",
+            "4",
+            "--trainer.max_steps",
+            "2",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.default_root_dir",
+            str(root),
+            "--trainer.logger.init_args.save_dir",
+            str(root),
+        ]
+    )
     return root / "grpo" / "version_0"
 
 

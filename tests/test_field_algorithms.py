@@ -231,7 +231,10 @@ def test_opsm_the_entropy_bonus_and_the_dual_clip_give_the_same_gradient_in_any_
     """The presets are registered parts, each checked alone (tests/test_surrogates.py, tests/test_algorithm_parts.py);
     the options added to the surrogate are checked here, together."""
     name = "GRPO"
-    kwargs = {"loss": {"off_policy_mask_threshold": 0.05, "entropy_coef": 0.01, "clip_ratio_c": 1.5}, "kl": {"beta": 0.0}}
+    kwargs = {
+        "loss": {"off_policy_mask_threshold": 0.05, "entropy_coef": 0.01, "clip_ratio_c": 1.5},
+        "kl": {"beta": 0.0},
+    }
     module = make_module(getattr(variants, name), **kwargs)
     rollout = make_rollout(module, PROMPTS)
     logp = module.compute_logprobs(module.policy, rollout)

@@ -32,7 +32,9 @@ LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
 
 
 def lora_module(model_dir: str, **overrides):
-    return make_module(model_dir, **merged({"kl": {"beta": 0.04}, "policy": {"dtype": "float32", "peft_config": LORA}}, overrides))
+    return make_module(
+        model_dir, **merged({"kl": {"beta": 0.04}, "policy": {"dtype": "float32", "peft_config": LORA}}, overrides)
+    )
 
 
 def test_the_config_is_kept_as_plain_values_and_checked():
@@ -124,7 +126,10 @@ def test_lora_is_one_option_of_the_cli_and_refused_under_fsdp(tiny_model_dir, tm
         "--model.model", tiny_model_dir, "--trainer.default_root_dir", str(tmp_path),
     ]  # fmt: skip
     cli = GRPOLightningCLI(args=args, run=False)
-    assert cli.model.hparams.policy["peft_config"]["r"] == 16 and cli.model.hparams.policy["peft_config"]["target_modules"] == "all-linear"
+    assert (
+        cli.model.hparams.policy["peft_config"]["r"] == 16
+        and cli.model.hparams.policy["peft_config"]["target_modules"] == "all-linear"
+    )
     from grpo_lightning.models import load_models
     from grpo_lightning.strategies import PolicyFSDPStrategy
 

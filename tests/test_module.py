@@ -137,7 +137,11 @@ def test_no_reference_model_is_loaded_when_beta_is_zero(tiny_model_dir):
 def test_old_logprobs_cost_a_forward_pass_only_when_the_policy_moves_within_a_rollout(
     tiny_model_dir, tmp_path, ppo_epochs, minibatch_size, old_logprob_passes
 ):
-    grpo = module(tiny_model_dir, kl={"beta": 0.0}, optim={"ppo_epochs": ppo_epochs, "minibatch_size": minibatch_size, "micro_batch_size": 2})
+    grpo = module(
+        tiny_model_dir,
+        kl={"beta": 0.0},
+        optim={"ppo_epochs": ppo_epochs, "minibatch_size": minibatch_size, "micro_batch_size": 2},
+    )
     passes = []
     original = grpo.compute_logprobs
     grpo.compute_logprobs = lambda model, rollout: passes.append(model) or original(model, rollout)
@@ -168,7 +172,13 @@ def test_teacher_forced_logprobs_match_the_sampling_distribution(tiny_model_dir)
 def test_reward_rises_on_a_toy_task(tiny_model_dir, tmp_path):
     """GRPO on 'emit the character 1': the mean reward of the last steps beats the first by 0.2."""
     L.seed_everything(0)
-    grpo = module(tiny_model_dir, rewards={"funcs": [count_ones_reward]}, sampling={"group_size": 8, "max_new_tokens": 8}, optim={"micro_batch_size": 32, "learning_rate": 5e-3}, kl={"beta": 0.0})
+    grpo = module(
+        tiny_model_dir,
+        rewards={"funcs": [count_ones_reward]},
+        sampling={"group_size": 8, "max_new_tokens": 8},
+        optim={"micro_batch_size": 32, "learning_rate": 5e-3},
+        kl={"beta": 0.0},
+    )
     rewards = []
 
     class RecordReward(L.Callback):
@@ -298,7 +308,9 @@ def test_unknown_reward_function_path_names_the_field_and_an_example():
 def test_rollout_size_not_divisible_by_minibatch_fails_before_training(tiny_model_dir, tmp_path):
     trainer = make_trainer(tmp_path)
     with pytest.raises(ConfigError, match="minibatch_size"):
-        trainer.fit(module(tiny_model_dir, optim={"minibatch_size": 3, "micro_batch_size": 1}), small_data(batch_size=2))
+        trainer.fit(
+            module(tiny_model_dir, optim={"minibatch_size": 3, "micro_batch_size": 1}), small_data(batch_size=2)
+        )
     assert trainer.global_step == 0
 
 

@@ -230,15 +230,47 @@ def test_every_device_runs_as_many_pair_passes_and_the_count_is_their_mean(prepa
 
 
 def test_a_two_step_fit_through_the_cli_with_the_shipped_config(tiny_model_dir, tmp_path, one_torch_thread):
-    cli = GRPOLightningCLI(args=[
-        "fit", "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
-        "--config", str(CONFIGS / "variant/online_dpo_grpo.yaml"), "--model.model", tiny_model_dir,
-        "--model.rewards.funcs", f"[{__name__}.length_reward]", "--model.kl.beta", "0.0", "--model.sampling.group_size", "4",
-        "--model.sampling.max_new_tokens", "6", "--model.optim.micro_batch_size", "4", "--data.batch_size", "3",
-        "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0", "--validate_before_fit", "false",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "false", "--trainer.callbacks", "[]",
-        "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
-    ])  # fmt: skip
+    cli = GRPOLightningCLI(
+        args=[
+            "fit",
+            "--config",
+            str(CONFIGS / "trainer/cpu.yaml"),
+            "--config",
+            str(CONFIGS / "data/arithmetic.yaml"),
+            "--config",
+            str(CONFIGS / "variant/online_dpo_grpo.yaml"),
+            "--model.model",
+            tiny_model_dir,
+            "--model.rewards.funcs",
+            f"[{__name__}.length_reward]",
+            "--model.kl.beta",
+            "0.0",
+            "--model.sampling.group_size",
+            "4",
+            "--model.sampling.max_new_tokens",
+            "6",
+            "--model.optim.micro_batch_size",
+            "4",
+            "--data.batch_size",
+            "3",
+            "--trainer.max_steps",
+            "2",
+            "--trainer.limit_val_batches",
+            "0",
+            "--validate_before_fit",
+            "false",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.enable_checkpointing",
+            "false",
+            "--trainer.callbacks",
+            "[]",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path),
+        ]
+    )
     assert type(cli.model) is OnlineDPOGRPO and cli.model.dpo_beta == 0.1
     assert cli.trainer.global_step == 2 and cli.model.ref_model is not None  # loaded with beta 0
     logged = cli.model.last_step_metrics

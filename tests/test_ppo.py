@@ -217,15 +217,43 @@ def test_the_value_gradient_does_not_depend_on_micro_batching(make_module, make_
 
 def test_a_fit_through_the_cli_steps_both_optimizers(tiny_model_dir, tmp_path, one_torch_thread):
     args = [
-        "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
-        "--config", str(CONFIGS / "variant/ppo.yaml"), "--config", str(CONFIGS / "model/tiny.yaml"),
-        "--model.model", tiny_model_dir, "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.max_steps", "6",
-        "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_checkpointing", "false", "--trainer.callbacks", "[]",
-        "--data.batch_size", "2", "--model.sampling.group_size", "3", "--model.sampling.max_new_tokens", "8", "--model.optim.minibatch_size", "3",
-        "--model.optim.micro_batch_size", "3",
-        "--model.value_learning_rate", "1e-3", "--trainer.limit_val_batches", "0",
-        "--model.rewards.funcs", json.dumps([f"{__name__}.digit_reward"]),  # the tiny model never answers right
-    ]  # fmt: skip
+        "--config",
+        str(CONFIGS / "trainer/cpu.yaml"),
+        "--config",
+        str(CONFIGS / "data/arithmetic.yaml"),
+        "--config",
+        str(CONFIGS / "variant/ppo.yaml"),
+        "--config",
+        str(CONFIGS / "model/tiny.yaml"),
+        "--model.model",
+        tiny_model_dir,
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+        "--trainer.max_steps",
+        "6",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.enable_checkpointing",
+        "false",
+        "--trainer.callbacks",
+        "[]",
+        "--data.batch_size",
+        "2",
+        "--model.sampling.group_size",
+        "3",
+        "--model.sampling.max_new_tokens",
+        "8",
+        "--model.optim.minibatch_size",
+        "3",
+        "--model.optim.micro_batch_size",
+        "3",
+        "--model.value_learning_rate",
+        "1e-3",
+        "--trainer.limit_val_batches",
+        "0",
+        "--model.rewards.funcs",
+        json.dumps([f"{__name__}.digit_reward"]),  # the tiny model never answers right
+    ]
     cli = GRPOLightningCLI(args=args, run=False)
     module = cli.model
     assert type(module) is PPO
@@ -258,7 +286,13 @@ def resumable_fit(model_dir: str, max_steps: int, root: Path, callbacks=(), ckpt
                                           if not k.startswith("perf/")}  # fmt: skip
 
     L.seed_everything(0)
-    module = PPO(model=model_dir, value_learning_rate=1e-3, rewards={"funcs": [f"{__name__}.length_reward"]}, sampling={"group_size": 2, "max_new_tokens": 6}, optim={"micro_batch_size": 2, "learning_rate": 1e-3, "ppo_epochs": 2})  # fmt: skip
+    module = PPO(
+        model=model_dir,
+        value_learning_rate=1e-3,
+        rewards={"funcs": [f"{__name__}.length_reward"]},
+        sampling={"group_size": 2, "max_new_tokens": 6},
+        optim={"micro_batch_size": 2, "learning_rate": 1e-3, "ppo_epochs": 2},
+    )
     trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False, log_every_n_steps=1,
                         enable_checkpointing=bool(callbacks), enable_progress_bar=False, enable_model_summary=False,
                         num_sanity_val_steps=0, limit_val_batches=0, callbacks=[Recorder(), *callbacks],

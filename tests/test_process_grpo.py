@@ -142,13 +142,36 @@ def test_the_gradient_does_not_depend_on_micro_batching(make_module, make_rollou
 @pytest.mark.parametrize("step_reward", ["rule", "model"])
 def test_a_fit_through_the_cli(tiny_model_dir, prm_dir, tmp_path, step_reward, one_torch_thread):
     args = [
-        "fit", "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
-        "--config", str(CONFIGS / "variant/process_grpo.yaml"), "--config", str(CONFIGS / "model/tiny.yaml"),
-        "--model.model", tiny_model_dir, "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.max_steps", "2",
-        "--data.batch_size", "2", "--model.sampling.group_size", "3", "--model.sampling.max_new_tokens", "8",
-        "--data.max_val_samples", "4", "--validate_before_fit", "false", "--trainer.limit_val_batches", "0",
-        "--completions.jsonl", "true",
-    ]  # fmt: skip
+        "fit",
+        "--config",
+        str(CONFIGS / "trainer/cpu.yaml"),
+        "--config",
+        str(CONFIGS / "data/arithmetic.yaml"),
+        "--config",
+        str(CONFIGS / "variant/process_grpo.yaml"),
+        "--config",
+        str(CONFIGS / "model/tiny.yaml"),
+        "--model.model",
+        tiny_model_dir,
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+        "--trainer.max_steps",
+        "2",
+        "--data.batch_size",
+        "2",
+        "--model.sampling.group_size",
+        "3",
+        "--model.sampling.max_new_tokens",
+        "8",
+        "--data.max_val_samples",
+        "4",
+        "--validate_before_fit",
+        "false",
+        "--trainer.limit_val_batches",
+        "0",
+        "--completions.jsonl",
+        "true",
+    ]
     if step_reward == "model":
         spec = {"class_path": "grpo_lightning.rewards.ProcessRewardModel", "init_args": {"path": prm_dir}}
         args += ["--model.step_reward_func", json.dumps(spec)]

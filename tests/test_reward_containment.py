@@ -450,7 +450,10 @@ def always_fails(prompts, completions, **columns):
 
 
 def test_skip_group_trains_on_the_other_groups(tiny_model_dir, tmp_path, one_torch_thread):
-    module = make_module(tiny_model_dir, rewards={"funcs": [length_reward, fails_on_group_0], "execution": RewardExecution(on_error="skip_group")})  # fmt: skip
+    module = make_module(
+        tiny_model_dir,
+        rewards={"funcs": [length_reward, fails_on_group_0], "execution": RewardExecution(on_error="skip_group")},
+    )
     with pytest.warns(RewardFunctionWarning, match="'fails_on_group_0' raised ValueError: group 0 at the group of"):
         steps, trainer = fit(module, max_steps=2, root=tmp_path)
     assert trainer.global_step == 2 and sorted(steps) == [1, 2]
@@ -479,7 +482,11 @@ def answer_check_that_fails_on_7(prompts, completions, answer, **columns):
 
 @pytest.mark.parametrize("on_error", ["raise", "zero"])
 def test_the_accuracy_function_fails_as_reward_execution_says(tiny_model_dir, on_error):
-    module = make_module(tiny_model_dir, evaluation={"accuracy_func": answer_check_that_fails_on_7}, rewards={"execution": RewardExecution(on_error=on_error)})  # fmt: skip
+    module = make_module(
+        tiny_model_dir,
+        evaluation={"accuracy_func": answer_check_that_fails_on_7},
+        rewards={"execution": RewardExecution(on_error=on_error)},
+    )
     module.configure_model()
     rollout = module.generate({"prompt": ["3+4=", "1+2="], "answer": ["7", "3"]}, 2, module.val_sampling)
     module.score(rollout)

@@ -100,7 +100,9 @@ def test_overlap_trains_exactly_as_the_stale_run_without_it(tiny_model_dir, tmp_
     Only float rounding may differ: CPU BLAS splits a product by the threads it finds free, and the
     engine's sampling log-probs are computed on the worker thread. On CUDA the worker samples on its
     own stream, with CUDA graphs, while the update runs."""
-    settings = dict(policy={"dtype": "float32"}, sampling={"correction": "token_truncate", "seed": 7}, kl={"beta": 0.04})
+    settings = dict(
+        policy={"dtype": "float32"}, sampling={"correction": "token_truncate", "seed": 7}, kl={"beta": 0.04}
+    )
     runs = {}
     for overlap in (False, True):
         order = TrainingStepOrder()

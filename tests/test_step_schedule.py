@@ -32,7 +32,14 @@ def fit(tmp_path, model_dir: str, cls, max_steps: int, val_check_interval: int, 
     """A fit of two optimizer steps per rollout (2 prompts x 2 completions, minibatches of 2)."""
     record = ValidationSteps()
     trainer = make_trainer(tmp_path, max_steps=max_steps, val_check_interval=val_check_interval, callbacks=[record])
-    policy = module(model_dir, cls, **settings, optim={"minibatch_size": 2, "micro_batch_size": 2}, rewards={"funcs": [odd_answers_informative]}, evaluation={"accuracy_func": odd_answers_informative})  # fmt: skip
+    policy = module(
+        model_dir,
+        cls,
+        **settings,
+        optim={"minibatch_size": 2, "micro_batch_size": 2},
+        rewards={"funcs": [odd_answers_informative]},
+        evaluation={"accuracy_func": odd_answers_informative}
+    )
     trainer.fit(policy, small_data())
     return trainer, policy, record.steps
 
@@ -80,7 +87,9 @@ def test_an_interval_longer_than_an_epoch_counts_steps_across_epochs(tiny_model_
     is None; counted in optimizer steps over the whole fit, it is fine."""
     record = ValidationSteps()
     trainer = make_trainer(tmp_path, max_steps=8, val_check_interval=6, check_val_every_n_epoch=1, callbacks=[record])
-    trainer.fit(module(tiny_model_dir, GRPO, optim={"minibatch_size": 2, "micro_batch_size": 2}), small_data(num_train=4))  # 2 rollouts an epoch
+    trainer.fit(
+        module(tiny_model_dir, GRPO, optim={"minibatch_size": 2, "micro_batch_size": 2}), small_data(num_train=4)
+    )  # 2 rollouts an epoch
     assert record.steps == [6, 8]
 
 

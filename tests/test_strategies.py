@@ -206,13 +206,22 @@ def test_fsdp_rollouts_sample_from_a_replica_refreshed_after_each_step(
         torch.testing.assert_close(value, policy[name.replace("_checkpoint_wrapped_module.", "")], rtol=0, atol=0)
     # the static engine on the replica trains as on the unsharded policy
     static = EngineOptions(rollout="static")
-    plain, _ = fit(make_module(tiny_model_dir, engine=static, kl={"beta": 0.04}, policy={"dtype": "float32"}), 2, tmp_path / "plain")
+    plain, _ = fit(
+        make_module(tiny_model_dir, engine=static, kl={"beta": 0.04}, policy={"dtype": "float32"}),
+        2,
+        tmp_path / "plain",
+    )
     for step in (1, 2):
         torch.testing.assert_close(sharded[step], plain[step], rtol=1e-4, atol=1e-6)
 
 
 def test_fp32_weights_can_roll_out_from_a_bf16_replica_refreshed_after_each_step(tiny_model_dir, tmp_path, refreshes):
-    grpo = make_module(tiny_model_dir, engine=EngineOptions(rollout="static"), policy={"dtype": "float32"}, sampling={"dtype": "bfloat16"})
+    grpo = make_module(
+        tiny_model_dir,
+        engine=EngineOptions(rollout="static"),
+        policy={"dtype": "float32"},
+        sampling={"dtype": "bfloat16"},
+    )
     metrics, _ = fit(grpo, 2, tmp_path)
     assert len(refreshes) == 2  # before the first rollout, and after the first step's update
     # The second step's update is newer than the replica: the next rollout refreshes it, once.
@@ -283,7 +292,7 @@ if "ppo" in kind:  # a critic with a rate at which it moves in two steps
 module = variant.pop("cls")(model=model_dir, rewards={"funcs": ["test_checkpoint.length_reward"]},
                             sampling={"group_size": 2, "max_new_tokens": 6, "seed": 7 if keyed else None},
                             optim={"micro_batch_size": 1, "learning_rate": 1e-3}, policy={"dtype": "float32"},
-                            **engine, **variant)  # fmt: skip
+                            **engine, **variant)
 data = ArithmeticDataModule(num_train=16, num_val=4, batch_size=2 * (2 // devices))
 trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
 module.save_pretrained(os.path.join(out, "saved"))
@@ -424,7 +433,12 @@ def test_an_unsharded_reference_model_gives_the_sharded_ones_results(tiny_model_
     assert isinstance(grpo.policy, FullyShardedDataParallel)
     assert not isinstance(grpo.ref_model, FullyShardedDataParallel)
     assert not any(isinstance(m, FullyShardedDataParallel) for m in grpo.ref_model.modules())
-    sharded, _ = fit(make_module(tiny_model_dir, kl={"beta": 0.04}, policy={"dtype": "float32"}), 2, tmp_path / "sharded", strategy=fsdp_strategy())
+    sharded, _ = fit(
+        make_module(tiny_model_dir, kl={"beta": 0.04}, policy={"dtype": "float32"}),
+        2,
+        tmp_path / "sharded",
+        strategy=fsdp_strategy(),
+    )
     for step in (1, 2):
         torch.testing.assert_close(whole[step], sharded[step], rtol=1e-4, atol=1e-6)
     with pytest.raises(ValueError, match="reference_weights"):

@@ -74,7 +74,9 @@ def test_reinforce_is_minus_the_advantage_times_the_log_prob_whatever_the_old_po
 def test_the_surrogate_options_are_read_from_the_function_signatures():
     assert SURROGATES["ppo_clip"].options() == ("clip_eps_low", "clip_eps_high", "delta", "clip_ratio_c")
     assert SURROGATES["sapo"].options() == ("tau_pos", "tau_neg")
-    assert SURROGATES["gspo"].unused_clip_options() == dict.fromkeys(("loss.delta", "loss.clip_ratio_c"), SURROGATES["gspo"].unclipped)
+    assert SURROGATES["gspo"].unused_clip_options() == dict.fromkeys(
+        ("loss.delta", "loss.clip_ratio_c"), SURROGATES["gspo"].unclipped
+    )
 
 
 # ------------------------------------------------------------------ on the module
@@ -111,7 +113,9 @@ def update_loss(module, rollout) -> float:
 
 
 def test_grpo_with_gspos_surrogate_and_clip_range_is_gspo(make_module, make_rollout, one_torch_thread):
-    composed = make_module(variants.GRPO, kl={"beta": 0.0}, loss={"surrogate": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4})
+    composed = make_module(
+        variants.GRPO, kl={"beta": 0.0}, loss={"surrogate": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4}
+    )
     rollout = off_policy(composed, make_rollout(composed, PROMPTS))
     assert update_loss(composed, rollout) == update_loss(make_module(variants.GSPO), rollout)
     assert update_loss(composed, rollout) != update_loss(make_module(variants.GRPO, kl={"beta": 0.0}), rollout)

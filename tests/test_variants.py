@@ -325,7 +325,9 @@ def flagged_reward(prompts, completions, informative, **columns) -> list[float]:
 
 
 def _dapo(make_module, **kwargs) -> DAPO:
-    return make_module(DAPO, **kwargs, rewards={"funcs": [flagged_reward]}, sampling={"group_size": 2, "max_new_tokens": 4})
+    return make_module(
+        DAPO, **kwargs, rewards={"funcs": [flagged_reward]}, sampling={"group_size": 2, "max_new_tokens": 4}
+    )
 
 
 def _draw(module, make_rollout, flags: list[bool], tag: int) -> Rollout:
@@ -418,7 +420,13 @@ def test_dapo_fit_updates_only_on_informative_groups(make_module):
             super().update(rollout, advantages)
 
     L.seed_everything(0)
-    module = make_module(RecordingDAPO, configure=False, on_exhausted="error", rewards={"funcs": [odd_answer_reward]}, sampling={"group_size": 2, "max_new_tokens": 4})
+    module = make_module(
+        RecordingDAPO,
+        configure=False,
+        on_exhausted="error",
+        rewards={"funcs": [odd_answer_reward]},
+        sampling={"group_size": 2, "max_new_tokens": 4},
+    )
     trainer = _trainer(max_steps=2)
     trainer.fit(module, datamodule=_arithmetic(batch_size=4))
     assert trainer.global_step == 2
@@ -458,7 +466,13 @@ def test_dapo_fit_with_no_informative_group_ends_at_max_steps_without_changing_t
     """Dynamic sampling never finds a group whose rewards differ: each step draws ``max_gen_batches``
     batches, then counts without an update (``dynamic_sampling/skipped_updates``), one row a step."""
     L.seed_everything(0)
-    module = make_module(DAPO, configure=False, max_gen_batches=2, rewards={"funcs": [constant_reward]}, sampling={"group_size": 2, "max_new_tokens": 4})  # fmt: skip
+    module = make_module(
+        DAPO,
+        configure=False,
+        max_gen_batches=2,
+        rewards={"funcs": [constant_reward]},
+        sampling={"group_size": 2, "max_new_tokens": 4},
+    )
     trainer = _logged_trainer(tmp_path, max_steps=3)
     data = _arithmetic(batch_size=4)
     start = time.perf_counter()
@@ -482,7 +496,13 @@ def test_dapo_logs_one_row_per_update_with_the_sampling_batches_folded_in(make_m
     counts optimizer steps (one an update here) and each row's ``gen_batches`` counts the batches its
     update drew on."""
     L.seed_everything(0)
-    module = make_module(DAPO, configure=False, max_gen_batches=3, rewards={"funcs": [odd_answer_reward]}, sampling={"group_size": 2, "max_new_tokens": 4})  # fmt: skip
+    module = make_module(
+        DAPO,
+        configure=False,
+        max_gen_batches=3,
+        rewards={"funcs": [odd_answer_reward]},
+        sampling={"group_size": 2, "max_new_tokens": 4},
+    )
     trainer = _logged_trainer(tmp_path, max_steps=3)
     trainer.fit(module, datamodule=_arithmetic(batch_size=4))
     assert trainer.global_step == 3

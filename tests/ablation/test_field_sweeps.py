@@ -55,8 +55,12 @@ def test_each_technique_file_sets_only_its_own_option():
     settings = {path.stem: yaml.safe_load(path.read_text())["model"]["init_args"] for path in folder.glob("*.yaml")}
     assert settings.pop("grpo_end") == {"loss": {"clip_eps_high": 0.2}, "dynamic_sampling": False,
                                         "aggregation": "seq_mean_token_mean", "overlong_buffer": 0}  # fmt: skip
-    assert settings == {"clip_higher": {"loss": {"clip_eps_high": 0.28}}, "dynamic_sampling": {"dynamic_sampling": True},
-                        "token_mean": {"aggregation": "token_mean"}, "overlong_shaping": {"overlong_buffer": None}}  # fmt: skip
+    assert settings == {
+        "clip_higher": {"loss": {"clip_eps_high": 0.28}},
+        "dynamic_sampling": {"dynamic_sampling": True},
+        "token_mean": {"aggregation": "token_mean"},
+        "overlong_shaping": {"overlong_buffer": None},
+    }
 
 
 @pytest.mark.parametrize("arm", ["dapo", "dapo+grpo_end", "dapo+grpo_end+overlong_shaping"])

@@ -28,15 +28,27 @@ def spec_dict(tmp_path, **changes):
 
 
 def test_flatten_and_cli_values():
-    tree = {"model": {"kl": {"beta": [0.0, 0.04]}, "init_args": {"sampling": {"group_size": 4}}}, "trainer.max_steps": 5,
-            "data": {}}  # fmt: skip
-    assert flatten(tree) == {"model.kl.beta": [0.0, 0.04], "model.init_args.sampling.group_size": 4, "trainer.max_steps": 5, "data": {}}
+    tree = {
+        "model": {"kl": {"beta": [0.0, 0.04]}, "init_args": {"sampling": {"group_size": 4}}},
+        "trainer.max_steps": 5,
+        "data": {},
+    }
+    assert flatten(tree) == {
+        "model.kl.beta": [0.0, 0.04],
+        "model.init_args.sampling.group_size": 4,
+        "trainer.max_steps": 5,
+        "data": {},
+    }
     assert [cli_value(v) for v in (True, None, 3, 0.5, "x", [1, 2])] == ["true", "null", "3", "0.5", "x", "[1, 2]"]
 
 
 def test_cells_and_names(tmp_path):
     spec = SweepSpec.from_dict(
-        spec_dict(tmp_path, seeds=[0, 1, 2], overrides={"model.sampling.group_size": [4, 8], "model": {"kl": {"beta": [0.0, 0.04]}}})
+        spec_dict(
+            tmp_path,
+            seeds=[0, 1, 2],
+            overrides={"model.sampling.group_size": [4, 8], "model": {"kl": {"beta": [0.0, 0.04]}}},
+        )
     )
     cells = spec.cells()
     assert len(cells) == 2 * 2 * 2 * 3
@@ -106,7 +118,9 @@ def test_the_config_axis_adds_yaml_files_after_the_shared_ones(tmp_path):
     configs = [command[i + 1].split("configs/")[-1] for i, arg in enumerate(command) if arg == "--config"]
     assert configs == ["variant/grpo.yaml", "trainer/cpu.yaml", "data/arithmetic.yaml", "model/tiny.yaml",
                        "rewards/r1.yaml", "rollout/beam_search.yaml"]
-    assert "--model.kl.beta" in command and not any(arg.startswith("--config=") or arg == "--config.0" for arg in command)
+    assert "--model.kl.beta" in command and not any(
+        arg.startswith("--config=") or arg == "--config.0" for arg in command
+    )
     with pytest.raises(SweepError, match="overrides.config: .*missing.yaml"):
         SweepSpec.from_dict(spec_dict(tmp_path, overrides={"config": ["missing.yaml"]}))
 
@@ -129,7 +143,9 @@ def test_hydra_configs_compose():
     rollout = data["batch_size"] * model["sampling"]["group_size"]  # completions per rollout
     assert default.args["model.init_args.optim.minibatch_size"] in (rollout // 4, rollout // 2)
     assert rollout % default.args["model.init_args.optim.minibatch_size"] == 0
-    assert smoke.args["model.init_args.optim.minibatch_size"] * 2 == 4 * smoke.args["model.init_args.sampling.group_size"]
+    assert (
+        smoke.args["model.init_args.optim.minibatch_size"] * 2 == 4 * smoke.args["model.init_args.sampling.group_size"]
+    )
     assert smoke.overrides == {"model.kl.beta": [0.0, 0.04]}
     assert smoke.output_dir.parts[-3:] == ("runs", "ablation", "smoke")
 
@@ -358,9 +374,15 @@ def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch):
         assert metrics["optimizer_steps"] == 2 and metrics["rollouts"] == 2 and metrics["generation_batches"] == 2
         assert json.loads((cell / "completions.jsonl").read_text().splitlines()[0])["step"] == 0
         record = json.loads((cell / "cell.json").read_text())
-        assert record["overrides"] == {"model.sampling.group_size": 2} and record["seed"] == int(name.split("seed")[1][0])
+        assert record["overrides"] == {"model.sampling.group_size": 2} and record["seed"] == int(
+            name.split("seed")[1][0]
+        )
     saved = (out / names[0] / "config.yaml").read_text()
-    assert yaml.safe_load(saved)["model"]["init_args"]["sampling"]["group_size"] == 2 and "max_steps: 2" in saved and "validate_before_fit: true" in saved
+    assert (
+        yaml.safe_load(saved)["model"]["init_args"]["sampling"]["group_size"] == 2
+        and "max_steps: 2" in saved
+        and "validate_before_fit: true" in saved
+    )
 
     # run again, then as a Hydra multirun (one job per cell): every cell is done, nothing starts
     marks = {name: (out / name / DONE_FILE).stat().st_mtime_ns for name in names}

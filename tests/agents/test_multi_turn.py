@@ -51,7 +51,16 @@ def ending_turns(module, bias: float = 2.5):
 @pytest.fixture
 def episodes(make_module, one_torch_thread):
     """A GRPO module (token mean, no KL) on the tiny model with the scripted environment, and a rollout of it."""
-    module = ending_turns(make_module(GRPO, environment=SCRIPTED, aggregation="token_mean", rewards={"funcs": [environment_reward]}, kl={"beta": 0.0}, sampling={"max_new_tokens": 6}))  # fmt: skip
+    module = ending_turns(
+        make_module(
+            GRPO,
+            environment=SCRIPTED,
+            aggregation="token_mean",
+            rewards={"funcs": [environment_reward]},
+            kl={"beta": 0.0},
+            sampling={"max_new_tokens": 6},
+        )
+    )
     batch = {"prompt": ["12+34=", "5+6="], "answer": ["46", "11"]}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -243,7 +252,13 @@ def test_episodes_through_a_chat_template_append_its_replies_to_the_sampled_ids(
     tokenizer = byte_tokenizer(CHATML)
     config = tiny_config(tokenizer, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
     directory = save_tiny_model(tmp_path / "chatml", tokenizer, config)
-    module = GRPO(model=str(directory), environment=SCRIPTED, rewards={"funcs": [environment_reward]}, kl={"beta": 0.0}, sampling={"group_size": 2, "max_new_tokens": 6})  # fmt: skip
+    module = GRPO(
+        model=str(directory),
+        environment=SCRIPTED,
+        rewards={"funcs": [environment_reward]},
+        kl={"beta": 0.0},
+        sampling={"group_size": 2, "max_new_tokens": 6},
+    )
     module.configure_model()
     ending_turns(module, bias=6.0)
     with torch.random.fork_rng(devices=[]):
@@ -276,7 +291,11 @@ def test_turns_continued_from_the_cache_sample_what_feeding_the_whole_history_ag
     from grpo_lightning.agents.multi_turn import sample_episodes
 
     environment = {**SCRIPTED, "name": f"{__name__}.PromptLengthEnvironment"}
-    module = ending_turns(make_module(GRPO, environment=environment, rewards={"funcs": [environment_reward]}, sampling={"max_new_tokens": 6}))
+    module = ending_turns(
+        make_module(
+            GRPO, environment=environment, rewards={"funcs": [environment_reward]}, sampling={"max_new_tokens": 6}
+        )
+    )
     batch = {"prompt": ["12+34=", "5+6=", "(1+2)*3=", "1+1="]}
     sampling = dataclasses.replace(module.sampling, temperature=temperature)
     fed = []

@@ -70,7 +70,9 @@ def test_beams_are_deterministic_and_carry_no_sampling_logprobs(make_module, one
 
 
 def test_the_module_rolls_out_beams_and_validates_with_its_own_sampling(make_module, one_torch_thread):
-    grpo = make_module(GRPO, sampling={"mode": "beam_search", "group_size": 3}, evaluation={"temperature": 1.0, "samples": 2})
+    grpo = make_module(
+        GRPO, sampling={"mode": "beam_search", "group_size": 3}, evaluation={"temperature": 1.0, "samples": 2}
+    )
     assert grpo.sampling.beam_search and not grpo.val_sampling.beam_search
     rollout = grpo.generate({"prompt": PROMPTS[:2], "answer": ["15", "52"]}, 3, grpo.sampling, with_logprobs=True)
     assert rollout.prompts == [PROMPTS[0]] * 3 + [PROMPTS[1]] * 3
