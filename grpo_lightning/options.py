@@ -29,6 +29,8 @@ from grpo_lightning.rollout import ROLLOUT_MODES
 from grpo_lightning.rollout_correction import CORRECTIONS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: The default cap of the rollout correction's weights (``sampling.correction_cap``).
+CORRECTION_CAP = 2.0
 #: Values of ``rewards.aggregation``: the weighted sum as it is, or of per-group normalised scores (GDPO).
 REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
@@ -146,8 +148,8 @@ class SamplingOptions(OptionGroup):
     correction: str | None = None
     """Importance weights for the rollout engine's log-probs against the training pass's
     (:mod:`grpo_lightning.rollout_correction`); ``None``: off."""
-    correction_cap: float = 2.0
-    """The cap of those weights (>= 1)."""
+    correction_cap: float = CORRECTION_CAP
+    """The cap of those weights (>= 1); only with ``correction``."""
 
     def check(self) -> None:
         require(self.group_size >= 2, f"sampling.group_size: must be at least 2 (got {self.group_size}); "
@@ -173,6 +175,9 @@ class SamplingOptions(OptionGroup):
         require(
             self.correction_cap >= 1, f"sampling.correction_cap: must be >= 1 (got {self.correction_cap}); e.g. 2.0."
         )
+        require(self.correction is not None or self.correction_cap == CORRECTION_CAP,
+                "sampling.correction_cap: caps the weights of sampling.correction, which is off; set sampling.correction "
+                "(e.g. token_truncate) or drop sampling.correction_cap.")  # fmt: skip
         require(self.correction is None or self.mode == "sample",
                 "sampling.correction: weighs tokens by the sampling engine's probabilities, and beam search samples "
                 "nothing; set sampling.correction to null or sampling.mode to 'sample'.")  # fmt: skip
@@ -311,6 +316,9 @@ class KLOptions(OptionGroup):
                 f"kl.estimator: {self.estimator!r} is not one of {', '.join(F.KL_ESTIMATORS)} or null.")  # fmt: skip
         require(not self.unbiased or self.beta > 0,
                 "kl.unbiased: weights the KL term, which beta = 0 turns off; set --model.kl.beta > 0.")  # fmt: skip
+        require(self.estimator is None or self.beta > 0,
+                f"kl.estimator: picks the estimate of the KL term, which beta = 0 turns off; set --model.kl.beta > 0 "
+                f"or drop kl.estimator (got {self.estimator!r}).")  # fmt: skip
 
 
 @dataclass(frozen=True)

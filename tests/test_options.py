@@ -57,6 +57,20 @@ def test_each_group_checks_itself_when_it_is_made(make, message):
         make()
 
 
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: variants.DAPO("m", kl={"estimator": "k2"}), r"^kl.estimator: .*beta = 0 turns off"),
+        (lambda: variants.GRPO("m", sampling={"correction_cap": 3.0}), r"^sampling.correction_cap: .*which is off"),
+        (lambda: variants.SAPO("m", loss={"clip_eps_high": 0.28}), r"^loss.clip_eps_high: does not apply to SAPO"),
+    ],
+    ids=["kl-estimator-without-kl", "cap-without-correction", "sapo-clip"],
+)
+def test_an_option_that_would_change_nothing_is_refused_naming_it(make, message):
+    with pytest.raises(ConfigError, match=message):
+        make()
+
+
 def test_an_unknown_field_of_a_group_is_refused_naming_the_group_and_its_fields():
     with pytest.raises(ConfigError, match="^loss: no option 'clip_eps'; give surrogate, clip_eps_low"):
         variants.GRPO("m", loss={"clip_eps": 0.1})
