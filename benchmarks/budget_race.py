@@ -11,7 +11,7 @@ wall-clock from the process's start to its exit, and greedy accuracy on the reci
 problems, scored by one evaluator::
 
     python benchmarks/budget_race.py --budgets 1,3,10 --device gpu --out race.json
-    python benchmarks/budget_race.py --budgets 0.5 --device cpu --model DIR --set model.max_new_tokens=4
+    python benchmarks/budget_race.py --budgets 0.5 --device cpu --model DIR --set model.sampling.max_new_tokens=4
 
 ``--parallel`` runs the two frameworks of each budget and seed at the same time, ours on the first
 visible GPU and TRL on the second (same card model, same host): half the wall-clock, each process
@@ -74,6 +74,9 @@ def recipe_settings(model: str | None, overrides: list[str]) -> dict[str, Any]:
         if section not in ("model", "data", "trainer") or not name or not _:
             raise SystemExit(f"--set {item!r}: write SECTION.NAME=VALUE with SECTION model, data or trainer")
         target = settings[section] if section == "trainer" else settings[section]["init_args"]
+        *groups, name = name.split(".")  # model.sampling.max_new_tokens: a field of an option group
+        for group in groups:
+            target = target.setdefault(group, {})
         target[name] = yaml.safe_load(value)
     return settings
 
@@ -91,7 +94,7 @@ def evaluate(model: str, settings: dict[str, Any], device: str) -> float:
     tokenizer = load_tokenizer(model)
     tokenizer.padding_side = "left"
     policy = load_causal_lm(model, "float32", None).eval().to(device)
-    max_new_tokens = settings["model"]["init_args"]["max_new_tokens"]
+    max_new_tokens = settings["model"]["init_args"]["sampling"]["max_new_tokens"]
     completions: list[str] = []
     for start in range(0, len(validation), 100):
         rows = validation[start : start + 100]
@@ -172,21 +175,40 @@ def trl_worker(settings: dict[str, Any], device: str, minutes: float, seed: int,
 
     started = process_start_time()
     model_args, data_args = settings["model"]["init_args"], settings["data"]["init_args"]
-    tokenizer = load_tokenizer(model_args.get("tokenizer") or model_args["model"])
+    tokenizer = load_tokenizer(model_args.get("policy", {}).get("tokenizer") or model_args["model"])
     chat = bool(tokenizer.chat_template)
     train = problems(settings)["train"].map(lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}] if chat else row["prompt"]})
-    completions = data_args["batch_size"] * model_args["group_size"]
-    micro = min(model_args.get("micro_batch_size") or completions, completions)
+    completions = data_args["batch_size"] * model_args["sampling"]["group_size"]
+    micro = min(model_args.get("optim", {}).get("micro_batch_size") or completions, completions)
     config = GRPOConfig(
-        output_dir=str(root / "trainer"), seed=seed, max_steps=1_000_000, report_to="none", save_strategy="no",
-        logging_steps=1, disable_tqdm=True, use_cpu=device == "cpu", bf16=str(settings["trainer"].get("precision", "")).startswith("bf16"),
-        use_vllm=False, per_device_train_batch_size=micro, gradient_accumulation_steps=completions // micro,
-        generation_batch_size=completions, num_generations=model_args["group_size"], num_iterations=1,
-        max_completion_length=model_args["max_new_tokens"], temperature=model_args.get("temperature", 1.0),
-        beta=model_args.get("beta", 0.04), loss_type="grpo", scale_rewards="group", epsilon=0.2,
-        learning_rate=model_args["learning_rate"], lr_scheduler_type="constant", warmup_steps=0,
-        max_grad_norm=model_args.get("max_grad_norm", 1.0), gradient_checkpointing=False, disable_dropout=True,
-    )  # fmt: skip
+        output_dir=str(root / "trainer"),
+        seed=seed,
+        max_steps=1_000_000,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        use_cpu=device == "cpu",
+        bf16=str(settings["trainer"].get("precision", "")).startswith("bf16"),
+        use_vllm=False,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=completions // micro,
+        generation_batch_size=completions,
+        num_generations=model_args["sampling"]["group_size"],
+        num_iterations=1,
+        max_completion_length=model_args["sampling"]["max_new_tokens"],
+        temperature=model_args.get("sampling", {}).get("temperature", 1.0),
+        beta=model_args.get("kl", {}).get("beta", 0.04),
+        loss_type="grpo",
+        scale_rewards="group",
+        epsilon=0.2,
+        learning_rate=model_args["optim"]["learning_rate"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_grad_norm=model_args.get("optim", {}).get("max_grad_norm", 1.0),
+        gradient_checkpointing=False,
+        disable_dropout=True,
+    )
 
     class StopAtBudget(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
@@ -196,7 +218,7 @@ def trl_worker(settings: dict[str, Any], device: str, minutes: float, seed: int,
     def accuracy(prompts, completions, answer, **kwargs):
         return accuracy_reward(prompts, completions, answer)
 
-    policy = load_causal_lm(model_args["model"], model_args.get("dtype", "float32"), None)
+    policy = load_causal_lm(model_args["model"], model_args.get("policy", {}).get("dtype", "float32"), None)
     trainer = GRPOTrainer(model=policy, reward_funcs=[accuracy], args=config, train_dataset=train,
                           processing_class=tokenizer, callbacks=[StopAtBudget()])  # fmt: skip
     if time.time() - started < minutes * 60:

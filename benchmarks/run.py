@@ -416,7 +416,7 @@ def make_first_step_dump(directory: Path):
                     rows.append({"prompt": text, "completion": ids[index][mask[index]].tolist()})
             dump = {
                 "rank": trainer.global_rank, "world_size": trainer.world_size, "rows": rows, "grads": self.grads,
-                "grads_at": self.grads_at, "max_grad_norm": pl_module.hparams.get("max_grad_norm"), "tf32": tf32_flags(),
+                "grads_at": self.grads_at, "max_grad_norm": pl_module.optim_options.max_grad_norm, "tf32": tf32_flags(),
             }  # fmt: skip
             directory.mkdir(parents=True, exist_ok=True)
             torch.save(dump, directory / f"rank{trainer.global_rank}.pt")
@@ -631,23 +631,28 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
         raise SystemExit(f"{workload.prompts} prompts per step do not split over {trainer.world_size} devices")
     module = {"grpo": GRPO, "ppo": PPO}[args.variant](
         model=paths["model"],
-        dtype=dtype,
-        reward_funcs=[benchmark_reward],
-        group_size=workload.group_size,
-        max_new_tokens=workload.max_new_tokens,
-        temperature=1.0,
-        beta=0.04,
-        ppo_epochs=1,
-        micro_batch_size=workload.micro_batch_size,
-        # Random weights almost never sample EOS; forcing full length makes it so on every framework
-        # (with stop lengths the forcing is theirs).
-        min_new_tokens=0 if workload.stop_lengths else workload.max_new_tokens,
+        policy={
+            "dtype": dtype,
+            "peft_config": lora_settings(args.lora_rank),
+            "gradient_checkpointing": args.gradient_checkpointing,
+        },
+        rewards={"funcs": [benchmark_reward]},
+        sampling={
+            "group_size": workload.group_size,
+            "max_new_tokens": workload.max_new_tokens,
+            "temperature": 1.0,
+            # Random weights almost never sample EOS; forcing full length makes it so on every framework
+            # (with stop lengths the forcing is theirs).
+            "min_new_tokens": 0 if workload.stop_lengths else workload.max_new_tokens,
+            "seed": args.rollout_seed,
+            "dtype": args.rollout_dtype,
+            "correction": (
+                "token_truncate" if args.stale_rollouts != "off" else None
+            ),  # configs/rollout/one_step_stale.yaml
+        },
+        kl={"beta": 0.04},
+        optim={"ppo_epochs": 1, "micro_batch_size": workload.micro_batch_size},
         engine=engine_options(args),
-        rollout_seed=args.rollout_seed,
-        rollout_dtype=args.rollout_dtype,
-        rollout_correction="token_truncate" if args.stale_rollouts != "off" else None,  # configs/rollout/one_step_stale.yaml
-        peft_config=lora_settings(args.lora_rank),
-        gradient_checkpointing=args.gradient_checkpointing,
     )
     data = PromptDataModule(
         path=paths["prompts"], val_split=None, batch_size=workload.prompts // trainer.world_size, seed=args.seed

@@ -65,7 +65,7 @@ def evaluate(model: str, tokenizer: str, settings: dict[str, Any], keep: int = 8
     tok = load_tokenizer(tokenizer)
     tok.padding_side = "left"
     policy = load_causal_lm(model, "float32", None).eval()
-    max_new_tokens = settings["model"]["init_args"]["max_new_tokens"]
+    max_new_tokens = settings["model"]["init_args"]["sampling"]["max_new_tokens"]
     completions: list[str] = []
     for start in range(0, len(validation), EVAL_BATCH):
         rows = validation[start : start + EVAL_BATCH]
@@ -160,16 +160,35 @@ def trl_worker(seed: int, minutes: float, root: Path) -> None:
     settings = recipe()
     model_args, data_args = settings["model"]["init_args"], settings["data"]["init_args"]
     train = problems(settings)["train"].map(lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}]})
-    completions = data_args["batch_size"] * model_args["group_size"]
+    completions = data_args["batch_size"] * model_args["sampling"]["group_size"]
     config = GRPOConfig(
-        output_dir=str(root / "trainer"), seed=seed, max_steps=100000, report_to="none", save_strategy="no",
-        logging_steps=1, disable_tqdm=True, use_cpu=True, bf16=True, use_vllm=False,
-        per_device_train_batch_size=completions, gradient_accumulation_steps=1, generation_batch_size=completions,
-        num_generations=model_args["group_size"], num_iterations=1,
-        max_completion_length=model_args["max_new_tokens"], temperature=model_args["temperature"],
-        beta=model_args["beta"], loss_type="grpo", scale_rewards="group", epsilon=0.2,
-        learning_rate=model_args["learning_rate"], lr_scheduler_type="constant", warmup_steps=0,
-        max_grad_norm=model_args["max_grad_norm"], gradient_checkpointing=False, disable_dropout=True,
+        output_dir=str(root / "trainer"),
+        seed=seed,
+        max_steps=100000,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        use_cpu=True,
+        bf16=True,
+        use_vllm=False,
+        per_device_train_batch_size=completions,
+        gradient_accumulation_steps=1,
+        generation_batch_size=completions,
+        num_generations=model_args["sampling"]["group_size"],
+        num_iterations=1,
+        max_completion_length=model_args["sampling"]["max_new_tokens"],
+        temperature=model_args["sampling"]["temperature"],
+        beta=model_args["kl"]["beta"],
+        loss_type="grpo",
+        scale_rewards="group",
+        epsilon=0.2,
+        learning_rate=model_args["optim"]["learning_rate"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_grad_norm=model_args["optim"]["max_grad_norm"],
+        gradient_checkpointing=False,
+        disable_dropout=True,
     )
     history: list[dict[str, float]] = []
 
@@ -189,7 +208,7 @@ def trl_worker(seed: int, minutes: float, root: Path) -> None:
         return accuracy_reward(prompts, completions, answer)
 
     tokenizer = load_tokenizer(model_args["model"])
-    policy = load_causal_lm(model_args["model"], model_args["dtype"], None)
+    policy = load_causal_lm(model_args["model"], model_args["policy"]["dtype"], None)
     trainer = GRPOTrainer(model=policy, reward_funcs=[accuracy], args=config, train_dataset=train,
                           processing_class=tokenizer, callbacks=[StopAfter()])
     trainer.train()

@@ -1,7 +1,7 @@
 """``grpo-lightning``: the Lightning CLI over every variant and data module.
 
     grpo-lightning fit --config configs/quickstart.yaml
-    grpo-lightning fit --config configs/quickstart.yaml --model variants.DAPO --model.beta 0.0
+    grpo-lightning fit --config configs/quickstart.yaml --model variants.DAPO --model.kl.beta 0.0
     grpo-lightning fit --config configs/quickstart.yaml --print_config
 
     grpo-lightning generate --config ... --ckpt_path CKPT --prompts prompts.jsonl --output out.jsonl
@@ -52,6 +52,7 @@ from grpo_lightning.export import main as export_main
 from grpo_lightning.final_checkpoint import FinalCheckpoint
 from grpo_lightning.loggers import log_dir
 from grpo_lightning.module import GroupPolicyOptimization
+from grpo_lightning.options import GROUPS, MOVED, field_names
 from grpo_lightning.resources import config_dir, resolve_config_args
 from grpo_lightning.run_folders import evaluation_version, last_checkpoint_of_run
 from grpo_lightning.nonfinite import NonFiniteTrainingError
@@ -69,7 +70,7 @@ CONFIG_HELP = (
 
 #: Subcommands that evaluate, and the module settings they take from the command line over a checkpoint's.
 EVALUATION_SUBCOMMANDS = ("validate", "test", "generate")
-EVALUATION_SETTINGS = ("val_temperature", "val_max_new_tokens", "val_samples", "accuracy_func")
+EVALUATION_SETTINGS = ("evaluation",)
 #: The default ``--trainer.plugins``: :class:`~grpo_lightning.checkpoint_io.AtomicCheckpointIO`.
 ATOMIC_CHECKPOINT_IO = "grpo_lightning.checkpoint_io.AtomicCheckpointIO"
 
@@ -436,7 +437,16 @@ def user_error_message(error: BaseException, parsing: bool) -> str | None:
         key = re.search(r'Parser key "(\w+)"', texts)
         group = f"--{key.group(1)}." if key else "--"
         choices = init_parameters(owner.group(1)) if owner else []
-        close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
+        if group == "--model." and name in MOVED:  # a setting of a former release, now in a group
+            return f"{group}{name} moved to {group}{MOVED[name]}; give --model.{MOVED[name]} (in YAML: {MOVED[name]} under init_args)."
+        nested = {
+            field: f"{option}.{field}"
+            for option, cls in GROUPS.items()
+            if option in choices
+            for field in field_names(cls)
+        }
+        close = difflib.get_close_matches(name, [*choices, *nested], n=1, cutoff=0.6)
+        close = [nested.get(close[0], close[0])] if close and close[0] not in choices else close
         hint = f"; did you mean {group}{close[0]}?" if close else f"; valid options: {', '.join(choices)}." if choices else "."
         where = f" of {owner.group(1)}" if owner else ""
         return f"{group}{name}: no such option{where}{hint}"
@@ -482,7 +492,7 @@ TYPE_WORDS = {
 
 def _refused_type(chain: list[BaseException]) -> str | None:
     """jsonargparse's refusal of a value (``Expected a <class 'float'>. Got value: inf``, under
-    ``Parser key`` errors) as ``--model.learning_rate: must be a finite number (got 'inf').``"""
+    ``Parser key`` errors) as ``--model.optim.learning_rate: must be a finite number (got 'inf').``"""
     got = re.fullmatch(r"Expected a (.+?)\. Got value: (.*)", str(chain[-1]), re.S)
     keys: list[str] = []
     for error in chain:

@@ -71,7 +71,7 @@ def describe_model_option(parser) -> None:
     classes = ", ".join(path.rpartition(".")[2] for path in names.values())
     text = (
         f"The algorithm: --model NAME, one of {classes} (or its config name: {', '.join(names)}), or a "
-        "subclass's import path; --model.help NAME lists a variant's options (--model.beta 0.0, ...)"
+        "subclass's import path; --model.help NAME lists a variant's options (--model.kl.beta 0.0, ...)"
     )
     parser.description = f"{parser.description or ''} {text}.".strip()
     for group in parser._action_groups:

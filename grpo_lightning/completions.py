@@ -11,7 +11,7 @@ The JSONL file holds one object per completion of every update, with exactly the
 ``step`` is the optimizer step that trained on the completion (0-based: ``global_step`` when the
 update began), ``group`` the prompt's index within the update, ``prompt`` the prompt's text (a chat
 prompt's last user message), ``rewards`` each reward function's score (``null`` where it gave
-none), ``reward`` their weighted sum (``reward_weights``; ``null`` scores count 0) and
+none), ``reward`` their weighted sum (``rewards.weights``; ``null`` scores count 0) and
 ``advantage`` the variant's advantage. Reward shaping (DAPO's overlong penalty) is in the
 advantage, not in ``reward``. Multi-turn runs (:mod:`grpo_lightning.agents`) add ``conversation``:
 the episode's turns in order, each ``{"role": ..., "content": ...}`` with its source as the role

@@ -98,7 +98,7 @@ class EqualRewards(Check):
 
     name = "equal_rewards"
     consequence = "their advantages are zero, so the loss and gradient are near zero"
-    fix = "raise group_size or temperature, use easier prompts, or give partial credit in the rewards"
+    fix = "raise sampling.group_size or sampling.temperature, use easier prompts, or give partial credit in the rewards"
 
     def __init__(self, max_fraction: float = 0.9, patience: int = 5) -> None:
         super().__init__(patience)
@@ -120,7 +120,7 @@ class Truncated(Check):
 
     name = "truncated"
     consequence = "cut completions are scored unfinished and teach no ending"
-    fix = "raise max_new_tokens, set mask_truncated_completions, or add a length penalty (DAPO's overlong shaping)"
+    fix = "raise sampling.max_new_tokens, set loss.mask_truncated_completions, or add a length penalty (DAPO's overlong shaping)"
 
     def __init__(self, max_fraction: float = 0.5, patience: int = 5) -> None:
         super().__init__(patience)
@@ -143,8 +143,8 @@ class EntropyCollapse(Check):
 
     name = "entropy_collapse"
     consequence = "sampling repeats itself, so groups score alike and exploration has stopped"
-    fix = ("lower learning_rate, add an entropy bonus (--model.entropy_coef 0.001, or steer it to a target with "
-           "grpo_lightning.algorithms.entropy.AdaptiveEntropy), raise clip_eps_high (DAPO), or use variants.ClipCov "
+    fix = ("lower optim.learning_rate, add an entropy bonus (--model.loss.entropy_coef 0.001, or steer it to a target with "
+           "grpo_lightning.algorithms.entropy.AdaptiveEntropy), raise loss.clip_eps_high (DAPO), or use variants.ClipCov "
            "or variants.KLCov")
     state_names = (*Check.state_names, "first")
 
@@ -177,7 +177,7 @@ class Explosion(Check):
 
     key = ""
     consequence = "the updates left the region the clipping and the KL penalty are meant to keep them in"
-    fix = "lower learning_rate, set or lower max_grad_norm, or raise beta"
+    fix = "lower optim.learning_rate, set or lower optim.max_grad_norm, or raise kl.beta"
     state_names = (*Check.state_names, "history")
 
     def __init__(self, max_value: float = math.inf, spike_factor: float = 10.0, window: int = 20, patience: int = 3):
@@ -230,12 +230,12 @@ class RewardNaN(Check):
     """A reward function returned NaN (``rewards/<fn>/nan_count > 0``; any, at once).
 
     NaN is a failure of the function (:mod:`grpo_lightning.rewards.execution`): it stops the fit
-    under ``reward_execution.on_error=raise``; under ``zero`` or ``skip_group`` the sample scores 0
+    under ``rewards.execution.on_error=raise``; under ``zero`` or ``skip_group`` the sample scores 0
     or its group is left out, and this check says that a bug (a division by zero, a failed parse)
     is behind it. The module's scorer counts them (training rollouts only)."""
 
     name = "reward_nan"
-    consequence = "each NaN is scored 0 or its group left out, as reward_execution.on_error says"
+    consequence = "each NaN is scored 0 or its group left out, as rewards.execution.on_error says"
     fix = "return a number for every completion (None only where the function does not apply)"
 
     def holds(self, metrics: dict[str, float]) -> str | None:
@@ -255,7 +255,7 @@ class ValAccuracyFlat(Check):
 
     name = "val_accuracy_flat"
     consequence = "the updates do not change the model's answers"
-    fix = "raise learning_rate, see equal_rewards, and check that the rewards and accuracy_func agree"
+    fix = "raise optim.learning_rate, see equal_rewards, and check that rewards.funcs and evaluation.accuracy_func agree"
     state_names = (*Check.state_names, "accuracies")
 
     def __init__(self, min_validations: int = 3, epsilon: float = 1e-4) -> None:

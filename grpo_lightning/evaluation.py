@@ -1,9 +1,9 @@
-"""Validation and test of the policy: ``val_samples`` completions per prompt, scored by the reward
+"""Validation and test of the policy: ``evaluation.samples`` completions per prompt, scored by the reward
 functions, with bootstrap confidence intervals over prompts (:mod:`grpo_lightning.sample_metrics`).
 
 Metrics, under ``val/`` (``test/`` under ``grpo-lightning test``; ``val/<name>/`` for each further
 validation set of the data module's ``val_sets``): ``accuracy`` (the mean of ``accuracy_func`` over
-every completion), ``reward``, ``mean_length``, and with ``n = val_samples > 1`` ``pass@k`` for
+every completion), ``reward``, ``mean_length``, and with ``n = evaluation.samples > 1`` ``pass@k`` for
 ``k = 1, 2, 4, ..., n`` and ``maj@n``; each with ``<metric>_ci_low`` and ``<metric>_ci_high``.
 On several devices each prompt counts once (:func:`unpadded`). A mixin of
 :class:`grpo_lightning.module.GroupPolicyOptimization`, which owns the reward functions and ``generate``.
@@ -50,10 +50,8 @@ class Evaluation:
     def on_validation_epoch_start(self) -> None:
         self._evaluated: dict[int, list[dict[str, Tensor]]] = {}
 
-    @property
-    def val_samples(self) -> int:
-        """Completions per prompt in validation, ``n``."""
-        return self.hparams.val_samples
+    #: Completions per prompt in validation, ``n`` (``evaluation.samples``; ``evaluation_sampling`` sets it for a block).
+    val_samples: int = 1
 
     @contextlib.contextmanager
     def evaluation_sampling(self, samples: int, temperature: float, prefix: str | None = None) -> Iterator[None]:
@@ -61,25 +59,25 @@ class Evaluation:
         block, logged under ``prefix`` (default: ``val``/``test``), e.g. pass@k after a greedy fit."""
         if samples > 1 and temperature <= 0:
             raise ValueError(f"evaluation_sampling: {samples} samples per prompt need temperature > 0 (got {temperature}).")
-        saved = (self.hparams.val_samples, self.val_sampling, getattr(self, "_metric_prefix", None))
-        self.hparams.val_samples = samples
+        saved = (self.val_samples, self.val_sampling, getattr(self, "_metric_prefix", None))
+        self.val_samples = samples
         self.val_sampling = dataclasses.replace(self.val_sampling, temperature=temperature)
         self._metric_prefix = prefix
         try:
             yield
         finally:
-            self.hparams.val_samples, self.val_sampling, self._metric_prefix = saved
+            self.val_samples, self.val_sampling, self._metric_prefix = saved
 
     def accuracy_scores(self, rollout: Rollout) -> Tensor:
         """``[N]`` scores of ``accuracy_func``: its column of the rewards when it is also a reward
-        function, so it is not called twice; its failures are handled as ``reward_execution`` says
+        function, so it is not called twice; its failures are handled as ``rewards.execution`` says
         (``zero`` and ``skip_group``: the sample scores 0)."""
         accuracy = self.accuracy_function[1]
         for column, (_, function) in enumerate(self.reward_functions):
             if function is accuracy:
                 return rollout.reward_per_function[:, column]
         if getattr(self, "_accuracy_scorer", None) is None:
-            # Its on_error and timeout_s are the rewards' (reward_execution); it runs here, not in their workers.
+            # Its on_error and timeout_s are the rewards' (rewards.execution); it runs here, not in their workers.
             self._accuracy_scorer = RewardScorer(dataclasses.replace(self.reward_scorer.execution, workers=0))
         columns, groups = rollout.columns, group_indices(len(rollout), rollout.group_size)
         scores = self._accuracy_scorer.score([self.accuracy_function], rollout.prompts, rollout.completions, columns, groups)

@@ -54,22 +54,27 @@ def export_checkpoint(
             f"checkpoint {str(ckpt_path)!r} holds no policy weights (no 'policy.*' entries in its state_dict); "
             "was it written by a grpo-lightning run?"
         )
-    dtype = hparams.get("dtype", "auto")
+    policy_settings = hparams.get("policy") or {}
+    dtype = policy_settings.get("dtype", "auto")
     policy = load_causal_lm(base, dtype, None)
-    settings = hparams.get("peft_config")
+    settings = policy_settings.get("peft_config")
     if adapter and not settings:
-        raise ValueError(f"checkpoint {str(ckpt_path)!r} is not of a LoRA run (no peft_config): export the model.")
+        raise ValueError(
+            f"checkpoint {str(ckpt_path)!r} is not of a LoRA run (no policy.peft_config): export the model."
+        )
     if settings:
         policy = add_adapters(policy, settings)
         unexpected = policy.load_state_dict(weights, strict=False).unexpected_keys
         missing = trainable_keys(policy, "") - set(weights)
         if unexpected or missing:
-            raise ValueError(f"checkpoint {str(ckpt_path)!r}: adapters do not match peft_config "
+            raise ValueError(f"checkpoint {str(ckpt_path)!r}: adapters do not match policy.peft_config "
                              f"(unexpected {unexpected[:3]}, missing {sorted(missing)[:3]}).")  # fmt: skip
         policy = policy if adapter else merged_model(policy)
     else:
         policy.load_state_dict(weights, strict=True)
-    tokenizer = load_tokenizer(hparams.get("tokenizer") or base)  # padded with EOS where it has no pad, as the run
+    tokenizer = load_tokenizer(
+        policy_settings.get("tokenizer") or base
+    )  # padded with EOS where it has no pad, as the run
     output = Path(output_dir)
     policy.save_pretrained(output)
     tokenizer.save_pretrained(output)

@@ -1,6 +1,6 @@
 """LoRA through PEFT: train low-rank adapters on a frozen policy (Hu et al. 2021, "LoRA").
 
-``--model.peft_config`` takes a ``peft.LoraConfig`` (``class_path``/``init_args``, as TRL's
+``--model.policy.peft_config`` takes a ``peft.LoraConfig`` (``class_path``/``init_args``, as TRL's
 ``peft_config``) or a dict of its fields. Then:
 
 * The policy is ``peft.get_peft_model(policy, config)``: only the adapters ``A``, ``B`` require
@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from grpo_lightning.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 
 ADAPTER = "default"  # the name PEFT gives the one adapter
 #: Fields the hyperparameters always show, default or not.
@@ -42,7 +42,7 @@ def _peft():
     try:
         import peft
     except ImportError as error:
-        raise ConfigError("peft_config: LoRA needs the peft package: pip install 'grpo-lightning[peft]'.") from error
+        raise ConfigError("policy.peft_config: LoRA needs the peft package: pip install 'grpo-lightning[peft]'.") from error
     return peft
 
 
@@ -58,12 +58,12 @@ def adapter_settings(config: Any) -> dict[str, Any] | None:
         values = {field.name: getattr(config, field.name) for field in dataclasses.fields(config) if field.init}
     elif isinstance(config, dict) and "class_path" in config:
         if str(config["class_path"]).rpartition(".")[2] != "LoraConfig":
-            raise ConfigError(f"peft_config: only LoRA is supported (peft.LoraConfig), got {config['class_path']}.")
+            raise ConfigError(f"policy.peft_config: only LoRA is supported (peft.LoraConfig), got {config['class_path']}.")
         values = dict(config.get("init_args") or {})
     elif isinstance(config, dict):
         values = dict(config)
     else:
-        raise ConfigError(f"peft_config: give a peft.LoraConfig or a dict of its fields, got {type(config).__name__}.")
+        raise ConfigError(f"policy.peft_config: give a peft.LoraConfig or a dict of its fields, got {type(config).__name__}.")
     default = peft.LoraConfig()
     settings = {name: _plain(value) for name, value in values.items()
                 if name not in ("peft_type", "task_type") and _plain(value) != _plain(getattr(default, name, None))}
@@ -89,11 +89,11 @@ def lora_config(settings: dict[str, Any]) -> Any:
     known = {f.name for f in dataclasses.fields(peft.LoraConfig)}
     unknown = sorted(set(settings) - known)
     if unknown:
-        raise ConfigError(f"peft_config: {unknown} are not fields of peft.LoraConfig.")
+        raise ConfigError(f"policy.peft_config: {unknown} are not fields of peft.LoraConfig.")
     try:
         return peft.LoraConfig(**{**settings, "task_type": "CAUSAL_LM"})
     except (TypeError, ValueError) as error:  # peft's own checks of the values
-        raise ConfigError(f"peft_config: {error}") from error
+        raise ConfigError(f"policy.peft_config: {error}") from error
 
 
 def add_adapters(model: PreTrainedModel, settings: dict[str, Any], gradient_checkpointing: bool = False) -> nn.Module:

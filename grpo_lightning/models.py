@@ -23,13 +23,15 @@ from grpo_lightning.strategies import shard
 
 def load_models(name: str, hparams: Mapping[str, Any], needs_reference: bool, strategy: Any = None
                 ) -> tuple[nn.Module, nn.Module | None]:  # fmt: skip
-    """``(policy, reference model or None)`` of the checkpoint ``name`` with the module's
-    ``hparams`` (``dtype``, ``attn_implementation``, ``disable_dropout``, ``gradient_checkpointing``,
-    ``peft_config``); the policy in training mode, its ``matmul_parameters`` (the whole model's N of
-    :mod:`grpo_lightning.compute`) counted before sharding."""
+    """``(policy, reference model or None)`` of the checkpoint ``name`` with the module's ``policy``
+    options as plain values, ``hparams`` (``dtype``, ``attn_implementation``, ``disable_dropout``,
+    ``gradient_checkpointing``, ``peft_config``); the policy in training mode, its ``matmul_parameters``
+    (the whole model's N of :mod:`grpo_lightning.compute`) counted before sharding."""
     adapters = hparams.get("peft_config")
     if adapters and isinstance(strategy, FSDPStrategy):
-        raise ConfigError("peft_config: LoRA runs on one device or under DDP (--trainer.strategy ddp), not FSDP.")
+        raise ConfigError(
+            "policy.peft_config: LoRA runs on one device or under DDP (--trainer.strategy ddp), not FSDP."
+        )
     policy = load_causal_lm(name, hparams["dtype"], hparams["attn_implementation"]).train()
     if hparams["gradient_checkpointing"]:
         policy.gradient_checkpointing_enable()

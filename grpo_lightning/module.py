@@ -4,7 +4,7 @@ One training step (manual optimization)::
 
     rollout      = generate(prompts)                  G completions per prompt
     rewards      = score(rollout)                     weighted reward functions       [P * G]
-    rollout      = contain(rollout)                   reward_execution.on_error=skip_group: failed groups out
+    rollout      = contain(rollout)                   rewards.execution.on_error=skip_group: failed groups out
     rollout      = select(rollout)                    hook (DAPO: dynamic sampling); None = no update yet
     old/ref logp                                      only when needed
     rewards      = shape_rewards(rewards, rollout)    hook (DAPO: overlong; RLOO: KL in the reward)
@@ -16,7 +16,7 @@ One training step (manual optimization)::
 
 Variants (``variants/``) name their advantage estimator, per-token surrogate and aggregation among the
 registered parts (``default_advantage``, ``default_surrogate``, ``default_aggregation``:
-:mod:`grpo_lightning.algorithms`), which a run may swap (``--model.advantage``, ``--model.surrogate``,
+:mod:`grpo_lightning.algorithms`), which a run may swap (``--model.advantage``, ``--model.loss.surrogate``,
 ``--model.aggregation``); where their paper asks they override the hooks (``advantages``,
 ``token_loss``, ``select``, ``shape_rewards``); they may declare ``kl_in_loss``.
 How rollouts are sampled is :mod:`grpo_lightning.generation`'s choice; step metrics are
@@ -26,7 +26,6 @@ How rollouts are sampled is :mod:`grpo_lightning.generation`'s choice; step metr
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -39,10 +38,11 @@ from grpo_lightning import functional as F
 from grpo_lightning import metrics, resume, step_schedule
 from grpo_lightning.agents import EnvironmentOptions
 from grpo_lightning.agents.multi_turn import multi_turn_engine, sample_episodes
-from grpo_lightning.algorithms import check_loss_options, resolve_parts
+from grpo_lightning.algorithms import resolve_parts, surrogate_clip
 from grpo_lightning.algorithms.entropy import entropy_bonus
 from grpo_lightning.algorithms.hooks import AlgorithmHooks, inapplicable_with
 from grpo_lightning.compute import ComputeMeter, policy_parameters
+from grpo_lightning.argument_types import check_argument_types
 from grpo_lightning.engine.options import EngineOptions
 from grpo_lightning.evaluation import Evaluation
 from grpo_lightning.generation import EnginePlan, RolloutSampler, RolloutWeights, build_rollout
@@ -50,20 +50,25 @@ from grpo_lightning.generation import announce_prompt_format, check_engine_optio
 from grpo_lightning.model_sources import load_tokenizer
 from grpo_lightning.generation import announce_rollout_mode, save_policy
 from grpo_lightning.generation.compile_payback import run_length
-from grpo_lightning.lora import adapter_autocast, adapter_settings, reference_model
+from grpo_lightning.lora import adapter_autocast, reference_model
 from grpo_lightning.models import load_models
 from grpo_lightning.nonfinite import NonFiniteGuard
 from grpo_lightning.logprobs import completion_logprobs
 from grpo_lightning.metrics import EVERY_STEP_METRICS, StepMetrics
-from grpo_lightning.rewards import RewardExecution, RewardScorer, RewardScores, resolve_reward_function, weighted_reward
+from grpo_lightning.options import GROUPS, EvaluationOptions, KLOptions, LossOptions, OptimOptions, PolicyOptions
+from grpo_lightning.options import RewardOptions, SamplingOptions, resolve_groups
+from grpo_lightning.rewards import RewardScorer, RewardScores, resolve_reward_function, weighted_reward
 from grpo_lightning.rollout import Rollout, SamplingParams
 from grpo_lightning.rollout_correction import correct_policy_loss
-from grpo_lightning.settings import CHECKED_SETTINGS, DTYPES, ConfigError, check_datasets, check_settings
-from grpo_lightning.settings import check_before_loading, check_options_apply, resolve_rewards
+from grpo_lightning.settings import DTYPES, ConfigError, check_before_loading, check_datasets, check_model
+from grpo_lightning.settings import check_options_apply, resolve_rewards
 from grpo_lightning.strategies import clip_policy_gradients, no_gradient_sync
 
 # Re-exported: variants and user code import them from here.
-__all__ = ["EVERY_STEP_METRICS", "ConfigError", "EngineOptions", "GroupPolicyOptimization", "StepMetrics", "disable_dropout"]
+__all__ = [
+    "EVERY_STEP_METRICS", "ConfigError", "EngineOptions", "EvaluationOptions", "GroupPolicyOptimization", "KLOptions",
+    "LossOptions", "OptimOptions", "PolicyOptions", "RewardOptions", "SamplingOptions", "StepMetrics", "disable_dropout",
+]  # fmt: skip
 
 
 class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluation, L.LightningModule):
@@ -71,183 +76,119 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
 
     Args:
         model: Hugging Face hub id or local directory of a causal LM (loaded in ``configure_model``).
-        tokenizer: hub id or directory of the tokenizer; defaults to ``model``.
-        dtype: weights dtype, ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``.
-        gradient_checkpointing: recompute activations in the backward pass to save memory.
-        attn_implementation: passed to ``from_pretrained`` (e.g. ``"sdpa"``, ``"flash_attention_2"``).
-        disable_dropout: zero every dropout of the policy, so that the log-probs of the update are
-            those of the distribution the rollout sampled from.
-        peft_config: a ``peft.LoraConfig`` (or a dict of its fields): train LoRA adapters only; the
-            reference model is the policy with them disabled (:mod:`grpo_lightning.lora`).
+        policy: how it is loaded and prompted: tokenizer, dtype, LoRA, chat template
+            (:class:`~grpo_lightning.options.PolicyOptions`; ``--model.policy.dtype bfloat16``).
         engine: how rollouts are sampled and log-prob passes run, chosen for the device by default
             (:class:`~grpo_lightning.engine.options.EngineOptions`; ``--model.engine.rollout static``).
             Speed only: the algorithm computes the same with any of them.
-        rollout_dtype: dtype of the weights rollouts sample from, e.g. ``"bfloat16"`` for fp32
-            weights trained under bf16 autocast: a copy in that dtype, refreshed after every
-            optimizer step, decodes in bf16. ``None``: the policy's own weights (no copy); under
-            FSDP, a replica in the strategy's compute dtype.
-        rollout_seed: keyed sampling (:func:`grpo_lightning.generation.sampling_keys`): the same
-            prompts sample the same completions whatever the batch composition, micro-batching or
-            number of devices. Needs the static engine. ``None``: the global generator.
-        reward_funcs: reward functions ``(prompts, completions, **columns) -> list[float]``, as
-            callables or import paths (``"grpo_lightning.rewards.accuracy_reward"``).
-        reward_weights: one weight per reward function (default: all 1).
-        reward_execution: what a reward function that raises, returns NaN/inf or times out does, and
-            where it runs (:class:`~grpo_lightning.rewards.RewardExecution`; ``--model.reward_execution.on_error zero``).
-        group_size: completions sampled per prompt, ``G``.
-        max_new_tokens: completion length limit, ``L``.
-        min_new_tokens: EOS is not sampled before this many tokens (benchmarks use ``L``).
-        temperature, top_p, top_k: rollout sampling (``top_k = 0`` disables it).
-        rollout_mode: ``"sample"``, or ``"beam_search"``: each group is the ``G`` best beams, not samples.
-        beta: KL coefficient; 0 loads no reference model.
-        kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (Schulman 2020; DeepSeekMath uses k3).
-        clip_eps_low, clip_eps_high: ratio clip range ``[1 - low, 1 + high]``.
-        delta: two-sided clipping: a negative-advantage token's ratio is also capped at ``delta``
-            (``> 1 + clip_eps_high``); ``None``: off.
-        clip_ratio_c: dual clip: a negative-advantage token's loss is at most ``-clip_ratio_c * A`` (verl: 3.0); ``None``: off.
-        advantage, surrogate, aggregation: the registered parts (:mod:`grpo_lightning.algorithms`: ``ADVANTAGES``
-            e.g. ``group_std``; ``SURROGATES`` e.g. ``ppo_clip``, ``gspo``; ``AGGREGATIONS`` e.g. ``token_mean``); ``None``: the variant's own.
-        off_policy_mask_threshold: OPSM: a negative-advantage completion whose mean ``log pi_old - log pi``
-            exceeds it carries no loss; ``None``: off. entropy_coef: an entropy bonus (estimated at the sampled token); 0: off.
-        scale_rewards: divisor of ``group_std``'s advantages: the group's std (``"group"``), the
-            batch's (``"batch"``) or none (``"none"``).
-        reward_aggregation: ``"sum_then_normalize"``: the weighted sum of the reward functions;
-            ``"normalize_then_sum"``: each normalised within its group first (GDPO).
-        top_entropy_quantile: only the tokens whose entropy is in the top fraction ``q`` of the
-            micro-batch's carry loss (arXiv 2506.01939); 1: all.
-        mask_truncated_completions: completions that hit ``max_new_tokens`` without EOS carry no loss.
-        unbiased_kl: the KL estimate weighted by ``pi / pi_old`` (DeepSeek-V3.2).
-        rollout_correction, rollout_correction_cap: importance weights for the rollout engine's
-            log-probs against the training pass's, and their cap (:mod:`grpo_lightning.rollout_correction`).
-        ppo_epochs: passes over each rollout (``mu`` in DeepSeekMath).
-        minibatch_size: completions per optimizer step; ``None`` = the whole rollout (one step).
-        micro_batch_size: completions per forward/backward pass (memory only).
-        learning_rate, weight_decay, warmup_steps, max_grad_norm: AdamW with linear warm-up,
-            then constant; gradient norm clipping (``None`` disables it).
-        max_nonfinite_steps: a step whose gradient is NaN or infinite changes no weight; after this
-            many in a row the fit stops (:mod:`grpo_lightning.nonfinite`).
-        val_temperature: sampling temperature of validation completions; 0 is greedy.
-        val_samples: completions per validation prompt, ``n``: ``pass@k`` and ``maj@n`` for ``n > 1``
-            (:mod:`grpo_lightning.evaluation`), which needs ``val_temperature > 0``.
-        val_max_new_tokens: completion limit in validation (default ``max_new_tokens``).
-        accuracy_func: the function whose mean is ``val/accuracy``.
-        use_chat_template: wrap plain-text prompts in the tokenizer's chat template when it has one.
         environment: multi-turn rollouts: model turns and an environment's replies, with tools
             (:class:`~grpo_lightning.agents.EnvironmentOptions`; ``--model.environment.name``).
+        sampling: the training rollouts: ``G``, ``L``, temperature, beam search, keyed sampling, the
+            engine's importance correction (:class:`~grpo_lightning.options.SamplingOptions`).
+        rewards: the reward functions, their weights, how they run and how their scores combine
+            (:class:`~grpo_lightning.options.RewardOptions`; ``--model.rewards.funcs``).
+        advantage, aggregation: the registered parts (:mod:`grpo_lightning.algorithms`: ``ADVANTAGES``
+            e.g. ``group_std``; ``AGGREGATIONS`` e.g. ``token_mean``); ``None``: the variant's own.
+        loss: the per-token loss: its surrogate (``SURROGATES``, e.g. ``ppo_clip``, ``gspo``), the
+            ratio clip, masks and an entropy bonus (:class:`~grpo_lightning.options.LossOptions`).
+        kl: the KL term's coefficient and estimator (:class:`~grpo_lightning.options.KLOptions`; ``--model.kl.beta``).
+        optim: epochs, minibatch and micro-batch sizes, AdamW, clipping
+            (:class:`~grpo_lightning.options.OptimOptions`; ``--model.optim.learning_rate``).
+        evaluation: validation sampling and ``val/accuracy``'s function
+            (:class:`~grpo_lightning.options.EvaluationOptions`; ``--model.evaluation.samples``).
+
+    A group given as a dict sets the fields it names of the variant's preset group; a group object
+    replaces it whole.
     """
 
     def __init__(
         self,
         model: str,
-        tokenizer: str | None = None,
-        dtype: str = "auto",
-        gradient_checkpointing: bool = False,
-        attn_implementation: str | None = None,
-        disable_dropout: bool = True,
-        peft_config: Any = None,
+        policy: PolicyOptions = PolicyOptions(),
         engine: EngineOptions = EngineOptions(),
-        rollout_dtype: str | None = None,
-        rollout_seed: int | None = None,
-        reward_funcs: Sequence[str | Callable] = ("grpo_lightning.rewards.accuracy_reward",),
-        reward_weights: Sequence[float] | None = None,
-        reward_execution: RewardExecution = RewardExecution(),
-        group_size: int = 8,
-        max_new_tokens: int = 256,
-        min_new_tokens: int = 0,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        rollout_mode: str = "sample",
-        beta: float = 0.04,
-        kl_estimator: str = "k3",
-        clip_eps_low: float = 0.2,
-        clip_eps_high: float = 0.2,
-        delta: float | None = None,
-        clip_ratio_c: float | None = None,
-        advantage: str | None = None,
-        surrogate: str | None = None,
-        aggregation: str | None = None,
-        off_policy_mask_threshold: float | None = None,
-        entropy_coef: float = 0.0,
-        scale_rewards: str = "group",
-        reward_aggregation: str = "sum_then_normalize",
-        top_entropy_quantile: float = 1.0,
-        mask_truncated_completions: bool = False,
-        unbiased_kl: bool = False,
-        rollout_correction: str | None = None,
-        rollout_correction_cap: float = 2.0,
-        ppo_epochs: int = 1,
-        minibatch_size: int | None = None,
-        micro_batch_size: int = 8,
-        learning_rate: float = 1e-6,
-        weight_decay: float = 0.0,
-        warmup_steps: int = 0,
-        max_grad_norm: float | None = 1.0,
-        max_nonfinite_steps: int = 3,
-        val_temperature: float = 0.0,
-        val_max_new_tokens: int | None = None,
-        val_samples: int = 1,
-        accuracy_func: str | Callable = "grpo_lightning.rewards.accuracy_reward",
-        use_chat_template: bool = True,
         environment: EnvironmentOptions | None = None,
+        sampling: SamplingOptions = SamplingOptions(),
+        rewards: RewardOptions = RewardOptions(),
+        advantage: str | None = None,
+        aggregation: str | None = None,
+        loss: LossOptions = LossOptions(),
+        kl: KLOptions = KLOptions(),
+        optim: OptimOptions = OptimOptions(),
+        evaluation: EvaluationOptions = EvaluationOptions(),
     ) -> None:
         super().__init__()
+        check_model(model, policy)
+        groups = resolve_groups(type(self), locals())
+        for name, group in groups.items():  # self.policy_options, self.sampling_options, ...
+            setattr(self, f"{name}_options", group)
         options = EngineOptions.of(engine)
-        engine = asdict(options)  # plain values in the hyperparameters (hparams.yaml, loggers)
-        execution = RewardExecution.of(reward_execution)
-        reward_execution = asdict(execution)
-        peft_config = adapter_settings(peft_config)
         self.environment = None if environment is None else EnvironmentOptions.of(environment)
-        environment = None if environment is None else self.environment.state()
         self.save_hyperparameters()
-        self.hparams["peft_config"] = peft_config  # plain values, also where the CLI gave class_path/init_args
+        # Plain values in the hyperparameters (hparams.yaml, loggers, checkpoints), whatever form the
+        # groups came in (objects, dicts, the CLI's class_path/init_args); the loggers read the initial copy.
+        plain = {name: group.state() for name, group in groups.items()}
+        plain.update(engine=asdict(options), environment=None if self.environment is None else self.environment.state())
+        self.hparams.update(plain)
+        self._hparams_initial.update(plain)
+        policy, sampling, rewards, loss, kl, optim, evaluation = (groups[name] for name in GROUPS)
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints leave the frozen reference model out
 
-        self.inapplicable_options = inapplicable_with(type(self), surrogate)  # with the surrogate of this run
-        check_options_apply(type(self), self.inapplicable_options, self.kl_in_loss, self.hparams)
-        check_loss_options(delta, clip_ratio_c, off_policy_mask_threshold, entropy_coef)
-        check_settings(**{name: value for name, value in locals().items() if name in CHECKED_SETTINGS})
+        check_argument_types(type(self), self.hparams)  # the variant's own arguments (tau_pos, ...)
+        self.inapplicable_options = inapplicable_with(type(self), loss.surrogate)  # with the surrogate of this run
+        check_options_apply(type(self), self.inapplicable_options, self.kl_in_loss, self.option_values())
+        loss.check_clip_pair()
         self.advantage_name, self.aggregation_name, self.surrogate_name = resolve_parts(
-            type(self), advantage, aggregation, scale_rewards, surrogate
+            type(self), advantage, aggregation, rewards.scale, loss.surrogate
         )
-        beam_search = rollout_mode == "beam_search"
-        check_engine_options(options, rollout_seed, beam_search)
-        options = options if self.environment is None else multi_turn_engine(options, rollout_seed, beam_search)
-        self.reward_functions, self.reward_weights = resolve_rewards(reward_funcs, reward_weights)
-        self.reward_scorer = RewardScorer(execution, self.reward_functions)  # workers, warnings, NaN counts
-        self.accuracy_function = resolve_reward_function(accuracy_func, field="accuracy_func")
+        self.clip_eps_low, self.clip_eps_high = surrogate_clip(self.surrogate_name, loss)
+        check_engine_options(options, sampling.seed, sampling.beam_search)
+        options = (
+            options if self.environment is None else multi_turn_engine(options, sampling.seed, sampling.beam_search)
+        )
+        self.reward_functions, self.reward_weights = resolve_rewards(rewards.funcs, rewards.weights)
+        self.reward_scorer = RewardScorer(rewards.execution, self.reward_functions)  # workers, warnings, NaN counts
+        self.accuracy_function = resolve_reward_function(evaluation.accuracy_func, field="evaluation.accuracy_func")
 
         self.model_name = model
-        self.tokenizer_name = tokenizer or model
+        self.tokenizer_name = policy.tokenizer or model
         self.engine_options = options
-        self.group_size = group_size
-        self.beta = beta
-        self.kl_estimator = kl_estimator
-        self.clip_eps_low = clip_eps_low
-        self.clip_eps_high = clip_eps_high
-        self.entropy_coef = entropy_coef  # AdaptiveEntropy steers it during a fit
-        self.ppo_epochs = ppo_epochs
-        self.rollout_correction = rollout_correction
-        self.minibatch_size = minibatch_size
-        self.micro_batch_size = micro_batch_size
-        self.sampling = SamplingParams(max_new_tokens, temperature, top_p, top_k, min_new_tokens, beam_search)
-        self.val_sampling = SamplingParams(val_max_new_tokens or max_new_tokens, val_temperature, top_p, top_k)
+        self.group_size = sampling.group_size
+        self.beta = kl.beta  # a schedule (CosineKLSchedule) steers it during a fit
+        self.kl_estimator = kl.estimator or ("k3" if self.kl_in_loss else "k1")
+        self.entropy_coef = loss.entropy_coef  # AdaptiveEntropy steers it during a fit
+        self.ppo_epochs = optim.ppo_epochs
+        self.rollout_correction = sampling.correction
+        self.minibatch_size = optim.minibatch_size
+        self.micro_batch_size = optim.micro_batch_size
+        self.val_samples = evaluation.samples  # evaluation_sampling sets it for a block
+        self.sampling = SamplingParams(sampling.max_new_tokens, sampling.temperature, sampling.top_p, sampling.top_k,
+                                       sampling.min_new_tokens, sampling.beam_search)  # fmt: skip
+        self.val_sampling = SamplingParams(evaluation.max_new_tokens or sampling.max_new_tokens, evaluation.temperature,
+                                           sampling.top_p, sampling.top_k)  # fmt: skip
 
         self.policy: PreTrainedModel | None = None
         self.ref_model: PreTrainedModel | None = None
         self.tokenizer: PreTrainedTokenizerBase | None = None
         self._samplers: dict[str, RolloutSampler] = {}  # by kind of device
-        self.rollout_weights = RolloutWeights(DTYPES[rollout_dtype] if rollout_dtype else None)
+        self.rollout_weights = RolloutWeights(DTYPES[sampling.dtype] if sampling.dtype else None)
         self.policy_version = 0  # optimizer steps taken: a rollout replica older than this is refreshed
         self.rollouts = 0  # generate() calls so far: part of the keys of keyed sampling
         self.step_metrics = StepMetrics()
-        self.nonfinite = NonFiniteGuard(max_nonfinite_steps)
+        self.nonfinite = NonFiniteGuard(optim.max_nonfinite_steps)
         self.generated_tokens = self.generation_batches = self.trained_rollouts = 0  # sampled; rollouts trained on
         self.compute = ComputeMeter()  # token passes of training: perf/flops
         self.last_step_metrics: dict[str, float] = {}  # every metric of the last training step
         self.last_rollout, self.last_advantages = None, None  # the last step's scored rollout, its advantages
         self.logged_steps = 0  # training steps logged: with an update, or counted by skip_update
+
+    def option_values(self) -> dict[str, Any]:
+        """Every option of the groups by its dotted name (``loss.delta``), and the parts and environment."""
+        values = {
+            f"{name}.{key}": value for name in GROUPS for key, value in vars(getattr(self, f"{name}_options")).items()
+        }
+        return {**values, "advantage": self.hparams.advantage, "aggregation": self.hparams.aggregation,
+                "environment": self.hparams.environment}  # fmt: skip
 
     @property
     def max_new_tokens(self) -> int:
@@ -280,7 +221,9 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
             return
         self.tokenizer = load_tokenizer(self.tokenizer_name)
         strategy = self.trainer.strategy if self._trainer is not None else None
-        self.policy, self.ref_model = load_models(self.model_name, self.hparams, self.needs_reference_model(), strategy)
+        self.policy, self.ref_model = load_models(
+            self.model_name, self.hparams.policy, self.needs_reference_model(), strategy
+        )
 
     def save_pretrained(self, directory: str) -> None:
         """Write the policy and tokenizer as a plain Hugging Face directory (rank 0 writes).
@@ -298,7 +241,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         if kind not in self._samplers:
             strategy = self._trainer.strategy if self._trainer is not None else None
             run = run_length(self._trainer, self.sampling.max_new_tokens, self.val_sampling.max_new_tokens)
-            options = (self.engine_options, self.hparams.rollout_seed, self.sampling.beam_search, run)
+            options = (self.engine_options, self.sampling_options.seed, self.sampling.beam_search, run)
             self._samplers[kind] = RolloutSampler.announced(self.policy, strategy, kind, *options)
         return self._samplers[kind]
 
@@ -318,9 +261,9 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
     def configure_optimizers(self):
         parameters = [p for p in self.policy.parameters() if p.requires_grad]
         fused = True if all(p.device.type in ("cuda", "cpu") for p in parameters) else None  # one kernel for all
-        hparams = self.hparams
-        optimizer = torch.optim.AdamW(parameters, lr=hparams.learning_rate, weight_decay=hparams.weight_decay, fused=fused)
-        warmup = self.hparams.warmup_steps
+        optim = self.optim_options
+        optimizer = torch.optim.AdamW(parameters, lr=optim.learning_rate, weight_decay=optim.weight_decay, fused=fused)
+        warmup = optim.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -328,8 +271,8 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
 
     def on_fit_start(self) -> None:
         self.engine_plan  # resolved, and announced, before the first step
-        announce_prompt_format(self.tokenizer, self.hparams.use_chat_template)
-        announce_rollout_mode(self.hparams.rollout_mode)
+        announce_prompt_format(self.tokenizer, self.policy_options.use_chat_template)
+        announce_rollout_mode(self.sampling_options.mode)
         context = getattr(self.policy.config, "max_position_embeddings", None)
         longest = max(self.sampling.max_new_tokens, self.val_sampling.max_new_tokens)
         longest = longest if self.environment is None else self.environment.token_budget(longest)
@@ -340,7 +283,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
 
     def format_prompt(self, prompt: Any) -> str:
         """The prompt as text for the model (:func:`grpo_lightning.generation.format_prompt`)."""
-        return format_prompt(self.tokenizer, prompt, self.hparams.use_chat_template)
+        return format_prompt(self.tokenizer, prompt, self.policy_options.use_chat_template)
 
     def rollout_model(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
         """The model rollouts sample from inside the ``with`` block
@@ -354,7 +297,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         if self.environment is not None:
             with self.rollout_model() as model:
                 rollout = sample_episodes(model, self.tokenizer, batch, group_size, sampling, self.environment,
-                                          self.hparams.use_chat_template, with_logprobs, self.sampler)  # fmt: skip
+                                          self.policy_options.use_chat_template, with_logprobs, self.sampler)  # fmt: skip
             self.rollouts += 1
             return rollout
         texts = [self.format_prompt(p) for p in batch["prompt"]]
@@ -366,7 +309,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
 
     def score(self, rollout: Rollout) -> RewardScores:
         """Fill ``rollout.reward_per_function`` ``[N, F]`` and the weighted ``rollout.rewards`` ``[N]``;
-        return the scores with the samples each function failed on (``reward_execution``)."""
+        return the scores with the samples each function failed on (``rewards.execution``)."""
         columns, groups = rollout.columns, [row // rollout.group_size for row in range(len(rollout))]  # group_index
         scores = self.reward_scorer.score(self.reward_functions, rollout.prompts, rollout.completions, columns, groups)
         rollout.reward_per_function = scores.per_function.to(self.device)
@@ -422,7 +365,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
                     rollout.ref_logp = self.compute_logprobs(reference, rollout)
 
         rewards = rollout.rewards
-        if self.hparams.reward_aggregation == "normalize_then_sum":
+        if self.rewards_options.aggregation == "normalize_then_sum":
             rewards = F.group_normalized_reward_sum(rollout.reward_per_function, self.reward_weights, rollout.group_size)
         rewards = self.shape_rewards(rewards, rollout)
         advantages = self.advantages(rewards.view(-1, rollout.group_size)).flatten(0, 1)  # [N], or per token [N, T]
@@ -467,7 +410,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
     def clip_and_log_gradient_norm(self, optimizer) -> None:
         """Clip the gradient to ``max_grad_norm`` and log its norm before clipping (``grad_norm``);
         a NaN or infinite norm drops the gradient, so the step changes nothing (``skipped_steps``)."""
-        norm = clip_policy_gradients(self, optimizer, self.hparams.max_grad_norm)
+        norm = clip_policy_gradients(self, optimizer, self.optim_options.max_grad_norm)
         if norm is not None:
             self.step_metrics.update("grad_norm", norm)
             if not self.nonfinite.allows(norm, self.global_step, getattr(self.last_rollout, "prompts", ())):
@@ -496,7 +439,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         """``[len(rows), T]``: the tokens that carry loss; none of a truncated completion under
         ``mask_truncated_completions``."""
         mask = rollout.completion_mask[rows.to(rollout.completion_mask.device)]
-        if self.hparams.mask_truncated_completions:
+        if self.loss_options.mask_truncated_completions:
             mask = mask * ~rollout.truncated[rows.to(mask.device)].unsqueeze(1)
         return mask
 
@@ -518,12 +461,12 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
             loss = loss + self.entropy_coef * entropy_bonus(logp, old_logp)
         if rollout.sampling_logp is not None:  # the engine's log-probs against this pass's
             loss = correct_policy_loss(loss, old_logp, rollout.sampling_logp[rows], micro_mask, self.rollout_correction,
-                                       self.hparams.rollout_correction_cap, self.step_metrics)  # fmt: skip
-        if self.hparams.top_entropy_quantile < 1:
-            loss = loss * F.top_entropy_mask(entropy, micro_mask, self.hparams.top_entropy_quantile)
+                                       self.sampling_options.correction_cap, self.step_metrics)  # fmt: skip
+        if self.loss_options.top_entropy_quantile < 1:
+            loss = loss * F.top_entropy_mask(entropy, micro_mask, self.loss_options.top_entropy_quantile)
         if rollout.ref_logp is not None:
             kl = F.kl_estimate(logp, rollout.ref_logp[rows], self.kl_estimator)
-            if self.hparams.unbiased_kl:
+            if self.kl_options.unbiased:
                 kl = kl * torch.exp(logp - old_logp)
             if self.kl_in_loss:
                 loss = loss + self.beta * kl

@@ -37,7 +37,7 @@ class NonFiniteGuard:
 
     def __init__(self, max_in_a_row: int = 3) -> None:
         require(isinstance(max_in_a_row, int) and max_in_a_row >= 1,
-                f"max_nonfinite_steps: must be a positive integer, got {max_in_a_row!r}.")  # fmt: skip
+                f"optim.max_nonfinite_steps: must be a positive integer, got {max_in_a_row!r}.")  # fmt: skip
         self.max_in_a_row = max_in_a_row
         self.in_a_row = 0
         self.skipped = 0
@@ -56,7 +56,7 @@ class NonFiniteGuard:
         if self.in_a_row >= self.max_in_a_row:
             raise NonFiniteTrainingError(
                 f"{message}. That is {self.in_a_row} non-finite steps in a row: check the learning rate, the dtype "
-                "(bf16 weights overflow where fp32 do not) and the reward functions, or raise max_nonfinite_steps."
+                "(bf16 weights overflow where fp32 do not) and the reward functions, or raise optim.max_nonfinite_steps."
             )
         warnings.warn(message, RuntimeWarning, stacklevel=3)
         return False

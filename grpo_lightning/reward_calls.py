@@ -254,8 +254,8 @@ class _Worker:
         if ready != "ready":
             self.stop()
             raise ConfigError(
-                f"reward_execution.workers: a worker process could not load the reward functions ({ready}); "
-                "make their modules importable from the working directory, or set reward_execution.workers 0."
+                f"rewards.execution.workers: a worker process could not load the reward functions ({ready}); "
+                "make their modules importable from the working directory, or set rewards.execution.workers 0."
             )
 
     def stop(self) -> None:

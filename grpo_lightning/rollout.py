@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
-#: How a group's completions are drawn (the module's ``rollout_mode``): sampled from the policy, or
+#: How a group's completions are drawn (the module's ``sampling.mode``): sampled from the policy, or
 #: the group's ``G`` best beams of a beam search, which are not samples of it.
 ROLLOUT_MODES = ("sample", "beam_search")
 

@@ -67,13 +67,13 @@ class CosineKLSchedule(Callback):
             return
         if not pl_module.beta > 0:
             raise ConfigError(
-                f"beta: the module's beta is {pl_module.beta}: there is no KL term to schedule, and no reference "
-                "model is loaded for one; set --model.beta > 0 (e.g. the schedule's start) or drop CosineKLSchedule "
+                f"kl.beta: the module's beta is {pl_module.beta}: there is no KL term to schedule, and no reference "
+                "model is loaded for one; set --model.kl.beta > 0 (e.g. the schedule's start) or drop CosineKLSchedule "
                 "from trainer.callbacks."
             )
         if not pl_module.needs_reference_model():
             raise ConfigError(
-                f"beta: {type(pl_module).__name__} loads no reference model, so it has no KL term to schedule; "
+                f"kl.beta: {type(pl_module).__name__} loads no reference model, so it has no KL term to schedule; "
                 "drop CosineKLSchedule from trainer.callbacks."
             )
         if trainer.max_steps is None or trainer.max_steps <= 0:

@@ -251,7 +251,7 @@ class PolicyFSDPStrategy(FSDPStrategy):
         mixed_precision: ``"bf16"`` (default) or ``"fp16"``: compute dtype of the gathered weights;
             the sharded weights the optimizer updates, and the reference shards, are float32 under
             ``trainer.precision: 32-true`` (Lightning's FSDP casts the module to it, whatever
-            ``--model.dtype`` loaded). ``null`` leaves it to ``trainer.precision``.
+            ``--model.policy.dtype`` loaded). ``null`` leaves it to ``trainer.precision``.
         rollout_weights: ``"replica"`` (default): rollouts sample from an unsharded copy of the
             policy in the compute dtype, refreshed after each optimizer step; ``"gather"``: from the
             sharded policy, which gathers each layer at every decoded token (slow; for models

@@ -74,6 +74,12 @@ class ValueModel(nn.Module):
         return values.masked_fill(completion_mask == 0, 0.0)
 
 
+def backbone_settings(policy: Any) -> dict[str, Any]:
+    """The arguments of :func:`load_value_model` that load the backbone as the policy's ``policy`` options do."""
+    return {"dtype": policy.dtype, "attn_implementation": policy.attn_implementation,
+            "no_dropout": policy.disable_dropout, "gradient_checkpointing": policy.gradient_checkpointing}  # fmt: skip
+
+
 def load_value_model(
     name: str, dtype: str, attn_implementation: str | None, *, no_dropout: bool = True,
     gradient_checkpointing: bool = False,

@@ -58,20 +58,44 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return str(save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), tokenizer, config, seed=0))
 
 
+def grouped(options: dict) -> dict:
+    """Constructor arguments of dotted options: ``{"loss.delta": 2.0, "advantage": "gpg"}`` ->
+    ``{"loss": {"delta": 2.0}, "advantage": "gpg"}``."""
+    from grpo_lightning.options import GROUPS
+
+    arguments: dict = {}
+    for name, value in options.items():
+        group, _, field = name.partition(".")
+        if field and group in GROUPS:
+            arguments.setdefault(group, {})[field] = value
+        else:
+            arguments[name] = value
+    return arguments
+
+
+def merged(settings: dict, overrides: dict) -> dict:
+    """Constructor arguments: ``settings`` with ``overrides``, an option group given as a dict on
+    both sides merged field by field (``sampling={"group_size": 2}`` keeps the other sampling settings)."""
+    out = dict(settings)
+    for name, value in overrides.items():
+        both = isinstance(value, dict) and isinstance(out.get(name), dict)
+        out[name] = {**out[name], **value} if both else value
+    return out
+
+
 @pytest.fixture
 def make_module(tiny_model_dir) -> Callable:
     """``make_module(cls, configure=True, **kwargs)``: a variant on the tiny model.
 
-    Defaults: ``reward_funcs=[length_parity_reward]``, ``group_size=4``, ``max_new_tokens=8``.
-    With ``configure`` the model is loaded (``configure_model()``), which is all that
-    ``generate``, ``score`` and ``micro_batch_loss`` need; a Trainer loads it itself.
+    Defaults: ``rewards.funcs=[length_parity_reward]``, ``sampling.group_size=4``,
+    ``sampling.max_new_tokens=8`` (a group given as a dict adds its fields to these; a group object
+    is used as it is). With ``configure`` the model is loaded (``configure_model()``), which is all
+    that ``generate``, ``score`` and ``micro_batch_loss`` need; a Trainer loads it itself.
     """
 
     def make(cls, configure: bool = True, **kwargs):
-        kwargs.setdefault("reward_funcs", [length_parity_reward])
-        kwargs.setdefault("group_size", 4)
-        kwargs.setdefault("max_new_tokens", 8)
-        module = cls(model=tiny_model_dir, **kwargs)
+        defaults = {"rewards": {"funcs": [length_parity_reward]}, "sampling": {"group_size": 4, "max_new_tokens": 8}}
+        module = cls(model=tiny_model_dir, **merged(defaults, kwargs))
         if configure:
             module.configure_model()
         return module

@@ -1,5 +1,5 @@
-"""The base module's ablation options (delta, scale_rewards, reward_aggregation, top_entropy_quantile,
-mask_truncated_completions, unbiased_kl): hand-computed values, the module wiring, micro-batch
+"""The base module's ablation options (loss.delta, rewards.scale, rewards.aggregation,
+loss.top_entropy_quantile, loss.mask_truncated_completions, kl.unbiased): hand-computed values, the module wiring, micro-batch
 invariance, and the error for an option a variant leaves no place for."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from torch.testing import assert_close
 
 from grpo_lightning import functional as F
 from grpo_lightning.settings import ConfigError
-from tests.conftest import micro_batched_gradient
+from tests.conftest import grouped, micro_batched_gradient
 from variants import DAPO, GRPO, GSPO, RLOO, DrGRPO
 
 PROMPTS = ["12+34=", "5+6=", "77+8=", "9*9="]  # x group_size 4 = 16 rows
@@ -39,12 +39,12 @@ def test_delta_caps_the_ratio_of_negative_advantage_tokens():
 def test_delta_must_exceed_the_upper_clip_bound():
     with pytest.raises(ValueError, match="delta must exceed 1 \\+ eps_high"):
         F.clipped_surrogate(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), 0.2, 0.28, delta=1.2)
-    with pytest.raises(ConfigError, match="^delta: must exceed 1 \\+ clip_eps_high = 1.28"):
-        DAPO("x", delta=1.25)
+    with pytest.raises(ConfigError, match="^loss.delta: must exceed 1 \\+ clip_eps_high = 1.28"):
+        DAPO("x", loss={"delta": 1.25})
 
 
 def test_the_base_token_loss_passes_delta_on(make_module):
-    module = make_module(GRPO, configure=False, delta=2.0)
+    module = make_module(GRPO, configure=False, loss={"delta": 2.0})
     logp = torch.tensor([[math.log(3.0)]])
     loss = module.token_loss(logp, torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1))
     assert_close(loss, torch.tensor([[2.0]]))
@@ -70,7 +70,7 @@ def test_scale_rewards_picks_the_divisor(scale, divisor):
 
 
 def test_grpo_family_advantages_follow_scale_rewards(make_module):
-    module = make_module(DAPO, configure=False, scale_rewards="none")
+    module = make_module(DAPO, configure=False, rewards={"scale": "none"})
     assert_close(module.advantages(REWARDS), torch.tensor([[0.5, -0.5, -0.5, 0.5], [0.0] * 4]))
 
 
@@ -92,8 +92,11 @@ def test_the_training_step_hands_normalised_sums_to_the_advantages(make_module, 
     def constant(prompts, completions, **kwargs):
         return [float(len(c) % 3) * 10 for c in completions]
 
-    module = make_module(GRPO, reward_aggregation="normalize_then_sum", beta=0.0,
-                         reward_funcs=["tests.conftest.length_parity_reward", constant])  # fmt: skip
+    module = make_module(
+        GRPO,
+        rewards={"aggregation": "normalize_then_sum", "funcs": ["tests.conftest.length_parity_reward", constant]},
+        kl={"beta": 0.0},
+    )
     seen = {}
     monkeypatch.setattr(module, "advantages", lambda rewards: seen.setdefault("rewards", rewards) * 0)
     monkeypatch.setattr(module, "update", lambda rollout, advantages: None)
@@ -117,7 +120,7 @@ def test_top_entropy_mask_keeps_the_highest_entropy_tokens():
 
 
 def test_top_entropy_quantile_zeroes_the_loss_of_low_entropy_tokens(make_module, make_rollout):
-    module = make_module(GRPO, beta=0.0, top_entropy_quantile=0.5)
+    module = make_module(GRPO, kl={"beta": 0.0}, loss={"top_entropy_quantile": 0.5})
     rollout = make_rollout(module, PROMPTS)
     advantages = torch.ones(len(rollout))
     rows = torch.arange(len(rollout))
@@ -133,7 +136,7 @@ def test_top_entropy_quantile_zeroes_the_loss_of_low_entropy_tokens(make_module,
 
 
 def test_truncated_completions_carry_no_loss(make_module, make_rollout):
-    module = make_module(DAPO, dynamic_sampling=False, mask_truncated_completions=True, overlong_buffer=0)
+    module = make_module(DAPO, dynamic_sampling=False, overlong_buffer=0, loss={"mask_truncated_completions": True})
     rollout = make_rollout(module, PROMPTS)
     truncated = rollout.truncated
     assert truncated.any() and not truncated.all(), "the tiny model should truncate some completions"
@@ -150,7 +153,7 @@ def test_truncated_completions_carry_no_loss(make_module, make_rollout):
 
 
 def test_unbiased_kl_weights_the_k3_estimate_by_the_ratio(make_module, make_rollout):
-    module = make_module(GRPO, beta=0.5, unbiased_kl=True)
+    module = make_module(GRPO, kl={"beta": 0.5, "unbiased": True})
     rollout = make_rollout(module, PROMPTS)
     rows = torch.arange(len(rollout))
     with torch.no_grad():
@@ -167,8 +170,8 @@ def test_unbiased_kl_weights_the_k3_estimate_by_the_ratio(make_module, make_roll
 
 
 def test_unbiased_kl_needs_a_kl_term():
-    with pytest.raises(ConfigError, match="^unbiased_kl: .*beta = 0"):
-        GRPO("x", beta=0.0, unbiased_kl=True)
+    with pytest.raises(ConfigError, match="^kl.unbiased: .*beta = 0"):
+        GRPO("x", kl={"beta": 0.0, "unbiased": True})
 
 
 # ------------------------------------------------------------------ where an option has no place
@@ -177,10 +180,10 @@ def test_unbiased_kl_needs_a_kl_term():
 @pytest.mark.parametrize(
     ("cls", "kwargs", "message"),
     [
-        (DrGRPO, {"scale_rewards": "batch"}, "scale_rewards: does not apply to DrGRPO"),
-        (RLOO, {"scale_rewards": "none"}, "scale_rewards: does not apply to RLOO"),
-        (RLOO, {"unbiased_kl": True}, "unbiased_kl: does not apply to RLOO .its KL term is in the reward"),
-        (GSPO, {"delta": 2.0}, "delta: does not apply to GSPO"),
+        (DrGRPO, {"rewards": {"scale": "batch"}}, "rewards.scale: does not apply to DrGRPO"),
+        (RLOO, {"rewards": {"scale": "none"}}, "rewards.scale: does not apply to RLOO"),
+        (RLOO, {"kl": {"unbiased": True}}, "kl.unbiased: does not apply to RLOO .its KL term is in the reward"),
+        (GSPO, {"loss": {"delta": 2.0}}, "loss.delta: does not apply to GSPO"),
     ],
 )
 def test_an_inapplicable_option_names_the_option_and_the_variant(cls, kwargs, message):
@@ -189,20 +192,20 @@ def test_an_inapplicable_option_names_the_option_and_the_variant(cls, kwargs, me
 
 
 def test_rloo_with_its_kl_in_the_loss_takes_unbiased_kl():
-    assert RLOO("x", kl_in_reward=False, unbiased_kl=True).hparams.unbiased_kl
+    assert RLOO("x", kl_in_reward=False, kl={"unbiased": True}).hparams.kl["unbiased"]
 
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("scale_rewards", "std", "scale_rewards: 'std' is not one of group, batch, none"),
-        ("reward_aggregation", "mean", "reward_aggregation: 'mean' is not one of sum_then_normalize, normalize_then_sum"),
-        ("top_entropy_quantile", 0.0, "top_entropy_quantile: must be in \\(0, 1\\]"),
+        ("rewards.scale", "std", "rewards.scale: 'std' is not one of group, batch, none"),
+        ("rewards.aggregation", "mean", "rewards.aggregation: 'mean' is not one of sum_then_normalize, normalize_then_sum"),
+        ("loss.top_entropy_quantile", 0.0, "loss.top_entropy_quantile: must be in \\(0, 1\\]"),
     ],
 )
 def test_bad_option_values_name_the_field(field, value, message):
     with pytest.raises(ConfigError, match=f"^{message}"):
-        GRPO("x", **{field: value})
+        GRPO("x", **grouped({field: value}))
 
 
 # ------------------------------------------------------------------ micro-batch invariance
@@ -211,11 +214,12 @@ def test_bad_option_values_name_the_field(field, value, message):
 @pytest.mark.parametrize(
     ("cls", "kwargs"),
     [
-        pytest.param(GRPO, {"beta": 0.04, "unbiased_kl": True, "delta": 2.0, "scale_rewards": "batch"}, id="GRPO"),
-        pytest.param(DAPO, {"dynamic_sampling": False, "mask_truncated_completions": True}, id="DAPO-masked"),
-        pytest.param(GRPO, {"beta": 0.0, "mask_truncated_completions": True}, id="GRPO-masked"),
-        pytest.param(GRPO, {"rollout_correction": "sequence_truncate", "rollout_correction_cap": 1.05}, id="GRPO-IS"),
-        pytest.param(DAPO, {"dynamic_sampling": False, "rollout_correction": "token_mask"}, id="DAPO-IS"),
+        pytest.param(GRPO, {"kl": {"beta": 0.04, "unbiased": True}, "loss": {"delta": 2.0}, "rewards": {"scale": "batch"}},
+                     id="GRPO"),
+        pytest.param(DAPO, {"dynamic_sampling": False, "loss": {"mask_truncated_completions": True}}, id="DAPO-masked"),
+        pytest.param(GRPO, {"kl": {"beta": 0.0}, "loss": {"mask_truncated_completions": True}}, id="GRPO-masked"),
+        pytest.param(GRPO, {"sampling": {"correction": "sequence_truncate", "correction_cap": 1.05}}, id="GRPO-IS"),
+        pytest.param(DAPO, {"dynamic_sampling": False, "sampling": {"correction": "token_mask"}}, id="DAPO-IS"),
     ],
 )
 def test_the_options_keep_the_gradient_independent_of_micro_batching(cls, kwargs, make_module, make_rollout):
@@ -247,12 +251,12 @@ ALL_VARIANTS = [getattr(__import__("variants"), name) for name in __import__("va
 OPTION_VALUES = {
     "advantage": "leave_one_out",
     "aggregation": "seq_mean_token_sum_norm",
-    "delta": 2.0,
-    "scale_rewards": "batch",
-    "reward_aggregation": "normalize_then_sum",
-    "top_entropy_quantile": 0.5,
-    "mask_truncated_completions": True,
-    "unbiased_kl": True,
+    "loss.delta": 2.0,
+    "rewards.scale": "batch",
+    "rewards.aggregation": "normalize_then_sum",
+    "loss.top_entropy_quantile": 0.5,
+    "loss.mask_truncated_completions": True,
+    "kl.unbiased": True,
 }
 
 
@@ -260,16 +264,16 @@ OPTION_VALUES = {
 @pytest.mark.parametrize("cls", ALL_VARIANTS, ids=lambda c: c.__name__)
 def test_each_option_combines_with_each_variant_or_says_why_not(cls, option, make_module, make_rollout, one_torch_thread):
     kwargs = {option: OPTION_VALUES[option]}
-    if option == "delta" and cls.__name__ == "CISPO":
-        kwargs["clip_eps_high"] = 0.2  # CISPO's default upper bound 5.0 would need delta > 6
-    if option == "unbiased_kl":
-        kwargs["beta"] = 0.04
+    if option == "loss.delta" and cls.__name__ == "CISPO":
+        kwargs["loss.clip_eps_high"] = 0.2  # CISPO's default upper bound 5.0 would need delta > 6
+    if option == "kl.unbiased":
+        kwargs["kl.beta"] = 0.04
     reasons = dict(cls.inapplicable_options)
-    if option == "unbiased_kl" and cls.__name__ in ("RLOO", "ReinforcePlusPlus", "PPO"):
-        reasons["unbiased_kl"] = "its KL term is in the reward"
+    if option == "kl.unbiased" and cls.__name__ in ("RLOO", "ReinforcePlusPlus", "PPO"):
+        reasons["kl.unbiased"] = "its KL term is in the reward"
     if option in reasons:
         with pytest.raises(ConfigError, match=f"^{option}: does not apply to {cls.__name__}"):
-            cls("x", **kwargs)
+            cls("x", **grouped(kwargs))
         return
     if cls is DAPO:
         kwargs["dynamic_sampling"] = False
@@ -277,7 +281,7 @@ def test_each_option_combines_with_each_variant_or_says_why_not(cls, option, mak
         kwargs["step_reward_func"] = lambda prompts, completions, token_ends: [
             [(t, float(t % 2)) for t in range(len(ends))] for ends in token_ends
         ]
-    module = make_module(cls, **kwargs)
+    module = make_module(cls, **grouped(kwargs))
     rollout = make_rollout(module, PROMPTS)
     n = len(rollout)
     rows = torch.arange(n)

@@ -79,7 +79,7 @@ def test_each_aggregation_summed_over_rows_with_the_batch_counts_is_the_batchs(n
 
 @pytest.mark.parametrize("name", AGGREGATIONS)
 def test_each_aggregation_gives_the_same_gradient_in_any_micro_batches(name, make_module, make_rollout, one_torch_thread):
-    module = make_module(variants.GRPO, aggregation=name, beta=0.0)
+    module = make_module(variants.GRPO, aggregation=name, kl={"beta": 0.0})
     rollout = make_rollout(module, PROMPTS)
     n = len(rollout)
     advantages = module.advantages(rollout.rewards.view(-1, rollout.group_size)).flatten()
@@ -123,9 +123,9 @@ def test_an_unknown_part_name_is_refused_naming_the_option_and_the_choices(optio
 
 
 def test_scale_rewards_divides_only_group_std():
-    assert variants.GRPO("unused", advantage="group_std", scale_rewards="batch").advantage_name == "group_std"
-    with pytest.raises(ConfigError, match="^scale_rewards: sets the divisor of group_std's advantages"):
-        variants.GRPO("unused", advantage="leave_one_out", scale_rewards="none")
+    assert variants.GRPO("unused", advantage="group_std", rewards={"scale": "batch"}).advantage_name == "group_std"
+    with pytest.raises(ConfigError, match="^rewards.scale: sets the divisor of group_std's advantages"):
+        variants.GRPO("unused", advantage="leave_one_out", rewards={"scale": "none"})
 
 
 def update_loss(module, rollout) -> float:
@@ -138,15 +138,17 @@ def update_loss(module, rollout) -> float:
 
 def test_rloo_with_dr_grpos_parts_is_dr_grpo(make_module, make_rollout, one_torch_thread):
     """The same token loss with the same two parts is the same algorithm, whichever class holds them."""
-    composed = make_module(variants.RLOO, beta=0.0, advantage="group_mean", aggregation="seq_mean_token_sum_norm")
+    composed = make_module(
+        variants.RLOO, advantage="group_mean", aggregation="seq_mean_token_sum_norm", kl={"beta": 0.0}
+    )
     rollout = make_rollout(composed, PROMPTS)
     assert update_loss(composed, rollout) == update_loss(make_module(variants.DrGRPO), rollout)
-    assert update_loss(composed, rollout) != update_loss(make_module(variants.RLOO, beta=0.0), rollout)
+    assert update_loss(composed, rollout) != update_loss(make_module(variants.RLOO, kl={"beta": 0.0}), rollout)
 
 
 def test_grpo_with_the_token_mean_and_clip_higher_is_dapo_without_its_sampling(make_module, make_rollout,
                                                                                  one_torch_thread):  # fmt: skip
-    composed = make_module(variants.GRPO, beta=0.0, clip_eps_high=0.28, aggregation="token_mean")
+    composed = make_module(variants.GRPO, aggregation="token_mean", kl={"beta": 0.0}, loss={"clip_eps_high": 0.28})
     rollout = make_rollout(composed, PROMPTS)
     dapo = make_module(variants.DAPO, dynamic_sampling=False, overlong_buffer=0)
     assert update_loss(composed, rollout) == update_loss(dapo, rollout)

@@ -404,7 +404,7 @@ def test_memory_held_counts_each_owner_s_tensors_once(tiny_model_dir, tmp_path):
 
     from grpo_lightning.engine.options import EngineOptions
 
-    module = make_module(tiny_model_dir, beta=0.04, engine=EngineOptions(rollout="static"))
+    module = make_module(tiny_model_dir, engine=EngineOptions(rollout="static"), kl={"beta": 0.04})
     _, trainer = fit(module, 1, tmp_path)
     held = bench.memory_held(module, trainer.optimizers[0], device_type="cpu")
     weights = sum(p.numel() * p.element_size() for p in module.policy.parameters()) / 2**30
@@ -421,9 +421,24 @@ def test_memory_held_counts_each_owner_s_tensors_once(tiny_model_dir, tmp_path):
 def test_budget_race_reports_steps_wall_clock_and_accuracy_per_framework(tiny_model_dir, tmp_path):
     """Both frameworks train the recipe's task on the tiny model for 6 s from their process's start."""
     frameworks = ["grpo-lightning"] + (["trl"] if importlib.util.find_spec("trl") else [])
-    tiny = ["--model", tiny_model_dir, "--set", "model.max_new_tokens=4", "--set", "model.group_size=2",
-            "--set", "model.micro_batch_size=4", "--set", "data.batch_size=2", "--set", "data.num_train=64",
-            "--set", "data.num_val=8", "--set", "trainer.precision=32-true"]  # fmt: skip
+    tiny = [
+        "--model",
+        tiny_model_dir,
+        "--set",
+        "model.sampling.max_new_tokens=4",
+        "--set",
+        "model.sampling.group_size=2",
+        "--set",
+        "model.optim.micro_batch_size=4",
+        "--set",
+        "data.batch_size=2",
+        "--set",
+        "data.num_train=64",
+        "--set",
+        "data.num_val=8",
+        "--set",
+        "trainer.precision=32-true",
+    ]
     command = [sys.executable, "benchmarks/budget_race.py", "--budgets", "0.1", "--device", "cpu", *tiny,
                *([] if "trl" in frameworks else ["--no-trl"])]  # fmt: skip
     completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)

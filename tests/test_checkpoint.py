@@ -17,6 +17,7 @@ from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.export import export_checkpoint, read_checkpoint
 from grpo_lightning.export import main as export_main
 from variants import DAPO, GRPO
+from tests.conftest import merged
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -29,11 +30,12 @@ def length_reward(prompts, completions, **columns):
 def make_module(model_dir: str, cls=GRPO, **overrides):
     settings = dict(
         # an import path, as configs give it: resuming loads checkpoints with weights_only=True
-        model=model_dir, reward_funcs=[f"{__name__}.length_reward"], group_size=2, max_new_tokens=6, micro_batch_size=2,
-        learning_rate=1e-3,
+        model=model_dir,
+        rewards={"funcs": [f"{__name__}.length_reward"]},
+        sampling={"group_size": 2, "max_new_tokens": 6},
+        optim={"micro_batch_size": 2, "learning_rate": 1e-3},
     )
-    settings.update(overrides)
-    return cls(**settings)
+    return cls(**merged(settings, overrides))
 
 
 def make_data() -> ArithmeticDataModule:
@@ -107,11 +109,11 @@ def assert_same_steps(resumed: dict, full: dict, first: int, last: int) -> None:
 @pytest.mark.parametrize("stop", [3, 4], ids=["mid-epoch", "end-of-epoch"])
 def test_grpo_resumed_from_a_checkpoint_logs_what_an_uninterrupted_fit_logs(tiny_model_dir, tmp_path, stop):
     total = 6
-    full, _ = fit(make_module(tiny_model_dir, beta=0.04), total, tmp_path / "full")
+    full, _ = fit(make_module(tiny_model_dir, kl={"beta": 0.04}), total, tmp_path / "full")
     assert sorted(full) == list(range(1, total + 1))
 
     every = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=stop)
-    fit(make_module(tiny_model_dir, beta=0.04), stop, tmp_path / "first", callbacks=[every])
+    fit(make_module(tiny_model_dir, kl={"beta": 0.04}), stop, tmp_path / "first", callbacks=[every])
     path = tmp_path / "ckpt" / f"step={stop}.ckpt"
     checkpoint = read_checkpoint(path)
     assert not any(k.startswith("ref_model.") for k in checkpoint["state_dict"])
@@ -119,7 +121,7 @@ def test_grpo_resumed_from_a_checkpoint_logs_what_an_uninterrupted_fit_logs(tiny
     position = checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
     assert (position["epoch"], position["batches"]) == (0, stop)
 
-    resumed, trainer = fit(make_module(tiny_model_dir, beta=0.04), total, tmp_path / "resumed", ckpt_path=path)
+    resumed, trainer = fit(make_module(tiny_model_dir, kl={"beta": 0.04}), total, tmp_path / "resumed", ckpt_path=path)
     assert trainer.global_step == total
     assert_same_steps(resumed, full, stop + 1, total)
 
@@ -181,7 +183,7 @@ def logits(model, tokenizer) -> torch.Tensor:
 
 
 def test_the_trained_policy_exports_as_a_hugging_face_directory(tiny_model_dir, tmp_path):
-    grpo = make_module(tiny_model_dir, learning_rate=1e-2)
+    grpo = make_module(tiny_model_dir, optim={"learning_rate": 1e-2})
     every = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=2)
     fit(grpo, 2, tmp_path / "fit", callbacks=[every])
     grpo.policy.eval()

@@ -135,7 +135,7 @@ def test_fsdp_full_checkpoints_are_written_by_the_plugin(tiny_model_dir, tmp_pat
         devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
         num_sanity_val_steps=0, plugins=[plugin], callbacks=[every],
     )  # fmt: skip
-    trainer.fit(make_module(tiny_model_dir, dtype="float32"), datamodule=make_data())
+    trainer.fit(make_module(tiny_model_dir, policy={"dtype": "float32"}), datamodule=make_data())
     assert plugin.saved == ["step=1.ckpt", "step=2.ckpt"]
     assert sorted(os.listdir(tmp_path / "ckpt")) == plugin.saved  # no temporary file left
     assert "policy.model.embed_tokens.weight" in read_checkpoint(tmp_path / "ckpt" / "step=2.ckpt")["state_dict"]

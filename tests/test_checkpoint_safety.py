@@ -23,13 +23,41 @@ CONFIGS = config_dir()
 
 def fit_args(model_dir: str, root: Path, *extra: str, steps: int = 2) -> list[str]:
     return [
-        "fit", "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
-        "--config", str(CONFIGS / "variant/grpo.yaml"), "--model.model", model_dir,
-        "--model.group_size", "2", "--model.max_new_tokens", "4", "--model.val_max_new_tokens", "4",
-        "--data.batch_size", "2", "--data.num_train", "8", "--data.num_val", "4", "--data.val_batch_size", "4",
-        "--trainer.max_steps", str(steps), "--trainer.enable_progress_bar", "false", "--validate_before_fit", "false",
-        "--trainer.default_root_dir", str(root), "--trainer.logger.init_args.save_dir", str(root), *extra,
-    ]  # fmt: skip
+        "fit",
+        "--config",
+        str(CONFIGS / "trainer/cpu.yaml"),
+        "--config",
+        str(CONFIGS / "data/arithmetic.yaml"),
+        "--config",
+        str(CONFIGS / "variant/grpo.yaml"),
+        "--model.model",
+        model_dir,
+        "--model.sampling.group_size",
+        "2",
+        "--model.sampling.max_new_tokens",
+        "4",
+        "--model.evaluation.max_new_tokens",
+        "4",
+        "--data.batch_size",
+        "2",
+        "--data.num_train",
+        "8",
+        "--data.num_val",
+        "4",
+        "--data.val_batch_size",
+        "4",
+        "--trainer.max_steps",
+        str(steps),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--validate_before_fit",
+        "false",
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.logger.init_args.save_dir",
+        str(root),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +119,7 @@ def test_a_crafted_pickle_runs_no_code_in_export_generate_or_validate(fitted, ti
 
     from variants import GRPO
 
-    module = GRPO(model=tiny_model_dir, max_new_tokens=2)
+    module = GRPO(model=tiny_model_dir, sampling={"max_new_tokens": 2})
     with pytest.raises(UnsafeCheckpointError, match=r"_?io\.open"):
         generate_completions(module, str(prompts_file(tmp_path)), str(tmp_path / "out.jsonl"), ckpt_path=str(path))
 

@@ -49,7 +49,7 @@ def test_every_shipped_config_parses(config, capsys):
 
 
 def test_class_path_and_field_overrides_from_the_command_line():
-    args = cli_args(VARIANT_CONFIGS[0]) + ["--model", "variants.DAPO", "--model.clip_eps_high", "0.3"]
+    args = cli_args(VARIANT_CONFIGS[0]) + ["--model", "variants.DAPO", "--model.loss.clip_eps_high", "0.3"]
     cli = GRPOLightningCLI(args=args, run=False)
     assert type(cli.model).__name__ == "DAPO"
     assert cli.model.clip_eps_high == 0.3
@@ -83,12 +83,27 @@ def test_a_fit_shows_no_warning_about_what_the_module_does_by_design(tiny_model_
     how the module works: a CLI fit does not warn about them (other warnings still show)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        main([
-            "fit", *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir), "--trainer.max_steps", "1", "--model.max_new_tokens", "8",
-            "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path),
-            "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.callbacks+=ModelCheckpoint",
-            "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"), "--trainer.callbacks.every_n_train_steps", "1",
-        ])  # fmt: skip
+        main(
+            [
+                "fit",
+                *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir),
+                "--trainer.max_steps",
+                "1",
+                "--model.sampling.max_new_tokens",
+                "8",
+                "--trainer.limit_val_batches",
+                "0",
+                "--trainer.default_root_dir",
+                str(tmp_path),
+                "--trainer.logger.init_args.save_dir",
+                str(tmp_path),
+                "--trainer.callbacks+=ModelCheckpoint",
+                "--trainer.callbacks.dirpath",
+                str(tmp_path / "ckpt"),
+                "--trainer.callbacks.every_n_train_steps",
+                "1",
+            ]
+        )
         warnings.warn("not expected")
     messages = [str(w.message) for w in caught]
     assert "not expected" in messages
@@ -132,7 +147,7 @@ def test_a_checkpoint_rebuilds_the_module_with_its_engine_options(tiny_model_dir
     from variants import GRPO
 
     engine = EngineOptions(decode_attention="math", fused_lm_head=False)
-    module = GRPO(model=tiny_model_dir, engine=engine, reward_funcs=["grpo_lightning.rewards.accuracy_reward"])
+    module = GRPO(model=tiny_model_dir, engine=engine, rewards={"funcs": ["grpo_lightning.rewards.accuracy_reward"]})
     path = tmp_path / "module.ckpt"
     import lightning
 
@@ -148,11 +163,27 @@ def test_the_progress_bar_counts_optimizer_steps_without_v_num(tiny_model_dir, t
     from grpo_lightning.callbacks import StepProgressBar
 
     args = cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir) + [
-        "--model.group_size", "2", "--model.max_new_tokens", "4", "--data.batch_size", "2", "--data.num_train", "8",
-        "--data.num_val", "2", "--trainer.max_steps", "2", "--trainer.val_check_interval", "1",
-        "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
-        "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
-    ]  # fmt: skip
+        "--model.sampling.group_size",
+        "2",
+        "--model.sampling.max_new_tokens",
+        "4",
+        "--data.batch_size",
+        "2",
+        "--data.num_train",
+        "8",
+        "--data.num_val",
+        "2",
+        "--trainer.max_steps",
+        "2",
+        "--trainer.val_check_interval",
+        "1",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+        "--trainer.callbacks.dirpath",
+        str(tmp_path / "ckpt"),
+    ]
     cli = GRPOLightningCLI(args=args, run=False)
     bar = cli.trainer.progress_bar_callback
     assert isinstance(bar, StepProgressBar)
@@ -194,7 +225,7 @@ def test_test_evaluates_the_test_split_with_the_validation_metrics(tiny_model_di
     cli = GRPOLightningCLI(
         args=[
             "test", *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir), "--data", "PromptDataModule",
-            "--data.path", str(tmp_path), "--data.batch_size", "2", "--model.val_max_new_tokens", "2",
+            "--data.path", str(tmp_path), "--data.batch_size", "2", "--model.evaluation.max_new_tokens", "2",
             "--trainer.logger.init_args.save_dir", str(tmp_path),
         ],
     )  # fmt: skip
@@ -209,11 +240,22 @@ def test_generate_writes_a_completion_per_prompt(tiny_model_dir, tmp_path, one_t
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "12+3=", "answer": "15"}\n{"prompt": "4+4="}\n\n{"prompt": "1+1="}\n')
     output = tmp_path / "out" / "completions.jsonl"
-    main([
-        "generate", *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir), "--model.val_max_new_tokens", "4",
-        "--trainer.logger.init_args.save_dir", str(tmp_path), "--prompts", str(prompts), "--output", str(output),
-        "--batch_size", "2",
-    ])  # fmt: skip
+    main(
+        [
+            "generate",
+            *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir),
+            "--model.evaluation.max_new_tokens",
+            "4",
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path),
+            "--prompts",
+            str(prompts),
+            "--output",
+            str(output),
+            "--batch_size",
+            "2",
+        ]
+    )
     rows = [json.loads(line) for line in output.read_text().splitlines()]
     assert [row["prompt"] for row in rows] == ["12+3=", "4+4=", "1+1="]
     assert rows[0]["answer"] == "15" and all(isinstance(row["completion"], str) for row in rows)
@@ -251,7 +293,7 @@ def test_fit_help_lists_the_variants_and_points_at_model_help(capsys):
     "given", [["--model", "DAPO"], ["--model", "dapo"], ["--model=dapo"], ["--model", "variants.DAPO"]], ids=" ".join
 )
 def test_a_variant_is_named_by_class_name_config_name_or_class_path(given):
-    cli = GRPOLightningCLI(args=[*BASE, "--model.model", "m", *given, "--model.clip_eps_high", "0.3"], run=False)
+    cli = GRPOLightningCLI(args=[*BASE, "--model.model", "m", *given, "--model.loss.clip_eps_high", "0.3"], run=False)
     assert type(cli.model).__name__ == "DAPO" and cli.model.clip_eps_high == 0.3
 
 
@@ -293,11 +335,24 @@ def test_a_fit_prints_no_product_tip_of_lightning_but_the_projects_messages(tiny
     handler.emit = lambda record: records.append(record.getMessage())
     rank_zero.log.addHandler(handler)
     try:
-        main([
-            "fit", *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir), "--trainer.max_steps", "1",
-            "--model.max_new_tokens", "4", "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path),
-            "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
-        ])  # fmt: skip
+        main(
+            [
+                "fit",
+                *cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir),
+                "--trainer.max_steps",
+                "1",
+                "--model.sampling.max_new_tokens",
+                "4",
+                "--trainer.limit_val_batches",
+                "0",
+                "--trainer.default_root_dir",
+                str(tmp_path),
+                "--trainer.logger.init_args.save_dir",
+                str(tmp_path),
+                "--trainer.callbacks.dirpath",
+                str(tmp_path / "ckpt"),
+            ]
+        )
     finally:
         rank_zero.log.removeHandler(handler)
     assert not [message for message in records if "Tip" in message], records
@@ -308,10 +363,23 @@ def test_a_fit_prints_no_product_tip_of_lightning_but_the_projects_messages(tiny
 
 #: A fit of a few seconds on the tiny model.
 SMALL_RUN = [
-    "--model.group_size", "2", "--model.max_new_tokens", "4", "--model.val_max_new_tokens", "4", "--data.batch_size", "2",
-    "--data.num_train", "8", "--data.num_val", "2", "--trainer.val_check_interval", "1",
-    "--trainer.callbacks.every_n_train_steps", "1",
-]  # fmt: skip
+    "--model.sampling.group_size",
+    "2",
+    "--model.sampling.max_new_tokens",
+    "4",
+    "--model.evaluation.max_new_tokens",
+    "4",
+    "--data.batch_size",
+    "2",
+    "--data.num_train",
+    "8",
+    "--data.num_val",
+    "2",
+    "--trainer.val_check_interval",
+    "1",
+    "--trainer.callbacks.every_n_train_steps",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")

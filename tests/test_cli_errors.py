@@ -35,11 +35,11 @@ def error_line(done: subprocess.CompletedProcess) -> str:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--model.group_size", "1"], ["group_size", "at least 2", "got 1"]),
-        (["--model.max_new_tokens", "0"], ["max_new_tokens", "at least 1", "got 0"]),
-        (["--model.reward_funcs", "[my_rewards.missing.reward]"], ["reward_funcs[0]", "my_rewards.missing.reward", "importable"]),
-        (["--model.learning_rate", "-1"], ["learning_rate", "-1", "--model.learning_rate"]),
-        (["--model.group_sise", "4"], ["--model.group_sise", "did you mean --model.group_size?"]),
+        (["--model.sampling.group_size", "1"], ["group_size", "at least 2", "got 1"]),
+        (["--model.sampling.max_new_tokens", "0"], ["max_new_tokens", "at least 1", "got 0"]),
+        (["--model.rewards.funcs", "[my_rewards.missing.reward]"], ["rewards.funcs[0]", "my_rewards.missing.reward", "importable"]),
+        (["--model.optim.learning_rate", "-1"], ["learning_rate", "-1", "--model.optim.learning_rate"]),
+        (["--model.group_sise", "4"], ["--model.group_sise", "did you mean --model.sampling.group_size?"]),
         (["--trainer.max_stepz", "4"], ["--trainer.max_stepz", "did you mean --trainer.max_steps?"]),
     ],
     ids=["group_size", "max_new_tokens", "reward_path", "learning_rate", "near_miss_option", "near_miss_trainer"],
@@ -74,10 +74,10 @@ def test_a_missing_model_directory_names_the_field(tmp_path):
 
 
 def test_verbose_shows_the_traceback(tiny_model_dir):
-    done = run_fit("--model.group_size", "1", "--verbose", model=tiny_model_dir)
+    done = run_fit("--model.sampling.group_size", "1", "--verbose", model=tiny_model_dir)
     assert done.returncode != 0
     assert "Traceback" in done.stderr
-    assert "group_size: must be at least 2" in done.stderr
+    assert "sampling.group_size: must be at least 2" in done.stderr
 
 
 def test_the_environment_variable_shows_the_traceback(tiny_model_dir, monkeypatch):

@@ -52,15 +52,50 @@ def fit_logs(tiny_model_dir, tmp_path_factory, one_torch_thread) -> Path:
     step 0 (the first steps) and step 2 (every 3 steps), every completion to JSONL."""
     root = tmp_path_factory.mktemp("completions")
     names = f"[{__name__}.parity_reward, {__name__}.sometimes_none_reward]"
-    main([
-        "fit", *BASE, "--config", str(CONFIGS / "variant/grpo.yaml"), "--model.model", tiny_model_dir,
-        "--model.reward_funcs", names, "--model.reward_weights", str(list(WEIGHTS)), "--model.group_size", "3",
-        "--model.max_new_tokens", "4", "--data.batch_size", "2", "--data.num_train", "8", "--data.num_val", "2",
-        "--trainer.max_steps", "3", "--trainer.limit_val_batches", "0", "--validate_before_fit", "false",
-        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(root),
-        "--trainer.logger.init_args.save_dir", str(root), "--trainer.callbacks.dirpath", str(root / "ckpt"),
-        "--completions.first_steps", "1", "--completions.every_n_steps", "3", "--completions.jsonl", "true",
-    ])  # fmt: skip
+    main(
+        [
+            "fit",
+            *BASE,
+            "--config",
+            str(CONFIGS / "variant/grpo.yaml"),
+            "--model.model",
+            tiny_model_dir,
+            "--model.rewards.funcs",
+            names,
+            "--model.rewards.weights",
+            str(list(WEIGHTS)),
+            "--model.sampling.group_size",
+            "3",
+            "--model.sampling.max_new_tokens",
+            "4",
+            "--data.batch_size",
+            "2",
+            "--data.num_train",
+            "8",
+            "--data.num_val",
+            "2",
+            "--trainer.max_steps",
+            "3",
+            "--trainer.limit_val_batches",
+            "0",
+            "--validate_before_fit",
+            "false",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.default_root_dir",
+            str(root),
+            "--trainer.logger.init_args.save_dir",
+            str(root),
+            "--trainer.callbacks.dirpath",
+            str(root / "ckpt"),
+            "--completions.first_steps",
+            "1",
+            "--completions.every_n_steps",
+            "3",
+            "--completions.jsonl",
+            "true",
+        ]
+    )
     return root / "grpo" / "version_0"
 
 

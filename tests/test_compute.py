@@ -47,7 +47,8 @@ def test_a_backward_counts_twice_a_forward_and_flops_are_2n_per_token_pass():
 def test_a_fit_logs_the_flops_of_sampling_and_one_forward_and_backward(tiny_model_dir, tmp_path):
     """On-policy, one minibatch, no KL: one sampling pass and one forward and backward over every
     real token of the rollout (prompt, completion), and no log-prob pass: 2N x 4 x tokens."""
-    module = GRPO(model=tiny_model_dir, group_size=2, max_new_tokens=6, micro_batch_size=4, beta=0.0)
+    module = GRPO(model=tiny_model_dir, sampling={"group_size": 2, "max_new_tokens": 6}, optim={"micro_batch_size": 4},
+                  kl={"beta": 0.0})  # fmt: skip
     trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_progress_bar=False,
                         enable_model_summary=False, enable_checkpointing=False, limit_val_batches=0,
                         default_root_dir=tmp_path)  # fmt: skip

@@ -25,8 +25,10 @@ from grpo_lightning.argument_types import annotated_arguments
 from grpo_lightning.cli import GRPOLightningCLI, main
 from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.module import GroupPolicyOptimization
+from grpo_lightning.options import GROUPS
 from grpo_lightning.rollout_correction import CORRECTIONS
 from grpo_lightning.settings import ConfigError
+from tests.conftest import grouped
 
 MISSING_MODEL = "no-such-org/no-such-model"
 PROPERTY = settings(max_examples=60, deadline=None, database=None, derandomize=True)
@@ -65,59 +67,73 @@ def integer(invalid_range: st.SearchStrategy, optional: bool = False) -> st.Sear
     return st.one_of(invalid_range, HUGE_INTEGERS, wrong_type)
 
 
-#: Invalid values of each argument of the base module, the others at their defaults.
+#: Invalid values of each option of the base module (``group.field``, or an argument), the others at their defaults.
 INVALID = {
-    "tokenizer": st.one_of(st.just(""), st.integers()),
-    "dtype": other_text("auto", "float32", "bfloat16", "float16"),
-    "rollout_dtype": other_text("float32", "bfloat16", "float16"),
-    "gradient_checkpointing": NOT_A_BOOL,
-    "disable_dropout": NOT_A_BOOL,
-    "attn_implementation": st.integers(),
-    "rollout_seed": st.one_of(st.text(max_size=3), st.floats(allow_nan=False).filter(lambda x: not x.is_integer())),
-    "reward_funcs": st.one_of(st.just([]), st.just("grpo_lightning.rewards.accuracy_reward"), st.integers(),
-                              st.lists(st.sampled_from(["no_dots", "no.such.module_path", 3]), min_size=1, max_size=2)),
-    "reward_weights": st.one_of(st.lists(floats(), min_size=2, max_size=3), st.lists(NOT_FINITE, min_size=1,
-                                max_size=1), st.just(["1.0"]), st.just("1.0")),
-    "accuracy_func": st.one_of(st.integers(), st.just("not_a_path"), st.just("grpo_lightning.rewards.no_such_reward")),
-    "group_size": integer(st.integers(max_value=1)),
-    "max_new_tokens": integer(st.integers(max_value=0)),
-    "min_new_tokens": integer(st.one_of(st.integers(max_value=-1), st.integers(min_value=257))),
-    "temperature": number(floats(max_value=0)),
-    "top_p": number(st.one_of(floats(max_value=0), floats(min_value=1, exclude_min=True))),
-    "top_k": integer(st.integers(max_value=-1)),
-    "rollout_mode": other_text("sample", "beam_search"),
-    "beta": number(floats(max_value=0, exclude_max=True)),
-    "kl_estimator": other_text("k1", "k2", "k3"),
-    "clip_eps_low": number(st.one_of(floats(max_value=0, exclude_max=True), floats(min_value=1))),
-    "clip_eps_high": number(floats(max_value=0, exclude_max=True)),
-    "delta": number(floats(max_value=1.2), optional=True),
-    "clip_ratio_c": number(floats(max_value=1), optional=True),
-    "scale_rewards": other_text("group", "batch", "none"),
+    "policy.tokenizer": st.one_of(st.just(""), st.integers()),
+    "policy.dtype": other_text("auto", "float32", "bfloat16", "float16"),
+    "sampling.dtype": other_text("float32", "bfloat16", "float16"),
+    "policy.gradient_checkpointing": NOT_A_BOOL,
+    "policy.disable_dropout": NOT_A_BOOL,
+    "policy.attn_implementation": st.integers(),
+    "sampling.seed": st.one_of(st.text(max_size=3), st.floats(allow_nan=False).filter(lambda x: not x.is_integer())),
+    "rewards.funcs": st.one_of(
+        st.just([]),
+        st.just("grpo_lightning.rewards.accuracy_reward"),
+        st.integers(),
+        st.lists(st.sampled_from(["no_dots", "no.such.module_path", 3]), min_size=1, max_size=2),
+    ),
+    "rewards.weights": st.one_of(
+        st.lists(floats(), min_size=2, max_size=3),
+        st.lists(NOT_FINITE, min_size=1, max_size=1),
+        st.just(["1.0"]),
+        st.just("1.0"),
+    ),
+    "evaluation.accuracy_func": st.one_of(
+        st.integers(), st.just("not_a_path"), st.just("grpo_lightning.rewards.no_such_reward")
+    ),
+    "sampling.group_size": integer(st.integers(max_value=1)),
+    "sampling.max_new_tokens": integer(st.integers(max_value=0)),
+    "sampling.min_new_tokens": integer(st.one_of(st.integers(max_value=-1), st.integers(min_value=257))),
+    "sampling.temperature": number(floats(max_value=0)),
+    "sampling.top_p": number(st.one_of(floats(max_value=0), floats(min_value=1, exclude_min=True))),
+    "sampling.top_k": integer(st.integers(max_value=-1)),
+    "sampling.mode": other_text("sample", "beam_search"),
+    "kl.beta": number(floats(max_value=0, exclude_max=True)),
+    "kl.estimator": other_text("k1", "k2", "k3"),
+    "loss.clip_eps_low": number(st.one_of(floats(max_value=0, exclude_max=True), floats(min_value=1))),
+    "loss.clip_eps_high": number(floats(max_value=0, exclude_max=True)),
+    "loss.delta": number(floats(max_value=1.2), optional=True),
+    "loss.clip_ratio_c": number(floats(max_value=1), optional=True),
+    "rewards.scale": other_text("group", "batch", "none"),
     "advantage": other_text(*ADVANTAGES),
-    "surrogate": other_text(*SURROGATES),
+    "loss.surrogate": other_text(*SURROGATES),
     "aggregation": other_text(*AGGREGATIONS),
-    "off_policy_mask_threshold": number(floats(max_value=0, exclude_max=True), optional=True),
-    "entropy_coef": number(floats(max_value=0, exclude_max=True)),
-    "reward_aggregation": other_text("sum_then_normalize", "normalize_then_sum"),
-    "top_entropy_quantile": number(st.one_of(floats(max_value=0), floats(min_value=1, exclude_min=True))),
-    "mask_truncated_completions": NOT_A_BOOL,
-    "unbiased_kl": NOT_A_BOOL,
-    "rollout_correction": other_text(*CORRECTIONS),
-    "rollout_correction_cap": number(floats(max_value=1, exclude_max=True)),
-    "ppo_epochs": integer(st.integers(max_value=0)),
-    "minibatch_size": integer(st.integers(max_value=0), optional=True),
-    "micro_batch_size": integer(st.integers(max_value=0)),
-    "learning_rate": number(floats(max_value=0)),
-    "weight_decay": number(floats(max_value=0, exclude_max=True)),
-    "warmup_steps": integer(st.integers(max_value=-1)),
-    "max_grad_norm": number(floats(max_value=0), optional=True),
-    "val_temperature": number(floats(max_value=0, exclude_max=True)),
-    "val_max_new_tokens": integer(st.integers(max_value=0), optional=True),
-    "val_samples": integer(st.integers(max_value=0)),
-    "use_chat_template": NOT_A_BOOL,
-    "engine": st.one_of(st.just({"bogus": 1}), st.builds(dict, rollout=other_text("auto", "static", "hf")),
-                        st.builds(dict, compile=st.sampled_from(["yes", 1, 0.5])), st.integers()),
-}  # fmt: skip
+    "loss.off_policy_mask_threshold": number(floats(max_value=0, exclude_max=True), optional=True),
+    "loss.entropy_coef": number(floats(max_value=0, exclude_max=True)),
+    "rewards.aggregation": other_text("sum_then_normalize", "normalize_then_sum"),
+    "loss.top_entropy_quantile": number(st.one_of(floats(max_value=0), floats(min_value=1, exclude_min=True))),
+    "loss.mask_truncated_completions": NOT_A_BOOL,
+    "kl.unbiased": NOT_A_BOOL,
+    "sampling.correction": other_text(*CORRECTIONS),
+    "sampling.correction_cap": number(floats(max_value=1, exclude_max=True)),
+    "optim.ppo_epochs": integer(st.integers(max_value=0)),
+    "optim.minibatch_size": integer(st.integers(max_value=0), optional=True),
+    "optim.micro_batch_size": integer(st.integers(max_value=0)),
+    "optim.learning_rate": number(floats(max_value=0)),
+    "optim.weight_decay": number(floats(max_value=0, exclude_max=True)),
+    "optim.warmup_steps": integer(st.integers(max_value=-1)),
+    "optim.max_grad_norm": number(floats(max_value=0), optional=True),
+    "evaluation.temperature": number(floats(max_value=0, exclude_max=True)),
+    "evaluation.max_new_tokens": integer(st.integers(max_value=0), optional=True),
+    "evaluation.samples": integer(st.integers(max_value=0)),
+    "policy.use_chat_template": NOT_A_BOOL,
+    "engine": st.one_of(
+        st.just({"bogus": 1}),
+        st.builds(dict, rollout=other_text("auto", "static", "hf")),
+        st.builds(dict, compile=st.sampled_from(["yes", 1, 0.5])),
+        st.integers(),
+    ),
+}
 #: Invalid values of the variants' own arguments.
 INVALID_OF_VARIANT = {
     variants.PPO: {
@@ -150,11 +166,11 @@ INVALID_OF_VARIANT = {
 }
 
 
-def refusal(cls: type, **arguments) -> str:
-    """The message of the :class:`ConfigError` that building ``cls`` with ``arguments`` raises;
-    any other exception fails the test."""
+def refusal(cls: type, **options) -> str:
+    """The message of the :class:`ConfigError` that building ``cls`` with ``options`` (dotted names:
+    ``loss.delta``) raises; any other exception fails the test."""
     with pytest.raises(ConfigError) as raised:
-        cls(MISSING_MODEL, **arguments)
+        cls(MISSING_MODEL, **grouped(options))
     return str(raised.value)
 
 
@@ -173,7 +189,19 @@ def test_every_variant_refuses_the_invalid_settings_of_the_base(variant, case):
 
 
 def arguments_annotated(cls: type, kind: type) -> list[str]:
-    return sorted(name for name, (accepted, _) in annotated_arguments(cls).items() if kind in accepted)
+    """The options of ``cls`` (its arguments and its groups' fields, dotted) whose annotation accepts ``kind``."""
+    found = [name for name, (accepted, _) in annotated_arguments(cls).items() if kind in accepted]
+    if issubclass(cls, GroupPolicyOptimization):
+        found += [f"{group}.{name}" for group, options in GROUPS.items()
+                  for name, (accepted, _) in annotated_arguments(options).items() if kind in accepted]  # fmt: skip
+    return sorted(found)
+
+
+def accepted_of(name: str) -> tuple:
+    group, _, field = name.partition(".")
+    return (
+        annotated_arguments(GROUPS[group])[field][0] if field else annotated_arguments(GroupPolicyOptimization)[name][0]
+    )
 
 
 @pytest.mark.parametrize("variant", [GroupPolicyOptimization, *VARIANTS], ids=lambda cls: cls.__name__)
@@ -188,7 +216,7 @@ def test_an_integer_past_int64_is_a_config_error_naming_the_field(variant):
 
 def test_an_integer_past_a_floats_range_is_a_config_error_naming_the_field():
     for name in arguments_annotated(GroupPolicyOptimization, float):
-        if int not in annotated_arguments(GroupPolicyOptimization)[name][0]:
+        if int not in accepted_of(name):
             assert refusal(GroupPolicyOptimization, **{name: 10**400}).startswith(f"{name}: an integer of about 401")
 
 
@@ -208,24 +236,25 @@ def test_an_invalid_setting_of_a_variant_is_a_config_error_naming_it(case):
 @PROPERTY
 @given(micro=st.integers(1, 16), factor=st.integers(1, 4), extra=st.integers(1, 8))
 def test_micro_batches_must_tile_each_minibatch(micro, factor, extra):
-    message = refusal(GroupPolicyOptimization, micro_batch_size=micro * factor + extra, minibatch_size=micro * factor)
+    message = refusal(GroupPolicyOptimization, **{"optim.micro_batch_size": micro * factor + extra,
+                                                  "optim.minibatch_size": micro * factor})  # fmt: skip
     assert "micro_batch_size" in message and "minibatch_size" in message
 
 
 @PROPERTY
 @given(samples=st.integers(2, 64))
 def test_several_validation_samples_need_sampling(samples):
-    message = refusal(GroupPolicyOptimization, val_samples=samples, val_temperature=0.0)
-    assert "val_samples" in message and "val_temperature" in message
+    message = refusal(GroupPolicyOptimization, **{"evaluation.samples": samples, "evaluation.temperature": 0.0})
+    assert "evaluation.samples" in message and "evaluation.temperature" in message
 
 
 @PROPERTY
 @given(high=floats(min_value=0, max_value=10), delta=floats(min_value=0, max_value=11))
 def test_delta_must_exceed_the_upper_clip(high, delta):
     if delta > 1 + high:
-        GroupPolicyOptimization(MISSING_MODEL, clip_eps_high=high, delta=delta)
+        GroupPolicyOptimization(MISSING_MODEL, loss={"clip_eps_high": high, "delta": delta})
     else:
-        assert "delta" in refusal(GroupPolicyOptimization, clip_eps_high=high, delta=delta)
+        assert "loss.delta" in refusal(GroupPolicyOptimization, **{"loss.clip_eps_high": high, "loss.delta": delta})
 
 
 @st.composite
@@ -235,24 +264,24 @@ def valid_settings(draw) -> dict:
     micro = draw(st.integers(1, 16))
     samples = draw(st.integers(1, 8))
     return {
-        "group_size": draw(st.integers(2, 64)),
-        "max_new_tokens": max_new_tokens,
-        "min_new_tokens": draw(st.integers(0, max_new_tokens)),
-        "temperature": draw(floats(min_value=1e-3, max_value=10)),
-        "top_p": draw(floats(min_value=1e-3, max_value=1)),
-        "top_k": draw(st.integers(0, 100)),
-        "clip_eps_high": draw(floats(min_value=0, max_value=10)),
-        "ppo_epochs": draw(st.integers(1, 4)),
-        "micro_batch_size": micro,
-        "minibatch_size": draw(st.none() | st.integers(1, 8).map(lambda k: k * micro)),
-        "learning_rate": draw(floats(min_value=1e-8, max_value=1)),
-        "weight_decay": draw(floats(min_value=0, max_value=1)),
-        "warmup_steps": draw(st.integers(0, 1000)),
-        "max_grad_norm": draw(st.none() | floats(min_value=1e-3, max_value=100)),
-        "val_samples": samples,
-        "val_temperature": draw(floats(min_value=0.1 if samples > 1 else 0, max_value=2)),
-        "val_max_new_tokens": draw(st.none() | st.integers(1, 1024)),
-        "rollout_seed": draw(st.none() | st.integers(-(2**31), 2**31)),
+        "sampling.group_size": draw(st.integers(2, 64)),
+        "sampling.max_new_tokens": max_new_tokens,
+        "sampling.min_new_tokens": draw(st.integers(0, max_new_tokens)),
+        "sampling.temperature": draw(floats(min_value=1e-3, max_value=10)),
+        "sampling.top_p": draw(floats(min_value=1e-3, max_value=1)),
+        "sampling.top_k": draw(st.integers(0, 100)),
+        "loss.clip_eps_high": draw(floats(min_value=0, max_value=10)),
+        "optim.ppo_epochs": draw(st.integers(1, 4)),
+        "optim.micro_batch_size": micro,
+        "optim.minibatch_size": draw(st.none() | st.integers(1, 8).map(lambda k: k * micro)),
+        "optim.learning_rate": draw(floats(min_value=1e-8, max_value=1)),
+        "optim.weight_decay": draw(floats(min_value=0, max_value=1)),
+        "optim.warmup_steps": draw(st.integers(0, 1000)),
+        "optim.max_grad_norm": draw(st.none() | floats(min_value=1e-3, max_value=100)),
+        "evaluation.samples": samples,
+        "evaluation.temperature": draw(floats(min_value=0.1 if samples > 1 else 0, max_value=2)),
+        "evaluation.max_new_tokens": draw(st.none() | st.integers(1, 1024)),
+        "sampling.seed": draw(st.none() | st.integers(-(2**31), 2**31)),
         "engine": draw(st.builds(dict, rollout=st.sampled_from(["auto", "static"]))),
     }
 
@@ -261,9 +290,9 @@ def valid_settings(draw) -> dict:
 @given(st.sampled_from(VARIANTS), valid_settings())
 def test_valid_settings_build_every_variant_without_loading_a_model(variant, arguments):
     arguments = {name: value for name, value in arguments.items() if name not in variant.inapplicable_options}
-    module = variant(MISSING_MODEL, **arguments)
+    module = variant(MISSING_MODEL, **grouped(arguments))
     assert module.policy is None and module.ref_model is None and module.tokenizer is None
-    assert module.group_size == arguments["group_size"]
+    assert module.group_size == arguments["sampling.group_size"]
 
 
 def test_a_local_model_path_that_does_not_exist_is_refused_when_built():
@@ -280,21 +309,21 @@ BASE_ARGS = [
 
 #: Invalid values of options as typed on the command line; each error must name the option.
 INVALID_OPTIONS = {
-    "group_size": st.one_of(st.integers(max_value=1).map(str), st.sampled_from(["abc", "2.5", "nan"])),
-    "max_new_tokens": st.one_of(st.integers(max_value=0).map(str), st.just("x")),
-    "temperature": st.one_of(floats(max_value=0).map(str), st.sampled_from(["nan", "inf", "hot"])),
-    "top_p": st.one_of(floats(min_value=1, exclude_min=True).map(str), st.sampled_from(["0", "-inf", "nan"])),
-    "learning_rate": st.one_of(floats(max_value=0).map(str), st.sampled_from(["nan", "inf", "fast"])),
-    "beta": st.sampled_from(["-0.1", "nan", "inf"]),
-    "kl_estimator": st.sampled_from(["k4", "K3", ""]),
-    "scale_rewards": st.sampled_from(["std", "Group"]),
-    "delta": st.sampled_from(["1.0", "nan", "x"]),
-    "minibatch_size": st.sampled_from(["0", "3", "100"]),  # the tiny config's micro_batch_size is 128
-    "val_samples": st.sampled_from(["0", "4"]),  # 4 with the config's greedy val_temperature
-    "val_max_new_tokens": st.sampled_from(["0", "-1", "x"]),
-    "gradient_checkpointing": st.sampled_from(["maybe", "2"]),
+    "sampling.group_size": st.one_of(st.integers(max_value=1).map(str), st.sampled_from(["abc", "2.5", "nan"])),
+    "sampling.max_new_tokens": st.one_of(st.integers(max_value=0).map(str), st.just("x")),
+    "sampling.temperature": st.one_of(floats(max_value=0).map(str), st.sampled_from(["nan", "inf", "hot"])),
+    "sampling.top_p": st.one_of(floats(min_value=1, exclude_min=True).map(str), st.sampled_from(["0", "-inf", "nan"])),
+    "optim.learning_rate": st.one_of(floats(max_value=0).map(str), st.sampled_from(["nan", "inf", "fast"])),
+    "kl.beta": st.sampled_from(["-0.1", "nan", "inf"]),
+    "kl.estimator": st.sampled_from(["k4", "K3", ""]),
+    "rewards.scale": st.sampled_from(["std", "Group"]),
+    "loss.delta": st.sampled_from(["1.0", "nan", "x"]),
+    "optim.minibatch_size": st.sampled_from(["0", "3", "100"]),  # the tiny config's micro_batch_size is 128
+    "evaluation.samples": st.sampled_from(["0", "4"]),  # 4 with the config's greedy val_temperature
+    "evaluation.max_new_tokens": st.sampled_from(["0", "-1", "x"]),
+    "policy.gradient_checkpointing": st.sampled_from(["maybe", "2"]),
     "engine.rollout": st.sampled_from(["fast", "HF"]),
-    "reward_weights": st.sampled_from(["[nan]", "[1.0, 2.0]", "[x]"]),
+    "rewards.weights": st.sampled_from(["[nan]", "[1.0, 2.0]", "[x]"]),
 }
 
 
@@ -326,7 +355,7 @@ def test_an_invalid_option_is_one_error_line_naming_it(empty_model_dir, case):
     assert option.rpartition(".")[2] in line, line
 
 
-@pytest.mark.parametrize("option", ["--model.group_size", "--model.max_new_tokens", "--data.batch_size"])
+@pytest.mark.parametrize("option", ["--model.sampling.group_size", "--model.sampling.max_new_tokens", "--data.batch_size"])
 def test_a_huge_integer_option_is_one_error_line_naming_it(empty_model_dir, option):
     line = cli_error("--model.model", empty_model_dir, option, "99999999999999999999")
     assert f"{option.rpartition('.')[2]}: 99999999999999999999 is too large" in line, line
@@ -346,8 +375,8 @@ def test_an_invalid_data_option_is_one_error_line_naming_it(empty_model_dir, opt
     long_prompts=st.sampled_from(["error", "truncate", "skip"]),
 )
 def test_valid_options_build_the_module_without_loading_a_model(group_size, temperature, learning_rate, long_prompts):
-    args = [*BASE_ARGS, "--model.model", MISSING_MODEL, "--model.group_size", str(group_size),
-            "--model.temperature", repr(temperature), "--model.learning_rate", repr(learning_rate),
+    args = [*BASE_ARGS, "--model.model", MISSING_MODEL, "--model.sampling.group_size", str(group_size),
+            "--model.sampling.temperature", repr(temperature), "--model.optim.learning_rate", repr(learning_rate),
             "--data.long_prompts", long_prompts]  # fmt: skip
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
         cli = GRPOLightningCLI(args=args, run=False)
@@ -356,7 +385,9 @@ def test_valid_options_build_the_module_without_loading_a_model(group_size, temp
 
 
 def test_minibatches_that_do_not_tile_the_rollout_fail_before_any_model_is_loaded(tmp_path):
-    module = variants.GRPO(MISSING_MODEL, group_size=2, minibatch_size=4, micro_batch_size=4)
+    module = variants.GRPO(
+        MISSING_MODEL, sampling={"group_size": 2}, optim={"minibatch_size": 4, "micro_batch_size": 4}
+    )
     data = ArithmeticDataModule(num_train=8, num_val=0, val_split=None, batch_size=3)  # 3 x 2 = 6 completions
     trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip

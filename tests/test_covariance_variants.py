@@ -246,7 +246,9 @@ def test_trainer_steps_do_not_depend_on_micro_batching(cls, kwargs, make_module,
     for micro_batch_size in (2, 4):
         L.seed_everything(0)
         capture = GradientCapture()
-        module = make_module(cls, configure=False, micro_batch_size=micro_batch_size, minibatch_size=4, **kwargs)
+        module = make_module(
+            cls, configure=False, **kwargs, optim={"micro_batch_size": micro_batch_size, "minibatch_size": 4}
+        )
         trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                             enable_progress_bar=False, enable_model_summary=False, max_steps=2,
                             num_sanity_val_steps=0, limit_val_batches=0, callbacks=[capture])  # fmt: skip

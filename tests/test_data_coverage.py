@@ -125,8 +125,8 @@ def test_a_fit_on_the_tiny_model_warns_once_about_a_question_it_cannot_read(tiny
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     args = [
         "fit", "--config", "trainer/cpu", "--model", "GRPO", "--model.model", tiny_model_dir,
-        "--model.reward_funcs", "[grpo_lightning.rewards.accuracy_reward]", "--model.group_size", "2",
-        "--model.max_new_tokens", "2", "--data", "PromptDataModule", "--data.path", str(tmp_path),
+        "--model.rewards.funcs", "[grpo_lightning.rewards.accuracy_reward]", "--model.sampling.group_size", "2",
+        "--model.sampling.max_new_tokens", "2", "--data", "PromptDataModule", "--data.path", str(tmp_path),
         "--data.batch_size", "2", "--trainer.max_steps", "1", "--trainer.default_root_dir", str(tmp_path),
         "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
     ]  # fmt: skip

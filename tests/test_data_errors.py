@@ -217,7 +217,7 @@ def test_truncating_a_chat_keeps_its_other_messages_and_the_end_of_the_last(toke
 
 def test_a_max_new_tokens_that_fills_the_context_is_an_error(tmp_path, tokenizer):
     data = prompt_data(tmp_path, ["1+1=", "2+2="])
-    with pytest.raises(ConfigError, match="max_new_tokens: 32 leaves no room for a prompt"):
+    with pytest.raises(ConfigError, match="sampling.max_new_tokens: 32 leaves no room for a prompt"):
         check_datasets(data, tokenizer, str, CONTEXT, CONTEXT, group_size=2, minibatch_size=None)
 
 

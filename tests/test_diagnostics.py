@@ -78,9 +78,13 @@ def test_entropy_collapses_fix_names_options_the_module_has():
 
     from grpo_lightning.module import GroupPolicyOptimization
 
-    named = re.findall(r"--model\.(\w+)", EntropyCollapse.fix)
-    assert "entropy_coef" in named
-    assert set(named) <= set(inspect.signature(GroupPolicyOptimization).parameters)
+    from grpo_lightning.options import GROUPS, field_names
+
+    named = re.findall(r"--model\.([\w.]+\w)", EntropyCollapse.fix)
+    assert "loss.entropy_coef" in named
+    options = {*inspect.signature(GroupPolicyOptimization).parameters,
+               *(f"{group}.{field}" for group, cls in GROUPS.items() for field in field_names(cls))}  # fmt: skip
+    assert set(named) <= options
 
 
 def test_entropy_collapse_has_an_absolute_floor():
@@ -96,7 +100,7 @@ def test_missing_or_nan_metrics_do_not_fire():
 def test_kl_over_its_bound_fires_after_three_steps_in_a_row_and_nan_at_once():
     check = KLExplosion(max_value=1.0)
     assert fired_at(check, [{"kl": k} for k in [0.5, 1.5, 0.5, 1.5, 1.2, 1.1]]) == [6]  # one odd batch is not enough
-    assert "kl 1.1 is over 1" in check.detail and "lower learning_rate" in check.detail
+    assert "kl 1.1 is over 1" in check.detail and "lower optim.learning_rate" in check.detail
     check = KLExplosion()
     assert fired_at(check, [{"kl": 0.0}, {"kl": math.nan}]) == [2] and "kl is nan" in check.detail
 
@@ -230,7 +234,7 @@ def test_health_json_has_one_row_per_check_in_the_report_format(tmp_path, capsys
     assert rows[1] == {"check": "truncated", "ok": True, "steps": 0, "first_step": None, "detail": ""}
     printed = capsys.readouterr().out
     assert printed.strip() == callback.text
-    assert "  WARN  equal_rewards        1 step from step 2: raise group_size" in printed
+    assert "  WARN  equal_rewards        1 step from step 2: raise sampling.group_size" in printed
     assert "  ok    truncated\n" in printed and printed.isascii()
 
 
@@ -270,7 +274,7 @@ def fit_args(model_dir: str, root: Path, rewards: str, *extra: str) -> list[str]
     """A small GRPO fit logging under ``root``: 2 prompts x 2 completions a step."""
     return [
         "fit", *BASE, "--config", str(CONFIGS / "variant/grpo.yaml"), "--model.model", model_dir,
-        "--model.reward_funcs", rewards, "--model.group_size", "2", "--data.batch_size", "2",
+        "--model.rewards.funcs", rewards, "--model.sampling.group_size", "2", "--data.batch_size", "2",
         "--data.num_train", "12", "--data.num_val", "2", "--trainer.enable_progress_bar", "false",
         "--trainer.default_root_dir", str(root), "--trainer.logger.init_args.save_dir", str(root),
         "--trainer.enable_checkpointing", "false", "--trainer.callbacks=[]", *extra,
@@ -284,9 +288,23 @@ def unhealthy_fit(tiny_model_dir, tmp_path_factory, one_torch_thread) -> SimpleN
     model validated after every step (val_accuracy_flat). Patience 2."""
     root = tmp_path_factory.mktemp("unhealthy")
     rewards = f"[{__name__}.constant_reward, {__name__}.nan_reward]"
-    args = fit_args(tiny_model_dir, root, rewards, "--model.max_new_tokens", "3", "--model.min_new_tokens", "3",
-                    "--trainer.max_steps", "3", "--trainer.val_check_interval", "1",
-                    "--health.patience", "2", "--model.reward_execution.on_error", "zero")  # fmt: skip
+    args = fit_args(
+        tiny_model_dir,
+        root,
+        rewards,
+        "--model.sampling.max_new_tokens",
+        "3",
+        "--model.sampling.min_new_tokens",
+        "3",
+        "--trainer.max_steps",
+        "3",
+        "--trainer.val_check_interval",
+        "1",
+        "--health.patience",
+        "2",
+        "--model.rewards.execution.on_error",
+        "zero",
+    )
     out = io.StringIO()
     with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out):
         warnings.simplefilter("always")
@@ -329,9 +347,9 @@ def test_a_fit_writes_health_json(unhealthy_fit):
 def test_health_json_names_the_optimizer_step_an_update_of_several_ends_at(tiny_model_dir, tmp_path, one_torch_thread):
     """Two optimizer steps per rollout (ppo_epochs 2): a NaN reward from the first rollout on is first
     seen at optimizer step 2, the x-axis of that update's metrics; two updates fire it."""
-    args = fit_args(tiny_model_dir, tmp_path, f"[{__name__}.nan_reward]", "--model.max_new_tokens", "2",
-                    "--model.ppo_epochs", "2", "--trainer.max_steps", "4", "--trainer.limit_val_batches", "0",
-                    "--model.reward_execution.on_error", "zero")  # fmt: skip
+    args = fit_args(tiny_model_dir, tmp_path, f"[{__name__}.nan_reward]", "--model.sampling.max_new_tokens", "2",
+                    "--model.optim.ppo_epochs", "2", "--trainer.max_steps", "4", "--trainer.limit_val_batches", "0",
+                    "--model.rewards.execution.on_error", "zero")  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         GRPOLightningCLI(args=args)
@@ -342,7 +360,7 @@ def test_health_json_names_the_optimizer_step_an_update_of_several_ends_at(tiny_
 
 
 def test_a_fit_stopped_by_a_reward_function_error_records_it(tiny_model_dir, tmp_path, one_torch_thread, capsys):
-    args = fit_args(tiny_model_dir, tmp_path, f"[{__name__}.failing_reward]", "--model.max_new_tokens", "2",
+    args = fit_args(tiny_model_dir, tmp_path, f"[{__name__}.failing_reward]", "--model.sampling.max_new_tokens", "2",
                     "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0")  # fmt: skip
     with pytest.raises(RewardFunctionError):
         GRPOLightningCLI(args=args)

@@ -110,31 +110,53 @@ def arguments(model_dir: str, tmp_path, *extra: str) -> list[str]:
         "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
         "--config", str(CONFIGS / "variant/grpo.yaml"), "--config", str(CONFIGS / "model/tiny.yaml"),
         "--model.model", model_dir, "--trainer.logger.init_args.save_dir", str(tmp_path / "logs"),
-        "--data.max_val_samples", "6", "--data.val_batch_size", "3", "--model.val_max_new_tokens", "4", *extra,
+        "--data.max_val_samples", "6", "--data.val_batch_size", "3", "--model.evaluation.max_new_tokens", "4", *extra,
     ]  # fmt: skip
 
 
 def test_greedy_validation_with_several_samples_is_a_config_error(tiny_model_dir):
     from variants import GRPO
 
-    with pytest.raises(ConfigError, match="val_samples.*val_temperature 1.0"):
-        GRPO(model=tiny_model_dir, val_samples=4)
-    with pytest.raises(ConfigError, match="val_samples: must be at least 1"):
-        GRPO(model=tiny_model_dir, val_samples=0)
+    with pytest.raises(ConfigError, match="evaluation.samples.*evaluation.temperature 1.0"):
+        GRPO(model=tiny_model_dir, evaluation={"samples": 4})
+    with pytest.raises(ConfigError, match="evaluation.samples: must be at least 1"):
+        GRPO(model=tiny_model_dir, evaluation={"samples": 0})
 
 
 def test_validate_a_checkpoint_and_an_exported_model_with_pass_at_k_and_two_sets(tiny_model_dir, tmp_path, one_torch_thread):
     extra = tmp_path / "extra.jsonl"
     extra.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(4)))
     fit = GRPOLightningCLI(
-        args=["fit", *arguments(tiny_model_dir, tmp_path), "--trainer.max_steps", "1", "--model.max_new_tokens", "4",
-              "--data.batch_size", "2", "--model.group_size", "2", "--trainer.default_root_dir", str(tmp_path),
-              "--validate_before_fit", "false", "--trainer.val_check_interval", "1"],
-    )  # fmt: skip
+        args=[
+            "fit",
+            *arguments(tiny_model_dir, tmp_path),
+            "--trainer.max_steps",
+            "1",
+            "--model.sampling.max_new_tokens",
+            "4",
+            "--data.batch_size",
+            "2",
+            "--model.sampling.group_size",
+            "2",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--validate_before_fit",
+            "false",
+            "--trainer.val_check_interval",
+            "1",
+        ]
+    )
     checkpoint = last_checkpoint(fit.trainer)
     assert checkpoint, "the fit saved no checkpoint"
 
-    sampled = ["--model.val_samples", "4", "--model.val_temperature", "1.0", "--data.val_sets", json.dumps({"plus_one": str(extra)})]
+    sampled = [
+        "--model.evaluation.samples",
+        "4",
+        "--model.evaluation.temperature",
+        "1.0",
+        "--data.val_sets",
+        json.dumps({"plus_one": str(extra)}),
+    ]
     on_checkpoint = GRPOLightningCLI(args=["validate", *arguments(tiny_model_dir, tmp_path, *sampled), "--ckpt_path", checkpoint])
     metrics = on_checkpoint.trainer.callback_metrics
     for prefix in ("val/", "val/plus_one/"):
@@ -194,8 +216,9 @@ from variants import GRPO
 model_dir, data_dir, out = sys.argv[1:4]
 trainer = L.Trainer(strategy="ddp", accelerator="cpu", devices=2, logger=False, enable_progress_bar=False,
                     enable_model_summary=False, default_root_dir=data_dir)
-module = GRPO(model=model_dir, reward_funcs=["ddp_validation_rewards.answer_is_one"], group_size=2, max_new_tokens=2,
-              accuracy_func="ddp_validation_rewards.answer_is_one", dtype="float32")
+module = GRPO(model=model_dir, rewards={"funcs": ["ddp_validation_rewards.answer_is_one"]},
+              sampling={"group_size": 2, "max_new_tokens": 2}, policy={"dtype": "float32"},
+              evaluation={"accuracy_func": "ddp_validation_rewards.answer_is_one"})
 data = PromptDataModule(path=os.path.join(data_dir, "train.jsonl"), val_path=os.path.join(data_dir, "val.jsonl"),
                         batch_size=1, val_batch_size=2)
 (metrics,) = trainer.validate(module, datamodule=data)

@@ -8,6 +8,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from grpo_lightning.cli import main
 from grpo_lightning.resources import config_dir
@@ -28,14 +29,41 @@ def file_hashes(folder: Path) -> dict[str, str]:
 def run(tiny_model_dir, tmp_path_factory, one_torch_thread) -> Path:
     """A 2-step CLI fit's run folder, ``<root>/grpo/version_0``."""
     root = tmp_path_factory.mktemp("runs")
-    main([
-        "fit", "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
-        "--config", str(CONFIGS / "variant/grpo.yaml"), "--model.model", tiny_model_dir,
-        "--model.group_size", "2", "--model.max_new_tokens", "4", "--model.val_max_new_tokens", "4",
-        "--data.batch_size", "2", "--data.num_train", "8", "--data.num_val", "4", "--data.val_batch_size", "4",
-        "--trainer.max_steps", "2", "--trainer.enable_progress_bar", "false",
-        "--trainer.default_root_dir", str(root), "--trainer.logger.init_args.save_dir", str(root),
-    ])  # fmt: skip
+    main(
+        [
+            "fit",
+            "--config",
+            str(CONFIGS / "trainer/cpu.yaml"),
+            "--config",
+            str(CONFIGS / "data/arithmetic.yaml"),
+            "--config",
+            str(CONFIGS / "variant/grpo.yaml"),
+            "--model.model",
+            tiny_model_dir,
+            "--model.sampling.group_size",
+            "2",
+            "--model.sampling.max_new_tokens",
+            "4",
+            "--model.evaluation.max_new_tokens",
+            "4",
+            "--data.batch_size",
+            "2",
+            "--data.num_train",
+            "8",
+            "--data.num_val",
+            "4",
+            "--data.val_batch_size",
+            "4",
+            "--trainer.max_steps",
+            "2",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.default_root_dir",
+            str(root),
+            "--trainer.logger.init_args.save_dir",
+            str(root),
+        ]
+    )
     return root / "grpo" / "version_0"
 
 
@@ -45,7 +73,7 @@ def test_validate_test_and_generate_change_no_file_of_the_run_they_read(run, tmp
     capsys.readouterr()
     given = ["--config", str(run / "config.yaml"), "--ckpt_path", str(run / "checkpoints" / "last.ckpt")]
 
-    main(["validate", *given, "--model.val_samples", "2", "--model.val_temperature", "1.0"])
+    main(["validate", *given, "--model.evaluation.samples", "2", "--model.evaluation.temperature", "1.0"])
     main(["test", *given, "--data.test_split", "validation"])
     # A resumed run's config.yaml names its own version: evaluation still writes elsewhere.
     main(["validate", *given, "--trainer.logger.init_args.version", "0"])
@@ -62,5 +90,6 @@ def test_validate_test_and_generate_change_no_file_of_the_run_they_read(run, tmp
         subcommand = folder.split("_")[0]
         assert f"{subcommand}: logs and config.yaml in {names / folder}" in printed
         assert (names / folder / "config.yaml").exists() and list((names / folder).glob("events.out.tfevents.*"))
-    assert "val_samples: 2" in (names / "validate_0" / "config.yaml").read_text()
+    config = yaml.safe_load((names / "validate_0" / "config.yaml").read_text())
+    assert config["model"]["init_args"]["evaluation"]["samples"] == 2
     assert f"wrote 2 completions to {output}" in printed and len(output.read_text().splitlines()) == 2

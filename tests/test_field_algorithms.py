@@ -46,8 +46,8 @@ def token_grad(loss, logp):
 def test_each_preset_names_its_parts_and_the_papers_defaults(name, parts, defaults):
     module = getattr(variants, name)("unused")
     assert (module.advantage_name, module.surrogate_name, module.aggregation_name) == parts
-    for option, value in defaults.items():
-        assert getattr(module, option) == value, option
+    for option, value in defaults.items():  # the module's (as resolved for its surrogate), else its loss option
+        assert getattr(module, option, getattr(module.loss_options, option, None)) == value, option
 
 
 # ------------------------------------------------------------------ LUSPO
@@ -87,8 +87,8 @@ def test_vespo_weights_each_completions_log_likelihood_by_its_detached_phi():
 
 
 def test_vespo_refuses_the_rollout_correction():
-    with pytest.raises(ConfigError, match="^rollout_correction: does not apply to VESPO"):
-        variants.VESPO("unused", rollout_correction="token_truncate")
+    with pytest.raises(ConfigError, match="^sampling.correction: does not apply to VESPO"):
+        variants.VESPO("unused", sampling={"correction": "token_truncate"})
 
 
 # ------------------------------------------------------------------ DPPO
@@ -126,7 +126,7 @@ def test_dppo_divergence_picks_the_surrogate_and_its_bounds():
     module = variants.DPPO("unused", divergence="kl")
     assert (module.surrogate_name, module.clip_eps_low, module.clip_eps_high) == ("dppo_kl", 0.05, 0.05)
     with pytest.raises(ConfigError, match="^divergence: kl is the surrogate dppo_kl"):
-        variants.DPPO("unused", divergence="kl", surrogate="dppo_tv")
+        variants.DPPO("unused", divergence="kl", loss={"surrogate": "dppo_tv"})
 
 
 # ------------------------------------------------------------------ GPG, DRO, MaxRL
@@ -177,7 +177,7 @@ def test_the_entropy_bonus_gradient_is_minus_the_entropy_gradient_in_expectation
 
 
 def test_adaptive_entropy_steps_the_coefficient_toward_the_target_once_per_step_and_resumes():
-    module = variants.GRPO("unused", entropy_coef=0.01)
+    module = variants.GRPO("unused", loss={"entropy_coef": 0.01})
     control = AdaptiveEntropy(target=0.2, delta=0.005, min_coef=0.0, max_coef=0.012)
     control.on_train_start(None, module)
     steps = [(1, 0.1), (1, 0.1), (2, 0.1), (3, 0.5), (4, 0.5), (5, 0.5)]  # (logged steps, entropy) after each batch
@@ -188,7 +188,7 @@ def test_adaptive_entropy_steps_the_coefficient_toward_the_target_once_per_step_
         seen.append(round(module.entropy_coef, 6))
     # below the target: +0.005 (capped at 0.012), once per logged step; above it: -0.005, down to 0.
     assert seen == [0.012, 0.012, 0.012, 0.007, 0.002, 0.0]
-    resumed, fresh = AdaptiveEntropy(), variants.GRPO("unused", entropy_coef=0.01)
+    resumed, fresh = AdaptiveEntropy(), variants.GRPO("unused", loss={"entropy_coef": 0.01})
     resumed.load_state_dict(control.state_dict())
     resumed.on_train_start(None, fresh)
     assert fresh.entropy_coef == 0.0 and resumed.seen == 5
@@ -210,10 +210,10 @@ def test_adaptive_entropy_is_a_trainer_callback_on_the_command_line():
 
 
 def test_opsm_and_entropy_coef_refuse_invalid_values():
-    with pytest.raises(ConfigError, match="^off_policy_mask_threshold: must be >= 0"):
-        variants.GRPO("unused", off_policy_mask_threshold=-0.1)
-    with pytest.raises(ConfigError, match="^entropy_coef: must be a finite number >= 0"):
-        variants.GRPO("unused", entropy_coef=-1e-3)
+    with pytest.raises(ConfigError, match="^loss.off_policy_mask_threshold: must be >= 0"):
+        variants.GRPO("unused", loss={"off_policy_mask_threshold": -0.1})
+    with pytest.raises(ConfigError, match="^loss.entropy_coef: must be a finite number >= 0"):
+        variants.GRPO("unused", loss={"entropy_coef": -1e-3})
 
 
 # ------------------------------------------------------------------ micro-batch invariance
@@ -231,7 +231,10 @@ def test_opsm_the_entropy_bonus_and_the_dual_clip_give_the_same_gradient_in_any_
     """The presets are registered parts, each checked alone (tests/test_surrogates.py, tests/test_algorithm_parts.py);
     the options added to the surrogate are checked here, together."""
     name = "GRPO"
-    kwargs = {"off_policy_mask_threshold": 0.05, "entropy_coef": 0.01, "clip_ratio_c": 1.5, "beta": 0.0}
+    kwargs = {
+        "loss": {"off_policy_mask_threshold": 0.05, "entropy_coef": 0.01, "clip_ratio_c": 1.5},
+        "kl": {"beta": 0.0},
+    }
     module = make_module(getattr(variants, name), **kwargs)
     rollout = make_rollout(module, PROMPTS)
     logp = module.compute_logprobs(module.policy, rollout)

@@ -83,7 +83,7 @@ trainer = L.Trainer(
     enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, log_every_n_steps=1,
     default_root_dir=out, plugins=[AtomicCheckpointIO()], callbacks=[Record(), PauseBeforeUpdate(), every_step],
 )
-module = make_module(model_dir, beta=0.04)
+module = make_module(model_dir, kl={"beta": 0.04})
 trainer.fit(module, datamodule=make_data(), ckpt_path=ckpt_path)
 torch.save(module.policy.state_dict(), os.path.join(out, "weights.pt"))
 sys.stdout.flush()

@@ -24,6 +24,7 @@ from grpo_lightning.lora import (
 )
 from grpo_lightning.settings import ConfigError
 from variants import GRPO
+from tests.conftest import merged
 
 peft = pytest.importorskip("peft")
 
@@ -31,7 +32,9 @@ LORA = {"r": 4, "lora_alpha": 8, "target_modules": "all-linear"}
 
 
 def lora_module(model_dir: str, **overrides):
-    return make_module(model_dir, **{"beta": 0.04, "dtype": "float32", "peft_config": LORA, **overrides})
+    return make_module(
+        model_dir, **merged({"kl": {"beta": 0.04}, "policy": {"dtype": "float32", "peft_config": LORA}}, overrides)
+    )
 
 
 def test_the_config_is_kept_as_plain_values_and_checked():
@@ -39,12 +42,12 @@ def test_the_config_is_kept_as_plain_values_and_checked():
     assert settings == {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"],
                         "use_rslora": True}  # fmt: skip
     assert adapter_settings(LORA) == {**LORA, "lora_dropout": 0.0} and adapter_settings(None) is None
-    with pytest.raises(ConfigError, match=r"peft_config: \['rank'\] are not fields of peft.LoraConfig"):
-        GRPO(model="m", peft_config={"rank": 4})
-    with pytest.raises(ConfigError, match="peft_config: give a peft.LoraConfig"):
-        GRPO(model="m", peft_config=3)
-    with pytest.raises(ConfigError, match="peft_config: When `layers_pattern` is specified"):  # peft's own check
-        GRPO(model="m", peft_config={"r": 4, "layers_pattern": "layers"})
+    with pytest.raises(ConfigError, match=r"policy.peft_config: \['rank'\] are not fields of peft.LoraConfig"):
+        GRPO(model="m", policy={"peft_config": {"rank": 4}})
+    with pytest.raises(ConfigError, match="policy.peft_config: give a peft.LoraConfig"):
+        GRPO(model="m", policy={"peft_config": 3})
+    with pytest.raises(ConfigError, match="policy.peft_config: When `layers_pattern` is specified"):  # peft's own check
+        GRPO(model="m", policy={"peft_config": {"r": 4, "layers_pattern": "layers"}})
 
 
 def test_only_the_adapters_train_and_the_reference_is_the_base_model(tiny_model_dir, tmp_path):
@@ -123,12 +126,15 @@ def test_lora_is_one_option_of_the_cli_and_refused_under_fsdp(tiny_model_dir, tm
         "--model.model", tiny_model_dir, "--trainer.default_root_dir", str(tmp_path),
     ]  # fmt: skip
     cli = GRPOLightningCLI(args=args, run=False)
-    assert cli.model.hparams.peft_config["r"] == 16 and cli.model.hparams.peft_config["target_modules"] == "all-linear"
+    assert (
+        cli.model.hparams.policy["peft_config"]["r"] == 16
+        and cli.model.hparams.policy["peft_config"]["target_modules"] == "all-linear"
+    )
     from grpo_lightning.models import load_models
     from grpo_lightning.strategies import PolicyFSDPStrategy
 
-    with pytest.raises(ConfigError, match="peft_config: LoRA runs on one device or under DDP"):
-        load_models(tiny_model_dir, cli.model.hparams, True, PolicyFSDPStrategy(mixed_precision=None))
+    with pytest.raises(ConfigError, match="policy.peft_config: LoRA runs on one device or under DDP"):
+        load_models(tiny_model_dir, cli.model.hparams.policy, True, PolicyFSDPStrategy(mixed_precision=None))
 
 
 def test_the_fused_lm_head_path_gives_the_peft_models_log_probs(tiny_model_dir, tmp_path):
@@ -187,7 +193,7 @@ def test_float32_adapters_on_a_bf16_model_multiply_in_bf16_and_keep_float32_grad
 
 
 def test_a_bf16_lora_update_runs_its_adapters_in_bf16(tiny_model_dir, tmp_path):
-    module = lora_module(tiny_model_dir, dtype="bfloat16")
+    module = lora_module(tiny_model_dir, policy={"dtype": "bfloat16"})
     seen = []
 
     class Hook(L.Callback):

@@ -18,6 +18,7 @@ from grpo_lightning.module import EVERY_STEP_METRICS, ConfigError
 from grpo_lightning.rewards import RewardFunctionError
 from grpo_lightning.rollout import SamplingParams
 from variants import DAPO, GRPO
+from tests.conftest import merged
 
 REQUIRED_METRICS = {
     "reward",
@@ -71,9 +72,9 @@ def make_trainer(tmp_path: Path, max_steps: int = 2, **overrides) -> L.Trainer:
 
 
 def module(model_dir: str, cls=GRPO, **overrides):
-    settings = dict(model=model_dir, group_size=2, max_new_tokens=6, micro_batch_size=4, learning_rate=1e-3)
-    settings.update(overrides)
-    return cls(**settings)
+    settings = dict(model=model_dir, sampling={"group_size": 2, "max_new_tokens": 6},
+                    optim={"micro_batch_size": 4, "learning_rate": 1e-3})  # fmt: skip
+    return cls(**merged(settings, overrides))
 
 
 def test_fit_writes_tensorboard_events_with_every_metric(tiny_model_dir, tmp_path):
@@ -100,7 +101,7 @@ def test_every_metric_reaches_the_loggers_on_their_steps(tiny_model_dir, tmp_pat
                 assert float(trainer.callback_metrics[name]) == pytest.approx(values[name]), name
 
     trainer = make_trainer(tmp_path, max_steps=4, log_every_n_steps=2, limit_val_batches=0, callbacks=[Record()])
-    trainer.fit(module(tiny_model_dir, beta=0.04), small_data())
+    trainer.fit(module(tiny_model_dir, kl={"beta": 0.04}), small_data())
     assert sorted(seen) == [1, 2, 3, 4]
 
     events = EventAccumulator(str(trainer.log_dir))
@@ -116,7 +117,7 @@ def test_every_metric_reaches_the_loggers_on_their_steps(tiny_model_dir, tmp_pat
 
 def test_checkpoint_holds_the_policy_but_not_the_reference_model(tiny_model_dir, tmp_path):
     trainer = make_trainer(tmp_path, max_steps=1, callbacks=[L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)])
-    trainer.fit(module(tiny_model_dir, beta=0.04), small_data())
+    trainer.fit(module(tiny_model_dir, kl={"beta": 0.04}), small_data())
 
     state = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["state_dict"]
     assert any(k.startswith("policy.") for k in state)
@@ -124,10 +125,10 @@ def test_checkpoint_holds_the_policy_but_not_the_reference_model(tiny_model_dir,
 
 
 def test_no_reference_model_is_loaded_when_beta_is_zero(tiny_model_dir):
-    grpo = module(tiny_model_dir, beta=0.0)
+    grpo = module(tiny_model_dir, kl={"beta": 0.0})
     grpo.configure_model()
     assert grpo.ref_model is None
-    with_kl = module(tiny_model_dir, beta=0.04)
+    with_kl = module(tiny_model_dir, kl={"beta": 0.04})
     with_kl.configure_model()
     assert not any(p.requires_grad for p in with_kl.ref_model.parameters())
 
@@ -136,7 +137,11 @@ def test_no_reference_model_is_loaded_when_beta_is_zero(tiny_model_dir):
 def test_old_logprobs_cost_a_forward_pass_only_when_the_policy_moves_within_a_rollout(
     tiny_model_dir, tmp_path, ppo_epochs, minibatch_size, old_logprob_passes
 ):
-    grpo = module(tiny_model_dir, beta=0.0, ppo_epochs=ppo_epochs, minibatch_size=minibatch_size, micro_batch_size=2)
+    grpo = module(
+        tiny_model_dir,
+        kl={"beta": 0.0},
+        optim={"ppo_epochs": ppo_epochs, "minibatch_size": minibatch_size, "micro_batch_size": 2},
+    )
     passes = []
     original = grpo.compute_logprobs
     grpo.compute_logprobs = lambda model, rollout: passes.append(model) or original(model, rollout)
@@ -145,7 +150,7 @@ def test_old_logprobs_cost_a_forward_pass_only_when_the_policy_moves_within_a_ro
 
 
 def test_teacher_forced_logprobs_match_the_sampling_distribution(tiny_model_dir):
-    grpo = module(tiny_model_dir, max_new_tokens=5)
+    grpo = module(tiny_model_dir, sampling={"max_new_tokens": 5})
     grpo.configure_model()
     prompts = ["1+2=", "10+20=", "7+55="]  # different lengths: left padding must not shift positions
     encoded = grpo.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
@@ -168,8 +173,11 @@ def test_reward_rises_on_a_toy_task(tiny_model_dir, tmp_path):
     """GRPO on 'emit the character 1': the mean reward of the last steps beats the first by 0.2."""
     L.seed_everything(0)
     grpo = module(
-        tiny_model_dir, reward_funcs=[count_ones_reward], group_size=8, max_new_tokens=8, micro_batch_size=32,
-        learning_rate=5e-3, beta=0.0,
+        tiny_model_dir,
+        rewards={"funcs": [count_ones_reward]},
+        sampling={"group_size": 8, "max_new_tokens": 8},
+        optim={"micro_batch_size": 32, "learning_rate": 5e-3},
+        kl={"beta": 0.0},
     )
     rewards = []
 
@@ -188,18 +196,18 @@ def test_reward_rises_on_a_toy_task(tiny_model_dir, tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
-        ({"group_size": 1}, "group_size"),
-        ({"beta": -0.1}, "beta"),
-        ({"kl_estimator": "k4"}, "kl_estimator"),
-        ({"temperature": 0.0}, "temperature"),
-        ({"clip_eps_low": 1.5}, "clip_eps_low"),
-        ({"ppo_epochs": 0}, "ppo_epochs"),
-        ({"minibatch_size": 6, "micro_batch_size": 4}, "micro_batch_size"),
-        ({"reward_weights": [1.0, 2.0]}, "reward_weights"),
-        ({"dtype": "float8"}, "dtype"),
+        ({"sampling": {"group_size": 1}}, "sampling.group_size"),
+        ({"kl": {"beta": -0.1}}, "kl.beta"),
+        ({"kl": {"estimator": "k4"}}, "kl.estimator"),
+        ({"sampling": {"temperature": 0.0}}, "sampling.temperature"),
+        ({"loss": {"clip_eps_low": 1.5}}, "loss.clip_eps_low"),
+        ({"optim": {"ppo_epochs": 0}}, "optim.ppo_epochs"),
+        ({"optim": {"minibatch_size": 6, "micro_batch_size": 4}}, "optim.micro_batch_size"),
+        ({"rewards": {"weights": [1.0, 2.0]}}, "rewards.weights"),
+        ({"policy": {"dtype": "float8"}}, "policy.dtype"),
         ({"engine": EngineOptions(decode_attention="cudnn")}, "engine.decode_attention"),
         ({"engine": EngineOptions(rollout="hf", fuse_projections=True)}, "engine.fuse_projections"),
-        ({"engine": EngineOptions(rollout="hf"), "rollout_seed": 3}, "rollout_seed"),
+        ({"engine": EngineOptions(rollout="hf"), "sampling": {"seed": 3}}, "sampling.seed"),
     ],
 )
 def test_invalid_settings_are_rejected_at_construction_naming_the_field(overrides, field):
@@ -208,29 +216,29 @@ def test_invalid_settings_are_rejected_at_construction_naming_the_field(override
 
 
 def test_zero_learning_rate_is_rejected_with_the_value_and_the_fix():
-    with pytest.raises(ConfigError, match=r"learning_rate: must be > 0 \(got 0.0\); give e.g. --model.learning_rate 1e-6"):
-        module("unused/model", learning_rate=0.0)
+    with pytest.raises(ConfigError, match=r"optim.learning_rate: must be > 0 \(got 0.0\); give e.g. --model.optim.learning_rate 1e-6"):
+        module("unused/model", optim={"learning_rate": 0.0})
 
 
 def test_negative_learning_rate_is_rejected_with_the_value_and_the_fix():
-    with pytest.raises(ConfigError, match=r"learning_rate: must be > 0 \(got -0.001\); give e.g."):
-        module("unused/model", learning_rate=-1e-3)
+    with pytest.raises(ConfigError, match=r"optim.learning_rate: must be > 0 \(got -0.001\); give e.g."):
+        module("unused/model", optim={"learning_rate": -1e-3})
 
 
 def test_negative_weight_decay_is_rejected_with_the_value_and_the_fix():
-    with pytest.raises(ConfigError, match=r"weight_decay: must be >= 0 \(got -0.1\); give 0 for none"):
-        module("unused/model", weight_decay=-0.1)
+    with pytest.raises(ConfigError, match=r"optim.weight_decay: must be >= 0 \(got -0.1\); give 0 for none"):
+        module("unused/model", optim={"weight_decay": -0.1})
 
 
 def test_negative_warmup_steps_is_rejected_with_the_value_and_the_fix():
-    with pytest.raises(ConfigError, match=r"warmup_steps: must be >= 0 \(got -5\); give 0 for no warm-up"):
-        module("unused/model", warmup_steps=-5)
+    with pytest.raises(ConfigError, match=r"optim.warmup_steps: must be >= 0 \(got -5\); give 0 for no warm-up"):
+        module("unused/model", optim={"warmup_steps": -5})
 
 
 @pytest.mark.parametrize("norm", [0.0, -1.0])
 def test_max_grad_norm_not_positive_is_rejected_with_the_value_and_the_fix(norm):
-    with pytest.raises(ConfigError, match=rf"max_grad_norm: must be > 0 or null \(got {norm}\); .*or null to turn clipping off"):
-        module("unused/model", max_grad_norm=norm)
+    with pytest.raises(ConfigError, match=rf"optim.max_grad_norm: must be > 0 or null \(got {norm}\); .*or null to turn clipping off"):
+        module("unused/model", optim={"max_grad_norm": norm})
 
 
 @pytest.mark.parametrize("path", ["/no/such/model", "./no_such_model", "../no_such_model", "~/no_such_model", "runs/x/model"])
@@ -250,14 +258,14 @@ def test_a_local_model_path_that_does_not_exist_is_rejected_before_any_load(path
 
 
 def test_a_local_tokenizer_path_that_does_not_exist_is_rejected(tiny_model_dir):
-    with pytest.raises(ConfigError, match=r"tokenizer: no such directory '\./no_tokenizer'.*hub id like 'Qwen/Qwen2.5-0.5B-Instruct'"):
-        module(tiny_model_dir, tokenizer="./no_tokenizer")
+    with pytest.raises(ConfigError, match=r"policy.tokenizer: no such directory '\./no_tokenizer'.*hub id like 'Qwen/Qwen2.5-0.5B-Instruct'"):
+        module(tiny_model_dir, policy={"tokenizer": "./no_tokenizer"})
 
 
 def test_hub_ids_and_existing_directories_pass_the_path_check(tiny_model_dir):
     assert module("Qwen/Qwen2.5-0.5B-Instruct").model_name == "Qwen/Qwen2.5-0.5B-Instruct"
     assert module("gpt2").model_name == "gpt2"
-    assert module(tiny_model_dir, tokenizer=tiny_model_dir).tokenizer_name == tiny_model_dir
+    assert module(tiny_model_dir, policy={"tokenizer": tiny_model_dir}).tokenizer_name == tiny_model_dir
 
 
 def test_decode_options_reach_the_static_engine_and_keep_greedy_rollouts(make_module):
@@ -269,7 +277,7 @@ def test_decode_options_reach_the_static_engine_and_keep_greedy_rollouts(make_mo
     completions = {}
     for kind, fused in (("sdpa", False), ("math", False), ("triton", True)):
         engine = EngineOptions(rollout="static", decode_attention=kind, fuse_projections=fused)
-        grpo = make_module(GRPO, engine=engine, dtype="float32")
+        grpo = make_module(GRPO, engine=engine, policy={"dtype": "float32"})
         completions[kind] = grpo.generate(batch, 2, greedy).completion_ids
         assert grpo.sampler.engine.decode_attention == kind and grpo.sampler.engine.fuse_projections == fused
         assert (grpo.sampler.engine._decoder is not None) == fused
@@ -292,33 +300,35 @@ def test_padding_free_under_sdpa_warns_that_a_dense_mask_keeps_the_rows_apart(ma
 
 
 def test_unknown_reward_function_path_names_the_field_and_an_example():
-    with pytest.raises(ValueError, match=r"reward_funcs\[1\].*no_such_module") as error:
-        module("unused/model", reward_funcs=["grpo_lightning.rewards.accuracy_reward", "no_such_module.reward"])
+    with pytest.raises(ValueError, match=r"rewards.funcs\[1\].*no_such_module") as error:
+        module("unused/model", rewards={"funcs": ["grpo_lightning.rewards.accuracy_reward", "no_such_module.reward"]})
     assert "grpo_lightning.rewards.accuracy_reward" in str(error.value)
 
 
 def test_rollout_size_not_divisible_by_minibatch_fails_before_training(tiny_model_dir, tmp_path):
     trainer = make_trainer(tmp_path)
     with pytest.raises(ConfigError, match="minibatch_size"):
-        trainer.fit(module(tiny_model_dir, minibatch_size=3, micro_batch_size=1), small_data(batch_size=2))
+        trainer.fit(
+            module(tiny_model_dir, optim={"minibatch_size": 3, "micro_batch_size": 1}), small_data(batch_size=2)
+        )
     assert trainer.global_step == 0
 
 
 def test_prompt_longer_than_the_context_fails_before_training(tiny_model_dir, tmp_path):
     trainer = make_trainer(tmp_path)
     with pytest.raises(ConfigError, match="max_new_tokens"):
-        trainer.fit(module(tiny_model_dir, max_new_tokens=62), small_data())
+        trainer.fit(module(tiny_model_dir, sampling={"max_new_tokens": 62}), small_data())
     assert trainer.global_step == 0
 
 
 def test_a_reward_function_that_raises_is_named_with_the_sample(tiny_model_dir, tmp_path):
     with pytest.raises(RewardFunctionError, match=r"failing_reward.*sample 0"):
-        make_trainer(tmp_path).fit(module(tiny_model_dir, reward_funcs=[failing_reward]), small_data())
+        make_trainer(tmp_path).fit(module(tiny_model_dir, rewards={"funcs": [failing_reward]}), small_data())
 
 
 def test_dapo_partial_batches_still_train(tiny_model_dir, tmp_path):
     """A random model rarely solves arithmetic: dynamic sampling then trains on what it found."""
-    dapo = module(tiny_model_dir, cls=DAPO, reward_funcs=[count_ones_reward], max_gen_batches=2)
+    dapo = module(tiny_model_dir, cls=DAPO, max_gen_batches=2, rewards={"funcs": [count_ones_reward]})
     trainer = make_trainer(tmp_path, max_steps=1, limit_val_batches=0)
     trainer.fit(dapo, small_data())
     assert trainer.global_step == 1
@@ -327,8 +337,8 @@ def test_dapo_partial_batches_still_train(tiny_model_dir, tmp_path):
 # ---------------------------------------------------------------- how prompts reach the model
 
 WRAPPED = (
-    "prompts: plain text is wrapped in the tokenizer's chat template (use_chat_template: true); "
-    "set --model.use_chat_template false to send prompts as they are"
+    "prompts: plain text is wrapped in the tokenizer's chat template (policy.use_chat_template: true); "
+    "set --model.policy.use_chat_template false to send prompts as they are"
 )
 
 
@@ -347,7 +357,7 @@ def templated_tokenizer_dir(tiny_model_dir, tmp_path) -> str:
     ("templated", "use_chat_template", "expected"),
     [
         (True, True, WRAPPED),
-        (True, False, "prompts: plain text is sent as it is (use_chat_template: false); set --model.use_chat_template "
+        (True, False, "prompts: plain text is sent as it is (policy.use_chat_template: false); set --model.policy.use_chat_template "
          "true to wrap it in the tokenizer's chat template"),
         (False, True, "prompts: plain text is sent as it is (the tokenizer has no chat template); "
          "chat-message prompts need a tokenizer with one"),
@@ -357,7 +367,7 @@ def test_the_prompt_format_is_said_once_per_fit(
     templated, use_chat_template, expected, tiny_model_dir, templated_tokenizer_dir, tmp_path, caplog
 ):
     tokenizer = templated_tokenizer_dir if templated else None
-    grpo = module(tiny_model_dir, tokenizer=tokenizer, use_chat_template=use_chat_template)
+    grpo = module(tiny_model_dir, policy={"tokenizer": tokenizer, "use_chat_template": use_chat_template})
     with caplog.at_level(logging.INFO):
         make_trainer(tmp_path, max_steps=2, limit_val_batches=0).fit(grpo, small_data())
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("prompts:")]

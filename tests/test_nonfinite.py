@@ -11,6 +11,7 @@ from test_checkpoint import fit, make_module
 from grpo_lightning.nonfinite import NonFiniteGuard, NonFiniteTrainingError
 from grpo_lightning.settings import ConfigError
 from variants import GRPO
+from tests.conftest import merged
 
 BAD_STEP = 1  # global step (0-based) of the poisoned update
 
@@ -25,8 +26,8 @@ def test_the_guard_counts_warns_and_stops_after_too_many_in_a_row():
         assert not guard.allows(torch.tensor(float("inf")), step=3)
     with pytest.raises(NonFiniteTrainingError, match="2 non-finite steps in a row.*max_nonfinite_steps"):
         guard.allows(torch.tensor(float("-inf")), step=4)
-    with pytest.raises(ConfigError, match="max_nonfinite_steps: must be a positive integer"):
-        GRPO(model="m", max_nonfinite_steps=0)
+    with pytest.raises(ConfigError, match="optim.max_nonfinite_steps: must be a positive integer"):
+        GRPO(model="m", optim={"max_nonfinite_steps": 0})
 
 
 class Poisoned(GRPO):
@@ -54,7 +55,7 @@ class Poisoned(GRPO):
 
 
 def run(tiny_model_dir, tmp_path, poison: str, steps: int = 3, **settings):
-    module = make_module(tiny_model_dir, cls=Poisoned, dtype="float32", **settings)
+    module = make_module(tiny_model_dir, cls=Poisoned, **merged({"policy": {"dtype": "float32"}}, settings))
     module.poison = poison
     recorded, _ = fit(module, steps, tmp_path / poison)
     return module, recorded
@@ -80,7 +81,7 @@ def test_non_finite_steps_in_a_row_stop_the_fit(tiny_model_dir, tmp_path):
             logp, entropy = GRPO._forward(self, model, rollout, rows, with_entropy)
             return (logp * float("inf") if model is self.policy and torch.is_grad_enabled() else logp), entropy
 
-    module = make_module(tiny_model_dir, cls=AlwaysInf, dtype="float32", max_nonfinite_steps=2)
+    module = make_module(tiny_model_dir, cls=AlwaysInf, policy={"dtype": "float32"}, optim={"max_nonfinite_steps": 2})
     with pytest.warns(RuntimeWarning), pytest.raises(NonFiniteTrainingError, match="2 non-finite steps in a row"):
         fit(module, 5, tmp_path)
     assert module.global_step == 1  # the first skipped step counted; the second stopped the fit

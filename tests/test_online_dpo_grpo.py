@@ -61,7 +61,7 @@ def test_bad_options_are_errors_naming_the_field(kwargs, message):
 
 
 def test_the_reference_model_loads_even_without_a_kl_term(make_module):
-    module = make_module(OnlineDPOGRPO, beta=0.0)
+    module = make_module(OnlineDPOGRPO, kl={"beta": 0.0})
     assert module.needs_reference_model() and module.ref_model is not None
     assert not any(p.requires_grad for p in module.ref_model.parameters())
 
@@ -121,7 +121,7 @@ def _perturb(model: torch.nn.Module, scale: float = 0.05) -> None:
 def prepared(make_module, make_rollout, monkeypatch, one_torch_thread):
     """An OnlineDPOGRPO module (dpo_weight 0.5, GRPO's KL on), a scored rollout with reference
     log-probs of a perturbed reference, its advantages, and the list of backpropagated losses."""
-    module = make_module(OnlineDPOGRPO, reward_funcs=[length_reward], dpo_weight=0.5, dpo_beta=0.2)
+    module = make_module(OnlineDPOGRPO, dpo_weight=0.5, dpo_beta=0.2, rewards={"funcs": [length_reward]})
     rollout = make_rollout(module, PROMPTS)
     _perturb(module.ref_model)
     rollout.ref_logp = module.compute_logprobs(module.ref_model, rollout)
@@ -164,7 +164,7 @@ def test_total_loss_is_grpos_plus_the_dpo_term_by_hand(prepared, make_module):
     assert list(zip(*(rows.tolist() for rows in module.pairs))) == pairs
     module.accumulate_gradients(rollout, advantages, torch.arange(n))
 
-    grpo = make_module(GRPO, reward_funcs=[length_reward])  # the same weights, from the same directory
+    grpo = make_module(GRPO, rewards={"funcs": [length_reward]})  # the same weights, from the same directory
     with torch.no_grad():
         grpo_loss = grpo.micro_batch_loss(rollout, advantages, torch.arange(n), n, rollout.completion_mask.sum())
     expected = float(grpo_loss) + _dpo_term_by_hand(module, rollout, pairs)
@@ -230,15 +230,47 @@ def test_every_device_runs_as_many_pair_passes_and_the_count_is_their_mean(prepa
 
 
 def test_a_two_step_fit_through_the_cli_with_the_shipped_config(tiny_model_dir, tmp_path, one_torch_thread):
-    cli = GRPOLightningCLI(args=[
-        "fit", "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
-        "--config", str(CONFIGS / "variant/online_dpo_grpo.yaml"), "--model.model", tiny_model_dir,
-        "--model.reward_funcs", f"[{__name__}.length_reward]", "--model.beta", "0.0", "--model.group_size", "4",
-        "--model.max_new_tokens", "6", "--model.micro_batch_size", "4", "--data.batch_size", "3",
-        "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0", "--validate_before_fit", "false",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "false", "--trainer.callbacks", "[]",
-        "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
-    ])  # fmt: skip
+    cli = GRPOLightningCLI(
+        args=[
+            "fit",
+            "--config",
+            str(CONFIGS / "trainer/cpu.yaml"),
+            "--config",
+            str(CONFIGS / "data/arithmetic.yaml"),
+            "--config",
+            str(CONFIGS / "variant/online_dpo_grpo.yaml"),
+            "--model.model",
+            tiny_model_dir,
+            "--model.rewards.funcs",
+            f"[{__name__}.length_reward]",
+            "--model.kl.beta",
+            "0.0",
+            "--model.sampling.group_size",
+            "4",
+            "--model.sampling.max_new_tokens",
+            "6",
+            "--model.optim.micro_batch_size",
+            "4",
+            "--data.batch_size",
+            "3",
+            "--trainer.max_steps",
+            "2",
+            "--trainer.limit_val_batches",
+            "0",
+            "--validate_before_fit",
+            "false",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.enable_checkpointing",
+            "false",
+            "--trainer.callbacks",
+            "[]",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path),
+        ]
+    )
     assert type(cli.model) is OnlineDPOGRPO and cli.model.dpo_beta == 0.1
     assert cli.trainer.global_step == 2 and cli.model.ref_model is not None  # loaded with beta 0
     logged = cli.model.last_step_metrics

@@ -119,7 +119,7 @@ def test_the_value_model_loads_from_the_policy_checkpoint_and_gives_a_value_per_
     policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     for name, parameter in policy.base_model.named_parameters():
         assert torch.equal(model.backbone.get_parameter(name), parameter), name
-    rollout = make_rollout(make_module(PPO, beta=0.0), PROMPTS)
+    rollout = make_rollout(make_module(PPO, kl={"beta": 0.0}), PROMPTS)
     values = compute_values(model, rollout, micro_batch_size=5)
     assert values.shape == rollout.completion_mask.shape and not values.any()  # the head starts at zero
     torch.nn.init.normal_(model.head.weight)
@@ -145,14 +145,14 @@ def test_options_out_of_range_name_the_field():
                          ("value_max_grad_norm", -1.0)]:
         with pytest.raises(ConfigError, match=f"^{field}: must be"):
             PPO("x", **{field: value})
-    with pytest.raises(ConfigError, match="^scale_rewards: does not apply to PPO"):
-        PPO("x", scale_rewards="batch")
-    with pytest.raises(ConfigError, match="^unbiased_kl: does not apply to PPO"):
-        PPO("x", unbiased_kl=True)
+    with pytest.raises(ConfigError, match="^rewards.scale: does not apply to PPO"):
+        PPO("x", rewards={"scale": "batch"})
+    with pytest.raises(ConfigError, match="^kl.unbiased: does not apply to PPO"):
+        PPO("x", kl={"unbiased": True})
 
 
 def test_the_chosen_kl_estimator_is_the_penalty_in_the_token_rewards(make_module, make_rollout):
-    module = make_module(PPO, kl_estimator="k3")
+    module = make_module(PPO, kl={"estimator": "k3"})
     assert PPO("x").kl_estimator == "k1"  # the paper's, by default
     rollout = make_rollout(module, PROMPTS)
     rollout.old_logp = module.compute_logprobs(module.policy, rollout)
@@ -178,7 +178,7 @@ def prepared(make_module, make_rollout, **kwargs):
     return module, rollout, advantages
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"mask_truncated_completions": True, "whiten_advantages": False}])
+@pytest.mark.parametrize("kwargs", [{}, {"loss": {"mask_truncated_completions": True}, "whiten_advantages": False}])
 def test_the_policy_gradient_does_not_depend_on_micro_batching(kwargs, make_module, make_rollout):
     module, rollout, advantages = prepared(make_module, make_rollout, **kwargs)
     assert advantages.shape == rollout.completion_ids.shape and advantages.abs().sum() > 0
@@ -217,15 +217,43 @@ def test_the_value_gradient_does_not_depend_on_micro_batching(make_module, make_
 
 def test_a_fit_through_the_cli_steps_both_optimizers(tiny_model_dir, tmp_path, one_torch_thread):
     args = [
-        "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
-        "--config", str(CONFIGS / "variant/ppo.yaml"), "--config", str(CONFIGS / "model/tiny.yaml"),
-        "--model.model", tiny_model_dir, "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.max_steps", "6",
-        "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_checkpointing", "false", "--trainer.callbacks", "[]",
-        "--data.batch_size", "2", "--model.group_size", "3", "--model.max_new_tokens", "8", "--model.minibatch_size", "3",
-        "--model.micro_batch_size", "3",
-        "--model.value_learning_rate", "1e-3", "--trainer.limit_val_batches", "0",
-        "--model.reward_funcs", json.dumps([f"{__name__}.digit_reward"]),  # the tiny model never answers right
-    ]  # fmt: skip
+        "--config",
+        str(CONFIGS / "trainer/cpu.yaml"),
+        "--config",
+        str(CONFIGS / "data/arithmetic.yaml"),
+        "--config",
+        str(CONFIGS / "variant/ppo.yaml"),
+        "--config",
+        str(CONFIGS / "model/tiny.yaml"),
+        "--model.model",
+        tiny_model_dir,
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+        "--trainer.max_steps",
+        "6",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.enable_checkpointing",
+        "false",
+        "--trainer.callbacks",
+        "[]",
+        "--data.batch_size",
+        "2",
+        "--model.sampling.group_size",
+        "3",
+        "--model.sampling.max_new_tokens",
+        "8",
+        "--model.optim.minibatch_size",
+        "3",
+        "--model.optim.micro_batch_size",
+        "3",
+        "--model.value_learning_rate",
+        "1e-3",
+        "--trainer.limit_val_batches",
+        "0",
+        "--model.rewards.funcs",
+        json.dumps([f"{__name__}.digit_reward"]),  # the tiny model never answers right
+    ]
     cli = GRPOLightningCLI(args=args, run=False)
     module = cli.model
     assert type(module) is PPO
@@ -258,8 +286,13 @@ def resumable_fit(model_dir: str, max_steps: int, root: Path, callbacks=(), ckpt
                                           if not k.startswith("perf/")}  # fmt: skip
 
     L.seed_everything(0)
-    module = PPO(model=model_dir, reward_funcs=[f"{__name__}.length_reward"], group_size=2, max_new_tokens=6,
-                 micro_batch_size=2, learning_rate=1e-3, value_learning_rate=1e-3, ppo_epochs=2)  # fmt: skip
+    module = PPO(
+        model=model_dir,
+        value_learning_rate=1e-3,
+        rewards={"funcs": [f"{__name__}.length_reward"]},
+        sampling={"group_size": 2, "max_new_tokens": 6},
+        optim={"micro_batch_size": 2, "learning_rate": 1e-3, "ppo_epochs": 2},
+    )
     trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False, log_every_n_steps=1,
                         enable_checkpointing=bool(callbacks), enable_progress_bar=False, enable_model_summary=False,
                         num_sanity_val_steps=0, limit_val_batches=0, callbacks=[Recorder(), *callbacks],

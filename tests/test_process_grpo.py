@@ -118,15 +118,15 @@ def test_a_process_reward_model_scores_each_step(prm_dir):
 def test_bad_settings_name_the_field(tiny_model_dir):
     with pytest.raises(ConfigError, match="step_delimiter"):
         ProcessGRPO(tiny_model_dir, step_delimiter="")
-    with pytest.raises(ConfigError, match="scale_rewards: does not apply to ProcessGRPO"):
-        ProcessGRPO(tiny_model_dir, scale_rewards="none")
+    with pytest.raises(ConfigError, match="rewards.scale: does not apply to ProcessGRPO"):
+        ProcessGRPO(tiny_model_dir, rewards={"scale": "none"})
 
 
 def test_the_gradient_does_not_depend_on_micro_batching(make_module, make_rollout, one_torch_thread):
     def steps_per_character(prompts, completions, token_ends, **columns):  # a step per token, alternating scores
         return [[(t, float(t % 2)) for t in range(len(ends))] for ends in token_ends]
 
-    module = make_module(ProcessGRPO, step_reward_func=steps_per_character, beta=0.0)
+    module = make_module(ProcessGRPO, step_reward_func=steps_per_character, kl={"beta": 0.0})
     rollout = make_rollout(module, ["1+2=", "30+4=", "7+7="])
     module.shape_rewards(rollout.rewards, rollout)
     advantages = module.advantages(rollout.rewards.view(-1, rollout.group_size)).flatten(0, 1)
@@ -142,13 +142,36 @@ def test_the_gradient_does_not_depend_on_micro_batching(make_module, make_rollou
 @pytest.mark.parametrize("step_reward", ["rule", "model"])
 def test_a_fit_through_the_cli(tiny_model_dir, prm_dir, tmp_path, step_reward, one_torch_thread):
     args = [
-        "fit", "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
-        "--config", str(CONFIGS / "variant/process_grpo.yaml"), "--config", str(CONFIGS / "model/tiny.yaml"),
-        "--model.model", tiny_model_dir, "--trainer.logger.init_args.save_dir", str(tmp_path), "--trainer.max_steps", "2",
-        "--data.batch_size", "2", "--model.group_size", "3", "--model.max_new_tokens", "8",
-        "--data.max_val_samples", "4", "--validate_before_fit", "false", "--trainer.limit_val_batches", "0",
-        "--completions.jsonl", "true",
-    ]  # fmt: skip
+        "fit",
+        "--config",
+        str(CONFIGS / "trainer/cpu.yaml"),
+        "--config",
+        str(CONFIGS / "data/arithmetic.yaml"),
+        "--config",
+        str(CONFIGS / "variant/process_grpo.yaml"),
+        "--config",
+        str(CONFIGS / "model/tiny.yaml"),
+        "--model.model",
+        tiny_model_dir,
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+        "--trainer.max_steps",
+        "2",
+        "--data.batch_size",
+        "2",
+        "--model.sampling.group_size",
+        "3",
+        "--model.sampling.max_new_tokens",
+        "8",
+        "--data.max_val_samples",
+        "4",
+        "--validate_before_fit",
+        "false",
+        "--trainer.limit_val_batches",
+        "0",
+        "--completions.jsonl",
+        "true",
+    ]
     if step_reward == "model":
         spec = {"class_path": "grpo_lightning.rewards.ProcessRewardModel", "init_args": {"path": prm_dir}}
         args += ["--model.step_reward_func", json.dumps(spec)]

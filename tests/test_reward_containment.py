@@ -201,7 +201,7 @@ def test_a_call_past_the_timeout_fails_every_sample_of_its_batch(stuck):
 
 
 def test_under_raise_a_timeout_is_an_error_naming_the_function(stuck):
-    with pytest.raises(RewardFunctionError, match=r"'stuck' took longer than 0.2 s .*reward_execution.timeout_s"):
+    with pytest.raises(RewardFunctionError, match=r"'stuck' took longer than 0.2 s .*rewards.execution.timeout_s"):
         score([("stuck", stuck)], timeout_s=0.2)
 
 
@@ -399,7 +399,7 @@ def test_a_value_that_cannot_come_back_from_a_worker_fails_its_chunk_naming_the_
 
 
 def test_a_function_that_cannot_reach_a_worker_is_a_config_error():
-    with pytest.raises(ConfigError, match=r"reward_execution.workers: reward function 'local' cannot be sent"):
+    with pytest.raises(ConfigError, match=r"rewards.execution.workers: reward function 'local' cannot be sent"):
         RewardScorer(RewardExecution(workers=2), [("local", lambda prompts, completions, **columns: [0.0])])
 
 
@@ -409,10 +409,10 @@ def test_a_function_that_cannot_reach_a_worker_is_a_config_error():
 @pytest.mark.parametrize(
     ("options", "expected"),
     [
-        ({"on_error": "ignore"}, "reward_execution.on_error: 'ignore' is not one of raise, zero, skip_group."),
-        ({"timeout_s": 0}, "reward_execution.timeout_s: must be seconds > 0 or null, got 0."),
-        ({"timeout_s": float("inf")}, "reward_execution.timeout_s: must be seconds > 0 or null, got inf."),
-        ({"workers": -1}, "reward_execution.workers: must be an integer >= 0"),
+        ({"on_error": "ignore"}, "rewards.execution.on_error: 'ignore' is not one of raise, zero, skip_group."),
+        ({"timeout_s": 0}, "rewards.execution.timeout_s: must be seconds > 0 or null, got 0."),
+        ({"timeout_s": float("inf")}, "rewards.execution.timeout_s: must be seconds > 0 or null, got inf."),
+        ({"workers": -1}, "rewards.execution.workers: must be an integer >= 0"),
     ],
     ids=["on_error", "timeout_s", "timeout_s_inf", "workers"],
 )
@@ -424,11 +424,11 @@ def test_a_bad_value_is_a_config_error_naming_the_field(options, expected):
 def test_reward_execution_is_one_group_on_the_command_line():
     configs = [config_dir() / f"{name}.yaml" for name in ("trainer/cpu", "data/arithmetic", "variant/grpo")]
     args = [*(a for c in configs for a in ("--config", str(c))),
-            "--model.model", "some/model", "--model.reward_execution.on_error", "skip_group",
-            "--model.reward_execution.timeout_s", "30", "--model.reward_execution.workers", "2"]  # fmt: skip
+            "--model.model", "some/model", "--model.rewards.execution.on_error", "skip_group",
+            "--model.rewards.execution.timeout_s", "30", "--model.rewards.execution.workers", "2"]  # fmt: skip
     cli = GRPOLightningCLI(args=args, run=False)
     assert cli.model.reward_scorer.execution == RewardExecution(on_error="skip_group", timeout_s=30.0, workers=2)
-    assert cli.model.hparams.reward_execution == {"on_error": "skip_group", "timeout_s": 30.0, "workers": 2}
+    assert cli.model.hparams.rewards["execution"] == {"on_error": "skip_group", "timeout_s": 30.0, "workers": 2}
 
 
 # ---------------------------------------------------------------- skip_group in a fit
@@ -450,8 +450,10 @@ def always_fails(prompts, completions, **columns):
 
 
 def test_skip_group_trains_on_the_other_groups(tiny_model_dir, tmp_path, one_torch_thread):
-    module = make_module(tiny_model_dir, reward_funcs=[length_reward, fails_on_group_0],
-                         reward_execution=RewardExecution(on_error="skip_group"))  # fmt: skip
+    module = make_module(
+        tiny_model_dir,
+        rewards={"funcs": [length_reward, fails_on_group_0], "execution": RewardExecution(on_error="skip_group")},
+    )
     with pytest.warns(RewardFunctionWarning, match="'fails_on_group_0' raised ValueError: group 0 at the group of"):
         steps, trainer = fit(module, max_steps=2, root=tmp_path)
     assert trainer.global_step == 2 and sorted(steps) == [1, 2]
@@ -463,7 +465,7 @@ def test_skip_group_trains_on_the_other_groups(tiny_model_dir, tmp_path, one_tor
 
 
 def test_a_step_whose_every_group_failed_counts_without_changing_a_weight(tiny_model_dir, tmp_path, one_torch_thread):
-    module = make_module(tiny_model_dir, reward_funcs=[always_fails], reward_execution={"on_error": "skip_group"})
+    module = make_module(tiny_model_dir, rewards={"funcs": [always_fails], "execution": {"on_error": "skip_group"}})
     with pytest.warns(RewardFunctionWarning):
         steps, trainer = fit(module, max_steps=2, root=tmp_path)
     assert trainer.global_step == 2 and float(steps[2]["rewards/frac_groups_skipped"]) == 1.0
@@ -480,8 +482,11 @@ def answer_check_that_fails_on_7(prompts, completions, answer, **columns):
 
 @pytest.mark.parametrize("on_error", ["raise", "zero"])
 def test_the_accuracy_function_fails_as_reward_execution_says(tiny_model_dir, on_error):
-    module = make_module(tiny_model_dir, accuracy_func=answer_check_that_fails_on_7,
-                         reward_execution=RewardExecution(on_error=on_error))  # fmt: skip
+    module = make_module(
+        tiny_model_dir,
+        evaluation={"accuracy_func": answer_check_that_fails_on_7},
+        rewards={"execution": RewardExecution(on_error=on_error)},
+    )
     module.configure_model()
     rollout = module.generate({"prompt": ["3+4=", "1+2="], "answer": ["7", "3"]}, 2, module.val_sampling)
     module.score(rollout)

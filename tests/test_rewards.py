@@ -184,9 +184,9 @@ def test_resolve_names_a_callable_instance_after_its_class():
 
 def test_resolve_reports_an_unknown_path_with_field_error_and_example():
     with pytest.raises(ValueError) as error:
-        resolve_reward_function("no_such_package.reward", field="reward_funcs[1]")
+        resolve_reward_function("no_such_package.reward", field="rewards.funcs[1]")
     message = str(error.value)
-    assert "reward_funcs[1]='no_such_package.reward'" in message
+    assert "rewards.funcs[1]='no_such_package.reward'" in message
     assert "No module named 'no_such_package'" in message
     assert "grpo_lightning.rewards.accuracy_reward" in message
 
@@ -202,7 +202,7 @@ def test_resolve_refuses_a_class_and_shows_the_instance_syntax():
 
 
 def test_resolve_refuses_a_non_callable():
-    with pytest.raises(ValueError, match=r"reward_funcs\[0\]='math\.pi'.*not callable"):
+    with pytest.raises(ValueError, match=r"rewards.funcs\[0\]='math\.pi'.*not callable"):
         resolve_reward_function("math.pi")
 
 

@@ -164,7 +164,12 @@ def test_the_module_scores_training_and_evaluation_rollouts_with_their_groups(ma
         seen.append(list(group_index))
         return [0.0] * len(completions)
 
-    module = make_module(GRPO, reward_funcs=[length_parity_reward], accuracy_func=groups_seen, group_size=3)
+    module = make_module(
+        GRPO,
+        rewards={"funcs": [length_parity_reward]},
+        evaluation={"accuracy_func": groups_seen},
+        sampling={"group_size": 3},
+    )
     rollout = make_rollout(module, ["1+1=", "2+2="])
     module.accuracy_scores(rollout)  # not a reward function: evaluation scores it on its own
     module.reward_functions = [("groups_seen", groups_seen)]
@@ -178,14 +183,37 @@ def test_the_module_scores_training_and_evaluation_rollouts_with_their_groups(ma
 def fit(tiny_model_dir: str, tmp_path, rewards_config: str):
     return GRPOLightningCLI(
         args=[
-            "fit", "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
-            "--config", str(CONFIGS / "variant/grpo.yaml"), "--config", str(CONFIGS / "model/tiny.yaml"),
-            "--config", str(CONFIGS / "rewards" / rewards_config), "--model.model", tiny_model_dir,
-            "--trainer.max_steps", "2", "--data.batch_size", "2", "--model.group_size", "4",
-            "--model.max_new_tokens", "6", "--trainer.limit_val_batches", "0", "--validate_before_fit", "false",
-            "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
-        ],
-    )  # fmt: skip
+            "fit",
+            "--config",
+            str(CONFIGS / "trainer/cpu.yaml"),
+            "--config",
+            str(CONFIGS / "data/arithmetic.yaml"),
+            "--config",
+            str(CONFIGS / "variant/grpo.yaml"),
+            "--config",
+            str(CONFIGS / "model/tiny.yaml"),
+            "--config",
+            str(CONFIGS / "rewards" / rewards_config),
+            "--model.model",
+            tiny_model_dir,
+            "--trainer.max_steps",
+            "2",
+            "--data.batch_size",
+            "2",
+            "--model.sampling.group_size",
+            "4",
+            "--model.sampling.max_new_tokens",
+            "6",
+            "--trainer.limit_val_batches",
+            "0",
+            "--validate_before_fit",
+            "false",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--trainer.logger.init_args.save_dir",
+            str(tmp_path),
+        ]
+    )
 
 
 def test_a_label_free_fit_with_the_majority_vote_config(tiny_model_dir, tmp_path, one_torch_thread):

@@ -57,10 +57,10 @@ def test_mismatch_metrics_by_hand():
 
 
 def test_bad_settings_name_the_field(tiny_model_dir):
-    with pytest.raises(ConfigError, match="rollout_correction: 'tis' is not one of token_truncate"):
-        GRPO(model=tiny_model_dir, rollout_correction="tis")
-    with pytest.raises(ConfigError, match="rollout_correction_cap: must be >= 1"):
-        GRPO(model=tiny_model_dir, rollout_correction_cap=0.5)
+    with pytest.raises(ConfigError, match="sampling.correction: 'tis' is not one of token_truncate"):
+        GRPO(model=tiny_model_dir, sampling={"correction": "tis"})
+    with pytest.raises(ConfigError, match="sampling.correction_cap: must be >= 1"):
+        GRPO(model=tiny_model_dir, sampling={"correction_cap": 0.5})
 
 
 @pytest.mark.parametrize("rollout", ["hf", "static"])
@@ -68,7 +68,9 @@ def test_bad_settings_name_the_field(tiny_model_dir):
 def test_engines_record_the_log_probs_the_training_pass_computes(make_module, rollout, temperature, top_p):
     # fp32 on a CPU: the engines and the training pass agree to rounding. Top-p changes what is
     # drawn, not the recorded distribution (softmax(logits / T), as the training pass computes it).
-    grpo = make_module(GRPO, engine=EngineOptions(rollout=rollout), dtype="float32", max_new_tokens=6)
+    grpo = make_module(
+        GRPO, engine=EngineOptions(rollout=rollout), policy={"dtype": "float32"}, sampling={"max_new_tokens": 6}
+    )
     grpo.sampling = SamplingParams(max_new_tokens=6, temperature=temperature, top_p=top_p)
     torch.manual_seed(0)
     rollout_ = grpo.generate({"prompt": ["1+2=", "30+4=", "7="]}, 3, grpo.sampling, with_logprobs=True)
@@ -81,8 +83,14 @@ def test_engines_record_the_log_probs_the_training_pass_computes(make_module, ro
 
 @pytest.mark.parametrize("correction", [None, "token_truncate", "sequence_mask"])
 def test_a_fit_logs_the_mismatch_and_trains_with_each_correction(make_module, tmp_path, correction, one_torch_thread):
-    grpo = make_module(GRPO, configure=False, rollout_correction=correction, reward_funcs=[length_parity_reward],
-                       beta=0.0, learning_rate=1e-3)  # fmt: skip
+    grpo = make_module(
+        GRPO,
+        configure=False,
+        sampling={"correction": correction},
+        rewards={"funcs": [length_parity_reward]},
+        kl={"beta": 0.0},
+        optim={"learning_rate": 1e-3},
+    )
     from grpo_lightning.data import ArithmeticDataModule
 
     trainer = L.Trainer(max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,

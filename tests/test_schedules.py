@@ -65,13 +65,13 @@ def test_bad_start_or_end_is_an_error_naming_them(start, end, message):
 def test_a_module_without_a_reference_model_is_refused_naming_beta(make_module):
     dapo = make_module(DAPO, configure=False)  # beta 0: no reference model, no KL term
     assert not dapo.needs_reference_model()
-    with pytest.raises(ConfigError, match=r"^beta: the module's beta is 0.0: .*set --model.beta > 0"):
+    with pytest.raises(ConfigError, match=r"^kl.beta: the module's beta is 0.0: .*set --model.kl.beta > 0"):
         CosineKLSchedule().setup(SimpleNamespace(max_steps=100), dapo, "fit")
 
 
 def test_a_module_that_loads_no_reference_model_at_beta_above_0_is_refused():
     module = SimpleNamespace(beta=0.04, needs_reference_model=lambda: False)
-    with pytest.raises(ConfigError, match="^beta: SimpleNamespace loads no reference model"):
+    with pytest.raises(ConfigError, match="^kl.beta: SimpleNamespace loads no reference model"):
         CosineKLSchedule().setup(SimpleNamespace(max_steps=100), module, "fit")
 
 
@@ -87,7 +87,7 @@ def fit_args(model_dir: str, root, *extra: str) -> list[str]:
     configs = ("trainer/cpu", "data/arithmetic", "variant/grpo", "schedules/cosine_kl")
     return [
         "fit", *(a for name in configs for a in ("--config", str(CONFIGS / f"{name}.yaml"))),
-        "--model.model", model_dir, "--model.group_size", "2", "--model.max_new_tokens", "4",
+        "--model.model", model_dir, "--model.sampling.group_size", "2", "--model.sampling.max_new_tokens", "4",
         "--data.batch_size", "2", "--data.num_train", "8", "--data.num_val", "2",
         "--trainer.max_steps", str(STEPS), "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
         "--trainer.default_root_dir", str(root), "--trainer.logger.init_args.save_dir", str(root), *extra,
@@ -127,7 +127,7 @@ def test_a_cli_fit_logs_the_scheduled_beta_at_every_step(scheduled_fit):
     assert logged_beta(cli.trainer) == pytest.approx({step + 1: beta for step, beta in expected.items()}, abs=1e-7)
     assert len(set(expected.values())) == STEPS  # steps 1-3 are on the cosine: four different values
     assert cli.model.beta == pytest.approx(expected[STEPS - 1])  # what the last step's KL term used
-    assert cli.model.hparams.beta == 0.04  # the configured value stays in the hyperparameters
+    assert cli.model.hparams.kl["beta"] == 0.04  # the configured value stays in the hyperparameters
 
 
 def test_a_resumed_fit_continues_the_schedule_from_its_checkpoints_step(scheduled_fit, tiny_model_dir, tmp_path):
@@ -142,7 +142,7 @@ def test_a_resumed_fit_continues_the_schedule_from_its_checkpoints_step(schedule
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--model", "variants.DAPO"], "error: beta: the module's beta is 0.0:"),
+        (["--model", "variants.DAPO"], "error: kl.beta: the module's beta is 0.0:"),
         (["--trainer.max_steps", "-1"], "error: trainer.max_steps:"),
     ],
     ids=["beta-0", "no-max-steps"],

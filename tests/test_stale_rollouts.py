@@ -41,7 +41,7 @@ def first_weight(model) -> torch.Tensor:
 
 def test_rollout_k_samples_from_the_weights_update_k_minus_1_started_from(tiny_model_dir, tmp_path):
     watch = Watch()
-    module = make_module(tiny_model_dir, dtype="float32", rollout_correction="token_truncate")
+    module = make_module(tiny_model_dir, policy={"dtype": "float32"}, sampling={"correction": "token_truncate"})
     # StaleRollouts' snapshot comes after Watch's look: Watch sees the weights the rollout used.
     steps, _ = fit(module, 4, tmp_path, callbacks=[watch, StaleRollouts()])
     assert len(watch.sampled) == 4
@@ -56,7 +56,7 @@ def test_rollout_k_samples_from_the_weights_update_k_minus_1_started_from(tiny_m
 
 def test_validation_samples_from_the_current_policy(tiny_model_dir, tmp_path):
     watch = Watch()
-    module = make_module(tiny_model_dir, dtype="float32")
+    module = make_module(tiny_model_dir, policy={"dtype": "float32"})
     L.seed_everything(0)
     trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, val_check_interval=1,
@@ -100,7 +100,9 @@ def test_overlap_trains_exactly_as_the_stale_run_without_it(tiny_model_dir, tmp_
     Only float rounding may differ: CPU BLAS splits a product by the threads it finds free, and the
     engine's sampling log-probs are computed on the worker thread. On CUDA the worker samples on its
     own stream, with CUDA graphs, while the update runs."""
-    settings = dict(dtype="float32", rollout_correction="token_truncate", rollout_seed=7, beta=0.04)
+    settings = dict(
+        policy={"dtype": "float32"}, sampling={"correction": "token_truncate", "seed": 7}, kl={"beta": 0.04}
+    )
     runs = {}
     for overlap in (False, True):
         order = TrainingStepOrder()
@@ -131,7 +133,7 @@ def test_overlap_steps_aside_for_a_training_step_that_samples_otherwise(tiny_mod
         def generate(self, batch, group_size, sampling, with_logprobs=False):
             return super().generate(batch, group_size, sampling, with_logprobs=False)
 
-    module = make_module(tiny_model_dir, cls=OwnSampling, dtype="float32")
+    module = make_module(tiny_model_dir, cls=OwnSampling, policy={"dtype": "float32"})
     stale = StaleRollouts(overlap=True)
     with pytest.warns(UserWarning, match="overlap is off"):
         steps, _ = fit(module, 3, tmp_path, callbacks=[stale])

@@ -32,8 +32,14 @@ def fit(tmp_path, model_dir: str, cls, max_steps: int, val_check_interval: int, 
     """A fit of two optimizer steps per rollout (2 prompts x 2 completions, minibatches of 2)."""
     record = ValidationSteps()
     trainer = make_trainer(tmp_path, max_steps=max_steps, val_check_interval=val_check_interval, callbacks=[record])
-    policy = module(model_dir, cls, minibatch_size=2, micro_batch_size=2, reward_funcs=[odd_answers_informative],
-                    accuracy_func=odd_answers_informative, **settings)  # fmt: skip
+    policy = module(
+        model_dir,
+        cls,
+        **settings,
+        optim={"minibatch_size": 2, "micro_batch_size": 2},
+        rewards={"funcs": [odd_answers_informative]},
+        evaluation={"accuracy_func": odd_answers_informative}
+    )
     trainer.fit(policy, small_data())
     return trainer, policy, record.steps
 
@@ -61,7 +67,7 @@ def test_tensorboard_steps_are_optimizer_steps(tiny_model_dir, tmp_path, one_tor
 def test_the_fit_summary_validation_is_that_of_the_last_step(tiny_model_dir, tmp_path, one_torch_thread):
     summary = FitSummary()
     trainer = make_trainer(tmp_path, max_steps=6, val_check_interval=4, callbacks=[summary])
-    trainer.fit(module(tiny_model_dir, GRPO, minibatch_size=2, micro_batch_size=2), small_data())
+    trainer.fit(module(tiny_model_dir, GRPO, optim={"minibatch_size": 2, "micro_batch_size": 2}), small_data())
     events = EventAccumulator(str(trainer.log_dir))
     events.Reload()
     last = events.Scalars("val/accuracy")[-1]
@@ -81,7 +87,9 @@ def test_an_interval_longer_than_an_epoch_counts_steps_across_epochs(tiny_model_
     is None; counted in optimizer steps over the whole fit, it is fine."""
     record = ValidationSteps()
     trainer = make_trainer(tmp_path, max_steps=8, val_check_interval=6, check_val_every_n_epoch=1, callbacks=[record])
-    trainer.fit(module(tiny_model_dir, GRPO, minibatch_size=2, micro_batch_size=2), small_data(num_train=4))  # 2 rollouts an epoch
+    trainer.fit(
+        module(tiny_model_dir, GRPO, optim={"minibatch_size": 2, "micro_batch_size": 2}), small_data(num_train=4)
+    )  # 2 rollouts an epoch
     assert record.steps == [6, 8]
 
 
@@ -90,7 +98,7 @@ def test_checkpoints_are_saved_where_an_update_steps_over_the_interval(tiny_mode
     (the only multiple of 3 the fit stops at); the update from 2 to 4 stepped over 3 and saves too."""
     every = L.pytorch.callbacks.ModelCheckpoint(tmp_path / "ckpt", "{step}", every_n_train_steps=3, save_top_k=-1)
     trainer = make_trainer(tmp_path, max_steps=8, val_check_interval=8, callbacks=[every])
-    trainer.fit(module(tiny_model_dir, GRPO, minibatch_size=2, micro_batch_size=2), small_data())
+    trainer.fit(module(tiny_model_dir, GRPO, optim={"minibatch_size": 2, "micro_batch_size": 2}), small_data())
     assert sorted(p.name for p in (tmp_path / "ckpt").glob("*.ckpt")) == ["step=4.ckpt", "step=6.ckpt"]
 
 

@@ -85,7 +85,7 @@ def test_the_fsdp_config_builds_the_strategy():
     strategy = cli.trainer.strategy
     assert isinstance(strategy, PolicyFSDPStrategy)
     assert strategy.mixed_precision.param_dtype == torch.bfloat16
-    assert cli.model.hparams.dtype == "float32"
+    assert cli.model.hparams.policy["dtype"] == "float32"
 
 
 # ---------------------------------------------------------------- FSDP in one process
@@ -99,7 +99,7 @@ def process_group_cleanup():
 
 
 def fsdp_module(model_dir: str):
-    return make_module(model_dir, beta=0.04, dtype="float32")
+    return make_module(model_dir, kl={"beta": 0.04}, policy={"dtype": "float32"})
 
 
 def fsdp_strategy() -> PolicyFSDPStrategy:
@@ -151,7 +151,7 @@ def test_ppo_under_fsdp_shards_its_critic_with_a_unit_per_layer_and_one_for_the_
 ):
     from variants import PPO
 
-    ppo = make_module(tiny_model_dir, cls=PPO, dtype="bfloat16")  # bf16 weights beside the fp32 head
+    ppo = make_module(tiny_model_dir, cls=PPO, policy={"dtype": "bfloat16"})  # bf16 weights beside the fp32 head
     every = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=1)
     steps, trainer = fit(ppo, 1, tmp_path, callbacks=[every], strategy=PolicyFSDPStrategy(mixed_precision="bf16"))
     critic = ppo.value_model
@@ -190,7 +190,7 @@ def test_fsdp_rollouts_sample_from_a_replica_refreshed_after_each_step(
     """With ``fuse_projections`` the replica's q/k/v and gate/up parameters are views of one buffer
     per layer; the in-place refreshes keep them so (the engine fuses once)."""
     engine = EngineOptions(rollout="static", fuse_projections=fused)
-    grpo = make_module(tiny_model_dir, beta=0.04, dtype="float32", engine=engine)
+    grpo = make_module(tiny_model_dir, engine=engine, kl={"beta": 0.04}, policy={"dtype": "float32"})
     sharded, _ = fit(grpo, 2, tmp_path / "sharded", strategy=fsdp_strategy())
     assert len(refreshes) == 2  # before the first rollout, and after the first step's update
     with FullyShardedDataParallel.summon_full_params(grpo.policy):
@@ -206,13 +206,22 @@ def test_fsdp_rollouts_sample_from_a_replica_refreshed_after_each_step(
         torch.testing.assert_close(value, policy[name.replace("_checkpoint_wrapped_module.", "")], rtol=0, atol=0)
     # the static engine on the replica trains as on the unsharded policy
     static = EngineOptions(rollout="static")
-    plain, _ = fit(make_module(tiny_model_dir, beta=0.04, dtype="float32", engine=static), 2, tmp_path / "plain")
+    plain, _ = fit(
+        make_module(tiny_model_dir, engine=static, kl={"beta": 0.04}, policy={"dtype": "float32"}),
+        2,
+        tmp_path / "plain",
+    )
     for step in (1, 2):
         torch.testing.assert_close(sharded[step], plain[step], rtol=1e-4, atol=1e-6)
 
 
 def test_fp32_weights_can_roll_out_from_a_bf16_replica_refreshed_after_each_step(tiny_model_dir, tmp_path, refreshes):
-    grpo = make_module(tiny_model_dir, dtype="float32", engine=EngineOptions(rollout="static"), rollout_dtype="bfloat16")
+    grpo = make_module(
+        tiny_model_dir,
+        engine=EngineOptions(rollout="static"),
+        policy={"dtype": "float32"},
+        sampling={"dtype": "bfloat16"},
+    )
     metrics, _ = fit(grpo, 2, tmp_path)
     assert len(refreshes) == 2  # before the first rollout, and after the first step's update
     # The second step's update is newer than the replica: the next rollout refreshes it, once.
@@ -229,8 +238,8 @@ def test_fp32_weights_can_roll_out_from_a_bf16_replica_refreshed_after_each_step
 
 
 def test_rollout_dtype_is_checked():
-    with pytest.raises(ConfigError, match="rollout_dtype"):
-        make_module("some/model", rollout_dtype="bf16")
+    with pytest.raises(ConfigError, match="sampling.dtype"):
+        make_module("some/model", sampling={"dtype": "bf16"})
 
 
 # ---------------------------------------------------------------- two processes
@@ -263,7 +272,7 @@ class Record(L.Callback):
 
 L.seed_everything(0)
 record = Record()
-# "keyed": keyed sampling (rollout_seed) on the static engine, FSDP on 2 processes or 1 process with
+# "keyed": keyed sampling (sampling.seed) on the static engine, FSDP on 2 processes or 1 process with
 # the 2 processes' prompts in one batch.
 keyed = kind.endswith("-keyed")
 devices = 1 if kind.startswith("single") else 2
@@ -273,16 +282,17 @@ trainer = L.Trainer(
     enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=out,
     callbacks=[record, ModelCheckpoint(os.path.join(out, "ckpt"), "{step}", every_n_train_steps=2, save_top_k=-1)],
 )
-sampling = dict(engine=EngineOptions(rollout="static"), rollout_seed=7) if keyed else {}
+engine = dict(engine=EngineOptions(rollout="static")) if keyed else {}
 if kind == "ddp-compiled":  # the log-prob passes through torch.compile
-    sampling["engine"] = EngineOptions(model_compile=True)
-variant = dict(cls=DAPO, max_gen_batches=3) if kind == "fsdp-dapo" else dict(cls=GRPO, beta=0.04)
+    engine["engine"] = EngineOptions(model_compile=True)
+variant = dict(cls=DAPO, max_gen_batches=3) if kind == "fsdp-dapo" else dict(cls=GRPO, kl={"beta": 0.04})
 if "ppo" in kind:  # a critic with a rate at which it moves in two steps
-    variant = dict(cls=PPO, beta=0.04, value_learning_rate=1e-2)
+    variant = dict(cls=PPO, kl={"beta": 0.04}, value_learning_rate=1e-2)
 # Micro-batches of one row: two backward passes per step and rank (DDP syncs only in the last).
-module = variant.pop("cls")(model=model_dir, reward_funcs=["test_checkpoint.length_reward"], group_size=2,
-                            max_new_tokens=6, micro_batch_size=1, learning_rate=1e-3, dtype="float32",
-                            **sampling, **variant)
+module = variant.pop("cls")(model=model_dir, rewards={"funcs": ["test_checkpoint.length_reward"]},
+                            sampling={"group_size": 2, "max_new_tokens": 6, "seed": 7 if keyed else None},
+                            optim={"micro_batch_size": 1, "learning_rate": 1e-3}, policy={"dtype": "float32"},
+                            **engine, **variant)
 data = ArithmeticDataModule(num_train=16, num_val=4, batch_size=2 * (2 // devices))
 trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
 module.save_pretrained(os.path.join(out, "saved"))
@@ -418,12 +428,17 @@ def test_dapo_dynamic_sampling_over_two_fsdp_processes_updates_together(tiny_mod
 
 def test_an_unsharded_reference_model_gives_the_sharded_ones_results(tiny_model_dir, tmp_path, process_group_cleanup):
     strategy = PolicyFSDPStrategy(mixed_precision=None, reference_weights="unsharded")
-    grpo = make_module(tiny_model_dir, beta=0.04, dtype="float32")
+    grpo = make_module(tiny_model_dir, kl={"beta": 0.04}, policy={"dtype": "float32"})
     whole, _ = fit(grpo, 2, tmp_path / "whole", strategy=strategy)
     assert isinstance(grpo.policy, FullyShardedDataParallel)
     assert not isinstance(grpo.ref_model, FullyShardedDataParallel)
     assert not any(isinstance(m, FullyShardedDataParallel) for m in grpo.ref_model.modules())
-    sharded, _ = fit(make_module(tiny_model_dir, beta=0.04, dtype="float32"), 2, tmp_path / "sharded", strategy=fsdp_strategy())
+    sharded, _ = fit(
+        make_module(tiny_model_dir, kl={"beta": 0.04}, policy={"dtype": "float32"}),
+        2,
+        tmp_path / "sharded",
+        strategy=fsdp_strategy(),
+    )
     for step in (1, 2):
         torch.testing.assert_close(whole[step], sharded[step], rtol=1e-4, atol=1e-6)
     with pytest.raises(ValueError, match="reference_weights"):
@@ -431,7 +446,7 @@ def test_an_unsharded_reference_model_gives_the_sharded_ones_results(tiny_model_
 
 
 def test_an_unsharded_reference_model_computes_in_the_strategys_dtype(tiny_model_dir, tmp_path, process_group_cleanup):
-    grpo = make_module(tiny_model_dir, beta=0.04, dtype="float32")
+    grpo = make_module(tiny_model_dir, kl={"beta": 0.04}, policy={"dtype": "float32"})
     fit(grpo, 1, tmp_path, strategy=PolicyFSDPStrategy(mixed_precision="bf16", reference_weights="unsharded"))
     assert {p.dtype for p in grpo.ref_model.parameters()} == {torch.bfloat16}
     assert {b.dtype for b in grpo.ref_model.buffers()} == {torch.float32}  # rotary frequencies keep fp32
@@ -440,7 +455,7 @@ def test_an_unsharded_reference_model_computes_in_the_strategys_dtype(tiny_model
 def test_under_32_true_the_shards_are_float32_whatever_dtype_loaded_them(tiny_model_dir, tmp_path, process_group_cleanup):
     """As the strategy's docstring says and W4's memory breakdown shows: Lightning's FSDP precision
     ``32-true`` casts the module, so a bf16-loaded model trains float32 shards, its reference too."""
-    grpo = make_module(tiny_model_dir, beta=0.04, dtype="bfloat16")
+    grpo = make_module(tiny_model_dir, kl={"beta": 0.04}, policy={"dtype": "bfloat16"})
     fit(grpo, 1, tmp_path, strategy=PolicyFSDPStrategy(mixed_precision="bf16"))
     assert {p.dtype for p in grpo.policy.parameters()} == {torch.float32}
     assert {p.dtype for p in grpo.ref_model.parameters()} == {torch.float32}

@@ -1,6 +1,6 @@
 """The registered per-token surrogates (:data:`grpo_lightning.algorithms.SURROGATES`): hand-computed
 values and gradients, the shares they return apart from the loss, micro-batch invariance of each,
-and ``--model.surrogate`` on the variants (what composes, and what is refused)."""
+and ``--model.loss.surrogate`` on the variants (what composes, and what is refused)."""
 
 from __future__ import annotations
 
@@ -74,7 +74,9 @@ def test_reinforce_is_minus_the_advantage_times_the_log_prob_whatever_the_old_po
 def test_the_surrogate_options_are_read_from_the_function_signatures():
     assert SURROGATES["ppo_clip"].options() == ("clip_eps_low", "clip_eps_high", "delta", "clip_ratio_c")
     assert SURROGATES["sapo"].options() == ("tau_pos", "tau_neg")
-    assert SURROGATES["gspo"].unused_clip_options() == dict.fromkeys(("delta", "clip_ratio_c"), SURROGATES["gspo"].unclipped)
+    assert SURROGATES["gspo"].unused_clip_options() == dict.fromkeys(
+        ("loss.delta", "loss.clip_ratio_c"), SURROGATES["gspo"].unclipped
+    )
 
 
 # ------------------------------------------------------------------ on the module
@@ -96,7 +98,7 @@ def off_policy(module, rollout):
 
 @pytest.mark.parametrize("name", SURROGATES)
 def test_each_surrogate_gives_the_same_gradient_in_any_micro_batches(name, make_module, make_rollout, one_torch_thread):
-    module = make_module(variants.GRPO, surrogate=name, beta=0.0)
+    module = make_module(variants.GRPO, loss={"surrogate": name}, kl={"beta": 0.0})
     rollout = off_policy(module, make_rollout(module, PROMPTS))
     whole, split = gradients(module, rollout, [len(rollout)]), gradients(module, rollout, [5, 4, 3])
     assert any(g.abs().sum() > 0 for g in whole.values())
@@ -111,14 +113,16 @@ def update_loss(module, rollout) -> float:
 
 
 def test_grpo_with_gspos_surrogate_and_clip_range_is_gspo(make_module, make_rollout, one_torch_thread):
-    composed = make_module(variants.GRPO, beta=0.0, surrogate="gspo", clip_eps_low=3e-4, clip_eps_high=4e-4)
+    composed = make_module(
+        variants.GRPO, kl={"beta": 0.0}, loss={"surrogate": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4}
+    )
     rollout = off_policy(composed, make_rollout(composed, PROMPTS))
     assert update_loss(composed, rollout) == update_loss(make_module(variants.GSPO), rollout)
-    assert update_loss(composed, rollout) != update_loss(make_module(variants.GRPO, beta=0.0), rollout)
+    assert update_loss(composed, rollout) != update_loss(make_module(variants.GRPO, kl={"beta": 0.0}), rollout)
 
 
 def test_the_surrogate_logs_its_shares_and_sapos_gate_logs_none(make_module, make_rollout, one_torch_thread):
-    grpo = make_module(variants.GRPO, beta=0.0, clip_ratio_c=3.0)
+    grpo = make_module(variants.GRPO, kl={"beta": 0.0}, loss={"clip_ratio_c": 3.0})
     rollout = off_policy(grpo, make_rollout(grpo, PROMPTS))
     update_loss(grpo, rollout)
     logged = grpo.step_metrics.compute_and_reset()
@@ -133,32 +137,32 @@ def test_the_surrogate_logs_its_shares_and_sapos_gate_logs_none(make_module, mak
 
 def test_a_per_sequence_surrogate_is_refused_where_advantages_are_per_token():
     for name in ("PPO", "ProcessGRPO"):
-        with pytest.raises(ConfigError, match=f"^surrogate: gspo needs one advantage per completion, and {name}'s"):
-            getattr(variants, name)("unused", surrogate="gspo")
-    assert variants.PPO("unused", surrogate="cispo").surrogate_name == "cispo"
+        with pytest.raises(ConfigError, match=f"^loss.surrogate: gspo needs one advantage per completion, and {name}'s"):
+            getattr(variants, name)("unused", loss={"surrogate": "gspo"})
+    assert variants.PPO("unused", loss={"surrogate": "cispo"}).surrogate_name == "cispo"
 
 
 def test_an_unknown_surrogate_is_refused_naming_the_choices():
-    with pytest.raises(ConfigError, match=f"^surrogate: 'nope' is not one of {', '.join(SURROGATES)};"):
-        variants.GRPO("unused", surrogate="nope")
+    with pytest.raises(ConfigError, match=f"^loss.surrogate: 'nope' is not one of {', '.join(SURROGATES)};"):
+        variants.GRPO("unused", loss={"surrogate": "nope"})
 
 
 def test_clip_options_follow_the_surrogate_of_the_run():
-    with pytest.raises(ConfigError, match="^delta: does not apply to GRPO \\(with the surrogate sapo, its soft gate"):
-        variants.GRPO("unused", surrogate="sapo", delta=2.0)
-    with pytest.raises(ConfigError, match="^clip_eps_high: does not apply to SAPO \\(its soft gate"):
-        variants.SAPO("unused", clip_eps_high=0.28)
-    assert variants.SAPO("unused", surrogate="ppo_clip", clip_eps_high=0.28).clip_eps_high == 0.28
+    with pytest.raises(ConfigError, match="^loss.delta: does not apply to GRPO \\(with the surrogate sapo, its soft gate"):
+        variants.GRPO("unused", loss={"surrogate": "sapo", "delta": 2.0})
+    with pytest.raises(ConfigError, match="^loss.clip_eps_high: does not apply to SAPO \\(its soft gate"):
+        variants.SAPO("unused", loss={"clip_eps_high": 0.28})
+    assert variants.SAPO("unused", loss={"surrogate": "ppo_clip", "clip_eps_high": 0.28}).clip_eps_high == 0.28
     # GSPO's own clip range is its default, not a setting: another surrogate does not refuse it.
-    assert variants.GSPO("unused", surrogate="sapo").surrogate_name == "sapo"
-    with pytest.raises(ConfigError, match="^surrogate: does not apply to ClipCov"):
-        variants.ClipCov("unused", surrogate="cispo")
+    assert variants.GSPO("unused", loss={"surrogate": "sapo"}).surrogate_name == "sapo"
+    with pytest.raises(ConfigError, match="^loss.surrogate: does not apply to ClipCov"):
+        variants.ClipCov("unused", loss={"surrogate": "cispo"})
 
 
 def test_clip_ratio_c_must_exceed_1_and_not_be_set_with_delta():
-    with pytest.raises(ConfigError, match="^clip_ratio_c: the dual-clip bound must be > 1"):
-        variants.GRPO("unused", clip_ratio_c=1.0)
-    with pytest.raises(ConfigError, match="^clip_ratio_c: bounds the same negative-advantage loss as delta"):
-        variants.GRPO("unused", clip_ratio_c=3.0, delta=3.0)
-    with pytest.raises(ConfigError, match="^clip_ratio_c: does not apply to GSPO"):
-        variants.GSPO("unused", clip_ratio_c=3.0)
+    with pytest.raises(ConfigError, match="^loss.clip_ratio_c: the dual-clip bound must be > 1"):
+        variants.GRPO("unused", loss={"clip_ratio_c": 1.0})
+    with pytest.raises(ConfigError, match="^loss.clip_ratio_c: bounds the same negative-advantage loss as loss.delta"):
+        variants.GRPO("unused", loss={"clip_ratio_c": 3.0, "delta": 3.0})
+    with pytest.raises(ConfigError, match="^loss.clip_ratio_c: does not apply to GSPO"):
+        variants.GSPO("unused", loss={"clip_ratio_c": 3.0})

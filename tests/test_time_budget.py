@@ -43,14 +43,41 @@ def fit(tiny_model_dir, tmp_path, *extra: str, monkeypatch=None) -> GRPOLightnin
     """``grpo-lightning fit`` of the tiny model on one-prompt batches, 1000 steps unless stopped; with
     ``monkeypatch``, read from ``sys.argv`` as on the command line."""
     args = [
-        "fit", "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
-        "--config", str(CONFIGS / "variant/grpo.yaml"), "--model.model", tiny_model_dir,
-        "--model.group_size", "2", "--model.max_new_tokens", "2", "--data.batch_size", "1", "--data.num_train", "1000",
-        "--data.num_val", "8", "--data.val_batch_size", "1", "--trainer.max_steps", "1000",
-        "--trainer.val_check_interval", "1000", "--trainer.enable_progress_bar", "false",
-        "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
-        "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"), *extra,
-    ]  # fmt: skip
+        "fit",
+        "--config",
+        str(CONFIGS / "trainer/cpu.yaml"),
+        "--config",
+        str(CONFIGS / "data/arithmetic.yaml"),
+        "--config",
+        str(CONFIGS / "variant/grpo.yaml"),
+        "--model.model",
+        tiny_model_dir,
+        "--model.sampling.group_size",
+        "2",
+        "--model.sampling.max_new_tokens",
+        "2",
+        "--data.batch_size",
+        "1",
+        "--data.num_train",
+        "1000",
+        "--data.num_val",
+        "8",
+        "--data.val_batch_size",
+        "1",
+        "--trainer.max_steps",
+        "1000",
+        "--trainer.val_check_interval",
+        "1000",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        "--trainer.logger.init_args.save_dir",
+        str(tmp_path),
+        "--trainer.callbacks.dirpath",
+        str(tmp_path / "ckpt"),
+        *extra,
+    ]
     if monkeypatch is None:
         return GRPOLightningCLI(args=args)
     monkeypatch.setattr(sys, "argv", ["grpo-lightning", *args])
@@ -69,8 +96,17 @@ def test_max_time_counts_the_time_before_the_fit_and_stops_within_a_step(
     imports would take), so loading and setting up count: a 10 s budget leaves less than 8 s of 0.4 s
     steps, where Lightning's timer, counting from the start of training, would train 10 s."""
     monkeypatch.setattr(time_budget, "process_start_time", lambda: time.time() - 2.0)
-    cli = fit(tiny_model_dir, tmp_path, "--model.reward_funcs", "[slow_functions.slow_reward]",
-              "--validate_before_fit", "false", "--trainer.max_time", "00:00:00:10", monkeypatch=monkeypatch)  # fmt: skip
+    cli = fit(
+        tiny_model_dir,
+        tmp_path,
+        "--model.rewards.funcs",
+        "[slow_functions.slow_reward]",
+        "--validate_before_fit",
+        "false",
+        "--trainer.max_time",
+        "00:00:00:10",
+        monkeypatch=monkeypatch,
+    )
     budget = the_budget(cli)
     assert budget.budget == 10.0
     assert cli.trainer.global_step >= 1
@@ -87,7 +123,7 @@ def test_a_slow_validation_before_the_fit_stops_at_the_budget(
     (this process started long before)."""
     caplog.set_level(logging.INFO)
     created = time.time()
-    cli = fit(tiny_model_dir, tmp_path, "--model.accuracy_func", "slow_functions.slow_accuracy",
+    cli = fit(tiny_model_dir, tmp_path, "--model.evaluation.accuracy_func", "slow_functions.slow_accuracy",
               "--trainer.max_time", "00:00:00:06")  # fmt: skip
     budget = the_budget(cli)
     assert budget.start >= created

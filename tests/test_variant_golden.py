@@ -82,7 +82,7 @@ def alternating_steps(prompts, completions, token_ends, **columns):
 def measure(make_module, make_rollout, name: str) -> tuple[float, float, float, float]:
     torch.manual_seed(0)
     kwargs = {"step_reward_func": alternating_steps} if name == "ProcessGRPO" else {}
-    module = make_module(getattr(variants, name), micro_batch_size=12, **kwargs)
+    module = make_module(getattr(variants, name), optim={"micro_batch_size": 12}, **kwargs)
     rollout = make_rollout(module, PROMPTS, seed=0, answer=ANSWERS)
     return fingerprint(module, rollout)
 

@@ -56,7 +56,7 @@ def test_construction_loads_nothing_and_is_instant(cls, monkeypatch):
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
     start = time.perf_counter()
-    module = cls(model="no-such/model", group_size=4, max_new_tokens=16)
+    module = cls(model="no-such/model", sampling={"group_size": 4, "max_new_tokens": 16})
     assert time.perf_counter() - start < 1.0
     assert module.policy is None and module.ref_model is None and module.tokenizer is None
 
@@ -118,7 +118,7 @@ AGGREGATES = {
 
 @pytest.mark.parametrize("cls", VARIANTS, ids=lambda c: c.__name__)
 def test_aggregate_on_a_ragged_mask_by_hand(cls):
-    module = cls(model="unused", max_new_tokens=4)
+    module = cls(model="unused", sampling={"max_new_tokens": 4})
     assert_close(module.aggregate(t(LOSS), t(MASK)), t(AGGREGATES[cls]))
 
 
@@ -167,7 +167,7 @@ def test_gspo_sequence_ratio_is_the_length_normalised_masked_ratio():
 
 def test_dapo_overlong_shaping_is_linear_inside_the_buffer():
     # max_new_tokens 10, buffer 4: no penalty up to 10 - 4 = 6 tokens, then -(len - 6) / 4.
-    module = DAPO(model="unused", max_new_tokens=10, overlong_buffer=4)
+    module = DAPO(model="unused", overlong_buffer=4, sampling={"max_new_tokens": 10})
     rollout = hand_rollout([3, 6, 7, 9, 10], width=10, group_size=5)
     shaped = module.shape_rewards(t([1.0, 1.0, 1.0, 1.0, 1.0]), rollout)
     # penalties [0, 0, -1/4, -3/4, -1]
@@ -176,11 +176,11 @@ def test_dapo_overlong_shaping_is_linear_inside_the_buffer():
 
 def test_dapo_overlong_buffer_defaults_to_a_fifth_of_max_new_tokens_and_zero_turns_it_off():
     # max_new_tokens 20 -> buffer 4, start 16; factor 0.5: lengths 16, 18, 20 -> 0, -0.25, -0.5.
-    module = DAPO(model="unused", max_new_tokens=20, overlong_penalty=0.5)
+    module = DAPO(model="unused", overlong_penalty=0.5, sampling={"max_new_tokens": 20})
     assert module.overlong_buffer == 4
     rollout = hand_rollout([16, 18, 20], width=20, group_size=3)
     assert_close(module.shape_rewards(t([0.0, 0.0, 0.0]), rollout), t([0.0, -0.25, -0.5]))
-    off = DAPO(model="unused", max_new_tokens=20, overlong_buffer=0)
+    off = DAPO(model="unused", overlong_buffer=0, sampling={"max_new_tokens": 20})
     assert_close(off.shape_rewards(t([0.0, 0.0, 0.0]), rollout), t([0.0, 0.0, 0.0]))
 
 
@@ -204,10 +204,10 @@ def test_rloo_puts_the_chosen_kl_estimator_in_the_reward():
     # k3 = exp(d) - d - 1 with d = ref - old: row 0 d = -0.5, 1, 0; row 1 d = -0.5, -0.5 (third token masked)
     k3 = lambda d: math.exp(d) - d - 1  # noqa: E731
     row0, row1 = k3(-0.5) + k3(1.0) + k3(0.0), 2 * k3(-0.5)  # 0.824813, 0.213061
-    shaped = RLOO(model="unused", kl_estimator="k3").shape_rewards(t([1.0, 2.0]), rollout)
+    shaped = RLOO(model="unused", kl={"estimator": "k3"}).shape_rewards(t([1.0, 2.0]), rollout)
     assert_close(shaped, t([1.0 - 0.05 * row0, 2.0 - 0.05 * row1]))
     # k2 = d^2 / 2: row 0 (0.25 + 1) / 2, row 1 (0.25 + 0.25) / 2
-    shaped = RLOO(model="unused", kl_estimator="k2").shape_rewards(t([1.0, 2.0]), rollout)
+    shaped = RLOO(model="unused", kl={"estimator": "k2"}).shape_rewards(t([1.0, 2.0]), rollout)
     assert_close(shaped, t([1.0 - 0.05 * 0.625, 2.0 - 0.05 * 0.25]))
 
 
@@ -226,13 +226,13 @@ def _perturb(model: torch.nn.Module, scale: float = 0.05) -> None:
 @pytest.mark.parametrize(
     "cls, kwargs",
     [
-        pytest.param(GRPO, {"beta": 0.04}, id="GRPO-kl_in_loss"),
+        pytest.param(GRPO, {"kl": {"beta": 0.04}}, id="GRPO-kl_in_loss"),
         pytest.param(
-            GRPO, {"beta": 0.04, "engine": EngineOptions(padding_free=True, fused_lm_head=True)}, id="GRPO-packed-fused_head"
+            GRPO, {"kl": {"beta": 0.04}, "engine": EngineOptions(padding_free=True, fused_lm_head=True)}, id="GRPO-packed-fused_head"
         ),
         pytest.param(DrGRPO, {}, id="DrGRPO"),
         pytest.param(DAPO, {}, id="DAPO-token_mean"),
-        pytest.param(RLOO, {"beta": 0.05}, id="RLOO-kl_in_reward"),
+        pytest.param(RLOO, {"kl": {"beta": 0.05}}, id="RLOO-kl_in_reward"),
         pytest.param(GSPO, {}, id="GSPO"),
     ],
 )
@@ -305,7 +305,7 @@ def test_trainer_step_gradient_does_not_depend_on_micro_batching_the_fused_head_
         L.seed_everything(0)
         capture = GradientCapture()
         engine = EngineOptions(fused_lm_head=fused_lm_head, padding_free=padding_free)
-        module = make_module(GRPO, configure=False, micro_batch_size=micro_batch_size, engine=engine)
+        module = make_module(GRPO, configure=False, engine=engine, optim={"micro_batch_size": micro_batch_size})
         _trainer(max_steps=1, callbacks=[capture]).fit(module, datamodule=_arithmetic(batch_size=2))
         assert len(capture.gradients) == 1  # the hook runs under manual optimization
         gradients.append(capture.gradients[0])
@@ -325,7 +325,9 @@ def flagged_reward(prompts, completions, informative, **columns) -> list[float]:
 
 
 def _dapo(make_module, **kwargs) -> DAPO:
-    return make_module(DAPO, reward_funcs=[flagged_reward], group_size=2, max_new_tokens=4, **kwargs)
+    return make_module(
+        DAPO, **kwargs, rewards={"funcs": [flagged_reward]}, sampling={"group_size": 2, "max_new_tokens": 4}
+    )
 
 
 def _draw(module, make_rollout, flags: list[bool], tag: int) -> Rollout:
@@ -421,10 +423,9 @@ def test_dapo_fit_updates_only_on_informative_groups(make_module):
     module = make_module(
         RecordingDAPO,
         configure=False,
-        reward_funcs=[odd_answer_reward],
-        group_size=2,
-        max_new_tokens=4,
         on_exhausted="error",
+        rewards={"funcs": [odd_answer_reward]},
+        sampling={"group_size": 2, "max_new_tokens": 4},
     )
     trainer = _trainer(max_steps=2)
     trainer.fit(module, datamodule=_arithmetic(batch_size=4))
@@ -465,8 +466,13 @@ def test_dapo_fit_with_no_informative_group_ends_at_max_steps_without_changing_t
     """Dynamic sampling never finds a group whose rewards differ: each step draws ``max_gen_batches``
     batches, then counts without an update (``dynamic_sampling/skipped_updates``), one row a step."""
     L.seed_everything(0)
-    module = make_module(DAPO, configure=False, reward_funcs=[constant_reward], group_size=2, max_new_tokens=4,
-                         max_gen_batches=2)  # fmt: skip
+    module = make_module(
+        DAPO,
+        configure=False,
+        max_gen_batches=2,
+        rewards={"funcs": [constant_reward]},
+        sampling={"group_size": 2, "max_new_tokens": 4},
+    )
     trainer = _logged_trainer(tmp_path, max_steps=3)
     data = _arithmetic(batch_size=4)
     start = time.perf_counter()
@@ -474,7 +480,7 @@ def test_dapo_fit_with_no_informative_group_ends_at_max_steps_without_changing_t
     assert time.perf_counter() - start < 60
     assert trainer.global_step == 3
     assert trainer.fit_loop.total_batch_idx + 1 == 6  # 2 generation batches a step
-    initial = make_module(DAPO, reward_funcs=[constant_reward])
+    initial = make_module(DAPO, rewards={"funcs": [constant_reward]})
     for name, value in module.policy.state_dict().items():
         assert torch.equal(value, initial.policy.state_dict()[name]), name
     rows = _logged_rows(trainer)
@@ -490,8 +496,13 @@ def test_dapo_logs_one_row_per_update_with_the_sampling_batches_folded_in(make_m
     counts optimizer steps (one an update here) and each row's ``gen_batches`` counts the batches its
     update drew on."""
     L.seed_everything(0)
-    module = make_module(DAPO, configure=False, reward_funcs=[odd_answer_reward], group_size=2, max_new_tokens=4,
-                         max_gen_batches=3)  # fmt: skip
+    module = make_module(
+        DAPO,
+        configure=False,
+        max_gen_batches=3,
+        rewards={"funcs": [odd_answer_reward]},
+        sampling={"group_size": 2, "max_new_tokens": 4},
+    )
     trainer = _logged_trainer(tmp_path, max_steps=3)
     trainer.fit(module, datamodule=_arithmetic(batch_size=4))
     assert trainer.global_step == 3

@@ -46,7 +46,7 @@ def test_construction_loads_nothing_and_is_instant(cls, monkeypatch):
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
     start = time.perf_counter()
-    module = cls(model="no-such/model", group_size=4, max_new_tokens=16)
+    module = cls(model="no-such/model", sampling={"group_size": 4, "max_new_tokens": 16})
     assert time.perf_counter() - start < 1.0
     assert module.policy is None and module.ref_model is None and module.tokenizer is None
 
@@ -66,7 +66,7 @@ def test_defaults_follow_the_papers(cls, beta, eps_low, eps_high, kl_in_loss):
     assert module.beta == beta
     assert (module.clip_eps_low, module.clip_eps_high) == (eps_low, eps_high)
     assert module.kl_in_loss is kl_in_loss
-    assert module.hparams["clip_eps_low"] == eps_low  # what checkpoints and the CLI record
+    assert module.hparams["loss"]["clip_eps_low"] == eps_low  # what checkpoints and the CLI record
 
 
 def test_sapo_temperatures_default_to_the_paper_and_must_be_positive():
@@ -78,17 +78,17 @@ def test_sapo_temperatures_default_to_the_paper_and_must_be_positive():
         SAPO(model="unused", tau_neg=-1.0)
 
 
-@pytest.mark.parametrize("option", ["clip_eps_low", "clip_eps_high"])
-def test_sapo_refuses_a_clip_range_it_would_not_use(option):
-    """Its gate has no clip: a clip range set on it would change nothing, so it is an error."""
-    with pytest.raises(ConfigError, match=f"^{option}: does not apply to SAPO \\(its soft gate replaces the ratio clip\\)"):
-        SAPO(model="unused", **{option: 0.3})
+@pytest.mark.parametrize(("option", "value"), [("clip_eps_low", 0.3), ("clip_eps_high", 0.3), ("delta", 3.0), ("clip_ratio_c", 3.0)])
+def test_sapo_refuses_a_clip_range_it_would_not_use(option, value):
+    """Its gate has no clip: a clip setting on it would change nothing, so it is an error."""
+    with pytest.raises(ConfigError, match=f"^loss.{option}: does not apply to SAPO \\(its soft gate replaces the ratio clip\\)"):
+        SAPO(model="unused", loss={option: value})
 
 
 def test_cispo_lower_bound_is_checked_by_the_base_when_given():
-    assert CISPO(model="unused", clip_eps_low=0.2).clip_eps_low == 0.2
+    assert CISPO(model="unused", loss={"clip_eps_low": 0.2}).clip_eps_low == 0.2
     with pytest.raises(ConfigError, match="clip_eps_low"):
-        CISPO(model="unused", clip_eps_low=1.5)
+        CISPO(model="unused", loss={"clip_eps_low": 1.5})
 
 
 # ------------------------------------------------------------------ advantages
@@ -145,7 +145,7 @@ AGGREGATES = {
 
 @pytest.mark.parametrize("cls", VARIANTS, ids=lambda c: c.__name__)
 def test_aggregate_on_a_ragged_mask_by_hand(cls):
-    module = cls(model="unused", max_new_tokens=4)
+    module = cls(model="unused", sampling={"max_new_tokens": 4})
     assert_close(module.aggregate(t(LOSS), t(MASK)), t(AGGREGATES[cls]))
     # Whole-minibatch counts passed in: two halves add up to the whole.
     whole = module.aggregate(t(LOSS), t(MASK), num_sequences=2, num_tokens=t(4.0))
@@ -180,7 +180,7 @@ def test_cispo_token_loss_and_gradient_by_hand():
 
 
 def test_cispo_with_a_lower_bound_clamps_the_weight_and_still_passes_the_gradient():
-    module = CISPO(model="unused", clip_eps_low=0.2)
+    module = CISPO(model="unused", loss={"clip_eps_low": 0.2})
     logp, old, advantages, mask = _cispo_case()
     loss = module.token_loss(logp, old, advantages, mask)
     # r = 0.02 -> w = 0.8: -0.8 * -2 * log 0.01 = -7.368272297580946, gradient -0.8 * -2 = 1.6.
@@ -280,7 +280,7 @@ def test_reinforce_plus_plus_puts_the_chosen_kl_estimator_in_the_reward():
     rollout.old_logp = t([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]])
     rollout.ref_logp = t([[-1.5, -1.0, -3.0], [-1.0, -1.0, 0.0]])
     # k2 = (ref - old)^2 / 2: row 0 (0.25 + 1 + 0) / 2 = 0.625; row 1 (0.25 + 0.25) / 2 = 0.25 (third token masked)
-    shaped = ReinforcePlusPlus(model="unused", kl_estimator="k2").shape_rewards(t([1.0, 2.0]), rollout)
+    shaped = ReinforcePlusPlus(model="unused", kl={"estimator": "k2"}).shape_rewards(t([1.0, 2.0]), rollout)
     assert_close(shaped, t([1.0 - 0.01 * 0.625, 2.0 - 0.01 * 0.25]))
 
 
@@ -299,10 +299,10 @@ def _perturb(model: torch.nn.Module, scale: float = 0.05) -> None:
 @pytest.mark.parametrize(
     "cls, kwargs",
     [
-        pytest.param(CISPO, {"clip_eps_high": 0.2}, id="CISPO"),
+        pytest.param(CISPO, {"loss": {"clip_eps_high": 0.2}}, id="CISPO"),
         pytest.param(SAPO, {}, id="SAPO"),
-        pytest.param(GMPO, {"clip_eps_low": 0.2, "clip_eps_high": 0.2}, id="GMPO"),
-        pytest.param(ReinforcePlusPlus, {"beta": 0.05}, id="ReinforcePlusPlus-kl_in_reward"),
+        pytest.param(GMPO, {"loss": {"clip_eps_low": 0.2, "clip_eps_high": 0.2}}, id="GMPO"),
+        pytest.param(ReinforcePlusPlus, {"kl": {"beta": 0.05}}, id="ReinforcePlusPlus-kl_in_reward"),
     ],
 )
 def test_gradient_does_not_depend_on_micro_batching(cls, kwargs, make_module, make_rollout):

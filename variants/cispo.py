@@ -13,24 +13,23 @@ not; at ``r = 1`` that is the plain policy gradient ``-A_i``. Advantages are GRP
 loss is a token mean over the whole batch, as in DAPO. No KL term (beta 0).
 
 Clip range: the paper imposes no lower bound (its ``eps_low`` is set large) and tunes only
-``eps_high`` without publishing the value. ``clip_eps_low`` defaults to ``None``, no lower bound
-(the same as ``1.0``: the weight is never below 0); ``clip_eps_high`` defaults to 5.0, the
+``eps_high`` without publishing the value. ``loss.clip_eps_low`` defaults to ``None``, no lower bound
+(the same as ``1.0``: the weight is never below 0); ``loss.clip_eps_high`` defaults to 5.0, the
 value TRL documents for its CISPO loss (following ScaleRL, Khatri et al. 2025), so a weight is
 truncated only when a token grew more than six-fold since sampling.
 """
 
 from __future__ import annotations
 
+from grpo_lightning.options import KLOptions, LossOptions
 from variants.grpo import GRPO
 
 
 class CISPO(GRPO):
     """GRPO advantages; a clipped, detached IS weight on each token's log-likelihood; token mean.
 
-    Args:
-        clip_eps_low: lower bound ``1 - clip_eps_low`` of the weight, in ``[0, 1)``; ``None``
-            (default) is no lower bound, as in the paper.
-        clip_eps_high: upper bound ``1 + clip_eps_high`` of the weight.
+    ``loss.clip_eps_low``: lower bound ``1 - clip_eps_low`` of the weight, in ``[0, 1)``; ``None``
+    (default) is no lower bound, as in the paper. ``loss.clip_eps_high``: its upper bound ``1 + clip_eps_high``.
     """
 
     #: ``sum(loss * mask) / sum(mask)`` over the whole batch (eq. 4's ``1 / sum_i |o_i|``).
@@ -38,10 +37,6 @@ class CISPO(GRPO):
     #: ``-sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log pi`` per token (eqs. 4-5); ``delta`` has no place.
     default_surrogate = "cispo"
 
-    def __init__(
-        self, model: str, *, beta: float = 0.0, clip_eps_low: float | None = None, clip_eps_high: float = 5.0, **kwargs
-    ) -> None:
-        # The base checks a float in [0, 1); without a lower bound there is nothing of it to check.
-        low = 0.0 if clip_eps_low is None else clip_eps_low
-        super().__init__(model, beta=beta, clip_eps_low=low, clip_eps_high=clip_eps_high, **kwargs)
-        self.clip_eps_low = clip_eps_low
+    def __init__(self, model: str, *, loss: LossOptions = LossOptions(clip_eps_low=None, clip_eps_high=5.0),
+                 kl: KLOptions = KLOptions(beta=0.0), **kwargs) -> None:  # fmt: skip
+        super().__init__(model, loss=loss, kl=kl, **kwargs)

@@ -12,7 +12,7 @@ covariance lies in ``[omega_low, omega_high]``, is cut off from the gradient::
 Advantages are GRPO's, the loss a token mean (the authors' ``token-mean``). Defaults are the
 paper's: r = 2e-4, omega_low = 1, omega_high = 5, no KL term (beta 0). The clipped surrogate keeps
 the usual 0.2 / 0.2: the authors' script widens it to 1 / 1 (no PPO clip at all, as the paper's
-equation has), which this package's ``clip_eps_low < 1`` refuses; ``--model.clip_eps_high 1``
+equation has), which this package's ``clip_eps_low < 1`` refuses; ``--model.loss.clip_eps_high 1``
 lifts the upper side. As in the authors' code, at least one token is detached when any is in
 range, and tokens the PPO clip already stops (no gradient anyway) are not candidates. A detached
 token keeps its loss value (the authors zero it; the gradient is the same).
@@ -42,7 +42,7 @@ class ClipCov(CovarianceRule):
         clip_cov_seed: seed of the draw (with the optimizer step and the rank).
     """
 
-    inapplicable_options = {"surrogate": "its candidates leave out the tokens PPO's clip stops: it is ppo_clip's"}
+    inapplicable_options = {"loss.surrogate": "its candidates leave out the tokens PPO's clip stops: it is ppo_clip's"}
 
     def __init__(
         self,

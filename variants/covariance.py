@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from grpo_lightning import functional as F
+from grpo_lightning.options import KLOptions
 from grpo_lightning.rollout import Rollout
 from variants.grpo import GRPO
 
@@ -82,8 +83,8 @@ class CovarianceRule(GRPO):
     #: ``sum(loss * mask) / sum(mask)`` over the whole minibatch (the authors' ``token-mean``).
     default_aggregation = "token_mean"
 
-    def __init__(self, model: str, *, beta: float = 0.0, **kwargs) -> None:
-        super().__init__(model, beta=beta, **kwargs)
+    def __init__(self, model: str, *, kl: KLOptions = KLOptions(beta=0.0), **kwargs) -> None:
+        super().__init__(model, kl=kl, **kwargs)
         self.minibatch_choice: Tensor | None = None  # [N, T] over the rollout, during one minibatch
         self.micro_rows: Tensor | None = None  # the rows of the micro-batch being computed
 

@@ -42,6 +42,7 @@ from typing import Literal
 from torch import Tensor
 
 from grpo_lightning import functional as F
+from grpo_lightning.options import KLOptions, LossOptions
 from grpo_lightning.rollout import Rollout, RolloutBuffer
 from grpo_lightning.settings import require
 from variants.grpo import GRPO
@@ -67,9 +68,8 @@ class DAPO(GRPO):
         self,
         model: str,
         *,
-        beta: float = 0.0,
-        clip_eps_low: float = 0.2,
-        clip_eps_high: float = 0.28,
+        loss: LossOptions = LossOptions(clip_eps_high=0.28),
+        kl: KLOptions = KLOptions(beta=0.0),
         dynamic_sampling: bool = True,
         max_gen_batches: int = 3,
         on_exhausted: Literal["error", "partial"] = "partial",
@@ -77,7 +77,7 @@ class DAPO(GRPO):
         overlong_penalty: float = 1.0,
         **kwargs,
     ) -> None:
-        super().__init__(model, beta=beta, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, **kwargs)
+        super().__init__(model, loss=loss, kl=kl, **kwargs)
         require(max_gen_batches >= 1, f"max_gen_batches: must be at least 1 (got {max_gen_batches}).")
         require(on_exhausted in ("error", "partial"), f"on_exhausted: {on_exhausted!r} is not 'error' or 'partial'.")
         overlong_buffer = self.max_new_tokens // 5 if overlong_buffer is None else overlong_buffer

@@ -13,16 +13,17 @@ with a constant normaliser ``L = max_new_tokens``. No KL term (beta 0).
 
 from __future__ import annotations
 
+from grpo_lightning.options import KLOptions
 from grpo_lightning.module import GroupPolicyOptimization
 
 
 class DrGRPO(GroupPolicyOptimization):
     """Group-centred advantages and a constant, length-independent normaliser."""
 
-    inapplicable_options = {"scale_rewards": "its advantage r - mean is divided by no std"}
+    inapplicable_options = {"rewards.scale": "its advantage r - mean is divided by no std"}
 
-    def __init__(self, model: str, *, beta: float = 0.0, **kwargs) -> None:
-        super().__init__(model, beta=beta, **kwargs)
+    def __init__(self, model: str, *, kl: KLOptions = KLOptions(beta=0.0), **kwargs) -> None:
+        super().__init__(model, kl=kl, **kwargs)
 
     #: ``r - mean_g`` (no division by the group std).
     default_advantage = "group_mean"

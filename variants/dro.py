@@ -15,6 +15,7 @@ completions (the equation above; verl's default is the token mean), no KL term.
 
 from __future__ import annotations
 
+from grpo_lightning.options import KLOptions
 from grpo_lightning.settings import require
 from variants.grpo import GRPO
 
@@ -29,7 +30,7 @@ class DRO(GRPO):
     default_surrogate = "dro"
     default_aggregation = "seq_mean_token_sum"
 
-    def __init__(self, model: str, *, beta: float = 0.0, dro_beta: float = 0.1, **kwargs) -> None:
-        super().__init__(model, beta=beta, **kwargs)
+    def __init__(self, model: str, *, kl: KLOptions = KLOptions(beta=0.0), dro_beta: float = 0.1, **kwargs) -> None:
+        super().__init__(model, kl=kl, **kwargs)
         require(dro_beta >= 0, f"dro_beta: the quadratic penalty's weight must be >= 0 (got {dro_beta}).")
         self.dro_beta = dro_beta

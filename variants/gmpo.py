@@ -15,6 +15,7 @@ clip range is the paper's: 0.4 / 0.4 in log space, ratios within
 
 from __future__ import annotations
 
+from grpo_lightning.options import KLOptions, LossOptions
 from variants.grpo import GRPO
 
 
@@ -25,7 +26,6 @@ class GMPO(GRPO):
     #: completions of each one's token mean) then gives ``1/G sum_i -A_i s_i``; ``delta`` has no place.
     default_surrogate = "gmpo"
 
-    def __init__(
-        self, model: str, *, beta: float = 0.0, clip_eps_low: float = 0.4, clip_eps_high: float = 0.4, **kwargs
-    ) -> None:
-        super().__init__(model, beta=beta, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, **kwargs)
+    def __init__(self, model: str, *, loss: LossOptions = LossOptions(clip_eps_low=0.4, clip_eps_high=0.4),
+                 kl: KLOptions = KLOptions(beta=0.0), **kwargs) -> None:  # fmt: skip
+        super().__init__(model, loss=loss, kl=kl, **kwargs)

@@ -12,6 +12,7 @@ gradient (verl's ``gpg`` estimator). The loss is a token mean over the batch.
 
 from __future__ import annotations
 
+from grpo_lightning.options import KLOptions
 from variants.grpo import GRPO
 
 
@@ -21,7 +22,7 @@ class GPG(GRPO):
     default_advantage = "gpg"
     default_surrogate = "reinforce"
     default_aggregation = "token_mean"
-    inapplicable_options = {"scale_rewards": "its advantage is divided by no std"}
+    inapplicable_options = {"rewards.scale": "its advantage is divided by no std"}
 
-    def __init__(self, model: str, *, beta: float = 0.0, **kwargs) -> None:
-        super().__init__(model, beta=beta, **kwargs)
+    def __init__(self, model: str, *, kl: KLOptions = KLOptions(beta=0.0), **kwargs) -> None:
+        super().__init__(model, kl=kl, **kwargs)

@@ -11,6 +11,7 @@ Advantages are GRPO's. The clip range is the paper's (3e-4, 4e-4): sequence rati
 
 from __future__ import annotations
 
+from grpo_lightning.options import KLOptions, LossOptions
 from variants.grpo import GRPO
 
 
@@ -20,7 +21,6 @@ class GSPO(GRPO):
     #: ``-min(s_i A_i, clip(s_i) A_i)`` on every token of sequence ``i`` (eqs. 5-7); ``delta`` has no place.
     default_surrogate = "gspo"
 
-    def __init__(
-        self, model: str, *, beta: float = 0.0, clip_eps_low: float = 3e-4, clip_eps_high: float = 4e-4, **kwargs
-    ) -> None:
-        super().__init__(model, beta=beta, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, **kwargs)
+    def __init__(self, model: str, *, loss: LossOptions = LossOptions(clip_eps_low=3e-4, clip_eps_high=4e-4),
+                 kl: KLOptions = KLOptions(beta=0.0), **kwargs) -> None:  # fmt: skip
+        super().__init__(model, loss=loss, kl=kl, **kwargs)

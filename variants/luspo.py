@@ -16,6 +16,7 @@ paper's: eps 2e-3 / 2.5e-3, no KL term.
 
 from __future__ import annotations
 
+from grpo_lightning.options import KLOptions, LossOptions
 from variants.grpo import GRPO
 
 
@@ -26,7 +27,6 @@ class LUSPO(GRPO):
     #: ``1/B sum_i sum_t loss_it`` = ``1/B sum_i |o_i| l_i``.
     default_aggregation = "seq_mean_token_sum"
 
-    def __init__(
-        self, model: str, *, beta: float = 0.0, clip_eps_low: float = 2e-3, clip_eps_high: float = 2.5e-3, **kwargs
-    ) -> None:
-        super().__init__(model, beta=beta, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, **kwargs)
+    def __init__(self, model: str, *, loss: LossOptions = LossOptions(clip_eps_low=2e-3, clip_eps_high=2.5e-3),
+                 kl: KLOptions = KLOptions(beta=0.0), **kwargs) -> None:  # fmt: skip
+        super().__init__(model, loss=loss, kl=kl, **kwargs)

@@ -13,6 +13,7 @@ differ is an error), so ``reward_aggregation: normalize_then_sum`` has no place.
 
 from __future__ import annotations
 
+from grpo_lightning.options import KLOptions
 from variants.grpo import GRPO
 
 
@@ -21,9 +22,9 @@ class MaxRL(GRPO):
 
     default_advantage = "max_rl"
     inapplicable_options = {
-        "scale_rewards": "its advantage is divided by the group's mean, not a std",
-        "reward_aggregation": "its advantage divides by the mean reward, a success rate; normalised rewards are not",
+        "rewards.scale": "its advantage is divided by the group's mean, not a std",
+        "rewards.aggregation": "its advantage divides by the mean reward, a success rate; normalised rewards are not",
     }
 
-    def __init__(self, model: str, *, beta: float = 0.0, **kwargs) -> None:
-        super().__init__(model, beta=beta, **kwargs)
+    def __init__(self, model: str, *, kl: KLOptions = KLOptions(beta=0.0), **kwargs) -> None:
+        super().__init__(model, kl=kl, **kwargs)

@@ -3,7 +3,7 @@ RLHF uses it (Ouyang et al. 2022, "Training language models to follow instructio
 feedback", eq. 2), with GAE (Schulman et al. 2016, eqs. 11-16). The critic GRPO drops.
 
 Each completion token ``t`` is an action; the task reward comes at the last token and the KL
-penalty against the reference model at every token (k1 below; ``kl_estimator`` k2 or k3 instead)::
+penalty against the reference model at every token (k1 below; ``kl.estimator`` k2 or k3 instead)::
 
     r_t     = -beta * (log pi_old(y_t) - log pi_ref(y_t)) + 1[t = last] * r
     delta_t = r_t + gamma * V_old(s_{t+1}) - V_old(s_t)             (V = 0 after the last token)
@@ -35,6 +35,7 @@ from grpo_lightning import gae as G
 from grpo_lightning import value_model as V
 from grpo_lightning.metrics import PhaseTimer
 from grpo_lightning.module import GroupPolicyOptimization
+from grpo_lightning.options import KLOptions
 from grpo_lightning.rollout import Rollout
 from grpo_lightning.settings import ConfigError, require
 from grpo_lightning.strategies import is_sharded, shard
@@ -44,15 +45,15 @@ class PPO(GroupPolicyOptimization):
     """Per-token GAE advantages from a learned critic; k1 KL in the reward; PPO clip; token mean."""
 
     kl_in_loss = False
-    inapplicable_options: ClassVar[dict[str, str]] = {"scale_rewards": "its GAE advantages are whitened instead",
+    inapplicable_options: ClassVar[dict[str, str]] = {"rewards.scale": "its GAE advantages are whitened instead",
         "advantage": "its advantages are GAE's, per token", "environment": "its GAE runs over one completion"}  # fmt: skip
     default_aggregation = "token_mean"  # over the whole minibatch
     token_advantages = True  # GAE's, per token: a per-sequence surrogate cannot take them
 
-    def __init__(self, model: str, *, beta: float = 0.01, gamma: float = 1.0, lam: float = 0.95,
+    def __init__(self, model: str, *, kl: KLOptions = KLOptions(beta=0.01), gamma: float = 1.0, lam: float = 0.95,
                  whiten_advantages: bool = True, value_learning_rate: float = 1e-5, value_clip: float | None = 0.2,
-                 value_max_grad_norm: float | None = 1.0, kl_estimator: str = "k1", **kwargs) -> None:  # fmt: skip
-        super().__init__(model, beta=beta, kl_estimator=kl_estimator, **kwargs)
+                 value_max_grad_norm: float | None = 1.0, **kwargs) -> None:  # fmt: skip
+        super().__init__(model, kl=kl, **kwargs)
         require(0 <= gamma <= 1, f"gamma: must be in [0, 1], got {gamma}.")
         require(0 <= lam <= 1, f"lam: must be in [0, 1], got {lam}.")
         require(value_learning_rate > 0, f"value_learning_rate: must be positive, got {value_learning_rate}.")
@@ -64,9 +65,7 @@ class PPO(GroupPolicyOptimization):
     def configure_model(self) -> None:
         super().configure_model()
         if self.value_model is None:
-            self.value_model = shard(V.load_value_model(self.model_name, self.hparams.dtype, self.hparams.attn_implementation,
-                                                      no_dropout=self.hparams.disable_dropout,
-                                                      gradient_checkpointing=self.hparams.gradient_checkpointing))  # fmt: skip
+            self.value_model = shard(V.load_value_model(self.model_name, **V.backbone_settings(self.policy_options)))
 
     def configure_optimizers(self):
         """The policy's AdamW and warm-up (the base module's), and the critic's own at ``value_learning_rate``."""

@@ -36,8 +36,8 @@ class ProcessGRPO(GRPO):
     """
 
     inapplicable_options = {
-        "scale_rewards": "its advantages are normalised over the group's steps",
-        "reward_aggregation": "its advantages come from the step rewards",
+        "rewards.scale": "its advantages are normalised over the group's steps",
+        "rewards.aggregation": "its advantages come from the step rewards",
         "advantage": "its advantages are per token, from the step rewards",
         "environment": "its steps are split from one completion's text, which has no environment replies",
     }

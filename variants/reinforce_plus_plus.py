@@ -18,27 +18,26 @@ summed to the end; here advantages are one per completion, so the penalty is its
 sum, the return at the first token (as RLOO does): ``r_i <- r_i - beta * sum_t k1_it``. A
 per-token return would need token-level advantages, which the hooks do not carry. ``beta`` 0.01
 is our default (the paper sets it per experiment); ``kl_in_reward=False`` moves the KL into the
-loss instead. ``kl_estimator``: k1 in the reward and k3 in the loss by default; either acts where
+loss instead. ``kl.estimator``: k1 in the reward and k3 in the loss by default; either acts where
 the KL is.
 """
 
 from __future__ import annotations
 
 from grpo_lightning.module import GroupPolicyOptimization
-from grpo_lightning.settings import check_options_apply
-from variants.rloo import RLOO, kl_estimator_of
+from grpo_lightning.options import KLOptions
+from variants.rloo import RLOO
 
 
 class ReinforcePlusPlus(GroupPolicyOptimization):
     """Group-mean baseline, batch-wide std; k1 KL in the reward; PPO clip; token mean."""
 
-    inapplicable_options = {"scale_rewards": "its advantage is divided by the batch's std by definition"}
+    inapplicable_options = {"rewards.scale": "its advantage is divided by the batch's std by definition"}
 
-    def __init__(self, model: str, *, beta: float = 0.01, kl_in_reward: bool = True, kl_estimator: str | None = None,
+    def __init__(self, model: str, *, kl: KLOptions = KLOptions(beta=0.01), kl_in_reward: bool = True,
                  **kwargs) -> None:  # fmt: skip
-        super().__init__(model, beta=beta, kl_estimator=kl_estimator_of(kl_estimator, kl_in_reward), **kwargs)
-        self.kl_in_loss = not kl_in_reward
-        check_options_apply(type(self), self.inapplicable_options, self.kl_in_loss, self.hparams)
+        self.kl_in_loss = not kl_in_reward  # before the base's checks and its choice of estimator (k1 in the reward)
+        super().__init__(model, kl=kl, **kwargs)
 
     #: ``(r - mean_group) / std_batch(r - mean_group)``; 0 where that std is 0.
     default_advantage = "batch_std"

@@ -9,7 +9,7 @@ the same prompt (eq. 7)::
 
 The KL penalty is part of the reward, as in RLHF: ``r_i <- r_i - beta * sum_t (log pi - log pi_ref)``
 (``kl_in_reward``; set it false to use a KL term in the loss instead). That is the k1 estimate;
-``kl_estimator`` k2 or k3 puts theirs in the reward instead (as verl's ``kl_penalty`` does). With one optimizer step per
+``kl.estimator`` k2 or k3 puts theirs in the reward instead (as verl's ``kl_penalty`` does). With one optimizer step per
 rollout the clipped ratio is 1 and the update is exactly REINFORCE with the leave-one-out baseline.
 """
 
@@ -19,25 +19,19 @@ from torch import Tensor
 
 from grpo_lightning import functional as F
 from grpo_lightning.module import GroupPolicyOptimization
+from grpo_lightning.options import KLOptions
 from grpo_lightning.rollout import Rollout
-from grpo_lightning.settings import check_options_apply
-
-
-def kl_estimator_of(kl_estimator: str | None, kl_in_reward: bool) -> str:
-    """The KL estimator named, or by default the paper's: k1 in the reward, k3 in the loss."""
-    return kl_estimator if kl_estimator is not None else "k1" if kl_in_reward else "k3"
 
 
 class RLOO(GroupPolicyOptimization):
     """Leave-one-out baseline; the loss sums over each completion's tokens."""
 
-    inapplicable_options = {"scale_rewards": "its leave-one-out advantage is divided by no std"}
+    inapplicable_options = {"rewards.scale": "its leave-one-out advantage is divided by no std"}
 
-    def __init__(self, model: str, *, beta: float = 0.05, kl_in_reward: bool = True, kl_estimator: str | None = None,
+    def __init__(self, model: str, *, kl: KLOptions = KLOptions(beta=0.05), kl_in_reward: bool = True,
                  **kwargs) -> None:  # fmt: skip
-        super().__init__(model, beta=beta, kl_estimator=kl_estimator_of(kl_estimator, kl_in_reward), **kwargs)
-        self.kl_in_loss = not kl_in_reward
-        check_options_apply(type(self), self.inapplicable_options, self.kl_in_loss, self.hparams)
+        self.kl_in_loss = not kl_in_reward  # before the base's checks and its choice of estimator (k1 in the reward)
+        super().__init__(model, kl=kl, **kwargs)
 
     #: ``r_i - mean_{j != i} r_j``.
     default_advantage = "leave_one_out"
@@ -45,7 +39,7 @@ class RLOO(GroupPolicyOptimization):
     default_aggregation = "seq_mean_token_sum"
 
     def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
-        """``r - beta * sum_t kl_t`` when the KL is in the reward (``kl_estimator``, k1 by default)."""
+        """``r - beta * sum_t kl_t`` when the KL is in the reward (``kl.estimator``, k1 by default)."""
         if self.kl_in_loss or rollout.ref_logp is None:
             return rewards
         kl = F.kl_estimate(rollout.old_logp, rollout.ref_logp, self.kl_estimator)

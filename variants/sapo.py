@@ -10,12 +10,13 @@ gradient ``-A`` (the ``4 / tau`` factor normalises it); as ``r`` leaves 1 the gr
 smoothly instead of dropping to zero at a clip boundary. Negative advantages push up the logits
 of many unsampled tokens, so their gate decays faster: ``tau_neg > tau_pos``. Advantages and the
 aggregation (mean over completions of each one's token mean) are GRPO's. Defaults are the
-paper's: tau_pos 1.0, tau_neg 1.05, no KL term. There is no clip: setting ``clip_eps_low``,
-``clip_eps_high`` or ``delta`` is an error, and no ``clip_ratio/*`` is logged.
+paper's: tau_pos 1.0, tau_neg 1.05, no KL term. There is no clip: setting ``loss.clip_eps_low``,
+``loss.clip_eps_high``, ``loss.delta`` or ``loss.clip_ratio_c`` is an error, and no ``clip_ratio/*`` is logged.
 """
 
 from __future__ import annotations
 
+from grpo_lightning.options import KLOptions
 from grpo_lightning.settings import require
 from variants.grpo import GRPO
 
@@ -31,8 +32,9 @@ class SAPO(GRPO):
     #: ``-(4 / tau) * sigmoid(tau * (r - 1)) * A`` per token; no clip option has a place.
     default_surrogate = "sapo"
 
-    def __init__(self, model: str, *, beta: float = 0.0, tau_pos: float = 1.0, tau_neg: float = 1.05, **kwargs) -> None:
-        super().__init__(model, beta=beta, **kwargs)
+    def __init__(self, model: str, *, kl: KLOptions = KLOptions(beta=0.0), tau_pos: float = 1.0, tau_neg: float = 1.05,
+                 **kwargs) -> None:  # fmt: skip
+        super().__init__(model, kl=kl, **kwargs)
         require(tau_pos > 0, f"tau_pos: the positive-advantage gate temperature must be > 0 (got {tau_pos}).")
         require(tau_neg > 0, f"tau_neg: the negative-advantage gate temperature must be > 0 (got {tau_neg}).")
         self.tau_pos = tau_pos

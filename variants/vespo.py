@@ -17,6 +17,7 @@ The paper folds the rollout engine's ratio into ``w_i``; this preset refuses ``r
 
 from __future__ import annotations
 
+from grpo_lightning.options import KLOptions
 from grpo_lightning.settings import require
 from variants.grpo import GRPO
 
@@ -32,11 +33,11 @@ class VESPO(GRPO):
     default_surrogate = "vespo"
     #: ``sum(loss * mask) / sum(mask)`` over the whole batch.
     default_aggregation = "token_mean"
-    inapplicable_options = {"rollout_correction": "its weight w_i would have to take the engine's ratio in"}
+    inapplicable_options = {"sampling.correction": "its weight w_i would have to take the engine's ratio in"}
 
-    def __init__(self, model: str, *, beta: float = 0.0, k_pos: float = 2.0, lambda_pos: float = 3.0,
+    def __init__(self, model: str, *, kl: KLOptions = KLOptions(beta=0.0), k_pos: float = 2.0, lambda_pos: float = 3.0,
                  k_neg: float = 3.0, lambda_neg: float = 2.0, **kwargs) -> None:  # fmt: skip
-        super().__init__(model, beta=beta, **kwargs)
+        super().__init__(model, kl=kl, **kwargs)
         for name, value in (("k_pos", k_pos), ("lambda_pos", lambda_pos), ("k_neg", k_neg), ("lambda_neg", lambda_neg)):
             require(value > 0, f"{name}: the VESPO kernel's shapes must be > 0 (got {value}).")
         self.k_pos, self.lambda_pos, self.k_neg, self.lambda_neg = k_pos, lambda_pos, k_neg, lambda_neg

@@ -32,7 +32,7 @@ DATA_SEED_KEY = "data.seed"
 
 
 def canonical(key: str) -> str:
-    """``model.init_args.beta`` and ``model.beta`` name the same setting: ``model.beta``."""
+    """``model.init_args.kl.beta`` and ``model.kl.beta`` name the same setting: ``model.kl.beta``."""
     return ".".join(part for part in key.split(".") if part != "init_args")
 
 

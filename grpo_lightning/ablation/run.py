@@ -4,7 +4,7 @@
     grpo-lightning-ablate --config-name smoke hydra/launcher=joblib parallel=2
     grpo-lightning-ablate hydra/launcher=submitit_slurm hydra.launcher.partition=gpu hydra.launcher.gpus_per_node=1
     grpo-lightning-ablate -m variant=grpo,dapo seed=0,1,2
-    grpo-lightning-ablate ++overrides.model.beta=[0.0,0.04] args.trainer.max_steps=50
+    grpo-lightning-ablate ++overrides.model.kl.beta=[0.0,0.04] args.trainer.max_steps=50
 
 A sweep spec (``configs/ablation/*.yaml``) names the shared YAML files and the axes::
 

@@ -50,7 +50,7 @@ class SweepError(ValueError):
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"model": {"beta": [0, 1]}, "data.x": 2}`` -> ``{"model.beta": [0, 1], "data.x": 2}``.
+    """``{"model": {"kl": {"beta": [0, 1]}}, "data.x": 2}`` -> ``{"model.kl.beta": [0, 1], "data.x": 2}``.
 
     Nested mappings and dotted keys mean the same; lists and scalars are leaves.
     """
@@ -212,7 +212,7 @@ class SweepSpec:
         args = flatten(args)
         for key in list(args) + list(overrides):
             if not key or key.startswith("-") or " " in key:
-                raise SweepError(f"{key!r} is not a dotted CLI key such as 'model.beta'.")
+                raise SweepError(f"{key!r} is not a dotted CLI key such as 'model.kl.beta'.")
 
         parallel = int(raw.get("parallel") or 1)
         if parallel < 1:

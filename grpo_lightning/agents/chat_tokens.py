@@ -49,7 +49,7 @@ class ChatTokens:
         if self.templated and (not eos or self._cut < len(eos)):
             raise ConfigError(
                 f"environment: the chat template does not end an assistant turn with the EOS token {eos!r}, where the "
-                "model's turns stop; use a tokenizer whose EOS ends turns, or set --model.use_chat_template false."
+                "model's turns stop; use a tokenizer whose EOS ends turns, or set --model.policy.use_chat_template false."
             )
 
     def _render(self, messages: list[Message], generation_prompt: bool, schemas: Any = "own") -> str:
@@ -80,6 +80,6 @@ class ChatTokens:
         if not after.startswith(self._after_turn[: self._cut]):
             raise ConfigError(
                 "environment: the chat template renders earlier turns differently once a reply follows them, so a reply "
-                "cannot be appended to the sampled tokens; set --model.use_chat_template false or use another template."
+                "cannot be appended to the sampled tokens; set --model.policy.use_chat_template false or use another template."
             )
         return self._encode(after[self._cut :])

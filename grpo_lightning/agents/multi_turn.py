@@ -31,11 +31,11 @@ from grpo_lightning.rollout import Rollout, SamplingParams
 def multi_turn_engine(options: EngineOptions, rollout_seed: int | None, beam_search: bool) -> EngineOptions:
     """The engine options of multi-turn rollouts, checked: each turn is sampled, without keyed sampling."""
     if beam_search:
-        raise ConfigError("rollout_mode: multi-turn rollouts (environment) sample each turn; set rollout_mode to 'sample'.")
+        raise ConfigError("sampling.mode: multi-turn rollouts (environment) sample each turn; set sampling.mode to 'sample'.")
     if rollout_seed is not None:
         raise ConfigError(
-            "rollout_seed: keyed sampling draws each completion's tokens by their index in it, which multi-turn "
-            "rollouts (environment) would repeat at every turn; leave rollout_seed unset, or drop --model.environment."
+            "sampling.seed: keyed sampling draws each completion's tokens by their index in it, which multi-turn "
+            "rollouts (environment) would repeat at every turn; leave sampling.seed unset, or drop --model.environment."
         )
     return options
 

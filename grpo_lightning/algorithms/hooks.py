@@ -24,11 +24,11 @@ class AlgorithmHooks:
     kl_in_loss: bool = True
     #: Options of the base module that this variant's equations leave no place for, with the reason:
     #: setting one is a :class:`ConfigError` naming both. The clip options its default surrogate
-    #: does not read are added to those a class declares (``declared_inapplicable``).
+    #: does not read are added to those a class declares (``declared_inapplicable``). Options by their dotted name: ``loss.delta``, ``rewards.scale``..
     inapplicable_options: dict[str, str] = {}
     declared_inapplicable: dict[str, str] = {}
     #: The variant's advantage estimator, per-token surrogate and aggregation (names of the registries
-    #: of :mod:`grpo_lightning.algorithms`), used when ``advantage`` / ``surrogate`` / ``aggregation`` is ``None``.
+    #: of :mod:`grpo_lightning.algorithms`), used when ``advantage`` / ``loss.surrogate`` / ``aggregation`` is ``None``.
     default_advantage: str | None = None
     default_surrogate: str = "ppo_clip"
     default_aggregation: str | None = None
@@ -47,19 +47,20 @@ class AlgorithmHooks:
         Here: the estimator named ``advantage`` (or the variant's ``default_advantage``)."""
         if self.advantage_name is None:
             raise NotImplementedError(f"{type(self).__name__} must name a default_advantage or implement advantages")
-        if self.hparams.scale_rewards != "group":  # group_std's divisor: the batch's std, or none
-            return F.group_normalized_advantages(rewards, scale=self.hparams.scale_rewards)
+        scale = self.rewards_options.scale
+        if scale != "group":  # group_std's divisor: the batch's std, or none
+            return F.group_normalized_advantages(rewards, scale=scale)
         return ADVANTAGES[self.advantage_name](rewards)
 
     def token_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
-        """Per-token policy loss ``[N, T]`` (no KL): the surrogate named ``surrogate`` (or the
+        """Per-token policy loss ``[N, T]`` (no KL): the surrogate named ``loss.surrogate`` (or the
         variant's ``default_surrogate``), its token shares logged; then the off-policy sequence mask
-        where ``off_policy_mask_threshold`` is set. ``logp``, ``old_logp``, ``mask``: ``[N, T]``;
+        where ``loss.off_policy_mask_threshold`` is set. ``logp``, ``old_logp``, ``mask``: ``[N, T]``;
         ``advantages``: ``[N]`` or ``[N, T]``."""
         surrogate = SURROGATES[self.surrogate_name]
         loss, shares = surrogate.loss(logp, old_logp, advantages, mask, **self.surrogate_settings(surrogate))
         metrics.record_token_shares(self.step_metrics, shares, mask)
-        threshold = self.hparams.get("off_policy_mask_threshold")
+        threshold = self.loss_options.off_policy_mask_threshold
         if threshold is not None:
             kept = off_policy_sequence_mask(logp, old_logp, advantages, mask, threshold)
             self.step_metrics.update("off_policy_mask/dropped", F.masked_mean(1 - kept, mask), mask.sum())
@@ -67,13 +68,14 @@ class AlgorithmHooks:
         return loss
 
     def surrogate_settings(self, surrogate: Surrogate) -> dict:
-        """The settings ``surrogate`` takes that this module has (an attribute, else a hyperparameter)."""
+        """The settings ``surrogate`` takes that this module has: an attribute (the clip bounds as
+        resolved for the surrogate, a variant's own such as ``tau_pos``), else a ``loss`` option."""
         found = {}
         for name in surrogate.options():
             if hasattr(self, name):
                 found[name] = getattr(self, name)
-            elif name in self.hparams:
-                found[name] = self.hparams[name]
+            elif hasattr(self.loss_options, name):
+                found[name] = getattr(self.loss_options, name)
         return found
 
     def aggregate(

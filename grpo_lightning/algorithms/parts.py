@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
+from typing import Any
 
 from grpo_lightning.algorithms.advantages import ADVANTAGES
 from grpo_lightning.algorithms.aggregations import AGGREGATIONS
@@ -31,32 +31,27 @@ def resolve_parts(variant: type, advantage: str | None, aggregation: str | None,
     advantage = variant.default_advantage if advantage is None else advantage
     if advantage not in (None, "group_std") and scale_rewards != "group":
         raise ConfigError(
-            f"scale_rewards: sets the divisor of group_std's advantages, and the advantage is {advantage}; "
-            "drop --model.scale_rewards, or set --model.advantage group_std."
+            f"rewards.scale: sets the divisor of group_std's advantages, and the advantage is {advantage}; "
+            "drop --model.rewards.scale, or set --model.advantage group_std."
         )
     surrogate = variant.default_surrogate if surrogate is None else surrogate
     if SURROGATES[surrogate].per_sequence and variant.token_advantages:
         per_token = ", ".join(name for name, part in SURROGATES.items() if not part.per_sequence)
         raise ConfigError(
-            f"surrogate: {surrogate} needs one advantage per completion, and {variant.__name__}'s are per token; "
+            f"loss.surrogate: {surrogate} needs one advantage per completion, and {variant.__name__}'s are per token; "
             f"pick one of {per_token}."
         )
     return advantage, variant.default_aggregation if aggregation is None else aggregation, surrogate
 
 
-def check_loss_options(delta: float | None, clip_ratio_c: float | None, off_policy_mask_threshold: float | None,
-                       entropy_coef: float) -> None:  # fmt: skip
-    """Raise :class:`ConfigError` for a value of the loss options that cannot train."""
-    if clip_ratio_c is not None and not (isinstance(clip_ratio_c, (int, float)) and clip_ratio_c > 1):
-        raise ConfigError(f"clip_ratio_c: the dual-clip bound must be > 1 (got {clip_ratio_c}); e.g. 3.0, or null for off.")
-    if clip_ratio_c is not None and delta is not None:
-        raise ConfigError(
-            "clip_ratio_c: bounds the same negative-advantage loss as delta (for clip_ratio_c > 1 + clip_eps_high they "
-            "are equal); set one of them."
-        )
-    if off_policy_mask_threshold is not None and not off_policy_mask_threshold >= 0:
-        raise ConfigError(
-            f"off_policy_mask_threshold: must be >= 0 (got {off_policy_mask_threshold}); e.g. 0.5, or null for off."
-        )
-    if not (math.isfinite(entropy_coef) and entropy_coef >= 0):
-        raise ConfigError(f"entropy_coef: must be a finite number >= 0 (got {entropy_coef}); e.g. 0.001, or 0 for off.")
+def surrogate_clip(surrogate: str, loss: Any) -> tuple[float | None, float | None]:
+    """``(clip_eps_low, clip_eps_high)`` of the ``loss`` options for ``surrogate``: a bound given as
+    ``None`` is the surrogate's own (its paper's; CISPO's lower one: none)."""
+    part = SURROGATES[surrogate]
+    bounds = []
+    for option in ("clip_eps_low", "clip_eps_high"):
+        value = getattr(loss, option)
+        if value is None and option in part.options():
+            value = part.default(option)
+        bounds.append(value)
+    return bounds[0], bounds[1]

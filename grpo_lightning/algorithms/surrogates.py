@@ -1,11 +1,11 @@
 """Per-token surrogates: the policy loss of each token before aggregation, registered by name
-(``--model.surrogate NAME``).
+(``--model.loss.surrogate NAME``).
 
 Each takes ``logp``, ``old_logp``, ``mask`` ``[N, T]`` and ``advantages`` ``[N]`` (or ``[N, T]``
 where the surrogate is per token) and returns ``(loss [N, T], shares)``: the loss, neither masked
 nor aggregated, and the token shares to log (``name -> [N, T]`` flags or values, averaged over the
 mask), kept apart from the math. Its settings are keyword arguments named as the module's options
-(``clip_eps_low``, ``tau_pos``, ...): a module passes those it has, the function's defaults (the
+(``loss.clip_eps_low``, ``tau_pos``, ...): a module passes those it has, the function's defaults (the
 paper's) stand for the rest. PPO, GSPO, CISPO, SAPO and GMPO are :mod:`grpo_lightning.functional`'s;
 the others are here.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -179,8 +180,12 @@ class Surrogate:
         return code.co_varnames[code.co_argcount : code.co_argcount + code.co_kwonlyargcount]
 
     def unused_clip_options(self) -> dict[str, str]:
-        """``option -> reason`` for each clip option it does not read."""
-        return {option: self.unclipped for option in CLIP_OPTIONS if option not in self.options()}
+        """``loss.option -> reason`` for each clip option it does not read."""
+        return {f"loss.{option}": self.unclipped for option in CLIP_OPTIONS if option not in self.options()}
+
+    def default(self, option: str) -> Any:
+        """The paper's value of ``option`` that its function takes by default."""
+        return self.loss.__kwdefaults__[option]
 
 
 #: Name -> surrogate.

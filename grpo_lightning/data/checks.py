@@ -157,8 +157,8 @@ def fit_prompts(
     budget = context - max_new_tokens
     if budget < 1:
         raise ConfigError(
-            f"max_new_tokens: {max_new_tokens} leaves no room for a prompt in the model context of {context} tokens; "
-            "lower --model.max_new_tokens (and --model.val_max_new_tokens)."
+            f"sampling.max_new_tokens: {max_new_tokens} leaves no room for a prompt in the model context of {context} tokens; "
+            "lower --model.sampling.max_new_tokens (and --model.evaluation.max_new_tokens)."
         )
     prompts = list(dataset[column])
     lengths = token_counts(tokenizer, [format_prompt(p) for p in prompts])
@@ -171,13 +171,13 @@ def fit_prompts(
         raise ConfigError(
             f"{len(long)} of {len(prompts)} prompts of the {split} split are longer than {limit}; the longest, row "
             f"{longest}, has {lengths[longest]}. Give --data.long_prompts truncate (keep each prompt's end) or skip "
-            "(drop those rows), lower --model.max_new_tokens, or filter long prompts from the dataset."
+            "(drop those rows), lower --model.sampling.max_new_tokens, or filter long prompts from the dataset."
         )
     if handling == "skip":
         if len(long) == len(prompts):
             raise ConfigError(
                 f"data.long_prompts: every prompt of the {split} split is longer than {limit}; "
-                "lower --model.max_new_tokens or give shorter prompts."
+                "lower --model.sampling.max_new_tokens or give shorter prompts."
             )
         rank_zero_warn(
             f"data.long_prompts=skip: dropped {len(long)} of {len(prompts)} prompts of the {split} split "

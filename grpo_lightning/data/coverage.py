@@ -86,7 +86,7 @@ def warn_lost_characters(
         rank_zero_warn(
             f"data: the tokenizer loses characters of {len(lossy)} of {checked} prompts checked in the {split} "
             f"split, so the model never sees them: row {row}, {_shown(text)}, reaches it as {_shown(read)} "
-            f"(lost: {_shown(lost)}). Give --model.model (or --model.tokenizer) a model whose tokenizer covers "
+            f"(lost: {_shown(lost)}). Give --model.model (or --model.policy.tokenizer) a model whose tokenizer covers "
             "your data; the quickstart's tiny model reads printable ASCII only (docs/bring_your_own)."
         )
         return True

@@ -22,7 +22,7 @@ class EngineOptions:
     """``"static"``: sample on a preallocated static KV cache with, on CUDA, a decode step captured
     in a CUDA graph (:mod:`grpo_lightning.engine`; ``sdpa``/``eager`` attention, full-attention
     models). ``"hf"``: ``model.generate``. ``"auto"``: static on CUDA where the model supports it,
-    or where a setting needs it (``rollout_seed``, ``compile``, ``decode_attention``,
+    or where a setting needs it (``sampling.seed``, ``compile``, ``decode_attention``,
     ``fuse_projections``); HF elsewhere, with the reason announced once."""
 
     compile: bool | None = None

@@ -119,7 +119,7 @@ class EnginePlan:
 def static_only_settings(options: EngineOptions, rollout_seed: int | None) -> list[str]:
     """The explicit settings that only the static engine runs, by field name."""
     asked = {
-        "rollout_seed": rollout_seed is not None,
+        "sampling.seed": rollout_seed is not None,
         "engine.compile": bool(options.compile),
         "engine.decode_attention": options.decode_attention != "auto",
         "engine.fuse_projections": bool(options.fuse_projections),
@@ -129,15 +129,15 @@ def static_only_settings(options: EngineOptions, rollout_seed: int | None) -> li
 
 def check_engine_options(options: EngineOptions, rollout_seed: int | None = None, beam_search: bool = False) -> None:
     """Raise :class:`ConfigError` for settings that are wrong on any device (``beam_search``: the
-    module's ``rollout_mode`` is ``"beam_search"``, which only the HF path runs)."""
+    module's ``sampling.mode`` is ``"beam_search"``, which only the HF path runs)."""
     require(options.rollout in ROLLOUTS, f"engine.rollout: {options.rollout!r} is not one of {', '.join(map(repr, ROLLOUTS))}.")
     if beam_search:
         static = ["engine.rollout"] if options.rollout == "static" else []
         for name in static + static_only_settings(options, rollout_seed):
             raise ConfigError(
-                f"{name}: a setting of the static engine, which samples and does no beam search, and rollout_mode is "
+                f"{name}: a setting of the static engine, which samples and does no beam search, and sampling.mode is "
                 f"'beam_search' (the HF generate path); leave {name} unset (engine.rollout 'auto' or 'hf'), "
-                "or set rollout_mode to 'sample'."
+                "or set sampling.mode to 'sample'."
             )
     require(
         options.decode_attention in DECODE_ATTENTION_KINDS,
@@ -179,7 +179,7 @@ def resolve_engine(
 
     * ``rollout "auto"``: the static engine on CUDA where it can run, or where an explicit setting
       needs it (:func:`static_only_settings`); the HF path otherwise (a CPU, an unsupported model,
-      ``beam_search``: the module's ``rollout_mode`` is ``"beam_search"``).
+      ``beam_search``: the module's ``sampling.mode`` is ``"beam_search"``).
     * ``compile``: on with the static engine on CUDA. ``fuse_projections``: the same, for the model
       types of ``FUSED_MODEL_TYPES``. ``decode_attention "auto"`` is the engine's own choice per device.
     * ``logprob_compile``, ``fused_lm_head``: on CUDA. ``model_compile``: on CUDA for unsharded models.
@@ -192,7 +192,7 @@ def resolve_engine(
     """
     check_engine_options(options, rollout_seed, beam_search)
     cuda = target.device_type == "cuda"
-    blocker = "rollout_mode is 'beam_search', and the static engine only samples" if beam_search else None
+    blocker = "sampling.mode is 'beam_search', and the static engine only samples" if beam_search else None
     blocker = blocker or static_engine_blocker(target)
     needs_static = static_only_settings(options, rollout_seed)
     notes: list[str] = []

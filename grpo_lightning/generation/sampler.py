@@ -99,7 +99,7 @@ class RolloutSampler:
             sampled = generate_group(model, tokenizer, texts, group_size, sampling, with_logprobs)
             return sampled if with_logprobs else (*sampled, None)
         if sampling.beam_search:
-            raise ConfigError("rollout_mode: 'beam_search' runs on the HF generate path only; set engine.rollout 'hf'.")
+            raise ConfigError("sampling.mode: 'beam_search' runs on the HF generate path only; set engine.rollout 'hf'.")
         keys = None if self.seed is None else sampling_keys(self.seed, rollout_number, texts, group_size)
         engine = self._engine(model, len(texts) * group_size, sampling)
         # Ahead, on CUDA: every decode step is queued at once, without a host check for finished rows every
@@ -197,12 +197,12 @@ def prompt_format_note(tokenizer: PreTrainedTokenizerBase, use_chat_template: bo
         )
     if use_chat_template:
         return (
-            "prompts: plain text is wrapped in the tokenizer's chat template (use_chat_template: true); "
-            "set --model.use_chat_template false to send prompts as they are"
+            "prompts: plain text is wrapped in the tokenizer's chat template (policy.use_chat_template: true); "
+            "set --model.policy.use_chat_template false to send prompts as they are"
         )
     return (
-        "prompts: plain text is sent as it is (use_chat_template: false); "
-        "set --model.use_chat_template true to wrap it in the tokenizer's chat template"
+        "prompts: plain text is sent as it is (policy.use_chat_template: false); "
+        "set --model.policy.use_chat_template true to wrap it in the tokenizer's chat template"
     )
 
 
@@ -211,9 +211,9 @@ def announce_prompt_format(tokenizer: PreTrainedTokenizerBase, use_chat_template
     rank_zero_info(prompt_format_note(tokenizer, use_chat_template))
 
 
-#: What ``rollout_mode: beam_search`` changes in the algorithm, said once when a fit starts.
+#: What ``sampling.mode: beam_search`` changes in the algorithm, said once when a fit starts.
 BEAM_SEARCH_CAVEAT = (
-    "rollout_mode 'beam_search': each group is the group_size best beams of a beam search, not samples from the "
+    "sampling.mode 'beam_search': each group is the group_size best beams of a beam search, not samples from the "
     "policy. The importance ratio pi / pi_old and the group's reward mean and std no longer estimate the "
     "expectations over the policy's samples that GRPO's objective is written with: the update is a heuristic, "
     "not an estimate of the policy gradient."

@@ -15,9 +15,9 @@ from grpo_lightning.report.arms import Arm
 from grpo_lightning.report.document import Doc
 
 #: Config keys of the clip settings; the report shows them without ``model.init_args.``.
-CLIP_KEYS = ("model.init_args.clip_eps_low", "model.init_args.clip_eps_high", "model.init_args.delta")
+CLIP_KEYS = ("model.init_args.loss.clip_eps_low", "model.init_args.loss.clip_eps_high", "model.init_args.loss.delta")
 #: Classes that clip one ratio per sequence instead of each token's (their surrogate is ``gspo``), and
-#: the surrogates that do, for an arm that names one (``model.init_args.surrogate``).
+#: the surrogates that do, for an arm that names one (``model.init_args.loss.surrogate``).
 SEQUENCE_CLIPPING = {"GSPO", "LUSPO"}
 SEQUENCE_SURROGATES = {"gspo"}
 SEQUENCE_SETTING = "sequence-level clipping"
@@ -26,11 +26,16 @@ CLIP_TAGS = ("clip_ratio/region", "clip_ratio/low", "clip_ratio/high")
 BOUND_TAGS = {"clip_eps_low": "clip_ratio/low", "clip_eps_high": "clip_ratio/high"}
 
 
+def flat(key: str) -> str:
+    """The key of a run recorded before the options were grouped: ``model.init_args.loss.delta`` -> ``model.init_args.delta``."""
+    return key.replace(".loss.", ".")
+
+
 def clip_settings(config: Mapping[str, str]) -> dict[str, str]:
     """The clip settings of a flattened config: each of ``CLIP_KEYS`` and the clipping level."""
-    settings = {key.rsplit(".", 1)[-1]: str(config.get(key, "—")) for key in CLIP_KEYS}
+    settings = {key.rsplit(".", 1)[-1]: str(config.get(key, config.get(flat(key), "—"))) for key in CLIP_KEYS}
     class_name = str(config.get("model.class_path", "")).rsplit(".", 1)[-1]
-    surrogate = config.get("model.init_args.surrogate")
+    surrogate = config.get("model.init_args.loss.surrogate", config.get("model.init_args.surrogate"))
     sequence = surrogate in SEQUENCE_SURROGATES if surrogate not in (None, "None", "null") else class_name in SEQUENCE_CLIPPING
     settings[SEQUENCE_SETTING] = "yes" if sequence else "no"
     return settings

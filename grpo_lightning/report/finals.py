@@ -129,7 +129,8 @@ def validation_prompts(config: Mapping[str, Any]) -> int | None:
     data = _init_args(config, "data")
     model = _init_args(config, "model")
     trainer = config.get("trainer") or {}
-    if trainer.get("limit_val_batches") not in (None, 1.0) or (model.get("val_samples") or 1) != 1:
+    samples = (model.get("evaluation") or {}).get("samples", model.get("val_samples"))  # flat in runs before the groups
+    if trainer.get("limit_val_batches") not in (None, 1.0) or (samples or 1) != 1:
         return None
     counts = [data[k] for k in ("num_val", "max_val_samples") if isinstance(data.get(k), int) and data[k] > 0]
     return min(counts) if counts else None

@@ -59,7 +59,16 @@ SUMMARY_METRICS = [
 
 #: Config settings that set the scale of the training reward: arms that differ in one are not
 #: compared on it (parts of flattened config keys).
-REWARD_SCALE_KEYS = ("reward_funcs", "reward_weights", "step_reward", "reward_aggregation", "reward_model")
+REWARD_SCALE_KEYS = (
+    "rewards.funcs",
+    "rewards.weights",
+    "rewards.aggregation",
+    "reward_funcs",
+    "reward_weights",
+    "step_reward",
+    "reward_aggregation",
+    "reward_model",
+)  # and the flat names of runs recorded before the groups
 
 #: Wall-clock metrics: meaningless when the machine was loaded (see ``provenance.wall_clock_caveat``).
 WALL_CLOCK_METRICS = {"train_time_s"}

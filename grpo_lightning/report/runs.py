@@ -197,9 +197,10 @@ def optimizer_steps_per_rollout(config: dict) -> int:
     model = model.get("init_args", model)
     data = config.get("data") or {}
     data = data.get("init_args", data)
-    rows = int(data.get("batch_size") or 1) * int(model.get("group_size") or 1)
-    minibatch = model.get("minibatch_size")
-    return int(model.get("ppo_epochs") or 1) * (math.ceil(rows / int(minibatch)) if minibatch else 1)
+    sampling, optim = model.get("sampling") or model, model.get("optim") or model  # flat in runs before the groups
+    rows = int(data.get("batch_size") or 1) * int(sampling.get("group_size") or 1)
+    minibatch = optim.get("minibatch_size")
+    return int(optim.get("ppo_epochs") or 1) * (math.ceil(rows / int(minibatch)) if minibatch else 1)
 
 
 def load_run(run_dir: str | Path) -> Run:

@@ -1,4 +1,4 @@
-"""How reward functions are called (``--model.reward_execution.*``), and what a failing one does.
+"""How reward functions are called (``--model.rewards.execution.*``), and what a failing one does.
 
 A reward function *fails* on a sample when it raises (``SystemExit`` too; on the batch, and then
 again when retried on that sample alone, or on its group), returns anything but a finite number that
@@ -72,12 +72,12 @@ class RewardExecution:
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR:
-            raise ConfigError(f"reward_execution.on_error: {self.on_error!r} is not one of {', '.join(ON_ERROR)}.")
+            raise ConfigError(f"rewards.execution.on_error: {self.on_error!r} is not one of {', '.join(ON_ERROR)}.")
         seconds = self.timeout_s
         if seconds is not None and not (isinstance(seconds, numbers.Real) and 0 < seconds < math.inf):
-            raise ConfigError(f"reward_execution.timeout_s: must be seconds > 0 or null, got {self.timeout_s!r}.")
+            raise ConfigError(f"rewards.execution.timeout_s: must be seconds > 0 or null, got {self.timeout_s!r}.")
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
-            raise ConfigError(f"reward_execution.workers: must be an integer >= 0 (0: none), got {self.workers!r}.")
+            raise ConfigError(f"rewards.execution.workers: must be an integer >= 0 (0: none), got {self.workers!r}.")
 
     @classmethod
     def of(cls, value: RewardExecution | dict[str, Any]) -> RewardExecution:
@@ -85,10 +85,10 @@ class RewardExecution:
         if isinstance(value, dict):
             unknown = sorted(set(value) - set(asdict(cls())))
             if unknown:
-                raise ConfigError(f"reward_execution: no option {unknown[0]!r}; give on_error, timeout_s or workers.")
+                raise ConfigError(f"rewards.execution: no option {unknown[0]!r}; give on_error, timeout_s or workers.")
             return cls(**value)
         if not isinstance(value, cls):
-            raise ConfigError(f"reward_execution: give RewardExecution or a dict of its fields, got {value!r}.")
+            raise ConfigError(f"rewards.execution: give RewardExecution or a dict of its fields, got {value!r}.")
         return value
 
 
@@ -240,9 +240,9 @@ class RewardScorer:
                 pickle.dumps(function)
             except Exception as error:  # any pickling failure says the same
                 raise ConfigError(
-                    f"reward_execution.workers: reward function {name!r} cannot be sent to a worker process "
+                    f"rewards.execution.workers: reward function {name!r} cannot be sent to a worker process "
                     f"({describe_error(error)}); define it at the top level of an importable module (or make it "
-                    "an instance of such a class), or set reward_execution.workers 0."
+                    "an instance of such a class), or set rewards.execution.workers 0."
                 ) from error
         return pickle.dumps([function for _, function in sync])
 
@@ -267,7 +267,7 @@ class RewardScorer:
             if outcome.error is None:
                 take_scores(outcome.returned, rows)
             elif isinstance(outcome.error, CallLost):  # past the deadline, or its worker process died
-                limit = " (reward_execution.timeout_s)" if isinstance(outcome.error, RewardTimeout) else ""
+                limit = " (rewards.execution.timeout_s)" if isinstance(outcome.error, RewardTimeout) else ""
                 batch = f"a batch of {len(rows)} completions{limit}"
                 failures.append(_Failure(rows, f"reward function {name!r} {outcome.error} on {where(rows, batch)}."))
             elif all(error is None for _, _, error in outcome.retries):
@@ -295,7 +295,7 @@ class RewardScorer:
             dropped = self.execution.on_error == "skip_group"
             consequence = "scored 0" + (" and its group left out of the update" if dropped else "")
             warnings.warn(
-                f"{first.message} It is {consequence} (reward_execution.on_error={self.execution.on_error}); "
+                f"{first.message} It is {consequence} (rewards.execution.on_error={self.execution.on_error}); "
                 f"{len(rows)} of {per_function.shape[0]} samples failed in this batch. Further failures of {name!r} "
                 f"are counted in rewards/{name}/error_rate, not shown.",
                 RewardFunctionWarning,

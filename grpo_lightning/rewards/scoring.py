@@ -53,7 +53,7 @@ def _content_text(content: Any) -> str:
     return str(content)
 
 
-def resolve_reward_function(spec: Any, field: str = "reward_funcs[0]") -> tuple[str, RewardFunction]:
+def resolve_reward_function(spec: Any, field: str = "rewards.funcs[0]") -> tuple[str, RewardFunction]:
     """Return ``(name, function)`` for a callable or an import path such as ``"package.module.attr"``.
 
     Classes are refused: configure an instance (``{"class_path": ..., "init_args": ...}``) instead.

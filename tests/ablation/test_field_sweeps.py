@@ -26,7 +26,7 @@ def test_the_field_runs_every_shipped_variant_at_five_seeds_with_two_steps_per_r
     assert sorted({cell.arm for cell in cells}) == shipped and len(cells) == 5 * len(shipped)
     data = yaml.safe_load((config_dir() / "data" / "arithmetic.yaml").read_text())["data"]["init_args"]
     model = yaml.safe_load((config_dir() / "model" / "tiny.yaml").read_text())["model"]["init_args"]
-    assert data["batch_size"] * model["group_size"] == 2 * spec.args["model.init_args.minibatch_size"]
+    assert data["batch_size"] * model["sampling"]["group_size"] == 2 * spec.args["model.init_args.optim.minibatch_size"]
 
 
 #: arm -> (clip_eps_high, dynamic_sampling, aggregation, overlong_buffer) of its DAPO module (max_new_tokens 32).
@@ -53,10 +53,14 @@ def test_dapo_parts_has_one_arm_per_technique_at_five_seeds(dapo_parts):
 def test_each_technique_file_sets_only_its_own_option():
     folder = SPEC_DIR / "dapo_parts"
     settings = {path.stem: yaml.safe_load(path.read_text())["model"]["init_args"] for path in folder.glob("*.yaml")}
-    assert settings.pop("grpo_end") == {"clip_eps_high": 0.2, "dynamic_sampling": False,
+    assert settings.pop("grpo_end") == {"loss": {"clip_eps_high": 0.2}, "dynamic_sampling": False,
                                         "aggregation": "seq_mean_token_mean", "overlong_buffer": 0}  # fmt: skip
-    assert settings == {"clip_higher": {"clip_eps_high": 0.28}, "dynamic_sampling": {"dynamic_sampling": True},
-                        "token_mean": {"aggregation": "token_mean"}, "overlong_shaping": {"overlong_buffer": None}}  # fmt: skip
+    assert settings == {
+        "clip_higher": {"loss": {"clip_eps_high": 0.28}},
+        "dynamic_sampling": {"dynamic_sampling": True},
+        "token_mean": {"aggregation": "token_mean"},
+        "overlong_shaping": {"overlong_buffer": None},
+    }
 
 
 @pytest.mark.parametrize("arm", ["dapo", "dapo+grpo_end", "dapo+grpo_end+overlong_shaping"])

@@ -36,9 +36,9 @@ def tiny_sweep(out, model, seeds):
         "gpus=none", "threads=1", "validate_before_training=false",
         "args.trainer.max_steps=1", "args.trainer.val_check_interval=1",
         "args.data.init_args.num_train=8", "args.data.init_args.num_val=4", "args.data.init_args.batch_size=2",
-        "+args.data.init_args.val_batch_size=4", "+args.model.init_args.max_new_tokens=4",
-        "args.model.init_args.group_size=2", "args.model.init_args.minibatch_size=4",
-        "args.model.init_args.micro_batch_size=4",
+        "+args.data.init_args.val_batch_size=4", "+args.model.init_args.sampling.max_new_tokens=4",
+        "args.model.init_args.sampling.group_size=2", "args.model.init_args.optim.minibatch_size=4",
+        "args.model.init_args.optim.micro_batch_size=4",
     ]  # fmt: skip
 
 

@@ -28,21 +28,34 @@ def spec_dict(tmp_path, **changes):
 
 
 def test_flatten_and_cli_values():
-    tree = {"model": {"beta": [0.0, 0.04], "init_args": {"group_size": 4}}, "trainer.max_steps": 5, "data": {}}
-    assert flatten(tree) == {"model.beta": [0.0, 0.04], "model.init_args.group_size": 4, "trainer.max_steps": 5, "data": {}}
+    tree = {
+        "model": {"kl": {"beta": [0.0, 0.04]}, "init_args": {"sampling": {"group_size": 4}}},
+        "trainer.max_steps": 5,
+        "data": {},
+    }
+    assert flatten(tree) == {
+        "model.kl.beta": [0.0, 0.04],
+        "model.init_args.sampling.group_size": 4,
+        "trainer.max_steps": 5,
+        "data": {},
+    }
     assert [cli_value(v) for v in (True, None, 3, 0.5, "x", [1, 2])] == ["true", "null", "3", "0.5", "x", "[1, 2]"]
 
 
 def test_cells_and_names(tmp_path):
     spec = SweepSpec.from_dict(
-        spec_dict(tmp_path, seeds=[0, 1, 2], overrides={"model.group_size": [4, 8], "model": {"beta": [0.0, 0.04]}})
+        spec_dict(
+            tmp_path,
+            seeds=[0, 1, 2],
+            overrides={"model.sampling.group_size": [4, 8], "model": {"kl": {"beta": [0.0, 0.04]}}},
+        )
     )
     cells = spec.cells()
     assert len(cells) == 2 * 2 * 2 * 3
     assert cells[0].name == "grpo-seed0-group_size4-beta0.0"
     assert cells[0].arm == "grpo-group_size4-beta0.0"
     assert len({c.name for c in cells}) == len(cells)
-    assert {c.arm for c in cells if c.variant == "dr_grpo" and dict(c.overrides)["model.beta"] == 0.04} == {
+    assert {c.arm for c in cells if c.variant == "dr_grpo" and dict(c.overrides)["model.kl.beta"] == 0.04} == {
         "dr_grpo-group_size4-beta0.04",
         "dr_grpo-group_size8-beta0.04",
     }
@@ -72,7 +85,7 @@ def test_spec_errors(tmp_path):
 
 def test_cell_command_uses_the_shared_yaml(tmp_path):
     spec = SweepSpec.from_dict(
-        spec_dict(tmp_path, args={"trainer": {"max_steps": 3}}, overrides={"model.beta": [0.0]}, model="/m")
+        spec_dict(tmp_path, args={"trainer": {"max_steps": 3}}, overrides={"model.kl.beta": [0.0]}, model="/m")
     )
     cell = spec.cells()[0]
     command = cell_command(spec, cell, tmp_path / "cell", "/m")
@@ -86,7 +99,7 @@ def test_cell_command_uses_the_shared_yaml(tmp_path):
     assert "--seed_everything 0 " in text
     assert f"--trainer.logger.init_args.save_dir {tmp_path / 'cell'} " in text
     assert "--model.model /m" in text
-    assert text.endswith("--trainer.max_steps 3 --model.beta 0.0")
+    assert text.endswith("--trainer.max_steps 3 --model.kl.beta 0.0")
     assert "--validate_before_fit" not in command  # every fit validates before training by default
     assert "--completions.jsonl true --trainer.max_steps 3" in text  # the report shows some; args come after
     unvalidated = SweepSpec.from_dict(spec_dict(tmp_path, validate_before_training=False))
@@ -96,7 +109,7 @@ def test_cell_command_uses_the_shared_yaml(tmp_path):
 
 def test_the_config_axis_adds_yaml_files_after_the_shared_ones(tmp_path):
     axis = [None, "schedules/cosine_kl.yaml", ["rewards/r1.yaml", "rollout/beam_search.yaml"]]
-    spec = SweepSpec.from_dict(spec_dict(tmp_path, overrides={"config": axis, "model.beta": [0.0]}))
+    spec = SweepSpec.from_dict(spec_dict(tmp_path, overrides={"config": axis, "model.kl.beta": [0.0]}))
     cells = spec.cells()
     arms = ["grpo-beta0.0", "grpo+cosine_kl-beta0.0", "grpo+r1+beam_search-beta0.0"]
     assert list(dict.fromkeys(c.arm for c in cells)) == arms + [arm.replace("grpo", "dr_grpo") for arm in arms]
@@ -105,7 +118,9 @@ def test_the_config_axis_adds_yaml_files_after_the_shared_ones(tmp_path):
     configs = [command[i + 1].split("configs/")[-1] for i, arg in enumerate(command) if arg == "--config"]
     assert configs == ["variant/grpo.yaml", "trainer/cpu.yaml", "data/arithmetic.yaml", "model/tiny.yaml",
                        "rewards/r1.yaml", "rollout/beam_search.yaml"]
-    assert "--model.beta" in command and not any(arg.startswith("--config=") or arg == "--config.0" for arg in command)
+    assert "--model.kl.beta" in command and not any(
+        arg.startswith("--config=") or arg == "--config.0" for arg in command
+    )
     with pytest.raises(SweepError, match="overrides.config: .*missing.yaml"):
         SweepSpec.from_dict(spec_dict(tmp_path, overrides={"config": ["missing.yaml"]}))
 
@@ -115,7 +130,7 @@ def test_hydra_configs_compose():
 
     with initialize_config_dir(config_dir=str(SPEC_DIR), version_base="1.3"):
         default = SweepSpec.from_dict(compose("default"))
-        smoke = SweepSpec.from_dict(compose("smoke", overrides=["+overrides.model.beta=[0.0,0.04]", "parallel=2"]))
+        smoke = SweepSpec.from_dict(compose("smoke", overrides=["+overrides.model.kl.beta=[0.0,0.04]", "parallel=2"]))
     assert default.variants == ["grpo", "dr_grpo", "dapo", "rloo", "gspo"] and default.seeds == [0, 1, 2, 3, 4]
     assert default.model == "warmstart" and default.output_dir.name == "default"
     assert [p.name for p in default.base_configs] == ["cpu.yaml", "arithmetic.yaml", "tiny.yaml"]
@@ -125,11 +140,13 @@ def test_hydra_configs_compose():
     # several optimizer steps per rollout, so that the clip ranges the variants differ in act
     data = yaml.safe_load((SPEC_DIR.parent / "data" / "arithmetic.yaml").read_text())["data"]["init_args"]
     model = yaml.safe_load((SPEC_DIR.parent / "model" / "tiny.yaml").read_text())["model"]["init_args"]
-    rollout = data["batch_size"] * model["group_size"]  # completions per rollout
-    assert default.args["model.init_args.minibatch_size"] in (rollout // 4, rollout // 2)
-    assert rollout % default.args["model.init_args.minibatch_size"] == 0
-    assert smoke.args["model.init_args.minibatch_size"] * 2 == 4 * smoke.args["model.init_args.group_size"]
-    assert smoke.overrides == {"model.beta": [0.0, 0.04]}
+    rollout = data["batch_size"] * model["sampling"]["group_size"]  # completions per rollout
+    assert default.args["model.init_args.optim.minibatch_size"] in (rollout // 4, rollout // 2)
+    assert rollout % default.args["model.init_args.optim.minibatch_size"] == 0
+    assert (
+        smoke.args["model.init_args.optim.minibatch_size"] * 2 == 4 * smoke.args["model.init_args.sampling.group_size"]
+    )
+    assert smoke.overrides == {"model.kl.beta": [0.0, 0.04]}
     assert smoke.output_dir.parts[-3:] == ("runs", "ablation", "smoke")
 
 
@@ -337,10 +354,10 @@ def hydra_args(out, model):
         "args.data.init_args.num_val=8",
         "args.data.init_args.batch_size=2",
         "+args.data.init_args.val_batch_size=8",
-        "+args.model.init_args.max_new_tokens=8",
-        "args.model.init_args.minibatch_size=4",  # one optimizer step per rollout of 2 prompts x 2
-        "args.model.init_args.micro_batch_size=4",
-        "+overrides.model.group_size=[2]",
+        "+args.model.init_args.sampling.max_new_tokens=8",
+        "args.model.init_args.optim.minibatch_size=4",  # one optimizer step per rollout of 2 prompts x 2
+        "args.model.init_args.optim.micro_batch_size=4",
+        "+overrides.model.sampling.group_size=[2]",
     ]
 
 
@@ -373,9 +390,15 @@ def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch):
         assert metrics["optimizer_steps"] == 2 and metrics["rollouts"] == 2 and metrics["generation_batches"] == 2
         assert json.loads((cell / "completions.jsonl").read_text().splitlines()[0])["step"] == 0
         record = json.loads((cell / "cell.json").read_text())
-        assert record["overrides"] == {"model.group_size": 2} and record["seed"] == int(name.split("seed")[1][0])
+        assert record["overrides"] == {"model.sampling.group_size": 2} and record["seed"] == int(
+            name.split("seed")[1][0]
+        )
     saved = (out / names[0] / "config.yaml").read_text()
-    assert "group_size: 2" in saved and "max_steps: 2" in saved and "validate_before_fit: true" in saved
+    assert (
+        yaml.safe_load(saved)["model"]["init_args"]["sampling"]["group_size"] == 2
+        and "max_steps: 2" in saved
+        and "validate_before_fit: true" in saved
+    )
 
     # run again, then as a Hydra multirun (one job per cell): every cell is done, nothing starts
     marks = {name: (out / name / DONE_FILE).stat().st_mtime_ns for name in names}
@@ -397,6 +420,6 @@ def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch):
     assert (target / "data" / names[0] / "scalars.csv.gz").is_file() and (target / "REGENERATE").is_file()
     assert "| grpo-group_size2 (n=2) | dr_grpo-group_size2 (n=2) |" in md
     assert "| `model.class_path` | variants.GRPO | variants.DrGRPO |" in md
-    assert "| `model.init_args.beta` | 0.04 | 0.0 |" in md  # each variant keeps its own defaults
+    assert "| `model.init_args.kl.beta` | 0.04 | 0.0 |" in md  # each variant keeps its own defaults
     assert "val/accuracy before training" in md
     assert (target / "curves_val_accuracy.png").is_file() and (target / "report.html").is_file()

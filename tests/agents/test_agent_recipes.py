@@ -14,7 +14,7 @@ CONFIGS = config_dir()
 def test_a_recipe_fits_and_logs_its_episodes(recipe, tiny_model_dir, tmp_path, one_torch_thread):
     args = [
         "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / f"recipes/{recipe}.yaml"),
-        "--model.model", tiny_model_dir, "--model.group_size", "2", "--model.max_new_tokens", "6",
+        "--model.model", tiny_model_dir, "--model.sampling.group_size", "2", "--model.sampling.max_new_tokens", "6",
         "--data.batch_size", "2", "--data.num_train", "4", "--data.num_val", "2", "--data.val_batch_size", "2",
         "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.enable_progress_bar", "false",
         "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),

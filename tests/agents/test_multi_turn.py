@@ -55,8 +55,8 @@ ENGINES = ["hf", "static"]
 def episodes(request, make_module, one_torch_thread):
     """A GRPO module (token mean, no KL) on the tiny model with the scripted environment, and a rollout
     of it, on each engine (the HF generate path, the static engine)."""
-    module = ending_turns(make_module(GRPO, environment=SCRIPTED, reward_funcs=[environment_reward], beta=0.0,
-                                      aggregation="token_mean", max_new_tokens=6, engine={"rollout": request.param}))  # fmt: skip
+    module = ending_turns(make_module(GRPO, environment=SCRIPTED, aggregation="token_mean", rewards={"funcs": [environment_reward]},
+                                      kl={"beta": 0.0}, sampling={"max_new_tokens": 6}, engine={"rollout": request.param}))  # fmt: skip
     assert module.engine_plan.rollout == request.param
     batch = {"prompt": ["12+34=", "5+6="], "answer": ["46", "11"]}
     with torch.random.fork_rng(devices=[]):
@@ -169,8 +169,8 @@ def test_completion_records_and_tables_show_each_turn_with_its_source(episodes):
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"rollout_seed": 0}, "rollout_seed: keyed sampling .* multi-turn"),
-        ({"rollout_mode": "beam_search"}, "rollout_mode: multi-turn rollouts"),
+        ({"sampling": {"seed": 0}}, "sampling.seed: keyed sampling .* multi-turn"),
+        ({"sampling": {"mode": "beam_search"}}, "sampling.mode: multi-turn rollouts"),
         ({"environment": {"name": "no.such.Environment"}}, "environment.name: 'no.such.Environment' does not import"),
         ({"environment": {**SCRIPTED, "args": {"rounds": 2}}}, "environment.args: .* refuses them"),
         ({"environment": {"name": "grpo_lightning.agents.GuessNumberEnvironment", "args": {"low": 9, "high": 1}}},
@@ -206,10 +206,10 @@ def test_every_variant_ignores_what_it_is_given_at_environment_tokens_or_refuses
     """Log-probs, the reference's and the sampler's, changed at the environment's tokens only, change
     no variant's loss: its ratios, KL, reward shaping and aggregation all read the model's tokens."""
     cls = getattr(variants, name)
-    settings = {"environment": SCRIPTED, "reward_funcs": [environment_reward], "max_new_tokens": 6, "beta": 0.04,
-                **({"overlong_penalty": 0.0} if cls is DAPO else {})}  # fmt: skip
-    if "rollout_correction" not in cls.inapplicable_options:  # VESPO refuses it
-        settings["rollout_correction"] = "token_truncate"
+    settings = {"environment": SCRIPTED, "rewards": {"funcs": [environment_reward]}, "sampling": {"max_new_tokens": 6},
+                "kl": {"beta": 0.04}, **({"overlong_penalty": 0.0} if cls is DAPO else {})}  # fmt: skip
+    if "sampling.correction" not in cls.inapplicable_options:  # VESPO refuses it
+        settings["sampling"]["correction"] = "token_truncate"
     if name in REFUSING:
         with pytest.raises(ConfigError, match=f"environment: does not apply to {name}"):
             make_module(cls, configure=False, **settings)
@@ -249,8 +249,8 @@ def test_episodes_through_a_chat_template_append_its_replies_to_the_sampled_ids(
     tokenizer = byte_tokenizer(CHATML)
     config = tiny_config(tokenizer, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
     directory = save_tiny_model(tmp_path / "chatml", tokenizer, config)
-    module = GRPO(model=str(directory), environment=SCRIPTED, reward_funcs=[environment_reward], beta=0.0,
-                  group_size=2, max_new_tokens=6, engine={"rollout": engine})  # fmt: skip
+    module = GRPO(model=str(directory), environment=SCRIPTED, rewards={"funcs": [environment_reward]}, kl={"beta": 0.0},
+                  sampling={"group_size": 2, "max_new_tokens": 6}, engine={"rollout": engine})  # fmt: skip
     module.configure_model()
     ending_turns(module, bias=6.0)
     with torch.random.fork_rng(devices=[]):
@@ -283,7 +283,11 @@ def test_turns_continued_from_the_cache_sample_what_feeding_the_whole_history_ag
     from grpo_lightning.agents.multi_turn import sample_episodes
 
     environment = {**SCRIPTED, "name": f"{__name__}.PromptLengthEnvironment"}
-    module = ending_turns(make_module(GRPO, environment=environment, reward_funcs=[environment_reward], max_new_tokens=6))
+    module = ending_turns(
+        make_module(
+            GRPO, environment=environment, rewards={"funcs": [environment_reward]}, sampling={"max_new_tokens": 6}
+        )
+    )
     batch = {"prompt": ["12+34=", "5+6=", "(1+2)*3=", "1+1="]}
     sampling = dataclasses.replace(module.sampling, temperature=temperature)
     fed = []
@@ -322,8 +326,8 @@ def test_the_static_engine_samples_the_episodes_the_hf_path_samples(temperature,
     batch = {"prompt": ["12+34=", "5+6=", "(1+2)*3=", "1+1="]}
     rollouts = {}
     for engine in ENGINES:
-        module = ending_turns(make_module(GRPO, environment=environment, reward_funcs=[environment_reward],
-                                          max_new_tokens=6, engine={"rollout": engine}))  # fmt: skip
+        module = ending_turns(make_module(GRPO, environment=environment, rewards={"funcs": [environment_reward]},
+                                          sampling={"max_new_tokens": 6}, engine={"rollout": engine}))  # fmt: skip
         sampling = dataclasses.replace(module.sampling, temperature=temperature)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
@@ -347,7 +351,7 @@ def test_the_static_engine_samples_the_episodes_the_hf_path_samples(temperature,
 def test_static_engine_episodes_on_cuda_score_exactly_the_sampled_tokens(engine, make_module):
     """On CUDA (CUDA graphs; ``auto``: also the compiled step, fused projections and Triton kernels),
     the trainer scores the ids the static engine sampled across turns, with their log-probs."""
-    module = ending_turns(make_module(GRPO, environment=SCRIPTED, reward_funcs=[environment_reward], max_new_tokens=6,
+    module = ending_turns(make_module(GRPO, environment=SCRIPTED, rewards={"funcs": [environment_reward]}, sampling={"max_new_tokens": 6},
                                       engine=engine)).to("cuda")  # fmt: skip
     assert module.engine_plan.rollout == "static"
     torch.manual_seed(0)

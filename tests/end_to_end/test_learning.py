@@ -147,7 +147,11 @@ LORA_MARGIN = 0.045
 @pytest.mark.slow
 def test_grpo_with_lora_raises_validation_accuracy_over_the_warm_start(warm_model_dir, warm_start_accuracy, tmp_path):
     pytest.importorskip("peft")
-    lora = ["--config", str(Path(__file__).resolve().parents[2] / "configs/lora/lora.yaml"), "--model.learning_rate=1e-3"]
+    lora = [
+        "--config",
+        str(Path(__file__).resolve().parents[2] / "configs/lora/lora.yaml"),
+        "--model.optim.learning_rate=1e-3",
+    ]
     cli = GRPOLightningCLI(args=fit_args(warm_model_dir, "grpo", tmp_path) + lora, run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     trainable = [name for name, p in cli.model.policy.named_parameters() if p.requires_grad]

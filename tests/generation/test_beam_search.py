@@ -1,4 +1,4 @@
-"""Beam-search groups (``rollout_mode: beam_search``): a prompt's ``G`` completions are the ``G`` best
+"""Beam-search groups (``sampling.mode: beam_search``): a prompt's ``G`` completions are the ``G`` best
 beams of one beam search, best first, in the rows of its group; only the HF generate path runs it."""
 
 from __future__ import annotations
@@ -70,7 +70,9 @@ def test_beams_are_deterministic_and_carry_no_sampling_logprobs(make_module, one
 
 
 def test_the_module_rolls_out_beams_and_validates_with_its_own_sampling(make_module, one_torch_thread):
-    grpo = make_module(GRPO, rollout_mode="beam_search", group_size=3, val_temperature=1.0, val_samples=2)
+    grpo = make_module(
+        GRPO, sampling={"mode": "beam_search", "group_size": 3}, evaluation={"temperature": 1.0, "samples": 2}
+    )
     assert grpo.sampling.beam_search and not grpo.val_sampling.beam_search
     rollout = grpo.generate({"prompt": PROMPTS[:2], "answer": ["15", "52"]}, 3, grpo.sampling, with_logprobs=True)
     assert rollout.prompts == [PROMPTS[0]] * 3 + [PROMPTS[1]] * 3
@@ -83,7 +85,7 @@ def test_the_module_rolls_out_beams_and_validates_with_its_own_sampling(make_mod
 def test_auto_picks_the_hf_path_for_beam_search_even_on_cuda_and_says_why():
     plan = resolve_engine(EngineOptions(), CUDA_QWEN2, beam_search=True)
     assert plan.rollout == "hf" and not plan.compile and not plan.fuse_projections
-    assert len(plan.notes) == 1 and "rollout_mode is 'beam_search'" in plan.notes[0]
+    assert len(plan.notes) == 1 and "sampling.mode is 'beam_search'" in plan.notes[0]
     assert resolve_engine(EngineOptions(rollout="hf"), CUDA_QWEN2, beam_search=True).rollout == "hf"
 
 
@@ -93,22 +95,22 @@ def test_auto_picks_the_hf_path_for_beam_search_even_on_cuda_and_says_why():
         (EngineOptions(rollout="static"), None, "engine.rollout"),
         (EngineOptions(compile=True), None, "engine.compile"),
         (EngineOptions(decode_attention="math"), None, "engine.decode_attention"),
-        (EngineOptions(), 3, "rollout_seed"),
+        (EngineOptions(), 3, "sampling.seed"),
     ],
     ids=["rollout-static", "compile", "decode-attention", "rollout-seed"],
 )
 def test_a_static_engine_setting_with_beam_search_is_an_error_naming_both(options, seed, field):
-    with pytest.raises(ConfigError, match=rf"^{field}: .*rollout_mode is 'beam_search'.*set rollout_mode to 'sample'"):
+    with pytest.raises(ConfigError, match=rf"^{field}: .*sampling.mode is 'beam_search'.*set sampling.mode to 'sample'"):
         resolve_engine(options, CUDA_QWEN2, seed, beam_search=True)
 
 
 def test_the_module_refuses_beam_search_settings_that_cannot_hold_when_built(make_module):
     with pytest.raises(ConfigError, match="^engine.rollout: .*beam_search"):
-        make_module(GRPO, configure=False, rollout_mode="beam_search", engine=EngineOptions(rollout="static"))
-    with pytest.raises(ConfigError, match="^rollout_mode: 'beams' is not one of 'sample', 'beam_search'"):
-        make_module(GRPO, configure=False, rollout_mode="beams")
-    with pytest.raises(ConfigError, match="^rollout_correction: .*beam search samples nothing"):
-        make_module(GRPO, configure=False, rollout_mode="beam_search", rollout_correction="token_truncate")
+        make_module(GRPO, configure=False, engine=EngineOptions(rollout="static"), sampling={"mode": "beam_search"})
+    with pytest.raises(ConfigError, match="^sampling.mode: 'beams' is not one of 'sample', 'beam_search'"):
+        make_module(GRPO, configure=False, sampling={"mode": "beams"})
+    with pytest.raises(ConfigError, match="^sampling.correction: .*beam search samples nothing"):
+        make_module(GRPO, configure=False, sampling={"mode": "beam_search", "correction": "token_truncate"})
 
 
 def test_a_two_step_fit_with_the_shipped_config_warns_once_that_beams_are_not_samples(
@@ -118,7 +120,7 @@ def test_a_two_step_fit_with_the_shipped_config_warns_once_that_beams_are_not_sa
     args = [
         "fit", *(a for name in ("trainer/cpu", "data/arithmetic", "variant/grpo", "rollout/beam_search")
                  for a in ("--config", str(configs / f"{name}.yaml"))),
-        "--model.model", tiny_model_dir, "--model.group_size", "3", "--model.max_new_tokens", "4",
+        "--model.model", tiny_model_dir, "--model.sampling.group_size", "3", "--model.sampling.max_new_tokens", "4",
         "--data.batch_size", "2", "--data.num_train", "8", "--data.num_val", "2", "--trainer.max_steps", "2",
         "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
         "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
@@ -127,7 +129,7 @@ def test_a_two_step_fit_with_the_shipped_config_warns_once_that_beams_are_not_sa
         warnings.simplefilter("always")
         cli = GRPOLightningCLI(args=args)
     assert [str(w.message) for w in caught].count(BEAM_SEARCH_CAVEAT) == 1
-    assert cli.model.hparams.rollout_mode == "beam_search" and cli.trainer.global_step == 2
+    assert cli.model.hparams.sampling["mode"] == "beam_search" and cli.trainer.global_step == 2
     rollout = cli.model.last_rollout
     assert rollout.group_size == 3 and len(rollout) == 6
     assert rollout.prompts[:3] == [rollout.prompts[0]] * 3 and rollout.prompts[3:] == [rollout.prompts[3]] * 3

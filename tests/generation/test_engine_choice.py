@@ -72,7 +72,7 @@ def test_explicit_settings_win_over_the_device_default():
 @pytest.mark.parametrize(
     ("options", "seed"),
     [(EngineOptions(decode_attention="math"), None), (EngineOptions(fuse_projections=True), None), (EngineOptions(), 7)],
-    ids=["decode_attention", "fuse_projections", "rollout_seed"],
+    ids=["decode_attention", "fuse_projections", "sampling.seed"],
 )
 def test_a_static_engine_setting_makes_auto_take_the_static_engine_on_a_cpu(options, seed):
     plan = resolve_engine(options, CPU_QWEN2, rollout_seed=seed)
@@ -84,7 +84,7 @@ def test_a_static_engine_setting_makes_auto_take_the_static_engine_on_a_cpu(opti
     [
         (EngineOptions(rollout="static"), None, "engine.rollout"),
         (EngineOptions(fuse_projections=True), None, "engine.fuse_projections"),
-        (EngineOptions(), 7, "rollout_seed"),
+        (EngineOptions(), 7, "sampling.seed"),
     ],
 )
 def test_explicit_settings_that_cannot_run_are_refused_naming_the_field(options, seed, field):
@@ -138,7 +138,7 @@ def test_the_module_passes_a_cuda_plan_to_the_static_engine(make_module, monkeyp
         return resolve_engine(EngineOptions(rollout=plan.rollout, fuse_projections=plan.fuse_projections), target)
 
     monkeypatch.setattr(sampler_file, "resolve_engine", cuda_plan)
-    grpo = make_module(GRPO, dtype="float32")
+    grpo = make_module(GRPO, policy={"dtype": "float32"})
     grpo.generate({"prompt": ["1+2="]}, 2, grpo.sampling)
     assert asked[0].device_type == "cpu" and asked[0].model_type == "qwen2"
     assert grpo.engine_plan.rollout == "static" and grpo.sampler.engine is not None

@@ -51,7 +51,7 @@ def test_the_hf_plan_samples_what_generate_group_samples(make_module):
 
 
 def test_the_static_engine_is_kept_between_rollouts_and_grown_for_a_larger_batch(make_module):
-    grpo = make_module(GRPO, engine=EngineOptions(rollout="static"), dtype="float32")
+    grpo = make_module(GRPO, engine=EngineOptions(rollout="static"), policy={"dtype": "float32"})
     sampler = RolloutSampler(resolve_engine(grpo.engine_options, EngineTarget.of(grpo.policy, "cpu")))
     sampling = SamplingParams(max_new_tokens=4, temperature=0.0)
     sampler.sample(grpo.policy, grpo.tokenizer, ["1+2="], 2, sampling)
@@ -67,7 +67,7 @@ def test_the_static_engine_is_kept_between_rollouts_and_grown_for_a_larger_batch
 def test_two_models_keep_an_engine_each(make_module):
     """Stale rollouts sample from a snapshot and validation from the policy: neither rebuilds the
     other's engine (on CUDA: its captured graphs); a third model replaces the least recent."""
-    grpo = make_module(GRPO, engine=EngineOptions(rollout="static"), dtype="float32")
+    grpo = make_module(GRPO, engine=EngineOptions(rollout="static"), policy={"dtype": "float32"})
     sampler = RolloutSampler(resolve_engine(grpo.engine_options, EngineTarget.of(grpo.policy, "cpu")))
     sampling = SamplingParams(max_new_tokens=4, temperature=0.0)
     copies = [copy.deepcopy(grpo.policy) for _ in range(2)]
@@ -81,7 +81,7 @@ def test_two_models_keep_an_engine_each(make_module):
 
 
 def test_a_rollout_sampled_ahead_is_returned_by_the_same_call_and_a_failure_raises_there(make_module):
-    grpo = make_module(GRPO, engine=EngineOptions(rollout="static"), dtype="float32", rollout_seed=3)
+    grpo = make_module(GRPO, engine=EngineOptions(rollout="static"), policy={"dtype": "float32"}, sampling={"seed": 3})
     sampler = RolloutSampler(resolve_engine(grpo.engine_options, EngineTarget.of(grpo.policy, "cpu")), seed=3)
     sampling = SamplingParams(max_new_tokens=4, temperature=1.0)
     arguments = (grpo.policy, grpo.tokenizer, ["1+2=", "3+4="], 2, sampling, 5, True)

@@ -33,7 +33,8 @@ def write_cell(root, variant: str, seed: int, final_accuracy: float, finished: b
         "trainer": {"max_steps": STEPS, "logger": {"init_args": {"save_dir": str(directory)}}},
         "model": {
             "class_path": f"variants.{variant.upper()}",
-            "init_args": {"group_size": 4, "clip_eps_high": 0.28 if variant == "dapo" else 0.2, **(config_changes or {})},
+            "init_args": {"sampling": {"group_size": 4}, "loss": {"clip_eps_high": 0.28 if variant == "dapo" else 0.2},
+                          **(config_changes or {})},
         },
         "data": {"init_args": {"num_train": 32}},
     }

@@ -147,9 +147,9 @@ def test_report_sections_and_numbers(sweep, tmp_path):
     assert "grpo-seed3" in md and "unfinished" in md
     # configuration: what differs, with per-run paths and the seed left out
     assert "| `model.class_path` | variants.GRPO | variants.DAPO |" in md
-    assert "| `model.init_args.clip_eps_high` | 0.2 | 0.28 |" in md
+    assert "| `model.init_args.loss.clip_eps_high` | 0.2 | 0.28 |" in md
     assert "seed_everything" not in md and "save_dir" not in md
-    assert "`model.init_args.group_size` | 4 |" in md  # shared
+    assert "`model.init_args.sampling.group_size` | 4 |" in md  # shared
 
     # Student t over three seeds: 0.6 -+ 4.3026527 * 0.1 / sqrt(3) = 0.6 -+ 0.2484138;
     # dapo 0.2, 0.35, 0.3: s = 0.0763763, 0.2833333 -+ 0.1897292

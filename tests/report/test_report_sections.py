@@ -75,7 +75,7 @@ def test_a_dirty_tree_and_mixed_commits_carry_a_banner(tmp_path, cell_writer):
 
 
 def test_training_reward_is_compared_only_on_the_baselines_reward_functions(tmp_path, cell_writer):
-    majority = {"reward_funcs": ["grpo_lightning.rewards.majority_vote_reward"]}
+    majority = {"rewards": {"funcs": ["grpo_lightning.rewards.majority_vote_reward"]}}
     root = two_arm_sweep(tmp_path / "sweep", cell_writer, seeds=(0, 1, 2), dapo={"config_changes": majority})
     md = report_text(root, tmp_path)
     summary = md.split("## Summary")[1].split("## Runs")[0]
@@ -147,8 +147,8 @@ def arm(name: str, clip_values) -> Arm:
 
 
 def clip_config(class_name: str, low: float = 0.2, high: float = 0.2) -> dict:
-    return {"model.class_path": f"variants.{class_name}", "model.init_args.clip_eps_low": str(low),
-            "model.init_args.clip_eps_high": str(high)}  # fmt: skip
+    return {"model.class_path": f"variants.{class_name}", "model.init_args.loss.clip_eps_low": str(low),
+            "model.init_args.loss.clip_eps_high": str(high)}  # fmt: skip
 
 
 def test_the_arms_with_clip_settings_of_their_own():
@@ -164,7 +164,7 @@ def test_the_arms_with_clip_settings_of_their_own():
 
 def test_sequence_level_clipping_follows_the_surrogate_an_arm_names():
     def sequence(class_name, surrogate=None):
-        config = {**clip_config(class_name), "model.init_args.surrogate": surrogate}
+        config = {**clip_config(class_name), "model.init_args.loss.surrogate": surrogate}
         return clip_settings(config)["sequence-level clipping"]
 
     assert [sequence("GSPO"), sequence("LUSPO"), sequence("GRPO")] == ["yes", "yes", "no"]

@@ -53,10 +53,13 @@ def test_a_run_logged_on_the_batch_counter_counts_its_optimizer_steps_from_its_c
         writer.add_scalar("reward", 0.1, batch, walltime=1_000_000.0 + batch)
     writer.close()
     run = load_run(tmp_path)
-    config = {"model": {"init_args": {"group_size": 8, "minibatch_size": 32, "ppo_epochs": 1}},
+    config = {"model": {"init_args": {"sampling": {"group_size": 8}, "optim": {"minibatch_size": 32, "ppo_epochs": 1}}},
               "data": {"init_args": {"batch_size": 16}}}  # fmt: skip
     assert optimizer_steps_per_rollout(config) == 4  # 16 x 8 rows in minibatches of 32
-    assert optimizer_steps_per_rollout({"model": {"init_args": {"ppo_epochs": 2}}}) == 2
+    assert optimizer_steps_per_rollout({"model": {"init_args": {"optim": {"ppo_epochs": 2}}}}) == 2
+    recorded = {"model": {"init_args": {"group_size": 8, "minibatch_size": 32, "ppo_epochs": 1}},
+                "data": {"init_args": {"batch_size": 16}}}  # a run recorded before the option groups  # fmt: skip
+    assert optimizer_steps_per_rollout(recorded) == 4
     run.updates_per_step = optimizer_steps_per_rollout(config)
     assert final_value(run, "steps") == 12
     assert run.axis("reward", "step")[0].tolist() == [4, 8, 12]
