@@ -96,7 +96,7 @@ def test_the_shape_is_read_from_the_model_and_its_card(make_module, monkeypatch)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "NVIDIA H200")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
-    grpo = make_module(GRPO, dtype="float32")
+    grpo = make_module(GRPO, policy={"dtype": "float32"})
     config = grpo.policy.config
     shape = CompiledShape.of(grpo.policy)
     assert shape == CompiledShape(
@@ -150,7 +150,7 @@ def test_what_a_run_marks_is_what_the_next_run_finds_warm(caches):
 
 
 def test_the_sampler_builds_the_engine_on_the_fallbacks_the_plan_chose_and_marks_once(make_module):
-    grpo = make_module(GRPO, engine=EngineOptions(rollout="static"), dtype="float32")
+    grpo = make_module(GRPO, engine=EngineOptions(rollout="static"), policy={"dtype": "float32"})
     plan = resolve_engine(grpo.engine_options, EngineTarget.of(grpo.policy, "cpu"))
     marked = []
     plan = dataclasses.replace(plan, triton_kernels=False, compiled={"decode": {"max_new_tokens": 2}})
