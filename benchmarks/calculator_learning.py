@@ -3,6 +3,9 @@ calculator recipe's 200 validation products, before and after a fit, for several
 
     python benchmarks/calculator_learning.py --seeds 0 1 2 --steps 40
 
+Before the fit it also reports the probability of opening with a call (mean and largest over the
+products): greedy decoding calls where it passes one half. ``--seeds`` with no value measures only that.
+
 The start model is ``calculator_warm_start()`` (docs/agents.md); the fit is
 ``--config trainer/cpu --config recipes/calculator`` through the real CLI.
 """
@@ -18,7 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_lightning.agents import EnvironmentOptions
-from grpo_lightning.agents.calculator_warmstart import calculator_warm_start
+from grpo_lightning.agents.calculator_warmstart import CalculatorWarmStartSettings, calculator_warm_start, call_probability
 from grpo_lightning.agents.multi_turn import sample_episodes
 from grpo_lightning.cli import GRPOLightningCLI, expected_warnings_silenced
 from grpo_lightning.data.arithmetic import make_arithmetic_dataset
@@ -56,23 +59,31 @@ def fit(model_dir: str, seed: int, steps: int, log_dir: str):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--warm-start-seed", type=int, default=0)
+    parser.add_argument("--call-fraction", type=float, default=None, help="the warm start's (default: its own)")
     options = parser.parse_args()
     torch.set_num_threads(options.threads)
-    model_dir = str(calculator_warm_start(seed=options.warm_start_seed))
+    chosen = {"seed": options.warm_start_seed}
+    if options.call_fraction is not None:
+        chosen["call_fraction"] = options.call_fraction
+    model_dir = str(calculator_warm_start(**chosen))
     rows = make_arithmetic_dataset(2000, 200, 3, "*", 0)["validation"].to_dict()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    before = greedy_episodes(AutoModelForCausalLM.from_pretrained(model_dir).eval(), tokenizer, rows)
+    start = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    before = greedy_episodes(start, tokenizer, rows)
+    opens_with_call = call_probability(start, tokenizer, rows["prompt"])
+    before |= {"call_probability_mean": opens_with_call.mean().item(), "call_probability_max": opens_with_call.max().item()}
     print(json.dumps({"model": model_dir, "before": before}))
     for seed in options.seeds:
         started = time.perf_counter()
         with tempfile.TemporaryDirectory() as log_dir:
             after = greedy_episodes(fit(model_dir, seed, options.steps, log_dir), tokenizer, rows)
         seconds = round(time.perf_counter() - started, 1)
-        run = {"warm_start_seed": options.warm_start_seed, "seed": seed, "steps": options.steps}
+        call_fraction = CalculatorWarmStartSettings(**chosen).call_fraction
+        run = {"warm_start_seed": options.warm_start_seed, "call_fraction": call_fraction, "seed": seed, "steps": options.steps}
         print(json.dumps({**run, "after": after, "seconds": seconds}), flush=True)
 
 

@@ -3,11 +3,15 @@
 The transcripts are episodes of :class:`~grpo_lightning.agents.CalculatorEnvironment` on the
 recipe's 3-digit products, tokenised exactly as a rollout tokenises them: the prompt, a call
 ``<think>a*b</think>`` and EOS, the tool's reply, then ``<answer>product</answer>`` and EOS. Each
-problem is also written answered at once, which a model this small cannot do for 3-digit products;
-a batch draws the call transcript with probability ``call_fraction``. Below one half, the model
-learns the format but answers in its head when decoding greedily: reinforcement learning has to
-teach it when to call. The model's tokens carry the loss; the prompt and the tool's reply do not.
-Results are cached under a hash of the settings, like the quickstart's warm start.
+problem is also written answered at once, which a model this small cannot do for 3-digit products.
+Two things are learned apart: a batch draws the call transcript at least half the time, so the call
+format and the copying of the tool's reply are learned well; but the loss on a call's opening token
+is kept just often enough that the model opens with a call with probability ``call_fraction``.
+Greedy decoding calls where that probability passes one half: 0.25 keeps it far below (at 0.45 a
+platform's rounding flipped it), so the model knows the format but answers in its head, and
+reinforcement learning has to teach it when to call. The model's tokens carry the loss; the prompt
+and the tool's reply do not. Results are cached under a hash of the settings, like the quickstart's
+warm start.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from grpo_lightning.data.arithmetic import format_target, make_arithmetic_datase
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_model_and_tokenizer, tiny_config
 from grpo_lightning.quickstart.warmstart import MARKER_FILE, build_once, default_cache_dir, environment, reproducible_cpu
 
-_FORMAT_VERSION = 2
+_FORMAT_VERSION = 3
+_CALL_TRANSCRIPT_SHARE = 0.5  # of a batch at least, whatever ``call_fraction``: enough to learn copying the reply
 
 
 @dataclass(frozen=True)
@@ -39,7 +44,7 @@ class CalculatorWarmStartSettings:
     num_train: int = 2000
     num_val: int = 200
     data_seed: int = 0
-    call_fraction: float = 0.45
+    call_fraction: float = 0.25
     steps: int = 600
     batch_size: int = 64
     learning_rate: float = 3e-3
@@ -85,6 +90,21 @@ def calculator_transcript(
     return ids, labels
 
 
+@torch.no_grad()
+def call_probability(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> torch.Tensor:
+    """Per prompt, the probability that the model's first token opens a call (``<think>``): how far
+    its greedy choice is from flipping."""
+    env = CalculatorEnvironment(tool_call_format=think_expression_calls)
+    chat = ChatTokens(tokenizer, env.tools, use_chat_template=False)
+    rows = [chat.prompt_ids(env.reset({"prompt": prompt, "answer": ""})) for prompt in prompts]
+    width = max(len(ids) for ids in rows)
+    input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids in rows])
+    mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in rows])
+    logits = model(input_ids=input_ids, attention_mask=mask).logits  # right padding: earlier positions unchanged
+    last = logits[torch.arange(len(rows)), torch.tensor([len(ids) - 1 for ids in rows])].float()
+    return last.softmax(-1)[:, tokenizer.convert_tokens_to_ids("<think>")]
+
+
 def calculator_warm_start(output_dir: str | Path | None = None, **settings) -> Path:
     """Train (or reuse) the calculator recipe's start model and return its ``save_pretrained`` directory.
 
@@ -112,6 +132,17 @@ def calculator_warm_start(output_dir: str | Path | None = None, **settings) -> P
     return build_once(Path(output_dir), is_current, build)
 
 
+def call_opening_rates(call_fraction: float) -> tuple[float, float]:
+    """The share of call transcripts in a batch, and the probability that a call transcript keeps
+    the loss on its opening token, for the opening tokens trained to be calls ``call_fraction`` of the time."""
+    if not 0.0 <= call_fraction <= 1.0:
+        raise ValueError(f"call_fraction={call_fraction} must be in [0, 1]")
+    share = max(_CALL_TRANSCRIPT_SHARE, call_fraction)
+    if call_fraction == 1.0:
+        return share, 1.0
+    return share, call_fraction * (1 - share) / (share * (1 - call_fraction))
+
+
 def train_calculator_model(settings: CalculatorWarmStartSettings) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, list]:
     """Fit a fresh tiny model to the transcripts of the training split; the mean loss every 50 steps."""
     tokenizer = build_char_tokenizer()
@@ -135,6 +166,9 @@ def train_calculator_model(settings: CalculatorWarmStartSettings) -> tuple[torch
     labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
     attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
 
+    opening = (labels != -100).long().argmax(1)  # each transcript's first trained token
+    call_share, opening_kept = call_opening_rates(settings.call_fraction)
+
     losses, running = [], []
     with torch.random.fork_rng(devices=[]), reproducible_cpu():
         torch.manual_seed(settings.seed)
@@ -146,9 +180,12 @@ def train_calculator_model(settings: CalculatorWarmStartSettings) -> tuple[torch
             for group in optimizer.param_groups:
                 group["lr"] = settings.learning_rate * min(1.0, step / max(1, settings.warmup_steps))
             problems = torch.randint(len(train), (settings.batch_size,), generator=generator)
-            calls = torch.rand(settings.batch_size, generator=generator) < settings.call_fraction
+            calls = torch.rand(settings.batch_size, generator=generator) < call_share
             batch = 2 * problems + calls.long()
-            loss = model(input_ids=input_ids[batch], attention_mask=attention_mask[batch], labels=labels[batch]).loss
+            batch_labels = labels[batch].clone()
+            untaught = calls & (torch.rand(settings.batch_size, generator=generator) >= opening_kept)
+            batch_labels[untaught, opening[batch][untaught]] = -100
+            loss = model(input_ids=input_ids[batch], attention_mask=attention_mask[batch], labels=batch_labels).loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
