@@ -6,8 +6,8 @@ recipe's 3-digit products, tokenised exactly as a rollout tokenises them: the pr
 problem is also written answered at once, which a model this small cannot do for 3-digit products.
 Two things are learned apart: a batch draws the call transcript at least half the time, so the call
 format and the copying of the tool's reply are learned well; but the loss on a call's opening token
-is kept just often enough that the model opens with a call with probability ``call_fraction``.
-Greedy decoding calls where that probability passes one half: 0.25 keeps it far below (at 0.45 a
+is kept just often enough that the model is taught to open with a call ``call_fraction`` of the time.
+Greedy decoding calls where that probability passes one half: 0.3 keeps it far below (at 0.45 a
 platform's rounding flipped it), so the model knows the format but answers in its head, and
 reinforcement learning has to teach it when to call. The model's tokens carry the loss; the prompt
 and the tool's reply do not. Results are cached under a hash of the settings, like the quickstart's
@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 from grpo_lightning.agents.calculator import CalculatorEnvironment, think_expression_calls
 from grpo_lightning.agents.chat_tokens import ChatTokens
 from grpo_lightning.data.arithmetic import format_target, make_arithmetic_dataset
+from grpo_lightning.errors import ConfigError
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_model_and_tokenizer, tiny_config
 from grpo_lightning.quickstart.warmstart import MARKER_FILE, build_once, default_cache_dir, environment, reproducible_cpu
 
@@ -44,7 +45,7 @@ class CalculatorWarmStartSettings:
     num_train: int = 2000
     num_val: int = 200
     data_seed: int = 0
-    call_fraction: float = 0.25
+    call_fraction: float = 0.3
     steps: int = 600
     batch_size: int = 64
     learning_rate: float = 3e-3
@@ -136,7 +137,7 @@ def call_opening_rates(call_fraction: float) -> tuple[float, float]:
     """The share of call transcripts in a batch, and the probability that a call transcript keeps
     the loss on its opening token, for the opening tokens trained to be calls ``call_fraction`` of the time."""
     if not 0.0 <= call_fraction <= 1.0:
-        raise ValueError(f"call_fraction={call_fraction} must be in [0, 1]")
+        raise ConfigError(f"call_fraction={call_fraction}: use a probability in [0, 1]")
     share = max(_CALL_TRANSCRIPT_SHARE, call_fraction)
     if call_fraction == 1.0:
         return share, 1.0

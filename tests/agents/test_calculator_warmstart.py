@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from grpo_lightning.agents import calculator_warmstart
-from grpo_lightning.agents.calculator_warmstart import CalculatorWarmStartSettings, calculator_transcript, calculator_warm_start
+from grpo_lightning.agents.calculator_warmstart import (
+    CalculatorWarmStartSettings,
+    calculator_transcript,
+    calculator_warm_start,
+    call_opening_rates,
+)
+from grpo_lightning.errors import ConfigError
 from grpo_lightning.quickstart.tiny import DEFAULT_ALPHABET, build_char_tokenizer
 
 TINY = dict(steps=2, num_train=40, num_val=4, batch_size=8, hidden_size=16, intermediate_size=32)
@@ -40,3 +48,15 @@ def test_a_tokenizer_with_another_alphabet_trains_again(monkeypatch):
     key = CalculatorWarmStartSettings().cache_key()
     monkeypatch.setattr(calculator_warmstart, "build_char_tokenizer", lambda: build_char_tokenizer(DEFAULT_ALPHABET + "abc"))
     assert CalculatorWarmStartSettings().cache_key() != key
+
+
+@pytest.mark.parametrize("call_fraction", [0.0, 0.1, 0.25, 0.5, 0.8, 1.0])
+def test_opening_tokens_are_calls_call_fraction_of_the_time_while_half_the_batch_or_more_are_call_transcripts(call_fraction):
+    share, kept = call_opening_rates(call_fraction)
+    assert share >= 0.5 and 0.0 <= kept <= 1.0
+    assert share * kept / (share * kept + 1 - share) == pytest.approx(call_fraction)
+
+
+def test_a_call_fraction_outside_zero_to_one_is_refused():
+    with pytest.raises(ConfigError, match="call_fraction"):
+        call_opening_rates(1.5)
