@@ -450,3 +450,34 @@ def test_budget_race_reports_steps_wall_clock_and_accuracy_per_framework(tiny_mo
         assert run["budget_min"] == 0.1 and isinstance(run["steps"], int) and run["steps"] >= 0
         assert run["wall_s"] >= 6.0  # the budget counts from the process's start: it ends no earlier
         assert 0.0 <= run["accuracy"] <= 1.0
+
+
+def _startup_phases():
+    spec = importlib.util.spec_from_file_location("startup_phases", REPO_ROOT / "benchmarks" / "startup_phases.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_startup_phases_give_each_phase_the_seconds_since_the_mark_before_it():
+    lines, phases = _startup_phases().phase_table([("imported", 5.0), ("parsed", 5.5), ("loaded", 7.0)])
+    assert phases == {"imported": 5.0, "parsed": 0.5, "loaded": 1.5}
+    assert [line.split()[-1] for line in lines] == ["imported", "parsed", "loaded"]
+
+
+def test_startup_phases_time_a_method_that_calls_its_parent_s_once():
+    startup = _startup_phases()
+
+    class Base:
+        def setup(self):
+            return "base"
+
+    class Child(Base):
+        def setup(self):
+            return super().setup() + "+child"
+
+    marks, depth = [], {}
+    for cls in (Base, Child):
+        startup._timed(cls, "setup", "strategy setup", marks.append, depth)
+    assert Child().setup() == "base+child"
+    assert marks == ["before strategy setup", "strategy setup"]
