@@ -10,7 +10,8 @@ counts those *token passes*, a backward counting as two, and ``perf/flops`` is 2
 
 N counts the parameters that multiply activations: every parameter but the input embeddings (an
 embedding lookup is no product), the output projection included even where it is tied to them.
-Not counted: attention's sequence-length term, padding tokens, validation, and a critic (PPO).
+Not counted: attention's sequence-length term, padding tokens, validation, a critic (PPO), and a
+forward recomputed under gradient checkpointing (as model-FLOPs utilisation counts).
 """
 
 from __future__ import annotations
