@@ -328,12 +328,11 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
     def _forward(
         self, model: torch.nn.Module, rollout: Rollout, rows: Tensor, with_entropy: bool = True
     ) -> tuple[Tensor, Tensor | None]:
-        self.compute.add_forward(*rollout.model_inputs(rows)[1::2], backward=torch.is_grad_enabled())  # masks
+        inputs = rollout.model_inputs(rows)
+        self.compute.add_forward(inputs[1], inputs[3], backward=torch.is_grad_enabled())  # prompt, completion masks
         with adapter_autocast(model):  # LoRA: bf16 products for float32 adapters
-            return completion_logprobs(
-                model, *rollout.model_inputs(rows), temperature=self.sampling.temperature, with_entropy=with_entropy,
-                **self.engine_plan.logprob_options(),
-            )  # fmt: skip
+            return completion_logprobs(model, *inputs, temperature=self.sampling.temperature, with_entropy=with_entropy,
+                                       **self.engine_plan.logprob_options())  # fmt: skip
 
     # ------------------------------------------------------------------ training
 
@@ -343,7 +342,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         with timer.phase("rollout"):
             rollout = self.generate(batch, self.group_size, self.sampling, with_logprobs=True)
         self.generated_tokens += int(rollout.completion_mask.sum())  # dropped groups cost compute too
-        self.compute.add_forward(rollout.prompt_mask, *rollout.model_inputs(torch.arange(len(rollout)))[3:])
+        self.compute.add_forward(rollout.prompt_mask, rollout.attended_mask)
         metrics.record_rollout(self.step_metrics, rollout)
         with timer.phase("score"):
             scores = self.score(rollout)

@@ -104,14 +104,15 @@ class Rollout:
     def device(self) -> torch.device:
         return self.completion_ids.device
 
+    @property
+    def attended_mask(self) -> Tensor:
+        """The completion's attention mask ``[N, T]``: the model's tokens and the environment's."""
+        return self.completion_mask if self.environment_mask is None else self.completion_mask + self.environment_mask
+
     def model_inputs(self, rows: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``(prompt_ids, prompt_mask, completion_ids, attention mask of the completion)`` of ``rows``:
-        the completion's attention mask also covers the environment's tokens."""
+        """``(prompt_ids, prompt_mask, completion_ids, attended_mask)`` of ``rows``."""
         rows = rows.to(self.device)
-        attended = self.completion_mask[rows]
-        if self.environment_mask is not None:
-            attended = attended + self.environment_mask[rows]
-        return self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows], attended
+        return self.prompt_ids[rows], self.prompt_mask[rows], self.completion_ids[rows], self.attended_mask[rows]
 
     def to(self, device: torch.device | str) -> Rollout:
         """The rollout with its tensors on ``device``."""
