@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from grpo_lightning.errors import ConfigError
 from grpo_lightning.report.arms import SMOOTHING_STEPS, WIDE, Arm
 from grpo_lightning.report.cells import CellInfo, arm_configs, discover_cells
 from grpo_lightning.report.labels import check_arm_classes
@@ -58,7 +59,7 @@ def build_report(
     if is_data_folder(sweep_dir):
         target = Path(output) if output is not None else sweep_dir.resolve().parent
         if baseline is not None:
-            raise ValueError("baseline: a data folder keeps the baseline it was exported with; build from the sweep folder")
+            raise ConfigError("baseline: a data folder keeps the baseline it was exported with; build from the sweep folder")
         return _build(sweep_dir, target, name, confidence, provenance)
     target = Path(output) if output is not None else sweep_dir / DEFAULT_FOLDER
     cells = discover_cells(sweep_dir)
@@ -132,7 +133,7 @@ def baseline_arm(arms: Sequence[Arm], cells: Sequence[CellInfo], chosen: str | N
     by_name = {a.name: a for a in arms}
     if chosen is not None:
         if chosen not in by_name:
-            raise ValueError(f"baseline: no arm is named {chosen!r}; the arms are {sorted(by_name)}")
+            raise ConfigError(f"baseline: no arm is named {chosen!r}; the arms are {sorted(by_name)}")
         return by_name[chosen]
     named = [c.baseline for c in cells if c.baseline in by_name]
     return by_name[named[0]] if named else (arms[0] if arms else None)

@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from grpo_lightning.errors import ConfigError
 from grpo_lightning.report.build import DEFAULT_FOLDER, build_report
 from grpo_lightning.report.labels import MislabelledArmError
 
@@ -46,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         output = args.out / (args.name or args.sweep_dir.resolve().name)
     try:
         target = build_report(args.sweep_dir, output, args.name, args.confidence, args.provenance, args.baseline)
-    except (MislabelledArmError, ValueError) as error:
+    except (MislabelledArmError, ConfigError) as error:
         parser.exit(2, f"error: {error}\n")
     print(f"report: {target / 'report.md'}")
     print(f"html:   {target / 'report.html'}")
