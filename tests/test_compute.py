@@ -73,3 +73,24 @@ def test_report_curves_can_be_drawn_against_training_flops():
               initial={"val/accuracy": 0.25})  # fmt: skip
     x, y = run.axis("val/accuracy", "flops")
     assert x.tolist() == [0.0, 20.0, 40.0] and y.tolist() == [0.25, 0.5, 0.7]
+
+
+def test_a_report_says_which_runs_its_flops_column_leaves_out(tmp_path):
+    """Runs recorded before ``perf/flops`` existed are absent from that column: the report says so."""
+    import numpy as np
+
+    from grpo_lightning.report.arms import Arm
+    from grpo_lightning.report.curves import curves_section
+    from grpo_lightning.report.document import Doc
+    from grpo_lightning.report.runs import FLOPS_TAG, Run, Series
+
+    def run(name, flops):
+        scalars = {"val/accuracy": Series(np.array([1, 2]), np.array([0.2, 0.3]), np.array([1.0, 2.0]))}
+        if flops:
+            scalars[FLOPS_TAG] = Series(np.array([1, 2]), np.array([10.0, 20.0]), np.array([1.0, 2.0]))
+        return Run(tmp_path / name, scalars)
+
+    doc = Doc()
+    curves_section(doc, [Arm("grpo", [], [run("grpo-seed0", True), run("grpo-seed1", False)])], tmp_path)
+    (note,) = [block[1] for block in doc.blocks if block[0] == "p" and FLOPS_TAG in block[1]]
+    assert "leaves out 1 run(s) that did not log `perf/flops`" in note and note.endswith("grpo-seed1.")

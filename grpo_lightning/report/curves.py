@@ -66,6 +66,10 @@ def curves_section(doc: Doc, arms: Sequence[Arm], target: Path, wall_clock_cavea
               + ", the others in the order of their mean final val/accuracy.")  # fmt: skip
     colors = arm_colors([a.name for a in arms])
     logged_flops = any(FLOPS_TAG in run.scalars for arm in arms for run in arm.runs)  # older runs did not
+    unlogged = [run.directory.name for arm in arms for run in arm.runs if FLOPS_TAG not in run.scalars]
+    if logged_flops and unlogged:
+        doc.p(f"**The training-FLOPs column leaves out {len(unlogged)} run(s) that did not log `{FLOPS_TAG}`** "
+              f"(recorded before it was added): {', '.join(sorted(unlogged))}.")  # fmt: skip
     shown = [a for a in AXES if not (wall_clock_caveat and a[0] == "time") and (logged_flops or a[0] != "flops")]
     for stem, title, tags in curve_figures(arms):
         if not any(tag in run.scalars or tag in run.initial for arm in arms for run in arm.runs for tag in tags):
