@@ -1,7 +1,7 @@
 """Packaging of the shipped configs; the project's metadata is in pyproject.toml.
 
 The top-level ``configs/`` folder of the repository is the single source of the YAML configs: it
-is installed as the package data of ``grpo_lightning.configs`` (``grpo_lightning.resources``
+is installed as the package data of ``grpo_lightning.configs`` (``grpo_lightning.cli.resources``
 finds it there, or in a checkout).
 """
 

@@ -85,8 +85,8 @@ def evaluate(model: str, settings: dict[str, Any], device: str) -> float:
     """Greedy accuracy on the recipe's held-out problems (fp32)."""
     import torch
 
-    from grpo_lightning.generation import format_prompt, load_causal_lm
-    from grpo_lightning.model_sources import load_tokenizer
+    from grpo_lightning.rollout.generation import format_prompt, load_causal_lm
+    from grpo_lightning.models.sources import load_tokenizer
     from grpo_lightning.rewards import accuracy_reward
     from smollm2 import problems
 
@@ -144,7 +144,7 @@ def run_ours(settings: dict[str, Any], device: str, minutes: float, seed: int, r
     trainer.pop("val_check_interval", None)
     config.write_text(yaml.safe_dump({"model": settings["model"], "data": settings["data"], "trainer": trainer,
                                       "validate_before_fit": False}))  # fmt: skip
-    command = [sys.executable, "-c", "from grpo_lightning.cli import main; main()", "fit", "--config", f"trainer/{device}",
+    command = [sys.executable, "-c", "from grpo_lightning.cli.app import main; main()", "fit", "--config", f"trainer/{device}",
                "--config", str(config), "--seed_everything", str(seed), "--data.seed", str(seed)]  # fmt: skip
     wall = _timed(command, env)
     steps = json.loads((root / "final" / "steps.json").read_text())["steps"]
@@ -167,10 +167,10 @@ def trl_worker(settings: dict[str, Any], device: str, minutes: float, seed: int,
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpo_lightning.generation import load_causal_lm
-    from grpo_lightning.model_sources import load_tokenizer
+    from grpo_lightning.rollout.generation import load_causal_lm
+    from grpo_lightning.models.sources import load_tokenizer
     from grpo_lightning.rewards import accuracy_reward
-    from grpo_lightning.time_budget import process_start_time
+    from grpo_lightning.training.time_budget import process_start_time
     from smollm2 import problems
 
     started = process_start_time()

@@ -58,7 +58,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch
     from lightning.pytorch.callbacks import Callback
 
-    from grpo_lightning.cli import GRPOLightningCLI
+    from grpo_lightning.cli.app import GRPOLightningCLI
     from grpo_lightning.quickstart.warmstart import read_marker, warm_start
 
     torch.set_num_threads(args.threads)

@@ -47,8 +47,8 @@ if str(REPO_ROOT / "benchmarks") not in sys.path:  # this folder's modules (stop
 
 import torch  # noqa: E402
 
-from grpo_lightning.engine import DECODE_ATTENTION_KINDS  # noqa: E402
-from grpo_lightning.engine.options import EngineOptions  # noqa: E402
+from grpo_lightning.rollout.engine import DECODE_ATTENTION_KINDS  # noqa: E402
+from grpo_lightning.rollout.engine.options import EngineOptions  # noqa: E402
 from first_step import KINDS as FIRST_STEP_KINDS  # noqa: E402
 
 #: The values of an on/off engine flag, as the engine option's.
@@ -326,7 +326,7 @@ def gradient_stats(policy: torch.nn.Module, compute: bool) -> dict[str, dict[str
     with ``compute`` False get None."""
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    from grpo_lightning.strategies import _plain_name, is_sharded
+    from grpo_lightning.training.strategies import _plain_name, is_sharded
 
     gathered = contextlib.nullcontext()
     if is_sharded(policy):
@@ -576,7 +576,7 @@ def versions() -> dict[str, str]:
 def make_strategy(args: argparse.Namespace):
     """``fsdp`` is the project's own FSDP strategy (policy and reference sharded per decoder layer)."""
     if args.strategy == "fsdp":
-        from grpo_lightning.strategies import PolicyFSDPStrategy
+        from grpo_lightning.training.strategies import PolicyFSDPStrategy
 
         return PolicyFSDPStrategy(
             mixed_precision=None if args.mixed_precision == "none" else args.mixed_precision,
@@ -609,7 +609,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     if profiler is not None:
         callbacks.append(profiler)
     if args.stale_rollouts != "off":
-        from grpo_lightning.stale_rollouts import StaleRollouts
+        from grpo_lightning.rollout.stale import StaleRollouts
 
         callbacks.append(StaleRollouts(overlap=args.stale_rollouts == "overlap"))
     trainer = L.Trainer(

@@ -37,7 +37,7 @@ EVAL_BATCH = 100
 
 
 def recipe() -> dict[str, Any]:
-    from grpo_lightning.resources import config_path
+    from grpo_lightning.cli.resources import config_path
 
     return yaml.safe_load(Path(config_path(RECIPE)).read_text())
 
@@ -57,8 +57,8 @@ def evaluate(model: str, tokenizer: str, settings: dict[str, Any], keep: int = 8
     """Greedy accuracy of ``model`` on the recipe's held-out problems, and its first ``keep`` answers."""
     import torch
 
-    from grpo_lightning.model_sources import load_tokenizer
-    from grpo_lightning.generation import format_prompt, load_causal_lm
+    from grpo_lightning.models.sources import load_tokenizer
+    from grpo_lightning.rollout.generation import format_prompt, load_causal_lm
     from grpo_lightning.rewards import accuracy_reward
 
     validation = problems(settings)["validation"]
@@ -89,12 +89,12 @@ def evaluate(model: str, tokenizer: str, settings: dict[str, Any], keep: int = 8
 
 def run_ours(variant: str, seed: int, minutes: float, out: Path, settings: dict[str, Any]) -> dict[str, Any]:
     """One ``grpo-lightning fit`` of the recipe, stopped after ``minutes``; its curves and final model."""
-    from grpo_lightning.export import export_checkpoint
+    from grpo_lightning.checkpoints.export import export_checkpoint
 
     root = out / f"ours-{variant}-s{seed}"
     shutil.rmtree(root, ignore_errors=True)
     command = [
-        sys.executable, "-c", "from grpo_lightning.cli import main; main()", "fit", "--config", "trainer/cpu", "--config", RECIPE,
+        sys.executable, "-c", "from grpo_lightning.cli.app import main; main()", "fit", "--config", "trainer/cpu", "--config", RECIPE,
         "--model", f"variants.{VARIANT_CLASSES[variant]}", "--seed_everything", str(seed), "--data.seed", str(seed),
         "--trainer.max_steps", "100000", "--trainer.max_time", _duration(minutes),
         "--trainer.val_check_interval", "10", "--trainer.default_root_dir", str(root),
@@ -153,8 +153,8 @@ def trl_worker(seed: int, minutes: float, root: Path) -> None:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from grpo_lightning.model_sources import load_tokenizer
-    from grpo_lightning.generation import load_causal_lm
+    from grpo_lightning.models.sources import load_tokenizer
+    from grpo_lightning.rollout.generation import load_causal_lm
     from grpo_lightning.rewards import accuracy_reward
 
     settings = recipe()

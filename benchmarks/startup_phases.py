@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     profile = cProfile.Profile() if ours.profile else None
     if profile is not None:
         profile.enable()
-    from grpo_lightning.time_budget import process_start_time  # imports Lightning: inside the profile
+    from grpo_lightning.training.time_budget import process_start_time  # imports Lightning: inside the profile
 
     start = process_start_time()
     marks: list[tuple[str, float]] = []
@@ -80,9 +80,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     from lightning.pytorch import cli as lightning_cli
     from lightning.pytorch.strategies import Strategy
 
-    from grpo_lightning import cli, module, time_budget
+    from grpo_lightning.cli import app as cli
+    from grpo_lightning.training import module, time_budget
 
-    mark("grpo_lightning.cli imported")
+    mark("grpo_lightning.cli.app imported")
     depth: dict[str, int] = {}
     _timed(lightning_cli.LightningCLI, "setup_parser", "parser built", mark, depth)
     _timed(cli.GRPOLightningCLI, "parse_arguments", "arguments parsed", mark, depth)

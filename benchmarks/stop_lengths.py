@@ -33,8 +33,8 @@ import torch
 from torch import Tensor
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from grpo_lightning.engine import StaticCacheGenerator
-from grpo_lightning.engine.generator import model_device
+from grpo_lightning.rollout.engine import StaticCacheGenerator
+from grpo_lightning.rollout.engine.generator import model_device
 
 MEDIAN_FRACTION = 600 / 2048  # median length / max_new_tokens
 LIMIT_FRACTION = 0.10  # draws that reach max_new_tokens
@@ -242,7 +242,7 @@ class ForcedStopGenerator(StaticCacheGenerator):
 def install_forced_stops(max_new_tokens: int, seed: int) -> tuple[ForcedStops, Any]:
     """Make the rollout sampler of this process build :class:`ForcedStopGenerator`; returns the shared
     state and a function that undoes it."""
-    from grpo_lightning.generation import sampler
+    from grpo_lightning.rollout.generation import sampler
 
     forced = ForcedStops(max_new_tokens, seed)
     generator = type("ForcedStopGenerator", (ForcedStopGenerator,), {"forced": forced})

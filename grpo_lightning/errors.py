@@ -1,4 +1,4 @@
-"""The error every invalid setting raises (re-exported by :mod:`grpo_lightning.settings`)."""
+"""The error every invalid setting raises (re-exported by :mod:`grpo_lightning.training.settings`)."""
 
 
 class ConfigError(ValueError):

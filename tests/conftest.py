@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import pytest
 import torch
 
-from grpo_lightning.rollout import Rollout
+from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_tiny_model, tiny_config
 
 
@@ -61,7 +61,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
 def grouped(options: dict) -> dict:
     """Constructor arguments of dotted options: ``{"loss.delta": 2.0, "advantage": "gpg"}`` ->
     ``{"loss": {"delta": 2.0}, "advantage": "gpg"}``."""
-    from grpo_lightning.options import GROUPS
+    from grpo_lightning.training.options import GROUPS
 
     arguments: dict = {}
     for name, value in options.items():
@@ -125,7 +125,7 @@ def make_rollout() -> Callable:
 @pytest.fixture(scope="module", params=["python", "bubblewrap"])
 def sandbox_backend(request) -> str:
     """Each code-execution backend: the interpreter's own layers, and bubblewrap where it is installed."""
-    from grpo_lightning.rewards.sandbox_command import bubblewrap_problem
+    from grpo_lightning.rewards.sandbox.command import bubblewrap_problem
 
     if request.param == "bubblewrap" and bubblewrap_problem() is not None:
         pytest.skip(f"bubblewrap cannot run here: {bubblewrap_problem()} (apt-get install bubblewrap)")

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from grpo_lightning import functional as F
-from grpo_lightning.settings import ConfigError
+from grpo_lightning.algorithms import functional as F
+from grpo_lightning.training.settings import ConfigError
 from tests.conftest import grouped, micro_batched_gradient
 from variants import DAPO, GRPO, GSPO, RLOO, DrGRPO
 

@@ -12,9 +12,9 @@ from torch.testing import assert_close
 
 import variants
 from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS
-from grpo_lightning.cli import main
-from grpo_lightning.resources import config_dir
-from grpo_lightning.settings import ConfigError
+from grpo_lightning.cli.app import main
+from grpo_lightning.cli.resources import config_dir
+from grpo_lightning.training.settings import ConfigError
 from tests.conftest import micro_batched_gradient
 
 PROMPTS = ["12+34=", "5+6=", "77+8="]  # x group_size 4 = 12 rows
@@ -197,7 +197,7 @@ def test_the_command_line_refuses_ppos_advantage_in_one_line():
 def test_a_sweep_axis_over_aggregations_builds_each_cell_with_its_part(tmp_path):
     from grpo_lightning.ablation.spec import SweepSpec
     from grpo_lightning.ablation.sweep import cell_command
-    from grpo_lightning.cli import GRPOLightningCLI
+    from grpo_lightning.cli.app import GRPOLightningCLI
 
     configs = config_dir()
     spec = SweepSpec.from_dict({

@@ -402,7 +402,7 @@ def test_memory_held_counts_each_owner_s_tensors_once(tiny_model_dir, tmp_path):
     key/value cache."""
     from test_checkpoint import fit, make_module
 
-    from grpo_lightning.engine.options import EngineOptions
+    from grpo_lightning.rollout.engine.options import EngineOptions
 
     module = make_module(tiny_model_dir, engine=EngineOptions(rollout="static"), kl={"beta": 0.04})
     _, trainer = fit(module, 1, tmp_path)

@@ -12,10 +12,10 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpo_lightning.cli import main
+from grpo_lightning.cli.app import main
 from grpo_lightning.data import ArithmeticDataModule
-from grpo_lightning.export import export_checkpoint, read_checkpoint
-from grpo_lightning.export import main as export_main
+from grpo_lightning.checkpoints.export import export_checkpoint, read_checkpoint
+from grpo_lightning.checkpoints.export import main as export_main
 from variants import DAPO, GRPO
 from tests.conftest import merged
 

@@ -17,16 +17,16 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 from test_checkpoint import make_data, make_module
 
-from grpo_lightning.checkpoint_io import (
+from grpo_lightning.checkpoints.io import (
     AtomicCheckpointIO,
     CorruptCheckpointError,
     check_checkpoint,
     damage,
 )
-from grpo_lightning.cli import GRPOLightningCLI, main
-from grpo_lightning.export import read_checkpoint
-from grpo_lightning.resources import config_dir
-from grpo_lightning.strategies import PolicyFSDPStrategy
+from grpo_lightning.cli.app import GRPOLightningCLI, main
+from grpo_lightning.checkpoints.export import read_checkpoint
+from grpo_lightning.cli.resources import config_dir
+from grpo_lightning.training.strategies import PolicyFSDPStrategy
 
 CONFIGS = config_dir()
 CLI_ARGS = [

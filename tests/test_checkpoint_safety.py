@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_lightning.checkpoint_io import UnsafeCheckpointError, load_checkpoint_file
-from grpo_lightning.cli import main
-from grpo_lightning.cli_generate import generate_completions
-from grpo_lightning.export import main as export_main
-from grpo_lightning.resources import config_dir
+from grpo_lightning.checkpoints.io import UnsafeCheckpointError, load_checkpoint_file
+from grpo_lightning.cli.app import main
+from grpo_lightning.cli.generate import generate_completions
+from grpo_lightning.checkpoints.export import main as export_main
+from grpo_lightning.cli.resources import config_dir
 
 CONFIGS = config_dir()
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_lightning.cli import EXPECTED_WARNINGS, GRPOLightningCLI, main, variant_log_name
-from grpo_lightning.engine.options import EngineOptions
+from grpo_lightning.cli.app import EXPECTED_WARNINGS, GRPOLightningCLI, main, variant_log_name
+from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.quickstart import quickstart_args
-from grpo_lightning.resources import config_dir
-from grpo_lightning.third_party_notices import THIRD_PARTY_WARNINGS
+from grpo_lightning.cli.resources import config_dir
+from grpo_lightning.cli.notices import THIRD_PARTY_WARNINGS
 
 CONFIGS = config_dir()
 VARIANT_CONFIGS = sorted((CONFIGS / "variant").glob("*.yaml"))
@@ -160,7 +160,7 @@ def test_a_checkpoint_rebuilds_the_module_with_its_engine_options(tiny_model_dir
 
 
 def test_the_progress_bar_counts_optimizer_steps_without_v_num(tiny_model_dir, tmp_path, one_torch_thread):
-    from grpo_lightning.callbacks import StepProgressBar
+    from grpo_lightning.training.callbacks import StepProgressBar
 
     args = cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir) + [
         "--model.sampling.group_size",

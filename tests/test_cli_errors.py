@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from grpo_lightning.resources import config_dir
+from grpo_lightning.cli.resources import config_dir
 
 CONFIGS = config_dir()
 BASE = [
@@ -19,7 +19,7 @@ BASE = [
 
 def run_fit(*args: str, model: str, cwd=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRPO_LIGHTNING_TRACEBACK": ""}
-    command = [sys.executable, "-m", "grpo_lightning.cli", "fit", *BASE, "--model.model", model, *args]
+    command = [sys.executable, "-m", "grpo_lightning.cli.app", "fit", *BASE, "--model.model", model, *args]
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
 
 
@@ -81,7 +81,7 @@ def test_verbose_shows_the_traceback(tiny_model_dir):
 
 
 def test_the_environment_variable_shows_the_traceback(tiny_model_dir, monkeypatch):
-    from grpo_lightning.cli import _wants_traceback
+    from grpo_lightning.cli.app import _wants_traceback
 
     monkeypatch.setenv("GRPO_LIGHTNING_TRACEBACK", "1")
     assert _wants_traceback([])

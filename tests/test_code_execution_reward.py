@@ -14,7 +14,9 @@ import warnings
 
 import pytest
 
-from grpo_lightning.rewards import CodeExecutionReward, assert_tests, code_execution_reward, sandbox_command
+from grpo_lightning.rewards import CodeExecutionReward, code_execution_reward
+from grpo_lightning.rewards.sandbox import assert_tests
+from grpo_lightning.rewards.sandbox import command as sandbox_command
 from grpo_lightning.rewards.code_execution import extract_code
 
 TIMEOUT_S = 2.0

@@ -12,8 +12,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from grpo_lightning.cli import GRPOLightningCLI, main
-from grpo_lightning.completions import (
+from grpo_lightning.cli.app import GRPOLightningCLI, main
+from grpo_lightning.evaluation.completions import (
     CompletionLog,
     completion_records,
     completion_table,
@@ -24,8 +24,8 @@ from grpo_lightning.completions import (
     shorten,
 )
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.resources import config_dir
-from grpo_lightning.rollout import Rollout
+from grpo_lightning.cli.resources import config_dir
+from grpo_lightning.rollout.types import Rollout
 
 CONFIGS = config_dir()
 BASE = ["--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml")]

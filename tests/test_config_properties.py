@@ -21,13 +21,13 @@ from hypothesis import strategies as st
 
 import variants
 from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS, SURROGATES
-from grpo_lightning.argument_types import annotated_arguments
-from grpo_lightning.cli import GRPOLightningCLI, main
+from grpo_lightning.training.argument_types import annotated_arguments
+from grpo_lightning.cli.app import GRPOLightningCLI, main
 from grpo_lightning.data import ArithmeticDataModule
-from grpo_lightning.module import GroupPolicyOptimization
-from grpo_lightning.options import GROUPS
-from grpo_lightning.rollout_correction import CORRECTIONS
-from grpo_lightning.settings import ConfigError
+from grpo_lightning.training.module import GroupPolicyOptimization
+from grpo_lightning.training.options import GROUPS
+from grpo_lightning.algorithms.rollout_correction import CORRECTIONS
+from grpo_lightning.training.settings import ConfigError
 from tests.conftest import grouped
 
 MISSING_MODEL = "no-such-org/no-such-model"

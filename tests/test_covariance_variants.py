@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from grpo_lightning.cli import main
+from grpo_lightning.cli.app import main
 from grpo_lightning.data import ArithmeticDataModule
-from grpo_lightning.settings import ConfigError
+from grpo_lightning.training.settings import ConfigError
 from variants.clip_cov import ClipCov
 from variants.covariance import clip_cov_tokens, selection_size, token_covariance
 from variants.kl_cov import KLCov

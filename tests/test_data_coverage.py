@@ -22,7 +22,7 @@ from grpo_lightning.data.coverage import (
     warn_lost_characters,
 )
 from grpo_lightning.data.arithmetic import make_arithmetic_dataset
-from grpo_lightning.generation import format_prompt
+from grpo_lightning.rollout.generation import format_prompt
 
 QUESTION = "Which is larger, 27 or 82?"
 CHAT_TEMPLATE = (
@@ -119,7 +119,7 @@ def test_one_warning_names_the_split_row_and_lost_characters(tiny_tokenizer):
 
 
 def test_a_fit_on_the_tiny_model_warns_once_about_a_question_it_cannot_read(tiny_model_dir, tmp_path, one_torch_thread):
-    from grpo_lightning.cli import main
+    from grpo_lightning.cli.app import main
 
     rows = [{"prompt": QUESTION, "answer": "82"}, {"prompt": "12+30=", "answer": "42"}] * 2
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))

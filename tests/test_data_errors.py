@@ -12,7 +12,7 @@ from datasets import Dataset
 from grpo_lightning.data import PromptDataModule
 from grpo_lightning.data.checks import fit_prompts
 from grpo_lightning.quickstart.tiny import build_char_tokenizer
-from grpo_lightning.settings import ConfigError, check_datasets
+from grpo_lightning.training.settings import ConfigError, check_datasets
 
 GOOD = b'{"prompt": "1+1=", "answer": "2"}\n'
 

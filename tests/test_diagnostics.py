@@ -14,8 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_lightning.cli import GRPOLightningCLI
-from grpo_lightning.diagnostics import (
+from grpo_lightning.cli.app import GRPOLightningCLI
+from grpo_lightning.evaluation.diagnostics import (
     EntropyCollapse,
     EqualRewards,
     GradNormExplosion,
@@ -28,8 +28,8 @@ from grpo_lightning.diagnostics import (
     health_summary,
 )
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.metrics import StepMetrics
-from grpo_lightning.resources import config_dir
+from grpo_lightning.training.metrics import StepMetrics
+from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.rewards import RewardExecution, RewardFunctionWarning, RewardScorer
 from grpo_lightning.rewards.scoring import RewardFunctionError
 
@@ -76,9 +76,9 @@ def test_entropy_collapses_fix_names_options_the_module_has():
     import inspect
     import re
 
-    from grpo_lightning.module import GroupPolicyOptimization
+    from grpo_lightning.training.module import GroupPolicyOptimization
 
-    from grpo_lightning.options import GROUPS, field_names
+    from grpo_lightning.training.options import GROUPS, field_names
 
     named = re.findall(r"--model\.([\w.]+\w)", EntropyCollapse.fix)
     assert "loss.entropy_coef" in named

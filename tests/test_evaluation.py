@@ -16,12 +16,12 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler, SequentialSampler
 
-from grpo_lightning.callbacks import last_checkpoint
-from grpo_lightning.cli import GRPOLightningCLI
-from grpo_lightning.evaluation import unpadded, vote
-from grpo_lightning.export import export_checkpoint
-from grpo_lightning.resources import config_dir
-from grpo_lightning.sample_metrics import (
+from grpo_lightning.training.callbacks import last_checkpoint
+from grpo_lightning.cli.app import GRPOLightningCLI
+from grpo_lightning.evaluation.validation import unpadded, vote
+from grpo_lightning.checkpoints.export import export_checkpoint
+from grpo_lightning.cli.resources import config_dir
+from grpo_lightning.evaluation.sample_metrics import (
     bootstrap_interval,
     majority_correct,
     pass_at_k,
@@ -29,7 +29,7 @@ from grpo_lightning.sample_metrics import (
     prompt_metrics,
     summarize,
 )
-from grpo_lightning.settings import ConfigError
+from grpo_lightning.training.settings import ConfigError
 
 CONFIGS = config_dir()
 ROOT = Path(__file__).resolve().parents[1]

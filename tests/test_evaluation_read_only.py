@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_lightning.cli import main
-from grpo_lightning.resources import config_dir
+from grpo_lightning.cli.app import main
+from grpo_lightning.cli.resources import config_dir
 
 CONFIGS = config_dir()
 

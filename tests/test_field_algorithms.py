@@ -14,7 +14,7 @@ from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS, SURROGATES
 from grpo_lightning.algorithms.entropy import AdaptiveEntropy, entropy_bonus
 from grpo_lightning.algorithms.masks import off_policy_sequence_mask
 from grpo_lightning.algorithms.surrogates import vespo_weight
-from grpo_lightning.settings import ConfigError
+from grpo_lightning.training.settings import ConfigError
 from tests.conftest import micro_batched_gradient
 
 PROMPTS = ["12+34=", "5+6=", "77+8="]  # x group_size 4 = 12 rows
@@ -195,8 +195,8 @@ def test_adaptive_entropy_steps_the_coefficient_toward_the_target_once_per_step_
 
 
 def test_adaptive_entropy_is_a_trainer_callback_on_the_command_line():
-    from grpo_lightning.cli import GRPOLightningCLI
-    from grpo_lightning.resources import config_dir
+    from grpo_lightning.cli.app import GRPOLightningCLI
+    from grpo_lightning.cli.resources import config_dir
 
     configs = config_dir()
     args = ["--config", str(configs / "trainer/cpu.yaml"), "--config", str(configs / "data/arithmetic.yaml"),

@@ -21,9 +21,9 @@ import lightning as L
 import pytest
 import torch
 
-from grpo_lightning.checkpoint_io import load_checkpoint_file
-from grpo_lightning.cli import main
-from grpo_lightning.resources import config_dir
+from grpo_lightning.checkpoints.io import load_checkpoint_file
+from grpo_lightning.cli.app import main
+from grpo_lightning.cli.resources import config_dir
 
 CONFIGS = config_dir()
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,7 +153,7 @@ def test_an_early_stopped_fit_saves_its_last_step(tiny_model_dir, tmp_path, one_
 
 def cli_command() -> list[str]:
     script = Path(sys.executable).with_name("grpo-lightning")
-    return [str(script)] if script.exists() else [sys.executable, "-c", "from grpo_lightning.cli import main; main()"]
+    return [str(script)] if script.exists() else [sys.executable, "-c", "from grpo_lightning.cli.app import main; main()"]
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

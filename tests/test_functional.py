@@ -1,4 +1,4 @@
-"""Specification tests for grpo_lightning.functional.
+"""Specification tests for grpo_lightning.algorithms.functional.
 
 Expected values are worked out by hand in the comments next to them.
 """
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from grpo_lightning import functional as F
+from grpo_lightning.algorithms import functional as F
 
 f64 = torch.float64
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_lightning import model_sources
-from grpo_lightning.generation import load_causal_lm
-from grpo_lightning.model_sources import ModelSource, dense_copy, load_tokenizer
+from grpo_lightning.models import sources as model_sources
+from grpo_lightning.rollout.generation import load_causal_lm
+from grpo_lightning.models.sources import ModelSource, dense_copy, load_tokenizer
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("accelerate")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_lightning.resources import config_dir, config_path, resolve_config, resolve_config_args, shipped_config
+from grpo_lightning.cli.resources import config_dir, config_path, resolve_config, resolve_config_args, shipped_config
 
 REPO = Path(__file__).resolve().parents[1]
 #: What a build of the project reads.
@@ -49,7 +49,7 @@ def test_config_arguments_resolve_shipped_names(tmp_path, monkeypatch):
 
 
 def test_the_cli_takes_shipped_config_names(tmp_path, monkeypatch, capsys):
-    from grpo_lightning.cli import main
+    from grpo_lightning.cli.app import main
 
     monkeypatch.chdir(tmp_path)
     names = ["configs/trainer/cpu.yaml", "data/arithmetic", "variant/rloo", "model/tiny"]
@@ -101,7 +101,7 @@ def installed(tmp_path_factory) -> dict[str, str]:
         GRPO_LIGHTNING_CACHE=str(root / "cache"),
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "2"),
     )
-    where = run([str(python), "-c", "import grpo_lightning.resources as r; print(r.__file__); print(r.config_dir())"], root, env)
+    where = run([str(python), "-c", "import grpo_lightning.cli.resources as r; print(r.__file__); print(r.config_dir())"], root, env)
     module, configs = where.split()[:2]
     assert Path(module).is_relative_to(venv) and Path(configs).is_relative_to(venv), where  # not the checkout
     return env

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from grpo_lightning.cli import GRPOLightningCLI, main
-from grpo_lightning.resources import config_dir
+from grpo_lightning.cli.app import GRPOLightningCLI, main
+from grpo_lightning.cli.resources import config_dir
 
 CONFIGS = config_dir()
 STEPS = 2

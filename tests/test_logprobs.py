@@ -7,8 +7,8 @@ import torch
 
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
-from grpo_lightning import logprobs
-from grpo_lightning.logprobs import (
+from grpo_lightning.models import logprobs
+from grpo_lightning.models.logprobs import (
     completion_logprobs,
     linear_token_logprobs,
     plain_lm_head,
@@ -298,7 +298,7 @@ def test_the_compiled_model_traces_one_decoder_layer_for_all_layers_and_both_mod
     compile_ = torch.compile
     monkeypatch.setattr(torch, "compile", lambda function, **kwargs: compile_(function, backend="eager"))
     monkeypatch.setattr(logprobs, "_FORWARDS", logprobs._ModelForwards())
-    from grpo_lightning.engine import compilation
+    from grpo_lightning.rollout.engine import compilation
 
     compilation._compiled_layer_call.cache_clear()
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)

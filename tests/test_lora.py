@@ -14,15 +14,15 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from test_checkpoint import CONFIGS, assert_same_steps, fit, logits, make_module
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpo_lightning.cli import GRPOLightningCLI
-from grpo_lightning.export import export_checkpoint, read_checkpoint
-from grpo_lightning.lora import (
+from grpo_lightning.cli.app import GRPOLightningCLI
+from grpo_lightning.checkpoints.export import export_checkpoint, read_checkpoint
+from grpo_lightning.models.lora import (
     adapter_settings,
     has_adapters,
     merged_model,
     merged_weights,
 )
-from grpo_lightning.settings import ConfigError
+from grpo_lightning.training.settings import ConfigError
 from variants import GRPO
 from tests.conftest import merged
 
@@ -130,15 +130,15 @@ def test_lora_is_one_option_of_the_cli_and_refused_under_fsdp(tiny_model_dir, tm
         cli.model.hparams.policy["peft_config"]["r"] == 16
         and cli.model.hparams.policy["peft_config"]["target_modules"] == "all-linear"
     )
-    from grpo_lightning.models import load_models
-    from grpo_lightning.strategies import PolicyFSDPStrategy
+    from grpo_lightning.models.policy import load_models
+    from grpo_lightning.training.strategies import PolicyFSDPStrategy
 
     with pytest.raises(ConfigError, match="policy.peft_config: LoRA runs on one device or under DDP"):
         load_models(tiny_model_dir, cli.model.hparams.policy, True, PolicyFSDPStrategy(mixed_precision=None))
 
 
 def test_the_fused_lm_head_path_gives_the_peft_models_log_probs(tiny_model_dir, tmp_path):
-    from grpo_lightning.logprobs import completion_logprobs
+    from grpo_lightning.models.logprobs import completion_logprobs
 
     module = lora_module(tiny_model_dir)
     fit(module, 2, tmp_path)
@@ -157,8 +157,8 @@ def test_float32_adapters_on_a_bf16_model_multiply_in_bf16_and_keep_float32_grad
     """``adapter_autocast``: the adapters' products in the base weights' bf16, the adapters and their
     gradients float32, the gradients those of the float32 products up to bf16 rounding; nothing
     changes for a float32 model or a model without adapters."""
-    from grpo_lightning.logprobs import completion_logprobs
-    from grpo_lightning.lora import adapter_autocast, add_adapters
+    from grpo_lightning.models.logprobs import completion_logprobs
+    from grpo_lightning.models.lora import adapter_autocast, add_adapters
 
     torch.manual_seed(0)
     policy = add_adapters(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16), LORA)

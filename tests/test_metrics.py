@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grpo_lightning.metrics import EVERY_STEP_METRICS, PhaseTimer, StepMetrics, metrics_to_log
+from grpo_lightning.training.metrics import EVERY_STEP_METRICS, PhaseTimer, StepMetrics, metrics_to_log
 
 
 def test_step_metrics_merge_weighted_means_minima_and_maxima_over_processes():

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from grpo_lightning import model_sources
-from grpo_lightning.model_sources import ModelSource, ModelSourceError, resolve_model_source
-from grpo_lightning.settings import ConfigError
+from grpo_lightning.models import sources as model_sources
+from grpo_lightning.models.sources import ModelSource, ModelSourceError, resolve_model_source
+from grpo_lightning.training.settings import ConfigError
 
 
 @pytest.fixture
@@ -95,7 +95,7 @@ def test_the_module_refuses_a_missing_gguf_before_loading_anything(monkeypatch):
 
 
 def test_a_built_in_warm_start_is_named_at_construction_and_trained_only_to_load(monkeypatch, tmp_path):
-    from grpo_lightning.settings import check_model_path
+    from grpo_lightning.training.settings import check_model_path
 
     def trains():
         raise AssertionError("trained while only checking the setting")

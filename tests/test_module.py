@@ -12,11 +12,11 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from grpo_lightning.data import ArithmeticDataModule
-from grpo_lightning.logprobs import completion_logprobs
-from grpo_lightning.engine.options import EngineOptions
-from grpo_lightning.module import EVERY_STEP_METRICS, ConfigError
+from grpo_lightning.models.logprobs import completion_logprobs
+from grpo_lightning.rollout.engine.options import EngineOptions
+from grpo_lightning.training.module import EVERY_STEP_METRICS, ConfigError
 from grpo_lightning.rewards import RewardFunctionError
-from grpo_lightning.rollout import SamplingParams
+from grpo_lightning.rollout.types import SamplingParams
 from variants import DAPO, GRPO
 from tests.conftest import merged
 
@@ -286,7 +286,7 @@ def test_decode_options_reach_the_static_engine_and_keep_greedy_rollouts(make_mo
 
 
 def test_padding_free_needs_a_transformers_that_detects_packed_sequences(monkeypatch):
-    import grpo_lightning.generation.choice as choice
+    import grpo_lightning.rollout.generation.choice as choice
 
     monkeypatch.setattr(choice, "supports_packed_sequences", lambda: False)
     with pytest.raises(ConfigError, match="engine.padding_free"):

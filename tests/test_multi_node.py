@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from grpo_lightning.resources import config_dir
+from grpo_lightning.cli.resources import config_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = config_dir()
@@ -24,7 +24,7 @@ STEPS = 2
 #: Launcher variables of the test's own environment that would change what a run sees.
 DDP = ["--trainer.strategy", "ddp"]
 #: The sharded strategy of configs/strategy/fsdp.yaml, in float32 on the CPU.
-FSDP = ["--trainer.strategy", "grpo_lightning.strategies.PolicyFSDPStrategy", "--trainer.strategy.mixed_precision", "null"]
+FSDP = ["--trainer.strategy", "grpo_lightning.training.strategies.PolicyFSDPStrategy", "--trainer.strategy.mixed_precision", "null"]
 LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE", "RANK", "LOCAL_RANK", "GROUP_RANK")
 
 
@@ -41,7 +41,7 @@ def fit_command(model_dir: str, out: Path, nodes: int, devices: int, strategy: l
     return [
         sys.executable,
         "-m",
-        "grpo_lightning.cli",
+        "grpo_lightning.cli.app",
         "fit",
         "--config",
         str(CONFIGS / "trainer/cpu.yaml"),

@@ -8,8 +8,8 @@ import pytest
 import torch
 from test_checkpoint import fit, make_module
 
-from grpo_lightning.nonfinite import NonFiniteGuard, NonFiniteTrainingError
-from grpo_lightning.settings import ConfigError
+from grpo_lightning.training.nonfinite import NonFiniteGuard, NonFiniteTrainingError
+from grpo_lightning.training.settings import ConfigError
 from variants import GRPO
 from tests.conftest import merged
 

@@ -16,11 +16,11 @@ import torch
 import transformers
 from torch.testing import assert_close
 
-from grpo_lightning import dpo
-from grpo_lightning import functional as F
-from grpo_lightning.cli import GRPOLightningCLI
-from grpo_lightning.resources import config_dir
-from grpo_lightning.settings import ConfigError
+from grpo_lightning.algorithms import dpo
+from grpo_lightning.algorithms import functional as F
+from grpo_lightning.cli.app import GRPOLightningCLI
+from grpo_lightning.cli.resources import config_dir
+from grpo_lightning.training.settings import ConfigError
 from variants import GRPO, OnlineDPOGRPO
 
 CONFIGS = config_dir()

@@ -1,4 +1,4 @@
-"""The module's option groups (``grpo_lightning.options``): the constructor's size, the variants'
+"""The module's option groups (``grpo_lightning.training.options``): the constructor's size, the variants'
 presets as group defaults, each group's own checks, and plain values in the hyperparameters."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 import variants
-from grpo_lightning.cli import main
+from grpo_lightning.cli.app import main
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.module import GroupPolicyOptimization
-from grpo_lightning.options import GROUPS, KLOptions, LossOptions, OptimOptions, SamplingOptions
+from grpo_lightning.training.module import GroupPolicyOptimization
+from grpo_lightning.training.options import GROUPS, KLOptions, LossOptions, OptimOptions, SamplingOptions
 
 VARIANTS = [getattr(variants, name) for name in variants.__all__]
 

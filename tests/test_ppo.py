@@ -1,4 +1,4 @@
-"""Specification of PPO with a critic: the math of grpo_lightning/gae.py by hand, the value model,
+"""Specification of PPO with a critic: the math of grpo_lightning/algorithms/gae.py by hand, the value model,
 micro-batch invariance of both losses, a fit through the CLI with the shipped config (both
 optimizers step, ``global_step`` counts policy updates), an exact resume, and the benchmark's
 ``--variant ppo``.
@@ -21,13 +21,13 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.testing import assert_close
 from transformers import AutoModelForCausalLM
 
-from grpo_lightning import gae as G
-from grpo_lightning.cli import GRPOLightningCLI
+from grpo_lightning.algorithms import gae as G
+from grpo_lightning.cli.app import GRPOLightningCLI
 from grpo_lightning.data import ArithmeticDataModule
-from grpo_lightning.export import read_checkpoint
-from grpo_lightning.resources import config_dir
-from grpo_lightning.settings import ConfigError
-from grpo_lightning.value_model import compute_values, load_value_model
+from grpo_lightning.checkpoints.export import read_checkpoint
+from grpo_lightning.cli.resources import config_dir
+from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.models.value import compute_values, load_value_model
 from tests.conftest import micro_batched_gradient
 from variants import PPO
 

@@ -11,17 +11,17 @@ import torch
 from torch.testing import assert_close
 from transformers import AutoTokenizer
 
-from grpo_lightning.cli import GRPOLightningCLI
-from grpo_lightning.process_supervision import (
+from grpo_lightning.cli.app import GRPOLightningCLI
+from grpo_lightning.rewards.process_supervision import (
     delimited_step_ends,
     step_advantages,
     step_rewards,
     token_at,
 )
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, tiny_config
-from grpo_lightning.resources import config_dir
+from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.rewards import ProcessRewardModel, answer_prefix_steps
-from grpo_lightning.settings import ConfigError
+from grpo_lightning.training.settings import ConfigError
 from tests.conftest import micro_batched_gradient
 from variants import ProcessGRPO
 

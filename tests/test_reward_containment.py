@@ -21,9 +21,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from grpo_lightning.cli import GRPOLightningCLI
+from grpo_lightning.cli.app import GRPOLightningCLI
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.resources import config_dir
+from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.rewards import (
     RewardExecution,
     RewardFunctionError,

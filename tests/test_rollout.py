@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_lightning.rollout import Rollout, RolloutBuffer
+from grpo_lightning.rollout.types import Rollout, RolloutBuffer
 
 
 def rollout(groups: int, group_size: int = 2, length: int = 3, tag: str = "") -> Rollout:

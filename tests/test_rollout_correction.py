@@ -10,10 +10,10 @@ import lightning as L
 import pytest
 import torch
 
-from grpo_lightning.engine.options import EngineOptions
-from grpo_lightning.rollout import SamplingParams
-from grpo_lightning.rollout_correction import correction_weights, importance_ratio, mismatch_metrics
-from grpo_lightning.settings import ConfigError
+from grpo_lightning.rollout.engine.options import EngineOptions
+from grpo_lightning.rollout.types import SamplingParams
+from grpo_lightning.algorithms.rollout_correction import correction_weights, importance_ratio, mismatch_metrics
+from grpo_lightning.training.settings import ConfigError
 from tests.conftest import length_parity_reward
 from variants import GRPO
 

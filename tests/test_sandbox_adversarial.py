@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from grpo_lightning.rewards import CodeExecutionReward, sandbox_command
+from grpo_lightning.rewards import CodeExecutionReward
+from grpo_lightning.rewards.sandbox import command as sandbox_command
 
 TIMEOUT_S = 2.0
 SQUARE_TESTS = ["assert square(3) == 9", "assert square(4) == 16", "assert square(-2) == 4"]

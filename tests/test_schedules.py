@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from grpo_lightning.callbacks import StepProgressBar
-from grpo_lightning.cli import GRPOLightningCLI, main
-from grpo_lightning.resources import config_dir
-from grpo_lightning.schedules import CosineKLSchedule, cosine_kl_coefficient
-from grpo_lightning.settings import ConfigError
+from grpo_lightning.training.callbacks import StepProgressBar
+from grpo_lightning.cli.app import GRPOLightningCLI, main
+from grpo_lightning.cli.resources import config_dir
+from grpo_lightning.training.schedules import CosineKLSchedule, cosine_kl_coefficient
+from grpo_lightning.training.settings import ConfigError
 from variants import DAPO, GRPO
 
 CONFIGS = config_dir()

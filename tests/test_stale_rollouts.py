@@ -11,7 +11,7 @@ from test_checkpoint import StepRecorder, fit, make_data, make_module
 
 from variants import GRPO
 
-from grpo_lightning.stale_rollouts import StaleRollouts
+from grpo_lightning.rollout.stale import StaleRollouts
 
 
 class Watch(L.Callback):

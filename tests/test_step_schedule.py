@@ -7,7 +7,7 @@ import lightning as L
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from grpo_lightning.callbacks import FitSummary
+from grpo_lightning.training.callbacks import FitSummary
 from tests.test_module import make_trainer, module, small_data
 from variants import DAPO, GRPO
 
@@ -105,7 +105,7 @@ def test_checkpoints_are_saved_where_an_update_steps_over_the_interval(tiny_mode
 def test_a_trainer_that_runs_again_keeps_its_schedules_without_a_notice(tiny_model_dir, tmp_path, one_torch_thread, capfd):
     """``validate`` after ``fit`` on one Trainer: the schedules are attached once, so Lightning has
     nothing to override and prints no notice about it."""
-    from grpo_lightning import step_schedule
+    from grpo_lightning.training import step_schedule
 
     trainer, policy = make_trainer(tmp_path, max_steps=1), module(tiny_model_dir)
     data = small_data()

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from grpo_lightning.cli import checkpoint_version, main, variant_log_name
-from grpo_lightning.resources import config_dir
+from grpo_lightning.cli.app import checkpoint_version, main, variant_log_name
+from grpo_lightning.cli.resources import config_dir
 
 CONFIGS = config_dir()
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import variants
-from grpo_lightning import dpo
+from grpo_lightning.algorithms import dpo
 from tests.conftest import micro_batched_gradient
 
 PROMPTS = ["1+1=", "2+3=", "7-4="]

@@ -17,8 +17,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.testing import assert_close
 
 from grpo_lightning.data import ArithmeticDataModule
-from grpo_lightning.engine.options import EngineOptions
-from grpo_lightning.rollout import Rollout
+from grpo_lightning.rollout.engine.options import EngineOptions
+from grpo_lightning.rollout.types import Rollout
 from variants import DAPO, GRPO, GSPO, RLOO, DrGRPO
 
 VARIANTS = [GRPO, DrGRPO, DAPO, RLOO, GSPO]

@@ -15,10 +15,10 @@ import torch
 import transformers
 from torch.testing import assert_close
 
-from grpo_lightning.cli import main
-from grpo_lightning.resources import config_dir
-from grpo_lightning.rollout import Rollout
-from grpo_lightning.settings import ConfigError
+from grpo_lightning.cli.app import main
+from grpo_lightning.cli.resources import config_dir
+from grpo_lightning.rollout.types import Rollout
+from grpo_lightning.training.settings import ConfigError
 from variants import CISPO, GMPO, SAPO, ReinforcePlusPlus
 
 VARIANTS = [CISPO, SAPO, GMPO, ReinforcePlusPlus]

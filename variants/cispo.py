@@ -21,7 +21,7 @@ truncated only when a token grew more than six-fold since sampling.
 
 from __future__ import annotations
 
-from grpo_lightning.options import KLOptions, LossOptions
+from grpo_lightning.training.options import KLOptions, LossOptions
 from variants.grpo import GRPO
 
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from grpo_lightning import functional as F
-from grpo_lightning.settings import require
+from grpo_lightning.algorithms import functional as F
+from grpo_lightning.training.settings import require
 from variants.covariance import CovarianceRule, clip_cov_tokens, token_covariance
 
 

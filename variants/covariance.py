@@ -23,9 +23,9 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from grpo_lightning import functional as F
-from grpo_lightning.options import KLOptions
-from grpo_lightning.rollout import Rollout
+from grpo_lightning.algorithms import functional as F
+from grpo_lightning.training.options import KLOptions
+from grpo_lightning.rollout.types import Rollout
 from variants.grpo import GRPO
 
 

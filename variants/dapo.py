@@ -41,10 +41,10 @@ from typing import Literal
 
 from torch import Tensor
 
-from grpo_lightning import functional as F
-from grpo_lightning.options import KLOptions, LossOptions
-from grpo_lightning.rollout import Rollout, RolloutBuffer
-from grpo_lightning.settings import require
+from grpo_lightning.algorithms import functional as F
+from grpo_lightning.training.options import KLOptions, LossOptions
+from grpo_lightning.rollout.types import Rollout, RolloutBuffer
+from grpo_lightning.training.settings import require
 from variants.grpo import GRPO
 
 

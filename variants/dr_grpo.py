@@ -13,8 +13,8 @@ with a constant normaliser ``L = max_new_tokens``. No KL term (beta 0).
 
 from __future__ import annotations
 
-from grpo_lightning.options import KLOptions
-from grpo_lightning.module import GroupPolicyOptimization
+from grpo_lightning.training.options import KLOptions
+from grpo_lightning.training.module import GroupPolicyOptimization
 
 
 class DrGRPO(GroupPolicyOptimization):

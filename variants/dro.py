@@ -15,8 +15,8 @@ completions (the equation above; verl's default is the token mean), no KL term.
 
 from __future__ import annotations
 
-from grpo_lightning.options import KLOptions
-from grpo_lightning.settings import require
+from grpo_lightning.training.options import KLOptions
+from grpo_lightning.training.settings import require
 from variants.grpo import GRPO
 
 

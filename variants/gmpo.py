@@ -15,7 +15,7 @@ clip range is the paper's: 0.4 / 0.4 in log space, ratios within
 
 from __future__ import annotations
 
-from grpo_lightning.options import KLOptions, LossOptions
+from grpo_lightning.training.options import KLOptions, LossOptions
 from variants.grpo import GRPO
 
 

@@ -12,7 +12,7 @@ gradient (verl's ``gpg`` estimator). The loss is a token mean over the batch.
 
 from __future__ import annotations
 
-from grpo_lightning.options import KLOptions
+from grpo_lightning.training.options import KLOptions
 from variants.grpo import GRPO
 
 

@@ -11,7 +11,7 @@ Defaults are the paper's: eps 0.2, beta 0.04, k3.
 
 from __future__ import annotations
 
-from grpo_lightning.module import GroupPolicyOptimization
+from grpo_lightning.training.module import GroupPolicyOptimization
 
 
 class GRPO(GroupPolicyOptimization):

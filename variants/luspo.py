@@ -16,7 +16,7 @@ paper's: eps 2e-3 / 2.5e-3, no KL term.
 
 from __future__ import annotations
 
-from grpo_lightning.options import KLOptions, LossOptions
+from grpo_lightning.training.options import KLOptions, LossOptions
 from variants.grpo import GRPO
 
 

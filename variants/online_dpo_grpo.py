@@ -11,7 +11,7 @@ Online AI Feedback" (here the reward functions judge, not an LLM annotator)::
 at the sampling temperature), under the policy and under the frozen reference model, which is
 loaded even with ``beta = 0``. Each group with differing rewards gives one pair ``(y_w, y_l)``: its
 best and its worst completion by the weighted reward; a tie goes to the first completion of the
-group holding that reward; a group of equal rewards gives none (:func:`grpo_lightning.dpo.best_worst_pairs`).
+group holding that reward; a group of equal rewards gives none (:func:`grpo_lightning.algorithms.dpo.best_worst_pairs`).
 ``K`` counts the pairs. The pair term uses whole completions (``mask_truncated_completions`` and
 ``top_entropy_quantile`` act on the GRPO loss only).
 
@@ -41,10 +41,10 @@ import math
 import torch
 from torch import Tensor
 
-from grpo_lightning import dpo
-from grpo_lightning import functional as F
-from grpo_lightning.rollout import Rollout
-from grpo_lightning.settings import require
+from grpo_lightning.algorithms import dpo
+from grpo_lightning.algorithms import functional as F
+from grpo_lightning.rollout.types import Rollout
+from grpo_lightning.training.settings import require
 from variants.grpo import GRPO
 
 

@@ -13,7 +13,7 @@ penalty against the reference model at every token (k1 below; ``kl.estimator`` k
     L_V     = token mean of 1/2 max((V - R)^2, (V_old + clip(V - V_old, -eps_v, eps_v) - R)^2)
 
 ``rho_t = pi / pi_old``. ``V_old``: a no-grad pass of the critic over the rollout. The critic
-(:mod:`grpo_lightning.value_model`: the policy's backbone and a zero scalar head, loaded from
+(:mod:`grpo_lightning.models.value`: the policy's backbone and a zero scalar head, loaded from
 ``model``) has its own AdamW and clipping, and steps after each policy step, on its minibatch.
 
 Defaults: gamma 1, lambda 0.95 (one completion is one episode, rewarded at its end); beta 0.01;
@@ -30,15 +30,15 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from grpo_lightning import functional as F
-from grpo_lightning import gae as G
-from grpo_lightning import value_model as V
-from grpo_lightning.metrics import PhaseTimer
-from grpo_lightning.module import GroupPolicyOptimization
-from grpo_lightning.options import KLOptions
-from grpo_lightning.rollout import Rollout
-from grpo_lightning.settings import ConfigError, require
-from grpo_lightning.strategies import is_sharded, shard
+from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms import gae as G
+from grpo_lightning.models import value as V
+from grpo_lightning.training.metrics import PhaseTimer
+from grpo_lightning.training.module import GroupPolicyOptimization
+from grpo_lightning.training.options import KLOptions
+from grpo_lightning.rollout.types import Rollout
+from grpo_lightning.training.settings import ConfigError, require
+from grpo_lightning.training.strategies import is_sharded, shard
 
 
 class PPO(GroupPolicyOptimization):

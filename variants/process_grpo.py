@@ -17,10 +17,10 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from grpo_lightning.process_supervision import step_advantages, step_rewards, token_char_ends
+from grpo_lightning.rewards.process_supervision import step_advantages, step_rewards, token_char_ends
 from grpo_lightning.rewards import resolve_reward_function
-from grpo_lightning.rollout import Rollout
-from grpo_lightning.settings import require
+from grpo_lightning.rollout.types import Rollout
+from grpo_lightning.training.settings import require
 from variants.grpo import GRPO
 
 
@@ -29,7 +29,7 @@ class ProcessGRPO(GRPO):
 
     Args:
         step_reward_func: the step reward function (import path or callable; see
-            :mod:`grpo_lightning.process_supervision` for what it returns), e.g.
+            :mod:`grpo_lightning.rewards.process_supervision` for what it returns), e.g.
             ``grpo_lightning.rewards.answer_prefix_steps`` (rule-based, the built-in task) or a
             :class:`~grpo_lightning.rewards.ProcessRewardModel`.
         step_delimiter: what ends a step when the function returns one score per step (a blank line).

@@ -24,8 +24,8 @@ the KL is.
 
 from __future__ import annotations
 
-from grpo_lightning.module import GroupPolicyOptimization
-from grpo_lightning.options import KLOptions
+from grpo_lightning.training.module import GroupPolicyOptimization
+from grpo_lightning.training.options import KLOptions
 from variants.rloo import RLOO
 
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from grpo_lightning import functional as F
-from grpo_lightning.module import GroupPolicyOptimization
-from grpo_lightning.options import KLOptions
-from grpo_lightning.rollout import Rollout
+from grpo_lightning.algorithms import functional as F
+from grpo_lightning.training.module import GroupPolicyOptimization
+from grpo_lightning.training.options import KLOptions
+from grpo_lightning.rollout.types import Rollout
 
 
 class RLOO(GroupPolicyOptimization):

@@ -5,9 +5,9 @@ First three ways of reading grouped KV heads, each called eagerly:
 * ``repeat_kv``: keys and values repeated to every query head, then SDPA (transformers' ``"sdpa"``
   path whenever a mask is passed in 5.17; 5.24 packs a single query itself);
 * ``transformers``: the installed ``sdpa_attention_forward`` as it is;
-* ``grouped``: ``grpo_lightning.engine.attention.gqa_sdpa_attention_forward`` (no copy of the cache).
+* ``grouped``: ``grpo_lightning.rollout.engine.attention.gqa_sdpa_attention_forward`` (no copy of the cache).
 
-Then the ways ``grouped`` can compute the step (``grpo_lightning.engine.attention.decode_attention``), eager
+Then the ways ``grouped`` can compute the step (``grpo_lightning.rollout.engine.attention.decode_attention``), eager
 and compiled (``torch.compile`` of a function of query, keys, values and mask; on CUDA, or with
 ``--compile``):
 
@@ -17,7 +17,7 @@ and compiled (``torch.compile`` of a function of query, keys, values and mask; o
   that reads the cache once can do, not the same attention);
 * ``efficient``: the decode kind, SDPA's memory-efficient kernel on CUDA (PyTorch's choice elsewhere);
 * ``math``: the decode kind, matmuls around an fp32 softmax;
-* ``triton``: the decode kind, one Triton kernel per step (``grpo_lightning.engine.kernels.decode_attention``; on a
+* ``triton``: the decode kind, one Triton kernel per step (``grpo_lightning.rollout.engine.kernels.decode_attention``; on a
   CPU it computes as ``math``).
 
 A variant that raises, or whose result differs from ``repeat_kv``'s, is skipped with the reason. On
@@ -46,7 +46,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.benchmark import Timer
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-from grpo_lightning.engine.attention import decode_attention, gqa_sdpa_attention_forward
+from grpo_lightning.rollout.engine.attention import decode_attention, gqa_sdpa_attention_forward
 
 # name: (decode kind, SDPA backend it is restricted to or None, whether the mask is passed)
 DECODE_VARIANTS = {

@@ -33,8 +33,8 @@ _spec = importlib.util.spec_from_file_location("benchmarks_run", Path(__file__).
 bench = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
-import grpo_lightning.engine.generator as engine  # noqa: E402
-from grpo_lightning.rollout import SamplingParams  # noqa: E402
+import grpo_lightning.rollout.engine.generator as engine  # noqa: E402
+from grpo_lightning.rollout.types import SamplingParams  # noqa: E402
 
 
 def restart(generator, prompt_len: int) -> None:

@@ -1,5 +1,5 @@
 """The decode attention kernel's launch settings compared: cache slots per loop step, warps, pipeline
-stages and cache splits (``grpo_lightning.engine.kernels.decode_attention.launch_decode_attention``).
+stages and cache splits (``grpo_lightning.rollout.engine.kernels.decode_attention.launch_decode_attention``).
 
 Every setting is timed on W1's shapes (128 rows, 14 query heads over 2 KV heads of dimension 64, a
 cache of 320 slots, bf16), in a CUDA graph over 24 caches as in the decode step, with the mask of a
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from qkv_kernel import time_per_call  # noqa: E402
 
-from grpo_lightning.engine.kernels import decode_attention as decode_kernel  # noqa: E402
+from grpo_lightning.rollout.engine.kernels import decode_attention as decode_kernel  # noqa: E402
 
 DEFAULT = (decode_kernel.BLOCK_L, decode_kernel.DECODE_NUM_WARPS, decode_kernel.DECODE_NUM_STAGES, 0)
 

@@ -22,7 +22,7 @@ import torch
 from qkv_kernel import time_per_call  # benchmarks/studies/qkv_kernel.py, beside this file
 from torch.nn import functional as F
 
-from grpo_lightning.engine.fused_decode import residual_plus_parts
+from grpo_lightning.rollout.engine.fused_decode import residual_plus_parts
 
 
 def residual_with_product(h: torch.Tensor, a: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,8 +31,8 @@ import triton.language as tl
 from qkv_kernel import time_per_call  # benchmarks/studies/qkv_kernel.py, beside this file
 from torch.nn import functional as F
 
-from grpo_lightning.engine.kernels.decode_attention import decode_attention
-from grpo_lightning.engine.fused_decode import residual_plus_parts
+from grpo_lightning.rollout.engine.kernels.decode_attention import decode_attention
+from grpo_lightning.rollout.engine.fused_decode import residual_plus_parts
 
 LINE_BYTES = 128
 """Bytes per L2 line: one ``prefetch.global.L2`` hint each."""

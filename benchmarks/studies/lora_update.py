@@ -1,7 +1,7 @@
 """Where a LoRA update's time goes: one W3 micro-batch's forward and backward, in four settings.
 
 W3's model shape (Qwen2.5-7B widths, ``--layers`` of its 28 decoder layers, random weights) with
-LoRA r 64 on every linear layer, added by ``grpo_lightning.lora.add_adapters`` as the module does.
+LoRA r 64 on every linear layer, added by ``grpo_lightning.models.lora.add_adapters`` as the module does.
 PEFT keeps the adapters in float32 next to bf16 base weights, so by default their products run in
 float32; the module runs them under ``adapter_autocast`` (bf16 products, float32 adapters). Each
 setting times the policy's forward and backward through ``completion_logprobs`` (the update) and
@@ -25,8 +25,8 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from grpo_lightning.logprobs import completion_logprobs
-from grpo_lightning.lora import adapter_autocast, add_adapters, reference_model
+from grpo_lightning.models.logprobs import completion_logprobs
+from grpo_lightning.models.lora import adapter_autocast, add_adapters, reference_model
 
 
 def w3_model(layers: int) -> torch.nn.Module:

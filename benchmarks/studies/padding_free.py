@@ -1,6 +1,6 @@
 """One update micro-batch's forward and backward pass, padded against packed without padding.
 
-``grpo_lightning.logprobs.completion_logprobs`` on a batch whose prompts are left-padded and whose
+``grpo_lightning.models.logprobs.completion_logprobs`` on a batch whose prompts are left-padded and whose
 completions end early (an EOS, then padding), as real rollouts do: once as the padded
 ``[rows, prompt + completion]`` batch, once packed (``packed=True``: every row's real tokens in one
 sequence, positions restarting at 0), the same log-probs either way. The workload's model shape
@@ -33,7 +33,7 @@ _spec = importlib.util.spec_from_file_location("benchmarks_run", Path(__file__).
 bench = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
-from grpo_lightning.logprobs import completion_logprobs  # noqa: E402
+from grpo_lightning.models.logprobs import completion_logprobs  # noqa: E402
 
 
 def ragged_batch(rows: int, prompt_len: int, completion_len: int, vocab: int, min_fill: float, device: torch.device):

@@ -6,7 +6,7 @@
 Builds the workload's random-init model (as ``run.py`` does), then on CUDA:
 
 1. times whole rollouts (``rows`` x ``max_new_tokens``, CUDA graph) with the grouped-query
-   attention of ``grpo_lightning.engine.attention`` and, in the same process, with transformers' own
+   attention of ``grpo_lightning.rollout.engine.attention`` and, in the same process, with transformers' own
    attention path, and reports milliseconds per decode step;
 2. profiles a few decode steps with ``torch.profiler``, eager and compiled, both without the CUDA
    graph: kernels launched per step, their summed GPU time per step (against the step's time in
@@ -43,8 +43,8 @@ _spec = importlib.util.spec_from_file_location("benchmarks_run", Path(__file__).
 bench = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
-import grpo_lightning.engine.generator as engine  # noqa: E402
-from grpo_lightning.rollout import SamplingParams  # noqa: E402
+import grpo_lightning.rollout.engine.generator as engine  # noqa: E402
+from grpo_lightning.rollout.types import SamplingParams  # noqa: E402
 
 
 def rollout_ms_per_step(generator, ids, mask, sampling, repeats: int) -> tuple[float, float]:

@@ -3,7 +3,7 @@
 * ``product``: the q/k/v product alone (cuBLAS), the part no way can skip;
 * ``compiled``: the model's way, ``torch.compile``d: RMS norm, product with bias, rotary embedding of q
   and k, ``index_copy_`` of k and v into the cache;
-* ``kernel``: ``grpo_lightning.engine.kernels.qkv.gained_qkv_rope`` on precomputed ``x * g`` and sums of
+* ``kernel``: ``grpo_lightning.rollout.engine.kernels.qkv.gained_qkv_rope`` on precomputed ``x * g`` and sums of
   squares (in the decode step ``torch.compile`` computes those inside the previous residual sum);
 * ``kernel + inputs``: the same with ``gain_inputs`` compiled in front of it, as a separate kernel.
 
@@ -65,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("needs CUDA")
-    from grpo_lightning.engine.kernels import qkv as qkv_kernel
+    from grpo_lightning.rollout.engine.kernels import qkv as qkv_kernel
 
     rows, hidden, q_heads, kv_heads, head_dim = args.rows, args.hidden, args.q_heads, args.kv_heads, args.head_dim
     sizes = [q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]

@@ -4,7 +4,7 @@
   the exponential race ``argmax(logits - log E)`` (``engine.sample_tokens``);
 * ``race + log-prob``: the same, and the sampled token's log-probability (a ``logsumexp``);
 * ``keyed``: inverse-CDF sampling of keyed uniforms (``engine.inverse_cdf_sample``), compiled;
-* ``kernel``: ``grpo_lightning.engine.kernels.sampling.sample_by_blocks`` with one ``torch.rand`` number per
+* ``kernel``: ``grpo_lightning.rollout.engine.kernels.sampling.sample_by_blocks`` with one ``torch.rand`` number per
   row, at each block size of ``--blocks`` (the module's ``SAMPLING_BLOCK`` is the default), with
   and without the log-probability.
 
@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from qkv_kernel import time_per_call  # noqa: E402
 
-from grpo_lightning.engine.kernels import sampling as sampling_kernel  # noqa: E402
-from grpo_lightning.engine import inverse_cdf_sample, keyed_uniforms, sample_tokens  # noqa: E402
+from grpo_lightning.rollout.engine.kernels import sampling as sampling_kernel  # noqa: E402
+from grpo_lightning.rollout.engine import inverse_cdf_sample, keyed_uniforms, sample_tokens  # noqa: E402
 
 
 def main() -> None:

@@ -72,7 +72,7 @@ from typing import Any
 from grpo_lightning.ablation.launch import HydraLaunch, check_launcher, is_local, launcher_target, run_cell_job
 from grpo_lightning.ablation.spec import SweepError, SweepSpec
 from grpo_lightning.ablation.sweep import CellResult, InProcess, Launch, run_sweep
-from grpo_lightning.resources import config_dir
+from grpo_lightning.cli.resources import config_dir
 
 #: The folder of the shipped sweep specs, the ``--config-name`` choices.
 SPEC_DIR = config_dir() / "ablation"

@@ -12,7 +12,7 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-from grpo_lightning.resources import config_dir, resolve_config, shipped_config
+from grpo_lightning.cli.resources import config_dir, resolve_config, shipped_config
 
 WARMSTART = "warmstart"
 #: The override axis whose values are YAML files (or lists of them) added after ``base_configs``:

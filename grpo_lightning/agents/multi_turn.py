@@ -2,7 +2,7 @@
 
 Every trajectory keeps its token ids as sampled; a model turn continues them from the cache the
 last turn left (``model.generate`` on the HF path, or the static engine's
-:meth:`~grpo_lightning.engine.StaticCacheGenerator.sample_turn`; :mod:`~grpo_lightning.agents.turn_cache`),
+:meth:`~grpo_lightning.rollout.engine.StaticCacheGenerator.sample_turn`; :mod:`~grpo_lightning.agents.turn_cache`),
 an environment reply appends
 the ids of its rendered text (:class:`~grpo_lightning.agents.chat_tokens.ChatTokens`). Nothing is
 decoded and encoded again, so the trainer scores the sampled tokens. The model's tokens are the
@@ -22,10 +22,10 @@ from transformers import PreTrainedTokenizerBase
 from grpo_lightning.agents.chat_tokens import ChatTokens
 from grpo_lightning.agents.environment import Environment, EnvironmentOptions
 from grpo_lightning.agents.turn_cache import EngineTurns, HFTurns, left_padded
-from grpo_lightning.engine.options import EngineOptions
+from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.generation.sampler import RolloutSampler
-from grpo_lightning.rollout import Rollout, SamplingParams
+from grpo_lightning.rollout.generation.sampler import RolloutSampler
+from grpo_lightning.rollout.types import Rollout, SamplingParams
 
 
 def multi_turn_engine(options: EngineOptions, rollout_seed: int | None, beam_search: bool) -> EngineOptions:

@@ -18,9 +18,9 @@ from torch import Tensor, nn
 from transformers import LogitsProcessorList, PreTrainedTokenizerBase
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from grpo_lightning.engine import StaticCacheGenerator
-from grpo_lightning.generation.hf import SampledTokenLogprobs, generate_from_ids
-from grpo_lightning.rollout import SamplingParams
+from grpo_lightning.rollout.engine import StaticCacheGenerator
+from grpo_lightning.rollout.generation.hf import SampledTokenLogprobs, generate_from_ids
+from grpo_lightning.rollout.types import SamplingParams
 
 #: The name ``generate`` takes the cache by, and returns it under (``past_key_values`` before transformers renamed it).
 _CACHE = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"

@@ -1,5 +1,5 @@
 """Advantage estimators of one completion each: ``rewards`` ``[P, G]`` (``P`` prompts, ``G``
-completions per prompt) -> advantages ``[P, G]``. The math is :mod:`grpo_lightning.functional`'s;
+completions per prompt) -> advantages ``[P, G]``. The math is :mod:`grpo_lightning.algorithms.functional`'s;
 here each gets the name it is selected by (``--model.advantage NAME``)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from grpo_lightning import functional as F
+from grpo_lightning.algorithms import functional as F
 
 
 def group_std(rewards: Tensor) -> Tensor:

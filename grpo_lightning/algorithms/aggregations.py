@@ -3,7 +3,7 @@
 Each takes the counts of the whole minibatch (``num_sequences``, ``num_tokens``: every micro-batch
 and device) so that summing micro-batch results gives the minibatch's result, whatever the
 micro-batch size; ``max_tokens`` is the completion length limit ``L``. The math is
-:mod:`grpo_lightning.functional`'s; here each gets the name it is selected by
+:mod:`grpo_lightning.algorithms.functional`'s; here each gets the name it is selected by
 (``--model.aggregation NAME``).
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from grpo_lightning import functional as F
+from grpo_lightning.algorithms import functional as F
 
 
 def token_mean(loss: Tensor, mask: Tensor, *, num_sequences=None, num_tokens=None, max_tokens: int = 1) -> Tensor:

@@ -1,4 +1,4 @@
-"""The algorithm hooks of :class:`~grpo_lightning.module.GroupPolicyOptimization`, and what each
+"""The algorithm hooks of :class:`~grpo_lightning.training.module.GroupPolicyOptimization`, and what each
 does unless a variant overrides it: the registered parts the variant names
 (:mod:`grpo_lightning.algorithms`), no selection and no reward shaping."""
 
@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from grpo_lightning import functional as F
-from grpo_lightning import metrics
+from grpo_lightning.algorithms import functional as F
+from grpo_lightning.training import metrics
 from grpo_lightning.algorithms.advantages import ADVANTAGES
 from grpo_lightning.algorithms.aggregations import AGGREGATIONS
 from grpo_lightning.algorithms.masks import off_policy_sequence_mask
 from grpo_lightning.algorithms.surrogates import SURROGATES, Surrogate
-from grpo_lightning.rollout import Rollout
+from grpo_lightning.rollout.types import Rollout
 
 
 class AlgorithmHooks:

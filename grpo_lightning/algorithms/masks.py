@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from grpo_lightning import functional as F
+from grpo_lightning.algorithms import functional as F
 
 
 def off_policy_sequence_mask(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, threshold: float) -> Tensor:

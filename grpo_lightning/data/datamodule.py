@@ -12,7 +12,7 @@ from lightning import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from grpo_lightning.argument_types import check_argument_types
+from grpo_lightning.training.argument_types import check_argument_types
 from grpo_lightning.data.arithmetic import TERSE_TEMPLATE, check_arithmetic_arguments, make_arithmetic_dataset
 from grpo_lightning.data.checks import check_prompts, check_text_file
 from grpo_lightning.errors import ConfigError
@@ -115,7 +115,7 @@ class ResumableDataLoader(DataLoader):
 
     While a batch is out, ``upcoming`` is the batch served after it (``None`` at the epoch's end),
     not yet counted as served: the next batch's rollout can start before it is asked for
-    (:class:`grpo_lightning.stale_rollouts.StaleRollouts` with ``overlap``).
+    (:class:`grpo_lightning.rollout.stale.StaleRollouts` with ``overlap``).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

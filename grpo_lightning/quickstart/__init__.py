@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from grpo_lightning.resources import config_path
+from grpo_lightning.cli.resources import config_path
 
 #: Completions per validation problem behind the quickstart's pass@k line (sampled at T = 1).
 PASS_AT_K_SAMPLES = 8
@@ -51,7 +51,7 @@ def run_quickstart(argv: Sequence[str] | None = None) -> dict[str, float]:
     )  # fmt: skip
     options, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
 
-    from grpo_lightning.cli import GRPOLightningCLI, expected_warnings_silenced
+    from grpo_lightning.cli.app import GRPOLightningCLI, expected_warnings_silenced
     from grpo_lightning.quickstart.warmstart import warm_start
 
     start = time.perf_counter()
@@ -88,7 +88,7 @@ def run_quickstart(argv: Sequence[str] | None = None) -> dict[str, float]:
 
 def pass_at_k_line(metrics: dict[str, float], samples: int) -> str:
     """``pass@1 0.52 [0.48, 0.56], ...``: the sampled metrics with their 95% bootstrap intervals."""
-    from grpo_lightning.sample_metrics import pass_k_values
+    from grpo_lightning.evaluation.sample_metrics import pass_k_values
 
     names = [f"pass@{k}" for k in pass_k_values(samples)]
     names.append(f"maj@{samples}")

@@ -35,7 +35,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from grpo_lightning.data.arithmetic import TERSE_TEMPLATE, format_target, make_arithmetic_dataset
-from grpo_lightning.model_sources import cache_dir
+from grpo_lightning.models.sources import cache_dir
 from grpo_lightning.quickstart.tiny import TEXT_ALPHABET, build_char_tokenizer, save_model_and_tokenizer, tiny_config
 
 logger = logging.getLogger(__name__)

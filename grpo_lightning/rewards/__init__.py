@@ -4,7 +4,7 @@ for those that take it), how they are scored, and what a failing one does."""
 from grpo_lightning.rewards.accuracy import accuracy_reward, answers_match, extract_answer
 from grpo_lightning.rewards.code_execution import CodeExecutionReward, code_execution_reward
 from grpo_lightning.rewards.consistency import majority_answer, majority_vote_reward, vote
-from grpo_lightning.rewards.execution import (
+from grpo_lightning.rewards.sandbox.execution import (
     RewardExecution,
     RewardFunctionWarning,
     RewardScorer,

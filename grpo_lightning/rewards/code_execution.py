@@ -5,11 +5,11 @@ cases come from a dataset column, as a list of assert statements (each runs afte
 passes when it raises nothing) or a list of ``{"input": stdin, "output": expected stdout}`` (stdout is
 compared with trailing whitespace stripped, line by line), or either as a JSON string.
 
-Assert tests are split (:mod:`grpo_lightning.rewards.assert_tests`): the sandbox returns the value of
+Assert tests are split (:mod:`grpo_lightning.rewards.sandbox.assert_tests`): the sandbox returns the value of
 each call, and this process compares it with the expected one, which never enters the sandbox.
 
-Every run is a fresh interpreter confined by :mod:`grpo_lightning.rewards.code_sandbox`, under
-bubblewrap where it runs (:mod:`grpo_lightning.rewards.sandbox_command`), in a new
+Every run is a fresh interpreter confined by :mod:`grpo_lightning.rewards.sandbox.code_sandbox`, under
+bubblewrap where it runs (:mod:`grpo_lightning.rewards.sandbox.command`), in a new
 temporary directory (removed afterwards) with an empty environment, its own process group, a
 wall-clock deadline and a cap on its output; runs go through a bounded pool of worker threads. What
 a completion does to itself (loops, crashes, forks, floods) scores 0 and never raises. The limits of
@@ -38,7 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_lightning.rewards import assert_tests, code_sandbox, sandbox_command
+from grpo_lightning.rewards.sandbox import assert_tests, code_sandbox
+from grpo_lightning.rewards.sandbox import command as sandbox_command
 from grpo_lightning.rewards.scoring import completion_text
 
 FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)```", re.DOTALL)
@@ -155,7 +156,7 @@ class CodeExecutionReward:
         name: Name under which the rewards are logged.
         sandbox: ``auto`` (bubblewrap where it runs, else the interpreter's own layers, warned once),
             ``bubblewrap`` (an error where it cannot run) or ``python`` (see
-            :mod:`~grpo_lightning.rewards.sandbox_command`).
+            :mod:`~grpo_lightning.rewards.sandbox.command`).
     """
 
     def __init__(
@@ -214,7 +215,7 @@ class CodeExecutionReward:
             warnings.warn(
                 f"{self.__name__}: the assert test {whole!r:.120} does not split into a call and an expected value, "
                 "so it runs whole in the sandbox, where a program set on it can fake its pass; write tests as "
-                "`assert f(args) == expected` (the forms that split: grpo_lightning.rewards.assert_tests).",
+                "`assert f(args) == expected` (the forms that split: grpo_lightning.rewards.sandbox.assert_tests).",
                 stacklevel=2,
             )
         with ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="code-execution") as pool:

@@ -1,6 +1,6 @@
 """Self-consistency: the answers of a prompt's completions vote (Wang et al. 2023), with no ground truth.
 
-The same vote gives ``maj@n`` in evaluation (:mod:`grpo_lightning.sample_metrics`) and the label-free
+The same vote gives ``maj@n`` in evaluation (:mod:`grpo_lightning.evaluation.sample_metrics`) and the label-free
 reward :func:`majority_vote_reward`.
 """
 

@@ -1,4 +1,4 @@
-"""Step rewards for process supervision (:mod:`grpo_lightning.process_supervision`): where steps end
+"""Step rewards for process supervision (:mod:`grpo_lightning.rewards.process_supervision`): where steps end
 in a text and in its tokens, a rule-based scorer for answers checked digit by digit, and a process
 reward model."""
 
@@ -64,7 +64,7 @@ class ProcessRewardModel:
     one-label head) at the last token of each step, steps split at ``step_delimiter``.
 
     Nothing is loaded until the first call. Returns, per completion, one score per step (the form
-    :func:`grpo_lightning.process_supervision.step_rewards` maps to tokens with the same delimiter).
+    :func:`grpo_lightning.rewards.process_supervision.step_rewards` maps to tokens with the same delimiter).
 
     Args:
         path: Local directory or hub name of the model (``AutoModelForTokenClassification``) and its tokenizer.

@@ -1,4 +1,4 @@
-"""Resolve reward functions from configuration (:mod:`grpo_lightning.rewards.execution` calls them).
+"""Resolve reward functions from configuration (:mod:`grpo_lightning.rewards.sandbox.execution` calls them).
 
 A reward function is a callable ``(prompts, completions, **columns) -> list[float | None]``:
 ``columns`` are the dataset's other columns aligned with the completions (e.g. ``answer=[...]``),

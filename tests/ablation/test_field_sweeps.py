@@ -10,8 +10,8 @@ from hydra import compose, initialize_config_dir
 from grpo_lightning.ablation.run import SPEC_DIR
 from grpo_lightning.ablation.spec import SweepSpec
 from grpo_lightning.ablation.sweep import cell_command
-from grpo_lightning.cli import GRPOLightningCLI
-from grpo_lightning.resources import config_dir
+from grpo_lightning.cli.app import GRPOLightningCLI
+from grpo_lightning.cli.resources import config_dir
 
 
 def sweep(name: str, tmp_path) -> SweepSpec:

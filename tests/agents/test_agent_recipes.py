@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_lightning.cli import GRPOLightningCLI
-from grpo_lightning.resources import config_dir
+from grpo_lightning.cli.app import GRPOLightningCLI
+from grpo_lightning.cli.resources import config_dir
 
 CONFIGS = config_dir()
 

@@ -9,7 +9,7 @@ import torch
 
 from grpo_lightning.agents import EnvironmentOptions, environment_reward
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.logprobs import completion_logprobs
+from grpo_lightning.models.logprobs import completion_logprobs
 import variants
 from variants import DAPO, GRPO, PPO
 
@@ -142,7 +142,7 @@ def test_environment_tokens_carry_no_gradient_and_count_in_no_denominator(episod
 
 
 def test_the_step_logs_episode_metrics(episodes):
-    from grpo_lightning.metrics import StepMetrics, record_rollout
+    from grpo_lightning.training.metrics import StepMetrics, record_rollout
 
     module, rollout = episodes
     metrics = StepMetrics()
@@ -155,7 +155,7 @@ def test_the_step_logs_episode_metrics(episodes):
 
 
 def test_completion_records_and_tables_show_each_turn_with_its_source(episodes):
-    from grpo_lightning.completions import completion_records, completion_table
+    from grpo_lightning.evaluation.completions import completion_records, completion_table
 
     module, rollout = episodes
     records = completion_records(rollout, torch.zeros(len(rollout)), ["environment_reward"], step=0)
@@ -317,7 +317,7 @@ def test_the_static_engine_samples_the_episodes_the_hf_path_samples(temperature,
     """Greedy: the same conversations, token for token. Sampled (the engines draw differently): the
     scored log-probs are the sampled ones on both. The static engine prefills the prompts once; every
     later turn appends to its cache."""
-    from grpo_lightning.engine import StaticCacheGenerator
+    from grpo_lightning.rollout.engine import StaticCacheGenerator
 
     prefills = []
     prefill = StaticCacheGenerator._prefill

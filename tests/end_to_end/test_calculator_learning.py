@@ -15,10 +15,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from grpo_lightning.agents import EnvironmentOptions
 from grpo_lightning.agents.calculator_warmstart import calculator_warm_start, call_probability
 from grpo_lightning.agents.multi_turn import sample_episodes
-from grpo_lightning.cli import GRPOLightningCLI
+from grpo_lightning.cli.app import GRPOLightningCLI
 from grpo_lightning.data.arithmetic import make_arithmetic_dataset
-from grpo_lightning.resources import config_path
-from grpo_lightning.rollout import SamplingParams
+from grpo_lightning.cli.resources import config_path
+from grpo_lightning.rollout.types import SamplingParams
 
 STEPS = 20
 # Greedy accuracy gains after STEPS steps, from `python benchmarks/calculator_learning.py --steps 20

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_lightning.cli import GRPOLightningCLI
+from grpo_lightning.cli.app import GRPOLightningCLI
 from grpo_lightning.quickstart import VARIANTS, quickstart_args
 from grpo_lightning.quickstart.warmstart import warm_start
 
@@ -124,7 +124,7 @@ def test_variant_raises_validation_accuracy_over_the_warm_start(variant, warm_mo
     cli = GRPOLightningCLI(args=fit_args(warm_model_dir, variant, tmp_path), run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.global_step == STEPS
-    # The quickstart's setup learns: no health check may fire (grpo_lightning.diagnostics).
+    # The quickstart's setup learns: no health check may fire (grpo_lightning.evaluation.diagnostics).
     health = json.loads((Path(cli.trainer.log_dir) / "health.json").read_text())
     assert [row for row in health if not row["ok"]] == [], variant
     # Validated after the fit: DAPO draws extra batches, so its last in-fit validation comes earlier.

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from grpo_lightning.model_sources import missing_gguf_packages
+from grpo_lightning.models.sources import missing_gguf_packages
 
 pytestmark = [
     pytest.mark.slow,
@@ -30,7 +30,7 @@ pytestmark = [
 
 def test_the_recipe_trains_the_gguf_model_and_exports_it(tmp_path, monkeypatch):
     executable = shutil.which("grpo-lightning", path=str(Path(sys.executable).parent))
-    program = [executable] if executable else [sys.executable, "-c", "from grpo_lightning.cli import main; main()"]
+    program = [executable] if executable else [sys.executable, "-c", "from grpo_lightning.cli.app import main; main()"]
     command = [
         *program, "fit", "--config", "trainer/cpu", "--config", "recipes/smollm2",
         "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--data.max_val_samples=8",
@@ -51,7 +51,7 @@ def test_the_recipe_trains_the_gguf_model_and_exports_it(tmp_path, monkeypatch):
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_lightning.export import export_checkpoint
+    from grpo_lightning.checkpoints.export import export_checkpoint
 
     exported = export_checkpoint(run / "checkpoints" / "last.ckpt", tmp_path / "exported")
     model = AutoModelForCausalLM.from_pretrained(exported)

@@ -12,8 +12,8 @@ from torch import nn
 from transformers import AttentionInterface, AutoModelForCausalLM, GenerationConfig
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-from grpo_lightning.engine import attention
-from grpo_lightning.engine.attention import (
+from grpo_lightning.rollout.engine import attention
+from grpo_lightning.rollout.engine.attention import (
     DECODE_ATTENTION_KINDS,
     GQA_ATTENTION,
     decode_attention,
@@ -21,8 +21,8 @@ from grpo_lightning.engine.attention import (
     grouped_query_attention,
     resolve_decode_kind,
 )
-from grpo_lightning.engine import StaticCacheGenerator
-from grpo_lightning.rollout import SamplingParams
+from grpo_lightning.rollout.engine import StaticCacheGenerator
+from grpo_lightning.rollout.types import SamplingParams
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_tiny_model, tiny_config
 
 PROMPTS = ["1+2=", "37+45=", "(1)", "<think>3*4=12"]

@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from grpo_lightning.engine import StaticCacheGenerator
-from grpo_lightning.generation.hf import generate_from_ids
+from grpo_lightning.rollout.engine import StaticCacheGenerator
+from grpo_lightning.rollout.generation.hf import generate_from_ids
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_tiny_model, tiny_config
-from grpo_lightning.rollout import SamplingParams
+from grpo_lightning.rollout.types import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -1,4 +1,4 @@
-"""Decoding with fused q/k/v and gate/up products (``grpo_lightning.engine.fused_decode``): the same tokens as
+"""Decoding with fused q/k/v and gate/up products (``grpo_lightning.rollout.engine.fused_decode``): the same tokens as
 the model's own forward pass, with parameters that stay the model's, in place."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from grpo_lightning.engine import StaticCacheGenerator
-from grpo_lightning.engine.fused_decode import fuse_projections, qkv_kernel_applies, residual_plus_parts
-from grpo_lightning.rollout import SamplingParams
+from grpo_lightning.rollout.engine import StaticCacheGenerator
+from grpo_lightning.rollout.engine.fused_decode import fuse_projections, qkv_kernel_applies, residual_plus_parts
+from grpo_lightning.rollout.types import SamplingParams
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_tiny_model, tiny_config
 
 PROMPTS = ["1+2=", "37+45=", "(1)", "<think>3*4=12"]
@@ -26,7 +26,7 @@ KINDS = {
     "llama": {"model_type": "llama"},  # no biases
     "llama-biases": {"model_type": "llama", "attention_bias": True, "mlp_bias": True},
     "qwen3": {"model_type": "qwen3", "head_dim": 8},  # per-head q/k norms
-    # Heads of 32, which the q/k/v kernel takes (grpo_lightning.engine.kernels.qkv)
+    # Heads of 32, which the q/k/v kernel takes (grpo_lightning.rollout.engine.kernels.qkv)
     "qwen2-heads-of-32": {"model_type": "qwen2", "head_dim": 32},
     "llama-biases-heads-of-32": {"model_type": "llama", "attention_bias": True, "mlp_bias": True, "head_dim": 32},
 }

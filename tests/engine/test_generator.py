@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-import grpo_lightning.engine.generator as engine_module
-from grpo_lightning.engine import (
+import grpo_lightning.rollout.engine.generator as engine_module
+from grpo_lightning.rollout.engine import (
     StaticCacheGenerator,
     cumulative_count_sample,
     exponential_race_sample,
@@ -22,9 +22,9 @@ from grpo_lightning.engine import (
     sample_tokens,
     slot_limits,
 )
-from grpo_lightning.engine.kernels.availability import TRITON_INTERPRETED
-from grpo_lightning.logprobs import completion_logprobs
-from grpo_lightning.rollout import SamplingParams, completion_mask_from_ids, generate_group
+from grpo_lightning.rollout.engine.kernels.availability import TRITON_INTERPRETED
+from grpo_lightning.models.logprobs import completion_logprobs
+from grpo_lightning.rollout.types import SamplingParams, completion_mask_from_ids, generate_group
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_tiny_model, tiny_config
 
 PROMPTS = ["1+2=", "37+45=", "(1)", "9", "<think>3*4=12", "0.5"]
@@ -131,7 +131,7 @@ def test_slot_limits_are_few_multiples_of_a_block_up_to_the_cache():
 )
 def test_triton_attention_reads_only_the_slots_in_use_and_gives_the_same_tokens(model, tokenizer, monkeypatch):
     """On CUDA through the CUDA graphs (one per bound), under the interpreter through eager steps."""
-    decode_kernel = pytest.importorskip("grpo_lightning.engine.kernels.decode_attention")
+    decode_kernel = pytest.importorskip("grpo_lightning.rollout.engine.kernels.decode_attention")
     monkeypatch.setattr(engine_module, "SLOT_LIMIT_BLOCK", 8)  # bounds every 8 slots: W1's 64, scaled down
     limits = []
     launch = decode_kernel.launch_decode_attention

@@ -9,14 +9,14 @@ import warnings
 import pytest
 import torch
 
-from grpo_lightning.cli import GRPOLightningCLI
-from grpo_lightning.engine.options import EngineOptions
-from grpo_lightning.generation import EngineTarget, generate_group, resolve_engine
-from grpo_lightning.generation.sampler import BEAM_SEARCH_CAVEAT
-from grpo_lightning.logprobs import completion_logprobs
-from grpo_lightning.resources import config_dir
-from grpo_lightning.rollout import SamplingParams, completion_mask_from_ids
-from grpo_lightning.settings import ConfigError
+from grpo_lightning.cli.app import GRPOLightningCLI
+from grpo_lightning.rollout.engine.options import EngineOptions
+from grpo_lightning.rollout.generation import EngineTarget, generate_group, resolve_engine
+from grpo_lightning.rollout.generation.sampler import BEAM_SEARCH_CAVEAT
+from grpo_lightning.models.logprobs import completion_logprobs
+from grpo_lightning.cli.resources import config_dir
+from grpo_lightning.rollout.types import SamplingParams, completion_mask_from_ids
+from grpo_lightning.training.settings import ConfigError
 from variants import GRPO
 
 PROMPTS = ["12+3=", "7+45=", "1+1="]  # of different lengths: left padding

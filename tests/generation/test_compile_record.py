@@ -10,10 +10,10 @@ import shutil
 
 import pytest
 
-from grpo_lightning.engine.options import EngineOptions
-from grpo_lightning.generation import EngineTarget, FitLength, RolloutSampler, resolve_engine
-from grpo_lightning.generation.compile_record import CompiledShape, CompileRecord
-from grpo_lightning.rollout import SamplingParams
+from grpo_lightning.rollout.engine.options import EngineOptions
+from grpo_lightning.rollout.generation import EngineTarget, FitLength, RolloutSampler, resolve_engine
+from grpo_lightning.rollout.generation.compile_record import CompiledShape, CompileRecord
+from grpo_lightning.rollout.types import SamplingParams
 from variants import GRPO
 
 SMOLLM2 = CompiledShape("llama", 30, 576, 9, 3, 64, 49152, "torch.bfloat16", "NVIDIA H200 sm90")

@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from grpo_lightning.engine.options import EngineOptions
-from grpo_lightning.generation import EngineTarget, resolve_engine
-from grpo_lightning.settings import ConfigError
+from grpo_lightning.rollout.engine.options import EngineOptions
+from grpo_lightning.rollout.generation import EngineTarget, resolve_engine
+from grpo_lightning.training.settings import ConfigError
 from variants import GRPO
 
 CUDA_QWEN2 = EngineTarget(device_type="cuda", model_type="qwen2", attn_implementation="sdpa")
@@ -128,7 +128,7 @@ def test_the_module_resolves_once_and_announces_the_fallback_once(make_module, c
 def test_the_module_passes_a_cuda_plan_to_the_static_engine(make_module, monkeypatch):
     """The decision on a CUDA device, made here on a CPU: the module asks for the plan of its target;
     the plan it gets is the one it samples and computes log-probs with."""
-    import grpo_lightning.generation.sampler as sampler_file
+    import grpo_lightning.rollout.generation.sampler as sampler_file
 
     asked = []
 

@@ -1,7 +1,7 @@
-"""The ``"triton"`` decode attention kernel (``grpo_lightning.engine.kernels.decode_attention``) against an fp64 softmax.
+"""The ``"triton"`` decode attention kernel (``grpo_lightning.rollout.engine.kernels.decode_attention``) against an fp64 softmax.
 
 The kernel runs on CUDA. Without a GPU, Triton's interpreter runs it on the CPU, but only when
-``TRITON_INTERPRET=1`` is set before Triton and ``grpo_lightning.engine.attention`` are imported: the test
+``TRITON_INTERPRET=1`` is set before Triton and ``grpo_lightning.rollout.engine.attention`` are imported: the test
 ``test_the_kernel_under_triton_s_interpreter`` runs this file's tests, and the ``"triton"`` cases
 of the attention and engine tests, in a fresh process with that setting. Without Triton, all skip.
 """
@@ -68,7 +68,7 @@ def inputs(batch=3, kv_heads=2, group=7, kv_len=130, head_dim=16, dtype=torch.fl
 
 
 def decode_attention(*args):
-    from grpo_lightning.engine.kernels.decode_attention import decode_attention as kernel
+    from grpo_lightning.rollout.engine.kernels.decode_attention import decode_attention as kernel
 
     return kernel(*args)
 
@@ -120,7 +120,7 @@ def test_a_row_with_nothing_to_attend_to_gives_zeros(splits):
 def test_slots_in_use_reads_no_slot_past_the_limit_and_changes_nothing_else(limit, bool_mask, splits):
     """A decode step's cache: each row's slots in use, the rest masked and holding NaN (not written
     yet, as far as the test knows). Reading a NaN slot would make the output NaN."""
-    from grpo_lightning.engine.kernels.decode_attention import slots_in_use
+    from grpo_lightning.rollout.engine.kernels.decode_attention import slots_in_use
 
     query, key, value = inputs(group=7, kv_len=200, head_dim=64)
     in_use = torch.tensor([70, 41, 1])  # slots in use per row, none past the limit
@@ -140,7 +140,7 @@ def test_slots_in_use_reads_no_slot_past_the_limit_and_changes_nothing_else(limi
 
 def test_slots_in_use_rejects_an_empty_limit_and_restores_the_previous_one():
     pytest.importorskip("triton")
-    from grpo_lightning.engine.kernels import decode_attention as decode_kernel
+    from grpo_lightning.rollout.engine.kernels import decode_attention as decode_kernel
 
     with pytest.raises(ValueError, match="limit must be at least 1"):
         with decode_kernel.slots_in_use(0):
@@ -157,7 +157,7 @@ def test_slots_in_use_rejects_an_empty_limit_and_restores_the_previous_one():
 def test_launch_settings_change_the_speed_not_the_result(block, warps, stages, splits):
     """The settings ``benchmarks/studies/decode_attention_configs.py`` compares: slots per loop step (more
     than the cache holds, too), warps, pipeline stages and splits."""
-    from grpo_lightning.engine.kernels.decode_attention import launch_decode_attention
+    from grpo_lightning.rollout.engine.kernels.decode_attention import launch_decode_attention
 
     query, key, value = inputs(group=7, kv_len=200, head_dim=64)
     mask = (torch.arange(200) < torch.tensor([150, 90, 1])[:, None]).to(DEVICE)[:, None, None]
@@ -189,7 +189,7 @@ def test_compiled_code_calls_the_kernel_as_it_is():
 
 
 def test_cache_splits_give_the_multiprocessors_work_and_no_empty_part():
-    from grpo_lightning.engine.kernels.decode_attention import cache_splits
+    from grpo_lightning.rollout.engine.kernels.decode_attention import cache_splits
 
     assert cache_splits(8, 2, 8192, torch.device("cpu")) == 1
     if torch.cuda.is_available():

@@ -1,4 +1,4 @@
-"""The q/k/v Triton kernel of a decode layer (``grpo_lightning.engine.kernels.qkv``) against the model's modules.
+"""The q/k/v Triton kernel of a decode layer (``grpo_lightning.rollout.engine.kernels.qkv``) against the model's modules.
 
 It runs on CUDA, or on the CPU under Triton's interpreter: ``test_decode_kernel.py``'s
 ``test_the_kernel_under_triton_s_interpreter`` runs this file in a process with
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def kernels():
     pytest.importorskip("triton")
-    from grpo_lightning.engine.kernels import qkv as qkv_kernel
+    from grpo_lightning.rollout.engine.kernels import qkv as qkv_kernel
 
     return qkv_kernel
 

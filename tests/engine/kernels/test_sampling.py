@@ -1,4 +1,4 @@
-"""The Triton sampling kernels (``grpo_lightning.engine.kernels.sampling``) against the PyTorch draw.
+"""The Triton sampling kernels (``grpo_lightning.rollout.engine.kernels.sampling``) against the PyTorch draw.
 
 They run on CUDA, or on the CPU under Triton's interpreter: ``test_decode_kernel.py``'s
 ``test_the_kernel_under_triton_s_interpreter`` runs this file in a process with
@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from grpo_lightning.engine import StaticCacheGenerator, inverse_cdf_sample
-from grpo_lightning.rollout import SamplingParams
+from grpo_lightning.rollout.engine import StaticCacheGenerator, inverse_cdf_sample
+from grpo_lightning.rollout.types import SamplingParams
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_tiny_model, tiny_config
 
 RUNS_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def kernels():
     pytest.importorskip("triton")
-    from grpo_lightning.engine.kernels import sampling as sampling_kernel
+    from grpo_lightning.rollout.engine.kernels import sampling as sampling_kernel
 
     return sampling_kernel
 

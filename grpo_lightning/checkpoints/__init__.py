@@ -1,0 +1,1 @@
+"""Checkpoints: atomic files, the final checkpoint of every fit, exact resume and export."""

@@ -1,0 +1,10 @@
+"""The command line: ``grpo-lightning fit | validate | test | generate | export`` (:mod:`.app`)."""
+
+from __future__ import annotations
+
+
+def main(args=None, **options):
+    """``grpo-lightning``: imported on call, so that the configs and run folders of this package load without Lightning."""
+    from grpo_lightning.cli.app import main as run
+
+    return run(args, **options)

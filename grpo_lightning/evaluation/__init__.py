@@ -1,0 +1,1 @@
+"""Validation and test, metrics of sampled completions, completion tables and health checks."""

@@ -1,0 +1,127 @@
+"""Validation and test of the policy: ``evaluation.samples`` completions per prompt, scored by the reward
+functions, with bootstrap confidence intervals over prompts (:mod:`grpo_lightning.evaluation.sample_metrics`).
+
+Metrics, under ``val/`` (``test/`` under ``grpo-lightning test``; ``val/<name>/`` for each further
+validation set of the data module's ``val_sets``): ``accuracy`` (the mean of ``accuracy_func`` over
+every completion), ``reward``, ``mean_length``, and with ``n = evaluation.samples > 1`` ``pass@k`` for
+``k = 1, 2, 4, ..., n`` and ``maj@n``; each with ``<metric>_ci_low`` and ``<metric>_ci_high``.
+On several devices each prompt counts once (:func:`unpadded`). A mixin of
+:class:`grpo_lightning.training.module.GroupPolicyOptimization`, which owns the reward functions and ``generate``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import DistributedSampler
+
+from grpo_lightning.checkpoints import resume
+from grpo_lightning.rewards import group_indices
+from grpo_lightning.rewards.sandbox.execution import RewardScorer
+from grpo_lightning.rewards.consistency import vote
+from grpo_lightning.rollout.types import Rollout
+from grpo_lightning.evaluation.sample_metrics import prompt_metrics, summarize
+
+#: Metrics shown in the progress bar.
+PROGRESS_BAR = ("accuracy",)
+
+
+def unpadded(sampler: Any, count: int) -> Tensor:
+    """``[count]`` bool: which of the first ``count`` prompts a process evaluated are its own, not
+    padding. On several devices Lightning puts a ``DistributedSampler`` under each evaluation loader;
+    it deals the prompts to the processes in turn after repeating the first ones until every process
+    gets as many (5 prompts on 2 processes: 6), so each repeat would be scored twice. The ``k``-th
+    prompt of rank ``r`` is at ``r + k * num_replicas`` of that list, and padding from ``len(dataset)``
+    on. Every process still evaluates as many batches, as FSDP's collectives in generation need."""
+    if not isinstance(sampler, DistributedSampler):
+        return torch.ones(count, dtype=torch.bool)
+    positions = sampler.rank + sampler.num_replicas * torch.arange(count)
+    return positions < len(sampler.dataset)
+
+
+class Evaluation:
+    """``validation_step``/``test_step`` and what they need; mixed into the LightningModule."""
+
+    def on_validation_epoch_start(self) -> None:
+        self._evaluated: dict[int, list[dict[str, Tensor]]] = {}
+
+    #: Completions per prompt in validation, ``n`` (``evaluation.samples``; ``evaluation_sampling`` sets it for a block).
+    val_samples: int = 1
+
+    @contextlib.contextmanager
+    def evaluation_sampling(self, samples: int, temperature: float, prefix: str | None = None) -> Iterator[None]:
+        """Validate with ``samples`` completions per prompt at ``temperature`` inside the ``with``
+        block, logged under ``prefix`` (default: ``val``/``test``), e.g. pass@k after a greedy fit."""
+        if samples > 1 and temperature <= 0:
+            raise ValueError(f"evaluation_sampling: {samples} samples per prompt need temperature > 0 (got {temperature}).")
+        saved = (self.val_samples, self.val_sampling, getattr(self, "_metric_prefix", None))
+        self.val_samples = samples
+        self.val_sampling = dataclasses.replace(self.val_sampling, temperature=temperature)
+        self._metric_prefix = prefix
+        try:
+            yield
+        finally:
+            self.val_samples, self.val_sampling, self._metric_prefix = saved
+
+    def accuracy_scores(self, rollout: Rollout) -> Tensor:
+        """``[N]`` scores of ``accuracy_func``: its column of the rewards when it is also a reward
+        function, so it is not called twice; its failures are handled as ``rewards.execution`` says
+        (``zero`` and ``skip_group``: the sample scores 0)."""
+        accuracy = self.accuracy_function[1]
+        for column, (_, function) in enumerate(self.reward_functions):
+            if function is accuracy:
+                return rollout.reward_per_function[:, column]
+        if getattr(self, "_accuracy_scorer", None) is None:
+            # Its on_error and timeout_s are the rewards' (rewards.execution); it runs here, not in their workers.
+            self._accuracy_scorer = RewardScorer(dataclasses.replace(self.reward_scorer.execution, workers=0))
+        columns, groups = rollout.columns, group_indices(len(rollout), rollout.group_size)
+        scores = self._accuracy_scorer.score([self.accuracy_function], rollout.prompts, rollout.completions, columns, groups)
+        return scores.per_function[:, 0]
+
+    def validation_step(self, batch: dict[str, list], batch_idx: int, dataloader_idx: int = 0) -> None:
+        """``val_samples`` completions per prompt, scored; the metrics are computed over all prompts
+        at the epoch's end."""
+        samples = self.val_samples
+        rollout = self.generate(batch, samples, self.val_sampling)
+        self.score(rollout)
+        per_prompt = prompt_metrics(
+            self.accuracy_scores(rollout).view(-1, samples).cpu(),
+            rollout.rewards.view(-1, samples).cpu(),
+            rollout.lengths.view(-1, samples).cpu(),
+            [vote(c) for c in rollout.completions] if samples > 1 else [],
+        )
+        self._evaluated.setdefault(dataloader_idx, []).append(per_prompt)
+
+    def on_validation_epoch_end(self) -> None:
+        """Log each validation set's metrics over its prompts on every device, with intervals."""
+        names = getattr(self._trainer.datamodule, "val_set_names", None) if self._trainer is not None else None
+        prefix = getattr(self, "_metric_prefix", None) or ("test" if self._trainer is not None and self.trainer.testing else "val")
+        for index, parts in sorted(self._evaluated.items()):
+            local = {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+            own = unpadded(getattr(self._evaluated_loader(index), "sampler", None), len(next(iter(local.values()))))
+            local = {name: values[own] for name, values in local.items()}
+            gathered = resume.gather_over_ranks(local)
+            per_prompt = {name: torch.cat([part[name] for part in gathered]) for name in local}
+            set_name = names[index] if names and index < len(names) and not self.trainer.testing else ""
+            where = f"{prefix}/{set_name}/" if set_name else f"{prefix}/"
+            for name, value in summarize(per_prompt).items():  # the same on every device (sync_dist: no warning)
+                self.log(where + name, value, prog_bar=name in PROGRESS_BAR and not set_name, add_dataloader_idx=False,
+                         sync_dist=True)  # fmt: skip
+        self._evaluated = {}
+        self.log("step", float(self.global_step), add_dataloader_idx=False)  # the x-axis: optimizer steps taken
+
+    def _evaluated_loader(self, index: int) -> Any:
+        """The data loader of validation (or test) set ``index``, as the trainer runs it."""
+        loaders = self.trainer.test_dataloaders if self.trainer.testing else self.trainer.val_dataloaders
+        if isinstance(loaders, (list, tuple)):
+            return loaders[index] if index < len(loaders) else None
+        return loaders if index == 0 else None
+
+    test_step = validation_step
+    on_test_epoch_start = on_validation_epoch_start
+    on_test_epoch_end = on_validation_epoch_end

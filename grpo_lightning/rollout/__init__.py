@@ -1,0 +1,1 @@
+"""Sampling groups of completions: the rollout type, the static-cache engine, the HF path, stale rollouts."""

@@ -1,0 +1,114 @@
+"""The weights rollouts sample from: the policy's own, a replica, or the sharded policy gathered."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+
+from grpo_lightning.models.lora import has_adapters, merged_model, merged_weights
+from grpo_lightning.models.sources import dense_copy, resolve_model_source
+from grpo_lightning.training.settings import DTYPES
+from grpo_lightning.training.strategies import RolloutReplica, full_parameters, full_state_dict, is_sharded
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Zero every dropout probability of ``model``: the log-probs of the update are then those of
+    the distribution the rollout sampled from."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+
+
+def load_causal_lm(name: str, dtype: str, attn_implementation: str | None) -> PreTrainedModel:
+    """``AutoModelForCausalLM.from_pretrained`` of the checkpoint ``name`` names (a hub id, a
+    directory or a GGUF file, read through its :func:`~grpo_lightning.models.sources.dense_copy`) in
+    ``dtype`` (``"auto"`` or a name of ``DTYPES``)."""
+    source = dense_copy(resolve_model_source(name))
+    kwargs: dict[str, Any] = source.from_pretrained_kwargs(dense=True)
+    kwargs["dtype"] = dtype if dtype == "auto" else DTYPES[dtype]
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    return AutoModelForCausalLM.from_pretrained(source.location, **kwargs)
+
+
+def save_policy(policy: nn.Module, tokenizer: PreTrainedTokenizerBase, directory: str, write: bool = True) -> None:
+    """Write ``policy`` and ``tokenizer`` as a plain Hugging Face directory (where ``write``); a
+    sharded policy is gathered first, so under FSDP every process must call it."""
+    weights = None
+    if has_adapters(policy):  # LoRA: the merged model (grpo_lightning.checkpoints.export --adapter writes the adapter)
+        policy = merged_model(policy)
+    if is_sharded(policy):
+        with full_state_dict(policy):
+            weights = policy.state_dict()
+        policy = policy.module
+    if write:
+        policy.save_pretrained(directory, state_dict=weights)
+        tokenizer.save_pretrained(directory)
+
+
+def samples_from_shards(policy: nn.Module, strategy: Any) -> bool:
+    """Whether rollouts sample from the sharded policy itself (FSDP ``rollout_weights="gather"``)."""
+    return is_sharded(policy) and getattr(strategy, "rollout_weights", "gather") != "replica"
+
+
+class RolloutWeights:
+    """Chooses the model rollouts sample from: the policy itself; or a :class:`RolloutReplica`
+    refreshed after every optimizer step, with LoRA's merged weights, in ``dtype`` or, under FSDP (the strategy's
+    ``rollout_weights="replica"``), unsharded; or under FSDP with ``"gather"`` the sharded policy
+    with its root parameters gathered. While ``stale`` (:class:`grpo_lightning.rollout.stale.StaleRollouts`),
+    a second replica that holds the weights of the last :meth:`snapshot`."""
+
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
+        self.dtype = dtype
+        self.replica: RolloutReplica | None = None
+        self.stale = False
+        self.snapshot_replica: RolloutReplica | None = None
+
+    @contextlib.contextmanager
+    def model(self, policy: nn.Module, version: int, strategy: Any = None) -> Iterator[nn.Module]:
+        """The model to sample from inside the ``with`` block; ``version``: optimizer steps taken
+        (a replica of an older version is refreshed first)."""
+        if self.stale:
+            if self.snapshot_replica is None:
+                self.snapshot(policy, version)
+            yield self.snapshot_replica.model
+            return
+        if not has_adapters(policy):  # LoRA always samples from a plain model with the merged weights
+            if not is_sharded(policy) and self.dtype in (None, next(policy.parameters()).dtype):
+                yield policy
+                return
+            if samples_from_shards(policy, strategy):
+                with full_parameters(policy):
+                    yield policy
+                return
+        self.replica = self._refreshed(self.replica, policy, version)
+        yield self.replica.model
+
+    def snapshot(self, policy: nn.Module, version: int) -> None:
+        """Copy the policy's current weights (``version``) into the replica stale rollouts sample
+        from (every process must call it under FSDP)."""
+        self.snapshot_replica = self._refreshed(self.snapshot_replica, policy, version)
+
+    @property
+    def snapshot_version(self) -> int | None:
+        return None if self.snapshot_replica is None else self.snapshot_replica.version
+
+    def _refreshed(self, replica: RolloutReplica | None, policy: nn.Module, version: int) -> RolloutReplica:
+        adapters = has_adapters(policy)
+        if replica is None:
+            replica = RolloutReplica(policy.get_base_model() if adapters else policy, self.dtype)
+        if replica.version != version:
+            if adapters:
+                replica.refresh(policy, merged_weights(policy))
+            else:
+                replica.refresh(policy)
+            replica.version = version
+        return replica

@@ -1,0 +1,153 @@
+"""One-step-stale rollouts: each rollout sampled with the weights the policy had before its
+previous update, and on CUDA generated while that update runs.
+
+Overlapping generation with the update (verl's and OpenRLHF's one-step off-policy pipelines)
+makes rollout ``k`` come from the weights after ``k - 1`` update phases instead of ``k``. Before
+each update this callback copies the policy into a replica
+(:meth:`grpo_lightning.rollout.generation.RolloutWeights.snapshot`), and training rollouts sample from that
+replica until the next one. The engine records each sampled token's log-prob under the stale
+weights (``rollout.sampling_logp``), so the update's importance correction (``rollout_correction``,
+e.g. ``token_truncate``: TIS) and the ``sampling/*`` metrics see the staleness; ``rollout/staleness``
+logs how many optimizer steps the sampling weights were behind. Validation samples from the current
+policy.
+
+With ``overlap`` (the default on CUDA) the next batch's rollout is generated on a worker thread
+and its own CUDA stream (:class:`grpo_lightning.rollout.generation.ahead.SamplesAhead`) while the current
+batch's reference pass and update run: when ``training_step`` takes its rollout, the callback
+snapshots the weights its update starts from and starts the next batch's rollout from them. The
+samples are those of the run without overlap (with ``rollout_seed``, the same tokens), and the
+``rollout`` phase (``perf/rollout_s``) is the wait for the worker. The next batch is the one the
+project's dataloaders (:class:`grpo_lightning.data.ResumableDataLoader`) hold ahead; the first
+batch of each epoch and the one after a validation are sampled in place, and so is every batch of
+another dataloader. A ``training_step`` that samples otherwise than the base module's turns the
+overlap off, with a warning. Without overlap (the CPU's default) the same staleness lets a variant's
+learning with samples a step old be measured anywhere.
+
+    grpo-lightning fit ... --config configs/rollout/one_step_stale.yaml
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+
+from grpo_lightning.errors import ConfigError
+
+
+def upcoming_batch(trainer: Any) -> Any | None:
+    """The training batch after the current one, where the training dataloader tells it ahead
+    (:class:`grpo_lightning.data.ResumableDataLoader`'s ``upcoming``; ``None`` at an epoch's end)."""
+    return getattr(trainer.train_dataloader, "upcoming", None)
+
+
+def sampler_arguments(module: Any, batch: Any, number: int) -> tuple:
+    """What the base module's ``generate(batch, group_size, sampling, with_logprobs=True)`` passes
+    :meth:`~grpo_lightning.rollout.generation.RolloutSampler.sample` after the model, as rollout ``number``."""
+    texts = [module.format_prompt(prompt) for prompt in batch["prompt"]]
+    return (module.tokenizer, texts, module.group_size, module.sampling, number, True)
+
+
+def was_sampled_ahead(module: Any, arguments: tuple) -> bool:
+    """Whether the rollout of ``arguments`` was started ahead and not taken yet."""
+    if module.rollout_weights.snapshot_version is None:
+        return False  # nothing was sampled yet (and asking for the model would take the first snapshot)
+    with module.rollout_model() as model:
+        return module.sampler.has_ahead(model, *arguments)
+
+
+def sample_ahead(module: Any, arguments: tuple) -> None:
+    """Start the rollout of ``arguments`` on the sampler's worker, from the model training rollouts sample from."""
+    with module.rollout_model() as model:
+        module.sampler.sample_ahead(model, *arguments)
+
+
+class StaleRollouts(Callback):
+    """Training rollouts from the weights of the start of the previous update phase.
+
+    Args:
+        overlap: sample each next batch's rollout while the current batch trains; ``None``: on CUDA.
+    """
+
+    def __init__(self, overlap: bool | None = None) -> None:
+        self.overlap = overlap
+        self._snapshot_due = False
+        self._ahead_version: int | None = None  # the policy version the rollout sampled ahead saw
+        self.sampled_in_place = 0  # with overlap: training batches not sampled ahead
+
+    def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+        weights = module.rollout_weights
+        weights.stale = True
+        multi_turn = getattr(module, "environment", None) is not None
+        if self.overlap is None:
+            self.overlap = module.device.type == "cuda" and not multi_turn
+        if self.overlap and multi_turn:
+            raise ConfigError("StaleRollouts.overlap: multi-turn rollouts (environment) are not sampled ahead; set overlap to false.")
+        if self.overlap:
+            arguments = sampler_arguments(module, batch, module.rollouts)
+            sampled_ahead = was_sampled_ahead(module, arguments)
+            if module.sampler.ahead.pending > sampled_ahead:  # training_step did not take the last one
+                self._stop_overlap(module)
+            else:
+                return self._sample_ahead(trainer, module, arguments, sampled_ahead)
+        if weights.snapshot_version is not None:  # the first rollout takes the starting weights
+            self._log_staleness(module, weights.snapshot_version)
+        self._snapshot_due = True
+
+    def on_before_optimizer_step(self, trainer: Any, module: Any, optimizer: Any) -> None:
+        if self._snapshot_due:  # the weights this step's update starts from: the next rollout's
+            module.rollout_weights.snapshot(module.policy, module.policy_version)
+            self._snapshot_due = False
+
+    def _stop_overlap(self, module: Any) -> None:
+        rank_zero_warn(
+            "StaleRollouts: this module's training_step does not sample as the base module's does, so the "
+            "rollout sampled ahead was not used; overlap is off for the rest of the fit."
+        )
+        module.sampler.ahead.clear()
+        self.overlap = False
+        self._snapshot_due = True  # the weights of this step's update: the next rollout's
+
+    def _sample_ahead(self, trainer: Any, module: Any, arguments: tuple, sampled_ahead: bool) -> None:
+        """Have this batch's rollout on the worker (sampled ahead, or now from the last snapshot);
+        once ``training_step`` takes it, snapshot the weights its update starts from and start the
+        next batch's rollout from them (:meth:`_start_next`)."""
+        version = self._ahead_version
+        if not sampled_ahead:  # the first batch of an epoch, the one after a validation
+            version = module.rollout_weights.snapshot_version  # None: the first rollout
+            sample_ahead(module, arguments)
+            self.sampled_in_place += 1
+        if version is not None:
+            self._log_staleness(module, version)
+        upcoming = upcoming_batch(trainer)
+        if 0 < trainer.max_steps <= trainer.global_step + 1:
+            upcoming = None  # the last step: nothing after it
+        module.sampler.ahead.on_take = lambda: self._start_next(module, upcoming)
+
+    def _start_next(self, module: Any, upcoming: Any | None) -> None:
+        module.sampler.ahead.on_take = None
+        module.rollout_weights.snapshot(module.policy, module.policy_version)
+        self._ahead_version = None
+        if upcoming is not None:
+            sample_ahead(module, sampler_arguments(module, upcoming, module.rollouts + 1))  # generate() counts after
+            self._ahead_version = module.policy_version
+
+    def _log_staleness(self, module: Any, version: int) -> None:
+        module.step_metrics.update("rollout/staleness", float(module.policy_version - version))
+
+    def on_validation_start(self, trainer: Any, module: Any) -> None:
+        # Validation's rollouts take numbers (keys of keyed sampling): the batch after it is sampled again.
+        module.sampler.ahead.clear()
+        self._ahead_version = None
+        module.rollout_weights.stale = False  # until the next training batch
+
+    def on_fit_end(self, trainer: Any, module: Any) -> None:
+        self._stop(module)
+
+    def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+        self._stop(module)
+
+    def _stop(self, module: Any) -> None:
+        module.sampler.ahead.clear()
+        module.rollout_weights.stale = False

@@ -1,0 +1,1 @@
+"""The training step and what runs it: the module, its option groups, schedules, budgets and strategies."""

@@ -1,0 +1,206 @@
+"""Step metrics and the logging policy.
+
+Metric names are those users know from TRL: ``reward``, ``reward_std``, ``frac_reward_zero_std``,
+``kl``, ``entropy``, ``clip_ratio/*``, ``completions/*``; timings are under ``perf/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.profiler import record_function
+
+from grpo_lightning.algorithms import functional as F
+from grpo_lightning.rollout.types import Rollout
+
+#: How two partial states ``(value, weight)`` of a step metric combine: a mean's weighted sums and
+#: weights add up; a minimum or maximum keeps the extreme (its weight counts the values seen).
+_COMBINE = {
+    "mean": lambda a, b: (a[0] + b[0], a[1] + b[1]),
+    "min": lambda a, b: (min(a[0], b[0]), a[1] + b[1]),
+    "max": lambda a, b: (max(a[0], b[0]), a[1] + b[1]),
+}
+
+#: The state of a metric updated with NaN only: its value is NaN.
+_NOTHING = {"mean": (0.0, 0.0), "min": (float("inf"), 0.0), "max": (float("-inf"), 0.0)}
+
+
+class StepMetrics:
+    """A step's metrics: weighted running means, or minima/maxima, logged and reset once per step.
+    NaN values are left out.
+
+    Values computed on an accelerator stay there until the step's metrics are read: moving each to
+    the CPU as it is added would make the host wait for the device mid-step (several times per
+    micro-batch), leaving the device idle while the host launches the next work. They are read
+    together, in one copy."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, tuple[str, tuple[float, float]]] = {}
+        self._pending: list[tuple[str, str, Tensor, Tensor]] = []
+
+    def update(self, name: str, value: Tensor | float, weight: Tensor | float = 1.0, reduce: str = "mean") -> None:
+        """Add ``value`` to metric ``name``; ``reduce``: ``"mean"`` (weighted by ``weight``), ``"min"``, ``"max"``."""
+        if reduce not in _COMBINE:
+            raise ValueError(f"reduce must be one of {', '.join(_COMBINE)}, got {reduce!r}")
+        # Copies: a tensor changed in place later must not change what was logged.
+        value = torch.as_tensor(value, dtype=torch.float32).detach().reshape(()).clone()
+        weight = torch.as_tensor(weight, dtype=torch.float32, device=value.device).detach().reshape(()).clone()
+        self._pending.append((name, reduce, value, weight))
+
+    def _apply_pending(self) -> None:
+        """Read the values added since the last read (one copy to the CPU) into the states, in order."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        device = next((value.device for _, _, value, _ in pending if value.device.type != "cpu"), torch.device("cpu"))
+        pairs = torch.stack([torch.stack([value.to(device), weight.to(device)]) for _, _, value, weight in pending])
+        for (name, reduce, _, _), (value, weight) in zip(pending, pairs.tolist()):
+            if value != value:  # NaN: counts as an update, adds nothing
+                state = _NOTHING[reduce]
+            else:
+                state = (value * weight, weight) if reduce == "mean" else (value, 1.0)
+            if name in self._states:
+                state = _COMBINE[reduce](self._states[name][1], state)
+            self._states[name] = (reduce, state)
+
+    def compute_and_reset(self, gather: Callable[[Any], list[Any]] | None = None) -> dict[str, float]:
+        """Each metric's value since the last reset. ``gather`` (e.g. an all-gather over processes)
+        merges the states of every process first, so the values are over all devices' data."""
+        self._apply_pending()
+        states, self._states = self._states, {}
+        if gather is not None:
+            merged: dict[str, tuple[str, tuple[float, float]]] = {}
+            for part in gather(states):
+                for name, (reduce, state) in part.items():
+                    if name in merged:
+                        state = _COMBINE[reduce](merged[name][1], state)
+                    merged[name] = (reduce, state)
+            states = merged
+        values = {}
+        for name, (reduce, (value, weight)) in states.items():
+            if reduce == "mean":
+                values[name] = value / weight if weight else float("nan")
+            else:
+                values[name] = value if weight else float("nan")
+        return values
+
+    def state_dict(self) -> dict[str, tuple[str, Tensor, Tensor]]:
+        """States of the metrics updated since the last reset (a step in progress)."""
+        self._apply_pending()
+        return {
+            name: (reduce, torch.tensor(value), torch.tensor(weight))
+            for name, (reduce, (value, weight)) in self._states.items()
+        }
+
+    def load_state_dict(self, state: dict[str, tuple[str, Tensor, Tensor]]) -> None:
+        self._pending = []
+        self._states = {name: (reduce, (float(value), float(weight))) for name, (reduce, value, weight) in state.items()}
+
+
+#: Step metrics given to ``self.log`` at every training step (the progress bar shows the reward and
+#: the KL); the others reach ``trainer.callback_metrics`` on the steps whose metrics the loggers
+#: get, and every step's values are in ``GroupPolicyOptimization.last_step_metrics``.
+EVERY_STEP_METRICS = ("loss", "reward", "kl")
+
+#: Metrics shown in the progress bar.
+PROGRESS_BAR_METRICS = ("reward", "kl")
+
+
+def metrics_to_log(values: dict[str, float], loggers_write: bool) -> tuple[dict[str, float], dict[str, float]]:
+    """``(others, progress_bar)``: the step's metrics to give ``self.log``. All of them on the steps
+    the Trainer writes to its loggers (``loggers_write``), ``EVERY_STEP_METRICS`` only on the others:
+    each ``self.log`` call costs host time, for values that Lightning only keeps in
+    ``trainer.callback_metrics`` between those steps."""
+    logged = values if loggers_write else {k: values[k] for k in EVERY_STEP_METRICS if k in values}
+    progress = {k: v for k, v in logged.items() if k in PROGRESS_BAR_METRICS}
+    return {k: v for k, v in logged.items() if k not in progress}, progress
+
+
+def counters(rollouts: int, generation_batches: int, optimizer_steps: int) -> dict[str, float]:
+    """A training row's x-axis and work counters: ``step`` (the loggers' x-axis) is the optimizer
+    steps taken, this update's included; ``counters/rollouts`` the rollouts trained on and
+    ``counters/generation_batches`` the batches of prompts sampled for training (DAPO's dynamic
+    sampling draws several per update), beside ``perf/generated_tokens``."""
+    return {
+        "counters/rollouts": float(rollouts),
+        "counters/generation_batches": float(generation_batches),
+        "step": float(optimizer_steps),
+    }
+
+
+def record_rollout(metrics: StepMetrics, rollout: Rollout) -> None:
+    """Completion lengths and the share of completions cut at ``max_new_tokens``."""
+    lengths = rollout.lengths.float()
+    metrics.update("completions/mean_length", lengths.mean())
+    metrics.update("completions/min_length", lengths.min(), reduce="min")
+    metrics.update("completions/max_length", lengths.max(), reduce="max")
+    metrics.update("completions/clipped_ratio", rollout.truncated.float().mean())
+    if rollout.environment_mask is not None:
+        record_episodes(metrics, rollout)
+
+
+def record_episodes(metrics: StepMetrics, rollout: Rollout) -> None:
+    """Per multi-turn episode (:mod:`grpo_lightning.agents`): turns, tool calls, failed calls by kind,
+    the environment's reward, tokens by source (model, environment) and the share truncated."""
+    from grpo_lightning.agents.tools import TOOL_ERROR_KINDS
+
+    columns = rollout.columns
+    metrics.update("agent/turns", sum(columns["turns"]) / len(rollout))
+    metrics.update("agent/tool_calls", sum(columns["tool_calls"]) / len(rollout))
+    for kind in TOOL_ERROR_KINDS:
+        metrics.update(f"agent/tool_errors/{kind}", sum(e.get(kind, 0) for e in columns["tool_errors"]) / len(rollout))
+    metrics.update("agent/environment_reward", sum(columns["environment_reward"]) / len(rollout))
+    metrics.update("agent/model_tokens", rollout.completion_mask.sum() / len(rollout))
+    metrics.update("agent/environment_tokens", rollout.environment_mask.sum() / len(rollout))
+    metrics.update("agent/truncated", rollout.truncated.float().mean())
+
+
+def record_rewards(metrics: StepMetrics, rollout: Rollout, names: Sequence[str]) -> None:
+    """The weighted reward's mean and within-group spread, and each reward function's mean (``names``)."""
+    grouped = rollout.rewards.view(-1, rollout.group_size)
+    metrics.update("reward", grouped.mean())
+    metrics.update("reward_std", grouped.std(dim=1).mean() if rollout.group_size > 1 else 0.0)
+    metrics.update("frac_reward_zero_std", (~F.informative_groups(grouped)).float().mean())
+    for name, column in zip(names, rollout.reward_per_function.unbind(1)):
+        metrics.update(f"rewards/{name}/mean", torch.nanmean(column))
+
+
+def record_token_shares(metrics: StepMetrics, shares: dict[str, Tensor], mask: Tensor) -> None:
+    """Each ``name -> [N, T]`` of ``shares`` (flags or values, e.g. a surrogate's ``clip_ratio/*``)
+    as its mean over the tokens of ``mask``, weighted by their count."""
+    tokens = mask.sum()
+    for name, values in shares.items():
+        metrics.update(name, F.masked_mean(values.detach().float(), mask), tokens)
+
+
+class PhaseTimer:
+    """Wall time of a step's phases as ``perf/<phase>_s`` metrics, each phase also a profiler range
+    (``grpo.<phase>``). On CUDA the current stream's queued work is waited for at each boundary,
+    so each phase is charged its own kernels (and not a rollout sampled ahead on its own stream)."""
+
+    def __init__(self, metrics: StepMetrics, device: torch.device) -> None:
+        self.metrics, self.device = metrics, device
+        self.start = self.clock()
+
+    def clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        return time.perf_counter()
+
+    @contextlib.contextmanager
+    def phase(self, name: str, range_name: str | None = None) -> Iterator[None]:
+        """Time the ``with`` block as ``perf/<name>_s``, in the profiler range ``range_name``
+        (default ``grpo.<name>``)."""
+        start = self.clock()
+        with record_function(range_name or f"grpo.{name}"):
+            yield
+        self.metrics.update(f"perf/{name}_s", self.clock() - start)
+
+    def total(self) -> float:
+        """Seconds since the timer started."""
+        return self.clock() - self.start

@@ -1,0 +1,499 @@
+"""The shared LightningModule of the GRPO family: the step skeleton and the algorithm hooks.
+
+One training step (manual optimization)::
+
+    rollout      = generate(prompts)                  G completions per prompt
+    rewards      = score(rollout)                     weighted reward functions       [P * G]
+    rollout      = contain(rollout)                   rewards.execution.on_error=skip_group: failed groups out
+    rollout      = select(rollout)                    hook (DAPO: dynamic sampling); None = no update yet
+    old/ref logp                                      only when needed
+    rewards      = shape_rewards(rewards, rollout)    hook (DAPO: overlong; RLOO: KL in the reward)
+    advantages   = advantages(rewards.view(P, G))     hook
+    for epoch in range(ppo_epochs):
+        for minibatch:                                one optimizer step each
+            for micro-batch:                          memory only: the gradient does not depend on it
+                loss = aggregate(token_loss(...) + beta * kl, mask)    hooks
+
+Variants (``variants/``) name their advantage estimator, per-token surrogate and aggregation among the
+registered parts (``default_advantage``, ``default_surrogate``, ``default_aggregation``:
+:mod:`grpo_lightning.algorithms`), which a run may swap (``--model.advantage``, ``--model.loss.surrogate``,
+``--model.aggregation``); where their paper asks they override the hooks (``advantages``,
+``token_loss``, ``select``, ``shape_rewards``); they may declare ``kl_in_loss``.
+How rollouts are sampled is :mod:`grpo_lightning.rollout.generation`'s choice; step metrics are
+:mod:`grpo_lightning.training.metrics`'; the state of an exact resume is :mod:`grpo_lightning.checkpoints.resume`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from grpo_lightning.algorithms import functional as F
+from grpo_lightning.checkpoints import resume
+from grpo_lightning.training import metrics, step_schedule
+from grpo_lightning.agents import EnvironmentOptions
+from grpo_lightning.agents.multi_turn import multi_turn_engine, sample_episodes
+from grpo_lightning.algorithms import resolve_parts, surrogate_clip
+from grpo_lightning.algorithms.entropy import entropy_bonus
+from grpo_lightning.algorithms.hooks import AlgorithmHooks, inapplicable_with
+from grpo_lightning.training.compute import ComputeMeter, policy_parameters
+from grpo_lightning.training.argument_types import check_argument_types
+from grpo_lightning.rollout.engine.options import EngineOptions
+from grpo_lightning.evaluation.validation import Evaluation
+from grpo_lightning.rollout.generation import EnginePlan, RolloutSampler, RolloutWeights, build_rollout
+from grpo_lightning.rollout.generation import announce_prompt_format, check_engine_options, disable_dropout, format_prompt
+from grpo_lightning.models.sources import load_tokenizer
+from grpo_lightning.rollout.generation import announce_rollout_mode, save_policy
+from grpo_lightning.rollout.generation.compile_payback import run_length
+from grpo_lightning.models.lora import adapter_autocast, reference_model
+from grpo_lightning.models.policy import load_models
+from grpo_lightning.training.nonfinite import NonFiniteGuard
+from grpo_lightning.models.logprobs import completion_logprobs
+from grpo_lightning.training.metrics import EVERY_STEP_METRICS, StepMetrics
+from grpo_lightning.training.options import GROUPS, EvaluationOptions, KLOptions, LossOptions, OptimOptions, PolicyOptions
+from grpo_lightning.training.options import RewardOptions, SamplingOptions, resolve_groups
+from grpo_lightning.rewards import RewardScorer, RewardScores, resolve_reward_function, weighted_reward
+from grpo_lightning.rollout.types import Rollout, SamplingParams
+from grpo_lightning.algorithms.rollout_correction import correct_policy_loss
+from grpo_lightning.training.settings import DTYPES, ConfigError, check_before_loading, check_datasets, check_model
+from grpo_lightning.training.settings import check_options_apply, resolve_rewards
+from grpo_lightning.training.strategies import clip_policy_gradients, no_gradient_sync
+
+# Re-exported: variants and user code import them from here.
+__all__ = [
+    "EVERY_STEP_METRICS", "ConfigError", "EngineOptions", "EvaluationOptions", "GroupPolicyOptimization", "KLOptions",
+    "LossOptions", "OptimOptions", "PolicyOptions", "RewardOptions", "SamplingOptions", "StepMetrics", "disable_dropout",
+]  # fmt: skip
+
+
+class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluation, L.LightningModule):
+    """Base module of the GRPO family: rollout, rewards, reference model, clipped update, logging.
+
+    Args:
+        model: Hugging Face hub id or local directory of a causal LM (loaded in ``configure_model``).
+        policy: how it is loaded and prompted: tokenizer, dtype, LoRA, chat template
+            (:class:`~grpo_lightning.training.options.PolicyOptions`; ``--model.policy.dtype bfloat16``).
+        engine: how rollouts are sampled and log-prob passes run, chosen for the device by default
+            (:class:`~grpo_lightning.rollout.engine.options.EngineOptions`; ``--model.engine.rollout static``).
+            Speed only: the algorithm computes the same with any of them.
+        environment: multi-turn rollouts: model turns and an environment's replies, with tools
+            (:class:`~grpo_lightning.agents.EnvironmentOptions`; ``--model.environment.name``).
+        sampling: the training rollouts: ``G``, ``L``, temperature, beam search, keyed sampling, the
+            engine's importance correction (:class:`~grpo_lightning.training.options.SamplingOptions`).
+        rewards: the reward functions, their weights, how they run and how their scores combine
+            (:class:`~grpo_lightning.training.options.RewardOptions`; ``--model.rewards.funcs``).
+        advantage, aggregation: the registered parts (:mod:`grpo_lightning.algorithms`: ``ADVANTAGES``
+            e.g. ``group_std``; ``AGGREGATIONS`` e.g. ``token_mean``); ``None``: the variant's own.
+        loss: the per-token loss: its surrogate (``SURROGATES``, e.g. ``ppo_clip``, ``gspo``), the
+            ratio clip, masks and an entropy bonus (:class:`~grpo_lightning.training.options.LossOptions`).
+        kl: the KL term's coefficient and estimator (:class:`~grpo_lightning.training.options.KLOptions`; ``--model.kl.beta``).
+        optim: epochs, minibatch and micro-batch sizes, AdamW, clipping
+            (:class:`~grpo_lightning.training.options.OptimOptions`; ``--model.optim.learning_rate``).
+        evaluation: validation sampling and ``val/accuracy``'s function
+            (:class:`~grpo_lightning.training.options.EvaluationOptions`; ``--model.evaluation.samples``).
+
+    A group given as a dict sets the fields it names of the variant's preset group; a group object
+    replaces it whole.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        policy: PolicyOptions = PolicyOptions(),
+        engine: EngineOptions = EngineOptions(),
+        environment: EnvironmentOptions | None = None,
+        sampling: SamplingOptions = SamplingOptions(),
+        rewards: RewardOptions = RewardOptions(),
+        advantage: str | None = None,
+        aggregation: str | None = None,
+        loss: LossOptions = LossOptions(),
+        kl: KLOptions = KLOptions(),
+        optim: OptimOptions = OptimOptions(),
+        evaluation: EvaluationOptions = EvaluationOptions(),
+    ) -> None:
+        super().__init__()
+        check_model(model, policy)
+        groups = resolve_groups(type(self), locals())
+        for name, group in groups.items():  # self.policy_options, self.sampling_options, ...
+            setattr(self, f"{name}_options", group)
+        options = EngineOptions.of(engine)
+        self.environment = None if environment is None else EnvironmentOptions.of(environment)
+        self.save_hyperparameters()
+        # Plain values in the hyperparameters (hparams.yaml, loggers, checkpoints), whatever form the
+        # groups came in (objects, dicts, the CLI's class_path/init_args); the loggers read the initial copy.
+        plain = {name: group.state() for name, group in groups.items()}
+        plain.update(engine=asdict(options), environment=None if self.environment is None else self.environment.state())
+        self.hparams.update(plain)
+        self._hparams_initial.update(plain)
+        policy, sampling, rewards, loss, kl, optim, evaluation = (groups[name] for name in GROUPS)
+        self.automatic_optimization = False
+        self.strict_loading = False  # checkpoints leave the frozen reference model out
+
+        check_argument_types(type(self), self.hparams)  # the variant's own arguments (tau_pos, ...)
+        self.inapplicable_options = inapplicable_with(type(self), loss.surrogate)  # with the surrogate of this run
+        check_options_apply(type(self), self.inapplicable_options, self.kl_in_loss, self.option_values())
+        loss.check_clip_pair()
+        self.advantage_name, self.aggregation_name, self.surrogate_name = resolve_parts(
+            type(self), advantage, aggregation, rewards.scale, loss.surrogate
+        )
+        self.clip_eps_low, self.clip_eps_high = surrogate_clip(self.surrogate_name, loss)
+        check_engine_options(options, sampling.seed, sampling.beam_search)
+        options = (
+            options if self.environment is None else multi_turn_engine(options, sampling.seed, sampling.beam_search)
+        )
+        self.reward_functions, self.reward_weights = resolve_rewards(rewards.funcs, rewards.weights)
+        self.reward_scorer = RewardScorer(rewards.execution, self.reward_functions)  # workers, warnings, NaN counts
+        self.accuracy_function = resolve_reward_function(evaluation.accuracy_func, field="evaluation.accuracy_func")
+
+        self.model_name = model
+        self.tokenizer_name = policy.tokenizer or model
+        self.engine_options = options
+        self.group_size = sampling.group_size
+        self.beta = kl.beta  # a schedule (CosineKLSchedule) steers it during a fit
+        self.kl_estimator = kl.estimator or ("k3" if self.kl_in_loss else "k1")
+        self.entropy_coef = loss.entropy_coef  # AdaptiveEntropy steers it during a fit
+        self.ppo_epochs = optim.ppo_epochs
+        self.rollout_correction = sampling.correction
+        self.minibatch_size = optim.minibatch_size
+        self.micro_batch_size = optim.micro_batch_size
+        self.val_samples = evaluation.samples  # evaluation_sampling sets it for a block
+        self.sampling = SamplingParams(sampling.max_new_tokens, sampling.temperature, sampling.top_p, sampling.top_k,
+                                       sampling.min_new_tokens, sampling.beam_search)  # fmt: skip
+        self.val_sampling = SamplingParams(evaluation.max_new_tokens or sampling.max_new_tokens, evaluation.temperature,
+                                           sampling.top_p, sampling.top_k)  # fmt: skip
+
+        self.policy: PreTrainedModel | None = None
+        self.ref_model: PreTrainedModel | None = None
+        self.tokenizer: PreTrainedTokenizerBase | None = None
+        self._samplers: dict[str, RolloutSampler] = {}  # by kind of device
+        self.rollout_weights = RolloutWeights(DTYPES[sampling.dtype] if sampling.dtype else None)
+        self.policy_version = 0  # optimizer steps taken: a rollout replica older than this is refreshed
+        self.rollouts = 0  # generate() calls so far: part of the keys of keyed sampling
+        self.step_metrics = StepMetrics()
+        self.nonfinite = NonFiniteGuard(optim.max_nonfinite_steps)
+        self.generated_tokens = self.generation_batches = self.trained_rollouts = 0  # sampled; rollouts trained on
+        self.compute = ComputeMeter()  # token passes of training: perf/flops
+        self.last_step_metrics: dict[str, float] = {}  # every metric of the last training step
+        self.last_rollout, self.last_advantages = None, None  # the last step's scored rollout, its advantages
+        self.logged_steps = 0  # training steps logged: with an update, or counted by skip_update
+
+    def option_values(self) -> dict[str, Any]:
+        """Every option of the groups by its dotted name (``loss.delta``), and the parts and environment."""
+        values = {
+            f"{name}.{key}": value for name in GROUPS for key, value in vars(getattr(self, f"{name}_options")).items()
+        }
+        return {**values, "advantage": self.hparams.advantage, "aggregation": self.hparams.aggregation,
+                "environment": self.hparams.environment}  # fmt: skip
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Completion length limit of the training rollouts, ``L``."""
+        return self.sampling.max_new_tokens
+
+    # ------------------------------------------------------------------ helpers for hooks
+
+    def min_over_ranks(self, value: int) -> int:
+        """The smallest ``value`` over all processes (every process must call it)."""
+        return resume.min_over_ranks(value, self.device)
+
+    @property
+    def num_processes(self) -> int:
+        return self.trainer.world_size if self._trainer is not None else 1
+
+    def sum_over_ranks(self, value: Tensor) -> Tensor:
+        """``value`` summed over all processes (every process must call it)."""
+        return self.trainer.strategy.reduce(value, reduce_op="sum") if self.num_processes > 1 else value
+
+    # ------------------------------------------------------------------ model
+
+    def setup(self, stage: str) -> None:
+        check_before_loading(self, stage)  # what settings and data say before configure_model loads the model
+
+    def configure_model(self) -> None:
+        """Load tokenizer, policy and, when the loss needs one, the frozen reference model
+        (:func:`grpo_lightning.models.policy.load_models`: FSDP sharding, LoRA adapters)."""
+        if self.policy is not None:
+            return
+        self.tokenizer = load_tokenizer(self.tokenizer_name)
+        strategy = self.trainer.strategy if self._trainer is not None else None
+        self.policy, self.ref_model = load_models(
+            self.model_name, self.hparams.policy, self.needs_reference_model(), strategy
+        )
+
+    def save_pretrained(self, directory: str) -> None:
+        """Write the policy and tokenizer as a plain Hugging Face directory (rank 0 writes).
+
+        Under FSDP every process must call it: the shards are gathered first.
+        """
+        save_policy(self.policy, self.tokenizer, directory, write=self.global_rank == 0)
+
+    @property
+    def sampler(self) -> RolloutSampler:
+        """What samples this device's rollouts, on the engine options resolved for the device, the
+        model, the strategy and the run's length (:func:`grpo_lightning.rollout.generation.resolve_engine`):
+        once per kind of device, announced then (Lightning moves the module to the CPU between stages)."""
+        kind = self.device.type
+        if kind not in self._samplers:
+            strategy = self._trainer.strategy if self._trainer is not None else None
+            run = run_length(self._trainer, self.sampling.max_new_tokens, self.val_sampling.max_new_tokens)
+            options = (self.engine_options, self.sampling_options.seed, self.sampling.beam_search, run)
+            self._samplers[kind] = RolloutSampler.announced(self.policy, strategy, kind, *options)
+        return self._samplers[kind]
+
+    @property
+    def engine_plan(self) -> EnginePlan:
+        """The engine options resolved for this device (see :attr:`sampler`)."""
+        return self.sampler.plan
+
+    # ------------------------------------------------------------------ optimizer
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        """Validation and checkpoints at optimizer steps, in every Trainer, once (``validate`` after ``fit``)."""
+        attached = {type(callback) for callback in self.trainer.callbacks} if self._trainer is not None else set()
+        schedules = (step_schedule.ValidationSchedule, step_schedule.CheckpointSchedule)
+        return [schedule() for schedule in schedules if schedule not in attached]
+
+    def configure_optimizers(self):
+        parameters = [p for p in self.policy.parameters() if p.requires_grad]
+        fused = True if all(p.device.type in ("cuda", "cpu") for p in parameters) else None  # one kernel for all
+        optim = self.optim_options
+        optimizer = torch.optim.AdamW(parameters, lr=optim.learning_rate, weight_decay=optim.weight_decay, fused=fused)
+        warmup = optim.warmup_steps
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------------ checks before work
+
+    def on_fit_start(self) -> None:
+        self.engine_plan  # resolved, and announced, before the first step
+        announce_prompt_format(self.tokenizer, self.policy_options.use_chat_template)
+        announce_rollout_mode(self.sampling_options.mode)
+        context = getattr(self.policy.config, "max_position_embeddings", None)
+        longest = max(self.sampling.max_new_tokens, self.val_sampling.max_new_tokens)
+        longest = longest if self.environment is None else self.environment.token_budget(longest)
+        check_datasets(self.trainer.datamodule, self.tokenizer, self.format_prompt, context, longest, self.group_size,
+                       self.minibatch_size)  # fmt: skip
+
+    # ------------------------------------------------------------------ rollout
+
+    def format_prompt(self, prompt: Any) -> str:
+        """The prompt as text for the model (:func:`grpo_lightning.rollout.generation.format_prompt`)."""
+        return format_prompt(self.tokenizer, prompt, self.policy_options.use_chat_template)
+
+    def rollout_model(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
+        """The model rollouts sample from inside the ``with`` block
+        (:class:`~grpo_lightning.rollout.generation.RolloutWeights`)."""
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        return self.rollout_weights.model(self.policy, self.policy_version, strategy)
+
+    def generate(self, batch: dict[str, list], group_size: int, sampling: SamplingParams, with_logprobs=False) -> Rollout:
+        """Sample ``group_size`` completions for each prompt of ``batch`` (``with_logprobs``: and
+        keep the engine's log-probs of the sampled tokens, ``rollout.sampling_logp``)."""
+        if self.environment is not None:
+            with self.rollout_model() as model:
+                rollout = sample_episodes(model, self.tokenizer, batch, group_size, sampling, self.environment,
+                                          self.policy_options.use_chat_template, with_logprobs, self.sampler)  # fmt: skip
+            self.rollouts += 1
+            return rollout
+        texts = [self.format_prompt(p) for p in batch["prompt"]]
+        with self.rollout_model() as model:
+            sampled = self.sampler.sample(model, self.tokenizer, texts, group_size, sampling, self.rollouts,
+                                          with_logprobs)  # fmt: skip
+        self.rollouts += 1
+        return build_rollout(self.tokenizer, batch, group_size, *sampled)
+
+    def score(self, rollout: Rollout) -> RewardScores:
+        """Fill ``rollout.reward_per_function`` ``[N, F]`` and the weighted ``rollout.rewards`` ``[N]``;
+        return the scores with the samples each function failed on (``rewards.execution``)."""
+        columns, groups = rollout.columns, [row // rollout.group_size for row in range(len(rollout))]  # group_index
+        scores = self.reward_scorer.score(self.reward_functions, rollout.prompts, rollout.completions, columns, groups)
+        rollout.reward_per_function = scores.per_function.to(self.device)
+        rollout.rewards = weighted_reward(rollout.reward_per_function, self.reward_weights.to(self.device))
+        return scores
+
+    @torch.no_grad()
+    def compute_logprobs(self, model: torch.nn.Module, rollout: Rollout) -> Tensor:
+        """Log-probs ``[N, T]`` of the rollout's completions under ``model``, in micro-batches."""
+        parts = []
+        for rows in torch.arange(len(rollout)).split(self.micro_batch_size):
+            logp, _ = self._forward(model, rollout, rows, with_entropy=False)
+            parts.append(logp)
+        return torch.cat(parts)
+
+    def _forward(
+        self, model: torch.nn.Module, rollout: Rollout, rows: Tensor, with_entropy: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
+        inputs = rollout.model_inputs(rows)
+        self.compute.add_forward(inputs[1], inputs[3], backward=torch.is_grad_enabled())  # prompt, completion masks
+        with adapter_autocast(model):  # LoRA: bf16 products for float32 adapters
+            return completion_logprobs(model, *inputs, temperature=self.sampling.temperature, with_entropy=with_entropy,
+                                       **self.engine_plan.logprob_options())  # fmt: skip
+
+    # ------------------------------------------------------------------ training
+
+    def training_step(self, batch: dict[str, list], batch_idx: int) -> None:
+        timer = metrics.PhaseTimer(self.step_metrics, self.device)
+        self.generation_batches += 1
+        with timer.phase("rollout"):
+            rollout = self.generate(batch, self.group_size, self.sampling, with_logprobs=True)
+        self.generated_tokens += int(rollout.completion_mask.sum())  # dropped groups cost compute too
+        self.compute.add_forward(rollout.prompt_mask, rollout.attended_mask)
+        metrics.record_rollout(self.step_metrics, rollout)
+        with timer.phase("score"):
+            scores = self.score(rollout)
+        metrics.record_rewards(self.step_metrics, rollout, [name for name, _ in self.reward_functions])
+
+        steps = self.global_step
+        rollout = self.reward_scorer.contain(self, rollout, scores)  # skip_group: drop groups a function failed on
+        rollout = self.select(rollout) if rollout is not None else None
+        if rollout is None:
+            if self.global_step == steps:  # only sampled: its counters go into the next step's row
+                self.drop_stale_row()
+            return
+
+        with timer.phase("logprob", "grpo.logprobs"):
+            if self.needs_old_logprobs(len(rollout)) or (self.beta > 0 and not self.kl_in_loss):
+                rollout.old_logp = self.compute_logprobs(self.policy, rollout)
+            if self.needs_reference_model():
+                with reference_model(self.policy, self.ref_model) as reference:  # LoRA: adapters off
+                    rollout.ref_logp = self.compute_logprobs(reference, rollout)
+
+        rewards = rollout.rewards
+        if self.rewards_options.aggregation == "normalize_then_sum":
+            rewards = F.group_normalized_reward_sum(rollout.reward_per_function, self.reward_weights, rollout.group_size)
+        rewards = self.shape_rewards(rewards, rollout)
+        advantages = self.advantages(rewards.view(-1, rollout.group_size)).flatten(0, 1)  # [N], or per token [N, T]
+        self.last_rollout, self.last_advantages = rollout, advantages  # for callbacks (completion tables)
+        with timer.phase("update"):
+            self.update(rollout, advantages)
+        self.sampler.compiled_and_ran("logprobs")
+        self.trained_rollouts += 1
+
+        total_s = timer.total()
+        self.step_metrics.update("perf/step_s", total_s)
+        self.step_metrics.update("perf/tokens_per_s", float(rollout.completion_mask.sum()) / max(total_s, 1e-9))
+        self.step_metrics.update("advantages/abs_mean", advantages.abs().mean())
+        self.log_step()
+
+    def skip_update(self) -> None:
+        """Count a training step that changes no weight: ``optimizer.step()`` without gradients
+        leaves every parameter as it is (AdamW skips those without one) and advances ``global_step``
+        (under manual optimization Lightning counts optimizer steps); the scheduler follows. Logs the row."""
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        scheduler.step()
+        self.step_metrics.update("learning_rate", scheduler.get_last_lr()[0])
+        self.log_step()
+
+    def update(self, rollout: Rollout, advantages: Tensor) -> None:
+        """``ppo_epochs`` passes over the rollout; one optimizer step per minibatch."""
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        size, minibatch = len(rollout), self.minibatch_size or len(rollout)
+        for _ in range(self.ppo_epochs):
+            order = torch.randperm(size) if self.needs_old_logprobs(size) else torch.arange(size)
+            for rows in order.split(minibatch):
+                optimizer.zero_grad(set_to_none=True)
+                self.accumulate_gradients(rollout, advantages, rows)
+                self.clip_and_log_gradient_norm(optimizer)
+                optimizer.step()
+                scheduler.step()
+                self.policy_version += 1
+        self.step_metrics.update("learning_rate", scheduler.get_last_lr()[0])
+
+    def clip_and_log_gradient_norm(self, optimizer) -> None:
+        """Clip the gradient to ``max_grad_norm`` and log its norm before clipping (``grad_norm``);
+        a NaN or infinite norm drops the gradient, so the step changes nothing (``skipped_steps``)."""
+        norm = clip_policy_gradients(self, optimizer, self.optim_options.max_grad_norm)
+        if norm is not None:
+            self.step_metrics.update("grad_norm", norm)
+            if not self.nonfinite.allows(norm, self.global_step, getattr(self.last_rollout, "prompts", ())):
+                optimizer.zero_grad(set_to_none=True)
+            self.step_metrics.update("skipped_steps", float(self.nonfinite.skipped), reduce="max")
+
+    def accumulate_gradients(self, rollout: Rollout, advantages: Tensor, rows: Tensor) -> None:
+        """Backward of one minibatch, ``micro_batch_size`` rows at a time.
+
+        The aggregation gets the minibatch-wide sequence and token counts (summed over devices),
+        so the accumulated gradient does not depend on the micro-batch size.
+        """
+        num_sequences = len(rows)
+        # DDP and FSDP average gradients over devices: normalise by the mean count per device.
+        num_tokens = self.sum_over_ranks(self.loss_mask(rollout, rows).sum()) / self.num_processes
+        total = torch.zeros((), device=num_tokens.device)
+        micro_batches = rows.split(self.micro_batch_size)
+        for index, micro_rows in enumerate(micro_batches):
+            loss = self.micro_batch_loss(rollout, advantages, micro_rows, num_sequences, num_tokens)
+            with contextlib.nullcontext() if index == len(micro_batches) - 1 else self.no_gradient_sync():
+                self.manual_backward(loss)
+            total += loss.detach()
+        self.step_metrics.update("loss", total)
+
+    def loss_mask(self, rollout: Rollout, rows: Tensor) -> Tensor:
+        """``[len(rows), T]``: the tokens that carry loss; none of a truncated completion under
+        ``mask_truncated_completions``."""
+        mask = rollout.completion_mask[rows.to(rollout.completion_mask.device)]
+        if self.loss_options.mask_truncated_completions:
+            mask = mask * ~rollout.truncated[rows.to(mask.device)].unsqueeze(1)
+        return mask
+
+    def no_gradient_sync(self) -> contextlib.AbstractContextManager:
+        """Context for the backward passes of all but a minibatch's last micro-batch (:func:`grpo_lightning.training.strategies.no_gradient_sync`)."""
+        return no_gradient_sync(self._trainer.strategy if self._trainer is not None else None)
+
+    def micro_batch_loss(
+        self, rollout: Rollout, advantages: Tensor, rows: Tensor, num_sequences: int, num_tokens: Tensor
+    ) -> Tensor:
+        """This micro-batch's share of the minibatch loss: ``aggregate(token_loss + beta * kl)``."""
+        micro_mask = self.loss_mask(rollout, rows)
+        rows = rows.to(micro_mask.device)
+        tokens = micro_mask.sum()
+        logp, entropy = self._forward(self.policy, rollout, rows)
+        old_logp = logp.detach() if rollout.old_logp is None else rollout.old_logp[rows]
+        loss = self.token_loss(logp, old_logp, advantages[rows], micro_mask)
+        if self.entropy_coef:  # its gradient raises each loss token's entropy
+            loss = loss + self.entropy_coef * entropy_bonus(logp, old_logp)
+        if rollout.sampling_logp is not None:  # the engine's log-probs against this pass's
+            loss = correct_policy_loss(loss, old_logp, rollout.sampling_logp[rows], micro_mask, self.rollout_correction,
+                                       self.sampling_options.correction_cap, self.step_metrics)  # fmt: skip
+        if self.loss_options.top_entropy_quantile < 1:
+            loss = loss * F.top_entropy_mask(entropy, micro_mask, self.loss_options.top_entropy_quantile)
+        if rollout.ref_logp is not None:
+            kl = F.kl_estimate(logp, rollout.ref_logp[rows], self.kl_estimator)
+            if self.kl_options.unbiased:
+                kl = kl * torch.exp(logp - old_logp)
+            if self.kl_in_loss:
+                loss = loss + self.beta * kl
+            self.step_metrics.update("kl", F.masked_mean(kl.detach(), micro_mask), tokens)
+        self.step_metrics.update("entropy", F.masked_mean(entropy, micro_mask), tokens)
+        return self.aggregate(loss, micro_mask, num_sequences=num_sequences, num_tokens=num_tokens)
+
+    # ------------------------------------------------------------------ logging
+
+    def log_step(self) -> None:
+        """Log the step's metrics (:func:`grpo_lightning.training.metrics.metrics_to_log`): means over every
+        device's rollouts, generated tokens summed over devices; all of them are kept in
+        ``last_step_metrics``; the x-axis and counters of :func:`grpo_lightning.training.metrics.counters`."""
+        values = self.step_metrics.compute_and_reset(gather=resume.gather_over_ranks)
+        values["perf/generated_tokens"] = float(sum(resume.gather_over_ranks(self.generated_tokens)))
+        values["perf/flops"] = float(sum(resume.gather_over_ranks(self.compute.flops(policy_parameters(self.policy)))))
+        values.update(metrics.counters(self.trained_rollouts, self.generation_batches, self.global_step))
+        self.logged_steps += 1
+        self.last_step_metrics = values
+        # The Trainer writes to its loggers every log_every_n_steps steps (True where it does not say).
+        connector = getattr(self._trainer, "_logger_connector", None)
+        others, progress = metrics.metrics_to_log(values, bool(getattr(connector, "should_update_logs", True)))
+        self.log_dict(others, on_step=True, on_epoch=False)
+        self.log_dict(progress, on_step=True, on_epoch=False, prog_bar=True)
+
+    def drop_stale_row(self) -> None:
+        """No logger row for a batch without an update (Lightning would write the last one again)."""
+        results = getattr(self._trainer, "_results", None)
+        if results is not None:
+            results.reset(metrics=False, fx="training_step")

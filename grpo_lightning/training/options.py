@@ -1,0 +1,524 @@
+"""The module's settings as typed groups (``--model.sampling.group_size``, ``--model.loss.clip_eps_high``).
+
+Each group is a frozen dataclass that checks itself when it is made: a wrong type or value is a
+:class:`~grpo_lightning.errors.ConfigError` naming the field (``loss.delta``) and the fix. A variant
+sets its defaults as its groups' defaults (DAPO: ``loss=LossOptions(clip_eps_high=0.28)``); a dict
+(a checkpoint's hyperparameters, a partial group in Python) overrides the fields it names of the
+variant's group (:meth:`OptionGroup.of`). Checks that need two groups, or the variant, are the
+module's (:mod:`grpo_lightning.training.settings`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, ClassVar
+
+import torch
+
+from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms import SURROGATES, check_part
+from grpo_lightning.training.argument_types import check_argument_types
+from grpo_lightning.errors import ConfigError
+from grpo_lightning.rewards import RewardExecution, resolve_reward_function
+from grpo_lightning.rollout.types import ROLLOUT_MODES
+from grpo_lightning.algorithms.rollout_correction import CORRECTIONS
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: The default cap of the rollout correction's weights (``sampling.correction_cap``).
+CORRECTION_CAP = 2.0
+#: Values of ``rewards.aggregation``: the weighted sum as it is, or of per-group normalised scores (GDPO).
+REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise :class:`ConfigError` with ``message`` unless ``condition`` holds."""
+    if not condition:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class OptionGroup:
+    """What every group shares: building from a dict, the type check, plain values. A dataclass
+    itself, so that the CLI shows each group as its fields (no ``class_path``)."""
+
+    #: The constructor argument of ``GroupPolicyOptimization`` that takes the group.
+    group: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        check_argument_types(type(self), {f.name: getattr(self, f.name) for f in fields(self)},
+                             field=f"{self.group}.", cli=f"--model.{self.group}.")  # fmt: skip
+        self.check()
+
+    def check(self) -> None:
+        """Raise :class:`ConfigError` for a value that cannot run (the types are checked already)."""
+
+    @classmethod
+    def of(cls, value: Any, preset: Any = None) -> Any:
+        """``value`` itself, or ``preset`` (default: the class's defaults) with the fields a dict
+        names (the CLI's, a checkpoint's hyperparameters); an unknown field is a :class:`ConfigError`."""
+        preset = cls() if preset is None else cls.of(preset)
+        if value is None:
+            return preset
+        if isinstance(value, Mapping):
+            names = [f.name for f in fields(cls)]
+            unknown = sorted(set(value) - set(names))
+            if unknown:
+                raise ConfigError(f"{cls.group}: no option {unknown[0]!r}; give {', '.join(names)}.")
+            return dataclasses.replace(preset, **value)
+        if not isinstance(value, cls):
+            raise ConfigError(f"{cls.group}: give {cls.__name__} or a dict of its fields, got {value!r}.")
+        return value
+
+    def state(self) -> dict[str, Any]:
+        """Plain values, for the hyperparameters (``hparams.yaml``, checkpoints, loggers)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PolicyOptions(OptionGroup):
+    """How the policy is loaded and prompted (``--model.policy.*``)."""
+
+    group: ClassVar[str] = "policy"
+
+    tokenizer: str | None = None
+    """Hub id or directory of the tokenizer; ``None``: the model's own."""
+    dtype: str = "auto"
+    """Weights dtype: ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    attn_implementation: str | None = None
+    """Passed to ``from_pretrained`` (e.g. ``"sdpa"``, ``"flash_attention_2"``)."""
+    disable_dropout: bool = True
+    """Zero every dropout of the policy, so that the log-probs of the update are those of the
+    distribution the rollout sampled from."""
+    peft_config: Any = None
+    """A ``peft.LoraConfig`` (or a dict of its fields): train LoRA adapters only; the reference
+    model is the policy with them disabled (:mod:`grpo_lightning.models.lora`)."""
+    use_chat_template: bool = True
+    """Wrap plain-text prompts in the tokenizer's chat template when it has one."""
+
+    def check(self) -> None:
+        require(
+            self.tokenizer != "", "policy.tokenizer: give a hub id or a local directory, or null for the model's own."
+        )
+        require(self.dtype == "auto" or self.dtype in DTYPES,
+                f"policy.dtype: {self.dtype!r} is not one of 'auto', {', '.join(map(repr, DTYPES))}.")  # fmt: skip
+
+    def state(self) -> dict[str, Any]:
+        from grpo_lightning.models.lora import adapter_settings  # peft is an extra: imported where adapters are asked for
+
+        return {
+            **{f.name: getattr(self, f.name) for f in fields(self)},
+            "peft_config": adapter_settings(self.peft_config),
+        }
+
+
+@dataclass(frozen=True)
+class SamplingOptions(OptionGroup):
+    """How training rollouts are sampled (``--model.sampling.*``)."""
+
+    group: ClassVar[str] = "sampling"
+
+    group_size: int = 8
+    """Completions sampled per prompt, ``G``."""
+    max_new_tokens: int = 256
+    """Completion length limit, ``L``."""
+    min_new_tokens: int = 0
+    """EOS is not sampled before this many tokens (benchmarks use ``L``)."""
+    temperature: float = 1.0
+    """Sampling temperature (> 0); the log-probs of the update are taken at it too."""
+    top_p: float = 1.0
+    top_k: int = 0
+    """``0`` disables it."""
+    mode: str = "sample"
+    """``"sample"``, or ``"beam_search"``: each group is the ``G`` best beams, not samples."""
+    dtype: str | None = None
+    """Dtype of the weights rollouts sample from, e.g. ``"bfloat16"`` for fp32 weights trained
+    under bf16 autocast: a copy in that dtype, refreshed after every optimizer step. ``None``: the
+    policy's own weights (no copy); under FSDP, a replica in the strategy's compute dtype."""
+    seed: int | None = None
+    """Keyed sampling (:func:`grpo_lightning.rollout.generation.sampling_keys`): the same prompts sample the
+    same completions whatever the batch composition, micro-batching or number of devices. Needs the
+    static engine. ``None``: the global generator."""
+    correction: str | None = None
+    """Importance weights for the rollout engine's log-probs against the training pass's
+    (:mod:`grpo_lightning.algorithms.rollout_correction`); ``None``: off."""
+    correction_cap: float = CORRECTION_CAP
+    """The cap of those weights (>= 1); only with ``correction``."""
+
+    def check(self) -> None:
+        require(self.group_size >= 2, f"sampling.group_size: must be at least 2 (got {self.group_size}); "
+                "group-relative advantages compare completions of one prompt.")  # fmt: skip
+        require(self.max_new_tokens >= 1, f"sampling.max_new_tokens: must be at least 1 (got {self.max_new_tokens}).")
+        require(0 <= self.min_new_tokens <= self.max_new_tokens,
+                f"sampling.min_new_tokens: must be between 0 and max_new_tokens ({self.max_new_tokens}), "
+                f"got {self.min_new_tokens}.")  # fmt: skip
+        require(
+            self.temperature > 0,
+            f"sampling.temperature: rollouts must be sampled, so it must be > 0 (got {self.temperature}).",
+        )
+        require(0 < self.top_p <= 1, f"sampling.top_p: must be in (0, 1] (got {self.top_p}).")
+        require(self.top_k >= 0, f"sampling.top_k: must be >= 0, 0 disables it (got {self.top_k}).")
+        modes = ", ".join(map(repr, ROLLOUT_MODES))
+        require(self.mode in ROLLOUT_MODES, f"sampling.mode: {self.mode!r} is not one of {modes}.")
+        require(self.dtype is None or self.dtype in DTYPES,
+                f"sampling.dtype: {self.dtype!r} is not one of {', '.join(map(repr, DTYPES))} or null.")  # fmt: skip
+        require(
+            self.correction in (None, *CORRECTIONS),
+            f"sampling.correction: {self.correction!r} is not one of {', '.join(CORRECTIONS)} or null (off).",
+        )
+        require(
+            self.correction_cap >= 1, f"sampling.correction_cap: must be >= 1 (got {self.correction_cap}); e.g. 2.0."
+        )
+        require(self.correction is not None or self.correction_cap == CORRECTION_CAP,
+                "sampling.correction_cap: caps the weights of sampling.correction, which is off; set sampling.correction "
+                "(e.g. token_truncate) or drop sampling.correction_cap.")  # fmt: skip
+        require(self.correction is None or self.mode == "sample",
+                "sampling.correction: weighs tokens by the sampling engine's probabilities, and beam search samples "
+                "nothing; set sampling.correction to null or sampling.mode to 'sample'.")  # fmt: skip
+
+    @property
+    def beam_search(self) -> bool:
+        return self.mode == "beam_search"
+
+
+@dataclass(frozen=True)
+class RewardOptions(OptionGroup):
+    """The reward functions and how their scores become one reward (``--model.rewards.*``)."""
+
+    group: ClassVar[str] = "rewards"
+
+    funcs: Sequence[str | Callable] = ("grpo_lightning.rewards.accuracy_reward",)
+    """Reward functions ``(prompts, completions, **columns) -> list[float]``, as callables or import
+    paths (``"grpo_lightning.rewards.accuracy_reward"``)."""
+    weights: Sequence[float] | None = None
+    """One weight per reward function; ``None``: all 1."""
+    execution: RewardExecution = field(default_factory=RewardExecution)
+    """What a reward function that raises, returns NaN/inf or times out does, and where it runs
+    (:class:`~grpo_lightning.rewards.RewardExecution`; ``--model.rewards.execution.on_error zero``)."""
+    scale: str = "group"
+    """Divisor of ``group_std``'s advantages: the group's std (``"group"``), the batch's
+    (``"batch"``) or none (``"none"``)."""
+    aggregation: str = "sum_then_normalize"
+    """``"sum_then_normalize"``: the weighted sum of the reward functions; ``"normalize_then_sum"``:
+    each normalised within its group first (GDPO)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.execution, Mapping):  # from a dict: a checkpoint's or a config's
+            object.__setattr__(self, "execution", RewardExecution.of(dict(self.execution)))
+        if isinstance(self.funcs, list):  # hashable, like the default
+            object.__setattr__(self, "funcs", tuple(self.funcs))
+        if isinstance(self.weights, list):
+            object.__setattr__(self, "weights", tuple(self.weights))
+        super().__post_init__()
+
+    def check(self) -> None:
+        check_rewards(self.funcs, self.weights)
+        RewardExecution.of(self.execution)
+        require(
+            self.scale in F.REWARD_SCALES, f"rewards.scale: {self.scale!r} is not one of {', '.join(F.REWARD_SCALES)}."
+        )
+        require(
+            self.aggregation in REWARD_AGGREGATIONS,
+            f"rewards.aggregation: {self.aggregation!r} is not one of {', '.join(REWARD_AGGREGATIONS)}.",
+        )
+
+    def state(self) -> dict[str, Any]:
+        def plain(spec: Any) -> Any:  # a callable by its import path where it has one
+            return spec if isinstance(spec, str) else resolve_reward_function(spec, field="rewards.funcs")[0]
+
+        weights = None if self.weights is None else [float(w) for w in self.weights]
+        return {"funcs": [plain(spec) for spec in self.funcs], "weights": weights, "execution": asdict(self.execution),
+                "scale": self.scale, "aggregation": self.aggregation}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LossOptions(OptionGroup):
+    """The per-token policy loss: its surrogate, the ratio clip and what masks or adds to it
+    (``--model.loss.*``)."""
+
+    group: ClassVar[str] = "loss"
+
+    surrogate: str | None = None
+    """The registered per-token surrogate (:data:`grpo_lightning.algorithms.SURROGATES`, e.g.
+    ``ppo_clip``, ``gspo``, ``cispo``); ``None``: the variant's own."""
+    clip_eps_low: float | None = 0.2
+    """Ratio clip range ``[1 - low, 1 + high]``; ``None``: the surrogate's own (CISPO's: no lower bound)."""
+    clip_eps_high: float | None = 0.2
+    delta: float | None = None
+    """Two-sided clipping: a negative-advantage token's ratio is also capped at ``delta``
+    (``> 1 + clip_eps_high``); ``None``: off."""
+    clip_ratio_c: float | None = None
+    """Dual clip: a negative-advantage token's loss is at most ``-clip_ratio_c * A`` (verl: 3.0); ``None``: off."""
+    off_policy_mask_threshold: float | None = None
+    """OPSM: a negative-advantage completion whose mean ``log pi_old - log pi`` exceeds it carries
+    no loss; ``None``: off."""
+    entropy_coef: float = 0.0
+    """An entropy bonus (estimated at the sampled token); 0: off."""
+    top_entropy_quantile: float = 1.0
+    """Only the tokens whose entropy is in the top fraction ``q`` of the micro-batch's carry loss
+    (arXiv 2506.01939); 1: all."""
+    mask_truncated_completions: bool = False
+    """Completions that hit ``max_new_tokens`` without EOS carry no loss."""
+
+    def check(self) -> None:
+        check_part("loss.surrogate", self.surrogate, SURROGATES)
+        low, high = self.clip_eps_low, self.clip_eps_high
+        require(low is None or 0 <= low < 1, f"loss.clip_eps_low: must be in [0, 1) or null (got {low}).")
+        require(high is None or high >= 0, f"loss.clip_eps_high: must be >= 0 or null (got {high}).")
+        require(self.delta is None or high is None or self.delta > 1 + high,
+                f"loss.delta: must exceed 1 + clip_eps_high = {1 + (high or 0)} (got {self.delta}); "
+                "e.g. --model.loss.delta 2.0, or null for off.")  # fmt: skip
+        c, threshold = self.clip_ratio_c, self.off_policy_mask_threshold
+        require(
+            c is None or c > 1,
+            f"loss.clip_ratio_c: the dual-clip bound must be > 1 (got {c}); e.g. 3.0, or null for off.",
+        )
+        require(threshold is None or threshold >= 0, f"loss.off_policy_mask_threshold: must be >= 0 (got {threshold}); "
+                "e.g. 0.5, or null for off.")  # fmt: skip
+        require(self.entropy_coef >= 0, f"loss.entropy_coef: must be a finite number >= 0 (got {self.entropy_coef}); "
+                "e.g. 0.001, or 0 for off.")  # fmt: skip
+        require(0 < self.top_entropy_quantile <= 1, f"loss.top_entropy_quantile: must be in (0, 1] "
+                f"(got {self.top_entropy_quantile}); 0.2 trains on the 20% highest-entropy tokens.")  # fmt: skip
+
+    def check_clip_pair(self) -> None:
+        """Raise :class:`ConfigError` where ``delta`` and ``clip_ratio_c`` are both set (the module
+        checks it once it knows both apply: a variant may preset one and have no place for the other)."""
+        require(
+            self.clip_ratio_c is None or self.delta is None,
+            "loss.clip_ratio_c: bounds the same negative-advantage "
+            "loss as loss.delta (for clip_ratio_c > 1 + clip_eps_high they are equal); set one of them.",
+        )
+
+
+@dataclass(frozen=True)
+class KLOptions(OptionGroup):
+    """The KL term against the frozen reference model (``--model.kl.*``)."""
+
+    group: ClassVar[str] = "kl"
+
+    beta: float = 0.04
+    """KL coefficient; 0 loads no reference model."""
+    estimator: str | None = None
+    """``"k1"``, ``"k2"`` or ``"k3"`` (Schulman 2020); ``None``: the papers' choice, k3 in the loss
+    (DeepSeekMath), k1 where the variant puts the KL in the reward (RLOO, REINFORCE++, PPO)."""
+    unbiased: bool = False
+    """The KL estimate weighted by ``pi / pi_old`` (DeepSeek-V3.2)."""
+
+    def check(self) -> None:
+        require(self.beta >= 0, f"kl.beta: the KL coefficient must be >= 0 (got {self.beta}).")
+        require(self.estimator is None or self.estimator in F.KL_ESTIMATORS,
+                f"kl.estimator: {self.estimator!r} is not one of {', '.join(F.KL_ESTIMATORS)} or null.")  # fmt: skip
+        require(not self.unbiased or self.beta > 0,
+                "kl.unbiased: weights the KL term, which beta = 0 turns off; set --model.kl.beta > 0.")  # fmt: skip
+        require(self.estimator is None or self.beta > 0,
+                f"kl.estimator: picks the estimate of the KL term, which beta = 0 turns off; set --model.kl.beta > 0 "
+                f"or drop kl.estimator (got {self.estimator!r}).")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class OptimOptions(OptionGroup):
+    """The update: passes, batch sizes, AdamW and its warm-up, clipping (``--model.optim.*``)."""
+
+    group: ClassVar[str] = "optim"
+
+    ppo_epochs: int = 1
+    """Passes over each rollout (``mu`` in DeepSeekMath)."""
+    minibatch_size: int | None = None
+    """Completions per optimizer step; ``None``: the whole rollout (one step)."""
+    micro_batch_size: int = 8
+    """Completions per forward/backward pass (memory only)."""
+    learning_rate: float = 1e-6
+    """AdamW's, after a linear warm-up of ``warmup_steps``, then constant."""
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    max_grad_norm: float | None = 1.0
+    """Gradient norm clipping; ``None`` disables it."""
+    max_nonfinite_steps: int = 3
+    """A step whose gradient is NaN or infinite changes no weight; after this many in a row the fit
+    stops (:mod:`grpo_lightning.training.nonfinite`)."""
+
+    def check(self) -> None:
+        require(self.ppo_epochs >= 1, f"optim.ppo_epochs: must be at least 1 (got {self.ppo_epochs}).")
+        micro, mini = self.micro_batch_size, self.minibatch_size
+        require(micro >= 1, f"optim.micro_batch_size: must be at least 1 (got {micro}).")
+        if mini is not None:
+            require(mini >= 1, f"optim.minibatch_size: must be at least 1 or null (got {mini}).")
+            require(
+                micro <= mini,
+                f"optim.micro_batch_size ({micro}) is larger than optim.minibatch_size ({mini}), "
+                f"the completions of one optimizer step; set --model.optim.micro_batch_size to at most {mini}.",
+            )
+            require(mini % micro == 0, f"optim.minibatch_size ({mini}) must be a multiple of optim.micro_batch_size "
+                    f"({micro}): change one of them so micro-batches tile each minibatch.")  # fmt: skip
+        require(self.learning_rate > 0, f"optim.learning_rate: must be > 0 (got {self.learning_rate}); give e.g. "
+                "--model.optim.learning_rate 1e-6 (1e-3 for the tiny quickstart model).")  # fmt: skip
+        require(self.weight_decay >= 0, f"optim.weight_decay: must be >= 0 (got {self.weight_decay}); "
+                "give 0 for none, e.g. --model.optim.weight_decay 0.0.")  # fmt: skip
+        require(self.warmup_steps >= 0, f"optim.warmup_steps: must be >= 0 (got {self.warmup_steps}); "
+                "give 0 for no warm-up, e.g. --model.optim.warmup_steps 0.")  # fmt: skip
+        require(
+            self.max_nonfinite_steps >= 1,
+            f"optim.max_nonfinite_steps: must be a positive integer, got {self.max_nonfinite_steps!r}.",
+        )
+        require(self.max_grad_norm is None or self.max_grad_norm > 0,
+                f"optim.max_grad_norm: must be > 0 or null (got {self.max_grad_norm}); give e.g. "
+                "--model.optim.max_grad_norm 1.0, or null to turn clipping off.")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EvaluationOptions(OptionGroup):
+    """Validation and test: their sampling and what ``val/accuracy`` measures (``--model.evaluation.*``)."""
+
+    group: ClassVar[str] = "evaluation"
+
+    temperature: float = 0.0
+    """Sampling temperature of validation completions; 0 is greedy."""
+    max_new_tokens: int | None = None
+    """Completion limit in validation; ``None``: ``sampling.max_new_tokens``."""
+    samples: int = 1
+    """Completions per validation prompt, ``n``: ``pass@k`` and ``maj@n`` for ``n > 1``
+    (:mod:`grpo_lightning.evaluation.validation`), which needs ``temperature > 0``."""
+    accuracy_func: str | Callable = "grpo_lightning.rewards.accuracy_reward"
+    """The function whose mean is ``val/accuracy``."""
+
+    def check(self) -> None:
+        require(self.temperature >= 0, f"evaluation.temperature: must be >= 0, 0 is greedy (got {self.temperature}).")
+        require(self.max_new_tokens is None or self.max_new_tokens >= 1,
+                f"evaluation.max_new_tokens: must be at least 1, or null for sampling.max_new_tokens "
+                f"(got {self.max_new_tokens}).")  # fmt: skip
+        require(self.samples >= 1, f"evaluation.samples: must be at least 1 (got {self.samples}).")
+        require(self.samples == 1 or self.temperature > 0,
+                f"evaluation.samples: {self.samples} completions per prompt are all the same under greedy decoding; "
+                "set --model.evaluation.temperature 1.0 (pass@k is defined for sampled completions) or "
+                "--model.evaluation.samples 1.")  # fmt: skip
+        resolve_function(self.accuracy_func, "evaluation.accuracy_func")
+
+    def state(self) -> dict[str, Any]:
+        values = asdict(self)
+        if not isinstance(self.accuracy_func, str):
+            values["accuracy_func"] = resolve_reward_function(self.accuracy_func, field="evaluation.accuracy_func")[0]
+        return values
+
+
+def resolve_function(spec: Any, field: str) -> tuple[str, Callable]:
+    """``(name, function)`` of a reward function given as a callable or an import path; a path that
+    does not import, or names no function, is a :class:`ConfigError` naming ``field``."""
+    try:
+        return resolve_reward_function(spec, field=field)
+    except ConfigError:
+        raise
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
+
+
+def check_rewards(funcs: Any, weights: Any) -> None:
+    """Raise :class:`ConfigError` unless ``funcs`` is a non-empty list of functions (or import
+    paths) and ``weights`` null or one finite number per function."""
+    require(
+        isinstance(funcs, Sequence) and not isinstance(funcs, str) and len(funcs) > 0,
+        f"rewards.funcs: give a list of at least one reward function (got {funcs!r}); "
+        "e.g. --model.rewards.funcs '[grpo_lightning.rewards.accuracy_reward]'.",
+    )
+    for i, spec in enumerate(funcs):
+        resolve_function(spec, f"rewards.funcs[{i}]")
+    if weights is None:
+        return
+    require(
+        isinstance(weights, Sequence) and not isinstance(weights, str),
+        f"rewards.weights: give a list of numbers, one per reward function, or null for all 1 (got {weights!r}).",
+    )
+    for i, weight in enumerate(weights):
+        real = isinstance(weight, numbers.Real) and not isinstance(weight, bool)
+        require(real and math.isfinite(weight), f"rewards.weights[{i}]: must be a finite number (got {weight!r}).")
+    require(
+        len(weights) == len(funcs),
+        f"rewards.weights: {len(weights)} weights for {len(funcs)} reward functions; "
+        "give one per function.",
+    )
+
+
+#: The groups by their constructor argument.
+GROUPS: dict[str, type[OptionGroup]] = {
+    cls.group: cls
+    for cls in (PolicyOptions, SamplingOptions, RewardOptions, LossOptions, KLOptions, OptimOptions, EvaluationOptions)
+}
+
+
+def field_names(cls: type) -> list[str]:
+    """The fields of an option group, in order."""
+    return [f.name for f in fields(cls)]
+
+
+def preset(variant: type, name: str) -> Any:
+    """The default of the constructor argument ``name`` in ``variant`` (the closest class that names
+    it): a variant's preset group, or part."""
+    for cls in variant.__mro__:
+        init = cls.__dict__.get("__init__")
+        parameter = inspect.signature(init).parameters.get(name) if init is not None else None
+        if parameter is not None and parameter.default is not inspect.Parameter.empty:
+            return parameter.default
+    raise KeyError(name)
+
+
+def resolve_groups(variant: type, values: Mapping[str, Any]) -> dict[str, OptionGroup]:
+    """Each group of ``values`` (a group, a dict of some of its fields, or ``None``) made and
+    checked against ``variant``'s preset."""
+    return {name: cls.of(values[name], preset(variant, name)) for name, cls in GROUPS.items()}
+
+
+#: Where each former flat argument of the constructor lives now (``--model.NAME`` -> ``--model.GROUP.FIELD``).
+MOVED = {
+    "tokenizer": "policy.tokenizer",
+    "dtype": "policy.dtype",
+    "gradient_checkpointing": "policy.gradient_checkpointing",
+    "attn_implementation": "policy.attn_implementation",
+    "disable_dropout": "policy.disable_dropout",
+    "peft_config": "policy.peft_config",
+    "use_chat_template": "policy.use_chat_template",
+    "group_size": "sampling.group_size",
+    "max_new_tokens": "sampling.max_new_tokens",
+    "min_new_tokens": "sampling.min_new_tokens",
+    "temperature": "sampling.temperature",
+    "top_p": "sampling.top_p",
+    "top_k": "sampling.top_k",
+    "rollout_mode": "sampling.mode",
+    "rollout_dtype": "sampling.dtype",
+    "rollout_seed": "sampling.seed",
+    "rollout_correction": "sampling.correction",
+    "rollout_correction_cap": "sampling.correction_cap",
+    "reward_funcs": "rewards.funcs",
+    "reward_weights": "rewards.weights",
+    "reward_execution": "rewards.execution",
+    "scale_rewards": "rewards.scale",
+    "reward_aggregation": "rewards.aggregation",
+    "surrogate": "loss.surrogate",
+    "clip_eps_low": "loss.clip_eps_low",
+    "clip_eps_high": "loss.clip_eps_high",
+    "delta": "loss.delta",
+    "clip_ratio_c": "loss.clip_ratio_c",
+    "off_policy_mask_threshold": "loss.off_policy_mask_threshold",
+    "entropy_coef": "loss.entropy_coef",
+    "top_entropy_quantile": "loss.top_entropy_quantile",
+    "mask_truncated_completions": "loss.mask_truncated_completions",
+    "beta": "kl.beta",
+    "kl_estimator": "kl.estimator",
+    "unbiased_kl": "kl.unbiased",
+    "ppo_epochs": "optim.ppo_epochs",
+    "minibatch_size": "optim.minibatch_size",
+    "micro_batch_size": "optim.micro_batch_size",
+    "learning_rate": "optim.learning_rate",
+    "weight_decay": "optim.weight_decay",
+    "warmup_steps": "optim.warmup_steps",
+    "max_grad_norm": "optim.max_grad_norm",
+    "max_nonfinite_steps": "optim.max_nonfinite_steps",
+    "val_temperature": "evaluation.temperature",
+    "val_max_new_tokens": "evaluation.max_new_tokens",
+    "val_samples": "evaluation.samples",
+    "accuracy_func": "evaluation.accuracy_func",
+}

@@ -1,0 +1,138 @@
+"""Checks of the module's settings that need more than one group, the variant or the data, before
+any work is done: each error names the field and the fix.
+
+Each option group checks its own fields (:mod:`grpo_lightning.training.options`); the engine options are
+checked where they are resolved (:mod:`grpo_lightning.rollout.generation`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from grpo_lightning.data.checks import fit_prompts
+from grpo_lightning.data.coverage import warn_lost_characters
+from grpo_lightning.errors import ConfigError
+from grpo_lightning.models.sources import WARM_START_PREFIX, WARM_STARTS, resolve_model_source
+from grpo_lightning.training.options import DTYPES, preset, require, resolve_function
+
+__all__ = ["DTYPES", "ConfigError", "require"]  # and the checks below
+
+
+def check_model(model: str, policy: Any) -> None:
+    """Raise :class:`ConfigError` for a model (or the tokenizer of ``policy``, a group or a dict of
+    its fields) that cannot load."""
+    require(isinstance(model, str) and model != "", "model: give a hub id or a local directory of a causal LM.")
+    check_model_path("model", model)
+    tokenizer = policy.get("tokenizer") if isinstance(policy, dict) else getattr(policy, "tokenizer", None)
+    if isinstance(tokenizer, str) and tokenizer != "":
+        check_model_path("policy.tokenizer", tokenizer)
+
+
+def check_model_path(field: str, path: str) -> None:
+    """Raise :class:`ConfigError` for a checkpoint that cannot load: a local path that does not
+    exist (it is never tried on the hub, where it would fail later with a less helpful error), or a
+    GGUF file without the packages that read it (:func:`grpo_lightning.models.sources.resolve_model_source`).
+    A built-in warm start is only named here; loading the model trains it if it is not cached."""
+    if path.startswith(WARM_START_PREFIX) and path[len(WARM_START_PREFIX) :] in WARM_STARTS:
+        return
+    resolve_model_source(path, field)
+
+
+#: The options a variant may declare inapplicable (``inapplicable_options``): what it must keep is
+#: its own preset's value.
+DECLARABLE_OPTIONS = (
+    "advantage", "loss.surrogate", "loss.clip_eps_low", "loss.clip_eps_high", "loss.delta", "loss.clip_ratio_c",
+    "loss.off_policy_mask_threshold", "loss.entropy_coef", "loss.top_entropy_quantile",
+    "loss.mask_truncated_completions", "sampling.correction", "rewards.scale", "rewards.aggregation", "kl.unbiased",
+    "environment",  # multi-turn rollouts: refused by variants that need one completion per prompt
+)  # fmt: skip
+
+
+def check_options_apply(variant: type, inapplicable: dict[str, str], kl_in_loss: bool, values: Mapping[str, Any]) -> None:
+    """Raise :class:`ConfigError` for an option set away from ``variant``'s preset on a variant whose
+    equations leave no place for it (``inapplicable``: option -> reason; ``kl.unbiased`` also where
+    the KL is in the reward). ``values``: dotted option -> value."""
+    reasons = dict(inapplicable)
+    if not kl_in_loss:
+        reasons.setdefault("kl.unbiased", "its KL term is in the reward, not in the loss")
+    for option, reason in reasons.items():
+        if option in DECLARABLE_OPTIONS and values[option] != option_default(variant, option):
+            raise ConfigError(
+                f"{option}: does not apply to {variant.__name__} ({reason}); drop --model.{option} or pick another variant."
+            )
+
+
+def option_default(variant: type, option: str) -> Any:
+    """The value of the dotted ``option`` (``loss.delta``, ``advantage``) in ``variant``'s preset."""
+    name, _, field = option.partition(".")
+    value = preset(variant, name)
+    if field:
+        value = value.get(field) if isinstance(value, dict) else getattr(value, field)
+    return value
+
+
+def resolve_rewards(
+    reward_funcs: Sequence[str | Callable], reward_weights: Sequence[float] | None
+) -> tuple[list[tuple[str, Callable]], torch.Tensor]:
+    """``(name, function)`` of each reward function, and their weights ``[F]`` (default: all 1), as
+    :func:`check_rewards` checked them."""
+    functions = [resolve_function(spec, f"rewards.funcs[{i}]") for i, spec in enumerate(reward_funcs)]
+    weights = [1.0] * len(functions) if reward_weights is None else [float(w) for w in reward_weights]
+    return functions, torch.tensor(weights, dtype=torch.float32)
+
+
+def check_rollout_size(prompts_per_step: int | None, group_size: int, minibatch_size: int | None) -> None:
+    """Raise unless the minibatches tile the rollout of ``prompts_per_step x group_size`` completions."""
+    if prompts_per_step is None or minibatch_size is None:
+        return
+    rollout_size = prompts_per_step * group_size
+    require(
+        rollout_size % minibatch_size == 0,
+        f"minibatch_size ({minibatch_size}) must divide the rollout size data.batch_size x group_size "
+        f"= {prompts_per_step} x {group_size} = {rollout_size}: change --model.optim.minibatch_size or --data.batch_size.",
+    )
+
+
+def check_before_loading(module: Any, stage: str) -> None:
+    """What a fit's settings and data say before any model is loaded (``LightningModule.setup``):
+    the rollout size against ``minibatch_size``."""
+    if stage == "fit":
+        datamodule = module.trainer.datamodule
+        check_rollout_size(getattr(datamodule, "batch_size", None), module.group_size, module.minibatch_size)
+
+
+def check_datasets(datamodule: Any, tokenizer: PreTrainedTokenizerBase, format_prompt: Callable[[Any], str],
+                   context: int | None, max_new_tokens: int, group_size: int, minibatch_size: int | None) -> None:
+    """Before the first step: the rollout size against ``minibatch_size``, and every prompt of the
+    train and validation splits (as ``format_prompt`` writes it) against the model's ``context``,
+    as the data module's ``long_prompts`` says (:func:`grpo_lightning.data.checks.fit_prompts`; a
+    data module without one: ``"error"``); a warning when prompts lose characters to the tokenizer
+    (:func:`grpo_lightning.data.coverage.warn_lost_characters`)."""
+    check_rollout_size(getattr(datamodule, "batch_size", None), group_size, minibatch_size)
+    column = getattr(datamodule, "prompt_column", "prompt")
+    handling = getattr(datamodule, "long_prompts", "error")
+
+    def fit(dataset: Any, split: str) -> Any:
+        return fit_prompts(dataset, column, tokenizer, format_prompt, context, max_new_tokens, handling, split)
+
+    for split in ("train", "val"):
+        dataset = getattr(datamodule, f"{split}_dataset", None)
+        fitted = None if dataset is None else fit(dataset, split)
+        if fitted is not dataset:  # truncated or skipped rows
+            setattr(datamodule, f"{split}_dataset", fitted)
+    extra = getattr(datamodule, "extra_val_datasets", {})
+    for name, dataset in extra.items():
+        extra[name] = fit(dataset, f"val_sets.{name}")
+    train, batch_size = getattr(datamodule, "train_dataset", None), getattr(datamodule, "batch_size", None)
+    splits = {"train": train, "val": getattr(datamodule, "val_dataset", None)}
+    splits.update({f"val_sets.{name}": dataset for name, dataset in extra.items()})
+    warn_lost_characters(splits, column, tokenizer, format_prompt)
+    require(
+        train is None or batch_size is None or len(train) >= batch_size,
+        f"data.batch_size={batch_size} is larger than the {len(train or ())} training prompts left after "
+        f"data.long_prompts={handling!r}; lower --data.batch_size or --model.sampling.max_new_tokens.",
+    )
