@@ -11,6 +11,7 @@ import torch
 from torch.testing import assert_close
 
 from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms import policy_losses
 from grpo_lightning.training.settings import ConfigError
 from tests.conftest import grouped, micro_batched_gradient
 from variants import DAPO, GRPO, GSPO, RLOO, DrGRPO
@@ -25,8 +26,8 @@ def test_delta_caps_the_ratio_of_negative_advantage_tokens():
     logp = torch.tensor([[math.log(3.0), math.log(3.0), math.log(1.5)]], requires_grad=True)
     old = torch.zeros(1, 3)
     advantages = torch.tensor([[-1.0, 1.0, -1.0]])
-    plain, _, _ = F.clipped_surrogate(logp, old, advantages, 0.2, 0.2)
-    capped, _, _ = F.clipped_surrogate(logp, old, advantages, 0.2, 0.2, delta=2.0)
+    plain, _, _ = policy_losses.clipped_surrogate(logp, old, advantages, 0.2, 0.2)
+    capped, _, _ = policy_losses.clipped_surrogate(logp, old, advantages, 0.2, 0.2, delta=2.0)
     # A < 0, ratio 3: -min(3 * -1, 1.2 * -1) = 3, capped: -min(2 * -1, 1.2 * -1) = 2.
     # A > 0, ratio 3: the upper clip binds, 1.2 either way. A < 0, ratio 1.5 < delta: unchanged.
     assert_close(plain, torch.tensor([[3.0, -1.2, 1.5]]))
@@ -38,7 +39,7 @@ def test_delta_caps_the_ratio_of_negative_advantage_tokens():
 
 def test_delta_must_exceed_the_upper_clip_bound():
     with pytest.raises(ValueError, match="delta must exceed 1 \\+ eps_high"):
-        F.clipped_surrogate(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), 0.2, 0.28, delta=1.2)
+        policy_losses.clipped_surrogate(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), 0.2, 0.28, delta=1.2)
     with pytest.raises(ConfigError, match="^loss.delta: must exceed 1 \\+ clip_eps_high = 1.28"):
         DAPO("x", loss={"delta": 1.25})
 

@@ -1,4 +1,4 @@
-"""Specification tests for grpo_lightning.algorithms.functional.
+"""Specification tests for grpo_lightning.algorithms.functional and grpo_lightning.algorithms.policy_losses.
 
 Expected values are worked out by hand in the comments next to them.
 """
@@ -8,6 +8,7 @@ import torch
 from torch.testing import assert_close
 
 from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms import policy_losses
 
 f64 = torch.float64
 
@@ -152,7 +153,7 @@ RATIOS = [0.5, 0.9, 1.0, 1.1, 1.25, 2.0]
 def _surrogate_at(ratios, advantage, eps_low, eps_high):
     logp = torch.log(t([ratios])).requires_grad_()
     old = torch.zeros_like(logp)
-    loss, low, high = F.clipped_surrogate(logp, old, t([advantage]), eps_low, eps_high)
+    loss, low, high = policy_losses.clipped_surrogate(logp, old, t([advantage]), eps_low, eps_high)
     return loss, low, high, grad_of(loss.sum(), logp)
 
 
@@ -192,7 +193,7 @@ def test_clip_higher_lets_ratio_1_25_through_with_eps_high_0_28():
 
 def test_clipped_surrogate_broadcasts_sequence_advantage_over_tokens():
     logp = torch.zeros(2, 3, dtype=f64)  # rho = 1 everywhere -> loss = -A
-    loss, low, high = F.clipped_surrogate(logp, logp, t([1.0, -3.0]), 0.2, 0.2)
+    loss, low, high = policy_losses.clipped_surrogate(logp, logp, t([1.0, -3.0]), 0.2, 0.2)
     assert_close(loss, t([[-1.0, -1.0, -1.0], [3.0, 3.0, 3.0]]))
     assert low.shape == high.shape == (2, 3)
     assert low.dtype == high.dtype == torch.bool
@@ -201,7 +202,7 @@ def test_clipped_surrogate_broadcasts_sequence_advantage_over_tokens():
 def test_clipped_surrogate_rejects_negative_clip_range():
     x = torch.zeros(1, 1)
     with pytest.raises(ValueError):
-        F.clipped_surrogate(x, x, torch.zeros(1), -0.1, 0.2)
+        policy_losses.clipped_surrogate(x, x, torch.zeros(1), -0.1, 0.2)
 
 
 # ------------------------------------------------------------ GSPO surrogate
@@ -227,7 +228,7 @@ def _gspo_case():
 
 def test_sequence_clipped_surrogate_values_and_flags():
     logp, old, adv, mask = _gspo_case()
-    loss, low, high = F.sequence_clipped_surrogate(logp, old, adv, mask, 0.2, 0.28)
+    loss, low, high = policy_losses.sequence_clipped_surrogate(logp, old, adv, mask, 0.2, 0.28)
     expected_seq = t([-1.2214027581601699, 0.8, -2.56, -3.0, 1.0])
     assert_close(loss[:, 0], expected_seq)
     assert low[:, 0].tolist() == [False, True, False, False, False]
@@ -237,7 +238,7 @@ def test_sequence_clipped_surrogate_values_and_flags():
 
 def test_sequence_clipped_surrogate_broadcasts_to_every_token():
     logp, old, adv, mask = _gspo_case()
-    loss, low, high = F.sequence_clipped_surrogate(logp, old, adv, mask, 0.2, 0.28)
+    loss, low, high = policy_losses.sequence_clipped_surrogate(logp, old, adv, mask, 0.2, 0.28)
     assert loss.shape == low.shape == high.shape == (5, 3)
     assert torch.equal(loss, loss[:, :1].expand(5, 3))
     assert torch.equal(low, low[:, :1].expand(5, 3))
@@ -249,7 +250,7 @@ def test_sequence_clipped_surrogate_broadcasts_to_every_token():
 def test_sequence_clipped_surrogate_gradient_is_minus_a_s_over_length():
     # d loss_i / d logp_{i,t} = -A_i s_i / |y_i| on real tokens when unclipped, else 0
     logp, old, adv, mask = _gspo_case()
-    loss, _, _ = F.sequence_clipped_surrogate(logp, old, adv, mask, 0.2, 0.28)
+    loss, _, _ = policy_losses.sequence_clipped_surrogate(logp, old, adv, mask, 0.2, 0.28)
     grad = grad_of(loss[:, 0].sum(), logp)
     g0 = -1.2214027581601699 / 2  # -A s / |y| = -e^0.2 / 2
     expected = t(
@@ -267,7 +268,7 @@ def test_sequence_clipped_surrogate_gradient_is_minus_a_s_over_length():
 def test_sequence_clipped_surrogate_rejects_wrong_advantage_count():
     x = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="one value per row"):
-        F.sequence_clipped_surrogate(x, x, torch.zeros(3), torch.ones(2, 3), 0.2, 0.2)
+        policy_losses.sequence_clipped_surrogate(x, x, torch.zeros(3), torch.ones(2, 3), 0.2, 0.2)
 
 
 # ------------------------------------------------------------------------- KL
@@ -425,8 +426,8 @@ def _micro_batch_case():
 SPLITS = [(0, 2), (2, 5), (5, 7)]
 
 SURROGATES = {
-    "token": lambda logp, old, adv, mask: F.clipped_surrogate(logp, old, adv, 0.2, 0.28)[0],
-    "sequence": lambda logp, old, adv, mask: F.sequence_clipped_surrogate(
+    "token": lambda logp, old, adv, mask: policy_losses.clipped_surrogate(logp, old, adv, 0.2, 0.28)[0],
+    "sequence": lambda logp, old, adv, mask: policy_losses.sequence_clipped_surrogate(
         logp, old, adv, mask, 0.2, 0.28
     )[0],
 }
@@ -463,8 +464,8 @@ def test_surrogates_and_kl_keep_dtype_and_handle_empty_rows(dtype):
     adv = torch.tensor([1.0, -1.0], dtype=dtype)
     mask = torch.tensor([[1, 1, 0], [0, 0, 0]], dtype=torch.bool)
     outs = [
-        F.clipped_surrogate(logp, ref, adv, 0.2, 0.28)[0],
-        F.sequence_clipped_surrogate(logp, ref, adv, mask, 0.2, 0.28)[0],
+        policy_losses.clipped_surrogate(logp, ref, adv, 0.2, 0.28)[0],
+        policy_losses.sequence_clipped_surrogate(logp, ref, adv, mask, 0.2, 0.28)[0],
         *(F.kl_estimate(logp, ref, name) for name in F.KL_ESTIMATORS),
     ]
     for out in outs:

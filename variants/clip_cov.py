@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms import policy_losses
 from grpo_lightning.training.settings import require
 from variants.covariance import CovarianceRule, clip_cov_tokens, token_covariance
 
@@ -75,7 +76,7 @@ class ClipCov(CovarianceRule):
 
     def choose_tokens(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
         """``I_clip`` of one minibatch."""
-        _, clipped_low, clipped_high = F.clipped_surrogate(logp, old_logp, advantages, self.clip_eps_low, self.clip_eps_high)
+        _, clipped_low, clipped_high = policy_losses.clipped_surrogate(logp, old_logp, advantages, self.clip_eps_low, self.clip_eps_high)
         cov = token_covariance(logp, advantages, mask)
         return clip_cov_tokens(cov, mask, self.clip_cov_ratio, self.clip_cov_lb, self.clip_cov_ub, self.generator(),
                                exclude=clipped_low | clipped_high)  # fmt: skip

@@ -6,7 +6,7 @@ where the surrogate is per token) and returns ``(loss [N, T], shares)``: the los
 nor aggregated, and the token shares to log (``name -> [N, T]`` flags or values, averaged over the
 mask), kept apart from the math. Its settings are keyword arguments named as the module's options
 (``loss.clip_eps_low``, ``tau_pos``, ...): a module passes those it has, the function's defaults (the
-paper's) stand for the rest. PPO, GSPO, CISPO, SAPO and GMPO are :mod:`grpo_lightning.algorithms.functional`'s;
+paper's) stand for the rest. PPO, GSPO, CISPO, SAPO and GMPO are in :mod:`grpo_lightning.algorithms.policy_losses`;
 the others are here.
 """
 
@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms import policy_losses
 
 #: The module's options that bound the ratio; a surrogate that reads none of some has no place for them.
 CLIP_OPTIONS = ("clip_eps_low", "clip_eps_high", "delta", "clip_ratio_c")
@@ -41,13 +42,13 @@ def per_token(advantages: Tensor, logp: Tensor) -> Tensor:
 
 def ppo_clip(logp, old_logp, advantages, mask, *, clip_eps_low=0.2, clip_eps_high=0.2, delta=None, clip_ratio_c=None):
     """PPO / DeepSeekMath eq. 3: ``-min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``, ``r = pi / pi_old``
-    (:func:`grpo_lightning.algorithms.functional.clipped_surrogate`; ``delta`` caps ``r`` in the unclipped term).
+    (:func:`grpo_lightning.algorithms.policy_losses.clipped_surrogate`; ``delta`` caps ``r`` in the unclipped term).
 
     Dual clip (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL"; verl's
     ``clip_ratio_c``): where ``A < 0`` the loss is also bounded, ``min(loss, -c A)``, so a token
     whose ratio grew far cannot dominate; ``clip_ratio/dual`` is the share it binds on. For
     ``c > 1 + eps_high`` it equals ``delta = c``."""
-    loss, low, high = F.clipped_surrogate(logp, old_logp, advantages, clip_eps_low, clip_eps_high, delta)
+    loss, low, high = policy_losses.clipped_surrogate(logp, old_logp, advantages, clip_eps_low, clip_eps_high, delta)
     shares = clip_shares(low, high)
     if clip_ratio_c is not None:
         loss, shares["clip_ratio/dual"] = dual_clip(loss, per_token(advantages, logp), clip_ratio_c)
@@ -65,28 +66,28 @@ def dual_clip(loss: Tensor, advantages: Tensor, c: float) -> tuple[Tensor, Tenso
 
 def gspo(logp, old_logp, advantages, mask, *, clip_eps_low=3e-4, clip_eps_high=4e-4):
     """GSPO eqs. 5-7: the clipped surrogate of the sequence ratio ``s_i = exp(mean_t log r_it)``,
-    on every token of sequence ``i`` (:func:`grpo_lightning.algorithms.functional.sequence_clipped_surrogate`)."""
-    loss, low, high = F.sequence_clipped_surrogate(logp, old_logp, advantages, mask, clip_eps_low, clip_eps_high)
+    on every token of sequence ``i`` (:func:`grpo_lightning.algorithms.policy_losses.sequence_clipped_surrogate`)."""
+    loss, low, high = policy_losses.sequence_clipped_surrogate(logp, old_logp, advantages, mask, clip_eps_low, clip_eps_high)
     return loss, clip_shares(low, high)
 
 
 def cispo(logp, old_logp, advantages, mask, *, clip_eps_low=None, clip_eps_high=5.0):
     """CISPO (MiniMax-M1 eqs. 4-5): ``-sg(clip(r, 1 - eps_low, 1 + eps_high)) A log pi``; no lower
-    bound for ``eps_low = None`` (:func:`grpo_lightning.algorithms.functional.clipped_weight_log_likelihood`)."""
-    loss, low, high = F.clipped_weight_log_likelihood(logp, old_logp, advantages, clip_eps_low, clip_eps_high)
+    bound for ``eps_low = None`` (:func:`grpo_lightning.algorithms.policy_losses.clipped_weight_log_likelihood`)."""
+    loss, low, high = policy_losses.clipped_weight_log_likelihood(logp, old_logp, advantages, clip_eps_low, clip_eps_high)
     return loss, clip_shares(low, high)
 
 
 def sapo(logp, old_logp, advantages, mask, *, tau_pos=1.0, tau_neg=1.05):
     """SAPO: ``-(4 / tau) sigmoid(tau (r - 1)) A``, ``tau = tau_pos`` where ``A > 0``, else ``tau_neg``
-    (:func:`grpo_lightning.algorithms.functional.soft_gated_surrogate`). No clip, nothing to log."""
-    return F.soft_gated_surrogate(logp, old_logp, advantages, tau_pos, tau_neg), {}
+    (:func:`grpo_lightning.algorithms.policy_losses.soft_gated_surrogate`). No clip, nothing to log."""
+    return policy_losses.soft_gated_surrogate(logp, old_logp, advantages, tau_pos, tau_neg), {}
 
 
 def gmpo(logp, old_logp, advantages, mask, *, clip_eps_low=0.4, clip_eps_high=0.4):
     """GMPO: ``-A_i exp(mean_t d'_it)``, the geometric mean of the token ratios, each clipped in log
-    space by the sign of ``A`` (:func:`grpo_lightning.algorithms.functional.geometric_mean_surrogate`)."""
-    loss, low, high = F.geometric_mean_surrogate(logp, old_logp, advantages, mask, clip_eps_low, clip_eps_high)
+    space by the sign of ``A`` (:func:`grpo_lightning.algorithms.policy_losses.geometric_mean_surrogate`)."""
+    loss, low, high = policy_losses.geometric_mean_surrogate(logp, old_logp, advantages, mask, clip_eps_low, clip_eps_high)
     return loss, clip_shares(low, high)
 
 
