@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 import grpo_lightning.rollout.engine.generator as engine_module
+import grpo_lightning.rollout.engine.model_forward as model_forward
 from grpo_lightning.rollout.engine import (
     StaticCacheGenerator,
     cumulative_count_sample,
@@ -414,7 +415,7 @@ def test_repeated_prompts_greedy_match_generate_also_when_the_model_bypasses_upd
     def writes_elsewhere(cache, distinct, inverse, written):
         return new_static_cache(model.config, len(distinct), 32, torch.device("cpu"), torch.float32)  # the engine's length
 
-    monkeypatch.setattr(engine_module, "shared_prefill_cache", writes_elsewhere)
+    monkeypatch.setattr(model_forward, "shared_prefill_cache", writes_elsewhere)
     out = static_greedy(StaticCacheGenerator(model, len(prompts), 32), tokenizer, prompts, eos)
     assert torch.equal(out, reference)
 
