@@ -191,9 +191,9 @@ def parse_fit_command(arguments: list[str], name: str, cli: Any = None) -> tuple
 
 
 def parse_error_line(error: BaseException) -> str:
-    """What ``grpo-lightning fit`` says of a parse error (:func:`grpo_lightning.cli.app.user_error_message`),
+    """What ``grpo-lightning fit`` says of a parse error (:func:`grpo_lightning.cli.user_errors.user_error_message`),
     on one line; a missing required setting is named with where a sweep gives it."""
-    from grpo_lightning.cli.app import user_error_message
+    from grpo_lightning.cli.user_errors import user_error_message
 
     texts = "\n".join(str(e) for e in (error, error.__cause__, error.__context__) if e is not None)
     required = re.search(r'Parser key "(\w+)".*?the following arguments are required: ([\w, ]+)', texts, re.S)

@@ -4,13 +4,12 @@ Each group is a frozen dataclass that checks itself when it is made: a wrong typ
 :class:`~grpo_lightning.errors.ConfigError` naming the field (``loss.delta``) and the fix. A variant
 sets its defaults as its groups' defaults (DAPO: ``loss=LossOptions(clip_eps_high=0.28)``); a dict
 (a checkpoint's hyperparameters, a partial group in Python) overrides the fields it names of the
-variant's group (:meth:`OptionGroup.of`). Checks that need two groups, or the variant, are the
-module's (:mod:`grpo_lightning.training.settings`).
+variant's group (:meth:`~grpo_lightning.training.option_group.OptionGroup.of`). Checks that need two
+groups, or the variant, are the module's (:mod:`grpo_lightning.training.settings`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import math
 import numbers
@@ -22,8 +21,8 @@ import torch
 
 from grpo_lightning.algorithms import functional as F
 from grpo_lightning.algorithms import SURROGATES, check_part
-from grpo_lightning.training.argument_types import check_argument_types
 from grpo_lightning.errors import ConfigError
+from grpo_lightning.training.option_group import OptionGroup, require
 from grpo_lightning.rewards import RewardExecution, resolve_reward_function
 from grpo_lightning.rollout.types import ROLLOUT_MODES
 from grpo_lightning.algorithms.rollout_correction import CORRECTIONS
@@ -33,50 +32,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 CORRECTION_CAP = 2.0
 #: Values of ``rewards.aggregation``: the weighted sum as it is, or of per-group normalised scores (GDPO).
 REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
-
-
-def require(condition: bool, message: str) -> None:
-    """Raise :class:`ConfigError` with ``message`` unless ``condition`` holds."""
-    if not condition:
-        raise ConfigError(message)
-
-
-@dataclass(frozen=True)
-class OptionGroup:
-    """What every group shares: building from a dict, the type check, plain values. A dataclass
-    itself, so that the CLI shows each group as its fields (no ``class_path``)."""
-
-    #: The constructor argument of ``GroupPolicyOptimization`` that takes the group.
-    group: ClassVar[str] = ""
-
-    def __post_init__(self) -> None:
-        check_argument_types(type(self), {f.name: getattr(self, f.name) for f in fields(self)},
-                             field=f"{self.group}.", cli=f"--model.{self.group}.")  # fmt: skip
-        self.check()
-
-    def check(self) -> None:
-        """Raise :class:`ConfigError` for a value that cannot run (the types are checked already)."""
-
-    @classmethod
-    def of(cls, value: Any, preset: Any = None) -> Any:
-        """``value`` itself, or ``preset`` (default: the class's defaults) with the fields a dict
-        names (the CLI's, a checkpoint's hyperparameters); an unknown field is a :class:`ConfigError`."""
-        preset = cls() if preset is None else cls.of(preset)
-        if value is None:
-            return preset
-        if isinstance(value, Mapping):
-            names = [f.name for f in fields(cls)]
-            unknown = sorted(set(value) - set(names))
-            if unknown:
-                raise ConfigError(f"{cls.group}: no option {unknown[0]!r}; give {', '.join(names)}.")
-            return dataclasses.replace(preset, **value)
-        if not isinstance(value, cls):
-            raise ConfigError(f"{cls.group}: give {cls.__name__} or a dict of its fields, got {value!r}.")
-        return value
-
-    def state(self) -> dict[str, Any]:
-        """Plain values, for the hyperparameters (``hparams.yaml``, checkpoints, loggers)."""
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -470,55 +425,3 @@ def resolve_groups(variant: type, values: Mapping[str, Any]) -> dict[str, Option
     """Each group of ``values`` (a group, a dict of some of its fields, or ``None``) made and
     checked against ``variant``'s preset."""
     return {name: cls.of(values[name], preset(variant, name)) for name, cls in GROUPS.items()}
-
-
-#: Where each former flat argument of the constructor lives now (``--model.NAME`` -> ``--model.GROUP.FIELD``).
-MOVED = {
-    "tokenizer": "policy.tokenizer",
-    "dtype": "policy.dtype",
-    "gradient_checkpointing": "policy.gradient_checkpointing",
-    "attn_implementation": "policy.attn_implementation",
-    "disable_dropout": "policy.disable_dropout",
-    "peft_config": "policy.peft_config",
-    "use_chat_template": "policy.use_chat_template",
-    "group_size": "sampling.group_size",
-    "max_new_tokens": "sampling.max_new_tokens",
-    "min_new_tokens": "sampling.min_new_tokens",
-    "temperature": "sampling.temperature",
-    "top_p": "sampling.top_p",
-    "top_k": "sampling.top_k",
-    "rollout_mode": "sampling.mode",
-    "rollout_dtype": "sampling.dtype",
-    "rollout_seed": "sampling.seed",
-    "rollout_correction": "sampling.correction",
-    "rollout_correction_cap": "sampling.correction_cap",
-    "reward_funcs": "rewards.funcs",
-    "reward_weights": "rewards.weights",
-    "reward_execution": "rewards.execution",
-    "scale_rewards": "rewards.scale",
-    "reward_aggregation": "rewards.aggregation",
-    "surrogate": "loss.surrogate",
-    "clip_eps_low": "loss.clip_eps_low",
-    "clip_eps_high": "loss.clip_eps_high",
-    "delta": "loss.delta",
-    "clip_ratio_c": "loss.clip_ratio_c",
-    "off_policy_mask_threshold": "loss.off_policy_mask_threshold",
-    "entropy_coef": "loss.entropy_coef",
-    "top_entropy_quantile": "loss.top_entropy_quantile",
-    "mask_truncated_completions": "loss.mask_truncated_completions",
-    "beta": "kl.beta",
-    "kl_estimator": "kl.estimator",
-    "unbiased_kl": "kl.unbiased",
-    "ppo_epochs": "optim.ppo_epochs",
-    "minibatch_size": "optim.minibatch_size",
-    "micro_batch_size": "optim.micro_batch_size",
-    "learning_rate": "optim.learning_rate",
-    "weight_decay": "optim.weight_decay",
-    "warmup_steps": "optim.warmup_steps",
-    "max_grad_norm": "optim.max_grad_norm",
-    "max_nonfinite_steps": "optim.max_nonfinite_steps",
-    "val_temperature": "evaluation.temperature",
-    "val_max_new_tokens": "evaluation.max_new_tokens",
-    "val_samples": "evaluation.samples",
-    "accuracy_func": "evaluation.accuracy_func",
-}

@@ -1,0 +1,237 @@
+"""Which errors of a run are the user's (a setting, a path, a reward function), and the one line that tells them the fix."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import os
+import re
+from types import TracebackType
+
+import yaml
+
+from grpo_lightning.cli.resources import config_dir
+from grpo_lightning.rewards.scoring import RewardFunctionError
+from grpo_lightning.training.nonfinite import NonFiniteTrainingError
+from grpo_lightning.training.options import GROUPS, field_names
+from grpo_lightning.training.settings import ConfigError
+
+#: Where each former flat argument of the constructor lives now (``--model.NAME`` -> ``--model.GROUP.FIELD``).
+MOVED = {
+    "tokenizer": "policy.tokenizer",
+    "dtype": "policy.dtype",
+    "gradient_checkpointing": "policy.gradient_checkpointing",
+    "attn_implementation": "policy.attn_implementation",
+    "disable_dropout": "policy.disable_dropout",
+    "peft_config": "policy.peft_config",
+    "use_chat_template": "policy.use_chat_template",
+    "group_size": "sampling.group_size",
+    "max_new_tokens": "sampling.max_new_tokens",
+    "min_new_tokens": "sampling.min_new_tokens",
+    "temperature": "sampling.temperature",
+    "top_p": "sampling.top_p",
+    "top_k": "sampling.top_k",
+    "rollout_mode": "sampling.mode",
+    "rollout_dtype": "sampling.dtype",
+    "rollout_seed": "sampling.seed",
+    "rollout_correction": "sampling.correction",
+    "rollout_correction_cap": "sampling.correction_cap",
+    "reward_funcs": "rewards.funcs",
+    "reward_weights": "rewards.weights",
+    "reward_execution": "rewards.execution",
+    "scale_rewards": "rewards.scale",
+    "reward_aggregation": "rewards.aggregation",
+    "surrogate": "loss.surrogate",
+    "clip_eps_low": "loss.clip_eps_low",
+    "clip_eps_high": "loss.clip_eps_high",
+    "delta": "loss.delta",
+    "clip_ratio_c": "loss.clip_ratio_c",
+    "off_policy_mask_threshold": "loss.off_policy_mask_threshold",
+    "entropy_coef": "loss.entropy_coef",
+    "top_entropy_quantile": "loss.top_entropy_quantile",
+    "mask_truncated_completions": "loss.mask_truncated_completions",
+    "beta": "kl.beta",
+    "kl_estimator": "kl.estimator",
+    "unbiased_kl": "kl.unbiased",
+    "ppo_epochs": "optim.ppo_epochs",
+    "minibatch_size": "optim.minibatch_size",
+    "micro_batch_size": "optim.micro_batch_size",
+    "learning_rate": "optim.learning_rate",
+    "weight_decay": "optim.weight_decay",
+    "warmup_steps": "optim.warmup_steps",
+    "max_grad_norm": "optim.max_grad_norm",
+    "max_nonfinite_steps": "optim.max_nonfinite_steps",
+    "val_temperature": "evaluation.temperature",
+    "val_max_new_tokens": "evaluation.max_new_tokens",
+    "val_samples": "evaluation.samples",
+    "accuracy_func": "evaluation.accuracy_func",
+}
+
+#: Frames of the methods that read the user's settings, paths and data before any training: an
+#: error raised under one of them is a problem of the configuration, reported in one line.
+SETUP_FUNCTIONS = frozenset({"setup", "prepare_data", "load", "configure_model", "load_models", "on_fit_start"})
+
+#: Always a user's error, wherever raised.
+USER_ERRORS = (ConfigError, RewardFunctionError, NonFiniteTrainingError)
+
+def variant_names() -> list[str]:
+    """Class paths of the shipped variants (``variants.GRPO``, ...), read from the shipped
+    ``configs/variant/*.yaml`` (the package never imports ``variants``)."""
+    names = []
+    for path in sorted((config_dir() / "variant").glob("*.yaml")):
+        model = (yaml.safe_load(path.read_text()) or {}).get("model") or {}
+        if model.get("class_path"):
+            names.append(model["class_path"])
+    return names
+
+
+def init_parameters(class_path: str) -> list[str]:
+    """Names of the ``__init__`` arguments of ``class_path`` and of its bases (``**kwargs`` forwarding)."""
+    module_name, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError):
+        return []
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        for parameter in inspect.signature(klass.__init__).parameters.values():
+            if parameter.name != "self" and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+                names.append(parameter.name)
+    return list(dict.fromkeys(names))
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and its causes, outermost first."""
+    chain: list[BaseException] = []
+    while error is not None and all(error is not seen for seen in chain):
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    return chain
+
+
+def _raised_in_setup(tb: TracebackType | None) -> bool:
+    while tb is not None:
+        frame = tb.tb_frame
+        owner = frame.f_locals.get("self")
+        if frame.f_code.co_name in SETUP_FUNCTIONS and owner is not None:
+            if any(c.__name__ in ("LightningModule", "LightningDataModule") for c in type(owner).__mro__):
+                return True
+        tb = tb.tb_next
+    return False
+
+
+def _raised_by_project(error: BaseException) -> bool:
+    """Whether ``error`` was raised in this package's or the variants' code."""
+    tb = error.__traceback__
+    last = None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    filename = last.tb_frame.f_code.co_filename if last is not None else ""
+    return any(part in filename for part in (f"{os.sep}grpo_lightning{os.sep}", f"{os.sep}variants{os.sep}"))
+
+
+def _first_line_block(text: str, limit: int = 6) -> str:
+    lines = [line.rstrip() for line in str(text).strip().splitlines() if line.strip()]
+    return "\n".join(lines[:limit])
+
+
+def user_error_message(error: BaseException, parsing: bool) -> str | None:
+    """The message to show for ``error`` when it is the user's (a setting, a path, a reward
+    function), else ``None`` (a bug: the traceback is shown). ``parsing``: raised while the
+    configuration was parsed or instantiated, where every ``ValueError``/``TypeError`` is the user's."""
+    chain = _chain(error)
+    texts = "\n".join(str(e) for e in chain)
+    # An unknown class path: list what --model (or --data) accepts.
+    unknown = re.search(r"Problem with given class_path '([\w.]+)':\s*\n?\s*(?:module '[\w.]+' has no attribute|No module named)", texts)
+    if unknown is None:
+        unknown = re.search(r"(?:Expected a path but|--model\.help: Expected a dot import path string:) ([\w.]+)", texts)
+    if unknown is not None and not any(isinstance(e, USER_ERRORS) for e in chain):
+        path = unknown.group(1)
+        if path.startswith("variants.") or "Parser key \"model\"" in texts or "--model" in texts:
+            choices = variant_names()
+            names = {choice.rpartition(".")[2].lower(): choice for choice in choices}
+            close = difflib.get_close_matches(path.rpartition(".")[2].lower(), list(names), n=1, cutoff=0.6)
+            hint = f" Did you mean {names[close[0]]}?" if close else ""
+            return f"--model: unknown variant {path!r}; give one of {', '.join(choices)} (or a subclass's import path).{hint}"
+        return f"{path!r} is not an importable class path; check the spelling and that its package is installed."
+    # An unknown option of a class: suggest the nearest valid one.
+    option = re.search(r"Option '([\w.]+)' is not accepted", texts)
+    if option is not None:
+        name = option.group(1)
+        owner = re.search(r"Problem with given class_path '([\w.]+)'", texts)
+        key = re.search(r'Parser key "(\w+)"', texts)
+        group = f"--{key.group(1)}." if key else "--"
+        choices = init_parameters(owner.group(1)) if owner else []
+        if group == "--model." and name in MOVED:  # a setting of a former release, now in a group
+            return f"{group}{name} moved to {group}{MOVED[name]}; give --model.{MOVED[name]} (in YAML: {MOVED[name]} under init_args)."
+        nested = {
+            field: f"{option}.{field}"
+            for option, cls in GROUPS.items()
+            if option in choices
+            for field in field_names(cls)
+        }
+        close = difflib.get_close_matches(name, [*choices, *nested], n=1, cutoff=0.6)
+        close = [nested.get(close[0], close[0])] if close and close[0] not in choices else close
+        hint = f"; did you mean {group}{close[0]}?" if close else f"; valid options: {', '.join(choices)}." if choices else "."
+        where = f" of {owner.group(1)}" if owner else ""
+        return f"{group}{name}: no such option{where}{hint}"
+    # An unknown option of the parser itself (--trainer.*, --seed_everything, ...).
+    unrecognized = re.search(r"unrecognized arguments: (--[\w.]+)", texts)
+    if unrecognized is not None:
+        name = unrecognized.group(1).partition("=")[0]
+        close = difflib.get_close_matches(name, getattr(error, "option_names", []), n=1, cutoff=0.6)
+        return f"{name}: no such option" + (f"; did you mean {close[0]}?" if close else "; see --help.")
+    # The innermost of the project's own errors (jsonargparse wraps what the constructors raise).
+    for candidate in reversed(chain):
+        if isinstance(candidate, USER_ERRORS):
+            return _first_line_block(candidate)
+    refused = _refused_type(chain) if parsing else None
+    if refused is not None:
+        return refused
+    if parsing or _raised_in_setup(error.__traceback__):
+        for candidate in reversed(chain):
+            if isinstance(candidate, (ValueError, TypeError, FileNotFoundError)) and _raised_by_project(candidate):
+                return _first_line_block(candidate)
+    if parsing:  # a Trainer or callback argument Lightning refuses
+        for candidate in reversed(chain):
+            if type(candidate).__name__ == "MisconfigurationException":
+                return _first_line_block(candidate)
+    innermost = chain[-1]
+    in_setup = _raised_in_setup(error.__traceback__)
+    if isinstance(innermost, (ValueError, TypeError, FileNotFoundError)) and (parsing or in_setup):
+        if type(innermost).__module__.startswith("jsonargparse") or type(innermost).__name__ == "ArgumentError":
+            return _first_line_block(innermost, limit=3)
+        return _first_line_block(innermost)
+    if isinstance(innermost, OSError) and in_setup:
+        return _first_line_block(innermost)
+    if type(error).__name__ == "ArgumentError":  # any other parse error: jsonargparse's own message
+        return _first_line_block(error, limit=3)
+    return None
+
+
+#: How :func:`_refused_type` names the types jsonargparse expects.
+TYPE_WORDS = {
+    "float": "a finite number", "int": "an integer", "bool": "true or false", "str": "a string", "NoneType": "null",
+}  # fmt: skip
+
+
+def _refused_type(chain: list[BaseException]) -> str | None:
+    """jsonargparse's refusal of a value (``Expected a <class 'float'>. Got value: inf``, under
+    ``Parser key`` errors) as ``--model.optim.learning_rate: must be a finite number (got 'inf').``"""
+    got = re.fullmatch(r"Expected a (.+?)\. Got value: (.*)", str(chain[-1]), re.S)
+    keys: list[str] = []
+    for error in chain:
+        key = re.match(r'Parser key "([\w.]+)":', str(error))
+        if key and key.group(1) not in keys[-1:]:
+            keys.append(key.group(1))
+    if got is None or not keys:
+        return None
+    kinds = re.findall(r"<class '(\w+)'>|typing\.Literal\[(.*?)\]", got.group(1))
+    words = [f"one of {literal}" if literal else TYPE_WORDS.get(name, f"a {name}") for name, literal in kinds]
+    innermost = next(str(e) for e in reversed(chain) if str(e).startswith(f'Parser key "{keys[-1]}"'))
+    if "<class 'NoneType'>" in innermost and "null" not in words:  # an Optional option
+        words.append("null")
+    return f"--{'.'.join(keys)}: must be {' or '.join(words) or got.group(1)} (got {got.group(2)!r})."
