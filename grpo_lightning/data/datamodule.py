@@ -10,159 +10,16 @@ import torch
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from lightning import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_warn
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
 from grpo_lightning.training.argument_types import check_argument_types
 from grpo_lightning.data.arithmetic import TERSE_TEMPLATE, check_arithmetic_arguments, make_arithmetic_dataset
-from grpo_lightning.data.checks import check_prompts, check_text_file
+from grpo_lightning.data.checks import check_prompts
+from grpo_lightning.data.files import FILE_BUILDERS, load_file, looks_local, split_files
+from grpo_lightning.data.loaders import ResumableDataLoader, ResumableSampler
 from grpo_lightning.errors import ConfigError
 
 Batch = dict[str, list[Any]]
-
-FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
-
-#: File stems of a folder's data files, by the split each holds.
-SPLIT_STEMS = {"train": ("train",), "validation": ("validation", "valid", "val", "dev"), "test": ("test",)}
-
-
-def _split_files(folder: str) -> dict[str, str]:
-    """``{split: file}`` for the data files of ``folder`` named by split (``train.jsonl``, ...)."""
-    found = {}
-    for name in sorted(os.listdir(folder)):
-        stem, extension = os.path.splitext(name)
-        if extension.lower() not in FILE_BUILDERS:
-            continue
-        for split, stems in SPLIT_STEMS.items():
-            if stem.lower() in stems and split not in found:
-                found[split] = os.path.join(folder, name)
-    return found
-
-
-def _looks_local(path: str) -> bool:
-    """A path a user means as a local file or folder: a data-file extension, an explicit start
-    (``/``, ``./``, ``../``, ``~``) or more than one ``/`` (a hub id is ``owner/name``)."""
-    return (
-        os.path.splitext(path)[1].lower() in FILE_BUILDERS
-        or path.startswith(("/", "./", "../", "~"))
-        or path.count("/") > 1
-        or os.sep != "/" and os.sep in path
-    )
-
-
-def _load_file(path: str, field: str) -> Dataset:
-    """One data file as a ``Dataset``, with a clear error for an unsupported or empty file, bytes
-    that are not UTF-8 and lines that are not JSON objects (:func:`~grpo_lightning.data.checks.check_text_file`),
-    and any other error of the reader naming the file."""
-    extension = os.path.splitext(path)[1].lower()
-    if extension not in FILE_BUILDERS:
-        raise ConfigError(
-            f"{field}={path!r} has an unsupported extension {extension!r}; "
-            f"use one of {sorted(FILE_BUILDERS)} or a directory written by save_to_disk."
-        )
-    if extension in (".json", ".jsonl", ".csv"):
-        check_text_file(path, field)
-    try:
-        return load_dataset(FILE_BUILDERS[extension], data_files={"rows": path})["rows"]
-    except Exception as error:
-        cause: BaseException = error
-        for _ in range(20):  # the reader's own error, under the wrappers of datasets
-            if (cause.__cause__ or cause.__context__) is None:
-                break
-            cause = cause.__cause__ or cause.__context__
-        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-        raise ConfigError(
-            f"{field}={path!r} could not be read as {FILE_BUILDERS[extension]} ({type(cause).__name__}: {reason}); "
-            "fix the file, or give the rows as JSON lines (one JSON object per line)."
-        ) from error
-
-
-
-class ResumableSampler(DistributedSampler):
-    """This rank's share of a seeded shuffle of the dataset, which can start mid-epoch.
-
-    Epoch ``e`` is the permutation drawn from a generator seeded with ``seed + e`` (epoch 0 is the
-    order a ``DataLoader(shuffle=True, generator=torch.Generator().manual_seed(seed))`` gives),
-    dealt to the ranks in turn. ``start`` skips that many of this rank's samples in the next
-    iteration only; :class:`ResumableDataLoader` sets it when it restores a data position.
-
-    A ``DistributedSampler``, so Lightning keeps it under DDP and FSDP instead of replacing it.
-    """
-
-    def __init__(self, dataset: Any, *, seed: int = 0, num_replicas: int = 1, rank: int = 0) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
-        self.start = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self.start = 0  # a restored position belongs to the epoch it was saved in
-        super().set_epoch(epoch)
-
-    def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        torch.empty((), dtype=torch.int64).random_(generator=generator)  # the draw DataLoader makes first
-        order = torch.randperm(len(self.dataset), generator=generator).tolist()
-        mine = order[: self.total_size][self.rank :: self.num_replicas]
-        start, self.start = self.start, 0
-        return iter(mine[start:])
-
-
-class ResumableDataLoader(DataLoader):
-    """A DataLoader over a :class:`ResumableSampler` whose state is its data position.
-
-    ``state_dict()`` holds the epoch and how many of its batches were served. Lightning saves it
-    in every checkpoint and, on ``ckpt_path``, restores it before iterating, so a resumed fit
-    continues the epoch's order with the first batch it had not served.
-
-    While a batch is out, ``upcoming`` is the batch served after it (``None`` at the epoch's end),
-    not yet counted as served: the next batch's rollout can start before it is asked for
-    (:class:`grpo_lightning.rollout.stale.StaleRollouts` with ``overlap``).
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if not isinstance(self.sampler, ResumableSampler):
-            raise TypeError(f"ResumableDataLoader needs a ResumableSampler, got {type(self.sampler).__name__}.")
-        self.position = (self.sampler.epoch, 0)  # (epoch, batches of it served)
-        self.upcoming: Any | None = None
-
-    def __iter__(self):
-        epoch, served = self.sampler.epoch, self.sampler.start // self.batch_size
-        self.position = (epoch, served)
-        batches = super().__iter__()
-        self.upcoming = next(batches, None)
-        while self.upcoming is not None:
-            batch, self.upcoming = self.upcoming, next(batches, None)
-            served += 1
-            self.position = (epoch, served)
-            yield batch
-
-    def state_dict(self) -> dict[str, Any]:
-        epoch, batches = self.position
-        return {
-            "epoch": epoch,
-            "batches": batches,
-            "batch_size": self.batch_size,
-            "num_replicas": self.sampler.num_replicas,
-            "seed": self.sampler.seed,
-        }
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        epoch, batches = state_dict["epoch"], state_dict["batches"]
-        saved = (state_dict["batch_size"], state_dict["num_replicas"])
-        current = (self.batch_size, self.sampler.num_replicas)
-        if saved != current:
-            # Same global prefix of the epoch's order, counted in the new batches.
-            samples = batches * saved[0] * saved[1]
-            batches = samples // (current[0] * current[1])
-            rank_zero_warn(
-                f"The checkpoint's data position was saved with batch_size x devices = {saved[0]} x {saved[1]}, "
-                f"this run has {current[0]} x {current[1]}: resuming epoch {epoch} after {samples} samples "
-                f"(batch {batches}); the resumed run is not an exact continuation."
-            )
-        self.sampler.seed = state_dict.get("seed", self.sampler.seed)
-        self.sampler.epoch = epoch
-        self.sampler.start = batches * self.batch_size
-        self.position = (epoch, batches)
 
 
 def _check_val_set_names(val_sets: dict[str, str]) -> None:
@@ -293,7 +150,7 @@ class PromptDataModule(LightningDataModule):
         hub dataset. A path that looks local is never looked up on the hub."""
         path = os.path.expanduser(path)
         if os.path.isdir(path):
-            files = _split_files(path)
+            files = split_files(path)
             if files:
                 return DatasetDict({split: self._read(file, f"data.{field}") for split, file in files.items()})
             try:
@@ -307,7 +164,7 @@ class PromptDataModule(LightningDataModule):
             return loaded if isinstance(loaded, DatasetDict) else DatasetDict({self.train_split: loaded})
         if os.path.isfile(path):
             return DatasetDict({self.train_split: self._read(path, f"data.{field}")})
-        if _looks_local(path):
+        if looks_local(path):
             raise ConfigError(
                 f"data.{field}={path!r}: no such file or folder (looked in {os.getcwd()}); check the path."
             )
@@ -321,7 +178,7 @@ class PromptDataModule(LightningDataModule):
             ) from error
 
     def _read(self, path: str, field: str) -> Dataset:
-        dataset = _load_file(path, field)
+        dataset = load_file(path, field)
         self._files[id(dataset)] = (dataset, path)
         return dataset
 

@@ -17,7 +17,7 @@ batch's reference pass and update run: when ``training_step`` takes its rollout,
 snapshots the weights its update starts from and starts the next batch's rollout from them. The
 samples are those of the run without overlap (with ``rollout_seed``, the same tokens), and the
 ``rollout`` phase (``perf/rollout_s``) is the wait for the worker. The next batch is the one the
-project's dataloaders (:class:`grpo_lightning.data.ResumableDataLoader`) hold ahead; the first
+project's dataloaders (:class:`grpo_lightning.data.loaders.ResumableDataLoader`) hold ahead; the first
 batch of each epoch and the one after a validation are sampled in place, and so is every batch of
 another dataloader. A ``training_step`` that samples otherwise than the base module's turns the
 overlap off, with a warning. Without overlap (the CPU's default) the same staleness lets a variant's
@@ -38,7 +38,7 @@ from grpo_lightning.errors import ConfigError
 
 def upcoming_batch(trainer: Any) -> Any | None:
     """The training batch after the current one, where the training dataloader tells it ahead
-    (:class:`grpo_lightning.data.ResumableDataLoader`'s ``upcoming``; ``None`` at an epoch's end)."""
+    (:class:`grpo_lightning.data.loaders.ResumableDataLoader`'s ``upcoming``; ``None`` at an epoch's end)."""
     return getattr(trainer.train_dataloader, "upcoming", None)
 
 
