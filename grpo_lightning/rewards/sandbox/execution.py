@@ -39,12 +39,10 @@ from grpo_lightning.rewards.calls import CallLost, EventLoop, Outcome, RewardTim
 from grpo_lightning.rewards.calls import call_batch_async, describe_error, with_deadline
 from grpo_lightning.rewards.calls import arguments as take_rows
 from grpo_lightning.rewards.scoring import GROUP_INDEX, RESERVED_COLUMNS, RewardFunction, RewardFunctionError
-from grpo_lightning.rewards.scoring import accepts_group_index, completion_text, names_group_index
+from grpo_lightning.rewards.scoring import accepts_group_index, names_group_index
+from grpo_lightning.rewards.sandbox.returned_scores import Failure, as_scores, preview
 
 ON_ERROR = ("raise", "zero", "skip_group")
-PREVIEW_CHARS = 80
-#: The largest score kept: scores are float32, where anything larger becomes inf.
-FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 class RewardFunctionWarning(UserWarning):
@@ -112,14 +110,6 @@ class _Plan(NamedTuple):
 
     def units(self) -> list[list[int]]:
         return _units(self.groups, self.per_sample)
-
-
-@dataclass
-class _Failure:
-    rows: list[int]
-    message: str
-    error: BaseException | None = None  # what the function raised
-    nan: bool = False  # it returned NaN (counted for the health checks)
 
 
 def is_async(function: Callable) -> bool:
@@ -248,17 +238,17 @@ class RewardScorer:
 
     # ---------------------------------------------------------------- outcomes and the policy
 
-    def _collect(self, name: str, parts, prompts: list, completions: list) -> tuple[list[float], list[_Failure]]:
+    def _collect(self, name: str, parts, prompts: list, completions: list) -> tuple[list[float], list[Failure]]:
         """The function's scores (NaN where it did not score) and its failures, from its calls' outcomes."""
         values, failures = [math.nan] * len(completions), []
 
         def where(rows: list[int], what: str | None = None) -> str:
             row = rows[0]
-            shown = f"prompt={_preview(prompts[row])!r}, completion={_preview(completions[row])!r}"
+            shown = f"prompt={preview(prompts[row])!r}, completion={preview(completions[row])!r}"
             return f"{what or _where(rows)}; {shown}"
 
         def take_scores(returned: Any, rows: list[int]) -> None:
-            scores, bad = _as_scores(name, returned, rows, where)
+            scores, bad = as_scores(name, returned, rows, where)
             failures.extend(bad)
             for row, score in zip(rows, scores):
                 values[row] = score
@@ -269,21 +259,21 @@ class RewardScorer:
             elif isinstance(outcome.error, CallLost):  # past the deadline, or its worker process died
                 limit = " (rewards.execution.timeout_s)" if isinstance(outcome.error, RewardTimeout) else ""
                 batch = f"a batch of {len(rows)} completions{limit}"
-                failures.append(_Failure(rows, f"reward function {name!r} {outcome.error} on {where(rows, batch)}."))
+                failures.append(Failure(rows, f"reward function {name!r} {outcome.error} on {where(rows, batch)}."))
             elif all(error is None for _, _, error in outcome.retries):
                 batch = f"the batch of {len(rows)} (no sample fails alone)"
                 message = f"reward function {name!r} raised {describe_error(outcome.error)} at {where(rows, batch)}."
-                failures.append(_Failure(rows, message, outcome.error))
+                failures.append(Failure(rows, message, outcome.error))
             else:
                 for unit, returned, error in outcome.retries:
                     if error is not None:
                         message = f"reward function {name!r} raised {describe_error(error)} at {where(units[unit])}."
-                        failures.append(_Failure(units[unit], message, error))
+                        failures.append(Failure(units[unit], message, error))
                     else:
                         take_scores(returned, units[unit])
         return values, sorted(failures, key=lambda failure: min(failure.rows))
 
-    def _apply_policy(self, index: int, name: str, failures: list[_Failure], per_function: Tensor, failed: Tensor):
+    def _apply_policy(self, index: int, name: str, failures: list[Failure], per_function: Tensor, failed: Tensor):
         first = failures[0]
         if self.execution.on_error == "raise":
             raise RewardFunctionError(first.message) from first.error
@@ -406,81 +396,3 @@ def _where(rows: list[int]) -> str:
         return f"sample {rows[0]}"
     contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
     return f"the group of samples {rows[0]}-{rows[-1]}" if contiguous else f"the group of samples {rows}"
-
-
-def _as_scores(
-    name: str, returned: Any, rows: list[int], where: Callable[[list[int]], str]
-) -> tuple[list[float], list[_Failure]]:
-    """One float per row (None -> NaN) and the failures: the whole return if it is no list of
-    ``len(rows)``, else each value that is not a finite number float32 holds, or None."""
-    count = len(rows)
-    expected = f"a list of {count} floats (or None), one per completion"
-    if isinstance(returned, torch.Tensor):
-        returned = returned.detach().cpu()
-    if hasattr(returned, "tolist"):  # tensors and numpy arrays
-        returned = returned.tolist()
-    if isinstance(returned, (str, bytes)) or not isinstance(returned, Sequence):
-        return [], [_Failure(rows, f"reward function {name!r} returned {_describe(returned)}; expected {expected}.")]
-    values = list(returned)
-    if len(values) != count:
-        got = f"returned {len(values)} values for {count} completions"
-        return [], [_Failure(rows, f"reward function {name!r} {got}; expected {expected}.")]
-    if count and all(value is None for value in values):
-        warnings.warn(
-            f"reward function {name!r} returned None for every completion of a batch: it scored nothing, so it "
-            "adds 0 to every reward; return a number per completion (None only where it does not apply).",
-            stacklevel=5,
-        )
-    scores, failures = [], []
-    for row, value in zip(rows, values):
-        score = _float32_score(value) if isinstance(value, numbers.Real) else None
-        if value is None:
-            scores.append(math.nan)
-        elif score is not None:
-            scores.append(score)
-        elif isinstance(value, numbers.Real):
-            scores.append(math.nan)
-            message = f"reward function {name!r} returned {_number_text(value)} for {where([row])}; expected a finite"
-            message += f" number of at most {FLOAT32_MAX:.4g} in magnitude (None where it does not apply)."
-            failures.append(_Failure([row], message, nan=_is_nan(value)))
-        else:
-            scores.append(math.nan)
-            failures.append(_Failure([row], f"reward function {name!r} returned {_describe(value)} for sample {row}; "
-                                            f"expected {expected}."))  # fmt: skip
-    return scores, failures
-
-
-def _float32_score(value: numbers.Real) -> float | None:
-    """``value`` as a float when float32 holds it finitely; ``None`` for NaN, infinities and numbers
-    past float32's range (``1e39`` would become inf in the rewards, ``10**400`` does not even fit a float)."""
-    try:
-        number = float(value)
-    except (OverflowError, ValueError, TypeError):
-        return None
-    return number if math.isfinite(number) and abs(number) <= FLOAT32_MAX else None
-
-
-def _is_nan(value: numbers.Real) -> bool:
-    try:
-        return math.isnan(value)
-    except (OverflowError, ValueError, TypeError):
-        return False
-
-
-def _number_text(value: numbers.Real) -> str:
-    """``value`` for a message, short even for an integer of thousands of digits."""
-    try:
-        return repr(float(value))
-    except (OverflowError, ValueError, TypeError):
-        if isinstance(value, numbers.Integral):
-            return f"an integer of about {int(int(value).bit_length() * math.log10(2)) + 1} digits"
-        return f"a {type(value).__name__} too large for a float"
-
-
-def _describe(value: Any) -> str:
-    return f"{type(value).__name__} {_preview(value)!r}"
-
-
-def _preview(value: Any) -> str:
-    text = completion_text(value) if isinstance(value, (list, dict)) else str(value)
-    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 3] + "..."
