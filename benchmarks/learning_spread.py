@@ -59,7 +59,8 @@ def worker(args: argparse.Namespace) -> None:
     from lightning.pytorch.callbacks import Callback
 
     from grpo_lightning.cli.app import GRPOLightningCLI
-    from grpo_lightning.quickstart.warmstart import read_marker, warm_start
+    from grpo_lightning.quickstart.cached_build import read_marker
+    from grpo_lightning.quickstart.warmstart import warm_start
 
     torch.set_num_threads(args.threads)
     model_dir = str(warm_start())

@@ -30,7 +30,7 @@ from grpo_lightning.agents.chat_tokens import ChatTokens
 from grpo_lightning.data.arithmetic import format_target, make_arithmetic_dataset
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_model_and_tokenizer, tiny_config
-from grpo_lightning.quickstart.warmstart import MARKER_FILE, build_once, default_cache_dir, environment, reproducible_cpu
+from grpo_lightning.quickstart.cached_build import MARKER_FILE, build_once, default_cache_dir, environment, reproducible_cpu
 
 _FORMAT_VERSION = 3
 _CALL_TRANSCRIPT_SHARE = 0.5  # of a batch at least, whatever ``call_fraction``: enough to learn copying the reply

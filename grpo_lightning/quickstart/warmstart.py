@@ -18,32 +18,30 @@ import argparse
 import hashlib
 import json
 import logging
-import platform
-import re
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
-from filelock import FileLock
 from datasets import Dataset, DatasetDict
-import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
 
 from grpo_lightning.data.arithmetic import TERSE_TEMPLATE, format_target, make_arithmetic_dataset
-from grpo_lightning.models.sources import cache_dir
+from grpo_lightning.quickstart.accuracy import generation_metrics
+from grpo_lightning.quickstart.cached_build import (
+    MARKER_FILE,
+    build_once,
+    default_cache_dir,
+    environment,
+    read_marker,
+    reproducible_cpu,
+)
 from grpo_lightning.quickstart.tiny import TEXT_ALPHABET, build_char_tokenizer, save_model_and_tokenizer, tiny_config
 
 logger = logging.getLogger(__name__)
 
-MARKER_FILE = "warm_start.json"
 _FORMAT_VERSION = 3  # 2: one thread, deterministic algorithms; 3: printable ASCII, prompts in words too
-_ANSWER_PATTERN = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_STRICT_FORMAT = re.compile(r"<answer>\d+</answer>")
 #: One training row in WORDED_EVERY is written in words, in one of WORDED_TEMPLATES in turn, so that
 #: the model reads a question in words and answers it in its format: a task a user writes in words
 #: starts from a model that answers. The dev rows (early stopping) and the validation split stay terse.
@@ -104,26 +102,6 @@ class WarmStartSettings:
         train = self.dataset()["train"]
         cut = len(train) - self.num_dev
         return train.select(range(cut)), train.select(range(cut, len(train)))
-
-
-def default_cache_dir() -> Path:
-    """``$GRPO_LIGHTNING_CACHE`` if set, else ``~/.cache/grpo_lightning`` (the project's cache)."""
-    return cache_dir()
-
-
-def build_once(output_dir: Path, is_current: Callable[[Path], bool], build: Callable[[Path], None]) -> Path:
-    """``output_dir`` as ``build`` writes it (its marker file last), unless ``is_current(marker)``
-    says the marker there is this build's. Processes started together (test workers, a sweep's
-    cells) build it once: the others wait on a file lock, then reuse it."""
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(output_dir.with_name(f".{output_dir.name}.lock")):
-        marker = output_dir / MARKER_FILE
-        if is_current(marker):
-            logger.info("Reusing %s", output_dir)
-        else:
-            marker.unlink(missing_ok=True)
-            build(output_dir)
-    return output_dir
 
 
 def warm_start(
@@ -214,50 +192,6 @@ def _train(settings: WarmStartSettings, output_dir: Path, log_every: int) -> Non
     }
     marker.write_text(json.dumps(record, indent=2) + "\n")
     logger.info("Warm start done in %.1f s (%d steps)", record["seconds"], training.stopped_at)
-
-
-def environment() -> dict[str, Any]:
-    """What a warm start's exact result depends on besides its settings (recorded in the marker).
-
-    The data, the initialisation and the batch order depend only on the settings (not on
-    ``PYTHONHASHSEED``); the floating-point rounding depends on the torch build and on the
-    vectorised kernels it picks for this CPU (``ATEN_CPU_CAPABILITY`` can force another).
-    """
-    return {
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "threads": _WARM_START_THREADS,
-    }
-
-
-_WARM_START_THREADS = 1
-
-
-@contextmanager
-def reproducible_cpu() -> Iterator[None]:
-    """One intra-op thread and deterministic algorithms inside; the caller's settings restored after.
-
-    One thread makes the reductions' order independent of the machine's core count (and is the
-    fastest choice for this tiny model anyway).
-    """
-    threads = torch.get_num_threads()
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.set_num_threads(_WARM_START_THREADS)
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
-        torch.set_num_threads(threads)
-
-
-def read_marker(model_dir: str | Path) -> dict[str, Any]:
-    """The record written after a completed warm start: settings, losses, dev accuracy, steps, seconds."""
-    return json.loads((Path(model_dir) / MARKER_FILE).read_text())
 
 
 def _marker_matches(marker: Path, settings: WarmStartSettings) -> bool:
@@ -405,71 +339,6 @@ def train_supervised(
                 )
     model.eval()
     return model, tokenizer, record
-
-
-def _extract_answer(completion: str) -> str | None:
-    match = _ANSWER_PATTERN.search(completion)
-    return match.group(1) if match else None
-
-
-@torch.no_grad()
-def generation_metrics(
-    model_dir: str | Path,
-    dataset: Dataset,
-    max_new_tokens: int = 16,
-    temperature: float = 0.0,
-    num_samples: int | None = None,
-    batch_size: int = 128,
-    seed: int = 0,
-) -> dict[str, float]:
-    """``accuracy`` and ``format_rate`` (exactly ``<answer>digits</answer>`` then EOS) on ``dataset``.
-
-    Decodes greedily when ``temperature == 0``, else samples at that temperature (no top-k/top-p).
-    ``num_samples`` limits evaluation to the first rows.
-    """
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
-    if num_samples is not None:
-        dataset = dataset.select(range(min(num_samples, len(dataset))))
-    sample = temperature > 0
-    options = dict(do_sample=False)
-    if sample:
-        options = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-    correct = formatted = 0
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for start in range(0, len(dataset), batch_size):
-            rows = dataset[start : start + batch_size]
-            batch = tokenizer(rows["prompt"], return_tensors="pt", padding=True, add_special_tokens=False)
-            output = model.generate(
-                **batch,
-                max_new_tokens=max_new_tokens,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                **options,
-            )
-            for ids, answer in zip(output[:, batch["input_ids"].shape[1] :].tolist(), rows["answer"]):
-                ended = tokenizer.eos_token_id in ids
-                text = tokenizer.decode(ids[: ids.index(tokenizer.eos_token_id)] if ended else ids)
-                correct += _extract_answer(text) == answer
-                formatted += ended and _STRICT_FORMAT.fullmatch(text) is not None
-    total = max(1, len(dataset))
-    return {"accuracy": correct / total, "format_rate": formatted / total}
-
-
-def greedy_accuracy(
-    model_dir: str | Path,
-    dataset: Dataset,
-    max_new_tokens: int = 16,
-    temperature: float = 0.0,
-    num_samples: int | None = None,
-) -> float:
-    """Fraction of rows whose text inside ``<answer>...</answer>`` equals the ``answer`` column."""
-    metrics = generation_metrics(
-        model_dir, dataset, max_new_tokens=max_new_tokens, temperature=temperature, num_samples=num_samples
-    )
-    return metrics["accuracy"]
 
 
 def _parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, WarmStartSettings]:

@@ -7,18 +7,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_lightning.data.arithmetic import make_arithmetic_dataset
 from grpo_lightning.quickstart.tiny import TEXT_ALPHABET, build_char_tokenizer
+from grpo_lightning.quickstart.accuracy import generation_metrics, greedy_accuracy
+from grpo_lightning.quickstart.cached_build import MARKER_FILE, default_cache_dir, environment, read_marker, reproducible_cpu
 from grpo_lightning.quickstart.warmstart import (
-    MARKER_FILE,
     WORDED_EVERY,
     WORDED_TEMPLATES,
     WarmStartSettings,
-    default_cache_dir,
-    environment,
-    generation_metrics,
-    greedy_accuracy,
     main,
-    read_marker,
-    reproducible_cpu,
     supervised_batch_tensors,
     training_prompts,
     warm_start,

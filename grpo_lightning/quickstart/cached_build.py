@@ -1,0 +1,85 @@
+"""Warm starts built once and cached on disk: the lock, the marker, and the reproducible CPU their result depends on."""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from filelock import FileLock
+
+from grpo_lightning.models.sources import cache_dir
+
+logger = logging.getLogger(__name__)
+
+MARKER_FILE = "warm_start.json"
+
+
+def default_cache_dir() -> Path:
+    """``$GRPO_LIGHTNING_CACHE`` if set, else ``~/.cache/grpo_lightning`` (the project's cache)."""
+    return cache_dir()
+
+
+def build_once(output_dir: Path, is_current: Callable[[Path], bool], build: Callable[[Path], None]) -> Path:
+    """``output_dir`` as ``build`` writes it (its marker file last), unless ``is_current(marker)``
+    says the marker there is this build's. Processes started together (test workers, a sweep's
+    cells) build it once: the others wait on a file lock, then reuse it."""
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(output_dir.with_name(f".{output_dir.name}.lock")):
+        marker = output_dir / MARKER_FILE
+        if is_current(marker):
+            logger.info("Reusing %s", output_dir)
+        else:
+            marker.unlink(missing_ok=True)
+            build(output_dir)
+    return output_dir
+
+
+def environment() -> dict[str, Any]:
+    """What a warm start's exact result depends on besides its settings (recorded in the marker).
+
+    The data, the initialisation and the batch order depend only on the settings (not on
+    ``PYTHONHASHSEED``); the floating-point rounding depends on the torch build and on the
+    vectorised kernels it picks for this CPU (``ATEN_CPU_CAPABILITY`` can force another).
+    """
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": _WARM_START_THREADS,
+    }
+
+
+_WARM_START_THREADS = 1
+
+
+@contextmanager
+def reproducible_cpu() -> Iterator[None]:
+    """One intra-op thread and deterministic algorithms inside; the caller's settings restored after.
+
+    One thread makes the reductions' order independent of the machine's core count (and is the
+    fastest choice for this tiny model anyway).
+    """
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.set_num_threads(_WARM_START_THREADS)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        torch.set_num_threads(threads)
+
+
+def read_marker(model_dir: str | Path) -> dict[str, Any]:
+    """The record written after a completed warm start: settings, losses, dev accuracy, steps, seconds."""
+    return json.loads((Path(model_dir) / MARKER_FILE).read_text())
