@@ -23,21 +23,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from grpo_lightning.agents.calculator import CalculatorEnvironment, think_expression_calls
 from grpo_lightning.agents.chat_tokens import ChatTokens
 from grpo_lightning.data.arithmetic import format_target, make_arithmetic_dataset
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_model_and_tokenizer, tiny_config
-from grpo_lightning.quickstart.cached_build import MARKER_FILE, build_once, default_cache_dir, environment, reproducible_cpu
+from grpo_lightning.quickstart.supervised import SupervisedSettings, train_steps
+from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_model_and_tokenizer
+from grpo_lightning.quickstart.cached_build import MARKER_FILE, build_once, default_cache_dir, environment
 
 _FORMAT_VERSION = 3
 _CALL_TRANSCRIPT_SHARE = 0.5  # of a batch at least, whatever ``call_fraction``: enough to learn copying the reply
 
 
 @dataclass(frozen=True)
-class CalculatorWarmStartSettings:
+class CalculatorWarmStartSettings(SupervisedSettings):
     """Everything that determines the model; its hash names the cache folder. The data settings are
     the calculator recipe's, so its validation split stays unseen."""
 
@@ -47,17 +48,6 @@ class CalculatorWarmStartSettings:
     data_seed: int = 0
     call_fraction: float = 0.3
     steps: int = 600
-    batch_size: int = 64
-    learning_rate: float = 3e-3
-    warmup_steps: int = 30
-    weight_decay: float = 0.01
-    seed: int = 0
-    hidden_size: int = 96
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 256
-    max_position_embeddings: int = 64
 
     def cache_key(self) -> str:
         """A hash of the settings and of the tokenizer's vocabulary (a new alphabet trains again)."""
@@ -147,11 +137,7 @@ def call_opening_rates(call_fraction: float) -> tuple[float, float]:
 def train_calculator_model(settings: CalculatorWarmStartSettings) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, list]:
     """Fit a fresh tiny model to the transcripts of the training split; the mean loss every 50 steps."""
     tokenizer = build_char_tokenizer()
-    config = tiny_config(
-        tokenizer, hidden_size=settings.hidden_size, num_layers=settings.num_layers, num_heads=settings.num_heads,
-        num_kv_heads=settings.num_kv_heads, intermediate_size=settings.intermediate_size,
-        max_position_embeddings=settings.max_position_embeddings,
-    )  # fmt: skip
+    config = settings.model_config(tokenizer)
     train = make_arithmetic_dataset(
         settings.num_train, settings.num_val, settings.digits, "*", settings.data_seed
     )["train"]
@@ -170,30 +156,23 @@ def train_calculator_model(settings: CalculatorWarmStartSettings) -> tuple[torch
     opening = (labels != -100).long().argmax(1)  # each transcript's first trained token
     call_share, opening_kept = call_opening_rates(settings.call_fraction)
 
+    def batch(generator: torch.Generator) -> dict[str, torch.Tensor]:
+        problems = torch.randint(len(train), (settings.batch_size,), generator=generator)
+        calls = torch.rand(settings.batch_size, generator=generator) < call_share
+        picked = 2 * problems + calls.long()
+        batch_labels = labels[picked].clone()
+        untaught = calls & (torch.rand(settings.batch_size, generator=generator) >= opening_kept)
+        batch_labels[untaught, opening[picked][untaught]] = -100
+        return dict(input_ids=input_ids[picked], attention_mask=attention_mask[picked], labels=batch_labels)
+
     losses, running = [], []
-    with torch.random.fork_rng(devices=[]), reproducible_cpu():
-        torch.manual_seed(settings.seed)
-        model = AutoModelForCausalLM.from_config(config)
-        generator = torch.Generator().manual_seed(settings.seed)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
-        model.train()
-        for step in range(1, settings.steps + 1):
-            for group in optimizer.param_groups:
-                group["lr"] = settings.learning_rate * min(1.0, step / max(1, settings.warmup_steps))
-            problems = torch.randint(len(train), (settings.batch_size,), generator=generator)
-            calls = torch.rand(settings.batch_size, generator=generator) < call_share
-            batch = 2 * problems + calls.long()
-            batch_labels = labels[batch].clone()
-            untaught = calls & (torch.rand(settings.batch_size, generator=generator) >= opening_kept)
-            batch_labels[untaught, opening[batch][untaught]] = -100
-            loss = model(input_ids=input_ids[batch], attention_mask=attention_mask[batch], labels=batch_labels).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            running.append(loss.item())
-            if step % 50 == 0 or step == settings.steps:
-                losses.append((step, sum(running) / len(running)))
-                running = []
-    model.eval()
+
+    def after_step(step: int, loss: float, model: torch.nn.Module) -> bool:
+        running.append(loss)
+        if step % 50 == 0 or step == settings.steps:
+            losses.append((step, sum(running) / len(running)))
+            running.clear()
+        return False
+
+    model, _ = train_steps(settings, config, settings.steps, batch, after_step)
     return model, tokenizer, losses

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset, DatasetDict
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from grpo_lightning.data.arithmetic import TERSE_TEMPLATE, format_target, make_arithmetic_dataset
 from grpo_lightning.quickstart.accuracy import generation_metrics
@@ -35,9 +35,9 @@ from grpo_lightning.quickstart.cached_build import (
     default_cache_dir,
     environment,
     read_marker,
-    reproducible_cpu,
 )
-from grpo_lightning.quickstart.tiny import TEXT_ALPHABET, build_char_tokenizer, save_model_and_tokenizer, tiny_config
+from grpo_lightning.quickstart.supervised import SupervisedSettings, train_steps
+from grpo_lightning.quickstart.tiny import TEXT_ALPHABET, build_char_tokenizer, save_model_and_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ WORDED_TEMPLATES = (
 
 
 @dataclass(frozen=True)
-class WarmStartSettings:
+class WarmStartSettings(SupervisedSettings):
     """Everything that determines a warm-started model; its hash names the cache folder."""
 
     digits: int = 2
@@ -67,18 +67,7 @@ class WarmStartSettings:
     steps: int = 2000
     target_accuracy: float | None = 0.3
     eval_every: int = 5
-    batch_size: int = 64
-    learning_rate: float = 3e-3
-    warmup_steps: int = 30
-    weight_decay: float = 0.01
-    seed: int = 0
     model_type: str = "qwen2"
-    hidden_size: int = 96
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 256
-    max_position_embeddings: int = 64
 
     def cache_key(self) -> str:
         payload = json.dumps({"version": _FORMAT_VERSION, **asdict(self)}, sort_keys=True)
@@ -233,11 +222,6 @@ def training_prompts(settings: WarmStartSettings, count: int) -> list[str]:
     ]
 
 
-def _learning_rate_factor(step: int, warmup_steps: int) -> float:
-    """Linear warm-up, then constant (so stopping early leaves a consistent schedule)."""
-    return min(1.0, (step + 1) / max(1, warmup_steps))
-
-
 @torch.no_grad()
 def teacher_forced_accuracy(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
@@ -270,16 +254,7 @@ def train_supervised(
     accuracy on the held-out dev rows reaches ``settings.target_accuracy``.
     """
     tokenizer = build_char_tokenizer(TEXT_ALPHABET)  # reads any English prompt a user brings
-    config = tiny_config(
-        tokenizer,
-        model_type=settings.model_type,
-        hidden_size=settings.hidden_size,
-        num_layers=settings.num_layers,
-        num_heads=settings.num_heads,
-        num_kv_heads=settings.num_kv_heads,
-        intermediate_size=settings.intermediate_size,
-        max_position_embeddings=settings.max_position_embeddings,
-    )
+    config = settings.model_config(tokenizer, model_type=settings.model_type)
     train, dev = settings.train_and_dev()
     prompts = training_prompts(settings, len(train))
     input_ids, attention_mask, labels = supervised_batch_tensors(tokenizer, prompts, train["answer"])
@@ -290,54 +265,41 @@ def train_supervised(
             f"{settings.max_position_embeddings}"
         )
 
+    def batch(generator: torch.Generator) -> dict[str, torch.Tensor]:
+        rows = torch.randint(len(train), (settings.batch_size,), generator=generator)
+        mask = attention_mask[rows]
+        width = int(mask.sum(dim=1).max())
+        return dict(input_ids=input_ids[rows, :width], attention_mask=mask[:, :width], labels=labels[rows, :width])
+
     record = TrainingRecord(losses=[], dev_accuracy=[], stopped_at=settings.steps)
-    with torch.random.fork_rng(devices=[]), reproducible_cpu():
-        torch.manual_seed(settings.seed)
-        model = AutoModelForCausalLM.from_config(config)
-        generator = torch.Generator().manual_seed(settings.seed)
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay
+    running, count = 0.0, 0
+
+    def after_step(step: int, loss: float, model: torch.nn.Module) -> bool:
+        nonlocal running, count
+        running, count = running + loss, count + 1
+        if step % log_every == 0 or step == settings.steps:
+            record.losses.append((step, running / count))
+            logger.info("step %d/%d  loss %.4f", step, settings.steps, running / count)
+            running, count = 0.0, 0
+        checking = dev_batch is not None and settings.target_accuracy is not None
+        if checking and step % settings.eval_every == 0:
+            accuracy = teacher_forced_accuracy(model, *dev_batch)
+            record.dev_accuracy.append((step, accuracy))
+            if accuracy >= settings.target_accuracy:
+                if count:
+                    record.losses.append((step, running / count))
+                logger.info("step %d: dev greedy accuracy %.3f reached the target", step, accuracy)
+                record.stopped_at = step
+                return True
+        return False
+
+    model, stopped = train_steps(settings, config, settings.steps, batch, after_step)
+    if not stopped and settings.target_accuracy is not None:
+        logger.warning(
+            "dev greedy accuracy target %s not reached in %d steps",
+            settings.target_accuracy,
+            settings.steps,
         )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: _learning_rate_factor(step, settings.warmup_steps)
-        )
-        model.train()
-        running, count = 0.0, 0
-        for step in range(1, settings.steps + 1):
-            rows = torch.randint(len(train), (settings.batch_size,), generator=generator)
-            mask = attention_mask[rows]
-            width = int(mask.sum(dim=1).max())
-            loss = model(
-                input_ids=input_ids[rows, :width], attention_mask=mask[:, :width], labels=labels[rows, :width]
-            ).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            running, count = running + loss.item(), count + 1
-            if step % log_every == 0 or step == settings.steps:
-                record.losses.append((step, running / count))
-                logger.info("step %d/%d  loss %.4f", step, settings.steps, running / count)
-                running, count = 0.0, 0
-            checking = dev_batch is not None and settings.target_accuracy is not None
-            if checking and step % settings.eval_every == 0:
-                accuracy = teacher_forced_accuracy(model, *dev_batch)
-                record.dev_accuracy.append((step, accuracy))
-                if accuracy >= settings.target_accuracy:
-                    if count:
-                        record.losses.append((step, running / count))
-                    logger.info("step %d: dev greedy accuracy %.3f reached the target", step, accuracy)
-                    record.stopped_at = step
-                    break
-        else:
-            if settings.target_accuracy is not None:
-                logger.warning(
-                    "dev greedy accuracy target %s not reached in %d steps",
-                    settings.target_accuracy,
-                    settings.steps,
-                )
-    model.eval()
     return model, tokenizer, record
 
 

@@ -1,0 +1,80 @@
+"""The supervised pass the warm starts share: the tiny model's shape and optimiser settings, and its training steps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedTokenizerBase
+
+from grpo_lightning.quickstart.cached_build import reproducible_cpu
+from grpo_lightning.quickstart.tiny import tiny_config
+
+
+@dataclass(frozen=True)
+class SupervisedSettings:
+    """The fields every warm start's settings have: the optimiser's and the tiny model's shape."""
+
+    batch_size: int = 64
+    learning_rate: float = 3e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.01
+    seed: int = 0
+    hidden_size: int = 96
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    max_position_embeddings: int = 64
+
+    def model_config(self, tokenizer: PreTrainedTokenizerBase, **options: Any) -> PretrainedConfig:
+        """The tiny model of this shape for ``tokenizer`` (``options``: more of :func:`tiny_config`'s)."""
+        return tiny_config(
+            tokenizer,
+            hidden_size=self.hidden_size,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            intermediate_size=self.intermediate_size,
+            max_position_embeddings=self.max_position_embeddings,
+            **options,
+        )
+
+
+def train_steps(
+    settings: SupervisedSettings,
+    config: PretrainedConfig,
+    steps: int,
+    batch: Callable[[torch.Generator], dict[str, torch.Tensor]],
+    after_step: Callable[[int, float, torch.nn.Module], bool],
+) -> tuple[torch.nn.Module, bool]:
+    """Fit a fresh model of ``config`` for at most ``steps`` AdamW steps, on one reproducible CPU thread.
+
+    ``batch(generator)`` gives each step's model inputs (with ``labels``), drawn from a generator
+    seeded with ``settings.seed``; the learning rate warms up linearly over ``warmup_steps``, then
+    stays constant (so stopping early leaves a consistent schedule); gradients are clipped to norm 1.
+    ``after_step(step, loss, model)`` returns whether to stop. Returns the model in eval mode, and
+    whether ``after_step`` stopped it.
+    """
+    stopped = False
+    with torch.random.fork_rng(devices=[]), reproducible_cpu():
+        torch.manual_seed(settings.seed)
+        model = AutoModelForCausalLM.from_config(config)
+        generator = torch.Generator().manual_seed(settings.seed)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
+        model.train()
+        for step in range(1, steps + 1):
+            for group in optimizer.param_groups:
+                group["lr"] = settings.learning_rate * min(1.0, step / max(1, settings.warmup_steps))
+            loss = model(**batch(generator)).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            if after_step(step, loss.item(), model):
+                stopped = True
+                break
+    model.eval()
+    return model, stopped
