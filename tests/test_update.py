@@ -21,8 +21,9 @@ class RowsSeen(GRPO):
         return super().token_loss(logp, old_logp, advantages, mask, micro)
 
 
-def test_each_micro_batch_receives_its_own_rows_of_the_rollout_and_the_minibatch(make_module, make_rollout,
-                                                                                  monkeypatch, one_torch_thread):  # fmt: skip
+def test_each_micro_batch_receives_its_own_rows_of_the_rollout_and_the_minibatch(
+    make_module, make_rollout, monkeypatch, one_torch_thread
+):
     module = make_module(RowsSeen, optim={"micro_batch_size": 2}, kl={"beta": 0.0})
     module.seen = []
     rollout = make_rollout(module, ["1+1=", "2+3="])  # 8 rows

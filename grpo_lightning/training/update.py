@@ -11,7 +11,7 @@ each policy step (``after_policy_step``), never by copying the loop.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -61,20 +61,21 @@ class PolicyUpdate:
             for rows in order.split(minibatch):
                 optimizer.zero_grad(set_to_none=True)
                 self.accumulate_gradients(rollout, advantages, rows)
-                self.clip_and_log_gradient_norm(optimizer)
+                self.clip_and_log_gradient_norm(optimizer, rollout.prompts)
                 optimizer.step()
                 scheduler.step()
                 self.policy_version += 1
                 self.after_policy_step(rollout, rows)
         self.step_metrics.update("learning_rate", scheduler.get_last_lr()[0])
 
-    def clip_and_log_gradient_norm(self, optimizer) -> None:
+    def clip_and_log_gradient_norm(self, optimizer, prompts: Sequence[Any] = ()) -> None:
         """Clip the gradient to ``max_grad_norm`` and log its norm before clipping (``grad_norm``);
-        a NaN or infinite norm drops the gradient, so the step changes nothing (``skipped_steps``)."""
+        a NaN or infinite norm drops the gradient, so the step changes nothing (``skipped_steps``,
+        and a warning naming the step's ``prompts``)."""
         norm = clip_policy_gradients(self, optimizer, self.optim_options.max_grad_norm)
         if norm is not None:
             self.step_metrics.update("grad_norm", norm)
-            if not self.nonfinite.allows(norm, self.global_step, getattr(self.last_rollout, "prompts", ())):
+            if not self.nonfinite.allows(norm, self.global_step, prompts):
                 optimizer.zero_grad(set_to_none=True)
             self.step_metrics.update("skipped_steps", float(self.nonfinite.skipped), reduce="max")
 
