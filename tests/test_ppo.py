@@ -174,7 +174,7 @@ def prepared(make_module, make_rollout, **kwargs):
     rollout.old_logp = module.compute_logprobs(module.policy, rollout)
     rollout.ref_logp = module.compute_logprobs(module.ref_model, rollout) - 0.05
     rewards = module.shape_rewards(rollout.rewards, rollout)
-    advantages = module.advantages(rewards.view(-1, rollout.group_size)).flatten(0, 1)
+    advantages = module.advantages(rewards.view(-1, rollout.group_size), rollout).flatten(0, 1)
     return module, rollout, advantages
 
 

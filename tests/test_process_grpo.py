@@ -129,7 +129,7 @@ def test_the_gradient_does_not_depend_on_micro_batching(make_module, make_rollou
     module = make_module(ProcessGRPO, step_reward_func=steps_per_character, kl={"beta": 0.0})
     rollout = make_rollout(module, ["1+2=", "30+4=", "7+7="])
     module.shape_rewards(rollout.rewards, rollout)
-    advantages = module.advantages(rollout.rewards.view(-1, rollout.group_size)).flatten(0, 1)
+    advantages = module.advantages(rollout.rewards.view(-1, rollout.group_size), rollout).flatten(0, 1)
     assert advantages.shape == rollout.completion_ids.shape and advantages.abs().sum() > 0
     n, tokens = len(rollout), rollout.completion_mask.sum()
 
