@@ -13,6 +13,8 @@ import contextlib
 import functools
 import importlib
 import inspect
+import math
+import numbers
 import os
 import sys
 import weakref
@@ -20,6 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from grpo_lightning.errors import ConfigError, require
 
 RewardFunction = Callable[..., Sequence[float | None]]
 
@@ -183,3 +187,40 @@ def weighted_reward(per_function: torch.Tensor, weights: torch.Tensor) -> torch.
         )
     weights = weights.to(device=per_function.device, dtype=per_function.dtype)
     return torch.nansum(per_function * weights, dim=1)
+
+
+def resolve_function(spec: Any, field: str) -> tuple[str, Callable]:
+    """``(name, function)`` of a reward function given as a callable or an import path; a path that
+    does not import, or names no function, is a :class:`ConfigError` naming ``field``."""
+    try:
+        return resolve_reward_function(spec, field=field)
+    except ConfigError:
+        raise
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
+
+
+def check_rewards(funcs: Any, weights: Any) -> None:
+    """Raise :class:`ConfigError` unless ``funcs`` is a non-empty list of functions (or import
+    paths) and ``weights`` null or one finite number per function."""
+    require(
+        isinstance(funcs, Sequence) and not isinstance(funcs, str) and len(funcs) > 0,
+        f"rewards.funcs: give a list of at least one reward function (got {funcs!r}); "
+        "e.g. --model.rewards.funcs '[grpo_lightning.rewards.accuracy_reward]'.",
+    )
+    for i, spec in enumerate(funcs):
+        resolve_function(spec, f"rewards.funcs[{i}]")
+    if weights is None:
+        return
+    require(
+        isinstance(weights, Sequence) and not isinstance(weights, str),
+        f"rewards.weights: give a list of numbers, one per reward function, or null for all 1 (got {weights!r}).",
+    )
+    for i, weight in enumerate(weights):
+        real = isinstance(weight, numbers.Real) and not isinstance(weight, bool)
+        require(real and math.isfinite(weight), f"rewards.weights[{i}]: must be a finite number (got {weight!r}).")
+    require(
+        len(weights) == len(funcs),
+        f"rewards.weights: {len(weights)} weights for {len(funcs)} reward functions; "
+        "give one per function.",
+    )

@@ -4,15 +4,14 @@ Each group is a frozen dataclass that checks itself when it is made: a wrong typ
 :class:`~grpo_lightning.errors.ConfigError` naming the field (``loss.delta``) and the fix. A variant
 sets its defaults as its groups' defaults (DAPO: ``loss=LossOptions(clip_eps_high=0.28)``); a dict
 (a checkpoint's hyperparameters, a partial group in Python) overrides the fields it names of the
-variant's group (:meth:`~grpo_lightning.training.option_group.OptionGroup.of`). Checks that need two
-groups, or the variant, are the module's (:mod:`grpo_lightning.training.settings`).
+variant's group (:meth:`OptionGroup.of`). Checks that need two groups, or the variant, are the
+module's (:mod:`grpo_lightning.training.settings`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
-import math
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
@@ -21,9 +20,10 @@ import torch
 
 from grpo_lightning.algorithms import functional as F
 from grpo_lightning.algorithms import SURROGATES, check_part
-from grpo_lightning.errors import ConfigError
-from grpo_lightning.training.option_group import OptionGroup, require
+from grpo_lightning.training.argument_types import check_argument_types
+from grpo_lightning.errors import ConfigError, require
 from grpo_lightning.rewards import RewardExecution, resolve_reward_function
+from grpo_lightning.rewards.scoring import check_rewards, resolve_function
 from grpo_lightning.rollout.types import ROLLOUT_MODES
 from grpo_lightning.algorithms.rollout_correction import CORRECTIONS
 
@@ -32,6 +32,44 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 CORRECTION_CAP = 2.0
 #: Values of ``rewards.aggregation``: the weighted sum as it is, or of per-group normalised scores (GDPO).
 REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+
+
+@dataclass(frozen=True)
+class OptionGroup:
+    """What every group shares: building from a dict, the type check, plain values. A dataclass
+    itself, so that the CLI shows each group as its fields (no ``class_path``)."""
+
+    #: The constructor argument of ``GroupPolicyOptimization`` that takes the group.
+    group: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        check_argument_types(type(self), {f.name: getattr(self, f.name) for f in fields(self)},
+                             field=f"{self.group}.", cli=f"--model.{self.group}.")  # fmt: skip
+        self.check()
+
+    def check(self) -> None:
+        """Raise :class:`ConfigError` for a value that cannot run (the types are checked already)."""
+
+    @classmethod
+    def of(cls, value: Any, preset: Any = None) -> Any:
+        """``value`` itself, or ``preset`` (default: the class's defaults) with the fields a dict
+        names (the CLI's, a checkpoint's hyperparameters); an unknown field is a :class:`ConfigError`."""
+        preset = cls() if preset is None else cls.of(preset)
+        if value is None:
+            return preset
+        if isinstance(value, Mapping):
+            names = [f.name for f in fields(cls)]
+            unknown = sorted(set(value) - set(names))
+            if unknown:
+                raise ConfigError(f"{cls.group}: no option {unknown[0]!r}; give {', '.join(names)}.")
+            return dataclasses.replace(preset, **value)
+        if not isinstance(value, cls):
+            raise ConfigError(f"{cls.group}: give {cls.__name__} or a dict of its fields, got {value!r}.")
+        return value
+
+    def state(self) -> dict[str, Any]:
+        """Plain values, for the hyperparameters (``hparams.yaml``, checkpoints, loggers)."""
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -359,43 +397,6 @@ class EvaluationOptions(OptionGroup):
         if not isinstance(self.accuracy_func, str):
             values["accuracy_func"] = resolve_reward_function(self.accuracy_func, field="evaluation.accuracy_func")[0]
         return values
-
-
-def resolve_function(spec: Any, field: str) -> tuple[str, Callable]:
-    """``(name, function)`` of a reward function given as a callable or an import path; a path that
-    does not import, or names no function, is a :class:`ConfigError` naming ``field``."""
-    try:
-        return resolve_reward_function(spec, field=field)
-    except ConfigError:
-        raise
-    except ValueError as error:
-        raise ConfigError(str(error)) from error
-
-
-def check_rewards(funcs: Any, weights: Any) -> None:
-    """Raise :class:`ConfigError` unless ``funcs`` is a non-empty list of functions (or import
-    paths) and ``weights`` null or one finite number per function."""
-    require(
-        isinstance(funcs, Sequence) and not isinstance(funcs, str) and len(funcs) > 0,
-        f"rewards.funcs: give a list of at least one reward function (got {funcs!r}); "
-        "e.g. --model.rewards.funcs '[grpo_lightning.rewards.accuracy_reward]'.",
-    )
-    for i, spec in enumerate(funcs):
-        resolve_function(spec, f"rewards.funcs[{i}]")
-    if weights is None:
-        return
-    require(
-        isinstance(weights, Sequence) and not isinstance(weights, str),
-        f"rewards.weights: give a list of numbers, one per reward function, or null for all 1 (got {weights!r}).",
-    )
-    for i, weight in enumerate(weights):
-        real = isinstance(weight, numbers.Real) and not isinstance(weight, bool)
-        require(real and math.isfinite(weight), f"rewards.weights[{i}]: must be a finite number (got {weight!r}).")
-    require(
-        len(weights) == len(funcs),
-        f"rewards.weights: {len(weights)} weights for {len(funcs)} reward functions; "
-        "give one per function.",
-    )
 
 
 #: The groups by their constructor argument.

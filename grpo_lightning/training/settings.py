@@ -15,10 +15,10 @@ from transformers import PreTrainedTokenizerBase
 
 from grpo_lightning.data.checks import fit_prompts
 from grpo_lightning.data.coverage import warn_lost_characters
-from grpo_lightning.errors import ConfigError
+from grpo_lightning.errors import ConfigError, require
 from grpo_lightning.models.sources import WARM_START_PREFIX, WARM_STARTS, resolve_model_source
-from grpo_lightning.training.option_group import require
-from grpo_lightning.training.options import DTYPES, preset, resolve_function
+from grpo_lightning.rewards.scoring import resolve_function
+from grpo_lightning.training.options import DTYPES, preset
 
 __all__ = ["DTYPES", "ConfigError", "require"]  # and the checks below
 
