@@ -80,8 +80,8 @@ def test_a_report_says_which_runs_its_flops_column_leaves_out(tmp_path):
     import numpy as np
 
     from grpo_lightning.report.arms import Arm
-    from grpo_lightning.report.curves import curves_section
-    from grpo_lightning.report.document import Doc
+    from grpo_lightning.report.sections.curves import curves_section
+    from grpo_lightning.report.render.document import Doc
     from grpo_lightning.report.runs import FLOPS_TAG, Run, Series
 
     def run(name, flops):

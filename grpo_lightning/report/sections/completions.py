@@ -11,8 +11,8 @@ from typing import Any
 
 from grpo_lightning.report.arms import Arm
 from grpo_lightning.report.cells import log_file
-from grpo_lightning.report.document import Doc
-from grpo_lightning.report.formatting import code_text, fmt
+from grpo_lightning.report.render.document import Doc
+from grpo_lightning.report.render.formatting import code_text, fmt
 
 COMPLETIONS_FILE = "completions.jsonl"
 #: Completions shown per step, and the characters kept of each prompt and completion.

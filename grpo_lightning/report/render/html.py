@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from html import escape
 
-from grpo_lightning.report.document import Doc
+from grpo_lightning.report.render.document import Doc
 
 CSS = """body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; max-width: 1200px; margin: 2em auto; padding: 0 1em; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from grpo_lightning.report.arms import Arm
-from grpo_lightning.report.document import Doc
-from grpo_lightning.report.formatting import fmt, fmt_metric, fmt_p
+from grpo_lightning.report.render.document import Doc
+from grpo_lightning.report.render.formatting import fmt, fmt_metric, fmt_p
 from grpo_lightning.report.metrics import PROPORTION, REWARD_SCALE_KEYS, SUMMARY_METRICS, WALL_CLOCK_METRICS, metric_bounds
 from grpo_lightning.report.statistics import (
     holm,

@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpo_lightning.report.document import Doc
-from grpo_lightning.report.formatting import fmt
+from grpo_lightning.report.render.document import Doc
+from grpo_lightning.report.render.formatting import fmt
 
 PROVENANCE_FILE = "provenance.json"
 

@@ -8,9 +8,9 @@ import re
 from collections.abc import Sequence
 
 from grpo_lightning.report.arms import Arm, final_value
-from grpo_lightning.report.document import Doc
-from grpo_lightning.report.finals import interval_text
-from grpo_lightning.report.formatting import fmt_interval
+from grpo_lightning.report.render.document import Doc
+from grpo_lightning.report.sections.finals import interval_text
+from grpo_lightning.report.render.formatting import fmt_interval
 
 _METRIC = re.compile(r"^val/(accuracy|pass@(\d+)|maj@(\d+)|mean_length)$")
 CI_LOW, CI_HIGH = "_ci_low", "_ci_high"

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from grpo_lightning.report.arms import SMOOTHING_STEPS, Arm
-from grpo_lightning.report.comparisons import (
+from grpo_lightning.report.sections.comparisons import (
     Effect,
     baseline_effects,
     comparable_arms,
@@ -18,7 +18,7 @@ from grpo_lightning.report.comparisons import (
     different_starts,
     identical_arms,
 )
-from grpo_lightning.report.formatting import UNITS, fmt, fmt_metric, fmt_p
+from grpo_lightning.report.render.formatting import UNITS, fmt, fmt_metric, fmt_p
 from grpo_lightning.report.metrics import SUMMARY_METRICS, WALL_CLOCK_METRICS
 
 #: The metric whose cost is named beside each effect.

@@ -11,7 +11,7 @@ from typing import Any
 
 from grpo_lightning.report.arms import Arm
 from grpo_lightning.report.cells import log_file
-from grpo_lightning.report.document import Doc
+from grpo_lightning.report.render.document import Doc
 
 HEALTH_FILE = "health.json"
 

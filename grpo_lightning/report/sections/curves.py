@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from grpo_lightning.report.arms import WIDE, Arm, ranked
-from grpo_lightning.report.document import Doc
-from grpo_lightning.report.plots import AXES, arm_colors, plot_curves, y_range
+from grpo_lightning.report.render.document import Doc
+from grpo_lightning.report.render.plots import AXES, arm_colors, plot_curves, y_range
 from grpo_lightning.report.runs import FLOPS_TAG
-from grpo_lightning.report.validation import evaluation_tags
+from grpo_lightning.report.sections.validation import evaluation_tags
 
 #: Learning curves: file stem, title, tags drawn (one row each).
 CURVES = [

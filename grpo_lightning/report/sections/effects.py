@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from grpo_lightning.report.arms import Arm
-from grpo_lightning.report.document import Doc
+from grpo_lightning.report.render.document import Doc
 
 #: Config keys of the clip settings; the report shows them without ``model.init_args.``.
 CLIP_KEYS = ("model.init_args.loss.clip_eps_low", "model.init_args.loss.clip_eps_high", "model.init_args.loss.delta")

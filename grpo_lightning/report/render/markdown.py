@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
-from grpo_lightning.report.document import Doc
+from grpo_lightning.report.render.document import Doc
 
 
 def render_markdown(doc: Doc) -> str:

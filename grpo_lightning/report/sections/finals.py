@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lightning.report.arms import SMOOTHING_STEPS, WIDE, Arm, final_value, ranked
-from grpo_lightning.report.document import Doc
-from grpo_lightning.report.formatting import fmt_interval, fmt_metric
+from grpo_lightning.report.render.document import Doc
+from grpo_lightning.report.render.formatting import fmt_interval, fmt_metric
 from grpo_lightning.report.learning import REACH_AXES, reached_by_every_run, split_key
 from grpo_lightning.report.metrics import FINAL_METRICS, PER_RUN_METRICS, WALL_CLOCK_METRICS, Metric
 from grpo_lightning.report.runs import Run
 from grpo_lightning.report.statistics import wilson_interval
-from grpo_lightning.report.tables import CSV_FILE, LATEX_FILE, Row, write_final_tables
+from grpo_lightning.report.render.tables import CSV_FILE, LATEX_FILE, Row, write_final_tables
 
 INTERVAL = "Student t over seeds"
 

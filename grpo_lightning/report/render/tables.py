@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from grpo_lightning.report.formatting import fmt_interval
+from grpo_lightning.report.render.formatting import fmt_interval
 from grpo_lightning.report.metrics import Metric
 
 CSV_FILE = "final_metrics.csv"
