@@ -26,7 +26,7 @@ from grpo_lightning.cli.app import main
 from grpo_lightning.cli.resources import config_dir
 
 CONFIGS = config_dir()
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class PauseAtStep(L.Callback):
@@ -161,7 +161,7 @@ def test_a_fit_stopped_by_a_signal_saves_its_last_completed_step(tiny_model_dir,
     paused_at = 3
     env = {
         **os.environ, "PAUSE_AT_STEP": str(paused_at), "PAUSE_DIR": str(tmp_path), "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "checkpoints"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }  # fmt: skip
     args = fit_args(tiny_model_dir, tmp_path, f"--trainer.callbacks+={Path(__file__).stem}.PauseAtStep", steps=40)
     with open(tmp_path / "output.txt", "w") as log:

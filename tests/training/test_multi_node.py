@@ -18,7 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from grpo_lightning.cli.resources import config_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = config_dir()
 STEPS = 2
 #: Launcher variables of the test's own environment that would change what a run sees.

@@ -37,7 +37,7 @@ from grpo_lightning.training.strategies import (
 )
 from test_checkpoint import fit, logits, make_module
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
 
 
@@ -323,7 +323,7 @@ def torchrun(
     args = [model_dir, str(out), kind, str(max_steps)] + ([str(ckpt_path)] if ckpt_path else [])
     launcher = ["-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port", str(free_port())]
     command = [sys.executable, *launcher, str(script), *args]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "checkpoints"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(processes)]

@@ -411,7 +411,7 @@ def test_a_resumed_fit_shows_its_steps_out_of_max_steps(one_step_run, tiny_model
 
 def test_the_readme_generate_example_runs_as_written(one_step_run, monkeypatch, capsys):
     """Only the checkpoint, the prompts and the output: no data, model or trainer config."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     example = re.search(r"`grpo-lightning generate ([^`]+)`", readme).group(1).split()
     monkeypatch.chdir(one_step_run)
     Path("p.jsonl").write_text('{"prompt": "12+3="}\n{"prompt": "4+4="}\n')

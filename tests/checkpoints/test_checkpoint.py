@@ -19,7 +19,7 @@ from grpo_lightning.checkpoints.export import main as export_main
 from variants import DAPO, GRPO
 from tests.conftest import merged
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def length_reward(prompts, completions, **columns):

@@ -32,7 +32,7 @@ from tests.conftest import micro_batched_gradient
 from variants import PPO
 
 CONFIGS = config_dir()
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["12+34=", "5+6=", "77+8=", "9*9="]  # x group_size 4 = 16 rows
 
 

@@ -1,4 +1,4 @@
-"""Specification of CISPO, SAPO, GMPO and REINFORCE++ (baseline form), as tests/test_variants.py
+"""Specification of CISPO, SAPO, GMPO and REINFORCE++ (baseline form), as tests/algorithms/test_variants.py
 does for the first five variants.
 
 Hook values are worked out by hand in the comments next to them (``math.log`` / ``math.exp`` only

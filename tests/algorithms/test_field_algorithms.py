@@ -228,7 +228,7 @@ def off_policy_gradients(module, rollout, sizes):
 def test_opsm_the_entropy_bonus_and_the_dual_clip_give_the_same_gradient_in_any_micro_batches(
     make_module, make_rollout, one_torch_thread
 ):
-    """The presets are registered parts, each checked alone (tests/test_surrogates.py, tests/test_algorithm_parts.py);
+    """The presets are registered parts, each checked alone (tests/algorithms/test_surrogates.py, tests/algorithms/test_algorithm_parts.py);
     the options added to the surrogate are checked here, together."""
     name = "GRPO"
     kwargs = {

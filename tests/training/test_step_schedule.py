@@ -8,7 +8,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from grpo_lightning.training.callbacks import FitSummary
-from tests.test_module import make_trainer, module, small_data
+from tests.training.test_module import make_trainer, module, small_data
 from variants import DAPO, GRPO
 
 

@@ -32,7 +32,7 @@ from grpo_lightning.evaluation.sample_metrics import (
 from grpo_lightning.training.settings import ConfigError
 
 CONFIGS = config_dir()
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def counted_pass_at_k(outcomes: list[int], k: int) -> float:

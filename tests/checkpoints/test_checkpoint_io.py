@@ -2,7 +2,7 @@
 or corrupt one given to resume from is an error naming it and the checkpoint to resume from instead,
 raised by the CLI before any model is built and by the CheckpointIO when Lightning picks the file.
 
-The kill-and-resume proof, with real processes killed by SIGKILL, is ``tests/test_kill_resume.py``.
+The kill-and-resume proof, with real processes killed by SIGKILL, is ``tests/checkpoints/test_kill_resume.py``.
 """
 
 from __future__ import annotations

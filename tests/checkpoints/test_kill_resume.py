@@ -24,7 +24,7 @@ import torch
 
 from grpo_lightning.checkpoints.io import damage
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOTAL_STEPS = 4
 KILLED_IN = 3  # the step the kill lands in: steps 1 and 2 are checkpointed
 
@@ -100,7 +100,7 @@ class Fit:
         self.out = out
         out.mkdir(parents=True)
         args = [model_dir, str(out), str(ckpt_dir), str(TOTAL_STEPS)] + ([ckpt_path] if ckpt_path else [])
-        path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+        path = os.pathsep.join([str(ROOT), str(ROOT / "tests" / "checkpoints"), os.environ.get("PYTHONPATH", "")])
         env = {**os.environ, "PYTHONPATH": path, "PAUSE": pause, "OMP_NUM_THREADS": "1"}
         with open(out / "output.txt", "w") as log:  # the process writes to its own copy of the handle
             self.process = subprocess.Popen([sys.executable, str(script), *args], cwd=ROOT, env=env,
