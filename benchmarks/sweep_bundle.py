@@ -76,7 +76,7 @@ def _unpack(tarball: Path, target: Path) -> Path:
 
 def restore(tarball: Path, sweep_dir: Path) -> None:
     from grpo_lightning.ablation.sweep import is_done
-    from grpo_lightning.report.provenance import PROVENANCE_FILE
+    from grpo_lightning.report.sections.provenance import PROVENANCE_FILE
 
     with tempfile.TemporaryDirectory() as staging:
         data = _unpack(tarball, Path(staging))

@@ -229,3 +229,15 @@ def test_no_module_is_an_alias_of_another():
     found = [str(path.relative_to(ROOT)) for path in MODULES.values() if "sys.modules[__name__]" in path.read_text()]
     assert not found, "\n".join(found)
 
+
+MAX_MODULES_PER_FOLDER = 13
+"""Most modules (``__init__.py`` aside) in one folder of ``grpo_lightning/``: past that, a folder wants a sub-wing."""
+
+
+def test_no_folder_is_a_flat_hall():
+    folders: dict[Path, int] = {}
+    for path in (ROOT / "grpo_lightning").rglob("*.py"):
+        if "__pycache__" not in path.parts and path.name not in ("__init__.py", "__main__.py"):
+            folders[path.parent] = folders.get(path.parent, 0) + 1
+    crowded = [f"{folder.relative_to(ROOT)}: {count}" for folder, count in folders.items() if count > MAX_MODULES_PER_FOLDER]
+    assert not crowded, "folders over the limit:\n" + "\n".join(sorted(crowded))

@@ -19,22 +19,24 @@ paired t-test, Cohen's d_z, Holm's correction, the minimum detectable effect), W
 one run's accuracy (``wilson_interval``).
 
 Modules: ``runs`` (a run's TensorBoard scalars), ``cells`` (a sweep's cell folders and configs),
-``data`` (the ``data/`` folder and ``REGENERATE``), ``statistics``, ``metrics`` (which metrics,
-their ranges), ``arms`` (final values over seeds), ``formatting`` (numbers and text); the
-sections: ``summary``, ``effects`` (settings without effect), ``comparisons`` (effects against the
-baseline), ``finals`` with ``tables`` (CSV and LaTeX), ``validation``,
-``health``, ``completions``, ``curves`` with ``plots``, ``provenance``; ``document`` with
-``markdown`` and ``html`` (the report's text), ``build`` (the report) and ``cli`` (the command).
+``data`` (the ``data/`` folder and ``REGENERATE``), ``labels`` (each arm's class against its name),
+``statistics``, ``metrics`` (which metrics, their ranges), ``arms`` (final values over seeds),
+``learning`` (how fast an arm learned), ``build`` (the report) and ``cli`` (the command);
+``sections/``: ``summary``, ``effects`` (settings without effect), ``comparisons`` (effects against
+the baseline), ``finals``, ``validation``, ``health``, ``completions``, ``curves``, ``provenance``;
+``render/``: ``document`` with ``markdown`` and ``html`` (the report's text), ``plots`` (curve
+PNGs), ``tables`` (CSV and LaTeX), ``formatting`` (numbers and text).
 """
 
 from grpo_lightning.report.arms import Arm, final_value
 from grpo_lightning.report.build import build_report
 from grpo_lightning.report.cells import CellInfo, arm_configs, discover_cells, flatten_config
 from grpo_lightning.report.cli import main
-from grpo_lightning.report.comparisons import Effect, baseline_effects
-from grpo_lightning.report.document import Doc
-from grpo_lightning.report.plots import aligned_curve, plot_curves
+from grpo_lightning.report.render.document import Doc
+from grpo_lightning.report.render.plots import aligned_curve, plot_curves
 from grpo_lightning.report.runs import Run, Series, event_directory, load_run, read_scalars
+from grpo_lightning.report.sections.comparisons import Effect, baseline_effects
+from grpo_lightning.report.sections.summary import summary_paragraph
 from grpo_lightning.report.statistics import (
     holm,
     minimum_detectable_effect,
@@ -45,7 +47,6 @@ from grpo_lightning.report.statistics import (
     welch_test,
     wilson_interval,
 )
-from grpo_lightning.report.summary import summary_paragraph
 
 __all__ = [
     "Arm",

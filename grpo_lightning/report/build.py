@@ -11,18 +11,18 @@ from grpo_lightning.report.arms import SMOOTHING_STEPS, WIDE, Arm
 from grpo_lightning.report.cells import CellInfo, arm_configs, discover_cells
 from grpo_lightning.report.labels import check_arm_classes
 from grpo_lightning.report.learning import curve_metrics, threshold_note
-from grpo_lightning.report.comparisons import ALPHA, PRACTICAL_ABSOLUTE, PRACTICAL_RELATIVE, comparison_section
-from grpo_lightning.report.completions import completions_section
-from grpo_lightning.report.curves import curves_section
-from grpo_lightning.report.document import Doc
-from grpo_lightning.report.effects import effects_section, ineffective_notes
-from grpo_lightning.report.finals import final_section
+from grpo_lightning.report.sections.comparisons import ALPHA, PRACTICAL_ABSOLUTE, PRACTICAL_RELATIVE, comparison_section
+from grpo_lightning.report.sections.completions import completions_section
+from grpo_lightning.report.sections.curves import curves_section
+from grpo_lightning.report.render.document import Doc
+from grpo_lightning.report.sections.effects import effects_section, ineffective_notes
+from grpo_lightning.report.sections.finals import final_section
 from grpo_lightning.report.data import DATA_FOLDER, REGENERATE_FILE, export_data, is_data_folder, read_sweep_record, regenerate_line
-from grpo_lightning.report.formatting import join_names
-from grpo_lightning.report.health import health_section
-from grpo_lightning.report.html import render_html
-from grpo_lightning.report.markdown import render_markdown
-from grpo_lightning.report.provenance import (
+from grpo_lightning.report.render.formatting import join_names
+from grpo_lightning.report.sections.health import health_section
+from grpo_lightning.report.render.html import render_html
+from grpo_lightning.report.render.markdown import render_markdown
+from grpo_lightning.report.sections.provenance import (
     command_line_notes,
     provenance_section,
     provenance_warnings,
@@ -30,8 +30,8 @@ from grpo_lightning.report.provenance import (
     wall_clock_caveat,
 )
 from grpo_lightning.report.runs import load_run, optimizer_steps_per_rollout
-from grpo_lightning.report.summary import summary_paragraph
-from grpo_lightning.report.validation import evaluation_section
+from grpo_lightning.report.sections.summary import summary_paragraph
+from grpo_lightning.report.sections.validation import evaluation_section
 
 #: The report's folder inside the sweep folder, unless another is given.
 DEFAULT_FOLDER = "report"

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lightning.report.cells import DATA_MARKER, CellInfo, log_file
-from grpo_lightning.report.completions import COMPLETIONS_FILE, first_and_last
-from grpo_lightning.report.health import HEALTH_FILE
-from grpo_lightning.report.provenance import PROVENANCE_FILE
+from grpo_lightning.report.sections.completions import COMPLETIONS_FILE, first_and_last
+from grpo_lightning.report.sections.health import HEALTH_FILE
+from grpo_lightning.report.sections.provenance import PROVENANCE_FILE
 from grpo_lightning.report.runs import SCALARS_FILE, event_directory, read_scalars, write_scalars_csv
 
 DATA_FOLDER = "data"

@@ -8,10 +8,10 @@ import pytest
 
 from grpo_lightning.report import Doc, discover_cells
 from grpo_lightning.report.build import load_arms
-from grpo_lightning.report.finals import final_section
-from grpo_lightning.report.formatting import fmt_interval, fmt_metric
+from grpo_lightning.report.sections.finals import final_section
+from grpo_lightning.report.render.formatting import fmt_interval, fmt_metric
 from grpo_lightning.report.learning import area_under_curve, curve_metrics, first_crossing, threshold_note
-from grpo_lightning.report.markdown import render_markdown
+from grpo_lightning.report.render.markdown import render_markdown
 from grpo_lightning.report.metrics import metric_bounds
 
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from grpo_lightning.report import Arm, Run, Series, build_report
-from grpo_lightning.report.curves import sampled_tags
-from grpo_lightning.report.effects import clip_settings, distinct_clip_settings, ineffective_notes
-from grpo_lightning.report.provenance import command_line_changes, command_line_notes, wall_clock_caveat
+from grpo_lightning.report.sections.curves import sampled_tags
+from grpo_lightning.report.sections.effects import clip_settings, distinct_clip_settings, ineffective_notes
+from grpo_lightning.report.sections.provenance import command_line_changes, command_line_notes, wall_clock_caveat
 
 PROVENANCE = {
     "command": "grpo-lightning-ablate --config-name default",

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from grpo_lightning.report import Arm, CellInfo, Run, Series, baseline_effects, seed_interval
-from grpo_lightning.report.comparisons import identical_arms
+from grpo_lightning.report.sections.comparisons import identical_arms
 from grpo_lightning.report.statistics import minimum_detectable_effect, paired_test, standardised_effect
 
 SIMULATIONS = 4000
@@ -141,7 +141,7 @@ def test_verdicts_without_a_test_or_below_the_practical_threshold():
 
 
 def test_final_validations_at_different_steps_are_flagged():
-    from grpo_lightning.report.summary import flag_sentences
+    from grpo_lightning.report.sections.summary import flag_sentences
 
     def arm(name, last_val_step):  # 100 training steps; the last validation after step last_val_step + 1
         cells = [CellInfo(Path(name), f"{name}-seed{s}", name, name, s, {}, True, {}) for s in range(2)]

@@ -1,0 +1,223 @@
+"""Each arm against the sweep's baseline arm: the paired difference over the seeds both ran, its
+t-interval, effect size, Holm-corrected p and minimum detectable effect, and the verdict they give.
+
+Seeds are shared across arms (the same seed draws the same prompts and start), so the difference
+at each seed removes what the seed alone decides; a paired test on those differences has more
+power than comparing two means. Whether two intervals overlap is never used as a test.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from grpo_lightning.report.arms import Arm
+from grpo_lightning.report.render.document import Doc
+from grpo_lightning.report.render.formatting import fmt, fmt_metric, fmt_p
+from grpo_lightning.report.metrics import PROPORTION, REWARD_SCALE_KEYS, SUMMARY_METRICS, WALL_CLOCK_METRICS, metric_bounds
+from grpo_lightning.report.statistics import (
+    holm,
+    minimum_detectable_effect,
+    paired_test,
+    seed_interval,
+    standardised_effect,
+)
+
+#: Level of the tests, after Holm's correction over the arms compared with the baseline.
+ALPHA = 0.05
+#: Differences smaller than this are not called better or worse, however significant: an absolute
+#: difference of accuracies and shares (one point), and a share of the baseline's mean elsewhere.
+PRACTICAL_ABSOLUTE = 0.01
+PRACTICAL_RELATIVE = 0.02
+
+
+@dataclass
+class Effect:
+    """``arm`` minus ``baseline`` on ``key`` over ``n`` shared seeds: the mean difference with its
+    interval, Cohen's d_z, the paired t-test (``p``, and ``p_holm`` over the arms compared), the
+    minimum detectable effect at 80% power, the practical threshold and the verdict."""
+
+    arm: str
+    baseline: str
+    key: str
+    n: int
+    mean: float
+    low: float
+    high: float
+    effect_size: float
+    t: float
+    p: float
+    p_holm: float
+    mde: float
+    threshold: float
+    verdict: str
+    differences: list[float]
+
+
+def practical_threshold(key: str, baseline_mean: float) -> float:
+    """The smallest difference on ``key`` the report calls a difference (see ``PRACTICAL_*``)."""
+    if metric_bounds(key.rpartition(":")[2]) == PROPORTION:
+        return PRACTICAL_ABSOLUTE
+    return PRACTICAL_RELATIVE * abs(baseline_mean) if math.isfinite(baseline_mean) else math.nan
+
+
+def paired_differences(arm: Arm, baseline: Arm, key: str) -> list[float]:
+    """``arm``'s final ``key`` minus ``baseline``'s at each seed both have, in seed order."""
+    mine, theirs = arm.finals_by_seed(key), baseline.finals_by_seed(key)
+    shared = sorted(set(mine) & set(theirs), key=lambda s: (not isinstance(s, int), s if isinstance(s, int) else 0, str(s)))
+    return [mine[s] - theirs[s] for s in shared]
+
+
+def baseline_effects(arms: Sequence[Arm], baseline: Arm, key: str, direction: int,
+                     confidence: float = 0.95) -> list[Effect]:  # fmt: skip
+    """One ``Effect`` per arm other than ``baseline`` that logged ``key``; Holm's correction runs
+    over these arms."""
+    others = [a for a in arms if a.name != baseline.name and a.finals(key)]
+    base_mean = seed_interval(baseline.finals(key), confidence)[0]
+    threshold = practical_threshold(key, base_mean)
+    effects = []
+    for arm in others:
+        d = paired_differences(arm, baseline, key)
+        mean, low, high = seed_interval(d, confidence)
+        t, p = paired_test(d)
+        effects.append(Effect(arm.name, baseline.name, key, len(d), mean, low, high, standardised_effect(d), t, p,
+                              math.nan, math.nan, threshold, "", d))  # fmt: skip
+    family = max(1, sum(1 for e in effects if math.isfinite(e.p)))
+    for effect, adjusted in zip(effects, holm([e.p for e in effects])):
+        effect.p_holm = adjusted
+        sd = float(np.std(effect.differences, ddof=1)) if effect.n > 1 else math.nan
+        # at the level Holm's first step uses: a difference this large is found whatever its rank
+        effect.mde = minimum_detectable_effect(sd, effect.n, ALPHA / family) if math.isfinite(effect.p) else math.nan
+        effect.verdict = verdict(effect, direction)
+    return effects
+
+
+def verdict(effect: Effect, direction: int) -> str:
+    """"better" or "worse" (``direction`` +1: higher is better, -1: lower is; 0: "higher" or
+    "lower"), only when the Holm-corrected paired test rejects and the difference reaches the
+    practical threshold; otherwise why not. Never "tie": no difference found is not no difference."""
+    if effect.n < 2:
+        return f"no test: {effect.n} shared seed{'s' if effect.n != 1 else ''} (a paired test needs 2)"
+    if all(d == 0 for d in effect.differences):
+        return "identical at every seed"
+    if not math.isfinite(effect.p):
+        return f"no test: the difference is {fmt_metric(effect.differences[0], effect.key)} at every seed"
+    if effect.p_holm >= ALPHA:
+        return f"not distinguishable (MDE {fmt(effect.mde, 2)})"
+    if math.isfinite(effect.threshold) and abs(effect.mean) < effect.threshold:
+        return f"below the practical threshold ({fmt(effect.threshold, 2)})"
+    up = effect.mean > 0
+    if direction == 0:
+        return "higher" if up else "lower"
+    return "better" if up == (direction > 0) else "worse"
+
+
+def difference_text(effect: Effect) -> str:
+    """``+0.05 [0.01, 0.09]``: the mean paired difference with its interval."""
+    if not math.isfinite(effect.mean):
+        return "n/a"
+    sign = "+" if effect.mean > 0 else ""
+    if not math.isfinite(effect.low):
+        return f"{sign}{fmt(effect.mean)}"
+    return f"{sign}{fmt(effect.mean)} [{fmt(effect.low)}, {fmt(effect.high)}]"
+
+
+def identical_arms(arms: Sequence[Arm], tags: Sequence[str] = ("reward", "kl", "val/accuracy")) -> list[tuple[str, str]]:
+    """Pairs of arms that ran the same seeds and logged the same value of each of ``tags`` at every
+    step of every seed: whatever sets them apart did nothing."""
+    pairs = []
+    for i, a in enumerate(arms):
+        for b in arms[i + 1 :]:
+            if _same_runs(a, b, tags):
+                pairs.append((a.name, b.name))
+    return pairs
+
+
+def _same_runs(a: Arm, b: Arm, tags: Sequence[str]) -> bool:
+    seeds_a = {c.seed: r for c, r in zip(a.cells, a.runs)}
+    seeds_b = {c.seed: r for c, r in zip(b.cells, b.runs)}
+    if set(seeds_a) != set(seeds_b) or not seeds_a:
+        return False
+    compared = 0
+    for seed, run in seeds_a.items():
+        other = seeds_b[seed]
+        for tag in tags:
+            x, y = run.scalars.get(tag), other.scalars.get(tag)
+            if x is None and y is None:
+                continue
+            if x is None or y is None or not np.array_equal(x.values, y.values) or not np.array_equal(x.steps, y.steps):
+                return False
+            compared += 1
+    return compared > 0
+
+
+def different_starts(arms: Sequence[Arm], baseline: Arm, key: str = "initial:val/accuracy") -> list[tuple[str, float, float]]:
+    """Arms whose value before training differs from the baseline's at some shared seed:
+    ``(arm, its mean, the baseline's mean)`` over the shared seeds."""
+    found = []
+    for arm in arms:
+        if arm.name == baseline.name:
+            continue
+        mine, theirs = arm.finals_by_seed(key), baseline.finals_by_seed(key)
+        shared = sorted(set(mine) & set(theirs), key=str)
+        if any(mine[s] != theirs[s] for s in shared):
+            found.append((arm.name, float(np.mean([mine[s] for s in shared])), float(np.mean([theirs[s] for s in shared]))))
+    return found
+
+
+def comparable_arms(arms: Sequence[Arm], baseline: Arm, key: str, configs: Mapping[str, Mapping[str, str]]) -> list[Arm]:
+    """The arms whose ``key`` is on the baseline's scale: for the training reward, those with the
+    baseline's reward functions (a reward of other functions measures something else)."""
+    if key != "reward":
+        return list(arms)
+    keys = sorted({k for config in configs.values() for k in config if any(r in k for r in REWARD_SCALE_KEYS)})
+    return [a for a in arms if a.name == baseline.name or not same_scale(configs, a.name, baseline.name, keys)]
+
+
+def same_scale(configs: Mapping[str, Mapping[str, str]], arm: str, baseline: str, keys: Sequence[str]) -> list[str]:
+    """The settings among ``keys`` (e.g. the reward functions) in which ``arm`` differs from
+    ``baseline``: a metric they set the scale of is not compared between the two."""
+    mine, theirs = configs.get(arm, {}), configs.get(baseline, {})
+    return [k for k in keys if mine.get(k, "—") != theirs.get(k, "—")]
+
+
+def comparison_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence: float,
+                       wall_clock_caveat: str | None, configs: Mapping[str, Mapping[str, str]]) -> None:  # fmt: skip
+    doc.h(2, f"Effects against the baseline ({baseline.name})")
+    doc.p(
+        f"Each arm minus **{baseline.name}** at every seed both ran: the mean difference [{confidence:.0%} t-interval], "
+        "Cohen's d_z (mean / standard deviation of the differences), the paired t-test's p and Holm's correction "
+        f"over the arms compared, and the minimum detectable effect (MDE) at 80% power. Differences below "
+        f"{PRACTICAL_ABSOLUTE:g} on accuracies and shares, or below {PRACTICAL_RELATIVE:.0%} of the baseline's mean "
+        "elsewhere, are not called better or worse. The interval is for one comparison; the verdict "
+        "follows the Holm-corrected p, so with many arms an interval can miss 0 while the verdict is not "
+        "distinguishable. See Method for the formulas."
+    )
+    if len(arms) < 2:
+        doc.p("Only one arm: nothing to compare.")
+        return
+    header = ["arm", "seeds", "difference", "d_z", "p", "p (Holm)", "MDE", "verdict"]
+    for number, (key, label, direction) in enumerate(SUMMARY_METRICS):
+        if wall_clock_caveat and key in WALL_CLOCK_METRICS:
+            continue
+        compared = comparable_arms(arms, baseline, key, configs)
+        effects = baseline_effects(compared, baseline, key, direction, confidence)
+        left_out = [a.name for a in arms if a not in compared]
+        if (not effects and not left_out) or not baseline.finals(key):
+            continue
+        rows = [[f"**{e.arm}**", str(e.n), difference_text(e), fmt(e.effect_size, 3), fmt_p(e.p), fmt_p(e.p_holm),
+                 fmt(e.mde), e.verdict] for e in effects]  # fmt: skip
+        title = f"{label} ({baseline.name}: {fmt_metric(baseline.interval(key, confidence)[0], key)})"
+        note = f"Not compared (other reward functions): {', '.join(left_out)}." if left_out else ""
+        body = doc if number == 0 else Doc()
+        if number == 0:
+            doc.h(3, title)
+        if rows:
+            body.table(header, rows, "lrrrrrrl")
+        if note:
+            body.p(note)
+        if number != 0:
+            doc.details(title, body)

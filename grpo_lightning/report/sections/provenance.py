@@ -1,0 +1,151 @@
+"""The Provenance section, from the ``provenance.json`` that ``grpo-lightning-ablate`` writes
+beside the cells (one record per run of the sweep that started cells), and whether the machine's
+load makes wall-clock times meaningless."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from grpo_lightning.report.render.document import Doc
+from grpo_lightning.report.render.formatting import fmt
+
+PROVENANCE_FILE = "provenance.json"
+
+
+def read_provenance(sweep_dir: Path) -> list[dict[str, Any]]:
+    """The records of ``<sweep_dir>/provenance.json`` (a list, or one record); none without it."""
+    try:
+        data = json.loads((Path(sweep_dir) / PROVENANCE_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    records = [data] if isinstance(data, Mapping) else data if isinstance(data, list) else []
+    return [r for r in records if isinstance(r, Mapping)]
+
+
+def peak_load(record: Mapping[str, Any]) -> float | None:
+    """The highest 1-minute load average recorded at the start, during or at the end of a run."""
+    readings = [(record.get("load_start") or [None])[0], record.get("load_peak"), (record.get("load_end") or [None])[0]]
+    numbers = [float(v) for v in readings if isinstance(v, (int, float))]
+    return max(numbers) if numbers else None
+
+
+def wall_clock_caveat(records: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why wall-clock times of this sweep cannot be compared, or None: the load average exceeded
+    the core count, or several cells shared the CPU."""
+    reasons = []
+    for record in records:
+        cores = (record.get("machine") or {}).get("cores")
+        load = peak_load(record)
+        if cores and load is not None and load > cores:
+            reasons.append(f"the 1-minute load average reached {fmt(load)} on {cores} cores")
+        if int(record.get("parallel") or 1) > 1 and not record.get("devices"):
+            reasons.append(f"{record['parallel']} cells ran at once on the CPU")
+    if not reasons:
+        return None
+    unique = list(dict.fromkeys(reasons))
+    return "wall-clock times measure the machine's load as much as the algorithm (" + "; ".join(unique) + ")."
+
+
+def provenance_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Banners for the top of a report whose code is not one clean commit: no record of it, cells
+    run from a checkout with uncommitted changes (and whether the diff was kept), several commits."""
+    if not records:
+        return [f"**Warning: no `{PROVENANCE_FILE}`: the code these runs used is unknown.**"]
+    lines = []
+    dirty = [r for r in records if r.get("dirty")]
+    if dirty:
+        kept = all(r.get("diff") for r in dirty)
+        how = ("the uncommitted diff is recorded in `data/provenance.json`" if kept
+               else "the uncommitted diff was not recorded, so these runs cannot be redone exactly")  # fmt: skip
+        lines.append(f"**Warning: {len(dirty)} of {len(records)} runs of the sweep used a checkout with uncommitted "
+                     f"changes to tracked files;** {how}.")  # fmt: skip
+    commits = list(dict.fromkeys(str(r.get("commit")) for r in records))
+    if len(commits) > 1:
+        shown = ", ".join(f"`{c[:10]}`" for c in commits)
+        lines.append(f"**Warning: the cells of this sweep ran at {len(commits)} different commits** ({shown}; see "
+                     "Provenance for which cells ran at which): arms may differ by code as well as by setting.")  # fmt: skip
+    return lines
+
+
+#: Command-line settings of ``grpo-lightning-ablate`` that change how cells run, not what they
+#: compute (wall-clock aside): not worth a note.
+EXECUTION_SETTINGS = ("parallel", "gpus", "threads", "timeout_s", "hydra", "hydra/launcher")
+
+
+def command_line_changes(command: str) -> list[str]:
+    """The overrides of the sweep's config on a ``grpo-lightning-ablate`` command line (Hydra's
+    ``key=value``), leaving out ``EXECUTION_SETTINGS``. The command is as ``provenance.json``
+    recorded it (its arguments joined by spaces)."""
+    words = command.split()
+    changes = []
+    for i, word in enumerate(words):
+        if word.startswith("-") or "=" not in word or (i and words[i - 1] in ("--config-name", "-cn")):
+            continue
+        key = word.split("=", 1)[0].lstrip("+~")
+        if key.split(".", 1)[0] not in EXECUTION_SETTINGS and key not in EXECUTION_SETTINGS:
+            changes.append(word)
+    return changes
+
+
+def command_line_notes(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A note for the top of a report whose sweep ran with settings its config file does not
+    have (fewer steps, other seeds, ...): they are the report's conditions, so they are said first."""
+    changes = list(dict.fromkeys(c for r in records for c in command_line_changes(str(r.get("command") or ""))))
+    if not changes:
+        return []
+    return [f"**Note: the sweep's command line changed its config file:** {', '.join(f'`{c}`' for c in changes)} "
+            "(the Configuration section shows the settings the cells ran with)."]  # fmt: skip
+
+
+def provenance_section(doc: Doc, records: Sequence[Mapping[str, Any]], extra: Sequence[str] = ()) -> None:
+    doc.h(2, "Provenance")
+    if not records:
+        doc.p(f"No `{PROVENANCE_FILE}` in the sweep folder (`grpo-lightning-ablate` records one when it runs cells).")
+    for number, record in enumerate(records, start=1):
+        if len(records) > 1:
+            doc.h(3, f"Run {number} of the sweep")
+        doc.items(record_lines(record))
+    if extra:
+        doc.items(list(extra))
+
+
+def record_lines(record: Mapping[str, Any]) -> list[str]:
+    """One record of ``provenance.json`` as list items."""
+    lines = [f"Command: `{record.get('command', '?')}`",
+             f"Date (UTC): {record.get('started', '?')} to {record.get('finished', '?')}"]  # fmt: skip
+    commit = record.get("commit")
+    dirty = " (with uncommitted changes to tracked files)" if record.get("dirty") else ""
+    lines.append(f"Commit: `{commit}`{dirty}" if commit else "Commit: unknown (not run from a git checkout)")
+    packages = record.get("packages") or {}
+    lines.append("Packages: " + ", ".join(f"{name} {version or 'not installed'}" for name, version in packages.items()))
+    lines.append("Machine: " + machine_text(record.get("machine") or {}))
+    lines.append(load_text(record))
+    cells = record.get("cells") or {}
+    counts = {status: sum(1 for s in cells.values() if s == status) for status in dict.fromkeys(cells.values())}
+    lines.append(f"Cells run: {len(cells)} (" + ", ".join(f"{n} {status}" for status, n in counts.items()) + ")")
+    return lines
+
+
+def machine_text(machine: Mapping[str, Any]) -> str:
+    gpus = machine.get("gpus") or []
+    gpu_text = "no GPU" if not gpus else ", ".join(f"{gpus.count(name)} x {name}" for name in dict.fromkeys(gpus))
+    memory = f", {machine['memory_gib']} GiB" if machine.get("memory_gib") else ""
+    return f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores{memory}, {gpu_text}; {machine.get('platform', '?')}, Python {machine.get('python', '?')}"
+
+
+def load_text(record: Mapping[str, Any]) -> str:
+    def first(key: str) -> str:
+        values = record.get(key)
+        return fmt(values[0]) if values else "?"
+
+    peak = record.get("load_peak")
+    threads = record.get("threads_per_cell")
+    return (
+        f"Load (1-minute average): {first('load_start')} at the start, {first('load_end')} at the end, at most "
+        f"{fmt(peak) if peak is not None else '?'} during the run; cells at once: {record.get('parallel', '?')}, "
+        f"CPU threads per cell: {threads if threads is not None else 'torch default'}"
+        + (f", devices: {', '.join(record['devices'])}" if record.get("devices") else "")
+    )

@@ -1,0 +1,105 @@
+"""The summary paragraph: each arm against the baseline on the metrics of ``SUMMARY_METRICS``, in
+the words the paired tests allow ("better", "worse", "not distinguishable (MDE ...)"), with the
+generated tokens each arm spent beside its effect, and the flags a reader must see first."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from grpo_lightning.report.arms import SMOOTHING_STEPS, Arm
+from grpo_lightning.report.sections.comparisons import (
+    Effect,
+    baseline_effects,
+    comparable_arms,
+    difference_text,
+    different_starts,
+    identical_arms,
+)
+from grpo_lightning.report.render.formatting import UNITS, fmt, fmt_metric, fmt_p
+from grpo_lightning.report.metrics import SUMMARY_METRICS, WALL_CLOCK_METRICS
+
+#: The metric whose cost is named beside each effect.
+COST_KEY = "perf/generated_tokens"
+
+
+def summary_paragraph(arms: Sequence[Arm], baseline: Arm | None = None, confidence: float = 0.95,
+                      wall_clock_caveat: str | None = None,
+                      configs: Mapping[str, Mapping[str, str]] | None = None) -> str:  # fmt: skip
+    """One sentence per metric of ``SUMMARY_METRICS``; ``wall_clock_caveat`` (why wall-clock
+    times mean little on this machine) replaces the comparison of wall-clock metrics."""
+    if not arms:
+        return "No finished runs."
+    baseline = baseline or arms[0]
+    seeds = sorted({len(a.runs) for a in arms})
+    parts = [f"{len(arms)} arm{'s' if len(arms) != 1 else ''} with {'/'.join(map(str, seeds))} seed(s) each."]
+    if len(arms) < 2:
+        return parts[0] + " With a single arm there is no comparison."
+    parts.append(f"Each arm is compared with the baseline **{baseline.name}** over the seeds both ran (paired t-test, "
+                 "Holm's correction over the arms; see Effects against the baseline).")  # fmt: skip
+    for key, label, direction in SUMMARY_METRICS:
+        if key in WALL_CLOCK_METRICS and wall_clock_caveat:
+            parts.append(f"The {label} is not compared: {wall_clock_caveat}")
+            continue
+        compared = comparable_arms(arms, baseline, key, configs or {})
+        left_out = [a.name for a in arms if a not in compared]
+        sentence = metric_sentence(compared, baseline, key, label, direction, confidence) if len(compared) > 1 else ""
+        if left_out:
+            sentence += (f" The {label} of {', '.join(f'**{n}**' for n in left_out)} is not compared with "
+                         f"**{baseline.name}**'s: other reward functions, so another scale.")  # fmt: skip
+        if sentence:
+            parts.append(sentence.strip())
+    parts += flag_sentences(arms, baseline)
+    initial = [v for a in arms for v in a.finals("initial:val/accuracy")]
+    if initial:
+        parts.append(f"Before training, val/accuracy was {fmt_metric(float(np.mean(initial)))} on average.")
+    return " ".join(parts)
+
+
+def metric_sentence(arms: Sequence[Arm], baseline: Arm, key: str, label: str, direction: int, confidence: float) -> str:
+    """``On final val/accuracy (grpo 0.24): **dapo** better (+0.05 [0.01, 0.09], p = 0.01, 2x the tokens); ...``"""
+    effects = baseline_effects(arms, baseline, key, direction, confidence)
+    if not effects or not baseline.finals(key):
+        return ""
+    unit = UNITS.get(key, "")
+    base = fmt_metric(baseline.interval(key, confidence)[0], key) + unit
+    smoothing = f", mean of the last {SMOOTHING_STEPS} steps" if key == "reward" else ""
+    described = "; ".join(effect_phrase(e, arms, baseline, key) for e in effects)
+    return f"On {label} ({baseline.name} {base}{smoothing}): {described}."
+
+
+def effect_phrase(effect: Effect, arms: Sequence[Arm], baseline: Arm, key: str) -> str:
+    """``**dapo** +0.07 [0.04, 0.11], better (Holm p = 0.0163); 1.99x the tokens``"""
+    text = f"**{effect.arm}** " + (f"{difference_text(effect)}, " if math.isfinite(effect.p) else "") + effect.verdict
+    if effect.verdict in ("better", "worse", "higher", "lower") or effect.verdict.startswith("below"):
+        text += f" (Holm p {'< 0.0001' if effect.p_holm < 1e-4 else '= ' + fmt_p(effect.p_holm)})"
+    cost = cost_text(next(a for a in arms if a.name == effect.arm), baseline) if key != COST_KEY else ""
+    return text + (f"; {cost}" if cost else "")
+
+
+def cost_text(arm: Arm, baseline: Arm) -> str:
+    """``1.98x the tokens``: the arm's mean generated tokens over the baseline's."""
+    mine, theirs = arm.finals(COST_KEY), baseline.finals(COST_KEY)
+    if not mine or not theirs or float(np.mean(theirs)) <= 0:
+        return ""
+    return f"{fmt(float(np.mean(mine)) / float(np.mean(theirs)), 3)}x the tokens"
+
+
+def flag_sentences(arms: Sequence[Arm], baseline: Arm) -> list[str]:
+    """Arms identical to another at every seed, arms that started from another point, and final
+    validations taken at different training steps."""
+    sentences = []
+    steps = {a.name: sorted(set(a.finals("step_of:val/accuracy"))) for a in arms}
+    if len({tuple(s) for s in steps.values() if s}) > 1:
+        shown = "; ".join(f"**{name}** {', '.join(fmt_metric(v) for v in s)}" for name, s in steps.items() if s)
+        sentences.append(f"**Warning:** the final val/accuracy was taken at different training steps ({shown}): "
+                         "arms validated at an earlier step had less training when compared.")  # fmt: skip
+    for a, b in identical_arms(arms):
+        sentences.append(f"**Warning:** **{a}** and **{b}** logged the same reward, kl and val/accuracy at every "
+                         "step of every seed: what sets them apart had no effect.")  # fmt: skip
+    for name, mine, theirs in different_starts(arms, baseline):
+        sentences.append(f"**Warning:** **{name}** started from val/accuracy {fmt(mine)} before training against "
+                         f"{fmt(theirs)} for **{baseline.name}** at the same seeds: its differences include its start.")  # fmt: skip
+    return sentences

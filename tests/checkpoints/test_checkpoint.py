@@ -1,0 +1,200 @@
+"""Checkpoints: a fit stopped at step k and resumed from its checkpoint logs, for steps k+1..n,
+exactly what one uninterrupted fit to n logs; bad checkpoint paths fail naming the path; the
+trained policy exports as a plain Hugging Face directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from grpo_lightning.cli.app import main
+from grpo_lightning.data import ArithmeticDataModule
+from grpo_lightning.checkpoints.export import export_checkpoint, read_checkpoint
+from grpo_lightning.checkpoints.export import main as export_main
+from variants import DAPO, GRPO
+from tests.conftest import merged
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def length_reward(prompts, completions, **columns):
+    """Deterministic, and equal within many groups of 2: DAPO then drops groups and refills."""
+    return [float(len(c) % 3) for c in completions]
+
+
+def make_module(model_dir: str, cls=GRPO, **overrides):
+    settings = dict(
+        # an import path, as configs give it: resuming loads checkpoints with weights_only=True
+        model=model_dir,
+        rewards={"funcs": [f"{__name__}.length_reward"]},
+        sampling={"group_size": 2, "max_new_tokens": 6},
+        optim={"micro_batch_size": 2, "learning_rate": 1e-3},
+    )
+    return cls(**merged(settings, overrides))
+
+
+def make_data() -> ArithmeticDataModule:
+    return ArithmeticDataModule(num_train=8, num_val=4, batch_size=2, val_batch_size=4)  # 4 batches an epoch
+
+
+def compared(name: str) -> bool:
+    return not name.startswith("perf/") or name == "perf/generated_tokens"  # timings differ run to run
+
+
+class StepRecorder(L.Callback):
+    """The logged metrics of every optimizer step this fit makes, by global step."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, dict[str, torch.Tensor]] = {}
+        self.last = 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.last = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step > self.last:  # DAPO batches that only sample make no step
+            self.last = trainer.global_step
+            metrics = trainer.callback_metrics
+            self.steps[self.last] = {k: v.detach().clone() for k, v in metrics.items() if compared(k)}
+
+
+class SaveWhileSampling(L.Callback):
+    """At the first batch after step ``after`` that ends with groups in DAPO's dynamic-sampling
+    buffer (no update yet), save a checkpoint and stop."""
+
+    def __init__(self, after: int, path: Path) -> None:
+        self.after, self.path, self.saved_at = after, path, None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.saved_at is None and trainer.global_step >= self.after and pl_module.buffer.num_groups:
+            trainer.save_checkpoint(self.path)
+            self.saved_at = trainer.global_step
+            trainer.should_stop = True
+
+
+def fit(module, max_steps: int, root: Path, callbacks=(), ckpt_path=None, strategy="auto") -> tuple[dict, L.Trainer]:
+    L.seed_everything(0)
+    recorder = StepRecorder()
+    trainer = L.Trainer(
+        strategy=strategy,
+        max_steps=max_steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        log_every_n_steps=1,
+        callbacks=[recorder, *callbacks],
+        default_root_dir=root,
+    )
+    trainer.fit(module, datamodule=make_data(), ckpt_path=ckpt_path)
+    return recorder.steps, trainer
+
+
+def assert_same_steps(resumed: dict, full: dict, first: int, last: int) -> None:
+    assert sorted(resumed) == list(range(first, last + 1))
+    for step in resumed:
+        assert "reward" in resumed[step] and "loss" in resumed[step]
+        torch.testing.assert_close(resumed[step], full[step], rtol=0, atol=0, msg=lambda m: f"step {step}: {m}")
+
+
+@pytest.mark.parametrize("stop", [3, 4], ids=["mid-epoch", "end-of-epoch"])
+def test_grpo_resumed_from_a_checkpoint_logs_what_an_uninterrupted_fit_logs(tiny_model_dir, tmp_path, stop):
+    total = 6
+    full, _ = fit(make_module(tiny_model_dir, kl={"beta": 0.04}), total, tmp_path / "full")
+    assert sorted(full) == list(range(1, total + 1))
+
+    every = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=stop)
+    fit(make_module(tiny_model_dir, kl={"beta": 0.04}), stop, tmp_path / "first", callbacks=[every])
+    path = tmp_path / "ckpt" / f"step={stop}.ckpt"
+    checkpoint = read_checkpoint(path)
+    assert not any(k.startswith("ref_model.") for k in checkpoint["state_dict"])
+    assert {"rng", "generated_tokens", "step_metrics"} <= set(checkpoint["training_state"][0])
+    position = checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
+    assert (position["epoch"], position["batches"]) == (0, stop)
+
+    resumed, trainer = fit(make_module(tiny_model_dir, kl={"beta": 0.04}), total, tmp_path / "resumed", ckpt_path=path)
+    assert trainer.global_step == total
+    assert_same_steps(resumed, full, stop + 1, total)
+
+
+def test_dapo_resumed_while_its_dynamic_sampling_buffer_holds_groups(tiny_model_dir, tmp_path):
+    """The checkpoint is taken between two generation batches of one update: the kept groups,
+    the generation-batch count and the step's partial metrics all carry over."""
+    total = 6
+    settings = dict(cls=DAPO, dynamic_sampling=True, max_gen_batches=3, on_exhausted="partial")
+    full, _ = fit(make_module(tiny_model_dir, **settings), total, tmp_path / "full")
+    assert any(values["dynamic_sampling/gen_batches"] > 1 for values in full.values())
+
+    save = SaveWhileSampling(after=2, path=tmp_path / "sampling.ckpt")
+    fit(make_module(tiny_model_dir, **settings), total, tmp_path / "first", callbacks=[save])
+    assert save.saved_at is not None, "no generation batch left groups in the buffer: change the reward or seed"
+    buffer = read_checkpoint(save.path)["training_state"][0]["buffers"]["buffer"]
+    assert buffer["kept"] and buffer["gen_batches"] >= 1
+
+    resumed, trainer = fit(make_module(tiny_model_dir, **settings), total, tmp_path / "resumed", ckpt_path=save.path)
+    assert trainer.global_step == total
+    assert_same_steps(resumed, full, save.saved_at + 1, total)
+
+
+# ---------------------------------------------------------------- bad checkpoint paths
+
+
+def cli_fit(model_dir: str, ckpt_path: Path) -> None:
+    main([
+        "fit", "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
+        "--config", str(CONFIGS / "variant/grpo.yaml"), "--model.model", model_dir, "--ckpt_path", str(ckpt_path),
+    ])  # fmt: skip
+
+
+def test_a_missing_checkpoint_fails_naming_the_path(tiny_model_dir, tmp_path):
+    missing = tmp_path / "no" / "such.ckpt"
+    with pytest.raises(FileNotFoundError, match="no/such.ckpt.*does not exist"):
+        cli_fit(tiny_model_dir, missing)
+
+
+def test_a_truncated_checkpoint_fails_naming_the_path(tiny_model_dir, tmp_path):
+    every = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=1)
+    fit(make_module(tiny_model_dir), 1, tmp_path / "first", callbacks=[every])
+    whole = (tmp_path / "ckpt" / "step=1.ckpt").read_bytes()
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match="truncated.ckpt.*truncated or corrupt"):
+        cli_fit(tiny_model_dir, truncated)
+    with pytest.raises(ValueError, match="truncated.ckpt"):
+        export_checkpoint(truncated, tmp_path / "out")
+
+
+# ---------------------------------------------------------------- export
+
+
+def logits(model, tokenizer) -> torch.Tensor:
+    encoded = tokenizer(["12+34=", "7+8="], return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    with torch.no_grad():
+        return model(**encoded).logits
+
+
+def test_the_trained_policy_exports_as_a_hugging_face_directory(tiny_model_dir, tmp_path):
+    grpo = make_module(tiny_model_dir, optim={"learning_rate": 1e-2})
+    every = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=2)
+    fit(grpo, 2, tmp_path / "fit", callbacks=[every])
+    grpo.policy.eval()
+    trained = logits(grpo.policy, grpo.tokenizer)
+    initial = logits(AutoModelForCausalLM.from_pretrained(tiny_model_dir), grpo.tokenizer)
+    assert not torch.equal(trained, initial)
+
+    grpo.save_pretrained(tmp_path / "saved")
+    export_main(["--ckpt_path", str(tmp_path / "ckpt" / "step=2.ckpt"), "--output_dir", str(tmp_path / "exported")])
+    for directory in ("saved", "exported"):
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / directory)
+        tokenizer = AutoTokenizer.from_pretrained(tmp_path / directory)
+        assert tokenizer.get_vocab() == grpo.tokenizer.get_vocab()
+        torch.testing.assert_close(logits(model, tokenizer), trained, rtol=0, atol=0)

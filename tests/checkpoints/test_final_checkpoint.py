@@ -1,0 +1,209 @@
+"""However a ``grpo-lightning fit`` ends (``max_steps`` off the checkpoint interval, ``max_time``, an
+early stop, SIGTERM, SIGINT), ``last.ckpt`` holds its last completed optimizer step and the summary
+names that step.
+
+The fits are real CLI fits of the tiny model with a checkpoint every 2 steps, each ended at an odd
+step: Lightning's own ``last.ckpt`` stays at the step before. The signal tests run ``grpo-lightning fit`` as a process and signal it
+while :class:`PauseAtStep` (a test callback, appended with ``--trainer.callbacks+=``) holds it at the
+end of a known step.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from grpo_lightning.checkpoints.io import load_checkpoint_file
+from grpo_lightning.cli.app import main
+from grpo_lightning.cli.resources import config_dir
+
+CONFIGS = config_dir()
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class PauseAtStep(L.Callback):
+    """At the end of optimizer step ``$PAUSE_AT_STEP``: write ``$PAUSE_DIR/paused`` and wait (at most
+    two minutes) until the trainer has received the stop signal the test sends."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step != int(os.environ.get("PAUSE_AT_STEP", "-1")):
+            return
+        Path(os.environ["PAUSE_DIR"], "paused").write_text(str(trainer.global_step))
+        deadline = time.monotonic() + 120
+        while not trainer.received_sigterm and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+class SlowThirdStep(L.Callback):
+    """Step 3 takes four seconds: a ``max_time`` of three ends the fit after it."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == 2:
+            time.sleep(4)
+
+
+def fit_args(model_dir: str, root: Path, *extra: str, steps: int = 5) -> list[str]:
+    return [
+        "fit",
+        "--config",
+        str(CONFIGS / "trainer/cpu.yaml"),
+        "--config",
+        str(CONFIGS / "data/arithmetic.yaml"),
+        "--config",
+        str(CONFIGS / "variant/grpo.yaml"),
+        "--model.model",
+        model_dir,
+        "--model.sampling.group_size",
+        "2",
+        "--model.sampling.max_new_tokens",
+        "4",
+        "--model.optim.micro_batch_size",
+        "8",
+        "--data.batch_size",
+        "2",
+        "--data.num_train",
+        "64",
+        "--data.num_val",
+        "4",
+        "--data.val_batch_size",
+        "4",
+        "--trainer.max_steps",
+        str(steps),
+        "--trainer.val_check_interval",
+        "100",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_model_summary",
+        "false",
+        "--trainer.default_root_dir",
+        str(root),
+        "--trainer.logger.init_args.save_dir",
+        str(root),
+        "--trainer.callbacks.every_n_train_steps",
+        "2",
+        *extra,
+    ]
+
+
+def last_step(root: Path) -> int:
+    """The optimizer step of the fit's ``last.ckpt``."""
+    return load_checkpoint_file(root / "grpo" / "version_0" / "checkpoints" / "last.ckpt")["global_step"]
+
+
+def summary_checkpoint(printed: str) -> tuple[Path, int]:
+    """The checkpoint line of the fit summary: its path and the step it names."""
+    line = printed.split("checkpoint:  ")[1].splitlines()[0]
+    path, _, step = line.rpartition(" (optimizer step ")
+    return Path(path), int(step.rstrip(")"))
+
+
+def test_a_fit_off_the_checkpoint_interval_ends_with_last_ckpt_at_its_last_step(
+    tiny_model_dir, tmp_path, one_torch_thread, capsys
+):
+    main(fit_args(tiny_model_dir, tmp_path, steps=3))
+    printed = capsys.readouterr().out
+    assert last_step(tmp_path) == 3
+    assert summary_checkpoint(printed) == (tmp_path / "grpo" / "version_0" / "checkpoints" / "last.ckpt", 3)
+
+    # Resumed to 5: last.ckpt moves on to 5, past the interval's step 4.
+    last = tmp_path / "grpo" / "version_0" / "checkpoints" / "last.ckpt"
+    main(fit_args(tiny_model_dir, tmp_path, "--ckpt_path", str(last), steps=5))
+    assert last_step(tmp_path) == 5
+    assert summary_checkpoint(capsys.readouterr().out)[1] == 5
+
+
+def test_without_a_save_last_checkpoint_the_first_one_writes_last_ckpt(tiny_model_dir, tmp_path, one_torch_thread):
+    main(fit_args(tiny_model_dir, tmp_path, "--trainer.callbacks.save_last", "false", steps=3))
+    assert last_step(tmp_path) == 3
+
+
+def test_a_fit_ended_by_max_time_saves_its_last_step(tiny_model_dir, tmp_path, one_torch_thread, capsys):
+    slow = f"{__name__}.SlowThirdStep"
+    main(fit_args(
+        tiny_model_dir, tmp_path, "--trainer.max_time", "00:00:00:03", f"--trainer.callbacks+={slow}",
+        "--validate_before_fit", "false", steps=40,
+    ))  # fmt: skip
+    printed = capsys.readouterr().out
+    steps = int(printed.split("fit finished: ")[1].split(" / 40")[0])
+    assert 0 < steps < 40, printed  # 3 unless steps 1 and 2 took over three seconds
+    assert last_step(tmp_path) == steps
+    assert summary_checkpoint(printed)[1] == steps
+
+
+def test_an_early_stopped_fit_saves_its_last_step(tiny_model_dir, tmp_path, one_torch_thread, capsys):
+    # The tiny model's accuracy stays 0: no improvement after the validation at step 0 stops the fit.
+    main(fit_args(
+        tiny_model_dir, tmp_path, "--trainer.val_check_interval", "3", "--trainer.callbacks+=EarlyStopping",
+        "--trainer.callbacks.monitor", "val/accuracy", "--trainer.callbacks.mode", "max",
+        "--trainer.callbacks.patience", "0", steps=40,
+    ))  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "fit finished: 3 / 40 optimizer steps" in printed
+    assert last_step(tmp_path) == 3
+    assert summary_checkpoint(printed)[1] == 3
+
+
+def cli_command() -> list[str]:
+    script = Path(sys.executable).with_name("grpo-lightning")
+    return [str(script)] if script.exists() else [sys.executable, "-c", "from grpo_lightning.cli.app import main; main()"]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_fit_stopped_by_a_signal_saves_its_last_completed_step(tiny_model_dir, tmp_path, stop, one_torch_thread):
+    paused_at = 3
+    env = {
+        **os.environ, "PAUSE_AT_STEP": str(paused_at), "PAUSE_DIR": str(tmp_path), "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "checkpoints"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }  # fmt: skip
+    args = fit_args(tiny_model_dir, tmp_path, f"--trainer.callbacks+={Path(__file__).stem}.PauseAtStep", steps=40)
+    with open(tmp_path / "output.txt", "w") as log:
+        process = subprocess.Popen([*cli_command(), *args], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while not (tmp_path / "paused").exists():
+            assert process.poll() is None, (tmp_path / "output.txt").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the fit never reached its pause"
+            time.sleep(0.05)
+        process.send_signal(stop)
+        status = process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    printed = (tmp_path / "output.txt").read_text()
+    assert status == 128 + stop, printed[-3000:]  # not 0: the fit did not reach max_steps
+    assert last_step(tmp_path) == paused_at, printed[-3000:]
+    assert f"fit stopped by {stop.name}: {paused_at} / 40 optimizer steps" in printed
+    assert summary_checkpoint(printed)[1] == paused_at
+    assert not list((tmp_path / "grpo" / "version_0" / "checkpoints").glob(".*.tmp"))  # written atomically
+    if stop == signal.SIGTERM:  # resumed, it ends where one uninterrupted fit ends
+        last = tmp_path / "grpo" / "version_0" / "checkpoints" / "last.ckpt"
+        main(fit_args(tiny_model_dir, tmp_path, "--ckpt_path", str(last)))
+        main(fit_args(tiny_model_dir, tmp_path / "uninterrupted"))
+        assert_same_weights(tmp_path, tmp_path / "uninterrupted", steps=5)
+
+
+def assert_same_weights(root: Path, other: Path, steps: int) -> None:
+    first, second = (load_checkpoint_file(r / "grpo" / "version_0" / "checkpoints" / "last.ckpt") for r in (root, other))
+    assert first["global_step"] == second["global_step"] == steps
+    assert first["state_dict"].keys() == second["state_dict"].keys()
+    assert all(torch.equal(first["state_dict"][k], second["state_dict"][k]) for k in first["state_dict"])
+
+
+def test_the_final_checkpoint_is_a_state_to_resume_from(tiny_model_dir, tmp_path, one_torch_thread, capsys):
+    """A fit of 5 steps ended at 3 (off the interval) and resumed ends with the weights of one
+    uninterrupted 5-step fit."""
+    main(fit_args(tiny_model_dir, tmp_path / "full", "--seed_everything", "1"))
+    main(fit_args(tiny_model_dir, tmp_path / "parts", "--seed_everything", "1", steps=3))
+    last = tmp_path / "parts" / "grpo" / "version_0" / "checkpoints" / "last.ckpt"
+    main(fit_args(tiny_model_dir, tmp_path / "parts", "--seed_everything", "1", "--ckpt_path", str(last)))
+    capsys.readouterr()
+    assert_same_weights(tmp_path / "full", tmp_path / "parts", steps=5)

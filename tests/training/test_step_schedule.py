@@ -1,0 +1,116 @@
+"""One meaning of step: validation, the loggers' x-axis and the fit summary count optimizer steps,
+for GRPO and for DAPO, whose dynamic sampling draws several generation batches per update."""
+
+from __future__ import annotations
+
+import lightning as L
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from grpo_lightning.training.callbacks import FitSummary
+from tests.training.test_module import make_trainer, module, small_data
+from variants import DAPO, GRPO
+
+
+def odd_answers_informative(prompts, completions, answer, **columns):
+    """Rewards that differ within a group (of 2) only where the answer is odd: DAPO keeps about half
+    of each generation batch's groups, so it draws several batches for most updates."""
+    return [float(i % 2) if int(a) % 2 else 0.0 for i, a in enumerate(answer)]
+
+
+class ValidationSteps(L.Callback):
+    """The optimizer steps at which the fit validated."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        self.steps.append(trainer.global_step)
+
+
+def fit(tmp_path, model_dir: str, cls, max_steps: int, val_check_interval: int, **settings):
+    """A fit of two optimizer steps per rollout (2 prompts x 2 completions, minibatches of 2)."""
+    record = ValidationSteps()
+    trainer = make_trainer(tmp_path, max_steps=max_steps, val_check_interval=val_check_interval, callbacks=[record])
+    policy = module(
+        model_dir,
+        cls,
+        **settings,
+        optim={"minibatch_size": 2, "micro_batch_size": 2},
+        rewards={"funcs": [odd_answers_informative]},
+        evaluation={"accuracy_func": odd_answers_informative}
+    )
+    trainer.fit(policy, small_data())
+    return trainer, policy, record.steps
+
+
+def test_grpo_and_dapo_validate_at_the_same_optimizer_steps_and_at_the_end(tiny_model_dir, tmp_path, one_torch_thread):
+    grpo, _, grpo_steps = fit(tmp_path / "grpo", tiny_model_dir, GRPO, 10, 4)
+    dapo, _, dapo_steps = fit(tmp_path / "dapo", tiny_model_dir, DAPO, 10, 4, max_gen_batches=20, on_exhausted="error")
+    batches = [trainer.fit_loop.epoch_loop.total_batch_idx + 1 for trainer in (grpo, dapo)]
+    assert batches[1] > batches[0] == 5  # DAPO drew extra generation batches for its updates
+    assert grpo_steps == dapo_steps == [4, 8, 10]  # every 4 optimizer steps, and at the end
+
+
+def test_tensorboard_steps_are_optimizer_steps(tiny_model_dir, tmp_path, one_torch_thread):
+    trainer, _, _ = fit(tmp_path, tiny_model_dir, GRPO, 6, 4)
+    events = EventAccumulator(str(trainer.log_dir))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward")] == [2, 4, 6]  # each rollout makes two optimizer steps
+    assert [e.step for e in events.Scalars("val/accuracy")] == [4, 6]
+    assert [e.value for e in events.Scalars("counters/rollouts")] == [1, 2, 3]
+    assert [e.value for e in events.Scalars("counters/generation_batches")] == [1, 2, 3]
+    tokens = [e.value for e in events.Scalars("perf/generated_tokens")]
+    assert tokens == sorted(tokens) and tokens[0] > 0
+
+
+def test_the_fit_summary_validation_is_that_of_the_last_step(tiny_model_dir, tmp_path, one_torch_thread):
+    summary = FitSummary()
+    trainer = make_trainer(tmp_path, max_steps=6, val_check_interval=4, callbacks=[summary])
+    trainer.fit(module(tiny_model_dir, GRPO, optim={"minibatch_size": 2, "micro_batch_size": 2}), small_data())
+    events = EventAccumulator(str(trainer.log_dir))
+    events.Reload()
+    last = events.Scalars("val/accuracy")[-1]
+    assert last.step == trainer.global_step == 6
+    assert float(trainer.callback_metrics["val/accuracy"]) == pytest.approx(last.value)
+    assert f"val/accuracy {last.value:.4g}" in summary.text
+
+
+def test_an_interval_the_updates_step_over_is_named(tiny_model_dir, tmp_path, one_torch_thread):
+    with pytest.warns(UserWarning, match="val_check_interval 3 counts optimizer steps.*validated at step 4"):
+        _, _, steps = fit(tmp_path, tiny_model_dir, GRPO, 6, 3)
+    assert steps == [4, 6]
+
+
+def test_an_interval_longer_than_an_epoch_counts_steps_across_epochs(tiny_model_dir, tmp_path, one_torch_thread):
+    """Lightning refuses an integer interval longer than an epoch unless ``check_val_every_n_epoch``
+    is None; counted in optimizer steps over the whole fit, it is fine."""
+    record = ValidationSteps()
+    trainer = make_trainer(tmp_path, max_steps=8, val_check_interval=6, check_val_every_n_epoch=1, callbacks=[record])
+    trainer.fit(
+        module(tiny_model_dir, GRPO, optim={"minibatch_size": 2, "micro_batch_size": 2}), small_data(num_train=4)
+    )  # 2 rollouts an epoch
+    assert record.steps == [6, 8]
+
+
+def test_checkpoints_are_saved_where_an_update_steps_over_the_interval(tiny_model_dir, tmp_path, one_torch_thread):
+    """Two optimizer steps per rollout and every_n_train_steps=3: ModelCheckpoint alone saves at 6
+    (the only multiple of 3 the fit stops at); the update from 2 to 4 stepped over 3 and saves too."""
+    every = L.pytorch.callbacks.ModelCheckpoint(tmp_path / "ckpt", "{step}", every_n_train_steps=3, save_top_k=-1)
+    trainer = make_trainer(tmp_path, max_steps=8, val_check_interval=8, callbacks=[every])
+    trainer.fit(module(tiny_model_dir, GRPO, optim={"minibatch_size": 2, "micro_batch_size": 2}), small_data())
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("*.ckpt")) == ["step=4.ckpt", "step=6.ckpt"]
+
+
+def test_a_trainer_that_runs_again_keeps_its_schedules_without_a_notice(tiny_model_dir, tmp_path, one_torch_thread, capfd):
+    """``validate`` after ``fit`` on one Trainer: the schedules are attached once, so Lightning has
+    nothing to override and prints no notice about it."""
+    from grpo_lightning.training import step_schedule
+
+    trainer, policy = make_trainer(tmp_path, max_steps=1), module(tiny_model_dir)
+    data = small_data()
+    trainer.fit(policy, data)
+    trainer.validate(policy, data)
+    kinds = [type(c) for c in trainer.callbacks]
+    assert kinds.count(step_schedule.ValidationSchedule) == 1 and kinds.count(step_schedule.CheckpointSchedule) == 1
+    assert "will override existing callbacks" not in "".join(capfd.readouterr())
