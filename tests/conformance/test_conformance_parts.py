@@ -9,12 +9,15 @@ here fails (``no hand-computed case``); a case whose part is gone fails too.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
 from torch.testing import assert_close
 
+import variants
 from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS, SURROGATES
 
 f64 = torch.float64
@@ -28,16 +31,22 @@ def t(values) -> torch.Tensor:
 # ------------------------------------------------------------------ advantages: rewards [P, G] -> [P, G]
 
 # Group 0: rewards 1, 0, 0, 1 (mean 0.5; unbiased std sqrt(4 * 0.25 / 3) = sqrt(1/3) = 0.577350);
-# group 1: all 2, where every estimator gives exactly 0. Each case is |A| of group 0, signed as r - 0.5.
+# group 1: all 2, where every estimator of a group baseline gives exactly 0.
 REWARDS = [[1.0, 0.0, 0.0, 1.0], [2.0, 2.0, 2.0, 2.0]]
-SIGNS = [1.0, -1.0, -1.0, 1.0]
+
+
+def signed(a: float) -> list:
+    """``a`` for the rewards of 1 in group 0, ``-a`` for the 0s, and 0 in group 1."""
+    return [[a, -a, -a, a], [0.0] * 4]
+
+
 ADVANTAGE_CASES = {
-    "group_std": 0.5 / (3**-0.5 + 1e-4),  # (r - 0.5) / (std + 1e-4) = 0.865875
-    "group_mean": 0.5,  # r - 0.5
-    "leave_one_out": 2 / 3,  # r = 1: 1 - (0 + 0 + 1) / 3; r = 0: 0 - (1 + 0 + 1) / 3
-    "batch_std": 0.5 / (1 / 7) ** 0.5,  # centred 8 entries, sum of squares 1, unbiased std sqrt(1/7): 1.322876
-    "gpg": 8 / 6 * 0.5,  # alpha = 8 completions / 6 non-zero rewards, times r - 0.5
-    "max_rl": 0.5 / (0.5 + 1e-6),  # (r - 0.5) / (mean 0.5 + 1e-6): +-1 for a success rate of 1/2
+    "group_std": signed(0.5 / (3**-0.5 + 1e-4)),  # (r - 0.5) / (std + 1e-4) = 0.865875
+    "group_mean": signed(0.5),  # r - 0.5
+    "leave_one_out": signed(2 / 3),  # r = 1: 1 - (0 + 0 + 1) / 3; r = 0: 0 - (1 + 0 + 1) / 3
+    "batch_std": signed(0.5 / (1 / 7) ** 0.5),  # centred 8 entries, sum of squares 1, unbiased std sqrt(1/7)
+    "gpg": signed(8 / 6 * 0.5),  # alpha = 8 completions / 6 non-zero rewards, times r - 0.5
+    "max_rl": signed(0.5 / (0.5 + 1e-6)),  # (r - 0.5) / (mean 0.5 + 1e-6): +-1 for a success rate of 1/2
 }
 
 
@@ -54,7 +63,7 @@ AGGREGATION_CASES = {
 }
 
 
-# ------------------------------------------------------------------ surrogates: (logp, old_logp, A, mask) -> loss [N, T]
+# ------------------------------------------------------------------ surrogates: (logp, old_logp, A, mask) -> [N, T]
 
 
 @dataclass(frozen=True)
@@ -137,7 +146,8 @@ SURROGATE_CASES = {
         grad=[[-PHI_POS, -PHI_POS, 0.0], [PHI_NEG] * 3],
     ),
     # Bounds 0.15 / 0.15 on p - p_old, cap c = 20: loss -valid sg(min(r, 20)) A log pi, gradient -valid min(r, 20) A.
-    # Row 0, A = +1: 0.5 -> 0.8 (+0.3 > 0.15: dropped); 0.001 -> 0.1 (+0.099: kept, r = 100 -> 20): -20 ln 0.1 = 46.051702.
+    # Row 0, A = +1: 0.5 -> 0.8 (+0.3 > 0.15: dropped); 0.001 -> 0.1 (+0.099: kept, r = 100 -> 20):
+    #   -20 ln 0.1 = 46.051702.
     # Row 1, A = -1: 0.5 -> 0.2 (-0.3 < -0.15: dropped); 0.5 -> 0.6 (kept, r = 1.2): 1.2 ln 0.6 = -0.612991.
     "dppo_tv": SurrogateCase(
         logp=[[ln(0.8), ln(0.1)], [ln(0.2), ln(0.6)]], old_logp=[[ln(0.5), ln(0.001)], [ln(0.5), ln(0.5)]],
@@ -167,7 +177,8 @@ REGISTRIES = {"advantage": ADVANTAGES, "aggregation": AGGREGATIONS, "surrogate":
 
 def case_of(kind: str, name: str):
     assert name in CASES[kind], (
-        f"{kind} {name!r} is registered without a hand-computed case: add one to {kind.upper()}_CASES in tests/conformance/test_conformance_parts.py"
+        f"{kind} {name!r} is registered without a hand-computed case: "
+        f"add one to {kind.upper()}_CASES in tests/conformance/test_conformance_parts.py"
     )
     return CASES[kind][name]
 
@@ -180,8 +191,22 @@ def test_every_hand_case_is_of_a_registered_part():
 @pytest.mark.parametrize("name", ADVANTAGES)
 def test_each_advantage_against_its_hand_case(name):
     expected = case_of("advantage", name)
-    got = ADVANTAGES[name](torch.tensor(REWARDS))
-    assert_close(got, torch.tensor([[expected * s for s in SIGNS], [0.0] * 4]), rtol=1e-6, atol=1e-7)
+    assert_close(ADVANTAGES[name](torch.tensor(REWARDS)), torch.tensor(expected), rtol=1e-6, atol=1e-7)
+
+
+def test_the_part_that_docs_adding_a_variant_adds_matches_its_hand_case(monkeypatch):
+    """The page's function, registered with its case as the page shows: it passes the test above, and
+    a variant takes it by name."""
+    page = (Path(variants.__file__).resolve().parents[1] / "docs" / "adding_a_variant.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, re.DOTALL)
+    namespace: dict = {"Tensor": torch.Tensor}
+    exec(next(block for block in blocks if "def group_max" in block), namespace)  # noqa: S102 - the page's example
+    case = re.search(r'ADVANTAGE_CASES = \{\.\.\., "group_max": (.+)\}  #', page).group(1)
+    monkeypatch.setitem(ADVANTAGES, "group_max", namespace["group_max"])
+    monkeypatch.setitem(ADVANTAGE_CASES, "group_max", eval(case))  # noqa: S307 - the page's hand values
+    test_each_advantage_against_its_hand_case("group_max")
+    rewards = torch.tensor(REWARDS)
+    assert torch.equal(variants.GRPO("m", advantage="group_max").advantages(rewards), namespace["group_max"](rewards))
 
 
 @pytest.mark.parametrize("name", AGGREGATIONS)
