@@ -90,8 +90,12 @@ def alternating_steps(prompts, completions, token_ends, **columns):
     return [[(t, float(t % 2)) for t in range(len(ends))] for ends in token_ends]
 
 
-#: What a variant needs beyond its defaults for its advantages on this rollout not to be all 0.
-SETTINGS = {"ProcessGRPO": {"step_reward_func": alternating_steps}}
+#: What a variant needs beyond its defaults for its rule to act on this rollout: advantages that are
+#: not all 0 (ProcessGRPO), tokens to detach (ClipCov's covariance range holds none of these).
+SETTINGS = {
+    "ProcessGRPO": {"step_reward_func": alternating_steps},
+    "ClipCov": {"clip_cov_ratio": 0.3, "clip_cov_lb": -1e9, "clip_cov_ub": 1e9},
+}
 
 
 def noise(like: torch.Tensor, seed: int) -> torch.Tensor:
