@@ -3,7 +3,7 @@
 
 The tables below are keyed by part name: small inputs, the expected values, and the arithmetic in a
 comment. The tests run over the registries, not over the tables, so a part registered without a case
-here fails (``no hand-computed case``); a case whose part is gone fails too.
+here fails ("registered without a hand-computed case"); a case whose part is gone fails too.
 """
 
 from __future__ import annotations
@@ -201,9 +201,10 @@ def test_the_part_that_docs_adding_a_variant_adds_matches_its_hand_case(monkeypa
     blocks = re.findall(r"```python\n(.*?)```", page, re.DOTALL)
     namespace: dict = {"Tensor": torch.Tensor}
     exec(next(block for block in blocks if "def group_max" in block), namespace)  # noqa: S102 - the page's example
-    case = re.search(r'ADVANTAGE_CASES = \{\.\.\., "group_max": (.+)\}  #', page).group(1)
+    case = re.search(r'ADVANTAGE_CASES = \{\.\.\., "group_max": (.+)\}  #', page)
+    assert case, "docs/adding_a_variant.md shows group_max's line of ADVANTAGE_CASES"
     monkeypatch.setitem(ADVANTAGES, "group_max", namespace["group_max"])
-    monkeypatch.setitem(ADVANTAGE_CASES, "group_max", eval(case))  # noqa: S307 - the page's hand values
+    monkeypatch.setitem(ADVANTAGE_CASES, "group_max", eval(case.group(1)))  # noqa: S307 - the page's hand values
     test_each_advantage_against_its_hand_case("group_max")
     rewards = torch.tensor(REWARDS)
     assert torch.equal(variants.GRPO("m", advantage="group_max").advantages(rewards), namespace["group_max"](rewards))
