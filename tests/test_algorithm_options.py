@@ -98,7 +98,7 @@ def test_the_training_step_hands_normalised_sums_to_the_advantages(make_module, 
         kl={"beta": 0.0},
     )
     seen = {}
-    monkeypatch.setattr(module, "advantages", lambda rewards: seen.setdefault("rewards", rewards) * 0)
+    monkeypatch.setattr(module, "advantages", lambda rewards, rollout: seen.setdefault("rewards", rewards) * 0)
     monkeypatch.setattr(module, "update", lambda rollout, advantages: None)
     monkeypatch.setattr(module, "log_step", lambda: None)
     rollout = make_rollout(module, PROMPTS)
@@ -289,7 +289,7 @@ def test_each_option_combines_with_each_variant_or_says_why_not(cls, option, mak
         if not module.kl_in_loss:  # the KL of the reward is taken against the old policy
             rollout.old_logp = module.compute_logprobs(module.policy, rollout)
     rewards = module.shape_rewards(rollout.rewards, rollout)
-    advantages = module.advantages(rewards.view(-1, rollout.group_size)).flatten(0, 1)
+    advantages = module.advantages(rewards.view(-1, rollout.group_size), rollout).flatten(0, 1)
     loss = module.micro_batch_loss(rollout, advantages, rows, n, module.loss_mask(rollout, rows).sum())
     loss.backward()
     assert torch.isfinite(loss)

@@ -151,9 +151,9 @@ def oversized(prefix: str = "") -> list[str]:
 
 
 def test_the_graph_walker_sees_the_project():
-    assert {"grpo_lightning.engine.generator", "grpo_lightning.functional", "variants.grpo"} <= set(MODULES)
+    assert {"grpo_lightning.rollout.engine.generator", "grpo_lightning.algorithms.functional", "variants.grpo"} <= set(MODULES)
     graph = import_graph()
-    assert "grpo_lightning.engine.cache" in graph["grpo_lightning.engine.generator"]
+    assert "grpo_lightning.rollout.engine.cache" in graph["grpo_lightning.rollout.engine.generator"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     assert len(cycles({"a": {"b"}, "b": {"a", "c"}, "c": {"b"}})) == 2
@@ -200,7 +200,7 @@ def test_variants_build_on_the_package_never_the_reverse():
 
 
 def test_functional_imports_only_torch_and_the_standard_library():
-    tree = ast.parse(MODULES["grpo_lightning.functional"].read_text())
+    tree = ast.parse(MODULES["grpo_lightning.algorithms.functional"].read_text())
     roots = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -214,9 +214,9 @@ def test_the_engine_does_not_import_the_training_module():
     found = [
         f"{MODULES[name].relative_to(ROOT)}:{line}"
         for name in MODULES
-        if name.startswith("grpo_lightning.engine")
+        if name.startswith("grpo_lightning.rollout.engine")
         for target, line, _ in imports(name)
-        if target == "grpo_lightning.module"
+        if target == "grpo_lightning.training.module"
     ]
     assert not found, "\n".join(found)
 

@@ -100,7 +100,10 @@ def test_the_copy_loads_what_the_gguf_reader_reads_and_later_loads_skip_the_read
     assert tokenizer(text).input_ids == expected_tokenizer(text).input_ids
     assert tokenizer.decode(tokenizer(text).input_ids) == text
     assert tokenizer.chat_template == expected_tokenizer.chat_template == CHAT_TEMPLATE
-    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|im_end|>"
+    # The copy's special tokens are the reader's: transformers 5.24 reads this file's EOS as <|im_end|>,
+    # 5.17 as <|im_start|>. Without a pad token, the EOS pads.
+    assert tokenizer.eos_token == expected_tokenizer.eos_token in ("<|im_end|>", "<|im_start|>")
+    assert tokenizer.pad_token == (expected_tokenizer.pad_token or expected_tokenizer.eos_token)
 
     def no_gguf_reading(*args, **kwargs):
         raise AssertionError("the GGUF file was read again")

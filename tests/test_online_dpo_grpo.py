@@ -2,8 +2,9 @@
 group's best and worst completion.
 
 The pair selection and the pair loss are checked against values worked out by hand in the
-comments; the total loss and the gradient run the real module on a tiny random model, with
-``manual_backward`` replaced by a plain ``backward`` that also records each backpropagated loss.
+comments; the total loss runs the real module on a tiny random model, with ``manual_backward``
+replaced by a plain ``backward`` that also records each backpropagated loss (the gradient's
+micro-batch invariance is the conformance suite's, tests/conformance/).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from grpo_lightning.cli.app import GRPOLightningCLI
 from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.training.settings import ConfigError
 from variants import GRPO, OnlineDPOGRPO
+from variants.online_dpo_grpo import pairs_of_roles
 
 CONFIGS = config_dir()
 PROMPTS = ["12+34=", "5+6=", "77+8=", "9*9="]  # x group_size 4 = 16 rows
@@ -126,7 +128,7 @@ def prepared(make_module, make_rollout, monkeypatch, one_torch_thread):
     _perturb(module.ref_model)
     rollout.ref_logp = module.compute_logprobs(module.ref_model, rollout)
     advantages = module.advantages(rollout.rewards.view(-1, rollout.group_size)).flatten()
-    module.pairs = dpo.best_worst_pairs(rollout.rewards.view(-1, rollout.group_size))
+    module.shape_rewards(rollout.rewards, rollout)  # the step's pairs, into rollout.derived
     losses: list[torch.Tensor] = []
 
     def backward(loss):
@@ -135,6 +137,10 @@ def prepared(make_module, make_rollout, monkeypatch, one_torch_thread):
 
     monkeypatch.setattr(module, "manual_backward", backward)
     return module, rollout, advantages, losses
+
+
+def step_pairs(rollout) -> tuple[torch.Tensor, torch.Tensor]:
+    return pairs_of_roles(rollout.derived["dpo_pair"])
 
 
 def _pairs_by_hand(rewards: list[float], group_size: int) -> list[tuple[int, int]]:
@@ -161,7 +167,7 @@ def test_total_loss_is_grpos_plus_the_dpo_term_by_hand(prepared, make_module):
     n = len(rollout)
     pairs = _pairs_by_hand(rollout.rewards.tolist(), rollout.group_size)
     assert len(pairs) >= 2
-    assert list(zip(*(rows.tolist() for rows in module.pairs))) == pairs
+    assert list(zip(*(rows.tolist() for rows in step_pairs(rollout)))) == pairs
     module.accumulate_gradients(rollout, advantages, torch.arange(n))
 
     grpo = make_module(GRPO, rewards={"funcs": [length_reward]})  # the same weights, from the same directory
@@ -174,37 +180,21 @@ def test_total_loss_is_grpos_plus_the_dpo_term_by_hand(prepared, make_module):
     assert 0.0 <= metrics["dpo/accuracy"] <= 1.0 and metrics["dpo/reward_margin"] != 0.0
 
 
-@pytest.mark.parametrize("micro_batch_size", [1, 3, 16])
-def test_gradient_does_not_depend_on_micro_batching(prepared, micro_batch_size):
-    module, rollout, advantages, _ = prepared
-
-    def gradient(size: int) -> dict[str, torch.Tensor]:
-        module.micro_batch_size = size
-        module.policy.zero_grad(set_to_none=True)
-        module.accumulate_gradients(rollout, advantages, torch.arange(len(rollout)))
-        return {name: p.grad.clone() for name, p in module.policy.named_parameters()}
-
-    whole, split = gradient(len(rollout)), gradient(micro_batch_size)
-    assert sum(g.abs().sum() for g in whole.values()) > 0
-    for name in whole:
-        assert_close(split[name], whole[name], rtol=1e-5, atol=1e-7, msg=lambda m, name=name: f"{name}: {m}")
-
-
 def test_with_several_minibatches_each_pair_is_averaged_in_its_winners_minibatch(prepared):
     module, rollout, _, losses = prepared
     module.micro_batch_size = 4
     module.dpo_weight = 1.0
     rows = torch.arange(len(rollout))[torch.arange(len(rollout)) % 2 == 0]  # every other row: the losers may be out
-    led = dpo.pairs_led_by(rows, *module.pairs)
-    assert 0 < len(led[0]) < len(module.pairs[0])
-    module.accumulate_pair_gradients(rollout, *led, padding=rows[:1])
+    led = dpo.pairs_led_by(rows, *step_pairs(rollout))
+    assert 0 < len(led[0]) < len(step_pairs(rollout)[0])
+    module.backward_extra_losses(module.pair_passes(rollout, *led, padding=rows[:1]))
     assert float(sum(losses)) == pytest.approx(_dpo_term_by_hand(module, rollout, list(zip(led[0].tolist(), led[1].tolist()))), rel=1e-5)
 
 
 def test_a_minibatch_without_pairs_runs_no_pair_pass(prepared):
     module, rollout, _, losses = prepared
     empty = torch.zeros(0, dtype=torch.long)
-    module.accumulate_pair_gradients(rollout, empty, empty, padding=torch.arange(1))  # no forward of zero rows
+    module.backward_extra_losses(module.pair_passes(rollout, empty, empty, padding=torch.arange(1)))  # no forward of zero rows
     assert losses == [] and "dpo/loss" not in module.step_metrics.compute_and_reset()
 
 
@@ -215,14 +205,14 @@ def test_every_device_runs_as_many_pair_passes_and_the_count_is_their_mean(prepa
     module.micro_batch_size = 2  # one pair a pass
     strategy = SimpleNamespace(reduce=lambda value, reduce_op: value + 10.0)
     monkeypatch.setattr(module, "_trainer", SimpleNamespace(world_size=2, strategy=strategy))
-    monkeypatch.setattr(module, "min_over_ranks", lambda value: min(value, -(len(module.pairs[0]) + 3)))
+    monkeypatch.setattr(module, "min_over_ranks", lambda value: min(value, -(len(step_pairs(rollout)[0]) + 3)))
     passes: list[torch.Tensor] = []
     monkeypatch.setattr(module, "pair_losses", lambda r, w, lo: passes.append(w) or OnlineDPOGRPO.pair_losses(module, r, w, lo))
-    module.accumulate_pair_gradients(rollout, *module.pairs, padding=torch.tensor([0]))
-    k = len(module.pairs[0])
+    module.backward_extra_losses(module.pair_passes(rollout, *step_pairs(rollout), padding=torch.tensor([0])))
+    k = len(step_pairs(rollout)[0])
     assert len(passes) == k + 3 and all(float(loss) == 0.0 for loss in losses[k:])  # padding weighs nothing
     mean_count = (k + 10) / 2
-    by_hand = _dpo_term_by_hand(module, rollout, list(zip(module.pairs[0].tolist(), module.pairs[1].tolist()))) * k / mean_count
+    by_hand = _dpo_term_by_hand(module, rollout, list(zip(*(rows.tolist() for rows in step_pairs(rollout))))) * k / mean_count
     assert float(sum(losses)) == pytest.approx(by_hand, rel=1e-5)
 
 

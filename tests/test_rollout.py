@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_lightning.rollout.types import Rollout, RolloutBuffer
+from grpo_lightning.rollout.types import MicroBatch, Rollout, RolloutBuffer
 
 
 def rollout(groups: int, group_size: int = 2, length: int = 3, tag: str = "") -> Rollout:
@@ -37,6 +37,29 @@ def test_a_rollout_moves_every_tensor_and_keeps_the_text():
     moved = rollout(2).to("meta")
     assert moved.device.type == "meta" and moved.rewards.device.type == "meta"
     assert moved.completions == rollout(2).completions
+
+
+def test_derived_tensors_follow_the_selected_rows_and_the_device():
+    original = rollout(3)
+    original.derived["role"] = torch.arange(6) * 10
+    picked = original.select_groups(torch.tensor([2, 0]))
+    assert picked.derived["role"].tolist() == [40, 50, 0, 10]
+    assert original.derived["role"].tolist() == [0, 10, 20, 30, 40, 50]  # its own, not the selection's
+    assert original.to("meta").derived["role"].device.type == "meta"
+    assert Rollout(**original.state_dict()).derived["role"].tolist() == [0, 10, 20, 30, 40, 50]
+
+
+def test_a_micro_batch_holds_its_own_rows_of_every_tensor_it_reads():
+    whole = rollout(2)
+    whole.old_logp = -torch.arange(12.0).view(4, 3)
+    whole.derived["returns"] = torch.arange(4.0)
+    rows = torch.tensor([3, 1])
+    micro = MicroBatch.of(whole, torch.tensor([0.1, 0.2, 0.3, 0.4]), rows, whole.completion_mask[rows], 4,
+                          torch.tensor(12.0), {"chosen": torch.arange(4) * 100})  # fmt: skip
+    assert micro.rows.tolist() == [3, 1] and micro.advantages.tolist() == pytest.approx([0.4, 0.2])
+    assert torch.equal(micro.old_logp, whole.old_logp[rows]) and micro.ref_logp is None
+    assert micro.derived["returns"].tolist() == [3.0, 1.0] and micro.derived["chosen"].tolist() == [300, 100]
+    assert micro.num_sequences == 4 and float(micro.num_tokens) == 12.0
 
 
 def test_the_buffer_keeps_marked_groups_and_takes_them_trimmed_in_order():

@@ -59,7 +59,7 @@ def fingerprint(module, rollout) -> tuple[float, float, float, float]:
     if module.needs_reference_model():
         rollout.ref_logp = logp + perturbation(logp, 2)
     rewards = module.shape_rewards(rollout.rewards, rollout)
-    advantages = module.advantages(rewards.view(-1, rollout.group_size)).flatten(0, 1)
+    advantages = module.advantages(rewards.view(-1, rollout.group_size), rollout).flatten(0, 1)
     n = len(rollout)
     num_tokens = module.loss_mask(rollout, torch.arange(n)).sum()
     loss = sum(

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from grpo_lightning.algorithms import functional as F
+from grpo_lightning.rollout.types import MicroBatch
 from grpo_lightning.training.settings import require
 from variants.covariance import CovarianceRule, clip_cov_tokens, token_covariance
 
@@ -80,9 +81,11 @@ class ClipCov(CovarianceRule):
         return clip_cov_tokens(cov, mask, self.clip_cov_ratio, self.clip_cov_lb, self.clip_cov_ub, self.generator(),
                                exclude=clipped_low | clipped_high)  # fmt: skip
 
-    def token_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    def token_loss(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, micro: MicroBatch | None = None
+    ) -> Tensor:
         """The clipped surrogate, detached on ``I_clip``."""
         loss = super().token_loss(logp, old_logp, advantages, mask)  # the base's clipped surrogate
-        detached = self.chosen(logp, old_logp, advantages, mask)
+        detached = self.chosen(logp, old_logp, advantages, mask, micro)
         self.step_metrics.update("clip_cov/detached_frac", F.masked_mean(detached.to(logp.dtype), mask), mask.sum())
         return torch.where(detached, loss.detach(), loss)

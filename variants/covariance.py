@@ -8,11 +8,12 @@ Over the ``N`` valid tokens ``y_t`` of a batch, each token's centred covariance 
 A few tokens of largest covariance (those that drive entropy down) are singled out per batch:
 Clip-Cov picks them at random within a covariance range, KL-Cov takes the top ones.
 
-The batch is the optimizer step's minibatch, never a micro-batch: ``accumulate_gradients`` (which
+The batch is the optimizer step's minibatch, never a micro-batch: ``minibatch_derived`` (which
 sees the whole minibatch before it is split) chooses the tokens once, from one extra no-grad pass
 of the current policy over the minibatch's rows, and every micro-batch's ``token_loss`` reads its
-rows of that choice; so the gradient does not depend on ``micro_batch_size``. The authors' code
-chooses per micro-batch instead. Over several devices each device chooses among its own tokens.
+rows of that choice (``micro.derived``); so the gradient does not depend on ``micro_batch_size``.
+The authors' code chooses per micro-batch instead. Over several devices each device chooses among
+its own tokens.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torch import Tensor
 
 from grpo_lightning.algorithms import functional as F
 from grpo_lightning.training.options import KLOptions
-from grpo_lightning.rollout.types import Rollout
+from grpo_lightning.rollout.types import MicroBatch, Rollout
 from variants.grpo import GRPO
 
 
@@ -82,20 +83,19 @@ class CovarianceRule(GRPO):
 
     #: ``sum(loss * mask) / sum(mask)`` over the whole minibatch (the authors' ``token-mean``).
     default_aggregation = "token_mean"
+    #: The name of the minibatch's choice ``[N, T]`` in ``micro.derived``.
+    CHOICE = "covariance_tokens"
 
     def __init__(self, model: str, *, kl: KLOptions = KLOptions(beta=0.0), **kwargs) -> None:
         super().__init__(model, kl=kl, **kwargs)
-        self.minibatch_choice: Tensor | None = None  # [N, T] over the rollout, during one minibatch
-        self.micro_rows: Tensor | None = None  # the rows of the micro-batch being computed
 
     def choose_tokens(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
         """Boolean ``[n, T]``: the tokens of one minibatch the rule applies to."""
         raise NotImplementedError
 
-    @contextlib.contextmanager
-    def tokens_chosen_on(self, rollout: Rollout, advantages: Tensor, rows: Tensor) -> Iterator[Tensor]:
-        """Choose the tokens of the minibatch ``rows`` from the current policy's log-probs (a
-        no-grad pass); inside the block, ``token_loss`` of any micro-batch of it reads that choice."""
+    def minibatch_derived(self, rollout: Rollout, advantages: Tensor, rows: Tensor) -> dict[str, Tensor]:
+        """The tokens of the minibatch ``rows`` chosen from the current policy's log-probs (a no-grad
+        pass), ``[N, T]`` over the rollout."""
         rows = rows.to(rollout.completion_mask.device)
         # The tokens that carry loss: the base's loss_mask where it has one (it may leave some out).
         mask = self.loss_mask(rollout, rows)
@@ -103,23 +103,24 @@ class CovarianceRule(GRPO):
         old_logp = logp if rollout.old_logp is None else rollout.old_logp[rows]
         choice = torch.zeros_like(rollout.completion_mask, dtype=torch.bool)
         choice[rows] = self.choose_tokens(logp, old_logp, advantages[rows], mask)
-        self.minibatch_choice = choice
+        return {self.CHOICE: choice}
+
+    @contextlib.contextmanager
+    def tokens_chosen_on(self, rollout: Rollout, advantages: Tensor, rows: Tensor) -> Iterator[Tensor]:
+        """The choice of :meth:`minibatch_derived`, carried by ``rollout`` inside the block: a
+        ``micro_batch_loss`` of the rollout's rows reads it as the update's micro-batches do."""
+        choice = self.minibatch_derived(rollout, advantages, rows)[self.CHOICE]
+        rollout.derived[self.CHOICE] = choice
         try:
             yield choice
         finally:
-            self.minibatch_choice = None
+            del rollout.derived[self.CHOICE]
 
-    def accumulate_gradients(self, rollout: Rollout, advantages: Tensor, rows: Tensor) -> None:
-        with self.tokens_chosen_on(rollout, advantages, rows):
-            super().accumulate_gradients(rollout, advantages, rows)
-
-    def micro_batch_loss(self, rollout, advantages, rows, num_sequences, num_tokens) -> Tensor:
-        self.micro_rows = rows
-        return super().micro_batch_loss(rollout, advantages, rows, num_sequences, num_tokens)
-
-    def chosen(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
-        """This micro-batch's rows of the minibatch's choice; on a ``token_loss`` call of its own
-        (no minibatch under way), the tokens given are the batch."""
-        if self.minibatch_choice is None:
+    def chosen(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, micro: MicroBatch | None
+    ) -> Tensor:
+        """The micro-batch's rows of its minibatch's choice; on tensors alone (no minibatch chose),
+        the tokens given are the batch."""
+        if micro is None or self.CHOICE not in micro.derived:
             return self.choose_tokens(logp.detach(), old_logp, advantages, mask) & mask.bool()
-        return self.minibatch_choice[self.micro_rows.to(self.minibatch_choice.device)] & mask.bool()
+        return micro.derived[self.CHOICE] & mask.bool()

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from grpo_lightning.algorithms import functional as F
+from grpo_lightning.rollout.types import MicroBatch
 from grpo_lightning.training.settings import require
 from variants.covariance import CovarianceRule, kl_cov_tokens, token_covariance
 
@@ -54,10 +55,12 @@ class KLCov(CovarianceRule):
         """``I_KL`` of one minibatch."""
         return kl_cov_tokens(token_covariance(logp, advantages, mask), mask, self.kl_cov_ratio)
 
-    def token_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    def token_loss(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, micro: MicroBatch | None = None
+    ) -> Tensor:
         """The clipped surrogate, plus ``kl_coef * |logp - old_logp|`` on ``I_KL``."""
         loss = super().token_loss(logp, old_logp, advantages, mask)  # the base's clipped surrogate
-        penalised = self.chosen(logp, old_logp, advantages, mask)
+        penalised = self.chosen(logp, old_logp, advantages, mask, micro)
         self.step_metrics.update("kl_cov/penalised_frac", F.masked_mean(penalised.to(logp.dtype), mask), mask.sum())
         penalty = self.kl_coef * (logp - old_logp).abs()
         return loss + torch.where(penalised, penalty, torch.zeros_like(penalty))

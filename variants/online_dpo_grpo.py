@@ -37,6 +37,7 @@ Logged: ``dpo/loss`` (mean over pairs, before ``dpo_weight``), ``dpo/pairs`` (pa
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -46,6 +47,18 @@ from grpo_lightning.algorithms import functional as F
 from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.training.settings import require
 from variants.grpo import GRPO
+
+
+def pair_roles(winners: Tensor, losers: Tensor, size: int) -> Tensor:
+    """The pairs as a row per completion, ``[N]``: 1 on a pair's winner, -1 on its loser, else 0."""
+    roles = torch.zeros(size, dtype=torch.long, device=winners.device)
+    roles[winners], roles[losers] = 1, -1
+    return roles
+
+
+def pairs_of_roles(roles: Tensor) -> tuple[Tensor, Tensor]:
+    """``(winners, losers)`` in group order: a group holds one pair at most, so the k-th of each pair up."""
+    return (roles == 1).nonzero().flatten(), (roles == -1).nonzero().flatten()
 
 
 class OnlineDPOGRPO(GRPO):
@@ -69,26 +82,29 @@ class OnlineDPOGRPO(GRPO):
         )
         self.dpo_weight = float(dpo_weight)
         self.dpo_beta = float(dpo_beta)
-        self.pairs: tuple[Tensor, Tensor] = (torch.zeros(0, dtype=torch.long),) * 2  # this step's (winners, losers)
 
     def needs_reference_model(self) -> bool:
         """Always: the DPO term compares the policy with the reference, whatever ``beta``."""
         return True
 
-    def update(self, rollout: Rollout, advantages: Tensor) -> None:
-        """Choose the step's pairs from the rewards ``[P, G]``, then GRPO's update."""
-        self.pairs = dpo.best_worst_pairs(rollout.rewards.view(-1, rollout.group_size))
-        self.step_metrics.update("dpo/pairs", len(self.pairs[0]))
-        super().update(rollout, advantages)
+    def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
+        """GRPO's rewards; the step's pairs, from the rewards ``[P, G]``, go in ``rollout.derived``."""
+        winners, losers = dpo.best_worst_pairs(rollout.rewards.view(-1, rollout.group_size))
+        rollout.derived["dpo_pair"] = pair_roles(winners, losers, len(rollout))
+        self.step_metrics.update("dpo/pairs", len(winners))
+        return super().shape_rewards(rewards, rollout)
 
-    def accumulate_gradients(self, rollout: Rollout, advantages: Tensor, rows: Tensor) -> None:
-        """The minibatch's pair passes (the pairs whose winner is in ``rows``), then GRPO's micro-batches."""
+    def extra_losses(self, rollout: Rollout, advantages: Tensor, rows: Tensor) -> Iterator[tuple[Tensor, dict]]:
+        """The minibatch's pair passes: the pairs whose winner is in ``rows``."""
         if self.dpo_weight > 0:
-            self.accumulate_pair_gradients(rollout, *dpo.pairs_led_by(rows, *self.pairs), padding=rows[:1])
-        super().accumulate_gradients(rollout, advantages, rows)
+            pairs = pairs_of_roles(rollout.derived["dpo_pair"])
+            yield from self.pair_passes(rollout, *dpo.pairs_led_by(rows, *pairs), padding=rows[:1])
 
-    def accumulate_pair_gradients(self, rollout: Rollout, winners: Tensor, losers: Tensor, padding: Tensor) -> None:
-        """Backward of ``dpo_weight / num_pairs * sum_k loss_k``, whole pairs per pass."""
+    def pair_passes(
+        self, rollout: Rollout, winners: Tensor, losers: Tensor, padding: Tensor
+    ) -> Iterator[tuple[Tensor, dict]]:
+        """``(loss, metrics)`` of each pass, whole pairs per pass; their losses add up to
+        ``dpo_weight / num_pairs * sum_k loss_k``."""
         size = max(1, self.micro_batch_size // 2)
         parts = list(zip(winners.split(size), losers.split(size))) if len(winners) else []  # split([]): one empty part
         num_pairs, passes = torch.tensor(float(len(winners)), device=self.device), len(parts)
@@ -100,12 +116,10 @@ class OnlineDPOGRPO(GRPO):
             real = index < len(parts)
             winner, loser = parts[index] if real else (padding, padding)
             loss, margin = self.pair_losses(rollout, winner, loser)
-            with self.no_gradient_sync():
-                self.manual_backward(loss.sum() * (self.dpo_weight / num_pairs if real else 0.0))
-            if real:
-                self.step_metrics.update("dpo/loss", loss.detach().mean(), len(winner))
-                self.step_metrics.update("dpo/reward_margin", margin.detach().mean(), len(winner))
-                self.step_metrics.update("dpo/accuracy", (margin > 0).float().mean(), len(winner))
+            metrics = {"dpo/loss": (loss.detach().mean(), len(winner)),
+                       "dpo/reward_margin": (margin.detach().mean(), len(winner)),
+                       "dpo/accuracy": ((margin > 0).float().mean(), len(winner))}  # fmt: skip
+            yield loss.sum() * (self.dpo_weight / num_pairs if real else 0.0), metrics if real else {}
 
     def pair_losses(self, rollout: Rollout, winners: Tensor, losers: Tensor) -> tuple[Tensor, Tensor]:
         """DPO loss and margin ``[k]`` of the pairs: both completions of each in one forward pass."""

@@ -60,7 +60,6 @@ class PPO(GroupPolicyOptimization):
         for name, value in (("value_clip", value_clip), ("value_max_grad_norm", value_max_grad_norm)):
             require(value is None or value > 0, f"{name}: must be positive (None: off), got {value}.")
         self.value_model = None
-        self.gae: tuple[Tensor, Tensor, Tensor] | None = None  # this rollout's advantages, returns and V_old
 
     def configure_model(self) -> None:
         super().configure_model()
@@ -79,7 +78,8 @@ class PPO(GroupPolicyOptimization):
         super().on_fit_start()
 
     def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
-        """``r_t``, then GAE on ``V_old`` (kept for :meth:`advantages` and the critic); returns ``sum_t r_t``."""
+        """``r_t``, then GAE on ``V_old`` (in ``rollout.derived`` for :meth:`advantages` and the critic);
+        returns ``sum_t r_t``."""
         with PhaseTimer(self.step_metrics, self.device).phase("values"):
             old_values = V.compute_values(self.value_model, rollout, self.micro_batch_size)
         mask = rollout.completion_mask
@@ -92,32 +92,20 @@ class PPO(GroupPolicyOptimization):
             self.step_metrics.update("kl_penalty", (self.beta * F.masked_sum(kl, mask, dim=-1)).mean())
         if self.hparams.whiten_advantages:
             advantages = G.whiten(advantages, valid, total=self.sum_over_ranks)
-        self.gae = (advantages, returns, old_values)
+        rollout.derived.update(gae_advantages=advantages, returns=returns, old_values=old_values)
         return token_rewards.sum(-1)
 
-    def advantages(self, rewards: Tensor) -> Tensor:
-        """``[P, G, T]``: the GAE advantages :meth:`shape_rewards` computed for this rollout."""
-        if self.gae is None:
-            raise RuntimeError("PPO.advantages needs the rollout's values: call shape_rewards(rewards, rollout) first.")
-        return self.gae[0].view(*rewards.shape, -1)
+    def advantages(self, rewards: Tensor, rollout: Rollout | None = None) -> Tensor:
+        """``[P, G, T]``: the GAE advantages :meth:`shape_rewards` computed for ``rollout``."""
+        if rollout is None or "gae_advantages" not in rollout.derived:
+            raise RuntimeError("PPO.advantages needs the rollout's values: call shape_rewards(rewards, rollout) "
+                               "first, then advantages(rewards, rollout).")  # fmt: skip
+        return rollout.derived["gae_advantages"].view(*rewards.shape, -1)
 
-    def update(self, rollout: Rollout, advantages: Tensor) -> None:
-        """The base module's loop (``ppo_epochs`` passes, one policy step per minibatch), each policy
-        step followed by the critic's on the same minibatch."""
-        (policy_opt, critic_opt), (policy_sched, critic_sched) = self.optimizers(), self.lr_schedulers()
-        size = len(rollout)
-        for _ in range(self.ppo_epochs):
-            order = torch.randperm(size) if self.needs_old_logprobs(size) else torch.arange(size)
-            for rows in order.split(self.minibatch_size or size):
-                policy_opt.zero_grad(set_to_none=True)
-                self.accumulate_gradients(rollout, advantages, rows)
-                self.clip_and_log_gradient_norm(policy_opt)
-                policy_opt.step()
-                policy_sched.step()
-                self.policy_version += 1
-                self.critic_step(rollout, rows, critic_opt)
-                critic_sched.step()
-        self.step_metrics.update("learning_rate", policy_sched.get_last_lr()[0])
+    def after_policy_step(self, rollout: Rollout, rows: Tensor) -> None:
+        """The critic's step on the policy step's minibatch."""
+        self.critic_step(rollout, rows, self.optimizers()[1])
+        self.lr_schedulers()[1].step()
 
     def critic_step(self, rollout: Rollout, rows: Tensor, optimizer) -> None:
         """One optimizer step of the critic on ``L_V`` over the minibatch ``rows``, in micro-batches."""
@@ -130,7 +118,7 @@ class PPO(GroupPolicyOptimization):
     def value_loss(self, rollout: Rollout, rows: Tensor, num_tokens: Tensor) -> Tensor:
         """This micro-batch's share of the minibatch's ``L_V`` (divided by its token count ``num_tokens``)."""
         mask = self.loss_mask(rollout, rows)
-        _, returns, old_values = (part[rows.to(mask.device)] for part in self.gae)
+        returns, old_values = (rollout.derived[name][rows.to(mask.device)] for name in ("returns", "old_values"))
         values = self.value_model(*rollout.model_inputs(rows))
         loss, clipped = G.clipped_value_loss(values, old_values, returns, self.hparams.value_clip)
         tokens = mask.sum()

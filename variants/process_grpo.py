@@ -54,21 +54,24 @@ class ProcessGRPO(GRPO):
         super().__init__(model, **kwargs)
         require(step_delimiter != "", "step_delimiter: give a non-empty string, e.g. '\\n\\n' (a blank line).")
         self.step_reward_function = resolve_reward_function(step_reward_func, field="step_reward_func")
-        self._token_advantages: Tensor | None = None
 
     def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
-        """Score the steps (the rollout is at hand here) and keep their per-token advantages."""
+        """Score the steps (the rollout is at hand here); their per-token advantages go in ``rollout.derived``."""
         name, function = self.step_reward_function
         char_ends = token_char_ends(self.tokenizer, rollout.completion_ids, rollout.lengths)
         pairs = step_rewards(function, name, rollout.prompts, rollout.completions, rollout.columns, char_ends,
                              self.hparams.step_delimiter)  # fmt: skip
         width = rollout.completion_ids.size(1)
-        self._token_advantages = step_advantages(pairs, rollout.group_size, rollout.lengths, width).to(rewards.device)
+        advantages = step_advantages(pairs, rollout.group_size, rollout.lengths, width).to(rewards.device)
+        rollout.derived["step_advantages"] = advantages
         steps = [score for steps in pairs for _, score in steps]
         self.step_metrics.update("process/steps_per_completion", len(steps) / max(len(pairs), 1))
         self.step_metrics.update("process/step_reward_mean", sum(steps) / max(len(steps), 1))
         return rewards
 
-    def advantages(self, rewards: Tensor) -> Tensor:
-        """``[P, G, T]``: the step advantages of :meth:`shape_rewards`, per token."""
-        return self._token_advantages.view(*rewards.shape, -1)
+    def advantages(self, rewards: Tensor, rollout: Rollout | None = None) -> Tensor:
+        """``[P, G, T]``: the step advantages :meth:`shape_rewards` put in ``rollout.derived``, per token."""
+        if rollout is None or "step_advantages" not in rollout.derived:
+            raise RuntimeError("ProcessGRPO.advantages needs the rollout's step rewards: call "
+                               "shape_rewards(rewards, rollout) first, then advantages(rewards, rollout).")  # fmt: skip
+        return rollout.derived["step_advantages"].view(*rewards.shape, -1)

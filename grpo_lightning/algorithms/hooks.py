@@ -4,6 +4,9 @@ does unless a variant overrides it: the registered parts the variant names
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from torch import Tensor
 
 from grpo_lightning.algorithms import functional as F
@@ -12,7 +15,7 @@ from grpo_lightning.algorithms.advantages import ADVANTAGES
 from grpo_lightning.algorithms.aggregations import AGGREGATIONS
 from grpo_lightning.algorithms.masks import off_policy_sequence_mask
 from grpo_lightning.algorithms.surrogates import SURROGATES, Surrogate
-from grpo_lightning.rollout.types import Rollout
+from grpo_lightning.rollout.types import MicroBatch, Rollout
 
 
 class AlgorithmHooks:
@@ -42,8 +45,9 @@ class AlgorithmHooks:
             cls.declared_inapplicable = dict(own)
         cls.inapplicable_options = inapplicable_with(cls, None)
 
-    def advantages(self, rewards: Tensor) -> Tensor:
-        """Advantage of each completion. ``rewards`` ``[P, G]`` -> ``[P, G]``, or ``[P, G, T]`` per token.
+    def advantages(self, rewards: Tensor, rollout: Rollout | None = None) -> Tensor:
+        """Advantage of each completion. ``rewards`` ``[P, G]`` -> ``[P, G]``, or ``[P, G, T]`` per token;
+        ``rollout``: the step's, for advantages that ``shape_rewards`` put in ``rollout.derived`` (PPO's GAE).
         Here: the estimator named ``advantage`` (or the variant's ``default_advantage``)."""
         if self.advantage_name is None:
             raise NotImplementedError(f"{type(self).__name__} must name a default_advantage or implement advantages")
@@ -52,11 +56,14 @@ class AlgorithmHooks:
             return F.group_normalized_advantages(rewards, scale=scale)
         return ADVANTAGES[self.advantage_name](rewards)
 
-    def token_loss(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    def token_loss(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, micro: MicroBatch | None = None
+    ) -> Tensor:
         """Per-token policy loss ``[N, T]`` (no KL): the surrogate named ``loss.surrogate`` (or the
         variant's ``default_surrogate``), its token shares logged; then the off-policy sequence mask
         where ``loss.off_policy_mask_threshold`` is set. ``logp``, ``old_logp``, ``mask``: ``[N, T]``;
-        ``advantages``: ``[N]`` or ``[N, T]``."""
+        ``advantages``: ``[N]`` or ``[N, T]``; ``micro``: the micro-batch they are of, in an update
+        (its rows and ``derived`` tensors), ``None`` on tensors alone."""
         surrogate = SURROGATES[self.surrogate_name]
         loss, shares = surrogate.loss(logp, old_logp, advantages, mask, **self.surrogate_settings(surrogate))
         metrics.record_token_shares(self.step_metrics, shares, mask)
@@ -98,8 +105,25 @@ class AlgorithmHooks:
         return rollout
 
     def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
-        """Adjust the ``[N]`` rewards once log-probs are known. Identity here."""
+        """Adjust the ``[N]`` rewards once log-probs are known; what later hooks read of this rollout
+        (PPO's GAE, DPO's pairs) goes in ``rollout.derived``. Identity here."""
         return rewards
+
+    def minibatch_derived(self, rollout: Rollout, advantages: Tensor, rows: Tensor) -> dict[str, Tensor]:
+        """Tensors ``[N, ...]`` that a rule computes once per minibatch ``rows``, before its micro-batches
+        (Clip-Cov's token choice): each micro-batch finds its rows of them in ``micro.derived``. None here."""
+        return {}
+
+    def extra_losses(
+        self, rollout: Rollout, advantages: Tensor, rows: Tensor
+    ) -> Iterable[tuple[Tensor, dict[str, tuple[Any, Any]]]]:
+        """Losses of the minibatch ``rows`` besides the policy's micro-batches (online DPO's pairs), as
+        ``(loss, metrics)``, ``metrics``: ``name -> (value, weight)``. Each is backpropagated before the
+        next is computed, all before the policy's micro-batches. None here."""
+        return ()
+
+    def after_policy_step(self, rollout: Rollout, rows: Tensor) -> None:
+        """After each optimizer step of the policy, on its minibatch ``rows`` (PPO's critic step). Nothing here."""
 
     def needs_reference_model(self) -> bool:
         """Whether the frozen reference model is loaded and its log-probs computed: for the KL term

@@ -71,6 +71,11 @@ class Rollout:
     environment's replies between them; ``completion_mask`` marks the model's tokens only (the loss and
     every token count), ``environment_mask`` ``[N, T]`` the environment's, which the model attends to
     but is not trained on.
+
+    ``derived``: what the algorithm's hooks computed from this rollout, for the hooks after them
+    (PPO's GAE advantages, returns and old values, process advantages, DPO's pairs), by name: tensors
+    with a row per completion (``[N, ...]``), so that a micro-batch gets its rows of each
+    (:class:`MicroBatch`). Filled once the rollout is selected; :meth:`concat` leaves it empty.
     """
 
     group_size: int
@@ -88,6 +93,7 @@ class Rollout:
     ref_logp: Tensor | None = None
     sampling_logp: Tensor | None = None
     environment_mask: Tensor | None = None
+    derived: dict[str, Tensor] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return self.completion_ids.size(0)
@@ -117,7 +123,8 @@ class Rollout:
     def to(self, device: torch.device | str) -> Rollout:
         """The rollout with its tensors on ``device``."""
         tensors = {f.name: getattr(self, f.name) for f in fields(self)}
-        return replace(self, **{k: v.to(device) for k, v in tensors.items() if isinstance(v, Tensor)})
+        moved = {k: v.to(device) for k, v in tensors.items() if isinstance(v, Tensor)}
+        return replace(self, **moved, derived={k: v.to(device) for k, v in self.derived.items()})
 
     def state_dict(self) -> dict[str, Any]:
         """The fields as a dict, tensors on the CPU: ``Rollout(**state)`` rebuilds the rollout."""
@@ -135,6 +142,7 @@ class Rollout:
             elif isinstance(value, list):
                 picked[f.name] = [value[i] for i in index]
         picked["columns"] = {k: [v[i] for i in index] for k, v in self.columns.items()}
+        picked["derived"] = {k: v[rows.to(v.device)] for k, v in self.derived.items()}
         return replace(self, **picked)
 
     def select_groups(self, groups: Tensor) -> Rollout:
@@ -171,6 +179,41 @@ class Rollout:
             merged[name] = [x for p in parts for x in getattr(p, name)]
         merged["columns"] = {k: [x for p in parts for x in p.columns[k]] for k in parts[0].columns}
         return Rollout(**merged)
+
+
+@dataclass
+class MicroBatch:
+    """The rows of a rollout that one forward and backward pass of the update takes, with what their
+    loss reads: ``rows`` ``[n]`` of the rollout; ``mask`` ``[n, T]``, the tokens that carry loss;
+    ``advantages`` ``[n]`` or ``[n, T]``; the rollout's ``old_logp``, ``ref_logp`` and
+    ``sampling_logp`` ``[n, T]`` where it has them; ``derived``: the rollout's derived tensors and
+    those computed for the minibatch, at these rows; ``num_sequences`` and ``num_tokens``: the counts of
+    the whole minibatch, which the aggregation divides by."""
+
+    rows: Tensor
+    mask: Tensor
+    advantages: Tensor
+    num_sequences: int
+    num_tokens: Tensor
+    old_logp: Tensor | None = None
+    ref_logp: Tensor | None = None
+    sampling_logp: Tensor | None = None
+    derived: dict[str, Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls, rollout: Rollout, advantages: Tensor, rows: Tensor, mask: Tensor, num_sequences: int, num_tokens: Tensor,
+        minibatch_derived: dict[str, Tensor] | None = None,
+    ) -> MicroBatch:  # fmt: skip
+        """``rows`` of ``rollout``; ``minibatch_derived``: ``[N, ...]`` tensors of the minibatch's hooks."""
+        rows = rows.to(mask.device)
+
+        def at_rows(value: Tensor | None) -> Tensor | None:
+            return None if value is None else value[rows.to(value.device)]
+
+        derived = {name: at_rows(value) for name, value in {**rollout.derived, **(minibatch_derived or {})}.items()}
+        return cls(rows, mask, at_rows(advantages), num_sequences, num_tokens, at_rows(rollout.old_logp),
+                   at_rows(rollout.ref_logp), at_rows(rollout.sampling_logp), derived)  # fmt: skip
 
 
 def completion_mask_from_ids(completion_ids: Tensor, eos_token_id: int | list[int] | None) -> tuple[Tensor, Tensor]:

@@ -7,18 +7,23 @@ One training step (manual optimization)::
     rollout      = contain(rollout)                   rewards.execution.on_error=skip_group: failed groups out
     rollout      = select(rollout)                    hook (DAPO: dynamic sampling); None = no update yet
     old/ref logp                                      only when needed
-    rewards      = shape_rewards(rewards, rollout)    hook (DAPO: overlong; RLOO: KL in the reward)
-    advantages   = advantages(rewards.view(P, G))     hook
-    for epoch in range(ppo_epochs):
+    rewards      = shape_rewards(rewards, rollout)    hook (DAPO: overlong; RLOO: KL in the reward; PPO: GAE
+                                                      into rollout.derived)
+    advantages   = advantages(rewards.view(P, G), rollout)    hook
+    for epoch in range(ppo_epochs):                   grpo_lightning.training.update
         for minibatch:                                one optimizer step each
+            extra_losses(minibatch)                   hook (online DPO's pairs)
             for micro-batch:                          memory only: the gradient does not depend on it
-                loss = aggregate(token_loss(...) + beta * kl, mask)    hooks
+                loss = aggregate(token_loss(..., micro) + beta * kl, mask)    hooks
+            after_policy_step(minibatch)              hook (PPO's critic step)
 
 Variants (``variants/``) name their advantage estimator, per-token surrogate and aggregation among the
 registered parts (``default_advantage``, ``default_surrogate``, ``default_aggregation``:
 :mod:`grpo_lightning.algorithms`), which a run may swap (``--model.advantage``, ``--model.loss.surrogate``,
 ``--model.aggregation``); where their paper asks they override the hooks (``advantages``,
-``token_loss``, ``select``, ``shape_rewards``); they may declare ``kl_in_loss``.
+``token_loss``, ``select``, ``shape_rewards``, the update's ``minibatch_derived``, ``extra_losses``,
+``after_policy_step``); they may declare ``kl_in_loss``. What a hook computes for later ones goes along
+the calls (``rollout.derived``, the micro-batch), not on the module.
 How rollouts are sampled is :mod:`grpo_lightning.rollout.generation`'s choice; step metrics are
 :mod:`grpo_lightning.training.metrics`'; the state of an exact resume is :mod:`grpo_lightning.checkpoints.resume`'s.
 """
@@ -40,7 +45,6 @@ from grpo_lightning.training import metrics, step_schedule
 from grpo_lightning.agents import EnvironmentOptions
 from grpo_lightning.agents.multi_turn import multi_turn_engine, sample_episodes
 from grpo_lightning.algorithms import resolve_parts, surrogate_clip
-from grpo_lightning.algorithms.entropy import entropy_bonus
 from grpo_lightning.algorithms.hooks import AlgorithmHooks, inapplicable_with
 from grpo_lightning.training.compute import ComputeMeter, policy_parameters
 from grpo_lightning.training.argument_types import check_argument_types
@@ -51,19 +55,17 @@ from grpo_lightning.rollout.generation import announce_prompt_format, check_engi
 from grpo_lightning.models.sources import load_tokenizer
 from grpo_lightning.rollout.generation import announce_rollout_mode, save_policy
 from grpo_lightning.rollout.generation.compile_payback import run_length
-from grpo_lightning.models.lora import adapter_autocast, reference_model
+from grpo_lightning.models.lora import reference_model
 from grpo_lightning.models.policy import load_models
 from grpo_lightning.training.nonfinite import NonFiniteGuard
-from grpo_lightning.models.logprobs import completion_logprobs
 from grpo_lightning.training.metrics import EVERY_STEP_METRICS, StepMetrics
 from grpo_lightning.training.options import GROUPS, EvaluationOptions, KLOptions, LossOptions, OptimOptions, PolicyOptions
 from grpo_lightning.training.options import RewardOptions, SamplingOptions, resolve_groups
 from grpo_lightning.rewards import RewardScorer, RewardScores, resolve_reward_function, weighted_reward
 from grpo_lightning.rollout.types import Rollout, SamplingParams
-from grpo_lightning.algorithms.rollout_correction import correct_policy_loss
 from grpo_lightning.training.settings import DTYPES, ConfigError, check_before_loading, check_datasets, check_model
 from grpo_lightning.training.settings import check_options_apply, resolve_rewards
-from grpo_lightning.training.strategies import clip_policy_gradients, no_gradient_sync
+from grpo_lightning.training.update import PolicyUpdate
 
 # Re-exported: variants and user code import them from here.
 __all__ = [
@@ -72,7 +74,7 @@ __all__ = [
 ]  # fmt: skip
 
 
-class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluation, L.LightningModule):
+class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicyState, Evaluation, L.LightningModule):
     """Base module of the GRPO family: rollout, rewards, reference model, clipped update, logging.
 
     Args:
@@ -317,24 +319,6 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         rollout.rewards = weighted_reward(rollout.reward_per_function, self.reward_weights.to(self.device))
         return scores
 
-    @torch.no_grad()
-    def compute_logprobs(self, model: torch.nn.Module, rollout: Rollout) -> Tensor:
-        """Log-probs ``[N, T]`` of the rollout's completions under ``model``, in micro-batches."""
-        parts = []
-        for rows in torch.arange(len(rollout)).split(self.micro_batch_size):
-            logp, _ = self._forward(model, rollout, rows, with_entropy=False)
-            parts.append(logp)
-        return torch.cat(parts)
-
-    def _forward(
-        self, model: torch.nn.Module, rollout: Rollout, rows: Tensor, with_entropy: bool = True
-    ) -> tuple[Tensor, Tensor | None]:
-        inputs = rollout.model_inputs(rows)
-        self.compute.add_forward(inputs[1], inputs[3], backward=torch.is_grad_enabled())  # prompt, completion masks
-        with adapter_autocast(model):  # LoRA: bf16 products for float32 adapters
-            return completion_logprobs(model, *inputs, temperature=self.sampling.temperature, with_entropy=with_entropy,
-                                       **self.engine_plan.logprob_options())  # fmt: skip
-
     # ------------------------------------------------------------------ training
 
     def training_step(self, batch: dict[str, list], batch_idx: int) -> None:
@@ -368,7 +352,7 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         if self.rewards_options.aggregation == "normalize_then_sum":
             rewards = F.group_normalized_reward_sum(rollout.reward_per_function, self.reward_weights, rollout.group_size)
         rewards = self.shape_rewards(rewards, rollout)
-        advantages = self.advantages(rewards.view(-1, rollout.group_size)).flatten(0, 1)  # [N], or per token [N, T]
+        advantages = self.advantages(rewards.view(-1, rollout.group_size), rollout).flatten(0, 1)  # [N], or [N, T]
         self.last_rollout, self.last_advantages = rollout, advantages  # for callbacks (completion tables)
         with timer.phase("update"):
             self.update(rollout, advantages)
@@ -391,88 +375,6 @@ class GroupPolicyOptimization(AlgorithmHooks, resume.GroupPolicyState, Evaluatio
         scheduler.step()
         self.step_metrics.update("learning_rate", scheduler.get_last_lr()[0])
         self.log_step()
-
-    def update(self, rollout: Rollout, advantages: Tensor) -> None:
-        """``ppo_epochs`` passes over the rollout; one optimizer step per minibatch."""
-        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
-        size, minibatch = len(rollout), self.minibatch_size or len(rollout)
-        for _ in range(self.ppo_epochs):
-            order = torch.randperm(size) if self.needs_old_logprobs(size) else torch.arange(size)
-            for rows in order.split(minibatch):
-                optimizer.zero_grad(set_to_none=True)
-                self.accumulate_gradients(rollout, advantages, rows)
-                self.clip_and_log_gradient_norm(optimizer)
-                optimizer.step()
-                scheduler.step()
-                self.policy_version += 1
-        self.step_metrics.update("learning_rate", scheduler.get_last_lr()[0])
-
-    def clip_and_log_gradient_norm(self, optimizer) -> None:
-        """Clip the gradient to ``max_grad_norm`` and log its norm before clipping (``grad_norm``);
-        a NaN or infinite norm drops the gradient, so the step changes nothing (``skipped_steps``)."""
-        norm = clip_policy_gradients(self, optimizer, self.optim_options.max_grad_norm)
-        if norm is not None:
-            self.step_metrics.update("grad_norm", norm)
-            if not self.nonfinite.allows(norm, self.global_step, getattr(self.last_rollout, "prompts", ())):
-                optimizer.zero_grad(set_to_none=True)
-            self.step_metrics.update("skipped_steps", float(self.nonfinite.skipped), reduce="max")
-
-    def accumulate_gradients(self, rollout: Rollout, advantages: Tensor, rows: Tensor) -> None:
-        """Backward of one minibatch, ``micro_batch_size`` rows at a time.
-
-        The aggregation gets the minibatch-wide sequence and token counts (summed over devices),
-        so the accumulated gradient does not depend on the micro-batch size.
-        """
-        num_sequences = len(rows)
-        # DDP and FSDP average gradients over devices: normalise by the mean count per device.
-        num_tokens = self.sum_over_ranks(self.loss_mask(rollout, rows).sum()) / self.num_processes
-        total = torch.zeros((), device=num_tokens.device)
-        micro_batches = rows.split(self.micro_batch_size)
-        for index, micro_rows in enumerate(micro_batches):
-            loss = self.micro_batch_loss(rollout, advantages, micro_rows, num_sequences, num_tokens)
-            with contextlib.nullcontext() if index == len(micro_batches) - 1 else self.no_gradient_sync():
-                self.manual_backward(loss)
-            total += loss.detach()
-        self.step_metrics.update("loss", total)
-
-    def loss_mask(self, rollout: Rollout, rows: Tensor) -> Tensor:
-        """``[len(rows), T]``: the tokens that carry loss; none of a truncated completion under
-        ``mask_truncated_completions``."""
-        mask = rollout.completion_mask[rows.to(rollout.completion_mask.device)]
-        if self.loss_options.mask_truncated_completions:
-            mask = mask * ~rollout.truncated[rows.to(mask.device)].unsqueeze(1)
-        return mask
-
-    def no_gradient_sync(self) -> contextlib.AbstractContextManager:
-        """Context for the backward passes of all but a minibatch's last micro-batch (:func:`grpo_lightning.training.strategies.no_gradient_sync`)."""
-        return no_gradient_sync(self._trainer.strategy if self._trainer is not None else None)
-
-    def micro_batch_loss(
-        self, rollout: Rollout, advantages: Tensor, rows: Tensor, num_sequences: int, num_tokens: Tensor
-    ) -> Tensor:
-        """This micro-batch's share of the minibatch loss: ``aggregate(token_loss + beta * kl)``."""
-        micro_mask = self.loss_mask(rollout, rows)
-        rows = rows.to(micro_mask.device)
-        tokens = micro_mask.sum()
-        logp, entropy = self._forward(self.policy, rollout, rows)
-        old_logp = logp.detach() if rollout.old_logp is None else rollout.old_logp[rows]
-        loss = self.token_loss(logp, old_logp, advantages[rows], micro_mask)
-        if self.entropy_coef:  # its gradient raises each loss token's entropy
-            loss = loss + self.entropy_coef * entropy_bonus(logp, old_logp)
-        if rollout.sampling_logp is not None:  # the engine's log-probs against this pass's
-            loss = correct_policy_loss(loss, old_logp, rollout.sampling_logp[rows], micro_mask, self.rollout_correction,
-                                       self.sampling_options.correction_cap, self.step_metrics)  # fmt: skip
-        if self.loss_options.top_entropy_quantile < 1:
-            loss = loss * F.top_entropy_mask(entropy, micro_mask, self.loss_options.top_entropy_quantile)
-        if rollout.ref_logp is not None:
-            kl = F.kl_estimate(logp, rollout.ref_logp[rows], self.kl_estimator)
-            if self.kl_options.unbiased:
-                kl = kl * torch.exp(logp - old_logp)
-            if self.kl_in_loss:
-                loss = loss + self.beta * kl
-            self.step_metrics.update("kl", F.masked_mean(kl.detach(), micro_mask), tokens)
-        self.step_metrics.update("entropy", F.masked_mean(entropy, micro_mask), tokens)
-        return self.aggregate(loss, micro_mask, num_sequences=num_sequences, num_tokens=num_tokens)
 
     # ------------------------------------------------------------------ logging
 

@@ -111,13 +111,14 @@ def advantages_off_policy(module, rollout) -> torch.Tensor:
     if module.needs_reference_model():
         rollout.ref_logp = logp + noise(logp, 2)
     rewards = module.shape_rewards(rollout.rewards, rollout)
-    return module.advantages(rewards.view(-1, rollout.group_size)).flatten(0, 1)
+    return module.advantages(rewards.view(-1, rollout.group_size), rollout).flatten(0, 1)
 
 
 def minibatch_gradient(module, rollout, advantages, micro_batch_size: int, monkeypatch) -> dict[str, torch.Tensor]:
     """The policy's gradient of one minibatch (the whole rollout) as the update accumulates it
-    (``accumulate_gradients``: whatever a variant does once per minibatch, then its micro-batches),
-    ``micro_batch_size`` rows a pass; ``backward`` stands in for the Trainer's ``manual_backward``."""
+    (``accumulate_gradients``: the variant's ``minibatch_derived`` and ``extra_losses``, then its
+    micro-batches), ``micro_batch_size`` rows a pass; ``backward`` stands in for the Trainer's
+    ``manual_backward``."""
     module.micro_batch_size = micro_batch_size
     module.policy.zero_grad(set_to_none=True)
     monkeypatch.setattr(module, "manual_backward", lambda loss: loss.backward())
@@ -126,8 +127,6 @@ def minibatch_gradient(module, rollout, advantages, micro_batch_size: int, monke
 
 
 def check_micro_batch_invariance(cls, make_module, make_rollout, monkeypatch) -> None:
-    # OnlineDPOGRPO's pairs are chosen in its update, which this leaves out: its pair passes are
-    # tests/test_online_dpo_grpo.py's.
     module = make_module(cls, **SETTINGS.get(cls.__name__, {}))
     rollout = make_rollout(module, PROMPTS, answer=ANSWERS)
     advantages = advantages_off_policy(module, rollout)

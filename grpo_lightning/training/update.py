@@ -1,0 +1,151 @@
+"""The update on one rollout: ``ppo_epochs`` passes, one optimizer step per minibatch, micro-batches.
+
+Every micro-batch's loss reads a :class:`~grpo_lightning.rollout.types.MicroBatch` (its rows, their
+tensors, the minibatch's counts): the accumulated gradient does not depend on ``micro_batch_size``.
+Where a variant's loop differs, it says so through hooks
+(:class:`~grpo_lightning.algorithms.hooks.AlgorithmHooks`): tensors chosen once per minibatch
+(``minibatch_derived``), losses besides the policy's micro-batches (``extra_losses``) and work after
+each policy step (``after_policy_step``), never by copying the loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms.entropy import entropy_bonus
+from grpo_lightning.algorithms.rollout_correction import correct_policy_loss
+from grpo_lightning.models.logprobs import completion_logprobs
+from grpo_lightning.models.lora import adapter_autocast
+from grpo_lightning.rollout.types import MicroBatch, Rollout
+from grpo_lightning.training.strategies import clip_policy_gradients, no_gradient_sync
+
+
+def policy_part(objects: Any) -> Any:
+    """The policy's optimizer or scheduler: the first of several (PPO's critic has its own)."""
+    return objects[0] if isinstance(objects, (list, tuple)) else objects
+
+
+class PolicyUpdate:
+    """The update loop and the log-prob passes of :class:`~grpo_lightning.training.module.GroupPolicyOptimization`."""
+
+    @torch.no_grad()
+    def compute_logprobs(self, model: torch.nn.Module, rollout: Rollout) -> Tensor:
+        """Log-probs ``[N, T]`` of the rollout's completions under ``model``, in micro-batches."""
+        parts = []
+        for rows in torch.arange(len(rollout)).split(self.micro_batch_size):
+            logp, _ = self._forward(model, rollout, rows, with_entropy=False)
+            parts.append(logp)
+        return torch.cat(parts)
+
+    def _forward(
+        self, model: torch.nn.Module, rollout: Rollout, rows: Tensor, with_entropy: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
+        inputs = rollout.model_inputs(rows)
+        self.compute.add_forward(inputs[1], inputs[3], backward=torch.is_grad_enabled())  # prompt, completion masks
+        with adapter_autocast(model):  # LoRA: bf16 products for float32 adapters
+            return completion_logprobs(model, *inputs, temperature=self.sampling.temperature, with_entropy=with_entropy,
+                                       **self.engine_plan.logprob_options())  # fmt: skip
+
+    def update(self, rollout: Rollout, advantages: Tensor) -> None:
+        """``ppo_epochs`` passes over the rollout; one policy step per minibatch, then ``after_policy_step``."""
+        optimizer, scheduler = policy_part(self.optimizers()), policy_part(self.lr_schedulers())
+        size, minibatch = len(rollout), self.minibatch_size or len(rollout)
+        for _ in range(self.ppo_epochs):
+            order = torch.randperm(size) if self.needs_old_logprobs(size) else torch.arange(size)
+            for rows in order.split(minibatch):
+                optimizer.zero_grad(set_to_none=True)
+                self.accumulate_gradients(rollout, advantages, rows)
+                self.clip_and_log_gradient_norm(optimizer, rollout.prompts)
+                optimizer.step()
+                scheduler.step()
+                self.policy_version += 1
+                self.after_policy_step(rollout, rows)
+        self.step_metrics.update("learning_rate", scheduler.get_last_lr()[0])
+
+    def clip_and_log_gradient_norm(self, optimizer, prompts: Sequence[Any] = ()) -> None:
+        """Clip the gradient to ``max_grad_norm`` and log its norm before clipping (``grad_norm``);
+        a NaN or infinite norm drops the gradient, so the step changes nothing (``skipped_steps``,
+        and a warning naming the step's ``prompts``)."""
+        norm = clip_policy_gradients(self, optimizer, self.optim_options.max_grad_norm)
+        if norm is not None:
+            self.step_metrics.update("grad_norm", norm)
+            if not self.nonfinite.allows(norm, self.global_step, prompts):
+                optimizer.zero_grad(set_to_none=True)
+            self.step_metrics.update("skipped_steps", float(self.nonfinite.skipped), reduce="max")
+
+    def accumulate_gradients(self, rollout: Rollout, advantages: Tensor, rows: Tensor) -> None:
+        """Backward of one minibatch: its ``extra_losses``, then the policy's loss ``micro_batch_size`` rows at a time.
+
+        The aggregation gets the minibatch-wide sequence and token counts (summed over devices),
+        so the accumulated gradient does not depend on the micro-batch size. The extra losses go
+        first: the policy's last backward pass is the one that averages gradients over devices.
+        """
+        self.backward_extra_losses(self.extra_losses(rollout, advantages, rows))
+        num_sequences = len(rows)
+        # DDP and FSDP average gradients over devices: normalise by the mean count per device.
+        num_tokens = self.sum_over_ranks(self.loss_mask(rollout, rows).sum()) / self.num_processes
+        derived = self.minibatch_derived(rollout, advantages, rows)
+        total = torch.zeros((), device=num_tokens.device)
+        micro_batches = rows.split(self.micro_batch_size)
+        for index, micro_rows in enumerate(micro_batches):
+            loss = self.micro_batch_loss(rollout, advantages, micro_rows, num_sequences, num_tokens, derived)
+            with contextlib.nullcontext() if index == len(micro_batches) - 1 else self.no_gradient_sync():
+                self.manual_backward(loss)
+            total += loss.detach()
+        self.step_metrics.update("loss", total)
+
+    def backward_extra_losses(self, losses: Iterable[tuple[Tensor, dict[str, tuple[Any, Any]]]]) -> None:
+        """Backward of each ``(loss, metrics)`` in turn (before the next is computed), without syncing
+        gradients over devices; ``metrics``: ``name -> (value, weight)`` into the step's metrics."""
+        for loss, metrics in losses:
+            with self.no_gradient_sync():
+                self.manual_backward(loss)
+            for name, (value, weight) in metrics.items():
+                self.step_metrics.update(name, value, weight)
+
+    def loss_mask(self, rollout: Rollout, rows: Tensor) -> Tensor:
+        """``[len(rows), T]``: the tokens that carry loss; none of a truncated completion under
+        ``mask_truncated_completions``."""
+        mask = rollout.completion_mask[rows.to(rollout.completion_mask.device)]
+        if self.loss_options.mask_truncated_completions:
+            mask = mask * ~rollout.truncated[rows.to(mask.device)].unsqueeze(1)
+        return mask
+
+    def no_gradient_sync(self) -> contextlib.AbstractContextManager:
+        """Context for the backward passes of all but a minibatch's last micro-batch (:func:`grpo_lightning.training.strategies.no_gradient_sync`)."""
+        return no_gradient_sync(self._trainer.strategy if self._trainer is not None else None)
+
+    def micro_batch_loss(
+        self, rollout: Rollout, advantages: Tensor, rows: Tensor, num_sequences: int, num_tokens: Tensor,
+        minibatch_derived: dict[str, Tensor] | None = None,
+    ) -> Tensor:  # fmt: skip
+        """This micro-batch's share of the minibatch loss: ``aggregate(token_loss + beta * kl)``.
+        ``minibatch_derived``: the tensors ``minibatch_derived`` chose for its minibatch."""
+        micro = MicroBatch.of(rollout, advantages, rows, self.loss_mask(rollout, rows), num_sequences, num_tokens,
+                              minibatch_derived)  # fmt: skip
+        mask, tokens = micro.mask, micro.mask.sum()
+        logp, entropy = self._forward(self.policy, rollout, micro.rows)
+        old_logp = logp.detach() if micro.old_logp is None else micro.old_logp
+        loss = self.token_loss(logp, old_logp, micro.advantages, mask, micro=micro)
+        if self.entropy_coef:  # its gradient raises each loss token's entropy
+            loss = loss + self.entropy_coef * entropy_bonus(logp, old_logp)
+        if micro.sampling_logp is not None:  # the engine's log-probs against this pass's
+            loss = correct_policy_loss(loss, old_logp, micro.sampling_logp, mask, self.rollout_correction,
+                                       self.sampling_options.correction_cap, self.step_metrics)  # fmt: skip
+        if self.loss_options.top_entropy_quantile < 1:
+            loss = loss * F.top_entropy_mask(entropy, mask, self.loss_options.top_entropy_quantile)
+        if micro.ref_logp is not None:
+            kl = F.kl_estimate(logp, micro.ref_logp, self.kl_estimator)
+            if self.kl_options.unbiased:
+                kl = kl * torch.exp(logp - old_logp)
+            if self.kl_in_loss:
+                loss = loss + self.beta * kl
+            self.step_metrics.update("kl", F.masked_mean(kl.detach(), mask), tokens)
+        self.step_metrics.update("entropy", F.masked_mean(entropy, mask), tokens)
+        return self.aggregate(loss, mask, num_sequences=micro.num_sequences, num_tokens=micro.num_tokens)
