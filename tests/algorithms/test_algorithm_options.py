@@ -249,9 +249,8 @@ def test_the_options_keep_the_gradient_independent_of_micro_batching(cls, kwargs
 
 
 ALL_VARIANTS = [getattr(__import__("variants"), name) for name in __import__("variants").__all__]
+#: The parts by name (advantage, aggregation) are tried on every variant in tests/conformance/.
 OPTION_VALUES = {
-    "advantage": "leave_one_out",
-    "aggregation": "seq_mean_token_sum_norm",
     "loss.delta": 2.0,
     "rewards.scale": "batch",
     "rewards.aggregation": "normalize_then_sum",

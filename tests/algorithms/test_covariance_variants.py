@@ -14,7 +14,6 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from grpo_lightning.cli.app import main
 from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.training.settings import ConfigError
 from variants.clip_cov import ClipCov
@@ -60,16 +59,6 @@ def test_defaults_follow_the_paper():
 def test_invalid_settings_are_refused_naming_the_field(cls, kwargs, field):
     with pytest.raises(ConfigError, match=rf"^{field}: .*the paper"):
         cls(model="unused", **kwargs)
-
-
-@pytest.mark.parametrize("path, expected", [("variants.clip_cov.ClipCov", "clip_cov_ratio: 0.0002"),
-                                            ("variants.kl_cov.KLCov", "kl_cov_ratio: 0.002")])  # fmt: skip
-def test_print_config(path, expected, capsys):
-    with pytest.raises(SystemExit) as done:
-        main(["fit", "--model", path, "--model.model", "x", "--print_config"])
-    assert done.value.code == 0
-    out = capsys.readouterr().out
-    assert f"class_path: {path}" in out and expected in out
 
 
 # ------------------------------------------------------------------ hand-computed values

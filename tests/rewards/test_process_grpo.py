@@ -22,7 +22,6 @@ from grpo_lightning.quickstart.tiny import build_char_tokenizer, tiny_config
 from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.rewards import ProcessRewardModel, answer_prefix_steps
 from grpo_lightning.training.settings import ConfigError
-from tests.conftest import micro_batched_gradient
 from variants import ProcessGRPO
 
 CONFIGS = config_dir()
@@ -120,23 +119,6 @@ def test_bad_settings_name_the_field(tiny_model_dir):
         ProcessGRPO(tiny_model_dir, step_delimiter="")
     with pytest.raises(ConfigError, match="rewards.scale: does not apply to ProcessGRPO"):
         ProcessGRPO(tiny_model_dir, rewards={"scale": "none"})
-
-
-def test_the_gradient_does_not_depend_on_micro_batching(make_module, make_rollout, one_torch_thread):
-    def steps_per_character(prompts, completions, token_ends, **columns):  # a step per token, alternating scores
-        return [[(t, float(t % 2)) for t in range(len(ends))] for ends in token_ends]
-
-    module = make_module(ProcessGRPO, step_reward_func=steps_per_character, kl={"beta": 0.0})
-    rollout = make_rollout(module, ["1+2=", "30+4=", "7+7="])
-    module.shape_rewards(rollout.rewards, rollout)
-    advantages = module.advantages(rollout.rewards.view(-1, rollout.group_size), rollout).flatten(0, 1)
-    assert advantages.shape == rollout.completion_ids.shape and advantages.abs().sum() > 0
-    n, tokens = len(rollout), rollout.completion_mask.sum()
-
-    whole = micro_batched_gradient(module, rollout, advantages, [n], tokens)
-    split = micro_batched_gradient(module, rollout, advantages, [5, n - 5], tokens)
-    for name in whole:
-        assert_close(split[name], whole[name], rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("step_reward", ["rule", "model"])

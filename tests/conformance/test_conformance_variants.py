@@ -1,0 +1,250 @@
+"""Every variant: found in ``variants/`` (a new file is picked up), exported and shipped with a config,
+its gradient independent of the micro-batch size, its printed configuration read back into the same
+module, and every registered part by name either composed with it or refused naming the option.
+
+Tiny models from ``tests/conftest.py``, no fit: one rollout per variant, and the real LightningCLI
+for the configuration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import io
+import re
+import sys
+import types
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import transformers
+import yaml
+from torch.testing import assert_close
+
+import variants
+from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS, SURROGATES
+from grpo_lightning.cli.app import GRPOLightningCLI, main, variant_log_name
+from grpo_lightning.cli.resources import config_dir
+from grpo_lightning.cli.variants import shipped_variants
+from grpo_lightning.training.module import GroupPolicyOptimization
+from grpo_lightning.training.settings import ConfigError
+from tests.conftest import grouped
+
+
+def defined_in_variants() -> dict[str, type]:
+    """Every ``GroupPolicyOptimization`` subclass defined in a file of ``variants/``, by class name."""
+    found = {}
+    for path in sorted(Path(variants.__file__).parent.glob("*.py")):
+        module = importlib.import_module(f"variants.{path.stem}")
+        for name, value in vars(module).items():
+            if inspect.isclass(value) and issubclass(value, GroupPolicyOptimization):
+                if value.__module__ == module.__name__:  # defined there, not imported
+                    found[name] = value
+    return found
+
+
+DEFINED = defined_in_variants()
+#: Classes of variants/ that others there build on and that are not exported (CovarianceRule): not variants.
+SHARED_BASES = {
+    name for name, cls in DEFINED.items()
+    if name not in variants.__all__ and any(other is not cls and issubclass(other, cls) for other in DEFINED.values())
+}  # fmt: skip
+VARIANTS = [cls for name, cls in DEFINED.items() if name not in SHARED_BASES]
+SHIPPED = {class_path: name for name, class_path in shipped_variants().items()}  # "variants.DAPO" -> "dapo"
+CONFIGS = config_dir()
+BASE = ["--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml")]
+
+
+def by_name(cls: type) -> str:
+    return cls.__name__
+
+
+def test_every_variant_is_exported_and_shipped_with_a_config():
+    for cls in VARIANTS:
+        name = cls.__name__
+        exported = getattr(variants, name, None) is cls and name in variants.__all__
+        assert exported, f"{name}: export it in variants/__init__.py (the import and __all__)"
+        config = f"configs/variant/{variant_log_name(name)}.yaml"
+        assert f"variants.{name}" in SHIPPED, f"{name}: ship {config} with class_path: variants.{name}"
+    assert sorted(variants.__all__) == sorted(cls.__name__ for cls in VARIANTS)
+
+
+@pytest.mark.parametrize("cls", VARIANTS, ids=by_name)
+def test_the_variants_parts_are_registered(cls):
+    assert cls.default_surrogate in SURROGATES
+    assert cls.default_aggregation in AGGREGATIONS
+    # None: advantages of the variant's own loop (PPO's GAE, ProcessGRPO's steps), which refuses another.
+    assert cls.default_advantage in (None, *ADVANTAGES)
+
+
+# ------------------------------------------------------------------ micro-batch invariance
+
+PROMPTS, ANSWERS = ["12+34=", "5+6=", "77+8="], ["46", "11", "85"]  # x group_size 4 = 12 rows
+
+
+def alternating_steps(prompts, completions, token_ends, **columns):
+    """A step per token, scored 0, 1, 0, ...: per-token advantages that are not all 0."""
+    return [[(t, float(t % 2)) for t in range(len(ends))] for ends in token_ends]
+
+
+#: What a variant needs beyond its defaults for its rule to act on this rollout: advantages that are
+#: not all 0 (ProcessGRPO), tokens to detach (ClipCov's covariance range holds none of these).
+SETTINGS = {
+    "ProcessGRPO": {"step_reward_func": alternating_steps},
+    "ClipCov": {"clip_cov_ratio": 0.3, "clip_cov_lb": -1e9, "clip_cov_ub": 1e9},
+}
+
+
+def noise(like: torch.Tensor, seed: int) -> torch.Tensor:
+    return 0.3 * torch.randn(like.shape, generator=torch.Generator().manual_seed(seed), dtype=like.dtype)
+
+
+def advantages_off_policy(module, rollout) -> torch.Tensor:
+    """The advantages ``[N]`` (or ``[N, T]``) of ``rollout`` as a step computes them, with old (and
+    reference) log-probs of the policy's own plus fixed noise: ratios leave 1, clips and gates act,
+    the KL is not 0."""
+    logp = module.compute_logprobs(module.policy, rollout)
+    rollout.old_logp = logp + noise(logp, 1)
+    if module.needs_reference_model():
+        rollout.ref_logp = logp + noise(logp, 2)
+    rewards = module.shape_rewards(rollout.rewards, rollout)
+    return module.advantages(rewards.view(-1, rollout.group_size), rollout).flatten(0, 1)
+
+
+def minibatch_gradient(module, rollout, advantages, micro_batch_size: int, monkeypatch) -> dict[str, torch.Tensor]:
+    """The policy's gradient of one minibatch (the whole rollout) as the update accumulates it
+    (``accumulate_gradients``: the variant's ``minibatch_derived`` and ``extra_losses``, then its
+    micro-batches), ``micro_batch_size`` rows a pass; ``backward`` stands in for the Trainer's
+    ``manual_backward``."""
+    module.micro_batch_size = micro_batch_size
+    module.policy.zero_grad(set_to_none=True)
+    monkeypatch.setattr(module, "manual_backward", lambda loss: loss.backward())
+    module.accumulate_gradients(rollout, advantages, torch.arange(len(rollout)))
+    return {name: p.grad.clone() for name, p in module.policy.named_parameters()}
+
+
+def check_micro_batch_invariance(cls, make_module, make_rollout, monkeypatch) -> None:
+    module = make_module(cls, **SETTINGS.get(cls.__name__, {}))
+    rollout = make_rollout(module, PROMPTS, answer=ANSWERS)
+    advantages = advantages_off_policy(module, rollout)
+    assert advantages.abs().sum() > 0 and rollout.lengths.min() < rollout.lengths.max()
+    whole = minibatch_gradient(module, rollout, advantages, len(rollout), monkeypatch)
+    single = minibatch_gradient(module, rollout, advantages, 1, monkeypatch)
+    assert any(g.abs().sum() > 0 for g in whole.values())
+    for name in whole:
+        assert_close(single[name], whole[name], rtol=1e-5, atol=1e-7, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("cls", VARIANTS, ids=by_name)
+def test_the_gradient_in_micro_batches_of_one_row_is_the_whole_batchs(cls, make_module, make_rollout, monkeypatch,
+                                                                       one_torch_thread):  # fmt: skip
+    check_micro_batch_invariance(cls, make_module, make_rollout, monkeypatch)
+
+
+# ------------------------------------------------------------------ the configuration, printed and read back
+
+#: Arguments of the ``fit`` subcommand (``--ckpt_path``, ...) that are not the configuration of the objects.
+FIT_ONLY = set(inspect.signature(L.Trainer.fit).parameters) - {"self"} - GRPOLightningCLI.subcommands()["fit"]
+
+
+def printed_config(*args: str) -> dict:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), pytest.raises(SystemExit) as done:
+        main(["fit", *args, "--print_config"], report_errors=True)
+    assert done.value.code == 0, err.getvalue()
+    return yaml.safe_load(out.getvalue())
+
+
+def hyperparameters(module) -> dict:
+    return {key: value for key, value in module.hparams.items() if not key.startswith("_")}  # not the CLI's _class_path
+
+
+@pytest.mark.parametrize("cls", VARIANTS, ids=by_name)
+def test_print_config_reads_back_into_the_same_module(cls, tmp_path, monkeypatch):
+    """``fit --print_config`` with the shipped config and a part by name, read back by the CLI: the
+    same class with the same hyper-parameters as built in Python, and no model loaded."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the configuration must not load a model")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    aggregation = next(name for name in AGGREGATIONS if name != cls.default_aggregation)
+    shipped = CONFIGS / "variant" / f"{SHIPPED[f'variants.{cls.__name__}']}.yaml"
+    config = printed_config(*BASE, "--config", str(shipped), "--model.model", "m", "--model.aggregation", aggregation)
+    assert config["model"]["class_path"] == f"variants.{cls.__name__}"
+    assert {key: config.pop(key) for key in FIT_ONLY} == dict.fromkeys(FIT_ONLY)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+
+    module = GRPOLightningCLI(args=["--config", str(tmp_path / "config.yaml")], run=False).model
+    assert type(module) is cls and module.policy is None
+    assert module.aggregation_name == aggregation
+    assert hyperparameters(module) == hyperparameters(cls("m", aggregation=aggregation))
+    assert variant_log_name(cls.__name__) == shipped.stem  # runs are filed under the config's name
+
+
+# ------------------------------------------------------------------ every part by name
+
+# Shared inputs on which a built module's part is compared with the registered function.
+REWARDS = torch.tensor([[1.0, 0.0, 0.0, 1.0], [3.0, 1.0, 2.0, 2.0]])
+LOSS = torch.tensor([[1.0, 2.0, 3.0, 7.0], [4.0, 5.0, 7.0, 7.0]])
+MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+OPTIONS = {"advantage": ADVANTAGES, "aggregation": AGGREGATIONS, "loss.surrogate": SURROGATES}
+
+
+def uses_the_part(module, option: str, name: str) -> None:
+    """The module computes with the part named, not with its own."""
+    if option == "advantage":
+        assert module.advantage_name == name
+        assert torch.equal(module.advantages(REWARDS), ADVANTAGES[name](REWARDS))
+    elif option == "aggregation":
+        assert module.aggregation_name == name
+        expected = AGGREGATIONS[name](LOSS, MASK, max_tokens=module.max_new_tokens)
+        assert torch.equal(module.aggregate(LOSS, MASK), expected)
+    else:
+        assert module.surrogate_name == name
+
+
+def check_parts_by_name(cls, option: str) -> None:
+    """``--model.<option> NAME`` is the constructor's argument (a group's field for ``loss.surrogate``);
+    no model is loaded. A refusal is a ConfigError whose message names the option; anything else fails."""
+    refused: dict[str, str] = {}
+    for name in OPTIONS[option]:
+        try:
+            module = cls("m", **grouped({option: name}))
+        except ConfigError as error:
+            message = str(error)
+            assert message.startswith(f"{option}:") or f"--model.{option}" in message, message
+            refused[name] = message
+            continue
+        uses_the_part(module, option, name)
+    own = {"advantage": cls.default_advantage, "aggregation": cls.default_aggregation}.get(option)
+    if option not in cls.inapplicable_options:  # an option it takes: its own part by name is no change
+        assert own not in refused, f"{cls.__name__} refuses its own {option} by name: {refused[own]}"
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+@pytest.mark.parametrize("cls", VARIANTS, ids=by_name)
+def test_every_part_by_name_builds_the_variant_with_it_or_is_refused_naming_the_option(cls, option):
+    check_parts_by_name(cls, option)
+
+
+# ------------------------------------------------------------------ the page's example
+
+
+def test_the_preset_that_docs_adding_a_variant_adds_passes_the_variants_checks(make_module, make_rollout, monkeypatch,
+                                                                                one_torch_thread):  # fmt: skip
+    page = (Path(variants.__file__).resolve().parents[1] / "docs" / "adding_a_variant.md").read_text()
+    code = next(block for block in re.findall(r"```python\n(.*?)```", page, re.DOTALL) if "class BatchStdGRPO" in block)
+    file = types.ModuleType("variants.batch_std_grpo")  # as if it were the file the page names
+    monkeypatch.setitem(sys.modules, file.__name__, file)
+    exec(code, vars(file))  # noqa: S102 - the page's example
+    cls = file.BatchStdGRPO
+    module = cls("m")
+    assert (module.advantage_name, module.aggregation_name, module.beta) == ("batch_std", "token_mean", 0.0)
+    assert cls("m", kl={"beta": 0.01}).beta == 0.01
+    check_micro_batch_invariance(cls, make_module, make_rollout, monkeypatch)
+    for option in OPTIONS:
+        check_parts_by_name(cls, option)
