@@ -165,50 +165,20 @@ def trl_worker(settings: dict[str, Any], device: str, minutes: float, seed: int,
     """TRL's GRPOTrainer on the recipe's settings (as ``smollm2.py``'s), stopped once ``minutes`` have
     passed since this process started."""
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from grpo_lightning.rollout.generation import load_causal_lm
     from grpo_lightning.models.sources import load_tokenizer
     from grpo_lightning.rewards import accuracy_reward
     from grpo_lightning.training.time_budget import process_start_time
-    from smollm2 import problems
+    from smollm2 import problems, trl_config
 
     started = process_start_time()
-    model_args, data_args = settings["model"]["init_args"], settings["data"]["init_args"]
+    model_args = settings["model"]["init_args"]
     tokenizer = load_tokenizer(model_args.get("policy", {}).get("tokenizer") or model_args["model"])
     chat = bool(tokenizer.chat_template)
     train = problems(settings)["train"].map(lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}] if chat else row["prompt"]})
-    completions = data_args["batch_size"] * model_args["sampling"]["group_size"]
-    micro = min(model_args.get("optim", {}).get("micro_batch_size") or completions, completions)
-    config = GRPOConfig(
-        output_dir=str(root / "trainer"),
-        seed=seed,
-        max_steps=1_000_000,
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        use_cpu=device == "cpu",
-        bf16=str(settings["trainer"].get("precision", "")).startswith("bf16"),
-        use_vllm=False,
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=completions // micro,
-        generation_batch_size=completions,
-        num_generations=model_args["sampling"]["group_size"],
-        num_iterations=1,
-        max_completion_length=model_args["sampling"]["max_new_tokens"],
-        temperature=model_args.get("sampling", {}).get("temperature", 1.0),
-        beta=model_args.get("kl", {}).get("beta", 0.04),
-        loss_type="grpo",
-        scale_rewards="group",
-        epsilon=0.2,
-        learning_rate=model_args["optim"]["learning_rate"],
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        max_grad_norm=model_args.get("optim", {}).get("max_grad_norm", 1.0),
-        gradient_checkpointing=False,
-        disable_dropout=True,
-    )
+    config = trl_config(settings, root, seed, device)
 
     class StopAtBudget(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):

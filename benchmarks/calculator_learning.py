@@ -25,7 +25,7 @@ from grpo_lightning.agents.calculator_warmstart import CalculatorWarmStartSettin
 from grpo_lightning.agents.multi_turn import sample_episodes
 from grpo_lightning.cli.app import GRPOLightningCLI, expected_warnings_silenced
 from grpo_lightning.data.arithmetic import make_arithmetic_dataset
-from grpo_lightning.cli.resources import config_path
+from grpo_lightning.cli.resources import resolve_config
 from grpo_lightning.rollout.types import SamplingParams
 
 OPTIONS = EnvironmentOptions(
@@ -44,12 +44,13 @@ def greedy_episodes(model, tokenizer, rows) -> dict[str, float]:
     }
 
 
-def fit(model_dir: str, seed: int, steps: int, log_dir: str):
+def fit(configs: list[str], seed: int, steps: int, log_dir: str, extra: list[str] = ()):
+    """The policy after ``steps`` steps of ``fit`` through the real CLI with ``configs`` (shipped names or
+    paths) and the arguments ``extra``; quiet: no checkpoints, callbacks or progress bar."""
     args = [
-        "--config", str(config_path("trainer/cpu.yaml")), "--config", str(config_path("recipes/calculator.yaml")),
-        "--model.model", model_dir, f"--seed_everything={seed}", f"--trainer.max_steps={steps}",
-        f"--trainer.val_check_interval={steps}", f"--trainer.logger.init_args.save_dir={log_dir}",
-        "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]", "--trainer.enable_progress_bar=false",
+        *(a for config in configs for a in ("--config", str(resolve_config(config)))), f"--seed_everything={seed}",
+        f"--trainer.max_steps={steps}", f"--trainer.val_check_interval={steps}", f"--trainer.logger.init_args.save_dir={log_dir}",
+        "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]", "--trainer.enable_progress_bar=false", *extra,
     ]  # fmt: skip
     cli = GRPOLightningCLI(args=args, run=False)
     with expected_warnings_silenced():
@@ -80,7 +81,8 @@ def main() -> None:
     for seed in options.seeds:
         started = time.perf_counter()
         with tempfile.TemporaryDirectory() as log_dir:
-            after = greedy_episodes(fit(model_dir, seed, options.steps, log_dir), tokenizer, rows)
+            trained = fit(["trainer/cpu.yaml", "recipes/calculator.yaml"], seed, options.steps, log_dir, ["--model.model", model_dir])
+            after = greedy_episodes(trained, tokenizer, rows)
         seconds = round(time.perf_counter() - started, 1)
         call_fraction = CalculatorWarmStartSettings(**chosen).call_fraction
         run = {"warm_start_seed": options.warm_start_seed, "call_fraction": call_fraction, "seed": seed, "steps": options.steps}

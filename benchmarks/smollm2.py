@@ -147,49 +147,59 @@ def run_trl(seed: int, minutes: float, out: Path) -> dict[str, Any]:
             "process_wall_s": wall, **log}
 
 
-def trl_worker(seed: int, minutes: float, root: Path) -> None:
-    import torch
-    import trl
-    from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+def trl_config(settings: dict, root: Path, seed: int, device: str):
+    """TRL's ``GRPOConfig`` for the recipe ``settings``: the same batch, group, lengths, temperature, KL,
+    clip, learning rate and gradient clip as ours, micro-batched as ours is, run until stopped by time."""
+    from trl import GRPOConfig
 
-    from grpo_lightning.models.sources import load_tokenizer
-    from grpo_lightning.rollout.generation import load_causal_lm
-    from grpo_lightning.rewards import accuracy_reward
-
-    settings = recipe()
     model_args, data_args = settings["model"]["init_args"], settings["data"]["init_args"]
-    train = problems(settings)["train"].map(lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}]})
     completions = data_args["batch_size"] * model_args["sampling"]["group_size"]
-    config = GRPOConfig(
+    micro = min(model_args.get("optim", {}).get("micro_batch_size") or completions, completions)
+    return GRPOConfig(
         output_dir=str(root / "trainer"),
         seed=seed,
-        max_steps=100000,
+        max_steps=1_000_000,
         report_to="none",
         save_strategy="no",
         logging_steps=1,
         disable_tqdm=True,
-        use_cpu=True,
-        bf16=True,
+        use_cpu=device == "cpu",
+        bf16=str(settings["trainer"].get("precision", "")).startswith("bf16"),
         use_vllm=False,
-        per_device_train_batch_size=completions,
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=completions // micro,
         generation_batch_size=completions,
         num_generations=model_args["sampling"]["group_size"],
         num_iterations=1,
         max_completion_length=model_args["sampling"]["max_new_tokens"],
-        temperature=model_args["sampling"]["temperature"],
-        beta=model_args["kl"]["beta"],
+        temperature=model_args.get("sampling", {}).get("temperature", 1.0),
+        beta=model_args.get("kl", {}).get("beta", 0.04),
         loss_type="grpo",
         scale_rewards="group",
         epsilon=0.2,
         learning_rate=model_args["optim"]["learning_rate"],
         lr_scheduler_type="constant",
         warmup_steps=0,
-        max_grad_norm=model_args["optim"]["max_grad_norm"],
+        max_grad_norm=model_args.get("optim", {}).get("max_grad_norm", 1.0),
         gradient_checkpointing=False,
         disable_dropout=True,
     )
+
+
+def trl_worker(seed: int, minutes: float, root: Path) -> None:
+    import torch
+    import trl
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+
+    from grpo_lightning.models.sources import load_tokenizer
+    from grpo_lightning.rollout.generation import load_causal_lm
+    from grpo_lightning.rewards import accuracy_reward
+
+    settings = recipe()
+    model_args = settings["model"]["init_args"]
+    train = problems(settings)["train"].map(lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}]})
+    config = trl_config(settings, root, seed, device="cpu")
     history: list[dict[str, float]] = []
 
     class StopAfter(TrainerCallback):

@@ -45,7 +45,7 @@ def resolve_model(spec: SweepSpec) -> str | None:
 
 def cell_command(spec: SweepSpec, cell: Cell, cell_dir: Path, model: str | None) -> list[str]:
     """The fit command line of one cell."""
-    command = [spec.python, "-m", "grpo_lightning.cli.app", "fit"]
+    command = [spec.python, "-m", "grpo_lightning.cli", "fit"]
     # The variant's class_path comes first: settings given before it would be bound to the base
     # class, whose defaults would then replace the variant's own (DAPO's beta, clip_eps_high).
     configs = [resolve_path(f, f"overrides.{CONFIG_AXIS}") for f in cell.config_files()]

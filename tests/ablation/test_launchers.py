@@ -63,7 +63,7 @@ def test_submitit_local_jobs_run_resume_and_report(tmp_path, tiny_model, monkeyp
         metrics = json.loads((cell / METRICS_FILE).read_text())
         assert metrics["optimizer_steps"] == 1 and metrics["generated_tokens"] > 0
         command = json.loads((cell / "cell.json").read_text())["command"]
-        assert command[1:4] == ["-m", "grpo_lightning.cli.app", "fit"] and f"--seed_everything {seed}" in " ".join(command)
+        assert command[1:4] == ["-m", "grpo_lightning.cli", "fit"] and f"--seed_everything {seed}" in " ".join(command)
         assert (cell / "config.yaml").is_file()
 
     md = (build_report(out, tmp_path / "report", name="tiny") / "report.md").read_text()

@@ -89,7 +89,7 @@ def test_cell_command_uses_the_shared_yaml(tmp_path):
     )
     cell = spec.cells()[0]
     command = cell_command(spec, cell, tmp_path / "cell", "/m")
-    assert command[1:4] == ["-m", "grpo_lightning.cli.app", "fit"]
+    assert command[1:4] == ["-m", "grpo_lightning.cli", "fit"]
     configs = [command[i + 1] for i, arg in enumerate(command) if arg == "--config"]
     # the variant first: init_args given before its class_path would bring the base class defaults
     assert [c.split("configs/")[-1] for c in configs] == [

@@ -19,7 +19,7 @@ BASE = [
 
 def run_fit(*args: str, model: str, cwd=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRPO_LIGHTNING_TRACEBACK": ""}
-    command = [sys.executable, "-m", "grpo_lightning.cli.app", "fit", *BASE, "--model.model", model, *args]
+    command = [sys.executable, "-m", "grpo_lightning.cli", "fit", *BASE, "--model.model", model, *args]
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
 
 

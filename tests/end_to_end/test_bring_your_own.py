@@ -56,7 +56,7 @@ def test_the_readme_fit_raises_validation_accuracy(warm_model_dir, tmp_path):
     folder, command = readme_command()
     assert command[-2:] == ["--model.model", "$MODEL"]
     executable = shutil.which("grpo-lightning", path=str(Path(sys.executable).parent))
-    program = [executable] if executable else [sys.executable, "-m", "grpo_lightning.cli.app"]
+    program = [executable] if executable else [sys.executable, "-m", "grpo_lightning.cli"]
     command = [*program, *command[1:-1], warm_model_dir]
     command += [
         f"--trainer.max_steps={STEPS}",

@@ -41,7 +41,7 @@ def fit_command(model_dir: str, out: Path, nodes: int, devices: int, strategy: l
     return [
         sys.executable,
         "-m",
-        "grpo_lightning.cli.app",
+        "grpo_lightning.cli",
         "fit",
         "--config",
         str(CONFIGS / "trainer/cpu.yaml"),
