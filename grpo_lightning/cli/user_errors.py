@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import inspect
 import os
 import re
@@ -74,6 +75,71 @@ SETUP_FUNCTIONS = frozenset({"setup", "prepare_data", "load", "configure_model",
 
 #: Always a user's error, wherever raised.
 USER_ERRORS = (ConfigError, RewardFunctionError, NonFiniteTrainingError)
+
+#: Where the modules of the flat package went when it was given folders (``grpo_lightning.OLD`` -> ``grpo_lightning.NEW``).
+MOVED_MODULES = {
+    "module": "training.module",
+    "options": "training.options",
+    "settings": "training.settings",
+    "argument_types": "training.argument_types",
+    "schedules": "training.schedules",
+    "step_schedule": "training.step_schedule",
+    "time_budget": "training.time_budget",
+    "nonfinite": "training.nonfinite",
+    "callbacks": "training.callbacks",
+    "metrics": "training.metrics",
+    "compute": "training.compute",
+    "strategies": "training.strategies",
+    "checkpoint_io": "checkpoints.io",
+    "final_checkpoint": "checkpoints.final",
+    "resume": "checkpoints.resume",
+    "export": "checkpoints.export",
+    "models": "models.policy",
+    "model_sources": "models.sources",
+    "lora": "models.lora",
+    "value_model": "models.value",
+    "logprobs": "models.logprobs",
+    "rollout": "rollout.types",
+    "stale_rollouts": "rollout.stale",
+    "engine": "rollout.engine",
+    "generation": "rollout.generation",
+    "functional": "algorithms.functional",
+    "gae": "algorithms.gae",
+    "dpo": "algorithms.dpo",
+    "rollout_correction": "algorithms.rollout_correction",
+    "reward_calls": "rewards.calls",
+    "process_supervision": "rewards.process_supervision",
+    "evaluation": "evaluation.validation",
+    "sample_metrics": "evaluation.sample_metrics",
+    "completions": "evaluation.completions",
+    "diagnostics": "evaluation.diagnostics",
+    "loggers": "evaluation.loggers",
+    "cli": "cli.app",
+    "cli_generate": "cli.generate",
+    "cli_variants": "cli.variants",
+    "run_folders": "cli.run_folders",
+    "resources": "cli.resources",
+    "third_party_notices": "cli.notices",
+}
+
+
+def moved_class_path(path: str) -> str | None:
+    """``path`` (``grpo_lightning.OLD.Name``) with its module where it lives now, or ``None`` if it did not move."""
+    package, _, rest = path.partition(".")
+    module, _, name = rest.partition(".")
+    if package != "grpo_lightning" or module not in MOVED_MODULES:
+        return None
+    if name and _is_module(f"grpo_lightning.{module}") and _is_module(f"grpo_lightning.{module}.{name.split('.')[0]}"):
+        return None  # a path into the package of that name now (grpo_lightning.models.lora...), not an old one
+    return ".".join(["grpo_lightning", MOVED_MODULES[module], *([name] if name else [])])
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
 
 def variant_names() -> list[str]:
     """Class paths of the shipped variants (``variants.GRPO``, ...), read from the shipped
@@ -150,6 +216,8 @@ def user_error_message(error: BaseException, parsing: bool) -> str | None:
         unknown = re.search(r"(?:Expected a path but|--model\.help: Expected a dot import path string:) ([\w.]+)", texts)
     if unknown is not None and not any(isinstance(e, USER_ERRORS) for e in chain):
         path = unknown.group(1)
+        if moved := moved_class_path(path):
+            return f"{path!r}: its module has moved; write {moved!r}."
         if path.startswith("variants.") or "Parser key \"model\"" in texts or "--model" in texts:
             choices = variant_names()
             names = {choice.rpartition(".")[2].lower(): choice for choice in choices}

@@ -3,6 +3,8 @@ tests/conformance/); the CLI resolves variants by class path."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import re
 import shutil
@@ -16,6 +18,7 @@ from grpo_lightning.cli.app import EXPECTED_WARNINGS, GRPOLightningCLI, main
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.quickstart import quickstart_args
 from grpo_lightning.cli.resources import config_dir
+from grpo_lightning.cli.user_errors import MOVED_MODULES, moved_class_path
 from grpo_lightning.cli.notices import THIRD_PARTY_WARNINGS
 
 CONFIGS = config_dir()
@@ -314,6 +317,32 @@ def test_a_misspelt_variant_suggests_the_nearest_whatever_its_case(option, capsy
     assert done.value.code == 2
     err = capsys.readouterr().err
     assert "unknown variant 'Dapoo'" in err and "Did you mean variants.DAPO?" in err
+
+
+def test_a_class_path_of_a_module_that_moved_names_where_it_is_now(tmp_path, capsys):
+    old = tmp_path / "old.yaml"
+    old.write_text("trainer:\n  callbacks:\n    - class_path: grpo_lightning.schedules.CosineKLSchedule\n")
+    with pytest.raises(SystemExit) as done:
+        main(["fit", *BASE, "--model.model", "m", "--config", str(old), "--print_config"], report_errors=True)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "'grpo_lightning.schedules.CosineKLSchedule': its module has moved" in err
+    assert "'grpo_lightning.training.schedules.CosineKLSchedule'" in err
+
+
+def test_every_moved_module_is_where_the_table_says():
+    now_packages = {"models", "rollout", "cli", "evaluation"}  # old module names that are folders now
+    for old, new in MOVED_MODULES.items():
+        assert importlib.util.find_spec(f"grpo_lightning.{new}") is not None, new
+        if old not in now_packages:
+            with pytest.raises(ModuleNotFoundError):
+                importlib.import_module(f"grpo_lightning.{old}")
+    assert moved_class_path("grpo_lightning.models.LoraPolicy") == "grpo_lightning.models.policy.LoraPolicy"
+    assert moved_class_path("grpo_lightning.models.lora.Misspelt") is None
+    assert moved_class_path("grpo_lightning.engine.generator.StaticGenerator") == (
+        "grpo_lightning.rollout.engine.generator.StaticGenerator"
+    )
+    assert moved_class_path("grpo_lightning.training.schedules.CosineKLSchedule") is None
 
 
 # ---------------------------------------------------------------- output of other packages
