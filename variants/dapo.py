@@ -124,7 +124,9 @@ class DAPO(GRPO):
         return batch
 
     def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
-        """Soft overlong punishment (eq. 13) added to the task reward."""
+        """Soft overlong punishment (eq. 13) added to the task reward (and the base's shaping: the KL
+        where ``kl.placement`` is ``"reward"``)."""
+        rewards = super().shape_rewards(rewards, rollout)
         if self.overlong_buffer == 0:
             return rewards
         penalty = F.overlong_penalty(rollout.lengths, self.max_new_tokens, self.overlong_buffer, self.overlong_penalty)

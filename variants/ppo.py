@@ -3,7 +3,8 @@ RLHF uses it (Ouyang et al. 2022, "Training language models to follow instructio
 feedback", eq. 2), with GAE (Schulman et al. 2016, eqs. 11-16). The critic GRPO drops.
 
 Each completion token ``t`` is an action; the task reward comes at the last token and the KL
-penalty against the reference model at every token (k1 below; ``kl.estimator`` k2 or k3 instead)::
+penalty against the reference model at every token (k1 below; ``kl.estimator`` k2 or k3 instead;
+``kl.placement loss``: no penalty in ``r_t``, a KL term in the loss instead, k3 by default)::
 
     r_t     = -beta * (log pi_old(y_t) - log pi_ref(y_t)) + 1[t = last] * r
     delta_t = r_t + gamma * V_old(s_{t+1}) - V_old(s_t)             (V = 0 after the last token)
@@ -44,7 +45,8 @@ from grpo_lightning.training.strategies import is_sharded, shard
 class PPO(GroupPolicyOptimization):
     """Per-token GAE advantages from a learned critic; k1 KL in the reward; PPO clip; token mean."""
 
-    kl_in_loss = False
+    #: Per token, ``r_t = -beta * kl_t`` (:meth:`shape_rewards`); ``kl.placement loss``: a KL term in the loss instead.
+    default_kl_placement = "reward"
     inapplicable_options: ClassVar[dict[str, str]] = {"rewards.scale": "its GAE advantages are whitened instead",
         "advantage": "its advantages are GAE's, per token", "environment": "its GAE runs over one completion"}  # fmt: skip
     default_aggregation = "token_mean"  # over the whole minibatch
@@ -79,11 +81,12 @@ class PPO(GroupPolicyOptimization):
 
     def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
         """``r_t``, then GAE on ``V_old`` (in ``rollout.derived`` for :meth:`advantages` and the critic);
-        returns ``sum_t r_t``."""
+        returns ``sum_t r_t``. The KL in the reward is this per-token one, not the base's sum."""
         with PhaseTimer(self.step_metrics, self.device).phase("values"):
             old_values = V.compute_values(self.value_model, rollout, self.micro_batch_size)
         mask = rollout.completion_mask
-        kl = None if rollout.ref_logp is None else F.kl_estimate(rollout.old_logp, rollout.ref_logp, self.kl_estimator)
+        in_reward = rollout.ref_logp is not None and self.kl_placement == "reward"
+        kl = F.kl_estimate(rollout.old_logp, rollout.ref_logp, self.kl_estimator) if in_reward else None
         token_rewards = G.token_rewards(rewards, kl, mask, self.beta)
         advantages, returns = G.gae(token_rewards, old_values, mask, self.hparams.gamma, self.hparams.lam)
         valid = self.loss_mask(rollout, torch.arange(len(rollout)))

@@ -42,6 +42,8 @@ class ProcessGRPO(GRPO):
         "environment": "its steps are split from one completion's text, which has no environment replies",
     }
     token_advantages = True  # a per-sequence surrogate cannot take them
+    refused_kl_placements = {"reward": "its advantages come from the step rewards, which the completion's reward "
+                             "does not enter"}  # fmt: skip
 
     def __init__(
         self,

@@ -17,8 +17,8 @@ a loss term. The paper subtracts it per token, ``r_t = 1[t = T] r - beta * k1_t`
 summed to the end; here advantages are one per completion, so the penalty is its whole-sequence
 sum, the return at the first token (as RLOO does): ``r_i <- r_i - beta * sum_t k1_it``. A
 per-token return would need token-level advantages, which the hooks do not carry. ``beta`` 0.01
-is our default (the paper sets it per experiment); ``kl_in_reward=False`` moves the KL into the
-loss instead. ``kl.estimator``: k1 in the reward and k3 in the loss by default; either acts where
+is our default (the paper sets it per experiment); ``--model.kl.placement loss`` moves the KL into
+the loss instead. ``kl.estimator``: k1 in the reward and k3 in the loss by default; either acts where
 the KL is.
 """
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from grpo_lightning.training.module import GroupPolicyOptimization
 from grpo_lightning.training.options import KLOptions
-from variants.rloo import RLOO
 
 
 class ReinforcePlusPlus(GroupPolicyOptimization):
@@ -34,15 +33,12 @@ class ReinforcePlusPlus(GroupPolicyOptimization):
 
     inapplicable_options = {"rewards.scale": "its advantage is divided by the batch's std by definition"}
 
-    def __init__(self, model: str, *, kl: KLOptions = KLOptions(beta=0.01), kl_in_reward: bool = True,
-                 **kwargs) -> None:  # fmt: skip
-        self.kl_in_loss = not kl_in_reward  # before the base's checks and its choice of estimator (k1 in the reward)
+    def __init__(self, model: str, *, kl: KLOptions = KLOptions(beta=0.01), **kwargs) -> None:
         super().__init__(model, kl=kl, **kwargs)
 
+    #: ``r_i <- r_i - beta * sum_t kl_t``: RLOO's penalty, the same equation (k1 by default).
+    default_kl_placement = "reward"
     #: ``(r - mean_group) / std_batch(r - mean_group)``; 0 where that std is 0.
     default_advantage = "batch_std"
     #: ``sum(loss * mask) / sum(mask)`` over the whole batch.
     default_aggregation = "token_mean"
-
-    #: ``r - beta * sum_t kl_t`` when the KL is in the reward: RLOO's penalty, the same equation.
-    shape_rewards = RLOO.shape_rewards

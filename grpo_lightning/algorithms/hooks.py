@@ -13,6 +13,7 @@ from grpo_lightning.algorithms import functional as F
 from grpo_lightning.training import metrics
 from grpo_lightning.algorithms.advantages import ADVANTAGES
 from grpo_lightning.algorithms.aggregations import AGGREGATIONS
+from grpo_lightning.algorithms.kl import kl_in_reward
 from grpo_lightning.algorithms.masks import off_policy_sequence_mask
 from grpo_lightning.algorithms.surrogates import SURROGATES, Surrogate
 from grpo_lightning.rollout.types import MicroBatch, Rollout
@@ -21,10 +22,11 @@ from grpo_lightning.rollout.types import MicroBatch, Rollout
 class AlgorithmHooks:
     """What one update computes, hook by hook (the step that calls them: ``GroupPolicyOptimization``)."""
 
-    #: Whether the KL term is added to the per-token loss. A variant that puts it in the reward
-    #: instead (RLOO) declares ``False`` and applies it in ``shape_rewards``; the reference log-probs
-    #: are computed either way, and the old log-probs too (the reward's KL is taken against them).
-    kl_in_loss: bool = True
+    #: Where the KL term goes unless ``kl.placement`` says (:data:`~grpo_lightning.algorithms.kl.KL_PLACEMENTS`):
+    #: ``"loss"``, or ``"reward"`` (RLOO), which ``shape_rewards`` applies, against the old log-probs.
+    default_kl_placement: str = "loss"
+    #: Placements its loop has no room for, with the reason: ``kl.placement`` set to one is a ``ConfigError``.
+    refused_kl_placements: dict[str, str] = {}
     #: Options of the base module that this variant's equations leave no place for, with the reason:
     #: setting one is a :class:`ConfigError` naming both. The clip options its default surrogate
     #: does not read are added to those a class declares (``declared_inapplicable``). Options by their dotted name: ``loss.delta``, ``rewards.scale``..
@@ -106,7 +108,14 @@ class AlgorithmHooks:
 
     def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
         """Adjust the ``[N]`` rewards once log-probs are known; what later hooks read of this rollout
-        (PPO's GAE, DPO's pairs) goes in ``rollout.derived``. Identity here."""
+        (PPO's GAE, DPO's pairs) goes in ``rollout.derived``. Here: the KL penalty where ``kl.placement``
+        is ``"reward"`` (:func:`~grpo_lightning.algorithms.kl.kl_in_reward`), else identity; an override
+        adds to ``super().shape_rewards`` unless it puts the KL in the reward itself (PPO's, per token)."""
+        if self.kl_placement != "reward" or rollout.ref_logp is None:
+            return rewards
+        kl = F.kl_estimate(rollout.old_logp, rollout.ref_logp, self.kl_estimator)
+        rewards, penalty = kl_in_reward(rewards, kl, rollout.completion_mask, self.beta)
+        self.step_metrics.update("kl_penalty", penalty.mean())
         return rewards
 
     def minibatch_derived(self, rollout: Rollout, advantages: Tensor, rows: Tensor) -> dict[str, Tensor]:

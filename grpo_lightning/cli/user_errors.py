@@ -55,6 +55,7 @@ MOVED = {
     "beta": "kl.beta",
     "kl_estimator": "kl.estimator",
     "unbiased_kl": "kl.unbiased",
+    "kl_in_reward": "kl.placement",
     "ppo_epochs": "optim.ppo_epochs",
     "minibatch_size": "optim.minibatch_size",
     "micro_batch_size": "optim.micro_batch_size",

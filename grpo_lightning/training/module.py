@@ -7,8 +7,8 @@ One training step (manual optimization)::
     rollout      = contain(rollout)                   rewards.execution.on_error=skip_group: failed groups out
     rollout      = select(rollout)                    hook (DAPO: dynamic sampling); None = no update yet
     old/ref logp                                      only when needed
-    rewards      = shape_rewards(rewards, rollout)    hook (DAPO: overlong; RLOO: KL in the reward; PPO: GAE
-                                                      into rollout.derived)
+    rewards      = shape_rewards(rewards, rollout)    hook (kl.placement reward: r - beta * sum_t kl_t; DAPO:
+                                                      overlong; PPO: GAE into rollout.derived)
     advantages   = advantages(rewards.view(P, G), rollout)    hook
     for epoch in range(ppo_epochs):                   grpo_lightning.training.update
         for minibatch:                                one optimizer step each
@@ -22,7 +22,7 @@ registered parts (``default_advantage``, ``default_surrogate``, ``default_aggreg
 :mod:`grpo_lightning.algorithms`), which a run may swap (``--model.advantage``, ``--model.loss.surrogate``,
 ``--model.aggregation``); where their paper asks they override the hooks (``advantages``,
 ``token_loss``, ``select``, ``shape_rewards``, the update's ``minibatch_derived``, ``extra_losses``,
-``after_policy_step``); they may declare ``kl_in_loss``. What a hook computes for later ones goes along
+``after_policy_step``); they declare where the KL goes unless ``--model.kl.placement`` says (``default_kl_placement``). What a hook computes for later ones goes along
 the calls (``rollout.derived``, the micro-batch), not on the module.
 How rollouts are sampled is :mod:`grpo_lightning.rollout.generation`'s choice; step metrics are
 :mod:`grpo_lightning.training.metrics`'; the state of an exact resume is :mod:`grpo_lightning.checkpoints.resume`'s.
@@ -94,7 +94,8 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
             e.g. ``group_std``; ``AGGREGATIONS`` e.g. ``token_mean``); ``None``: the variant's own.
         loss: the per-token loss: its surrogate (``SURROGATES``, e.g. ``ppo_clip``, ``gspo``), the
             ratio clip, masks and an entropy bonus (:class:`~grpo_lightning.training.options.LossOptions`).
-        kl: the KL term's coefficient and estimator (:class:`~grpo_lightning.training.options.KLOptions`; ``--model.kl.beta``).
+        kl: the KL term's coefficient, estimator and placement (:class:`~grpo_lightning.training.options.KLOptions`;
+            ``--model.kl.beta``, ``--model.kl.placement reward``).
         optim: epochs, minibatch and micro-batch sizes, AdamW, clipping
             (:class:`~grpo_lightning.training.options.OptimOptions`; ``--model.optim.learning_rate``).
         evaluation: validation sampling and ``val/accuracy``'s function
@@ -139,7 +140,8 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
 
         check_argument_types(type(self), self.hparams)  # the variant's own arguments (tau_pos, ...)
         self.inapplicable_options = inapplicable_with(type(self), loss.surrogate)  # with the surrogate of this run
-        check_options_apply(type(self), self.inapplicable_options, self.kl_in_loss, self.option_values())
+        self.kl_placement = kl.placement or self.default_kl_placement  # "loss" or "reward": grpo_lightning.algorithms.kl
+        check_options_apply(type(self), self.inapplicable_options, self.kl_placement, self.option_values())
         loss.check_clip_pair()
         self.advantage_name, self.aggregation_name, self.surrogate_name = resolve_parts(
             type(self), advantage, aggregation, rewards.scale, loss.surrogate
@@ -158,7 +160,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         self.engine_options = options
         self.group_size = sampling.group_size
         self.beta = kl.beta  # a schedule (CosineKLSchedule) steers it during a fit
-        self.kl_estimator = kl.estimator or ("k3" if self.kl_in_loss else "k1")
+        self.kl_estimator = kl.estimator or ("k3" if self.kl_placement == "loss" else "k1")
         self.entropy_coef = loss.entropy_coef  # AdaptiveEntropy steers it during a fit
         self.ppo_epochs = optim.ppo_epochs
         self.rollout_correction = sampling.correction
@@ -342,7 +344,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
             return
 
         with timer.phase("logprob", "grpo.logprobs"):
-            if self.needs_old_logprobs(len(rollout)) or (self.beta > 0 and not self.kl_in_loss):
+            if self.needs_old_logprobs(len(rollout)) or (self.beta > 0 and self.kl_placement == "reward"):
                 rollout.old_logp = self.compute_logprobs(self.policy, rollout)
             if self.needs_reference_model():
                 with reference_model(self.policy, self.ref_model) as reference:  # LoRA: adapters off

@@ -14,7 +14,7 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -299,9 +299,14 @@ class KLOptions(OptionGroup):
     """KL coefficient; 0 loads no reference model."""
     estimator: str | None = None
     """``"k1"``, ``"k2"`` or ``"k3"`` (Schulman 2020); ``None``: the papers' choice, k3 in the loss
-    (DeepSeekMath), k1 where the variant puts the KL in the reward (RLOO, REINFORCE++, PPO)."""
+    (DeepSeekMath), k1 in the reward (RLOO, REINFORCE++, PPO)."""
     unbiased: bool = False
     """The KL estimate weighted by ``pi / pi_old`` (DeepSeek-V3.2)."""
+    placement: Literal["loss", "reward"] | None = None
+    """Where the KL goes (:mod:`grpo_lightning.algorithms.kl`): ``"loss"``, ``beta * kl_t`` added to
+    each token's loss (k3 by default, DeepSeekMath); ``"reward"``, ``r_i - beta * sum_t kl_it`` before
+    the advantages (k1 by default, RLOO, REINFORCE++; PPO's per token, ``r_t = -beta * kl_t``).
+    ``None``: the variant's own (``default_kl_placement``)."""
 
     def check(self) -> None:
         require(self.beta >= 0, f"kl.beta: the KL coefficient must be >= 0 (got {self.beta}).")
@@ -309,6 +314,9 @@ class KLOptions(OptionGroup):
                 f"kl.estimator: {self.estimator!r} is not one of {', '.join(F.KL_ESTIMATORS)} or null.")  # fmt: skip
         require(not self.unbiased or self.beta > 0,
                 "kl.unbiased: weights the KL term, which beta = 0 turns off; set --model.kl.beta > 0.")  # fmt: skip
+        require(self.placement is None or self.beta > 0,
+                f"kl.placement: puts the KL term somewhere, and beta = 0 turns it off; set --model.kl.beta > 0 "
+                f"or drop kl.placement (got {self.placement!r}).")  # fmt: skip
         require(self.estimator is None or self.beta > 0,
                 f"kl.estimator: picks the estimate of the KL term, which beta = 0 turns off; set --model.kl.beta > 0 "
                 f"or drop kl.estimator (got {self.estimator!r}).")  # fmt: skip

@@ -53,13 +53,19 @@ DECLARABLE_OPTIONS = (
 )  # fmt: skip
 
 
-def check_options_apply(variant: type, inapplicable: dict[str, str], kl_in_loss: bool, values: Mapping[str, Any]) -> None:
+def check_options_apply(variant: type, inapplicable: dict[str, str], kl_placement: str, values: Mapping[str, Any]) -> None:
     """Raise :class:`ConfigError` for an option set away from ``variant``'s preset on a variant whose
     equations leave no place for it (``inapplicable``: option -> reason; ``kl.unbiased`` also where
-    the KL is in the reward). ``values``: dotted option -> value."""
+    the KL is in the reward), and for a ``kl_placement`` its loop refuses (``refused_kl_placements``).
+    ``values``: dotted option -> value."""
+    refused = variant.refused_kl_placements.get(kl_placement)
+    if refused is not None:
+        allowed = [name for name in ("loss", "reward") if name not in variant.refused_kl_placements]
+        raise ConfigError(f"kl.placement: {variant.__name__} cannot put the KL in the {kl_placement} ({refused}); "
+                          f"give --model.kl.placement {' or '.join(allowed)}, or drop it.")  # fmt: skip
     reasons = dict(inapplicable)
-    if not kl_in_loss:
-        reasons.setdefault("kl.unbiased", "its KL term is in the reward, not in the loss")
+    if kl_placement == "reward":
+        reasons.setdefault("kl.unbiased", "its KL term is in the reward (kl.placement), not in the loss")
     for option, reason in reasons.items():
         if option in DECLARABLE_OPTIONS and values[option] != option_default(variant, option):
             raise ConfigError(

@@ -193,7 +193,7 @@ def test_an_inapplicable_option_names_the_option_and_the_variant(cls, kwargs, me
 
 
 def test_rloo_with_its_kl_in_the_loss_takes_unbiased_kl():
-    assert RLOO("x", kl_in_reward=False, kl={"unbiased": True}).hparams.kl["unbiased"]
+    assert RLOO("x", kl={"placement": "loss", "unbiased": True}).hparams.kl["unbiased"]
 
 
 @pytest.mark.parametrize(
@@ -287,7 +287,7 @@ def test_each_option_combines_with_each_variant_or_says_why_not(cls, option, mak
     rows = torch.arange(n)
     if module.beta > 0:
         rollout.ref_logp = module.compute_logprobs(module.ref_model, rollout) - 0.05
-        if not module.kl_in_loss:  # the KL of the reward is taken against the old policy
+        if module.kl_placement == "reward":  # the KL of the reward is taken against the old policy
             rollout.old_logp = module.compute_logprobs(module.policy, rollout)
     rewards = module.shape_rewards(rollout.rewards, rollout)
     advantages = module.advantages(rewards.view(-1, rollout.group_size), rollout).flatten(0, 1)

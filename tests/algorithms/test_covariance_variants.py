@@ -39,7 +39,7 @@ def test_defaults_follow_the_paper():
     for module in (clip_cov, kl_cov):
         assert module.beta == 0.0  # no KL to a reference model: nothing extra is loaded
         assert (module.clip_eps_low, module.clip_eps_high) == (0.2, 0.2)
-        assert module.kl_in_loss is True
+        assert module.kl_placement == "loss"
     # GRPO's advantages: group 0 has spread (see tests/algorithms/test_variants.py), group 1 none.
     z = 1.2245948897605123
     assert_close(clip_cov.advantages(t([[3.0, 1.0, 2.0, 2.0], [0.5] * 4])), t([[z, -z, 0.0, 0.0], [0.0] * 4]))

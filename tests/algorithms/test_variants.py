@@ -62,22 +62,22 @@ def test_construction_loads_nothing_and_is_instant(cls, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "cls, beta, eps_low, eps_high, kl_in_loss",
+    "cls, beta, eps_low, eps_high, placement",
     [
-        (GRPO, 0.04, 0.2, 0.2, True),  # DeepSeekMath: beta 0.04, eps 0.2, k3
-        (DrGRPO, 0.0, 0.2, 0.2, True),  # Dr. GRPO: no KL term
-        (DAPO, 0.0, 0.2, 0.28, True),  # DAPO: no KL, clip-higher 0.2 / 0.28
-        (RLOO, 0.05, 0.2, 0.2, False),  # RLOO: KL penalty in the reward
-        (GSPO, 0.0, 3e-4, 4e-4, True),  # GSPO: sequence-ratio clip range
+        (GRPO, 0.04, 0.2, 0.2, "loss"),  # DeepSeekMath: beta 0.04, eps 0.2, k3
+        (DrGRPO, 0.0, 0.2, 0.2, "loss"),  # Dr. GRPO: no KL term
+        (DAPO, 0.0, 0.2, 0.28, "loss"),  # DAPO: no KL, clip-higher 0.2 / 0.28
+        (RLOO, 0.05, 0.2, 0.2, "reward"),  # RLOO: KL penalty in the reward
+        (GSPO, 0.0, 3e-4, 4e-4, "loss"),  # GSPO: sequence-ratio clip range
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else None,
 )
-def test_defaults_follow_the_papers(cls, beta, eps_low, eps_high, kl_in_loss):
+def test_defaults_follow_the_papers(cls, beta, eps_low, eps_high, placement):
     module = cls(model="unused")
     assert module.beta == beta
     assert (module.clip_eps_low, module.clip_eps_high) == (eps_low, eps_high)
-    assert module.kl_estimator == ("k3" if kl_in_loss else "k1")  # RLOO: k1 in the reward, as the paper
-    assert module.kl_in_loss is kl_in_loss
+    assert module.kl_estimator == ("k3" if placement == "loss" else "k1")  # RLOO: k1 in the reward, as the paper
+    assert module.kl_placement == placement
 
 
 # ------------------------------------------------------------------ hand-computed hook values
@@ -174,7 +174,7 @@ def test_rloo_puts_the_summed_k1_kl_in_the_reward():
     # beta 0.05: [1 + 0.025, 2 - 0.05]
     shaped = RLOO(model="unused").shape_rewards(t([1.0, 2.0]), rollout)
     assert_close(shaped, t([1.025, 1.95]))
-    in_loss = RLOO(model="unused", kl_in_reward=False)
+    in_loss = RLOO(model="unused", kl={"placement": "loss"})
     assert_close(in_loss.shape_rewards(t([1.0, 2.0]), rollout), t([1.0, 2.0]))
     assert in_loss.kl_estimator == "k3"  # in the loss, the base's default
 

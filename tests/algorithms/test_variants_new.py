@@ -51,20 +51,20 @@ def test_construction_loads_nothing_and_is_instant(cls, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "cls, beta, eps_low, eps_high, kl_in_loss",
+    "cls, beta, eps_low, eps_high, placement",
     [
-        (CISPO, 0.0, None, 5.0, True),  # no lower bound on the IS weight; TRL's / ScaleRL's 5.0 above
-        (SAPO, 0.0, 0.2, 0.2, True),  # no clip at all: the base's range, which it refuses to change
-        (GMPO, 0.0, 0.4, 0.4, True),  # log-space clip, ratios within (e^-0.4, e^0.4)
-        (ReinforcePlusPlus, 0.01, 0.2, 0.2, False),  # PPO clip; k1 KL in the reward
+        (CISPO, 0.0, None, 5.0, "loss"),  # no lower bound on the IS weight; TRL's / ScaleRL's 5.0 above
+        (SAPO, 0.0, 0.2, 0.2, "loss"),  # no clip at all: the base's range, which it refuses to change
+        (GMPO, 0.0, 0.4, 0.4, "loss"),  # log-space clip, ratios within (e^-0.4, e^0.4)
+        (ReinforcePlusPlus, 0.01, 0.2, 0.2, "reward"),  # PPO clip; k1 KL in the reward
     ],
     ids=lambda v: v.__name__ if isinstance(v, type) else None,
 )
-def test_defaults_follow_the_papers(cls, beta, eps_low, eps_high, kl_in_loss):
+def test_defaults_follow_the_papers(cls, beta, eps_low, eps_high, placement):
     module = cls(model="unused")
     assert module.beta == beta
     assert (module.clip_eps_low, module.clip_eps_high) == (eps_low, eps_high)
-    assert module.kl_in_loss is kl_in_loss
+    assert module.kl_placement == placement
     assert module.hparams["loss"]["clip_eps_low"] == eps_low  # what checkpoints and the CLI record
 
 
@@ -216,8 +216,8 @@ def test_reinforce_plus_plus_puts_the_summed_k1_kl_in_the_reward():
     # k1 = old - ref: row 0: 0.5 - 1 + 0 = -0.5; row 1: 0.5 + 0.5 (third token masked) = 1.0.
     # beta 0.01: [1 + 0.005, 2 - 0.01]
     assert_close(ReinforcePlusPlus(model="unused").shape_rewards(t([1.0, 2.0]), rollout), t([1.005, 1.99]))
-    in_loss = ReinforcePlusPlus(model="unused", kl_in_reward=False)
-    assert in_loss.kl_in_loss is True
+    in_loss = ReinforcePlusPlus(model="unused", kl={"placement": "loss"})
+    assert in_loss.kl_placement == "loss"
     assert_close(in_loss.shape_rewards(t([1.0, 2.0]), rollout), t([1.0, 2.0]))
     assert in_loss.kl_estimator == "k3"  # in the loss, the base's default
 

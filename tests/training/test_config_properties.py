@@ -114,6 +114,7 @@ INVALID = {
     "loss.top_entropy_quantile": number(st.one_of(floats(max_value=0), floats(min_value=1, exclude_min=True))),
     "loss.mask_truncated_completions": NOT_A_BOOL,
     "kl.unbiased": NOT_A_BOOL,
+    "kl.placement": other_text("loss", "reward"),
     "sampling.correction": other_text(*CORRECTIONS),
     "sampling.correction_cap": number(floats(max_value=1, exclude_max=True)),
     "optim.ppo_epochs": integer(st.integers(max_value=0)),
@@ -162,7 +163,6 @@ INVALID_OF_VARIANT = {
         "dpo_beta": number(floats(max_value=0)),
     },
     variants.ProcessGRPO: {"step_delimiter": st.one_of(st.just(""), st.integers())},
-    variants.RLOO: {"kl_in_reward": NOT_A_BOOL},
 }
 
 

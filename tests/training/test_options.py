@@ -38,7 +38,8 @@ def test_the_kl_estimator_follows_where_the_kl_goes_unless_named():
     for cls in (variants.RLOO, variants.ReinforcePlusPlus, variants.PPO):  # in the reward
         assert cls("m", kl=KLOptions(beta=0.1)).kl_estimator == "k1"
         assert cls("m", kl={"estimator": "k2"}).kl_estimator == "k2"
-    assert variants.RLOO("m", kl_in_reward=False).kl_estimator == "k3"
+    assert variants.RLOO("m", kl={"placement": "loss"}).kl_estimator == "k3"
+    assert variants.GRPO("m", kl={"placement": "reward"}).kl_estimator == "k1"
 
 
 @pytest.mark.parametrize(
