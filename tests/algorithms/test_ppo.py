@@ -163,6 +163,16 @@ def test_the_chosen_kl_estimator_is_the_penalty_in_the_token_rewards(make_module
     assert_close(shaped, rollout.rewards - module.beta * k3.sum(-1))
 
 
+def test_with_the_kl_in_the_loss_the_token_rewards_carry_no_penalty(make_module, make_rollout):
+    module = make_module(PPO, kl={"placement": "loss"})
+    assert module.kl_estimator == "k3"  # in the loss, DeepSeekMath's
+    rollout = make_rollout(module, PROMPTS)
+    rollout.old_logp = module.compute_logprobs(module.policy, rollout)
+    rollout.ref_logp = rollout.old_logp - 0.05 * torch.arange(rollout.old_logp.size(1))
+    assert_close(module.shape_rewards(rollout.rewards, rollout), rollout.rewards)  # the score alone, at the last token
+    assert "kl_penalty" not in module.step_metrics.compute_and_reset()
+
+
 # ------------------------------------------------------------------ micro-batch invariance
 
 

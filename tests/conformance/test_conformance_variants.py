@@ -26,6 +26,8 @@ from torch.testing import assert_close
 
 import variants
 from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS, SURROGATES
+from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms.kl import KL_PLACEMENTS
 from grpo_lightning.cli.app import GRPOLightningCLI, main, variant_log_name
 from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.cli.variants import shipped_variants
@@ -144,6 +146,41 @@ def test_the_gradient_in_micro_batches_of_one_row_is_the_whole_batchs(cls, make_
     check_micro_batch_invariance(cls, make_module, make_rollout, monkeypatch)
 
 
+def test_grpo_with_the_kl_in_the_reward_has_a_gradient_independent_of_the_micro_batch_size(
+    make_module, make_rollout, monkeypatch, one_torch_thread
+):
+    def in_reward(cls, **kwargs):
+        return make_module(cls, kl={"beta": 0.1, "placement": "reward"}, **kwargs)
+
+    check_micro_batch_invariance(variants.GRPO, in_reward, make_rollout, monkeypatch)
+
+
+# ------------------------------------------------------------------ the KL in the reward, by name
+
+
+@pytest.mark.parametrize("cls", VARIANTS, ids=by_name)
+def test_the_kl_in_the_reward_by_name_is_beta_times_the_summed_k1_or_refused_naming_the_option(
+    cls, make_module, make_rollout, one_torch_thread
+):
+    """``kl.placement reward`` shifts each reward the variant's ``shape_rewards`` returns by
+    ``-beta * sum_t k1_t`` against ``kl.placement loss`` (an override that drops the base's
+    shaping fails here), or is a ConfigError naming ``kl.placement``."""
+    settings = SETTINGS.get(cls.__name__, {})
+    try:
+        in_reward = make_module(cls, kl={"beta": 0.1, "placement": "reward"}, **settings)
+    except ConfigError as error:
+        assert str(error).startswith("kl.placement:"), error
+        return
+    in_loss = make_module(cls, kl={"beta": 0.1, "placement": "loss"}, **settings)
+    rollout = make_rollout(in_reward, PROMPTS, answer=ANSWERS)
+    logp = in_reward.compute_logprobs(in_reward.policy, rollout)
+    rollout.old_logp, rollout.ref_logp = logp + noise(logp, 1), logp + noise(logp, 2)
+    k1 = F.masked_sum(rollout.old_logp - rollout.ref_logp, rollout.completion_mask, dim=-1)
+    assert k1.abs().min() > 0
+    expected = in_loss.shape_rewards(rollout.rewards, rollout) - 0.1 * k1
+    assert_close(in_reward.shape_rewards(rollout.rewards, rollout), expected)
+
+
 # ------------------------------------------------------------------ the configuration, printed and read back
 
 #: Arguments of the ``fit`` subcommand (``--ckpt_path``, ...) that are not the configuration of the objects.
@@ -191,7 +228,10 @@ def test_print_config_reads_back_into_the_same_module(cls, tmp_path, monkeypatch
 REWARDS = torch.tensor([[1.0, 0.0, 0.0, 1.0], [3.0, 1.0, 2.0, 2.0]])
 LOSS = torch.tensor([[1.0, 2.0, 3.0, 7.0], [4.0, 5.0, 7.0, 7.0]])
 MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
-OPTIONS = {"advantage": ADVANTAGES, "aggregation": AGGREGATIONS, "loss.surrogate": SURROGATES}
+OPTIONS = {"advantage": ADVANTAGES, "aggregation": AGGREGATIONS, "loss.surrogate": SURROGATES,
+           "kl.placement": KL_PLACEMENTS}  # fmt: skip
+#: What an option needs besides its name to act (a placement puts a KL that beta 0 turns off).
+ACTS_WITH = {"kl.placement": {"kl.beta": 0.1}}
 
 
 def uses_the_part(module, option: str, name: str) -> None:
@@ -203,6 +243,9 @@ def uses_the_part(module, option: str, name: str) -> None:
         assert module.aggregation_name == name
         expected = AGGREGATIONS[name](LOSS, MASK, max_tokens=module.max_new_tokens)
         assert torch.equal(module.aggregate(LOSS, MASK), expected)
+    elif option == "kl.placement":
+        assert module.kl_placement == name
+        assert module.kl_estimator == {"loss": "k3", "reward": "k1"}[name]
     else:
         assert module.surrogate_name == name
 
@@ -213,7 +256,7 @@ def check_parts_by_name(cls, option: str) -> None:
     refused: dict[str, str] = {}
     for name in OPTIONS[option]:
         try:
-            module = cls("m", **grouped({option: name}))
+            module = cls("m", **grouped({option: name, **ACTS_WITH.get(option, {})}))
         except ConfigError as error:
             message = str(error)
             assert message.startswith(f"{option}:") or f"--model.{option}" in message, message

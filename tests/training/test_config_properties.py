@@ -100,8 +100,8 @@ INVALID = {
     "sampling.mode": other_text("sample", "beam_search"),
     "kl.beta": number(floats(max_value=0, exclude_max=True)),
     "kl.estimator": other_text("k1", "k2", "k3"),
-    "loss.clip_eps_low": number(st.one_of(floats(max_value=0, exclude_max=True), floats(min_value=1))),
-    "loss.clip_eps_high": number(floats(max_value=0, exclude_max=True)),
+    "loss.clip_eps_low": number(st.one_of(floats(max_value=0, exclude_max=True), floats(min_value=1)), optional=True),
+    "loss.clip_eps_high": number(floats(max_value=0, exclude_max=True), optional=True),  # null: the surrogate's own
     "loss.delta": number(floats(max_value=1.2), optional=True),
     "loss.clip_ratio_c": number(floats(max_value=1), optional=True),
     "rewards.scale": other_text("group", "batch", "none"),

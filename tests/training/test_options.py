@@ -106,12 +106,16 @@ def test_a_flat_setting_of_a_former_release_is_one_error_naming_its_group(tmp_pa
     (tmp_path / "old.yaml").write_text("model:\n  init_args:\n    val_samples: 4\n")
     code, _, err = run_cli("--config", str(tmp_path / "old.yaml"))
     assert code == 2 and "error: --model.val_samples moved to --model.evaluation.samples" in err, err
+    code, _, err = run_cli("--model.kl_in_reward", "false")
+    assert code == 2 and "error: --model.kl_in_reward moved to --model.kl.placement" in err, err
 
 
 def test_print_config_shows_the_groups_with_the_presets_and_round_trips(tmp_path):
-    code, out, err = run_cli("--model.loss.clip_eps_low", "0.1", "--print_config")
+    code, out, err = run_cli("--model.loss.clip_eps_low", "0.1", "--model.kl.beta", "0.01", "--model.kl.placement",
+                             "reward", "--print_config")  # fmt: skip
     assert code == 0, err
     model = yaml.safe_load(out)["model"]["init_args"]
+    assert model["kl"] == {"beta": 0.01, "estimator": None, "unbiased": False, "placement": "reward"}
     assert model["loss"]["clip_eps_low"] == 0.1 and model["loss"]["clip_eps_high"] == 0.28  # DAPO's preset kept
     assert set(GROUPS) <= set(model) and "class_path" not in model["loss"]
     (tmp_path / "config.yaml").write_text(out)
