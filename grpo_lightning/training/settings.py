@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from grpo_lightning.algorithms.kl import KL_PLACEMENTS
 from grpo_lightning.data.checks import fit_prompts
 from grpo_lightning.data.coverage import warn_lost_characters
 from grpo_lightning.errors import ConfigError, require
@@ -60,7 +61,7 @@ def check_options_apply(variant: type, inapplicable: dict[str, str], kl_placemen
     ``values``: dotted option -> value."""
     refused = variant.refused_kl_placements.get(kl_placement)
     if refused is not None:
-        allowed = [name for name in ("loss", "reward") if name not in variant.refused_kl_placements]
+        allowed = [name for name in KL_PLACEMENTS if name not in variant.refused_kl_placements]
         raise ConfigError(f"kl.placement: {variant.__name__} cannot put the KL in the {kl_placement} ({refused}); "
                           f"give --model.kl.placement {' or '.join(allowed)}, or drop it.")  # fmt: skip
     reasons = dict(inapplicable)
