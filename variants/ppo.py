@@ -45,7 +45,7 @@ from grpo_lightning.training.strategies import is_sharded, shard
 class PPO(GroupPolicyOptimization):
     """Per-token GAE advantages from a learned critic; k1 KL in the reward; PPO clip; token mean."""
 
-    #: Per token, ``r_t = -beta * kl_t`` (:meth:`shape_rewards`); ``kl.placement loss``: a KL term in the loss instead.
+    #: Per token, ``r_t = -beta * kl_t`` (:meth:`shape_rewards`); ``kl.placement loss``: in the loss instead.
     default_kl_placement = "reward"
     inapplicable_options: ClassVar[dict[str, str]] = {"rewards.scale": "its GAE advantages are whitened instead",
         "advantage": "its advantages are GAE's, per token", "environment": "its GAE runs over one completion"}  # fmt: skip

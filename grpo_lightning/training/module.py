@@ -22,8 +22,9 @@ registered parts (``default_advantage``, ``default_surrogate``, ``default_aggreg
 :mod:`grpo_lightning.algorithms`), which a run may swap (``--model.advantage``, ``--model.loss.surrogate``,
 ``--model.aggregation``); where their paper asks they override the hooks (``advantages``,
 ``token_loss``, ``select``, ``shape_rewards``, the update's ``minibatch_derived``, ``extra_losses``,
-``after_policy_step``); they declare where the KL goes unless ``--model.kl.placement`` says (``default_kl_placement``). What a hook computes for later ones goes along
-the calls (``rollout.derived``, the micro-batch), not on the module.
+``after_policy_step``); ``default_kl_placement`` says where their KL goes unless ``--model.kl.placement``
+does. What a hook computes for later ones goes along the calls (``rollout.derived``, the micro-batch),
+not on the module.
 How rollouts are sampled is :mod:`grpo_lightning.rollout.generation`'s choice; step metrics are
 :mod:`grpo_lightning.training.metrics`'; the state of an exact resume is :mod:`grpo_lightning.checkpoints.resume`'s.
 """
@@ -140,7 +141,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
 
         check_argument_types(type(self), self.hparams)  # the variant's own arguments (tau_pos, ...)
         self.inapplicable_options = inapplicable_with(type(self), loss.surrogate)  # with the surrogate of this run
-        self.kl_placement = kl.placement or self.default_kl_placement  # "loss" or "reward": grpo_lightning.algorithms.kl
+        self.kl_placement = kl.placement or self.default_kl_placement  # "loss" or "reward" (algorithms.kl)
         check_options_apply(type(self), self.inapplicable_options, self.kl_placement, self.option_values())
         loss.check_clip_pair()
         self.advantage_name, self.aggregation_name, self.surrogate_name = resolve_parts(

@@ -54,7 +54,8 @@ DECLARABLE_OPTIONS = (
 )  # fmt: skip
 
 
-def check_options_apply(variant: type, inapplicable: dict[str, str], kl_placement: str, values: Mapping[str, Any]) -> None:
+def check_options_apply(variant: type, inapplicable: dict[str, str], kl_placement: str,
+                        values: Mapping[str, Any]) -> None:  # fmt: skip
     """Raise :class:`ConfigError` for an option set away from ``variant``'s preset on a variant whose
     equations leave no place for it (``inapplicable``: option -> reason; ``kl.unbiased`` also where
     the KL is in the reward), and for a ``kl_placement`` its loop refuses (``refused_kl_placements``).

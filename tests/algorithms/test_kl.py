@@ -70,7 +70,8 @@ def test_a_placement_with_beta_zero_is_refused_naming_it():
 
 
 def test_a_placement_the_loop_cannot_run_is_refused_naming_it():
-    with pytest.raises(ConfigError, match=r"^kl.placement: ProcessGRPO cannot put the KL in the reward .*placement loss"):
+    refusal = r"^kl.placement: ProcessGRPO cannot put the KL in the reward .*--model.kl.placement loss"
+    with pytest.raises(ConfigError, match=refusal):
         variants.ProcessGRPO("m", kl={"beta": 0.1, "placement": "reward"})
     assert variants.ProcessGRPO("m", kl={"beta": 0.1, "placement": "loss"}).kl_placement == "loss"
 
