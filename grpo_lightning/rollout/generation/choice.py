@@ -24,7 +24,7 @@ from grpo_lightning.rollout.generation.compile_payback import (
     triton_kernels_pay_back,
 )
 from grpo_lightning.rollout.generation.compile_record import CompileRecord, record_for
-from grpo_lightning.training.settings import ConfigError, require
+from grpo_lightning.errors import ConfigError, require
 from grpo_lightning.models.logprobs import supports_packed_sequences
 
 #: Attention implementations the static engine decodes with (``None`` is eager).

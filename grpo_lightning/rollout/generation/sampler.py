@@ -20,7 +20,7 @@ from grpo_lightning.rollout.generation.compile_payback import FitLength
 from grpo_lightning.rollout.generation.hf import generate_group
 from grpo_lightning.rollout.generation.weights import samples_from_shards
 from grpo_lightning.rollout.types import Rollout, SamplingParams, completion_mask_from_ids
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from grpo_lightning.training.strategies import is_sharded
 
 
