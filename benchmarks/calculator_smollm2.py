@@ -58,7 +58,7 @@ def validation_rows(template: str, count: int) -> dict[str, list]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
     parser.add_argument("--template", default=None, help="the prompt template (default: the recipe's)")
     parser.add_argument("--probe", nargs="*", default=None, help="prompt templates whose call rates to print, then stop")
