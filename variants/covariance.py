@@ -18,9 +18,6 @@ its own tokens.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import torch
 from torch import Tensor
 
@@ -104,17 +101,6 @@ class CovarianceRule(GRPO):
         choice = torch.zeros_like(rollout.completion_mask, dtype=torch.bool)
         choice[rows] = self.choose_tokens(logp, old_logp, advantages[rows], mask)
         return {self.CHOICE: choice}
-
-    @contextlib.contextmanager
-    def tokens_chosen_on(self, rollout: Rollout, advantages: Tensor, rows: Tensor) -> Iterator[Tensor]:
-        """The choice of :meth:`minibatch_derived`, carried by ``rollout`` inside the block: a
-        ``micro_batch_loss`` of the rollout's rows reads it as the update's micro-batches do."""
-        choice = self.minibatch_derived(rollout, advantages, rows)[self.CHOICE]
-        rollout.derived[self.CHOICE] = choice
-        try:
-            yield choice
-        finally:
-            del rollout.derived[self.CHOICE]
 
     def chosen(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, micro: MicroBatch | None

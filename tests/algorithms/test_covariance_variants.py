@@ -196,16 +196,16 @@ def test_gradient_does_not_depend_on_micro_batching(cls, kwargs, make_module, ma
     assert advantages.abs().sum() > 0
     num_tokens = rollout.completion_mask.sum()
 
-    def total_gradient(sizes: list[int]) -> dict[str, torch.Tensor]:
+    def total_gradient(sizes: list[int], derived: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         module.policy.zero_grad(set_to_none=True)
         for rows in torch.arange(n).split(sizes):
-            module.micro_batch_loss(rollout, advantages, rows, num_sequences=n, num_tokens=num_tokens).backward()
+            module.micro_batch_loss(rollout, advantages, rows, n, num_tokens, derived).backward()
         return {name: p.grad.clone() for name, p in module.policy.named_parameters()}
 
-    with module.tokens_chosen_on(rollout, advantages, torch.arange(n)) as chosen:
-        whole = total_gradient([n])
-        split = total_gradient([3, 5, n - 8])
-    assert int(chosen.sum()) == int(0.3 * num_tokens)
+    derived = module.minibatch_derived(rollout, advantages, torch.arange(n))  # the choice, once for the minibatch
+    whole = total_gradient([n], derived)
+    split = total_gradient([3, 5, n - 8], derived)
+    assert int(derived[module.CHOICE].sum()) == int(0.3 * num_tokens)
     for name in whole:
         assert_close(split[name], whole[name], rtol=1e-5, atol=1e-7, msg=lambda m, name=name: f"{name}: {m}")
     # Choosing per micro-batch instead (as the authors' code does) would change the gradient.
