@@ -13,6 +13,7 @@ nothing to reinforce. Measured so far (JOURNAL): it never calls, and GRPO alone 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import tempfile
 import time
@@ -31,6 +32,7 @@ from grpo_lightning.rollout.types import SamplingParams
 RECIPE = Path(__file__).with_suffix(".yaml")
 
 
+@functools.cache
 def recipe() -> dict:
     return yaml.safe_load(RECIPE.read_text())
 
