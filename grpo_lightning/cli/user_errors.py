@@ -125,14 +125,19 @@ MOVED_MODULES = {
 
 
 def moved_class_path(path: str) -> str | None:
-    """``path`` (``grpo_lightning.OLD.Name``) with its module where it lives now, or ``None`` if it did not move."""
+    """``path`` (``grpo_lightning.OLD.Name``) with its module where it lives now, or ``None`` if it did not
+    move or ``Name`` is not there either (a misspelt name gets no suggestion that fails too)."""
     package, _, rest = path.partition(".")
     module, _, name = rest.partition(".")
     if package != "grpo_lightning" or module not in MOVED_MODULES:
         return None
     if name and _is_module(f"grpo_lightning.{module}") and _is_module(f"grpo_lightning.{module}.{name.split('.')[0]}"):
         return None  # a path into the package of that name now (grpo_lightning.models.lora...), not an old one
-    return ".".join(["grpo_lightning", MOVED_MODULES[module], *([name] if name else [])])
+    new_module = f"grpo_lightning.{MOVED_MODULES[module]}"
+    first = name.split(".")[0]
+    if name and not (_is_module(f"{new_module}.{first}") or hasattr(importlib.import_module(new_module), first)):
+        return None
+    return ".".join([new_module, *([name] if name else [])])
 
 
 def _is_module(name: str) -> bool:

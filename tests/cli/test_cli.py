@@ -337,10 +337,11 @@ def test_every_moved_module_is_where_the_table_says():
         if old not in now_packages:
             with pytest.raises(ModuleNotFoundError):
                 importlib.import_module(f"grpo_lightning.{old}")
-    assert moved_class_path("grpo_lightning.models.LoraPolicy") == "grpo_lightning.models.policy.LoraPolicy"
+    assert moved_class_path("grpo_lightning.models.load_models") == "grpo_lightning.models.policy.load_models"
     assert moved_class_path("grpo_lightning.models.lora.Misspelt") is None
-    assert moved_class_path("grpo_lightning.engine.generator.StaticGenerator") == (
-        "grpo_lightning.rollout.engine.generator.StaticGenerator"
+    assert moved_class_path("grpo_lightning.schedules.CosineKLSchedul") is None  # misspelt: not there either
+    assert moved_class_path("grpo_lightning.engine.generator.StaticCacheGenerator") == (
+        "grpo_lightning.rollout.engine.generator.StaticCacheGenerator"
     )
     assert moved_class_path("grpo_lightning.training.schedules.CosineKLSchedule") is None
 
