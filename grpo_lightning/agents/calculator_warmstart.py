@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from transformers import PreTrainedTokenizerBase
 
 from grpo_lightning.agents.calculator import CalculatorEnvironment, think_expression_calls
 from grpo_lightning.agents.chat_tokens import ChatTokens
+from grpo_lightning.agents.tool_environment import ToolEnvironment
 from grpo_lightning.data.arithmetic import format_target, make_arithmetic_dataset
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.quickstart.supervised import SupervisedSettings, train_steps
@@ -56,44 +58,58 @@ class CalculatorWarmStartSettings(SupervisedSettings):
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
-def calculator_transcript(
-    tokenizer: PreTrainedTokenizerBase, prompt: str, answer: str, call: bool
+def episode_transcript(
+    chat: ChatTokens, environment: ToolEnvironment, row: dict, turns: list[str]
 ) -> tuple[list[int], list[int]]:
-    """One episode's token ids, as a rollout builds them, and its labels (``-100`` off the model's turns)."""
-    env = CalculatorEnvironment(tool_call_format=think_expression_calls)
-    chat = ChatTokens(tokenizer, env.tools, use_chat_template=False)
-    ids = chat.prompt_ids(env.reset({"prompt": prompt, "answer": answer}))
+    """One episode's token ids, as a rollout builds them, and its labels (``-100`` off the model's
+    turns): the prompt of ``row``, then each model turn of ``turns`` with its EOS, followed, but for
+    the last, by the environment's reply to it (``turns[:-1]`` must be tool calls)."""
+    tokenizer = chat.tokenizer
+    ids = chat.prompt_ids(environment.reset(row))
     labels = [-100] * len(ids)
-
-    def model_turn(text: str) -> None:
+    for number, text in enumerate(turns):
         turn = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
         ids.extend(turn)
         labels.extend(turn)
-
-    if call:
-        text = f"<think>{prompt.rstrip('=')}</think>"
-        model_turn(text)
-        replies, _, _ = env.step({"role": "assistant", "content": text})
-        reply = chat.reply_ids(replies)
-        ids.extend(reply)
-        labels.extend([-100] * len(reply))
-    model_turn(format_target(answer))
+        if number < len(turns) - 1:
+            replies, _, done = environment.step({"role": "assistant", "content": text})
+            if done or not replies:
+                raise ValueError(f"the environment read no tool call in {text!r}")
+            reply = chat.reply_ids(replies)
+            ids.extend(reply)
+            labels.extend([-100] * len(reply))
     return ids, labels
 
 
-@torch.no_grad()
-def call_probability(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> torch.Tensor:
-    """Per prompt, the probability that the model's first token opens a call (``<think>``): how far
-    its greedy choice is from flipping."""
+def calculator_transcript(
+    tokenizer: PreTrainedTokenizerBase, prompt: str, answer: str, call: bool
+) -> tuple[list[int], list[int]]:
+    """The tiny model's episode on ``prompt`` (``"123*456="``): a call ``<think>123*456</think>``
+    then ``<answer>product</answer>``, or (``call`` false) the answer at once."""
     env = CalculatorEnvironment(tool_call_format=think_expression_calls)
     chat = ChatTokens(tokenizer, env.tools, use_chat_template=False)
+    turns = [f"<think>{prompt.rstrip('=')}</think>"] if call else []
+    return episode_transcript(chat, env, {"prompt": prompt, "answer": answer}, [*turns, format_target(answer)])
+
+
+@torch.no_grad()
+def call_probability(
+    model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, prompts: list[str], chat: ChatTokens | None = None,
+    opening: str = "<think>",
+) -> torch.Tensor:
+    """Per prompt, the probability that the model's first token is the first of ``opening`` (the
+    text a call starts with): how far its greedy choice is from flipping. ``chat``: how prompts are
+    rendered (the tiny model's plain text by default)."""
+    env = CalculatorEnvironment()
+    chat = chat or ChatTokens(tokenizer, env.tools, use_chat_template=False)
     rows = [chat.prompt_ids(env.reset({"prompt": prompt, "answer": ""})) for prompt in prompts]
     width = max(len(ids) for ids in rows)
-    input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids in rows])
-    mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in rows])
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids in rows], device=device)
+    mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids in rows], device=device)
     logits = model(input_ids=input_ids, attention_mask=mask).logits  # right padding: earlier positions unchanged
     last = logits[torch.arange(len(rows)), torch.tensor([len(ids) - 1 for ids in rows])].float()
-    return last.softmax(-1)[:, tokenizer.convert_tokens_to_ids("<think>")]
+    return last.softmax(-1)[:, tokenizer.encode(opening, add_special_tokens=False)[0]]
 
 
 def calculator_warm_start(output_dir: str | Path | None = None, **settings) -> Path:
@@ -149,21 +165,9 @@ def train_calculator_model(settings: CalculatorWarmStartSettings) -> tuple[torch
     width = max(len(ids) for ids, _ in rows)
     if width > settings.max_position_embeddings:
         raise ValueError(f"transcripts are {width} tokens long but max_position_embeddings={settings.max_position_embeddings}")
-    input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids, _ in rows])
-    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
-    attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
+    input_ids, attention_mask, labels = padded_transcripts(rows, tokenizer.pad_token_id)
 
-    opening = (labels != -100).long().argmax(1)  # each transcript's first trained token
-    call_share, opening_kept = call_opening_rates(settings.call_fraction)
-
-    def batch(generator: torch.Generator) -> dict[str, torch.Tensor]:
-        problems = torch.randint(len(train), (settings.batch_size,), generator=generator)
-        calls = torch.rand(settings.batch_size, generator=generator) < call_share
-        picked = 2 * problems + calls.long()
-        batch_labels = labels[picked].clone()
-        untaught = calls & (torch.rand(settings.batch_size, generator=generator) >= opening_kept)
-        batch_labels[untaught, opening[picked][untaught]] = -100
-        return dict(input_ids=input_ids[picked], attention_mask=attention_mask[picked], labels=batch_labels)
+    batch = opening_controlled_batches(input_ids, attention_mask, labels, settings.call_fraction, settings.batch_size)
 
     losses, running = [], []
 
@@ -176,3 +180,35 @@ def train_calculator_model(settings: CalculatorWarmStartSettings) -> tuple[torch
 
     model, _ = train_steps(settings, config, settings.steps, batch, after_step)
     return model, tokenizer, losses
+
+
+def padded_transcripts(rows: list[tuple[list[int], list[int]]], pad_token_id: int) -> tuple[torch.Tensor, ...]:
+    """``input_ids``, ``attention_mask`` and ``labels`` of transcripts, right-padded to the longest."""
+    width = max(len(ids) for ids, _ in rows)
+    input_ids = torch.tensor([ids + [pad_token_id] * (width - len(ids)) for ids, _ in rows])
+    attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
+    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
+    return input_ids, attention_mask, labels
+
+
+def opening_controlled_batches(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, call_fraction: float, batch_size: int
+) -> Callable[[torch.Generator], dict[str, torch.Tensor]]:
+    """Batches of transcripts whose rows alternate a problem answered at once (``2 i``) and with a
+    call (``2 i + 1``): call transcripts are drawn often enough to learn the format and the copying
+    of the tool's reply, and the loss on a call's opening token kept so that openings are calls
+    ``call_fraction`` of the time (:func:`call_opening_rates`)."""
+    opening = (labels != -100).long().argmax(1)  # each transcript's first trained token
+    call_share, opening_kept = call_opening_rates(call_fraction)
+    problems_count = len(input_ids) // 2
+
+    def batch(generator: torch.Generator) -> dict[str, torch.Tensor]:
+        problems = torch.randint(problems_count, (batch_size,), generator=generator)
+        calls = torch.rand(batch_size, generator=generator) < call_share
+        picked = 2 * problems + calls.long()
+        batch_labels = labels[picked].clone()
+        untaught = calls & (torch.rand(batch_size, generator=generator) >= opening_kept)
+        batch_labels[untaught, opening[picked][untaught]] = -100
+        return dict(input_ids=input_ids[picked], attention_mask=attention_mask[picked], labels=batch_labels)
+
+    return batch

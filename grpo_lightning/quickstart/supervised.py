@@ -53,28 +53,45 @@ def train_steps(
     """Fit a fresh model of ``config`` for at most ``steps`` AdamW steps, on one reproducible CPU thread.
 
     ``batch(generator)`` gives each step's model inputs (with ``labels``), drawn from a generator
-    seeded with ``settings.seed``; the learning rate warms up linearly over ``warmup_steps``, then
-    stays constant (so stopping early leaves a consistent schedule); gradients are clipped to norm 1.
-    ``after_step(step, loss, model)`` returns whether to stop. Returns the model in eval mode, and
-    whether ``after_step`` stopped it.
+    seeded with ``settings.seed``; see :func:`fit_steps` for the schedule and ``after_step``.
+    Returns the model in eval mode, and whether ``after_step`` stopped it.
     """
-    stopped = False
     with torch.random.fork_rng(devices=[]), reproducible_cpu():
         torch.manual_seed(settings.seed)
         model = AutoModelForCausalLM.from_config(config)
         generator = torch.Generator().manual_seed(settings.seed)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
-        model.train()
-        for step in range(1, steps + 1):
-            for group in optimizer.param_groups:
-                group["lr"] = settings.learning_rate * min(1.0, step / max(1, settings.warmup_steps))
-            loss = model(**batch(generator)).loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            if after_step(step, loss.item(), model):
-                stopped = True
-                break
-    model.eval()
+        stopped = fit_steps(model, settings, steps, lambda: batch(generator), after_step)
     return model, stopped
+
+
+def fit_steps(
+    model: torch.nn.Module,
+    settings: Any,
+    steps: int,
+    next_batch: Callable[[], dict[str, torch.Tensor]],
+    after_step: Callable[[int, float, torch.nn.Module], bool],
+    autocast_dtype: torch.dtype | None = None,
+) -> bool:
+    """At most ``steps`` AdamW steps on ``model`` (``settings``: ``learning_rate``, ``warmup_steps``,
+    ``weight_decay``): the learning rate warms up linearly over ``warmup_steps``, then stays constant
+    (so stopping early leaves a consistent schedule); gradients are clipped to norm 1.
+    ``after_step(step, loss, model)`` returns whether to stop; so does this function. The model is
+    left in eval mode."""
+    stopped = False
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
+    device_type = next(model.parameters()).device.type
+    model.train()
+    for step in range(1, steps + 1):
+        for group in optimizer.param_groups:
+            group["lr"] = settings.learning_rate * min(1.0, step / max(1, settings.warmup_steps))
+        with torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            loss = model(**next_batch()).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if after_step(step, loss.item(), model):
+            stopped = True
+            break
+    model.eval()
+    return stopped

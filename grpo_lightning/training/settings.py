@@ -17,7 +17,7 @@ from grpo_lightning.algorithms.kl import KL_PLACEMENTS
 from grpo_lightning.data.checks import fit_prompts
 from grpo_lightning.data.coverage import warn_lost_characters
 from grpo_lightning.errors import ConfigError, require
-from grpo_lightning.models.sources import WARM_START_PREFIX, WARM_STARTS, resolve_model_source
+from grpo_lightning.models.sources import WARM_START_PREFIX, resolve_model_source, warm_start_builder
 from grpo_lightning.rewards.scoring import resolve_function
 from grpo_lightning.training.options import DTYPES, preset
 
@@ -38,8 +38,9 @@ def check_model_path(field: str, path: str) -> None:
     """Raise :class:`ConfigError` for a checkpoint that cannot load: a local path that does not
     exist (it is never tried on the hub, where it would fail later with a less helpful error), or a
     GGUF file without the packages that read it (:func:`grpo_lightning.models.sources.resolve_model_source`).
-    A built-in warm start is only named here; loading the model trains it if it is not cached."""
-    if path.startswith(WARM_START_PREFIX) and path[len(WARM_START_PREFIX) :] in WARM_STARTS:
+    A built-in warm start is only checked here; loading the model trains it if it is not cached."""
+    if path.startswith(WARM_START_PREFIX):
+        warm_start_builder(path, field)
         return
     resolve_model_source(path, field)
 

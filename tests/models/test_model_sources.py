@@ -108,5 +108,27 @@ def test_a_built_in_warm_start_is_named_at_construction_and_trained_only_to_load
     monkeypatch.setitem(model_sources.WARM_STARTS, "calculator", "fake_warm_starts:cached")
     assert resolve_model_source("warmstart:calculator") == ModelSource(str(tmp_path))
     with pytest.raises(ModelSourceError, match="model: 'warmstart:calculater' is no built-in warm start; give one of "
-                       "warmstart:quickstart, warmstart:calculator"):  # fmt: skip
+                       "warmstart:quickstart, warmstart:calculator, warmstart:calculator:<model>"):  # fmt: skip
         check_model_path("model", "warmstart:calculater")
+
+
+def test_a_warm_start_of_a_model_is_trained_from_that_model_which_must_exist(monkeypatch, tmp_path):
+    from grpo_lightning.training.settings import check_model_path
+
+    started_from = []
+    fakes = type(sys)("fake_chat_warm_starts")
+    fakes.of_a_model = lambda base: started_from.append(base) or tmp_path / "tuned"
+    monkeypatch.setitem(sys.modules, "fake_chat_warm_starts", fakes)
+    monkeypatch.setitem(model_sources.WARM_STARTS_OF_A_MODEL, "calculator", "fake_chat_warm_starts:of_a_model")
+    base = tmp_path / "base"
+    base.mkdir()
+    check_model_path("model", f"warmstart:calculator:{base}")
+    assert started_from == []  # checked, not trained
+    assert resolve_model_source(f"warmstart:calculator:{base}") == ModelSource(str(tmp_path / "tuned"))
+    assert started_from == [str(base)]
+    with pytest.raises(ModelSourceError, match="model: no such directory"):
+        check_model_path("model", f"warmstart:calculator:{tmp_path / 'missing'}")
+    with pytest.raises(ModelSourceError, match="warm-starts a warm start; give the model it starts from"):
+        check_model_path("model", "warmstart:calculator:warmstart:quickstart")
+    with pytest.raises(ModelSourceError, match="'warmstart:quickstart:.*' is no built-in warm start"):
+        check_model_path("model", f"warmstart:quickstart:{base}")
