@@ -63,7 +63,8 @@ def test_warmstart_calculator_of_a_model_fine_tunes_it_once_and_loads_as_a_model
     name = f"warmstart:calculator:{base}"
     tuned = resolve_model_source(name).location
     marker = json.loads((tmp_path / "cache" / tuned.rsplit("/", 1)[-1] / "warm_start.json").read_text())
-    assert marker["settings"]["base"] == str(base) and marker["device"] == "cpu" and marker["losses"][-1][0] == 2
+    on = "cuda:0" if torch.cuda.is_available() else "cpu"  # a GPU when there is one
+    assert marker["settings"]["base"] == str(base) and marker["device"] == on and marker["losses"][-1][0] == 2
     assert resolve_model_source(name).location == tuned  # reused, not trained again
     assert json.loads(open(f"{tuned}/warm_start.json").read()) == marker
     model = AutoModelForCausalLM.from_pretrained(tuned)
