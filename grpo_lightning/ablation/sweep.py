@@ -1,4 +1,4 @@
-"""Running a sweep: one ``grpo-lightning fit`` subprocess per unfinished cell, each in its own
+"""Running a sweep: one ``grpo-lightning fit`` process per unfinished cell (:mod:`.cell_process`), each in its own
 folder that ends with a ``DONE`` marker. The cells run one after another here, or as the jobs of
 a Hydra launcher (``launch``); either way each runs :func:`run_cell`."""
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from grpo_lightning.ablation import labels, provenance
+from grpo_lightning.ablation import cell_process, labels, provenance
 from grpo_lightning.ablation.metrics import summarize_cell
 from grpo_lightning.ablation.spec import CONFIG_AXIS, WARMSTART, Cell, SweepError, SweepSpec, cli_value
 from grpo_lightning.ablation.spec import portable_path, resolve_path, variant_config
@@ -155,16 +155,33 @@ def run_cell(spec: SweepSpec, cell: Cell, model: str | None, env: Mapping[str, s
 
 
 def launch(command: Sequence[str], log, env: Mapping[str, str] | None, timeout_s: float | None = None) -> int:
-    """Run the fit subprocess with its output in ``log``; its exit status (124 after a timeout)."""
+    """Run the fit command with its output in ``log``; its exit status (124 after a timeout). The
+    CLI run by this interpreter is forked from a process that imported it once (:mod:`.cell_process`);
+    another command is a subprocess."""
     full_env = {**os.environ, **(env or {})}
     full_env.setdefault("PYTHONUNBUFFERED", "1")
-    process = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, env=full_env)
+    returncode = None
+    if cell_process.can_fork(command):
+        log.flush()
+        try:
+            returncode = cell_process.run_forked(command, log.name, full_env, timeout_s)
+        except cell_process.ServerUnavailable as reason:
+            logger.warning("cells run as subprocesses: %s", reason)
+        log.seek(0, os.SEEK_END)  # the forked cell appended to the file
+    if returncode is None:
+        returncode = _run_subprocess(command, log, full_env, timeout_s)
+    if returncode == 124:
+        log.write(f"\n[grpo-lightning-ablate] stopped after the cell timeout of {timeout_s} s\n")
+    return returncode
+
+
+def _run_subprocess(command: Sequence[str], log, env: Mapping[str, str], timeout_s: float | None) -> int:
+    process = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, env=dict(env))
     try:
         return process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-        log.write(f"\n[grpo-lightning-ablate] stopped after the cell timeout of {timeout_s} s\n")
         return 124
     except BaseException:
         process.kill()
