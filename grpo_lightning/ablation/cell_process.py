@@ -52,10 +52,22 @@ def can_fork(command: Sequence[str]) -> bool:
         return False
 
 
+def start_server(python: str) -> None:
+    """Start the server now (it imports while the sweep checks its cells), where cells run by
+    ``python`` would be forked."""
+    if can_fork([python, *CLI_MODULE]):
+        _server({**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
 def run_forked(command: Sequence[str], log_path: str | Path, env: Mapping[str, str], timeout_s: float | None) -> int:
     """Run ``command`` (see :func:`can_fork`) in a process forked from a server that imported the CLI,
     its output appended to ``log_path`` and its environment exactly ``env``; its exit status (negative:
     the signal that ended it), or 124 once ``timeout_s`` has passed (the process is killed)."""
+    return _server(env).run(list(command[3:]), dict(env), os.getcwd(), str(log_path), timeout_s)
+
+
+def _server(env: Mapping[str, str]) -> CellServer:
+    """The running server of this working directory and environment (per-cell variables aside), or a new one."""
     key = (os.getcwd(), tuple(sorted((k, v) for k, v in env.items() if k not in PER_CELL_VARIABLES)))
     with _servers_lock:
         server = _servers.get(key)
@@ -64,7 +76,7 @@ def run_forked(command: Sequence[str], log_path: str | Path, env: Mapping[str, s
                 stale.close()
             _servers.clear()
             server = _servers[key] = CellServer(env)
-    return server.run(list(command[3:]), dict(env), os.getcwd(), str(log_path), timeout_s)
+    return server
 
 
 class ServerUnavailable(RuntimeError):
