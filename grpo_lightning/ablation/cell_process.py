@@ -38,8 +38,8 @@ CLI_MODULE = ("-m", "grpo_lightning.cli")
 #: server, since a library may read it while it is imported.
 PER_CELL_VARIABLES = frozenset({"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONUNBUFFERED"})
 
-_servers: dict[tuple, CellServer] = {}
-_servers_lock = threading.Lock()
+_current: CellServer | None = None
+_server_lock = threading.Lock()
 
 
 def can_fork(command: Sequence[str]) -> bool:
@@ -52,13 +52,6 @@ def can_fork(command: Sequence[str]) -> bool:
         return False
 
 
-def start_server(python: str) -> None:
-    """Start the server now (it imports while the sweep checks its cells), where cells run by
-    ``python`` would be forked."""
-    if can_fork([python, *CLI_MODULE]):
-        _server({**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
 def run_forked(command: Sequence[str], log_path: str | Path, env: Mapping[str, str], timeout_s: float | None) -> int:
     """Run ``command`` (see :func:`can_fork`) in a process forked from a server that imported the CLI,
     its output appended to ``log_path`` and its environment exactly ``env``; its exit status (negative:
@@ -67,16 +60,14 @@ def run_forked(command: Sequence[str], log_path: str | Path, env: Mapping[str, s
 
 
 def _server(env: Mapping[str, str]) -> CellServer:
-    """The running server of this working directory and environment (per-cell variables aside), or a new one."""
-    key = (os.getcwd(), tuple(sorted((k, v) for k, v in env.items() if k not in PER_CELL_VARIABLES)))
-    with _servers_lock:
-        server = _servers.get(key)
-        if server is None or not server.alive():
-            for stale in _servers.values():  # one server at a time: another environment replaces it
-                stale.close()
-            _servers.clear()
-            server = _servers[key] = CellServer(env)
-    return server
+    """The running server, if its imports ran under ``env`` in this working directory, or a new one."""
+    global _current
+    with _server_lock:
+        if _current is None or not _current.serves(env):
+            if _current is not None:
+                _current.close()
+            _current = CellServer(env)
+        return _current
 
 
 class ServerUnavailable(RuntimeError):
@@ -87,9 +78,13 @@ class CellServer:
     """The client side: a :func:`serve` process and the exit statuses it reports."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
+        self.cwd = os.getcwd()
+        self.environment = {k: v for k, v in env.items() if k not in PER_CELL_VARIABLES}
+        self.set_by_imports: dict[str, str] = {}
+        self.ready = threading.Event()
         self.process = subprocess.Popen(
             [sys.executable, "-c", "from grpo_lightning.ablation.cell_process import serve; serve()"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={k: v for k, v in env.items() if k not in PER_CELL_VARIABLES},
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.environment,
         )  # fmt: skip
         self.request_lock = threading.Lock()
         self.started: queue.Queue[int] = queue.Queue()
@@ -102,6 +97,19 @@ class CellServer:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def serves(self, env: Mapping[str, str]) -> bool:
+        """Whether a new process in ``env`` would have imported what this one did: the same working
+        directory and variables (per-cell ones aside), but for those its imports set themselves
+        (Lightning sets ``PYTORCH_NVML_BASED_CUDA_CHECK``, for one), which may be there or not."""
+        self.ready.wait()
+        if not self.alive() or os.getcwd() != self.cwd:
+            return False
+        wanted = {k: v for k, v in env.items() if k not in PER_CELL_VARIABLES}
+        extra = {k: v for k, v in wanted.items() if k not in self.environment}
+        return all(k in wanted and wanted[k] == v for k, v in self.environment.items()) and all(
+            self.set_by_imports.get(k) == v for k, v in extra.items()
+        )
+
     def _exit_queue(self, pid: int) -> queue.Queue[int]:
         with self.exits_lock:
             return self.exits.setdefault(pid, queue.Queue())
@@ -109,12 +117,17 @@ class CellServer:
     def _read_reports(self) -> None:
         for line in self.process.stdout:
             report = json.loads(line)
-            if "refused" in report:
+            if "ready" in report:
+                self.set_by_imports = report["ready"]
+                self.ready.set()
+            elif "refused" in report:
                 self.refused = report["refused"]
+                self.ready.set()
             elif "started" in report:
                 self.started.put(report["started"])
             else:
                 self._exit_queue(report["pid"]).put(report["status"])
+        self.ready.set()
         self.started.put(-1)  # the server is gone: nothing it started will report again
         with self.exits_lock:
             for statuses in self.exits.values():
@@ -162,6 +175,7 @@ def serve() -> None:
     reports = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not reach the reports
     requests = os.fdopen(os.dup(sys.stdin.fileno()), "rb", buffering=0)
+    before = dict(os.environ)
     for module in PRELOAD:
         try:
             importlib.import_module(module)
@@ -170,6 +184,8 @@ def serve() -> None:
     if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
         reports.write(json.dumps({"refused": "CUDA was initialised while importing"}) + "\n")
         return  # a forked process could not use it: the cells run as subprocesses
+    set_by_imports = {k: v for k, v in os.environ.items() if before.get(k) != v}
+    reports.write(json.dumps({"ready": set_by_imports}) + "\n")
     running: set[int] = set()
     selector = selectors.DefaultSelector()
     selector.register(requests, selectors.EVENT_READ)
@@ -186,7 +202,7 @@ def serve() -> None:
                     selector.close()
                     requests.close()
                     reports.close()
-                    os._exit(_run_cell(json.loads(line)))
+                    os._exit(_run_cell(json.loads(line), set_by_imports))
                 running.add(pid)
                 reports.write(json.dumps({"started": pid}) + "\n")
         elif not open_:
@@ -198,11 +214,12 @@ def serve() -> None:
                 reports.write(json.dumps({"pid": pid, "status": os.waitstatus_to_exitcode(status)}) + "\n")
 
 
-def _run_cell(request: dict) -> int:
-    """In the forked process: the cell's exit status."""
+def _run_cell(request: dict, set_by_imports: dict[str, str]) -> int:
+    """In the forked process: the cell's exit status. Its environment is the request's, with what the
+    imports set where the request has nothing, as in a new process that imported them."""
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # not the server's requests
     try:
-        run_cli(request["arguments"], request["env"], request["cwd"], request["log"])
+        run_cli(request["arguments"], {**set_by_imports, **request["env"]}, request["cwd"], request["log"])
         code = 0
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)

@@ -291,9 +291,6 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], launch: Launch | None = None)
     if not isinstance(spec, SweepSpec):
         spec = SweepSpec.from_dict(spec)
     cells = spec.cells()
-    runs_here = launch is None or launch.name in (InProcess.name, "basic")  # cells run by this process
-    if runs_here and not all(is_done(spec.output_dir / cell.name) for cell in cells):
-        cell_process.start_server(spec.python)  # imports while the cells are checked
     check_sweep(spec, cells)
     spec.output_dir.mkdir(parents=True, exist_ok=True)
     results: dict[Cell, CellResult] = {}
