@@ -32,31 +32,52 @@ def json_tag_calls(text: str) -> list[ToolCall]:
     """Calls written as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``: the format of
     the Qwen2.5/Qwen3, SmolLM2/3 and Hermes chat templates (an unclosed last tag counts, as the turn
     may end right after the JSON)."""
-    calls = []
-    for body in _JSON_TAG.findall(text):
+    return [_json_call(body, "arguments") for body in _JSON_TAG.findall(text)]
+
+
+def llama_json_calls(text: str) -> list[ToolCall]:
+    """Calls written as the Llama 3.1-3.3 chat templates ask: the turn is a JSON object
+    ``{"name": ..., "parameters": {...}}`` (after an optional ``<|python_tag|>``), or several joined by
+    ``;``. A turn that does not start with ``{`` is an answer, not a call."""
+    body = text.strip().removeprefix("<|python_tag|>").strip()
+    if not body.startswith("{"):
+        return []
+    calls, decoder, position = [], json.JSONDecoder(), 0
+    while position < len(body):
         try:
-            value = json.loads(body.strip())
+            value, end = decoder.raw_decode(body, position)
         except json.JSONDecodeError as error:
-            calls.append(ToolCall("", error=f"the tool call is not valid JSON ({error.msg})"))
-            continue
-        if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-            calls.append(ToolCall("", error='a tool call must be a JSON object with a "name"'))
-            continue
-        arguments = value.get("arguments", {})
-        if isinstance(arguments, str):  # some models write the arguments as a JSON string
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                pass
-        if not isinstance(arguments, dict):
-            calls.append(ToolCall(value["name"], error='"arguments" must be a JSON object'))
-            continue
-        calls.append(ToolCall(value["name"], arguments))
+            return [*calls, ToolCall("", error=f"the tool call is not valid JSON ({error.msg})")]
+        calls.append(_json_call(value, "parameters"))
+        position = end
+        while position < len(body) and body[position] in " \n\t;":
+            position += 1
     return calls
 
 
+def _json_call(body: str | Any, arguments_key: str) -> ToolCall:
+    """A call from its JSON text (or its parsed value): ``name`` and its arguments under
+    ``arguments_key`` (``arguments`` is read too)."""
+    if isinstance(body, str):
+        try:
+            body = json.loads(body.strip())
+        except json.JSONDecodeError as error:
+            return ToolCall("", error=f"the tool call is not valid JSON ({error.msg})")
+    if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+        return ToolCall("", error='a tool call must be a JSON object with a "name"')
+    arguments = body.get(arguments_key, body.get("arguments", {}))
+    if isinstance(arguments, str):  # some models write the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(arguments, dict):
+        return ToolCall(body["name"], error=f'"{arguments_key}" must be a JSON object')
+    return ToolCall(body["name"], arguments)
+
+
 #: Tool-call formats by name.
-TOOL_CALL_FORMATS: dict[str, Callable[[str], list[ToolCall]]] = {"json_tags": json_tag_calls}
+TOOL_CALL_FORMATS: dict[str, Callable[[str], list[ToolCall]]] = {"json_tags": json_tag_calls, "llama_json": llama_json_calls}
 
 
 def resolve_tool_call_format(spec: str | Callable[[str], list[ToolCall]]) -> Callable[[str], list[ToolCall]]:

@@ -62,6 +62,21 @@ def test_json_tag_calls_reads_each_call_and_reports_the_unreadable_ones():
     assert json_tag_calls("The answer is 3.") == []
 
 
+def test_llama_json_calls_read_the_turn_as_json_objects_and_an_answer_as_no_call():
+    from grpo_lightning.agents.tool_calls import llama_json_calls
+
+    one = '<|python_tag|>{"name": "calculator", "parameters": {"expression": "12 * 34"}}'
+    assert llama_json_calls(one) == [ToolCall("calculator", {"expression": "12 * 34"})]
+    two = '{"name": "add", "parameters": {"a": 1, "b": 2}}; {"name": "add", "arguments": "{\\"a\\": 3, \\"b\\": 4}"}'
+    assert llama_json_calls(two) == [ToolCall("add", {"a": 1, "b": 2}), ToolCall("add", {"a": 3, "b": 4})]
+    first, broken = llama_json_calls('{"name": "add", "parameters": {"a": 1}} {"name": ')
+    assert first == ToolCall("add", {"a": 1}) and broken.error.startswith("the tool call is not valid JSON")
+    assert llama_json_calls('{"parameters": {}}')[0].error == 'a tool call must be a JSON object with a "name"'
+    assert llama_json_calls('{"name": "add", "parameters": [1, 2]}')[0].error == '"parameters" must be a JSON object'
+    assert llama_json_calls('The answer is {"x": 1}.') == [] and llama_json_calls("408") == []
+    assert resolve_tool_call_format("llama_json") is llama_json_calls
+
+
 def test_a_tool_call_format_is_a_name_an_import_path_or_a_callable():
     assert resolve_tool_call_format("json_tags") is json_tag_calls
     assert resolve_tool_call_format("grpo_lightning.agents.think_expression_calls")("<think>2*3</think>") == [
