@@ -63,6 +63,8 @@ def _server(env: Mapping[str, str]) -> CellServer:
     """The running server, if its imports ran under ``env`` in this working directory, or a new one."""
     global _current
     with _server_lock:
+        if _current is not None and _current.refused:  # it would refuse again: every cell is a subprocess
+            raise ServerUnavailable(_current.refused)
         if _current is None or not _current.serves(env):
             if _current is not None:
                 _current.close()
@@ -172,6 +174,7 @@ def serve() -> None:
     """The server: import :data:`PRELOAD`, then for each request line on stdin fork a cell
     (:func:`run_cli`), report ``{"started": pid}`` and later ``{"pid": pid, "status": code}`` on
     stdout. One thread, so forking is safe; it exits when stdin closes and its cells have exited."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the sweep and its cells; the server ends with its input
     reports = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not reach the reports
     requests = os.fdopen(os.dup(sys.stdin.fileno()), "rb", buffering=0)
@@ -217,6 +220,7 @@ def serve() -> None:
 def _run_cell(request: dict, set_by_imports: dict[str, str]) -> int:
     """In the forked process: the cell's exit status. Its environment is the request's, with what the
     imports set where the request has nothing, as in a new process that imported them."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a new process
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # not the server's requests
     try:
         run_cli(request["arguments"], {**set_by_imports, **request["env"]}, request["cwd"], request["log"])

@@ -56,3 +56,16 @@ def test_a_forked_cell_trains_what_a_subprocess_trains_and_fails_or_times_out_as
     with open(tmp_path / "long.log", "w") as log:
         assert ablate.launch([*command, "--trainer.max_steps", "100000"], log, ONE_THREAD, timeout_s=2) == 124
     assert (tmp_path / "long.log").read_text().rstrip().endswith("stopped after the cell timeout of 2 s")
+
+
+def test_a_cell_the_server_cannot_fork_runs_as_a_subprocess(tmp_path, monkeypatch, caplog):
+    def refuse(*args):
+        raise cell_process.ServerUnavailable("CUDA was initialised while importing")
+
+    ran = []
+    monkeypatch.setattr(cell_process, "run_forked", refuse)
+    monkeypatch.setattr(ablate, "_run_subprocess", lambda command, log, env, timeout_s: ran.append(command) or 0)
+    command = [sys.executable, "-m", "grpo_lightning.cli", "fit"]
+    with open(tmp_path / "train.log", "w") as log:
+        assert ablate.launch(command, log, ONE_THREAD) == 0
+    assert ran == [command] and "cells run as subprocesses: CUDA was initialised while importing" in caplog.text
