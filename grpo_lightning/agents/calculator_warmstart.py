@@ -31,9 +31,9 @@ from grpo_lightning.agents.chat_tokens import ChatTokens
 from grpo_lightning.agents.tool_environment import ToolEnvironment
 from grpo_lightning.data.arithmetic import format_target, make_arithmetic_dataset
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.quickstart.supervised import SupervisedSettings, train_steps
+from grpo_lightning.quickstart.supervised import SupervisedSettings, mean_losses, train_steps
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_model_and_tokenizer
-from grpo_lightning.quickstart.cached_build import MARKER_FILE, build_once, default_cache_dir, environment
+from grpo_lightning.quickstart.cached_build import MARKER_FILE, build_once, default_cache_dir, environment, records_key
 
 _FORMAT_VERSION = 3
 _CALL_TRANSCRIPT_SHARE = 0.5  # of a batch at least, whatever ``call_fraction``: enough to learn copying the reply
@@ -123,12 +123,6 @@ def calculator_warm_start(output_dir: str | Path | None = None, **settings) -> P
     if output_dir is None:
         output_dir = default_cache_dir() / f"calculator-{key}"
 
-    def is_current(marker: Path) -> bool:
-        try:
-            return json.loads(marker.read_text())["key"] == key
-        except (OSError, ValueError, KeyError):
-            return False
-
     def build(out: Path) -> None:
         started = time.perf_counter()
         model, tokenizer, losses = train_calculator_model(chosen)
@@ -136,7 +130,7 @@ def calculator_warm_start(output_dir: str | Path | None = None, **settings) -> P
         record = {"key": key, "settings": asdict(chosen), "losses": losses, "seconds": time.perf_counter() - started}
         (out / MARKER_FILE).write_text(json.dumps({**record, "environment": environment()}, indent=2) + "\n")
 
-    return build_once(Path(output_dir), is_current, build)
+    return build_once(Path(output_dir), records_key(key), build)
 
 
 def call_opening_rates(call_fraction: float) -> tuple[float, float]:
@@ -169,14 +163,7 @@ def train_calculator_model(settings: CalculatorWarmStartSettings) -> tuple[torch
 
     batch = opening_controlled_batches(input_ids, attention_mask, labels, settings.call_fraction, settings.batch_size)
 
-    losses, running = [], []
-
-    def after_step(step: int, loss: float, model: torch.nn.Module) -> bool:
-        running.append(loss)
-        if step % 50 == 0 or step == settings.steps:
-            losses.append((step, sum(running) / len(running)))
-            running.clear()
-        return False
+    after_step, losses = mean_losses(settings.steps)
 
     model, _ = train_steps(settings, config, settings.steps, batch, after_step)
     return model, tokenizer, losses

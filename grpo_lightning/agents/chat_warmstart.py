@@ -31,8 +31,8 @@ from grpo_lightning.agents.calculator import CalculatorEnvironment
 from grpo_lightning.agents.calculator_warmstart import episode_transcript, opening_controlled_batches, padded_transcripts
 from grpo_lightning.agents.chat_tokens import ChatTokens
 from grpo_lightning.data.arithmetic import make_arithmetic_dataset
-from grpo_lightning.quickstart.cached_build import MARKER_FILE, build_once, default_cache_dir, environment
-from grpo_lightning.quickstart.supervised import fit_steps
+from grpo_lightning.quickstart.cached_build import MARKER_FILE, build_once, default_cache_dir, environment, records_key
+from grpo_lightning.quickstart.supervised import fit_steps, mean_losses
 
 logger = logging.getLogger(__name__)
 
@@ -96,12 +96,6 @@ def chat_calculator_warm_start(base: str, output_dir: str | Path | None = None, 
     key = chosen.cache_key()
     output = Path(output_dir) if output_dir is not None else default_cache_dir() / f"calculator-chat-{key}"
 
-    def is_current(marker: Path) -> bool:
-        try:
-            return json.loads(marker.read_text())["key"] == key
-        except (OSError, ValueError, KeyError):
-            return False
-
     def build(out: Path) -> None:
         started = time.perf_counter()
         model, tokenizer, losses, device = fine_tune_on_transcripts(chosen)
@@ -111,7 +105,7 @@ def chat_calculator_warm_start(base: str, output_dir: str | Path | None = None, 
                   "seconds": time.perf_counter() - started, "environment": environment()}  # fmt: skip
         (out / MARKER_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
-    return build_once(output, is_current, build)
+    return build_once(output, records_key(key), build)
 
 
 def fine_tune_on_transcripts(settings: ChatWarmStartSettings) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, list, str]:
@@ -125,14 +119,7 @@ def fine_tune_on_transcripts(settings: ChatWarmStartSettings) -> tuple[torch.nn.
     input_ids, attention_mask, labels = padded_transcripts(chat_transcripts(tokenizer, settings), tokenizer.pad_token_id)
     batches = opening_controlled_batches(input_ids, attention_mask, labels, settings.call_fraction, settings.batch_size)
     logger.info("Warm-starting %s on calculator transcripts: %d steps on %s", settings.base, settings.steps, device)
-    losses, running = [], []
-
-    def after_step(step: int, loss: float, model: torch.nn.Module) -> bool:
-        running.append(loss)
-        if step % 50 == 0 or step == settings.steps:
-            losses.append((step, sum(running) / len(running)))
-            running.clear()
-        return False
+    after_step, losses = mean_losses(settings.steps)
 
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(settings.seed)

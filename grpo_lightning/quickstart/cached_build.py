@@ -41,6 +41,18 @@ def build_once(output_dir: Path, is_current: Callable[[Path], bool], build: Call
     return output_dir
 
 
+def records_key(key: str) -> Callable[[Path], bool]:
+    """``is_current`` for :func:`build_once`: whether a marker file records ``key``."""
+
+    def is_current(marker: Path) -> bool:
+        try:
+            return json.loads(marker.read_text())["key"] == key
+        except (OSError, ValueError, KeyError):
+            return False
+
+    return is_current
+
+
 def environment() -> dict[str, Any]:
     """What a warm start's exact result depends on besides its settings (recorded in the marker).
 

@@ -95,3 +95,19 @@ def fit_steps(
             break
     model.eval()
     return stopped
+
+
+def mean_losses(steps: int, every: int = 50) -> tuple[Callable[[int, float, torch.nn.Module], bool], list]:
+    """An ``after_step`` for :func:`fit_steps` that never stops, and the list it fills with
+    ``(step, mean loss)`` every ``every`` steps and at the last."""
+    losses: list[tuple[int, float]] = []
+    running: list[float] = []
+
+    def after_step(step: int, loss: float, model: torch.nn.Module) -> bool:
+        running.append(loss)
+        if step % every == 0 or step == steps:
+            losses.append((step, sum(running) / len(running)))
+            running.clear()
+        return False
+
+    return after_step, losses
