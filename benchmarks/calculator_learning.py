@@ -16,6 +16,7 @@ import argparse
 import json
 import tempfile
 import time
+from collections.abc import Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -44,15 +45,20 @@ def greedy_episodes(model, tokenizer, rows) -> dict[str, float]:
     }
 
 
-def fit(configs: list[str], seed: int, steps: int, log_dir: str, extra: list[str] = ()):
-    """The policy after ``steps`` steps of ``fit`` through the real CLI with ``configs`` (shipped names or
-    paths) and the arguments ``extra``; quiet: no checkpoints, callbacks or progress bar."""
+def quiet_cli(configs: list[str], seed: int, steps: int, log_dir: str, extra: Sequence[str] = ()) -> GRPOLightningCLI:
+    """The real CLI, not run, for ``steps`` steps with ``configs`` (shipped names or paths) and the
+    arguments ``extra``, validating at the end; quiet: no checkpoints, callbacks or progress bar."""
     args = [
         *(a for config in configs for a in ("--config", str(resolve_config(config)))), f"--seed_everything={seed}",
         f"--trainer.max_steps={steps}", f"--trainer.val_check_interval={steps}", f"--trainer.logger.init_args.save_dir={log_dir}",
         "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]", "--trainer.enable_progress_bar=false", *extra,
     ]  # fmt: skip
-    cli = GRPOLightningCLI(args=args, run=False)
+    return GRPOLightningCLI(args=args, run=False)
+
+
+def fit(configs: list[str], seed: int, steps: int, log_dir: str, extra: Sequence[str] = ()):
+    """The policy after ``fit`` through :func:`quiet_cli`."""
+    cli = quiet_cli(configs, seed, steps, log_dir, extra)
     with expected_warnings_silenced():
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return cli.model.policy.eval()

@@ -13,8 +13,9 @@ import json
 import tempfile
 import time
 
-from grpo_lightning.cli.app import GRPOLightningCLI, expected_warnings_silenced
-from grpo_lightning.cli.resources import resolve_config
+from calculator_learning import quiet_cli
+
+from grpo_lightning.cli.app import expected_warnings_silenced
 
 SHOWN = ("val/accuracy", "val/reward")
 
@@ -22,12 +23,7 @@ SHOWN = ("val/accuracy", "val/reward")
 def measure(configs: list[str], seed: int, steps: int, extra: list[str]) -> dict:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as log_dir:
-        args = [
-            *(a for config in configs for a in ("--config", str(resolve_config(config)))), f"--seed_everything={seed}",
-            f"--trainer.max_steps={steps}", f"--trainer.val_check_interval={steps}", f"--trainer.logger.init_args.save_dir={log_dir}",
-            "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]", "--trainer.enable_progress_bar=false", *extra,
-        ]  # fmt: skip
-        cli = GRPOLightningCLI(args=args, run=False)
+        cli = quiet_cli(configs, seed, steps, log_dir, extra)
         with expected_warnings_silenced():
             before = cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)[0]
             cli.trainer.fit(cli.model, datamodule=cli.datamodule)
