@@ -43,13 +43,12 @@ _server_lock = threading.Lock()
 
 
 def can_fork(command: Sequence[str]) -> bool:
-    """Whether ``command`` is this interpreter running the CLI, on a platform that forks."""
+    """Whether ``command`` is this interpreter running the CLI, on a platform that forks. The path must
+    be this one's, not one resolving to the same file: another virtual environment's ``python`` is a
+    link to the same interpreter, with other packages."""
     if not hasattr(os, "fork") or sys.platform == "darwin" or tuple(command[1:3]) != CLI_MODULE:
         return False
-    try:
-        return Path(command[0]).resolve() == Path(sys.executable).resolve()
-    except OSError:
-        return False
+    return os.path.abspath(command[0]) == os.path.abspath(sys.executable)
 
 
 def run_forked(command: Sequence[str], log_path: str | Path, env: Mapping[str, str], timeout_s: float | None) -> int:
@@ -138,8 +137,11 @@ class CellServer:
     def run(self, arguments: list[str], env: dict[str, str], cwd: str, log_path: str, timeout_s: float | None) -> int:
         request = json.dumps({"arguments": arguments, "env": env, "cwd": cwd, "log": log_path}) + "\n"
         with self.request_lock:  # one request at a time, so each "started" answers the request before it
-            self.process.stdin.write(request.encode())
-            self.process.stdin.flush()
+            try:
+                self.process.stdin.write(request.encode())
+                self.process.stdin.flush()
+            except (BrokenPipeError, ValueError):  # the server has exited, or was closed
+                raise ServerUnavailable(f"the server exited with status {self.process.wait()}") from None
             pid = self.started.get()
         if pid < 0:
             raise ServerUnavailable(self.refused or f"the server exited with status {self.process.wait()}")

@@ -16,8 +16,10 @@ BASE = ["configs/trainer/cpu.yaml", "configs/data/arithmetic.yaml", "configs/mod
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
-def test_only_this_interpreter_running_the_cli_is_forked():
+def test_only_this_interpreter_running_the_cli_is_forked(tmp_path):
     assert cell_process.can_fork([sys.executable, "-m", "grpo_lightning.cli", "fit"])
+    (tmp_path / "python").symlink_to(sys.executable)  # another virtual environment's python, say
+    assert not cell_process.can_fork([str(tmp_path / "python"), "-m", "grpo_lightning.cli", "fit"])
     assert not cell_process.can_fork(["/usr/bin/python3.9", "-m", "grpo_lightning.cli", "fit"])
     assert not cell_process.can_fork([sys.executable, "-m", "some_other_module", "fit"])
 
