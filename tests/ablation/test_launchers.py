@@ -120,6 +120,11 @@ def test_parallel_cells_need_a_launcher_that_runs_several(tmp_path, monkeypatch,
 def test_a_job_that_dies_fails_its_cell(tmp_path, monkeypatch, capsys):
     """A submitit job killed mid-cell (as SLURM's time limit would): the cell counts as failed,
     the command exits 1, and the cell has no DONE, so the next run redoes it."""
+    from submitit.core.core import Job
+
+    # submitit waits this long for the result file of a finished job (for slow shared filesystems):
+    # this job never writes one, and a local folder needs no wait
+    monkeypatch.setattr(Job, "_results_timeout_s", 1)
     fake = tmp_path / "fake-python"
     fake.write_text(f"#!{sys.executable}\nimport os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)

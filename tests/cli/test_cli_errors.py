@@ -1,13 +1,23 @@
-"""A user's mistake is one ``error: ...`` line naming the field and the fix, without a traceback."""
+"""A user's mistake is one ``error: ...`` line naming the field and the fix, without a traceback.
+
+The CLI runs in this process (``main(..., report_errors=True)``, what the command line calls), as
+Python would run it: an exception that escapes is printed as a traceback with exit status 1. One
+test runs ``python -m grpo_lightning.cli`` itself, for what only a new process shows.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
+import traceback
+from dataclasses import dataclass
 
 import pytest
 
+from grpo_lightning.cli.app import main
 from grpo_lightning.cli.resources import config_dir
 
 CONFIGS = config_dir()
@@ -17,19 +27,50 @@ BASE = [
 ]  # fmt: skip
 
 
-def run_fit(*args: str, model: str, cwd=None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRPO_LIGHTNING_TRACEBACK": ""}
-    command = [sys.executable, "-m", "grpo_lightning.cli", "fit", *BASE, "--model.model", model, *args]
-    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
+@dataclass
+class Finished:
+    returncode: int
+    stderr: str
 
 
-def error_line(done: subprocess.CompletedProcess) -> str:
+@pytest.fixture
+def run_fit(monkeypatch):
+    """``run_fit(*args, model=...)``: ``grpo-lightning fit`` with the shipped configs and ``args``,
+    in this process, with the command line's error reporting; its exit status and stderr."""
+    monkeypatch.setenv("GRPO_LIGHTNING_TRACEBACK", "")
+
+    def run(*args: str, model: str) -> Finished:
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                main(["fit", *BASE, "--model.model", model, *args], report_errors=True)
+                code = 0
+            except SystemExit as exited:
+                code = exited.code if isinstance(exited.code, int) else int(exited.code is not None)
+            except Exception:  # what the interpreter does with an exception that escapes
+                traceback.print_exc()
+                code = 1
+        return Finished(code, stderr.getvalue())
+
+    return run
+
+
+def error_line(done) -> str:
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert "Namespace(" not in done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1, done.stderr[-3000:]
     return lines[0]
+
+
+def test_the_command_line_prints_one_error_line_and_exits_with_status_2(tiny_model_dir):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRPO_LIGHTNING_TRACEBACK": ""}
+    command = [sys.executable, "-m", "grpo_lightning.cli", "fit", *BASE, "--model.model", tiny_model_dir,
+               "--model.sampling.group_size", "1"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    line = error_line(done)
+    assert "group_size" in line and "at least 2" in line and "got 1" in line, line
 
 
 @pytest.mark.parametrize(
@@ -44,36 +85,37 @@ def error_line(done: subprocess.CompletedProcess) -> str:
     ],
     ids=["group_size", "max_new_tokens", "reward_path", "learning_rate", "near_miss_option", "near_miss_trainer"],
 )
-def test_a_bad_setting_is_one_line(args, expected, tiny_model_dir):
+def test_a_bad_setting_is_one_line(args, expected, tiny_model_dir, run_fit):
     line = error_line(run_fit(*args, model=tiny_model_dir))
     for part in expected:
         assert part in line, line
 
 
-def test_an_unknown_variant_lists_the_valid_ones(tiny_model_dir):
+def test_an_unknown_variant_lists_the_valid_ones(tiny_model_dir, run_fit):
     line = error_line(run_fit("--model", "variants.Nope", model=tiny_model_dir))
     assert "variants.Nope" in line
     for name in ("variants.GRPO", "variants.DrGRPO", "variants.DAPO", "variants.RLOO", "variants.GSPO"):
         assert name in line
 
 
-def test_a_misspelt_variant_suggests_the_nearest(tiny_model_dir):
+def test_a_misspelt_variant_suggests_the_nearest(tiny_model_dir, run_fit):
     assert "Did you mean variants.DAPO?" in error_line(run_fit("--model", "variants.DAAPO", model=tiny_model_dir))
 
 
-def test_a_missing_data_file_names_the_path(tiny_model_dir, tmp_path):
+def test_a_missing_data_file_names_the_path(tiny_model_dir, tmp_path, run_fit):
     missing = str(tmp_path / "missing.jsonl")
     done = run_fit("--data", "grpo_lightning.data.PromptDataModule", "--data.path", missing, model=tiny_model_dir)
     line = error_line(done)
     assert "data.path" in line and missing in line
 
 
-def test_a_missing_model_directory_names_the_field(tmp_path):
-    line = error_line(run_fit(model="./nope", cwd=tmp_path))
+def test_a_missing_model_directory_names_the_field(tmp_path, monkeypatch, run_fit):
+    monkeypatch.chdir(tmp_path)
+    line = error_line(run_fit(model="./nope"))
     assert "model" in line and "./nope" in line
 
 
-def test_verbose_shows_the_traceback(tiny_model_dir):
+def test_verbose_shows_the_traceback(tiny_model_dir, run_fit):
     done = run_fit("--model.sampling.group_size", "1", "--verbose", model=tiny_model_dir)
     assert done.returncode != 0
     assert "Traceback" in done.stderr
