@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import importlib.util
 import json
 import os
 import queue
@@ -263,5 +264,8 @@ def run_cli(arguments: list[str], env: dict[str, str], cwd: str, log_path: str) 
         torch.set_num_threads(int(threads))
     from grpo_lightning.cli import main
 
-    sys.argv = [str(Path(sys.modules["grpo_lightning.cli"].__file__).with_name("__main__.py")), *arguments]
+    # What ``python -m grpo_lightning.cli`` sets, and what launchers that start more processes of the
+    # same command read (Lightning's DDP on a CPU runs ``python -m <__main__.__spec__.name>``).
+    sys.modules["__main__"].__spec__ = importlib.util.find_spec("grpo_lightning.cli.__main__")
+    sys.argv = [sys.modules["__main__"].__spec__.origin, *arguments]
     main()

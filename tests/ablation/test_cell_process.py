@@ -71,3 +71,20 @@ def test_a_cell_the_server_cannot_fork_runs_as_a_subprocess(tmp_path, monkeypatc
     with open(tmp_path / "train.log", "w") as log:
         assert ablate.launch(command, log, ONE_THREAD) == 0
     assert ran == [command] and "cells run as subprocesses: CUDA was initialised while importing" in caplog.text
+
+
+def test_a_forked_cell_of_two_ddp_processes_starts_its_second_as_python_m_would(tmp_path, tiny_model_dir):
+    """Lightning starts a CPU DDP run's other processes as ``python -m <__main__.__spec__.name> ARGS``: a
+    forked cell must read as ``python -m grpo_lightning.cli`` (run as a script, ``grpo_lightning/cli``
+    would come first on ``sys.path``, and its ``variants.py`` hide the ``variants`` package)."""
+    spec = SweepSpec.from_dict({
+        "output_dir": str(tmp_path / "sweep"), "base_configs": BASE, "variants": ["grpo"], "seeds": [0],
+        "args": {"trainer": {"max_steps": 1, "val_check_interval": 1, "strategy": "ddp", "devices": 2},
+                 "data": {"init_args": {"num_train": 8, "num_val": 4, "batch_size": 2, "val_batch_size": 4}},
+                 "model": {"init_args": {"sampling": {"group_size": 2, "max_new_tokens": 4}}}},
+    })  # fmt: skip
+    command = cell_command(spec, spec.cells()[0], tmp_path / "cell", tiny_model_dir)
+    with open(tmp_path / "train.log", "w") as log:
+        status = ablate.launch(command, log, ONE_THREAD, timeout_s=300)
+    text = (tmp_path / "train.log").read_text()
+    assert status == 0 and "MEMBER: 2/2" in text and "fit finished: 1 / 1" in text, text[-2000:]
