@@ -208,7 +208,9 @@ def serve() -> None:
                     selector.close()
                     requests.close()
                     reports.close()
-                    os._exit(_run_cell(json.loads(line), set_by_imports))
+                    # the interpreter's own exit, as a new process's: atexit handlers (a W&B run's finish,
+                    # say) run and non-daemon threads are joined
+                    sys.exit(_run_cell(json.loads(line), set_by_imports))
                 running.add(pid)
                 reports.write(json.dumps({"started": pid}) + "\n")
         elif not open_:
