@@ -93,7 +93,8 @@ class CellServer:
         self.exits: dict[int, queue.Queue[int]] = {}
         self.exits_lock = threading.Lock()
         self.refused: str | None = None
-        threading.Thread(target=self._read_reports, daemon=True).start()
+        self.reader = threading.Thread(target=self._read_reports, daemon=True)
+        self.reader.start()
         atexit.register(self.close)
 
     def alive(self) -> bool:
@@ -117,7 +118,16 @@ class CellServer:
             return self.exits.setdefault(pid, queue.Queue())
 
     def _read_reports(self) -> None:
-        for line in self.process.stdout:
+        with self.process.stdout:  # closed once the server has exited
+            self._dispatch(self.process.stdout)
+        self.ready.set()
+        self.started.put(-1)  # the server is gone: nothing it started will report again
+        with self.exits_lock:
+            for statuses in self.exits.values():
+                statuses.put(1)
+
+    def _dispatch(self, lines) -> None:
+        for line in lines:
             report = json.loads(line)
             if "ready" in report:
                 self.set_by_imports = report["ready"]
@@ -129,11 +139,6 @@ class CellServer:
                 self.started.put(report["started"])
             else:
                 self._exit_queue(report["pid"]).put(report["status"])
-        self.ready.set()
-        self.started.put(-1)  # the server is gone: nothing it started will report again
-        with self.exits_lock:
-            for statuses in self.exits.values():
-                statuses.put(1)
 
     def run(self, arguments: list[str], env: dict[str, str], cwd: str, log_path: str, timeout_s: float | None) -> int:
         request = json.dumps({"arguments": arguments, "env": env, "cwd": cwd, "log": log_path}) + "\n"
@@ -164,6 +169,7 @@ class CellServer:
                 self.process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+        self.reader.join(timeout=1)  # it closes the reports' pipe
 
 
 def _kill(pid: int) -> None:
