@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import re
 import sys
 import warnings
@@ -129,7 +130,7 @@ def check_cells(spec: SweepSpec, cells: Sequence[Cell], commands: Sequence[Seque
     """Parse each cell's fit command as ``grpo-lightning fit`` does and refuse a cell whose resolved
     class, seed or axis values differ from its label. Cells run by another interpreter (``python``)
     are parsed by it, not here: the check is left out, with a warning."""
-    if cells and Path(spec.python).resolve() != Path(sys.executable).resolve():
+    if cells and os.path.abspath(spec.python) != os.path.abspath(sys.executable):  # another venv's python links here too
         warnings.warn(f"python: the cells run with {spec.python}, so their resolved configs are not checked "
                       "against their names here.", stacklevel=2)  # fmt: skip
         return

@@ -119,3 +119,7 @@ def test_cells_run_by_another_interpreter_are_not_checked_here_and_say_so(tmp_pa
     cells = spec.cells()
     with pytest.warns(UserWarning, match="resolved configs are not checked"):
         labels.check_cells(spec, cells, [cell_command(spec, c, tmp_path / c.name, "/m") for c in cells])
+    (tmp_path / "venv_python").symlink_to(sys.executable)  # another virtual environment's python: a link to this one
+    spec = SweepSpec.from_dict(spec_dict(tmp_path, python=str(tmp_path / "venv_python"), args={"model": "variants.GRPO"}))
+    with pytest.warns(UserWarning, match="resolved configs are not checked"):
+        labels.check_cells(spec, cells, [cell_command(spec, c, tmp_path / c.name, "/m") for c in cells])
