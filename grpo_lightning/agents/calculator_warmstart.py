@@ -31,7 +31,7 @@ from grpo_lightning.agents.chat_tokens import ChatTokens
 from grpo_lightning.agents.tool_environment import ToolEnvironment
 from grpo_lightning.data.arithmetic import format_target, make_arithmetic_dataset
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.quickstart.supervised import SupervisedSettings, mean_losses, train_steps
+from grpo_lightning.quickstart.supervised import SupervisedSettings, mean_losses, padded_rows, train_steps
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_model_and_tokenizer
 from grpo_lightning.quickstart.cached_build import MARKER_FILE, build_once, default_cache_dir, environment, records_key
 
@@ -156,26 +156,13 @@ def train_calculator_model(settings: CalculatorWarmStartSettings) -> tuple[torch
         for prompt, answer in zip(train["prompt"], train["answer"])
         for call in (False, True)
     ]
-    width = max(len(ids) for ids, _ in rows)
-    if width > settings.max_position_embeddings:
-        raise ValueError(f"transcripts are {width} tokens long but max_position_embeddings={settings.max_position_embeddings}")
-    input_ids, attention_mask, labels = padded_transcripts(rows, tokenizer.pad_token_id)
-
+    input_ids, attention_mask, labels = padded_rows(rows, tokenizer.pad_token_id)
+    if input_ids.shape[1] > settings.max_position_embeddings:
+        raise ValueError(f"transcripts are {input_ids.shape[1]} tokens long but max_position_embeddings={settings.max_position_embeddings}")
     batch = opening_controlled_batches(input_ids, attention_mask, labels, settings.call_fraction, settings.batch_size)
-
     after_step, losses = mean_losses(settings.steps)
-
     model, _ = train_steps(settings, config, settings.steps, batch, after_step)
     return model, tokenizer, losses
-
-
-def padded_transcripts(rows: list[tuple[list[int], list[int]]], pad_token_id: int) -> tuple[torch.Tensor, ...]:
-    """``input_ids``, ``attention_mask`` and ``labels`` of transcripts, right-padded to the longest."""
-    width = max(len(ids) for ids, _ in rows)
-    input_ids = torch.tensor([ids + [pad_token_id] * (width - len(ids)) for ids, _ in rows])
-    attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
-    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
-    return input_ids, attention_mask, labels
 
 
 def opening_controlled_batches(

@@ -28,11 +28,11 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from grpo_lightning.agents.calculator import CalculatorEnvironment
-from grpo_lightning.agents.calculator_warmstart import episode_transcript, opening_controlled_batches, padded_transcripts
+from grpo_lightning.agents.calculator_warmstart import episode_transcript, opening_controlled_batches
 from grpo_lightning.agents.chat_tokens import ChatTokens
 from grpo_lightning.data.arithmetic import make_arithmetic_dataset
 from grpo_lightning.quickstart.cached_build import MARKER_FILE, build_once, default_cache_dir, environment, records_key
-from grpo_lightning.quickstart.supervised import fit_steps, mean_losses
+from grpo_lightning.quickstart.supervised import fit_steps, mean_losses, padded_rows
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def fine_tune_on_transcripts(settings: ChatWarmStartSettings) -> tuple[torch.nn.
 
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     tokenizer = load_tokenizer(settings.base, "model")
-    input_ids, attention_mask, labels = padded_transcripts(chat_transcripts(tokenizer, settings), tokenizer.pad_token_id)
+    input_ids, attention_mask, labels = padded_rows(chat_transcripts(tokenizer, settings), tokenizer.pad_token_id)
     batches = opening_controlled_batches(input_ids, attention_mask, labels, settings.call_fraction, settings.batch_size)
     logger.info("Warm-starting %s on calculator transcripts: %d steps on %s", settings.base, settings.steps, device)
     after_step, losses = mean_losses(settings.steps)

@@ -28,9 +28,9 @@ import json
 import os
 import shutil
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 from grpo_lightning.errors import ConfigError

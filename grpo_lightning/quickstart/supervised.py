@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,3 +111,13 @@ def mean_losses(steps: int, every: int = 50) -> tuple[Callable[[int, float, torc
         return False
 
     return after_step, losses
+
+
+def padded_rows(rows: Sequence[tuple[list[int], list[int]]], pad_token_id: int) -> tuple[torch.Tensor, ...]:
+    """``input_ids``, ``attention_mask`` and ``labels`` of ``(ids, labels)`` rows, right-padded to the
+    longest (``pad_token_id``, attention 0, label ``-100``)."""
+    width = max(len(ids) for ids, _ in rows)
+    input_ids = torch.tensor([ids + [pad_token_id] * (width - len(ids)) for ids, _ in rows])
+    attention_mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
+    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
+    return input_ids, attention_mask, labels

@@ -36,7 +36,7 @@ from grpo_lightning.quickstart.cached_build import (
     environment,
     read_marker,
 )
-from grpo_lightning.quickstart.supervised import SupervisedSettings, train_steps
+from grpo_lightning.quickstart.supervised import SupervisedSettings, padded_rows, train_steps
 from grpo_lightning.quickstart.tiny import TEXT_ALPHABET, build_char_tokenizer, save_model_and_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -194,21 +194,12 @@ def supervised_batch_tensors(
     tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], answers: Sequence[str]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` (``-100`` except on the completion)."""
-    rows: list[tuple[list[int], list[int]]] = []
+    rows = []
     for prompt, answer in zip(prompts, answers, strict=True):
         prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-        completion_ids = tokenizer.encode(format_target(answer), add_special_tokens=False)
-        rows.append((prompt_ids, completion_ids + [tokenizer.eos_token_id]))
-    length = max(len(p) + len(c) for p, c in rows)
-    input_ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
-    labels = torch.full((len(rows), length), -100, dtype=torch.long)
-    for i, (prompt_ids, completion_ids) in enumerate(rows):
-        end = len(prompt_ids) + len(completion_ids)
-        input_ids[i, :end] = torch.tensor(prompt_ids + completion_ids)
-        attention_mask[i, :end] = 1
-        labels[i, len(prompt_ids) : end] = torch.tensor(completion_ids)
-    return input_ids, attention_mask, labels
+        completion_ids = tokenizer.encode(format_target(answer), add_special_tokens=False) + [tokenizer.eos_token_id]
+        rows.append((prompt_ids + completion_ids, [-100] * len(prompt_ids) + completion_ids))
+    return padded_rows(rows, tokenizer.pad_token_id)
 
 
 def training_prompts(settings: WarmStartSettings, count: int) -> list[str]:
