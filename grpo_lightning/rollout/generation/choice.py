@@ -228,7 +228,9 @@ def resolve_engine(
         parts["decode"]["triton_kernels"] = kernels
         warm |= {part for part in ("decode", "logprobs") if is_warm(part, parts[part])}
         weighed = (static and options.compile is None, static, any(automatic[1:]))
-        choice = compile_choices(replace(fit, warm=frozenset(warm)), target.num_layers, *weighed)
+        explicit = {"decode": static and options.compile, "logprobs": options.model_compile or options.logprob_compile}
+        already = frozenset(part for part, on in explicit.items() if on)
+        choice = compile_choices(replace(fit, warm=frozenset(warm)), target.num_layers, *weighed, already=already)
         compile_decode, compile_logprob = choice.compile, choice.logprob_passes
         notes.append(f"engine compilation auto: {choice.reason}.")
     model_compile = options.model_compile

@@ -24,47 +24,70 @@ def compiled(plan) -> tuple[bool, bool, bool]:
 
 
 def test_a_short_fit_compiles_nothing_and_says_why():
-    # 5 steps of 256 tokens: the decode step saves 4.5e-5 x 24 x 256 x 5 = 1.4 s for 16 s; the
-    # log-prob passes 9e-3 x 24 x 5 = 1.1 s for 11.5 s.
+    # W1's eager step: 24 x (5.3e-3 + 2.93e-4 x 256) = 1.927 s, so 5 steps take 9.6 s. Compiled, the decode
+    # step saves 24 x (1.36e-3 + 4.03e-5 x 256) = 0.280 s a step and the log-prob passes 24 x (9.8e-4 +
+    # 4.5e-5 x 256) = 0.300 s, for 12 + 3 + 6 = 21 s on a cold cache: 21 + 5 x 1.347 = 27.7 s.
     plan = resolve_engine(EngineOptions(), W1_SHAPE, fit=FitLength(max_steps=5, max_time_s=None, max_new_tokens=256))
     assert plan.rollout == "static" and compiled(plan) == (False, False, False)
     # The Triton kernels save (1e-5 x 24 + 8.4e-5) x 256 x 5 = 0.4 s for 25 s: their torch fallbacks decode.
     assert not plan.triton_kernels and plan.decode_attention == "sdpa"
     (note,) = plan.notes
     assert note == (
-        "engine compilation auto: over ~5 steps of 256 tokens, 24 layers: decode step off (cold cache: saves ~1 s, "
-        "costs ~16 s); log-prob passes off (cold cache: saves ~1 s, costs ~12 s); Triton kernels off, their torch "
-        "fallbacks instead (cold cache: saves ~0 s, costs ~25 s)."
+        "engine compilation auto: over ~5 steps of 256 tokens, 24 layers, ~1.93 s each uncompiled: decode step off; "
+        "log-prob passes off (compiled on a cold cache: ~28 s for the steps, not: ~10 s); Triton kernels off, their "
+        "torch fallbacks instead (cold cache: saves ~0 s, costs ~25 s)."
     )
 
 
 def test_a_long_fit_compiles_everything():
-    # 500 steps: the decode step saves 0.276 x 500 = 138 s > 16 s, the log-prob passes 0.216 x 500 = 108 s > 11.5 s,
-    # the Triton kernels 0.083 x 500 = 41 s > 25 s.
+    # 500 steps: 21 + 500 x 1.347 = 695 s compiled against 500 x 1.927 = 964 s; the Triton kernels save
+    # 0.083 x 500 = 41 s > 25 s.
     plan = resolve_engine(EngineOptions(), W1_SHAPE, fit=FitLength(max_steps=500, max_time_s=None, max_new_tokens=256))
     assert compiled(plan) == (True, True, True)
     assert plan.triton_kernels and plan.decode_attention == "auto"
 
 
 def test_a_warm_cache_makes_compiling_pay_back_sooner():
-    # 30 steps: the decode step saves 8.3 s against 16 s cold, 0.28 x 16 = 4.5 s warm; the log-prob
-    # passes 6.5 s against 11.5 s cold, 3.2 s warm.
+    # 30 steps: 57.8 s uncompiled; cold, 21 + 30 x 1.347 = 61.4 s with both parts (the decode step alone
+    # 15 + 30 x 1.647 = 64.4 s, the log-prob passes alone 18 + 30 x 1.627 = 66.8 s); warm, 1.5 + 0.5 + 0.5
+    # + 40.4 = 42.9 s.
     cold = FitLength(max_steps=30, max_time_s=None, max_new_tokens=256)
     warm = FitLength(max_steps=30, max_time_s=None, max_new_tokens=256, warm=frozenset({"decode", "logprobs"}))
     assert compiled(resolve_engine(EngineOptions(), W1_SHAPE, fit=cold)) == (False, False, False)
     assert compiled(resolve_engine(EngineOptions(), W1_SHAPE, fit=warm)) == (True, True, True)
 
 
-def test_a_three_minute_budget_on_the_small_recipe_compiles_only_the_log_prob_passes():
-    # Eager steps of 30 x (1.25e-3 x 16 + 0.02) = 1.2 s: 180 s hold 150 steps (fewer than max_steps 500).
-    # Decode step: 4.5e-5 x 30 x 16 x 150 = 3.2 s saved for 16 s; log-prob passes 0.27 x 150 = 40 s for 11.5 s.
-    fit = FitLength(max_steps=500, max_time_s=180.0, max_new_tokens=16)
-    plan = resolve_engine(EngineOptions(), SMOLLM2, fit=fit)
-    assert compiled(plan) == (False, True, True)
-    assert "over ~150 steps of 16 tokens" in plan.notes[0]
-    # Half a minute holds 25 steps: the log-prob passes save 6.8 s for 11.5 s, so nothing is compiled.
+def test_a_minute_on_the_small_recipe_compiles_only_on_a_warm_cache():
+    # SmolLM2's eager step: 30 x (5.3e-3 + 2.93e-4 x 16) = 0.300 s, so 43 s hold 144 steps. Both parts save
+    # 30 x (1.36e-3 + 4.03e-5 x 16) + 30 x (9.8e-4 + 4.5e-5 x 16) = 0.111 s, for steps of 0.189 s: (43 - 21) /
+    # 0.189 = 117 steps on a cold cache, (43 - 2.5) / 0.189 = 215 on a warm one (measured: 103 and 154).
+    cold = FitLength(max_steps=1_000_000, max_time_s=43.0, max_new_tokens=16)
+    plan = resolve_engine(EngineOptions(), SMOLLM2, fit=cold)
+    assert compiled(plan) == (False, False, False)
+    assert "over ~144 steps of 16 tokens" in plan.notes[0] and "~117 steps in the time left, not: ~144" in plan.notes[0]
+    warm = FitLength(max_steps=1_000_000, max_time_s=43.0, max_new_tokens=16, warm=frozenset({"decode", "logprobs"}))
+    assert compiled(resolve_engine(EngineOptions(), SMOLLM2, fit=warm)) == (True, True, True)
+
+
+def test_three_minutes_on_the_small_recipe_compile_everything():
+    # 180 s would hold 601 eager steps, so max_steps 500 bounds the fit: 150 s uncompiled, 21 + 500 x 0.189
+    # = 115 s compiled on a cold cache.
+    plan = resolve_engine(EngineOptions(), SMOLLM2, fit=FitLength(max_steps=500, max_time_s=180.0, max_new_tokens=16))
+    assert compiled(plan) == (True, True, True)
+    assert "~115 s for the steps, not: ~150 s" in plan.notes[0]
+    # Half a minute holds 100 eager steps against (30 - 21) / 0.189 = 48 with both compiled, (30 - 15) /
+    # 0.240 = 63 with the decode step alone, (30 - 18) / 0.249 = 48 with the log-prob passes alone.
     plan = resolve_engine(EngineOptions(), SMOLLM2, fit=FitLength(max_steps=500, max_time_s=30.0, max_new_tokens=16))
     assert compiled(plan) == (False, False, False)
+
+
+def test_a_part_compiled_anyway_has_paid_the_compiler_s_start():
+    # compile=True: the decode step is compiled whatever the estimate, so the log-prob passes cost 6 s more,
+    # not 18: (43 - 6) / 0.189 = 196 steps against 43 / 0.240 = 180.
+    fit = FitLength(max_steps=1_000_000, max_time_s=43.0, max_new_tokens=16)
+    plan = resolve_engine(EngineOptions(compile=True), SMOLLM2, fit=fit)
+    assert compiled(plan) == (True, True, True)
+    assert "~196 steps in the time left, not: ~180" in plan.notes[0]
 
 
 def test_explicit_settings_are_kept_whatever_the_estimate():

@@ -113,10 +113,10 @@ def smollm2_target(record=None):
 
 
 def test_a_minute_on_a_cold_triton_cache_decodes_with_the_torch_fallbacks_and_says_why(caches):
-    # ~50 eager steps of 1.2 s in a minute: the kernels save (1e-5 x 30 + 8.4e-5) x 16 x 50 = 0.3 s for 25 s cold.
+    # 200 eager steps of 0.30 s in a minute: the kernels save (1e-5 x 30 + 8.4e-5) x 16 x 200 = 1.2 s for 25 s cold.
     plan = resolve_engine(EngineOptions(), smollm2_target(), fit=ONE_MINUTE)
     assert plan.rollout == "static" and not plan.triton_kernels and plan.decode_attention == "sdpa"
-    assert "Triton kernels off, their torch fallbacks instead (cold cache: saves ~0 s, costs ~25 s)" in plan.notes[-1]
+    assert "Triton kernels off, their torch fallbacks instead (cold cache: saves ~1 s, costs ~25 s)" in plan.notes[-1]
     assert "kernels" not in plan.compiled  # nothing to record as compiled
 
 
@@ -125,7 +125,7 @@ def test_a_warm_triton_cache_keeps_the_kernels_and_says_so(caches):
     CompileRecord.here(SMOLLM2).mark("kernels", KERNELS)
     plan = resolve_engine(EngineOptions(), smollm2_target(), fit=ONE_MINUTE)
     assert plan.triton_kernels and plan.decode_attention == "auto"
-    assert "Triton kernels on (warm cache: saves ~0 s, costs ~0 s)" in plan.notes[-1]
+    assert "Triton kernels on (warm cache: saves ~1 s, costs ~0 s)" in plan.notes[-1]
 
 
 def test_explicit_attention_settings_are_kept_whatever_the_cache(caches):
@@ -143,10 +143,10 @@ def test_what_a_run_marks_is_what_the_next_run_finds_warm(caches):
     assert set(first.compiled) == {"decode", "logprobs", "kernels"} and "warm" not in first.notes[-1]
     first.mark_compiled("decode", "logprobs", "kernels")
     second = resolve_engine(EngineOptions(), smollm2_target(), fit=long_fit)
-    assert second.notes[-1].count("warm cache") == 3
+    assert "compiled on a warm cache" in second.notes[-1] and "Triton kernels on (warm cache" in second.notes[-1]
     # A short run keeps its Triton kernels now, and weighs its graphs at the warm cost.
     short = resolve_engine(EngineOptions(), smollm2_target(), fit=ONE_MINUTE)
-    assert short.triton_kernels and "log-prob passes on (warm cache" in short.notes[-1]
+    assert short.triton_kernels and "log-prob passes on (compiled on a warm cache" in short.notes[-1]
 
 
 def test_the_sampler_builds_the_engine_on_the_fallbacks_the_plan_chose_and_marks_once(make_module):
