@@ -59,6 +59,15 @@ def run_forked(command: Sequence[str], log_path: str | Path, env: Mapping[str, s
     return _server(env).run(list(command[3:]), dict(env), os.getcwd(), str(log_path), timeout_s)
 
 
+def start_server(env: Mapping[str, str]) -> None:
+    """Start a server for ``env`` where none runs, without waiting for its imports: a sweep starts it
+    before checking its cells, so that the server and the check import the CLI at the same time."""
+    global _current
+    with _server_lock:
+        if _current is None:
+            _current = CellServer(env)
+
+
 def _server(env: Mapping[str, str]) -> CellServer:
     """The running server, if its imports ran under ``env`` in this working directory, or a new one."""
     global _current

@@ -213,6 +213,13 @@ def _parse_only_cli(arguments: list[str]) -> Any:
         def _set_seed(self) -> None:  # no global seeding in the sweep's own process
             pass
 
+        def parse_arguments(self, parser: Any, args: Any) -> None:
+            argv, sys.argv = sys.argv, sys.argv[:1]  # the sweep's own command line is not this command's
+            try:
+                super().parse_arguments(parser, args)
+            finally:
+                sys.argv = argv
+
         def before_instantiate_classes(self) -> None:
             pass
 

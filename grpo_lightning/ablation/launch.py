@@ -77,6 +77,10 @@ class HydraLaunch:
     def local(self) -> bool:
         return is_local(self.target)
 
+    @property
+    def in_this_process(self) -> bool:
+        return self.target == BASIC  # the basic launcher runs each job here, one after another
+
     def __call__(self, spec: SweepSpec, cells: Sequence[Cell]) -> list[CellResult]:
         from hydra.core.global_hydra import GlobalHydra
         from hydra.core.hydra_config import HydraConfig

@@ -158,8 +158,7 @@ def launch(command: Sequence[str], log, env: Mapping[str, str] | None, timeout_s
     """Run the fit command with its output in ``log``; its exit status (124 after a timeout). The
     CLI run by this interpreter is forked from a process that imported it once (:mod:`.cell_process`);
     another command is a subprocess."""
-    full_env = {**os.environ, **(env or {})}
-    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    full_env = cell_environment(env)
     returncode = None
     if cell_process.can_fork(command):
         log.flush()
@@ -173,6 +172,13 @@ def launch(command: Sequence[str], log, env: Mapping[str, str] | None, timeout_s
     if returncode == 124:
         log.write(f"\n[grpo-lightning-ablate] stopped after the cell timeout of {timeout_s} s\n")
     return returncode
+
+
+def cell_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A cell's environment: this process's, with its slot's variables (``env``) and unbuffered output."""
+    full_env = {**os.environ, **(env or {})}
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    return full_env
 
 
 def _run_subprocess(command: Sequence[str], log, env: Mapping[str, str], timeout_s: float | None) -> int:
@@ -234,6 +240,7 @@ class Launch(Protocol):
 
     name: str  # recorded in provenance.json
     local: bool  # whether the cells run on this machine
+    in_this_process: bool  # whether this process starts the cells' processes (one after another)
 
     def __call__(self, spec: SweepSpec, cells: Sequence[Cell]) -> Iterable[CellResult]: ...
 
@@ -245,6 +252,7 @@ class InProcess:
 
     local: bool = True
     name: str = "in-process"
+    in_this_process: bool = True
 
     def __call__(self, spec: SweepSpec, cells: Sequence[Cell]) -> Iterator[CellResult]:
         model = resolve_model(spec)
@@ -267,15 +275,20 @@ def _run_cells(spec: SweepSpec, todo: Sequence[Cell], results: dict[Cell, CellRe
             provenance.append_record(spec.output_dir, provenance.finish_record(record, monitor, statuses))
 
 
-def check_sweep(spec: SweepSpec, cells: Sequence[Cell]) -> None:
+def check_sweep(spec: SweepSpec, cells: Sequence[Cell], start_cell_server: bool = False) -> None:
     """Refuse to run ``cells`` unless each runs what its name says (``labels``) and each finished
-    one was run with the spec's settings; before any cell runs, and again in each launcher job."""
+    one was run with the spec's settings; before any cell runs, and again in each launcher job.
+    ``start_cell_server``: the cells will be started from this process, so the server they are
+    forked from (:mod:`.cell_process`) starts importing before the check of their configs, which
+    imports the CLI here."""
     for cell in cells:
         variant_config(cell.variant)  # fail on a misspelt variant before any work
     for note in labels.check_shared_files(spec):  # a base config that sets an arm's class is refused
         logger.info("%s", note)
     unfinished = [cell for cell in cells if not is_done(spec.output_dir / cell.name)]
     commands = [cell_command(spec, cell, spec.output_dir / cell.name, spec.model) for cell in unfinished]
+    if start_cell_server and commands and cell_process.can_fork(commands[0]):
+        cell_process.start_server(cell_environment())
     labels.check_cells(spec, unfinished, commands)  # each cell's resolved config against its name
     changed = [cell.name for cell in cells if is_done(spec.output_dir / cell.name) and _settings_changed(spec, cell)]
     if changed:
@@ -291,7 +304,8 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], launch: Launch | None = None)
     if not isinstance(spec, SweepSpec):
         spec = SweepSpec.from_dict(spec)
     cells = spec.cells()
-    check_sweep(spec, cells)
+    launch = launch or InProcess()
+    check_sweep(spec, cells, start_cell_server=launch.in_this_process)
     spec.output_dir.mkdir(parents=True, exist_ok=True)
     results: dict[Cell, CellResult] = {}
     todo = []
@@ -302,7 +316,7 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], launch: Launch | None = None)
         else:
             todo.append(cell)
     if todo:
-        _run_cells(spec, todo, results, launch or InProcess())
+        _run_cells(spec, todo, results, launch)
     ordered = [results[c] for c in cells]
     counts = {s: sum(r.status == s for r in ordered) for s in ("done", "skipped", "failed")}
     logger.info(

@@ -88,3 +88,31 @@ def test_a_forked_cell_of_two_ddp_processes_starts_its_second_as_python_m_would(
         status = ablate.launch(command, log, ONE_THREAD, timeout_s=300)
     text = (tmp_path / "train.log").read_text()
     assert status == 0 and "MEMBER: 2/2" in text and "fit finished: 1 / 1" in text, text[-2000:]
+
+
+def test_a_sweep_starts_its_cell_server_before_it_checks_its_cells(tmp_path, monkeypatch):
+    """The check parses every cell's command here, importing the CLI; the server imports it meanwhile.
+    A launcher that starts the cells elsewhere gets no server here."""
+
+    class Stop(Exception):
+        pass
+
+    def check_cells(spec, cells, commands):
+        servers.append(cell_process._current)
+        raise Stop
+
+    monkeypatch.setattr(cell_process, "_current", None)
+    monkeypatch.setattr(ablate.labels, "check_cells", check_cells)
+    spec = {"output_dir": str(tmp_path / "sweep"), "base_configs": BASE, "model": "/m", "variants": ["grpo"], "seeds": [0]}
+    servers: list = []
+    for launch in (ablate.InProcess(in_this_process=False), ablate.InProcess()):
+        try:
+            ablate.run_sweep(spec, launch)
+        except Stop:
+            pass
+    elsewhere, here = servers
+    assert elsewhere is None and here is not None
+    try:
+        assert here.serves(ablate.cell_environment(ONE_THREAD))  # the cells' environment, per-cell variables aside
+    finally:
+        here.close()

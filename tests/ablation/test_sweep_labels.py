@@ -123,3 +123,17 @@ def test_cells_run_by_another_interpreter_are_not_checked_here_and_say_so(tmp_pa
     spec = SweepSpec.from_dict(spec_dict(tmp_path, python=str(tmp_path / "venv_python"), args={"model": "variants.GRPO"}))
     with pytest.warns(UserWarning, match="resolved configs are not checked"):
         labels.check_cells(spec, cells, [cell_command(spec, c, tmp_path / c.name, "/m") for c in cells])
+
+
+def test_the_check_parses_each_cell_as_its_own_command_line(tmp_path, monkeypatch):
+    """Not with the sweep's own arguments beside it, which Lightning would warn of in every sweep."""
+    import warnings
+
+    monkeypatch.setattr(sys, "argv", ["grpo-lightning-ablate", "--config-name", "smoke"])
+    spec = SweepSpec.from_dict(spec_dict(tmp_path))
+    cells = spec.cells()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        labels.check_cells(spec, cells, [cell_command(spec, c, tmp_path / c.name, "/m") for c in cells])
+    assert not [w for w in caught if "sys.argv" in str(w.message)]
+    assert sys.argv == ["grpo-lightning-ablate", "--config-name", "smoke"]
