@@ -245,7 +245,20 @@ def load_tokenizer(name: str, field: str = "tokenizer"):
     from transformers import AutoTokenizer
 
     source = dense_copy(resolve_model_source(name, field))
-    tokenizer = AutoTokenizer.from_pretrained(source.location, **source.from_pretrained_kwargs())
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source.location, **source.from_pretrained_kwargs())
+    except OSError as error:  # transformers' own message is the outermost; the innermost is a socket's
+        if looks_local(source.location):
+            raise
+        from huggingface_hub import constants
+
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        offline = ("HF_HUB_OFFLINE is set, so only the hub's local cache is read" if constants.HF_HUB_OFFLINE else
+                   "on a machine without internet, set HF_HUB_OFFLINE=1 to fail at once instead of after retries")  # fmt: skip
+        raise ModelSourceError(
+            f"{field}: {name!r} is not a local directory, and the hub did not give it ({reason}); "
+            f"check the id, or give a local directory ({offline})."
+        ) from error
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

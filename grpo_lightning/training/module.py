@@ -225,7 +225,8 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         (:func:`grpo_lightning.models.policy.load_models`: FSDP sharding, LoRA adapters)."""
         if self.policy is not None:
             return
-        self.tokenizer = load_tokenizer(self.tokenizer_name)
+        field = "policy.tokenizer" if self.policy_options.tokenizer else "model"  # the setting that named it
+        self.tokenizer = load_tokenizer(self.tokenizer_name, field)
         strategy = self.trainer.strategy if self._trainer is not None else None
         self.policy, self.ref_model = load_models(
             self.model_name, self.hparams.policy, self.needs_reference_model(), strategy

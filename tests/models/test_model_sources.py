@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from grpo_lightning.models import sources as model_sources
-from grpo_lightning.models.sources import ModelSource, ModelSourceError, resolve_model_source
+from grpo_lightning.models.sources import ModelSource, ModelSourceError, load_tokenizer, resolve_model_source
 from grpo_lightning.training.settings import ConfigError
 
 
@@ -132,3 +132,14 @@ def test_a_warm_start_of_a_model_is_trained_from_that_model_which_must_exist(mon
         check_model_path("model", "warmstart:calculator:warmstart:quickstart")
     with pytest.raises(ModelSourceError, match="'warmstart:quickstart:.*' is no built-in warm start"):
         check_model_path("model", f"warmstart:quickstart:{base}")
+
+
+def test_a_hub_id_the_hub_cannot_give_is_refused_naming_the_setting(monkeypatch):
+    """Offline here, as on this project's machines: transformers' outermost message, not a socket's."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ModelSourceError) as refused:
+        load_tokenizer("someorg/no-such-model", "policy.tokenizer")
+    message = str(refused.value)
+    assert message.startswith("policy.tokenizer: 'someorg/no-such-model' is not a local directory, and the hub")
+    assert "HF_HUB_OFFLINE is set" in message and "Errno" not in message
