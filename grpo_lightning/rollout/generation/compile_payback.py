@@ -120,7 +120,8 @@ class _Outcome:
 def _outcome(fit: FitLength, parts: frozenset[str], already: frozenset[str], num_layers: int) -> _Outcome:
     """Steps and seconds of the fit with ``parts`` compiled besides ``already`` (compiled anyway)."""
     tokens = fit.max_new_tokens
-    step_s = eager_step_s(num_layers, tokens) - sum(saved_s(p, num_layers, tokens) for p in parts | already)
+    eager = eager_step_s(num_layers, tokens)
+    step_s = max(eager - sum(saved_s(p, num_layers, tokens) for p in parts | already), 0.1 * eager)
     cost = compile_cost_s(parts | already, fit.warm) - compile_cost_s(already, fit.warm)
     steps = float("inf") if fit.max_steps is None else float(fit.max_steps)
     if fit.max_time_s is not None:
@@ -177,12 +178,13 @@ def compile_choices(
     parts = ["; ".join(f"{PART_NAMES[p]} {'on' if p in best.parts else 'off'}" for p in sorted(weighed))]
     if weighed:
         parts[0] += f" ({_comparison(fit, everything, eager)})"
+    kernels = True
     if triton_kernels:
         kernels, kernel_saving, kernel_cost = _triton_estimate(fit, num_layers)
         off = "off, their torch fallbacks instead"
         parts.append(_weighed("Triton kernels", kernels, kernel_saving, kernel_cost, "kernels" in fit.warm, off))
     reason = f"{_horizon(fit, num_layers)}: " + "; ".join(part for part in parts if part)
-    return CompileChoice("decode" in best.parts, "logprobs" in best.parts, reason)
+    return CompileChoice("decode" in best.parts, "logprobs" in best.parts, reason, kernels)
 
 
 def _horizon(fit: FitLength, num_layers: int) -> str:
