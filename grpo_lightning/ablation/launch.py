@@ -119,8 +119,8 @@ def run_cell_job(spec: SweepSpec) -> CellResult:
     if spec.cell not in by_name:
         raise SweepError(f"cell: the sweep has no cell {spec.cell!r}; its cells: {sorted(by_name)}.")
     index, cell = by_name[spec.cell]
-    check_sweep(spec, [cell])
+    check_sweep(spec, [cell], announce=False)  # the sweep's own check said its notes
     cell_dir = spec.output_dir / cell.name
     if is_done(cell_dir):
         return CellResult(cell, cell_dir, "skipped")
-    return run_local_cell(spec, cell, resolve_model(spec), index, local=is_local(launcher_target()))
+    return run_local_cell(spec, cell, resolve_model(spec, announce=False), index, local=is_local(launcher_target()))

@@ -33,13 +33,14 @@ SLOTS_DIR = "_slots"
 SLOT_POLL_S = 1.0
 
 
-def resolve_model(spec: SweepSpec) -> str | None:
-    """The ``--model.model`` value of every cell; ``warmstart`` trains (or reuses) the tiny model once."""
+def resolve_model(spec: SweepSpec, announce: bool = True) -> str | None:
+    """The ``--model.model`` value of every cell; ``warmstart`` trains (or reuses) the tiny model once.
+    ``announce``: say so (a launcher job, which resolves it again, does not)."""
     if spec.model != WARMSTART:
         return spec.model
     from grpo_lightning.quickstart.warmstart import warm_start
 
-    logger.info("Resolving model: warmstart %s", spec.warmstart or "(defaults)")
+    logger.log(logging.INFO if announce else logging.DEBUG, "Resolving model: warmstart %s", spec.warmstart or "(defaults)")
     return str(warm_start(**spec.warmstart))
 
 
@@ -275,16 +276,17 @@ def _run_cells(spec: SweepSpec, todo: Sequence[Cell], results: dict[Cell, CellRe
             provenance.append_record(spec.output_dir, provenance.finish_record(record, monitor, statuses))
 
 
-def check_sweep(spec: SweepSpec, cells: Sequence[Cell], start_cell_server: bool = False) -> None:
+def check_sweep(spec: SweepSpec, cells: Sequence[Cell], start_cell_server: bool = False, announce: bool = True) -> None:
     """Refuse to run ``cells`` unless each runs what its name says (``labels``) and each finished
-    one was run with the spec's settings; before any cell runs, and again in each launcher job.
+    one was run with the spec's settings; before any cell runs, and again in each launcher job
+    (``announce`` False: the notes the first check logged are not logged again).
     ``start_cell_server``: the cells will be started from this process, so the server they are
     forked from (:mod:`.cell_process`) starts importing before the check of their configs, which
     imports the CLI here."""
     for cell in cells:
         variant_config(cell.variant)  # fail on a misspelt variant before any work
     for note in labels.check_shared_files(spec):  # a base config that sets an arm's class is refused
-        logger.info("%s", note)
+        logger.log(logging.INFO if announce else logging.DEBUG, "%s", note)
     unfinished = [cell for cell in cells if not is_done(spec.output_dir / cell.name)]
     commands = [cell_command(spec, cell, spec.output_dir / cell.name, spec.model) for cell in unfinished]
     if start_cell_server and commands and cell_process.can_fork(commands[0]):

@@ -137,3 +137,15 @@ def test_the_check_parses_each_cell_as_its_own_command_line(tmp_path, monkeypatc
         labels.check_cells(spec, cells, [cell_command(spec, c, tmp_path / c.name, "/m") for c in cells])
     assert not [w for w in caught if "sys.argv" in str(w.message)]
     assert sys.argv == ["grpo-lightning-ablate", "--config-name", "smoke"]
+
+
+def test_the_sweep_says_its_notes_once_and_a_launcher_job_does_not_repeat_them(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(labels, "check_cells", lambda spec, cells, commands: None)  # parsing: tested above
+    spec = SweepSpec.from_dict(spec_dict(tmp_path))
+    note = "seeds replaces seed_everything (0)"
+    with caplog.at_level(logging.INFO, logger="grpo_lightning.ablation.sweep"):
+        ablate.check_sweep(spec, spec.cells())
+        assert note in caplog.text
+        caplog.clear()
+        ablate.check_sweep(spec, spec.cells()[:1], announce=False)  # what each launcher job runs
+        assert note not in caplog.text
