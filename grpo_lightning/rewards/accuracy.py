@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Iterable
 from fractions import Fraction
 from typing import Any
 
@@ -110,3 +111,11 @@ def accuracy_reward(prompts: list[Any], completions: list[Any], answer: list[Any
         None if reference is None else float(answers_match(extract_answer(completion_text(completion)), reference))
         for completion, reference in zip(completions, answer)
     ]
+
+
+def start_math_verify_for(functions: Iterable[Callable]) -> None:
+    """Start math-verify's child in the background (:func:`math_verifier.start_in_background`) when one of
+    ``functions`` is :func:`accuracy_reward`, whose comparisons may need it: its imports then run while a
+    fit loads its model, not at the first answer that is no plain number."""
+    if any(function is accuracy_reward for function in functions):
+        math_verifier.start_in_background()

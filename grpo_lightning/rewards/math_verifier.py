@@ -4,6 +4,10 @@ math-verify's own timeouts use ``signal.alarm``, which only a main thread may se
 answers take longer than any training step (``10^{10^{10}}``). So the comparisons run in a child process
 with those timeouts off; one that runs past ``DEADLINE_SECONDS`` ends the child (its memory with it) and
 counts as a mismatch, and the next comparison starts a new child. This works from any thread.
+
+The child's imports (math-verify and sympy) take 0.5 s on a desktop and over 3 s on some GPU images, so a
+fit starts it in the background while it loads its model (:func:`start_in_background`): the first
+comparison then finds it ready instead of waiting for them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ READY = "ready"
 _lock = threading.RLock()
 _child: subprocess.Popen | None = None
 _replies: queue.SimpleQueue | None = None
+_ready = False  # the child has said READY
 _failed_to_start = False
 
 
@@ -60,22 +65,42 @@ def equivalent(predicted: str, reference: str) -> bool | None:
         return reply == "1"
 
 
-def _started() -> queue.SimpleQueue | None:
-    """The running child's reply queue, starting the child if there is none; ``None`` if it cannot start."""
-    global _child, _replies, _failed_to_start
-    if _child is not None and _child.poll() is None:
-        return _replies
-    stop()  # a child that has exited on its own
+def start_in_background() -> None:
+    """Start the child without waiting for its imports, unless one runs (or math-verify is missing)."""
+    if _failed_to_start or not available():
+        return
+    with _lock:
+        if _child is None or _child.poll() is not None:
+            stop()  # a child that has exited on its own
+            _spawn()
+
+
+def _spawn() -> None:
+    global _child, _replies
     try:
         _child = subprocess.Popen(
             [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
         )
-        _replies = queue.SimpleQueue()
-        threading.Thread(target=_forward, args=(_child.stdout, _replies), daemon=True).start()
-        ready = _replies.get(timeout=STARTUP_SECONDS) == READY
-    except (OSError, queue.Empty):
-        ready = False
-    if not ready:
+    except OSError:
+        _child = None
+        return
+    _replies = queue.SimpleQueue()
+    threading.Thread(target=_forward, args=(_child.stdout, _replies), daemon=True).start()
+
+
+def _started() -> queue.SimpleQueue | None:
+    """The running child's reply queue, once it is ready; a child is started if none runs (or has
+    exited); ``None`` if it cannot start."""
+    global _ready, _failed_to_start
+    if _child is None or (_ready and _child.poll() is not None):  # none, or one that has exited after its start
+        stop()
+        _spawn()
+    if not _ready:
+        try:
+            _ready = _child is not None and _replies.get(timeout=STARTUP_SECONDS) == READY
+        except queue.Empty:
+            _ready = False
+    if not _ready:
         stop()
         _failed_to_start = True
         warnings.warn("math-verify did not start (see the error above); answers are compared without it.")
@@ -94,8 +119,9 @@ def _forward(stream, replies: queue.SimpleQueue) -> None:
 @atexit.register
 def stop() -> None:
     """End the child; the next comparison starts a new one."""
-    global _child
+    global _child, _ready
     with _lock:
+        _ready = False
         if _child is not None:
             _child.kill()
             _child.wait()

@@ -63,6 +63,7 @@ from grpo_lightning.training.metrics import EVERY_STEP_METRICS, StepMetrics
 from grpo_lightning.training.options import GROUPS, EvaluationOptions, KLOptions, LossOptions, OptimOptions, PolicyOptions
 from grpo_lightning.training.options import RewardOptions, SamplingOptions, resolve_groups
 from grpo_lightning.rewards import RewardScorer, RewardScores, resolve_reward_function, weighted_reward
+from grpo_lightning.rewards.accuracy import start_math_verify_for
 from grpo_lightning.rollout.types import Rollout, SamplingParams
 from grpo_lightning.training.settings import DTYPES, ConfigError, check_before_loading, check_datasets, check_model
 from grpo_lightning.training.settings import check_options_apply, resolve_rewards
@@ -219,6 +220,8 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
 
     def setup(self, stage: str) -> None:
         check_before_loading(self, stage)  # what settings and data say before configure_model loads the model
+        in_this_process = [] if self.reward_scorer.execution.workers else self.reward_functions  # else in the workers
+        start_math_verify_for(function for _, function in [*in_this_process, self.accuracy_function])
 
     def configure_model(self) -> None:
         """Load tokenizer, policy and, when the loss needs one, the frozen reference model

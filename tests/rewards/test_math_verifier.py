@@ -100,3 +100,36 @@ def test_a_comparison_past_the_deadline_is_a_mismatch_and_the_next_one_works(mon
 def test_answers_are_given_to_math_verify_as_latex():
     assert math_verifier.as_latex(r" \frac{1}{2} ") == r"$\frac{1}{2}$"
     assert math_verifier.as_latex(r"it is $\frac{1}{2}$") == r"it is $\frac{1}{2}$"
+
+
+@needs_math_verify
+def test_a_child_started_in_the_background_is_the_one_the_first_comparison_uses():
+    math_verifier.stop()
+    math_verifier.start_in_background()  # returns without waiting for the child's imports
+    child = math_verifier._child
+    assert child is not None and child.poll() is None and not math_verifier._ready
+    math_verifier.start_in_background()  # one runs already: no second child
+    assert math_verifier._child is child
+    assert answers_match(r"\sqrt{\frac{1}{4}}", "1/2")
+    assert math_verifier._child is child and math_verifier._ready
+
+
+def test_without_math_verify_nothing_starts_in_the_background(without_math_verify):
+    math_verifier.stop()
+    math_verifier.start_in_background()
+    assert math_verifier._child is None
+
+
+@pytest.mark.parametrize("reward_is_accuracy", [True, False])
+def test_a_fit_whose_rewards_compare_answers_starts_math_verify_at_setup(reward_is_accuracy, make_module, monkeypatch):
+    from grpo_lightning.training import module as training_module
+    from variants import GRPO
+
+    started = []
+    monkeypatch.setattr(math_verifier, "start_in_background", lambda: started.append(True))
+    funcs = ["grpo_lightning.rewards.accuracy_reward"] if reward_is_accuracy else ["tests.conftest.length_parity_reward"]
+    module = make_module(GRPO, configure=False, rewards={"funcs": funcs},
+                         evaluation={"accuracy_func": funcs[0]})  # fmt: skip
+    monkeypatch.setattr(training_module, "check_before_loading", lambda *args: None)  # needs a Trainer
+    module.setup("fit")
+    assert started == ([True] if reward_is_accuracy else [])
