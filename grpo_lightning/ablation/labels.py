@@ -134,10 +134,10 @@ def check_cells(spec: SweepSpec, cells: Sequence[Cell], commands: Sequence[Seque
         warnings.warn(f"python: the cells run with {spec.python}, so their resolved configs are not checked "
                       "against their names here.", stacklevel=2)  # fmt: skip
         return
-    parser = None
+    global _checking_parser
     for cell, command in zip(cells, commands):
         arguments = list(command[command.index("fit"):])
-        parser, resolved = parse_fit_command(arguments, cell.name, parser)
+        _checking_parser, resolved = parse_fit_command(arguments, cell.name, _checking_parser)
         expected = variant_class(cell.variant)
         got = str(resolved.get("model.class_path"))
         if not same_class(got, expected):
@@ -156,6 +156,10 @@ def check_cells(spec: SweepSpec, cells: Sequence[Cell], commands: Sequence[Seque
                 raise SweepError(
                     f"cell {cell.name}: its resolved {key} is {cli_value(got)}, not {cli_value(value)} as its name says."
                 )
+
+
+#: The parser :func:`check_cells` built first, kept for the checks a launcher's jobs make in this process.
+_checking_parser: Any = None
 
 
 def _lookup(resolved: Any, key: str) -> tuple[bool, Any]:
