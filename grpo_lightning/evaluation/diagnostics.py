@@ -361,7 +361,10 @@ class HealthChecks(Callback):
         )
         for check in self.checks[:-1]:  # at the optimizer step the update's metrics are logged at
             self._warn(trainer, check, check.observe(trainer.global_step, metrics))
-        pl_module.log_dict({f"health/{c.name}": float(c.count) for c in self.checks}, on_step=True, on_epoch=False)
+        counts = {f"health/{c.name}": float(c.count) for c in self.checks}
+        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in counts.items()})
+        if getattr(pl_module, "logger_row", None) is not None:  # a step the loggers get: in its row
+            pl_module.logger_row.update(counts)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         accuracy = trainer.callback_metrics.get("val/accuracy")

@@ -188,6 +188,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         self.last_step_metrics: dict[str, float] = {}  # every metric of the last training step
         self.last_rollout, self.last_advantages = None, None  # the last step's scored rollout, its advantages
         self.logged_steps = 0  # training steps logged: with an update, or counted by skip_update
+        self.logger_row: dict[str, float] | None = None  # the loggers' row of this step (log_step)
 
     def option_values(self) -> dict[str, Any]:
         """Every option of the groups by its dotted name (``loss.delta``), and the parts and environment."""
@@ -386,20 +387,34 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
     # ------------------------------------------------------------------ logging
 
     def log_step(self) -> None:
-        """Log the step's metrics (:func:`grpo_lightning.training.metrics.metrics_to_log`): means over every
-        device's rollouts, generated tokens summed over devices; all of them are kept in
-        ``last_step_metrics``; the x-axis and counters of :func:`grpo_lightning.training.metrics.counters`."""
+        """Log the step's metrics: means over every device's rollouts, generated tokens summed over
+        devices, the x-axis and counters of :func:`grpo_lightning.training.metrics.counters`. All of them
+        are kept in ``last_step_metrics``. The loss, reward and KL go through ``self.log`` at every step.
+        On the steps the Trainer writes to its loggers (every ``log_every_n_steps``) all of them go into
+        ``trainer.callback_metrics`` and ``trainer.logged_metrics``, and to the loggers after the
+        callbacks' hooks (:meth:`on_train_batch_end`), with what these add to ``logger_row``."""
         values = self.step_metrics.compute_and_reset(gather=resume.gather_over_ranks)
         values["perf/generated_tokens"] = float(sum(resume.gather_over_ranks(self.generated_tokens)))
         values["perf/flops"] = float(sum(resume.gather_over_ranks(self.compute.flops(policy_parameters(self.policy)))))
         values.update(metrics.counters(self.trained_rollouts, self.generation_batches, self.global_step))
         self.logged_steps += 1
         self.last_step_metrics = values
-        # The Trainer writes to its loggers every log_every_n_steps steps (True where it does not say).
+        others, progress = metrics.every_step_metrics(values)
+        self.log_dict(others, on_step=True, on_epoch=False, logger=False)
+        self.log_dict(progress, on_step=True, on_epoch=False, prog_bar=True, logger=False)
         connector = getattr(self._trainer, "_logger_connector", None)
-        others, progress = metrics.metrics_to_log(values, bool(getattr(connector, "should_update_logs", True)))
-        self.log_dict(others, on_step=True, on_epoch=False)
-        self.log_dict(progress, on_step=True, on_epoch=False, prog_bar=True)
+        if self._trainer is not None and bool(getattr(connector, "should_update_logs", True)):
+            tensors = metrics.as_tensors(values)
+            self.trainer.callback_metrics.update(tensors)
+            if self.trainer.loggers:  # as Lightning keeps what it gives them
+                self.trainer.logged_metrics.update(tensors)
+            self.logger_row = dict(values)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """The step's row to the loggers (:func:`grpo_lightning.training.metrics.write_to_loggers`)."""
+        row, self.logger_row = self.logger_row, None
+        if row is not None:
+            metrics.write_to_loggers(self.trainer, row)
 
     def drop_stale_row(self) -> None:
         """No logger row for a batch without an update (Lightning would write the last one again)."""

@@ -156,15 +156,13 @@ def test_the_scorer_counts_nan_scores_of_training_rollouts_but_not_none():
 
 
 class FakeModule:
-    """What the callback reads of the LightningModule, and what it logs."""
+    """What the callback reads of the LightningModule, and the rows it adds to for the loggers
+    (``logged``: one per step, each step one the loggers get)."""
 
     def __init__(self) -> None:
-        self.logged_steps, self.last_step_metrics, self.logged = 0, {}, []
+        self.logged_steps, self.last_step_metrics, self.logged, self.logger_row = 0, {}, [], None
         self.reward_functions = [("exact", lambda prompts, completions, **c: [math.nan] * len(completions))]
         self.reward_scorer, self.step_metrics = RewardScorer(RewardExecution(on_error="zero")), StepMetrics()
-
-    def log_dict(self, values, **kwargs) -> None:
-        self.logged.append(values)
 
     def step(self, callback, trainer, nan: bool = False, **metrics: float) -> None:
         """One training step: the callback's hooks around it, a rollout of 2 scored if ``nan``."""
@@ -174,8 +172,9 @@ class FakeModule:
             self.reward_scorer.contain(self, None, scores)
         self.logged_steps += 1
         trainer.global_step += 1  # one optimizer step per update
-        self.last_step_metrics = metrics
+        self.last_step_metrics, self.logger_row = metrics, {}
         callback.on_train_batch_end(trainer, self, None, None, 0)
+        self.logged.append(self.logger_row)
 
 
 def fake_trainer(tmp_path: Path) -> SimpleNamespace:
@@ -196,6 +195,7 @@ def test_the_callback_warns_once_per_check_and_logs_its_step_count_every_step(tm
     ]
     assert [values["health/equal_rewards"] for values in module.logged] == [0.0, 1.0, 2.0, 3.0]
     assert set(module.logged[0]) == {f"health/{name}" for name in CHECKS}
+    assert float(trainer.callback_metrics["health/equal_rewards"]) == 3.0
 
 
 def test_the_callback_counts_nan_scores_of_the_steps_reward_functions(tmp_path):
@@ -213,10 +213,11 @@ def test_a_batch_that_ends_without_a_training_step_is_not_counted(tmp_path):
     callback, module = HealthChecks(patience=1), FakeModule()
     trainer = fake_trainer(tmp_path)
     module.step(callback, trainer, frac_reward_zero_std=1.0)
+    module.logger_row = {}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         callback.on_train_batch_end(trainer, module, None, None, 1)  # DAPO filling its batch: no new step
-    assert callback.checks[0].count == 1 and len(module.logged) == 1
+    assert callback.checks[0].count == 1 and module.logger_row == {}
 
 
 def test_health_json_has_one_row_per_check_in_the_report_format(tmp_path, capsys):
@@ -244,7 +245,7 @@ def test_disabled_the_callback_does_nothing(tmp_path):
     module.step(callback, trainer, frac_reward_zero_std=1.0)
     callback.on_fit_end(trainer, module)
     callback.teardown(trainer, module, "fit")
-    assert module.logged == [] and not (tmp_path / "health.json").exists()
+    assert module.logged == [{}] and not (tmp_path / "health.json").exists()
 
 
 def test_the_summary_is_plain_ascii_with_one_line_per_row():

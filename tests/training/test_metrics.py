@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grpo_lightning.training.metrics import EVERY_STEP_METRICS, PhaseTimer, StepMetrics, metrics_to_log
+from grpo_lightning.training.metrics import PhaseTimer, StepMetrics, every_step_metrics
 
 
 def test_step_metrics_merge_weighted_means_minima_and_maxima_over_processes():
@@ -60,13 +60,11 @@ def test_step_metrics_log_a_value_as_it_was_when_added():
     assert metrics.compute_and_reset() == {"loss": (2.0 + 36.0) / 4}
 
 
-def test_every_step_logs_the_loss_reward_and_kl_and_logger_steps_log_all():
+def test_every_step_gives_self_log_the_loss_reward_and_kl_as_cpu_tensors():
     values = {"loss": 1.0, "reward": 0.5, "kl": 0.01, "entropy": 2.0, "perf/step_s": 0.1}
-    others, progress = metrics_to_log(values, loggers_write=False)
-    assert set(others) | set(progress) == set(EVERY_STEP_METRICS)
-    assert set(progress) == {"reward", "kl"}
-    others, progress = metrics_to_log(values, loggers_write=True)
-    assert set(others) == {"loss", "entropy", "perf/step_s"} and set(progress) == {"reward", "kl"}
+    others, progress = every_step_metrics(values)
+    assert set(others) == {"loss"} and set(progress) == {"reward", "kl"}
+    assert all(v.device.type == "cpu" and float(v) == pytest.approx(values[k]) for k, v in {**others, **progress}.items())
 
 
 def test_phase_timer_adds_one_duration_per_phase_under_perf():
@@ -77,3 +75,14 @@ def test_phase_timer_adds_one_duration_per_phase_under_perf():
             pass
     values = metrics.compute_and_reset()
     assert set(values) == {"perf/rollout_s"} and 0 <= values["perf/rollout_s"] <= timer.total()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_values_on_the_gpu_and_on_the_cpu_are_read_together_in_order():
+    metrics = StepMetrics()
+    metrics.update("loss", torch.tensor(2.0, device="cuda"))
+    metrics.update("perf/step_s", 0.5)
+    metrics.update("loss", torch.tensor(4.0, device="cuda"), weight=3.0)
+    metrics.update("length", torch.tensor(7.0), reduce="max")
+    metrics.update("length", torch.tensor(9.0, device="cuda"), reduce="max")
+    assert metrics.compute_and_reset() == {"loss": (2.0 + 12.0) / 4, "perf/step_s": 0.5, "length": 9.0}

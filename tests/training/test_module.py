@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import logging
 import math
 from pathlib import Path
@@ -113,6 +114,28 @@ def test_every_metric_reaches_the_loggers_on_their_steps(tiny_model_dir, tmp_pat
         # A step's metrics are written under the optimizer steps taken, its own included.
         assert [e.step for e in scalars] == [2, 4], name
         assert [e.value for e in scalars] == pytest.approx([seen[2][name], seen[4][name]]), name
+
+
+def test_a_csv_logger_gets_one_row_per_step_and_the_trainer_keeps_what_was_logged(tiny_model_dir, tmp_path):
+    """Every metric of a step reaches a CSV logger in one row, under the optimizer steps taken; the
+    trainer's ``logged_metrics`` and ``callback_metrics`` hold them as ``self.log`` would leave them."""
+    seen = {}
+
+    class Record(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen[trainer.global_step] = ({k: float(v) for k, v in trainer.logged_metrics.items()},
+                                         {k: float(v) for k, v in trainer.callback_metrics.items()})  # fmt: skip
+
+    logger = L.pytorch.loggers.CSVLogger(tmp_path, name="csv")
+    trainer = make_trainer(tmp_path, max_steps=2, logger=logger, limit_val_batches=0, callbacks=[Record()])
+    trainer.fit(module(tiny_model_dir), small_data())
+    rows = list(csv.DictReader(open(Path(logger.log_dir) / "metrics.csv")))
+    assert [int(row["step"]) for row in rows] == [1, 2]
+    assert all(row["reward"] and row["entropy"] and row["perf/step_s"] for row in rows)
+    last = trainer.lightning_module.last_step_metrics
+    logged, callback = seen[2]
+    for name in ("reward", "entropy", "grad_norm", "step"):
+        assert logged[name] == pytest.approx(last[name]) and callback[name] == pytest.approx(last[name]), name
 
 
 def test_checkpoint_holds_the_policy_but_not_the_reference_model(tiny_model_dir, tmp_path):
