@@ -49,7 +49,10 @@ class StepMetrics:
             raise ValueError(f"reduce must be one of {', '.join(_COMBINE)}, got {reduce!r}")
         # Copies: a tensor changed in place later must not change what was logged.
         value = torch.as_tensor(value, dtype=torch.float32).detach().reshape(()).clone()
-        weight = torch.as_tensor(weight, dtype=torch.float32, device=value.device).detach().reshape(()).clone()
+        if isinstance(weight, Tensor):
+            weight = weight.detach().to(value.device, torch.float32).reshape(()).clone()
+        else:  # filled where the value is, not copied there: a copy to the GPU makes the host wait
+            weight = torch.full((), float(weight), dtype=torch.float32, device=value.device)
         self._pending.append((name, reduce, value, weight))
 
     def _apply_pending(self) -> None:

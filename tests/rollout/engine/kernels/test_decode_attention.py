@@ -24,12 +24,15 @@ needs_kernel = pytest.mark.skipif(not RUNS_HERE, reason="runs on CUDA or under T
 
 
 @pytest.mark.skipif(RUNS_HERE, reason="the kernel's tests run in this process")
-def test_the_kernel_under_triton_s_interpreter():
+@pytest.mark.parametrize(
+    "files",
+    [("test_fused_decode.py",),  # two halves of about 45 s each, which two test workers can run at once
+     ("kernels/test_decode_attention.py", "test_attention.py", "test_generator.py", "kernels/test_qkv.py",
+      "kernels/test_sampling.py")],
+    ids=["fused_decode", "attention_generation_sampling"],
+)  # fmt: skip
+def test_the_kernel_under_triton_s_interpreter(files):
     engine_tests = Path(__file__).resolve().parents[1]
-    files = (
-        "kernels/test_decode_attention.py", "test_attention.py", "test_generator.py", "test_fused_decode.py",
-        "kernels/test_qkv.py", "kernels/test_sampling.py",
-    )  # fmt: skip
     selected = [str(engine_tests / name) for name in files]
     env = dict(os.environ, TRITON_INTERPRET="1")
     result = subprocess.run(
