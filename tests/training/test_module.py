@@ -13,6 +13,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from grpo_lightning.data import ArithmeticDataModule
+from grpo_lightning.evaluation.diagnostics import HealthChecks
 from grpo_lightning.models.logprobs import completion_logprobs
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.training.module import EVERY_STEP_METRICS, ConfigError
@@ -127,11 +128,11 @@ def test_a_csv_logger_gets_one_row_per_step_and_the_trainer_keeps_what_was_logge
                                          {k: float(v) for k, v in trainer.callback_metrics.items()})  # fmt: skip
 
     logger = L.pytorch.loggers.CSVLogger(tmp_path, name="csv")
-    trainer = make_trainer(tmp_path, max_steps=2, logger=logger, limit_val_batches=0, callbacks=[Record()])
+    trainer = make_trainer(tmp_path, max_steps=2, logger=logger, limit_val_batches=0, callbacks=[Record(), HealthChecks()])
     trainer.fit(module(tiny_model_dir), small_data())
     rows = list(csv.DictReader(open(Path(logger.log_dir) / "metrics.csv")))
-    assert [int(row["step"]) for row in rows] == [1, 2]
-    assert all(row["reward"] and row["entropy"] and row["perf/step_s"] for row in rows)
+    assert [int(row["step"]) for row in rows] == [1, 2]  # the health counts of a step join its row
+    assert all(row["reward"] and row["entropy"] and row["perf/step_s"] and row["health/equal_rewards"] for row in rows)
     last = trainer.lightning_module.last_step_metrics
     logged, callback = seen[2]
     for name in ("reward", "entropy", "grad_norm", "step"):
