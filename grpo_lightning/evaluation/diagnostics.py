@@ -26,6 +26,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from grpo_lightning.evaluation.loggers import log_dir
 from grpo_lightning.rewards.scoring import RewardFunctionError
+from grpo_lightning.training.metrics import keep_as_logged
 from grpo_lightning.training.settings import require
 
 HEALTH_FILE = "health.json"
@@ -362,9 +363,10 @@ class HealthChecks(Callback):
         for check in self.checks[:-1]:  # at the optimizer step the update's metrics are logged at
             self._warn(trainer, check, check.observe(trainer.global_step, metrics))
         counts = {f"health/{c.name}": float(c.count) for c in self.checks}
-        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in counts.items()})
-        if getattr(pl_module, "logger_row", None) is not None:  # a step the loggers get: in its row
-            pl_module.logger_row.update(counts)
+        row = getattr(pl_module, "logger_row", None)  # a step the loggers get: the counts join its row
+        keep_as_logged(trainer, counts, loggers_write=row is not None)
+        if row is not None:
+            row.update(counts)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         accuracy = trainer.callback_metrics.get("val/accuracy")

@@ -140,6 +140,15 @@ def write_to_loggers(trainer: Any, row: dict[str, float]) -> None:
         logger.save()
 
 
+def keep_as_logged(trainer: Any, values: dict[str, float], loggers_write: bool) -> None:
+    """Put ``values`` where ``self.log`` would leave them: in ``trainer.callback_metrics``, and on a
+    step the loggers get (``loggers_write``, with a logger) in ``trainer.logged_metrics`` too."""
+    tensors = as_tensors(values)
+    trainer.callback_metrics.update(tensors)
+    if loggers_write and trainer.loggers:
+        trainer.logged_metrics.update(tensors)
+
+
 def as_tensors(values: dict[str, float]) -> dict[str, Tensor]:
     """``values`` as CPU tensors, as ``trainer.callback_metrics`` holds them."""
     return {k: torch.tensor(v) for k, v in values.items()}

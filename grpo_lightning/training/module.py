@@ -404,10 +404,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         self.log_dict(progress, on_step=True, on_epoch=False, prog_bar=True, logger=False)
         connector = getattr(self._trainer, "_logger_connector", None)
         if self._trainer is not None and bool(getattr(connector, "should_update_logs", True)):
-            tensors = metrics.as_tensors(values)
-            self.trainer.callback_metrics.update(tensors)
-            if self.trainer.loggers:  # as Lightning keeps what it gives them
-                self.trainer.logged_metrics.update(tensors)
+            metrics.keep_as_logged(self.trainer, values, loggers_write=True)
             self.logger_row = dict(values)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -137,6 +137,7 @@ def test_a_csv_logger_gets_one_row_per_step_and_the_trainer_keeps_what_was_logge
     logged, callback = seen[2]
     for name in ("reward", "entropy", "grad_norm", "step"):
         assert logged[name] == pytest.approx(last[name]) and callback[name] == pytest.approx(last[name]), name
+    assert "health/equal_rewards" in trainer.logged_metrics and "health/equal_rewards" in trainer.callback_metrics
 
 
 def test_checkpoint_holds_the_policy_but_not_the_reference_model(tiny_model_dir, tmp_path):
