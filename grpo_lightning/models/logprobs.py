@@ -296,7 +296,7 @@ class _ModelForwards:
         # Gradient checkpointing recomputes layers after the context: they are compiled with the whole pass.
         layers = None if checkpoints_activations(model) else repeated_layers(model)
         if layers is None and function not in self.compiled:
-            self.compiled[function] = torch.compile(function, dynamic=True)
+            self.compiled[function] = torch.compile(function)
         try:
             if layers is None:
                 return self.compiled[function](model, *args)

@@ -79,7 +79,7 @@ class CompiledPrefill:
     def __call__(self, decoder: Any, options: dict[str, Any], *args: Any) -> Any:
         """``decoder.prefill(*args)`` with Inductor ``options``; ``None`` if the compiler fails."""
         if self._compiled_layer is None:
-            self._compiled_layer = torch.compile(type(decoder).prefill_layer, dynamic=True, options=options)
+            self._compiled_layer = torch.compile(type(decoder).prefill_layer, options=options)
         try:
             return decoder.prefill(*args, layer_step=self._compiled_layer)
         except Exception as error:  # noqa: BLE001 - any compiler failure: prefill eagerly from now on
@@ -112,9 +112,7 @@ def _call_layer(layer: nn.Module, *args: Any, **kwargs: Any) -> Any:
 
 @functools.cache
 def _compiled_layer_call() -> Callable:
-    # Dynamic from the first call: lengths change every step, and a shape first seen mid-fit would
-    # otherwise recompile there (a cache another run filled holds only the shapes it saw).
-    return torch.compile(_call_layer, dynamic=True)
+    return torch.compile(_call_layer)
 
 
 @contextlib.contextmanager

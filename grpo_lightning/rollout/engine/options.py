@@ -45,8 +45,8 @@ class EngineOptions:
     with ``torch.compile``. ``None``: on CUDA."""
 
     model_compile: bool | None = None
-    """Run the model's forward and backward pass of the log-prob passes through ``torch.compile``,
-    with dynamic shapes from the first pass: new lengths and row counts never recompile. Sharded
+    """Run the model's forward and backward pass of the log-prob passes through ``torch.compile``
+    (the first passes compile; new lengths recompile once, then run with dynamic shapes). Sharded
     (FSDP) models run eagerly. ``None``: on CUDA for unsharded models."""
 
     fused_lm_head: bool | None = None
