@@ -325,3 +325,45 @@ def test_the_compiled_model_traces_one_decoder_layer_for_all_layers_and_both_mod
             assert counters["stats"]["unique_graphs"] == 2
     assert not logprobs._FORWARDS.failed
     compilation._compiled_layer_call.cache_clear()
+
+
+def test_the_compiled_model_reuses_its_graph_for_widths_of_one_multiple(tiny_model_dir, monkeypatch):
+    """A batch a few tokens shorter or longer, its width rounded up to the same multiple of
+    ``COMPILED_WIDTH_MULTIPLE``, runs the graphs already traced (one with gradients, one without):
+    no recompilation in the middle of a fit. The log-probs, entropies and gradients are those of the
+    eager model on the unpadded batch."""
+    from torch._dynamo.utils import counters
+
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda function, **kwargs: compile_(function, backend="eager", dynamic=kwargs.get("dynamic")))
+    monkeypatch.setattr(logprobs, "_FORWARDS", logprobs._ModelForwards())
+    from grpo_lightning.rollout.engine import compilation
+
+    compilation._compiled_layer_call.cache_clear()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    frozen = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).requires_grad_(False)
+    vocab, multiple = model.config.vocab_size, logprobs.COMPILED_WIDTH_MULTIPLE
+    torch._dynamo.reset()
+    counters.clear()
+    for prompt_length, completion_length in ((6, multiple - 6), (6, multiple - 9), (9, multiple - 11)):
+        prompt_ids, completion_ids = torch.randint(0, vocab, (4, prompt_length)), torch.randint(0, vocab, (4, completion_length))
+        prompt_mask, completion_mask = torch.ones_like(prompt_ids), torch.ones_like(completion_ids)
+        prompt_mask[0, :2] = 0
+        completion_mask[1, -2:] = 0
+        batch = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+        results = []
+        for compiled in (True, False):
+            with torch.no_grad():
+                frozen_logp, _ = completion_logprobs(frozen, *batch, with_entropy=False, compiled_model=compiled)
+            logp, entropy = completion_logprobs(model, *batch, compiled_model=compiled)
+            logp.sum().backward()
+            results.append((frozen_logp, logp, entropy, [p.grad.clone() for p in model.parameters()]))
+            model.zero_grad(set_to_none=True)
+        assert results[0][1].shape == (4, completion_length)
+        for got, expected in zip(results[0][:3], results[1][:3]):
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        for got, expected in zip(results[0][3], results[1][3]):
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+    assert counters["stats"]["unique_graphs"] == 2
+    assert not logprobs._FORWARDS.failed
+    compilation._compiled_layer_call.cache_clear()
