@@ -29,9 +29,10 @@ CHUNK_ELEMENTS = 2**26
 #: block starting at an unaligned row of the weight makes cuBLAS fall back to slow kernels
 #: (benchmarks/JOURNAL.md).
 _COLUMN_ALIGNMENT = 64
-#: The compiled model's passes see the sequence width rounded up to a multiple of this: a batch a few
-#: tokens shorter than the last (no completion ran to the limit) reuses its graph rather than
-#: recompiling in the middle of a fit, which took 7 s of a one-minute SmolLM2 fit (benchmarks/JOURNAL.md).
+#: The compiled model's passes see the sequence width rounded up to a multiple of this (the next one
+#: above): a batch a few tokens shorter than the last (no completion ran to the limit) reuses its graph
+#: rather than recompiling in the middle of a fit, which took 7 s of a one-minute SmolLM2 fit
+#: (benchmarks/JOURNAL.md).
 COMPILED_WIDTH_MULTIPLE = 16
 
 
@@ -355,23 +356,41 @@ def completion_logprobs(
     attention cost growing with its squared length.
 
     ``compiled_model``: run the model's forward (and so its backward) through ``torch.compile``
-    (:class:`_ModelForwards`), the completions padded so that the width is a multiple of
-    :data:`COMPILED_WIDTH_MULTIPLE`; sharded models run eagerly.
+    (:class:`_ModelForwards`), the completions padded by 1 to :data:`COMPILED_WIDTH_MULTIPLE` columns
+    to a width that is a multiple of it; sharded models run eagerly.
 
     A PEFT model runs as the Hugging Face model inside it, whose layers hold the adapters (and
     honour ``disable_adapter``): the fused head and packing then apply as to any model.
     """
     if hasattr(model, "get_base_model") and hasattr(model, "disable_adapter"):
         model = model.get_base_model()
-    extra = -(prompt_ids.size(1) + completion_ids.size(1)) % COMPILED_WIDTH_MULTIPLE
-    if extra and compiled_model and not packed and not _FORWARDS.failed and not is_sharded(model):
-        width = completion_ids.size(1)
+    width = completion_ids.size(1)
+    if compiled_model and not packed and not _FORWARDS.failed and not is_sharded(model):
+        # At least one column of padding: a mask that is never all ones, which transformers would drop,
+        # tracing the layer again without one.
+        extra = COMPILED_WIDTH_MULTIPLE - (prompt_ids.size(1) + width) % COMPILED_WIDTH_MULTIPLE
         completion_ids, completion_mask = (nn.functional.pad(t, (0, extra)) for t in (completion_ids, completion_mask))
-        logp, entropy = completion_logprobs(
-            model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, chunk_rows, with_entropy,
-            compiled, fused_head, packed, compiled_model,
-        )  # fmt: skip
-        return logp[:, :width], None if entropy is None else entropy[:, :width]
+    logp, entropy = _completion_logprobs(
+        model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature, chunk_rows, with_entropy,
+        compiled, fused_head, packed, compiled_model,
+    )  # fmt: skip
+    return logp[:, :width], None if entropy is None else entropy[:, :width]
+
+
+def _completion_logprobs(
+    model: nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    temperature: float,
+    chunk_rows: int | None,
+    with_entropy: bool,
+    compiled: bool,
+    fused_head: bool,
+    packed: bool,
+    compiled_model: bool,
+) -> tuple[Tensor, Tensor | None]:
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
     position_ids = position_ids_from_mask(attention_mask)

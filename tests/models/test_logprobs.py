@@ -330,8 +330,9 @@ def test_the_compiled_model_traces_one_decoder_layer_for_all_layers_and_both_mod
 def test_the_compiled_model_reuses_its_graph_for_widths_of_one_multiple(tiny_model_dir, monkeypatch):
     """A batch a few tokens shorter or longer, its width rounded up to the same multiple of
     ``COMPILED_WIDTH_MULTIPLE``, runs the graphs already traced (one with gradients, one without):
-    no recompilation in the middle of a fit. The log-probs, entropies and gradients are those of the
-    eager model on the unpadded batch."""
+    no recompilation in the middle of a fit. A batch without padding whose width is a multiple
+    already gets a column more, so transformers never drops its mask (a graph without one). The
+    log-probs, entropies and gradients are those of the eager model on the unpadded batch."""
     from torch._dynamo.utils import counters
 
     compile_ = torch.compile
@@ -345,11 +346,13 @@ def test_the_compiled_model_reuses_its_graph_for_widths_of_one_multiple(tiny_mod
     vocab, multiple = model.config.vocab_size, logprobs.COMPILED_WIDTH_MULTIPLE
     torch._dynamo.reset()
     counters.clear()
-    for prompt_length, completion_length in ((6, multiple - 6), (6, multiple - 9), (9, multiple - 11)):
+    # Widths of one multiple, the next above it, and a batch with no padding at all among them.
+    for prompt_length, completion_length, padded in ((6, multiple - 6, False), (9, multiple + 5, True), (10, multiple + 5, False)):
         prompt_ids, completion_ids = torch.randint(0, vocab, (4, prompt_length)), torch.randint(0, vocab, (4, completion_length))
         prompt_mask, completion_mask = torch.ones_like(prompt_ids), torch.ones_like(completion_ids)
-        prompt_mask[0, :2] = 0
-        completion_mask[1, -2:] = 0
+        if padded:
+            prompt_mask[0, :2] = 0
+            completion_mask[1, -2:] = 0
         batch = (prompt_ids, prompt_mask, completion_ids, completion_mask)
         results = []
         for compiled in (True, False):
