@@ -12,6 +12,7 @@ time was spent when the fit ends (:meth:`TimeBudget.summary`, shown by
 from __future__ import annotations
 
 import os
+import sys
 import time
 from datetime import timedelta
 from typing import Any
@@ -74,6 +75,12 @@ def remaining_seconds(trainer) -> float | None:
     return timers[0].time_remaining() if timers else None
 
 
+def compiled_graphs() -> int:
+    """Graphs ``torch.compile`` has compiled in this process so far (0 before Dynamo is imported)."""
+    dynamo_utils = sys.modules.get("torch._dynamo.utils")
+    return dynamo_utils.counters["stats"]["unique_graphs"] if dynamo_utils is not None else 0
+
+
 def _duration(seconds: float) -> str:
     minutes, seconds = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
@@ -97,6 +104,11 @@ class TimeBudget(Callback):
         self.first_step_ended: float | None = None
         self.ended: float | None = None
         self.steps = 0
+        self.compiling_steps = 0
+        """Steps after the first that compiled a graph (a shape or a path the compile cache had not seen), and
+        their seconds."""
+        self.compiling_steps_seconds = 0.0
+        self._step_started: tuple[float, int] | None = None
         self.validating = 0.0
         """Seconds in validation loops, ``validating_before_training`` of them before the first step."""
         self.validating_before_training = 0.0
@@ -126,13 +138,17 @@ class TimeBudget(Callback):
                            "the first training step; no step is taken.")  # fmt: skip
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step_started = (time.time(), compiled_graphs())
         if self.first_step_started is None:
-            self.first_step_started = time.time()
+            self.first_step_started = self._step_started[0]
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.steps += 1
         if self.first_step_ended is None:
             self.first_step_ended = time.time()
+        elif self._step_started is not None and compiled_graphs() > self._step_started[1]:
+            self.compiling_steps += 1
+            self.compiling_steps_seconds += time.time() - self._step_started[0]
         if self.exhausted(trainer):
             trainer.should_stop = True
 
@@ -166,7 +182,8 @@ class TimeBudget(Callback):
 
     def summary(self) -> str:
         """Where the time went since the process started: start-up and loading (imports, model, data;
-        validation excluded), validation, the first step (its compilation included) and the others."""
+        validation excluded), validation, the first step (its compilation included) and the others,
+        with the seconds of those that compiled."""
         end = self.ended or time.time()
         budget = f" (max_time {_duration(self.budget)})" if self.budget is not None else ""
         line = f"{_duration(end - self.start)} since {self.origin}{budget}"
@@ -180,4 +197,8 @@ class TimeBudget(Callback):
                 later_validation = self.validating - self.validating_before_training
                 later = max(end - self.first_step_ended - later_validation, 0.0)
                 parts.append(f"{self.steps - 1} more step{'s' if self.steps > 2 else ''} {_duration(later)}")
+                if self.compiling_steps:
+                    n = self.compiling_steps
+                    parts[-1] += (f" ({_duration(self.compiling_steps_seconds)} of them in {n} step{'s' if n > 1 else ''} "
+                                  "that compiled)")  # fmt: skip
         return f"{line}: " + ", ".join(parts)

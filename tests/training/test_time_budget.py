@@ -8,8 +8,10 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from grpo_lightning.training import time_budget
 from grpo_lightning.cli.app import GRPOLightningCLI
@@ -158,6 +160,27 @@ def test_the_account_splits_loading_validation_the_first_step_and_the_others():
     assert budget.summary() == (
         "3m11s since start (max_time 3m00s): start-up and loading 1m10s, validation 40s, "
         "first step (compilation included) 1m00s, 10 more steps 20s"
+    )
+
+
+def test_the_account_names_later_steps_that_compiled(monkeypatch):
+    """A step after the first that compiles a graph (a shape the cache had not seen: 7 s of a
+    one-minute SmolLM2 fit on a GPU) is counted apart; a step that only runs compiled code is not.
+    Dynamo's eager backend stands in for Inductor: what counts is that a graph is traced."""
+    now = [100.0]
+    monkeypatch.setattr(time_budget, "time", SimpleNamespace(time=lambda: now[0]))
+    budget = TimeBudget(start=0.0)
+    budget.train_started = 100.0
+    double = torch.compile(lambda x: 2 * x, backend="eager")
+    for shape, seconds in ((2, 5.0), (2, 0.5), (3, 7.0), (3, 0.5)):  # the first step compiles; the third meets a new shape
+        budget.on_train_batch_start(None, None, None, 0)
+        double(torch.ones(shape))
+        now[0] += seconds
+        budget.on_train_batch_end(None, None, None, None, 0)
+    budget.ended = now[0]
+    assert (budget.compiling_steps, budget.compiling_steps_seconds) == (1, 7.0)
+    assert budget.summary().endswith(
+        "first step (compilation included) 5s, 3 more steps 8s (7s of them in 1 step that compiled)"
     )
 
 
