@@ -224,6 +224,30 @@ def test_the_fused_head_in_bf16_on_cuda_matches_the_unfused_head(compiled):
         torch.testing.assert_close(fused, plain, rtol=2e-2, atol=2e-2)
 
 
+def policy_and_frozen_copy(model_dir):
+    """The model to train, and a frozen copy of it (as the reference model is)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return model, AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).requires_grad_(False)
+
+
+@pytest.fixture
+def eager_compile_graphs(monkeypatch):
+    """Dynamo's counters, cleared, with ``torch.compile`` on Dynamo's eager backend (which graphs are
+    traced is Dynamo's business, so it stands in for Inductor) and a fresh compiled layer call."""
+    from torch._dynamo.utils import counters
+
+    from grpo_lightning.rollout.engine import compilation
+
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda function, **kwargs: compile_(function, backend="eager", dynamic=kwargs.get("dynamic")))
+    monkeypatch.setattr(logprobs, "_FORWARDS", logprobs._ModelForwards())
+    compilation._compiled_layer_call.cache_clear()
+    torch._dynamo.reset()
+    counters.clear()
+    yield counters
+    compilation._compiled_layer_call.cache_clear()
+
+
 def ragged_batch(vocab: int):
     """Left-padded prompts and completions of different lengths (padding after each EOS)."""
     torch.manual_seed(0)
@@ -268,8 +292,7 @@ def test_the_compiled_model_gives_the_eager_log_probs_and_gradients(tiny_model_d
     """``compiled_model``: the policy (with gradients) and a frozen copy (without) through
     ``torch.compile`` on the CPU, padded and packed, fused head or not, against the eager model."""
     torch._dynamo.reset()
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    frozen = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).requires_grad_(False)
+    model, frozen = policy_and_frozen_copy(tiny_model_dir)
     batch = ragged_batch(model.config.vocab_size)
     weights = torch.randn(3, 5)
     for options in ({}, {"fused_head": True}, {"packed": True}):
@@ -289,24 +312,14 @@ def test_the_compiled_model_gives_the_eager_log_probs_and_gradients(tiny_model_d
     assert not logprobs._FORWARDS.failed
 
 
-def test_the_compiled_model_traces_one_decoder_layer_for_all_layers_and_both_models(tiny_model_dir, monkeypatch):
+def test_the_compiled_model_traces_one_decoder_layer_for_all_layers_and_both_models(tiny_model_dir, eager_compile_graphs):
     """Regional compilation: one graph for the policy's layers (with gradients) and one for the
     frozen copy's, not one per layer, gradient checkpointing or not. Dynamo's eager backend stands
     in for Inductor (which graphs are traced is Dynamo's business)."""
-    from torch._dynamo.utils import counters
-
-    compile_ = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda function, **kwargs: compile_(function, backend="eager"))
-    monkeypatch.setattr(logprobs, "_FORWARDS", logprobs._ModelForwards())
-    from grpo_lightning.rollout.engine import compilation
-
-    compilation._compiled_layer_call.cache_clear()
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    frozen = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).requires_grad_(False)
+    counters = eager_compile_graphs
+    model, frozen = policy_and_frozen_copy(tiny_model_dir)
     assert model.config.num_hidden_layers == 2
     batch = ragged_batch(model.config.vocab_size)
-    torch._dynamo.reset()
-    counters.clear()
     for checkpointing in (False, True):
         if checkpointing:
             enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
@@ -324,28 +337,17 @@ def test_the_compiled_model_traces_one_decoder_layer_for_all_layers_and_both_mod
         if not checkpointing:
             assert counters["stats"]["unique_graphs"] == 2
     assert not logprobs._FORWARDS.failed
-    compilation._compiled_layer_call.cache_clear()
 
 
-def test_the_compiled_model_reuses_its_graph_for_widths_of_one_multiple(tiny_model_dir, monkeypatch):
+def test_the_compiled_model_reuses_its_graph_for_widths_of_one_multiple(tiny_model_dir, eager_compile_graphs):
     """A batch a few tokens shorter or longer, its width rounded up to the same multiple of
     ``COMPILED_WIDTH_MULTIPLE``, runs the graphs already traced (one with gradients, one without):
     no recompilation in the middle of a fit. A batch without padding whose width is a multiple
     already gets a column more, so transformers never drops its mask (a graph without one). The
     log-probs, entropies and gradients are those of the eager model on the unpadded batch."""
-    from torch._dynamo.utils import counters
-
-    compile_ = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda function, **kwargs: compile_(function, backend="eager", dynamic=kwargs.get("dynamic")))
-    monkeypatch.setattr(logprobs, "_FORWARDS", logprobs._ModelForwards())
-    from grpo_lightning.rollout.engine import compilation
-
-    compilation._compiled_layer_call.cache_clear()
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    frozen = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).requires_grad_(False)
+    counters = eager_compile_graphs
+    model, frozen = policy_and_frozen_copy(tiny_model_dir)
     vocab, multiple = model.config.vocab_size, logprobs.COMPILED_WIDTH_MULTIPLE
-    torch._dynamo.reset()
-    counters.clear()
     # Widths of one multiple, the next above it, and a batch with no padding at all among them.
     for prompt_length, completion_length, padded in ((6, multiple - 6, False), (9, multiple + 5, True), (10, multiple + 5, False)):
         prompt_ids, completion_ids = torch.randint(0, vocab, (4, prompt_length)), torch.randint(0, vocab, (4, completion_length))
@@ -369,4 +371,3 @@ def test_the_compiled_model_reuses_its_graph_for_widths_of_one_multiple(tiny_mod
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
     assert counters["stats"]["unique_graphs"] == 2
     assert not logprobs._FORWARDS.failed
-    compilation._compiled_layer_call.cache_clear()
