@@ -49,6 +49,7 @@ __all__ = [
     "sequence_mean_token_mean",
     "sequence_mean_token_sum",
     "constant_normalized_sum",
+    "left_padding_last",
     "position_ids_from_mask",
 ]
 
@@ -425,6 +426,24 @@ def constant_normalized_sum(
     total = masked_sum(loss, mask).to(_acc_dtype(loss.dtype))
     denom = _denominator(num_sequences, loss) * max_tokens
     return (total / denom).to(loss.dtype)
+
+
+def left_padding_last(attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """The column order that moves each row's left padding to its end, and each row's shift.
+
+    A position of left padding attends to no key at all (every key up to it is padding), and for
+    such rows some fused attention kernels give NaN gradients to the whole batch, though nothing
+    there is scored (cuDNN's, at some widths, on an H200: ``benchmarks/JOURNAL.md``). In the new
+    order every position sees its row's first real token; the tokens keep their order and, through
+    :func:`position_ids_from_mask`, their positions.
+
+    ``attention_mask``: ``[N, L]`` -> ``(order, shift)``: ``x.gather(1, order)`` reorders a ``[N, L]``
+    tensor; ``shift`` ``[N]`` counts each row's leading padding, so column ``c`` moves to ``c - shift``.
+    """
+    width = attention_mask.size(1)
+    shift = (attention_mask.long().cumsum(-1) == 0).sum(-1)
+    order = (torch.arange(width, device=attention_mask.device) + shift[:, None]) % width
+    return order, shift
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
 from grpo_lightning.rollout.engine.compilation import checkpoints_activations, layers_compiled, repeated_layers
-from grpo_lightning.algorithms.functional import position_ids_from_mask
+from grpo_lightning.algorithms.functional import left_padding_last, position_ids_from_mask
 from grpo_lightning.training.strategies import is_sharded
 
 #: fp32 elements converted at a time when ``chunk_rows`` is not given (256 MB).
@@ -393,22 +393,30 @@ def _completion_logprobs(
 ) -> tuple[Tensor, Tensor | None]:
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
-    position_ids = position_ids_from_mask(attention_mask)
     completion_length = completion_ids.size(1)
     counted = completion_mask.bool()
-    head = plain_lm_head(model) if fused_head else None
-    if head is None and not packed:
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
-        logits = _FORWARDS.run(_logits, compiled_model, model, inputs, completion_length + 1)
-        # The logit at position t predicts token t + 1: drop the last one.
-        logits = logits[:, -completion_length - 1 : -1]
-        logp, entropy = token_logprobs_from_logits(logits, completion_ids, temperature, chunk_rows, with_entropy, compiled)
-        return logp.masked_fill(~counted, 0.0), None if entropy is None else entropy.masked_fill(~counted, 0.0)
-
-    # Only the counted tokens from here on (selecting them waits for the device once).
     # The state at position t predicts token t + 1: these positions predict the counted tokens.
     predicts = torch.zeros_like(attention_mask, dtype=torch.bool)
     predicts[:, -completion_length - 1 : -1] = counted
+    if not packed:  # no position attends to nothing (NaN gradients from some attention kernels)
+        order, shift = left_padding_last(attention_mask)
+        input_ids, attention_mask, predicts = (t.gather(1, order) for t in (input_ids, attention_mask, predicts))
+    position_ids = position_ids_from_mask(attention_mask)
+    head = plain_lm_head(model) if fused_head else None
+    if head is None and not packed:
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        # Row i's completion starts ``shift[i]`` columns earlier: keep the logits of every row's
+        # (reading the longest shift waits for the device once), then each row's own window.
+        most = int(shift.max())
+        logits = _FORWARDS.run(_logits, compiled_model, model, inputs, completion_length + 1 + most)
+        logp, entropy = token_logprobs_from_logits(
+            logits[:, :-1], input_ids[:, -completion_length - most :], temperature, chunk_rows, with_entropy, compiled
+        )  # fmt: skip
+        window = (most - shift)[:, None] + torch.arange(completion_length, device=shift.device)
+        logp, entropy = logp.gather(1, window), None if entropy is None else entropy.gather(1, window)
+        return logp.masked_fill(~counted, 0.0), None if entropy is None else entropy.masked_fill(~counted, 0.0)
+
+    # Only the counted tokens from here on (selecting them waits for the device once).
     if packed:
         if (counted[:, 1:] & ~counted[:, :-1]).any():
             raise ValueError("packed log-probs need each row's completion_mask to be ones then zeros (no holes)")

@@ -63,13 +63,17 @@ class ValueModel(nn.Module):
         where ``completion_mask`` is 0."""
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
+        order, shift = F.left_padding_last(attention_mask)  # no position attends to nothing
+        input_ids, attention_mask = input_ids.gather(1, order), attention_mask.gather(1, order)
         hidden = self.backbone(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=F.position_ids_from_mask(attention_mask),
             use_cache=False,
         ).last_hidden_state  # fmt: skip
-        # The state at position p has read the tokens up to p: the one before token t is s_t.
+        # The state at position p has read the tokens up to p: the one before token t is s_t, at
+        # column S - 1 + t of row i before its padding moved, S - 1 + t - shift[i] now.
         length = completion_ids.size(1)
-        hidden = hidden[:, -length - 1 : -1]
+        before = prompt_ids.size(1) - 1 - shift[:, None] + torch.arange(length, device=shift.device)
+        hidden = hidden.gather(1, before[..., None].expand(-1, -1, hidden.size(-1)))
         values = self.head(hidden).squeeze(-1).float()
         return values.masked_fill(completion_mask == 0, 0.0)
 

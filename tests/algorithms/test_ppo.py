@@ -137,6 +137,28 @@ def test_the_value_model_loads_from_the_policy_checkpoint_and_gives_a_value_per_
     assert not torch.allclose(after[:, 3:], before[:, 3:])
 
 
+
+def test_the_values_are_those_of_the_left_padded_batch_and_no_position_attends_to_nothing(tiny_model_dir):
+    """The backbone gets each row's left padding at its end (a position attending to no key made
+    cuDNN's attention give NaN gradients on an H200); the values are the left-padded batch's."""
+    model = load_value_model(tiny_model_dir, "float32", None)
+    torch.nn.init.normal_(model.head.weight)
+    masks = []
+    model.backbone.register_forward_pre_hook(lambda module, args, kwargs: masks.append(kwargs["attention_mask"]), with_kwargs=True)
+    torch.manual_seed(0)
+    prompt_ids, completion_ids = torch.randint(3, 20, (3, 6)), torch.randint(3, 20, (3, 5))
+    prompt_mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6, [0, 1, 1, 1, 1, 1]])
+    completion_mask = torch.tensor([[1, 1, 1, 0, 0], [1] * 5, [1, 0, 0, 0, 0]])
+    with torch.no_grad():
+        values = model(prompt_ids, prompt_mask, completion_ids, completion_mask)
+        mask = torch.cat([prompt_mask, completion_mask], 1)
+        hidden = model.backbone(input_ids=torch.cat([prompt_ids, completion_ids], 1), attention_mask=mask,
+                                position_ids=mask.cumsum(-1).sub(1).clamp(min=0)).last_hidden_state  # fmt: skip
+        expected = model.head(hidden[:, -6:-1]).squeeze(-1) * completion_mask
+    assert masks[0][:, 0].all() and not masks[1][:, 0].all()
+    assert_close(values, expected)
+
+
 # ------------------------------------------------------------------ options
 
 

@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 from grpo_lightning.models import logprobs
 from grpo_lightning.models.logprobs import (
     completion_logprobs,
+    left_padding_last,
     linear_token_logprobs,
     plain_lm_head,
     position_ids_from_mask,
@@ -77,6 +78,14 @@ def test_a_uniform_distribution_has_entropy_log_v():
 def test_positions_skip_left_padding():
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
     assert position_ids_from_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+
+
+def test_left_padding_moves_to_the_end_of_each_row():
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 0], [0, 1, 1, 1]])
+    order, shift = left_padding_last(mask)
+    assert shift.tolist() == [2, 0, 1]
+    assert order.tolist() == [[2, 3, 0, 1], [0, 1, 2, 3], [1, 2, 3, 0]]
+    assert mask.gather(1, order).tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 0]]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -278,6 +287,64 @@ def test_packed_rows_give_the_padded_batchs_log_probs_and_gradients(tiny_model_d
     torch.testing.assert_close(packed_entropy, entropy, rtol=1e-5, atol=1e-5)
     for name in grads:
         torch.testing.assert_close(packed_grads[name], grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def left_padded_layout_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature):
+    """The log-probs by the textbook: the batch as it comes (left-padded), the model's full logits."""
+    input_ids = torch.cat([prompt_ids, completion_ids], 1)
+    mask = torch.cat([prompt_mask, completion_mask], 1)
+    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
+    logp = torch.log_softmax(logits[:, -completion_ids.size(1) - 1 : -1].float() / temperature, -1)
+    return logp.gather(-1, completion_ids[..., None]).squeeze(-1) * completion_mask
+
+
+@pytest.mark.parametrize("fused_head", [False, True])
+def test_no_position_attends_to_nothing_and_the_log_probs_are_those_of_the_left_padded_batch(tiny_model_dir, fused_head):
+    """Each row's left padding goes to its end before the model runs, so every position the model
+    sees attends to its row's first token: a position that attended to no key made cuDNN's attention
+    give NaN gradients on an H200. The log-probs and gradients are the left-padded batch's (CPU
+    attention gives such positions zeros), though the completions now start at different columns."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    masks = []
+    model.model.register_forward_pre_hook(lambda module, args, kwargs: masks.append(kwargs["attention_mask"]), with_kwargs=True)
+    batch = ragged_batch(model.config.vocab_size)
+    weights = torch.randn(3, 5)
+    results = []
+    for ours in (True, False):
+        if ours:
+            logp, _ = completion_logprobs(model, *batch, 0.9, fused_head=fused_head)
+        else:
+            logp = left_padded_layout_logprobs(model, *batch, 0.9)
+        (logp * weights).sum().backward()
+        results.append((logp, {name: p.grad.clone() for name, p in model.named_parameters()}))
+        model.zero_grad(set_to_none=True)
+    assert masks[0][:, 0].all() and not masks[1][:, 0].all()
+    (logp, grads), (expected, expected_grads) = results
+    torch.testing.assert_close(logp, expected, rtol=1e-5, atol=1e-5)
+    for name in grads:
+        torch.testing.assert_close(grads[name], expected_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("compiled_model", [False, True])
+def test_left_padded_batches_of_the_width_that_made_cudnn_attention_give_nan_gradients_train(compiled_model):
+    """On an H200 (torch 2.11), cuDNN's attention gave NaN gradients to a bf16 batch 64 columns wide
+    whose left padding attended to nothing: eagerly, and compiled once the width was padded to 64."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=512, hidden_size=576, intermediate_size=1536, num_hidden_layers=2,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=256)  # fmt: skip
+    model = LlamaForCausalLM(config).cuda()
+    prompt_ids, completion_ids = torch.randint(0, 512, (8, 20), device="cuda"), torch.randint(0, 512, (8, 44 - compiled_model), device="cuda")
+    prompt_mask, completion_mask = torch.ones_like(prompt_ids), torch.ones_like(completion_ids)
+    prompt_mask[0, :5] = prompt_mask[3, :2] = 0
+    completion_mask[2, -7:] = 0
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logp, _ = completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, compiled_model=compiled_model)
+    logp.sum().backward()
+    assert torch.isfinite(logp).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters()), [n for n, p in model.named_parameters() if not torch.isfinite(p.grad).all()]
 
 
 def test_packing_refuses_a_completion_mask_with_holes(tiny_model_dir):
