@@ -7,10 +7,10 @@ import torch
 
 from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 
+from grpo_lightning.algorithms.functional import left_padding_last
 from grpo_lightning.models import logprobs
 from grpo_lightning.models.logprobs import (
     completion_logprobs,
-    left_padding_last,
     linear_token_logprobs,
     plain_lm_head,
     position_ids_from_mask,
