@@ -428,7 +428,7 @@ def constant_normalized_sum(
     return (total / denom).to(loss.dtype)
 
 
-def left_padding_last(attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+def left_padding_last(attention_mask: Tensor, most: int | None = None) -> tuple[Tensor, Tensor]:
     """The column order that moves each row's left padding to its end, and each row's shift.
 
     A position of left padding attends to no key at all (every key up to it is padding), and for
@@ -438,10 +438,14 @@ def left_padding_last(attention_mask: Tensor) -> tuple[Tensor, Tensor]:
     :func:`position_ids_from_mask`, their positions.
 
     ``attention_mask``: ``[N, L]`` -> ``(order, shift)``: ``x.gather(1, order)`` reorders a ``[N, L]``
-    tensor; ``shift`` ``[N]`` counts each row's leading padding, so column ``c`` moves to ``c - shift``.
+    tensor; ``shift`` ``[N]`` counts each row's leading padding, at most ``most``, so column ``c``
+    moves to ``c - shift`` (a prompt of ``S`` columns gives ``most = S - 1``: its last column, even
+    if it is padding, still predicts the first completion token).
     """
     width = attention_mask.size(1)
     shift = (attention_mask.long().cumsum(-1) == 0).sum(-1)
+    if most is not None:
+        shift = shift.clamp(max=most)
     order = (torch.arange(width, device=attention_mask.device) + shift[:, None]) % width
     return order, shift
 

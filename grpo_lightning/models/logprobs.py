@@ -399,7 +399,7 @@ def _completion_logprobs(
     predicts = torch.zeros_like(attention_mask, dtype=torch.bool)
     predicts[:, -completion_length - 1 : -1] = counted
     if not packed:  # no position attends to nothing (NaN gradients from some attention kernels)
-        order, shift = left_padding_last(attention_mask)
+        order, shift = left_padding_last(attention_mask, most=prompt_ids.size(1) - 1)
         input_ids, attention_mask, predicts = (t.gather(1, order) for t in (input_ids, attention_mask, predicts))
     position_ids = position_ids_from_mask(attention_mask)
     head = plain_lm_head(model) if fused_head else None

@@ -63,7 +63,7 @@ class ValueModel(nn.Module):
         where ``completion_mask`` is 0."""
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
-        order, shift = F.left_padding_last(attention_mask)  # no position attends to nothing
+        order, shift = F.left_padding_last(attention_mask, most=prompt_ids.size(1) - 1)  # no position attends to nothing
         input_ids, attention_mask = input_ids.gather(1, order), attention_mask.gather(1, order)
         hidden = self.backbone(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=F.position_ids_from_mask(attention_mask),

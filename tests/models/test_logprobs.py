@@ -86,6 +86,21 @@ def test_left_padding_moves_to_the_end_of_each_row():
     assert shift.tolist() == [2, 0, 1]
     assert order.tolist() == [[2, 3, 0, 1], [0, 1, 2, 3], [1, 2, 3, 0]]
     assert mask.gather(1, order).tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 0]]
+    assert left_padding_last(mask, most=1)[1].tolist() == [1, 0, 1]
+
+
+@pytest.mark.parametrize("fused_head", [False, True])
+def test_a_prompt_of_padding_only_gives_the_left_padded_batchs_log_probs(tiny_model_dir, fused_head):
+    """A row whose prompt is all padding keeps its last prompt column (which predicts the first
+    completion token) in front of the completion, as in the left-padded batch."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    prompt_ids, prompt_mask, completion_ids, completion_mask = ragged_batch(model.config.vocab_size)
+    prompt_mask[0] = 0
+    batch = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+    logp, _ = completion_logprobs(model, *batch, 0.9, fused_head=fused_head)
+    with torch.no_grad():
+        expected = left_padded_layout_logprobs(model, *batch, 0.9)
+    torch.testing.assert_close(logp.detach(), expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
