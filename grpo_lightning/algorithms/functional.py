@@ -433,7 +433,8 @@ def left_padding_last(attention_mask: Tensor, most: int | None = None) -> tuple[
 
     A position of left padding attends to no key at all (every key up to it is padding), and for
     such rows some fused attention kernels give NaN gradients to the whole batch, though nothing
-    there is scored (cuDNN's, at some widths, on an H200: ``benchmarks/JOURNAL.md``). In the new
+    there is scored (cuDNN's backward at widths of 64 mod 128 on H100/H200, torch 2.11-2.13:
+    pytorch/pytorch#196678, ``benchmarks/JOURNAL.md``). In the new
     order every position sees its row's first real token; the tokens keep their order and, through
     :func:`position_ids_from_mask`, their positions.
 
