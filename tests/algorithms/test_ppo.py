@@ -137,7 +137,6 @@ def test_the_value_model_loads_from_the_policy_checkpoint_and_gives_a_value_per_
     assert not torch.allclose(after[:, 3:], before[:, 3:])
 
 
-
 def test_the_values_are_those_of_the_left_padded_batch_and_no_position_attends_to_nothing(tiny_model_dir):
     """The backbone gets each row's left padding at its end (a position attending to no key made
     cuDNN's attention give NaN gradients on an H200); the values are the left-padded batch's."""

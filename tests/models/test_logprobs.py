@@ -344,7 +344,8 @@ def test_no_position_attends_to_nothing_and_the_log_probs_are_those_of_the_left_
 @pytest.mark.parametrize("compiled_model", [False, True])
 def test_left_padded_batches_of_the_width_that_made_cudnn_attention_give_nan_gradients_train(compiled_model):
     """On an H200 (torch 2.11), cuDNN's attention gave NaN gradients to a bf16 batch 64 columns wide
-    whose left padding attended to nothing: eagerly, and compiled once the width was padded to 64.
+    whose left padding attended to nothing (pytorch/pytorch#196678: widths of 64 mod 128): eagerly,
+    and compiled once the width was padded to 64.
     That was in a process that had run other attention calls first; in a fresh one this test passed
     before the fix too, so the test above (no position attends to nothing) is what pins the fix."""
     from transformers import LlamaConfig, LlamaForCausalLM
