@@ -395,12 +395,9 @@ def _completion_logprobs(
     attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
     completion_length = completion_ids.size(1)
     counted = completion_mask.bool()
-    # The state at position t predicts token t + 1: these positions predict the counted tokens.
-    predicts = torch.zeros_like(attention_mask, dtype=torch.bool)
-    predicts[:, -completion_length - 1 : -1] = counted
     if not packed:  # no position attends to nothing (NaN gradients from some attention kernels)
         order, shift = left_padding_last(attention_mask, most=prompt_ids.size(1) - 1)
-        input_ids, attention_mask, predicts = (t.gather(1, order) for t in (input_ids, attention_mask, predicts))
+        input_ids, attention_mask = input_ids.gather(1, order), attention_mask.gather(1, order)
     position_ids = position_ids_from_mask(attention_mask)
     head = plain_lm_head(model) if fused_head else None
     if head is None and not packed:
@@ -417,6 +414,9 @@ def _completion_logprobs(
         return logp.masked_fill(~counted, 0.0), None if entropy is None else entropy.masked_fill(~counted, 0.0)
 
     # Only the counted tokens from here on (selecting them waits for the device once).
+    # The state at position t predicts token t + 1: these positions predict the counted tokens.
+    predicts = torch.zeros_like(attention_mask, dtype=torch.bool)
+    predicts[:, -completion_length - 1 : -1] = counted
     if packed:
         if (counted[:, 1:] & ~counted[:, :-1]).any():
             raise ValueError("packed log-probs need each row's completion_mask to be ones then zeros (no holes)")
@@ -424,6 +424,7 @@ def _completion_logprobs(
         inputs = {"input_ids": input_ids[kept][None], "position_ids": position_ids[kept][None], "attention_mask": None}
         where = predicts[kept].nonzero().squeeze(1)  # in the packed sequence, row by row like ``counted``
     else:
+        predicts = predicts.gather(1, order)  # in the order the model sees
         inputs = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": attention_mask}
     targets = completion_ids[counted]
     if head is not None:
