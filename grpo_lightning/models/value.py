@@ -30,6 +30,7 @@ from grpo_lightning.algorithms.gae import explained_variance
 from grpo_lightning.rollout.generation import disable_dropout, load_causal_lm
 from grpo_lightning.training.metrics import StepMetrics
 from grpo_lightning.rollout.types import Rollout
+from grpo_lightning.training.optimizers import adamw
 from grpo_lightning.training.strategies import clip_policy_gradients
 
 
@@ -102,8 +103,7 @@ def critic_optimizer(model: nn.Module, policy: dict[str, Any], learning_rate: fl
     """The critic's AdamW at ``learning_rate``, with the weight decay and the warm-up of the policy's
     (``policy``: what the base module's ``configure_optimizers`` returns)."""
     defaults, warmup = policy["optimizer"].defaults, policy["lr_scheduler"]["scheduler"].lr_lambdas[0]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=defaults["weight_decay"],
-                                  fused=defaults["fused"])  # fmt: skip
+    optimizer = adamw(list(model.parameters()), learning_rate, defaults["weight_decay"], trained="the critic's")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup)
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

@@ -48,6 +48,7 @@ from grpo_lightning.agents.multi_turn import multi_turn_engine, sample_episodes
 from grpo_lightning.algorithms import resolve_parts, surrogate_clip
 from grpo_lightning.algorithms.hooks import AlgorithmHooks, inapplicable_with
 from grpo_lightning.training.compute import ComputeMeter, policy_parameters
+from grpo_lightning.training.optimizers import adamw
 from grpo_lightning.training.argument_types import check_argument_types
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.evaluation.validation import Evaluation
@@ -271,9 +272,8 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
 
     def configure_optimizers(self):
         parameters = [p for p in self.policy.parameters() if p.requires_grad]
-        fused = True if all(p.device.type in ("cuda", "cpu") for p in parameters) else None  # one kernel for all
         optim = self.optim_options
-        optimizer = torch.optim.AdamW(parameters, lr=optim.learning_rate, weight_decay=optim.weight_decay, fused=fused)
+        optimizer = adamw(parameters, optim.learning_rate, optim.weight_decay)
         warmup = optim.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
