@@ -77,9 +77,14 @@ class CompensatedAdamW(torch.optim.AdamW):
         lr = float(group["lr"])
         step_size = lr / (1 - beta1**step)
         bias_correction2_sqrt = math.sqrt(1 - beta2**step)
-        tensors = (p, grad, state["exp_avg"], state["exp_avg_sq"], state["compensation"])
+        tensors = tuple(local(t) for t in (p, grad, state["exp_avg"], state["exp_avg_sq"], state["compensation"]))
         for chunk in chunks(tensors):
             adamw_chunk(*chunk, beta1, beta2, group["eps"], lr * group["weight_decay"], step_size, bias_correction2_sqrt)
+
+
+def local(tensor: Tensor) -> Tensor:
+    """This process's shard of a ``DTensor`` (sharded alike, the update is elementwise), else ``tensor``."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def chunks(tensors: tuple[Tensor, ...]) -> list[tuple[Tensor, ...]]:

@@ -141,3 +141,27 @@ def test_the_module_compensates_bf16_policy_weights_and_says_so(make_module, cap
     moved = sum((p != s).sum().item() for p, s in zip(params, start)) / sum(s.numel() for s in start)
     plain_moved = sum((q != s).sum().item() for q, s in zip(plain_params, start)) / sum(s.numel() for s in start)
     assert moved > 0.5 and plain_moved < moved / 2, (moved, plain_moved)
+
+
+def test_a_sharded_weight_is_updated_shard_by_shard_as_a_whole_one(tmp_path):
+    """FSDP2's ``DTensor`` weights take the update a whole weight takes (a world of one here, over gloo)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already set up in this process")
+    torch.manual_seed(4)
+    start, grads = torch.randn(8, 3).bfloat16(), [torch.randn(8, 3) for _ in range(4)]
+    whole, _ = run(CompensatedAdamW, start, grads, lr=1e-3, weight_decay=0.1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        p = torch.nn.Parameter(distribute_tensor(start.clone(), mesh, [Shard(0)]))
+        optimizer = CompensatedAdamW([p], lr=1e-3, weight_decay=0.1)
+        for grad in grads:
+            p.grad = distribute_tensor(grad.bfloat16(), mesh, [Shard(0)])
+            optimizer.step()
+        assert torch.equal(p.detach().full_tensor(), whole.detach())
+    finally:
+        dist.destroy_process_group()
