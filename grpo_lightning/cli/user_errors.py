@@ -14,7 +14,7 @@ import yaml
 
 from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.rewards.scoring import RewardFunctionError
-from grpo_lightning.training.nonfinite import NonFiniteTrainingError
+from grpo_lightning.training.optimization.nonfinite import NonFiniteTrainingError
 from grpo_lightning.training.options import GROUPS, field_names
 from grpo_lightning.training.settings import ConfigError
 
@@ -86,7 +86,7 @@ MOVED_MODULES = {
     "schedules": "training.schedules",
     "step_schedule": "training.step_schedule",
     "time_budget": "training.time_budget",
-    "nonfinite": "training.nonfinite",
+    "nonfinite": "training.optimization.nonfinite",
     "callbacks": "training.callbacks",
     "metrics": "training.metrics",
     "compute": "training.compute",

@@ -30,7 +30,7 @@ from grpo_lightning.algorithms.gae import explained_variance
 from grpo_lightning.rollout.generation import disable_dropout, load_causal_lm
 from grpo_lightning.training.metrics import StepMetrics
 from grpo_lightning.rollout.types import Rollout
-from grpo_lightning.training.optimizers import adamw
+from grpo_lightning.training.optimization.compensated import adamw
 from grpo_lightning.training.strategies import clip_policy_gradients
 
 

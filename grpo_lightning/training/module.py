@@ -48,7 +48,7 @@ from grpo_lightning.agents.multi_turn import multi_turn_engine, sample_episodes
 from grpo_lightning.algorithms import resolve_parts, surrogate_clip
 from grpo_lightning.algorithms.hooks import AlgorithmHooks, inapplicable_with
 from grpo_lightning.training.compute import ComputeMeter, policy_parameters
-from grpo_lightning.training.optimizers import adamw
+from grpo_lightning.training.optimization.compensated import adamw
 from grpo_lightning.training.argument_types import check_argument_types
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.evaluation.validation import Evaluation
@@ -59,7 +59,7 @@ from grpo_lightning.rollout.generation import announce_rollout_mode, save_policy
 from grpo_lightning.rollout.generation.compile_payback import run_length
 from grpo_lightning.models.lora import reference_model
 from grpo_lightning.models.policy import load_models
-from grpo_lightning.training.nonfinite import NonFiniteGuard
+from grpo_lightning.training.optimization.nonfinite import NonFiniteGuard
 from grpo_lightning.training.metrics import EVERY_STEP_METRICS, StepMetrics
 from grpo_lightning.training.options import GROUPS, EvaluationOptions, KLOptions, LossOptions, OptimOptions, PolicyOptions
 from grpo_lightning.training.options import RewardOptions, SamplingOptions, resolve_groups

@@ -342,7 +342,7 @@ class OptimOptions(OptionGroup):
     """Gradient norm clipping; ``None`` disables it."""
     max_nonfinite_steps: int = 3
     """A step whose gradient is NaN or infinite changes no weight; after this many in a row the fit
-    stops (:mod:`grpo_lightning.training.nonfinite`)."""
+    stops (:mod:`grpo_lightning.training.optimization.nonfinite`)."""
 
     def check(self) -> None:
         require(self.ppo_epochs >= 1, f"optim.ppo_epochs: must be at least 1 (got {self.ppo_epochs}).")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_checkpoint import fit, make_module
 
-from grpo_lightning.training.nonfinite import NonFiniteGuard, NonFiniteTrainingError
+from grpo_lightning.training.optimization.nonfinite import NonFiniteGuard, NonFiniteTrainingError
 from grpo_lightning.training.settings import ConfigError
 from variants import GRPO
 from tests.conftest import merged

@@ -9,8 +9,8 @@ import logging
 import pytest
 import torch
 
-from grpo_lightning.training import optimizers
-from grpo_lightning.training.optimizers import CompensatedAdamW, adamw
+from grpo_lightning.training.optimization import compensated
+from grpo_lightning.training.optimization.compensated import CompensatedAdamW, adamw
 from variants import GRPO
 
 
@@ -76,8 +76,8 @@ def test_a_large_weight_is_updated_in_chunks_with_the_same_result(monkeypatch):
     torch.manual_seed(2)
     start, grads = torch.randn(10, 7).bfloat16(), [torch.randn(10, 7) for _ in range(3)]
     whole, _ = run(CompensatedAdamW, start, grads, lr=1e-3)
-    monkeypatch.setattr(optimizers, "CHUNK", 16)
-    assert len(optimizers.chunks((start, start))) == 5
+    monkeypatch.setattr(compensated, "CHUNK", 16)
+    assert len(compensated.chunks((start, start))) == 5
     chunked, _ = run(CompensatedAdamW, start, grads, lr=1e-3)
     assert torch.equal(whole, chunked)
 
