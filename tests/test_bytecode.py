@@ -1,0 +1,57 @@
+"""Importing the package gives a process told not to write bytecode, where torch has none, a cache
+of its own: each case is a new interpreter, as a console script starts one."""
+
+from __future__ import annotations
+
+import os
+import py_compile
+import subprocess
+import sys
+
+PROBE = "import grpo_lightning, sys, probe_module; print(sys.pycache_prefix); print(sys.dont_write_bytecode)"
+
+
+def python(tmp_path, code=PROBE, verbose=False, torch_bytecode=False, **env):
+    """A new interpreter running ``code``, whose ``torch`` is a stand-in package on ``src`` (never
+    imported), with or without its bytecode beside it as pip leaves it."""
+    (tmp_path / "src" / "torch").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "src" / "probe_module.py").write_text("VALUE = 1\n")
+    (tmp_path / "src" / "torch" / "__init__.py").write_text("")
+    if torch_bytecode:
+        py_compile.compile(str(tmp_path / "src" / "torch" / "__init__.py"))
+    environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    environment.update(PYTHONPATH=os.pathsep.join([str(tmp_path / "src"), *sys.path]), **env)
+    command = [sys.executable, *(["-v"] if verbose else []), "-c", code]
+    return subprocess.run(command, env=environment, capture_output=True, text=True, timeout=120, check=True)
+
+
+def test_a_process_told_not_to_write_bytecode_caches_it_in_the_project_cache_and_reads_it_back(tmp_path):
+    cache = tmp_path / "cache"
+    first = python(tmp_path, PYTHONDONTWRITEBYTECODE="1", GRPO_LIGHTNING_CACHE=str(cache))
+    assert first.stdout.split() == [str(cache / "pycache"), "False"]
+    written = list((cache / "pycache").rglob("probe_module.*.pyc"))
+    assert len(written) == 1 and not (tmp_path / "src" / "__pycache__").exists()  # the sources' folder untouched
+    second = python(tmp_path, verbose=True, PYTHONDONTWRITEBYTECODE="1", GRPO_LIGHTNING_CACHE=str(cache))
+    assert f"code object from '{written[0]}'" in second.stderr
+
+
+def test_nothing_changes_where_bytecode_may_be_written_or_a_prefix_is_set(tmp_path):
+    cache = tmp_path / "cache"
+    default = python(tmp_path, GRPO_LIGHTNING_CACHE=str(cache))
+    assert default.stdout.split() == ["None", "False"] and not cache.exists()
+    prefix = tmp_path / "users_prefix"
+    chosen = python(tmp_path, PYTHONDONTWRITEBYTECODE="1", PYTHONPYCACHEPREFIX=str(prefix), GRPO_LIGHTNING_CACHE=str(cache))
+    assert chosen.stdout.split() == [str(prefix), "True"] and not cache.exists()
+
+
+def test_nothing_changes_where_torch_has_its_bytecode(tmp_path):
+    cache = tmp_path / "cache"
+    result = python(tmp_path, torch_bytecode=True, PYTHONDONTWRITEBYTECODE="1", GRPO_LIGHTNING_CACHE=str(cache))
+    assert result.stdout.split() == ["None", "True"] and not cache.exists()
+
+
+def test_a_cache_that_cannot_be_written_leaves_python_as_it_was(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    result = python(tmp_path, PYTHONDONTWRITEBYTECODE="1", GRPO_LIGHTNING_CACHE=str(blocker))
+    assert result.stdout.split() == ["None", "True"]
