@@ -9,7 +9,7 @@ without saying so.
 
 :class:`CompensatedAdamW` computes each update of a bf16 or fp16 weight in float32 and keeps what
 rounding dropped in a compensation buffer of the weight's dtype, added back at the next step (Kahan
-summation; Zamirai et al. 2020, "Revisiting BFloat16 Training", Alg. 2). The weight plus its
+summation; Zamirai et al. 2020, "Revisiting BFloat16 Training"). The weight plus its
 compensation holds about 16 significant bits, for 2 more bytes per weight; float32 master weights
 would cost 4. float32 weights take ``torch.optim.AdamW``'s own (fused) step unchanged.
 """
@@ -71,6 +71,8 @@ class CompensatedAdamW(torch.optim.AdamW):
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         if "compensation" not in state:  # also a state loaded from torch.optim.AdamW
             state["compensation"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        if state["step"].device.type != "cpu":  # loaded as the fused step keeps it: read without a device sync
+            state["step"] = state["step"].cpu()
         state["step"] += 1
         step = float(state["step"])
         beta1, beta2 = group["betas"]
