@@ -21,6 +21,7 @@ project's cache (:func:`dense_copy`), and every later load reads that copy (0.6 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -221,6 +222,27 @@ def _gguf_identity(path: str) -> dict[str, Any]:
             "transformers": transformers.__version__}  # fmt: skip
 
 
+@contextlib.contextmanager
+def gguf_read_once():
+    """One ``gguf.GGUFReader`` per file inside the block: transformers parses a GGUF file's header
+    anew for its config, its tokenizer and its weights, 4-5 s each for SmolLM2's on a 2-core CPU."""
+    import gguf
+
+    original, readers = gguf.GGUFReader, {}
+
+    def reader(path, *args, **kwargs):
+        key = (os.fspath(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = original(path, *args, **kwargs)
+        return readers[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
 def _write_dense_copy(source: ModelSource, folder: Path, made_from: dict[str, Any]) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -228,9 +250,10 @@ def _write_dense_copy(source: ModelSource, folder: Path, made_from: dict[str, An
     folder.parent.mkdir(parents=True, exist_ok=True)
     partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
-    AutoTokenizer.from_pretrained(source.location, **source.from_pretrained_kwargs()).save_pretrained(partial)
-    dense = source.from_pretrained_kwargs(dense=True)
-    model = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch.float32, **dense)
+    with gguf_read_once():
+        AutoTokenizer.from_pretrained(source.location, **source.from_pretrained_kwargs()).save_pretrained(partial)
+        dense = source.from_pretrained_kwargs(dense=True)
+        model = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch.float32, **dense)
     model.save_pretrained(partial)
     (partial / COPY_DONE).write_text(json.dumps(made_from, indent=1) + "\n")
     try:

@@ -89,7 +89,10 @@ def read_by_transformers(path):
 
 def test_the_copy_loads_what_the_gguf_reader_reads_and_later_loads_skip_the_reader(gguf_file, monkeypatch):
     expected_model, expected_tokenizer = read_by_transformers(gguf_file)
+    parsed = []
+    monkeypatch.setattr(gguf, "GGUFReader", lambda *args, reader=gguf.GGUFReader, **kwargs: parsed.append(args) or reader(*args, **kwargs))
     model, tokenizer = load_causal_lm(str(gguf_file), "float32", None), load_tokenizer(str(gguf_file))
+    assert len(parsed) == 1  # config, tokenizer and weights from one parse of the file
 
     (copy,) = (gguf_file.parents[1] / "cache" / "gguf").iterdir()
     assert copy.name.startswith("tiny-") and (copy / model_sources.COPY_DONE).is_file()
