@@ -25,10 +25,11 @@ import sys
 
 
 def cache_folder() -> str:
-    """Where the bytecode goes: ``pycache`` in the project's cache (as ``models.sources.cache_dir``,
-    which cannot be imported before torch)."""
-    root = os.environ.get("GRPO_LIGHTNING_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "grpo_lightning")
-    return os.path.join(root, "pycache")
+    """Where the bytecode goes: ``pycache`` in the project's cache (:func:`~grpo_lightning.models.sources.cache_dir`,
+    whose module imports neither torch nor transformers)."""
+    from grpo_lightning.models.sources import cache_dir
+
+    return str(cache_dir() / "pycache")
 
 
 def torch_has_bytecode() -> bool:

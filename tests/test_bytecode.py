@@ -14,9 +14,10 @@ PROBE = "import grpo_lightning, sys, probe_module; print(sys.pycache_prefix); pr
 def python(tmp_path, code=PROBE, verbose=False, torch_bytecode=False, **env):
     """A new interpreter running ``code``, whose ``torch`` is a stand-in package on ``src`` (never
     imported), with or without its bytecode beside it as pip leaves it."""
-    (tmp_path / "src" / "torch").mkdir(parents=True, exist_ok=True)
-    (tmp_path / "src" / "probe_module.py").write_text("VALUE = 1\n")
-    (tmp_path / "src" / "torch" / "__init__.py").write_text("")
+    if not (tmp_path / "src").exists():  # written once: a rewrite a second later would make the cached bytecode stale
+        (tmp_path / "src" / "torch").mkdir(parents=True)
+        (tmp_path / "src" / "probe_module.py").write_text("VALUE = 1\n")
+        (tmp_path / "src" / "torch" / "__init__.py").write_text("")
     if torch_bytecode:
         py_compile.compile(str(tmp_path / "src" / "torch" / "__init__.py"))
     environment = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
