@@ -45,6 +45,7 @@ if str(REPO_ROOT) not in sys.path:
 if str(REPO_ROOT / "benchmarks") not in sys.path:  # this folder's modules (stop_lengths) when imported from elsewhere
     sys.path.append(str(REPO_ROOT / "benchmarks"))
 
+import grpo_lightning  # noqa: E402,F401  (before torch: its bytecode cache, grpo_lightning.bytecode, as a user's command has it)
 import torch  # noqa: E402
 
 from grpo_lightning.rollout.engine import DECODE_ATTENTION_KINDS  # noqa: E402
