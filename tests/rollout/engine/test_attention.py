@@ -392,3 +392,17 @@ def test_resolve_decode_kind_picks_the_way_a_single_query_is_computed():
     assert resolve_decode_kind("triton", cuda, False) == "math"
     for kind in ("sdpa", "efficient", "math"):
         assert resolve_decode_kind(kind, cuda, True) == kind
+
+
+def test_only_a_kind_that_can_run_the_kernel_imports_it_to_read_the_slots_in_use(monkeypatch):
+    """Importing the kernel's module imports Triton (~1 s of a new process's first rollout): a decode
+    kind that never runs it reads the whole cache without that import."""
+    from grpo_lightning.rollout.engine import kernel_choice
+
+    imported = []
+    monkeypatch.setattr(kernel_choice, "importable", lambda module: imported.append(module) or True)
+    cuda = torch.device("cuda")
+    assert not any(kernel_choice.reads_slots_in_use(True, kind, cuda) for kind in ("sdpa", "efficient", "math"))
+    assert not kernel_choice.reads_slots_in_use(False, "triton", cuda) and imported == []
+    assert kernel_choice.reads_slots_in_use(True, "auto", cuda) and kernel_choice.reads_slots_in_use(True, "triton", cuda)
+    assert len(imported) == 2
