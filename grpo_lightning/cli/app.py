@@ -265,6 +265,8 @@ class GRPOLightningCLI(LightningCLI):
             if subcommand == "generate":
                 self.generate()
             else:
+                if subcommand == "fit" and hasattr(self.model, "process_ends_with_fit"):
+                    self.model.process_ends_with_fit = True  # main() drops the module: no copy to the CPU at teardown
                 super()._run_subcommand(subcommand)
                 if subcommand in EVALUATION_SUBCOMMANDS and self.trainer.is_global_zero and log_dir(self.trainer):
                     print(f"{subcommand}: logs and config.yaml in {log_dir(self.trainer)}", flush=True)

@@ -280,6 +280,19 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
 
     # ------------------------------------------------------------------ checks before work
 
+    #: Set by the CLI for its ``fit``, after which the process ends: Lightning's teardown then leaves the weights
+    #: and the optimizer's state where they are instead of copying them to the CPU to free the GPU, which there
+    #: only costs time (4.5 s for W1's 0.5B model on an H200; minutes and host memory for a 7B one).
+    process_ends_with_fit = False
+
+    def on_train_end(self) -> None:
+        if self.process_ends_with_fit:  # after every callback's on_train_end: the last checkpoint has its state
+            for optimizer in self.trainer.optimizers:
+                optimizer.state.clear()
+
+    def cpu(self):
+        return self if self.process_ends_with_fit else super().cpu()
+
     def on_fit_start(self) -> None:
         self.engine_plan  # resolved, and announced, before the first step
         announce_prompt_format(self.tokenizer, self.policy_options.use_chat_template)

@@ -75,9 +75,16 @@ def test_console_entry_points_return_none_so_the_exit_status_is_zero():
     assert inspect.signature(quickstart.main).return_annotation in (None, "None")
 
 
-def test_a_fit_shows_no_warning_about_what_the_module_does_by_design(tiny_model_dir, tmp_path):
+def test_a_cli_fit_warns_of_nothing_by_design_and_copies_no_state_to_the_cpu_at_its_end(tiny_model_dir, tmp_path, monkeypatch):
     """The frozen reference model's eval mode and checkpoints taken after the optimizer step are
-    how the module works: a CLI fit does not warn about them (other warnings still show)."""
+    how the module works: a CLI fit does not warn about them (other warnings still show). Its process
+    ends with the fit, so Lightning's teardown copies neither the optimizer's state nor the module to
+    the CPU; the checkpoints still hold that state."""
+    from lightning.pytorch.strategies import strategy
+
+    moved, copy_states = [], strategy._optimizers_to_device
+    monkeypatch.setattr(strategy, "_optimizers_to_device", lambda opts, device: (moved.extend(len(o.state) for o in opts), copy_states(opts, device)))
+    monkeypatch.setattr(torch.nn.Module, "cpu", lambda module: pytest.fail(f"{type(module).__name__} copied to the CPU"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         main(
@@ -103,6 +110,9 @@ def test_a_fit_shows_no_warning_about_what_the_module_does_by_design(tiny_model_
         )
         warnings.warn("not expected")
     messages = [str(w.message) for w in caught]
+    assert moved and set(moved) == {0}, moved
+    (checkpoint,) = (tmp_path / "ckpt").glob("*step=1*.ckpt")
+    assert torch.load(checkpoint, weights_only=False)["optimizer_states"][0]["state"]
     assert "not expected" in messages
     silenced = (*EXPECTED_WARNINGS, *THIRD_PARTY_WARNINGS)  # and torch's LeafSpec deprecation, Lightning's doing
     assert not [m for m in messages for pattern in silenced if re.search(pattern, m)], messages
