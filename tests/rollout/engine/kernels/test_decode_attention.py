@@ -36,7 +36,9 @@ def test_the_kernel_under_triton_s_interpreter(files):
     selected = [str(engine_tests / name) for name in files]
     env = dict(os.environ, TRITON_INTERPRET="1")
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "triton or kernel", *selected],
+        # The kernel sees the same attention call from every model family: interpreted, one family (qwen2)
+        # is enough; on CUDA the llama cases run too.
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "(triton or kernel) and not llama", *selected],
         env=env,
         capture_output=True,
         text=True,
