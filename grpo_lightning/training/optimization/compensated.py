@@ -28,13 +28,19 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 #: Elements per float32 chunk of one weight's update, so a large embedding needs no full-size
 #: float32 temporaries.
 CHUNK = 1 << 24
+#: Most elements in a bucket of weights updated at once (:func:`adamw_bucket`) on the CPU, where kernels cost
+#: little to start and its float32 buffers (16 bytes an element) had best stay in cache; elsewhere CHUNK
+#: (few launches for many weights, 256 MiB of buffers: on an H200 a step over Qwen2.5-0.5B's 290 bf16 weights
+#: took 26.8 ms against 47.1 one weight at a time; 25.4 with buckets four times larger, for 1 GiB).
+CPU_BUCKET = 1 << 16
 
 
 class CompensatedAdamW(torch.optim.AdamW):
     """``torch.optim.AdamW`` (decoupled weight decay, Loshchilov & Hutter 2019, Alg. 2) whose bf16
     and fp16 weights get a float32 update with Kahan-compensated rounding; the state keeps AdamW's
     ``step``, ``exp_avg`` and ``exp_avg_sq`` (in the weight's dtype) and adds ``compensation``, so a
-    checkpoint of either optimizer loads into the other."""
+    checkpoint of either optimizer loads into the other. Weights of one dtype, device and step count take
+    one multi-tensor update (:func:`adamw_bucket`)."""
 
     def __init__(self, params: Iterable, **kwargs) -> None:
         super().__init__(params, **kwargs)
@@ -59,11 +65,18 @@ class CompensatedAdamW(torch.optim.AdamW):
         finally:
             for _, p, grad in held:
                 p.grad = grad
+        sets: dict[tuple, list] = {}  # weights updated together: one group, device, dtype and step count
         for group, p, grad in held:
-            self._compensated_step(p, grad, group)
+            state = self._state(p)
+            tensors = tuple(local(t) for t in (p, grad, state["exp_avg"], state["exp_avg_sq"], state["compensation"]))
+            key = (id(group), tensors[0].device, tensors[0].dtype, float(state["step"]))
+            sets.setdefault(key, [group]).append(tensors)
+        for (*_, step), (group, *weights) in sets.items():
+            self._compensated_step(weights, group, step)
         return loss
 
-    def _compensated_step(self, p: Tensor, grad: Tensor, group: dict) -> None:
+    def _state(self, p: Tensor) -> dict:
+        """``p``'s state, made or completed where new or loaded from ``torch.optim.AdamW``, its step counted."""
         state = self.state[p]
         if "step" not in state:
             state["step"] = torch.tensor(0.0)
@@ -74,14 +87,29 @@ class CompensatedAdamW(torch.optim.AdamW):
         if state["step"].device.type != "cpu":  # loaded as the fused step keeps it: read without a device sync
             state["step"] = state["step"].cpu()
         state["step"] += 1
-        step = float(state["step"])
+        return state
+
+    def _compensated_step(self, weights: list[tuple[Tensor, ...]], group: dict, step: float) -> None:
+        """Updates ``weights`` (each ``(p, grad, exp_avg, exp_avg_sq, compensation)``, of one device and step count)
+        in buckets of at most :data:`CHUNK` (:data:`CPU_BUCKET`) elements; a larger weight alone, chunk by chunk."""
+        limit = min(CHUNK, CPU_BUCKET) if weights[0][0].device.type == "cpu" else CHUNK
         beta1, beta2 = group["betas"]
         lr = float(group["lr"])
-        step_size = lr / (1 - beta1**step)
-        bias_correction2_sqrt = math.sqrt(1 - beta2**step)
-        tensors = tuple(local(t) for t in (p, grad, state["exp_avg"], state["exp_avg_sq"], state["compensation"]))
-        for chunk in chunks(tensors):
-            adamw_chunk(*chunk, beta1, beta2, group["eps"], lr * group["weight_decay"], step_size, bias_correction2_sqrt)
+        scalars = (beta1, beta2, group["eps"], lr * group["weight_decay"], lr / (1 - beta1**step), math.sqrt(1 - beta2**step))
+        bucket, size = [], 0
+        for tensors in weights:
+            numel = tensors[0].numel()
+            if numel > limit:
+                for chunk in chunks(tensors):
+                    adamw_chunk(*chunk, *scalars)
+                continue
+            if size + numel > limit:
+                adamw_bucket(bucket, *scalars)
+                bucket, size = [], 0
+            bucket.append(tensors)
+            size += numel
+        if bucket:
+            adamw_bucket(bucket, *scalars)
 
 
 def local(tensor: Tensor) -> Tensor:
@@ -110,6 +138,33 @@ def adamw_chunk(p, grad, exp_avg, exp_avg_sq, compensation, beta1, beta2, eps, d
     exact.mul_(1 - decay).addcdiv_(m, v.sqrt_().div_(bias_correction2_sqrt).add_(eps), value=-step_size)
     p.copy_(exact)
     compensation.copy_(exact.sub_(p.float()))
+
+
+def adamw_bucket(weights: list[tuple[Tensor, ...]], *scalars: float) -> None:
+    """:func:`adamw_chunk` on several weights (of one dtype and device) at once, bit for bit: each of
+    ``g``, ``m``, ``v``, ``exact`` is one float32 buffer for all of them, filled and written back by a
+    multi-tensor copy (``torch._foreach_copy_``), and each step of the update is one kernel."""
+    beta1, beta2, eps, decay, step_size, bias_correction2_sqrt = scalars
+    p, grad, exp_avg, exp_avg_sq, compensation = (list(t) for t in zip(*weights))
+    sizes = [t.numel() for t in p]
+    flat = torch.empty(4, sum(sizes), dtype=torch.float32, device=p[0].device)
+    g, m, v, exact = flat
+    gs, ms, vs, exacts = ([part.view(t.shape) for part, t in zip(buffer.split(sizes), p)] for buffer in flat)
+    torch._foreach_copy_(gs, grad)
+    torch._foreach_copy_(ms, exp_avg)
+    torch._foreach_copy_(vs, exp_avg_sq)
+    m.lerp_(g, 1 - beta1)
+    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    torch._foreach_copy_(exp_avg, ms)
+    torch._foreach_copy_(exp_avg_sq, vs)
+    torch._foreach_copy_(exacts, p)
+    torch._foreach_copy_(gs, compensation)  # g is spent: it holds the compensation, then the rounded weight
+    exact.add_(g)
+    exact.mul_(1 - decay).addcdiv_(m, v.sqrt_().div_(bias_correction2_sqrt).add_(eps), value=-step_size)
+    torch._foreach_copy_(p, exacts)
+    torch._foreach_copy_(gs, p)
+    exact.sub_(g)
+    torch._foreach_copy_(compensation, exacts)
 
 
 def adamw(parameters: list[Tensor], learning_rate: float, weight_decay: float, trained: str = "the policy's") -> torch.optim.Optimizer:

@@ -1,10 +1,11 @@
 """AdamW with Kahan-compensated bf16 weights: hand-computed steps, the float32 AdamW it tracks,
-chunking, checkpoints, and the module's choice of optimizer."""
+chunking, the multi-tensor update against the per-weight one, checkpoints, and the module's choice of optimizer."""
 
 from __future__ import annotations
 
 import copy
 import logging
+import math
 
 import pytest
 import torch
@@ -80,6 +81,59 @@ def test_a_large_weight_is_updated_in_chunks_with_the_same_result(monkeypatch):
     assert len(compensated.chunks((start, start))) == 5
     chunked, _ = run(CompensatedAdamW, start, grads, lr=1e-3)
     assert torch.equal(whole, chunked)
+
+
+def per_weight(starts, grads, lr, weight_decay, betas=(0.9, 0.999), eps=1e-8):
+    """The weights and states after one step per list of gradients (None: no step for that weight), each weight
+    updated alone by ``adamw_chunk``, as the optimizer did before its multi-tensor update."""
+    params, states = [s.clone() for s in starts], [None] * len(starts)
+    for step_grads in grads:
+        for i, (p, grad) in enumerate(zip(params, step_grads)):
+            if grad is None:
+                continue
+            if states[i] is None:
+                states[i] = {"step": 0, **{k: torch.zeros_like(p) for k in ("exp_avg", "exp_avg_sq", "compensation")}}
+            state = states[i]
+            state["step"] += 1
+            scalars = (betas[0], betas[1], eps, lr * weight_decay, lr / (1 - betas[0] ** state["step"]), math.sqrt(1 - betas[1] ** state["step"]))
+            compensated.adamw_chunk(p, grad, state["exp_avg"], state["exp_avg_sq"], state["compensation"], *scalars)
+    return params, states
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_the_multi_tensor_update_matches_the_per_weight_one_bit_for_bit(monkeypatch, late):
+    """bf16 and fp16 weights of several sizes, one not contiguous, with CHUNK at 16: buckets of up to 16 elements
+    and, for the larger weights, the chunked path; with ``late``, one weight has no gradient in the
+    first 2 steps, so it runs 2 steps behind (a step count of its own). Weights, moments and compensation after
+    5 steps equal the per-weight update's (the same float32 kernels, on the weights' elements in one buffer)."""
+    torch.manual_seed(5)
+    monkeypatch.setattr(compensated, "CHUNK", 16)
+    shapes = [(3,), (10, 7), (5, 4), (33,), (8, 8), (100,), (2, 3, 5), (1,), (6, 9), (12,)]
+    starts = [torch.randn(shape).bfloat16() for shape in shapes]
+    starts[8] = starts[8].t()  # not contiguous
+    starts[9] = starts[9].half()
+    grads = [[torch.randn(s.shape).to(s.dtype) for s in starts] for _ in range(5)]
+    if late:
+        grads[0][2] = grads[1][2] = None
+    expected, states = per_weight(starts, grads, lr=1e-3, weight_decay=0.1)
+    calls = []
+    for name in ("adamw_bucket", "adamw_chunk"):
+        update = getattr(compensated, name)
+        monkeypatch.setattr(compensated, name, lambda *args, name=name, update=update: calls.append(name) or update(*args))
+    params = [torch.nn.Parameter(s.clone()) for s in starts]
+    optimizer = CompensatedAdamW(params, lr=1e-3, weight_decay=0.1)
+    for step_grads in grads:
+        for p, grad in zip(params, step_grads):
+            p.grad = grad
+        optimizer.step()
+    assert set(calls) == {"adamw_bucket", "adamw_chunk"} and not params[8].is_contiguous()
+    for p, want, state in zip(params, expected, states):
+        assert torch.equal(p.detach(), want)
+        got = optimizer.state[p]
+        assert float(got["step"]) == state["step"] and got["step"].device.type == "cpu"
+        for key in ("exp_avg", "exp_avg_sq", "compensation"):
+            assert torch.equal(got[key], state[key]), key
+    assert float(optimizer.state[params[2]]["step"]) == (3 if late else 5)
 
 
 def test_a_checkpointed_state_resumes_exactly_and_a_plain_adamw_state_loads():
