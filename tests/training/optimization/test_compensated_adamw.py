@@ -100,8 +100,9 @@ def per_weight(starts, grads, lr, weight_decay, betas=(0.9, 0.999), eps=1e-8):
     return params, states
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))])
 @pytest.mark.parametrize("late", [False, True])
-def test_the_multi_tensor_update_matches_the_per_weight_one_bit_for_bit(monkeypatch, late):
+def test_the_multi_tensor_update_matches_the_per_weight_one_bit_for_bit(monkeypatch, late, device):
     """bf16 and fp16 weights of several sizes, one not contiguous, with CHUNK at 16: buckets of up to 16 elements
     and, for the larger weights, the chunked path; with ``late``, one weight has no gradient in the
     first 2 steps, so it runs 2 steps behind (a step count of its own). Weights, moments and compensation after
@@ -109,10 +110,10 @@ def test_the_multi_tensor_update_matches_the_per_weight_one_bit_for_bit(monkeypa
     torch.manual_seed(5)
     monkeypatch.setattr(compensated, "CHUNK", 16)
     shapes = [(3,), (10, 7), (5, 4), (33,), (8, 8), (100,), (2, 3, 5), (1,), (6, 9), (12,)]
-    starts = [torch.randn(shape).bfloat16() for shape in shapes]
+    starts = [torch.randn(shape).bfloat16().to(device) for shape in shapes]
     starts[8] = starts[8].t()  # not contiguous
     starts[9] = starts[9].half()
-    grads = [[torch.randn(s.shape).to(s.dtype) for s in starts] for _ in range(5)]
+    grads = [[torch.randn(s.shape).to(device, s.dtype) for s in starts] for _ in range(5)]
     if late:
         grads[0][2] = grads[1][2] = None
     expected, states = per_weight(starts, grads, lr=1e-3, weight_decay=0.1)
