@@ -278,11 +278,11 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / (warmup + 1)))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
-    # ------------------------------------------------------------------ checks before work
+    # ------------------------------------------------------------------ the end of a fit
 
     #: Set by the CLI for its ``fit``, after which the process ends: Lightning's teardown then leaves the weights
     #: and the optimizer's state where they are instead of copying them to the CPU to free the GPU, which there
-    #: only costs time (4.5 s for W1's 0.5B model on an H200; minutes and host memory for a 7B one).
+    #: only costs time (4.9 s for W1's 0.5B model on an H200, growing with the model).
     process_ends_with_fit = False
 
     def on_train_end(self) -> None:
@@ -292,6 +292,8 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
 
     def cpu(self):
         return self if self.process_ends_with_fit else super().cpu()
+
+    # ------------------------------------------------------------------ checks before work
 
     def on_fit_start(self) -> None:
         self.engine_plan  # resolved, and announced, before the first step
