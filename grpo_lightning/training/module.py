@@ -32,6 +32,7 @@ How rollouts are sampled is :mod:`grpo_lightning.rollout.generation`'s choice; s
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import asdict
 from typing import Any
 
@@ -289,6 +290,13 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         if self.process_ends_with_fit:  # after every callback's on_train_end: the last checkpoint has its state
             for optimizer in self.trainer.optimizers:
                 optimizer.state.clear()
+            self.optimizer_state_released = True
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if getattr(self, "optimizer_state_released", False):
+            warnings.warn("this checkpoint is written after the fit's last step, when the command line's fit has released "
+                          "the optimizer's state: it has none. Save checkpoints to resume from in on_train_end or earlier.")
 
     def cpu(self):
         return self if self.process_ends_with_fit else super().cpu()

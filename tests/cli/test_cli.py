@@ -118,6 +118,26 @@ def test_a_cli_fit_warns_of_nothing_by_design_and_copies_no_state_to_the_cpu_at_
     assert not [m for m in messages for pattern in silenced if re.search(pattern, m)], messages
 
 
+def test_a_checkpoint_written_after_the_released_state_says_it_has_none(tiny_model_dir, tmp_path):
+    """A callback that saves in ``on_fit_end`` (after Lightning's teardown) gets a checkpoint without the optimizer's
+    state once a command-line fit has released it, and a warning that says so."""
+    import lightning as L
+
+    class SaveAtFitEnd(L.Callback):
+        def on_fit_end(self, trainer, pl_module):
+            trainer.save_checkpoint(tmp_path / "after.ckpt")
+
+    args = [*cli_args(CONFIGS / "variant/grpo.yaml", model_dir=tiny_model_dir), "--trainer.max_steps", "1",
+            "--model.sampling.max_new_tokens", "4", "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path),
+            "--trainer.logger.init_args.save_dir", str(tmp_path)]  # fmt: skip
+    cli = GRPOLightningCLI(args=args, run=False)
+    cli.model.process_ends_with_fit = True  # as the CLI's fit sets it
+    cli.trainer.callbacks.append(SaveAtFitEnd())
+    with pytest.warns(UserWarning, match="has released the optimizer's state: it has none"):
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert not torch.load(tmp_path / "after.ckpt", weights_only=False)["optimizer_states"][0]["state"]
+
+
 # ---------------------------------------------------------------- the engine options group
 
 
