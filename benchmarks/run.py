@@ -46,7 +46,12 @@ if str(REPO_ROOT / "benchmarks") not in sys.path:  # this folder's modules (stop
     sys.path.append(str(REPO_ROOT / "benchmarks"))
 
 import grpo_lightning  # noqa: E402,F401  (before torch: its bytecode cache, grpo_lightning.bytecode, as a user's command has it)
-import torch  # noqa: E402
+from grpo_lightning.import_pause import collection_paused  # noqa: E402
+
+with collection_paused():  # as the command line imports them
+    import lightning  # noqa: F401
+    import torch
+    import transformers  # noqa: F401
 
 from grpo_lightning.rollout.engine import DECODE_ATTENTION_KINDS  # noqa: E402
 from grpo_lightning.rollout.engine.options import EngineOptions  # noqa: E402

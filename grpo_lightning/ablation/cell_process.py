@@ -197,11 +197,14 @@ def serve() -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not reach the reports
     requests = os.fdopen(os.dup(sys.stdin.fileno()), "rb", buffering=0)
     before = dict(os.environ)
-    for module in PRELOAD:
-        try:
-            importlib.import_module(module)
-        except Exception:  # the cells import it again and report why it fails
-            pass
+    from grpo_lightning.import_pause import collection_paused
+
+    with collection_paused():  # and what it imported is frozen before the cells are forked
+        for module in PRELOAD:
+            try:
+                importlib.import_module(module)
+            except Exception:  # the cells import it again and report why it fails
+                pass
     if "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized():
         reports.write(json.dumps({"refused": "CUDA was initialised while importing"}) + "\n")
         return  # a forked process could not use it: the cells run as subprocesses

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 def main(args=None, **options):
     """``grpo-lightning``: imported on call, so that the configs and run folders of this package load without Lightning."""
-    from grpo_lightning.cli.app import main as run
+    from grpo_lightning.import_pause import import_module
 
+    run = import_module("grpo_lightning.cli.app").main  # the first import with the collector paused
     return run(args, **options)
