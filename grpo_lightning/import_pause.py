@@ -9,7 +9,7 @@ CPython's documentation advises for forking servers. Garbage from before is coll
 only live objects and the little cyclic garbage of the imports are frozen; at exit they are unfrozen,
 and the interpreter's last collection frees them as it would have (extension modules such as
 Triton's report objects left alive otherwise). On the 2-core CPU, ``grpo-lightning fit --help`` took
-7.7-8.1 s a process before, 6.5-7.2 s with this (three of each, alternating).
+6.2-6.4 s a process with this and 6.7-8.4 s without (three of each, alternating).
 """
 
 from __future__ import annotations
