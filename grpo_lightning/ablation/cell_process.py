@@ -31,6 +31,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from grpo_lightning.import_pause import collection_paused
+
 #: Imported once by the server that forks the cells.
 PRELOAD = ("grpo_lightning.cli.app", "variants")
 #: What a cell's command runs after the interpreter; a forked cell runs it in the server's place.
@@ -197,8 +199,6 @@ def serve() -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not reach the reports
     requests = os.fdopen(os.dup(sys.stdin.fileno()), "rb", buffering=0)
     before = dict(os.environ)
-    from grpo_lightning.import_pause import collection_paused
-
     with collection_paused():  # and what it imported is frozen before the cells are forked
         for module in PRELOAD:
             try:

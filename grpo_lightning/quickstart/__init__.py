@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from grpo_lightning.cli.resources import config_path
+from grpo_lightning.import_pause import import_module
 
 #: Completions per validation problem behind the quickstart's pass@k line (sampled at T = 1).
 PASS_AT_K_SAMPLES = 8
@@ -50,8 +51,6 @@ def run_quickstart(argv: Sequence[str] | None = None) -> dict[str, float]:
         help="at most N supervised steps for the start model (default: the warm start's own budget)",
     )  # fmt: skip
     options, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-
-    from grpo_lightning.import_pause import import_module
 
     import_module("grpo_lightning.cli.app")  # the first import with the collector paused
     from grpo_lightning.cli.app import GRPOLightningCLI, expected_warnings_silenced
