@@ -45,7 +45,7 @@ if str(REPO_ROOT) not in sys.path:
 if str(REPO_ROOT / "benchmarks") not in sys.path:  # this folder's modules (stop_lengths) when imported from elsewhere
     sys.path.append(str(REPO_ROOT / "benchmarks"))
 
-import grpo_lightning  # noqa: E402,F401  (before torch: its bytecode cache, grpo_lightning.bytecode, as a user's command has it)
+# The package first, as a user's command imports it: its bytecode cache (grpo_lightning.bytecode) before torch.
 from grpo_lightning.import_pause import collection_paused  # noqa: E402
 
 with collection_paused():  # as the command line imports them

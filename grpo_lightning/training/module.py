@@ -32,11 +32,11 @@ How rollouts are sampled is :mod:`grpo_lightning.rollout.generation`'s choice; s
 from __future__ import annotations
 
 import contextlib
-import warnings
 from dataclasses import asdict
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_warn
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -285,6 +285,8 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
     #: and the optimizer's state where they are instead of copying them to the CPU to free the GPU, which there
     #: only costs time (4.9 s for W1's 0.5B model on an H200, growing with the model).
     process_ends_with_fit = False
+    #: Whether ``on_train_end`` has dropped the optimizer's state (a checkpoint written after it has none).
+    optimizer_state_released = False
 
     def on_train_end(self) -> None:
         if self.process_ends_with_fit:  # after every callback's on_train_end: the last checkpoint has its state
@@ -294,9 +296,9 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
-        if getattr(self, "optimizer_state_released", False):
-            warnings.warn("this checkpoint is written after the fit's last step, when the command line's fit has released "
-                          "the optimizer's state: it has none. Save checkpoints to resume from in on_train_end or earlier.")
+        if self.optimizer_state_released:
+            rank_zero_warn("this checkpoint is written after the fit's last step, when the command line's fit has released "
+                           "the optimizer's state: it has none. Save checkpoints to resume from in on_train_end or earlier.")
 
     def cpu(self):
         return self if self.process_ends_with_fit else super().cpu()

@@ -91,8 +91,8 @@ def sampling_kernels(device: torch.device, sampling_kernel: bool | None) -> Any:
 def reads_slots_in_use(attend_slots_in_use: bool, decode_attention: str, device: torch.device) -> bool:
     """Whether decode steps run the Triton attention kernel, which can read only the cache slots in
     use (``kernels.decode_attention.slots_in_use``); other kinds read the whole cache."""
-    if not attend_slots_in_use or decode_attention not in ("auto", "triton"):
-        return False  # no import of the kernel's module (and Triton's, ~1 s) for a kind that never runs it
+    if not attend_slots_in_use or resolve_decode_kind(decode_attention, device, True) != "triton":
+        return False  # a kind that never runs the kernel: no import of its module (and Triton's, ~1 s)
     triton_runs = kernels_run_on(device) and importable(_ATTENTION_MODULE)
     return resolve_decode_kind(decode_attention, device, triton_runs) == "triton"
 
