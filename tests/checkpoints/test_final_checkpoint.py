@@ -115,6 +115,8 @@ def test_a_fit_off_the_checkpoint_interval_ends_with_last_ckpt_at_its_last_step(
 
     # Resumed to 5: last.ckpt moves on to 5, past the interval's step 4.
     last = tmp_path / "grpo" / "version_0" / "checkpoints" / "last.ckpt"
+    # The command line's fit releases the optimizer's state at its end, after last.ckpt took it.
+    assert torch.load(last, weights_only=False)["optimizer_states"][0]["state"]
     main(fit_args(tiny_model_dir, tmp_path, "--ckpt_path", str(last), steps=5))
     assert last_step(tmp_path) == 5
     assert summary_checkpoint(capsys.readouterr().out)[1] == 5
