@@ -57,6 +57,9 @@ from grpo_lightning.rollout.engine import DECODE_ATTENTION_KINDS  # noqa: E402
 from grpo_lightning.rollout.engine.options import EngineOptions  # noqa: E402
 from first_step import KINDS as FIRST_STEP_KINDS  # noqa: E402
 
+#: ``time.time()`` once this process has imported what it needs: the first mark of a first step's phases.
+IMPORTS_END_TIME = time.time()
+
 #: The values of an on/off engine flag, as the engine option's.
 SWITCH = {"auto": None, "on": True, "off": False}
 
@@ -214,9 +217,11 @@ def make_step_recorder():
             self._start = 0.0
             self.first_step_peak = 0.0
             self.first_step_end_time: float | None = None  # time.time() at the end of the first step
+            self.marks: dict[str, float] = {}  # time.time() where the first step's phases end (first_step.PHASES)
             self.memory: dict[str, Any] = {}  # memory_held after the last step (CUDA), or the error it raised
 
         def on_train_start(self, trainer, pl_module) -> None:
+            self.marks["train_start"] = time.time()
             self.threads = torch.get_num_threads()
             self.engine_plan = pl_module.engine_plan  # as resolved for the training device
 
@@ -228,6 +233,7 @@ def make_step_recorder():
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             _sync()
+            self.marks.setdefault("first_batch_start", time.time())
             self._start = time.perf_counter()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -670,6 +676,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
         from stop_lengths import install_forced_stops, length_summary
 
         forced, undo = install_forced_stops(workload.max_new_tokens, args.seed)
+    recorder.marks["fit_called"] = time.time()
     try:
         trainer.fit(module, data)
     finally:
@@ -713,6 +720,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     result["dtype"] = dtype
     result["torch_threads"] = recorder.threads
     result["first_step_end_time"] = recorder.first_step_end_time
+    result["first_step_marks"] = {"imports_end": IMPORTS_END_TIME, **recorder.marks}
     return result
 
 
@@ -778,6 +786,10 @@ def print_table(result: dict[str, Any]) -> None:
     if "first_step_s" in result:
         line = f"first step from process start: ours {result['first_step_s']:.1f} s cold"
         line += f", {result['first_step_warm_s']:.1f} s warm" if "first_step_warm_s" in result else ""
+        for kind in ("cold", "warm"):
+            if f"first_step_{kind}_phases" in result:
+                phases = ", ".join(f"{k} {v:.1f}" for k, v in result[f"first_step_{kind}_phases"].items())
+                line += f" ({kind}: {phases})"
         trl = result.get("trl", {})
         if "first_step_s" in trl:
             line += f"; TRL {trl['first_step_s']:.1f} s cold"
@@ -969,6 +981,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         result["build_s"] = build_s
         result.update(run_ours(args, workload, paths, dtype, precision))
         result.pop("first_step_end_time")  # this process also built the files: its first step is not a user's
+        result.pop("first_step_marks")
         kinds = FIRST_STEP_KINDS[args.first_step] if args.devices in (1, "1") else ()
         caches = Path(tempfile.mkdtemp(prefix="grpo-bench-caches-"))
         if kinds:
@@ -1007,7 +1020,8 @@ def first_step_child(args: argparse.Namespace, workload: Workload, dtype: str, p
     args.steps, args.profile_step, args.profile_trace, args.dump_first_step = 1, None, None, None
     paths = {"model": str(Path(args.workdir) / "model"), "prompts": str(Path(args.workdir) / "prompts")}
     result = run_ours(args, workload, paths, dtype, precision)
-    line = {"first_step_end_time": result["first_step_end_time"], "step_s": result["step_s"]}
+    line = {"first_step_end_time": result["first_step_end_time"], "step_s": result["step_s"],
+            "first_step_marks": result["first_step_marks"]}
     print(json.dumps(line), flush=True)
     return line
 

@@ -73,6 +73,15 @@ def test_first_step_from_process_start_is_measured_for_both_frameworks(tmp_path)
     assert ours["first_step_s"] > ours["step_s"][0] and trl["first_step_s"] > trl["step_s"][0]
     assert "first_step_warm_s" not in ours and "first_step_warm_s" not in trl  # --first-step cold
     assert "first step from process start: ours" in completed.stdout
+    phases = ours["first_step_cold_phases"]  # where ours went, in order, adding up to the whole
+    assert list(phases) == list(first_step.PHASES) and min(phases.values()) >= 0
+    assert sum(phases.values()) == pytest.approx(ours["first_step_s"], abs=0.01)
+
+
+def test_first_step_phases_run_from_the_launch_through_each_mark():
+    marks = {"imports_end": 104.0, "fit_called": 104.5, "train_start": 107.0, "first_batch_start": 107.25}
+    phases = first_step.first_step_phases({"first_step_marks": marks, "first_step_end_time": 110.0}, launched=100.0)
+    assert phases == {"imports_s": 4.0, "build_s": 0.5, "setup_s": 2.5, "loop_start_s": 0.25, "step_s": 2.75}
 
 
 def test_the_first_step_clock_starts_before_the_process_does(tmp_path):
