@@ -56,3 +56,19 @@ def test_a_cache_that_cannot_be_written_leaves_python_as_it_was(tmp_path):
     blocker.write_text("")
     result = python(tmp_path, PYTHONDONTWRITEBYTECODE="1", GRPO_LIGHTNING_CACHE=str(blocker))
     assert result.stdout.split() == ["None", "True"]
+
+
+def test_a_python_child_the_package_starts_writes_to_and_reads_from_the_same_cache(tmp_path):
+    cache = tmp_path / "cache"
+    (tmp_path / "src" / "torch").mkdir(parents=True)
+    (tmp_path / "src" / "torch" / "__init__.py").write_text("")
+    (tmp_path / "src" / "probe_module.py").write_text("VALUE = 1\n")
+    (tmp_path / "src" / "child_module.py").write_text("VALUE = 2\n")
+    child = "import subprocess, sys; from grpo_lightning.bytecode import child_environment; "
+    child += "subprocess.run([sys.executable, '-c', 'import child_module'], env=child_environment(), check=True)"
+    python(tmp_path, child.replace("import subprocess", "import grpo_lightning, subprocess"),
+           PYTHONDONTWRITEBYTECODE="1", GRPO_LIGHTNING_CACHE=str(cache))  # fmt: skip
+    assert len(list((cache / "pycache").rglob("child_module.*.pyc"))) == 1
+    unchanged = "import os, grpo_lightning; from grpo_lightning.bytecode import child_environment; "
+    unchanged += "print(child_environment() == dict(os.environ))"
+    assert python(tmp_path, unchanged, GRPO_LIGHTNING_CACHE=str(cache)).stdout.strip() == "True"  # no cache of its own

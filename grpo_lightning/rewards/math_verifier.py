@@ -76,10 +76,13 @@ def start_in_background() -> None:
 
 
 def _spawn() -> None:
+    from grpo_lightning.bytecode import child_environment  # here: the child runs this file alone, without the package
+
     global _child, _replies
     try:
         _child = subprocess.Popen(
-            [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+            [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+            env=child_environment(),  # it imports sympy: from the package's bytecode cache, where it keeps one
         )
     except OSError:
         _child = None

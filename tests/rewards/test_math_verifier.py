@@ -114,6 +114,24 @@ def test_a_child_started_in_the_background_is_the_one_the_first_comparison_uses(
     assert math_verifier._child is child and math_verifier._ready
 
 
+@needs_math_verify
+def test_the_child_imports_from_the_package_bytecode_cache_where_it_keeps_one(tmp_path, monkeypatch):
+    # As on an image that forbids bytecode and ships its packages without it (the GPU image): the
+    # package keeps its own cache (grpo_lightning.bytecode), and the child, which runs this module's
+    # file alone, is pointed at it instead of compiling sympy from source in every process.
+    from grpo_lightning import bytecode
+
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setattr(bytecode, "_own_folder", str(tmp_path))
+    monkeypatch.setattr(sys, "pycache_prefix", str(tmp_path))
+    math_verifier.stop()
+    try:
+        assert answers_match(r"\sqrt{\frac{1}{4}}", "1/2")
+        assert list(tmp_path.rglob("math_verify/**/*.pyc")) and list(tmp_path.rglob("sympy/**/*.pyc"))
+    finally:
+        math_verifier.stop()  # the next test's child starts without the cache
+
+
 def test_without_math_verify_nothing_starts_in_the_background(without_math_verify):
     math_verifier.stop()
     math_verifier.start_in_background()
