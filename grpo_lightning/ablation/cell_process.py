@@ -31,6 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from grpo_lightning import process_end
 from grpo_lightning.import_pause import collection_paused
 
 #: Imported once by the server that forks the cells.
@@ -96,7 +97,9 @@ class CellServer:
         self.set_by_imports: dict[str, str] = {}
         self.ready = threading.Event()
         self.process = subprocess.Popen(
-            [sys.executable, "-c", "from grpo_lightning.ablation.cell_process import serve; serve()"],
+            # the early end armed before any import registers an atexit handler (grpo_lightning.process_end)
+            [sys.executable, "-c", "from grpo_lightning import process_end; process_end.arm(); "
+                                   "from grpo_lightning.ablation.cell_process import serve; serve()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.environment,
         )  # fmt: skip
         self.request_lock = threading.Lock()
@@ -226,9 +229,11 @@ def serve() -> None:
                     selector.close()
                     requests.close()
                     reports.close()
-                    # the interpreter's own exit, as a new process's: atexit handlers (a W&B run's finish,
-                    # say) run and non-daemon threads are joined
-                    sys.exit(_run_cell(json.loads(line), set_by_imports))
+                    # the interpreter's own exit, as a new process's: non-daemon threads are joined and atexit
+                    # handlers (a W&B run's finish, say) run; then it ends without the teardown (process_end)
+                    status = _run_cell(json.loads(line), set_by_imports)
+                    process_end.finished(status)
+                    sys.exit(status)
                 running.add(pid)
                 reports.write(json.dumps({"started": pid}) + "\n")
         elif not open_:
@@ -249,7 +254,7 @@ def _run_cell(request: dict, set_by_imports: dict[str, str]) -> int:
         run_cli(request["arguments"], {**set_by_imports, **request["env"]}, request["cwd"], request["log"])
         code = 0
     except SystemExit as done:
-        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        code = process_end.exit_status(done)
     except BaseException:
         import traceback
 

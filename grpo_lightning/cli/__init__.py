@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from grpo_lightning import process_end
 from grpo_lightning.import_pause import import_module
 
 
@@ -9,3 +10,15 @@ def main(args=None, **options):
     """``grpo-lightning``: imported on call, so that the configs and run folders of this package load without Lightning."""
     run = import_module("grpo_lightning.cli.app").main  # the first import with the collector paused
     return run(args, **options)
+
+
+def console_main() -> None:
+    """``grpo-lightning`` and ``python -m grpo_lightning.cli``: :func:`main` in a process that ends, once it is
+    done, without the interpreter's teardown (:mod:`grpo_lightning.process_end`)."""
+    process_end.arm()
+    try:
+        main()
+    except SystemExit as stop:
+        process_end.finished(process_end.exit_status(stop))
+        raise
+    process_end.finished(0)

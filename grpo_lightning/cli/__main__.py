@@ -1,5 +1,5 @@
 """``python -m grpo_lightning.cli``: the same as ``grpo-lightning``."""
 
-from grpo_lightning.cli import main
+from grpo_lightning.cli import console_main
 
-main()
+console_main()
