@@ -10,7 +10,8 @@ collection would have done. A command line that fails with an exception ends as 
 failed has printed its traceback and ends early too.
 
 :func:`arm` registers the end before any other ``atexit`` handler, so that it runs after all of them; a
-process where another was registered first is left alone. :func:`finished` gives the exit status; without
+process where another was registered first (by a start-up hook of the interpreter's, as on the GPU machine
+measured, whose ``certifi`` hook registers one) is left alone. :func:`finished` gives the exit status; without
 it the process ends as usual (a Python caller of the CLI's ``main`` keeps its own exit).
 """
 
