@@ -473,3 +473,12 @@ def test_startup_phases_time_a_method_that_calls_its_parent_s_once():
         startup._timed(cls, "setup", "strategy setup", marks.append, depth)
     assert Child().setup() == "base+child"
     assert marks == ["before strategy setup", "strategy setup"]
+
+
+def test_exit_time_splits_a_command_at_its_last_line(tmp_path):
+    spec = importlib.util.spec_from_file_location("exit_time", REPO_ROOT / "benchmarks" / "exit_time.py")
+    exit_time = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(exit_time)
+    child = "import time; print('last', flush=True); time.sleep(0.5); raise SystemExit(3)"
+    status, last_line, after = exit_time.exit_time([sys.executable, "-c", child])
+    assert status == 3 and last_line > 0 and 0.5 <= after < 5
