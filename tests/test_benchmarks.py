@@ -482,3 +482,18 @@ def test_exit_time_splits_a_command_at_its_last_line(tmp_path):
     child = "import time; print('last', flush=True); time.sleep(0.5); raise SystemExit(3)"
     status, last_line, after = exit_time.exit_time([sys.executable, "-c", child])
     assert status == 3 and last_line > 0 and 0.5 <= after < 5
+
+
+def test_the_smollm2_report_rebuilds_its_readme_and_compares_arms_paired_by_seed(tmp_path):
+    """reports/smollm2/README.md is what its REGENERATE line writes from data/; beside TRL it gives the
+    paired difference by seed with its t-interval, and an arm of one seed is kept out of the table."""
+    report = REPO_ROOT / "reports" / "smollm2"
+    line = (report / "REGENERATE").read_text().strip()
+    env = {**os.environ, "OUT": str(tmp_path), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(["sh", "-c", line], cwd=REPO_ROOT, env=env, check=True, capture_output=True)
+    text = (tmp_path / "README.md").read_text()
+    assert text == (report / "README.md").read_text()
+    # by hand: 64.5-65.0, 71.5-68.5, 62.5-51.5 = -0.5, 3.0, 11.0; mean 4.5, sd 5.895, t(2) 4.303 x 3.403 = 14.64
+    assert "paired by seed (n = 3): +4.5 points [-10.1, +19.1] (95% t-interval), paired t-test p = 0.32" in text
+    assert "| grpo-lightning grpo | 0, 1, 2 | 55, 51, 58 |" in text
+    assert "\n| grpo-lightning dr_grpo | 0 |" not in text and "One seed only, not compared: grpo-lightning dr_grpo" in text
