@@ -70,14 +70,24 @@ class PolicyUpdate:
         self.step_metrics.update("learning_rate", scheduler.get_last_lr()[0])
 
     def clip_and_log_gradient_norm(self, optimizer, prompts: Sequence[Any] = ()) -> None:
-        """Clip the gradient to ``max_grad_norm`` and log its norm before clipping (``grad_norm``);
-        a NaN or infinite norm drops the gradient, so the step changes nothing (``skipped_steps``,
-        and a warning naming the step's ``prompts``)."""
+        """Clip the gradient to ``max_grad_norm`` and log its norm before clipping (``grad_norm``).
+
+        Two gradients are dropped, so that the optimizer step moves no parameter (AdamW leaves a
+        parameter without a gradient as it is, momentum and step count included):
+        - a NaN or infinite norm (``skipped_steps``, and a warning naming the step's ``prompts``);
+        - a norm of exactly zero (``frac_zero_gradient``): every advantage was zero and no term
+          that does not depend on them (KL, an entropy bonus) was on. An optimizer step on a zero
+          gradient would still move every weight by Adam's momentum from earlier steps, so a run
+          whose steps mostly carry no signal would drift with nothing to learn from.
+        """
         norm = clip_policy_gradients(self, optimizer, self.optim_options.max_grad_norm)
         if norm is not None:
             self.step_metrics.update("grad_norm", norm)
-            if not self.nonfinite.allows(norm, self.global_step, prompts):
+            finite = self.nonfinite.allows(norm, self.global_step, prompts)
+            zero = bool(norm == 0)
+            if zero or not finite:
                 optimizer.zero_grad(set_to_none=True)
+            self.step_metrics.update("frac_zero_gradient", float(zero))
             self.step_metrics.update("skipped_steps", float(self.nonfinite.skipped), reduce="max")
 
     def accumulate_gradients(self, rollout: Rollout, advantages: Tensor, rows: Tensor) -> None:
