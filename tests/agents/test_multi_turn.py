@@ -194,7 +194,7 @@ def test_variants_that_need_one_completion_refuse_an_environment(make_module):
 
 def test_environment_options_come_back_from_the_hyperparameters(make_module):
     module = make_module(GRPO, configure=False, environment=SCRIPTED)
-    assert module.hparams["environment"] == {**SCRIPTED, "args": {}}
+    assert module.hparams["environment"] == {**SCRIPTED, "args": {}, "max_error_fraction": 0.1}
     assert EnvironmentOptions.of(module.hparams["environment"]) == module.environment
 
 
