@@ -77,8 +77,8 @@ class Trajectory:
 
 
 def start(options: EnvironmentOptions, row: dict, tokenizer: PreTrainedTokenizerBase, use_chat_template: bool) -> Trajectory:
-    """A new episode on ``row``; one whose environment cannot be made or reset starts over (failed)
-    with the row's prompt as its user message."""
+    """A new episode on ``row``. One whose environment cannot be made or reset is over before its
+    first turn (failed), the row's prompt its user message."""
     try:
         environment = options.make()
         chat = ChatTokens(tokenizer, getattr(environment, "tools", ()), use_chat_template)
