@@ -22,6 +22,10 @@ from grpo_lightning.errors import ConfigError
 Message = dict[str, Any]
 
 
+class EnvironmentFailureError(RuntimeError):
+    """More of a step's episodes ended by their environment's exception than ``environment.max_error_fraction`` allows."""
+
+
 @runtime_checkable
 class Environment(Protocol):
     """What a multi-turn rollout talks to. Optional attributes: ``tools`` (callables whose schemas
@@ -51,6 +55,10 @@ class EnvironmentOptions:
     max_tokens: int | None = None
     """Tokens after the prompt at most, the model's and the environment's together; ``None``:
     ``max_turns * max_new_tokens``. Each turn is also limited to ``max_new_tokens``."""
+    max_error_fraction: float = 0.1
+    """Share of a step's episodes whose environment may raise (in ``reset`` or ``step``): such an
+    episode ends with reward 0 and is counted (``agent/environment_errors``); past this share the
+    fit stops, naming the environment and its error."""
 
     @classmethod
     def of(cls, value: EnvironmentOptions | dict[str, Any]) -> EnvironmentOptions:
@@ -59,12 +67,14 @@ class EnvironmentOptions:
             unknown = sorted(set(value) - {f.name for f in fields(cls)})
             if unknown or "name" not in value:
                 problem = f"no option {unknown[0]!r}" if unknown else "'name' is missing"
-                raise ConfigError(f"environment: {problem}; give name (an import path), args, max_turns, max_tokens.")
+                raise ConfigError(f"environment: {problem}; give name (an import path), args, max_turns, max_tokens, max_error_fraction.")
             value = cls(**value)
         if not isinstance(value, cls):
             raise ConfigError(f"environment: give EnvironmentOptions or a dict of its fields, got {value!r}.")
         if value.max_turns < 1 or (value.max_tokens is not None and value.max_tokens < 1):
             raise ConfigError("environment.max_turns and environment.max_tokens: must be at least 1.")
+        if not 0.0 <= value.max_error_fraction <= 1.0:
+            raise ConfigError(f"environment.max_error_fraction: must be between 0 and 1, got {value.max_error_fraction!r}.")
         value.make()
         return value
 

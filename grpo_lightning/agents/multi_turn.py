@@ -8,6 +8,10 @@ the ids of its rendered text (:class:`~grpo_lightning.agents.chat_tokens.ChatTok
 decoded and encoded again, so the trainer scores the sampled tokens. The model's tokens are the
 rollout's ``completion_mask`` (loss, token counts), the replies' its ``environment_mask`` (attended
 to, never trained on).
+
+An environment that raises (in ``reset``, ``step`` or a reply the chat template cannot render) ends
+that episode with reward 0, counted; past ``environment.max_error_fraction`` of the episodes the fit
+stops (:class:`~grpo_lightning.agents.environment.EnvironmentFailureError`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from grpo_lightning.agents.chat_tokens import ChatTokens
-from grpo_lightning.agents.environment import Environment, EnvironmentOptions
+from grpo_lightning.agents.environment import Environment, EnvironmentFailureError, EnvironmentOptions, Message
 from grpo_lightning.agents.turn_cache import EngineTurns, HFTurns, left_padded
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.errors import ConfigError
@@ -44,7 +48,7 @@ def multi_turn_engine(options: EngineOptions, rollout_seed: int | None, beam_sea
 class Trajectory:
     """One episode: its environment, token ids after the prompt and, for each, whether the model sampled it."""
 
-    environment: Environment
+    environment: Environment | None  # None: it could not be made or reset
     chat: ChatTokens
     prompt_ids: list[int]
     ids: list[int] = field(default_factory=list)
@@ -55,6 +59,7 @@ class Trajectory:
     turns: int = 0
     finished: bool = False
     truncated: bool = False
+    error: str | None = None  # what the environment raised, which ended the episode
 
     def append(self, ids: list[int], from_model: bool, logp: list[float] | None = None) -> None:
         self.ids += ids
@@ -64,12 +69,52 @@ class Trajectory:
     def end(self, truncated: bool = False) -> None:
         self.finished, self.truncated = True, truncated
 
+    def fail(self, where: str, error: Exception) -> None:
+        """The environment raised ``error`` in ``where``: the episode ends, with reward 0."""
+        self.error = f"{where} raised {type(error).__name__}: {' '.join(str(error).split())}"[:300]
+        self.reward = 0.0
+        self.end()
+
 
 def start(options: EnvironmentOptions, row: dict, tokenizer: PreTrainedTokenizerBase, use_chat_template: bool) -> Trajectory:
-    environment = options.make()
-    messages = environment.reset(row)
-    chat = ChatTokens(tokenizer, getattr(environment, "tools", ()), use_chat_template)
-    return Trajectory(environment, chat, chat.prompt_ids(messages))
+    """A new episode on ``row``. One whose environment cannot be made or reset is over before its
+    first turn (failed), the row's prompt its user message."""
+    try:
+        environment = options.make()
+        chat = ChatTokens(tokenizer, getattr(environment, "tools", ()), use_chat_template)
+        return Trajectory(environment, chat, chat.prompt_ids(environment.reset(row)))
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 - an environment's failure ends its episode, counted
+        chat = ChatTokens(tokenizer, (), use_chat_template)
+        episode = Trajectory(None, chat, chat.prompt_ids([{"role": "user", "content": str(row.get("prompt", ""))}]))
+        episode.fail("reset", error)
+        return episode
+
+
+def reply(episode: Trajectory, text: str) -> tuple[list[Message], list[int], bool] | None:
+    """The environment's ``(messages, their ids, done)`` after the model's turn ``text`` (its reward
+    added to the episode's); ``None`` when the environment raised (the episode failed)."""
+    try:
+        messages, reward, done = episode.environment.step({"role": "assistant", "content": text})
+        episode.reward += 0.0 if reward is None else float(reward)
+        return messages, ([] if done else episode.chat.reply_ids(messages)), done
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 - an environment's failure ends its episode, counted
+        episode.fail("step", error)
+        return None
+
+
+def stop_if_too_many_failed(episodes: list[Trajectory], options: EnvironmentOptions) -> None:
+    """An :class:`EnvironmentFailureError` when more than ``options.max_error_fraction`` of the episodes failed."""
+    failed = [e.error for e in episodes if e.error is not None]
+    if len(failed) > options.max_error_fraction * len(episodes):
+        raise EnvironmentFailureError(
+            f"environment: {options.name} raised in {len(failed)} of {len(episodes)} episodes of a step, more than "
+            f"environment.max_error_fraction ({options.max_error_fraction:g}) allows; the first: {failed[0]}. Fix the "
+            "environment, or raise environment.max_error_fraction."
+        )
 
 
 def right_padded(rows: list[list], value, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -98,6 +143,7 @@ def sample_episodes(
     device = next(model.parameters()).device
     rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
     episodes = [start(options, row, tokenizer, use_chat_template) for row in rows for _ in range(group_size)]
+    stop_if_too_many_failed(episodes, options)
     budget, eos = options.token_budget(sampling.max_new_tokens), tokenizer.eos_token_id
     engine = None if sampler is None else sampler.turn_engine(model, len(episodes), sampling)
     if engine is not None:
@@ -123,24 +169,26 @@ def sample_episodes(
             if eos not in ids:
                 episode.end(truncated=True)  # the turn was cut: no reply can follow it
                 continue
-            replies, reward, done = episode.environment.step({"role": "assistant", "content": text})
-            episode.reward += 0.0 if reward is None else float(reward)
+            outcome = reply(episode, text)
+            if outcome is None:
+                continue
+            replies, reply_ids, done = outcome
             if done:
                 episode.end()
                 continue
-            reply = episode.chat.reply_ids(replies)
-            if turn == options.max_turns - 1 or len(episode.ids) + len(reply) >= budget:
+            if turn == options.max_turns - 1 or len(episode.ids) + len(reply_ids) >= budget:
                 episode.end(truncated=True)
                 continue
-            episode.append(reply, False)
-            turns.replied(row, reply)
+            episode.append(reply_ids, False)
+            turns.replied(row, reply_ids)
             episode.conversation += [{"role": m.get("role", "user"), "content": str(m.get("content", ""))} for m in replies]
+        stop_if_too_many_failed(episodes, options)
     return episodes_rollout(episodes, tokenizer, batch, group_size, device, with_logprobs)
 
 
 def episodes_rollout(episodes, tokenizer, batch, group_size, device, with_logprobs) -> Rollout:
     """The :class:`Rollout` of finished episodes, with their counts and turns as columns (``environment_reward``,
-    ``turns``, ``tool_calls``, ``tool_errors``, ``conversation``)."""
+    ``turns``, ``tool_calls``, ``tool_errors``, ``environment_error``, ``conversation``)."""
     prompt_ids, prompt_mask = left_padded([e.prompt_ids for e in episodes], tokenizer.pad_token_id, device)
     completion_ids = right_padded([e.ids for e in episodes], tokenizer.pad_token_id, torch.long, device)
     model_mask = right_padded([[float(m) for m in e.from_model] for e in episodes], 0.0, torch.float32, device)
@@ -154,6 +202,7 @@ def episodes_rollout(episodes, tokenizer, batch, group_size, device, with_logpro
     columns["turns"] = [e.turns for e in episodes]
     columns["tool_calls"] = [getattr(e.environment, "tool_calls", 0) for e in episodes]
     columns["tool_errors"] = [dict(getattr(e.environment, "tool_errors", Counter())) for e in episodes]
+    columns["environment_error"] = [e.error for e in episodes]
     columns["conversation"] = [e.conversation for e in episodes]
     return Rollout(
         group_size=group_size,

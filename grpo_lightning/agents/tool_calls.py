@@ -3,6 +3,9 @@
 A format is a function ``text -> list[ToolCall]``, registered by name in :data:`TOOL_CALL_FORMATS`
 or given as a callable or an import path (:func:`resolve_tool_call_format`). A call whose text
 cannot be read comes back with its ``error`` set, so that the model is told, and the error counted.
+JSON is read only within :data:`MAX_CALL_CHARS` characters and :data:`MAX_JSON_DEPTH` levels of
+nesting, checked before parsing: a model's degenerate output (thousands of ``[``) is a bad call, never
+an exception that would end the fit.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ from typing import Any
 from grpo_lightning.errors import ConfigError
 
 _JSON_TAG = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+#: Characters of JSON read for one call (or one Llama turn of calls); longer is a bad call.
+MAX_CALL_CHARS = 20_000
+#: Levels of ``[``/``{`` nesting a call's JSON may have; deeper is a bad call (the parser recurses per level).
+MAX_JSON_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,8 @@ def llama_json_calls(text: str) -> list[ToolCall]:
     body = text.strip().removeprefix("<|python_tag|>").strip()
     if not body.startswith("{"):
         return []
+    if (error := unreadable_json(body)) is not None:
+        return [ToolCall("", error=error)]
     calls, decoder, position = [], json.JSONDecoder(), 0
     while position < len(body):
         try:
@@ -59,6 +68,8 @@ def _json_call(body: str | Any, arguments_key: str) -> ToolCall:
     """A call from its JSON text (or its parsed value): ``name`` and its arguments under
     ``arguments_key`` (``arguments`` is read too)."""
     if isinstance(body, str):
+        if (error := unreadable_json(body)) is not None:
+            return ToolCall("", error=error)
         try:
             body = json.loads(body.strip())
         except json.JSONDecodeError as error:
@@ -67,6 +78,8 @@ def _json_call(body: str | Any, arguments_key: str) -> ToolCall:
         return ToolCall("", error='a tool call must be a JSON object with a "name"')
     arguments = body.get(arguments_key, body.get("arguments", {}))
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
+        if (error := unreadable_json(arguments)) is not None:
+            return ToolCall(body["name"], error=f'"{arguments_key}": {error}')
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError:
@@ -74,6 +87,38 @@ def _json_call(body: str | Any, arguments_key: str) -> ToolCall:
     if not isinstance(arguments, dict):
         return ToolCall(body["name"], error=f'"{arguments_key}" must be a JSON object')
     return ToolCall(body["name"], arguments)
+
+
+def unreadable_json(text: str) -> str | None:
+    """Why ``text`` is not parsed as JSON (longer than :data:`MAX_CALL_CHARS`, or nested deeper than
+    :data:`MAX_JSON_DEPTH`), or ``None``: a bound checked before the recursive parser sees it."""
+    if len(text) > MAX_CALL_CHARS:
+        return f"the tool call is longer than {MAX_CALL_CHARS} characters"
+    if json_depth(text) > MAX_JSON_DEPTH:
+        return f"the tool call nests JSON deeper than {MAX_JSON_DEPTH} levels"
+    return None
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of ``[`` and ``{`` in ``text`` outside JSON strings, in one pass without recursion."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth = max(depth - 1, 0)  # a stray closer must not hide the openers after it
+    return deepest
 
 
 #: Tool-call formats by name.

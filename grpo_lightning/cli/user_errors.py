@@ -12,6 +12,7 @@ from types import TracebackType
 
 import yaml
 
+from grpo_lightning.agents.environment import EnvironmentFailureError
 from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.rewards.scoring import RewardFunctionError
 from grpo_lightning.training.optimization.nonfinite import NonFiniteTrainingError
@@ -75,7 +76,7 @@ MOVED = {
 SETUP_FUNCTIONS = frozenset({"setup", "prepare_data", "load", "configure_model", "load_models", "on_fit_start"})
 
 #: Always a user's error, wherever raised.
-USER_ERRORS = (ConfigError, RewardFunctionError, NonFiniteTrainingError)
+USER_ERRORS = (ConfigError, RewardFunctionError, NonFiniteTrainingError, EnvironmentFailureError)
 
 #: Where the modules of the flat package went when it was given folders (``grpo_lightning.OLD`` -> ``grpo_lightning.NEW``).
 MOVED_MODULES = {

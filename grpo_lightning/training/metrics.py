@@ -179,7 +179,8 @@ def record_rollout(metrics: StepMetrics, rollout: Rollout) -> None:
 
 def record_episodes(metrics: StepMetrics, rollout: Rollout) -> None:
     """Per multi-turn episode (:mod:`grpo_lightning.agents`): turns, tool calls, failed calls by kind,
-    the environment's reward, tokens by source (model, environment) and the share truncated."""
+    the environment's reward, tokens by source (model, environment), the share truncated and the share
+    ended by an exception of the environment."""
     from grpo_lightning.agents.tools import TOOL_ERROR_KINDS
 
     columns = rollout.columns
@@ -191,6 +192,7 @@ def record_episodes(metrics: StepMetrics, rollout: Rollout) -> None:
     metrics.update("agent/model_tokens", rollout.completion_mask.sum() / len(rollout))
     metrics.update("agent/environment_tokens", rollout.environment_mask.sum() / len(rollout))
     metrics.update("agent/truncated", rollout.truncated.float().mean())
+    metrics.update("agent/environment_errors", sum(e is not None for e in columns["environment_error"]) / len(rollout))
 
 
 def record_rewards(metrics: StepMetrics, rollout: Rollout, names: Sequence[str]) -> None:

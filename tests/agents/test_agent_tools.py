@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
-from grpo_lightning.agents import ToolCall, ToolEnvironment, calculator, json_tag_calls, run_tool_call, tool_schema
-from grpo_lightning.agents.tool_calls import resolve_tool_call_format
+from grpo_lightning.agents import (
+    CalculatorEnvironment,
+    ToolCall,
+    ToolEnvironment,
+    calculator,
+    json_tag_calls,
+    llama_json_calls,
+    run_tool_call,
+    tool_schema,
+)
+from grpo_lightning.agents.tool_calls import MAX_CALL_CHARS, resolve_tool_call_format
 from grpo_lightning.errors import ConfigError
 
 
@@ -75,6 +85,43 @@ def test_llama_json_calls_read_the_turn_as_json_objects_and_an_answer_as_no_call
     assert llama_json_calls('{"name": "add", "parameters": [1, 2]}')[0].error == '"parameters" must be a JSON object'
     assert llama_json_calls('The answer is {"x": 1}.') == [] and llama_json_calls("408") == []
     assert resolve_tool_call_format("llama_json") is llama_json_calls
+
+
+DEGENERATE = {
+    "json_tags nested brackets": (json_tag_calls, "<tool_call>" + "[" * 5000),
+    "json_tags nested objects": (json_tag_calls, '<tool_call>{"name": "add", "arguments": ' + '{"a": ' * 5000),
+    "nested JSON in the arguments string": (json_tag_calls, "<tool_call>" + json.dumps({"name": "add", "arguments": "[" * 5000})),
+    "llama_json nested brackets": (llama_json_calls, '{"name": "add", "parameters": ' + "[" * 5000 + "]" * 5000 + "}"),
+    "llama_json nested JSON in the parameters": (llama_json_calls, json.dumps({"name": "add", "parameters": "{" * 5000})),
+    "a call longer than the cap": (json_tag_calls, '<tool_call>{"name": "add", "arguments": {"a": "' + "9" * MAX_CALL_CHARS + '"}}'),
+}
+
+
+@pytest.mark.parametrize(("parse", "text"), DEGENERATE.values(), ids=DEGENERATE.keys())
+def test_degenerate_json_is_one_call_that_cannot_be_read_never_an_exception(parse, text):
+    (call,) = parse(text)
+    assert call.error is not None and ("deeper than" in call.error or "longer than" in call.error)
+    content, error = run_tool_call(call, {"add": add}, timeout=1.0)
+    assert error == "bad_call" and content.startswith("Error: ")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "<tool_call>" + "[" * 5000,
+        "<tool_call>" + json.dumps({"name": "calculator", "arguments": "[" * 5000}),
+        "<tool_call>" + "x" * 10**6,
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "\\ud800 + 1"}}</tool_call>',
+        "\ud800" + "[" * 5000,
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "' + "(" * 5000 + '1"}}</tool_call>',
+    ],
+    ids=["nested brackets", "nested JSON in the arguments", "a huge string", "a lone surrogate in JSON", "a lone surrogate", "nested parentheses"],
+)
+def test_the_calculator_environment_answers_any_turn(content):
+    environment = CalculatorEnvironment()
+    environment.reset({"prompt": "What is 2 + 40?", "answer": "42"})
+    replies, reward, done = environment.step({"role": "assistant", "content": content})
+    assert (replies and replies[0]["content"].startswith("Error: ")) or done
 
 
 def test_a_tool_call_format_is_a_name_an_import_path_or_a_callable():

@@ -194,7 +194,7 @@ def test_variants_that_need_one_completion_refuse_an_environment(make_module):
 
 def test_environment_options_come_back_from_the_hyperparameters(make_module):
     module = make_module(GRPO, configure=False, environment=SCRIPTED)
-    assert module.hparams["environment"] == {**SCRIPTED, "args": {}}
+    assert module.hparams["environment"] == {**SCRIPTED, "args": {}, "max_error_fraction": 0.1}
     assert EnvironmentOptions.of(module.hparams["environment"]) == module.environment
 
 
@@ -368,3 +368,116 @@ def test_static_engine_episodes_on_cuda_score_exactly_the_sampled_tokens(engine,
     scored = module.compute_logprobs(module.policy, rollout)
     mask = rollout.completion_mask.bool()
     torch.testing.assert_close(scored[mask], rollout.sampling_logp[mask], atol=1e-3, rtol=0)
+
+
+def scripted(model, tokens: list[int]):
+    """Makes a real tiny model write ``tokens``, one per forward call across its turns: a forward hook
+    overwrites its last logits. Scripted because a random tiny model does not write degenerate output
+    on demand; everything after the logits (sampling, decoding, the environment, the rollout) is real."""
+    calls = iter(tokens)
+
+    def hook(module, args, output):
+        token = next(calls)
+        output.logits[:, -1, :] = float("-inf")
+        output.logits[:, -1, token] = 0.0
+
+    return model.register_forward_hook(hook)
+
+
+def test_a_turn_of_five_thousand_nested_brackets_is_a_counted_bad_call_and_the_episode_goes_on(tmp_path, one_torch_thread):
+    from grpo_lightning.quickstart.tiny import save_tiny_model, tiny_config
+    from grpo_lightning.training.metrics import StepMetrics, record_rollout
+    from test_agent_environments import CHATML, byte_tokenizer
+
+    tokenizer = byte_tokenizer(CHATML)
+    tokenizer.add_tokens(["<tool_call>", "[" * 100])  # one token each, so that the turn is 52 tokens
+    call, brackets = tokenizer.convert_tokens_to_ids(["<tool_call>", "[" * 100])
+    config = tiny_config(tokenizer, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64,
+                         max_position_embeddings=2048)  # fmt: skip
+    directory = save_tiny_model(tmp_path / "chatml", tokenizer, config)
+    environment = {"name": "grpo_lightning.agents.CalculatorEnvironment", "max_turns": 2, "max_tokens": 400}
+    module = GRPO(model=str(directory), environment=environment, rewards={"funcs": [environment_reward]}, kl={"beta": 0.0},
+                  sampling={"group_size": 2, "max_new_tokens": 60}, engine={"rollout": "hf"})  # fmt: skip
+    module.configure_model()
+    eos = module.tokenizer.eos_token_id
+    answer = module.tokenizer("42", add_special_tokens=False)["input_ids"]
+    hook = scripted(module.policy, [call] + [brackets] * 50 + [eos] + answer + [eos])
+    rollout = module.generate({"prompt": ["What is 2 + 40?"], "answer": ["42"]}, 2, module.sampling)
+    hook.remove()
+    module.score(rollout)
+    for conversation in rollout.columns["conversation"]:
+        assert conversation[0]["content"] == "<tool_call>" + "[" * 5000
+        assert conversation[1]["content"] == "Error: the tool call nests JSON deeper than 64 levels."
+        assert conversation[2]["content"] == "42"
+    assert rollout.columns["tool_errors"] == [{"bad_call": 1}] * 2
+    assert rollout.rewards.tolist() == [1.0, 1.0]  # the answer after the bad call was scored
+    metrics = StepMetrics()
+    record_rollout(metrics, rollout)
+    assert metrics.compute_and_reset()["agent/tool_errors/bad_call"] == 1.0
+
+
+class FailingEnvironment(ScriptedEnvironment):
+    """The scripted environment, raising in ``reset`` or ``step`` (``raise_in``) on the prompt ``5+6=``."""
+
+    def __init__(self, raise_in: str = "step") -> None:
+        super().__init__()
+        self.raise_in, self.failing = raise_in, False
+
+    def reset(self, row):
+        self.failing = row["prompt"] == "5+6="
+        if self.failing and self.raise_in == "reset":
+            raise KeyError("no such task")
+        return super().reset(row)
+
+    def step(self, message):
+        if self.failing and self.raise_in == "step":
+            raise ConnectionError("the game server\nis down")
+        return super().step(message)
+
+
+def failing_episodes(make_module, raise_in: str, max_error_fraction: float | None = None):
+    """Episodes of ``12+34=`` and ``5+6=`` (4 each), whose environment raises on ``5+6=``."""
+    from grpo_lightning.agents.multi_turn import sample_episodes
+
+    environment = {**SCRIPTED, "name": f"{__name__}.FailingEnvironment", "args": {"raise_in": raise_in}}
+    if max_error_fraction is not None:
+        environment["max_error_fraction"] = max_error_fraction
+    module = ending_turns(make_module(GRPO, environment=environment, rewards={"funcs": [environment_reward]},
+                                      sampling={"max_new_tokens": 6}))  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return sample_episodes(module.policy, module.tokenizer, {"prompt": ["12+34=", "5+6="]}, 4, module.sampling,
+                               module.environment)  # fmt: skip
+
+
+@pytest.mark.parametrize(("raise_in", "error"), [("reset", "KeyError: 'no such task'"), ("step", "ConnectionError: the game server is down")])
+def test_an_environment_that_raises_ends_that_episode_only_with_reward_zero_and_is_counted(
+    raise_in, error, make_module, one_torch_thread
+):
+    from grpo_lightning.training.metrics import StepMetrics, record_rollout
+
+    rollout = failing_episodes(make_module, raise_in, max_error_fraction=0.5)
+    errors = rollout.columns["environment_error"]
+    failed = [row for row, e in enumerate(errors) if e is not None]
+    assert failed and set(failed) <= {4, 5, 6, 7}  # only episodes of 5+6=
+    assert all(errors[row] == f"{raise_in} raised {error}" for row in failed)
+    assert all(rollout.columns["environment_reward"][row] == 0.0 for row in failed)
+    assert all(rollout.columns["turns"][row] == (0 if raise_in == "reset" else 1) for row in failed)
+    others = rollout.columns["environment_reward"][:4]
+    assert 3.0 in others and set(others) <= {0.0, 3.0}  # the other task's episodes ran as scripted
+    metrics = StepMetrics()
+    record_rollout(metrics, rollout)
+    assert metrics.compute_and_reset()["agent/environment_errors"] == len(failed) / 8
+
+
+def test_more_failed_episodes_than_max_error_fraction_stop_the_rollout_naming_the_environment_and_the_error(
+    make_module, one_torch_thread
+):
+    from grpo_lightning.agents.environment import EnvironmentFailureError
+
+    with pytest.raises(EnvironmentFailureError) as raised:
+        failing_episodes(make_module, "reset")
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(f"environment: {__name__}.FailingEnvironment raised in 4 of 8 episodes of a step")
+    assert "environment.max_error_fraction (0.1)" in message and "reset raised KeyError: 'no such task'" in message

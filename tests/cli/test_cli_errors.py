@@ -131,3 +131,20 @@ def test_the_environment_variable_shows_the_traceback(tiny_model_dir, monkeypatc
     assert _wants_traceback([])
     monkeypatch.setenv("GRPO_LIGHTNING_TRACEBACK", "0")
     assert not _wants_traceback([]) and _wants_traceback(["--verbose"])
+
+
+class UnreachableEnvironment:
+    """An environment whose every episode fails: its server cannot be reached."""
+
+    def reset(self, row):
+        raise ConnectionError("the game server\nis down")
+
+    def step(self, message):
+        return [], 0.0, True
+
+
+def test_a_fit_whose_environment_keeps_raising_stops_with_one_line_naming_it_and_its_error(tiny_model_dir, run_fit):
+    environment = f'{{"name": "{__name__}.UnreachableEnvironment", "max_turns": 2}}'
+    line = error_line(run_fit("--model.environment", environment, "--trainer.max_steps", "1", model=tiny_model_dir))
+    assert f"environment: {__name__}.UnreachableEnvironment raised in" in line, line
+    assert "reset raised ConnectionError: the game server is down" in line and "environment.max_error_fraction" in line
