@@ -71,6 +71,13 @@ def test_warm_start_writes_loadable_dir(fast_dir, cache):
     assert tokenizer.decode(tokenizer.encode(question, add_special_tokens=False)) == question
 
 
+def test_a_warm_start_first_says_what_it_builds_and_where_then_its_steps_of_the_total(cache, capsys):
+    model_dir = warm_start(**FAST)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith(f"Building the quickstart's tiny model in {model_dir} (at most 40 training steps")
+    assert any(line.startswith("warm start: 40/40 steps in ") and line.endswith(", done") for line in lines)
+
+
 def test_supervised_loss_decreases(fast_dir):
     losses = [loss for _, loss in read_marker(fast_dir)["losses"]]
     assert len(losses) == 4
