@@ -138,7 +138,8 @@ def run_cell(spec: SweepSpec, cell: Cell, model: str | None, env: Mapping[str, s
     record = {**cell.identity(), "name": cell.name, "arm": cell.arm, "baseline": spec.baseline_arm(), "command": command,
               "settings": spec.settings(cell)}  # fmt: skip
     (cell_dir / CELL_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    logger.info("cell %s: starting", cell.name)
+    number, total = cell_number(spec, cell)
+    logger.info("cell %d/%d: %s, seed %d, starting; its log: %s", number, total, cell.arm, cell.seed, cell_dir / LOG_FILE)
     started = time.perf_counter()
     with open(cell_dir / LOG_FILE, "w") as log:
         returncode = launch(command, log, env, spec.timeout_s)
@@ -153,6 +154,12 @@ def run_cell(spec: SweepSpec, cell: Cell, model: str | None, env: Mapping[str, s
     (cell_dir / DONE_FILE).write_text("")
     logger.info("cell %s: done in %.1f s", cell.name, seconds)
     return CellResult(cell, cell_dir, "done", seconds)
+
+
+def cell_number(spec: SweepSpec, cell: Cell) -> tuple[int, int]:
+    """The cell's place among the sweep's cells (from 1), and their count: the same in every launcher's job."""
+    cells = spec.cells()
+    return cells.index(cell) + 1, len(cells)
 
 
 def launch(command: Sequence[str], log, env: Mapping[str, str] | None, timeout_s: float | None = None) -> int:
@@ -307,6 +314,11 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], launch: Launch | None = None)
         spec = SweepSpec.from_dict(spec)
     cells = spec.cells()
     launch = launch or InProcess()
+    unfinished = sum(not is_done(spec.output_dir / cell.name) for cell in cells)
+    logger.info(
+        "sweep %s: %d cells, %d to run, in %s; first each cell's settings are checked (the trainer is imported "
+        "for that: up to a minute or two)", spec.name, len(cells), unfinished, spec.output_dir,
+    )  # fmt: skip
     check_sweep(spec, cells, start_cell_server=launch.in_this_process)
     spec.output_dir.mkdir(parents=True, exist_ok=True)
     results: dict[Cell, CellResult] = {}

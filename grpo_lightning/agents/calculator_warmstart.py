@@ -130,7 +130,8 @@ def calculator_warm_start(output_dir: str | Path | None = None, **settings) -> P
         record = {"key": key, "settings": asdict(chosen), "losses": losses, "seconds": time.perf_counter() - started}
         (out / MARKER_FILE).write_text(json.dumps({**record, "environment": environment()}, indent=2) + "\n")
 
-    return build_once(Path(output_dir), records_key(key), build)
+    takes = f"{chosen.steps} training steps on one CPU thread; a few minutes for the default {CalculatorWarmStartSettings.steps}"
+    return build_once(Path(output_dir), records_key(key), build, "the calculator recipe's tiny model", takes)
 
 
 def call_opening_rates(call_fraction: float) -> tuple[float, float]:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 from grpo_lightning.cli.resources import config_path
 from grpo_lightning.import_pause import import_module
+from grpo_lightning.models.sources import cache_dir
+from grpo_lightning.progress import say
 
 #: Completions per validation problem behind the quickstart's pass@k line (sampled at T = 1).
 PASS_AT_K_SAMPLES = 8
@@ -52,6 +54,10 @@ def run_quickstart(argv: Sequence[str] | None = None) -> dict[str, float]:
     )  # fmt: skip
     options, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
 
+    say(
+        f"grpo-lightning-quickstart: importing the trainer, then warm-starting a tiny model (minutes the first "
+        f"time, then cached in {cache_dir()}), training it with {options.variant} and measuring it."
+    )
     import_module("grpo_lightning.cli.app")  # the first import with the collector paused
     from grpo_lightning.cli.app import GRPOLightningCLI, expected_warnings_silenced
     from grpo_lightning.quickstart.warmstart import warm_start

@@ -1,4 +1,4 @@
-"""Warm starts built once and cached on disk: the lock, the marker, and the reproducible CPU their result depends on."""
+"""Warm starts built once and cached on disk: the lock, the notice, the marker, and the reproducible CPU their result depends on."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 import transformers
-from filelock import FileLock
 
 from grpo_lightning.models.sources import cache_dir
+from grpo_lightning.progress import say
+from grpo_lightning.quickstart.build_lock import build_lock
 
 logger = logging.getLogger(__name__)
 
@@ -26,16 +27,21 @@ def default_cache_dir() -> Path:
     return cache_dir()
 
 
-def build_once(output_dir: Path, is_current: Callable[[Path], bool], build: Callable[[Path], None]) -> Path:
+def build_once(
+    output_dir: Path, is_current: Callable[[Path], bool], build: Callable[[Path], None], what: str, takes: str
+) -> Path:
     """``output_dir`` as ``build`` writes it (its marker file last), unless ``is_current(marker)``
     says the marker there is this build's. Processes started together (test workers, a sweep's
-    cells) build it once: the others wait on a file lock, then reuse it."""
+    cells) build it once: the others wait on a file lock (:mod:`.build_lock`, which says who they
+    wait for), then reuse it. Before building, one line on stderr says ``what`` is built, where, and
+    how long it ``takes``."""
     output_dir.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(output_dir.with_name(f".{output_dir.name}.lock")):
+    with build_lock(output_dir.with_name(f".{output_dir.name}.lock"), what):
         marker = output_dir / MARKER_FILE
         if is_current(marker):
             logger.info("Reusing %s", output_dir)
         else:
+            say(f"Building {what} in {output_dir} ({takes}); later runs reuse it.")
             marker.unlink(missing_ok=True)
             build(output_dir)
     return output_dir

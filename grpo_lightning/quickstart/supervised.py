@@ -9,8 +9,12 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedTokenizerBase
 
+from grpo_lightning.progress import step_progress
 from grpo_lightning.quickstart.cached_build import reproducible_cpu
 from grpo_lightning.quickstart.tiny import tiny_config
+
+#: How a warm start's training steps are labelled on stderr.
+PROGRESS_LABEL = "warm start"
 
 
 @dataclass(frozen=True)
@@ -76,23 +80,25 @@ def fit_steps(
     ``weight_decay``): the learning rate warms up linearly over ``warmup_steps``, then stays constant
     (so stopping early leaves a consistent schedule); gradients are clipped to norm 1.
     ``after_step(step, loss, model)`` returns whether to stop; so does this function. The model is
-    left in eval mode."""
+    left in eval mode. The steps done, the time taken and an ETA show on stderr as it goes."""
     stopped = False
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
     device_type = next(model.parameters()).device.type
     model.train()
-    for step in range(1, steps + 1):
-        for group in optimizer.param_groups:
-            group["lr"] = settings.learning_rate * min(1.0, step / max(1, settings.warmup_steps))
-        with torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            loss = model(**next_batch()).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        if after_step(step, loss.item(), model):
-            stopped = True
-            break
+    with step_progress(PROGRESS_LABEL, steps) as advance:
+        for step in range(1, steps + 1):
+            for group in optimizer.param_groups:
+                group["lr"] = settings.learning_rate * min(1.0, step / max(1, settings.warmup_steps))
+            with torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                loss = model(**next_batch()).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            stopped = after_step(step, loss.item(), model)
+            advance(step)
+            if stopped:
+                break
     model.eval()
     return stopped
 

@@ -163,7 +163,12 @@ def run_warm_start(
     if output_dir is None:
         output_dir = default_cache_dir() / f"warmstart-{settings.cache_key()}"
     return build_once(
-        Path(output_dir), lambda marker: _marker_matches(marker, settings), lambda out: _train(settings, out, log_every)
+        Path(output_dir),
+        lambda marker: _marker_matches(marker, settings),
+        lambda out: _train(settings, out, log_every),
+        what="the quickstart's tiny model",
+        takes=f"at most {settings.steps} training steps on one CPU thread; "
+        f"a few minutes for the default {WarmStartSettings.steps}",
     )
 
 

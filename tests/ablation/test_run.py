@@ -361,7 +361,7 @@ def hydra_args(out, model):
     ]
 
 
-def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch):
+def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch, capsys):
     out = tmp_path / "sweep"
     names = ["grpo-seed0-group_size2", "grpo-seed1-group_size2", "dr_grpo-seed0-group_size2", "dr_grpo-seed1-group_size2"]
     # left over from an interrupted run: no DONE marker, partial files
@@ -377,6 +377,11 @@ def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch):
     monkeypatch.setattr(sys, "argv", argv)
     main()
 
+    printed = capsys.readouterr().out
+    assert f"sweep smoke: 4 cells, 4 to run, in {out}; first each cell's settings are checked" in printed
+    arms_and_seeds = [("grpo-group_size2", 0), ("grpo-group_size2", 1), ("dr_grpo-group_size2", 0), ("dr_grpo-group_size2", 1)]
+    for number, (name, (arm, seed)) in enumerate(zip(names, arms_and_seeds), 1):  # each cell's start, as it is launched
+        assert f"cell {number}/4: {arm}, seed {seed}, starting; its log: {out / name / 'train.log'}" in printed
     assert len(launches) == 4
     assert not (interrupted / "partial.txt").exists()
     for name in names:

@@ -1,4 +1,7 @@
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -69,6 +72,13 @@ def test_warm_start_writes_loadable_dir(fast_dir, cache):
     assert tokenizer.encode("<answer>", add_special_tokens=False) == [answer_id]
     question = "Which is larger, 27 or 82?\n"  # the model reads what a user writes
     assert tokenizer.decode(tokenizer.encode(question, add_special_tokens=False)) == question
+
+
+def test_a_warm_start_first_says_what_it_builds_and_where_then_its_steps_of_the_total(cache, capsys):
+    model_dir = warm_start(**FAST)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith(f"Building the quickstart's tiny model in {model_dir} (at most 40 training steps")
+    assert any(line.startswith("warm start: 40/40 steps in ") and line.endswith(", done") for line in lines)
 
 
 def test_supervised_loss_decreases(fast_dir):
@@ -211,3 +221,14 @@ def test_cli_runs(tmp_path, capsys):
     assert f"model: {tmp_path / 'cli'}" in out
     assert "greedy accuracy:" in out and "sampled accuracy (T=1):" in out
     assert f"torch {torch.__version__}" in out and "cpu_capability" in out
+
+
+def test_the_quickstart_says_what_it_does_before_importing_the_trainer(tmp_path):
+    # the trainer's import is made to fail, to stop the quickstart right after its slowest first step
+    stop_at_the_import = "import sys; sys.modules['grpo_lightning.cli.app'] = None; from grpo_lightning.quickstart import main; main([])"
+    env = {**os.environ, "GRPO_LIGHTNING_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", stop_at_the_import], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode != 0 and "ModuleNotFoundError" in done.stderr
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("grpo-lightning-quickstart: importing the trainer, then warm-starting a tiny model")
+    assert f"cached in {tmp_path / 'cache'}" in first
