@@ -54,7 +54,7 @@ class GuardedStream:
             self._stream.flush()  # what the stream still holds goes to devnull, not to the next flush's error
         except OSError:
             pass
-        if self._name == "stdout":
+        if self._name == "stdout" and sys.stderr is not None:  # None: the process started with stderr closed
             sys.stderr.write(f"stdout is closed ({error.strerror}): the rest of the output is dropped, the work goes on\n")
             sys.stderr.flush()
 
