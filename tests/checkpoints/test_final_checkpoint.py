@@ -1,6 +1,6 @@
 """However a ``grpo-lightning fit`` ends (``max_steps`` off the checkpoint interval, ``max_time``, an
-early stop, SIGTERM, SIGINT), ``last.ckpt`` holds its last completed optimizer step and the summary
-names that step.
+early stop, SIGTERM, SIGINT, with its output's reader gone), ``last.ckpt`` holds its last completed
+optimizer step and the summary names that step.
 
 The fits are real CLI fits of the tiny model with a checkpoint every 2 steps, each ended at an odd
 step: Lightning's own ``last.ckpt`` stays at the step before. The signal tests run ``grpo-lightning fit`` as a process and signal it
@@ -251,9 +251,12 @@ def test_a_fit_piped_to_a_reader_that_exits_early_ends_at_max_steps_with_last_ck
     finally:
         fit.kill()
         head.kill()
-    assert head.wait() == 0  # it did exit early, before the fit
-    assert status == 0, (tmp_path / "output.txt").read_text()[-3000:]
+    assert head.wait() == 0
+    printed = (tmp_path / "output.txt").read_text()
+    assert status == 0, printed[-3000:]
     assert last_step(tmp_path) == 3
+    if not stderr_too:  # the fit wrote to the closed pipe, and said so
+        assert "stdout is closed (Broken pipe)" in printed
 
 
 def test_ctrl_c_on_a_piped_fit_saves_the_step_it_reached(tiny_model_dir, tmp_path, one_torch_thread):
@@ -273,3 +276,4 @@ def test_ctrl_c_on_a_piped_fit_saves_the_step_it_reached(tiny_model_dir, tmp_pat
     printed = (tmp_path / "output.txt").read_text()
     assert status == 128 + signal.SIGINT, printed[-3000:]
     assert last_step(tmp_path) == paused_at, printed[-3000:]
+    assert "stdout is closed (Broken pipe)" in printed
