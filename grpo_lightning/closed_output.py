@@ -50,12 +50,10 @@ class GuardedStream:
             os.dup2(devnull, self._stream.fileno())
         finally:
             os.close(devnull)
-        try:
-            self._stream.flush()  # what the stream still holds goes to devnull, not to the next flush's error
-        except OSError:
-            pass
+        self._stream.flush()  # what the stream still holds goes to devnull, not to the next flush's error
         if self._name == "stdout" and sys.stderr is not None:  # None: the process started with stderr closed
-            sys.stderr.write(f"stdout is closed ({error.strerror}): the rest of the output is dropped, the work goes on\n")
+            notice = f"stdout is closed ({error.strerror}): the rest of the output is dropped, the work goes on\n"
+            sys.stderr.write(notice)
             sys.stderr.flush()
 
     def __getattr__(self, name: str) -> Any:
