@@ -1,6 +1,6 @@
 """However a ``grpo-lightning fit`` ends (``max_steps`` off the checkpoint interval, ``max_time``, an
-early stop, SIGTERM, SIGINT), ``last.ckpt`` holds its last completed optimizer step and the summary
-names that step.
+early stop, SIGTERM, SIGINT, with its output's reader gone), ``last.ckpt`` holds its last completed
+optimizer step and the summary names that step.
 
 The fits are real CLI fits of the tiny model with a checkpoint every 2 steps, each ended at an odd
 step: Lightning's own ``last.ckpt`` stays at the step before. The signal tests run ``grpo-lightning fit`` as a process and signal it
@@ -153,6 +153,25 @@ def test_an_early_stopped_fit_saves_its_last_step(tiny_model_dir, tmp_path, one_
     assert summary_checkpoint(printed)[1] == 3
 
 
+PAUSE = f"--trainer.callbacks+={Path(__file__).stem}.PauseAtStep"
+
+
+def cli_env(tmp_path: Path, paused_at: int = -1) -> dict[str, str]:
+    """The environment of a ``grpo-lightning fit`` process that :class:`PauseAtStep` holds at ``paused_at``."""
+    return {
+        **os.environ, "PAUSE_AT_STEP": str(paused_at), "PAUSE_DIR": str(tmp_path), "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "checkpoints"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }  # fmt: skip
+
+
+def wait_until_paused(process: subprocess.Popen, tmp_path: Path) -> None:
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "paused").exists():
+        assert process.poll() is None, (tmp_path / "output.txt").read_text()[-3000:]
+        assert time.monotonic() < deadline, "the fit never reached its pause"
+        time.sleep(0.05)
+
+
 def cli_command() -> list[str]:
     script = Path(sys.executable).with_name("grpo-lightning")
     return [str(script)] if script.exists() else [sys.executable, "-c", "from grpo_lightning.cli.app import main; main()"]
@@ -161,19 +180,13 @@ def cli_command() -> list[str]:
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_fit_stopped_by_a_signal_saves_its_last_completed_step(tiny_model_dir, tmp_path, stop, one_torch_thread):
     paused_at = 3
-    env = {
-        **os.environ, "PAUSE_AT_STEP": str(paused_at), "PAUSE_DIR": str(tmp_path), "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "checkpoints"), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }  # fmt: skip
-    args = fit_args(tiny_model_dir, tmp_path, f"--trainer.callbacks+={Path(__file__).stem}.PauseAtStep", steps=40)
+    args = fit_args(tiny_model_dir, tmp_path, PAUSE, steps=40)
     with open(tmp_path / "output.txt", "w") as log:
-        process = subprocess.Popen([*cli_command(), *args], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [*cli_command(), *args], cwd=tmp_path, env=cli_env(tmp_path, paused_at), stdout=log, stderr=subprocess.STDOUT
+        )
     try:
-        deadline = time.monotonic() + 300
-        while not (tmp_path / "paused").exists():
-            assert process.poll() is None, (tmp_path / "output.txt").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the fit never reached its pause"
-            time.sleep(0.05)
+        wait_until_paused(process, tmp_path)
         process.send_signal(stop)
         status = process.wait(timeout=120)
     finally:
@@ -209,3 +222,58 @@ def test_the_final_checkpoint_is_a_state_to_resume_from(tiny_model_dir, tmp_path
     main(fit_args(tiny_model_dir, tmp_path / "parts", "--seed_everything", "1", "--ckpt_path", str(last)))
     capsys.readouterr()
     assert_same_weights(tmp_path / "full", tmp_path / "parts", steps=5)
+
+
+def piped_fit(model_dir: str, tmp_path: Path, reader: list[str], *extra: str, steps: int, stderr_too: bool = False,
+              paused_at: int = -1) -> tuple[subprocess.Popen, subprocess.Popen]:  # fmt: skip
+    """``grpo-lightning fit ... | reader`` (``2>&1 | reader`` with ``stderr_too``), with its progress bar: two real
+    processes joined by a pipe; the fit's stderr goes to ``output.txt`` otherwise."""
+    args = fit_args(model_dir, tmp_path, "--trainer.enable_progress_bar", "true", *extra, steps=steps)
+    with open(tmp_path / "output.txt", "w") as log:
+        fit = subprocess.Popen(
+            [*cli_command(), *args], cwd=tmp_path, env=cli_env(tmp_path, paused_at), stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if stderr_too else log,
+        )  # fmt: skip
+    reader_process = subprocess.Popen(reader, stdin=fit.stdout, stdout=subprocess.DEVNULL)
+    fit.stdout.close()  # the reader holds the pipe's only read end: when it exits, the fit's writes fail
+    return fit, reader_process
+
+
+@pytest.mark.parametrize("stderr_too", [False, True], ids=["stdout", "stdout-and-stderr"])
+def test_a_fit_piped_to_a_reader_that_exits_early_ends_at_max_steps_with_last_ckpt(
+    tiny_model_dir, tmp_path, stderr_too, one_torch_thread
+):
+    """``grpo-lightning fit ... | head -n 3``: ``head`` exits after three lines, the fit's later writes (its
+    progress bar, its summary) find the pipe closed, and the fit goes on silently to ``max_steps``."""
+    fit, head = piped_fit(tiny_model_dir, tmp_path, ["head", "-n", "3"], steps=3, stderr_too=stderr_too)
+    try:
+        status = fit.wait(timeout=300)
+    finally:
+        fit.kill()
+        head.kill()
+    assert head.wait() == 0
+    printed = (tmp_path / "output.txt").read_text()
+    assert status == 0, printed[-3000:]
+    assert last_step(tmp_path) == 3
+    if not stderr_too:  # the fit wrote to the closed pipe, and said so
+        assert "stdout is closed (Broken pipe)" in printed
+
+
+def test_ctrl_c_on_a_piped_fit_saves_the_step_it_reached(tiny_model_dir, tmp_path, one_torch_thread):
+    """Ctrl+C on ``grpo-lightning fit ... | tee out.log``: the terminal signals both, ``tee`` dies and the fit,
+    stopping after its step, writes to the closed pipe."""
+    paused_at = 2
+    fit, tee = piped_fit(tiny_model_dir, tmp_path, ["cat"], PAUSE, steps=40, paused_at=paused_at)
+    try:
+        wait_until_paused(fit, tmp_path)
+        tee.kill()
+        tee.wait()
+        fit.send_signal(signal.SIGINT)
+        status = fit.wait(timeout=120)
+    finally:
+        fit.kill()
+        fit.wait()
+    printed = (tmp_path / "output.txt").read_text()
+    assert status == 128 + signal.SIGINT, printed[-3000:]
+    assert last_step(tmp_path) == paused_at, printed[-3000:]
+    assert "stdout is closed (Broken pipe)" in printed
