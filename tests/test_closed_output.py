@@ -88,3 +88,24 @@ def test_the_interpreters_last_flush_to_a_closed_pipe_keeps_the_exit_status(guar
     child.stdout.close()
     child.communicate(b"go\n", timeout=60)
     assert child.returncode == status
+
+
+@pytest.mark.parametrize(
+    "entry, argv",
+    [("grpo_lightning.quickstart:main", ["--variant", "no_such_variant"]),
+     ("grpo_lightning.ablation.run:main", ["--config-name", "no_such_spec"])],
+)  # fmt: skip
+def test_the_other_console_scripts_guard_their_streams_before_any_work(entry, argv, monkeypatch):
+    """``grpo-lightning-quickstart`` and ``grpo-lightning-ablate`` put the guard on first, as the CLI does
+    (here each stops at once on an argument it refuses)."""
+    import importlib
+
+    from grpo_lightning import closed_output
+
+    guarded = []
+    monkeypatch.setattr(closed_output, "guard_standard_streams", lambda: guarded.append(True))
+    module, name = entry.split(":")
+    monkeypatch.setattr(sys, "argv", ["prog", *argv])
+    with pytest.raises(SystemExit):
+        getattr(importlib.import_module(module), name)()
+    assert guarded == [True]

@@ -69,6 +69,7 @@ import os
 import sys
 from typing import Any
 
+from grpo_lightning import closed_output
 from grpo_lightning.ablation.launch import HydraLaunch, check_launcher, is_local, launcher_target, run_cell_job
 from grpo_lightning.ablation.spec import SweepError, SweepSpec
 from grpo_lightning.ablation.sweep import CellResult, InProcess, Launch, run_sweep
@@ -134,9 +135,12 @@ def main() -> None:
     """Hydra entry point: ``grpo-lightning-ablate [--config-name NAME] [-m] [key=value ...]``.
 
     ``--config-name`` picks a shipped spec (``configs/ablation/<NAME>.yaml``); ``--config-dir DIR``
-    adds a folder of your own specs.
+    adds a folder of your own specs. A closed stdout or stderr silences the sweep's output, never its
+    cells (:mod:`grpo_lightning.closed_output`).
     """
     import hydra
+
+    closed_output.guard_standard_streams()
 
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     logging.getLogger("tensorboard").setLevel(logging.WARNING)

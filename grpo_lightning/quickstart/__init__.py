@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from grpo_lightning import closed_output
 from grpo_lightning.cli.resources import config_path
 from grpo_lightning.import_pause import import_module
 from grpo_lightning.models.sources import cache_dir
@@ -40,7 +41,9 @@ def quickstart_args(model_dir: str | Path, variant: str = "grpo", extra: Sequenc
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console entry point: run the quickstart (its exit status is 0 on success)."""
+    """Console entry point: run the quickstart (its exit status is 0 on success); a closed stdout or
+    stderr silences its output, never its work (:mod:`grpo_lightning.closed_output`)."""
+    closed_output.guard_standard_streams()
     run_quickstart(argv)
 
 
