@@ -316,8 +316,9 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], launch: Launch | None = None)
     launch = launch or InProcess()
     unfinished = sum(not is_done(spec.output_dir / cell.name) for cell in cells)
     logger.info(
-        "sweep %s: %d cells, %d to run, in %s; first each cell's settings are checked (the trainer is imported "
-        "for that: up to a minute or two)", spec.name, len(cells), unfinished, spec.output_dir,
+        "sweep %s: %d cell%s, %d to run, in %s; first each cell's settings are checked (the trainer is imported "
+        "for that: up to a minute or two)", spec.name, len(cells), "" if len(cells) == 1 else "s", unfinished,
+        spec.output_dir,
     )  # fmt: skip
     check_sweep(spec, cells, start_cell_server=launch.in_this_process)
     spec.output_dir.mkdir(parents=True, exist_ok=True)
