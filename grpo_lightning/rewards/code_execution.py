@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_lightning.rewards.sandbox import assert_tests, code_sandbox
+from grpo_lightning.rewards.sandbox.disk_use import DISK_POLL_S, disk_use
 from grpo_lightning.rewards.sandbox import command as sandbox_command
 from grpo_lightning.rewards.scoring import completion_text
 
@@ -49,8 +50,6 @@ EXPECTED_FORMAT = (
     '{"input": stdin text, "output": expected stdout}, or either as a JSON string'
 )
 READ_CHUNK = 1 << 16
-DISK_POLL_S = 0.02
-BLOCK_BYTES = 4096
 
 
 def extract_code(text: str) -> str | None:
@@ -156,7 +155,8 @@ class CodeExecutionReward:
         file_size_mb: Largest file a run may write (``RLIMIT_FSIZE``).
         disk_mb: Most a run's files may hold together: the size of the tmpfs that is its directory
             (bubblewrap 0.8+, or the ``python`` backend where user namespaces are allowed); elsewhere
-            its directory is polled, and a run found holding more is stopped (:func:`disk_use`).
+            its directory is polled, and a run found holding more is stopped
+            (:mod:`~grpo_lightning.rewards.sandbox.disk_use`).
         workers: Runs at once; ``None``: ``min(4, os.cpu_count())``.
         name: Name under which the rewards are logged.
         sandbox: ``auto`` (bubblewrap where it runs, else the interpreter's own layers, warned once),
@@ -414,36 +414,6 @@ def _judge(job: _Job, run: Run) -> int:
                 results.append(False)
         passed += all(results)
     return passed
-
-
-def disk_use(directory: str, limit: int) -> int | float:
-    """Bytes the files beneath ``directory`` hold on disk, each entry counted as one block at least (so
-    that a million empty files count too); the count stops once past ``limit``, which bounds its
-    cost. A directory the program made unreadable counts as infinite.
-
-    The parent's cap where the kernel's (a tmpfs of that size) is missing: polled every
-    ``DISK_POLL_S``, it lets a run overshoot by what it writes between two polls, and does not see a
-    file unlinked while held open (each still capped by ``file_size_mb``). Where the run's directory
-    is a tmpfs inside the sandbox, the host's directory stays empty and the poll costs one ``scandir``."""
-    total, pending = 0, [directory]
-    while pending and total <= limit:
-        try:
-            with os.scandir(pending.pop()) as entries:
-                for entry in entries:
-                    try:
-                        held = entry.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue  # removed since it was listed
-                    total += max(held.st_blocks * 512, BLOCK_BYTES)
-                    if stat.S_ISDIR(held.st_mode):
-                        pending.append(entry.path)
-                    if total > limit:
-                        break
-        except FileNotFoundError:
-            continue
-        except OSError:
-            return math.inf
-    return total
 
 
 def _kill_group(pid: int) -> None:
