@@ -14,7 +14,7 @@ from grpo_lightning.report.learning import curve_metrics, threshold_note
 from grpo_lightning.report.sections.comparisons import ALPHA, PRACTICAL_ABSOLUTE, PRACTICAL_RELATIVE, comparison_section
 from grpo_lightning.report.sections.completions import completions_section
 from grpo_lightning.report.sections.curves import curves_section
-from grpo_lightning.report.render.document import Doc
+from grpo_lightning.report.render.document import Doc, user_text
 from grpo_lightning.report.sections.effects import effects_section, ineffective_notes
 from grpo_lightning.report.sections.finals import final_section
 from grpo_lightning.report.data import DATA_FOLDER, REGENERATE_FILE, export_data, is_data_folder, read_sweep_record, regenerate_line
@@ -91,14 +91,14 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     notes = ineffective_notes(arms, configs)
 
     doc = Doc()
-    doc.h(1, f"Ablation report: {name}")
+    doc.h(1, f"Ablation report: {user_text(name)}")
     for line in provenance_warnings(records) + command_line_notes(records):
         doc.p(line)
     doc.p(
-        f"Sweep folder `{meta.get('sweep_folder', data_dir.resolve().name)}`: {len(arms)} arms, {len(finished)} finished runs"
+        f"Sweep folder `{user_text(meta.get('sweep_folder', data_dir.resolve().name))}`: {len(arms)} arms, {len(finished)} finished runs"
         + (f", {len(unfinished)} unfinished (left out)" if unfinished else "")
         + f". Intervals over seeds are {confidence:.0%} Student-t intervals; arms are compared with the baseline "
-        + (f"**{baseline.name}** " if baseline else "")
+        + (f"**{user_text(baseline.name)}** " if baseline else "")
         + "by paired t-tests over shared seeds; see Method. The data this report is built from is in "
         f"[{DATA_FOLDER}/]({DATA_FOLDER}/), and `{REGENERATE_FILE}` rebuilds it."
     )
@@ -152,7 +152,7 @@ def load_arms(finished: Sequence[CellInfo]) -> list[Arm]:
 
 
 def _noted(arms: Sequence[Arm], notes: Sequence[str]) -> list[str]:
-    return [a.name for a in arms if any(n.startswith(f"**{a.name}**") for n in notes)]
+    return [a.name for a in arms if any(n.startswith(f"**{user_text(a.name)}**") for n in notes)]
 
 
 #: The order of the built-in variants in tables and plots; other arms follow by name.
@@ -171,15 +171,15 @@ def _runs_section(doc: Doc, arms: Sequence[Arm], unfinished: Sequence[CellInfo],
     doc.h(2, "Runs")
     if baseline is not None:
         origin = "chosen for this report" if chosen else "the sweep's `baseline`, else its first arm"
-        doc.p(f"Baseline: **{baseline.name}** ({origin}); every other arm is compared with it.")
+        doc.p(f"Baseline: **{user_text(baseline.name)}** ({origin}); every other arm is compared with it.")
     rows = []
     for arm in arms:
         seeds = ", ".join(str(c.seed) for c in arm.cells)
         overrides = ", ".join(f"`{k}`={v}" for k, v in sorted(arm.cells[0].overrides.items())) or "—"
-        rows.append([f"**{arm.name}**", arm.cells[0].variant or "—", overrides, seeds, str(len(arm.runs))])
+        rows.append([f"**{user_text(arm.name)}**", arm.cells[0].variant or "—", overrides, seeds, str(len(arm.runs))])
     doc.table(["arm", "variant", "overrides", "seeds", "runs"], rows, "lllll")
     if unfinished:
-        doc.p("Unfinished cells (no `DONE` marker; not counted): " + ", ".join(f"`{c.name}`" for c in unfinished) + ".")
+        doc.p("Unfinished cells (no `DONE` marker; not counted): " + ", ".join(f"`{user_text(c.name)}`" for c in unfinished) + ".")
 
 
 def _config_section(doc: Doc, arms: Sequence[Arm], configs: dict, inconsistent: dict) -> None:
@@ -196,12 +196,12 @@ def _config_section(doc: Doc, arms: Sequence[Arm], configs: dict, inconsistent: 
         "and the seed are left out. Settings that differ between arms:"
     )
     if differing and len(names) > WIDE:  # one row per arm: the differing settings it has
-        rows = [[f"**{a}**", ", ".join(f"`{k.removeprefix('model.init_args.')}`={configs.get(a, {})[k]}"
+        rows = [[f"**{user_text(a)}**", ", ".join(f"`{k.removeprefix('model.init_args.')}`={configs.get(a, {})[k]}"
                                         for k in differing if k in configs.get(a, {}))] for a in names]  # fmt: skip
         doc.table(["arm", "settings that differ between arms (`model.init_args.` left out)"], rows, "ll")
     elif differing and len(names) > 1:
         doc.table(
-            ["setting", *names],
+            ["setting", *map(user_text, names)],
             [[f"`{k}`", *(configs.get(a, {}).get(k, "—") for a in names)] for k in differing],
             "l" * (len(names) + 1),
         )
@@ -209,7 +209,7 @@ def _config_section(doc: Doc, arms: Sequence[Arm], configs: dict, inconsistent: 
         doc.p("None: every arm has the same configuration.")
     for arm in names:
         if inconsistent.get(arm):
-            doc.p(f"Warning: the seeds of **{arm}** differ in " + ", ".join(f"`{k}`" for k in inconsistent[arm]) + ".")
+            doc.p(f"Warning: the seeds of **{user_text(arm)}** differ in " + ", ".join(f"`{k}`" for k in inconsistent[arm]) + ".")
     body = Doc()
     body.table(["setting", "value"], [[f"`{k}`", configs[names[0]].get(k, "—")] for k in shared], "ll")
     doc.details(f"Settings shared by every arm ({len(shared)})", body)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from grpo_lightning.report.metrics import Metric
+from grpo_lightning.report.render.document import user_text
 from grpo_lightning.report.runs import Run
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ def threshold_note(metrics: Sequence[Metric], baseline: Arm | None) -> str:
                          f"the validation before training at step 0) from step {low} to step {high}, the range every "
                          "run covers, divided by its width: the run's mean accuracy over training.")  # fmt: skip
         elif kind == "steps_to" and baseline is not None:
-            parts.append(f"The threshold {float(parameter):g} is halfway from **{baseline.name}**'s mean {CURVE_TAG} "
+            parts.append(f"The threshold {float(parameter):g} is halfway from **{user_text(baseline.name)}**'s mean {CURVE_TAG} "
                          "before training to its mean final value; each run's step (and generated tokens) at which "
                          "its curve first reaches it, linear between validations; “not reached by every seed” "
                          "where some seed never did (Final values of every run says which).")  # fmt: skip

@@ -11,9 +11,9 @@ each call, and this process compares it with the expected one, which never enter
 Every run is a fresh interpreter confined by :mod:`grpo_lightning.rewards.sandbox.code_sandbox`, under
 bubblewrap where it runs (:mod:`grpo_lightning.rewards.sandbox.command`), in a new
 temporary directory (removed afterwards) with an empty environment, its own process group, a
-wall-clock deadline and a cap on its output; runs go through a bounded pool of worker threads. What
-a completion does to itself (loops, crashes, forks, floods) scores 0 and never raises. The limits of
-that confinement: docs/reliability.md.
+wall-clock deadline and caps on its output and on the files it holds (``disk_mb``); runs go
+through a bounded pool of worker threads. What a completion does to itself (loops, crashes, forks,
+floods) scores 0 and never raises. The limits of that confinement: docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_lightning.rewards.sandbox import assert_tests, code_sandbox
+from grpo_lightning.rewards.sandbox.disk_use import DISK_POLL_S, disk_use
 from grpo_lightning.rewards.sandbox import command as sandbox_command
 from grpo_lightning.rewards.scoring import completion_text
 
@@ -152,6 +153,10 @@ class CodeExecutionReward:
         memory_mb: Address-space limit of a run (``RLIMIT_AS``).
         max_output_bytes: Output a run may print before it is stopped.
         file_size_mb: Largest file a run may write (``RLIMIT_FSIZE``).
+        disk_mb: Most a run's files may hold together: the size of the tmpfs that is its directory
+            (bubblewrap 0.8+, or the ``python`` backend where user namespaces are allowed); elsewhere
+            its directory is polled, and a run found holding more is stopped
+            (:mod:`~grpo_lightning.rewards.sandbox.disk_use`).
         workers: Runs at once; ``None``: ``min(4, os.cpu_count())``.
         name: Name under which the rewards are logged.
         sandbox: ``auto`` (bubblewrap where it runs, else the interpreter's own layers, warned once),
@@ -166,11 +171,14 @@ class CodeExecutionReward:
         memory_mb: int = 1024,
         max_output_bytes: int = 1 << 20,
         file_size_mb: int = 16,
+        disk_mb: int = 64,
         workers: int | None = None,
         name: str = "code_execution_reward",
         sandbox: str = "auto",
     ) -> None:
-        for field, value in (("timeout_s", timeout_s), ("memory_mb", memory_mb), ("file_size_mb", file_size_mb)):
+        positive = (("timeout_s", timeout_s), ("memory_mb", memory_mb), ("file_size_mb", file_size_mb),
+                    ("disk_mb", disk_mb))  # fmt: skip
+        for field, value in positive:
             if not value > 0:
                 raise ValueError(f"CodeExecutionReward {field}={value} must be positive.")
         if max_output_bytes < 1 or (workers is not None and workers < 1):
@@ -185,6 +193,7 @@ class CodeExecutionReward:
         self.memory_mb = memory_mb
         self.max_output_bytes = max_output_bytes
         self.file_size_mb = file_size_mb
+        self.disk_mb = disk_mb
         self.workers = workers or min(4, os.cpu_count() or 1)
         self.sandbox = sandbox
         self.__name__ = name
@@ -240,18 +249,30 @@ class CodeExecutionReward:
         return [parse_test_cases(value, self.column, row) for row, value in enumerate(values)]
 
     def _check_sandbox(self) -> None:
-        """Run ``print('ok')`` once: a sandbox that can run nothing would score every completion 0."""
+        """Run ``print('ok')`` once: a sandbox that can run nothing would score every completion 0. The
+        same run looks for a host file outside its directory, and warns where it finds one."""
         with self._check_lock:
             if self._checked:
                 return
-            run = self.run("stdio", "print('ok')", (), b"")
-            if run.status != 0 or run.output.strip() != b"ok":
+            with tempfile.NamedTemporaryFile(prefix="grpo-code-host-") as host_file:
+                check = f"import os\nprint('ok')\nprint(os.path.exists({host_file.name!r}))\n"
+                run = self.run("stdio", check, (), b"")
+            lines = run.output.split()
+            if run.status != 0 or lines[:1] != [b"ok"]:
                 seccomp = run.status == code_sandbox.SECCOMP_FAILED
                 failed = " (its seccomp filter could not be loaded)" if seccomp else ""
                 raise RuntimeError(
                     f"{self.__name__}: the sandbox ({self.backend}) could not run print('ok') (exit status "
                     f"{run.status}{failed}, output {run.output[:200]!r}); raise memory_mb={self.memory_mb} or "
                     f"timeout_s={self.timeout_s}, and check that {sys.executable} -I -S runs on this machine."
+                )
+            if lines[1:] != [b"False"]:
+                warnings.warn(
+                    f"{self.__name__}: the sandbox ({self.backend}) shows the host's files to a program here (which "
+                    "paths exist, and their sizes, through os.stat) and caps its disk use only by polling, as this "
+                    "machine refuses user namespaces; allow them (sysctl user.max_user_namespaces, "
+                    "kernel.unprivileged_userns_clone) or run the trainer in a container.",
+                    stacklevel=3,
                 )
             self._checked = True
 
@@ -285,6 +306,7 @@ class CodeExecutionReward:
             "memory_bytes": int(self.memory_mb * 2**20),
             "cpu_seconds": math.ceil(self.timeout_s) + 1,
             "file_bytes": int(self.file_size_mb * 2**20),
+            "disk_bytes": self._disk_bytes,
             "seccomp": (sandbox_command.seccomp_filter() or b"").hex(),
         }
         encoded = json.dumps(header).encode()
@@ -299,11 +321,15 @@ class CodeExecutionReward:
         run.nonce = nonce
         return run
 
+    @property
+    def _disk_bytes(self) -> int:
+        return int(self.disk_mb * 2**20)
+
     def _supervise(self, stdin_file: Any, workdir: str) -> Run:
-        """Start the child, read its stdout until it ends, the deadline passes or the cap is reached;
-        then end its whole process group."""
+        """Start the child, read its stdout until it ends, the deadline passes, the output cap is
+        reached or its directory holds more than ``disk_mb``; then end its whole process group."""
         process = subprocess.Popen(
-            sandbox_command.command(self.backend, workdir),
+            sandbox_command.command(self.backend, workdir, self._disk_bytes),
             stdin=stdin_file,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -312,26 +338,34 @@ class CodeExecutionReward:
             start_new_session=True,
         )
         deadline = time.monotonic() + self.timeout_s
-        output, stopped = bytearray(), False
+        output, stopped, reading, next_poll = bytearray(), False, True, 0.0
         with process.stdout, selectors.DefaultSelector() as selector:
             selector.register(process.stdout, selectors.EVENT_READ)
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not selector.select(remaining):
+            while reading or process.poll() is None:  # a run may close its stdout and go on writing files
+                now = time.monotonic()
+                if now >= next_poll:
+                    next_poll = now + DISK_POLL_S
+                    if disk_use(workdir, self._disk_bytes) > self._disk_bytes:
+                        stopped = True
+                        break
+                if now >= deadline:
                     stopped = True
                     break
+                wait = min(deadline - now, DISK_POLL_S)
+                if not reading:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        process.wait(wait)
+                    continue
+                if not selector.select(wait):
+                    continue
                 chunk = os.read(process.stdout.fileno(), READ_CHUNK)
                 if not chunk:
-                    break
+                    reading = False
+                    continue
                 output += chunk
                 if len(output) > self.max_output_bytes:
                     stopped = True
                     break
-            if not stopped:
-                try:
-                    process.wait(max(deadline - time.monotonic(), 0))
-                except subprocess.TimeoutExpired:
-                    stopped = True
             _kill_group(process.pid)  # before reaping, so the group id still names this group
             process.wait()
         return Run(None if stopped else process.returncode, bytes(output[: self.max_output_bytes]))

@@ -2,11 +2,13 @@
 effect, evaluation metrics, health checks and completions; each from crafted files."""
 
 import json
+import re
 
 import numpy as np
 import pytest
 
 from grpo_lightning.report import Arm, Run, Series, build_report
+from grpo_lightning.report.render.document import plain_text
 from grpo_lightning.report.sections.curves import sampled_tags
 from grpo_lightning.report.sections.effects import clip_settings, distinct_clip_settings, ineffective_notes
 from grpo_lightning.report.sections.provenance import command_line_changes, command_line_notes, wall_clock_caveat
@@ -176,7 +178,7 @@ def test_clip_settings_that_never_clipped_are_flagged():
     arms = [arm("grpo", [0, 0, 0]), arm("rloo", [0, 0, 0]), arm("dapo", [0, 0, 0]), arm("gspo", [0, 0.3, 0])]
     configs = {"grpo": clip_config("GRPO"), "rloo": clip_config("RLOO"), "dapo": clip_config("DAPO", high=0.28),
                "gspo": clip_config("GSPO", 3e-4, 4e-4)}  # fmt: skip
-    notes = ineffective_notes(arms, configs)
+    notes = [plain_text(note) for note in ineffective_notes(arms, configs)]
     assert notes == [
         (
             "**dapo** (`clip_eps_high`=0.28): clip_ratio/region, clip_ratio/low and clip_ratio/high stayed 0 at every "
@@ -185,7 +187,7 @@ def test_clip_settings_that_never_clipped_are_flagged():
     ]  # gspo (sequence-level, 3e-4 / 4e-4) clipped at step 1
     configs["gspo"] = clip_config("GSPO", 3e-4, 4e-4)
     arms[3] = arm("gspo", [0, 0, 0])
-    assert ineffective_notes(arms, configs)[1].startswith(
+    assert plain_text(ineffective_notes(arms, configs)[1]).startswith(
         "**gspo** (`clip_eps_low`=0.0003, `clip_eps_high`=0.0004, `sequence-level clipping`=yes): clip_ratio/region"
     )
 
@@ -196,7 +198,7 @@ def test_an_upper_bound_that_never_clipped_is_flagged():
     dapo = Arm("dapo", [], [Run(None, {"clip_ratio/low": some, "clip_ratio/high": zero, "clip_ratio/region": some})])
     notes = ineffective_notes([arm("grpo", [0.1] * 3), arm("rloo", [0.1] * 3), dapo],
                               {"grpo": clip_config("GRPO"), "rloo": clip_config("RLOO"), "dapo": clip_config("DAPO", high=0.28)})  # fmt: skip
-    assert notes == ["**dapo**: its `clip_eps_high`=0.28 never clipped a token (clip_ratio/high 0 at every step of every seed)."]
+    assert [plain_text(note) for note in notes] == ["**dapo**: its `clip_eps_high`=0.28 never clipped a token (clip_ratio/high 0 at every step of every seed)."]
 
 
 def test_the_report_names_settings_without_effect(tmp_path, cell_writer):
@@ -325,3 +327,40 @@ def test_completions_of_the_first_and_last_step(tmp_path, cell_writer):
     assert " … " in long and long.count("x") == 160 - 3
     html = (target / "report.html").read_text()
     assert "<code>a | b **bold** 'tick' &lt;b&gt;x&lt;/b&gt;⏎next line</code>" in html
+
+
+# ---------------------------------------------------------------------------- users' text
+
+HOSTILE_ARM = "<script>x</script>|a"
+HOSTILE_COMPLETION = "<img src=x onerror=alert(1)> | `tick` *not bold*\r\nnext"
+
+
+def table_widths(md: str) -> list[set[int]]:
+    """The numbers of cells in the rows of each table (split at the pipes that are not escaped)."""
+    widths, current = [], set()
+    for line in md.splitlines() + [""]:
+        if line.startswith("|"):
+            current.add(len(re.split(r"(?<!\\)\|", line)))
+        elif current:
+            widths, current = widths + [current], set()
+    return widths
+
+
+def test_an_arms_name_and_a_completion_show_as_text_in_report_md(tmp_path, cell_writer):
+    root = tmp_path / "sweep"
+    for seed in (0, 1):
+        cell_writer(root, "grpo", seed, 0.5)
+        hostile = cell_writer(root, "dapo", seed, 0.3 + 0.1 * seed)
+        record = json.loads((hostile / "cell.json").read_text())
+        (hostile / "cell.json").write_text(json.dumps({**record, "arm": HOSTILE_ARM}))
+        (hostile / "completions.jsonl").write_text(json.dumps(completion(0, 0, HOSTILE_COMPLETION)) + "\n")
+    target = build_report(root, tmp_path / "out")
+    md = (target / "report.md").read_text()
+    outside_code_spans = re.sub(r"`[^`\n]*`", "", md)
+    assert "<script" not in outside_code_spans and "<img" not in outside_code_spans
+    assert "### &lt;script&gt;x&lt;/script&gt;&#124;a\n" in md  # its completions' heading
+    assert "| **&lt;script&gt;x&lt;/script&gt;&#124;a** | dapo |" in md  # the Runs table
+    assert "| `<img src=x onerror=alert(1)> \\| 'tick' *not bold*⏎next` | 1 | 0.5 |" in md  # shown as code
+    assert all(len(widths) == 1 for widths in table_widths(md))  # no row has a cell more or less
+    html = (target / "report.html").read_text()
+    assert "&lt;script&gt;x&lt;/script&gt;|a" in html and "<script" not in html

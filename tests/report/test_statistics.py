@@ -141,6 +141,7 @@ def test_verdicts_without_a_test_or_below_the_practical_threshold():
 
 
 def test_final_validations_at_different_steps_are_flagged():
+    from grpo_lightning.report.render.document import plain_text
     from grpo_lightning.report.sections.summary import flag_sentences
 
     def arm(name, last_val_step):  # 100 training steps; the last validation after step last_val_step + 1
@@ -152,7 +153,7 @@ def test_final_validations_at_different_steps_are_flagged():
 
     grpo, dapo = arm("grpo", 99), arm("dapo", 87)
     assert dapo.finals("step_of:val/accuracy") == [88.0, 88.0]
-    assert flag_sentences([grpo, dapo], grpo) == [
+    assert [plain_text(sentence) for sentence in flag_sentences([grpo, dapo], grpo)] == [
         "**Warning:** the final val/accuracy was taken at different training steps (**grpo** 100; **dapo** 88): "
         "arms validated at an earlier step had less training when compared."
     ]

@@ -346,6 +346,17 @@ def test_without_bubblewrap_auto_falls_back_and_warns_once_naming_the_package(mo
         sandbox_command.bubblewrap_problem.cache_clear()
 
 
+@pytest.mark.skipif(sandbox_command.bubblewrap_problem() is not None, reason="bubblewrap cannot run here")
+def test_a_bwrap_that_cannot_size_a_tmpfs_is_warned_about_naming_the_version(monkeypatch):
+    monkeypatch.setattr(sandbox_command, "bubblewrap_sizes_tmpfs", lambda: False)  # bubblewrap before 0.8
+    sandbox_command.resolve.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match=r"cannot size a tmpfs \(`--size`, bubblewrap 0.8\+\).*polling"):
+            assert sandbox_command.resolve("bubblewrap") == "bubblewrap"
+    finally:
+        sandbox_command.resolve.cache_clear()
+
+
 def test_a_seccomp_filter_that_cannot_be_loaded_stops_the_run_before_the_program(sandbox_backend, monkeypatch):
     monkeypatch.setattr(sandbox_command, "seccomp_filter", lambda: b"not a filter")
     reward = CodeExecutionReward(timeout_s=TIMEOUT_S, sandbox=sandbox_backend)

@@ -12,9 +12,11 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +24,7 @@ from grpo_lightning.rewards import CodeExecutionReward
 from grpo_lightning.rewards.sandbox import command as sandbox_command
 
 TIMEOUT_S = 2.0
+DISK_MB = 8
 SQUARE_TESTS = ["assert square(3) == 9", "assert square(4) == 16", "assert square(-2) == 4"]
 
 
@@ -408,6 +411,30 @@ def test_no_unix_socket_outside_is_reachable(reward, outside, sandbox_backend):
                 server.accept()
 
 
+HOST_FILES = (str(Path(__file__).resolve().parents[2] / "pyproject.toml"), "/etc/passwd")
+STAT_HOST_FILES = f"""
+import os
+found = []
+for path in {HOST_FILES!r}:
+    for look in (os.stat, os.lstat, os.path.getsize, os.listdir):
+        try:
+            found.append((path, look(path if look is not os.listdir else os.path.dirname(path))))
+        except OSError:
+            pass
+    if os.path.exists(path) or os.access(path, os.F_OK):
+        found.append((path, "exists"))
+print(found or "nothing", flush=True)
+"""
+
+
+def test_host_files_outside_the_run_directory_reveal_nothing(reward):
+    """Not whether they exist, nor their sizes, nor their directories' entries; from a
+    subinterpreter, out of the audit hook's reach."""
+    assert all(os.path.exists(path) for path in HOST_FILES)
+    run = reward.run("stdio", unhooked(STAT_HOST_FILES))
+    assert run.output.strip() == b"nothing"
+
+
 def test_no_tcp_connection_is_made(reward):
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
@@ -494,6 +521,78 @@ def test_a_memory_bomb_scores_zero(reward, source):
     start = time.monotonic()
     assert score(reward, source, stdio("allocated")) == 0.0
     assert time.monotonic() - start < TIMEOUT_S + 2.0
+
+
+WRITE_MANY_FILES = """
+import os
+written = 0
+try:
+    for index in range(1000):  # 1 GiB in all, each file under file_size_mb
+        with open(f"part{index}", "wb", buffering=0) as file:
+            for _ in range(4):
+                written += file.write(b"x" * (1 << 18))
+                print(written, flush=True)
+except OSError as error:
+    print("refused:", error, flush=True)
+"""
+
+
+def bytes_written(run) -> int:
+    """What the program last said it had written (it says so after each 256 KiB)."""
+    return max((int(line) for line in run.output.split() if line.isdigit()), default=0)
+
+
+def test_a_run_writing_many_files_is_stopped_at_its_disk_cap(sandbox_backend):
+    capped = CodeExecutionReward(timeout_s=TIMEOUT_S, memory_mb=256, disk_mb=DISK_MB, sandbox=sandbox_backend)
+    run = capped.run("stdio", WRITE_MANY_FILES)
+    assert (DISK_MB - 1) << 20 <= bytes_written(run) <= DISK_MB << 20
+
+
+NO_USER_NAMESPACES = """
+import errno, os, sys
+import pyseccomp as seccomp
+rules = seccomp.SyscallFilter(seccomp.ALLOW)
+rules.add_rule(seccomp.ERRNO(errno.EPERM), "unshare")
+rules.load()
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+def without_user_namespaces(monkeypatch) -> CodeExecutionReward:
+    """The ``python`` backend on a machine that refuses user namespaces, as this one does not: its runs
+    start under a seccomp filter that refuses ``unshare`` (a stand-in for that machine)."""
+    pytest.importorskip("pyseccomp")
+    command = sandbox_command.command
+    monkeypatch.setattr(
+        sandbox_command, "command", lambda *args: [sys.executable, "-c", NO_USER_NAMESPACES, *command(*args)]
+    )
+    return CodeExecutionReward(timeout_s=TIMEOUT_S, memory_mb=256, disk_mb=DISK_MB, sandbox="python")
+
+
+def bubblewrap_without_tmpfs_sizes(monkeypatch) -> CodeExecutionReward:
+    """bubblewrap older than 0.8, which has no ``--size`` (a stand-in: the one here has it)."""
+    if sandbox_command.bubblewrap_problem() is not None:
+        pytest.skip("bubblewrap cannot run here")
+    monkeypatch.setattr(sandbox_command, "bubblewrap_sizes_tmpfs", lambda: False)
+    return CodeExecutionReward(timeout_s=TIMEOUT_S, memory_mb=256, disk_mb=DISK_MB, sandbox="bubblewrap")
+
+
+@pytest.mark.parametrize("uncapped", [without_user_namespaces, bubblewrap_without_tmpfs_sizes],
+                         ids=["python without user namespaces", "bubblewrap without --size"])  # fmt: skip
+def test_without_the_kernels_cap_the_disk_cap_holds_by_polling(uncapped, monkeypatch):
+    """The run's directory is the host's; the trainer's poll stops the run, past the cap by at most
+    what it wrote between two polls."""
+    run = uncapped(monkeypatch).run("stdio", WRITE_MANY_FILES)
+    assert run.status is None  # stopped
+    assert DISK_MB << 20 < bytes_written(run) <= (DISK_MB + 64) << 20
+
+
+def test_without_user_namespaces_the_first_call_warns_that_host_files_show(monkeypatch):
+    reward = without_user_namespaces(monkeypatch)
+    with pytest.warns(UserWarning, match="shows the host's files to a program here .* allow them"):
+        assert score(reward, "def square(n):\n    return n * n\n", SQUARE_TESTS) == 1.0
+    run = reward.run("stdio", STAT_HOST_FILES)
+    assert run.output.strip() != b"nothing"  # what the warning says
 
 
 RESULTS_TO_COLLIDE = {  # ints k * (2**61 - 1) all hash to 0: each insert in a hash table compares with all before

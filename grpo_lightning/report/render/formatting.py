@@ -5,6 +5,9 @@ free text (prompts, completions) made safe for a Markdown table cell."""
 from __future__ import annotations
 
 import math
+import re
+
+from grpo_lightning.report.render.document import user_text
 
 #: Metrics whose values are counts: printed as whole numbers with thousands separators.
 COUNT_METRICS = {"perf/generated_tokens", "steps", "batches", "step_of:val/accuracy"}
@@ -59,8 +62,8 @@ def p_phrase(p: float) -> str:
 
 
 def join_names(names: list[str]) -> str:
-    """``a``, ``b`` and ``c`` in bold."""
-    bold = [f"**{n}**" for n in names]
+    """``a``, ``b`` and ``c`` in bold (users' names: :func:`~grpo_lightning.report.render.document.user_text`)."""
+    bold = [f"**{user_text(n)}**" for n in names]
     return bold[0] if len(bold) == 1 else ", ".join(bold[:-1]) + " and " + bold[-1]
 
 
@@ -73,7 +76,7 @@ def shorten(text: str, limit: int) -> str:
 
 
 def code_text(text: str, limit: int) -> str:
-    """Free text as an inline code span, shortened: nothing inside is read as Markdown, newlines
-    show as ``⏎`` and backticks (which would end the span) as ``'``."""
-    flat = shorten(str(text).replace("\r\n", "\n").replace("\n", "⏎").replace("`", "'"), limit)
-    return f"`{flat}`" if flat.strip() else "(empty)"
+    """A user's free text as an inline code span, shortened: nothing inside is read as markup,
+    newlines show as ``⏎`` and backticks (which would end the span) as ``'``."""
+    flat = shorten(re.sub(r"\r\n|\r|\n", "⏎", str(text)).replace("`", "'"), limit)
+    return f"`{user_text(flat)}`" if flat.strip() else "(empty)"

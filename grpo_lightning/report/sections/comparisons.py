@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from grpo_lightning.report.arms import Arm
-from grpo_lightning.report.render.document import Doc
+from grpo_lightning.report.render.document import Doc, user_text
 from grpo_lightning.report.render.formatting import fmt, fmt_metric, fmt_p
 from grpo_lightning.report.metrics import PROPORTION, REWARD_SCALE_KEYS, SUMMARY_METRICS, WALL_CLOCK_METRICS, metric_bounds
 from grpo_lightning.report.statistics import (
@@ -186,9 +186,9 @@ def same_scale(configs: Mapping[str, Mapping[str, str]], arm: str, baseline: str
 
 def comparison_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence: float,
                        wall_clock_caveat: str | None, configs: Mapping[str, Mapping[str, str]]) -> None:  # fmt: skip
-    doc.h(2, f"Effects against the baseline ({baseline.name})")
+    doc.h(2, f"Effects against the baseline ({user_text(baseline.name)})")
     doc.p(
-        f"Each arm minus **{baseline.name}** at every seed both ran: the mean difference [{confidence:.0%} t-interval], "
+        f"Each arm minus **{user_text(baseline.name)}** at every seed both ran: the mean difference [{confidence:.0%} t-interval], "
         "Cohen's d_z (mean / standard deviation of the differences), the paired t-test's p and Holm's correction "
         f"over the arms compared, and the minimum detectable effect (MDE) at 80% power. Differences below "
         f"{PRACTICAL_ABSOLUTE:g} on accuracies and shares, or below {PRACTICAL_RELATIVE:.0%} of the baseline's mean "
@@ -208,10 +208,10 @@ def comparison_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence:
         left_out = [a.name for a in arms if a not in compared]
         if (not effects and not left_out) or not baseline.finals(key):
             continue
-        rows = [[f"**{e.arm}**", str(e.n), difference_text(e), fmt(e.effect_size, 3), fmt_p(e.p), fmt_p(e.p_holm),
+        rows = [[f"**{user_text(e.arm)}**", str(e.n), difference_text(e), fmt(e.effect_size, 3), fmt_p(e.p), fmt_p(e.p_holm),
                  fmt(e.mde), e.verdict] for e in effects]  # fmt: skip
-        title = f"{label} ({baseline.name}: {fmt_metric(baseline.interval(key, confidence)[0], key)})"
-        note = f"Not compared (other reward functions): {', '.join(left_out)}." if left_out else ""
+        title = f"{label} ({user_text(baseline.name)}: {fmt_metric(baseline.interval(key, confidence)[0], key)})"
+        note = f"Not compared (other reward functions): {', '.join(map(user_text, left_out))}." if left_out else ""
         body = doc if number == 0 else Doc()
         if number == 0:
             doc.h(3, title)

@@ -11,7 +11,7 @@ from typing import Any
 
 from grpo_lightning.report.arms import Arm
 from grpo_lightning.report.cells import log_file
-from grpo_lightning.report.render.document import Doc
+from grpo_lightning.report.render.document import Doc, user_text
 from grpo_lightning.report.render.formatting import code_text, fmt
 
 COMPLETIONS_FILE = "completions.jsonl"
@@ -81,8 +81,8 @@ def completions_section(doc: Doc, arms: Sequence[Arm]) -> None:
           "(its first seed), shortened in the middle; ⏎ marks a line break.")  # fmt: skip
     for arm, (run_name, path) in found:
         rows = [completion_row(record) for record in first_and_last(path)]
-        doc.h(3, arm.name)
+        doc.h(3, user_text(arm.name))
         if rows:
             doc.table(["step", "prompt", "completion", "reward", "advantage"], rows, "rllrr")
         else:
-            doc.p(f"`{run_name}`: no completions in `{COMPLETIONS_FILE}`.")
+            doc.p(f"`{user_text(run_name)}`: no completions in `{COMPLETIONS_FILE}`.")

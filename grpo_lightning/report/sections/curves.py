@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from grpo_lightning.report.arms import WIDE, Arm, ranked
-from grpo_lightning.report.render.document import Doc
+from grpo_lightning.report.render.document import Doc, user_text
 from grpo_lightning.report.render.plots import AXES, arm_colors, plot_curves, y_range
 from grpo_lightning.report.runs import FLOPS_TAG
 from grpo_lightning.report.sections.validation import evaluation_tags
@@ -62,14 +62,14 @@ def curves_section(doc: Doc, arms: Sequence[Arm], target: Path, wall_clock_cavea
         size = CURVE_GROUP - (baseline is not None)
         groups = [([baseline] if baseline else []) + order[start : start + size] for start in range(0, len(order), size)]
         doc.p(f"With {len(arms)} arms the curves come in groups of {CURVE_GROUP}"
-              + (f", each with the baseline **{baseline.name}**" if baseline else "")
+              + (f", each with the baseline **{user_text(baseline.name)}**" if baseline else "")
               + ", the others in the order of their mean final val/accuracy.")  # fmt: skip
     colors = arm_colors([a.name for a in arms])
     logged_flops = any(FLOPS_TAG in run.scalars for arm in arms for run in arm.runs)  # older runs did not
     unlogged = [run.directory.name for arm in arms for run in arm.runs if FLOPS_TAG not in run.scalars]
     if logged_flops and unlogged:
         doc.p(f"**The training-FLOPs column leaves out {len(unlogged)} run(s) that did not log `{FLOPS_TAG}`** "
-              f"(recorded before it was added): {', '.join(sorted(unlogged))}.")  # fmt: skip
+              f"(recorded before it was added): {', '.join(map(user_text, sorted(unlogged)))}.")  # fmt: skip
     shown = [a for a in AXES if not (wall_clock_caveat and a[0] == "time") and (logged_flops or a[0] != "flops")]
     for stem, title, tags in curve_figures(arms):
         if not any(tag in run.scalars or tag in run.initial for arm in arms for run in arm.runs for tag in tags):
@@ -80,4 +80,4 @@ def curves_section(doc: Doc, arms: Sequence[Arm], target: Path, wall_clock_cavea
             filename = f"curves_{stem}.png" if len(groups) == 1 else f"curves_{stem}_{number}.png"
             heading = title if len(groups) == 1 else f"{title}: {', '.join(a.name for a in group)}"
             plot_curves(group, tags, heading, target / filename, confidence, colors, ylims, shown)
-            doc.img(heading, filename)
+            doc.img(user_text(heading), filename)

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from grpo_lightning.report.arms import Arm
-from grpo_lightning.report.render.document import Doc
+from grpo_lightning.report.render.document import Doc, user_text
 
 #: Config keys of the clip settings; the report shows them without ``model.init_args.``.
 CLIP_KEYS = ("model.init_args.loss.clip_eps_low", "model.init_args.loss.clip_eps_high", "model.init_args.loss.delta")
@@ -82,13 +82,13 @@ def ineffective_notes(arms: Sequence[Arm], configs: Mapping[str, Mapping[str, st
         logged = [tag for tag in CLIP_TAGS if zero_throughout(arm, tag) is not None]
         if logged and all(zero_throughout(arm, tag) for tag in logged):
             notes.append(
-                f"**{arm.name}** ({described}): {_and(logged)} stayed 0 at every step of every seed, so "
+                f"**{user_text(arm.name)}** ({described}): {_and(logged)} stayed 0 at every step of every seed, so "
                 "its clip settings had no effect; the importance ratio never left the clip range."
             )
             continue
         for key, tag in BOUND_TAGS.items():
             if key in distinct[arm.name] and zero_throughout(arm, tag):
-                notes.append(f"**{arm.name}**: its `{key}`={settings[arm.name][key]} never clipped a token "
+                notes.append(f"**{user_text(arm.name)}**: its `{key}`={settings[arm.name][key]} never clipped a token "
                              f"({tag} 0 at every step of every seed).")  # fmt: skip
     return notes
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lightning.report.arms import SMOOTHING_STEPS, WIDE, Arm, final_value, ranked
-from grpo_lightning.report.render.document import Doc
+from grpo_lightning.report.render.document import Doc, user_text
 from grpo_lightning.report.render.formatting import fmt_interval, fmt_metric
 from grpo_lightning.report.learning import REACH_AXES, reached_by_every_run, split_key
 from grpo_lightning.report.metrics import FINAL_METRICS, PER_RUN_METRICS, WALL_CLOCK_METRICS, Metric
@@ -63,7 +63,7 @@ def final_section(doc: Doc, arms: Sequence[Arm], confidence: float, target: Path
     rows = final_rows(arms, confidence, curve_metrics)
     labels = [_label(metric.key, metric.label, wall_clock_caveat) for metric, _ in rows]
     cells = [[interval_text(stat, metric.key) for stat in stats] for metric, stats in rows]
-    names = [f"{a.name} (n={len(a.runs)})" for a in arms]
+    names = [f"{user_text(a.name)} (n={len(a.runs)})" for a in arms]
     if len(arms) > WIDE:  # one row per arm, best final val/accuracy first
         doc.p("Arms are sorted by their mean final val/accuracy (an order for reading; see Effects for tests).")
         doc.table(["#", "arm", *labels], [[str(r + 1), names[i], *(c[i] for c in cells)] for r, i in enumerate(ranked(arms))],
@@ -105,7 +105,7 @@ def per_run_section(doc: Doc, arms: Sequence[Arm], confidence: float, curve_metr
     )
     body.table(
         ["run", "seed", *(label for _, label in keys)],
-        [[cell.name, str(cell.seed), *(_run_value(cell.config, run, k, confidence) for k, _ in keys)]
+        [[user_text(cell.name), str(cell.seed), *(_run_value(cell.config, run, k, confidence) for k, _ in keys)]
          for arm in arms for cell, run in zip(arm.cells, arm.runs)],
         "ll" + "r" * len(keys),
     )  # fmt: skip

@@ -11,7 +11,7 @@ from typing import Any
 
 from grpo_lightning.report.arms import Arm
 from grpo_lightning.report.cells import log_file
-from grpo_lightning.report.render.document import Doc
+from grpo_lightning.report.render.document import Doc, user_text
 
 HEALTH_FILE = "health.json"
 
@@ -53,9 +53,9 @@ def health_section(doc: Doc, arms: Sequence[Arm]) -> None:
     doc.p("Checks of each run's `health.json`: how many seeds flagged a check (of the seeds that ran it), "
           "and the first step at which one did.")  # fmt: skip
     rows = [[f"`{check}`", *(flag_text(found.get(arm.name, [])) for arm in arms)] for check, found in sorted(by_check.items())]
-    doc.table(["check", *(a.name for a in arms)], rows, "l" + "r" * len(arms))
+    doc.table(["check", *(user_text(a.name) for a in arms)], rows, "l" + "r" * len(arms))
     flagged = [
-        f"`{cell}`: `{entry['check']}`, {entry.get('steps', '?')} steps from step {entry.get('first_step', '?')}: {entry.get('detail', '')}"
+        f"`{user_text(cell)}`: `{entry['check']}`, {entry.get('steps', '?')} steps from step {entry.get('first_step', '?')}: {entry.get('detail', '')}"
         for cell, entries in per_run.items() for entry in entries or [] if not entry.get("ok", True)
     ]  # fmt: skip
     if flagged:

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpo_lightning.report.render.document import Doc
+from grpo_lightning.report.render.document import Doc, user_text
 from grpo_lightning.report.render.formatting import fmt
 
 PROVENANCE_FILE = "provenance.json"
@@ -114,7 +114,7 @@ def provenance_section(doc: Doc, records: Sequence[Mapping[str, Any]], extra: Se
 
 def record_lines(record: Mapping[str, Any]) -> list[str]:
     """One record of ``provenance.json`` as list items."""
-    lines = [f"Command: `{record.get('command', '?')}`",
+    lines = [f"Command: `{user_text(record.get('command', '?'))}`",
              f"Date (UTC): {record.get('started', '?')} to {record.get('finished', '?')}"]  # fmt: skip
     commit = record.get("commit")
     dirty = " (with uncommitted changes to tracked files)" if record.get("dirty") else ""

@@ -18,6 +18,7 @@ from grpo_lightning.report.sections.comparisons import (
     different_starts,
     identical_arms,
 )
+from grpo_lightning.report.render.document import user_text
 from grpo_lightning.report.render.formatting import UNITS, fmt, fmt_metric, fmt_p
 from grpo_lightning.report.metrics import SUMMARY_METRICS, WALL_CLOCK_METRICS
 
@@ -37,7 +38,7 @@ def summary_paragraph(arms: Sequence[Arm], baseline: Arm | None = None, confiden
     parts = [f"{len(arms)} arm{'s' if len(arms) != 1 else ''} with {'/'.join(map(str, seeds))} seed(s) each."]
     if len(arms) < 2:
         return parts[0] + " With a single arm there is no comparison."
-    parts.append(f"Each arm is compared with the baseline **{baseline.name}** over the seeds both ran (paired t-test, "
+    parts.append(f"Each arm is compared with the baseline **{user_text(baseline.name)}** over the seeds both ran (paired t-test, "
                  "Holm's correction over the arms; see Effects against the baseline).")  # fmt: skip
     for key, label, direction in SUMMARY_METRICS:
         if key in WALL_CLOCK_METRICS and wall_clock_caveat:
@@ -47,8 +48,8 @@ def summary_paragraph(arms: Sequence[Arm], baseline: Arm | None = None, confiden
         left_out = [a.name for a in arms if a not in compared]
         sentence = metric_sentence(compared, baseline, key, label, direction, confidence) if len(compared) > 1 else ""
         if left_out:
-            sentence += (f" The {label} of {', '.join(f'**{n}**' for n in left_out)} is not compared with "
-                         f"**{baseline.name}**'s: other reward functions, so another scale.")  # fmt: skip
+            sentence += (f" The {label} of {', '.join(f'**{user_text(n)}**' for n in left_out)} is not compared with "
+                         f"**{user_text(baseline.name)}**'s: other reward functions, so another scale.")  # fmt: skip
         if sentence:
             parts.append(sentence.strip())
     parts += flag_sentences(arms, baseline)
@@ -67,12 +68,12 @@ def metric_sentence(arms: Sequence[Arm], baseline: Arm, key: str, label: str, di
     base = fmt_metric(baseline.interval(key, confidence)[0], key) + unit
     smoothing = f", mean of the last {SMOOTHING_STEPS} steps" if key == "reward" else ""
     described = "; ".join(effect_phrase(e, arms, baseline, key) for e in effects)
-    return f"On {label} ({baseline.name} {base}{smoothing}): {described}."
+    return f"On {label} ({user_text(baseline.name)} {base}{smoothing}): {described}."
 
 
 def effect_phrase(effect: Effect, arms: Sequence[Arm], baseline: Arm, key: str) -> str:
     """``**dapo** +0.07 [0.04, 0.11], better (Holm p = 0.0163); 1.99x the tokens``"""
-    text = f"**{effect.arm}** " + (f"{difference_text(effect)}, " if math.isfinite(effect.p) else "") + effect.verdict
+    text = f"**{user_text(effect.arm)}** " + (f"{difference_text(effect)}, " if math.isfinite(effect.p) else "") + effect.verdict
     if effect.verdict in ("better", "worse", "higher", "lower") or effect.verdict.startswith("below"):
         text += f" (Holm p {'< 0.0001' if effect.p_holm < 1e-4 else '= ' + fmt_p(effect.p_holm)})"
     cost = cost_text(next(a for a in arms if a.name == effect.arm), baseline) if key != COST_KEY else ""
@@ -93,13 +94,13 @@ def flag_sentences(arms: Sequence[Arm], baseline: Arm) -> list[str]:
     sentences = []
     steps = {a.name: sorted(set(a.finals("step_of:val/accuracy"))) for a in arms}
     if len({tuple(s) for s in steps.values() if s}) > 1:
-        shown = "; ".join(f"**{name}** {', '.join(fmt_metric(v) for v in s)}" for name, s in steps.items() if s)
+        shown = "; ".join(f"**{user_text(name)}** {', '.join(fmt_metric(v) for v in s)}" for name, s in steps.items() if s)
         sentences.append(f"**Warning:** the final val/accuracy was taken at different training steps ({shown}): "
                          "arms validated at an earlier step had less training when compared.")  # fmt: skip
     for a, b in identical_arms(arms):
-        sentences.append(f"**Warning:** **{a}** and **{b}** logged the same reward, kl and val/accuracy at every "
+        sentences.append(f"**Warning:** **{user_text(a)}** and **{user_text(b)}** logged the same reward, kl and val/accuracy at every "
                          "step of every seed: what sets them apart had no effect.")  # fmt: skip
     for name, mine, theirs in different_starts(arms, baseline):
-        sentences.append(f"**Warning:** **{name}** started from val/accuracy {fmt(mine)} before training against "
-                         f"{fmt(theirs)} for **{baseline.name}** at the same seeds: its differences include its start.")  # fmt: skip
+        sentences.append(f"**Warning:** **{user_text(name)}** started from val/accuracy {fmt(mine)} before training against "
+                         f"{fmt(theirs)} for **{user_text(baseline.name)}** at the same seeds: its differences include its start.")  # fmt: skip
     return sentences

@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 
 from grpo_lightning.report.arms import Arm, final_value
-from grpo_lightning.report.render.document import Doc
+from grpo_lightning.report.render.document import Doc, user_text
 from grpo_lightning.report.sections.finals import interval_text
 from grpo_lightning.report.render.formatting import fmt_interval
 
@@ -54,7 +54,7 @@ def evaluation_section(doc: Doc, arms: Sequence[Arm], confidence: float) -> None
         "[0, 1]]. pass@k: a prompt counts when any of k of its n samples is right; "
         "maj@n: when the answer most of its n samples give is right."
     )
-    header = ["metric", *(f"{a.name} (n={len(a.runs)})" for a in arms)]
+    header = ["metric", *(f"{user_text(a.name)} (n={len(a.runs)})" for a in arms)]
     rows = [[tag.removeprefix("val/"), *(interval_text(a.interval(tag, confidence), tag) for a in arms)] for tag in tags]
     doc.table(header, rows)
     with_ci = [tag for tag in tags if any(tag + CI_LOW in run.scalars for a in arms for run in a.runs)]
@@ -65,7 +65,7 @@ def evaluation_section(doc: Doc, arms: Sequence[Arm], confidence: float) -> None
            "not of seeds].")  # fmt: skip
     body.table(
         ["run", *(tag.removeprefix("val/") for tag in with_ci)],
-        [[cell.name, *(run_interval_text(arm, i, tag) for tag in with_ci)]
+        [[user_text(cell.name), *(run_interval_text(arm, i, tag) for tag in with_ci)]
          for arm in arms for i, cell in enumerate(arm.cells)],
     )  # fmt: skip
     doc.details("Per run, with intervals over prompts", body)

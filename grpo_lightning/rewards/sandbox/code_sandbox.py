@@ -4,7 +4,7 @@ untrusted program. Run as ``python -I -S -B -X utf8 code_sandbox.py`` (directly 
 imports nothing but the standard library.
 
 Standard input starts with a header: ten ASCII digits giving the length of a JSON object
-``{"mode", "source", "memory_bytes", "cpu_seconds", "file_bytes", "seccomp", ...}``. Modes:
+``{"mode", "source", "memory_bytes", "cpu_seconds", "file_bytes", "disk_bytes", "seccomp", ...}``. Modes:
 
 * ``"stdio"``: the rest of standard input is the program's input; the caller compares its output
   with the expected one.
@@ -21,21 +21,25 @@ something worth stealing (the test and its nonce).
 
 Confinement, in order, each step kept only where the platform allows it:
 
-1. new user and network namespaces (no network interface but a loopback that is down), and a
+1. new user, mount and network namespaces (no network interface but a loopback that is down), and a
    parent-death signal: the run ends with the process that started it;
-2. Landlock (Linux 5.13+): writes only beneath the working directory, reads only of it, the Python
+2. a private root (:func:`private_root`), where the mount namespace is this process's own: a tmpfs
+   holding only the readable paths of step 3 (bound, read-only where the kernel allows) and the run's
+   directory, a tmpfs of ``disk_bytes``; the host's other paths do not exist (``os.stat`` learns
+   nothing of them), and the run cannot hold more than ``disk_bytes`` of files;
+3. Landlock (Linux 5.13+): writes only beneath the working directory, reads only of it, the Python
    installation and system libraries, no ``execve``, no TCP (Linux 6.7+), no signals to processes
    outside (Linux 6.12+);
-3. the caller's seccomp filter (``"seccomp"``, compiled BPF), where it sends one: a run that cannot
+4. the caller's seccomp filter (``"seccomp"``, compiled BPF), where it sends one: a run that cannot
    load it ends with ``SECCOMP_FAILED`` before the program starts;
-4. rlimits: address space, CPU seconds, file size, no core files, one process (``RLIMIT_NPROC``;
+5. rlimits: address space, CPU seconds, file size, no core files, one process (``RLIMIT_NPROC``;
    the kernel does not apply it to root);
-5. an audit hook (:func:`sys.addaudithook`, which cannot be removed) that refuses sockets, ``fork``,
+6. an audit hook (:func:`sys.addaudithook`, which cannot be removed) that refuses sockets, ``fork``,
    ``exec``, ``system``, ``subprocess``, ``kill``, ``ctypes``, raising the rlimits and walking the
    heap, and opens or file changes outside the allowed directories.
 
 The audit hook runs in the same interpreter as the program and does not reach subinterpreters: it
-stops the obvious only. Steps 1-4 are the kernel's: they hold whatever the program does.
+stops the obvious only. Steps 1-5 are the kernel's: they hold whatever the program does.
 """
 
 from __future__ import annotations
@@ -47,8 +51,15 @@ import signal
 import sys
 
 HEADER_DIGITS = 10
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWNET = 0x10000000, 0x00020000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MNT_DETACH = 2
+# The mount flags a bind inherits and a remount must keep (statvfs's ST_* bits have the same values
+# as MS_*, except relatime): nosuid, nodev, noexec, noatime, nodiratime.
+LOCKED_MOUNT_FLAGS = MS_NOSUID | MS_NODEV | MS_NOEXEC | 1024 | 2048
+ST_RELATIME, MS_RELATIME = 4096, 1 << 21
+PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}  # pivot_root(2)
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
 SECCOMP_FAILED = 125  # exit status of a run whose seccomp filter could not be loaded
 LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446  # every architecture
@@ -97,15 +108,17 @@ def readable_roots(workdir: str) -> list[str]:
 
 
 def confine(workdir: str, header: dict) -> None:
-    """Steps 1-5 of the module's docstring."""
-    try:  # steps 1 and 2 are Linux's; elsewhere, or where they are not allowed, they are left out
+    """Steps 1-6 of the module's docstring."""
+    try:  # steps 1-3 are Linux's; elsewhere, or where they are not allowed, they are left out
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.syscall.restype = ctypes.c_long
-        libc.unshare(ctypes.c_int(CLONE_NEWUSER | CLONE_NEWNET))
+        own_mounts = new_namespaces(ctypes, libc)
         libc.prctl(ctypes.c_int(PR_SET_PDEATHSIG), *(ctypes.c_ulong(value) for value in (signal.SIGKILL, 0, 0, 0)))
         libc.prctl(ctypes.c_int(PR_SET_NO_NEW_PRIVS), *(ctypes.c_ulong(value) for value in (1, 0, 0, 0)))
+        if own_mounts:
+            private_root(ctypes, libc, workdir, header["disk_bytes"])
         landlock(ctypes, libc, workdir)
         del libc
     except (ImportError, AttributeError, OSError):
@@ -127,8 +140,109 @@ def confine(workdir: str, header: dict) -> None:
     sys.addaudithook(audit_hook(workdir, readable_roots(workdir)))
 
 
+def new_namespaces(ctypes, libc) -> bool:
+    """Step 1: new user, mount and network namespaces, this process's ids mapped to themselves (a
+    tmpfs of the new namespace refuses files of unmapped ids); ``True`` when the mount namespace is
+    new. Where user namespaces are refused: a new network namespace alone, which root may still make."""
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(ctypes.c_int(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET)) != 0:
+        libc.unshare(ctypes.c_int(CLONE_NEWUSER | CLONE_NEWNET))
+        return False
+    try:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as file:
+                file.write(text)
+    except OSError:
+        return False
+    return True
+
+
+def root_entries(workdir: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """What the private root holds besides the run's directory: ``(links, binds)``, the symbolic links
+    among the readable paths (``/lib -> usr/lib``) and the directories and files to bind, none beneath
+    another (a mount point made inside a bound host directory would be made on the host)."""
+    links, paths = [], []
+    for path in dict.fromkeys([sys.base_prefix, sys.base_exec_prefix, *sys.path, *READABLE_SYSTEM_PATHS]):
+        if not path or not os.path.exists(path):
+            continue
+        if os.path.islink(path):
+            links.append((path, os.readlink(path)))
+        paths.append(os.path.realpath(path))
+
+    def beneath(path: str, root: str) -> bool:
+        return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+    binds: list[str] = []
+    for path in sorted(set(paths), key=len):
+        if not any(beneath(path, bound) for bound in binds):
+            binds.append(path)
+    links = [(link, target) for link, target in links if not any(beneath(link, bound) for bound in binds)]
+    return links, binds
+
+
+def private_root(ctypes, libc, workdir: str, disk_bytes: int) -> None:
+    """Step 2: build the private root on a tmpfs mounted over the (empty) run's directory, then make
+    it this process's root (``pivot_root``) and let go of the host's. Where a mount fails before the
+    switch, the host's root stays (the caller's poll of the run's directory caps its disk use then);
+    a failure after it ends the run (``RuntimeError``), as half a switch shows neither root whole."""
+    links, binds = root_entries(workdir)
+    pivot = PIVOT_ROOT.get(os.uname().machine)
+    if pivot is None or any(workdir == path or workdir.startswith(path.rstrip(os.sep) + os.sep) for path in binds):
+        return
+
+    def mount(source, target, kind, flags: int, data=None) -> None:
+        arguments = [None if value is None else os.fsencode(value) for value in (source, target, kind)]
+        data = None if data is None else data.encode()
+        if libc.mount(*arguments, ctypes.c_ulong(flags), data) != 0:
+            raise OSError(ctypes.get_errno(), f"mount on {target} failed")
+
+    new_root = workdir
+    try:
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
+        mount("tmpfs", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
+        for link, target in links:
+            os.makedirs(os.path.dirname(new_root + link), exist_ok=True)
+            os.symlink(target, new_root + link)
+        for path in [*binds, *(device for device in DEVICES if os.path.exists(device))]:
+            inside = new_root + path
+            if os.path.isdir(path):
+                os.makedirs(inside, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(inside), exist_ok=True)
+                os.close(os.open(inside, os.O_CREAT | os.O_WRONLY, 0o644))
+            mount(path, inside, None, MS_BIND | MS_REC)
+            if path not in DEVICES:
+                try:
+                    mount(None, inside, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _kept_flags(path))
+                except OSError:
+                    pass  # read-only is Landlock's and the audit hook's job too
+        os.makedirs(new_root + workdir, mode=0o700)
+        mount("tmpfs", new_root + workdir, "tmpfs", MS_NOSUID | MS_NODEV, f"size={disk_bytes},mode=0700")
+        os.chdir(new_root)
+        if libc.syscall(ctypes.c_long(pivot), b".", b".") != 0:
+            raise OSError(ctypes.get_errno(), "pivot_root failed")
+    except OSError:
+        libc.umount2(os.fsencode(workdir), ctypes.c_int(MNT_DETACH))
+        os.chdir(workdir)
+        return
+    try:
+        if libc.umount2(b".", ctypes.c_int(MNT_DETACH)) != 0:
+            raise OSError(ctypes.get_errno(), "detaching the host's root failed")
+        os.chdir("/")
+        mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        os.chdir(workdir)
+    except OSError as error:
+        raise RuntimeError(f"the code sandbox's private root is half made: {error}") from None
+
+
+def _kept_flags(path: str) -> int:
+    """The flags of ``path``'s mount that a read-only remount of its bind must keep."""
+    flags = os.statvfs(path).f_flag
+    return (flags & LOCKED_MOUNT_FLAGS) | (MS_RELATIME if flags & ST_RELATIME else 0)
+
+
 def landlock(ctypes, libc, workdir: str) -> None:
-    """Landlock's ruleset (step 2), at the highest ABI the kernel has; nothing where it has none."""
+    """Landlock's ruleset (step 3), at the highest ABI the kernel has; nothing where it has none."""
 
     def call(number: int, *arguments) -> int:
         return libc.syscall(*(ctypes.c_long(a) if isinstance(a, int) else a for a in (number, *arguments)))
@@ -167,7 +281,7 @@ def landlock(ctypes, libc, workdir: str) -> None:
 
 
 def seccomp(program: bytes) -> None:
-    """Step 3: load the caller's seccomp filter (compiled BPF); a run that cannot load it ends here,
+    """Step 4: load the caller's seccomp filter (compiled BPF); a run that cannot load it ends here,
     with ``SECCOMP_FAILED``, before any of the program runs."""
     try:
         import ctypes
@@ -187,7 +301,7 @@ def seccomp(program: bytes) -> None:
 
 
 def audit_hook(workdir: str, readable: list[str]):
-    """Step 5: a hook that raises ``PermissionError`` for refused events."""
+    """Step 6: a hook that raises ``PermissionError`` for refused events."""
     realpath, fsdecode, sep = os.path.realpath, os.fsdecode, os.sep
     # Copies: the program can reach this module's globals (it is ``__main__``), not these.
     refused, imports, write_events = frozenset(REFUSED_EVENTS), frozenset(REFUSED_IMPORTS), dict(WRITE_EVENTS)

@@ -3,13 +3,15 @@
 Two backends:
 
 * ``bubblewrap``: the interpreter runs under ``bwrap`` (Debian/Ubuntu package ``bubblewrap``) in a
-  fresh root holding only the interpreter and its libraries (read-only) and the run's directory, with
+  fresh root holding only the interpreter and its libraries (read-only) and the run's directory (a
+  tmpfs of the run's disk cap, where this ``bwrap`` sizes one: ``--size``, bubblewrap 0.8+), with
   every namespace unshared (user, PID, network, IPC, UTS, cgroup), an unprivileged uid and gid
   (65534), no ``/proc``, no further user namespaces, and ``--die-with-parent``: the sandbox's PID 1
   takes every process of the run with it, whatever they do (``setsid``, double fork).
 * ``python``: the interpreter runs directly, confined from inside by the layers of
   :mod:`~grpo_lightning.rewards.sandbox.code_sandbox` alone (the fallback where bubblewrap is missing or
-  cannot start, e.g. user namespaces turned off).
+  cannot start, e.g. user namespaces turned off), its own private root among them where user
+  namespaces are allowed.
 
 Both load the seccomp filter built here (libseccomp, through ``pyseccomp``): no process creation,
 ``execve``, sockets, namespaces, mounts, ``ptrace``, signals to other processes, io_uring, BPF or
@@ -36,6 +38,7 @@ SYSTEM_LIBRARIES = (
     "/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/local/lib", "/lib", "/lib64", "/lib32", "/etc/ld.so.cache",
 )  # fmt: skip
 PROBE_TIMEOUT_S = 30.0
+PROBE_DISK_BYTES = 1 << 20
 CLONE_THREAD = 0x00010000
 DENIED_SYSCALLS = (
     "fork", "vfork", "execve", "execveat", "socket", "unshare", "setns", "mount", "umount2", "pivot_root",
@@ -52,8 +55,9 @@ class SandboxUnavailable(RuntimeError):
     """``sandbox="bubblewrap"`` was asked for where bubblewrap cannot run."""
 
 
-def command(backend: str, workdir: str) -> list[str]:
-    """The argv of one run in ``workdir`` under ``backend`` (``bubblewrap`` or ``python``)."""
+def command(backend: str, workdir: str, disk_bytes: int) -> list[str]:
+    """The argv of one run in ``workdir`` under ``backend`` (``bubblewrap`` or ``python``), holding at
+    most ``disk_bytes`` of files (the ``python`` backend learns it from the run's header)."""
     if backend == "python":
         return [sys.executable, *INTERPRETER_FLAGS, code_sandbox.__file__]
     interpreter = _interpreter()
@@ -66,9 +70,28 @@ def command(backend: str, workdir: str) -> list[str]:
             argv += ["--ro-bind", path, path]
     for device in ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"):
         argv += ["--dev-bind", device, device]
-    argv += ["--ro-bind", code_sandbox.__file__, SCRIPT_INSIDE, "--bind", workdir, workdir, "--chdir", workdir]
+    argv += ["--ro-bind", code_sandbox.__file__, SCRIPT_INSIDE, *_run_directory(workdir, disk_bytes)]
+    argv += ["--chdir", workdir]
     argv += ["--remount-ro", "/", "--", interpreter, *INTERPRETER_FLAGS, SCRIPT_INSIDE]
     return argv
+
+
+def _run_directory(workdir: str, disk_bytes: int) -> list[str]:
+    """The run's directory inside: a tmpfs of ``disk_bytes``, whose files the kernel caps; where this
+    ``bwrap`` cannot size one, the host's directory, bound (the caller's poll caps it then)."""
+    if bubblewrap_sizes_tmpfs():
+        return ["--perms", "0700", "--size", str(disk_bytes), "--tmpfs", workdir]
+    return ["--bind", workdir, workdir]
+
+
+@functools.cache
+def bubblewrap_sizes_tmpfs() -> bool:
+    """Whether the installed ``bwrap`` takes ``--size`` before ``--tmpfs`` (bubblewrap 0.8+)."""
+    try:
+        usage = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--size" in usage.stdout
 
 
 def _interpreter() -> str:
@@ -131,6 +154,13 @@ def resolve(requested: str) -> str:
         return "python"
     problem = bubblewrap_problem()
     if problem is None:
+        if not bubblewrap_sizes_tmpfs():
+            warnings.warn(
+                "this bwrap cannot size a tmpfs (`--size`, bubblewrap 0.8+): a code run's disk use is capped by "
+                "polling its directory, which it may overshoot by what it writes between two polls; upgrade "
+                "bubblewrap for the kernel's cap.",
+                stacklevel=3,
+            )
         return "bubblewrap"
     if requested == "bubblewrap":
         raise SandboxUnavailable(f"CodeExecutionReward sandbox='bubblewrap': {problem}")
@@ -152,7 +182,7 @@ def bubblewrap_problem() -> str | None:
 
     workdir = tempfile.mkdtemp(prefix="grpo-code-probe-")
     try:
-        argv = command("bubblewrap", workdir)
+        argv = command("bubblewrap", workdir, PROBE_DISK_BYTES)
         probe = [*argv[: argv.index("--") + 2], "-I", "-S", "-c", "print('ok')"]
         result = subprocess.run(probe, capture_output=True, timeout=PROBE_TIMEOUT_S, env={}, cwd=workdir)
     except (OSError, subprocess.SubprocessError) as error:
