@@ -234,7 +234,7 @@ def test_small_n_is_reported(tmp_path, cell_writer):
     # two seeds: 0.6 -+ t(0.975, 1) 12.706 * 0.1 = [-0.67, 1.87], clipped to the range of an accuracy;
     # one seed: no interval
     assert "| val/accuracy | 0.6 [0, 1] | 0.4 |" in md
-    assert "**rloo** (1 pair of 2 seeds) too few seeds (n=1; 3 needed)" in md
+    assert "**rloo** (1 pair of 2 seeds) -0.1, too few seeds (n=1; 3 needed)" in md
     assert "tie" not in md.split("## Summary")[1].split("## Runs")[0]
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from grpo_lightning.report.arms import SMOOTHING_STEPS, UNFINISHED, Arm, diverged, seed_order
 from grpo_lightning.report.sections.comparisons import (
+    MIN_PAIRED_SEEDS,
     Effect,
     baseline_effects,
     comparable_arms,
@@ -77,7 +78,9 @@ def effect_phrase(effect: Effect, arms: Sequence[Arm], baseline: Arm, key: str) 
     of 5 seeds) ...`` where some seed is no pair."""
     pairs = (f"({effect.n} pair{'s' if effect.n != 1 else ''} of {effect.pairs.total} seeds) "
              if effect.pairs and effect.pairs.excluded else "")  # fmt: skip
-    text = f"**{effect.arm}** " + pairs + (f"{difference_text(effect)}, " if math.isfinite(effect.p) else "") + effect.verdict
+    # the difference is in the verdict's own words where there is no test, unless too few seeds stopped it
+    shown = math.isfinite(effect.p) or (effect.n < MIN_PAIRED_SEEDS and math.isfinite(effect.mean))
+    text = f"**{effect.arm}** " + pairs + (f"{difference_text(effect)}, " if shown else "") + effect.verdict
     if effect.verdict in ("better", "worse", "higher", "lower") or effect.verdict.startswith("below"):
         text += f" (Holm p {'< 0.0001' if effect.p_holm < 1e-4 else '= ' + fmt_p(effect.p_holm)})"
     cost = cost_text(next(a for a in arms if a.name == effect.arm), baseline) if key != COST_KEY else ""
