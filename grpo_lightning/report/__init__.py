@@ -16,7 +16,10 @@ the sweep folder or from ``data/`` gives byte-identical files.
 Statistics: the mean over seeds with its Student-t interval (``seed_interval``, behind every
 interval over seeds), each arm against the baseline arm over shared seeds (``comparisons``: the
 paired t-test, Cohen's d_z, Holm's correction, the minimum detectable effect), Wilson intervals of
-one run's accuracy (``wilson_interval``).
+one run's accuracy (``wilson_interval``). Every number says the seeds behind it where some are
+missing (``arms.SeedCount``: diverged, not logged, unfinished); a seed run twice in one arm is
+refused (``cells.refuse_duplicate_cells``), and no comparison below ``MIN_PAIRED_SEEDS`` pairs gets
+a verdict.
 
 Modules: ``runs`` (a run's TensorBoard scalars), ``cells`` (a sweep's cell folders and configs),
 ``data`` (the ``data/`` folder and ``REGENERATE``), ``labels`` (each arm's class against its name),

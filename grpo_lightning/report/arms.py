@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from grpo_lightning.report.cells import CellInfo
-from grpo_lightning.report.learning import curve_value, is_curve_key
+from grpo_lightning.report.learning import REACH_AXES, curve_value, is_curve_key, split_key
 from grpo_lightning.report.metrics import metric_bounds
 from grpo_lightning.report.runs import Run
 from grpo_lightning.report.statistics import seed_interval
@@ -53,11 +53,52 @@ def final_value(run: Run, key: str) -> float:
     return float(series.values[-1])
 
 
+#: Why a cell of an arm counts in none of its numbers.
+UNFINISHED = "unfinished (no DONE marker)"
+
+
+@dataclass(frozen=True)
+class SeedCount:
+    """The seeds behind one number: ``used`` of ``total``, and why each seed left out is missing
+    (``(seed, reason)`` in seed order)."""
+
+    used: int
+    total: int
+    excluded: tuple[tuple[Any, str], ...] = ()
+
+    def __str__(self) -> str:
+        """``n=5``, or ``n=4 of 5; seed 3 diverged (final reward non-finite)``."""
+        if not self.excluded:
+            return f"n={self.used}"
+        return f"n={self.used} of {self.total}; " + "; ".join(f"seed {seed} {why}" for seed, why in self.excluded)
+
+
+def seed_order(seed: Any) -> tuple:
+    """Integer seeds in order, others after them by their text."""
+    return (not isinstance(seed, int), seed if isinstance(seed, int) else 0, str(seed))
+
+
+def diverged(reason: str) -> bool:
+    """Whether a reason of :func:`missing_reason` says the run diverged (rather than never logged the metric)."""
+    return reason.startswith("diverged")
+
+
+def missing_reason(run: Run, key: str, label: str) -> str:
+    """Why ``run`` has no final ``key``: it logged the metric and ended non-finite (the run
+    diverged), or it never logged it."""
+    tag = key.rpartition(":")[2]
+    series = run.scalars.get(tag)
+    logged = (series is not None and len(series.values) > 0) or (key.startswith("initial:") and tag in run.initial)
+    return f"diverged (final {label} non-finite)" if logged else f"did not log {label}"
+
+
 @dataclass
 class Arm:
     name: str
     cells: list[CellInfo]
     runs: list[Run]
+    #: The arm's cells without a ``DONE`` marker: counted among its seeds, in none of its numbers.
+    unfinished: list[CellInfo] = field(default_factory=list)
 
     def finals(self, key: str) -> list[float]:
         return [v for v in (final_value(r, key) for r in self.runs) if math.isfinite(v)]
@@ -66,6 +107,33 @@ class Arm:
         """The final ``key`` of each seed that has one."""
         values = {cell.seed: final_value(run, key) for cell, run in zip(self.cells, self.runs)}
         return {seed: v for seed, v in values.items() if math.isfinite(v)}
+
+    def excluded_seeds(self, key: str, label: str) -> dict[Any, str]:
+        """Each seed of the arm without a final ``key``, and why: unfinished, diverged or not logged.
+        A threshold never reached (``inf``) is a value, not a lost seed."""
+        reached = split_key(key)[0] in REACH_AXES
+        excluded = {cell.seed: UNFINISHED for cell in self.unfinished}
+        for cell, run in zip(self.cells, self.runs):
+            value = final_value(run, key)
+            if math.isnan(value) or (math.isinf(value) and not reached):
+                excluded[cell.seed] = missing_reason(run, key, label)
+        return excluded
+
+    def seed_count(self, key: str | None = None, label: str = "") -> SeedCount:
+        """The seeds behind the arm's final ``key`` (``None``: behind any of its numbers, its
+        finished runs)."""
+        excluded = self.excluded_seeds(key, label) if key is not None else {c.seed: UNFINISHED for c in self.unfinished}
+        total = len(self.cells) + len(self.unfinished)
+        ordered = tuple(sorted(excluded.items(), key=lambda item: seed_order(item[0])))
+        return SeedCount(total - len(excluded), total, ordered)
+
+    def partial_count(self, key: str, label: str) -> SeedCount | None:
+        """The seeds behind the arm's final ``key`` where fewer seeds give it than the arm has finished
+        runs; None where every run does, or where no run logged ``key`` (not a metric of this arm)."""
+        count = self.seed_count(key, label)
+        if count.used == len(self.runs) or (count.used == 0 and not any(diverged(why) for _, why in count.excluded)):
+            return None
+        return count
 
     def interval(self, key: str, confidence: float = 0.95) -> tuple[float, float, float]:
         """``(mean, low, high)`` of the final ``key`` over seeds: ``statistics.seed_interval``,

@@ -83,7 +83,7 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     target.mkdir(parents=True, exist_ok=True)
     finished = [c for c in cells if c.finished]
     unfinished = [c for c in cells if not c.finished]
-    arms = load_arms(finished)
+    arms = load_arms(finished, unfinished)
     baseline = baseline_arm(arms, finished, meta.get("baseline"))
     records = read_provenance(data_dir)
     caveat = wall_clock_caveat(records)
@@ -139,8 +139,9 @@ def baseline_arm(arms: Sequence[Arm], cells: Sequence[CellInfo], chosen: str | N
     return by_name[named[0]] if named else (arms[0] if arms else None)
 
 
-def load_arms(finished: Sequence[CellInfo]) -> list[Arm]:
-    """The finished cells grouped into arms, in the order of ``VARIANT_ORDER``."""
+def load_arms(finished: Sequence[CellInfo], unfinished: Sequence[CellInfo] = ()) -> list[Arm]:
+    """The finished cells grouped into arms, in the order of ``VARIANT_ORDER``; each arm keeps its
+    ``unfinished`` cells to count them among its seeds."""
     arms: dict[str, Arm] = {}
     for cell in finished:
         arms.setdefault(cell.arm, Arm(cell.arm, [], []))
@@ -148,6 +149,9 @@ def load_arms(finished: Sequence[CellInfo]) -> list[Arm]:
         run = load_run(cell.directory)
         run.updates_per_step = optimizer_steps_per_rollout(cell.config)
         arms[cell.arm].runs.append(run)
+    for cell in unfinished:
+        if cell.arm in arms:
+            arms[cell.arm].unfinished.append(cell)
     return [arms[a] for a in sorted(arms, key=lambda a: _arm_order(a, finished))]
 
 

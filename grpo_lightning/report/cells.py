@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_lightning.errors import ConfigError
 from grpo_lightning.report.runs import event_directory
 
 
@@ -77,7 +78,24 @@ def discover_cells(sweep_dir: Path) -> list[CellInfo]:
                 CellInfo(directory, directory.relative_to(sweep_dir).as_posix(), variant, variant,
                          config.get("seed_everything"), {}, True, config)
             )  # fmt: skip
-    return sorted(cells, key=lambda c: (c.arm, c.seed if isinstance(c.seed, int) else -1, c.name))
+    cells.sort(key=lambda c: (c.arm, c.seed if isinstance(c.seed, int) else -1, c.name))
+    refuse_duplicate_cells(cells)
+    return cells
+
+
+def refuse_duplicate_cells(cells: Sequence[CellInfo]) -> None:
+    """Refuse two cells of one arm with the same seed: the seed would count twice in the arm's mean
+    and its paired differences. Cells of an unknown seed (plain fit folders without one) are not checked."""
+    seen: dict[tuple[str, Any], CellInfo] = {}
+    for cell in cells:
+        if cell.seed is None:
+            continue
+        first = seen.setdefault((cell.arm, cell.seed), cell)
+        if first is not cell:
+            raise ConfigError(
+                f"seed: arm {cell.arm!r} has seed {cell.seed} twice, in {first.directory} and {cell.directory}; "
+                "remove one of the two folders, or rerun the sweep into a fresh folder"
+            )
 
 
 def _inside_data_folder(path: Path, sweep_dir: Path) -> bool:

@@ -16,11 +16,12 @@ def _reward(variant: str, seed: int, step: int) -> float:
 
 
 def write_cell(root, variant: str, seed: int, final_accuracy: float, finished: bool = True, stem: str = "", stale=(),
-               clip=(0.01, 0.02), final_val=None, config_changes=None):  # fmt: skip
+               clip=(0.01, 0.02), final_val=None, config_changes=None, diverged_from=None):  # fmt: skip
     """A cell folder as grpo-lightning-ablate leaves it; ``stale``: TensorBoard steps without an
     update, where the previous training values are logged again (as Lightning does); ``clip``:
     clip_ratio/low and /high of every step (clip_ratio/region is their sum); ``final_val``: more
-    val/* scalars of the last validation; ``config_changes``: model init_args of config.yaml."""
+    val/* scalars of the last validation; ``config_changes``: model init_args of config.yaml;
+    ``diverged_from``: the step from which the training scalars are NaN (a run that diverged)."""
     from torch.utils.tensorboard import SummaryWriter
 
     name = f"{variant}-seed{seed}{stem}"
@@ -64,6 +65,8 @@ def write_cell(root, variant: str, seed: int, final_accuracy: float, finished: b
             "perf/step_s": 2.0 if variant == "grpo" else 1.0,
             "perf/generated_tokens": float(tokens),
         }
+        if diverged_from is not None and step >= diverged_from:
+            scalars = {tag: (value if tag.startswith("perf/") else float("nan")) for tag, value in scalars.items()}
         for tag, value in scalars.items():
             writer.add_scalar(tag, value, step, walltime=wall)
         previous = scalars

@@ -142,8 +142,9 @@ def test_report_sections_and_numbers(sweep, tmp_path):
     for png in pngs:
         assert f"]({png})" in md and f'src="{png}"' in html
 
-    # grpo first (variant order), the unfinished seed 3 left out
-    assert "| grpo (n=3) | dapo (n=3) |" in md.replace("metric | ", "")
+    # grpo first (variant order), the unfinished seed 3 left out and counted among grpo's seeds
+    assert "| grpo (n=3 of 4; seed 3 unfinished (no DONE marker)) | dapo (n=3) |" in md.replace("metric | ", "")
+    assert "Seeds left out: **grpo** seed 3 unfinished (no DONE marker): in none of its numbers." in md
     assert "grpo-seed3" in md and "unfinished" in md
     # configuration: what differs, with per-run paths and the seed left out
     assert "| `model.class_path` | variants.GRPO | variants.DAPO |" in md
@@ -161,11 +162,13 @@ def test_report_sections_and_numbers(sweep, tmp_path):
     # paired: dapo - grpo = -0.3, -0.25, -0.4 at seeds 0, 1, 2: mean -0.3166667, s_d = 0.0763763,
     # t = -0.3166667 / (0.0763763 / sqrt(3)) = -7.181325 with 2 dof, p = 0.0188442 (scipy.stats.ttest_rel);
     # d_z = -4.146; interval -0.3166667 -+ 4.3026527 * 0.0440959 = [-0.5064, -0.1269]
-    assert "| **dapo** | 3 | -0.3167 [-0.5064, -0.1269] | -4.15 | 0.0188 | 0.0188 |" in md
-    assert "**dapo** -0.3167 [-0.5064, -0.1269], worse (Holm p = 0.0188); 1x the tokens" in md
+    # three pairs of the four seeds either arm ran: grpo's seed 3 is unfinished and dapo never ran it
+    assert ("| **dapo** | 3 of 4 (seed 3: not run by dapo; grpo unfinished (no DONE marker)) | -0.3167 [-0.5064, -0.1269] "
+            "| -4.15 | 0.0188 | 0.0188 |") in md  # fmt: skip
+    assert "**dapo** (3 pairs of 4 seeds) -0.3167 [-0.5064, -0.1269], worse (Holm p = 0.0188); 1x the tokens" in md
     # equal token counts at every seed; every grpo step takes 2 s, every dapo step 1 s: no spread, no test
-    assert "On generated tokens (grpo 750): **dapo** identical at every seed." in md
-    assert "On training wall-clock (grpo 12 s): **dapo** no test: the difference is -6 at every seed" in md
+    assert "On generated tokens (grpo 750): **dapo** (3 pairs of 4 seeds) identical at every seed." in md
+    assert "On training wall-clock (grpo 12 s): **dapo** (3 pairs of 4 seeds) no test: the difference is -6 at every seed" in md
     assert "tie" not in md.split("## Summary")[1].split("## Runs")[0]
     assert "Before training, val/accuracy was 0.1 on average." in md
     assert "no `provenance.json`: the code these runs used is unknown" in md
@@ -231,7 +234,7 @@ def test_small_n_is_reported(tmp_path, cell_writer):
     # two seeds: 0.6 -+ t(0.975, 1) 12.706 * 0.1 = [-0.67, 1.87], clipped to the range of an accuracy;
     # one seed: no interval
     assert "| val/accuracy | 0.6 [0, 1] | 0.4 |" in md
-    assert "**rloo** no test: 1 shared seed (a paired test needs 2)" in md
+    assert "**rloo** (1 pair of 2 seeds) -0.1, too few seeds (n=1; 3 needed)" in md
     assert "tie" not in md.split("## Summary")[1].split("## Runs")[0]
 
 

@@ -136,7 +136,7 @@ def test_verdicts_without_a_test_or_below_the_practical_threshold():
     assert effects["grpo+r1"].verdict == "identical at every seed"
     # differences 0.005 .. 0.006: significant (p < 0.0001), yet below one point of accuracy
     assert effects["shifted"].p_holm < 0.05 and effects["shifted"].verdict == "below the practical threshold (0.01)"
-    assert effects["one"].verdict == "no test: 1 shared seed (a paired test needs 2)"
+    assert effects["one"].verdict == "too few seeds (n=1; 3 needed)"
     assert identical_arms([baseline, same, shifted]) == [("grpo", "grpo+r1")]
 
 

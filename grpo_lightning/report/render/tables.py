@@ -27,12 +27,13 @@ def _number(value: float) -> str:
     return "" if not math.isfinite(value) else f"{value:.6g}"
 
 
-def final_metrics_csv(arm_names: Sequence[str], seeds: Sequence[int], rows: Sequence[Row], interval: str) -> str:
+def final_metrics_csv(arm_names: Sequence[str], counts: Sequence[Sequence[int]], rows: Sequence[Row], interval: str) -> str:
+    """One line per metric and arm; ``n``: the seeds behind that mean (``counts``, per row and arm)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["metric", "arm", "n", "mean", "ci_low", "ci_high", "interval"])
-    for metric, stats in rows:
-        for name, n, (mean, low, high) in zip(arm_names, seeds, stats):
+    for (metric, stats), row_counts in zip(rows, counts):
+        for name, n, (mean, low, high) in zip(arm_names, row_counts, stats):
             method = interval if math.isfinite(low) else ""
             writer.writerow([metric.key, name, n, _number(mean), _number(low), _number(high), method])
     return out.getvalue()
@@ -42,9 +43,11 @@ def latex_escape(text: str) -> str:
     return "".join(_LATEX_SPECIAL.get(char, char) for char in str(text))
 
 
-def final_metrics_latex(name: str, arm_names: Sequence[str], seeds: Sequence[int], rows: Sequence[Row], caption: str) -> str:
+def final_metrics_latex(name: str, arm_names: Sequence[str], seeds: Sequence[int], counts: Sequence[Sequence[int]],
+                        rows: Sequence[Row], caption: str) -> str:  # fmt: skip
     """A ``table`` with a booktabs ``tabular``: one row per metric, one column per arm; needs
-    ``\\usepackage{booktabs}``."""
+    ``\\usepackage{booktabs}``. ``seeds``: each arm's runs (its header's n); a mean over fewer
+    (``counts``, per row and arm) says its own n."""
     lines = [
         r"\begin{table}[t]",
         r"\centering",
@@ -55,14 +58,15 @@ def final_metrics_latex(name: str, arm_names: Sequence[str], seeds: Sequence[int
         " & ".join(["Metric", *(f"{latex_escape(a)} ($n={n}$)" for a, n in zip(arm_names, seeds))]) + r" \\",
         r"\midrule",
     ]
-    for metric, stats in rows:
-        texts = [latex_escape(fmt_interval(*s, metric.key)) for s in stats]
+    for (metric, stats), row_counts in zip(rows, counts):
+        texts = [latex_escape(fmt_interval(*s, metric.key) + (f" (n={n})" if n < runs else ""))
+                 for s, n, runs in zip(stats, row_counts, seeds)]  # fmt: skip
         lines.append(" & ".join([latex_escape(metric.label), *texts]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
     return "\n".join(lines) + "\n"
 
 
 def write_final_tables(target: Path, name: str, arm_names: Sequence[str], seeds: Sequence[int],
-                       rows: Sequence[Row], interval: str, caption: str) -> None:  # fmt: skip
-    (target / CSV_FILE).write_text(final_metrics_csv(arm_names, seeds, rows, interval))
-    (target / LATEX_FILE).write_text(final_metrics_latex(name, arm_names, seeds, rows, caption))
+                       counts: Sequence[Sequence[int]], rows: Sequence[Row], interval: str, caption: str) -> None:  # fmt: skip
+    (target / CSV_FILE).write_text(final_metrics_csv(arm_names, counts, rows, interval))
+    (target / LATEX_FILE).write_text(final_metrics_latex(name, arm_names, seeds, counts, rows, caption))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from grpo_lightning.report.arms import Arm
+from grpo_lightning.report.arms import Arm, SeedCount, seed_order
 from grpo_lightning.report.render.document import Doc, user_text
 from grpo_lightning.report.render.formatting import fmt, fmt_metric, fmt_p
 from grpo_lightning.report.metrics import PROPORTION, REWARD_SCALE_KEYS, SUMMARY_METRICS, WALL_CLOCK_METRICS, metric_bounds
@@ -32,6 +32,9 @@ ALPHA = 0.05
 #: difference of accuracies and shares (one point), and a share of the baseline's mean elsewhere.
 PRACTICAL_ABSOLUTE = 0.01
 PRACTICAL_RELATIVE = 0.02
+#: Paired seeds below which no comparison gets a verdict: the numbers are printed, but a t-test
+#: over two pairs rests on one degree of freedom, and its MDE is 11.5 standard deviations of the differences.
+MIN_PAIRED_SEEDS = 3
 
 
 @dataclass
@@ -55,6 +58,8 @@ class Effect:
     threshold: float
     verdict: str
     differences: list[float]
+    #: The seeds either arm ran: ``used`` the pairs, ``excluded`` why each other seed is no pair.
+    pairs: SeedCount | None = None
 
 
 def practical_threshold(key: str, baseline_mean: float) -> float:
@@ -67,14 +72,37 @@ def practical_threshold(key: str, baseline_mean: float) -> float:
 def paired_differences(arm: Arm, baseline: Arm, key: str) -> list[float]:
     """``arm``'s final ``key`` minus ``baseline``'s at each seed both have, in seed order."""
     mine, theirs = arm.finals_by_seed(key), baseline.finals_by_seed(key)
-    shared = sorted(set(mine) & set(theirs), key=lambda s: (not isinstance(s, int), s if isinstance(s, int) else 0, str(s)))
+    shared = sorted(set(mine) & set(theirs), key=seed_order)
     return [mine[s] - theirs[s] for s in shared]
 
 
+def paired_seeds(arm: Arm, baseline: Arm, key: str, label: str) -> SeedCount:
+    """The pairs behind ``arm`` minus ``baseline`` on ``key``, out of the seeds either arm ran, and
+    why each other seed is no pair (which arm lacks it, and why)."""
+    ran = {a.name: {c.seed for c in a.cells + a.unfinished} for a in (arm, baseline)}
+    missing = {a.name: a.excluded_seeds(key, label) for a in (arm, baseline)}
+    seeds = sorted(ran[arm.name] | ran[baseline.name], key=seed_order)
+    excluded = []
+    for seed in seeds:
+        reasons = [f"{name} {missing[name][seed]}" if seed in ran[name] else f"not run by {name}"
+                   for name in (arm.name, baseline.name) if seed not in ran[name] or seed in missing[name]]  # fmt: skip
+        if reasons:
+            excluded.append((seed, "; ".join(reasons)))
+    return SeedCount(len(seeds) - len(excluded), len(seeds), tuple(excluded))
+
+
+def pairs_text(effect: Effect) -> str:
+    """``5``, or ``4 of 5 (seed 3: dapo diverged (final reward non-finite))``: the pairs an effect uses."""
+    if effect.pairs is None or not effect.pairs.excluded:
+        return str(effect.n)
+    reasons = "; ".join(f"seed {seed}: {user_text(why)}" for seed, why in effect.pairs.excluded)
+    return f"{effect.n} of {effect.pairs.total} ({reasons})"
+
+
 def baseline_effects(arms: Sequence[Arm], baseline: Arm, key: str, direction: int,
-                     confidence: float = 0.95) -> list[Effect]:  # fmt: skip
+                     confidence: float = 0.95, label: str | None = None) -> list[Effect]:  # fmt: skip
     """One ``Effect`` per arm other than ``baseline`` that logged ``key``; Holm's correction runs
-    over these arms."""
+    over these arms. ``label``: the metric's name in the reasons a seed is no pair (default ``key``)."""
     others = [a for a in arms if a.name != baseline.name and a.finals(key)]
     base_mean = seed_interval(baseline.finals(key), confidence)[0]
     threshold = practical_threshold(key, base_mean)
@@ -84,7 +112,7 @@ def baseline_effects(arms: Sequence[Arm], baseline: Arm, key: str, direction: in
         mean, low, high = seed_interval(d, confidence)
         t, p = paired_test(d)
         effects.append(Effect(arm.name, baseline.name, key, len(d), mean, low, high, standardised_effect(d), t, p,
-                              math.nan, math.nan, threshold, "", d))  # fmt: skip
+                              math.nan, math.nan, threshold, "", d, paired_seeds(arm, baseline, key, label or key)))  # fmt: skip
     family = max(1, sum(1 for e in effects if math.isfinite(e.p)))
     for effect, adjusted in zip(effects, holm([e.p for e in effects])):
         effect.p_holm = adjusted
@@ -97,10 +125,11 @@ def baseline_effects(arms: Sequence[Arm], baseline: Arm, key: str, direction: in
 
 def verdict(effect: Effect, direction: int) -> str:
     """"better" or "worse" (``direction`` +1: higher is better, -1: lower is; 0: "higher" or
-    "lower"), only when the Holm-corrected paired test rejects and the difference reaches the
-    practical threshold; otherwise why not. Never "tie": no difference found is not no difference."""
-    if effect.n < 2:
-        return f"no test: {effect.n} shared seed{'s' if effect.n != 1 else ''} (a paired test needs 2)"
+    "lower"), only over at least ``MIN_PAIRED_SEEDS`` pairs, when the Holm-corrected paired test
+    rejects and the difference reaches the practical threshold; otherwise why not. Never "tie": no
+    difference found is not no difference."""
+    if effect.n < MIN_PAIRED_SEEDS:
+        return f"too few seeds (n={effect.n}; {MIN_PAIRED_SEEDS} needed)"
     if all(d == 0 for d in effect.differences):
         return "identical at every seed"
     if not math.isfinite(effect.p):
@@ -204,11 +233,11 @@ def comparison_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence:
         if wall_clock_caveat and key in WALL_CLOCK_METRICS:
             continue
         compared = comparable_arms(arms, baseline, key, configs)
-        effects = baseline_effects(compared, baseline, key, direction, confidence)
+        effects = baseline_effects(compared, baseline, key, direction, confidence, label)
         left_out = [a.name for a in arms if a not in compared]
         if (not effects and not left_out) or not baseline.finals(key):
             continue
-        rows = [[f"**{user_text(e.arm)}**", str(e.n), difference_text(e), fmt(e.effect_size, 3), fmt_p(e.p), fmt_p(e.p_holm),
+        rows = [[f"**{user_text(e.arm)}**", pairs_text(e), difference_text(e), fmt(e.effect_size, 3), fmt_p(e.p), fmt_p(e.p_holm),
                  fmt(e.mde), e.verdict] for e in effects]  # fmt: skip
         title = f"{label} ({user_text(baseline.name)}: {fmt_metric(baseline.interval(key, confidence)[0], key)})"
         note = f"Not compared (other reward functions): {', '.join(map(user_text, left_out))}." if left_out else ""

@@ -62,8 +62,9 @@ def final_section(doc: Doc, arms: Sequence[Arm], confidence: float, target: Path
         doc.p(curve_note)
     rows = final_rows(arms, confidence, curve_metrics)
     labels = [_label(metric.key, metric.label, wall_clock_caveat) for metric, _ in rows]
-    cells = [[interval_text(stat, metric.key) for stat in stats] for metric, stats in rows]
-    names = [f"{user_text(a.name)} (n={len(a.runs)})" for a in arms]
+    cells = [[interval_text(stat, metric.key) + count_note(arm, metric.key, metric.label) for arm, stat in zip(arms, stats)]
+             for metric, stats in rows]  # fmt: skip
+    names = [f"{user_text(a.name)} ({a.seed_count()})" for a in arms]
     if len(arms) > WIDE:  # one row per arm, best final val/accuracy first
         doc.p("Arms are sorted by their mean final val/accuracy (an order for reading; see Effects for tests).")
         doc.table(["#", "arm", *labels], [[str(r + 1), names[i], *(c[i] for c in cells)] for r, i in enumerate(ranked(arms))],
@@ -76,9 +77,22 @@ def final_section(doc: Doc, arms: Sequence[Arm], confidence: float, target: Path
         f"Final metrics of {name}: mean over seeds [{confidence:.0%} Student-t interval over seeds]; training "
         f"metrics averaged over the last {SMOOTHING_STEPS} steps."
     )
-    seeds = [len(a.runs) for a in arms]
-    write_final_tables(target, name, [a.name for a in arms], seeds, rows, INTERVAL, caption)
+    counts = [[_used(a, metric.key, metric.label) for a in arms] for metric, _ in rows]
+    write_final_tables(target, name, [a.name for a in arms], [len(a.runs) for a in arms], counts, rows, INTERVAL, caption)
     per_run_section(doc, arms, confidence, curve_metrics, wall_clock_caveat)
+
+
+def count_note(arm: Arm, key: str, label: str) -> str:
+    """`` (n=4 of 5; seed 3 diverged (final reward non-finite))`` after a number that fewer seeds
+    give than the arm's column says; empty otherwise."""
+    count = arm.partial_count(key, label)
+    return f" ({count})" if count else ""
+
+
+def _used(arm: Arm, key: str, label: str) -> int:
+    """The seeds behind the arm's number of ``key`` in the CSV and LaTeX tables."""
+    count = arm.partial_count(key, label)
+    return count.used if count else len(arm.runs)
 
 
 def _label(key: str, label: str, caveat: str | None) -> str:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from grpo_lightning.report.arms import SMOOTHING_STEPS, Arm
+from grpo_lightning.report.arms import SMOOTHING_STEPS, UNFINISHED, Arm, diverged, seed_order
 from grpo_lightning.report.sections.comparisons import (
+    MIN_PAIRED_SEEDS,
     Effect,
     baseline_effects,
     comparable_arms,
@@ -20,7 +22,7 @@ from grpo_lightning.report.sections.comparisons import (
 )
 from grpo_lightning.report.render.document import user_text
 from grpo_lightning.report.render.formatting import UNITS, fmt, fmt_metric, fmt_p
-from grpo_lightning.report.metrics import SUMMARY_METRICS, WALL_CLOCK_METRICS
+from grpo_lightning.report.metrics import FINAL_METRICS, SUMMARY_METRICS, WALL_CLOCK_METRICS
 
 #: The metric whose cost is named beside each effect.
 COST_KEY = "perf/generated_tokens"
@@ -36,8 +38,9 @@ def summary_paragraph(arms: Sequence[Arm], baseline: Arm | None = None, confiden
     baseline = baseline or arms[0]
     seeds = sorted({len(a.runs) for a in arms})
     parts = [f"{len(arms)} arm{'s' if len(arms) != 1 else ''} with {'/'.join(map(str, seeds))} seed(s) each."]
+    parts += [sentence for sentence in [excluded_seeds_sentence(arms)] if sentence]
     if len(arms) < 2:
-        return parts[0] + " With a single arm there is no comparison."
+        return " ".join(parts) + " With a single arm there is no comparison."
     parts.append(f"Each arm is compared with the baseline **{user_text(baseline.name)}** over the seeds both ran (paired t-test, "
                  "Holm's correction over the arms; see Effects against the baseline).")  # fmt: skip
     for key, label, direction in SUMMARY_METRICS:
@@ -61,7 +64,7 @@ def summary_paragraph(arms: Sequence[Arm], baseline: Arm | None = None, confiden
 
 def metric_sentence(arms: Sequence[Arm], baseline: Arm, key: str, label: str, direction: int, confidence: float) -> str:
     """``On final val/accuracy (grpo 0.24): **dapo** better (+0.05 [0.01, 0.09], p = 0.01, 2x the tokens); ...``"""
-    effects = baseline_effects(arms, baseline, key, direction, confidence)
+    effects = baseline_effects(arms, baseline, key, direction, confidence, label)
     if not effects or not baseline.finals(key):
         return ""
     unit = UNITS.get(key, "")
@@ -72,12 +75,46 @@ def metric_sentence(arms: Sequence[Arm], baseline: Arm, key: str, label: str, di
 
 
 def effect_phrase(effect: Effect, arms: Sequence[Arm], baseline: Arm, key: str) -> str:
-    """``**dapo** +0.07 [0.04, 0.11], better (Holm p = 0.0163); 1.99x the tokens``"""
-    text = f"**{user_text(effect.arm)}** " + (f"{difference_text(effect)}, " if math.isfinite(effect.p) else "") + effect.verdict
+    """``**dapo** +0.07 [0.04, 0.11], better (Holm p = 0.0163); 1.99x the tokens``; ``**dapo** (4 pairs
+    of 5 seeds) ...`` where some seed is no pair."""
+    pairs = (f"({effect.n} pair{'s' if effect.n != 1 else ''} of {effect.pairs.total} seeds) "
+             if effect.pairs and effect.pairs.excluded else "")  # fmt: skip
+    # the difference is in the verdict's own words where there is no test, unless too few seeds stopped it
+    shown = math.isfinite(effect.p) or (effect.n < MIN_PAIRED_SEEDS and math.isfinite(effect.mean))
+    text = f"**{user_text(effect.arm)}** " + pairs + (f"{difference_text(effect)}, " if shown else "") + effect.verdict
     if effect.verdict in ("better", "worse", "higher", "lower") or effect.verdict.startswith("below"):
         text += f" (Holm p {'< 0.0001' if effect.p_holm < 1e-4 else '= ' + fmt_p(effect.p_holm)})"
     cost = cost_text(next(a for a in arms if a.name == effect.arm), baseline) if key != COST_KEY else ""
     return text + (f"; {cost}" if cost else "")
+
+
+def excluded_seeds_sentence(arms: Sequence[Arm]) -> str:
+    """``Seeds left out: **grpo** seed 3 diverged (final reward, kl non-finite).``: each seed that some
+    final number of its arm was computed without, and why; empty when every number has every seed."""
+    described = [f"**{user_text(arm.name)}** seed {seed} {why}" for arm in arms for seed, why in lost_seeds(arm).items()]
+    if not described:
+        return ""
+    return ("Seeds left out: " + "; ".join(described) + ". Each mean and each comparison uses the seeds that have "
+            "its value, and says how many (n of the arm's seeds; pairs of the seeds either arm ran).")  # fmt: skip
+
+
+def lost_seeds(arm: Arm) -> dict[Any, str]:
+    """Each seed of ``arm`` missing from one of its final metrics, and why: unfinished (in none of
+    them), diverged (the metrics that ended non-finite), or the metrics it did not log."""
+    unfinished = {cell.seed for cell in arm.unfinished}
+    lost = {seed: f"{UNFINISHED}: in none of its numbers" for seed in unfinished}
+    nonfinite: dict[Any, list[str]] = {}
+    unlogged: dict[Any, list[str]] = {}
+    for metric in FINAL_METRICS:
+        count = arm.partial_count(metric.key, metric.label)
+        for seed, why in count.excluded if count else ():
+            if seed not in unfinished:
+                (nonfinite if diverged(why) else unlogged).setdefault(seed, []).append(metric.label)
+    for seed in set(nonfinite) | set(unlogged):
+        reasons = [f"diverged (final {', '.join(nonfinite[seed])} non-finite)"] if seed in nonfinite else []
+        reasons += [f"did not log {', '.join(unlogged[seed])}"] if seed in unlogged else []
+        lost[seed] = " and ".join(reasons)
+    return dict(sorted(lost.items(), key=lambda item: seed_order(item[0])))
 
 
 def cost_text(arm: Arm, baseline: Arm) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from grpo_lightning.report.arms import Arm, final_value
 from grpo_lightning.report.render.document import Doc, user_text
-from grpo_lightning.report.sections.finals import interval_text
+from grpo_lightning.report.sections.finals import count_note, interval_text
 from grpo_lightning.report.render.formatting import fmt_interval
 
 _METRIC = re.compile(r"^val/(accuracy|pass@(\d+)|maj@(\d+)|mean_length)$")
@@ -54,8 +54,9 @@ def evaluation_section(doc: Doc, arms: Sequence[Arm], confidence: float) -> None
         "[0, 1]]. pass@k: a prompt counts when any of k of its n samples is right; "
         "maj@n: when the answer most of its n samples give is right."
     )
-    header = ["metric", *(f"{user_text(a.name)} (n={len(a.runs)})" for a in arms)]
-    rows = [[tag.removeprefix("val/"), *(interval_text(a.interval(tag, confidence), tag) for a in arms)] for tag in tags]
+    header = ["metric", *(f"{user_text(a.name)} ({a.seed_count()})" for a in arms)]
+    rows = [[tag.removeprefix("val/"), *(interval_text(a.interval(tag, confidence), tag) + count_note(a, tag, tag) for a in arms)]
+            for tag in tags]  # fmt: skip
     doc.table(header, rows)
     with_ci = [tag for tag in tags if any(tag + CI_LOW in run.scalars for a in arms for run in a.runs)]
     if not with_ci:
