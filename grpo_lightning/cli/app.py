@@ -54,6 +54,7 @@ from grpo_lightning.cli.run_folders import evaluation_version, last_checkpoint_o
 from grpo_lightning.cli.user_errors import user_error_message
 from grpo_lightning.cli import generate as cli_generate
 from grpo_lightning.cli import notices as third_party_notices
+from grpo_lightning.cli import parsing
 from grpo_lightning.cli import variants as cli_variants
 from grpo_lightning.training.time_budget import TimeBudget
 
@@ -83,6 +84,7 @@ class GRPOLightningCLI(LightningCLI):
         self.budget_start = None if args is None else time.time()
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)
+        kwargs.setdefault("parser_class", parsing.ArgumentParser)  # no abbreviations; help with docs and choices
         # Checkpoints written atomically, checked when read (a --trainer.plugins of the user's replaces it).
         plugins = [{"class_path": ATOMIC_CHECKPOINT_IO}]
         kwargs["trainer_defaults"] = {"plugins": plugins, **kwargs.get("trainer_defaults", {})}
@@ -382,7 +384,7 @@ def _report(error: BaseException, verbose: bool, parsing: bool) -> None:
     message = user_error_message(error, parsing)
     if message is None:
         return
-    sys.stderr.write(f"error: {message}\n(run again with --verbose for the traceback)\n")
+    sys.stderr.write(f"error: {message} (run again with --verbose for the traceback)\n")
     sys.stderr.flush()
     raise SystemExit(2) from None
 
