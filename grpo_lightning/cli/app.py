@@ -54,7 +54,7 @@ from grpo_lightning.cli.run_folders import evaluation_version, last_checkpoint_o
 from grpo_lightning.cli.user_errors import user_error_message
 from grpo_lightning.cli import generate as cli_generate
 from grpo_lightning.cli import notices as third_party_notices
-from grpo_lightning.cli import parsing
+from grpo_lightning.cli import parsing as cli_parsing
 from grpo_lightning.cli import variants as cli_variants
 from grpo_lightning.training.time_budget import TimeBudget
 
@@ -84,11 +84,13 @@ class GRPOLightningCLI(LightningCLI):
         self.budget_start = None if args is None else time.time()
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)
-        kwargs.setdefault("parser_class", parsing.ArgumentParser)  # no abbreviations; help with docs and choices
+        kwargs.setdefault("parser_class", cli_parsing.ArgumentParser)  # no abbreviations; help with docs and choices
         # Checkpoints written atomically, checked when read (a --trainer.plugins of the user's replaces it).
         plugins = [{"class_path": ATOMIC_CHECKPOINT_IO}]
         kwargs["trainer_defaults"] = {"plugins": plugins, **kwargs.get("trainer_defaults", {})}
         cli_variants.register_shipped_variants()  # --model DAPO, and the variants listed in --help
+        if cli_parsing.help_requested(sys.argv[1:] if args is None else args if isinstance(args, (list, tuple)) else []):
+            cli_parsing.show_field_docs()
         third_party_notices.silence_tips()  # Lightning's product tips, printed by every Trainer
         super().__init__(
             GroupPolicyOptimization,
