@@ -55,6 +55,7 @@ from grpo_lightning.cli.user_errors import user_error_message
 from grpo_lightning.cli import generate as cli_generate
 from grpo_lightning.cli import notices as third_party_notices
 from grpo_lightning.cli import parsing as cli_parsing
+from grpo_lightning.cli import preflight
 from grpo_lightning.cli import variants as cli_variants
 from grpo_lightning.training.time_budget import TimeBudget
 
@@ -188,6 +189,7 @@ class GRPOLightningCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand == "generate":
             cli_generate.require_model(config)
+        preflight.check_config(config, self.subcommand)  # what would fail only once the model has loaded
         self._name_logs_by_variant(config)
         self._seed_data_order(config)
         self._drop_disabled_progress_bars(config)
