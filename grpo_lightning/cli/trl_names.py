@@ -9,7 +9,7 @@ TRL_NAMES: dict[str, tuple[str, str]] = {
     "num_generations": ("--model.sampling.group_size", ""),
     "max_completion_length": ("--model.sampling.max_new_tokens", ""),
     "max_prompt_length": ("--data.long_prompts", "no length of its own: a prompt longer than the context leaves "
-                          "room for is an error, or with truncate|skip cut or dropped"),
+                          "room for is an error, or with truncate or skip cut or dropped"),
     "temperature": ("--model.sampling.temperature", ""),
     "top_p": ("--model.sampling.top_p", ""),
     "top_k": ("--model.sampling.top_k", ""),
@@ -17,7 +17,8 @@ TRL_NAMES: dict[str, tuple[str, str]] = {
     "epsilon": ("--model.loss.clip_eps_low", "and --model.loss.clip_eps_high, which TRL's epsilon also sets"),
     "epsilon_high": ("--model.loss.clip_eps_high", "DAPO's 0.28 is --model dapo"),
     "delta": ("--model.loss.delta", ""),
-    "loss_type": ("--model", "grpo: --model grpo; dr_grpo: --model dr_grpo; dapo: --model dapo; cispo: --model "
+    "loss_type": ("--model", "grpo: --model grpo; dr_grpo: --model dr_grpo (its aggregation alone: --model.aggregation "
+                  "seq_mean_token_sum_norm); dapo: --model dapo (--model.aggregation token_mean); cispo: --model "
                   "cispo; sapo: --model sapo; bnpo: --model.aggregation token_mean"),
     "importance_sampling_level": ("--model.loss.surrogate", "sequence: --model gspo (or --model.loss.surrogate "
                                   "gspo); token: the default ppo_clip"),
@@ -29,8 +30,8 @@ TRL_NAMES: dict[str, tuple[str, str]] = {
     "weight_decay": ("--model.optim.weight_decay", ""),
     "warmup_steps": ("--model.optim.warmup_steps", ""),
     "max_grad_norm": ("--model.optim.max_grad_norm", ""),
-    "per_device_train_batch_size": ("--data.batch_size", "counts prompts here; each step trains on batch_size "
-                                    "x group_size completions"),
+    "per_device_train_batch_size": ("--data.batch_size", "counts prompts here (TRL's counts completions); each "
+                                    "step trains on batch_size x group_size completions"),
     "gradient_accumulation_steps": ("--model.optim.micro_batch_size", "one optimizer step per rollout, in "
                                     "micro-batches of this many completions (memory only); more steps per "
                                     "rollout: --model.optim.minibatch_size"),
