@@ -142,9 +142,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     logging.getLogger("tensorboard").setLevel(logging.WARNING)
     app = hydra.main(version_base="1.3", config_path=str(SPEC_DIR), config_name="default")(sweep_job)
+    refuse_abbreviations(sys.argv[1:])
     full_error = os.environ.get(HYDRA_FULL_ERROR)  # the user's: Hydra's own report with the traceback
     os.environ[HYDRA_FULL_ERROR] = "1"  # Hydra raises its errors, reported here in one line
-    refuse_abbreviations(sys.argv[1:])
     try:
         app()
     except _user_errors() as error:

@@ -90,7 +90,7 @@ class GRPOLightningCLI(LightningCLI):
         plugins = [{"class_path": ATOMIC_CHECKPOINT_IO}]
         kwargs["trainer_defaults"] = {"plugins": plugins, **kwargs.get("trainer_defaults", {})}
         cli_variants.register_shipped_variants()  # --model DAPO, and the variants listed in --help
-        if cli_parsing.help_requested(sys.argv[1:] if args is None else args if isinstance(args, (list, tuple)) else []):
+        if cli_parsing.help_requested(sys.argv[1:] if args is None else args):
             cli_parsing.show_field_docs()
         third_party_notices.silence_tips()  # Lightning's product tips, printed by every Trainer
         super().__init__(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from jsonargparse import DefaultHelpFormatter, set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser
@@ -48,9 +49,12 @@ def option_choices(dest: str) -> list[str] | None:
     return list(names()) if names is not None else None
 
 
-def help_requested(argv: Iterable[str]) -> bool:
-    """Whether ``argv`` asks for a help page (``--help``, ``-h``, ``--model.help NAME``, ...)."""
-    return any(arg in ("-h", "--help") or arg.partition("=")[0].endswith(".help") for arg in argv)
+def help_requested(args: Any) -> bool:
+    """Whether ``args`` (a command line, or a dict the CLI is given) asks for a help page (``--help``,
+    ``-h``, ``--model.help NAME``, ...)."""
+    if not isinstance(args, (list, tuple)):
+        return False
+    return any(str(arg) in ("-h", "--help") or str(arg).partition("=")[0].endswith(".help") for arg in args)
 
 
 def show_field_docs() -> None:
