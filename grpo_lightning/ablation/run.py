@@ -64,6 +64,7 @@ checks them, ``launch`` hands them to the launcher, ``sweep`` runs each, ``prove
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import sys
@@ -145,6 +146,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     logging.getLogger("tensorboard").setLevel(logging.WARNING)
     app = hydra.main(version_base="1.3", config_path=str(SPEC_DIR), config_name="default")(sweep_job)
+    refuse_abbreviations(sys.argv[1:])
     full_error = os.environ.get(HYDRA_FULL_ERROR)  # the user's: Hydra's own report with the traceback
     os.environ[HYDRA_FULL_ERROR] = "1"  # Hydra raises its errors, reported here in one line
     try:
@@ -160,6 +162,21 @@ def main() -> None:
     finally:
         if full_error is None:
             os.environ.pop(HYDRA_FULL_ERROR, None)
+
+
+def refuse_abbreviations(argv: list[str]) -> None:
+    """Exit with one ``error:`` line (status 2) for a ``--option`` Hydra's parser does not have by its full
+    name: argparse would take ``--config-n`` as ``--config-name``, a meaning a new option could change."""
+    from hydra._internal.utils import get_args_parser  # the parser hydra.main parses the command line with
+
+    names = [name for action in get_args_parser()._actions for name in action.option_strings]
+    for arg in argv:
+        name = arg.partition("=")[0]
+        if name.startswith("--") and name not in names:
+            close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else "; see --help."
+            print(f"error: {name}: no such option{hint}", file=sys.stderr)
+            raise SystemExit(2)
 
 
 HYDRA_FULL_ERROR = "HYDRA_FULL_ERROR"

@@ -84,7 +84,7 @@ def export_checkpoint(
 def main(argv: Sequence[str] | None = None, prog: str = "python -m grpo_lightning.checkpoints.export") -> None:
     """A user's error (a missing, damaged or unsafe checkpoint, a wrong option) is one ``error:`` line,
     exit status 2."""
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--ckpt_path", required=True, help="a .ckpt file written during training")
     parser.add_argument("--output_dir", required=True, help="directory to write the Hugging Face model to")
     parser.add_argument("--model", default=None, help="base model, when it is no longer where the run found it")

@@ -54,6 +54,8 @@ from grpo_lightning.cli.run_folders import evaluation_version, last_checkpoint_o
 from grpo_lightning.cli.user_errors import user_error_message
 from grpo_lightning.cli import generate as cli_generate
 from grpo_lightning.cli import notices as third_party_notices
+from grpo_lightning.cli import parsing as cli_parsing
+from grpo_lightning.cli import preflight
 from grpo_lightning.cli import variants as cli_variants
 from grpo_lightning.training.time_budget import TimeBudget
 
@@ -83,10 +85,13 @@ class GRPOLightningCLI(LightningCLI):
         self.budget_start = None if args is None else time.time()
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("auto_configure_optimizers", False)
+        kwargs.setdefault("parser_class", cli_parsing.ArgumentParser)  # no abbreviations; help with docs and choices
         # Checkpoints written atomically, checked when read (a --trainer.plugins of the user's replaces it).
         plugins = [{"class_path": ATOMIC_CHECKPOINT_IO}]
         kwargs["trainer_defaults"] = {"plugins": plugins, **kwargs.get("trainer_defaults", {})}
         cli_variants.register_shipped_variants()  # --model DAPO, and the variants listed in --help
+        if cli_parsing.help_requested(sys.argv[1:] if args is None else args):
+            cli_parsing.show_field_docs()
         third_party_notices.silence_tips()  # Lightning's product tips, printed by every Trainer
         super().__init__(
             GroupPolicyOptimization,
@@ -184,6 +189,7 @@ class GRPOLightningCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand == "generate":
             cli_generate.require_model(config)
+        preflight.check_config(config, self.subcommand)  # what would fail only once the model has loaded
         self._name_logs_by_variant(config)
         self._seed_data_order(config)
         self._drop_disabled_progress_bars(config)
@@ -382,7 +388,7 @@ def _report(error: BaseException, verbose: bool, parsing: bool) -> None:
     message = user_error_message(error, parsing)
     if message is None:
         return
-    sys.stderr.write(f"error: {message}\n(run again with --verbose for the traceback)\n")
+    sys.stderr.write(f"error: {message} (run again with --verbose for the traceback)\n")
     sys.stderr.flush()
     raise SystemExit(2) from None
 

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import difflib
 import importlib
 import importlib.util
 import inspect
 import os
 import re
+import typing
 from types import TracebackType
 
 import yaml
 
 from grpo_lightning.agents.environment import EnvironmentFailureError
 from grpo_lightning.cli.resources import config_dir
+from grpo_lightning.cli.trl_names import trl_hint
 from grpo_lightning.rewards.scoring import RewardFunctionError
 from grpo_lightning.training.optimization.nonfinite import NonFiniteTrainingError
 from grpo_lightning.training.options import GROUPS, field_names
@@ -161,10 +165,8 @@ def variant_names() -> list[str]:
 
 def init_parameters(class_path: str) -> list[str]:
     """Names of the ``__init__`` arguments of ``class_path`` and of its bases (``**kwargs`` forwarding)."""
-    module_name, _, name = class_path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError):
+    cls = _import(class_path)
+    if cls is None:
         return []
     names: list[str] = []
     for klass in cls.__mro__:
@@ -174,6 +176,97 @@ def init_parameters(class_path: str) -> list[str]:
             if parameter.name != "self" and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
                 names.append(parameter.name)
     return list(dict.fromkeys(names))
+
+
+def _unknown_option_message(texts: str, option_names: list[str]) -> str | None:
+    """The one line for an option or YAML key that does not exist (``--model.sampling.group_sise``,
+    ``--trainer.max_step``): the nearest real one, or what TRL's name of it is here."""
+    key = re.search(r'Parser key "(\w+)"', texts)
+    owner = re.search(r"Problem with given class_path '([\w.]+)'", texts)
+    group = re.search(r"Group '([\w.]+)' does not accept option '(\w+)'", texts)
+    nested = re.search(r"Problem with given class_path '[\w.]+':\s*unrecognized arguments: --([\w.]+)", texts)
+    option = re.search(r"Option '([\w.]+)' is not accepted", texts)
+    path = f"{group.group(1)}.{group.group(2)}" if group else next((m.group(1) for m in (nested, option) if m), None)
+    if path is not None:
+        return _unknown_class_option(key.group(1) if key else "", owner.group(1) if owner else "", path)
+    unrecognized = re.search(r"unrecognized arguments: (?:\w+ )*?(--[\w.]+)", texts)
+    if unrecognized is None:
+        return None
+    name = unrecognized.group(1).partition("=")[0]
+    if hint := trl_hint(name.rpartition(".")[2].lstrip("-")):
+        return f"{name}: no such option; {hint}."
+    close = difflib.get_close_matches(name, option_names, n=1, cutoff=0.6)
+    return f"{name}: no such option" + (f"; did you mean {close[0]}?" if close else "; see --help.")
+
+
+def _unknown_class_option(key: str, owner: str, path: str) -> str:
+    """The line for ``path`` (``sampling.group_sise``), unknown to the class ``owner`` that ``--<key>`` takes."""
+    *groups, name = path.split(".")
+    fields = nested_fields(owner, groups) if groups else None
+    if fields is None:  # an argument of the class itself, or an unknown group: name its first part
+        return _unknown_argument(key, owner, path)
+    where = ".".join([key, *groups] if key else groups)
+    if name not in fields and (hint := trl_hint(name)):
+        return f"--{where}.{name}: no such option; {hint}."
+    close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
+    hint = f'; did you mean "{close[0]}"?' if close else f"; its fields: {', '.join(fields)}."
+    return f'{where}: no field "{name}"{hint}'
+
+
+def _unknown_argument(key: str, owner: str, path: str) -> str:
+    """An unknown argument of ``owner`` (``--model.group_sise``): a moved setting, a TRL name, or the
+    nearest argument or group field (``--model.sampling.group_size``)."""
+    name = path.split(".")[0]
+    group = f"--{key}." if key else "--"
+    choices = init_parameters(owner) if owner else []
+    if group == "--model." and name in MOVED:  # a setting of a former release, now in a group
+        return f"{group}{name} moved to {group}{MOVED[name]}; give --model.{MOVED[name]} (in YAML: {MOVED[name]} under init_args)."
+    if hint := trl_hint(path.rpartition(".")[2]):
+        return f"{group}{path}: no such option; {hint}."
+    nested = {field: f"{option}.{field}" for option, cls in GROUPS.items() if option in choices for field in field_names(cls)}
+    close = difflib.get_close_matches(name, [*choices, *nested], n=1, cutoff=0.6)
+    close = [nested.get(close[0], close[0])] if close and close[0] not in choices else close
+    hint = f"; did you mean {group}{close[0]}?" if close else f"; valid options: {', '.join(choices)}." if choices else "."
+    where = f" of {owner}" if owner else ""
+    return f"{group}{name}: no such option{where}{hint}"
+
+
+def nested_fields(class_path: str, groups: list[str]) -> list[str] | None:
+    """The fields of the option group ``groups`` (``["rewards", "execution"]``) of ``class_path``'s
+    constructor, followed through the dataclasses its arguments are typed with; ``None`` where a
+    name is not such a group."""
+    current = _import(class_path) if class_path else None
+    for name in groups:
+        current = _dataclass_of(_argument_types(current).get(name)) if current is not None else None
+    return [f.name for f in dataclasses.fields(current)] if current is not None else None
+
+
+def _argument_types(cls: type) -> dict:
+    """The type hints of a dataclass's fields, or of a class's constructor arguments (its bases' too)."""
+    if dataclasses.is_dataclass(cls):
+        return typing.get_type_hints(cls)
+    hints: dict = {}
+    for klass in reversed(cls.__mro__):
+        if "__init__" in vars(klass):
+            with contextlib.suppress(Exception):  # an annotation that does not resolve: not a group
+                hints.update(typing.get_type_hints(klass.__init__))
+    return hints
+
+
+def _dataclass_of(hint) -> type | None:
+    """The dataclass of ``hint`` (``SamplingOptions``, ``EnvironmentOptions | None``), else ``None``."""
+    for candidate in (hint, *typing.get_args(hint)):
+        if isinstance(candidate, type) and dataclasses.is_dataclass(candidate):
+            return candidate
+    return None
+
+
+def _import(class_path: str) -> type | None:
+    module_name, _, name = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
 
 
 def _chain(error: BaseException) -> list[BaseException]:
@@ -232,33 +325,9 @@ def user_error_message(error: BaseException, parsing: bool) -> str | None:
             hint = f" Did you mean {names[close[0]]}?" if close else ""
             return f"--model: unknown variant {path!r}; give one of {', '.join(choices)} (or a subclass's import path).{hint}"
         return f"{path!r} is not an importable class path; check the spelling and that its package is installed."
-    # An unknown option of a class: suggest the nearest valid one.
-    option = re.search(r"Option '([\w.]+)' is not accepted", texts)
-    if option is not None:
-        name = option.group(1)
-        owner = re.search(r"Problem with given class_path '([\w.]+)'", texts)
-        key = re.search(r'Parser key "(\w+)"', texts)
-        group = f"--{key.group(1)}." if key else "--"
-        choices = init_parameters(owner.group(1)) if owner else []
-        if group == "--model." and name in MOVED:  # a setting of a former release, now in a group
-            return f"{group}{name} moved to {group}{MOVED[name]}; give --model.{MOVED[name]} (in YAML: {MOVED[name]} under init_args)."
-        nested = {
-            field: f"{option}.{field}"
-            for option, cls in GROUPS.items()
-            if option in choices
-            for field in field_names(cls)
-        }
-        close = difflib.get_close_matches(name, [*choices, *nested], n=1, cutoff=0.6)
-        close = [nested.get(close[0], close[0])] if close and close[0] not in choices else close
-        hint = f"; did you mean {group}{close[0]}?" if close else f"; valid options: {', '.join(choices)}." if choices else "."
-        where = f" of {owner.group(1)}" if owner else ""
-        return f"{group}{name}: no such option{where}{hint}"
-    # An unknown option of the parser itself (--trainer.*, --seed_everything, ...).
-    unrecognized = re.search(r"unrecognized arguments: (--[\w.]+)", texts)
-    if unrecognized is not None:
-        name = unrecognized.group(1).partition("=")[0]
-        close = difflib.get_close_matches(name, getattr(error, "option_names", []), n=1, cutoff=0.6)
-        return f"{name}: no such option" + (f"; did you mean {close[0]}?" if close else "; see --help.")
+    unknown_option = _unknown_option_message(texts, getattr(error, "option_names", []))
+    if unknown_option is not None:
+        return unknown_option
     # The innermost of the project's own errors (jsonargparse wraps what the constructors raise).
     for candidate in reversed(chain):
         if isinstance(candidate, USER_ERRORS):

@@ -49,7 +49,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def run_quickstart(argv: Sequence[str] | None = None) -> dict[str, float]:
     """Warm start, measure, train, measure; returns the summary written to ``quickstart.json``."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     parser.add_argument("--variant", choices=VARIANTS, default="grpo")
     parser.add_argument(
         "--warmstart-steps", type=int, default=None, metavar="N",

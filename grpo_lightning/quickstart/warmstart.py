@@ -303,6 +303,7 @@ def _parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, WarmSta
     defaults = WarmStartSettings()
     parser = argparse.ArgumentParser(
         prog="python -m grpo_lightning.quickstart.warmstart",
+        allow_abbrev=False,
         description="Warm-start a tiny causal LM on the arithmetic task and report validation accuracy.",
     )
     parser.add_argument(

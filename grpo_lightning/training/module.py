@@ -94,8 +94,10 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
             engine's importance correction (:class:`~grpo_lightning.training.options.SamplingOptions`).
         rewards: the reward functions, their weights, how they run and how their scores combine
             (:class:`~grpo_lightning.training.options.RewardOptions`; ``--model.rewards.funcs``).
-        advantage, aggregation: the registered parts (:mod:`grpo_lightning.algorithms`: ``ADVANTAGES``
-            e.g. ``group_std``; ``AGGREGATIONS`` e.g. ``token_mean``); ``None``: the variant's own.
+        advantage: the registered advantage estimator (:data:`grpo_lightning.algorithms.ADVANTAGES`,
+            e.g. ``group_std``); ``None``: the variant's own.
+        aggregation: the registered loss aggregation (:data:`grpo_lightning.algorithms.AGGREGATIONS`,
+            e.g. ``token_mean``); ``None``: the variant's own.
         loss: the per-token loss: its surrogate (``SURROGATES``, e.g. ``ppo_clip``, ``gspo``), the
             ratio clip, masks and an entropy bonus (:class:`~grpo_lightning.training.options.LossOptions`).
         kl: the KL term's coefficient, estimator and placement (:class:`~grpo_lightning.training.options.KLOptions`;

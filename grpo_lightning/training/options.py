@@ -126,6 +126,7 @@ class SamplingOptions(OptionGroup):
     temperature: float = 1.0
     """Sampling temperature (> 0); the log-probs of the update are taken at it too."""
     top_p: float = 1.0
+    """Nucleus sampling: the smallest set of tokens holding this much probability; 1: off."""
     top_k: int = 0
     """``0`` disables it."""
     mode: str = "sample"
@@ -243,6 +244,7 @@ class LossOptions(OptionGroup):
     clip_eps_low: float | None = 0.2
     """Ratio clip range ``[1 - low, 1 + high]``; ``None``: the surrogate's own (CISPO's: no lower bound)."""
     clip_eps_high: float | None = 0.2
+    """The upper end of that range (DAPO's clip-higher: 0.28); ``None``: the surrogate's own."""
     delta: float | None = None
     """Two-sided clipping: a negative-advantage token's ratio is also capped at ``delta``
     (``> 1 + clip_eps_high``); ``None``: off."""
@@ -337,7 +339,9 @@ class OptimOptions(OptionGroup):
     learning_rate: float = 1e-6
     """AdamW's, after a linear warm-up of ``warmup_steps``, then constant."""
     weight_decay: float = 0.0
+    """AdamW's decoupled weight decay; 0: none."""
     warmup_steps: int = 0
+    """Optimizer steps of the linear warm-up from 0 to ``learning_rate``."""
     max_grad_norm: float | None = 1.0
     """Gradient norm clipping; ``None`` disables it."""
     max_nonfinite_steps: int = 3

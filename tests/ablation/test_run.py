@@ -428,3 +428,12 @@ def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch, capsys):
     assert "| `model.init_args.kl.beta` | 0.04 | 0.0 |" in md  # each variant keeps its own defaults
     assert "val/accuracy before training" in md
     assert (target / "curves_val_accuracy.png").is_file() and (target / "report.html").is_file()
+
+
+def test_an_abbreviated_hydra_option_is_refused_naming_the_full_one(capsys):
+    from grpo_lightning.ablation.run import refuse_abbreviations
+
+    with pytest.raises(SystemExit) as done:
+        refuse_abbreviations(["--config-n", "smoke", "seed=0,1"])
+    assert done.value.code == 2
+    assert capsys.readouterr().err.strip() == "error: --config-n: no such option; did you mean --config-name?"

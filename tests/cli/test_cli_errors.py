@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import subprocess
 import sys
 import traceback
@@ -35,15 +36,15 @@ class Finished:
 
 @pytest.fixture
 def run_fit(monkeypatch):
-    """``run_fit(*args, model=...)``: ``grpo-lightning fit`` with the shipped configs and ``args``,
+    """``run_fit(*args, model=..., base=BASE)``: ``grpo-lightning fit`` with the shipped configs and ``args``,
     in this process, with the command line's error reporting; its exit status and stderr."""
     monkeypatch.setenv("GRPO_LIGHTNING_TRACEBACK", "")
 
-    def run(*args: str, model: str) -> Finished:
+    def run(*args: str, model: str, base: list[str] = BASE) -> Finished:
         stderr = io.StringIO()
         with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
             try:
-                main(["fit", *BASE, "--model.model", model, *args], report_errors=True)
+                main(["fit", *base, "--model.model", model, *args], report_errors=True)
                 code = 0
             except SystemExit as exited:
                 code = exited.code if isinstance(exited.code, int) else int(exited.code is not None)
@@ -148,3 +149,78 @@ def test_a_fit_whose_environment_keeps_raising_stops_with_one_line_naming_it_and
     line = error_line(run_fit("--model.environment", environment, "--trainer.max_steps", "1", model=tiny_model_dir))
     assert f"environment: {__name__}.UnreachableEnvironment raised in" in line, line
     assert "reset raised ConnectionError: the game server is down" in line and "environment.max_error_fraction" in line
+
+
+# --- options spelt in full, keys that do not exist, TRL's names ----------------------------------
+
+
+def test_an_abbreviated_option_is_one_line_naming_the_full_one(tiny_model_dir):
+    """argparse would take ``--trainer.max_step`` as ``--trainer.max_steps`` (and run the fit)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRPO_LIGHTNING_TRACEBACK": ""}
+    command = [sys.executable, "-m", "grpo_lightning.cli", "fit", *BASE, "--model.model", tiny_model_dir,
+               "--trainer.max_step", "2"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [error_line(done)], done.stderr[-3000:]
+    assert error_line(done).startswith("error: --trainer.max_step: no such option; did you mean --trainer.max_steps?")
+
+
+def test_an_abbreviated_field_of_a_group_is_refused_naming_the_full_one(tiny_model_dir, run_fit):
+    line = error_line(run_fit("--model.optim.learning_rat", "1e-4", model=tiny_model_dir))
+    assert line.startswith('error: model.optim: no field "learning_rat"; did you mean "learning_rate"?'), line
+
+
+@pytest.mark.parametrize("where", ["yaml", "command_line"])
+def test_a_misspelt_field_of_a_group_names_the_group_and_the_nearest_field(where, tiny_model_dir, tmp_path, run_fit):
+    config = tmp_path / "typo.yaml"
+    config.write_text("model:\n  init_args:\n    sampling:\n      group_sise: 8\n")
+    given = ["--config", str(config)] if where == "yaml" else ["--model.sampling.group_sise", "8"]
+    line = error_line(run_fit(*given, model=tiny_model_dir))
+    assert line.startswith('error: model.sampling: no field "group_sise"; did you mean "group_size"?'), line
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--model.sampling.num_generations", "4"], "--model.sampling.num_generations: no such option; "
+                                                    "TRL's num_generations is --model.sampling.group_size here"),
+        (["--model.max_completion_length", "16"], "TRL's max_completion_length is --model.sampling.max_new_tokens"),
+        (["--model.loss.loss_type", "dr_grpo"], "dr_grpo: --model dr_grpo"),
+        (["--model.importance_sampling_level", "sequence"], "sequence: --model gspo"),
+        (["--per_device_train_batch_size", "4"], "--per_device_train_batch_size: no such option; TRL's "
+                                                 "per_device_train_batch_size is --data.batch_size here"),
+    ],
+    ids=["num_generations", "max_completion_length", "loss_type", "importance_sampling_level", "batch_size"],
+)
+def test_a_trl_name_is_answered_with_ours(args, expected, tiny_model_dir, run_fit):
+    line = error_line(run_fit(*args, model=tiny_model_dir))
+    assert expected in line, line
+
+
+# --- checks before the model loads -------------------------------------------------------------
+
+
+@pytest.fixture
+def weightless_model_dir(tiny_model_dir, tmp_path) -> str:
+    """The tiny model's config and tokenizer without its weights: an error about them would mean a load was tried."""
+    folder = tmp_path / "weightless"
+    shutil.copytree(tiny_model_dir, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    return str(folder)
+
+
+def test_a_fit_without_a_variant_is_one_line_before_the_model_loads(weightless_model_dir, run_fit):
+    without_variant = ["--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
+                       "--config", str(CONFIGS / "model/tiny.yaml")]  # fmt: skip
+    line = error_line(run_fit(model=weightless_model_dir, base=without_variant))
+    assert "model: GroupPolicyOptimization names no advantage and no aggregation" in line, line
+    assert "--model GRPO" in line and "--model.advantage NAME" in line
+
+
+def test_chat_prompts_for_a_tokenizer_without_a_chat_template_are_one_line_before_the_model_loads(
+    weightless_model_dir, tmp_path, run_fit
+):
+    data = tmp_path / "chat.jsonl"
+    data.write_text('{"prompt": [{"role": "user", "content": "1+1="}], "answer": "2"}\n' * 4)
+    done = run_fit("--data", "grpo_lightning.data.PromptDataModule", "--data.path", str(data), model=weightless_model_dir)
+    line = error_line(done)
+    assert "data.path: its prompts are chat messages" in line and "no chat template" in line, line
+    assert "--model.policy.tokenizer" in line

@@ -184,6 +184,11 @@ def format_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Any, use_chat_temp
     template and ``use_chat_template``) go through the template."""
     if isinstance(prompt, str) and not (use_chat_template and tokenizer.chat_template):
         return prompt
+    if not isinstance(prompt, str) and not tokenizer.chat_template:
+        raise ConfigError(
+            "data: the prompts are chat messages and the tokenizer has no chat template to render them; give "
+            "--model.policy.tokenizer one that has (an instruct model's), or plain-text prompts."
+        )
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 

@@ -96,3 +96,14 @@ def test_a_rollout_sampled_ahead_is_returned_by_the_same_call_and_a_failure_rais
     sampler.sample_ahead(grpo.policy, grpo.tokenizer, ["1+2="], 2, dataclasses.replace(sampling, beam_search=True))
     with pytest.raises(ConfigError, match="beam_search"):
         sampler.sample(grpo.policy, grpo.tokenizer, ["1+2="], 2, dataclasses.replace(sampling, beam_search=True))
+
+
+def test_chat_messages_for_a_tokenizer_without_a_chat_template_are_a_config_error():
+    """What the CLI cannot check before loading (a hub dataset, a GGUF tokenizer) is still one line."""
+    from grpo_lightning.quickstart.tiny import build_char_tokenizer
+    from grpo_lightning.rollout.generation.sampler import format_prompt
+
+    tokenizer = build_char_tokenizer()
+    assert not tokenizer.chat_template and format_prompt(tokenizer, "1+1=") == "1+1="
+    with pytest.raises(ConfigError, match="chat messages and the tokenizer has no chat template"):
+        format_prompt(tokenizer, [{"role": "user", "content": "1+1="}])
