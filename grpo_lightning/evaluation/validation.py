@@ -25,6 +25,7 @@ from grpo_lightning.checkpoints import resume
 from grpo_lightning.rewards import group_indices
 from grpo_lightning.rewards.sandbox.execution import RewardScorer
 from grpo_lightning.rewards.consistency import vote
+from grpo_lightning.rewards.scoring import TrainerState
 from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.evaluation.answer_spread import answer_shares, prompt_answers
 from grpo_lightning.evaluation.sample_metrics import prompt_metrics, summarize
@@ -83,7 +84,8 @@ class Evaluation:
             # Its on_error and timeout_s are the rewards' (rewards.execution); it runs here, not in their workers.
             self._accuracy_scorer = RewardScorer(dataclasses.replace(self.reward_scorer.execution, workers=0))
         columns, groups = rollout.columns, group_indices(len(rollout), rollout.group_size)
-        scores = self._accuracy_scorer.score([self.accuracy_function], rollout.prompts, rollout.completions, columns, groups)
+        scores = self._accuracy_scorer.score([self.accuracy_function], rollout.prompts, rollout.completions, columns,
+                                             groups, rollout.model_token_ids(), TrainerState.of(self._trainer))  # fmt: skip
         return scores.per_function[:, 0]
 
     def validation_step(self, batch: dict[str, list], batch_idx: int, dataloader_idx: int = 0) -> None:
