@@ -3,9 +3,10 @@ functions, with bootstrap confidence intervals over prompts (:mod:`grpo_lightnin
 
 Metrics, under ``val/`` (``test/`` under ``grpo-lightning test``; ``val/<name>/`` for each further
 validation set of the data module's ``val_sets``): ``accuracy`` (the mean of ``accuracy_func`` over
-every completion), ``reward``, ``mean_length``, ``top_answer_share`` and ``reference_top_answer_share``
-(with reference answers: :mod:`grpo_lightning.evaluation.answer_spread`), and with ``n = evaluation.samples > 1`` ``pass@k`` for
-``k = 1, 2, 4, ..., n`` and ``maj@n``; each with ``<metric>_ci_low`` and ``<metric>_ci_high``.
+every completion), ``reward``, ``mean_length``, and with ``n = evaluation.samples > 1`` ``pass@k`` for
+``k = 1, 2, 4, ..., n`` and ``maj@n``; each with ``<metric>_ci_low`` and ``<metric>_ci_high``. With
+reference answers, ``top_answer_share`` and ``reference_top_answer_share`` too
+(:mod:`grpo_lightning.evaluation.answer_spread`).
 On several devices each prompt counts once (:func:`unpadded`). A mixin of
 :class:`grpo_lightning.training.module.GroupPolicyOptimization`, which owns the reward functions and ``generate``.
 """
