@@ -46,6 +46,14 @@ def test_readme_is_short():
     assert len((REPO_ROOT / "README.md").read_text().splitlines()) <= 200
 
 
+def test_the_quickstart_installs_the_package_alone_and_the_tests_their_extra():
+    readme = (REPO_ROOT / "README.md").read_text()
+    quickstart = readme.split("## Quickstart")[1].split("\n## ")[0]
+    tests = readme.split("## Tests")[1].split("\n## ")[0]
+    assert "pip install -e . && grpo-lightning-quickstart" in quickstart and "[test]" not in quickstart
+    assert "pip install -e '.[test]' && python -m pytest" in tests
+
+
 def test_results_holds_only_the_latest_figures():
     assert len((REPO_ROOT / "benchmarks" / "RESULTS.md").read_text().splitlines()) <= 100
 

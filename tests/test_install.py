@@ -138,3 +138,22 @@ def test_console_scripts_from_an_empty_folder(installed, tmp_path):
     saved = next((tmp_path / "fit").rglob("config.yaml")).read_text()
     assert "variants.DAPO" in saved
     assert not (tmp_path / "configs").exists()
+
+
+def test_the_quickstart_needs_none_of_the_test_extra(tmp_path):
+    """The README's quickstart installs the package alone: with pytest, hypothesis and triton (the
+    ``test`` extra's) unimportable, the quickstart's modules import and its fit's configs resolve
+    (in a fresh interpreter, where none of them is loaded yet)."""
+    code = """
+import sys
+sys.modules.update(dict.fromkeys(("pytest", "hypothesis", "triton")))  # None: importing one fails
+from grpo_lightning.quickstart import quickstart_args, warmstart, accuracy
+from grpo_lightning.cli.app import GRPOLightningCLI
+try:
+    GRPOLightningCLI(args=["fit", *quickstart_args("some/model"), "--print_config"])
+except SystemExit as done:
+    assert done.code == 0, done.code
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(REPO)}
+    out = run([sys.executable, "-c", code], tmp_path, env)
+    assert "class_path: variants.GRPO" in out

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from grpo_lightning.rewards.process_supervision import step_advantages, step_rewards, token_char_ends
 from grpo_lightning.rewards import resolve_reward_function
+from grpo_lightning.rewards.scoring import TrainerState
 from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.training.settings import require
 from variants.grpo import GRPO
@@ -62,7 +63,7 @@ class ProcessGRPO(GRPO):
         name, function = self.step_reward_function
         char_ends = token_char_ends(self.tokenizer, rollout.completion_ids, rollout.lengths)
         pairs = step_rewards(function, name, rollout.prompts, rollout.completions, rollout.columns, char_ends,
-                             self.hparams.step_delimiter)  # fmt: skip
+                             self.hparams.step_delimiter, rollout.model_token_ids(), TrainerState.of(self._trainer))  # fmt: skip
         width = rollout.completion_ids.size(1)
         advantages = step_advantages(pairs, rollout.group_size, rollout.lengths, width).to(rewards.device)
         rollout.derived["step_advantages"] = advantages

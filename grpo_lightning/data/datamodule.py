@@ -18,6 +18,7 @@ from grpo_lightning.data.checks import check_prompts
 from grpo_lightning.data.files import FILE_BUILDERS, load_file, looks_local, split_files
 from grpo_lightning.data.loaders import ResumableDataLoader, ResumableSampler
 from grpo_lightning.errors import ConfigError
+from grpo_lightning.rewards.scoring import check_column_names
 
 Batch = dict[str, list[Any]]
 
@@ -310,6 +311,7 @@ class PromptDataModule(LightningDataModule):
         if read is not None and read[0] is dataset:
             where = f"{where} (file {read[1]!r})"
         self._check_column("prompt_column", self.prompt_column, dataset, where)
+        check_column_names(dataset.column_names, where)  # names the scoring passes reward functions itself
         if self.answer_column is not None:
             self._check_column("answer_column", self.answer_column, dataset, where)
         check_prompts(dataset[self.prompt_column], self.prompt_column, where)

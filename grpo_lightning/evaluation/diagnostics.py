@@ -45,6 +45,7 @@ class Check:
     name = ""
     consequence = ""
     fix = ""
+    at_validation = False  # checked at validations (their metrics), not after training steps
     #: Attributes that change as steps are seen: what a resumed fit restores.
     state_names = ("streak", "count", "first_step", "detail")
 
@@ -255,6 +256,7 @@ class ValAccuracyFlat(Check):
     answer changed over three validations (the default) of training."""
 
     name = "val_accuracy_flat"
+    at_validation = True
     consequence = "the updates do not change the model's answers"
     fix = "raise optim.learning_rate, see equal_rewards, and check that rewards.funcs and evaluation.accuracy_func agree"
     state_names = (*Check.state_names, "accuracies")
@@ -273,6 +275,33 @@ class ValAccuracyFlat(Check):
         during = sum(1 for step, _ in self.accuracies if step > 0)
         if during >= self.min_validations and max(values) - min(values) < self.epsilon:
             return f"val/accuracy stayed at {values[-1]:.4g} over {len(values)} validations"
+        return None
+
+
+class AnswerCollapse(Check):
+    """One answer dominates a validation: ``val/top_answer_share`` (the most common answer's share of
+    the completions) over ``max_share`` and at least twice ``val/reference_top_answer_share`` (the most
+    common reference's share of them). Checked at validations.
+
+    At least ``top - reference_top`` of the completions give the dominant answer where it is wrong, so
+    twice the reference's share means most of them are wrong: a model that solves prompts gives the
+    references' spread (all right: the reference's share), however skewed the task. Over half (the
+    default), the answer is the model's, not the prompts'; references mostly one value never fire."""
+
+    name = "answer_collapse"
+    at_validation = True
+    consequence = "the policy gives one answer whatever the prompt, so its reward comes from guessing"
+    fix = ("check the rewards for a constant answer they pay, read the completions (--completions.jsonl true), lower "
+           "optim.learning_rate, or raise kl.beta")
+
+    def __init__(self, max_share: float = 0.5) -> None:
+        super().__init__(patience=1)
+        self.max_share = max_share
+
+    def holds(self, metrics: dict[str, float]) -> str | None:
+        top, reference = _finite(metrics, "val/top_answer_share"), _finite(metrics, "val/reference_top_answer_share")
+        if top is not None and reference is not None and top > self.max_share and top >= 2 * reference:
+            return f"one answer is {top:.0%} of the validation completions (the most common reference: {reference:.0%})"
         return None
 
 
@@ -299,6 +328,8 @@ class HealthChecks(Callback):
             above this many times their median of this many last steps, this many steps in a row.
         val_min_validations, val_epsilon: ``val_accuracy_flat`` after this many validations (the one
             before training not counted) whose accuracies span less than this.
+        max_answer_share: ``answer_collapse`` when one answer is over this share of a validation's
+            completions (and twice the most common reference answer's).
     """
 
     def __init__(
@@ -315,6 +346,7 @@ class HealthChecks(Callback):
         spike_patience: int = 3,
         val_min_validations: int = 3,
         val_epsilon: float = 1e-4,
+        max_answer_share: float = 0.5,
     ) -> None:
         counts = {"patience": patience, "spike_window": spike_window, "spike_patience": spike_patience,
                   "val_min_validations": val_min_validations}  # fmt: skip
@@ -325,6 +357,7 @@ class HealthChecks(Callback):
         self.entropy_fraction, self.entropy_floor, self.max_kl = entropy_fraction, entropy_floor, max_kl
         self.spike_factor, self.spike_window, self.spike_patience = spike_factor, spike_window, spike_patience
         self.val_min_validations, self.val_epsilon = val_min_validations, val_epsilon
+        self.max_answer_share = max_answer_share
         self.checks = self.build_checks()
         self.rows: list[dict[str, Any]] = []
         self.text = ""
@@ -333,7 +366,7 @@ class HealthChecks(Callback):
         self._fit_ended = False
 
     def build_checks(self) -> list[Check]:
-        """Fresh checks with this callback's thresholds: the training checks, then ``val_accuracy_flat``."""
+        """Fresh checks with this callback's thresholds: the training checks, then those of validations."""
         return [
             EqualRewards(self.equal_rewards_fraction, self.patience),
             Truncated(self.truncated_fraction, self.patience),
@@ -342,6 +375,7 @@ class HealthChecks(Callback):
             GradNormExplosion(math.inf, self.spike_factor, self.spike_window, self.spike_patience),
             RewardNaN(),
             ValAccuracyFlat(self.val_min_validations, self.val_epsilon),
+            AnswerCollapse(self.max_answer_share),
         ]
 
     # ---------------------------------------------------------------- the fit's hooks
@@ -360,7 +394,7 @@ class HealthChecks(Callback):
         metrics.update(
             {f"rewards/{name}/nan_count": n for name, n in self._reduced_nan_counts(trainer, pl_module).items()}
         )
-        for check in self.checks[:-1]:  # at the optimizer step the update's metrics are logged at
+        for check in (c for c in self.checks if not c.at_validation):  # at the update's logged optimizer step
             self._warn(trainer, check, check.observe(trainer.global_step, metrics))
         counts = {f"health/{c.name}": float(c.count) for c in self.checks}
         row = getattr(pl_module, "logger_row", None)  # a step the loggers get: the counts join its row
@@ -369,11 +403,12 @@ class HealthChecks(Callback):
             row.update(counts)
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        accuracy = trainer.callback_metrics.get("val/accuracy")
-        if not self.enabled or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or accuracy is None:
+        if not self.enabled or trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
             return
-        check, step = self.checks[-1], trainer.global_step
-        self._warn(trainer, check, check.observe(step, {"val/accuracy": float(accuracy), "step": step}))
+        step = trainer.global_step
+        metrics = {key: float(value) for key, value in trainer.callback_metrics.items() if key.startswith("val/")}
+        for check in (c for c in self.checks if c.at_validation):
+            self._warn(trainer, check, check.observe(step, {**metrics, "step": step}))
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self._fit_ended = self.enabled  # summarised in teardown: after every on_fit_end (FitSummary's text)

@@ -4,7 +4,9 @@ functions, with bootstrap confidence intervals over prompts (:mod:`grpo_lightnin
 Metrics, under ``val/`` (``test/`` under ``grpo-lightning test``; ``val/<name>/`` for each further
 validation set of the data module's ``val_sets``): ``accuracy`` (the mean of ``accuracy_func`` over
 every completion), ``reward``, ``mean_length``, and with ``n = evaluation.samples > 1`` ``pass@k`` for
-``k = 1, 2, 4, ..., n`` and ``maj@n``; each with ``<metric>_ci_low`` and ``<metric>_ci_high``.
+``k = 1, 2, 4, ..., n`` and ``maj@n``; each with ``<metric>_ci_low`` and ``<metric>_ci_high``. With
+reference answers, ``top_answer_share`` and ``reference_top_answer_share`` too
+(:mod:`grpo_lightning.evaluation.answer_spread`).
 On several devices each prompt counts once (:func:`unpadded`). A mixin of
 :class:`grpo_lightning.training.module.GroupPolicyOptimization`, which owns the reward functions and ``generate``.
 """
@@ -24,7 +26,9 @@ from grpo_lightning.checkpoints import resume
 from grpo_lightning.rewards import group_indices
 from grpo_lightning.rewards.sandbox.execution import RewardScorer
 from grpo_lightning.rewards.consistency import vote
+from grpo_lightning.rewards.scoring import TrainerState
 from grpo_lightning.rollout.types import Rollout
+from grpo_lightning.evaluation.answer_spread import answer_shares, prompt_answers
 from grpo_lightning.evaluation.sample_metrics import prompt_metrics, summarize
 
 #: Metrics shown in the progress bar.
@@ -49,6 +53,7 @@ class Evaluation:
 
     def on_validation_epoch_start(self) -> None:
         self._evaluated: dict[int, list[dict[str, Tensor]]] = {}
+        self._answers: dict[int, list] = {}  # per set: each prompt's reference and its completions' answers
 
     #: Completions per prompt in validation, ``n`` (``evaluation.samples``; ``evaluation_sampling`` sets it for a block).
     val_samples: int = 1
@@ -80,7 +85,8 @@ class Evaluation:
             # Its on_error and timeout_s are the rewards' (rewards.execution); it runs here, not in their workers.
             self._accuracy_scorer = RewardScorer(dataclasses.replace(self.reward_scorer.execution, workers=0))
         columns, groups = rollout.columns, group_indices(len(rollout), rollout.group_size)
-        scores = self._accuracy_scorer.score([self.accuracy_function], rollout.prompts, rollout.completions, columns, groups)
+        scores = self._accuracy_scorer.score([self.accuracy_function], rollout.prompts, rollout.completions, columns,
+                                             groups, rollout.model_token_ids(), TrainerState.of(self._trainer))  # fmt: skip
         return scores.per_function[:, 0]
 
     def validation_step(self, batch: dict[str, list], batch_idx: int, dataloader_idx: int = 0) -> None:
@@ -96,6 +102,9 @@ class Evaluation:
             [vote(c) for c in rollout.completions] if samples > 1 else [],
         )
         self._evaluated.setdefault(dataloader_idx, []).append(per_prompt)
+        if "answer" in rollout.columns:
+            answers = prompt_answers(rollout.columns["answer"], rollout.completions, samples)
+            self._answers.setdefault(dataloader_idx, []).extend(answers)
 
     def on_validation_epoch_end(self) -> None:
         """Log each validation set's metrics over its prompts on every device, with intervals."""
@@ -109,11 +118,19 @@ class Evaluation:
             per_prompt = {name: torch.cat([part[name] for part in gathered]) for name in local}
             set_name = names[index] if names and index < len(names) and not self.trainer.testing else ""
             where = f"{prefix}/{set_name}/" if set_name else f"{prefix}/"
-            for name, value in summarize(per_prompt).items():  # the same on every device (sync_dist: no warning)
+            summary = {**summarize(per_prompt), **self._answer_shares(index, own)}
+            for name, value in summary.items():  # the same on every device (sync_dist: no warning)
                 self.log(where + name, value, prog_bar=name in PROGRESS_BAR and not set_name, add_dataloader_idx=False,
                          sync_dist=True)  # fmt: skip
-        self._evaluated = {}
+        self._evaluated, self._answers = {}, {}
         self.log("step", float(self.global_step), add_dataloader_idx=False)  # the x-axis: optimizer steps taken
+
+    def _answer_shares(self, index: int, own: Tensor) -> dict[str, float]:
+        """The answer shares of set ``index`` over every device's own prompts; none without reference answers."""
+        if index not in self._answers:
+            return {}
+        local = [answers for answers, kept in zip(self._answers[index], own.tolist()) if kept]
+        return answer_shares([answers for part in resume.gather_over_ranks(local) for answers in part])
 
     def _evaluated_loader(self, index: int) -> Any:
         """The data loader of validation (or test) set ``index``, as the trainer runs it."""

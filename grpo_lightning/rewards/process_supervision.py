@@ -9,7 +9,9 @@ A step reward function is ``(prompts, completions, **columns) -> list`` with, pe
 either a list of floats, one per step of the completion split at ``step_delimiter`` (a step ends
 with its delimiter), or a list of ``(end_token_index, score)`` pairs; ``None`` or an empty list:
 no step (the completion's tokens get no advantage). Functions that take a ``token_ends`` keyword
-get, per completion, the end character offset of each completion token in the decoded text.
+get, per completion, the end character offset of each completion token in the decoded text; those
+that take ``completion_ids`` or ``trainer_state`` get them as outcome reward functions do
+(:mod:`grpo_lightning.rewards.scoring`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 from grpo_lightning.rewards.process import delimited_step_ends, token_at
-from grpo_lightning.rewards.scoring import accepts_keyword
+from grpo_lightning.rewards.scoring import accepts_keyword, check_column_names, passed_keywords
 
 #: Added to the std of a group's step rewards, as in the outcome advantages.
 EPS = 1e-4
@@ -47,10 +49,14 @@ def step_rewards(
     columns: dict[str, list],
     char_ends: list[list[int]],
     delimiter: str,
+    completion_ids: list[list[int]] | None = None,
+    trainer_state: Any = None,
 ) -> list[list[tuple[int, float]]]:
     """``(end_token_index, score)`` pairs of each completion from ``function`` (see the module
     docstring), checked: one entry per completion, as many floats as delimited steps, indices in range."""
+    check_column_names(columns)
     extra = {"token_ends": char_ends} if accepts_keyword(function, "token_ends") else {}
+    extra.update(passed_keywords(function, completion_ids, trainer_state))
     scored = function(prompts, completions, **columns, **extra)
     if not isinstance(scored, Sequence) or len(scored) != len(completions):
         got = len(scored) if isinstance(scored, Sequence) else type(scored).__name__

@@ -4,7 +4,9 @@ A reward function is a callable ``(prompts, completions, **columns) -> list[floa
 ``columns`` are the dataset's other columns aligned with the completions (e.g. ``answer=[...]``),
 and ``None`` means "not applicable to this sample". A function that takes a ``group_index``
 parameter (or ``**kwargs``) also gets the group (prompt) of each completion, to score a completion
-against the others of its group (e.g. :func:`grpo_lightning.rewards.majority_vote_reward`).
+against the others of its group (e.g. :func:`grpo_lightning.rewards.majority_vote_reward`). As in TRL,
+one that takes ``completion_ids`` (or ``**kwargs``) gets each completion's token ids, and one that
+takes ``trainer_state`` a :class:`TrainerState`; a dataset column of either name is an error.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import sys
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,8 +33,53 @@ RewardFunction = Callable[..., Sequence[float | None]]
 EXAMPLE_PATH = "grpo_lightning.rewards.accuracy_reward"
 GROUP_INDEX = "group_index"
 RESERVED_COLUMNS = ("prompt", "prompts", "completions", GROUP_INDEX)
+COMPLETION_IDS, TRAINER_STATE = "completion_ids", "trainer_state"
+#: What the scoring passes beside the columns, with what it is: no column may take these names.
+SCORING_KEYWORDS = {
+    COMPLETION_IDS: "each completion's token ids, the model's tokens only, unpadded",
+    TRAINER_STATE: "the training's progress: global_step, epoch, max_steps, num_train_epochs",
+}
 # The keywords each reward function takes, by function (each inspected once).
 _KEYWORDS: weakref.WeakKeyDictionary[Any, tuple[frozenset[str], bool]] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """How far training is, under the names of the ``TrainerState`` that TRL passes its reward
+    functions: ``global_step``, the optimizer steps taken; ``epoch``, the epochs of training prompts
+    done, with the share of the current one when its length is known (``1.5``: half way through the
+    second); ``max_steps`` and ``num_train_epochs``, the fit's limits (``trainer.max_steps``,
+    ``trainer.max_epochs``), ``None`` where the fit sets none. In validation before training, all zero."""
+
+    global_step: int = 0
+    epoch: float = 0.0
+    max_steps: int | None = None
+    num_train_epochs: int | None = None
+
+    @classmethod
+    def of(cls, trainer: Any) -> TrainerState:
+        """The state of a Lightning ``trainer`` (``None``: a state at the start)."""
+        if trainer is None:
+            return cls()
+        batches, done = trainer.num_training_batches, trainer.fit_loop.epoch_loop.batch_progress.current.completed
+        share = done / batches if isinstance(batches, int) and batches > 0 else 0.0
+        max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
+        return cls(trainer.global_step, trainer.current_epoch + min(share, 1.0), max_steps if max_steps > 0 else None,
+                   max_epochs if max_epochs is not None and max_epochs > 0 else None)  # fmt: skip
+
+
+def passed_keywords(function: Callable, completion_ids: Any = None, trainer_state: Any = None) -> dict[str, Any]:
+    """What the scoring passes ``function`` beside the columns: ``completion_ids`` and ``trainer_state``,
+    each when known and taken (a parameter of that name, or ``**kwargs``), as ``group_index`` is."""
+    given = {COMPLETION_IDS: completion_ids, TRAINER_STATE: trainer_state}
+    return {name: value for name, value in given.items() if value is not None and accepts_keyword(function, name)}
+
+
+def check_column_names(columns: Any, where: str = "the data") -> None:
+    """Raise :class:`ConfigError` for a column named as what the scoring passes (:data:`SCORING_KEYWORDS`)."""
+    for name, meaning in SCORING_KEYWORDS.items():
+        require(name not in columns, f"column {name!r} of {where}: reward functions get {name} from the scoring "
+                f"({meaning}, as in TRL); rename the column.")  # fmt: skip
 
 
 class RewardFunctionError(RuntimeError):

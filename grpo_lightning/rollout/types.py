@@ -110,6 +110,12 @@ class Rollout:
     def device(self) -> torch.device:
         return self.completion_ids.device
 
+    def model_token_ids(self) -> list[list[int]]:
+        """Each completion's token ids without padding: the model's tokens (``completion_mask``), its
+        EOS included and an environment's replies left out."""
+        ids, mask = self.completion_ids.cpu(), self.completion_mask.cpu().bool()
+        return [row[kept].tolist() for row, kept in zip(ids, mask)]
+
     @property
     def attended_mask(self) -> Tensor:
         """The completion's attention mask ``[N, T]``: the model's tokens and the environment's."""

@@ -66,6 +66,7 @@ from grpo_lightning.training.options import GROUPS, EvaluationOptions, KLOptions
 from grpo_lightning.training.options import RewardOptions, SamplingOptions, resolve_groups
 from grpo_lightning.rewards import RewardScorer, RewardScores, resolve_reward_function, weighted_reward
 from grpo_lightning.rewards.accuracy import start_math_verify_for
+from grpo_lightning.rewards.scoring import TrainerState
 from grpo_lightning.rollout.types import Rollout, SamplingParams
 from grpo_lightning.training.settings import DTYPES, ConfigError, check_before_loading, check_datasets, check_model
 from grpo_lightning.training.settings import check_options_apply, resolve_rewards
@@ -349,7 +350,8 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         """Fill ``rollout.reward_per_function`` ``[N, F]`` and the weighted ``rollout.rewards`` ``[N]``;
         return the scores with the samples each function failed on (``rewards.execution``)."""
         columns, groups = rollout.columns, [row // rollout.group_size for row in range(len(rollout))]  # group_index
-        scores = self.reward_scorer.score(self.reward_functions, rollout.prompts, rollout.completions, columns, groups)
+        scores = self.reward_scorer.score(self.reward_functions, rollout.prompts, rollout.completions, columns, groups,
+                                          rollout.model_token_ids(), TrainerState.of(self._trainer))  # fmt: skip
         rollout.reward_per_function = scores.per_function.to(self.device)
         rollout.rewards = weighted_reward(rollout.reward_per_function, self.reward_weights.to(self.device))
         return scores

@@ -15,7 +15,9 @@ from types import SimpleNamespace
 import pytest
 
 from grpo_lightning.cli.app import GRPOLightningCLI
+from grpo_lightning.evaluation.answer_spread import answer_shares, prompt_answers
 from grpo_lightning.evaluation.diagnostics import (
+    AnswerCollapse,
     EntropyCollapse,
     EqualRewards,
     GradNormExplosion,
@@ -36,7 +38,7 @@ from grpo_lightning.rewards.scoring import RewardFunctionError
 CONFIGS = config_dir()
 BASE = ["--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml")]
 CHECKS = ["equal_rewards", "truncated", "entropy_collapse", "kl_explosion", "grad_norm_explosion", "reward_nan",
-          "val_accuracy_flat"]  # fmt: skip
+          "val_accuracy_flat", "answer_collapse"]  # fmt: skip
 ROW_KEYS = {"check", "ok", "steps", "first_step", "detail"}
 
 
@@ -137,6 +139,36 @@ def test_val_accuracy_that_moves_is_not_flat():
     check = ValAccuracyFlat(min_validations=3)
     for step, accuracy in [(0, 0.25), (10, 0.25), (20, 0.255), (30, 0.25), (40, 0.25)]:
         assert check.observe(step, {"val/accuracy": accuracy, "step": step}) is None
+
+
+def answer_collapse_at(references: list[str], completions: list[str], samples: int = 1) -> str | None:
+    """What ``answer_collapse`` says of one validation's completions (one reference per prompt)."""
+    per_completion = [reference for reference in references for _ in range(samples)]
+    shares = answer_shares(prompt_answers(per_completion, completions, samples))
+    return AnswerCollapse().holds({f"val/{name}": share for name, share in shares.items()})
+
+
+def test_answer_collapse_fires_when_prompts_with_different_references_get_one_answer():
+    references = ["1", "1", "1", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13"]  # "1" right 23% of the time
+    completions = ["<answer>1</answer>"] * 12 + ["I think it is 1.0"]  # the same number, written otherwise
+    assert answer_collapse_at(references, completions) == (
+        "one answer is 100% of the validation completions (the most common reference: 23%)"
+    )
+
+
+def test_answer_collapse_falls_back_to_the_completion_text_without_an_answer():
+    assert answer_collapse_at(["3", "4", "5", "6"], ["I cannot say.", "I  cannot say.", "I cannot say.", "no idea"])
+
+
+def test_answer_collapse_is_silent_on_a_healthy_model_half_right_with_scattered_mistakes():
+    references = [str(n) for n in range(10)]
+    completions = [f"<answer>{n}</answer>" for n in (0, 1, 2, 3, 4, 12, 7, 7, 15, 2)]
+    assert answer_collapse_at(references, completions, samples=1) is None
+
+
+def test_answer_collapse_is_silent_when_the_references_are_mostly_one_value():
+    references = ["yes"] * 7 + ["no"] * 3
+    assert answer_collapse_at(references, ["<answer>Yes</answer>"] * 20, samples=2) is None
 
 
 def test_the_scorer_counts_nan_scores_of_training_rollouts_but_not_none():
@@ -284,9 +316,10 @@ def fit_args(model_dir: str, root: Path, rewards: str, *extra: str) -> list[str]
 
 @pytest.fixture(scope="module")
 def unhealthy_fit(tiny_model_dir, tmp_path_factory, one_torch_thread) -> SimpleNamespace:
-    """A 3-step fit that trips four checks: a constant reward (equal_rewards), completions that
+    """A 3-step fit that trips five checks: a constant reward (equal_rewards), completions that
     can't end before max_new_tokens (truncated), a NaN reward scored 0 (reward_nan) and an untrained
-    model validated after every step (val_accuracy_flat). Patience 2."""
+    model validated after every step (val_accuracy_flat) that writes the same answer to both
+    validation prompts, whose references differ (answer_collapse). Patience 2."""
     root = tmp_path_factory.mktemp("unhealthy")
     rewards = f"[{__name__}.constant_reward, {__name__}.nan_reward]"
     args = fit_args(
@@ -314,7 +347,7 @@ def unhealthy_fit(tiny_model_dir, tmp_path_factory, one_torch_thread) -> SimpleN
     return SimpleNamespace(trainer=cli.trainer, out=out.getvalue(), warnings=health, log_dir=Path(cli.trainer.log_dir))
 
 
-@pytest.mark.parametrize("name", ["equal_rewards", "truncated", "reward_nan", "val_accuracy_flat"])
+@pytest.mark.parametrize("name", ["equal_rewards", "truncated", "reward_nan", "val_accuracy_flat", "answer_collapse"])
 def test_a_fit_warns_once_for_each_check_it_trips(unhealthy_fit, name):
     assert len([m for m in unhealthy_fit.warnings if m.startswith(f"health check {name}:")]) == 1
 
@@ -322,8 +355,10 @@ def test_a_fit_warns_once_for_each_check_it_trips(unhealthy_fit, name):
 def test_a_fit_logs_the_step_counts_as_health_metrics(unhealthy_fit):
     metrics = unhealthy_fit.trainer.callback_metrics
     counts = {name: float(metrics[f"health/{name}"]) for name in CHECKS}
-    # Patience 2 over 3 steps: steps 2 and 3; NaN from step 1; validation after step 3 logged no row.
-    expected = {name: 0.0 for name in CHECKS} | {"equal_rewards": 2.0, "truncated": 2.0, "reward_nan": 3.0}
+    # Patience 2 over 3 steps: steps 2 and 3; NaN from step 1; the validations before training and
+    # after steps 1 and 2 collapse; the one after step 3 logged no row.
+    expected = {name: 0.0 for name in CHECKS} | {"equal_rewards": 2.0, "truncated": 2.0, "reward_nan": 3.0,
+                                                 "answer_collapse": 3.0}  # fmt: skip
     assert counts == expected
 
 
@@ -333,7 +368,13 @@ def test_a_fit_prints_the_health_summary_after_the_fit_summary(unhealthy_fit):
     assert "  WARN  equal_rewards        2 steps from step 2:" in out
     assert "  WARN  reward_nan           3 steps from step 1:" in out
     assert "  WARN  val_accuracy_flat    1 step from step 3:" in out
+    assert "  WARN  answer_collapse      4 steps from step 0: check the rewards for a constant answer" in out
     assert "  ok    entropy_collapse\n" in out
+
+
+def test_a_fit_logs_each_validations_answer_shares(unhealthy_fit):
+    metrics = unhealthy_fit.trainer.callback_metrics
+    assert float(metrics["val/top_answer_share"]) == 1.0 and float(metrics["val/reference_top_answer_share"]) == 0.5
 
 
 def test_a_fit_writes_health_json(unhealthy_fit):

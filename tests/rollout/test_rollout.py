@@ -102,3 +102,13 @@ def test_an_append_of_no_group_counts_the_batch_only(groups):
     buffer = RolloutBuffer()
     buffer.append(rollout(2), groups)
     assert (buffer.num_groups, buffer.batches, buffer.groups_seen, buffer.parts) == (0, 1, 2, [])
+
+
+def test_model_token_ids_leave_out_padding_and_the_environments_replies():
+    ids = torch.tensor([[5, 6, 2, 0, 0], [7, 8, 9, 10, 2]])
+    model = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 1, 1]])  # row 1: the environment replied with 8, 9
+    replies = torch.tensor([[0, 0, 0, 0, 0], [0, 1, 1, 0, 0]])
+    one = Rollout(group_size=2, prompt_ids=torch.ones(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1),
+                  completion_ids=ids, completion_mask=model, truncated=torch.zeros(2, dtype=torch.bool),
+                  prompts=["p", "p"], completions=["a", "b"], environment_mask=replies)  # fmt: skip
+    assert one.model_token_ids() == [[5, 6, 2], [7, 10, 2]]

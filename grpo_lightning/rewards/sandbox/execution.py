@@ -39,7 +39,7 @@ from grpo_lightning.rewards.calls import CallLost, EventLoop, Outcome, RewardTim
 from grpo_lightning.rewards.calls import call_batch_async, describe_error, with_deadline
 from grpo_lightning.rewards.calls import arguments as take_rows
 from grpo_lightning.rewards.scoring import GROUP_INDEX, RESERVED_COLUMNS, RewardFunction, RewardFunctionError
-from grpo_lightning.rewards.scoring import accepts_group_index, names_group_index
+from grpo_lightning.rewards.scoring import accepts_group_index, check_column_names, names_group_index, passed_keywords
 from grpo_lightning.rewards.sandbox.returned_scores import Failure, as_scores, preview
 
 ON_ERROR = ("raise", "zero", "skip_group")
@@ -154,16 +154,19 @@ class RewardScorer:
         completions: list[Any],
         columns: dict[str, list[Any]],
         group_index: Sequence[int] | None = None,
+        completion_ids: Sequence[Sequence[int]] | None = None,
+        trainer_state: Any = None,
     ) -> RewardScores:
         """Score every completion with every function (see :func:`score_completions`)."""
         count = len(completions)
-        columns = _checked_columns(prompts, completions, columns, group_index)
+        columns = _checked_columns(prompts, completions, columns, group_index, completion_ids)
         first_only = self.execution.on_error == "raise"  # only the first failing sample is reported
         plans = []
         for name, function in functions:
-            arguments, groups, per_sample = columns, [[row] for row in range(count)], True
+            arguments = {**columns, **passed_keywords(function, completion_ids, trainer_state)}
+            groups, per_sample = [[row] for row in range(count)], True
             if group_index is not None and accepts_group_index(function):
-                arguments, groups = {**columns, GROUP_INDEX: list(group_index)}, _groups(group_index)
+                arguments, groups = {**arguments, GROUP_INDEX: list(group_index)}, _groups(group_index)
                 per_sample = first_only or not names_group_index(function)
             plans.append(_Plan(name, function, arguments, groups, per_sample))
         pieces: list[list[tuple[list[int], list[list[int]], Outcome]]] = [[] for _ in plans]
@@ -327,18 +330,24 @@ def score_completions(
     columns: dict[str, list[Any]],
     group_index: Sequence[int] | None = None,
     execution: RewardExecution | None = None,
+    completion_ids: Sequence[Sequence[int]] | None = None,
+    trainer_state: Any = None,
 ) -> Tensor:
     """Score every completion with every function: a float32 tensor ``[N, F]``.
 
     Each function is called as ``function(prompts, completions, **columns)``; the keys ``prompt``,
     ``prompts``, ``completions`` and ``group_index`` are dropped from ``columns``. ``group_index``
-    (one int per completion, e.g. :func:`~grpo_lightning.rewards.group_indices`) is passed to the
-    functions that take it (:func:`~grpo_lightning.rewards.accepts_group_index`). ``None`` scores
-    become NaN. A failure is handled as ``execution`` says (default: :class:`RewardFunctionError`).
+    (one int per completion, e.g. :func:`~grpo_lightning.rewards.group_indices`), ``completion_ids``
+    (one list of token ids per completion) and ``trainer_state`` (a
+    :class:`~grpo_lightning.rewards.scoring.TrainerState`), when given, are passed to the functions
+    that take them (a parameter of that name, or ``**kwargs``); a column of the last two names is a
+    :class:`ConfigError`. ``None`` scores become NaN. A failure is handled as ``execution`` says
+    (default: :class:`RewardFunctionError`).
     """
     scorer = RewardScorer(execution or RewardExecution(), reward_functions)
     try:
-        return scorer.score(reward_functions, prompts, completions, columns, group_index).per_function
+        scores = scorer.score(reward_functions, prompts, completions, columns, group_index, completion_ids, trainer_state)
+        return scores.per_function
     finally:
         scorer.close()
 
@@ -346,15 +355,16 @@ def score_completions(
 # ---------------------------------------------------------------- helpers
 
 def _checked_columns(
-    prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]], group_index: Sequence[int] | None
-) -> dict[str, list[Any]]:
+    prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]], group_index: Sequence[int] | None,
+    completion_ids: Sequence[Sequence[int]] | None,
+) -> dict[str, list[Any]]:  # fmt: skip
     count = len(completions)
     if len(prompts) != count:
         raise ValueError(f"got {len(prompts)} prompts for {count} completions; pass one prompt per completion.")
-    if group_index is not None and len(group_index) != count:
-        raise ValueError(
-            f"got {len(group_index)} group_index values for {count} completions; pass one group per completion."
-        )
+    for name, values in ((GROUP_INDEX, group_index), ("completion_ids", completion_ids)):
+        if values is not None and len(values) != count:
+            raise ValueError(f"got {len(values)} {name} values for {count} completions; pass one per completion.")
+    check_column_names(columns)
     columns = {key: values for key, values in columns.items() if key not in RESERVED_COLUMNS}
     for key, values in columns.items():
         if hasattr(values, "__len__") and len(values) != count:

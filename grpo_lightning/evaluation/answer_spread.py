@@ -1,0 +1,56 @@
+"""How much one answer dominates a validation's completions, beside how much one dominates the references.
+
+A policy that learned to give every prompt the same answer (a constant that a reward rewards often
+enough) shows here first: the share of completions whose answer is the most common one is high while
+the reference answers' own most common share is low. Logged by validation as ``val/top_answer_share``
+and ``val/reference_top_answer_share``; the ``answer_collapse`` health check reads them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from grpo_lightning.rewards.accuracy import parse_number
+from grpo_lightning.rewards.consistency import vote
+from grpo_lightning.rewards.scoring import completion_text
+
+#: A prompt's reference answer and the answers of its completions.
+PromptAnswers = tuple[Hashable, list[Hashable]]
+
+
+def answer_key(completion: Any) -> Hashable:
+    """A completion's answer: its extracted answer (:func:`~grpo_lightning.rewards.consistency.vote`:
+    numbers compare as numbers), else its whole text with the whitespace collapsed."""
+    answer = vote(completion)
+    return answer if answer is not None else " ".join(completion_text(completion).split())
+
+
+def reference_key(reference: Any) -> Hashable:
+    """A reference answer as :func:`answer_key` writes an answer: a number, else lower-case text."""
+    number = parse_number(str(reference))
+    return number if number is not None else " ".join(str(reference).lower().split())
+
+
+def prompt_answers(references: Sequence[Any], completions: Sequence[Any], samples: int) -> list[PromptAnswers]:
+    """Per prompt, ``(reference key, [answer key of each of its samples completions])``: ``references``
+    and ``completions`` hold one entry per completion, ``samples`` per prompt in a row."""
+    return [
+        (reference_key(references[start]), [answer_key(c) for c in completions[start : start + samples]])
+        for start in range(0, len(completions), samples)
+    ]
+
+
+def top_share(values: Sequence[Hashable]) -> float:
+    """The share of ``values`` equal to the most common one; 0 for none."""
+    return max(Counter(values).values()) / len(values) if values else 0.0
+
+
+def answer_shares(prompts: Sequence[PromptAnswers]) -> dict[str, float]:
+    """``top_answer_share`` over every completion of ``prompts`` and ``reference_top_answer_share``
+    over their references, each reference counted once per completion so that both are shares of
+    the same completions."""
+    answers = [answer for _, completed in prompts for answer in completed]
+    references = [reference for reference, completed in prompts for _ in completed]
+    return {"top_answer_share": top_share(answers), "reference_top_answer_share": top_share(references)}
