@@ -120,7 +120,7 @@ class DAPO(GRPO):
         self.step_metrics.update("dynamic_sampling/skipped_updates", float(kept == 0))
         batch = self.buffer.take(min(kept, target), self.tokenizer.pad_token_id)
         if batch is None:
-            self.skip_update()  # the step counts: max_steps is reached even when nothing is informative
+            self.skip_update(target)  # the steps count: max_steps is reached even when nothing is informative
         return batch
 
     def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
