@@ -346,9 +346,9 @@ def test_dapo_fit_updates_only_on_informative_groups(make_module):
     updates: list[torch.Tensor] = []
 
     class RecordingDAPO(DAPO):
-        def update(self, rollout, advantages):
+        def update(self, rollout, advantages, num_groups=None):
             updates.append(rollout.rewards.view(-1, rollout.group_size).clone())
-            super().update(rollout, advantages)
+            super().update(rollout, advantages, num_groups)
 
     L.seed_everything(0)
     module = make_module(
