@@ -1,7 +1,11 @@
 """One meaning of step: validation, the loggers' x-axis and the fit summary count optimizer steps,
-for GRPO and for DAPO, whose dynamic sampling draws several generation batches per update."""
+for GRPO and for DAPO, whose dynamic sampling draws several generation batches per update; every
+update of a batch makes the same optimizer steps, however many of its groups are left, and a fit
+makes ``max_steps`` of them exactly."""
 
 from __future__ import annotations
+
+import math
 
 import lightning as L
 import pytest
@@ -121,6 +125,21 @@ def test_a_dapo_update_without_informative_groups_counts_the_steps_of_an_update(
     trainer, policy, _ = fit(tmp_path, tiny_model_dir, DAPO, 4, 4, never_informative, max_gen_batches=1)
     assert logged_steps(trainer, "dynamic_sampling/skipped_updates") == [2, 4]
     assert policy.last_step_metrics["dynamic_sampling/skipped_updates"] == 1.0
+
+
+def fails_on_three_digit_answers(prompts, completions, answer, **columns):
+    """``odd_answers_informative``'s rewards where the answer is below 100, NaN (a failure) elsewhere."""
+    return [float(i % 2) if int(a) < 100 else math.nan for i, a in enumerate(answer)]
+
+
+def test_groups_left_out_by_skip_group_leave_the_update_its_steps(tiny_model_dir, tmp_path, one_torch_thread):
+    """``skip_group`` drops the groups a reward failed on: the update of what is left, or of nothing
+    (the first batch), still makes the batch's two optimizer steps."""
+    trainer = make_trainer(tmp_path, max_steps=6, limit_val_batches=0)
+    rewards = {"funcs": [fails_on_three_digit_answers], "execution": {"on_error": "skip_group"}}
+    policy = module(tiny_model_dir, GRPO, optim={"minibatch_size": 2, "micro_batch_size": 2}, rewards=rewards)
+    trainer.fit(policy, small_data())
+    assert logged_steps(trainer, "rewards/frac_groups_skipped") == [2, 4, 6]
 
 
 def test_tensorboard_steps_are_optimizer_steps(tiny_model_dir, tmp_path, one_torch_thread):
