@@ -26,12 +26,12 @@ row, and its counts (rewards, lengths, ``dynamic_sampling/gen_batches``, ``count
 go into the next update's row. ``max_steps``, ``global_step``, ``val_check_interval``, checkpoints
 and the loggers' x-axis (``step``) count optimizer steps, so DAPO validates at the same steps as
 GRPO; ``log_every_n_steps`` counts generation batches (Lightning's batches). After ``max_gen_batches``
-batches short of a full batch, ``on_exhausted: partial`` trains on the groups found, and when no
-group was informative at all the step still counts, without changing the weights
-(``skip_update``; ``dynamic_sampling/skipped_updates`` is 1 in its row): a fit whose rewards never
-differ within a group ends at ``max_steps`` after ``max_gen_batches x max_steps`` batches.
-Under manual optimization Lightning's ``global_step`` counts ``optimizer.step()`` calls, so an
-update (or ``skip_update``'s step without gradients) is what advances it; the generation batches
+batches short of a full batch, ``on_exhausted: partial`` trains on the groups found, in as many
+(smaller) minibatches as a full batch, so that every update makes the same optimizer steps and the
+fit validates at GRPO's steps; when no group was informative at all the update's steps still
+count, without changing the weights (``skip_update``; ``dynamic_sampling/skipped_updates`` is 1 in
+its row). Under manual optimization Lightning's ``global_step`` counts ``optimizer.step()`` calls,
+so an update (or ``skip_update``'s steps without gradients) is what advances it; the generation batches
 stay Lightning's own batches, so their data position and the buffer go into every checkpoint.
 """
 
@@ -120,7 +120,7 @@ class DAPO(GRPO):
         self.step_metrics.update("dynamic_sampling/skipped_updates", float(kept == 0))
         batch = self.buffer.take(min(kept, target), self.tokenizer.pad_token_id)
         if batch is None:
-            self.skip_update()  # the step counts: max_steps is reached even when nothing is informative
+            self.skip_update(target)  # the steps count: max_steps is reached even when nothing is informative
         return batch
 
     def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:

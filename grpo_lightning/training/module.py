@@ -70,7 +70,7 @@ from grpo_lightning.rewards.scoring import TrainerState
 from grpo_lightning.rollout.types import Rollout, SamplingParams
 from grpo_lightning.training.settings import DTYPES, ConfigError, check_before_loading, check_datasets, check_model
 from grpo_lightning.training.settings import check_options_apply, resolve_rewards
-from grpo_lightning.training.update import PolicyUpdate
+from grpo_lightning.training.update import PolicyUpdate, policy_part
 
 # Re-exported: variants and user code import them from here.
 __all__ = [
@@ -370,7 +370,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
             scores = self.score(rollout)
         metrics.record_rewards(self.step_metrics, rollout, [name for name, _ in self.reward_functions])
 
-        steps = self.global_step
+        steps, num_groups = self.global_step, rollout.num_groups  # the update makes the steps of the whole batch
         rollout = self.reward_scorer.contain(self, rollout, scores)  # skip_group: drop groups a function failed on
         rollout = self.select(rollout) if rollout is not None else None
         if rollout is None:
@@ -392,7 +392,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         advantages = self.advantages(rewards.view(-1, rollout.group_size), rollout).flatten(0, 1)  # [N], or [N, T]
         self.last_rollout, self.last_advantages = rollout, advantages  # for callbacks (completion tables)
         with timer.phase("update"):
-            self.update(rollout, advantages)
+            self.update(rollout, advantages, num_groups)
         self.sampler.compiled_and_ran("logprobs")
         self.trained_rollouts += 1
 
@@ -402,14 +402,13 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         self.step_metrics.update("advantages/abs_mean", advantages.abs().mean())
         self.log_step()
 
-    def skip_update(self) -> None:
-        """Count a training step that changes no weight: ``optimizer.step()`` without gradients
-        leaves every parameter as it is (AdamW skips those without one) and advances ``global_step``
-        (under manual optimization Lightning counts optimizer steps); the scheduler follows. Logs the row."""
-        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
-        optimizer.zero_grad(set_to_none=True)
-        optimizer.step()
-        scheduler.step()
+    def skip_update(self, num_groups: int) -> None:
+        """Count the update of a batch of ``num_groups`` prompts that has no group left to train on:
+        its optimizer steps (:meth:`minibatches`), each without a gradient, so that ``global_step``
+        moves as after any update (up to ``max_steps``) and no weight changes. Logs the row."""
+        optimizer, scheduler = policy_part(self.optimizers()), policy_part(self.lr_schedulers())
+        for _ in range(int(min(self.ppo_epochs * self.minibatches(num_groups), self.steps_left()))):
+            self.step_without_gradient(optimizer, scheduler)
         self.step_metrics.update("learning_rate", scheduler.get_last_lr()[0])
         self.log_step()
 

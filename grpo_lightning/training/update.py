@@ -53,13 +53,34 @@ class PolicyUpdate:
             return completion_logprobs(model, *inputs, temperature=self.sampling.temperature, with_entropy=with_entropy,
                                        **self.engine_plan.logprob_options())  # fmt: skip
 
-    def update(self, rollout: Rollout, advantages: Tensor) -> None:
-        """``ppo_epochs`` passes over the rollout; one policy step per minibatch, then ``after_policy_step``."""
+    def minibatches(self, num_groups: int) -> int:
+        """Minibatches per epoch of a batch of ``num_groups`` prompts: ``num_groups x G / minibatch_size``."""
+        return -(-num_groups * self.group_size // self.minibatch_size) if self.minibatch_size else 1
+
+    def steps_left(self) -> float:
+        """Optimizer steps the fit may still take: ``max_steps - global_step`` (unbounded without ``max_steps``)."""
+        max_steps = self._trainer.max_steps if self._trainer is not None else -1
+        return max_steps - self.global_step if max_steps > 0 else float("inf")
+
+    def update(self, rollout: Rollout, advantages: Tensor, num_groups: int | None = None) -> None:
+        """``ppo_epochs`` passes over the rollout; one policy step per minibatch, then ``after_policy_step``.
+
+        Every update of a batch of ``num_groups`` prompts (the rollout's groups by default) makes the
+        same ``ppo_epochs x minibatches(num_groups)`` optimizer steps, so that every run of the same
+        settings validates, checkpoints and logs at the same steps: a rollout with fewer groups (DAPO's
+        partial batch, groups left out by ``skip_group``) is split into as many smaller minibatches, and
+        one without a row steps without a gradient. The update stops at ``max_steps``.
+        """
         optimizer, scheduler = policy_part(self.optimizers()), policy_part(self.lr_schedulers())
-        size, minibatch = len(rollout), self.minibatch_size or len(rollout)
+        size, minibatches = len(rollout), self.minibatches(num_groups or rollout.num_groups)
         for _ in range(self.ppo_epochs):
             order = torch.randperm(size) if self.needs_old_logprobs(size) else torch.arange(size)
-            for rows in order.split(minibatch):
+            for rows in order.tensor_split(minibatches):
+                if self.steps_left() <= 0:
+                    break
+                if len(rows) == 0:
+                    self.step_without_gradient(optimizer, scheduler)
+                    continue
                 optimizer.zero_grad(set_to_none=True)
                 self.accumulate_gradients(rollout, advantages, rows)
                 self.clip_and_log_gradient_norm(optimizer, rollout.prompts)
@@ -68,6 +89,13 @@ class PolicyUpdate:
                 self.policy_version += 1
                 self.after_policy_step(rollout, rows)
         self.step_metrics.update("learning_rate", scheduler.get_last_lr()[0])
+
+    def step_without_gradient(self, optimizer: Any, scheduler: Any) -> None:
+        """An optimizer step that changes no weight: AdamW skips parameters without a gradient. It
+        counts in ``global_step`` (Lightning counts ``optimizer.step()`` calls), and the scheduler follows."""
+        optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        scheduler.step()
 
     def clip_and_log_gradient_norm(self, optimizer, prompts: Sequence[Any] = ()) -> None:
         """Clip the gradient to ``max_grad_norm`` and log its norm before clipping (``grad_norm``).

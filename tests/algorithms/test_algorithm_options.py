@@ -100,7 +100,7 @@ def test_the_training_step_hands_normalised_sums_to_the_advantages(make_module, 
     )
     seen = {}
     monkeypatch.setattr(module, "advantages", lambda rewards, rollout: seen.setdefault("rewards", rewards) * 0)
-    monkeypatch.setattr(module, "update", lambda rollout, advantages: None)
+    monkeypatch.setattr(module, "update", lambda rollout, advantages, num_groups: None)
     monkeypatch.setattr(module, "log_step", lambda: None)
     rollout = make_rollout(module, PROMPTS)
     monkeypatch.setattr(module, "generate", lambda batch, group_size, sampling, with_logprobs=False: rollout)

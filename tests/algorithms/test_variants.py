@@ -314,7 +314,7 @@ def test_dynamic_sampling_exhausted_trains_on_what_it_found_with_partial(make_mo
     assert module.step_metrics.compute_and_reset()["dynamic_sampling/frac_groups_kept"] == pytest.approx(2 / 8)
     # No informative group at all: no update, but the step counts (skip_update).
     skipped = []
-    module.skip_update = lambda: skipped.append(module.step_metrics.compute_and_reset())
+    module.skip_update = lambda num_groups: skipped.append(module.step_metrics.compute_and_reset())
     assert module.select(_draw(module, make_rollout, [False] * 4, tag=3)) is None
     assert skipped == []
     assert module.select(_draw(module, make_rollout, [False] * 4, tag=4)) is None
@@ -346,9 +346,9 @@ def test_dapo_fit_updates_only_on_informative_groups(make_module):
     updates: list[torch.Tensor] = []
 
     class RecordingDAPO(DAPO):
-        def update(self, rollout, advantages):
+        def update(self, rollout, advantages, num_groups=None):
             updates.append(rollout.rewards.view(-1, rollout.group_size).clone())
-            super().update(rollout, advantages)
+            super().update(rollout, advantages, num_groups)
 
     L.seed_everything(0)
     module = make_module(

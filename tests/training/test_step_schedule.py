@@ -1,10 +1,15 @@
 """One meaning of step: validation, the loggers' x-axis and the fit summary count optimizer steps,
-for GRPO and for DAPO, whose dynamic sampling draws several generation batches per update."""
+for GRPO and for DAPO, whose dynamic sampling draws several generation batches per update; every
+update of a batch makes the same optimizer steps, however many of its groups are left, and a fit
+makes ``max_steps`` of them exactly."""
 
 from __future__ import annotations
 
+import math
+
 import lightning as L
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from grpo_lightning.training.callbacks import FitSummary
@@ -28,17 +33,26 @@ class ValidationSteps(L.Callback):
         self.steps.append(trainer.global_step)
 
 
-def fit(tmp_path, model_dir: str, cls, max_steps: int, val_check_interval: int, **settings):
+def two_digit_answers_informative(prompts, completions, answer, **columns):
+    """Rewards that differ within a group (of 2) only where the answer is below 100: in the data's
+    order, DAPO with ``max_gen_batches=2`` makes several partial updates (one group, one minibatch)."""
+    return [float(i % 2) if int(a) < 100 else 0.0 for i, a in enumerate(answer)]
+
+
+def fit(tmp_path, model_dir: str, cls, max_steps: int, val_check_interval: int, reward=odd_answers_informative,
+        callbacks=(), **settings):  # fmt: skip
     """A fit of two optimizer steps per rollout (2 prompts x 2 completions, minibatches of 2)."""
     record = ValidationSteps()
-    trainer = make_trainer(tmp_path, max_steps=max_steps, val_check_interval=val_check_interval, callbacks=[record])
+    trainer = make_trainer(
+        tmp_path, max_steps=max_steps, val_check_interval=val_check_interval, callbacks=[record, *callbacks]
+    )
     policy = module(
         model_dir,
         cls,
         **settings,
         optim={"minibatch_size": 2, "micro_batch_size": 2},
-        rewards={"funcs": [odd_answers_informative]},
-        evaluation={"accuracy_func": odd_answers_informative}
+        rewards={"funcs": [reward]},
+        evaluation={"accuracy_func": reward}
     )
     trainer.fit(policy, small_data())
     return trainer, policy, record.steps
@@ -50,6 +64,82 @@ def test_grpo_and_dapo_validate_at_the_same_optimizer_steps_and_at_the_end(tiny_
     batches = [trainer.fit_loop.epoch_loop.total_batch_idx + 1 for trainer in (grpo, dapo)]
     assert batches[1] > batches[0] == 5  # DAPO drew extra generation batches for its updates
     assert grpo_steps == dapo_steps == [4, 8, 10]  # every 4 optimizer steps, and at the end
+
+
+@pytest.fixture(scope="module")
+def partial_updates(tiny_model_dir, tmp_path_factory):
+    """GRPO and DAPO fits of 12 optimizer steps, validating every 4, where DAPO's dynamic sampling
+    drops groups and trains on partial batches: ``{name: (trainer, validation steps, fit summary)}``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    fits = {}
+    for cls, settings in ((GRPO, {}), (DAPO, {"max_gen_batches": 2, "on_exhausted": "partial"})):
+        root, summary = tmp_path_factory.mktemp(cls.__name__), FitSummary()
+        last = L.pytorch.callbacks.ModelCheckpoint(root / "ckpt", save_last=True, save_top_k=0)
+        trainer, _, steps = fit(root, tiny_model_dir, cls, 12, 4, two_digit_answers_informative, [summary, last],
+                                **settings)  # fmt: skip
+        fits[cls.__name__] = trainer, steps, summary.text
+    torch.set_num_threads(threads)
+    return fits
+
+
+def logged_steps(trainer, name: str) -> list[int]:
+    events = EventAccumulator(str(trainer.log_dir))
+    events.Reload()
+    return [e.step for e in events.Scalars(name)]
+
+
+def test_dapo_with_partial_updates_ends_at_exactly_max_steps(partial_updates):
+    trainer, _, summary = partial_updates["DAPO"]
+    assert trainer.fit_loop.epoch_loop.total_batch_idx + 1 > 6  # dynamic sampling drew extra generation batches
+    assert logged_steps(trainer, "dynamic_sampling/frac_groups_kept") and trainer.global_step == 12
+    assert "fit finished: 12 / 12 optimizer steps" in summary
+
+
+def test_dapo_with_partial_updates_logs_at_the_optimizer_steps_grpo_logs_at(partial_updates):
+    grpo, dapo = partial_updates["GRPO"][0], partial_updates["DAPO"][0]
+    assert logged_steps(dapo, "reward") == logged_steps(grpo, "reward") == [2, 4, 6, 8, 10, 12]
+
+
+def test_dapo_with_partial_updates_validates_at_the_optimizer_steps_grpo_validates_at(partial_updates):
+    assert partial_updates["DAPO"][1] == partial_updates["GRPO"][1] == [4, 8, 12]
+
+
+def test_dapo_with_partial_updates_saves_its_last_checkpoint_at_max_steps(partial_updates):
+    trainer = partial_updates["DAPO"][0]
+    last = torch.load(trainer.checkpoint_callback.last_model_path, map_location="cpu", weights_only=False)
+    assert last["global_step"] == 12
+
+
+def test_an_update_of_several_steps_stops_at_max_steps(tiny_model_dir, tmp_path, one_torch_thread):
+    summary = FitSummary()
+    trainer, _, steps = fit(tmp_path, tiny_model_dir, GRPO, 5, 4, callbacks=[summary])  # rollouts of 2 steps
+    assert trainer.global_step == 5 and steps == [4, 5]
+    assert "fit finished: 5 / 5 optimizer steps" in summary.text
+
+
+def test_a_dapo_update_without_informative_groups_counts_the_steps_of_an_update(tiny_model_dir, tmp_path,
+                                                                                  one_torch_thread):  # fmt: skip
+    """No group is ever informative: each update of 2 steps is made of steps without a gradient."""
+    never_informative = lambda prompts, completions, **columns: [0.0] * len(completions)  # noqa: E731
+    trainer, policy, _ = fit(tmp_path, tiny_model_dir, DAPO, 4, 4, never_informative, max_gen_batches=1)
+    assert logged_steps(trainer, "dynamic_sampling/skipped_updates") == [2, 4]
+    assert policy.last_step_metrics["dynamic_sampling/skipped_updates"] == 1.0
+
+
+def fails_on_three_digit_answers(prompts, completions, answer, **columns):
+    """``odd_answers_informative``'s rewards where the answer is below 100, NaN (a failure) elsewhere."""
+    return [float(i % 2) if int(a) < 100 else math.nan for i, a in enumerate(answer)]
+
+
+def test_groups_left_out_by_skip_group_leave_the_update_its_steps(tiny_model_dir, tmp_path, one_torch_thread):
+    """``skip_group`` drops the groups a reward failed on: the update of what is left, or of nothing
+    (the first batch), still makes the batch's two optimizer steps."""
+    trainer = make_trainer(tmp_path, max_steps=6, limit_val_batches=0)
+    rewards = {"funcs": [fails_on_three_digit_answers], "execution": {"on_error": "skip_group"}}
+    policy = module(tiny_model_dir, GRPO, optim={"minibatch_size": 2, "micro_batch_size": 2}, rewards=rewards)
+    trainer.fit(policy, small_data())
+    assert logged_steps(trainer, "rewards/frac_groups_skipped") == [2, 4, 6]
 
 
 def test_tensorboard_steps_are_optimizer_steps(tiny_model_dir, tmp_path, one_torch_thread):

@@ -302,7 +302,7 @@ class RewardScorer:
         ``error_rate`` and, under ``skip_group``, keep only the groups no function failed on: the
         same number on every device (the fewest any device kept), as each update runs collectives.
         ``None`` when no group is left: the step then counts without changing a weight
-        (``module.skip_update()``)."""
+        (``module.skip_update``)."""
         names = [name for name, _ in module.reward_functions]
         for name, count in zip(names, scores.nan.sum(0).tolist()):
             self.nan_counts[name] = self.nan_counts.get(name, 0) + count
@@ -316,7 +316,7 @@ class RewardScorer:
         module.step_metrics.update("rewards/frac_groups_skipped", bad.float().mean(), len(bad))
         kept = module.min_over_ranks(int((~bad).sum()))
         if kept == 0:
-            module.skip_update()
+            module.skip_update(rollout.num_groups)
             return None
         if kept == rollout.num_groups:
             return rollout
