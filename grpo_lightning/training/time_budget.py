@@ -182,8 +182,9 @@ class TimeBudget(Callback):
 
     def summary(self) -> str:
         """Where the time went since the process started: start-up and loading (imports, model, data;
-        validation excluded), validation, the first step (its compilation included) and the others,
-        with the seconds of those that compiled."""
+        validation excluded), validation, the first training batch (a rollout and its update, compilation
+        included) and the others, with the seconds of those that compiled. Batches, not optimizer steps:
+        an update can make several steps (``minibatch_size``, ``ppo_epochs``)."""
         end = self.ended or time.time()
         budget = f" (max_time {_duration(self.budget)})" if self.budget is not None else ""
         line = f"{_duration(end - self.start)} since {self.origin}{budget}"
@@ -192,13 +193,13 @@ class TimeBudget(Callback):
         parts = [f"start-up and loading {_duration(self.train_started - self.start - self.validating_before_training)}",
                  f"validation {_duration(self.validating)}"]  # fmt: skip
         if self.first_step_started is not None and self.first_step_ended is not None:
-            parts.append(f"first step (compilation included) {_duration(self.first_step_ended - self.first_step_started)}")
+            parts.append(f"first batch (compilation included) {_duration(self.first_step_ended - self.first_step_started)}")
             if self.steps > 1:
                 later_validation = self.validating - self.validating_before_training
                 later = max(end - self.first_step_ended - later_validation, 0.0)
-                parts.append(f"{self.steps - 1} more step{'s' if self.steps > 2 else ''} {_duration(later)}")
+                parts.append(f"{self.steps - 1} more batch{'es' if self.steps > 2 else ''} {_duration(later)}")
                 if self.compiling_steps:
                     n = self.compiling_steps
-                    parts[-1] += (f" ({_duration(self.compiling_steps_seconds)} of them in {n} step{'s' if n > 1 else ''} "
+                    parts[-1] += (f" ({_duration(self.compiling_steps_seconds)} of them in {n} batch{'es' if n > 1 else ''} "
                                   "that compiled)")  # fmt: skip
         return f"{line}: " + ", ".join(parts)

@@ -141,8 +141,8 @@ def test_without_max_time_the_fit_only_accounts_for_its_time(tiny_model_dir, tmp
     cli = fit(tiny_model_dir, tmp_path, "--trainer.max_steps", "2", "--validate_before_fit", "false")
     assert cli.trainer.global_step == 2 and the_budget(cli).budget is None
     out = capsys.readouterr().out
-    assert "since start: start-up and loading" in out and "first step (compilation included)" in out
-    assert "1 more step " in out
+    assert "since start: start-up and loading" in out and "first batch (compilation included)" in out
+    assert "1 more batch " in out
 
 
 def test_process_start_time_counts_the_interpreter_s_start_and_imports():
@@ -159,7 +159,7 @@ def test_the_account_splits_loading_validation_the_first_step_and_the_others():
     budget.steps, budget.validating, budget.ended = 11, 40.0, 1191.0  # 10 s validating later: 20 s for 10 steps
     assert budget.summary() == (
         "3m11s since start (max_time 3m00s): start-up and loading 1m10s, validation 40s, "
-        "first step (compilation included) 1m00s, 10 more steps 20s"
+        "first batch (compilation included) 1m00s, 10 more batches 20s"
     )
 
 
@@ -180,7 +180,7 @@ def test_the_account_names_later_steps_that_compiled(monkeypatch):
     budget.ended = now[0]
     assert (budget.compiling_steps, budget.compiling_steps_seconds) == (1, 7.0)
     assert budget.summary().endswith(
-        "first step (compilation included) 5s, 3 more steps 8s (7s of them in 1 step that compiled)"
+        "first batch (compilation included) 5s, 3 more batches 8s (7s of them in 1 batch that compiled)"
     )
 
 
