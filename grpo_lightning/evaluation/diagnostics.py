@@ -100,7 +100,8 @@ class EqualRewards(Check):
 
     name = "equal_rewards"
     consequence = "their advantages are zero, so the loss and gradient are near zero"
-    fix = "raise sampling.group_size or sampling.temperature, use easier prompts, or give partial credit in the rewards"
+    fix = ("the task may be too hard for the start model: warm-start it on the task (a short supervised pass), use "
+           "easier prompts, give partial credit in the rewards, or raise sampling.group_size or sampling.temperature")
 
     def __init__(self, max_fraction: float = 0.9, patience: int = 5) -> None:
         super().__init__(patience)
