@@ -163,4 +163,4 @@ def test_the_cli_reports_a_truncated_ckpt_path_in_one_line_before_building_the_m
     assert done.value.code == 2
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert line.startswith(f"error: checkpoint {bad} is truncated or corrupt")
-    assert line.endswith(f"resume from {tmp_path / 'step=20.ckpt'} instead.")
+    assert line.endswith(f"resume from {tmp_path / 'step=20.ckpt'} instead. (run again with --verbose for the traceback)")

@@ -108,7 +108,8 @@ def summary_checkpoint(printed: str) -> tuple[Path, int]:
 def test_a_fit_off_the_checkpoint_interval_ends_with_last_ckpt_at_its_last_step(
     tiny_model_dir, tmp_path, one_torch_thread, capsys
 ):
-    main(fit_args(tiny_model_dir, tmp_path, steps=3))
+    rewards = ("--model.rewards.funcs", "[tests.conftest.length_parity_reward]")  # a gradient, so optimizer state
+    main(fit_args(tiny_model_dir, tmp_path, *rewards, steps=3))
     printed = capsys.readouterr().out
     assert last_step(tmp_path) == 3
     assert summary_checkpoint(printed) == (tmp_path / "grpo" / "version_0" / "checkpoints" / "last.ckpt", 3)
@@ -117,7 +118,7 @@ def test_a_fit_off_the_checkpoint_interval_ends_with_last_ckpt_at_its_last_step(
     last = tmp_path / "grpo" / "version_0" / "checkpoints" / "last.ckpt"
     # The command line's fit releases the optimizer's state at its end, after last.ckpt took it.
     assert torch.load(last, weights_only=False)["optimizer_states"][0]["state"]
-    main(fit_args(tiny_model_dir, tmp_path, "--ckpt_path", str(last), steps=5))
+    main(fit_args(tiny_model_dir, tmp_path, *rewards, "--ckpt_path", str(last), steps=5))
     assert last_step(tmp_path) == 5
     assert summary_checkpoint(capsys.readouterr().out)[1] == 5
 

@@ -81,7 +81,7 @@ def test_a_report_says_which_runs_its_flops_column_leaves_out(tmp_path):
 
     from grpo_lightning.report.arms import Arm
     from grpo_lightning.report.sections.curves import curves_section
-    from grpo_lightning.report.render.document import Doc
+    from grpo_lightning.report.render.document import Doc, plain_text
     from grpo_lightning.report.runs import FLOPS_TAG, Run, Series
 
     def run(name, flops):
@@ -93,4 +93,4 @@ def test_a_report_says_which_runs_its_flops_column_leaves_out(tmp_path):
     doc = Doc()
     curves_section(doc, [Arm("grpo", [], [run("grpo-seed0", True), run("grpo-seed1", False)])], tmp_path)
     (note,) = [block[1] for block in doc.blocks if block[0] == "p" and FLOPS_TAG in block[1]]
-    assert "leaves out 1 run(s) that did not log `perf/flops`" in note and note.endswith("grpo-seed1.")
+    assert "leaves out 1 run(s) that did not log `perf/flops`" in note and plain_text(note).endswith("grpo-seed1.")
