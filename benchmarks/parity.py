@@ -17,12 +17,13 @@ tries its candidates in turn and keeps the first whose greedy start accuracy is 
 (all the start accuracies measured are in the results)::
 
     python benchmarks/parity.py --steps 200 --seeds 0 1 2 --keep-zero-gradients no_signal --out DIR
-    python benchmarks/parity.py --report DIR/results.json
+    python benchmarks/parity.py --report DIR    # (re)assemble DIR/results.json from the runs' records
 
 ``--keep-zero-gradients TIER`` adds, on that tier, a run of ours whose optimizer also steps on a
 gradient of exactly zero (the library drops such a step: see ``clip_and_log_gradient_norm``), to see
 what that drop changes. ``--deadline-min`` stops the runs still going at that time; the comparison
-then uses, per seed, the last evaluated step that both libraries reached. Our side runs without
+then uses, per seed, the last evaluated step that both libraries reached. Each run records into
+``OUT/runs/``, so ``--report OUT`` assembles the results of runs that were cut short too. Our side runs without
 ``torch.compile`` (which changes speed, not results): many runs share the machine's CPU cores.
 """
 
@@ -36,7 +37,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -49,8 +49,9 @@ sys.path.insert(0, str(BENCHMARKS))
 from budget_race import RACE_TRAINER, recipe_settings  # noqa: E402
 from smollm2 import VARIANT_CLASSES, evaluate  # noqa: E402
 
-#: The report's setting: 32 prompts x 8 completions x 16 tokens a step (the recipe has 8 prompts).
-PARITY_SETTINGS = ["data.batch_size=32"]
+#: The report's setting: 32 prompts x 8 completions x 16 tokens a step (the recipe has 8 prompts), in
+#: micro-batches of 32 on both sides (memory only: 21 runs at once then fit one 140 GB card).
+PARITY_SETTINGS = ["data.batch_size=32", "model.optim.micro_batch_size=32"]
 #: Arithmetic tasks (``ArithmeticDataModule`` arguments); the held-out problems are never trained on.
 CANDIDATES = {
     "add_sub_1digit": {"digits": 1, "operations": "+-", "num_train": 105, "num_val": 50},
@@ -103,9 +104,10 @@ class Recorder:
         self.settings = json.loads(Path(settings_file).read_text())
         self.start_model, self.device = start_model, device
         self._start_weights = None
+        self.started = time.time()
 
     def row(self, row: dict[str, float]) -> None:
-        self._append("rows.jsonl", row)
+        self._append("rows.jsonl", {**row, "time_s": round(time.time() - self.started, 2)})
 
     def checkpoint(self, step: int, save) -> None:
         model = self.directory / f"model-{step}"
@@ -303,10 +305,11 @@ def job_command(job: dict[str, Any]) -> list[str]:
 
 
 def run_all(jobs: list[dict[str, Any]], logs: Path, deadline: float) -> None:
-    """Start every job at once (each its own process group, output in ``logs``); stop those still running at ``deadline``."""
+    """Start every job at once (each its own process group, output in ``logs``); kill those still running at
+    ``deadline`` (SIGKILL: Lightning turns SIGTERM into a stop at the end of the step, which can outlast it)."""
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCHMARKS), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}  # fmt: skip
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # fmt: skip
     running = []
     for job in jobs:
         log = open(logs / f"{Path(job['directory']).name}.log", "w")
@@ -316,21 +319,31 @@ def run_all(jobs: list[dict[str, Any]], logs: Path, deadline: float) -> None:
         time.sleep(2)
     for job, process in running:
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait()
-        job["returncode"] = process.returncode
+            os.killpg(process.pid, signal.SIGKILL)
+        job["returncode"] = process.wait()
 
 
 def collect(job: dict[str, Any]) -> dict[str, Any]:
-    """A job's identity, exit status, step rows and checkpoints."""
+    """A job's identity, exit status (``None``: not known, the driver was stopped), step rows and checkpoints."""
     directory = Path(job["directory"])
 
     def records(name: str) -> list[dict[str, Any]]:
         path = directory / name
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
     keep = ("tier", "task", "arm", "seed", "variant", "steps", "returncode")
     return {**{k: job.get(k) for k in keep}, "rows": records("rows.jsonl"), "checkpoints": records("checkpoints.jsonl")}
+
+
+def assemble(out: Path) -> dict[str, Any]:
+    """``out``'s results: the plan (``plan.json``), each run's records and the summary; a run cut short
+    (deadline, or the driver stopped) keeps what it recorded."""
+    plan = json.loads((out / "plan.json").read_text())
+    for job in plan["jobs"]:  # the folders as they are now, wherever the plan was written
+        job["directory"] = str(out / "runs" / Path(job["directory"]).name)
+    results = {**plan["header"], "tasks": plan["tasks"], "runs": [collect(job) for job in plan["jobs"]]}
+    results["summary"] = summarize(results)
+    return results
 
 
 # ------------------------------------------------------------------ report
@@ -413,36 +426,40 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe setting, e.g. data.num_val=50")
     parser.add_argument("--deadline-min", type=float, default=None, help="stop the runs still going this long after the start")
     parser.add_argument("--out", type=Path, default=Path("parity-results"))
-    parser.add_argument("--report", type=Path, default=None, help="only summarise this results.json")
+    parser.add_argument("--report", type=Path, default=None,
+                        help="only summarise: a results.json, or an --out folder whose runs it assembles into results.json")
     parser.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)  # a TRL job's job.json
     args = parser.parse_args(argv)
     if args.trl_worker:
         return trl_worker(json.loads(Path(args.trl_worker).read_text()))
     if args.report:
-        summary = summarize(json.loads(args.report.read_text()))
-        print_summary(summary)
-        return summary
+        results = json.loads(args.report.read_text()) if args.report.is_file() else assemble(args.report)
+        if args.report.is_dir():
+            (args.report / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+        print_summary(results["summary"])
+        return results
 
     started = time.time()
     deadline = started + 60 * args.deadline_min if args.deadline_min else math.inf
     eval_device = "cuda" if args.device == "gpu" else "cpu"
-    args.out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="grpo-parity-"))
-    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "steps": args.steps, "seeds": args.seeds, "variant": args.variant,
-                               "command": " ".join(["python", "benchmarks/parity.py", *(sys.argv[1:] if argv is None else argv)])}  # fmt: skip
+    work = args.out / "runs"
+    work.mkdir(parents=True, exist_ok=True)
+    header = {"date": time.strftime("%Y-%m-%d"), "steps": args.steps, "seeds": args.seeds, "variant": args.variant,
+              "command": " ".join(["python", "benchmarks/parity.py", *(sys.argv[1:] if argv is None else argv)])}  # fmt: skip
     try:
-        results["tasks"] = choose_tasks(args.model, args.set, args.tiers, eval_device)
-        model = task_settings(args.model, args.set, results["tasks"][args.tiers[0]]["task"])["model"]["init_args"]["model"]
+        tasks = choose_tasks(args.model, args.set, args.tiers, eval_device)
+        model = task_settings(args.model, args.set, tasks[args.tiers[0]]["task"])["model"]["init_args"]["model"]
         start_model = save_start_model(model, work / "start")
-        jobs = plan_jobs(args, results["tasks"], work, start_model, eval_device)
+        jobs = plan_jobs(args, tasks, work, start_model, eval_device)
+        plan = {"header": header, "tasks": tasks, "jobs": jobs}
+        (args.out / "plan.json").write_text(json.dumps(plan, indent=1))  # a stopped driver's runs can be assembled
         run_all(jobs, args.out / "logs", deadline)
-        results["runs"] = [collect(job) for job in jobs]
-        results["wall_s"] = time.time() - started
-        results["summary"] = summarize(results)
-        (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-        print_summary(results["summary"])
+        (args.out / "plan.json").write_text(json.dumps(plan, indent=1))  # with the exit statuses
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work / "start", ignore_errors=True)
+    results = {**assemble(args.out), "wall_s": time.time() - started}
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    print_summary(results["summary"])
     return results
 
 
