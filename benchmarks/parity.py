@@ -379,7 +379,8 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             trl = runs.get(("trl", seed))
             for arm in sorted({arm for arm, _ in runs}):
                 run = runs.get((arm, seed))
-                step = common_step(run, trl) if run and trl else (run["checkpoints"][-1]["step"] if run and run["checkpoints"] else None)
+                other = runs.get(("ours", seed)) if arm == "trl" else trl  # TRL against ours, every other arm against TRL
+                step = common_step(run, other) if run and other else (run["checkpoints"][-1]["step"] if run and run["checkpoints"] else None)
                 if step is None:
                     continue
                 final = at_step(run, step)
@@ -391,7 +392,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
                 step = common_step(runs[("ours", seed)], trl)
                 differences.append(at_step(runs[("ours", seed)], step)["accuracy"] - at_step(trl, step)["accuracy"])
         mean, low, high = seed_interval(differences)
-        summary[tier] = {"task": choice["task"], "start": {k: choice["start"][k] for k in ("accuracy", "mean_length", "empty_share")},
+        summary[tier] = {"task": choice["task"], "start": {k: choice["start"].get(k) for k in ("accuracy", "mean_length", "empty_share")},
                          "arms": per_arm, "ours_minus_trl": {"by_seed": differences, "mean": mean, "ci95": [low, high],
                                                              "p": paired_test(differences)[1]}}  # fmt: skip
     return summary
@@ -400,8 +401,8 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
 def print_summary(summary: dict[str, Any]) -> None:
     for tier, s in summary.items():
         start = s["start"]
-        print(f"{tier} ({s['task']}): start accuracy {start['accuracy']:.3f}, greedy length {start['mean_length']:.2f}, "
-              f"empty {start['empty_share']:.3f}")  # fmt: skip
+        print(f"{tier} ({s['task']}): start accuracy {start['accuracy']:.3f}, greedy length {start['mean_length']}, "
+              f"empty {start['empty_share']}")  # fmt: skip
         for arm, finals in s["arms"].items():
             cells = ", ".join(f"s{f['seed']}@{f['step']}: {f['accuracy']:.3f} (len {f['mean_length']:.2f}, empty "
                               f"{f['empty_share']:.2f}, sampled len {f['sampled'].get('mean_length', math.nan):.2f}, at once "
