@@ -175,14 +175,14 @@ def keeping_zero_gradients(variant: type) -> type:
     return KeepingZeroGradients
 
 
-def _variant_class(name: str) -> type:
+def variant_class(name: str) -> type:
     import variants
 
     return getattr(variants, VARIANT_CLASSES[name])
 
 
-GRPOKeepingZeroGradients = keeping_zero_gradients(_variant_class("grpo"))
-DrGRPOKeepingZeroGradients = keeping_zero_gradients(_variant_class("dr_grpo"))
+GRPOKeepingZeroGradients = keeping_zero_gradients(variant_class("grpo"))
+DrGRPOKeepingZeroGradients = keeping_zero_gradients(variant_class("dr_grpo"))
 
 
 def ours_config(settings: dict[str, Any], variant: str, keep_zero: bool, steps: int, probe: dict[str, Any],
