@@ -82,29 +82,10 @@ def recipe_settings(model: str | None, overrides: list[str]) -> dict[str, Any]:
 
 
 def evaluate(model: str, settings: dict[str, Any], device: str) -> float:
-    """Greedy accuracy on the recipe's held-out problems (fp32)."""
-    import torch
+    """Greedy accuracy on the recipe's held-out problems (fp32): ``smollm2.py``'s evaluator."""
+    from smollm2 import evaluate as greedy_evaluation
 
-    from grpo_lightning.rollout.generation import format_prompt, load_causal_lm
-    from grpo_lightning.models.sources import load_tokenizer
-    from grpo_lightning.rewards import accuracy_reward
-    from smollm2 import problems
-
-    validation = problems(settings)["validation"]
-    tokenizer = load_tokenizer(model)
-    tokenizer.padding_side = "left"
-    policy = load_causal_lm(model, "float32", None).eval().to(device)
-    max_new_tokens = settings["model"]["init_args"]["sampling"]["max_new_tokens"]
-    completions: list[str] = []
-    for start in range(0, len(validation), 100):
-        rows = validation[start : start + 100]
-        inputs = tokenizer([format_prompt(tokenizer, p) for p in rows["prompt"]], return_tensors="pt", padding=True)
-        with torch.no_grad():
-            out = policy.generate(**inputs.to(device), max_new_tokens=max_new_tokens, do_sample=False,
-                                  pad_token_id=tokenizer.pad_token_id)  # fmt: skip
-        completions += tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-    scores = accuracy_reward(validation["prompt"], completions, validation["answer"])
-    return sum(scores) / len(scores)
+    return greedy_evaluation(model, model, settings, device=device)["accuracy"]
 
 
 def _duration(minutes: float) -> str:

@@ -53,8 +53,9 @@ def problems(settings: dict[str, Any]):
     )
 
 
-def evaluate(model: str, tokenizer: str, settings: dict[str, Any], keep: int = 8) -> dict[str, Any]:
-    """Greedy accuracy of ``model`` on the recipe's held-out problems, and its first ``keep`` answers."""
+def evaluate(model: str, tokenizer: str, settings: dict[str, Any], keep: int = 8, device: str = "cpu") -> dict[str, Any]:
+    """Greedy accuracy of ``model`` on the recipe's held-out problems (fp32, on ``device``), the answers'
+    mean length in tokens (end of turn included) and share of empty ones, and its first ``keep`` answers."""
     import torch
 
     from grpo_lightning.models.sources import load_tokenizer
@@ -64,24 +65,34 @@ def evaluate(model: str, tokenizer: str, settings: dict[str, Any], keep: int = 8
     validation = problems(settings)["validation"]
     tok = load_tokenizer(tokenizer)
     tok.padding_side = "left"
-    policy = load_causal_lm(model, "float32", None).eval()
+    policy = load_causal_lm(model, "float32", None).eval().to(device)
     max_new_tokens = settings["model"]["init_args"]["sampling"]["max_new_tokens"]
     completions: list[str] = []
+    lengths: list[int] = []
     for start in range(0, len(validation), EVAL_BATCH):
         rows = validation[start : start + EVAL_BATCH]
-        inputs = tok([format_prompt(tok, p) for p in rows["prompt"]], return_tensors="pt", padding=True)
+        inputs = tok([format_prompt(tok, p) for p in rows["prompt"]], return_tensors="pt", padding=True).to(device)
         with torch.no_grad():
             out = policy.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
-        completions += tok.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+        answers = out[:, inputs["input_ids"].shape[1] :].tolist()
+        completions += tok.batch_decode(answers, skip_special_tokens=True)
+        lengths += [answer_length(answer, tok.eos_token_id) for answer in answers]
     scores = accuracy_reward(validation["prompt"], completions, validation["answer"])
     return {
         "accuracy": sum(scores) / len(scores),
         "problems": len(scores),
+        "mean_length": sum(lengths) / len(lengths),
+        "empty_share": sum(not c.strip() for c in completions) / len(completions),
         "examples": [
             {"prompt": p, "answer": a, "completion": c, "correct": bool(s)}
             for p, a, c, s in list(zip(validation["prompt"], validation["answer"], completions, scores))[:keep]
         ],
     }
+
+
+def answer_length(token_ids: list[int], eos_token_id: int) -> int:
+    """Tokens of a generated answer up to and including its first end of turn (all of them without one)."""
+    return token_ids.index(eos_token_id) + 1 if eos_token_id in token_ids else len(token_ids)
 
 
 # ------------------------------------------------------------------ grpo-lightning
@@ -147,9 +158,14 @@ def run_trl(seed: int, minutes: float, out: Path) -> dict[str, Any]:
             "process_wall_s": wall, **log}
 
 
-def trl_config(settings: dict, root: Path, seed: int, device: str):
+#: TRL's ``loss_type`` and ``scale_rewards`` for each of our variants that TRL's loss can express.
+TRL_LOSS = {"grpo": ("grpo", "group"), "dr_grpo": ("dr_grpo", "none")}
+
+
+def trl_config(settings: dict, root: Path, seed: int, device: str, variant: str = "grpo", max_steps: int = 1_000_000):
     """TRL's ``GRPOConfig`` for the recipe ``settings``: the same batch, group, lengths, temperature, KL,
-    clip, learning rate and gradient clip as ours, micro-batched as ours is, run until stopped by time."""
+    clip, learning rate, gradient clip and loss (``variant``) as ours, micro-batched as ours is, run
+    ``max_steps`` optimizer steps or until stopped."""
     from trl import GRPOConfig
 
     model_args, data_args = settings["model"]["init_args"], settings["data"]["init_args"]
@@ -158,7 +174,7 @@ def trl_config(settings: dict, root: Path, seed: int, device: str):
     return GRPOConfig(
         output_dir=str(root / "trainer"),
         seed=seed,
-        max_steps=1_000_000,
+        max_steps=max_steps,
         report_to="none",
         save_strategy="no",
         logging_steps=1,
@@ -174,12 +190,14 @@ def trl_config(settings: dict, root: Path, seed: int, device: str):
         max_completion_length=model_args["sampling"]["max_new_tokens"],
         temperature=model_args.get("sampling", {}).get("temperature", 1.0),
         beta=model_args.get("kl", {}).get("beta", 0.04),
-        loss_type="grpo",
-        scale_rewards="group",
-        epsilon=0.2,
+        loss_type=TRL_LOSS[variant][0],
+        scale_rewards=TRL_LOSS[variant][1],
+        epsilon=model_args.get("loss", {}).get("clip_eps_low", 0.2),
+        epsilon_high=model_args.get("loss", {}).get("clip_eps_high", 0.2),
         learning_rate=model_args["optim"]["learning_rate"],
-        lr_scheduler_type="constant",
-        warmup_steps=0,
+        weight_decay=model_args["optim"].get("weight_decay", 0.0),
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=model_args["optim"].get("warmup_steps", 0),
         max_grad_norm=model_args.get("optim", {}).get("max_grad_norm", 1.0),
         gradient_checkpointing=False,
         disable_dropout=True,

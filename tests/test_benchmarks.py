@@ -497,3 +497,38 @@ def test_the_smollm2_report_rebuilds_its_readme_and_compares_arms_paired_by_seed
     assert "paired by seed (n = 3): +4.5 points [-10.1, +19.1] (95% t-interval), paired t-test p = 0.32" in text
     assert "| grpo-lightning grpo | 0, 1, 2 | 55, 51, 58 |" in text
     assert "\n| grpo-lightning dr_grpo | 0 |" not in text and "One seed only, not compared: grpo-lightning dr_grpo" in text
+
+
+#: Our (aggregation, advantage) -> TRL's (loss_type, scale_rewards): the same loss and advantage.
+TRL_LOSS_OF_OURS = {("seq_mean_token_mean", "group_std"): ("grpo", "group"),
+                    ("seq_mean_token_sum_norm", "group_mean"): ("dr_grpo", "none")}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", ["grpo", "dr_grpo"])
+def test_parity_gives_trl_the_settings_of_our_variant(variant, tiny_model_dir, tmp_path):
+    """benchmarks/parity.py's TRL config holds what our variant resolves from the same task settings:
+    group size, completions per optimizer step, completion length, temperature, learning rate, beta,
+    clip range, gradient clip, loss and advantage, seed and steps."""
+    pytest.importorskip("trl")
+    spec = importlib.util.spec_from_file_location("parity", REPO_ROOT / "benchmarks" / "parity.py")
+    parity = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(parity)
+    settings = parity.task_settings(tiny_model_dir, ["model.sampling.group_size=4"], "mul_3digit")
+    config = sys.modules["smollm2"].trl_config(settings, tmp_path, seed=3, device="cpu", variant=variant, max_steps=7)
+    arguments = {k: v for k, v in settings["model"]["init_args"].items() if k != "model"}
+    ours = parity.variant_class(variant)(model=tiny_model_dir, **arguments)
+
+    completions = settings["data"]["init_args"]["batch_size"] * ours.sampling_options.group_size
+    assert config.num_generations == ours.sampling_options.group_size == 4
+    assert config.generation_batch_size == completions == 32 * 4  # the report's 32 prompts a step
+    assert config.per_device_train_batch_size * config.gradient_accumulation_steps == completions  # one step a rollout
+    assert config.num_iterations == 1
+    assert config.max_completion_length == ours.sampling_options.max_new_tokens
+    assert config.temperature == ours.sampling_options.temperature
+    assert config.learning_rate == ours.optim_options.learning_rate and config.lr_scheduler_type == "constant_with_warmup"
+    assert (config.warmup_steps, config.weight_decay) == (ours.optim_options.warmup_steps, ours.optim_options.weight_decay)
+    assert config.beta == ours.kl_options.beta == 0.0
+    assert (config.epsilon, config.epsilon_high) == (ours.loss_options.clip_eps_low, ours.loss_options.clip_eps_high)
+    assert config.max_grad_norm == ours.optim_options.max_grad_norm
+    assert (config.loss_type, config.scale_rewards) == TRL_LOSS_OF_OURS[(ours.aggregation_name, ours.advantage_name)]
+    assert (config.seed, config.max_steps) == (3, 7)
