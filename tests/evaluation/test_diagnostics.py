@@ -16,18 +16,18 @@ import pytest
 
 from grpo_lightning.cli.app import GRPOLightningCLI
 from grpo_lightning.evaluation.answer_spread import answer_shares, prompt_answers
-from grpo_lightning.evaluation.diagnostics import (
+from grpo_lightning.evaluation.diagnostics import HealthChecks, health_summary
+from grpo_lightning.evaluation.health_checks import (
     AnswerCollapse,
     EntropyCollapse,
     EqualRewards,
     GradNormExplosion,
-    HealthChecks,
     HealthWarning,
     KLExplosion,
     RewardNaN,
+    ShrinkingAnswers,
     Truncated,
     ValAccuracyFlat,
-    health_summary,
 )
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.training.metrics import StepMetrics
@@ -38,7 +38,7 @@ from grpo_lightning.rewards.scoring import RewardFunctionError
 CONFIGS = config_dir()
 BASE = ["--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml")]
 CHECKS = ["equal_rewards", "truncated", "entropy_collapse", "kl_explosion", "grad_norm_explosion", "reward_nan",
-          "val_accuracy_flat", "answer_collapse"]  # fmt: skip
+          "shrinking_answers", "val_accuracy_flat", "answer_collapse"]  # fmt: skip
 ROW_KEYS = {"check", "ok", "steps", "first_step", "detail"}
 
 
@@ -92,6 +92,22 @@ def test_entropy_collapses_fix_names_options_the_module_has():
 def test_entropy_collapse_has_an_absolute_floor():
     check = EntropyCollapse(fraction=0.1, floor=0.01, patience=2)
     assert fired_at(check, [{"entropy": 0.005}] * 3) == [2]
+
+
+def test_shrinking_completions_fire_when_the_mean_halves_and_some_are_a_single_token():
+    """The reported drift without signal: mean length 15.5 -> 7.3 tokens, the shortest 4 -> 1."""
+    check = ShrinkingAnswers(fraction=0.5, min_tokens=1, patience=2)
+    steps = [(15.5, 4), (12.0, 2), (7.3, 2), (7.3, 1), (7.0, 1), (6.0, 1)]
+    metrics = [{"completions/mean_length": mean, "completions/min_length": shortest} for mean, shortest in steps]
+    assert fired_at(check, metrics) == [5]  # 7.3 < 7.75 with a 1-token completion at steps 4 and 5
+    assert check.first == 15.5 and "warm-start" in check.detail
+
+
+def test_shorter_completions_that_still_answer_do_not_fire():
+    """A reward that teaches a model to stop rambling halves its length but leaves an answer in each."""
+    check = ShrinkingAnswers(fraction=0.5, min_tokens=1, patience=1)
+    metrics = [{"completions/mean_length": mean, "completions/min_length": 3.0} for mean in (16.0, 9.0, 6.0, 5.0)]
+    assert fired_at(check, metrics) == []
 
 
 def test_missing_or_nan_metrics_do_not_fire():
@@ -267,7 +283,7 @@ def test_health_json_has_one_row_per_check_in_the_report_format(tmp_path, capsys
     assert rows[1] == {"check": "truncated", "ok": True, "steps": 0, "first_step": None, "detail": ""}
     printed = capsys.readouterr().out
     assert printed.strip() == callback.text
-    assert "  WARN  equal_rewards        1 step from step 2: raise sampling.group_size" in printed
+    assert "  WARN  equal_rewards        1 step from step 2: the task may be too hard" in printed
     assert "  ok    truncated\n" in printed and printed.isascii()
 
 
