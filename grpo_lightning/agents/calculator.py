@@ -47,10 +47,12 @@ def think_expression_calls(text: str) -> list[ToolCall]:
 
 class CalculatorEnvironment(ToolEnvironment):
     """The arithmetic task with a calculator: reward 1 when the final answer (the turn without a
-    call) matches the row's ``answer`` (:func:`~grpo_lightning.rewards.accuracy.answers_match`), else 0."""
+    call) matches the row's ``answer`` (:func:`~grpo_lightning.rewards.accuracy.answers_match`), else 0;
+    ``None`` (left to the reward functions) for a row without an answer."""
 
     def __init__(self, tool_call_format: Any = "json_tags", tool_timeout: float = 5.0, max_tool_calls: int = 4) -> None:
         super().__init__([calculator], tool_call_format, tool_timeout, max_tool_calls)
 
-    def score(self, answer: str) -> float:
-        return float(answers_match(extract_answer(answer), self.row["answer"]))
+    def score(self, answer: str) -> float | None:
+        reference = self.row.get("answer")
+        return None if reference is None else float(answers_match(extract_answer(answer), reference))

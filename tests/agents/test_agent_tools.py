@@ -114,14 +114,21 @@ def test_degenerate_json_is_one_call_that_cannot_be_read_never_an_exception(pars
         '<tool_call>{"name": "calculator", "arguments": {"expression": "\\ud800 + 1"}}</tool_call>',
         "\ud800" + "[" * 5000,
         '<tool_call>{"name": "calculator", "arguments": {"expression": "' + "(" * 5000 + '1"}}</tool_call>',
+        "The answer is 42.",
+        "x" * 10**6,
     ],
-    ids=["nested brackets", "nested JSON in the arguments", "a huge string", "a lone surrogate in JSON", "a lone surrogate", "nested parentheses"],
+    ids=["nested brackets", "nested JSON in the arguments", "a huge string", "a lone surrogate in JSON", "a lone surrogate",
+         "nested parentheses", "a final answer", "a huge final answer"],
 )
-def test_the_calculator_environment_answers_any_turn(content):
+@pytest.mark.parametrize("reset", [True, False], ids=["after reset", "without reset"])
+def test_the_calculator_environment_answers_any_turn(content, reset):
     environment = CalculatorEnvironment()
-    environment.reset({"prompt": "What is 2 + 40?", "answer": "42"})
+    if reset:
+        environment.reset({"prompt": "What is 2 + 40?", "answer": "42"})
     replies, reward, done = environment.step({"role": "assistant", "content": content})
     assert (replies and replies[0]["content"].startswith("Error: ")) or done
+    if done:  # a final answer: scored against the row's answer, or left to the reward functions without one
+        assert reward == (float(content == "The answer is 42.") if reset else None)
 
 
 def test_a_tool_call_format_is_a_name_an_import_path_or_a_callable():
