@@ -9,10 +9,11 @@ import json
 from typing import Any
 
 from datasets import Dataset, DatasetDict
+from lightning.pytorch.utilities import rank_zero_warn
 
 from grpo_lightning.data.datamodule import PromptDataModule, require_at_least
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.rewards.reasoning_gym import entry_to_json, import_reasoning_gym
+from grpo_lightning.rewards.reasoning_gym import entry_to_json, import_reasoning_gym, reasoning_gym_reward
 from grpo_lightning.training.argument_types import check_argument_types
 
 #: reasoning-gym seeds problem ``i`` from ``seed + i``: validation starts this far from training's seed.
@@ -150,4 +151,25 @@ class ReasoningGymDataModule(PromptDataModule):
     def load(self) -> DatasetDict:
         return make_reasoning_gym_dataset(
             self.task, self.task_config, self.num_train, self.num_val, self.task_seed, self.chat, self.system_prompt
+        )
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load the splits, and say so when the module scores them otherwise than reasoning-gym does."""
+        super().setup(stage)
+        if self.trainer is not None:
+            warn_unless_scored_by_reasoning_gym(self.trainer.lightning_module, self.task)
+
+
+def warn_unless_scored_by_reasoning_gym(module: Any, task: str) -> None:
+    """Warn when ``module``'s rewards or ``val/accuracy`` leave out the task's own scorer."""
+    scorer = "grpo_lightning.rewards.reasoning_gym_reward"
+    fixes, rewards = [], getattr(module, "reward_functions", None)
+    if rewards is not None and all(function is not reasoning_gym_reward for _, function in rewards):
+        fixes.append(f"--model.rewards.funcs '[{scorer}]'")
+    if getattr(module, "accuracy_function", (None, reasoning_gym_reward))[1] is not reasoning_gym_reward:
+        fixes.append(f"--model.evaluation.accuracy_func {scorer}")
+    if fixes:
+        rank_zero_warn(
+            f"data: task {task!r} is not scored by its own scorer in {' nor '.join(f.split()[0] for f in fixes)}; "
+            f"give {' and '.join(fixes)}, or --config data/reasoning_gym after the variant's file, which sets both."
         )

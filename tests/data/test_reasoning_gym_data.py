@@ -3,6 +3,8 @@ prompts that are never training prompts, and a fit through the real CLI on its c
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 reasoning_gym = pytest.importorskip("reasoning_gym", reason="needs the reasoning extra (pip install 'grpo-lightning[reasoning]')")
@@ -10,6 +12,7 @@ reasoning_gym = pytest.importorskip("reasoning_gym", reason="needs the reasoning
 from grpo_lightning.cli.app import GRPOLightningCLI  # noqa: E402
 from grpo_lightning.cli.resources import config_dir  # noqa: E402
 from grpo_lightning.data import ReasoningGymDataModule, make_reasoning_gym_dataset  # noqa: E402
+from grpo_lightning.data.reasoning_gym import warn_unless_scored_by_reasoning_gym  # noqa: E402
 from grpo_lightning.errors import ConfigError  # noqa: E402
 from grpo_lightning.rewards import reasoning_gym_reward  # noqa: E402
 from grpo_lightning.rewards.reasoning_gym import entry_from_json  # noqa: E402
@@ -85,8 +88,20 @@ def test_a_cli_fit_on_its_config_trains_and_validates_with_reasoning_gyms_scorer
         "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
     ]  # fmt: skip
     cli = GRPOLightningCLI(args=args, run=False)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.global_step == 2
+    assert not [w for w in caught if "not scored by its own scorer" in str(w.message)]
     assert cli.model.accuracy_function[1] is reasoning_gym_reward
     assert [function for _, function in cli.model.reward_functions] == [reasoning_gym_reward]
     assert "val/accuracy" in cli.trainer.callback_metrics
+
+
+def test_a_module_scoring_the_task_otherwise_is_warned_of_with_both_options(tiny_model_dir):
+    from variants import GRPO
+
+    module = GRPO(model=tiny_model_dir)  # accuracy_reward for the rewards and val/accuracy
+    with pytest.warns(UserWarning, match=r"task 'chain_sum' is not scored by its own scorer in --model.rewards.funcs "
+                                         r"nor --model.evaluation.accuracy_func; give .*reasoning_gym_reward"):
+        warn_unless_scored_by_reasoning_gym(module, "chain_sum")
