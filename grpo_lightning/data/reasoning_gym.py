@@ -69,7 +69,7 @@ def make_reasoning_gym_dataset(
     def rows(entries: list[dict[str, Any]]) -> Dataset:
         return Dataset.from_dict({
             "prompt": [format_prompt(e["question"], chat, system_prompt) for e in entries],
-            "answer": [str(e["answer"]) for e in entries],
+            "answer": [None if e["answer"] is None else str(e["answer"]) for e in entries],
             "entry": [_entry_json(task, e) for e in entries],
             "task": [task] * len(entries),
             "task_config": [json.dumps(config, sort_keys=True)] * len(entries),

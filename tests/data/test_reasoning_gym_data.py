@@ -47,6 +47,12 @@ def test_each_row_carries_the_task_its_options_and_reasoning_gyms_entry():
                                 task=[row["task"]], task_config=[row["task_config"]]) == [1.0]  # fmt: skip
 
 
+def test_a_task_with_many_right_answers_has_no_reference_answer_but_its_entry():
+    """propositional_logic's scorer checks a conclusion against the premises: there is no one answer."""
+    row = make_reasoning_gym_dataset("propositional_logic", num_train=1, num_val=1)["train"][0]
+    assert row["answer"] is None and entry_from_json(row["entry"])["metadata"]["premises"]
+
+
 def test_chat_prompts_are_the_system_prompt_then_the_question_and_plain_ones_text():
     question = reasoning_gym.create_dataset("chain_sum", seed=0, size=1)[0]["question"]
     chat = make_reasoning_gym_dataset("chain_sum", num_train=1, num_val=1)["train"][0]["prompt"]
