@@ -12,7 +12,6 @@ reasoning_gym = pytest.importorskip("reasoning_gym", reason="needs the reasoning
 from grpo_lightning.cli.app import GRPOLightningCLI  # noqa: E402
 from grpo_lightning.cli.resources import config_dir  # noqa: E402
 from grpo_lightning.data import ReasoningGymDataModule, make_reasoning_gym_dataset  # noqa: E402
-from grpo_lightning.data.reasoning_gym import warn_unless_scored_by_reasoning_gym  # noqa: E402
 from grpo_lightning.errors import ConfigError  # noqa: E402
 from grpo_lightning.rewards import reasoning_gym_reward  # noqa: E402
 from grpo_lightning.rewards.reasoning_gym import entry_from_json  # noqa: E402
@@ -104,10 +103,16 @@ def test_a_cli_fit_on_its_config_trains_and_validates_with_reasoning_gyms_scorer
     assert "val/accuracy" in cli.trainer.callback_metrics
 
 
-def test_a_module_scoring_the_task_otherwise_is_warned_of_with_both_options(tiny_model_dir):
-    from variants import GRPO
-
-    module = GRPO(model=tiny_model_dir)  # accuracy_reward for the rewards and val/accuracy
+def test_a_run_scoring_the_task_otherwise_is_warned_of_with_both_options(tiny_model_dir, tmp_path, one_torch_thread):
+    args = [
+        "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "variant/grpo.yaml"),
+        "--data", "grpo_lightning.data.ReasoningGymDataModule", "--data.task", "chain_sum", "--data.chat", "false",
+        "--data.system_prompt", "null", "--data.num_train", "2", "--data.num_val", "2", "--data.val_batch_size", "2",
+        "--model.model", tiny_model_dir, "--model.evaluation.max_new_tokens", "2",
+        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path),
+        "--trainer.logger.init_args.save_dir", str(tmp_path),
+    ]  # fmt: skip
+    cli = GRPOLightningCLI(args=args, run=False)  # accuracy_reward for the rewards and val/accuracy
     with pytest.warns(UserWarning, match=r"task 'chain_sum' is not scored by its own scorer in --model.rewards.funcs "
                                          r"nor --model.evaluation.accuracy_func; give .*reasoning_gym_reward"):
-        warn_unless_scored_by_reasoning_gym(module, "chain_sum")
+        cli.trainer.validate(cli.model, datamodule=cli.datamodule)
