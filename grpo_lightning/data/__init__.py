@@ -2,5 +2,13 @@
 
 from grpo_lightning.data.arithmetic import format_target, make_arithmetic_dataset
 from grpo_lightning.data.datamodule import ArithmeticDataModule, PromptDataModule
+from grpo_lightning.data.reasoning_gym import ReasoningGymDataModule, make_reasoning_gym_dataset
 
-__all__ = ["ArithmeticDataModule", "PromptDataModule", "format_target", "make_arithmetic_dataset"]
+__all__ = [
+    "ArithmeticDataModule",
+    "PromptDataModule",
+    "ReasoningGymDataModule",
+    "format_target",
+    "make_arithmetic_dataset",
+    "make_reasoning_gym_dataset",
+]

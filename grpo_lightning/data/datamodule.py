@@ -96,11 +96,11 @@ class PromptDataModule(LightningDataModule):
         paths = (path, val_path, test_path)
         path, val_path, test_path = (os.fspath(p) if isinstance(p, os.PathLike) else p for p in paths)
         check_argument_types(PromptDataModule, locals(), field="data.", cli="--data.")
-        _require_at_least("batch_size", batch_size, 1)
-        _require_at_least("val_batch_size", val_batch_size, 1)
-        _require_at_least("num_workers", num_workers, 0)
+        require_at_least("batch_size", batch_size, 1)
+        require_at_least("val_batch_size", val_batch_size, 1)
+        require_at_least("num_workers", num_workers, 0)
         if max_val_samples is not None:
-            _require_at_least("max_val_samples", max_val_samples, 1)
+            require_at_least("max_val_samples", max_val_samples, 1)
         self.path = path
         self.val_path = val_path
         self.test_path = test_path
@@ -372,6 +372,7 @@ class ArithmeticDataModule(PromptDataModule):
         )
 
 
-def _require_at_least(field: str, value: int, minimum: int) -> None:
+def require_at_least(field: str, value: int, minimum: int) -> None:
+    """Raise :class:`ConfigError` naming ``data.<field>`` when ``value`` is below ``minimum``."""
     if value < minimum:
         raise ConfigError(f"data.{field}={value} must be at least {minimum}; set --data.{field} to {minimum} or more.")
