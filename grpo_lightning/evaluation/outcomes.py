@@ -37,7 +37,7 @@ OUTCOMES_HEADER = ["set", "prompt", "prompt_hash", "sample", "step", "reward", "
 
 def prompt_hash(prompt: Any) -> str:
     """12 hex digits of the SHA-256 of a prompt: its text, or a chat prompt's messages as sorted JSON."""
-    text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, ensure_ascii=False)
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 

@@ -112,7 +112,7 @@ class Evaluation:
             correct, rewards, rollout.lengths.view(-1, samples).cpu(), [vote(c) for c in rollout.completions] if samples > 1 else []
         )
         self._evaluated.setdefault(dataloader_idx, []).append(per_prompt)
-        hashes = [prompt_hash(prompt) for prompt in rollout.prompts[::samples]]
+        hashes = [prompt_hash(prompt) for prompt in batch["prompt"]]
         self._outcomes.setdefault(dataloader_idx, []).append((hashes, rewards, correct))
         if "answer" in rollout.columns:
             answers = prompt_answers(rollout.columns["answer"], rollout.completions, samples)
