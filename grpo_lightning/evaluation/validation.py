@@ -65,7 +65,8 @@ class Evaluation:
     def on_validation_epoch_start(self) -> None:
         self._evaluated: dict[int, list[dict[str, Tensor]]] = {}
         self._answers: dict[int, list] = {}  # per set: each prompt's reference and its completions' answers
-        self._outcomes: dict[int, list[tuple[list[str], Tensor, Tensor]]] = {}  # per set: hashes, [P, n] rewards and scores
+        # per set: each batch's prompt hashes, and its [P, n] rewards and accuracy scores
+        self._outcomes: dict[int, list[tuple[list[str], Tensor, Tensor]]] = {}
 
     #: Completions per prompt in validation, ``n`` (``evaluation.samples``; ``evaluation_sampling`` sets it for a block).
     val_samples: int = 1
@@ -108,9 +109,8 @@ class Evaluation:
         rollout = self.generate(batch, samples, self.val_sampling)
         self.score(rollout)
         correct, rewards = self.accuracy_scores(rollout).view(-1, samples).cpu(), rollout.rewards.view(-1, samples).cpu()
-        per_prompt = prompt_metrics(
-            correct, rewards, rollout.lengths.view(-1, samples).cpu(), [vote(c) for c in rollout.completions] if samples > 1 else []
-        )
+        votes = [vote(c) for c in rollout.completions] if samples > 1 else []
+        per_prompt = prompt_metrics(correct, rewards, rollout.lengths.view(-1, samples).cpu(), votes)
         self._evaluated.setdefault(dataloader_idx, []).append(per_prompt)
         hashes = [prompt_hash(prompt) for prompt in batch["prompt"]]
         self._outcomes.setdefault(dataloader_idx, []).append((hashes, rewards, correct))
