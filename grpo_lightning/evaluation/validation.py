@@ -6,7 +6,8 @@ validation set of the data module's ``val_sets``): ``accuracy`` (the mean of ``a
 every completion), ``reward``, ``mean_length``, and with ``n = evaluation.samples > 1`` ``pass@k`` for
 ``k = 1, 2, 4, ..., n`` and ``maj@n``; each with ``<metric>_ci_low`` and ``<metric>_ci_high``. With
 reference answers, ``top_answer_share`` and ``reference_top_answer_share`` too
-(:mod:`grpo_lightning.evaluation.answer_spread`).
+(:mod:`grpo_lightning.evaluation.answer_spread`). Each completion's reward and accuracy score go to
+``<log_dir>/outcomes/`` (:mod:`grpo_lightning.evaluation.outcomes`), for comparisons paired by prompt.
 On several devices each prompt counts once (:func:`unpadded`). A mixin of
 :class:`grpo_lightning.training.module.GroupPolicyOptimization`, which owns the reward functions and ``generate``.
 """
@@ -29,10 +30,21 @@ from grpo_lightning.rewards.consistency import vote
 from grpo_lightning.rewards.scoring import TrainerState
 from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.evaluation.answer_spread import answer_shares, prompt_answers
+from grpo_lightning.evaluation.loggers import log_dir
+from grpo_lightning.evaluation.outcomes import outcome_rows, outcomes_path, prompt_hash, write_outcomes
 from grpo_lightning.evaluation.sample_metrics import prompt_metrics, summarize
 
 #: Metrics shown in the progress bar.
 PROGRESS_BAR = ("accuracy",)
+
+
+def dataset_positions(sampler: Any, count: int) -> Tensor:
+    """``[count]`` positions in its set of the first ``count`` prompts a process evaluated, the
+    evaluation loaders going through their set in order: on several devices the ``k``-th prompt of
+    rank ``r`` is at ``r + k * num_replicas`` (from ``len(dataset)`` on: padding, see :func:`unpadded`)."""
+    if not isinstance(sampler, DistributedSampler):
+        return torch.arange(count)
+    return sampler.rank + sampler.num_replicas * torch.arange(count)
 
 
 def unpadded(sampler: Any, count: int) -> Tensor:
@@ -44,8 +56,7 @@ def unpadded(sampler: Any, count: int) -> Tensor:
     on. Every process still evaluates as many batches, as FSDP's collectives in generation need."""
     if not isinstance(sampler, DistributedSampler):
         return torch.ones(count, dtype=torch.bool)
-    positions = sampler.rank + sampler.num_replicas * torch.arange(count)
-    return positions < len(sampler.dataset)
+    return dataset_positions(sampler, count) < len(sampler.dataset)
 
 
 class Evaluation:
@@ -54,6 +65,8 @@ class Evaluation:
     def on_validation_epoch_start(self) -> None:
         self._evaluated: dict[int, list[dict[str, Tensor]]] = {}
         self._answers: dict[int, list] = {}  # per set: each prompt's reference and its completions' answers
+        # per set: each batch's prompt hashes, and its [P, n] rewards and accuracy scores
+        self._outcomes: dict[int, list[tuple[list[str], Tensor, Tensor]]] = {}
 
     #: Completions per prompt in validation, ``n`` (``evaluation.samples``; ``evaluation_sampling`` sets it for a block).
     val_samples: int = 1
@@ -95,13 +108,12 @@ class Evaluation:
         samples = self.val_samples
         rollout = self.generate(batch, samples, self.val_sampling)
         self.score(rollout)
-        per_prompt = prompt_metrics(
-            self.accuracy_scores(rollout).view(-1, samples).cpu(),
-            rollout.rewards.view(-1, samples).cpu(),
-            rollout.lengths.view(-1, samples).cpu(),
-            [vote(c) for c in rollout.completions] if samples > 1 else [],
-        )
+        correct, rewards = self.accuracy_scores(rollout).view(-1, samples).cpu(), rollout.rewards.view(-1, samples).cpu()
+        votes = [vote(c) for c in rollout.completions] if samples > 1 else []
+        per_prompt = prompt_metrics(correct, rewards, rollout.lengths.view(-1, samples).cpu(), votes)
         self._evaluated.setdefault(dataloader_idx, []).append(per_prompt)
+        hashes = [prompt_hash(prompt) for prompt in batch["prompt"]]
+        self._outcomes.setdefault(dataloader_idx, []).append((hashes, rewards, correct))
         if "answer" in rollout.columns:
             answers = prompt_answers(rollout.columns["answer"], rollout.completions, samples)
             self._answers.setdefault(dataloader_idx, []).extend(answers)
@@ -110,6 +122,7 @@ class Evaluation:
         """Log each validation set's metrics over its prompts on every device, with intervals."""
         names = getattr(self._trainer.datamodule, "val_set_names", None) if self._trainer is not None else None
         prefix = getattr(self, "_metric_prefix", None) or ("test" if self._trainer is not None and self.trainer.testing else "val")
+        outcomes = []
         for index, parts in sorted(self._evaluated.items()):
             local = {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
             own = unpadded(getattr(self._evaluated_loader(index), "sampler", None), len(next(iter(local.values()))))
@@ -118,12 +131,26 @@ class Evaluation:
             per_prompt = {name: torch.cat([part[name] for part in gathered]) for name in local}
             set_name = names[index] if names and index < len(names) and not self.trainer.testing else ""
             where = f"{prefix}/{set_name}/" if set_name else f"{prefix}/"
+            outcomes += self._set_outcomes(index, set_name, own)
             summary = {**summarize(per_prompt), **self._answer_shares(index, own)}
             for name, value in summary.items():  # the same on every device (sync_dist: no warning)
                 self.log(where + name, value, prog_bar=name in PROGRESS_BAR and not set_name, add_dataloader_idx=False,
                          sync_dist=True)  # fmt: skip
-        self._evaluated, self._answers = {}, {}
+        self._evaluated, self._answers, self._outcomes = {}, {}, {}
+        directory = log_dir(self.trainer) if self.trainer.is_global_zero and not self.trainer.sanity_checking else None
+        if directory and outcomes:
+            write_outcomes(outcomes, outcomes_path(directory, prefix, self.global_step))
         self.log("step", float(self.global_step), add_dataloader_idx=False)  # the x-axis: optimizer steps taken
+
+    def _set_outcomes(self, index: int, set_name: str, own: Tensor) -> list[list]:
+        """The outcome rows of set ``index`` over every device's own prompts (every process must call it)."""
+        hashes = [digest for part in self._outcomes[index] for digest in part[0]]
+        rewards, correct = (torch.cat([part[i] for part in self._outcomes[index]]) for i in (1, 2))
+        positions = dataset_positions(getattr(self._evaluated_loader(index), "sampler", None), len(hashes))
+        kept = own.tolist()
+        local = outcome_rows(set_name, positions[own].tolist(), [h for h, keep in zip(hashes, kept) if keep],
+                             rewards[own].tolist(), correct[own].tolist(), self.global_step)  # fmt: skip
+        return [row for part in resume.gather_over_ranks(local) for row in part]
 
     def _answer_shares(self, index: int, own: Tensor) -> dict[str, float]:
         """The answer shares of set ``index`` over every device's own prompts; none without reference answers."""

@@ -22,7 +22,8 @@ refused (``cells.refuse_duplicate_cells``), and no comparison below ``MIN_PAIRED
 a verdict.
 
 Modules: ``runs`` (a run's TensorBoard scalars), ``cells`` (a sweep's cell folders and configs),
-``data`` (the ``data/`` folder and ``REGENERATE``), ``labels`` (each arm's class against its name),
+``data`` (the ``data/`` folder and ``REGENERATE``), ``outcomes`` (each run's per-prompt outcomes of
+its final validation, for statistics paired by prompt), ``labels`` (each arm's class against its name),
 ``statistics``, ``metrics`` (which metrics, their ranges), ``arms`` (final values over seeds),
 ``learning`` (how fast an arm learned), ``build`` (the report) and ``cli`` (the command);
 ``sections/``: ``summary``, ``effects`` (settings without effect), ``comparisons`` (effects against

@@ -8,6 +8,8 @@ committed report can be rebuilt from the repository alone.
     data/<cell>/scalars.csv.gz       every TensorBoard scalar (gzipped CSV): tag, step, value, wall time
     data/<cell>/config.yaml, metrics.json, health.json, DONE     as the sweep wrote them
     data/<cell>/completions.jsonl    the completions the report shows (first and last step)
+    data/<cell>/outcomes/*.csv.gz    each validation's per-prompt outcomes (grpo_lightning.evaluation.outcomes),
+                                     for runs that wrote them; read by report.outcomes.cell_outcomes
 
 ``REGENERATE`` beside the report holds one shell line, run from the repository root, that
 rebuilds the report from ``data/`` into the folder named by ``$OUT``. A report is always built
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lightning.report.cells import DATA_MARKER, CellInfo, log_file
+from grpo_lightning.report.outcomes import copy_outcomes
 from grpo_lightning.report.sections.completions import COMPLETIONS_FILE, first_and_last
 from grpo_lightning.report.sections.health import HEALTH_FILE
 from grpo_lightning.report.sections.provenance import PROVENANCE_FILE
@@ -89,6 +92,7 @@ def _export_cell(cell: CellInfo, target: Path) -> None:
     if completions is not None:
         shown = first_and_last(completions)
         (target / COMPLETIONS_FILE).write_text("".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in shown))
+    copy_outcomes(cell.directory, target)
 
 
 def regenerate_line(data_dir: Path, confidence: float) -> str:

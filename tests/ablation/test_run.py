@@ -14,6 +14,8 @@ from grpo_lightning.ablation.run import SPEC_DIR, main
 from grpo_lightning.ablation.spec import SweepError, SweepSpec, cli_value, flatten, variant_config
 from grpo_lightning.ablation.sweep import DONE_FILE, METRICS_FILE, cell_command, run_sweep
 from grpo_lightning.report import build_report
+from grpo_lightning.report.cells import discover_cells
+from grpo_lightning.report.outcomes import cell_outcomes
 
 BASE = ["configs/trainer/cpu.yaml", "configs/data/arithmetic.yaml", "configs/model/tiny.yaml"]
 
@@ -394,6 +396,7 @@ def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch, capsys):
         assert metrics["final_step"]["reward"] == 2 and "val/accuracy" in metrics["final"]  # optimizer steps
         assert metrics["optimizer_steps"] == 2 and metrics["rollouts"] == 2 and metrics["generation_batches"] == 2
         assert json.loads((cell / "completions.jsonl").read_text().splitlines()[0])["step"] == 0
+        assert sorted(p.name for p in (cell / "outcomes").iterdir()) == [f"val-step00000{i}.csv.gz" for i in range(3)]
         record = json.loads((cell / "cell.json").read_text())
         assert record["overrides"] == {"model.sampling.group_size": 2} and record["seed"] == int(
             name.split("seed")[1][0]
@@ -423,6 +426,9 @@ def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch, capsys):
         assert section in md
     assert json.loads((out / names[0] / "cell.json").read_text())["baseline"] == "grpo-group_size2"
     assert (target / "data" / names[0] / "scalars.csv.gz").is_file() and (target / "REGENERATE").is_file()
+    outcomes = cell_outcomes(discover_cells(target / "data"))  # the same 8 prompts in every cell, by index
+    assert sorted(outcomes) == sorted(names)
+    assert all(o.step == 2 and o.prompt.tolist() == list(range(8)) for o in outcomes.values())
     assert "| grpo-group_size2 (n=2) | dr_grpo-group_size2 (n=2) |" in md
     assert "| `model.class_path` | variants.GRPO | variants.DrGRPO |" in md
     assert "| `model.init_args.kl.beta` | 0.04 | 0.0 |" in md  # each variant keeps its own defaults

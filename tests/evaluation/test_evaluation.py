@@ -19,6 +19,7 @@ from torch.utils.data import DistributedSampler, SequentialSampler
 from grpo_lightning.training.callbacks import last_checkpoint
 from grpo_lightning.cli.app import GRPOLightningCLI
 from grpo_lightning.evaluation.validation import unpadded, vote
+from grpo_lightning.evaluation.outcomes import outcomes_path, prompt_hash, read_outcomes
 from grpo_lightning.checkpoints.export import export_checkpoint
 from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.evaluation.sample_metrics import (
@@ -235,7 +236,7 @@ os._exit(0)  # skip the interpreter's teardown, where a thread of the CPU backen
 
 def test_validation_on_two_processes_scores_each_prompt_once(tiny_model_dir, tmp_path):
     """A real 2-process gloo DDP validation of 5 prompts, only the first correct: 1/5, where the
-    sampler's repeat of prompt 0 made it 2/6."""
+    sampler's repeat of prompt 0 made it 2/6; rank 0 writes each prompt's outcome once, by its index."""
     rows = [{"prompt": f"{i}+0=", "answer": "1" if i == 0 else "0"} for i in range(5)]
     for name in ("train.jsonl", "val.jsonl"):
         (tmp_path / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -253,3 +254,7 @@ def test_validation_on_two_processes_scores_each_prompt_once(tiny_model_dir, tmp
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     metrics = json.loads(out.read_text())
     assert metrics["val/accuracy"] == pytest.approx(1 / 5)
+    outcomes = read_outcomes(outcomes_path(tmp_path, "val", 0))
+    assert outcomes.prompt.tolist() == [0, 1, 2, 3, 4]
+    assert outcomes.prompt_hash.tolist() == [prompt_hash(row["prompt"]) for row in rows]
+    assert outcomes.correct[:, 0].tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]

@@ -1,0 +1,61 @@
+"""Each run's per-prompt outcomes of its final validation (:mod:`grpo_lightning.evaluation.outcomes`),
+for statistics paired by prompt: every cell of a sweep validates on the same prompts."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from grpo_lightning.errors import ConfigError
+from grpo_lightning.evaluation.outcomes import OUTCOMES_FOLDER, PromptOutcomes, read_outcomes
+from grpo_lightning.report.cells import CellInfo
+from grpo_lightning.report.runs import event_directory
+
+
+def outcomes_folder(directory: Path) -> Path | None:
+    """The ``outcomes/`` folder a run wrote beside its logs: in the cell folder, else in the folder
+    of its TensorBoard event files; None when the run has none."""
+    directory = Path(directory)
+    if (directory / OUTCOMES_FOLDER).is_dir():
+        return directory / OUTCOMES_FOLDER
+    try:
+        events = event_directory(directory)
+    except (FileNotFoundError, ValueError):
+        return None
+    return events / OUTCOMES_FOLDER if (events / OUTCOMES_FOLDER).is_dir() else None
+
+
+def copy_outcomes(directory: Path, target: Path) -> None:
+    """Copy a run's ``outcomes/`` folder, if it has one, to ``target/outcomes``."""
+    folder = outcomes_folder(directory)
+    if folder is not None:
+        shutil.copytree(folder, Path(target) / OUTCOMES_FOLDER)
+
+
+def final_outcomes(directory: Path, prefix: str = "val", set_name: str = "") -> PromptOutcomes | None:
+    """The outcomes of set ``set_name`` in the run's last validation logged under ``prefix`` (the
+    highest step); None when the run wrote none (runs from before they were written)."""
+    folder = outcomes_folder(directory)
+    pattern = re.compile(rf"{re.escape(prefix)}-step(\d+)\.csv\.gz")
+    files = {int(m.group(1)): path for path in folder.iterdir() if (m := pattern.fullmatch(path.name))} if folder else {}
+    return read_outcomes(files[max(files)], set_name) if files else None
+
+
+def cell_outcomes(cells: Sequence[CellInfo], prefix: str = "val", set_name: str = "") -> dict[str, PromptOutcomes]:
+    """Per cell name, the outcomes of its final validation (:func:`final_outcomes`), cells without
+    any left out. Refused when a prompt index holds another prompt in two cells: their validation
+    sets differ or are in another order, so pairing by prompt would compare different prompts."""
+    found = {cell.name: outcomes for cell in cells if (outcomes := final_outcomes(cell.directory, prefix, set_name))}
+    first: dict[int, tuple[str, str]] = {}  # prompt index: its hash and the cell it was first seen in
+    for name, outcomes in found.items():
+        for prompt, digest in zip(outcomes.prompt.tolist(), outcomes.prompt_hash.tolist()):
+            seen_hash, seen_in = first.setdefault(prompt, (digest, name))
+            if seen_hash != digest:
+                raise ConfigError(
+                    f"outcomes: prompt {prompt} of the validation set differs between cells {seen_in!r} and {name!r} "
+                    "(prompt hashes differ): their validation sets differ or are in another order; validate every cell "
+                    "with the same data.* settings, on the same prompts in the same order"
+                )
+    return found
