@@ -204,10 +204,10 @@ def test_the_margin_is_absolute_on_proportions_and_relative_to_the_baseline_else
     assert equivalence_margin("kl", 0.5, 0.02) == pytest.approx(0.01)  # 2% of the baseline's KL
     assert equivalence_margin("reward", -2.0, 0.02) == pytest.approx(0.04)
     assert equivalence_margin("perf/generated_tokens", 100_000, 0.02) == pytest.approx(2_000)
-    # KL: CLOSE is within 2% of a baseline KL of 1.0 (+-0.02), not of one of 0.1 (+-0.002)
+    # a reward: CLOSE is within 2% of a baseline reward of 1.0 (+-0.02), not of one of 0.1 (+-0.002)
     for base, expected in ((1.0, "equivalent (±0.02)"), (0.1, "undetermined")):
-        baseline = _arm("grpo", [base] * 5, "kl")
-        (effect,) = baseline_effects([baseline, _against_grpo(CLOSE, "kl", base)], baseline, "kl", direction=-1)
+        baseline = _arm("grpo", [base] * 5, "val/reward")
+        (effect,) = baseline_effects([baseline, _against_grpo(CLOSE, "val/reward", base)], baseline, "val/reward", 1)
         assert effect.verdict.startswith(expected)
 
 
