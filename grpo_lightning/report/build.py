@@ -148,7 +148,8 @@ def recorded_margin(meta: dict) -> float:
     exported before the margin was kept)."""
     margin = meta.get("equivalence_margin", EQUIVALENCE_MARGIN)
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < math.inf:
-        raise ConfigError(f"equivalence_margin: {margin!r} in {DATA_MARKER} is no positive number; set one, e.g. {EQUIVALENCE_MARGIN}")
+        raise ConfigError(f"equivalence_margin: {margin!r} in {DATA_MARKER} is no positive number; "
+                          f"set one, e.g. {EQUIVALENCE_MARGIN}")  # fmt: skip
     return float(margin)
 
 

@@ -102,3 +102,18 @@ def test_a_report_keeps_its_equivalence_margin_in_its_data(tmp_path, cell_writer
     assert (build_report(target / "data", tmp_path / "again") / "report.md").read_text() == text
     with pytest.raises(ValueError, match="equivalence_margin: a data folder keeps the margin it was exported with"):
         build_report(target / "data", tmp_path / "other", equivalence_margin=0.1)
+
+
+def test_a_data_folder_with_a_margin_that_is_no_positive_number_is_refused_by_name(tmp_path, cell_writer):
+    import json
+
+    import pytest
+
+    from grpo_lightning.report import build_report
+
+    cell_writer(tmp_path / "sweep", "grpo", 0, 0.3)
+    data = build_report(tmp_path / "sweep", tmp_path / "report") / "data"
+    record = json.loads((data / "sweep.json").read_text())
+    (data / "sweep.json").write_text(json.dumps({**record, "equivalence_margin": "two points"}))
+    with pytest.raises(ValueError, match="equivalence_margin: 'two points' in sweep.json is no positive number"):
+        build_report(data, tmp_path / "again")
