@@ -3,15 +3,23 @@ HTML, curve PNGs and the final-metrics table as CSV and LaTeX."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.report.arms import SMOOTHING_STEPS, WIDE, Arm
-from grpo_lightning.report.cells import CellInfo, arm_configs, discover_cells
+from grpo_lightning.report.cells import DATA_MARKER, CellInfo, arm_configs, discover_cells
 from grpo_lightning.report.labels import check_arm_classes
 from grpo_lightning.report.learning import curve_metrics, threshold_note
-from grpo_lightning.report.sections.comparisons import ALPHA, PRACTICAL_ABSOLUTE, PRACTICAL_RELATIVE, comparison_section
+from grpo_lightning.report.sections.comparisons import (
+    ALPHA,
+    EQUIVALENCE_MARGIN,
+    MIN_PAIRED_SEEDS,
+    PRACTICAL_ABSOLUTE,
+    PRACTICAL_RELATIVE,
+    comparison_section,
+)
 from grpo_lightning.report.sections.completions import completions_section
 from grpo_lightning.report.sections.curves import curves_section
 from grpo_lightning.report.render.document import Doc, user_text
@@ -44,6 +52,7 @@ def build_report(
     confidence: float = 0.95,
     provenance: Sequence[str] = (),
     baseline: str | None = None,
+    equivalence_margin: float | None = None,
 ) -> Path:
     """Write ``report.md``, ``report.html``, the curve PNGs, ``final_metrics.csv`` and
     ``final_metrics.tex`` of a sweep into ``output`` (default: ``<sweep_dir>/report``); returns it.
@@ -54,12 +63,17 @@ def build_report(
     (default: the sweep folder's name). The Provenance section comes from the sweep's
     ``provenance.json``; ``provenance`` adds lines of the caller's. ``baseline``: the arm every other
     is compared with, in place of the sweep's ``baseline`` (kept in ``data/sweep.json``).
+    ``equivalence_margin``: the margin of the equivalence verdict (default ``EQUIVALENCE_MARGIN``;
+    kept in ``data/sweep.json``).
     """
     sweep_dir = Path(sweep_dir)
     if is_data_folder(sweep_dir):
         target = Path(output) if output is not None else sweep_dir.resolve().parent
         if baseline is not None:
             raise ConfigError("baseline: a data folder keeps the baseline it was exported with; build from the sweep folder")
+        if equivalence_margin is not None:
+            raise ConfigError("equivalence_margin: a data folder keeps the margin it was exported with; change "
+                              f"`equivalence_margin` in its {DATA_MARKER} or build from the sweep folder")  # fmt: skip
         return _build(sweep_dir, target, name, confidence, provenance)
     target = Path(output) if output is not None else sweep_dir / DEFAULT_FOLDER
     cells = discover_cells(sweep_dir)
@@ -67,7 +81,8 @@ def build_report(
         raise FileNotFoundError(f"no runs under {sweep_dir}: expected cell folders of grpo-lightning-ablate")
     check_arm_classes(cells)  # each arm's class from its resolved configs: a mislabelled arm is refused
     target.mkdir(parents=True, exist_ok=True)
-    export_data(sweep_dir, cells, target / DATA_FOLDER, name or sweep_dir.resolve().name, provenance, baseline)
+    margin = EQUIVALENCE_MARGIN if equivalence_margin is None else equivalence_margin
+    export_data(sweep_dir, cells, target / DATA_FOLDER, name or sweep_dir.resolve().name, provenance, baseline, margin)
     (target / REGENERATE_FILE).write_text(regenerate_line(target / DATA_FOLDER, confidence))
     return _build(target / DATA_FOLDER, target, None, confidence, ())
 
@@ -85,6 +100,7 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     unfinished = [c for c in cells if not c.finished]
     arms = load_arms(finished, unfinished)
     baseline = baseline_arm(arms, finished, meta.get("baseline"))
+    margin = recorded_margin(meta)
     records = read_provenance(data_dir)
     caveat = wall_clock_caveat(records)
     configs, inconsistent = arm_configs([c for arm in arms for c in arm.cells])
@@ -103,7 +119,7 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
         f"[{DATA_FOLDER}/]({DATA_FOLDER}/), and `{REGENERATE_FILE}` rebuilds it."
     )
     doc.h(2, "Summary")
-    doc.p(summary_paragraph(arms, baseline, confidence, caveat, configs))
+    doc.p(summary_paragraph(arms, baseline, confidence, caveat, configs, margin))
     if notes:
         doc.p(f"Settings without effect: clip settings of {join_names(_noted(arms, notes))} never clipped a "
               "token; see the section of that name.")  # fmt: skip
@@ -115,16 +131,26 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     final_section(doc, arms, confidence, target, name, caveat, curve_rows, threshold_note(curve_rows, baseline))
     evaluation_section(doc, arms, confidence)
     if baseline is not None:
-        comparison_section(doc, arms, baseline, confidence, caveat, configs)
+        comparison_section(doc, arms, baseline, confidence, caveat, configs, margin)
     health_section(doc, arms)
     completions_section(doc, arms)
     curves_section(doc, arms, target, caveat, baseline, confidence)
-    _method_section(doc, confidence)
+    _method_section(doc, confidence, margin)
     provenance_section(doc, records, provenance)
 
     (target / "report.md").write_text(render_markdown(doc))
     (target / "report.html").write_text(render_html(doc, f"Ablation report: {name}"))
     return target
+
+
+def recorded_margin(meta: dict) -> float:
+    """The equivalence margin a data folder was exported with (``EQUIVALENCE_MARGIN`` in one
+    exported before the margin was kept)."""
+    margin = meta.get("equivalence_margin", EQUIVALENCE_MARGIN)
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < math.inf:
+        raise ConfigError(f"equivalence_margin: {margin!r} in {DATA_MARKER} is no positive number; "
+                          f"set one, e.g. {EQUIVALENCE_MARGIN}")  # fmt: skip
+    return float(margin)
 
 
 def baseline_arm(arms: Sequence[Arm], cells: Sequence[CellInfo], chosen: str | None = None) -> Arm | None:
@@ -219,7 +245,7 @@ def _config_section(doc: Doc, arms: Sequence[Arm], configs: dict, inconsistent: 
     doc.details(f"Settings shared by every arm ({len(shared)})", body)
 
 
-def _method_section(doc: Doc, confidence: float) -> None:
+def _method_section(doc: Doc, confidence: float, margin: float) -> None:
     doc.h(2, "Method")
     q = (1 + confidence) / 2
     doc.items(
@@ -246,10 +272,23 @@ def _method_section(doc: Doc, confidence: float) -> None:
                 "arms compared: a true difference this large is found 80% of the time; smaller ones mostly are not."
             ),
             (
+                f"Equivalence (TOST) within a margin δ: {margin:g} on accuracies and shares (whose scale is 1), "
+                f"{margin * 100:g}% of the baseline's mean elsewhere (tokens, KL, seconds and rewards have no scale of their "
+                "own; a reward's is set by its functions and weights); the margin is kept in data/sweep.json "
+                "(`--equivalence-margin`). Two one-sided paired t-tests, t = (mean(d) + δ) / (s_d / √n) "
+                "against mean(d) ≤ −δ and t = (mean(d) − δ) / (s_d / √n) against mean(d) ≥ +δ, n − 1 degrees of freedom; "
+                "p is the larger one-sided p, Holm-corrected over the arms compared as the paired test is, so that the "
+                f"chance of any false claim of equivalence on a metric stays below {ALPHA:g}. For one arm, p < {ALPHA:g} "
+                f"is the {1 - 2 * ALPHA:.0%} t-interval of mean(d) lying inside (−δ, +δ)."
+            ),
+            (
                 f"Verdict: better / worse when the Holm-corrected p is below {ALPHA:g} and |mean(d)| reaches the "
                 f"practical threshold ({PRACTICAL_ABSOLUTE:g} on accuracies and shares, {PRACTICAL_RELATIVE:.0%} of the "
-                "baseline's mean elsewhere); otherwise not distinguishable, with the MDE: the data cannot tell, which "
-                "is not the same as no difference. Intervals that do not overlap are not a test and are never used as one."
+                f"baseline's mean elsewhere; else below the practical threshold); otherwise equivalent (±δ) when the "
+                f"Holm-corrected equivalence p is below {ALPHA:g}: evidence of no difference larger than δ; otherwise "
+                "undetermined, with the MDE: the data show neither a difference nor its absence. "
+                f"Below {MIN_PAIRED_SEEDS} paired seeds, no verdict. Intervals that do not overlap are not a test and are "
+                "never used as one."
             ),
             (
                 "Training reward is compared only between arms with the same reward functions and weights; arms that "

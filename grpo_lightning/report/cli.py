@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.report.build import DEFAULT_FOLDER, build_report
 from grpo_lightning.report.labels import MislabelledArmError
+from grpo_lightning.report.sections.comparisons import EQUIVALENCE_MARGIN
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -34,9 +36,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     )  # fmt: skip
     parser.add_argument("--baseline", default=None, metavar="ARM",
                         help="the arm every other is compared with (default: the sweep's baseline, else its first arm)")  # fmt: skip
+    parser.add_argument(
+        "--equivalence-margin", type=float, default=None, metavar="MARGIN",
+        help=f"differences shown within +-MARGIN are called equivalent (default {EQUIVALENCE_MARGIN:g}): in the metric's "
+        "units on accuracies and shares, a share of the baseline's mean elsewhere; kept in data/sweep.json",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if not 0 < args.confidence < 1:
         parser.error("--confidence must be between 0 and 1")
+    if args.equivalence_margin is not None and not 0 < args.equivalence_margin < math.inf:
+        parser.error("--equivalence-margin must be a positive number, e.g. 0.02")
     if not args.sweep_dir.is_dir():
         parser.error(f"{args.sweep_dir} is not a directory")
     if args.out is not None and args.output is not None:
@@ -46,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         warnings.warn("--out DIR is deprecated: give the report's own folder as --output DIR/NAME", FutureWarning, stacklevel=1)
         output = args.out / (args.name or args.sweep_dir.resolve().name)
     try:
-        target = build_report(args.sweep_dir, output, args.name, args.confidence, args.provenance, args.baseline)
+        target = build_report(args.sweep_dir, output, args.name, args.confidence, args.provenance, args.baseline,
+                              args.equivalence_margin)  # fmt: skip
     except (MislabelledArmError, ConfigError) as error:
         parser.exit(2, f"error: {error}\n")
     print(f"report: {target / 'report.md'}")

@@ -1,6 +1,6 @@
 """Statistics of a sweep's final metrics: the Student-t interval of a mean over seeds, the paired
-t-test, effect size and minimum detectable effect of a difference to the baseline over shared seeds,
-Holm's correction, Wilson intervals of proportions and Welch's t-test."""
+t-test, equivalence test (TOST), effect size and minimum detectable effect of a difference to the
+baseline over shared seeds, Holm's correction, Wilson intervals of proportions and Welch's t-test."""
 
 from __future__ import annotations
 
@@ -54,6 +54,28 @@ def paired_test(differences: Sequence[float]) -> tuple[float, float]:
         return (math.nan, math.nan)
     t = float(d.mean()) / (float(d.std(ddof=1)) / math.sqrt(len(d)))
     return (t, float(2.0 * stats.t.sf(abs(t), len(d) - 1)))
+
+
+def equivalence_test(differences: Sequence[float], margin: float) -> float:
+    """The paired equivalence test (TOST) of a mean difference within ``(-margin, +margin)``: its p.
+
+    Two one-sided paired t-tests, of ``mean(d) <= -margin`` by ``t_low = (mean(d) + margin) / se``
+    (``p_low = P(T > t_low)``) and of ``mean(d) >= +margin`` by ``t_high = (mean(d) - margin) / se``
+    (``p_high = P(T < t_high)``), ``se = s_d / sqrt(n)``, ``n - 1`` degrees of freedom; ``p`` is the
+    larger of the two. ``p < alpha`` exactly when the ``1 - 2 alpha`` t-interval of ``mean(d)`` lies
+    inside ``(-margin, +margin)``. ``nan`` with fewer than two differences, without a spread, or
+    without a positive margin.
+    """
+    from scipy import stats
+
+    d = _finite_array(differences)
+    if len(d) < 2 or no_spread(d) or not margin > 0 or not math.isfinite(margin):
+        return math.nan
+    se = float(d.std(ddof=1)) / math.sqrt(len(d))
+    mean = float(d.mean())
+    p_low = float(stats.t.sf((mean + margin) / se, len(d) - 1))
+    p_high = float(stats.t.cdf((mean - margin) / se, len(d) - 1))
+    return max(p_low, p_high)
 
 
 def standardised_effect(differences: Sequence[float]) -> float:

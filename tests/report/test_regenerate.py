@@ -82,3 +82,38 @@ def test_a_report_can_compare_with_another_baseline_and_its_data_keeps_the_choic
     assert (again / "report.md").read_text() == text
     with pytest.raises(ValueError, match="baseline: no arm is named 'ppo'"):
         build_report(sweep, tmp_path / "other", baseline="ppo")
+
+
+def test_a_report_keeps_its_equivalence_margin_in_its_data(tmp_path, cell_writer):
+    """``--equivalence-margin``: data/sweep.json keeps it, the Method states it, and REGENERATE (which
+    gives none) rebuilds the same report; a data folder refuses another margin, naming where to set it."""
+    import pytest
+
+    from grpo_lightning.report import build_report
+
+    sweep = tmp_path / "sweep"
+    for variant, accuracy in (("grpo", 0.3), ("dapo", 0.4)):
+        for seed in (0, 1, 2):
+            cell_writer(sweep, variant, seed, accuracy + 0.01 * seed)
+    target = build_report(sweep, tmp_path / "report", equivalence_margin=0.05)
+    text = (target / "report.md").read_text()
+    assert '"equivalence_margin": 0.05' in (target / "data" / "sweep.json").read_text()
+    assert "Equivalence (TOST) within a margin δ: 0.05 on accuracies and shares" in text
+    assert (build_report(target / "data", tmp_path / "again") / "report.md").read_text() == text
+    with pytest.raises(ValueError, match="equivalence_margin: a data folder keeps the margin it was exported with"):
+        build_report(target / "data", tmp_path / "other", equivalence_margin=0.1)
+
+
+def test_a_data_folder_with_a_margin_that_is_no_positive_number_is_refused_by_name(tmp_path, cell_writer):
+    import json
+
+    import pytest
+
+    from grpo_lightning.report import build_report
+
+    cell_writer(tmp_path / "sweep", "grpo", 0, 0.3)
+    data = build_report(tmp_path / "sweep", tmp_path / "report") / "data"
+    record = json.loads((data / "sweep.json").read_text())
+    (data / "sweep.json").write_text(json.dumps({**record, "equivalence_margin": "two points"}))
+    with pytest.raises(ValueError, match="equivalence_margin: 'two points' in sweep.json is no positive number"):
+        build_report(data, tmp_path / "again")

@@ -247,6 +247,13 @@ def test_cli_errors(tmp_path):
         main([str(tmp_path), "--out", str(tmp_path), "--output", str(tmp_path / "out")])
 
 
+def test_the_cli_refuses_an_equivalence_margin_that_is_not_positive(tmp_path, capsys):
+    for margin in ("0", "-0.02", "nan"):
+        with pytest.raises(SystemExit):
+            main([str(tmp_path), "--equivalence-margin", margin])
+        assert "--equivalence-margin must be a positive number, e.g. 0.02" in capsys.readouterr().err
+
+
 def test_a_wide_sweep_ranks_the_arms_and_groups_the_curves(tmp_path, cell_writer):
     # Nine arms (above WIDE = 6), three seeds each; arm k ends near 0.1 * k, so the order is k = 9 .. 1.
     root = tmp_path / "wide"

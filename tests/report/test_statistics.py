@@ -10,8 +10,8 @@ import pytest
 from scipy import stats
 
 from grpo_lightning.report import Arm, CellInfo, Run, Series, baseline_effects, seed_interval
-from grpo_lightning.report.sections.comparisons import identical_arms
-from grpo_lightning.report.statistics import minimum_detectable_effect, paired_test, standardised_effect
+from grpo_lightning.report.sections.comparisons import equivalence_margin, identical_arms
+from grpo_lightning.report.statistics import equivalence_test, minimum_detectable_effect, paired_test, standardised_effect
 
 SIMULATIONS = 4000
 
@@ -120,11 +120,101 @@ def test_verdicts_against_the_baseline_follow_the_holm_corrected_paired_test():
     assert [e.p_holm for e in two] == pytest.approx([0.0512894, 0.8275647], abs=1e-6)
     assert two[0].mde == pytest.approx(minimum_detectable_effect(0.0296648, 5, 0.025), abs=1e-6)
     assert two[0].mde == pytest.approx(0.0608, abs=1e-4)
-    assert two[0].verdict == "not distinguishable (MDE 0.061)"
-    assert two[1].verdict.startswith("not distinguishable (MDE ")
+    assert two[0].verdict == "undetermined (MDE 0.061)"
+    assert two[1].verdict.startswith("undetermined (MDE ")
     # lower is better: the same differences are "worse"
     assert baseline_effects([baseline, better], baseline, "val/accuracy", direction=-1)[0].verdict == "worse"
     assert not any("tie" in e.verdict for e in two)
+
+
+# Equivalence by hand, at the margin 0.02. Both examples have mean(d) = 0.005 and n = 5 (4 dof).
+#   close: d = 0.015 -0.005 0.005 0.010 0.000; d - mean = 0.01 -0.01 0 0.005 -0.005, squares sum to 0.00025,
+#          s_d^2 = 0.0000625, s_d = 0.0025 sqrt(10), se = s_d / sqrt(5) = 0.0025 sqrt(2) = 0.00353553
+#          t_low = (0.005 + 0.02) / se = 5 sqrt(2) = 7.0710678, t_high = (0.005 - 0.02) / se = -3 sqrt(2) = -4.2426407
+#          With 4 dof, P(T <= t) = 1/2 + 3/8 x (1 - t^2 / (12 (1 + t^2 / 4))), x = t / sqrt(1 + t^2 / 4):
+#          t_high: t^2 = 18, x = -4.2426407 / sqrt(5.5) = -1.8090681, 1 - 18 / 66 = 0.7272727,
+#          p_high = 1/2 + 3/8 (-1.3156859) = 0.0066178; p_low = P(T > 7.07) is far smaller: p = 0.0066178.
+#          90% interval: 0.005 -+ t(0.95, 4) 2.1318468 x 0.00353553 = [-0.0025373, 0.0125373], inside +-0.02.
+#          Paired test: t = 0.005 / se = 1.4142136, p = 0.2302: no difference found.
+#   wide:  d = 0.005 + 10 (d_close - 0.005) = 0.105 -0.095 0.005 0.055 -0.045: se = 0.025 sqrt(2) = 0.0353553
+#          t_high = -0.015 / se = -0.3 sqrt(2) = -0.4242641: t^2 = 0.18, x = -0.4242641 / sqrt(1.045) = -0.4150287,
+#          1 - 0.18 / 12.54 = 0.9856459, p_high = 1/2 + 3/8 (-0.4090713) = 0.3465983; t_low = 0.5 sqrt(2) has
+#          p_low = 0.2593 (smaller): p = 0.3465983. 90% interval [-0.0704, 0.0804]: far outside +-0.02.
+CLOSE = [0.015, -0.005, 0.005, 0.010, 0.000]
+WIDE = [0.105, -0.095, 0.005, 0.055, -0.045]
+
+
+def test_equivalence_test_by_hand():
+    assert equivalence_test(CLOSE, 0.02) == pytest.approx(0.0066178, abs=1e-7)
+    assert equivalence_test(WIDE, 0.02) == pytest.approx(0.3465983, abs=1e-7)
+    # p < 0.05 exactly when the 90% interval lies inside the margin: its edge, 0.0125373, is the margin where p = 0.05
+    assert equivalence_test(CLOSE, 0.0125373) == pytest.approx(0.05, abs=1e-5)
+    assert seed_interval(CLOSE, confidence=0.90)[1:] == pytest.approx((-0.0025373, 0.0125373), abs=1e-7)
+    assert math.isnan(equivalence_test([0.01, 0.01, 0.01], 0.02))  # no spread: no test
+    assert math.isnan(equivalence_test([0.01], 0.02)) and math.isnan(equivalence_test(CLOSE, 0.0))
+
+
+def _against_grpo(differences, tag: str = "val/accuracy", base: float = 0.3) -> Arm:
+    return _arm("dapo", [base + d for d in differences], tag)
+
+
+def test_an_arm_whose_90_percent_interval_lies_inside_the_margin_is_equivalent():
+    baseline = _arm("grpo", [0.3] * 5)
+    (effect,) = baseline_effects([baseline, _against_grpo(CLOSE)], baseline, "val/accuracy", direction=1)
+    assert effect.p_holm == pytest.approx(0.2302, abs=1e-4)  # no difference found ...
+    assert effect.p_equivalence_holm == pytest.approx(0.0066178, abs=1e-6)  # ... and none of 0.02 or more
+    assert effect.verdict == "equivalent (±0.02)"
+    # a stricter margin than the interval's edge (0.0125): the same data no longer shows equivalence
+    (strict,) = baseline_effects([baseline, _against_grpo(CLOSE)], baseline, "val/accuracy", 1, margin=0.012)
+    assert strict.verdict.startswith("undetermined (MDE ")
+
+
+def test_an_arm_with_a_wide_interval_is_undetermined_with_its_mde():
+    baseline = _arm("grpo", [0.3] * 5)
+    (effect,) = baseline_effects([baseline, _against_grpo(WIDE)], baseline, "val/accuracy", direction=1)
+    assert effect.p_equivalence_holm == pytest.approx(0.3465983, abs=1e-6)
+    # MDE: (t(0.975, 4) 2.7764451 + t(0.8, 4) 0.9409646) x 0.0353553 = 0.1314 by hand, 0.1330 on the noncentral t
+    assert effect.mde == pytest.approx(minimum_detectable_effect(0.0790569, 5), abs=1e-6)
+    assert effect.verdict == "undetermined (MDE 0.13)"
+
+
+def test_a_clear_difference_is_better_or_worse_even_within_the_margin():
+    # d = 0.012 +- 0.001: the paired test rejects and 0.012 reaches the practical threshold (0.01), while
+    # its 90% interval also lies inside +-0.02: a difference found is reported, not equivalence
+    d = [0.011, 0.013, 0.012, 0.0115, 0.0125]
+    baseline = _arm("grpo", [0.3] * 5)
+    (up,) = baseline_effects([baseline, _against_grpo(d)], baseline, "val/accuracy", direction=1)
+    assert up.p_holm < 1e-4 and up.p_equivalence_holm < 0.05 and up.verdict == "better"
+    (down,) = baseline_effects([baseline, _against_grpo([-x for x in d])], baseline, "val/accuracy", direction=1)
+    assert down.verdict == "worse"
+
+
+def test_holm_corrects_the_equivalence_p_over_the_arms_compared():
+    # the two arms' p: 0.0066178 and 0.3465983; Holm: 2 x 0.0066178 = 0.0132356, then max(0.0132356, 0.3465983)
+    baseline = _arm("grpo", [0.3] * 5)
+    close, wide = _arm("close", [0.3 + d for d in CLOSE]), _arm("wide", [0.3 + d for d in WIDE])
+    effects = baseline_effects([baseline, close, wide], baseline, "val/accuracy", direction=1)
+    assert [e.p_equivalence_holm for e in effects] == pytest.approx([0.0132356, 0.3465983], abs=1e-6)
+    assert [e.verdict.split(" (")[0] for e in effects] == ["equivalent", "undetermined"]
+
+
+def test_the_margin_is_absolute_on_proportions_and_relative_to_the_baseline_elsewhere():
+    assert equivalence_margin("val/accuracy", 0.3, 0.02) == 0.02
+    assert equivalence_margin("clip_ratio/region", 0.3, 0.05) == 0.05
+    assert equivalence_margin("kl", 0.5, 0.02) == pytest.approx(0.01)  # 2% of the baseline's KL
+    assert equivalence_margin("reward", -2.0, 0.02) == pytest.approx(0.04)
+    assert equivalence_margin("perf/generated_tokens", 100_000, 0.02) == pytest.approx(2_000)
+    # a reward: CLOSE is within 2% of a baseline reward of 1.0 (+-0.02), not of one of 0.1 (+-0.002)
+    for base, expected in ((1.0, "equivalent (±0.02)"), (0.1, "undetermined")):
+        baseline = _arm("grpo", [base] * 5, "val/reward")
+        (effect,) = baseline_effects([baseline, _against_grpo(CLOSE, "val/reward", base)], baseline, "val/reward", 1)
+        assert effect.verdict.startswith(expected)
+
+
+def test_too_few_seeds_get_no_verdict_even_when_equivalent():
+    baseline = _arm("grpo", [0.3] * 2)
+    (effect,) = baseline_effects([baseline, _against_grpo([0.001, 0.0012])], baseline, "val/accuracy", direction=1)
+    assert effect.verdict == "too few seeds (n=2; 3 needed)"
 
 
 def test_verdicts_without_a_test_or_below_the_practical_threshold():

@@ -1,5 +1,6 @@
 """Each arm against the sweep's baseline arm: the paired difference over the seeds both ran, its
-t-interval, effect size, Holm-corrected p and minimum detectable effect, and the verdict they give.
+t-interval, effect size, Holm-corrected p, equivalence test and minimum detectable effect, and the
+verdict they give: different, equivalent within a margin, or undetermined.
 
 Seeds are shared across arms (the same seed draws the same prompts and start), so the difference
 at each seed removes what the seed alone decides; a paired test on those differences has more
@@ -19,6 +20,7 @@ from grpo_lightning.report.render.document import Doc, user_text
 from grpo_lightning.report.render.formatting import fmt, fmt_metric, fmt_p
 from grpo_lightning.report.metrics import PROPORTION, REWARD_SCALE_KEYS, SUMMARY_METRICS, WALL_CLOCK_METRICS, metric_bounds
 from grpo_lightning.report.statistics import (
+    equivalence_test,
     holm,
     minimum_detectable_effect,
     paired_test,
@@ -35,13 +37,18 @@ PRACTICAL_RELATIVE = 0.02
 #: Paired seeds below which no comparison gets a verdict: the numbers are printed, but a t-test
 #: over two pairs rests on one degree of freedom, and its MDE is 11.5 standard deviations of the differences.
 MIN_PAIRED_SEEDS = 3
+#: Differences within this margin are shown equivalent by the equivalence test (``--equivalence-margin``):
+#: two points of accuracies and shares, and 2% of the baseline's mean elsewhere (see ``equivalence_margin``).
+EQUIVALENCE_MARGIN = 0.02
 
 
 @dataclass
 class Effect:
     """``arm`` minus ``baseline`` on ``key`` over ``n`` shared seeds: the mean difference with its
     interval, Cohen's d_z, the paired t-test (``p``, and ``p_holm`` over the arms compared), the
-    minimum detectable effect at 80% power, the practical threshold and the verdict."""
+    minimum detectable effect at 80% power, the practical threshold, the equivalence test within
+    ``margin`` (``p_equivalence_holm``: its p after Holm's correction over the arms compared) and
+    the verdict."""
 
     arm: str
     baseline: str
@@ -60,6 +67,9 @@ class Effect:
     differences: list[float]
     #: The seeds either arm ran: ``used`` the pairs, ``excluded`` why each other seed is no pair.
     pairs: SeedCount | None = None
+    #: The equivalence margin in ``key``'s units (see ``equivalence_margin``).
+    margin: float = math.nan
+    p_equivalence_holm: float = math.nan
 
 
 def practical_threshold(key: str, baseline_mean: float) -> float:
@@ -67,6 +77,16 @@ def practical_threshold(key: str, baseline_mean: float) -> float:
     if metric_bounds(key.rpartition(":")[2]) == PROPORTION:
         return PRACTICAL_ABSOLUTE
     return PRACTICAL_RELATIVE * abs(baseline_mean) if math.isfinite(baseline_mean) else math.nan
+
+
+def equivalence_margin(key: str, baseline_mean: float, margin: float = EQUIVALENCE_MARGIN) -> float:
+    """``margin`` in ``key``'s units: as it is on accuracies and shares (a proportion's scale is 1),
+    and as a share of the baseline's mean elsewhere. Tokens, KL, seconds and rewards (whose scale the
+    reward functions and weights set) have no scale of their own, so the baseline gives it; as with
+    ``practical_threshold``, one rule for every metric."""
+    if metric_bounds(key.rpartition(":")[2]) == PROPORTION:
+        return margin
+    return margin * abs(baseline_mean) if math.isfinite(baseline_mean) else math.nan
 
 
 def paired_differences(arm: Arm, baseline: Arm, key: str) -> list[float]:
@@ -99,23 +119,27 @@ def pairs_text(effect: Effect) -> str:
     return f"{effect.n} of {effect.pairs.total} ({reasons})"
 
 
-def baseline_effects(arms: Sequence[Arm], baseline: Arm, key: str, direction: int,
-                     confidence: float = 0.95, label: str | None = None) -> list[Effect]:  # fmt: skip
+def baseline_effects(arms: Sequence[Arm], baseline: Arm, key: str, direction: int, confidence: float = 0.95,
+                     label: str | None = None, margin: float = EQUIVALENCE_MARGIN) -> list[Effect]:  # fmt: skip
     """One ``Effect`` per arm other than ``baseline`` that logged ``key``; Holm's correction runs
-    over these arms. ``label``: the metric's name in the reasons a seed is no pair (default ``key``)."""
+    over these arms, for the paired test and for the equivalence test within ``margin`` (see
+    ``equivalence_margin``). ``label``: the metric's name in the reasons a seed is no pair (default ``key``)."""
     others = [a for a in arms if a.name != baseline.name and a.finals(key)]
     base_mean = seed_interval(baseline.finals(key), confidence)[0]
     threshold = practical_threshold(key, base_mean)
+    bound = equivalence_margin(key, base_mean, margin)
     effects = []
     for arm in others:
         d = paired_differences(arm, baseline, key)
         mean, low, high = seed_interval(d, confidence)
         t, p = paired_test(d)
         effects.append(Effect(arm.name, baseline.name, key, len(d), mean, low, high, standardised_effect(d), t, p,
-                              math.nan, math.nan, threshold, "", d, paired_seeds(arm, baseline, key, label or key)))  # fmt: skip
+                              math.nan, math.nan, threshold, "", d, paired_seeds(arm, baseline, key, label or key), bound))  # fmt: skip
     family = max(1, sum(1 for e in effects if math.isfinite(e.p)))
-    for effect, adjusted in zip(effects, holm([e.p for e in effects])):
+    equivalence = holm([equivalence_test(e.differences, bound) for e in effects])
+    for effect, adjusted, adjusted_equivalence in zip(effects, holm([e.p for e in effects]), equivalence):
         effect.p_holm = adjusted
+        effect.p_equivalence_holm = adjusted_equivalence
         sd = float(np.std(effect.differences, ddof=1)) if effect.n > 1 else math.nan
         # at the level Holm's first step uses: a difference this large is found whatever its rank
         effect.mde = minimum_detectable_effect(sd, effect.n, ALPHA / family) if math.isfinite(effect.p) else math.nan
@@ -124,18 +148,25 @@ def baseline_effects(arms: Sequence[Arm], baseline: Arm, key: str, direction: in
 
 
 def verdict(effect: Effect, direction: int) -> str:
-    """"better" or "worse" (``direction`` +1: higher is better, -1: lower is; 0: "higher" or
-    "lower"), only over at least ``MIN_PAIRED_SEEDS`` pairs, when the Holm-corrected paired test
-    rejects and the difference reaches the practical threshold; otherwise why not. Never "tie": no
-    difference found is not no difference."""
+    """Over at least ``MIN_PAIRED_SEEDS`` pairs: "better" or "worse" (``direction`` +1: higher is
+    better, -1: lower is; 0: "higher" or "lower") when the Holm-corrected paired test rejects and the
+    difference reaches the practical threshold ("below the practical threshold" when it does not);
+    else "equivalent (±margin)" when the Holm-corrected equivalence test rejects a difference of the
+    margin or more; else "undetermined (MDE ...)": no difference found is not no difference."""
     if effect.n < MIN_PAIRED_SEEDS:
         return f"too few seeds (n={effect.n}; {MIN_PAIRED_SEEDS} needed)"
     if all(d == 0 for d in effect.differences):
         return "identical at every seed"
     if not math.isfinite(effect.p):
         return f"no test: the difference is {fmt_metric(effect.differences[0], effect.key)} at every seed"
-    if effect.p_holm >= ALPHA:
-        return f"not distinguishable (MDE {fmt(effect.mde, 2)})"
+    if effect.p_holm < ALPHA:
+        return _difference_verdict(effect, direction)
+    if effect.p_equivalence_holm < ALPHA:
+        return f"equivalent (±{fmt(effect.margin, 2)})"
+    return f"undetermined (MDE {fmt(effect.mde, 2)})"
+
+
+def _difference_verdict(effect: Effect, direction: int) -> str:
     if math.isfinite(effect.threshold) and abs(effect.mean) < effect.threshold:
         return f"below the practical threshold ({fmt(effect.threshold, 2)})"
     up = effect.mean > 0
@@ -213,39 +244,41 @@ def same_scale(configs: Mapping[str, Mapping[str, str]], arm: str, baseline: str
     return [k for k in keys if mine.get(k, "—") != theirs.get(k, "—")]
 
 
-def comparison_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence: float,
-                       wall_clock_caveat: str | None, configs: Mapping[str, Mapping[str, str]]) -> None:  # fmt: skip
+def comparison_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence: float, wall_clock_caveat: str | None,
+                       configs: Mapping[str, Mapping[str, str]], margin: float = EQUIVALENCE_MARGIN) -> None:  # fmt: skip
     doc.h(2, f"Effects against the baseline ({user_text(baseline.name)})")
     doc.p(
         f"Each arm minus **{user_text(baseline.name)}** at every seed both ran: the mean difference [{confidence:.0%} t-interval], "
         "Cohen's d_z (mean / standard deviation of the differences), the paired t-test's p and Holm's correction "
-        f"over the arms compared, and the minimum detectable effect (MDE) at 80% power. Differences below "
-        f"{PRACTICAL_ABSOLUTE:g} on accuracies and shares, or below {PRACTICAL_RELATIVE:.0%} of the baseline's mean "
-        "elsewhere, are not called better or worse. The interval is for one comparison; the verdict "
-        "follows the Holm-corrected p, so with many arms an interval can miss 0 while the verdict is not "
-        "distinguishable. See Method for the formulas."
+        "over the arms compared, the equivalence test's p (TOST, Holm-corrected) and the minimum detectable "
+        f"effect (MDE) at 80% power. Differences below {PRACTICAL_ABSOLUTE:g} on accuracies and shares, or below "
+        f"{PRACTICAL_RELATIVE:.0%} of the baseline's mean elsewhere, are not called better or worse; an arm is "
+        f"equivalent when the test shows its difference within ±{margin:g} on accuracies and shares, or "
+        f"±{margin * 100:g}% of the baseline's mean elsewhere; otherwise it is undetermined. The interval is for one "
+        "comparison; the verdict follows the Holm-corrected p, so with many arms an interval can miss 0 while "
+        "the verdict is undetermined. See Method for the formulas."
     )
     if len(arms) < 2:
         doc.p("Only one arm: nothing to compare.")
         return
-    header = ["arm", "seeds", "difference", "d_z", "p", "p (Holm)", "MDE", "verdict"]
+    header = ["arm", "seeds", "difference", "d_z", "p", "p (Holm)", "p TOST (Holm)", "MDE", "verdict"]
     for number, (key, label, direction) in enumerate(SUMMARY_METRICS):
         if wall_clock_caveat and key in WALL_CLOCK_METRICS:
             continue
         compared = comparable_arms(arms, baseline, key, configs)
-        effects = baseline_effects(compared, baseline, key, direction, confidence, label)
+        effects = baseline_effects(compared, baseline, key, direction, confidence, label, margin)
         left_out = [a.name for a in arms if a not in compared]
         if (not effects and not left_out) or not baseline.finals(key):
             continue
         rows = [[f"**{user_text(e.arm)}**", pairs_text(e), difference_text(e), fmt(e.effect_size, 3), fmt_p(e.p), fmt_p(e.p_holm),
-                 fmt(e.mde), e.verdict] for e in effects]  # fmt: skip
+                 fmt_p(e.p_equivalence_holm), fmt(e.mde), e.verdict] for e in effects]  # fmt: skip
         title = f"{label} ({user_text(baseline.name)}: {fmt_metric(baseline.interval(key, confidence)[0], key)})"
         note = f"Not compared (other reward functions): {', '.join(map(user_text, left_out))}." if left_out else ""
         body = doc if number == 0 else Doc()
         if number == 0:
             doc.h(3, title)
         if rows:
-            body.table(header, rows, "lrrrrrrl")
+            body.table(header, rows, "lrrrrrrrl")
         if note:
             body.p(note)
         if number != 0:

@@ -1,5 +1,5 @@
 """The summary paragraph: each arm against the baseline on the metrics of ``SUMMARY_METRICS``, in
-the words the paired tests allow ("better", "worse", "not distinguishable (MDE ...)"), with the
+the words the paired tests allow ("better", "worse", "equivalent (±...)", "undetermined (MDE ...)"), with the
 generated tokens each arm spent beside its effect, and the flags a reader must see first."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import numpy as np
 
 from grpo_lightning.report.arms import SMOOTHING_STEPS, UNFINISHED, Arm, diverged, seed_order
 from grpo_lightning.report.sections.comparisons import (
+    EQUIVALENCE_MARGIN,
     MIN_PAIRED_SEEDS,
     Effect,
     baseline_effects,
@@ -21,7 +22,7 @@ from grpo_lightning.report.sections.comparisons import (
     identical_arms,
 )
 from grpo_lightning.report.render.document import user_text
-from grpo_lightning.report.render.formatting import UNITS, fmt, fmt_metric, fmt_p
+from grpo_lightning.report.render.formatting import UNITS, fmt, fmt_metric, p_phrase
 from grpo_lightning.report.metrics import FINAL_METRICS, SUMMARY_METRICS, WALL_CLOCK_METRICS
 
 #: The metric whose cost is named beside each effect.
@@ -30,9 +31,10 @@ COST_KEY = "perf/generated_tokens"
 
 def summary_paragraph(arms: Sequence[Arm], baseline: Arm | None = None, confidence: float = 0.95,
                       wall_clock_caveat: str | None = None,
-                      configs: Mapping[str, Mapping[str, str]] | None = None) -> str:  # fmt: skip
+                      configs: Mapping[str, Mapping[str, str]] | None = None, margin: float = EQUIVALENCE_MARGIN) -> str:  # fmt: skip
     """One sentence per metric of ``SUMMARY_METRICS``; ``wall_clock_caveat`` (why wall-clock
-    times mean little on this machine) replaces the comparison of wall-clock metrics."""
+    times mean little on this machine) replaces the comparison of wall-clock metrics; ``margin``:
+    the equivalence margin (see ``comparisons.equivalence_margin``)."""
     if not arms:
         return "No finished runs."
     baseline = baseline or arms[0]
@@ -49,7 +51,7 @@ def summary_paragraph(arms: Sequence[Arm], baseline: Arm | None = None, confiden
             continue
         compared = comparable_arms(arms, baseline, key, configs or {})
         left_out = [a.name for a in arms if a not in compared]
-        sentence = metric_sentence(compared, baseline, key, label, direction, confidence) if len(compared) > 1 else ""
+        sentence = metric_sentence(compared, baseline, key, label, direction, confidence, margin) if len(compared) > 1 else ""
         if left_out:
             sentence += (f" The {label} of {', '.join(f'**{user_text(n)}**' for n in left_out)} is not compared with "
                          f"**{user_text(baseline.name)}**'s: other reward functions, so another scale.")  # fmt: skip
@@ -62,9 +64,10 @@ def summary_paragraph(arms: Sequence[Arm], baseline: Arm | None = None, confiden
     return " ".join(parts)
 
 
-def metric_sentence(arms: Sequence[Arm], baseline: Arm, key: str, label: str, direction: int, confidence: float) -> str:
+def metric_sentence(arms: Sequence[Arm], baseline: Arm, key: str, label: str, direction: int, confidence: float,
+                    margin: float = EQUIVALENCE_MARGIN) -> str:  # fmt: skip
     """``On final val/accuracy (grpo 0.24): **dapo** better (+0.05 [0.01, 0.09], p = 0.01, 2x the tokens); ...``"""
-    effects = baseline_effects(arms, baseline, key, direction, confidence, label)
+    effects = baseline_effects(arms, baseline, key, direction, confidence, label, margin)
     if not effects or not baseline.finals(key):
         return ""
     unit = UNITS.get(key, "")
@@ -75,15 +78,18 @@ def metric_sentence(arms: Sequence[Arm], baseline: Arm, key: str, label: str, di
 
 
 def effect_phrase(effect: Effect, arms: Sequence[Arm], baseline: Arm, key: str) -> str:
-    """``**dapo** +0.07 [0.04, 0.11], better (Holm p = 0.0163); 1.99x the tokens``; ``**dapo** (4 pairs
-    of 5 seeds) ...`` where some seed is no pair."""
+    """``**dapo** +0.07 [0.04, 0.11], better (Holm p = 0.0163); 1.99x the tokens``; ``**rloo** +0.003
+    [-0.008, 0.014], equivalent (±0.02) (TOST, Holm p = 0.0021)``; ``**dapo** (4 pairs of 5 seeds) ...``
+    where some seed is no pair."""
     pairs = (f"({effect.n} pair{'s' if effect.n != 1 else ''} of {effect.pairs.total} seeds) "
              if effect.pairs and effect.pairs.excluded else "")  # fmt: skip
     # the difference is in the verdict's own words where there is no test, unless too few seeds stopped it
     shown = math.isfinite(effect.p) or (effect.n < MIN_PAIRED_SEEDS and math.isfinite(effect.mean))
     text = f"**{user_text(effect.arm)}** " + pairs + (f"{difference_text(effect)}, " if shown else "") + effect.verdict
     if effect.verdict in ("better", "worse", "higher", "lower") or effect.verdict.startswith("below"):
-        text += f" (Holm p {'< 0.0001' if effect.p_holm < 1e-4 else '= ' + fmt_p(effect.p_holm)})"
+        text += f" (Holm p {p_phrase(effect.p_holm)})"
+    elif effect.verdict.startswith("equivalent"):
+        text += f" (TOST, Holm p {p_phrase(effect.p_equivalence_holm)})"
     cost = cost_text(next(a for a in arms if a.name == effect.arm), baseline) if key != COST_KEY else ""
     return text + (f"; {cost}" if cost else "")
 
