@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,17 +103,17 @@ def _inside_data_folder(path: Path, sweep_dir: Path) -> bool:
     return any((parent / DATA_MARKER).is_file() for parent in path.parents if parent != sweep_dir and sweep_dir in parent.parents)
 
 
-def log_file(directory: Path, name: str) -> Path | None:
-    """The file ``name`` a run wrote beside its logs: in the cell folder, else in the folder of its
-    TensorBoard event files; None when the run has none."""
+def log_file(directory: Path, name: str, exists: Callable[[Path], bool] = Path.is_file) -> Path | None:
+    """The file ``name`` a run wrote beside its logs (a folder with ``exists=Path.is_dir``): in the
+    cell folder, else in the folder of its TensorBoard event files; None when the run has none."""
     directory = Path(directory)
-    if (directory / name).is_file():
+    if exists(directory / name):
         return directory / name
     try:
         events = event_directory(directory)
     except (FileNotFoundError, ValueError):
         return None
-    return events / name if (events / name).is_file() else None
+    return events / name if exists(events / name) else None
 
 
 # ---------------------------------------------------------------------------- configuration tables

@@ -10,21 +10,13 @@ from pathlib import Path
 
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.evaluation.outcomes import OUTCOMES_FOLDER, PromptOutcomes, read_outcomes
-from grpo_lightning.report.cells import CellInfo
-from grpo_lightning.report.runs import event_directory
+from grpo_lightning.report.cells import CellInfo, log_file
 
 
 def outcomes_folder(directory: Path) -> Path | None:
-    """The ``outcomes/`` folder a run wrote beside its logs: in the cell folder, else in the folder
-    of its TensorBoard event files; None when the run has none."""
-    directory = Path(directory)
-    if (directory / OUTCOMES_FOLDER).is_dir():
-        return directory / OUTCOMES_FOLDER
-    try:
-        events = event_directory(directory)
-    except (FileNotFoundError, ValueError):
-        return None
-    return events / OUTCOMES_FOLDER if (events / OUTCOMES_FOLDER).is_dir() else None
+    """The ``outcomes/`` folder a run wrote beside its logs (:func:`~grpo_lightning.report.cells.log_file`);
+    None when the run has none."""
+    return log_file(directory, OUTCOMES_FOLDER, exists=Path.is_dir)
 
 
 def copy_outcomes(directory: Path, target: Path) -> None:
