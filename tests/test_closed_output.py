@@ -99,11 +99,15 @@ def test_the_other_console_scripts_guard_their_streams_before_any_work(entry, ar
     """``grpo-lightning-quickstart`` and ``grpo-lightning-ablate`` put the guard on first, as the CLI does
     (here each stops at once on an argument it refuses)."""
     import importlib
+    import logging
 
     from grpo_lightning import closed_output
 
     guarded = []
     monkeypatch.setattr(closed_output, "guard_standard_streams", lambda: guarded.append(True))
+    # the sweep's main configures the root logger with this test's captured stderr: undone after the test
+    monkeypatch.setattr(logging.root, "handlers", list(logging.root.handlers))
+    monkeypatch.setattr(logging.root, "level", logging.root.level)
     module, name = entry.split(":")
     monkeypatch.setattr(sys, "argv", ["prog", *argv])
     with pytest.raises(SystemExit):
