@@ -20,10 +20,11 @@ from grpo_lightning.rewards.scoring import completion_text
 PromptAnswers = tuple[Hashable, list[Hashable]]
 
 
-def answer_key(completion: Any) -> Hashable:
+def answer_key(completion: Any, voted: Hashable | None = None) -> Hashable:
     """A completion's answer: its extracted answer (:func:`~grpo_lightning.rewards.consistency.vote`:
-    numbers compare as numbers), else its whole text with the whitespace collapsed."""
-    answer = vote(completion)
+    numbers compare as numbers; ``voted``, where its vote was already taken), else its whole text with
+    the whitespace collapsed."""
+    answer = vote(completion) if voted is None else voted
     return answer if answer is not None else " ".join(completion_text(completion).split())
 
 
@@ -33,13 +34,15 @@ def reference_key(reference: Any) -> Hashable:
     return number if number is not None else " ".join(str(reference).lower().split())
 
 
-def prompt_answers(references: Sequence[Any], completions: Sequence[Any], samples: int) -> list[PromptAnswers]:
+def prompt_answers(
+    references: Sequence[Any], completions: Sequence[Any], samples: int, votes: Sequence[Hashable | None] = ()
+) -> list[PromptAnswers]:
     """Per prompt, ``(reference key, [answer key of each of its samples completions])``: ``references``
-    and ``completions`` hold one entry per completion, ``samples`` per prompt in a row."""
-    return [
-        (reference_key(references[start]), [answer_key(c) for c in completions[start : start + samples]])
-        for start in range(0, len(completions), samples)
-    ]
+    and ``completions`` hold one entry per completion, ``samples`` per prompt in a row; ``votes``, each
+    completion's :func:`~grpo_lightning.rewards.consistency.vote` where the caller took them already."""
+    voted = list(votes) or [None] * len(completions)
+    keys = [answer_key(completion, answer) for completion, answer in zip(completions, voted)]
+    return [(reference_key(references[start]), keys[start : start + samples]) for start in range(0, len(keys), samples)]
 
 
 def top_share(values: Sequence[Hashable]) -> float:

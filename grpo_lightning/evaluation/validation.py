@@ -109,13 +109,15 @@ class Evaluation:
         rollout = self.generate(batch, samples, self.val_sampling)
         self.score(rollout)
         correct, rewards = self.accuracy_scores(rollout).view(-1, samples).cpu(), rollout.rewards.view(-1, samples).cpu()
-        votes = [vote(c) for c in rollout.completions] if samples > 1 else []
-        per_prompt = prompt_metrics(correct, rewards, rollout.lengths.view(-1, samples).cpu(), votes)
+        references = rollout.columns.get("answer")
+        votes = [vote(c) for c in rollout.completions] if samples > 1 or references is not None else []
+        lengths = rollout.lengths.view(-1, samples).cpu()
+        per_prompt = prompt_metrics(correct, rewards, lengths, votes if samples > 1 else [])
         self._evaluated.setdefault(dataloader_idx, []).append(per_prompt)
         hashes = [prompt_hash(prompt) for prompt in batch["prompt"]]
         self._outcomes.setdefault(dataloader_idx, []).append((hashes, rewards, correct))
-        if "answer" in rollout.columns:
-            answers = prompt_answers(rollout.columns["answer"], rollout.completions, samples)
+        if references is not None:
+            answers = prompt_answers(references, rollout.completions, samples, votes)
             self._answers.setdefault(dataloader_idx, []).extend(answers)
 
     def on_validation_epoch_end(self) -> None:
