@@ -13,7 +13,13 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from grpo_lightning.data.datamodule import PromptDataModule, require_at_least
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.rewards.reasoning_gym import entry_to_json, import_reasoning_gym, reasoning_gym_reward
+from grpo_lightning.rewards.reasoning_gym import (
+    UNTAGGED_ANSWERS,
+    entry_to_json,
+    import_reasoning_gym,
+    reasoning_gym_correct,
+    reasoning_gym_reward,
+)
 from grpo_lightning.training.argument_types import check_argument_types
 
 #: reasoning-gym seeds problem ``i`` from ``seed + i``: validation starts this far from training's seed.
@@ -57,10 +63,12 @@ def make_reasoning_gym_dataset(
     seed: int = 0,
     chat: bool = True,
     system_prompt: str | None = "default",
+    untagged_answer: str = "whole",
 ) -> DatasetDict:
     """``train``/``validation`` splits of ``task``'s problems with columns ``prompt``, ``answer``
-    (reasoning-gym's reference), ``entry`` (the problem and its metadata, JSON), ``task`` and
-    ``task_config`` (JSON). No validation prompt is a training prompt; the result depends only on
+    (reasoning-gym's reference), ``entry`` (the problem and its metadata, JSON), ``task``,
+    ``task_config`` (JSON) and ``untagged_answer`` (what the scorer reads of an answer without
+    ``<answer>`` tags, :func:`grpo_lightning.rewards.reasoning_gym.answer_of`). No validation prompt is a training prompt; the result depends only on
     the arguments."""
     config = dict(task_config or {})
     train = list(create_task(task, config, seed, num_train))
@@ -73,6 +81,7 @@ def make_reasoning_gym_dataset(
             "entry": [_entry_json(task, e) for e in entries],
             "task": [task] * len(entries),
             "task_config": [json.dumps(config, sort_keys=True)] * len(entries),
+            "untagged_answer": [untagged_answer] * len(entries),
         })  # fmt: skip
 
     return DatasetDict({"train": rows(train), "validation": rows(validation)})
@@ -121,6 +130,9 @@ class ReasoningGymDataModule(PromptDataModule):
         system_prompt: One of reasoning-gym's system prompts by name (``"default"`` asks for the
             answer in ``<answer>`` tags; ``"DeepSeekZero"``, ``"simple"``, ``"direct"``,
             ``"chain_of_draft"``), other text as it is, or ``None`` for the question alone.
+        untagged_answer: What is scored of a completion without ``<answer>`` tags: ``"whole"`` (the
+            completion, reasoning-gym's rule) or ``"last_number"`` (its last number: for a small
+            model that answers "The answer is 12." on a numeric task, where format is not the skill).
         **kwargs: Arguments of :class:`PromptDataModule` (batch sizes, shuffle seed, ...).
     """
 
@@ -133,12 +145,15 @@ class ReasoningGymDataModule(PromptDataModule):
         task_seed: int = 0,
         chat: bool = True,
         system_prompt: str | None = "default",
+        untagged_answer: str = "whole",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         check_argument_types(ReasoningGymDataModule, locals(), field="data.", cli="--data.")
         require_at_least("num_train", num_train, 1)
         require_at_least("num_val", num_val, 0)
+        if untagged_answer not in UNTAGGED_ANSWERS:
+            raise ConfigError(f"data.untagged_answer={untagged_answer!r}: give one of {', '.join(UNTAGGED_ANSWERS)}.")
         self.task = task
         self.task_config = dict(task_config or {})
         create_task(task, self.task_config, task_seed, num_train)  # a wrong name or option fails here
@@ -147,10 +162,12 @@ class ReasoningGymDataModule(PromptDataModule):
         self.task_seed = task_seed
         self.chat = chat
         self.system_prompt = system_prompt
+        self.untagged_answer = untagged_answer
 
     def load(self) -> DatasetDict:
         return make_reasoning_gym_dataset(
-            self.task, self.task_config, self.num_train, self.num_val, self.task_seed, self.chat, self.system_prompt
+            self.task, self.task_config, self.num_train, self.num_val, self.task_seed, self.chat, self.system_prompt,
+            self.untagged_answer,
         )
 
     def setup(self, stage: str | None = None) -> None:
@@ -166,8 +183,8 @@ def warn_unless_scored_by_reasoning_gym(module: Any, task: str) -> None:
     fixes, rewards = [], getattr(module, "reward_functions", None)
     if rewards is not None and all(function is not reasoning_gym_reward for _, function in rewards):
         fixes.append(f"--model.rewards.funcs '[{scorer}]'")
-    if getattr(module, "accuracy_function", (None, reasoning_gym_reward))[1] is not reasoning_gym_reward:
-        fixes.append(f"--model.evaluation.accuracy_func {scorer}")
+    if getattr(module, "accuracy_function", (None, reasoning_gym_reward))[1] not in (reasoning_gym_reward, reasoning_gym_correct):
+        fixes.append(f"--model.evaluation.accuracy_func {scorer.replace('reward', 'correct')}")
     if fixes:
         rank_zero_warn(
             f"data: task {task!r} is not scored by its own scorer in {' nor '.join(f.split()[0] for f in fixes)}; "

@@ -13,7 +13,7 @@ from grpo_lightning.rewards.sandbox.execution import (
 )
 from grpo_lightning.rewards.format import r1_format_reward, reasoning_length_reward
 from grpo_lightning.rewards.process import ProcessRewardModel, answer_prefix_steps
-from grpo_lightning.rewards.reasoning_gym import reasoning_gym_reward
+from grpo_lightning.rewards.reasoning_gym import reasoning_gym_correct, reasoning_gym_reward
 from grpo_lightning.rewards.reward_model import RewardModel
 from grpo_lightning.rewards.scoring import (
     RewardFunctionError,
@@ -42,6 +42,7 @@ __all__ = [
     "majority_answer",
     "majority_vote_reward",
     "r1_format_reward",
+    "reasoning_gym_correct",
     "reasoning_gym_reward",
     "reasoning_length_reward",
     "resolve_reward_function",

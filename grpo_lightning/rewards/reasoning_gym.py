@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from types import ModuleType
 from typing import Any
 
@@ -57,26 +58,46 @@ def task_scorer(task: str, task_config: str) -> Any:
     return import_reasoning_gym().create_dataset(task, **json.loads(task_config))
 
 
-def answer_of(completion: Any) -> str:
+#: What is scored of a completion without ``<answer>`` tags (``data.untagged_answer``).
+UNTAGGED_ANSWERS = ("whole", "last_number")
+#: A number as written in an answer: a sign, digits with thousands separators, decimals.
+NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")
+
+
+def answer_of(completion: Any, untagged: str = "whole") -> str:
     """What reasoning-gym scores: the last ``<answer>...</answer>`` of the completion (its own
-    extraction), else the whole completion, stripped."""
+    extraction); without tags, the whole completion stripped (``"whole"``, reasoning-gym's rule) or
+    its last number without thousands separators (``"last_number"``; the whole text if it has none)."""
     text = completion_text(completion)
     tagged = import_reasoning_gym().utils.extract_answer(text)
-    return text.strip() if tagged is None else tagged
+    if tagged is not None:
+        return tagged
+    numbers = NUMBER.findall(text) if untagged == "last_number" else []
+    return numbers[-1].replace(",", "") if numbers else text.strip()
 
 
 def reasoning_gym_reward(
     prompts: list[Any], completions: list[Any], entry: list[str | None], task: list[str], task_config: list[str],
-    **kwargs: Any,
+    untagged_answer: list[str] | None = None, **kwargs: Any,
 ) -> list[float | None]:
-    """The task's ``score_answer`` of each completion's answer (:func:`answer_of`), in ``[0, 1]``;
-    ``None`` for a row without an ``entry``."""
+    """The task's ``score_answer`` of each completion's answer (:func:`answer_of`, with the row's
+    ``untagged_answer``), in ``[0, 1]`` (some tasks give partial credit: 0.01 for a wrong answer,
+    a share for a close one); ``None`` for a row without an ``entry``."""
     if not len(entry) == len(task) == len(task_config) == len(completions):
         raise ValueError(
             f"got {len(entry)} entries, {len(task)} tasks and {len(task_config)} task configs for "
             f"{len(completions)} completions; pass one of each per completion."
         )
     return [
-        None if row is None else float(task_scorer(name, config).score_answer(answer_of(completion), entry_from_json(row)))
-        for completion, row, name, config in zip(completions, entry, task, task_config)
+        None if row is None else float(task_scorer(name, config).score_answer(answer_of(completion, untagged), entry_from_json(row)))
+        for completion, row, name, config, untagged in zip(
+            completions, entry, task, task_config, untagged_answer or ["whole"] * len(completions)
+        )
     ]
+
+
+def reasoning_gym_correct(prompts: list[Any], completions: list[Any], **columns: Any) -> list[float | None]:
+    """1.0 where the task's scorer gives full marks (:func:`reasoning_gym_reward` at least 1), else
+    0.0: exact correctness, without the partial credit, for ``val/accuracy``, pass@k and maj@n."""
+    scores = reasoning_gym_reward(prompts, completions, **columns)
+    return [None if score is None else float(score >= 1.0) for score in scores]

@@ -13,7 +13,7 @@ from grpo_lightning.cli.app import GRPOLightningCLI  # noqa: E402
 from grpo_lightning.cli.resources import config_dir  # noqa: E402
 from grpo_lightning.data import ReasoningGymDataModule, make_reasoning_gym_dataset  # noqa: E402
 from grpo_lightning.errors import ConfigError  # noqa: E402
-from grpo_lightning.rewards import reasoning_gym_reward  # noqa: E402
+from grpo_lightning.rewards import reasoning_gym_correct, reasoning_gym_reward  # noqa: E402
 from grpo_lightning.rewards.reasoning_gym import entry_from_json  # noqa: E402
 
 CONFIGS = config_dir()
@@ -63,6 +63,15 @@ def test_chat_prompts_are_the_system_prompt_then_the_question_and_plain_ones_tex
     assert bare["train"][0]["prompt"] == question
 
 
+def test_rows_carry_how_an_untagged_answer_is_read_and_a_wrong_value_is_an_error():
+    rows = make_reasoning_gym_dataset("chain_sum", num_train=2, num_val=1, untagged_answer="last_number")["train"]
+    assert rows["untagged_answer"] == ["last_number", "last_number"]
+    columns = {key: rows[key] for key in ("entry", "task", "task_config", "untagged_answer")}
+    assert reasoning_gym_correct(rows["prompt"], [f"It is {a}." for a in rows["answer"]], **columns) == [1.0, 1.0]
+    with pytest.raises(ConfigError, match=r"data.untagged_answer='last': give one of whole, last_number"):
+        ReasoningGymDataModule("chain_sum", num_train=2, num_val=1, untagged_answer="last")
+
+
 def test_an_unknown_task_is_an_error_suggesting_the_nearest():
     with pytest.raises(ConfigError, match=r"data.task='chain_summ' is not a reasoning-gym task; did you mean chain_sum"):
         ReasoningGymDataModule(task="chain_summ")
@@ -98,7 +107,7 @@ def test_a_cli_fit_on_its_config_trains_and_validates_with_reasoning_gyms_scorer
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.global_step == 2
     assert not [w for w in caught if "not scored by its own scorer" in str(w.message)]
-    assert cli.model.accuracy_function[1] is reasoning_gym_reward
+    assert cli.model.accuracy_function[1] is reasoning_gym_correct
     assert [function for _, function in cli.model.reward_functions] == [reasoning_gym_reward]
     assert "val/accuracy" in cli.trainer.callback_metrics
 
@@ -114,5 +123,5 @@ def test_a_run_scoring_the_task_otherwise_is_warned_of_with_both_options(tiny_mo
     ]  # fmt: skip
     cli = GRPOLightningCLI(args=args, run=False)  # accuracy_reward for the rewards and val/accuracy
     with pytest.warns(UserWarning, match=r"task 'chain_sum' is not scored by its own scorer in --model.rewards.funcs "
-                                         r"nor --model.evaluation.accuracy_func; give .*reasoning_gym_reward"):
+                                         r"nor --model.evaluation.accuracy_func; give .*reasoning_gym_reward.*reasoning_gym_correct"):
         cli.trainer.validate(cli.model, datamodule=cli.datamodule)

@@ -9,7 +9,7 @@ import pytest
 
 reasoning_gym = pytest.importorskip("reasoning_gym", reason="needs the reasoning extra (pip install 'grpo-lightning[reasoning]')")
 
-from grpo_lightning.rewards import reasoning_gym_reward  # noqa: E402
+from grpo_lightning.rewards import reasoning_gym_correct, reasoning_gym_reward  # noqa: E402
 from grpo_lightning.rewards.reasoning_gym import entry_from_json, entry_to_json  # noqa: E402
 
 
@@ -62,3 +62,34 @@ def test_entries_keep_their_tuples_through_json():
     """arc_agi's scorer compares grids as tuples of tuples: JSON's lists would never equal them."""
     entry = {"answer": "1 2", "metadata": {"output": ((1, 2), (3, 4)), "sizes": [(1,), {"k": (2,)}], "n": None}}
     assert entry_from_json(entry_to_json(entry)) == entry
+
+
+def test_without_tags_last_number_scores_the_completions_last_number():
+    given = columns("chain_sum", 3)
+    first, second, third = given["answers"]
+    completions = [f"The answer is {first}.", f"{int(second) + 7} minus 7 is {second}", f"<answer>{third}</answer> not 5"]
+    rows = {key: given[key] for key in ("entry", "task", "task_config")}
+    last = reasoning_gym_reward(["?"] * 3, completions, **rows, untagged_answer=["last_number"] * 3)
+    assert last == [1.0, 1.0, 1.0]
+    assert score(completions, given)[0] < 1.0  # reasoning-gym's rule scores the whole text
+
+
+def test_last_number_drops_thousands_separators_and_keeps_the_sign_and_decimals():
+    from grpo_lightning.rewards.reasoning_gym import answer_of
+
+    assert answer_of("so 12 + 1,234 = 1,246.", "last_number") == "1246"
+    assert answer_of("it is -3.5 degrees", "last_number") == "-3.5"
+    assert answer_of("no digits here ", "last_number") == "no digits here"
+    assert answer_of("x = 4 <answer> 5 </answer>", "last_number") == "5"
+
+
+def test_correct_is_full_marks_only():
+    """gcd gives partial credit to an answer that contains the right one ("3.0" for 3: len 1/3);
+    correctness does not."""
+    given = columns("gcd", 2)
+    rows = {key: given[key] for key in ("entry", "task", "task_config")}
+    completions = [f"<answer>{given['answers'][0]}</answer>", f"<answer>{given['answers'][1]}.0</answer>"]
+    partial = reasoning_gym_reward(["?"] * 2, completions, **rows)
+    assert partial == [1.0, pytest.approx(len(given["answers"][1]) / (len(given["answers"][1]) + 2))]
+    assert reasoning_gym_correct(["?"] * 2, completions, **rows) == [1.0, 0.0]
+    assert reasoning_gym_correct(["?"], ["1"], **{**{k: v[:1] for k, v in rows.items()}, "entry": [None]}) == [None]
