@@ -40,7 +40,9 @@ PRELOAD = ("grpo_lightning.cli.app", "variants")
 CLI_MODULE = ("-m", "grpo_lightning.cli")
 #: Variables a sweep sets per cell; any other difference from the server's environment starts a new
 #: server, since a library may read it while it is imported.
-PER_CELL_VARIABLES = frozenset({"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONUNBUFFERED"})
+PER_CELL_VARIABLES = frozenset({
+    "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONUNBUFFERED", "GRPO_LIGHTNING_CUDA_MEMORY_FRACTION",
+})  # fmt: skip
 
 _current: CellServer | None = None
 _server_lock = threading.Lock()

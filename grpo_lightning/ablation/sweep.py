@@ -114,6 +114,18 @@ def _devices(gpus: Any) -> list[str]:
     return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU")]
 
 
+#: The share of its card's memory a cell may allocate (``torch.cuda.set_per_process_memory_fraction``),
+#: set where several cells share a card, so that one cell's growth fails that cell, not its neighbours.
+MEMORY_FRACTION_ENV = "GRPO_LIGHTNING_CUDA_MEMORY_FRACTION"
+#: Of each card, what the cells' caps leave to CUDA contexts and the allocator's slack.
+CARD_RESERVE = 0.05
+
+
+def memory_fraction(parallel: int, devices: int) -> float:
+    """Each cell's share of its card when ``parallel`` cells run on ``devices`` cards round-robin."""
+    return (1.0 - CARD_RESERVE) / -(-parallel // devices)
+
+
 def _threads_per_cell(threads: Any, parallel: int, on_gpus: bool) -> int | None:
     """CPU threads of each cell's torch: ``auto`` shares the cores among parallel CPU cells
     (oversubscribed torch threads spin and slow every cell down); ``None`` leaves torch's default."""
@@ -225,6 +237,8 @@ def local_slot(spec: SweepSpec, index: int) -> Iterator[dict[str, str]]:
                 continue
             try:
                 env = {"CUDA_VISIBLE_DEVICES": devices[slot % len(devices)]} if devices else {}
+                if devices and spec.parallel > len(devices):  # cells share a card: each gets its part
+                    env[MEMORY_FRACTION_ENV] = f"{memory_fraction(spec.parallel, len(devices)):.4f}"
                 if threads is not None:
                     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
                 yield env

@@ -361,6 +361,7 @@ def main(args: Sequence[str] | None = None, *, report_errors: bool | None = None
         sys.argv[1:] = argv
     else:
         args = argv
+    cap_cuda_memory()
     try:
         with expected_warnings_silenced():
             GRPOLightningCLI(args=args, raise_parse_errors=not verbose)
@@ -368,6 +369,21 @@ def main(args: Sequence[str] | None = None, *, report_errors: bool | None = None
         _report(error, verbose, parsing=not getattr(error, "_raised_by_subcommand", False))
         raise
     leave_process_group()
+
+
+MEMORY_FRACTION_ENV = "GRPO_LIGHTNING_CUDA_MEMORY_FRACTION"
+
+
+def cap_cuda_memory() -> None:
+    """Hold this process to the share of its card in ``GRPO_LIGHTNING_CUDA_MEMORY_FRACTION`` (an
+    ablation sweep sets it where cells share a card): past it an allocation fails in this process."""
+    share = os.environ.get(MEMORY_FRACTION_ENV, "").strip()
+    if not share:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.set_per_process_memory_fraction(float(share))
 
 
 def leave_process_group() -> None:

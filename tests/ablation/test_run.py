@@ -443,3 +443,24 @@ def test_an_abbreviated_hydra_option_is_refused_naming_the_full_one(capsys):
         refuse_abbreviations(["--config-n", "smoke", "seed=0,1"])
     assert done.value.code == 2
     assert capsys.readouterr().err.strip() == "error: --config-n: no such option; did you mean --config-name?"
+
+
+def test_cells_sharing_a_card_each_get_a_part_of_its_memory(tmp_path, monkeypatch):
+    from grpo_lightning.ablation.sweep import MEMORY_FRACTION_ENV, local_slot
+    from grpo_lightning.cli import app
+
+    shared = SweepSpec.from_dict(spec_dict(tmp_path / "a", parallel=4, gpus=["0"], model="/m"))
+    with local_slot(shared, 0) as env:
+        assert env == {"CUDA_VISIBLE_DEVICES": "0", MEMORY_FRACTION_ENV: "0.2375"}  # (1 - 0.05) / 4
+    one_each = SweepSpec.from_dict(spec_dict(tmp_path / "b", parallel=2, gpus=["0", "1"], model="/m"))
+    with local_slot(one_each, 1) as env:
+        assert env == {"CUDA_VISIBLE_DEVICES": "1"}
+    # The cell's side: no GPU here, so torch.cuda's two calls are replaced (and recorded).
+    calls = []
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.set_per_process_memory_fraction", lambda share: calls.append(share))
+    monkeypatch.setenv(MEMORY_FRACTION_ENV, "0.2375")
+    app.cap_cuda_memory()
+    monkeypatch.delenv(MEMORY_FRACTION_ENV)
+    app.cap_cuda_memory()
+    assert calls == [0.2375]
