@@ -64,12 +64,15 @@ class Evaluation:
 
     def on_validation_epoch_start(self) -> None:
         self._evaluated: dict[int, list[dict[str, Tensor]]] = {}
+        self._sampled_outcomes: dict[int, list[tuple[list[str], Tensor, Tensor]]] = {}  # pass@k's completions
         self._answers: dict[int, list] = {}  # per set: each prompt's reference and its completions' answers
         # per set: each batch's prompt hashes, and its [P, n] rewards and accuracy scores
         self._outcomes: dict[int, list[tuple[list[str], Tensor, Tensor]]] = {}
 
     #: Completions per prompt in validation, ``n`` (``evaluation.samples``; ``evaluation_sampling`` sets it for a block).
     val_samples: int = 1
+    #: Further sampled completions per prompt for pass@k beside greedy ones (``evaluation.pass_at_k_samples``).
+    pass_at_k_samples: int = 0
 
     @contextlib.contextmanager
     def evaluation_sampling(self, samples: int, temperature: float, prefix: str | None = None) -> Iterator[None]:
@@ -113,18 +116,32 @@ class Evaluation:
         votes = [vote(c) for c in rollout.completions] if samples > 1 or references is not None else []
         lengths = rollout.lengths.view(-1, samples).cpu()
         per_prompt = prompt_metrics(correct, rewards, lengths, votes if samples > 1 else [])
-        self._evaluated.setdefault(dataloader_idx, []).append(per_prompt)
         hashes = [prompt_hash(prompt) for prompt in batch["prompt"]]
+        if self.pass_at_k_samples and getattr(self, "_metric_prefix", None) is None:
+            per_prompt.update(self._pass_at_k(batch, hashes, dataloader_idx))
+        self._evaluated.setdefault(dataloader_idx, []).append(per_prompt)
         self._outcomes.setdefault(dataloader_idx, []).append((hashes, rewards, correct))
         if references is not None:
             answers = prompt_answers(references, rollout.completions, samples, votes)
             self._answers.setdefault(dataloader_idx, []).extend(answers)
 
+    def _pass_at_k(self, batch: dict[str, list], hashes: list[str], dataloader_idx: int) -> dict[str, Tensor]:
+        """Per-prompt ``pass@k`` and ``maj@n`` of ``pass_at_k_samples`` completions per prompt of ``batch``,
+        drawn at ``pass_at_k_sampling``; their outcomes are kept for ``<prefix>-sampled-step<N>``."""
+        samples = self.pass_at_k_samples
+        rollout = self.generate(batch, samples, self.pass_at_k_sampling)
+        self.score(rollout)
+        correct, rewards = self.accuracy_scores(rollout).view(-1, samples).cpu(), rollout.rewards.view(-1, samples).cpu()
+        self._sampled_outcomes.setdefault(dataloader_idx, []).append((hashes, rewards, correct))
+        votes = [vote(c) for c in rollout.completions]
+        metrics = prompt_metrics(correct, rewards, rollout.lengths.view(-1, samples).cpu(), votes)
+        return {name: values for name, values in metrics.items() if name.startswith(("pass@", "maj@"))}
+
     def on_validation_epoch_end(self) -> None:
         """Log each validation set's metrics over its prompts on every device, with intervals."""
         names = getattr(self._trainer.datamodule, "val_set_names", None) if self._trainer is not None else None
         prefix = getattr(self, "_metric_prefix", None) or ("test" if self._trainer is not None and self.trainer.testing else "val")
-        outcomes = []
+        outcomes, sampled_outcomes = [], []
         for index, parts in sorted(self._evaluated.items()):
             local = {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
             own = unpadded(getattr(self._evaluated_loader(index), "sampler", None), len(next(iter(local.values()))))
@@ -134,20 +151,24 @@ class Evaluation:
             set_name = names[index] if names and index < len(names) and not self.trainer.testing else ""
             where = f"{prefix}/{set_name}/" if set_name else f"{prefix}/"
             outcomes += self._set_outcomes(index, set_name, own)
+            sampled_outcomes += self._set_outcomes(index, set_name, own, self._sampled_outcomes) if self._sampled_outcomes else []
             summary = {**summarize(per_prompt), **self._answer_shares(index, own)}
             for name, value in summary.items():  # the same on every device (sync_dist: no warning)
                 self.log(where + name, value, prog_bar=name in PROGRESS_BAR and not set_name, add_dataloader_idx=False,
                          sync_dist=True)  # fmt: skip
-        self._evaluated, self._answers, self._outcomes = {}, {}, {}
+        self._evaluated, self._answers, self._outcomes, self._sampled_outcomes = {}, {}, {}, {}
         directory = log_dir(self.trainer) if self.trainer.is_global_zero and not self.trainer.sanity_checking else None
         if directory and outcomes:
             write_outcomes(outcomes, outcomes_path(directory, prefix, self.global_step))
+        if directory and sampled_outcomes:
+            write_outcomes(sampled_outcomes, outcomes_path(directory, f"{prefix}-sampled", self.global_step))
         self.log("step", float(self.global_step), add_dataloader_idx=False)  # the x-axis: optimizer steps taken
 
-    def _set_outcomes(self, index: int, set_name: str, own: Tensor) -> list[list]:
+    def _set_outcomes(self, index: int, set_name: str, own: Tensor, kept_outcomes: dict | None = None) -> list[list]:
         """The outcome rows of set ``index`` over every device's own prompts (every process must call it)."""
-        hashes = [digest for part in self._outcomes[index] for digest in part[0]]
-        rewards, correct = (torch.cat([part[i] for part in self._outcomes[index]]) for i in (1, 2))
+        parts = (self._outcomes if kept_outcomes is None else kept_outcomes)[index]
+        hashes = [digest for part in parts for digest in part[0]]
+        rewards, correct = (torch.cat([part[i] for part in parts]) for i in (1, 2))
         positions = dataset_positions(getattr(self._evaluated_loader(index), "sampler", None), len(hashes))
         kept = own.tolist()
         local = outcome_rows(set_name, positions[own].tolist(), [h for h, keep in zip(hashes, kept) if keep],

@@ -31,6 +31,8 @@ How rollouts are sampled is :mod:`grpo_lightning.rollout.generation`'s choice; s
 
 from __future__ import annotations
 
+import dataclasses
+
 import contextlib
 from dataclasses import asdict
 from typing import Any
@@ -178,6 +180,8 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
                                        sampling.min_new_tokens, sampling.beam_search)  # fmt: skip
         self.val_sampling = SamplingParams(evaluation.max_new_tokens or sampling.max_new_tokens, evaluation.temperature,
                                            sampling.top_p, sampling.top_k)  # fmt: skip
+        self.pass_at_k_samples = evaluation.pass_at_k_samples
+        self.pass_at_k_sampling = dataclasses.replace(self.val_sampling, temperature=evaluation.pass_at_k_temperature)
 
         self.policy: PreTrainedModel | None = None
         self.ref_model: PreTrainedModel | None = None

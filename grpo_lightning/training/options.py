@@ -391,6 +391,12 @@ class EvaluationOptions(OptionGroup):
     (:mod:`grpo_lightning.evaluation.validation`), which needs ``temperature > 0``."""
     accuracy_func: str | Callable = "grpo_lightning.rewards.accuracy_reward"
     """The function whose mean is ``val/accuracy``."""
+    pass_at_k_samples: int = 0
+    """``n > 1``: each validation also draws ``n`` completions per prompt at ``pass_at_k_temperature``
+    for ``pass@k`` and ``maj@n``, while ``val/accuracy`` stays that of the validation's own (greedy)
+    completions; 0: none."""
+    pass_at_k_temperature: float = 1.0
+    """Sampling temperature of the ``pass_at_k_samples`` completions."""
 
     def check(self) -> None:
         require(self.temperature >= 0, f"evaluation.temperature: must be >= 0, 0 is greedy (got {self.temperature}).")
@@ -402,6 +408,11 @@ class EvaluationOptions(OptionGroup):
                 f"evaluation.samples: {self.samples} completions per prompt are all the same under greedy decoding; "
                 "set --model.evaluation.temperature 1.0 (pass@k is defined for sampled completions) or "
                 "--model.evaluation.samples 1.")  # fmt: skip
+        require(self.pass_at_k_samples == 0 or (self.pass_at_k_samples > 1 and self.samples == 1),
+                f"evaluation.pass_at_k_samples: {self.pass_at_k_samples} needs evaluation.samples 1 (pass@k then comes "
+                "from evaluation.samples itself) and at least 2, or 0 for none.")  # fmt: skip
+        require(self.pass_at_k_samples == 0 or self.pass_at_k_temperature > 0,
+                f"evaluation.pass_at_k_temperature: must be > 0 for sampled completions (got {self.pass_at_k_temperature}).")
         resolve_function(self.accuracy_func, "evaluation.accuracy_func")
 
     def state(self) -> dict[str, Any]:

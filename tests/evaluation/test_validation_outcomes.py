@@ -70,3 +70,40 @@ def test_the_outcomes_give_the_logged_accuracy_reward_and_pass_at_k(fit):
     assert float(metrics["val/accuracy"]) == pytest.approx(outcomes.correct.mean())
     assert float(metrics["val/reward"]) == pytest.approx(outcomes.reward.mean())
     assert float(metrics["val/pass@2"]) == pytest.approx(outcomes.correct.max(axis=1).mean())
+
+
+def test_pass_at_k_samples_beside_greedy_validation(tiny_model_dir, tmp_path, one_torch_thread):
+    """``evaluation.pass_at_k_samples 3``: val/accuracy is the greedy completions' (their file
+    ``val-step``, one sample), pass@k and maj@3 those of 3 sampled ones (``val-sampled-step``, by hand)."""
+    scorer = f"{__name__}.odd_length"
+    cli = GRPOLightningCLI(
+        args=[
+            "validate",
+            "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
+            "--config", str(CONFIGS / "variant/grpo.yaml"), "--config", str(CONFIGS / "model/tiny.yaml"),
+            "--model.model", tiny_model_dir, "--model.rewards.funcs", f"[{scorer}]",
+            "--model.evaluation.accuracy_func", scorer, "--model.evaluation.pass_at_k_samples", "3",
+            "--model.evaluation.max_new_tokens", "4", "--data.num_train", "4", "--data.num_val", str(NUM_VAL),
+            "--data.val_batch_size", "3", "--trainer.enable_progress_bar", "false",
+            "--trainer.default_root_dir", str(tmp_path), "--trainer.logger.init_args.save_dir", str(tmp_path),
+        ]
+    )  # fmt: skip
+    folder = Path(cli.trainer.log_dir) / OUTCOMES_FOLDER
+    assert sorted(path.name for path in folder.iterdir()) == ["val-sampled-step000000.csv.gz", "val-step000000.csv.gz"]
+    greedy, sampled = read_outcomes(folder / "val-step000000.csv.gz"), read_outcomes(folder / "val-sampled-step000000.csv.gz")
+    assert greedy.correct.shape == (NUM_VAL, 1) and sampled.correct.shape == (NUM_VAL, 3)
+    metrics = cli.trainer.callback_metrics
+    assert float(metrics["val/accuracy"]) == pytest.approx(greedy.correct.mean())
+    assert float(metrics["val/pass@1"]) == pytest.approx(sampled.correct.mean())
+    assert float(metrics["val/pass@3"]) == pytest.approx(sampled.correct.max(axis=1).mean())
+    assert "val/maj@3" in metrics
+
+
+def test_pass_at_k_samples_need_one_validation_sample_and_at_least_two():
+    from grpo_lightning.errors import ConfigError
+    from grpo_lightning.training.options import EvaluationOptions
+
+    with pytest.raises(ConfigError, match="evaluation.pass_at_k_samples: 4 needs evaluation.samples 1"):
+        EvaluationOptions(samples=2, temperature=1.0, pass_at_k_samples=4).check()
+    with pytest.raises(ConfigError, match="evaluation.pass_at_k_samples: 1 needs"):
+        EvaluationOptions(pass_at_k_samples=1).check()
