@@ -38,7 +38,7 @@ def wave(cells: int, args: argparse.Namespace, extra: list[str]) -> dict:
     folder = args.out / f"cells{cells}"
     command = [sys.executable, "-m", "grpo_lightning.ablation.run", "--config-name", args.spec,
                f"variants=[{args.variant}]", f"seeds=[{','.join(str(s) for s in range(cells))}]", f"parallel={cells}",
-               "gpus=1", f"output_dir={folder}", f"args.trainer.max_steps={args.steps}",
+               "gpus=1", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={cells}", f"output_dir={folder}", f"args.trainer.max_steps={args.steps}",
                f"args.trainer.val_check_interval={args.steps}", "validate_before_training=false", *extra]  # fmt: skip
     start = time.perf_counter()
     finished = subprocess.run(command, check=False).returncode == 0

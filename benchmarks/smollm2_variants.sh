@@ -26,7 +26,7 @@ cells)
   cp runs/cells_per_gpu/results.json "$OUT/cells_per_gpu.json" ;;
 sweep)
   timeout --signal=INT "${DEADLINE_S:-540}" "$PYTHON" -m grpo_lightning.ablation.run --config-name smollm2_variants \
-    output_dir="$SWEEP" "$@" 2>&1 | grep -v "Launching\|#[0-9]* :" | tee "$OUT/sweep.log"
+    output_dir="$SWEEP" hydra/launcher=joblib "$@" 2>&1 | grep -v "Launching\|#[0-9]* :" | tee "$OUT/sweep.log"
   "$PYTHON" -m grpo_lightning.report.cli "$SWEEP" --output /tmp/smollm2_variants_report > "$OUT/report.log" 2>&1
   tar cJf "$OUT/report.tar.xz" -C /tmp smollm2_variants_report
   tar cJf "$OUT/sweep.tar.xz" --exclude=completions.jsonl --exclude="events.out.tfevents*" --exclude=_slots "$SWEEP" ;;

@@ -61,6 +61,8 @@ def main() -> None:
     source = dense_copy(resolve_model_source(args.model))
     tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
     tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:  # a GGUF tokenizer may have none: generation masks it anyway
+        tokenizer.pad_token = tokenizer.eos_token
     dtype = torch.bfloat16 if args.device != "cpu" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(source.location, gguf_file=source.gguf_file, dtype=dtype)
     model = model.to(args.device).eval()
