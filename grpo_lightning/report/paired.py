@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from grpo_lightning.report.statistics import POWER, t_quantile, wilson_interval
+from grpo_lightning.report.statistics import POWER, no_spread, t_quantile, wilson_interval
 
 
 @dataclass(frozen=True)
@@ -115,11 +115,13 @@ class TwoLevel:
 def two_level_test(arm: np.ndarray, baseline: np.ndarray, confidence: float = 0.95) -> TwoLevel:
     """The difference of two ``[S, P]`` score tables (row ``s``: seed ``s`` of either arm; column
     ``p``: prompt ``p``): :func:`two_level_interval`, ``t = mean(D) / se`` and its two-sided ``p``
-    on ``dof`` (``nan`` without a spread, ``se = 0``)."""
+    on ``dof`` (``nan`` without a spread: ``se = 0``, or every difference equal up to rounding)."""
     from scipy import stats
 
     d = np.asarray(arm, dtype=float) - np.asarray(baseline, dtype=float)
     mean, low, high, se, dof = (float(v) for v in two_level_interval(d, confidence))
+    if no_spread(d.ravel()):  # equal up to rounding: a t statistic of that spread would be an artefact
+        low, high, se = mean, mean, 0.0
     t = mean / se if se > 0 else math.nan
     p = float(2.0 * stats.t.sf(abs(t), dof)) if se > 0 else math.nan
     return TwoLevel(mean, low, high, se, dof, t, p, components(d))

@@ -67,6 +67,9 @@ def test_equivalence_within_the_margin_by_hand():
     assert two_level_equivalence(result, 0.6) == pytest.approx(stats.t.cdf(-0.1 / math.sqrt(1 / 18), 288 / 89))
     assert math.isnan(two_level_equivalence(result, 0.0))
     assert math.isnan(two_level_equivalence(two_level_test(np.ones((3, 4)), np.zeros((3, 4))), 0.1))  # no spread
+    # 0.3 - 0.25, 0.6 - 0.55 and 0.7 - 0.65 are 0.05 up to rounding (5.6e-17 apart): no spread to test against
+    rounded = two_level_test(np.repeat([[0.3], [0.6], [0.7]], 4, axis=1), np.repeat([[0.25], [0.55], [0.65]], 4, axis=1))
+    assert math.isnan(rounded.p) and rounded.low == rounded.high == rounded.mean
 
 
 def test_the_mde_of_the_design_and_its_chi_square_interval():

@@ -89,8 +89,8 @@ def test_a_collapsed_seed_is_named_beside_the_median_and_iqm(tmp_path, cell_writ
     # dapo: mean 0.336; sorted 0.02 0.40 0.41 0.42 0.43, median 0.41, IQM (one dropped from each end) 0.41
     assert "| **dapo** | 5 | 0.336 [" in seeds and "| 0.41 | 0.41 | 0: 0.4, 1: 0.41, 2: 0.42, 3: 0.43, 4: 0.02 (far) |" in seeds
     assert "| **grpo** | 5 | 0.32 [0.3004, 0.3396] | 0.32 | 0.32 | 0: 0.3, 1: 0.31, 2: 0.32, 3: 0.33, 4: 0.34 |" in seeds
-    warning = ("**Warning:** **dapo** seed 4 ended val/accuracy 0.02, far from its other seeds (0.4, 0.41, 0.42, 0.43): "
-               "a collapsed run?")  # fmt: skip
+    warning = ("**Warning:** **dapo** seed 4 ended val/accuracy 0.02, far below its other seeds (0.4, 0.41, 0.42, 0.43): "
+               "a collapsed run? Its seeds are not spread around one value")  # fmt: skip
     assert warning in seeds and warning in section(text, "Summary") and "**grpo** seed" not in text
     assert "Seeds far from their arm's others (see Seeds): **dapo** seed 4." in section(text, "Effects against the baseline (grpo)")
     assert (target / "final_val_accuracy.png").is_file() and "](final_val_accuracy.png)" in seeds

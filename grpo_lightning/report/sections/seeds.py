@@ -24,19 +24,21 @@ SEEDS_FIGURE = "final_val_accuracy.png"
 
 
 def far_seed_sentences(arms: Sequence[Arm], key: str = SEEDS_KEY) -> list[str]:
-    """``**Warning:** **dapo** seed 3 ended val/accuracy 0.02, far from its other seeds (0.31, ...)``
-    for every such seed, with what it does to the intervals."""
+    """``**Warning:** **dapo** seed 3 ended val/accuracy 0.02, far below its other seeds (0.31, ...):
+    a collapsed run? ...`` for every seed far from its arm's others, with what it does to the intervals."""
     sentences = []
     for arm in arms:
         far = far_seeds(arm, key)
-        if far:
-            others = [v for s, v in arm.finals_by_seed(key).items() if s not in far]
-            named = ", ".join(f"seed {seed} ended {key} {fmt_metric(value, key)}" for seed, value in far.items())
-            sentences.append(
-                f"**Warning:** **{user_text(arm.name)}** {named}, far from its other seeds "
-                f"({', '.join(fmt_metric(v, key) for v in others)}): a collapsed run? Its seeds are not spread around "
-                "one value, and intervals and verdicts over them cover less than they say (see Seeds and Method)."
-            )
+        if not far:
+            continue
+        others = [v for s, v in arm.finals_by_seed(key).items() if s not in far]
+        below = all(value < min(others) for value in far.values())
+        named = ", ".join(f"seed {seed} ended {key} {fmt_metric(value, key)}" for seed, value in far.items())
+        sentences.append(
+            f"**Warning:** **{user_text(arm.name)}** {named}, far {'below' if below else 'from'} its other seeds "
+            f"({', '.join(fmt_metric(v, key) for v in others)}){': a collapsed run?' if below else '.'} Its seeds are not "
+            "spread around one value, and intervals and verdicts over them cover less than they say (see Seeds and Method)."
+        )
     return sentences
 
 
