@@ -95,6 +95,7 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     finished = [c for c in cells if c.finished]
     unfinished = [c for c in cells if not c.finished]
     arms = load_arms(finished, unfinished)
+    unpaired = attach_outcomes(arms)
     baseline = baseline_arm(arms, finished, meta.get("baseline"))
     margin = recorded_margin(meta)
     records = read_provenance(data_dir)
@@ -117,6 +118,8 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     )
     doc.h(2, "Summary")
     doc.p(summary_paragraph(arms, baseline, confidence, caveat, configs, margin))
+    if unpaired:
+        doc.p(f"Per-prompt outcomes are not used, comparisons are over seeds only: {user_text(unpaired)}")
     if notes:
         doc.p(f"Settings without effect: clip settings of {join_names(_noted(arms, notes))} never clipped a "
               "token; see the section of that name.")  # fmt: skip
@@ -176,11 +179,19 @@ def load_arms(finished: Sequence[CellInfo], unfinished: Sequence[CellInfo] = ())
     for cell in unfinished:
         if cell.arm in arms:
             arms[cell.arm].unfinished.append(cell)
-    found = cell_outcomes(finished)
-    for cell in finished:
-        if cell.name in found:
-            arms[cell.arm].outcomes[cell.seed] = found[cell.name]
     return [arms[a] for a in sorted(arms, key=lambda a: _arm_order(a, finished))]
+
+
+def attach_outcomes(arms: Sequence[Arm]) -> str:
+    """Give each arm the per-prompt outcomes of its runs' final validations (``outcomes.cell_outcomes``);
+    where cells validated on other prompts, none, and the reason (the report then pairs by seed only)."""
+    try:
+        found = cell_outcomes([cell for arm in arms for cell in arm.cells])
+    except ConfigError as error:
+        return str(error)
+    for arm in arms:
+        arm.outcomes.update({cell.seed: found[cell.name] for cell in arm.cells if cell.name in found})
+    return ""
 
 
 def _noted(arms: Sequence[Arm], notes: Sequence[str]) -> list[str]:

@@ -139,17 +139,22 @@ def two_level_equivalence(result: TwoLevel, margin: float) -> float:
     return max(low, high)
 
 
-def design_mde(result: TwoLevel, alpha: float = 0.05, power: float = POWER,
-               confidence: float = 0.95, seeds: int | None = None) -> tuple[float, float, float]:  # fmt: skip
-    """The minimum detectable effect of the design, ``(mde, low, high)``:
-    ``MDE = (t_{1 - alpha / 2, dof} + t_{power, dof}) sqrt(MS_seed / (P S') + sigma2_prompt / P)`` at
-    ``S'`` seeds (default the ``S`` run) and the ``P`` prompts; ``dof`` as the interval's. Its
-    interval: ``se^2`` between ``dof se^2 / chi2_{(1 + confidence) / 2, dof}`` and
-    ``dof se^2 / chi2_{(1 - confidence) / 2, dof}`` (the chi-square of the Satterthwaite variance)."""
+def design_mde(result: TwoLevel, alpha: float = 0.05, power: float = POWER, confidence: float = 0.95,
+               seeds: int | None = None, prompts: int | None = None) -> tuple[float, float, float]:  # fmt: skip
+    """The minimum detectable effect of a design of ``S'`` seeds and ``P'`` prompts (default the
+    ``S`` and ``P`` run), ``(mde, low, high)``: ``MDE = (t_{1 - alpha / 2, dof} + t_{power, dof})
+    sqrt(v)``, ``v = sigma2_seed / S' + MS_residual / (S' P') + sigma2_prompt / P'`` with the unbiased
+    ``sigma2_seed = (MS_seed - MS_residual) / P`` (negative where the seeds agree better than the
+    prompts' noise predicts: ``v`` is then still the interval's ``se^2`` at the design run and positive
+    with more seeds; ``nan`` where it is not positive) and ``dof`` the interval's. At the design run
+    ``v = se^2``. Its interval: ``v`` between ``dof v / chi2_{(1 + confidence) / 2, dof}`` and
+    ``dof v / chi2_{(1 - confidence) / 2, dof}`` (the chi-square of the Satterthwaite variance)."""
     from scipy import stats
 
     c = result.components
-    variance = c.seed_variance / (seeds or c.seeds) + c.prompt_variance / c.prompts
+    seeds, prompts = seeds or c.seeds, prompts or c.prompts
+    seed_level = (c.ms_seed - c.ms_residual) / c.prompts
+    variance = seed_level / seeds + c.ms_residual / (seeds * prompts) + c.prompt_variance / prompts
     if not variance > 0:
         return (math.nan, math.nan, math.nan)
     factor = float(stats.t.ppf(1 - alpha / 2, result.dof) + stats.t.ppf(power, result.dof))

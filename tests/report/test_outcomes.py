@@ -97,3 +97,13 @@ def test_two_seeds_with_outcomes_get_numbers_but_no_verdict(tmp_path, cell_write
     text = (build_report(tmp_path / "sweep", tmp_path / "report") / "report.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| **dapo** | 2 x 20 prompts |"))
     assert row.endswith("| too few seeds (n=2; 3 needed) |")
+
+
+def test_a_report_whose_cells_validated_on_other_prompts_pairs_by_seed_only_and_says_why(tmp_path, cell_writer):
+    from grpo_lightning.report import build_report
+
+    outcome_sweep(tmp_path / "sweep", cell_writer)
+    write_validation(tmp_path / "sweep" / "dapo-seed2", 7, [[1.0]] * 20, [f"other {i}" for i in range(20)])
+    text = (build_report(tmp_path / "sweep", tmp_path / "report") / "report.md").read_text()
+    assert "Per-prompt outcomes are not used, comparisons are over seeds only: outcomes: prompt 0 of the validation" in text
+    assert "| **dapo** | 3 | +" in text and "x 20 prompts" not in text

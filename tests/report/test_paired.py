@@ -79,9 +79,19 @@ def test_the_mde_of_the_design_and_its_chi_square_interval():
     assert mde == pytest.approx(factor * math.sqrt(1 / 18))  # at the design run, the interval's se
     assert (low, high) == pytest.approx((mde * math.sqrt(288 / 89 / stats.chi2.ppf(0.975, 288 / 89)),
                                          mde * math.sqrt(288 / 89 / stats.chi2.ppf(0.025, 288 / 89))))  # fmt: skip
-    # twice the seeds halve the seed term only: sqrt(0.25 / (4 x 6) + (5/36) / 4) = 0.2124591
+    # sigma2_seed = (0.25 - 5/36) / 4 = 1/36. Twice the seeds: sqrt(1/36 / 6 + 5/36 / 24 + 5/36 / 4) = 0.2124591
+    # (the seed term 0.25 / (4 x 3) halved); twice the prompts: sqrt(1/36 / 3 + 5/36 / 24 + 5/36 / 8) = 0.1800206
     assert design_mde(result, seeds=6)[0] == pytest.approx(factor * 0.2124591, abs=1e-6)
+    assert design_mde(result, prompts=8)[0] == pytest.approx(factor * 0.1800206, abs=1e-6)
     assert design_mde(result, alpha=0.025)[0] > mde  # Holm's first level, for two arms
+    # seeds that agree better than the prompts' noise predicts (MS_seed 0 < MS_residual): sigma2_seed is negative,
+    # the MDE at the design run stays the interval's se, and twice the prompts leave no positive variance
+    agreeing = two_level_test(np.array([[1.0, 0.0], [0.0, 1.0]]), np.zeros((2, 2)))
+    assert agreeing.se == 0 and math.isnan(design_mde(agreeing)[0])
+    steady = two_level_test(np.array([[1, 1, 0, 1, 0, 0], [1, 0, 1, 1, 0, 0], [0, 1, 1, 1, 0, 0]]), np.zeros((3, 6)))
+    factor = stats.t.ppf(0.975, steady.dof) + stats.t.ppf(0.8, steady.dof)
+    assert (steady.components.ms_seed, steady.components.ms_residual) == pytest.approx((0, 0.2))  # every seed 0.5
+    assert design_mde(steady)[0] == pytest.approx(factor * steady.se) == design_mde(steady, seeds=6)[0]
 
 
 def test_the_probability_of_improvement_counts_ties_half():

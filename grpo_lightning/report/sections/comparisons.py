@@ -87,6 +87,8 @@ class Effect:
     two_level: TwoLevel | None = None
     #: The MDE's interval (chi-square on the variance behind it), and P(arm > baseline) at a seed with its interval.
     mde_interval: tuple[float, float] = (math.nan, math.nan)
+    #: The two-level design's MDE with twice the seeds, and with twice the prompts (what either would buy).
+    mde_doubled: tuple[float, float] = (math.nan, math.nan)
     improvement: tuple[float, float, float] = (math.nan, math.nan, math.nan)
 
     @property
@@ -193,6 +195,10 @@ def baseline_effects(arms: Sequence[Arm], baseline: Arm, key: str, direction: in
         if math.isfinite(effect.p):
             mde, low, high = _mde(effect, ALPHA / family, confidence)
             effect.mde, effect.mde_interval = mde, (low, high)
+            if effect.two_level is not None:
+                prompts = effect.two_level.components.prompts
+                effect.mde_doubled = (design_mde(effect.two_level, ALPHA / family, seeds=2 * effect.n)[0],
+                                      design_mde(effect.two_level, ALPHA / family, prompts=2 * prompts)[0])  # fmt: skip
         effect.verdict = verdict(effect, direction)
     return effects
 
@@ -342,6 +348,10 @@ def comparison_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence:
                  fmt_p(e.p_equivalence_holm), mde_text(e), improvement_text(e), e.verdict] for e in effects]  # fmt: skip
         title = f"{label} ({user_text(baseline.name)}: {fmt_metric(baseline.interval(key, confidence)[0], key)})"
         note = f"Not compared (other reward functions): {', '.join(map(user_text, left_out))}." if left_out else ""
+        doubled = "; ".join(f"**{user_text(e.arm)}** {fmt(e.mde_doubled[0], 2)} and {fmt(e.mde_doubled[1], 2)}" for e in effects
+                            if math.isfinite(e.mde_doubled[0]))  # fmt: skip
+        if doubled:
+            note += (" " if note else "") + f"The MDE of the design with twice the seeds, and with twice the prompts: {doubled}."
         far = {a.name: far_seeds(a, key) for a in compared} if number == 0 else {}
         if any(far.values()):
             named = "; ".join(f"**{user_text(name)}** seed {', '.join(map(str, seeds))}" for name, seeds in far.items() if seeds)

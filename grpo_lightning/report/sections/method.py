@@ -83,9 +83,12 @@ def method_section(doc: Doc, confidence: float, margin: float) -> None:
                 "percentile bootstrap of seeds and prompts is too narrow at few seeds (table below)."
             ),
             (
-                "MDE of the two-level design: (t(1 − α/2m, dof) + t(0.8, dof)) · √(MS_seed / (P S) + σ²_prompt / P), dof as "
-                "the interval's; its interval replaces se² by dof · se² / χ²(q, dof) and dof · se² / χ²(1 − q, dof) "
-                "(the chi-square of the Satterthwaite variance). More seeds shrink the first term, more prompts the second."
+                "MDE of a two-level design of S' seeds and P' prompts: (t(1 − α/2m, dof) + t(0.8, dof)) · √v, v = "
+                "σ²_seed / S' + MS_residual / (S' P') + σ²_prompt / P' with the unbiased σ²_seed = (MS_seed − MS_residual) / P "
+                "(it may be negative; no MDE where v is not positive) and dof the interval's; at the design run "
+                "(S' = S, P' = P) v is se². Its "
+                "interval replaces v by dof · v / χ²(q, dof) and dof · v / χ²(1 − q, dof) (the chi-square of the "
+                "Satterthwaite variance). The Effects section gives it at S and P, and with twice the seeds or prompts."
             ),
             (
                 f"P(arm > baseline): the share of the n paired seeds at which the arm ended higher, a tie counting half "
