@@ -85,16 +85,12 @@ class Effect:
     p_equivalence_holm: float = math.nan
     #: The two-level analysis over seeds and prompts, where per-prompt outcomes gave one.
     two_level: TwoLevel | None = None
-    #: The MDE's interval (chi-square on the variance behind it), and P(arm > baseline) at a seed with its interval.
+    #: The MDE's interval (chi-square on the variance behind it).
     mde_interval: tuple[float, float] = (math.nan, math.nan)
     #: The two-level design's MDE with twice the seeds, and with twice the prompts (what either would buy).
     mde_doubled: tuple[float, float] = (math.nan, math.nan)
+    #: P(arm > baseline) at a seed, with its Wilson interval (``paired.improvement_probability``).
     improvement: tuple[float, float, float] = (math.nan, math.nan, math.nan)
-
-    @property
-    def method(self) -> str:
-        """``seeds x prompts`` where the two-level analysis gave the numbers, else ``seeds``."""
-        return "seeds x prompts" if self.two_level is not None else "seeds"
 
 
 def practical_threshold(key: str, baseline_mean: float) -> float:
