@@ -43,7 +43,10 @@ METHODS = ("two-level t", "seed t", "two-level bootstrap")
 CONFIDENCE = 0.95
 #: The logit-scale seed spread, lift and prompt spread of the lift: of the ``skewed`` scenario, and of
 #: ``collapse`` (an arm that trains well).
-SPECS = {"skewed": {"seed_sd": 0.5, "effect": 0.3, "prompt_sd": 0.3}, "collapse": {"seed_sd": 0.2, "effect": 2.0, "prompt_sd": 0.3}}
+SPECS = {
+    "skewed": {"seed_sd": 0.5, "effect": 0.3, "prompt_sd": 0.3},
+    "collapse": {"seed_sd": 0.2, "effect": 2.0, "prompt_sd": 0.3},
+}
 COLLAPSE_RATE, COLLAPSE_FACTOR = 0.2, 0.05
 
 

@@ -25,7 +25,8 @@ a verdict.
 Modules: ``runs`` (a run's TensorBoard scalars), ``cells`` (a sweep's cell folders and configs),
 ``data`` (the ``data/`` folder and ``REGENERATE``), ``outcomes`` (each run's per-prompt outcomes of
 its final validation, for statistics paired by prompt), ``labels`` (each arm's class against its name),
-``statistics``, ``paired`` (seeds x prompts, the seeds' robust summaries and the check for a collapsed seed), ``metrics`` (which metrics, their ranges), ``arms`` (final values over seeds),
+``statistics``, ``paired`` (seeds x prompts, the seeds' robust summaries and the check for a collapsed
+seed), ``metrics`` (which metrics, their ranges), ``arms`` (final values over seeds),
 ``learning`` (how fast an arm learned), ``build`` (the report) and ``cli`` (the command);
 ``sections/``: ``summary``, ``effects`` (settings without effect), ``comparisons`` (effects against
 the baseline), ``finals``, ``seeds`` (each seed's final accuracy), ``validation``, ``health``,

@@ -92,5 +92,6 @@ def test_a_collapsed_seed_is_named_beside_the_median_and_iqm(tmp_path, cell_writ
     warning = ("**Warning:** **dapo** seed 4 ended val/accuracy 0.02, far below its other seeds (0.4, 0.41, 0.42, 0.43): "
                "a collapsed run? Its seeds are not spread around one value")  # fmt: skip
     assert warning in seeds and warning in section(text, "Summary") and "**grpo** seed" not in text
-    assert "Seeds far from their arm's others (see Seeds): **dapo** seed 4." in section(text, "Effects against the baseline (grpo)")
+    effects = section(text, "Effects against the baseline (grpo)")
+    assert "Seeds far from their arm's others (see Seeds): **dapo** seed 4." in effects
     assert (target / "final_val_accuracy.png").is_file() and "](final_val_accuracy.png)" in seeds

@@ -167,7 +167,8 @@ def plot_finals(arms: Sequence[Arm], key: str, path: Path, confidence: float = 0
                 ax.plot([i + 0.25, i + 0.35], [mean, mean], color="black", linewidth=2.0)
                 ax.scatter([i + 0.3], [float(np.median(list(by_seed.values())))], marker="D", s=24, color="white",
                            edgecolors="black", zorder=4)  # fmt: skip
-        ax.set_xticks(range(len(arms)), [a.name for a in arms], rotation=30 if len(arms) > 4 else 0, ha="right" if len(arms) > 4 else "center")
+        tilted = len(arms) > 4
+        ax.set_xticks(range(len(arms)), [a.name for a in arms], rotation=30 if tilted else 0, ha="right" if tilted else "center")
         ax.set_ylabel(key)
         ax.set_title(f"final {key}: dots seeds; bar mean, {confidence:.0%} t-interval; diamond median", fontsize=8)
         fig.tight_layout()

@@ -313,7 +313,8 @@ def comparison_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence:
                        configs: Mapping[str, Mapping[str, str]], margin: float = EQUIVALENCE_MARGIN) -> None:  # fmt: skip
     doc.h(2, f"Effects against the baseline ({user_text(baseline.name)})")
     doc.p(
-        f"Each arm minus **{user_text(baseline.name)}** at every seed both ran: the mean difference [{confidence:.0%} t-interval], "
+        f"Each arm minus **{user_text(baseline.name)}** at every seed both ran: the mean difference "
+        f"[{confidence:.0%} t-interval], "
         "Cohen's d_z (mean / standard deviation of the seeds' differences), the paired t-test's p and Holm's correction "
         "over the arms compared, the equivalence test's p (TOST, Holm-corrected), the minimum detectable "
         f"effect (MDE) at 80% power [{confidence:.0%} interval] and P(arm > baseline): the share of seeds at which the arm "

@@ -66,8 +66,9 @@ def seeds_section(doc: Doc, arms: Sequence[Arm], target: Path, confidence: float
         median = float(np.median(values))
         shown = ", ".join(f"{seed}: {fmt_metric(v, SEEDS_KEY)}" + (" (far)" if seed in flagged[arm.name] else "")
                           for seed, v in by_seed.items())  # fmt: skip
-        rows.append([f"**{user_text(arm.name)}**", str(len(values)), interval_text(arm.interval(SEEDS_KEY, confidence), SEEDS_KEY),
-                     fmt_metric(median, SEEDS_KEY), fmt_metric(interquartile_mean(values), SEEDS_KEY), shown])  # fmt: skip
+        mean = interval_text(arm.interval(SEEDS_KEY, confidence), SEEDS_KEY)
+        rows.append([f"**{user_text(arm.name)}**", str(len(values)), mean, fmt_metric(median, SEEDS_KEY),
+                     fmt_metric(interquartile_mean(values), SEEDS_KEY), shown])  # fmt: skip
     doc.table(["arm", "n", "mean [interval]", "median", "IQM", "seed: value"], rows, "lrrrrl")
     for sentence in far_seed_sentences(arms):
         doc.p(sentence)
