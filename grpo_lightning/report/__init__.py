@@ -15,8 +15,9 @@ the sweep folder or from ``data/`` gives byte-identical files.
 
 Statistics: the mean over seeds with its Student-t interval (``seed_interval``, behind every
 interval over seeds), each arm against the baseline arm over shared seeds (``comparisons``: the
-paired t-test, Cohen's d_z, Holm's correction, the minimum detectable effect), Wilson intervals of
-one run's accuracy (``wilson_interval``). Every number says the seeds behind it where some are
+paired t-test, Cohen's d_z, Holm's correction, the minimum detectable effect), paired by prompt too
+where the runs wrote per-prompt outcomes (``paired``: the two-level interval over seeds and prompts),
+Wilson intervals of one run's accuracy (``wilson_interval``). Every number says the seeds behind it where some are
 missing (``arms.SeedCount``: diverged, not logged, unfinished); a seed run twice in one arm is
 refused (``cells.refuse_duplicate_cells``), and no comparison below ``MIN_PAIRED_SEEDS`` pairs gets
 a verdict.
@@ -24,12 +25,14 @@ a verdict.
 Modules: ``runs`` (a run's TensorBoard scalars), ``cells`` (a sweep's cell folders and configs),
 ``data`` (the ``data/`` folder and ``REGENERATE``), ``outcomes`` (each run's per-prompt outcomes of
 its final validation, for statistics paired by prompt), ``labels`` (each arm's class against its name),
-``statistics``, ``metrics`` (which metrics, their ranges), ``arms`` (final values over seeds),
+``statistics``, ``paired`` (seeds x prompts, the seeds' robust summaries and the check for a collapsed
+seed), ``metrics`` (which metrics, their ranges), ``arms`` (final values over seeds),
 ``learning`` (how fast an arm learned), ``build`` (the report) and ``cli`` (the command);
 ``sections/``: ``summary``, ``effects`` (settings without effect), ``comparisons`` (effects against
-the baseline), ``finals``, ``validation``, ``health``, ``completions``, ``curves``, ``provenance``;
+the baseline), ``finals``, ``seeds`` (each seed's final accuracy), ``validation``, ``health``,
+``completions``, ``curves``, ``method`` (the formulas and their simulated coverage), ``provenance``;
 ``render/``: ``document`` with ``markdown`` and ``html`` (the report's text), ``plots`` (curve
-PNGs), ``tables`` (CSV and LaTeX), ``formatting`` (numbers and text).
+PNGs and the seeds' figure), ``tables`` (CSV and LaTeX), ``formatting`` (numbers and text).
 """
 
 from grpo_lightning.report.arms import Arm, final_value

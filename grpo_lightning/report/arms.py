@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from grpo_lightning.evaluation.outcomes import PromptOutcomes
 from grpo_lightning.report.cells import CellInfo
 from grpo_lightning.report.learning import REACH_AXES, curve_value, is_curve_key, split_key
 from grpo_lightning.report.metrics import metric_bounds
@@ -99,6 +100,8 @@ class Arm:
     runs: list[Run]
     #: The arm's cells without a ``DONE`` marker: counted among its seeds, in none of its numbers.
     unfinished: list[CellInfo] = field(default_factory=list)
+    #: Per seed, the per-prompt outcomes of the run's final validation, where it wrote them.
+    outcomes: dict[Any, PromptOutcomes] = field(default_factory=dict)
 
     def finals(self, key: str) -> list[float]:
         return [v for v in (final_value(r, key) for r in self.runs) if math.isfinite(v)]

@@ -8,26 +8,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.report.arms import SMOOTHING_STEPS, WIDE, Arm
+from grpo_lightning.report.arms import WIDE, Arm
 from grpo_lightning.report.cells import DATA_MARKER, CellInfo, arm_configs, discover_cells
 from grpo_lightning.report.labels import check_arm_classes
 from grpo_lightning.report.learning import curve_metrics, threshold_note
-from grpo_lightning.report.sections.comparisons import (
-    ALPHA,
-    EQUIVALENCE_MARGIN,
-    MIN_PAIRED_SEEDS,
-    PRACTICAL_ABSOLUTE,
-    PRACTICAL_RELATIVE,
-    comparison_section,
-)
+from grpo_lightning.report.sections.comparisons import EQUIVALENCE_MARGIN, comparison_section
 from grpo_lightning.report.sections.completions import completions_section
 from grpo_lightning.report.sections.curves import curves_section
 from grpo_lightning.report.render.document import Doc, user_text
 from grpo_lightning.report.sections.effects import effects_section, ineffective_notes
 from grpo_lightning.report.sections.finals import final_section
+from grpo_lightning.report.sections.seeds import seeds_section
 from grpo_lightning.report.data import DATA_FOLDER, REGENERATE_FILE, export_data, is_data_folder, read_sweep_record, regenerate_line
 from grpo_lightning.report.render.formatting import join_names
 from grpo_lightning.report.sections.health import health_section
+from grpo_lightning.report.sections.method import method_section
 from grpo_lightning.report.render.html import render_html
 from grpo_lightning.report.render.markdown import render_markdown
 from grpo_lightning.report.sections.provenance import (
@@ -37,6 +32,7 @@ from grpo_lightning.report.sections.provenance import (
     read_provenance,
     wall_clock_caveat,
 )
+from grpo_lightning.report.outcomes import cell_outcomes
 from grpo_lightning.report.runs import load_run, optimizer_steps_per_rollout
 from grpo_lightning.report.sections.summary import summary_paragraph
 from grpo_lightning.report.sections.validation import evaluation_section
@@ -99,6 +95,7 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     finished = [c for c in cells if c.finished]
     unfinished = [c for c in cells if not c.finished]
     arms = load_arms(finished, unfinished)
+    unpaired = attach_outcomes(arms)
     baseline = baseline_arm(arms, finished, meta.get("baseline"))
     margin = recorded_margin(meta)
     records = read_provenance(data_dir)
@@ -115,11 +112,14 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
         + (f", {len(unfinished)} unfinished (left out)" if unfinished else "")
         + f". Intervals over seeds are {confidence:.0%} Student-t intervals; arms are compared with the baseline "
         + (f"**{user_text(baseline.name)}** " if baseline else "")
-        + "by paired t-tests over shared seeds; see Method. The data this report is built from is in "
+        + "by paired t-tests over shared seeds (and shared prompts, where the runs wrote per-prompt outcomes); see "
+        "Method. The data this report is built from is in "
         f"[{DATA_FOLDER}/]({DATA_FOLDER}/), and `{REGENERATE_FILE}` rebuilds it."
     )
     doc.h(2, "Summary")
     doc.p(summary_paragraph(arms, baseline, confidence, caveat, configs, margin))
+    if unpaired:
+        doc.p(f"Per-prompt outcomes are not used, comparisons are over seeds only: {user_text(unpaired)}")
     if notes:
         doc.p(f"Settings without effect: clip settings of {join_names(_noted(arms, notes))} never clipped a "
               "token; see the section of that name.")  # fmt: skip
@@ -129,13 +129,14 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     effects_section(doc, notes)
     curve_rows = curve_metrics(arms, baseline)
     final_section(doc, arms, confidence, target, name, caveat, curve_rows, threshold_note(curve_rows, baseline))
+    seeds_section(doc, arms, target, confidence)
     evaluation_section(doc, arms, confidence)
     if baseline is not None:
         comparison_section(doc, arms, baseline, confidence, caveat, configs, margin)
     health_section(doc, arms)
     completions_section(doc, arms)
     curves_section(doc, arms, target, caveat, baseline, confidence)
-    _method_section(doc, confidence, margin)
+    method_section(doc, confidence, margin)
     provenance_section(doc, records, provenance)
 
     (target / "report.md").write_text(render_markdown(doc))
@@ -179,6 +180,18 @@ def load_arms(finished: Sequence[CellInfo], unfinished: Sequence[CellInfo] = ())
         if cell.arm in arms:
             arms[cell.arm].unfinished.append(cell)
     return [arms[a] for a in sorted(arms, key=lambda a: _arm_order(a, finished))]
+
+
+def attach_outcomes(arms: Sequence[Arm]) -> str:
+    """Give each arm the per-prompt outcomes of its runs' final validations (``outcomes.cell_outcomes``);
+    where cells validated on other prompts, none, and the reason (the report then pairs by seed only)."""
+    try:
+        found = cell_outcomes([cell for arm in arms for cell in arm.cells])
+    except ConfigError as error:
+        return str(error)
+    for arm in arms:
+        arm.outcomes.update({cell.seed: found[cell.name] for cell in arm.cells if cell.name in found})
+    return ""
 
 
 def _noted(arms: Sequence[Arm], notes: Sequence[str]) -> list[str]:
@@ -243,66 +256,3 @@ def _config_section(doc: Doc, arms: Sequence[Arm], configs: dict, inconsistent: 
     body = Doc()
     body.table(["setting", "value"], [[f"`{k}`", configs[names[0]].get(k, "—")] for k in shared], "ll")
     doc.details(f"Settings shared by every arm ({len(shared)})", body)
-
-
-def _method_section(doc: Doc, confidence: float, margin: float) -> None:
-    doc.h(2, "Method")
-    q = (1 + confidence) / 2
-    doc.items(
-        [
-            "Runs of one arm differ only in their seed; each finished run counts once (unfinished runs are left out).",
-            (
-                f"Final value: the last validation for val/*; the mean of the last {SMOOTHING_STEPS} training steps for "
-                "training metrics (one step is one batch of prompts); totals (tokens, steps, time) at the end."
-            ),
-            (
-                f"Interval of a mean over n seeds: mean ± t({q:g}, n − 1) · s / √n, s the standard deviation of the "
-                "seeds (n − 1 in the denominator), clipped to the range of the quantity. Exact for normal seeds; for "
-                "accuracies over a hundred prompts it covers 94-96% at 3 to 10 seeds in simulation. One seed: no "
-                "interval. All seeds equal: zero width, said so."
-            ),
-            (
-                "Effect against the baseline: at each seed both arms ran, d = arm − baseline; the mean of d with the "
-                "interval above; d_z = mean(d) / s_d; the paired t-test t = mean(d) / (s_d / √n), n − 1 degrees of "
-                "freedom, two-sided p; Holm's correction over the arms compared on a metric (sort the m p-values, "
-                "multiply the k-th smallest by m − k + 1, keep them non-decreasing, cap at 1)."
-            ),
-            (
-                "Minimum detectable effect (MDE): (t(1 − α/2m, n − 1) + t(0.8, n − 1)) · s_d / √n with α = 0.05 and m the "
-                "arms compared: a true difference this large is found 80% of the time; smaller ones mostly are not."
-            ),
-            (
-                f"Equivalence (TOST) within a margin δ: {margin:g} on accuracies and shares (whose scale is 1), "
-                f"{margin * 100:g}% of the baseline's mean elsewhere (tokens, KL, seconds and rewards have no scale of their "
-                "own; a reward's is set by its functions and weights); the margin is kept in data/sweep.json "
-                "(`--equivalence-margin`). Two one-sided paired t-tests, t = (mean(d) + δ) / (s_d / √n) "
-                "against mean(d) ≤ −δ and t = (mean(d) − δ) / (s_d / √n) against mean(d) ≥ +δ, n − 1 degrees of freedom; "
-                "p is the larger one-sided p, Holm-corrected over the arms compared as the paired test is, so that the "
-                f"chance of any false claim of equivalence on a metric stays below {ALPHA:g}. For one arm, p < {ALPHA:g} "
-                f"is the {1 - 2 * ALPHA:.0%} t-interval of mean(d) lying inside (−δ, +δ)."
-            ),
-            (
-                f"Verdict: better / worse when the Holm-corrected p is below {ALPHA:g} and |mean(d)| reaches the "
-                f"practical threshold ({PRACTICAL_ABSOLUTE:g} on accuracies and shares, {PRACTICAL_RELATIVE:.0%} of the "
-                f"baseline's mean elsewhere; else below the practical threshold); otherwise equivalent (±δ) when the "
-                f"Holm-corrected equivalence p is below {ALPHA:g}: evidence of no difference larger than δ; otherwise "
-                "undetermined, with the MDE: the data show neither a difference nor its absence. "
-                f"Below {MIN_PAIRED_SEEDS} paired seeds, no verdict. Intervals that do not overlap are not a test and are "
-                "never used as one."
-            ),
-            (
-                "Training reward is compared only between arms with the same reward functions and weights; arms that "
-                "logged the same reward, kl and val/accuracy at every step of every seed, and arms that started from "
-                "another val/accuracy than the baseline at the same seed, are flagged in the Summary."
-            ),
-            (
-                "Interval of one run's accuracy: over its validation prompts (the bootstrap over prompts the run "
-                "logged, else the Wilson score interval (p + z²/2n ± z √(p(1 − p)/n + z²/4n²)) / (1 + z²/n)): the "
-                "sampling of prompts only, not of seeds."
-            ),
-            (
-                "Step: an optimizer step (a rollout may make several; DAPO's dynamic sampling can spend several "
-                "generation batches on one update); generated tokens are cumulative."
-            ),
-        ]
-    )

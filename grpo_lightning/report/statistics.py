@@ -138,7 +138,8 @@ def wilson_interval(successes: float, trials: int, confidence: float = 0.95) -> 
     denominator = 1 + z * z / trials
     centre = (p + z * z / (2 * trials)) / denominator
     half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    # none or all: the bound is 0 or 1 exactly, not its rounding
+    return (0.0 if successes <= 0 else max(0.0, centre - half), 1.0 if successes >= trials else min(1.0, centre + half))
 
 
 def welch_test(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:

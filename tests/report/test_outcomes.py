@@ -49,3 +49,61 @@ def test_a_cell_validated_on_the_prompts_in_another_order_is_refused(tmp_path, c
     write_validation(cell_writer(sweep, "dapo", 0, 0.5), 5, [[1], [0], [0]], prompts=PROMPTS[::-1])
     with pytest.raises(ConfigError, match=r"prompt 0 .* cells 'dapo-seed0' and 'grpo-seed0' \(prompt hashes differ\)"):
         cell_outcomes(discover_cells(sweep))
+
+
+def outcome_sweep(root, cell_writer, seeds=(0, 1, 2), without=()) -> None:
+    """grpo right on the first 6 + s of 20 prompts at seed s, dapo on the first 10 + s: dapo gains 0.2
+    at every seed, on prompts 6 + s to 9 + s; ``without``: cells that wrote no outcomes."""
+    prompts = [f"{i}+{i}=" for i in range(20)]
+    for variant, right in (("grpo", 6), ("dapo", 10)):
+        for seed in seeds:
+            correct = [[1.0] if i < right + seed else [0.0] for i in range(20)]
+            directory = cell_writer(root, variant, seed, (right + seed) / 20)
+            if f"{variant}-seed{seed}" not in without:
+                write_validation(directory, 6, correct, prompts)
+
+
+def test_the_effect_on_val_accuracy_is_paired_by_prompt_where_every_run_wrote_outcomes(tmp_path, cell_writer):
+    from grpo_lightning.report import build_report
+    from grpo_lightning.report.paired import two_level_test
+
+    outcome_sweep(tmp_path / "sweep", cell_writer)
+    loaded = cell_outcomes(discover_cells(tmp_path / "sweep"))
+    tables = [np.stack([loaded[f"{v}-seed{s}"].correct[:, 0] for s in range(3)]) for v in ("dapo", "grpo")]
+    result = two_level_test(*tables)
+    # the seeds alone: 0.2 at every seed, no spread and no test; by prompt, dapo gains on 4 prompts of 20 at each seed
+    assert result.mean == pytest.approx(0.2) and result.se > 0 and result.p < 0.05
+    text = (build_report(tmp_path / "sweep", tmp_path / "report") / "report.md").read_text()
+    effects = text.split("### final val/accuracy")[1].split("<details>")[0]
+    row = f"| **dapo** | 3 x 20 prompts | +0.2 [{result.low:.4g}, {result.high:.4g}] |"
+    assert row in effects and "| 1 [0.4385, 1] | better |" in effects  # wins at 3 of 3 seeds: Wilson [0.4385, 1]
+    summary = text.split("## Summary")[1].split("## Runs")[0]
+    assert f"**dapo** +0.2 [{result.low:.4g}, {result.high:.4g}] (seeds x 20 prompts), better (Holm p " in summary
+
+
+def test_without_every_runs_outcomes_the_effect_falls_back_to_the_seeds(tmp_path, cell_writer):
+    from grpo_lightning.report import build_report
+
+    outcome_sweep(tmp_path / "sweep", cell_writer, without=("dapo-seed1",))
+    text = (build_report(tmp_path / "sweep", tmp_path / "report") / "report.md").read_text()
+    # TensorBoard keeps float32: the seeds' differences are 0.2 up to rounding, the interval zero-width
+    assert "| **dapo** | 3 | +0.2 [0.2, 0.2] |" in text and "x 20 prompts" not in text
+
+
+def test_two_seeds_with_outcomes_get_numbers_but_no_verdict(tmp_path, cell_writer):
+    from grpo_lightning.report import build_report
+
+    outcome_sweep(tmp_path / "sweep", cell_writer, seeds=(0, 1))
+    text = (build_report(tmp_path / "sweep", tmp_path / "report") / "report.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| **dapo** | 2 x 20 prompts |"))
+    assert row.endswith("| too few seeds (n=2; 3 needed) |")
+
+
+def test_a_report_whose_cells_validated_on_other_prompts_pairs_by_seed_only_and_says_why(tmp_path, cell_writer):
+    from grpo_lightning.report import build_report
+
+    outcome_sweep(tmp_path / "sweep", cell_writer)
+    write_validation(tmp_path / "sweep" / "dapo-seed2", 7, [[1.0]] * 20, [f"other {i}" for i in range(20)])
+    text = (build_report(tmp_path / "sweep", tmp_path / "report") / "report.md").read_text()
+    assert "Per-prompt outcomes are not used, comparisons are over seeds only: outcomes: prompt 0 of the validation" in text
+    assert "| **dapo** | 3 | +" in text and "x 20 prompts" not in text

@@ -126,6 +126,7 @@ def test_report_sections_and_numbers(sweep, tmp_path):
         "## Runs",
         "## Configuration",
         "## Final metrics",
+        "## Seeds",
         "## Effects against the baseline (grpo)",
         "## Learning curves",
         "## Method",
@@ -136,9 +137,9 @@ def test_report_sections_and_numbers(sweep, tmp_path):
         assert f"### {title}\n" in md
     pngs = sorted(p.name for p in target.glob("*.png"))
     assert pngs == sorted(
-        f"curves_{s}.png"
-        for s in ["val_accuracy", "reward", "kl", "entropy", "mean_length", "clip_ratio", "frac_reward_zero_std"]
-    )
+        ["final_val_accuracy.png"] + [f"curves_{s}.png"
+         for s in ["val_accuracy", "reward", "kl", "entropy", "mean_length", "clip_ratio", "frac_reward_zero_std"]]
+    )  # fmt: skip
     for png in pngs:
         assert f"]({png})" in md and f'src="{png}"' in html
 

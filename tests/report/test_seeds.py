@@ -74,3 +74,24 @@ def test_two_seeds_give_numbers_but_no_verdict(tmp_path, cell_writer):
     assert "**dapo** +0.62 [0.3659, 0.8741], too few seeds (n=2; 3 needed)" in summary
     rows = [line for line in effects.splitlines() if line.startswith("| **dapo**")]
     assert len(rows) == 5 and not any(word in " ".join(rows) + summary for word in ("better", "worse", "Holm p ="))
+
+
+def test_a_collapsed_seed_is_named_beside_the_median_and_iqm(tmp_path, cell_writer):
+    """dapo's seed 4 ends at 0.02 against 0.40-0.43: its residual among the other four (mean 0.415,
+    s = 0.0129) is 26, beyond t(1 - 0.05 / 10, 3) = 5.84; grpo's 0.30-0.34 are one spread."""
+    sweep = tmp_path / "sweep"
+    for seed in SEEDS:
+        cell_writer(sweep, "grpo", seed, 0.30 + 0.01 * seed)
+        cell_writer(sweep, "dapo", seed, (0.40, 0.41, 0.42, 0.43, 0.02)[seed])
+    target = build_report(sweep, tmp_path / "report")
+    text = (target / "report.md").read_text()
+    seeds = section(text, "Seeds")
+    # dapo: mean 0.336; sorted 0.02 0.40 0.41 0.42 0.43, median 0.41, IQM (one dropped from each end) 0.41
+    assert "| **dapo** | 5 | 0.336 [" in seeds and "| 0.41 | 0.41 | 0: 0.4, 1: 0.41, 2: 0.42, 3: 0.43, 4: 0.02 (far) |" in seeds
+    assert "| **grpo** | 5 | 0.32 [0.3004, 0.3396] | 0.32 | 0.32 | 0: 0.3, 1: 0.31, 2: 0.32, 3: 0.33, 4: 0.34 |" in seeds
+    warning = ("**Warning:** **dapo** seed 4 ended val/accuracy 0.02, far below its other seeds (0.4, 0.41, 0.42, 0.43): "
+               "a collapsed run? Its seeds are not spread around one value")  # fmt: skip
+    assert warning in seeds and warning in section(text, "Summary") and "**grpo** seed" not in text
+    effects = section(text, "Effects against the baseline (grpo)")
+    assert "Seeds far from their arm's others (see Seeds): **dapo** seed 4." in effects
+    assert (target / "final_val_accuracy.png").is_file() and "](final_val_accuracy.png)" in seeds

@@ -114,6 +114,10 @@ def test_verdicts_against_the_baseline_follow_the_holm_corrected_paired_test():
     assert [(e.arm, e.n, e.verdict) for e in alone] == [("dapo", 5, "better")]
     assert (alone[0].mean, alone[0].p, alone[0].p_holm) == pytest.approx((0.046, 0.0256447, 0.0256447), abs=1e-6)
     assert alone[0].effect_size == pytest.approx(1.550660, abs=1e-6)
+    # the MDE is proportional to s_d: its interval is the chi-square one of s_d, sqrt(4 / chi2(0.975, 4) = 11.143287)
+    # = 0.5991331 and sqrt(4 / chi2(0.025, 4) = 0.4844186) = 2.8735556 times the MDE; the arm is higher at 5 of 5 seeds
+    assert alone[0].mde_interval == pytest.approx((0.5991331 * alone[0].mde, 2.8735556 * alone[0].mde), rel=1e-6)
+    assert alone[0].improvement == pytest.approx((1.0, 0.5655175, 1.0), abs=1e-6)
     # the same arm beside a second one: Holm doubles the smaller p (0.0513 > 0.05), and the MDE is at 0.05 / 2
     flat = _arm("rloo", [0.27, 0.27, 0.28, 0.31, 0.29])  # d = 0.02 -0.03 0.01 0 -0.01: p = 0.8276
     two = baseline_effects([baseline, better, flat], baseline, "val/accuracy", direction=1)

@@ -1,6 +1,7 @@
 """Learning-curve PNGs: each seed as a thin line under the mean over seeds and the band of its
 Student-t interval (``statistics.seed_interval``), against training steps, generated tokens and
-wall-clock seconds; one colour per arm and one y-range per curve across the figures of a report."""
+wall-clock seconds; one colour per arm and one y-range per curve across the figures of a report.
+And the figure of a final metric: each seed a dot beside its arm's mean, interval and median."""
 
 from __future__ import annotations
 
@@ -132,6 +133,45 @@ def plot_curves(arms: Sequence[Arm], tags: Sequence[str], title: str, path: Path
         fig.suptitle(f"{title}: mean over seeds, band {confidence:.0%} t-interval of the mean, thin lines single seeds")
         height = 3.4 * len(tags)
         fig.subplots_adjust(left=0.06, right=0.99, wspace=0.25, hspace=0.4, top=1 - 0.45 / height, bottom=0.55 / height)
+        fig.savefig(path, format="png", metadata=PNG_METADATA)
+        plt.close(fig)
+    _palettize(path)
+
+
+def plot_finals(arms: Sequence[Arm], key: str, path: Path, confidence: float = 0.95,
+                colors: dict[str, tuple] | None = None, flagged: dict[str, list] | None = None) -> None:  # fmt: skip
+    """One column per arm: each seed's final ``key`` as a dot (seeds side by side in seed order), the
+    mean with its interval over seeds (``Arm.interval``) as a black bar and the median as a diamond;
+    ``flagged``: per arm, the seeds circled in red (far from the others). Deterministic PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    colors = colors or arm_colors([a.name for a in arms])
+    rc = {"figure.dpi": 100, "savefig.dpi": 100, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3,
+          "path.simplify": False}  # fmt: skip
+    with matplotlib.rc_context(rc):
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(arms) + 2.0), 3.6))
+        for i, arm in enumerate(arms):
+            by_seed = arm.finals_by_seed(key)
+            seeds = list(by_seed)
+            offsets = np.linspace(-0.22, 0.22, len(seeds)) if len(seeds) > 1 else np.zeros(len(seeds))
+            ax.scatter(i + offsets, [by_seed[s] for s in seeds], s=22, color=colors[arm.name], zorder=3, linewidths=0)
+            circled = [(i + o, by_seed[s]) for o, s in zip(offsets, seeds) if s in (flagged or {}).get(arm.name, ())]
+            if circled:
+                ax.scatter(*zip(*circled), s=90, facecolors="none", edgecolors="red", linewidths=1.2, zorder=4)
+            mean, low, high = arm.interval(key, confidence)
+            if np.isfinite(mean):
+                ax.plot([i + 0.3, i + 0.3], [low, high] if np.isfinite(low) else [mean, mean], color="black", linewidth=1.4)
+                ax.plot([i + 0.25, i + 0.35], [mean, mean], color="black", linewidth=2.0)
+                ax.scatter([i + 0.3], [float(np.median(list(by_seed.values())))], marker="D", s=24, color="white",
+                           edgecolors="black", zorder=4)  # fmt: skip
+        tilted = len(arms) > 4
+        ax.set_xticks(range(len(arms)), [a.name for a in arms], rotation=30 if tilted else 0, ha="right" if tilted else "center")
+        ax.set_ylabel(key)
+        ax.set_title(f"final {key}: dots seeds; bar mean, {confidence:.0%} t-interval; diamond median", fontsize=8)
+        fig.tight_layout()
         fig.savefig(path, format="png", metadata=PNG_METADATA)
         plt.close(fig)
     _palettize(path)

@@ -1,6 +1,9 @@
 """Each arm against the sweep's baseline arm: the paired difference over the seeds both ran, its
-t-interval, effect size, Holm-corrected p, equivalence test and minimum detectable effect, and the
-verdict they give: different, equivalent within a margin, or undetermined.
+t-interval, effect size, Holm-corrected p, equivalence test and minimum detectable effect, the
+probability that the arm ends higher at a seed, and the verdict they give: different, equivalent
+within a margin, or undetermined. Where every paired run wrote its per-prompt outcomes (val/accuracy),
+the difference is paired by prompt too and its interval, tests and MDE are the two-level ones of
+:mod:`~grpo_lightning.report.paired` (seeds x prompts); elsewhere they are over the seeds' final values.
 
 Seeds are shared across arms (the same seed draws the same prompts and start), so the difference
 at each seed removes what the seed alone decides; a paired test on those differences has more
@@ -12,13 +15,23 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from grpo_lightning.report.arms import Arm, SeedCount, seed_order
 from grpo_lightning.report.render.document import Doc, user_text
-from grpo_lightning.report.render.formatting import fmt, fmt_metric, fmt_p
+from grpo_lightning.report.render.formatting import fmt, fmt_interval, fmt_metric, fmt_p
 from grpo_lightning.report.metrics import PROPORTION, REWARD_SCALE_KEYS, SUMMARY_METRICS, WALL_CLOCK_METRICS, metric_bounds
+from grpo_lightning.report.outcomes import score_tables
+from grpo_lightning.report.paired import (
+    TwoLevel,
+    design_mde,
+    improvement_probability,
+    outlying_seeds,
+    two_level_equivalence,
+    two_level_test,
+)
 from grpo_lightning.report.statistics import (
     equivalence_test,
     holm,
@@ -70,6 +83,14 @@ class Effect:
     #: The equivalence margin in ``key``'s units (see ``equivalence_margin``).
     margin: float = math.nan
     p_equivalence_holm: float = math.nan
+    #: The two-level analysis over seeds and prompts, where per-prompt outcomes gave one.
+    two_level: TwoLevel | None = None
+    #: The MDE's interval (chi-square on the variance behind it).
+    mde_interval: tuple[float, float] = (math.nan, math.nan)
+    #: The two-level design's MDE with twice the seeds, and with twice the prompts (what either would buy).
+    mde_doubled: tuple[float, float] = (math.nan, math.nan)
+    #: P(arm > baseline) at a seed, with its Wilson interval (``paired.improvement_probability``).
+    improvement: tuple[float, float, float] = (math.nan, math.nan, math.nan)
 
 
 def practical_threshold(key: str, baseline_mean: float) -> float:
@@ -77,6 +98,16 @@ def practical_threshold(key: str, baseline_mean: float) -> float:
     if metric_bounds(key.rpartition(":")[2]) == PROPORTION:
         return PRACTICAL_ABSOLUTE
     return PRACTICAL_RELATIVE * abs(baseline_mean) if math.isfinite(baseline_mean) else math.nan
+
+
+def far_seeds(arm: Arm, key: str) -> dict[Any, float]:
+    """The seeds of ``arm`` whose final ``key`` lies far from its other seeds' (``paired.outlying_seeds``,
+    and by at least the practical threshold), with their values."""
+    by_seed = arm.finals_by_seed(key)
+    values = list(by_seed.values())
+    floor = practical_threshold(key, sum(values) / len(values)) if values else 0.0
+    far = outlying_seeds(values, floor=floor)
+    return {seed: by_seed[seed] for i, seed in enumerate(by_seed) if i in far}
 
 
 def equivalence_margin(key: str, baseline_mean: float, margin: float = EQUIVALENCE_MARGIN) -> float:
@@ -112,11 +143,23 @@ def paired_seeds(arm: Arm, baseline: Arm, key: str, label: str) -> SeedCount:
 
 
 def pairs_text(effect: Effect) -> str:
-    """``5``, or ``4 of 5 (seed 3: dapo diverged (final reward non-finite))``: the pairs an effect uses."""
+    """``5``, ``5 x 200 prompts`` (two-level), or ``4 of 5 (seed 3: dapo diverged (final reward
+    non-finite))``: the pairs an effect uses."""
+    prompts = f" x {effect.two_level.components.prompts} prompts" if effect.two_level else ""
     if effect.pairs is None or not effect.pairs.excluded:
-        return str(effect.n)
+        return f"{effect.n}{prompts}"
     reasons = "; ".join(f"seed {seed}: {user_text(why)}" for seed, why in effect.pairs.excluded)
-    return f"{effect.n} of {effect.pairs.total} ({reasons})"
+    return f"{effect.n}{prompts} of {effect.pairs.total} ({reasons})"
+
+
+def mde_text(effect: Effect) -> str:
+    """``0.061 [0.036, 0.18]``: the MDE with its interval."""
+    return fmt_interval(effect.mde, *effect.mde_interval) if math.isfinite(effect.mde) else "n/a"
+
+
+def improvement_text(effect: Effect) -> str:
+    """``0.8 [0.38, 0.96]``: P(arm > baseline) at a seed with its Wilson interval."""
+    return fmt_interval(*effect.improvement)
 
 
 def baseline_effects(arms: Sequence[Arm], baseline: Arm, key: str, direction: int, confidence: float = 0.95,
@@ -131,20 +174,42 @@ def baseline_effects(arms: Sequence[Arm], baseline: Arm, key: str, direction: in
     effects = []
     for arm in others:
         d = paired_differences(arm, baseline, key)
-        mean, low, high = seed_interval(d, confidence)
-        t, p = paired_test(d)
+        tables = score_tables(arm, baseline, key)
+        two_level = two_level_test(*tables, confidence) if tables is not None else None
+        mean, low, high = (two_level.mean, two_level.low, two_level.high) if two_level else seed_interval(d, confidence)
+        t, p = (two_level.t, two_level.p) if two_level else paired_test(d)
         effects.append(Effect(arm.name, baseline.name, key, len(d), mean, low, high, standardised_effect(d), t, p,
-                              math.nan, math.nan, threshold, "", d, paired_seeds(arm, baseline, key, label or key), bound))  # fmt: skip
+                              math.nan, math.nan, threshold, "", d, paired_seeds(arm, baseline, key, label or key), bound,
+                              two_level=two_level, improvement=improvement_probability(d, confidence)))  # fmt: skip
     family = max(1, sum(1 for e in effects if math.isfinite(e.p)))
-    equivalence = holm([equivalence_test(e.differences, bound) for e in effects])
+    equivalence = holm([two_level_equivalence(e.two_level, bound) if e.two_level else equivalence_test(e.differences, bound)
+                        for e in effects])  # fmt: skip
     for effect, adjusted, adjusted_equivalence in zip(effects, holm([e.p for e in effects]), equivalence):
         effect.p_holm = adjusted
         effect.p_equivalence_holm = adjusted_equivalence
-        sd = float(np.std(effect.differences, ddof=1)) if effect.n > 1 else math.nan
         # at the level Holm's first step uses: a difference this large is found whatever its rank
-        effect.mde = minimum_detectable_effect(sd, effect.n, ALPHA / family) if math.isfinite(effect.p) else math.nan
+        if math.isfinite(effect.p):
+            mde, low, high = _mde(effect, ALPHA / family, confidence)
+            effect.mde, effect.mde_interval = mde, (low, high)
+            if effect.two_level is not None:
+                prompts = effect.two_level.components.prompts
+                effect.mde_doubled = (design_mde(effect.two_level, ALPHA / family, seeds=2 * effect.n)[0],
+                                      design_mde(effect.two_level, ALPHA / family, prompts=2 * prompts)[0])  # fmt: skip
         effect.verdict = verdict(effect, direction)
     return effects
+
+
+def _mde(effect: Effect, alpha: float, confidence: float) -> tuple[float, float, float]:
+    """``(mde, low, high)``: the design's (``paired.design_mde``) with the two-level analysis; over
+    seeds, ``minimum_detectable_effect`` of ``s_d``, which scales with ``s_d``, so its interval is
+    the chi-square interval of ``s_d``: ``mde sqrt((n - 1) / chi2_{(1 +- confidence) / 2, n - 1})``."""
+    from scipy import stats
+
+    if effect.two_level is not None:
+        return design_mde(effect.two_level, alpha, confidence=confidence)
+    mde = minimum_detectable_effect(float(np.std(effect.differences, ddof=1)), effect.n, alpha)
+    dof = effect.n - 1
+    return (mde, *(mde * math.sqrt(dof / float(stats.chi2.ppf(q, dof))) for q in ((1 + confidence) / 2, (1 - confidence) / 2)))
 
 
 def verdict(effect: Effect, direction: int) -> str:
@@ -248,10 +313,16 @@ def comparison_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence:
                        configs: Mapping[str, Mapping[str, str]], margin: float = EQUIVALENCE_MARGIN) -> None:  # fmt: skip
     doc.h(2, f"Effects against the baseline ({user_text(baseline.name)})")
     doc.p(
-        f"Each arm minus **{user_text(baseline.name)}** at every seed both ran: the mean difference [{confidence:.0%} t-interval], "
-        "Cohen's d_z (mean / standard deviation of the differences), the paired t-test's p and Holm's correction "
-        "over the arms compared, the equivalence test's p (TOST, Holm-corrected) and the minimum detectable "
-        f"effect (MDE) at 80% power. Differences below {PRACTICAL_ABSOLUTE:g} on accuracies and shares, or below "
+        f"Each arm minus **{user_text(baseline.name)}** at every seed both ran: the mean difference "
+        f"[{confidence:.0%} t-interval], "
+        "Cohen's d_z (mean / standard deviation of the seeds' differences), the paired t-test's p and Holm's correction "
+        "over the arms compared, the equivalence test's p (TOST, Holm-corrected), the minimum detectable "
+        f"effect (MDE) at 80% power [{confidence:.0%} interval] and P(arm > baseline): the share of seeds at which the arm "
+        f"ended higher [{confidence:.0%} Wilson interval]. Where every paired run wrote its per-prompt outcomes "
+        "(seeds column `n x P prompts`), the runs are paired by prompt too and the interval, tests and MDE are "
+        "two-level: over new seeds and new prompts, from the variance between seeds and between prompts; elsewhere "
+        f"(seeds column a number) they are over the seeds' final values. Differences below {PRACTICAL_ABSOLUTE:g} on "
+        "accuracies and shares, or below "
         f"{PRACTICAL_RELATIVE:.0%} of the baseline's mean elsewhere, are not called better or worse; an arm is "
         f"equivalent when the test shows its difference within ±{margin:g} on accuracies and shares, or "
         f"±{margin * 100:g}% of the baseline's mean elsewhere; otherwise it is undetermined. The interval is for one "
@@ -261,7 +332,7 @@ def comparison_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence:
     if len(arms) < 2:
         doc.p("Only one arm: nothing to compare.")
         return
-    header = ["arm", "seeds", "difference", "d_z", "p", "p (Holm)", "p TOST (Holm)", "MDE", "verdict"]
+    header = ["arm", "seeds", "difference", "d_z", "p", "p (Holm)", "p TOST (Holm)", "MDE", "P(arm > baseline)", "verdict"]
     for number, (key, label, direction) in enumerate(SUMMARY_METRICS):
         if wall_clock_caveat and key in WALL_CLOCK_METRICS:
             continue
@@ -271,14 +342,23 @@ def comparison_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence:
         if (not effects and not left_out) or not baseline.finals(key):
             continue
         rows = [[f"**{user_text(e.arm)}**", pairs_text(e), difference_text(e), fmt(e.effect_size, 3), fmt_p(e.p), fmt_p(e.p_holm),
-                 fmt_p(e.p_equivalence_holm), fmt(e.mde), e.verdict] for e in effects]  # fmt: skip
+                 fmt_p(e.p_equivalence_holm), mde_text(e), improvement_text(e), e.verdict] for e in effects]  # fmt: skip
         title = f"{label} ({user_text(baseline.name)}: {fmt_metric(baseline.interval(key, confidence)[0], key)})"
         note = f"Not compared (other reward functions): {', '.join(map(user_text, left_out))}." if left_out else ""
+        doubled = "; ".join(f"**{user_text(e.arm)}** {fmt(e.mde_doubled[0], 2)} and {fmt(e.mde_doubled[1], 2)}" for e in effects
+                            if math.isfinite(e.mde_doubled[0]))  # fmt: skip
+        if doubled:
+            note += (" " if note else "") + f"The MDE of the design with twice the seeds, and with twice the prompts: {doubled}."
+        far = {a.name: far_seeds(a, key) for a in compared} if number == 0 else {}
+        if any(far.values()):
+            named = "; ".join(f"**{user_text(name)}** seed {', '.join(map(str, seeds))}" for name, seeds in far.items() if seeds)
+            note += (" " if note else "") + (f"Seeds far from their arm's others (see Seeds): {named}. The comparisons "
+                                             "that use them cover less than they say.")  # fmt: skip
         body = doc if number == 0 else Doc()
         if number == 0:
             doc.h(3, title)
         if rows:
-            body.table(header, rows, "lrrrrrrrl")
+            body.table(header, rows, "lrrrrrrrrl")
         if note:
             body.p(note)
         if number != 0:

@@ -24,6 +24,7 @@ from grpo_lightning.report.sections.comparisons import (
 from grpo_lightning.report.render.document import user_text
 from grpo_lightning.report.render.formatting import UNITS, fmt, fmt_metric, p_phrase
 from grpo_lightning.report.metrics import FINAL_METRICS, SUMMARY_METRICS, WALL_CLOCK_METRICS
+from grpo_lightning.report.sections.seeds import far_seed_sentences
 
 #: The metric whose cost is named beside each effect.
 COST_KEY = "perf/generated_tokens"
@@ -44,7 +45,8 @@ def summary_paragraph(arms: Sequence[Arm], baseline: Arm | None = None, confiden
     if len(arms) < 2:
         return " ".join(parts) + " With a single arm there is no comparison."
     parts.append(f"Each arm is compared with the baseline **{user_text(baseline.name)}** over the seeds both ran (paired t-test, "
-                 "Holm's correction over the arms; see Effects against the baseline).")  # fmt: skip
+                 "Holm's correction over the arms; paired by prompt too where the runs wrote per-prompt outcomes, said "
+                 "as seeds x prompts; see Effects against the baseline).")  # fmt: skip
     for key, label, direction in SUMMARY_METRICS:
         if key in WALL_CLOCK_METRICS and wall_clock_caveat:
             parts.append(f"The {label} is not compared: {wall_clock_caveat}")
@@ -85,7 +87,8 @@ def effect_phrase(effect: Effect, arms: Sequence[Arm], baseline: Arm, key: str) 
              if effect.pairs and effect.pairs.excluded else "")  # fmt: skip
     # the difference is in the verdict's own words where there is no test, unless too few seeds stopped it
     shown = math.isfinite(effect.p) or (effect.n < MIN_PAIRED_SEEDS and math.isfinite(effect.mean))
-    text = f"**{user_text(effect.arm)}** " + pairs + (f"{difference_text(effect)}, " if shown else "") + effect.verdict
+    method = f" (seeds x {effect.two_level.components.prompts} prompts)" if effect.two_level and shown else ""
+    text = f"**{user_text(effect.arm)}** " + pairs + (f"{difference_text(effect)}{method}, " if shown else "") + effect.verdict
     if effect.verdict in ("better", "worse", "higher", "lower") or effect.verdict.startswith("below"):
         text += f" (Holm p {p_phrase(effect.p_holm)})"
     elif effect.verdict.startswith("equivalent"):
@@ -132,9 +135,9 @@ def cost_text(arm: Arm, baseline: Arm) -> str:
 
 
 def flag_sentences(arms: Sequence[Arm], baseline: Arm) -> list[str]:
-    """Arms identical to another at every seed, arms that started from another point, and final
-    validations taken at different training steps."""
-    sentences = []
+    """Seeds far from their arm's others, arms identical to another at every seed, arms that started
+    from another point, and final validations taken at different training steps."""
+    sentences = far_seed_sentences(arms)
     steps = {a.name: sorted(set(a.finals("step_of:val/accuracy"))) for a in arms}
     if len({tuple(s) for s in steps.values() if s}) > 1:
         shown = "; ".join(f"**{user_text(name)}** {', '.join(fmt_metric(v) for v in s)}" for name, s in steps.items() if s)

@@ -1,0 +1,209 @@
+"""Statistics of an arm against the baseline from per-prompt outcomes, paired by seed and by prompt:
+the two-level (seeds x prompts) t-interval of the mean difference on the variance components of a
+crossed two-way layout, its tests and minimum detectable effect; the probability that the arm beats
+the baseline at a seed; robust summaries over seeds (median, IQM); and the check for a seed far
+from the others (a collapsed run), under which no interval over seeds is trustworthy.
+
+Every seed validates on the same prompts, so seeds and prompts are crossed, not nested:
+``D[s, p] = arm[s, p] - baseline[s, p] = delta + a_s + b_p + e_sp`` with a seed effect ``a``
+(variance ``sigma2_seed``), a prompt effect ``b`` (on which prompts the arm helps:
+``sigma2_prompt``) and their interaction ``e`` (``sigma2_residual``). The mean of ``D`` has variance
+``sigma2_seed / S + sigma2_prompt / P + sigma2_residual / (S P)`` over new seeds and new prompts of
+the task. ``benchmarks/interval_coverage.py`` measures the coverage of this interval against the
+seed-level t-interval and the two-level percentile bootstrap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from grpo_lightning.report.statistics import POWER, no_spread, t_quantile, wilson_interval
+
+
+@dataclass(frozen=True)
+class Components:
+    """Mean squares of ``D [S, P]`` (two-way ANOVA without replication) and what they estimate.
+
+    ``MS_seed = P sum_s (D_s. - D..)^2 / (S - 1)``, ``MS_prompt = S sum_p (D_.p - D..)^2 / (P - 1)``,
+    ``MS_residual = sum_sp (D_sp - D_s. - D_.p + D..)^2 / ((S - 1)(P - 1))``;
+    ``E[MS_prompt] = sigma2_residual + S sigma2_prompt``, ``E[MS_residual] = sigma2_residual``.
+    """
+
+    seeds: int
+    prompts: int
+    ms_seed: float
+    ms_prompt: float
+    ms_residual: float
+
+    @property
+    def seed_variance(self) -> float:
+        """``MS_seed / P``: the variance of a seed's mean difference over the ``P`` prompts."""
+        return self.ms_seed / self.prompts
+
+    @property
+    def prompt_variance(self) -> float:
+        """``sigma2_prompt = max(0, (MS_prompt - MS_residual) / S)``."""
+        return max(0.0, (self.ms_prompt - self.ms_residual) / self.seeds)
+
+
+def mean_squares(differences: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(MS_seed, MS_prompt, MS_residual)`` of ``differences [..., S, P]`` (``S, P >= 2``), each ``[...]``."""
+    d = np.asarray(differences, dtype=float)
+    seeds, prompts = d.shape[-2:]
+    grand = d.mean(axis=(-2, -1), keepdims=True)
+    rows, columns = d.mean(axis=-1, keepdims=True), d.mean(axis=-2, keepdims=True)
+    ms_seed = prompts * ((rows - grand) ** 2).sum(axis=(-2, -1)) / (seeds - 1)
+    ms_prompt = seeds * ((columns - grand) ** 2).sum(axis=(-2, -1)) / (prompts - 1)
+    ms_residual = ((d - rows - columns + grand) ** 2).sum(axis=(-2, -1)) / ((seeds - 1) * (prompts - 1))
+    return ms_seed, ms_prompt, ms_residual
+
+
+def components(differences: np.ndarray) -> Components:
+    """The mean squares of ``differences [S, P]``."""
+    seeds, prompts = np.shape(differences)
+    return Components(seeds, prompts, *(float(ms) for ms in mean_squares(differences)))
+
+
+def standard_error(ms_seed, ms_prompt, ms_residual, seeds: int, prompts: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(se, dof)`` of the mean difference: ``se^2 = MS_seed / (S P) + sigma2_prompt / P``, the
+    seed-level ``s_d^2 / S`` (``s_d``: the spread of the seeds' mean differences) plus the
+    prompt-level variance. With ``sigma2_prompt > 0``, ``se^2 = (MS_seed + MS_prompt - MS_residual) / (S P)``
+    and Satterthwaite's ``dof = se^4 / sum_i (MS_i / (S P))^2 / dof_i`` (``dof_i``: ``S - 1``,
+    ``P - 1``, ``(S - 1)(P - 1)``); without, exactly the seed-level t (``dof = S - 1``)."""
+    n = seeds * prompts
+    ms_seed, ms_prompt, ms_residual = (np.asarray(ms, dtype=float) for ms in (ms_seed, ms_prompt, ms_residual))
+    prompt_level = ms_prompt > ms_residual
+    variance = np.where(prompt_level, (ms_seed + ms_prompt - ms_residual) / n, ms_seed / n)
+    parts = ((ms_seed / n) ** 2 / (seeds - 1) + (ms_prompt / n) ** 2 / (prompts - 1)
+             + (ms_residual / n) ** 2 / ((seeds - 1) * (prompts - 1)))  # fmt: skip
+    with np.errstate(invalid="ignore", divide="ignore"):
+        dof = np.where(prompt_level, variance**2 / np.where(parts > 0, parts, 1.0), seeds - 1.0)
+    return np.sqrt(variance), dof
+
+
+def two_level_interval(differences: np.ndarray, confidence: float = 0.95) -> tuple[np.ndarray, ...]:
+    """``(mean, low, high, se, dof)`` of ``differences [..., S, P]``: ``mean(D) -+ t_{(1 + confidence) / 2, dof} se``."""
+    from scipy import stats
+
+    d = np.asarray(differences, dtype=float)
+    se, dof = standard_error(*mean_squares(d), *d.shape[-2:])
+    mean = d.mean(axis=(-2, -1))
+    with np.errstate(invalid="ignore"):
+        half = np.where(se > 0, stats.t.ppf((1.0 + confidence) / 2.0, np.maximum(dof, 1e-9)) * se, 0.0)
+    return mean, mean - half, mean + half, se, dof
+
+
+@dataclass(frozen=True)
+class TwoLevel:
+    """``arm - baseline`` over ``S`` seeds and ``P`` prompts: the mean, its interval, ``se`` and
+    ``dof``, the paired two-sided ``t`` and ``p``, and the variance components."""
+
+    mean: float
+    low: float
+    high: float
+    se: float
+    dof: float
+    t: float
+    p: float
+    components: Components
+
+
+def two_level_test(arm: np.ndarray, baseline: np.ndarray, confidence: float = 0.95) -> TwoLevel:
+    """The difference of two ``[S, P]`` score tables (row ``s``: seed ``s`` of either arm; column
+    ``p``: prompt ``p``): :func:`two_level_interval`, ``t = mean(D) / se`` and its two-sided ``p``
+    on ``dof`` (``nan`` without a spread: ``se = 0``, or every difference equal up to rounding)."""
+    from scipy import stats
+
+    d = np.asarray(arm, dtype=float) - np.asarray(baseline, dtype=float)
+    mean, low, high, se, dof = (float(v) for v in two_level_interval(d, confidence))
+    if no_spread(d.ravel()):  # equal up to rounding: a t statistic of that spread would be an artefact
+        low, high, se = mean, mean, 0.0
+    t = mean / se if se > 0 else math.nan
+    p = float(2.0 * stats.t.sf(abs(t), dof)) if se > 0 else math.nan
+    return TwoLevel(mean, low, high, se, dof, t, p, components(d))
+
+
+def two_level_equivalence(result: TwoLevel, margin: float) -> float:
+    """TOST on the two-level mean: the larger of ``P(T > (mean + margin) / se)`` and
+    ``P(T < (mean - margin) / se)``, ``T ~ t(dof)``; ``nan`` without a spread or margin."""
+    from scipy import stats
+
+    if not result.se > 0 or not margin > 0 or not math.isfinite(margin):
+        return math.nan
+    low = float(stats.t.sf((result.mean + margin) / result.se, result.dof))
+    high = float(stats.t.cdf((result.mean - margin) / result.se, result.dof))
+    return max(low, high)
+
+
+def design_mde(result: TwoLevel, alpha: float = 0.05, power: float = POWER, confidence: float = 0.95,
+               seeds: int | None = None, prompts: int | None = None) -> tuple[float, float, float]:  # fmt: skip
+    """The minimum detectable effect of a design of ``S'`` seeds and ``P'`` prompts (default the
+    ``S`` and ``P`` run), ``(mde, low, high)``: ``MDE = (t_{1 - alpha / 2, dof} + t_{power, dof})
+    sqrt(v)``, ``v = sigma2_seed / S' + MS_residual / (S' P') + sigma2_prompt / P'`` with the unbiased
+    ``sigma2_seed = (MS_seed - MS_residual) / P`` (negative where the seeds agree better than the
+    prompts' noise predicts: ``v`` is then still the interval's ``se^2`` at the design run and positive
+    with more seeds; ``nan`` where it is not positive) and ``dof`` the interval's. At the design run
+    ``v = se^2``. Its interval: ``v`` between ``dof v / chi2_{(1 + confidence) / 2, dof}`` and
+    ``dof v / chi2_{(1 - confidence) / 2, dof}`` (the chi-square of the Satterthwaite variance)."""
+    from scipy import stats
+
+    c = result.components
+    seeds, prompts = seeds or c.seeds, prompts or c.prompts
+    seed_level = (c.ms_seed - c.ms_residual) / c.prompts
+    variance = seed_level / seeds + c.ms_residual / (seeds * prompts) + c.prompt_variance / prompts
+    if not variance > 0:
+        return (math.nan, math.nan, math.nan)
+    factor = float(stats.t.ppf(1 - alpha / 2, result.dof) + stats.t.ppf(power, result.dof))
+    upper, lower = (float(stats.chi2.ppf(q, result.dof)) for q in ((1 + confidence) / 2, (1 - confidence) / 2))
+    return (factor * math.sqrt(variance), factor * math.sqrt(variance * result.dof / upper),
+            factor * math.sqrt(variance * result.dof / lower))
+
+
+def improvement_probability(differences: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """P(arm > baseline) at a seed, ``(p, low, high)``: the share of paired seeds at which the arm
+    ended higher, a tie counting half (the paired form of the probability of improvement of Agarwal
+    et al., 2021), with the Wilson interval of that share over the seeds."""
+    d = np.asarray([float(v) for v in differences if math.isfinite(v)])
+    if not len(d):
+        return (math.nan, math.nan, math.nan)
+    wins = float((d > 0).sum() + 0.5 * (d == 0).sum())
+    return (wins / len(d), *wilson_interval(wins, len(d), confidence))
+
+
+def interquartile_mean(values: Sequence[float]) -> float:
+    """IQM: the mean of the values left after dropping ``floor(n / 4)`` from each end
+    (``scipy.stats.trim_mean(values, 0.25)``; Agarwal et al., 2021)."""
+    x = np.sort([float(v) for v in values if math.isfinite(v)])
+    cut = len(x) // 4
+    return float(x[cut : len(x) - cut].mean()) if len(x) else math.nan
+
+
+#: Level of the check for a seed far from the others, over an arm's seeds (Bonferroni): one arm in
+#: twenty with normal seeds is flagged by chance, so a flag says "look", not "drop it".
+OUTLIER_ALPHA = 0.05
+#: Fewest seeds the check runs on: with three, no seed is far from "the others" by any test.
+OUTLIER_MIN_SEEDS = 4
+
+
+def outlying_seeds(values: Sequence[float], alpha: float = OUTLIER_ALPHA, floor: float = 0.0) -> list[int]:
+    """Indices of the values far from the others: each value's externally studentized residual
+    ``r_i = (x_i - mean_{-i}) / (s_{-i} sqrt(1 + 1 / (n - 1)))``, ``t(n - 2)``-distributed for normal
+    seeds, beyond ``t_{1 - alpha / 2n, n - 2}`` (Bonferroni over the ``n`` seeds), and at least
+    ``floor`` from ``mean_{-i}``. None below ``OUTLIER_MIN_SEEDS`` values."""
+    x = np.asarray([float(v) for v in values], dtype=float)
+    n = len(x)
+    if n < OUTLIER_MIN_SEEDS or not np.isfinite(x).all():
+        return []
+    critical = t_quantile(1 - alpha / (2 * n), n - 2)
+    found = []
+    for i in range(n):
+        others = np.delete(x, i)
+        gap = abs(x[i] - others.mean())
+        scale = others.std(ddof=1) * math.sqrt(1 + 1 / (n - 1))
+        if gap > floor and (gap > critical * scale if scale > 1e-12 * max(abs(x).max(), 1e-300) else gap > 1e-12):
+            found.append(i)
+    return found if len(found) < n else []

@@ -1,0 +1,162 @@
+"""The two-level statistics of an arm against the baseline (seeds x prompts): small examples worked
+by hand, and their coverage at nominal 95% simulated with fixed generators (``benchmarks/interval_coverage.py``),
+where the figures the report's Method quotes are checked against a rerun."""
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from grpo_lightning.report.paired import (
+    components,
+    design_mde,
+    improvement_probability,
+    interquartile_mean,
+    outlying_seeds,
+    two_level_equivalence,
+    two_level_interval,
+    two_level_test,
+)
+from grpo_lightning.report.sections.method import COVERAGE, COVERAGE_SIMULATIONS, DETECTION
+from grpo_lightning.report.statistics import seed_interval, wilson_interval
+
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "interval_coverage.py"
+_spec = importlib.util.spec_from_file_location("interval_coverage", SCRIPT)
+simulation = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = simulation
+_spec.loader.exec_module(simulation)
+
+# Three seeds x four prompts of differences, worked by hand:
+#   seed 0: 1 0 1 0 (mean 0.5)   seed 1: 1 1 1 0 (0.75)   seed 2: 0 0 1 0 (0.25)   grand mean 0.5
+#   prompt means 2/3 1/3 1 0; every entry is 0.5 from the grand mean, so the total sum of squares is 12 x 0.25 = 3
+#   SS_seed = 4 (0 + 0.0625 + 0.0625) = 0.5            MS_seed = 0.5 / 2 = 0.25
+#   SS_prompt = 3 (1/36 + 1/36 + 1/4 + 1/4) = 5/3      MS_prompt = (5/3) / 3 = 5/9 = 0.5555556
+#   SS_residual = 3 - 0.5 - 5/3 = 5/6                   MS_residual = (5/6) / 6 = 5/36 = 0.1388889
+#   sigma2_prompt = (5/9 - 5/36) / 3 = 5/36; se^2 = 0.25 / 12 + (5/36) / 4 = 1/48 + 5/144 = 1/18, se = 0.2357023
+#   dof = (1/18)^2 / ((1/48)^2 / 2 + (5/108)^2 / 3 + (5/432)^2 / 6) = 288/89 = 3.2359551
+#   t = 0.5 / se = 1.5 sqrt(2) = 2.1213203
+D = np.array([[1, 0, 1, 0], [1, 1, 1, 0], [0, 0, 1, 0]], dtype=float)
+
+
+def test_the_variance_components_and_the_two_level_interval_by_hand():
+    c = components(D)
+    assert (c.ms_seed, c.ms_prompt, c.ms_residual) == pytest.approx((0.25, 5 / 9, 5 / 36))
+    assert c.seed_variance == pytest.approx(0.25 / 4) and c.prompt_variance == pytest.approx(5 / 36)
+    result = two_level_test(D, np.zeros_like(D))
+    assert (result.mean, result.se, result.dof, result.t) == pytest.approx((0.5, math.sqrt(1 / 18), 288 / 89, 1.5 * math.sqrt(2)))
+    half = stats.t.ppf(0.975, 288 / 89) * math.sqrt(1 / 18)
+    assert (result.low, result.high) == pytest.approx((0.5 - half, 0.5 + half))
+    assert result.p == pytest.approx(2 * stats.t.sf(1.5 * math.sqrt(2), 288 / 89))
+    # the same tables shifted alike on both sides: only the difference counts
+    assert two_level_test(D + 3.0, np.full_like(D, 3.0)).mean == pytest.approx(0.5)
+
+
+def test_without_a_prompt_level_variance_it_is_the_t_interval_over_seeds():
+    # both prompts have mean 2/3, so MS_prompt = 0 < MS_residual: the interval is the seeds' (0.5, 0.5, 1) exactly
+    d = np.array([[0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    mean, low, high, _, dof = two_level_interval(d)
+    assert dof == 2 and (mean, low, high) == pytest.approx(seed_interval([0.5, 0.5, 1.0]))
+
+
+def test_equivalence_within_the_margin_by_hand():
+    result = two_level_test(D, np.zeros_like(D))
+    # margin 0.6: p_high = P(T < (0.5 - 0.6) / se) = P(T < -0.4242641) on 288/89 dof; p_low is far smaller
+    assert two_level_equivalence(result, 0.6) == pytest.approx(stats.t.cdf(-0.1 / math.sqrt(1 / 18), 288 / 89))
+    assert math.isnan(two_level_equivalence(result, 0.0))
+    assert math.isnan(two_level_equivalence(two_level_test(np.ones((3, 4)), np.zeros((3, 4))), 0.1))  # no spread
+    # 0.3 - 0.25, 0.6 - 0.55 and 0.7 - 0.65 are 0.05 up to rounding (5.6e-17 apart): no spread to test against
+    rounded = two_level_test(np.repeat([[0.3], [0.6], [0.7]], 4, axis=1), np.repeat([[0.25], [0.55], [0.65]], 4, axis=1))
+    assert math.isnan(rounded.p) and rounded.low == rounded.high == rounded.mean
+
+
+def test_the_mde_of_the_design_and_its_chi_square_interval():
+    result = two_level_test(D, np.zeros_like(D))
+    factor = stats.t.ppf(0.975, 288 / 89) + stats.t.ppf(0.8, 288 / 89)
+    mde, low, high = design_mde(result)
+    assert mde == pytest.approx(factor * math.sqrt(1 / 18))  # at the design run, the interval's se
+    assert (low, high) == pytest.approx((mde * math.sqrt(288 / 89 / stats.chi2.ppf(0.975, 288 / 89)),
+                                         mde * math.sqrt(288 / 89 / stats.chi2.ppf(0.025, 288 / 89))))  # fmt: skip
+    # sigma2_seed = (0.25 - 5/36) / 4 = 1/36. Twice the seeds: sqrt(1/36 / 6 + 5/36 / 24 + 5/36 / 4) = 0.2124591
+    # (the seed term 0.25 / (4 x 3) halved); twice the prompts: sqrt(1/36 / 3 + 5/36 / 24 + 5/36 / 8) = 0.1800206
+    assert design_mde(result, seeds=6)[0] == pytest.approx(factor * 0.2124591, abs=1e-6)
+    assert design_mde(result, prompts=8)[0] == pytest.approx(factor * 0.1800206, abs=1e-6)
+    assert design_mde(result, alpha=0.025)[0] > mde  # Holm's first level, for two arms
+    # seeds that agree better than the prompts' noise predicts (MS_seed 0 < MS_residual): sigma2_seed is negative,
+    # the MDE at the design run stays the interval's se, and twice the prompts leave no positive variance
+    agreeing = two_level_test(np.array([[1.0, 0.0], [0.0, 1.0]]), np.zeros((2, 2)))
+    assert agreeing.se == 0 and math.isnan(design_mde(agreeing)[0])
+    steady = two_level_test(np.array([[1, 1, 0, 1, 0, 0], [1, 0, 1, 1, 0, 0], [0, 1, 1, 1, 0, 0]]), np.zeros((3, 6)))
+    factor = stats.t.ppf(0.975, steady.dof) + stats.t.ppf(0.8, steady.dof)
+    assert (steady.components.ms_seed, steady.components.ms_residual) == pytest.approx((0, 0.2))  # every seed 0.5
+    assert design_mde(steady)[0] == pytest.approx(factor * steady.se) == design_mde(steady, seeds=6)[0]
+
+
+def test_the_probability_of_improvement_counts_ties_half():
+    # wins at seeds 0, 3 and 4, a tie at seed 2: 3.5 of 5
+    p, low, high = improvement_probability([0.1, -0.05, 0.0, 0.2, 0.3])
+    assert p == 0.7 and (low, high) == pytest.approx(wilson_interval(3.5, 5))
+    assert improvement_probability([0.1, 0.2, 0.3])[1:] == pytest.approx(wilson_interval(3, 3))
+    assert all(math.isnan(v) for v in improvement_probability([]))
+
+
+def test_the_interquartile_mean_drops_a_quarter_from_each_end():
+    assert interquartile_mean([1, 2, 3, 4, 100]) == 3.0  # floor(5 / 4) = 1 from each end
+    assert interquartile_mean(range(1, 9)) == 4.5  # 2 from each end: 3, 4, 5, 6
+    assert interquartile_mean([0.2, 0.5, 0.3]) == pytest.approx(1 / 3)  # three seeds: none dropped
+    assert interquartile_mean([1, 2, 3, 4, 100]) == pytest.approx(stats.trim_mean([1, 2, 3, 4, 100], 0.25))
+
+
+def test_a_seed_far_from_the_others_is_named():
+    # seed 4: the other four have mean 0.315 and s = 0.0129099; r = 0.295 / (0.0129099 sqrt(1.25)) = 20.4,
+    # beyond t(1 - 0.05 / 10, 3) = 5.8409
+    assert outlying_seeds([0.30, 0.32, 0.31, 0.33, 0.02]) == [4]
+    assert outlying_seeds([0.30, 0.32, 0.31, 0.33, 0.28]) == []
+    assert outlying_seeds([0.30, 0.32, 0.02]) == []  # three seeds: no check
+    # 0.31 is 14.7 of the others' scale away, but less than the floor from their mean (0.3005)
+    assert outlying_seeds([0.300, 0.301, 0.300, 0.301, 0.310]) == [4]
+    assert outlying_seeds([0.300, 0.301, 0.300, 0.301, 0.310], floor=0.01) == []
+
+
+def _tolerance(p: float, *simulations: int) -> float:
+    """Four binomial standard errors of a share ``p`` (of a difference of shares, given two counts)."""
+    return 4 * math.sqrt(p * (1 - p) * sum(1 / n for n in simulations))
+
+
+SIMULATIONS = 2000
+
+
+@pytest.mark.parametrize("seeds", simulation.SEEDS)
+@pytest.mark.parametrize("scenario", ["normal, seeds dominate", "normal, prompts dominate", "skewed"])
+def test_the_two_level_interval_covers_95_percent_where_its_assumptions_hold(scenario, seeds):
+    found = simulation.coverage(scenario, seeds, SIMULATIONS, methods=("two-level t",), seed=1)["two-level t"]
+    assert abs(found - 0.95) <= _tolerance(0.95, SIMULATIONS), found
+
+
+def test_with_collapsing_seeds_it_covers_less_and_the_collapsed_seed_is_named():
+    found = simulation.coverage("collapse", 5, SIMULATIONS, methods=("two-level t",), seed=1)["two-level t"]
+    assert found < 0.95 - _tolerance(0.95, SIMULATIONS), found
+    named, false = simulation.collapse_detection(10, 1000, seed=1)
+    assert named >= 0.9 and false <= 0.05 + _tolerance(0.05, 1000), (named, false)
+
+
+def test_the_coverage_the_method_quotes_matches_a_rerun():
+    assert {key for key in COVERAGE} == {(s, n) for s in simulation.SCENARIOS for n in simulation.SEEDS}
+    rerun = 300
+    for (scenario, seeds), quoted in COVERAGE.items():
+        found = simulation.coverage(scenario, seeds, rerun, resamples=200, seed=2)
+        for method, value in zip(simulation.METHODS, quoted):
+            assert abs(found[method] - value) <= _tolerance(_inside(value), rerun, COVERAGE_SIMULATIONS), \
+                (scenario, seeds, method, found[method], value)  # fmt: skip
+    for seeds, quoted in DETECTION.items():
+        found = simulation.collapse_detection(seeds, rerun, seed=2)
+        spread = [_tolerance(_inside(q), rerun, COVERAGE_SIMULATIONS) for q in quoted]
+        assert all(abs(f - q) <= s for f, q, s in zip(found, quoted, spread)), (seeds, found)
+
+
+def _inside(p: float) -> float:
+    """``p`` kept off 0 and 1, where a share's binomial spread would vanish."""
+    return min(max(p, 0.05), 0.95)
