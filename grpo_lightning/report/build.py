@@ -20,6 +20,7 @@ from grpo_lightning.report.sections.comparisons import (
     PRACTICAL_RELATIVE,
     comparison_section,
 )
+from grpo_lightning.report.sections.budgets import budget_section
 from grpo_lightning.report.sections.completions import completions_section
 from grpo_lightning.report.sections.curves import curves_section
 from grpo_lightning.report.render.document import Doc, user_text
@@ -132,6 +133,7 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     evaluation_section(doc, arms, confidence)
     if baseline is not None:
         comparison_section(doc, arms, baseline, confidence, caveat, configs, margin)
+        budget_section(doc, arms, baseline, confidence, target, margin)
     health_section(doc, arms)
     completions_section(doc, arms)
     curves_section(doc, arms, target, caveat, baseline, confidence)
