@@ -108,10 +108,11 @@ def accuracy_text(arm: Arm, key: str, label: str, confidence: float) -> str:
 
 
 def not_recorded_text(axis: str, arms: Sequence[Arm], baseline: Arm) -> str:
-    counter = BUDGET_COUNTERS[axis]
+    """Why there is no budget on ``axis``: no run, or none of the baseline's, logged its running total."""
+    counter, noun = BUDGET_COUNTERS[axis], BUDGET_NOUNS[axis]
     if not any(recorded(run, axis) for arm in arms for run in arm.runs):
-        return f"not recorded: no run logged `{counter}` (runs recorded before it was added)"
-    return f"not recorded by **{user_text(baseline.name)}**: its runs did not log `{counter}`"
+        return f"{noun[0].upper()}{noun[1:]} are not recorded: no run logged `{counter}` (runs recorded before it was added)."
+    return f"{noun[0].upper()}{noun[1:]} are not recorded by **{user_text(baseline.name)}**: its runs did not log `{counter}`."
 
 
 def budget_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence: float, target: Path,
@@ -147,7 +148,7 @@ def budget_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence: flo
 def _overview(doc: Doc, arms: Sequence[Arm], baseline: Arm, results: Sequence[Matched], confidence: float) -> None:
     header = ["arm", *(f"at {r.label}" if math.isfinite(r.budget) else BUDGET_NOUNS[r.axis] for r in results)]
     rows = [[f"**{user_text(baseline.name)}** ({CURVE_TAG})",
-             *(accuracy_text(baseline, r.key, f"{CURVE_TAG} at {r.label}", confidence) if math.isfinite(r.budget) else "—"
+             *(accuracy_text(baseline, r.key, f"{CURVE_TAG} at {r.label}", confidence) if math.isfinite(r.budget) else "not recorded"
                for r in results)]]  # fmt: skip
     for arm in arms:
         if arm.name == baseline.name:
@@ -156,7 +157,7 @@ def _overview(doc: Doc, arms: Sequence[Arm], baseline: Arm, results: Sequence[Ma
         for r in results:
             effect = next((e for e in r.effects if e.arm == arm.name), None)
             if not math.isfinite(r.budget):
-                cells.append("—")
+                cells.append("not recorded")
             elif effect is None:
                 cells.append("not compared")
             else:
@@ -167,8 +168,7 @@ def _overview(doc: Doc, arms: Sequence[Arm], baseline: Arm, results: Sequence[Ma
     doc.table(header, rows, "l" + "r" * len(results))
     for r in results:
         if not math.isfinite(r.budget):
-            noun = BUDGET_NOUNS[r.axis]
-            doc.p(f"{noun[0].upper()}{noun[1:]}: {not_recorded_text(r.axis, arms, baseline)}.")
+            doc.p(not_recorded_text(r.axis, arms, baseline))
 
 
 def _detail(doc: Doc, arms: Sequence[Arm], baseline: Arm, result: Matched, confidence: float, margin: float) -> None:
