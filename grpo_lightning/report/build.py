@@ -20,7 +20,7 @@ from grpo_lightning.report.sections.comparisons import (
     PRACTICAL_RELATIVE,
     comparison_section,
 )
-from grpo_lightning.report.sections.budgets import budget_section
+from grpo_lightning.report.sections.budgets import budget_section, matched_budgets, verdict_changes
 from grpo_lightning.report.sections.completions import completions_section
 from grpo_lightning.report.sections.curves import curves_section
 from grpo_lightning.report.render.document import Doc, user_text
@@ -121,6 +121,9 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     )
     doc.h(2, "Summary")
     doc.p(summary_paragraph(arms, baseline, confidence, caveat, configs, margin))
+    matched = matched_budgets(arms, baseline, confidence, margin) if baseline is not None and len(arms) > 1 else []
+    if verdict_changes(matched):
+        doc.p(verdict_changes(matched))
     if notes:
         doc.p(f"Settings without effect: clip settings of {join_names(_noted(arms, notes))} never clipped a "
               "token; see the section of that name.")  # fmt: skip
@@ -133,7 +136,7 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     evaluation_section(doc, arms, confidence)
     if baseline is not None:
         comparison_section(doc, arms, baseline, confidence, caveat, configs, margin)
-        budget_section(doc, arms, baseline, confidence, target, margin)
+        budget_section(doc, arms, baseline, confidence, target, margin, matched)
     health_section(doc, arms)
     completions_section(doc, arms)
     curves_section(doc, arms, target, caveat, baseline, confidence)

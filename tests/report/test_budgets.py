@@ -11,7 +11,8 @@ from grpo_lightning.report import Doc, discover_cells
 from grpo_lightning.report.build import load_arms
 from grpo_lightning.report.learning import budget_key, common_budget, round_budget, value_at
 from grpo_lightning.report.render.markdown import render_markdown
-from grpo_lightning.report.sections.budgets import FIGURE, budget_section, matched
+from grpo_lightning.report.render.document import plain_text
+from grpo_lightning.report.sections.budgets import FIGURE, budget_section, matched, verdict_changes
 
 
 def test_a_curve_is_linear_between_validations_and_never_extrapolated():
@@ -70,8 +71,12 @@ def test_the_paired_difference_at_matched_tokens(tmp_path, cell_writer):
     assert effect.p == pytest.approx(1 - abs(t) / math.sqrt(2 + t * t))  # Student's t with 2 degrees of freedom
     assert effect.verdict == "worse"
     # at equal steps dapo is ahead at every seed: 0.1, 0.15 and 0.2
-    (by_steps,) = matched([grpo, dapo], grpo, "step", common_budget([grpo, dapo], "step")).effects
-    assert by_steps.differences == pytest.approx([0.1, 0.15, 0.2]) and by_steps.verdict == "better"
+    steps = matched([grpo, dapo], grpo, "step", common_budget([grpo, dapo], "step"))
+    assert steps.effects[0].differences == pytest.approx([0.1, 0.15, 0.2]) and steps.effects[0].verdict == "better"
+    assert plain_text(verdict_changes([steps, matched([grpo, dapo], grpo, "tokens", 750)])) == (
+        "At matched compute the verdicts on val/accuracy differ: **dapo** is better at 6 optimizer steps, worse at "
+        "750 generated tokens (see Effects at matched compute)."
+    )
 
 
 def test_a_seed_without_flops_is_named_and_older_runs_say_not_recorded(tmp_path, cell_writer):

@@ -127,6 +127,7 @@ def test_report_sections_and_numbers(sweep, tmp_path):
         "## Configuration",
         "## Final metrics",
         "## Effects against the baseline (grpo)",
+        "## Effects at matched compute",
         "## Learning curves",
         "## Method",
         "## Provenance",
@@ -136,8 +137,8 @@ def test_report_sections_and_numbers(sweep, tmp_path):
         assert f"### {title}\n" in md
     pngs = sorted(p.name for p in target.glob("*.png"))
     assert pngs == sorted(
-        f"curves_{s}.png"
-        for s in ["val_accuracy", "reward", "kl", "entropy", "mean_length", "clip_ratio", "frac_reward_zero_std"]
+        ["budgets_val_accuracy.png"]
+        + [f"curves_{s}.png" for s in ["val_accuracy", "reward", "kl", "entropy", "mean_length", "clip_ratio", "frac_reward_zero_std"]]
     )
     for png in pngs:
         assert f"]({png})" in md and f'src="{png}"' in html

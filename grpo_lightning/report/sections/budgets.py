@@ -115,13 +115,31 @@ def not_recorded_text(axis: str, arms: Sequence[Arm], baseline: Arm) -> str:
     return f"{noun[0].upper()}{noun[1:]} are not recorded by **{user_text(baseline.name)}**: its runs did not log `{counter}`."
 
 
+def verdict_changes(results: Sequence[Matched]) -> str:
+    """One sentence for the summary: the arms whose verdict at one budget differs from another's
+    (better at equal steps, worse at equal tokens), or that none does; empty without budgets."""
+    shown = [r for r in results if math.isfinite(r.budget) and r.effects]
+    if len(shown) < 2:
+        return ""
+    changed = []
+    for arm in dict.fromkeys(e.arm for r in shown for e in r.effects):
+        verdicts = [(r, next((e.verdict for e in r.effects if e.arm == arm), "")) for r in shown]
+        if len({v.split(" ")[0] for _, v in verdicts if v}) > 1:
+            changed.append(f"**{user_text(arm)}** is " + ", ".join(f"{v} at {r.label}" for r, v in verdicts if v))
+    labels = " and ".join(r.label for r in shown)
+    if not changed:
+        return f"At matched compute ({labels}) every arm keeps its verdict on {CURVE_TAG}; see Effects at matched compute."
+    return f"At matched compute the verdicts on {CURVE_TAG} differ: " + "; ".join(changed) + " (see Effects at matched compute)."
+
+
 def budget_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence: float, target: Path,
-                   margin: float = EQUIVALENCE_MARGIN) -> None:  # fmt: skip
+                   margin: float = EQUIVALENCE_MARGIN, results: Sequence[Matched] | None = None) -> None:  # fmt: skip
+    """The section; ``results``: :func:`matched_budgets` of these arguments, when the caller has them."""
     doc.h(2, "Effects at matched compute")
     doc.p(
         f"Each arm's {CURVE_TAG} against **{user_text(baseline.name)}**'s at a common budget of optimizer steps, of "
         "generated tokens (`perf/generated_tokens`, sampled for training) and of training FLOPs (`perf/flops`: 2N "
-        "FLOPs per token pass of sampling, scoring and updates). A seed's accuracy at a budget is read off its "
+        "FLOPs per token pass of sampling, log-probabilities and updates). A seed's accuracy at a budget is read off its "
         "validation curve, linear between validations (the validation before training at 0); a seed whose last "
         "validation fell short of a budget has no value there and is named beside the number, never "
         "extrapolated. The budget of each table is the largest every run reached, rounded down to three "
@@ -132,7 +150,7 @@ def budget_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence: flo
     if len(arms) < 2:
         doc.p("Only one arm: nothing to compare.")
         return
-    results = matched_budgets(arms, baseline, confidence, margin)
+    results = matched_budgets(arms, baseline, confidence, margin) if results is None else results
     _overview(doc, arms, baseline, results, confidence)
     for result in results:
         if math.isfinite(result.budget):
