@@ -25,9 +25,9 @@ Modules: ``runs`` (a run's TensorBoard scalars), ``cells`` (a sweep's cell folde
 ``data`` (the ``data/`` folder and ``REGENERATE``), ``outcomes`` (each run's per-prompt outcomes of
 its final validation, for statistics paired by prompt), ``labels`` (each arm's class against its name),
 ``statistics``, ``metrics`` (which metrics, their ranges), ``arms`` (final values over seeds),
-``learning`` (how fast an arm learned), ``build`` (the report) and ``cli`` (the command);
+``learning`` (how fast an arm learned, and its accuracy at a budget), ``build`` (the report) and ``cli`` (the command);
 ``sections/``: ``summary``, ``effects`` (settings without effect), ``comparisons`` (effects against
-the baseline), ``finals``, ``validation``, ``health``, ``completions``, ``curves``, ``provenance``;
+the baseline), ``budgets`` (the same at matched steps, generated tokens and training FLOPs), ``finals``, ``validation``, ``health``, ``completions``, ``curves``, ``provenance``;
 ``render/``: ``document`` with ``markdown`` and ``html`` (the report's text), ``plots`` (curve
 PNGs), ``tables`` (CSV and LaTeX), ``formatting`` (numbers and text).
 """
