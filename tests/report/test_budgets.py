@@ -12,7 +12,7 @@ from grpo_lightning.report.build import load_arms
 from grpo_lightning.report.learning import budget_key, common_budget, round_budget, value_at
 from grpo_lightning.report.render.markdown import render_markdown
 from grpo_lightning.report.render.document import plain_text
-from grpo_lightning.report.sections.budgets import FIGURE, budget_section, matched, verdict_changes
+from grpo_lightning.report.sections.budgets import FIGURE, budget_section, fractions_of, matched, verdict_changes
 
 
 def test_a_curve_is_linear_between_validations_and_never_extrapolated():
@@ -29,6 +29,7 @@ def test_a_budget_is_rounded_down_to_three_significant_digits():
     assert round_budget(71_179) == 71_100
     assert round_budget(352) == 352
     assert round_budget(310_754_574_336) == 310_000_000_000
+    assert fractions_of(210) == [52, 105, 157]  # a quarter, a half and three quarters, rounded down
 
 
 def test_a_seed_short_of_the_budget_is_left_out_and_named(tmp_path, cell_writer):

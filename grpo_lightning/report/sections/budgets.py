@@ -24,6 +24,7 @@ from grpo_lightning.report.learning import (
     common_budget,
     fmt_budget,
     recorded,
+    round_budget,
 )
 from grpo_lightning.report.render.document import Doc, user_text
 from grpo_lightning.report.render.formatting import fmt, fmt_interval, fmt_p
@@ -61,6 +62,11 @@ class Matched:
     @property
     def label(self) -> str:
         return budget_label(self.axis, self.budget)
+
+
+def fractions_of(budget: float) -> list[float]:
+    """The budgets of ``FRACTIONS`` of ``budget``, each rounded down to three significant digits."""
+    return [round_budget(budget * fraction) for fraction in FRACTIONS]
 
 
 def budget_label(axis: str, budget: float) -> str:
@@ -196,8 +202,8 @@ def _detail(doc: Doc, arms: Sequence[Arm], baseline: Arm, result: Matched, confi
     if result.left_out:
         doc.p("Not compared: " + "; ".join(f"**{user_text(name)}** ({user_text(why)})" for name, why in result.left_out) + ".")
     body = Doc()
-    for fraction in FRACTIONS:
-        point = matched(arms, baseline, result.axis, result.budget * fraction, confidence, margin)
+    for budget in fractions_of(result.budget):
+        point = matched(arms, baseline, result.axis, budget, confidence, margin)
         body.h(4, f"At {point.label}")
         body.table(header, _rows(arms, baseline, point, confidence), "llrrrrrrrl")
     doc.details(f"At ¼, ½ and ¾ of {result.label}", body)
@@ -219,8 +225,7 @@ def _points(arms: Sequence[Arm], result: Matched, confidence: float) -> dict[str
     """Per arm, ``(budget, mean, low, high)`` of val/accuracy at each fraction of the budget it has seeds at."""
     points: dict[str, list[tuple[float, float, float, float]]] = {}
     for arm in arms:
-        for fraction in (*FRACTIONS, 1.0):
-            budget = result.budget * fraction
+        for budget in (*fractions_of(result.budget), result.budget):
             mean, low, high = arm.interval(budget_key(result.axis, budget), confidence)
             if math.isfinite(mean):
                 points.setdefault(arm.name, []).append((budget, mean, low, high))
