@@ -18,6 +18,7 @@ def summarize_cell(cell_dir: Path, wall_time_s: float | None = None) -> dict[str
         "final_step": {tag: int(series.steps[-1]) for tag, series in sorted(run.scalars.items()) if len(series.steps)},
         "val/accuracy_before": _finite(run.initial.get("val/accuracy")),
         "generated_tokens": _finite(final.get("perf/generated_tokens")),
+        "training_flops": _finite(final.get("perf/flops")),  # None in runs recorded before it was logged
         "optimizer_steps": _finite(run.optimizer_steps()),
         "rollouts": _finite(final.get("counters/rollouts")),
         "generation_batches": _finite(run.generation_batches()),

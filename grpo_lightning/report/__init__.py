@@ -27,10 +27,11 @@ Modules: ``runs`` (a run's TensorBoard scalars), ``cells`` (a sweep's cell folde
 its final validation, for statistics paired by prompt), ``labels`` (each arm's class against its name),
 ``statistics``, ``paired`` (seeds x prompts, the seeds' robust summaries and the check for a collapsed
 seed), ``metrics`` (which metrics, their ranges), ``arms`` (final values over seeds),
-``learning`` (how fast an arm learned), ``build`` (the report) and ``cli`` (the command);
+``learning`` (how fast an arm learned, and its accuracy at a budget), ``build`` (the report) and ``cli`` (the command);
 ``sections/``: ``summary``, ``effects`` (settings without effect), ``comparisons`` (effects against
-the baseline), ``finals``, ``seeds`` (each seed's final accuracy), ``validation``, ``health``,
-``completions``, ``curves``, ``method`` (the formulas and their simulated coverage), ``provenance``;
+the baseline), ``budgets`` (the same at matched steps, generated tokens and training FLOPs), ``finals``,
+``seeds`` (each seed's final accuracy), ``validation``, ``health``, ``completions``, ``curves``,
+``method`` (the formulas and their simulated coverage), ``provenance``;
 ``render/``: ``document`` with ``markdown`` and ``html`` (the report's text), ``plots`` (curve
 PNGs and the seeds' figure), ``tables`` (CSV and LaTeX), ``formatting`` (numbers and text).
 """

@@ -11,7 +11,7 @@ import numpy as np
 
 from grpo_lightning.evaluation.outcomes import PromptOutcomes
 from grpo_lightning.report.cells import CellInfo
-from grpo_lightning.report.learning import REACH_AXES, curve_value, is_curve_key, split_key
+from grpo_lightning.report.learning import BUDGET_AXES, REACH_AXES, budget_reason, curve_value, is_curve_key, split_key
 from grpo_lightning.report.metrics import metric_bounds
 from grpo_lightning.report.runs import Run
 from grpo_lightning.report.statistics import seed_interval
@@ -86,7 +86,9 @@ def diverged(reason: str) -> bool:
 
 def missing_reason(run: Run, key: str, label: str) -> str:
     """Why ``run`` has no final ``key``: it logged the metric and ended non-finite (the run
-    diverged), or it never logged it."""
+    diverged), or it never logged it; for a budget key, why its curve has no value there."""
+    if split_key(key)[0] in BUDGET_AXES:
+        return budget_reason(run, key)
     tag = key.rpartition(":")[2]
     series = run.scalars.get(tag)
     logged = (series is not None and len(series.values) > 0) or (key.startswith("initial:") and tag in run.initial)

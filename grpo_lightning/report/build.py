@@ -13,6 +13,7 @@ from grpo_lightning.report.cells import DATA_MARKER, CellInfo, arm_configs, disc
 from grpo_lightning.report.labels import check_arm_classes
 from grpo_lightning.report.learning import curve_metrics, threshold_note
 from grpo_lightning.report.sections.comparisons import EQUIVALENCE_MARGIN, comparison_section
+from grpo_lightning.report.sections.budgets import budget_section, matched_budgets, verdict_changes
 from grpo_lightning.report.sections.completions import completions_section
 from grpo_lightning.report.sections.curves import curves_section
 from grpo_lightning.report.render.document import Doc, user_text
@@ -120,6 +121,9 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     doc.p(summary_paragraph(arms, baseline, confidence, caveat, configs, margin))
     if unpaired:
         doc.p(f"Per-prompt outcomes are not used, comparisons are over seeds only: {user_text(unpaired)}")
+    matched = matched_budgets(arms, baseline, confidence, margin) if baseline is not None and len(arms) > 1 else []
+    if verdict_changes(matched):
+        doc.p(verdict_changes(matched))
     if notes:
         doc.p(f"Settings without effect: clip settings of {join_names(_noted(arms, notes))} never clipped a "
               "token; see the section of that name.")  # fmt: skip
@@ -133,6 +137,7 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     evaluation_section(doc, arms, confidence)
     if baseline is not None:
         comparison_section(doc, arms, baseline, confidence, caveat, configs, margin)
+        budget_section(doc, arms, baseline, confidence, target, margin, matched)
     health_section(doc, arms)
     completions_section(doc, arms)
     curves_section(doc, arms, target, caveat, baseline, confidence)

@@ -1,12 +1,15 @@
 """How fast an arm learned, as rows of the final-metrics table: the area under its val/accuracy
 curve (the mean accuracy over a range of steps every run covers) and the optimizer steps and
 generated tokens it took to reach a threshold of accuracy halfway from the baseline's start to the
-baseline's final value.
+baseline's final value; and a run's accuracy at a budget of steps, generated tokens or training
+FLOPs, for comparisons at matched compute.
 
 Each row is a computed metric key that carries its parameters, so ``arms.final_value`` stays a
-function of one run: ``auc@0-400:val/accuracy`` (steps 0 to 400), ``steps_to@0.3312:val/accuracy``
-and ``tokens_to@0.3312:val/accuracy``. A run that never reached the threshold has ``inf``: it is
-shown as not reached, never left out of a mean.
+function of one run: ``auc@0-400:val/accuracy`` (steps 0 to 400), ``steps_to@0.3312:val/accuracy``,
+``tokens_to@0.3312:val/accuracy`` and ``at_tokens@71100:val/accuracy``. A run that never reached
+the threshold has ``inf``: it is shown as not reached, never left out of a mean. A run that did not
+reach a budget has ``nan`` (no value: its curve is never extrapolated), and
+:func:`budget_reason` says why.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import numpy as np
 
 from grpo_lightning.report.metrics import Metric
 from grpo_lightning.report.render.document import user_text
-from grpo_lightning.report.runs import Run
+from grpo_lightning.report.render.formatting import fmt
+from grpo_lightning.report.runs import FLOPS_TAG, TOKENS_TAG, Run
 
 if TYPE_CHECKING:
     from grpo_lightning.report.arms import Arm
@@ -29,6 +33,12 @@ CURVE_TAG = "val/accuracy"
 AUC = "auc"
 #: Computed keys of reaching the threshold, and the x axis each is measured on.
 REACH_AXES = {"steps_to": "step", "tokens_to": "tokens"}  # formatting.REACH_PREFIXES
+#: Computed keys of a curve's value at a budget, and the x axis the budget is on.
+BUDGET_AXES = {"at_step": "step", "at_tokens": "tokens", "at_flops": "flops"}
+#: The running totals behind the budget axes other than steps: a run that never logged one has no budget on it.
+BUDGET_COUNTERS = {"tokens": TOKENS_TAG, "flops": FLOPS_TAG}
+#: What a budget counts, by axis.
+BUDGET_NOUNS = {"step": "optimizer steps", "tokens": "generated tokens", "flops": "training FLOPs"}
 
 
 def area_under_curve(x: Sequence[float], y: Sequence[float], low: float, high: float) -> float:
@@ -69,7 +79,7 @@ def split_key(key: str) -> tuple[str, str, str]:
 
 
 def is_curve_key(key: str) -> bool:
-    return split_key(key)[0] in (AUC, *REACH_AXES)
+    return split_key(key)[0] in (AUC, *REACH_AXES, *BUDGET_AXES)
 
 
 def curve_value(run: Run, key: str) -> float:
@@ -78,6 +88,8 @@ def curve_value(run: Run, key: str) -> float:
     if kind == AUC:
         low, _, high = parameter.partition("-")
         return area_under_curve(*run.axis(tag, "step"), float(low), float(high))
+    if kind in BUDGET_AXES:
+        return value_at(*run.axis(tag, BUDGET_AXES[kind]), float(parameter))
     return first_crossing(*run.axis(tag, REACH_AXES[kind]), float(parameter))
 
 
@@ -130,3 +142,72 @@ def threshold_note(metrics: Sequence[Metric], baseline: Arm | None) -> str:
 def reached_by_every_run(arm: Arm, key: str) -> bool:
     """Whether every run of ``arm`` reached the threshold of a ``steps_to``/``tokens_to`` key."""
     return not any(curve_value(run, key) == math.inf for run in arm.runs)
+
+
+def value_at(x: Sequence[float], y: Sequence[float], budget: float) -> float:
+    """The piecewise-linear curve ``(x, y)`` at ``x = budget``: ``y0 + (budget - x0) / (x1 - x0) *
+    (y1 - y0)`` between the points either side of it (the last value logged at an x where several
+    were); ``nan`` outside ``[x[0], x[-1]]``: a curve is never extrapolated."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    order = np.argsort(x, kind="stable")
+    x, y = x[order], y[order]
+    keep = np.append(x[1:] != x[:-1], True)
+    x, y = x[keep], y[keep]
+    if not len(x) or not x[0] <= budget <= x[-1]:
+        return math.nan
+    return float(np.interp(budget, x, y))
+
+
+def budget_key(axis: str, budget: float, tag: str = CURVE_TAG) -> str:
+    """``at_tokens@71100:val/accuracy``: ``tag`` at ``budget`` on ``axis`` (of ``BUDGET_AXES``)."""
+    kind = next(k for k, a in BUDGET_AXES.items() if a == axis)
+    return f"{kind}@{_number(budget)}:{tag}"
+
+
+def recorded(run: Run, axis: str) -> bool:
+    """Whether ``run`` logged the running total behind ``axis`` (steps always are)."""
+    return axis not in BUDGET_COUNTERS or BUDGET_COUNTERS[axis] in run.scalars
+
+
+def last_validation(run: Run, axis: str, tag: str = CURVE_TAG) -> float:
+    """How far along ``axis`` the run's last validation of ``tag`` was (``nan`` without one)."""
+    x, _ = run.axis(tag, axis)
+    return float(x.max()) if len(x) else math.nan
+
+
+def budget_reason(run: Run, key: str) -> str:
+    """Why ``run`` has no value of a budget key: it did not record the axis, did not validate, or
+    its validations do not bracket the budget."""
+    kind, parameter, tag = split_key(key)
+    axis, budget = BUDGET_AXES[kind], float(parameter)
+    if not recorded(run, axis):
+        return f"did not record {BUDGET_COUNTERS[axis]}"
+    x, _ = run.axis(tag, axis)
+    if not len(x):
+        return f"did not log {tag}"
+    if budget < x.min():
+        return f"first validated after {fmt_budget(budget)} {BUDGET_NOUNS[axis]}"
+    return f"ended at {fmt_budget(float(x.max()))} {BUDGET_NOUNS[axis]}, short of {fmt_budget(budget)}"
+
+
+def round_budget(value: float) -> float:
+    """``value`` rounded down to three significant digits (whole numbers below 1,000): a budget a
+    reader can quote, still reached by every run that reached ``value``."""
+    digits = max(len(str(int(value))) - 3, 0)
+    return float(int(value) // 10**digits * 10**digits)
+
+
+def common_budget(arms: Sequence[Arm], axis: str) -> float:
+    """The largest budget on ``axis`` that every run recording it reached (its last validation at or
+    beyond it), rounded down by :func:`round_budget`: no seed is lost to the budget itself. ``nan``
+    when no run recorded the axis or validated."""
+    ends = [last_validation(run, axis) for arm in arms for run in arm.runs if recorded(run, axis)]
+    ends = [end for end in ends if math.isfinite(end)]
+    if not ends or min(ends) <= 0:
+        return math.nan
+    return round_budget(min(ends))
+
+
+def fmt_budget(value: float) -> str:
+    """``71,100``; ``3.08e+11`` from a billion on (FLOPs)."""
+    return f"{value:.4g}" if abs(value) >= 1e9 else fmt(value)

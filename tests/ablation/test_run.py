@@ -201,6 +201,7 @@ def fake_fit(fail=()):
         for step in range(2):
             writer.add_scalar("perf/step_s", 0.5, step)
             writer.add_scalar("perf/generated_tokens", 10.0 * (step + 1), step)
+            writer.add_scalar("perf/flops", 1e6 * (step + 1), step)
             writer.add_scalar("val/accuracy", 0.25 * step, step)
         writer.close()
         with lock:
@@ -222,6 +223,7 @@ def test_parallel_gpus_round_robin_and_failures(tmp_path, monkeypatch):
     assert not (failed / DONE_FILE).exists() and "exit status 1" in results[4].message
     metrics = json.loads((tmp_path / "sweep" / "grpo-seed0" / METRICS_FILE).read_text())
     assert metrics["final"]["val/accuracy"] == 0.25 and metrics["generated_tokens"] == 20.0
+    assert metrics["training_flops"] == 2e6
 
     launch = fake_fit()
     monkeypatch.setattr(ablate, "launch", launch)

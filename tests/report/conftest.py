@@ -16,12 +16,15 @@ def _reward(variant: str, seed: int, step: int) -> float:
 
 
 def write_cell(root, variant: str, seed: int, final_accuracy: float, finished: bool = True, stem: str = "", stale=(),
-               clip=(0.01, 0.02), final_val=None, config_changes=None, diverged_from=None):  # fmt: skip
+               clip=(0.01, 0.02), final_val=None, config_changes=None, diverged_from=None, token_scale=1.0,
+               flops_per_token=None):  # fmt: skip
     """A cell folder as grpo-lightning-ablate leaves it; ``stale``: TensorBoard steps without an
     update, where the previous training values are logged again (as Lightning does); ``clip``:
     clip_ratio/low and /high of every step (clip_ratio/region is their sum); ``final_val``: more
     val/* scalars of the last validation; ``config_changes``: model init_args of config.yaml;
-    ``diverged_from``: the step from which the training scalars are NaN (a run that diverged)."""
+    ``diverged_from``: the step from which the training scalars are NaN (a run that diverged);
+    ``token_scale``: generated tokens per step, times the default (100, 110, 120, ...);
+    ``flops_per_token``: logs perf/flops as this many per generated token (none: not logged)."""
     from torch.utils.tensorboard import SummaryWriter
 
     name = f"{variant}-seed{seed}{stem}"
@@ -52,7 +55,7 @@ def write_cell(root, variant: str, seed: int, final_accuracy: float, finished: b
                 writer.add_scalar(tag, value, step, walltime=wall)
             continue
         wall += 2.0 if variant == "grpo" else 1.0
-        tokens += 100 + 10 * step
+        tokens += (100 + 10 * step) * token_scale
         scalars = {
             "reward": _reward(variant, seed, step),
             "kl": 0.01 * step,
@@ -65,6 +68,8 @@ def write_cell(root, variant: str, seed: int, final_accuracy: float, finished: b
             "perf/step_s": 2.0 if variant == "grpo" else 1.0,
             "perf/generated_tokens": float(tokens),
         }
+        if flops_per_token is not None:
+            scalars["perf/flops"] = float(tokens * flops_per_token)
         if diverged_from is not None and step >= diverged_from:
             scalars = {tag: (value if tag.startswith("perf/") else float("nan")) for tag, value in scalars.items()}
         for tag, value in scalars.items():

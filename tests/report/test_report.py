@@ -128,6 +128,7 @@ def test_report_sections_and_numbers(sweep, tmp_path):
         "## Final metrics",
         "## Seeds",
         "## Effects against the baseline (grpo)",
+        "## Effects at matched compute",
         "## Learning curves",
         "## Method",
         "## Provenance",
@@ -137,7 +138,7 @@ def test_report_sections_and_numbers(sweep, tmp_path):
         assert f"### {title}\n" in md
     pngs = sorted(p.name for p in target.glob("*.png"))
     assert pngs == sorted(
-        ["final_val_accuracy.png"] + [f"curves_{s}.png"
+        ["final_val_accuracy.png", "budgets_val_accuracy.png"] + [f"curves_{s}.png"
          for s in ["val_accuracy", "reward", "kl", "entropy", "mean_length", "clip_ratio", "frac_reward_zero_std"]]
     )  # fmt: skip
     for png in pngs:

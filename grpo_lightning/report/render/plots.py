@@ -187,3 +187,38 @@ def _palettize(path: Path) -> None:
     with Image.open(path) as image:
         quantized = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
     quantized.save(path, format="PNG", optimize=True)
+
+
+def plot_budget_points(columns: Sequence[tuple[str, float, dict[str, list[tuple[float, float, float, float]]]]],
+                       labels: Sequence[str], path: Path, confidence: float = 0.95,
+                       colors: dict[str, tuple] | None = None) -> None:  # fmt: skip
+    """val/accuracy at budgets, one column per ``(axis, budget, {arm: [(x, mean, low, high)]})`` of
+    ``columns`` (x label from ``labels``): each arm's means joined by a line, its intervals as error
+    bars, the budget as a dashed line; deterministic PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    rc = {"figure.dpi": 100, "savefig.dpi": 100, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3,
+          "path.simplify": False, "svg.hashsalt": "grpo-lightning"}  # fmt: skip
+    names = list(dict.fromkeys(name for _, _, points in columns for name in points))
+    colors = colors or arm_colors(names)
+    with matplotlib.rc_context(rc):
+        fig, axes = plt.subplots(1, max(len(columns), 1), figsize=(max(13.0, 4.3 * len(columns)), 3.8), squeeze=False)
+        for ax, (_, budget, points), label in zip(axes[0], columns, labels):
+            for name, rows in points.items():
+                x, mean, low, high = (np.asarray(v, dtype=float) for v in zip(*rows))
+                below, above = np.nan_to_num(mean - low), np.nan_to_num(high - mean)
+                ax.errorbar(x, mean, yerr=[below, above], color=colors[name], marker="o", markersize=3, linewidth=1.4,
+                            capsize=3, label=f"{name}")  # fmt: skip
+            ax.axvline(budget, color="0.4", linestyle="--", linewidth=0.8)
+            ax.set_xlabel(label)
+            ax.set_ylabel("val/accuracy")
+        if columns and columns[0][2]:
+            axes[0][0].legend(fontsize=8, loc="best")
+        fig.suptitle(f"val/accuracy at matched budgets: mean over seeds, bars {confidence:.0%} t-interval of the mean")
+        fig.subplots_adjust(left=0.06, right=0.99, wspace=0.25, top=0.88, bottom=0.15)
+        fig.savefig(path, format="png", metadata=PNG_METADATA)
+        plt.close(fig)
+    _palettize(path)

@@ -10,7 +10,7 @@ from pathlib import Path
 from grpo_lightning.report.arms import WIDE, Arm, ranked
 from grpo_lightning.report.render.document import Doc, user_text
 from grpo_lightning.report.render.plots import AXES, arm_colors, plot_curves, y_range
-from grpo_lightning.report.runs import FLOPS_TAG
+from grpo_lightning.report.runs import FLOPS_TAG, TOKENS_TAG
 from grpo_lightning.report.sections.validation import evaluation_tags
 
 #: Learning curves: file stem, title, tags drawn (one row each).
@@ -48,8 +48,9 @@ def curves_section(doc: Doc, arms: Sequence[Arm], target: Path, wall_clock_cavea
         f"between logged points); band: the {confidence:.0%} Student-t interval of that mean at each point (the "
         "interval of Final metrics, point by point; one seed has none). One colour per arm and one y-range per "
         "curve in every figure. Columns: against training steps, against completion tokens generated "
-        "(compute-normalised) and, where the machine's load allows, against wall-clock seconds since training began "
-        "(validation time included). "
+        f"(cumulative `{TOKENS_TAG}`), against training FLOPs (cumulative `{FLOPS_TAG}`) where the runs recorded them "
+        "and, where the machine's load allows, against wall-clock seconds since training began "
+        "(validation time included); Effects at matched compute reads val/accuracy at common budgets of them. "
         "Step 0 of val/accuracy (and of pass@k and maj@k, drawn when the runs validated with several samples "
         "per prompt) is the validation before training, when it was run."
     )
@@ -67,7 +68,10 @@ def curves_section(doc: Doc, arms: Sequence[Arm], target: Path, wall_clock_cavea
     colors = arm_colors([a.name for a in arms])
     logged_flops = any(FLOPS_TAG in run.scalars for arm in arms for run in arm.runs)  # older runs did not
     unlogged = [run.directory.name for arm in arms for run in arm.runs if FLOPS_TAG not in run.scalars]
-    if logged_flops and unlogged:
+    if not logged_flops:
+        doc.p(f"Training FLOPs are not recorded: no run logged `{FLOPS_TAG}` (runs recorded before it was added), so "
+              "no figure has their column.")  # fmt: skip
+    elif unlogged:
         doc.p(f"**The training-FLOPs column leaves out {len(unlogged)} run(s) that did not log `{FLOPS_TAG}`** "
               f"(recorded before it was added): {', '.join(map(user_text, sorted(unlogged)))}.")  # fmt: skip
     shown = [a for a in AXES if not (wall_clock_caveat and a[0] == "time") and (logged_flops or a[0] != "flops")]
