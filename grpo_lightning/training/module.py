@@ -379,8 +379,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
             return
 
         with timer.phase("logprob", "grpo.logprobs"):
-            if self.needs_old_logprobs(len(rollout)) or (self.beta > 0 and self.kl_placement == "reward"):
-                rollout.old_logp = self.compute_logprobs(self.policy, rollout)
+            self.compute_old_logprobs(rollout)
             if self.needs_reference_model():
                 with reference_model(self.policy, self.ref_model) as reference:  # LoRA: adapters off
                     rollout.ref_logp = self.compute_logprobs(reference, rollout)

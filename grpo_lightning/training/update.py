@@ -44,6 +44,18 @@ class PolicyUpdate:
             parts.append(logp)
         return torch.cat(parts)
 
+    def compute_old_logprobs(self, rollout: Rollout) -> None:
+        """``rollout.old_logp`` where the update needs a pass of its own for it (:meth:`needs_old_logprobs`,
+        a KL in the reward, a correction chosen over the whole rollout), and that correction's weights
+        (``rollout.derived["correction_weights"]``)."""
+        correction = self.sampling_options.rollout_correction()
+        over_rollout = correction.over_rollout and rollout.sampling_logp is not None
+        if self.needs_old_logprobs(len(rollout)) or (self.beta > 0 and self.kl_placement == "reward") or over_rollout:
+            rollout.old_logp = self.compute_logprobs(self.policy, rollout)
+        if over_rollout:
+            weights = correction.weights(rollout.old_logp, rollout.sampling_logp, rollout.completion_mask)
+            rollout.derived["correction_weights"] = weights
+
     def _forward(
         self, model: torch.nn.Module, rollout: Rollout, rows: Tensor, with_entropy: bool = True
     ) -> tuple[Tensor, Tensor | None]:
@@ -176,8 +188,8 @@ class PolicyUpdate:
         if self.entropy_coef:  # its gradient raises each loss token's entropy
             loss = loss + self.entropy_coef * entropy_bonus(logp, old_logp)
         if micro.sampling_logp is not None:  # the engine's log-probs against this pass's
-            loss = correct_policy_loss(loss, old_logp, micro.sampling_logp, mask, self.rollout_correction,
-                                       self.sampling_options.correction_cap, self.step_metrics)  # fmt: skip
+            loss = correct_policy_loss(loss, old_logp, micro.sampling_logp, mask, self.sampling_options.rollout_correction(),
+                                       self.step_metrics, micro.derived.get("correction_weights"), logp)  # fmt: skip
         if self.loss_options.top_entropy_quantile < 1:
             loss = loss * F.top_entropy_mask(entropy, mask, self.loss_options.top_entropy_quantile)
         if micro.ref_logp is not None:
