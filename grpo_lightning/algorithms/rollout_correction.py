@@ -11,7 +11,7 @@ With ``rho_t = pi_train(y_t) / pi_rollout(y_t)``, the loss of token ``t`` is wei
 - ``token_mask``: ``1[rho_t <= C]``, masked importance sampling (MIS);
 - ``sequence_truncate`` / ``sequence_mask``: the same with the completion's ratio ``rho = prod_t rho_t``;
 - ``icepop``: ``rho_t 1[alpha <= rho_t <= beta]`` (``correction_lower``/``_upper``, default
-  [0.5, 5]): IcePop (Ring-1T, arXiv 2510.18855, eq. 5), the ratio inside the band, zero outside;
+  [0.5, 5]): IcePop (Ring-1T, arXiv 2510.18855), the ratio inside the band, zero outside;
 - ``geo_rs``: ``1[lower <= exp(mean_t log rho_t) <= upper]`` for every token of the completion
   (default [0.999, 1.001]): verl's geometric rejection sampling;
 - ``kpop``: ``1[max(KL_b(p_t || q_t), KL_b(q_t || p_t)) <= phi]`` (``correction_kl_threshold``,
@@ -19,9 +19,14 @@ With ``rho_t = pi_train(y_t) / pi_rollout(y_t)``, the loss of token ``t`` is wei
   ``KL_b(p || q) = p log(p/q) + (1-p) log((1-p)/(1-q))``: AReaL's K-Pop mask;
 - ``m2po``: ``1[(log rho_t)^2 < c]``, ``c`` the smallest squared log-ratio that the rollout's second
   moment ``mean_kept (log rho)^2 <= tau`` (``correction_second_moment``, default 0.04) cannot keep:
-  M2PO (arXiv 2510.01161, eq. 7), which drops the tokens of largest ``(log rho)^2`` until the second
+  M2PO (arXiv 2510.01161), which drops the tokens of largest ``(log rho)^2`` until the second
   moment of those kept is at most ``tau``. Taken over the whole rollout, before the update
   (:data:`OVER_ROLLOUT`), so that the mask does not depend on the micro-batch size.
+
+The update's old (proximal) log-probs, ``sampling.old_logprobs`` (:data:`OLD_LOGPROBS`): ``recompute``,
+a forward pass before the update where it takes several steps; ``bypass``, the sampler's own
+(``pi_old = pi_rollout``: verl's bypass mode, no pass, and the correction compares the current
+policy with the sampler's); ``loglinear``, AReaL's approximation (:func:`proximal_logprobs`, no pass).
 
 Off by default: measured on W1 (benchmarks/RESULTS.md), both engines agree with the training pass
 to about 0.01 nats per token (ratios within [0.95, 1.05]) in bf16, so a cap of 2 never binds there.
@@ -44,6 +49,8 @@ from grpo_lightning.errors import ConfigError, require
 
 #: Values of ``sampling.correction`` besides ``None`` (off).
 CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "icepop", "geo_rs", "kpop", "m2po")
+#: Values of ``sampling.old_logprobs``: where the update's old (proximal) log-probs come from.
+OLD_LOGPROBS = ("recompute", "bypass", "loglinear")
 #: The corrections whose mask is chosen over the whole rollout, from its old log-probs.
 OVER_ROLLOUT = ("m2po",)
 #: The default cap of ``token_truncate``, ``token_mask``, ``sequence_truncate`` and ``sequence_mask``.
@@ -186,6 +193,23 @@ def mismatch_metrics(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor) ->
         "sampling/importance_sampling_ratio/mean": ((ratio * mask).sum() / tokens, "mean"),
         "sampling/importance_sampling_ratio/max": (ratio.masked_fill(~kept, float("-inf")).max(), "max"),
     }
+
+
+def proximal_logprobs(
+    logp: Tensor, sampling_logp: Tensor, sampling_version: Tensor, proximal_version: Tensor, version: int
+) -> Tensor:
+    """AReaL's log-linear proximal policy (decoupled PPO without its forward pass), per token::
+
+        log pi_prox = log pi_behav + alpha (log pi_theta - log pi_behav),
+        alpha = (v_prox - v_behav) / (v_theta - v_behav)        (1 where v_theta = v_behav)
+
+    ``logp`` (``log pi_theta``, detached here), ``sampling_logp`` (``log pi_behav``) and
+    ``sampling_version`` (``v_behav``, the policy version each token was sampled with) ``[N, T]``;
+    ``proximal_version`` ``[N]``: the version the update started from; ``version``: the weights' of ``logp``."""
+    span = version - sampling_version
+    alpha = (proximal_version.unsqueeze(1) - sampling_version) / span.clamp(min=1)
+    alpha = torch.where(span > 0, alpha.to(logp.dtype), torch.ones_like(logp))
+    return sampling_logp + alpha * (logp.detach() - sampling_logp)
 
 
 def behaviour_kl(logp: Tensor, sampling_logp: Tensor, mask: Tensor) -> Tensor:

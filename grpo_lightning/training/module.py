@@ -332,19 +332,21 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
 
     def generate(self, batch: dict[str, list], group_size: int, sampling: SamplingParams, with_logprobs=False) -> Rollout:
         """Sample ``group_size`` completions for each prompt of ``batch`` (``with_logprobs``: and
-        keep the engine's log-probs of the sampled tokens, ``rollout.sampling_logp``)."""
-        if self.environment is not None:
-            with self.rollout_model() as model:
+        keep the engine's log-probs of the sampled tokens, ``rollout.sampling_logp``); ``rollout.sampling_version``:
+        the policy version of the weights sampled from."""
+        texts = None if self.environment is not None else [self.format_prompt(p) for p in batch["prompt"]]
+        with self.rollout_model() as model:
+            version = self.rollout_weights.version_sampled(self.policy_version)
+            if texts is None:
                 rollout = sample_episodes(model, self.tokenizer, batch, group_size, sampling, self.environment,
                                           self.policy_options.use_chat_template, with_logprobs, self.sampler)  # fmt: skip
-            self.rollouts += 1
-            return rollout
-        texts = [self.format_prompt(p) for p in batch["prompt"]]
-        with self.rollout_model() as model:
-            sampled = self.sampler.sample(model, self.tokenizer, texts, group_size, sampling, self.rollouts,
-                                          with_logprobs)  # fmt: skip
+            else:
+                sampled = self.sampler.sample(model, self.tokenizer, texts, group_size, sampling, self.rollouts,
+                                              with_logprobs)  # fmt: skip
         self.rollouts += 1
-        return build_rollout(self.tokenizer, batch, group_size, *sampled)
+        rollout = rollout if texts is None else build_rollout(self.tokenizer, batch, group_size, *sampled)
+        rollout.sampling_version = torch.full_like(rollout.completion_ids, version)
+        return rollout
 
     def score(self, rollout: Rollout) -> RewardScores:
         """Fill ``rollout.reward_per_function`` ``[N, F]`` and the weighted ``rollout.rewards`` ``[N]``;

@@ -25,7 +25,7 @@ from grpo_lightning.errors import ConfigError, require
 from grpo_lightning.rewards import RewardExecution, resolve_reward_function
 from grpo_lightning.rewards.scoring import check_rewards, resolve_function
 from grpo_lightning.rollout.types import ROLLOUT_MODES
-from grpo_lightning.algorithms.rollout_correction import CAP, Correction
+from grpo_lightning.algorithms.rollout_correction import CAP, OLD_LOGPROBS, Correction
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: Values of ``rewards.aggregation``: the weighted sum as it is, or of per-group normalised scores (GDPO).
@@ -150,6 +150,10 @@ class SamplingOptions(OptionGroup):
     """``kpop``'s bound ``phi`` on the binary KL of a token's two probabilities; ``None``: 0.05."""
     correction_second_moment: float | None = None
     """``m2po``'s bound ``tau`` on the kept tokens' mean ``(log ratio)^2``; ``None``: 0.04."""
+    old_logprobs: str = "recompute"
+    """The update's old (proximal) log-probs: ``"recompute"`` (a forward pass where the update takes
+    several steps), ``"bypass"`` (the sampler's: ``pi_old = pi_rollout``), ``"loglinear"`` (AReaL's
+    interpolation by policy version); the last two skip that pass (:mod:`~grpo_lightning.algorithms.rollout_correction`)."""
 
     def check(self) -> None:
         require(self.group_size >= 2, f"sampling.group_size: must be at least 2 (got {self.group_size}); "
@@ -169,6 +173,13 @@ class SamplingOptions(OptionGroup):
         require(self.dtype is None or self.dtype in DTYPES,
                 f"sampling.dtype: {self.dtype!r} is not one of {', '.join(map(repr, DTYPES))} or null.")  # fmt: skip
         self.rollout_correction().check()
+        require(self.old_logprobs in OLD_LOGPROBS,
+                f"sampling.old_logprobs: {self.old_logprobs!r} is not one of {', '.join(OLD_LOGPROBS)}.")  # fmt: skip
+        require(self.old_logprobs == "recompute" or self.mode == "sample", f"sampling.old_logprobs: {self.old_logprobs} "
+                "reads the sampler's log-probs, and beam search samples nothing; set it to recompute.")  # fmt: skip
+        require(self.old_logprobs == "recompute" or not self.rollout_correction().over_rollout,
+                f"sampling.correction: {self.correction} masks from old log-probs computed before the update, which "
+                f"sampling.old_logprobs {self.old_logprobs} skips; set sampling.old_logprobs to recompute.")  # fmt: skip
         require(self.correction is None or self.mode == "sample",
                 "sampling.correction: weighs tokens by the sampling engine's probabilities, and beam search samples "
                 "nothing; set sampling.correction to null or sampling.mode to 'sample'.")  # fmt: skip

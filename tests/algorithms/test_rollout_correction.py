@@ -21,6 +21,7 @@ from grpo_lightning.algorithms.rollout_correction import (
     correction_weights,
     importance_ratio,
     mismatch_metrics,
+    proximal_logprobs,
     second_moment_mask,
 )
 from grpo_lightning.training.settings import ConfigError
@@ -200,3 +201,11 @@ def test_the_loss_is_weighted_and_the_behaviour_kl_and_masked_share_logged_by_ha
 def test_bad_bounds_name_the_field_and_the_fix(tiny_model_dir, sampling, message):
     with pytest.raises(ConfigError, match=message):
         GRPO(model=tiny_model_dir, sampling=sampling)
+
+
+def test_the_loglinear_proximal_log_probs_by_hand():
+    # behaviour -2, current -1; sampled at versions 2, 4, 6, the update started at 4, the weights at 6:
+    # alpha = (4 - 2) / (6 - 2) = 0.5, (4 - 4) / (6 - 4) = 0, and 1 where nothing changed since sampling.
+    logp, sampling = torch.full((1, 3), -1.0), torch.full((1, 3), -2.0)
+    got = proximal_logprobs(logp, sampling, torch.tensor([[2, 4, 6]]), torch.tensor([4]), 6)
+    close(got, [[-1.5, -2.0, -1.0]])

@@ -121,6 +121,7 @@ INVALID = {
     "sampling.correction_upper": number(floats(max_value=1, exclude_max=True), optional=True),
     "sampling.correction_kl_threshold": number(floats(max_value=0), optional=True),
     "sampling.correction_second_moment": number(floats(max_value=0), optional=True),
+    "sampling.old_logprobs": other_text("recompute", "bypass", "loglinear"),
     "optim.ppo_epochs": integer(st.integers(max_value=0)),
     "optim.minibatch_size": integer(st.integers(max_value=0), optional=True),
     "optim.micro_batch_size": integer(st.integers(max_value=0)),
