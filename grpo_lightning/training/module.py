@@ -367,6 +367,8 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
             rollout = self.generate(batch, self.group_size, self.sampling, with_logprobs=True)
         self.generated_tokens += int(rollout.completion_mask.sum())  # dropped groups cost compute too
         self.compute.add_forward(rollout.prompt_mask, rollout.attended_mask)
+        if (rollout := self.exchange_stale(rollout)) is None:  # bounded staleness: the queue is filling
+            return self.drop_stale_row()
         metrics.record_rollout(self.step_metrics, rollout)
         with timer.phase("score"):
             scores = self.score(rollout)

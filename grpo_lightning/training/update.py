@@ -35,6 +35,16 @@ def policy_part(objects: Any) -> Any:
 class PolicyUpdate:
     """The update loop and the log-prob passes of :class:`~grpo_lightning.training.module.GroupPolicyOptimization`."""
 
+    #: Rollouts sampled ahead of the update (:class:`~grpo_lightning.rollout.stale.StaleQueue`), or ``None``.
+    stale_queue: Any = None
+
+    def exchange_stale(self, rollout: Rollout) -> Rollout | None:
+        """``rollout``, or under bounded staleness the rollout queued ``k`` batches before it
+        (:class:`~grpo_lightning.rollout.stale.StaleRollouts`; ``None`` while the queue fills)."""
+        if self.stale_queue is None:
+            return rollout
+        return self.stale_queue.exchange(rollout, self.policy_version, self.step_metrics)
+
     @torch.no_grad()
     def compute_logprobs(self, model: torch.nn.Module, rollout: Rollout) -> Tensor:
         """Log-probs ``[N, T]`` of the rollout's completions under ``model``, in micro-batches."""

@@ -1,16 +1,20 @@
-"""One-step-stale rollouts: rollout k samples from the weights the policy had when update k-1
+"""Stale rollouts. One step: rollout k samples from the weights the policy had when update k-1
 began (as when it is generated while update k-1 runs), the staleness is logged and corrected by
-the sampling log-probs, and validation samples from the current policy."""
+the sampling log-probs, and validation samples from the current policy. Up to k steps: each update
+trains on the rollout sampled k batches before, and a fit resumes from a checkpoint exactly."""
 
 from __future__ import annotations
 
 import lightning as L
 import pytest
 import torch
-from test_checkpoint import StepRecorder, fit, make_data, make_module
+from lightning.pytorch.callbacks import ModelCheckpoint
+from test_checkpoint import StepRecorder, assert_same_steps, fit, make_data, make_module
 
 from variants import GRPO
 
+from grpo_lightning.checkpoints.export import read_checkpoint
+from grpo_lightning.errors import ConfigError
 from grpo_lightning.rollout.stale import StaleRollouts
 
 
@@ -139,3 +143,65 @@ def test_overlap_steps_aside_for_a_training_step_that_samples_otherwise(tiny_mod
         steps, _ = fit(module, 3, tmp_path, callbacks=[stale])
     assert stale.overlap is False and sorted(steps) == [1, 2, 3]
     assert steps[3]["rollout/staleness"] == 1.0
+
+
+# ---------------------------------------------------------------- up to k steps
+
+
+class TrainedPrompts(L.Callback):
+    """The prompts each training batch brought, and those each optimizer step trained on."""
+
+    def __init__(self) -> None:
+        self.batches, self.trained = [], {}
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.batches.append(list(batch["prompt"]))
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step not in self.trained and trainer.global_step > 0:
+            self.trained[trainer.global_step] = sorted(set(module.last_rollout.prompts))
+
+
+def test_each_update_trains_on_the_rollout_sampled_k_batches_before(tiny_model_dir, tmp_path):
+    k, steps_wanted = 2, 4
+    prompts = TrainedPrompts()
+    module = make_module(tiny_model_dir, policy={"dtype": "float32"}, sampling={"correction": "token_truncate"})
+    steps, trainer = fit(module, steps_wanted, tmp_path, callbacks=[prompts, StaleRollouts(max_staleness=k)])
+    assert sorted(steps) == list(range(1, steps_wanted + 1)) and len(prompts.batches) == steps_wanted + k
+    for step in steps:  # the first k batches only sample: step j trains the batch before batch j - 1 + k by k
+        assert prompts.trained[step] == sorted(set(prompts.batches[step - 1])), step
+    # Batch b samples at version b - k (0 while the queue fills): the lag grows 0, 1, then stays at k.
+    assert [steps[j]["rollout/staleness"].item() for j in steps] == [0.0, 1.0, 2.0, 2.0]
+    assert all(steps[j]["rollout/version_spread"].item() == 0.0 for j in steps)  # one version per rollout
+    assert steps[4]["sampling/importance_sampling_ratio/min"] < 1  # sampled by weights 2 steps old
+    assert module.stale_queue is None and not module.rollout_weights.stale  # off after the fit
+
+
+def test_a_fit_with_stale_rollouts_resumes_exactly_from_its_checkpoint(tiny_model_dir, tmp_path):
+    """The queue of rollouts sampled ahead is saved in the checkpoint, not rebuilt."""
+    settings = dict(policy={"dtype": "float32"}, sampling={"correction": "icepop"})
+    total, stop = 5, 3  # saved at the second batch of the second epoch
+    full, _ = fit(make_module(tiny_model_dir, **settings), total, tmp_path / "full", callbacks=[StaleRollouts(max_staleness=2)])
+    every = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=stop)
+    fit(make_module(tiny_model_dir, **settings), stop, tmp_path / "first", callbacks=[every, StaleRollouts(max_staleness=2)])
+    path = tmp_path / "ckpt" / f"step={stop}.ckpt"
+    state = read_checkpoint(path)["training_state"][0]
+    assert len(state["buffers"]["stale_queue"]["kept"]) == 2 and state["policy_version"] == stop
+    resumed, trainer = fit(make_module(tiny_model_dir, **settings), total, tmp_path / "resumed",
+                           callbacks=[StaleRollouts(max_staleness=2)], ckpt_path=path)  # fmt: skip
+    assert trainer.global_step == total
+    assert_same_steps(resumed, full, stop + 1, total)
+    assert resumed[total]["rollout/staleness"].item() == 2.0
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"max_staleness": 17}, "^StaleRollouts.max_staleness: must be an integer from 1 to 16"),
+        ({"max_staleness": 0}, "^StaleRollouts.max_staleness: must be an integer from 1 to 16"),
+        ({"max_staleness": 2, "overlap": True}, "^StaleRollouts.overlap: only one-step staleness samples ahead"),
+    ],
+)
+def test_bad_staleness_settings_name_the_field_and_the_fix(arguments, message):
+    with pytest.raises(ConfigError, match=message):
+        StaleRollouts(**arguments)
