@@ -38,8 +38,8 @@ with ``sampling/behaviour_kl`` (k3 estimate of ``KL(pi_rollout || pi_theta)``) a
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -47,22 +47,13 @@ from torch import Tensor
 
 from grpo_lightning.errors import ConfigError, require
 
-#: Values of ``sampling.correction`` besides ``None`` (off).
-CORRECTIONS = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "icepop", "geo_rs", "kpop", "m2po")
 #: Values of ``sampling.old_logprobs``: where the update's old (proximal) log-probs come from.
 OLD_LOGPROBS = ("recompute", "bypass", "loglinear")
 #: The corrections whose mask is chosen over the whole rollout, from its old log-probs.
 OVER_ROLLOUT = ("m2po",)
 #: The default cap of ``token_truncate``, ``token_mask``, ``sequence_truncate`` and ``sequence_mask``.
 CAP = 2.0
-#: Each correction's bound options (``sampling.<name>``) and their defaults.
-BOUNDS: dict[str, dict[str, float]] = {
-    **{mode: {"correction_cap": CAP} for mode in CORRECTIONS[:4]},
-    "icepop": {"correction_lower": 0.5, "correction_upper": 5.0},
-    "geo_rs": {"correction_lower": 0.999, "correction_upper": 1.001},
-    "kpop": {"correction_kl_threshold": 0.05},
-    "m2po": {"correction_second_moment": 0.04},
-}
+#: The options that bound a correction (``sampling.<name>``); ``correction_cap`` is unset at :data:`CAP`.
 BOUND_NAMES = ("correction_cap", "correction_lower", "correction_upper", "correction_kl_threshold", "correction_second_moment")
 
 
@@ -88,7 +79,7 @@ class Correction:
                 "(e.g. token_truncate) or drop sampling.correction_cap.")  # fmt: skip
         reads = BOUNDS.get(self.mode, {})
         for name in BOUND_NAMES:
-            if getattr(self, name) not in (None, CAP if name == "correction_cap" else None) and name not in reads:
+            if getattr(self, name) != (CAP if name == "correction_cap" else None) and name not in reads:
                 users = ", ".join(mode for mode, bounds in BOUNDS.items() if name in bounds)
                 raise ConfigError(f"sampling.{name}: bounds sampling.correction {users}, not {self.mode}; set "
                                   f"sampling.correction to one of them or drop sampling.{name}.")  # fmt: skip
@@ -153,31 +144,81 @@ def second_moment_mask(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, 
     return ((squared < values[kept]) & (mask > 0)).to(mask.dtype)
 
 
-def correction_weights(
-    train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, mode: str, cap: float = CAP, lower: float = 0.0,
-    upper: float = math.inf, kl_threshold: float = 0.05, second_moment: float = 0.04,
-) -> Tensor:  # fmt: skip
-    """Weights ``[N, T]`` of the per-token policy loss for ``mode`` (one of :data:`CORRECTIONS`);
-    the formulas are the module's. ``m2po`` takes the rows given as its whole batch."""
-    if mode not in CORRECTIONS:
+def token_truncate(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, cap: float) -> Tensor:
+    """TIS: ``min(rho_t, C)``."""
+    return importance_ratio(train_logp, sampling_logp, mask, "token").clamp(max=cap)
+
+
+def token_mask(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, cap: float) -> Tensor:
+    """MIS: ``1[rho_t <= C]``."""
+    return (importance_ratio(train_logp, sampling_logp, mask, "token") <= cap).to(mask.dtype)
+
+
+def sequence_truncate(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, cap: float) -> Tensor:
+    """``min(prod_t rho_t, C)`` for every token of the completion."""
+    return importance_ratio(train_logp, sampling_logp, mask, "sequence").clamp(max=cap)
+
+
+def sequence_mask(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, cap: float) -> Tensor:
+    """``1[prod_t rho_t <= C]`` for every token of the completion."""
+    return (importance_ratio(train_logp, sampling_logp, mask, "sequence") <= cap).to(mask.dtype)
+
+
+def icepop(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, lower: float, upper: float) -> Tensor:
+    """IcePop: ``rho_t 1[lower <= rho_t <= upper]``."""
+    rho = importance_ratio(train_logp, sampling_logp, mask, "token")
+    return torch.where((rho >= lower) & (rho <= upper), rho, torch.zeros_like(rho))
+
+
+def geo_rs(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, lower: float, upper: float) -> Tensor:
+    """Geometric rejection: ``1[lower <= exp(mean_t log rho_t) <= upper]`` for every token of the completion."""
+    ratio = geometric_ratio(train_logp, sampling_logp, mask)
+    return ((ratio >= lower) & (ratio <= upper)).to(mask.dtype)
+
+
+def kpop(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, kl_threshold: float) -> Tensor:
+    """K-Pop: ``1[max(KL_b(p_t || q_t), KL_b(q_t || p_t)) <= phi]`` (:func:`binary_kl`)."""
+    train = train_logp.detach()
+    divergence = torch.maximum(binary_kl(train, sampling_logp), binary_kl(sampling_logp, train))
+    return (divergence <= kl_threshold).to(mask.dtype)
+
+
+def m2po(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, second_moment: float) -> Tensor:
+    """M2PO: :func:`second_moment_mask` with ``tau`` = ``second_moment``, over the rows given."""
+    return second_moment_mask(train_logp, sampling_logp, mask, second_moment)
+
+
+#: ``sampling.correction`` -> (its weights ``[N, T]`` of ``(train_logp, sampling_logp, mask, **bounds)``,
+#: the bounds' defaults by option name ``correction_<bound>``). Dispatch goes through it.
+CORRECTION_PARTS: dict[str, tuple[Callable[..., Tensor], dict[str, float]]] = {
+    "token_truncate": (token_truncate, {"correction_cap": CAP}),
+    "token_mask": (token_mask, {"correction_cap": CAP}),
+    "sequence_truncate": (sequence_truncate, {"correction_cap": CAP}),
+    "sequence_mask": (sequence_mask, {"correction_cap": CAP}),
+    "icepop": (icepop, {"correction_lower": 0.5, "correction_upper": 5.0}),
+    "geo_rs": (geo_rs, {"correction_lower": 0.999, "correction_upper": 1.001}),
+    "kpop": (kpop, {"correction_kl_threshold": 0.05}),
+    "m2po": (m2po, {"correction_second_moment": 0.04}),
+}
+#: Values of ``sampling.correction`` besides ``None`` (off).
+CORRECTIONS = tuple(CORRECTION_PARTS)
+#: Each correction's bound options and their defaults.
+BOUNDS: dict[str, dict[str, float]] = {mode: defaults for mode, (_, defaults) in CORRECTION_PARTS.items()}
+
+
+def correction_weights(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, mode: str, cap: float = CAP,
+                       **bounds: float) -> Tensor:  # fmt: skip
+    """Weights ``[N, T]`` of the per-token policy loss for ``mode`` (one of :data:`CORRECTIONS`), 1
+    outside ``mask``; ``cap`` and ``bounds`` (``lower``, ``upper``, ``kl_threshold``, ``second_moment``)
+    as the mode reads them, its defaults for those not given. ``m2po`` takes the rows given as its batch."""
+    if mode not in CORRECTION_PARTS:
         raise ConfigError(f"sampling.correction: {mode!r} is not one of {', '.join(CORRECTIONS)} or null")
-    if mode in ("icepop", "geo_rs", "kpop", "m2po"):
-        if mode == "icepop":
-            rho = importance_ratio(train_logp, sampling_logp, mask, "token")
-            weights = torch.where((rho >= lower) & (rho <= upper), rho, torch.zeros_like(rho))
-        elif mode == "geo_rs":
-            ratio = geometric_ratio(train_logp, sampling_logp, mask)
-            weights = ((ratio >= lower) & (ratio <= upper)).to(mask.dtype)
-        elif mode == "kpop":
-            train = train_logp.detach()
-            divergence = torch.maximum(binary_kl(train, sampling_logp), binary_kl(sampling_logp, train))
-            weights = (divergence <= kl_threshold).to(mask.dtype)
-        else:
-            weights = second_moment_mask(train_logp, sampling_logp, mask, second_moment)
-        return torch.where(mask > 0, weights, torch.ones_like(weights))  # 1 outside the mask, as the ratios
-    level, kind = mode.split("_")
-    rho = importance_ratio(train_logp, sampling_logp, mask, level)
-    return rho.clamp(max=cap) if kind == "truncate" else (rho <= cap).to(rho.dtype)
+    function, defaults = CORRECTION_PARTS[mode]
+    given = {"cap": cap, **bounds}
+    arguments = {name.removeprefix("correction_"): given.get(name.removeprefix("correction_"), value)
+                 for name, value in defaults.items()}  # fmt: skip
+    weights = function(train_logp, sampling_logp, mask, **arguments)
+    return torch.where(mask > 0, weights, torch.ones_like(weights))  # 1 outside the mask, as the ratios
 
 
 def mismatch_metrics(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor) -> dict[str, tuple[Tensor, str]]:

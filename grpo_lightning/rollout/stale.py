@@ -116,7 +116,8 @@ class StaleRollouts(Callback):
 
     def __init__(self, overlap: bool | None = None, max_staleness: int = 1) -> None:
         require(isinstance(max_staleness, int) and 1 <= max_staleness <= MAX_STALENESS,
-                f"StaleRollouts.max_staleness: must be an integer from 1 to {MAX_STALENESS} (got {max_staleness!r}).")  # fmt: skip
+                f"StaleRollouts.max_staleness: must be an integer from 1 to {MAX_STALENESS} (got {max_staleness!r}); "
+                "e.g. 4.")  # fmt: skip
         require(not (overlap and max_staleness > 1), "StaleRollouts.overlap: only one-step staleness samples ahead "
                 "on a worker; set overlap to false or max_staleness to 1.")  # fmt: skip
         self.overlap = False if max_staleness > 1 else overlap

@@ -68,7 +68,8 @@ class PolicyUpdate:
         elif needed or (self.beta > 0 and self.kl_placement == "reward") or over_rollout:
             rollout.old_logp = self.compute_logprobs(self.policy, rollout)
         if source == "loglinear":
-            rollout.derived["proximal_version"] = torch.full((len(rollout),), self.policy_version, device=rollout.device)
+            version = torch.full((len(rollout),), self.policy_version, device=rollout.device)
+            rollout.derived["proximal_version"] = version
         if over_rollout:
             weights = correction.weights(rollout.old_logp, rollout.sampling_logp, rollout.completion_mask)
             rollout.derived["correction_weights"] = weights
@@ -78,7 +79,8 @@ class PolicyUpdate:
         under ``loglinear``, else the current ones, detached (the update's first step)."""
         if micro.old_logp is not None:
             return micro.old_logp
-        if "proximal_version" in micro.derived and micro.sampling_version is not None:
+        loglinear = "proximal_version" in micro.derived and micro.sampling_logp is not None
+        if loglinear and micro.sampling_version is not None:
             return proximal_logprobs(logp, micro.sampling_logp, micro.sampling_version,
                                      micro.derived["proximal_version"], self.policy_version)  # fmt: skip
         return logp.detach()
@@ -216,8 +218,9 @@ class PolicyUpdate:
             loss = loss + self.entropy_coef * entropy_bonus(logp, old_logp)
         if micro.sampling_logp is not None:  # the engine's log-probs against this pass's
             behaviour_of = logp if self.sampling_options.old_logprobs == "bypass" else old_logp  # bypass: old = rollout
-            loss = correct_policy_loss(loss, behaviour_of, micro.sampling_logp, mask, self.sampling_options.rollout_correction(),
-                                       self.step_metrics, micro.derived.get("correction_weights"), logp)  # fmt: skip
+            correction = self.sampling_options.rollout_correction()
+            loss = correct_policy_loss(loss, behaviour_of, micro.sampling_logp, mask, correction, self.step_metrics,
+                                       micro.derived.get("correction_weights"), logp)  # fmt: skip
         if self.loss_options.top_entropy_quantile < 1:
             loss = loss * F.top_entropy_mask(entropy, mask, self.loss_options.top_entropy_quantile)
         if micro.ref_logp is not None:
