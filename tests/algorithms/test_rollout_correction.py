@@ -25,7 +25,7 @@ from grpo_lightning.algorithms.rollout_correction import (
     second_moment_mask,
 )
 from grpo_lightning.training.settings import ConfigError
-from tests.conftest import length_parity_reward
+from tests.conftest import length_parity_reward, micro_batched_gradient
 from variants import GRPO
 
 TRAIN = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.4, 0.4, 0.1]]))
@@ -209,3 +209,36 @@ def test_the_loglinear_proximal_log_probs_by_hand():
     logp, sampling = torch.full((1, 3), -1.0), torch.full((1, 3), -2.0)
     got = proximal_logprobs(logp, sampling, torch.tensor([[2, 4, 6]]), torch.tensor([4]), 6)
     close(got, [[-1.5, -2.0, -1.0]])
+
+
+@pytest.mark.parametrize("mode", CORRECTIONS)
+def test_every_correction_keeps_agreeing_tokens_ignores_padding_and_passes_no_gradient(mode):
+    """Where the engines agree (rho = 1) each correction keeps every token at weight 1 with its
+    default bounds; outside the mask its weight is 1; its weights are finite, >= 0 and detached."""
+    generator = torch.Generator().manual_seed(0)
+    train = torch.rand(4, 5, generator=generator).clamp(min=0.05).log().requires_grad_()
+    mask = torch.tensor([[1.0] * 5, [1.0] * 3 + [0.0] * 2, [1.0] * 4 + [0.0], [1.0] + [0.0] * 4])
+    close(correction_weights(train, train.detach(), mask, mode), torch.ones(4, 5).tolist())
+    sampling = (train.detach() + torch.randn(4, 5, generator=generator)).clamp(max=0.0)
+    weights = correction_weights(train, sampling, mask, mode)
+    assert not weights.requires_grad and torch.isfinite(weights).all() and (weights >= 0).all()
+    assert (weights[mask == 0] == 1).all()
+
+
+def test_m2po_weights_chosen_over_the_rollout_do_not_depend_on_the_micro_batch_size(make_module, one_torch_thread):
+    grpo = make_module(GRPO, policy={"dtype": "float32"}, sampling={"correction": "m2po"}, kl={"beta": 0.0})
+    torch.manual_seed(0)
+    rollout = grpo.generate({"prompt": ["1+2=", "30+4="]}, grpo.group_size, grpo.sampling, with_logprobs=True)
+    generator = torch.Generator().manual_seed(1)
+    noise = 0.3 * torch.randn(rollout.completion_ids.shape, generator=generator)  # a stale sampler: some tokens go
+    rollout.sampling_logp = (rollout.sampling_logp + noise).clamp(max=0.0) * rollout.completion_mask
+    grpo.compute_old_logprobs(rollout)
+    weights = rollout.derived["correction_weights"]
+    assert 0 < (weights[rollout.completion_mask > 0] == 0).sum() < rollout.completion_mask.sum()
+    advantages, n = torch.linspace(-1.0, 1.0, len(rollout)), len(rollout)
+    tokens = grpo.loss_mask(rollout, torch.arange(n)).sum()
+    whole = micro_batched_gradient(grpo, rollout, advantages, [n], tokens)
+    for sizes in ([1] * n, [3, 5]):
+        split = micro_batched_gradient(grpo, rollout, advantages, sizes, tokens)
+        for name in whole:
+            torch.testing.assert_close(split[name], whole[name], rtol=1e-4, atol=1e-6)
