@@ -177,26 +177,49 @@ def test_each_update_trains_on_the_rollout_sampled_k_batches_before(tiny_model_d
     assert module.stale_queue is None and not module.rollout_weights.stale  # off after the fit
 
 
-def test_a_fit_with_stale_rollouts_resumes_exactly_from_its_checkpoint(tiny_model_dir, tmp_path):
-    """The queue of rollouts sampled ahead is saved in the checkpoint, not rebuilt."""
+@pytest.mark.parametrize("partial", [False, True], ids=["whole", "partial"])
+def test_a_fit_with_stale_rollouts_resumes_exactly_from_its_checkpoint(tiny_model_dir, tmp_path, partial):
+    """The queue of rollouts sampled ahead (partial ones too) is saved in the checkpoint, not rebuilt."""
     settings = dict(policy={"dtype": "float32"}, sampling={"correction": "icepop"})
     total, stop = 5, 3  # saved at the second batch of the second epoch
-    full, _ = fit(make_module(tiny_model_dir, **settings), total, tmp_path / "full", callbacks=[StaleRollouts(max_staleness=2)])
+
+    def stale():
+        return StaleRollouts(max_staleness=2, partial_rollouts=partial)
+
+    full, _ = fit(make_module(tiny_model_dir, **settings), total, tmp_path / "full", callbacks=[stale()])
     every = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=stop)
-    fit(make_module(tiny_model_dir, **settings), stop, tmp_path / "first", callbacks=[every, StaleRollouts(max_staleness=2)])
+    fit(make_module(tiny_model_dir, **settings), stop, tmp_path / "first", callbacks=[every, stale()])
     path = tmp_path / "ckpt" / f"step={stop}.ckpt"
     state = read_checkpoint(path)["training_state"][0]
     assert len(state["buffers"]["stale_queue"]["kept"]) == 2 and state["policy_version"] == stop
-    resumed, trainer = fit(make_module(tiny_model_dir, **settings), total, tmp_path / "resumed",
-                           callbacks=[StaleRollouts(max_staleness=2)], ckpt_path=path)  # fmt: skip
+    resumed, trainer = fit(make_module(tiny_model_dir, **settings), total, tmp_path / "resumed", callbacks=[stale()],
+                           ckpt_path=path)  # fmt: skip
     assert trainer.global_step == total
     assert_same_steps(resumed, full, stop + 1, total)
-    assert resumed[total]["rollout/staleness"].item() == 2.0
+    lag = resumed[total]["rollout/staleness"].item()
+    assert 1.0 < lag < 2.0 if partial else lag == 2.0  # partial: the second chunk is a version younger
+
+
+def test_partial_rollouts_continue_each_completion_with_the_next_updates_weights(tiny_model_dir, tmp_path):
+    """k = 2, six tokens: the first three of a completion sampled with its batch's weights, the rest
+    with the next batch's. Batch b samples at version max(0, b - 2) and trains at batch b + 2."""
+    module = make_module(tiny_model_dir, policy={"dtype": "float32"})
+    steps, _ = fit(module, 4, tmp_path, callbacks=[StaleRollouts(max_staleness=2, partial_rollouts=True)])
+    assert sorted(steps) == [1, 2, 3, 4]
+    # Steps 1, 2 train batches 0, 1: both chunks at version 0 (no update yet), lags 0 and 1.
+    assert [steps[j]["rollout/version_spread"].item() for j in (1, 2)] == [0.0, 0.0]
+    assert [steps[j]["rollout/staleness/max"].item() for j in (1, 2)] == [0.0, 1.0]
+    # Steps 3, 4 train batches 2, 3: first chunks at versions 0, 1, the rest one version later.
+    assert [steps[j]["rollout/version_spread"].item() for j in (3, 4)] == [1.0, 1.0]
+    assert [steps[j]["rollout/staleness/max"].item() for j in (3, 4)] == [2.0, 2.0]
+    assert all(1.0 < steps[j]["rollout/staleness"].item() < 2.0 for j in (3, 4))  # lags 2 and 1, by token
+    assert steps[4]["completions/mean_length"] > 3  # completions did go on past their first chunk
 
 
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
+        ({"partial_rollouts": True}, "^StaleRollouts.partial_rollouts: a completion continues"),
         ({"max_staleness": 17}, "^StaleRollouts.max_staleness: must be an integer from 1 to 16"),
         ({"max_staleness": 0}, "^StaleRollouts.max_staleness: must be an integer from 1 to 16"),
         ({"max_staleness": 2, "overlap": True}, "^StaleRollouts.overlap: only one-step staleness samples ahead"),
