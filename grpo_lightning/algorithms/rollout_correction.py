@@ -11,17 +11,19 @@ With ``rho_t = pi_train(y_t) / pi_rollout(y_t)``, the loss of token ``t`` is wei
 - ``token_mask``: ``1[rho_t <= C]``, masked importance sampling (MIS);
 - ``sequence_truncate`` / ``sequence_mask``: the same with the completion's ratio ``rho = prod_t rho_t``;
 - ``icepop``: ``rho_t 1[alpha <= rho_t <= beta]`` (``correction_lower``/``_upper``, default
-  [0.5, 5]): IcePop (Ring-1T, arXiv 2510.18855), the ratio inside the band, zero outside;
+  [0.5, 5], as prime-rl's IcePop loss first shipped): IcePop (Ring-1T, arXiv 2510.18855), the
+  ratio inside the band, zero outside;
 - ``geo_rs``: ``1[lower <= exp(mean_t log rho_t) <= upper]`` for every token of the completion
   (default [0.999, 1.001]): verl's geometric rejection sampling;
 - ``kpop``: ``1[max(KL_b(p_t || q_t), KL_b(q_t || p_t)) <= phi]`` (``correction_kl_threshold``,
-  default 0.05) with ``p_t = pi_train(y_t)``, ``q_t = pi_rollout(y_t)`` and the binary KL
-  ``KL_b(p || q) = p log(p/q) + (1-p) log((1-p)/(1-q))``: AReaL's K-Pop mask;
+  default 0.05, ours: no published default was found) with ``p_t = pi_train(y_t)``,
+  ``q_t = pi_rollout(y_t)`` and the binary KL ``KL_b(p || q) = p log(p/q) + (1-p) log((1-p)/(1-q))``:
+  AReaL's K-Pop mask;
 - ``m2po``: ``1[(log rho_t)^2 < c]``, ``c`` the smallest squared log-ratio that the rollout's second
   moment ``mean_kept (log rho)^2 <= tau`` (``correction_second_moment``, default 0.04) cannot keep:
   M2PO (arXiv 2510.01161), which drops the tokens of largest ``(log rho)^2`` until the second
-  moment of those kept is at most ``tau``. Taken over the whole rollout, before the update
-  (:data:`OVER_ROLLOUT`), so that the mask does not depend on the micro-batch size.
+  moment of those kept is at most ``tau``. Taken over the whole rollout (each process's own under
+  DDP), before the update (:data:`OVER_ROLLOUT`), so that the mask does not depend on the micro-batch size.
 
 The update's old (proximal) log-probs, ``sampling.old_logprobs`` (:data:`OLD_LOGPROBS`): ``recompute``,
 a forward pass before the update where it takes several steps; ``bypass``, the sampler's own
