@@ -5,6 +5,8 @@ trains on the rollout sampled k batches before, and a fit resumes from a checkpo
 
 from __future__ import annotations
 
+import types
+
 import lightning as L
 import pytest
 import torch
@@ -15,7 +17,8 @@ from variants import GRPO
 
 from grpo_lightning.checkpoints.export import read_checkpoint
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.rollout.stale import StaleRollouts
+from grpo_lightning.rollout.stale import StaleQueue, StaleRollouts
+from grpo_lightning.rollout.types import Rollout
 
 
 class Watch(L.Callback):
@@ -228,3 +231,39 @@ def test_partial_rollouts_continue_each_completion_with_the_next_updates_weights
 def test_bad_staleness_settings_name_the_field_and_the_fix(arguments, message):
     with pytest.raises(ConfigError, match=message):
         StaleRollouts(**arguments)
+
+
+class Recorder:
+    def __init__(self):
+        self.values = {}
+
+    def update(self, name, value, weight=1.0, reduce="mean"):
+        self.values[name] = (float(value), float(weight), reduce)
+
+
+def rollout_sampled_at(versions: list, mask: list) -> Rollout:
+    rows, width = len(versions), len(versions[0])
+    return Rollout(group_size=1, prompt_ids=torch.zeros(rows, 1, dtype=torch.long), prompt_mask=torch.ones(rows, 1),
+                   completion_ids=torch.zeros(rows, width, dtype=torch.long), completion_mask=torch.tensor(mask),
+                   truncated=torch.zeros(rows, dtype=torch.bool), prompts=[""] * rows, completions=[""] * rows,
+                   sampling_version=torch.tensor(versions))  # fmt: skip
+
+
+def test_the_queue_hands_over_the_rollout_k_batches_old_with_its_lag_by_hand():
+    queue, metrics = StaleQueue(2), Recorder()
+    oldest = rollout_sampled_at([[3, 4, 9], [5, 0, 0]], [[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert queue.exchange(oldest, 10, metrics) is None and queue.exchange(rollout_sampled_at([[9]], [[1.0]]), 10, metrics) is None
+    assert metrics.values == {}  # nothing trained while the queue fills
+    handed = queue.exchange(rollout_sampled_at([[10]], [[1.0]]), 10, metrics)
+    assert torch.equal(handed.sampling_version, oldest.sampling_version)  # the first queued, on the new one's device
+    # lags 10 - 3, 10 - 4, 10 - 9, 10 - 5 over the four kept tokens; versions 3 to 9
+    assert metrics.values["rollout/staleness"] == (4.75, 4.0, "mean")
+    assert metrics.values["rollout/staleness/max"] == (7.0, 1.0, "max")
+    assert metrics.values["rollout/version_spread"] == (6.0, 1.0, "max")
+    assert len(queue.parts) == 2 and queue.exchanges == 3
+
+
+def test_a_training_step_that_does_not_queue_its_rollouts_is_refused():
+    stale, module = StaleRollouts(max_staleness=2), types.SimpleNamespace(stale_queue=StaleQueue(2))
+    with pytest.raises(ConfigError, match="^StaleRollouts.max_staleness: this module's training_step does not queue"):
+        stale.on_train_batch_end(None, module, None, None, 0)
