@@ -115,6 +115,7 @@ class GroupPolicyState(ExactResume):
             "generated_tokens": self.generated_tokens,
             "compute": self.compute.state_dict(),
             "rollouts": self.rollouts,
+            "policy_version": self.policy_version,
             "logged_steps": self.logged_steps,
             "generation_batches": self.generation_batches,
             "trained_rollouts": self.trained_rollouts,
@@ -126,6 +127,7 @@ class GroupPolicyState(ExactResume):
     def load_training_state(self, state: dict[str, Any]) -> None:
         super().load_training_state(state)
         self.generated_tokens, self.rollouts = state["generated_tokens"], state.get("rollouts", 0)
+        self.policy_version = state.get("policy_version", self.policy_version)
         self.compute.load_state_dict(state.get("compute", {}))
         self.logged_steps = state.get("logged_steps", self.trainer.global_step if self._trainer else 0)
         self.generation_batches = state.get("generation_batches", self.logged_steps)

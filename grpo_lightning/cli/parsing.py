@@ -19,7 +19,7 @@ from lightning.pytorch.cli import LightningArgumentParser
 
 from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS, KL_PLACEMENTS, SURROGATES
 from grpo_lightning.algorithms import functional as F
-from grpo_lightning.algorithms.rollout_correction import CORRECTIONS
+from grpo_lightning.algorithms.rollout_correction import CORRECTIONS, OLD_LOGPROBS
 from grpo_lightning.rollout.types import ROLLOUT_MODES
 from grpo_lightning.training.options import DTYPES, REWARD_AGGREGATIONS
 
@@ -34,6 +34,7 @@ OPTION_CHOICES: dict[str, Callable[[], Iterable[str]]] = {
     "rewards.aggregation": lambda: REWARD_AGGREGATIONS,
     "sampling.mode": lambda: ROLLOUT_MODES,
     "sampling.correction": lambda: CORRECTIONS,
+    "sampling.old_logprobs": lambda: OLD_LOGPROBS,
     "sampling.dtype": lambda: DTYPES,
     "policy.dtype": lambda: ("auto", *DTYPES),
 }

@@ -1,29 +1,43 @@
-"""One-step-stale rollouts: each rollout sampled with the weights the policy had before its
-previous update, and on CUDA generated while that update runs.
+"""Stale rollouts: each rollout sampled with the weights the policy had ``k`` updates before the
+one that trains on it (``max_staleness``, 1 to 16), as in an asynchronous pipeline whose sampler
+runs ``k`` policy versions ahead of the trainer.
 
-Overlapping generation with the update (verl's and OpenRLHF's one-step off-policy pipelines)
-makes rollout ``k`` come from the weights after ``k - 1`` update phases instead of ``k``. Before
-each update this callback copies the policy into a replica
-(:meth:`grpo_lightning.rollout.generation.RolloutWeights.snapshot`), and training rollouts sample from that
-replica until the next one. The engine records each sampled token's log-prob under the stale
-weights (``rollout.sampling_logp``), so the update's importance correction (``rollout_correction``,
-e.g. ``token_truncate``: TIS) and the ``sampling/*`` metrics see the staleness; ``rollout/staleness``
-logs how many optimizer steps the sampling weights were behind. Validation samples from the current
-policy.
+``k = 1`` (verl's and OpenRLHF's one-step off-policy pipelines) makes rollout ``k`` come from the
+weights after ``k - 1`` update phases instead of ``k``. Before each update this callback copies the
+policy into a replica (:meth:`grpo_lightning.rollout.generation.RolloutWeights.snapshot`), and
+training rollouts sample from that replica until the next one. With ``overlap`` (the default on
+CUDA) the next batch's rollout is generated on a worker thread and its own CUDA stream
+(:class:`grpo_lightning.rollout.generation.ahead.SamplesAhead`) while the current batch's reference
+pass and update run: when ``training_step`` takes its rollout, the callback snapshots the weights its
+update starts from and starts the next batch's rollout from them. The samples are those of the run
+without overlap (with ``rollout_seed``, the same tokens), and the ``rollout`` phase
+(``perf/rollout_s``) is the wait for the worker. The next batch is the one the project's dataloaders
+(:class:`grpo_lightning.data.loaders.ResumableDataLoader`) hold ahead; the first batch of each epoch
+and the one after a validation are sampled in place, and so is every batch of another dataloader. A
+``training_step`` that samples otherwise than the base module's turns the overlap off, with a
+warning. Without overlap (the CPU's default) the same staleness lets a variant's learning with
+samples a step old be measured anywhere.
 
-With ``overlap`` (the default on CUDA) the next batch's rollout is generated on a worker thread
-and its own CUDA stream (:class:`grpo_lightning.rollout.generation.ahead.SamplesAhead`) while the current
-batch's reference pass and update run: when ``training_step`` takes its rollout, the callback
-snapshots the weights its update starts from and starts the next batch's rollout from them. The
-samples are those of the run without overlap (with ``rollout_seed``, the same tokens), and the
-``rollout`` phase (``perf/rollout_s``) is the wait for the worker. The next batch is the one the
-project's dataloaders (:class:`grpo_lightning.data.loaders.ResumableDataLoader`) hold ahead; the first
-batch of each epoch and the one after a validation are sampled in place, and so is every batch of
-another dataloader. A ``training_step`` that samples otherwise than the base module's turns the
-overlap off, with a warning. Without overlap (the CPU's default) the same staleness lets a variant's
-learning with samples a step old be measured anywhere.
+``k >= 2`` keeps the sampled rollouts in a queue (:class:`StaleQueue`): each training batch is
+sampled with the current weights and queued, and the update trains on the one queued ``k`` batches
+before (the first ``k`` batches only sample: no optimizer step). The queue goes into checkpoints
+(it is a :class:`~grpo_lightning.rollout.types.RolloutBuffer` of the module), so a fit resumed from
+one trains on the rollouts the uninterrupted fit trained on; nothing is rebuilt. Without overlap.
+With ``partial_rollouts`` generation goes on across the updates: a batch's completions are sampled
+in ``k`` chunks, the first cut from its sampled rollout (the tokens a chunk-long sample draws; the
+rest is dropped), each next one at the start of a later batch with that batch's weights, the prefix
+recomputed (:mod:`grpo_lightning.rollout.partial`, on the HF generate path; keyed sampling keys the
+first chunk only).
+
+The engine records each sampled token's log-prob and policy version (``rollout.sampling_logp``,
+``rollout.sampling_version``), so the update's importance correction (``sampling.correction``, e.g.
+``token_truncate`` or ``m2po``) and the ``sampling/*`` metrics see the staleness; ``rollout/staleness``
+logs how many optimizer steps the sampling weights were behind (with ``k >= 2`` the mean over the
+trained tokens, with ``/max`` and ``rollout/version_spread``, the range of the policy versions they
+were sampled with). Validation samples from the current policy.
 
     grpo-lightning fit ... --config configs/rollout/one_step_stale.yaml
+    grpo-lightning fit ... --config configs/rollout/bounded_staleness.yaml
 """
 
 from __future__ import annotations
@@ -33,7 +47,15 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 
-from grpo_lightning.errors import ConfigError
+import math
+from collections.abc import Callable
+
+from grpo_lightning.errors import ConfigError, require
+from grpo_lightning.rollout.partial import continue_rollout, cut
+from grpo_lightning.rollout.types import Rollout, RolloutBuffer
+
+#: The most policy versions sampling may run ahead of the update.
+MAX_STALENESS = 16
 
 
 def upcoming_batch(trainer: Any) -> Any | None:
@@ -63,20 +85,99 @@ def sample_ahead(module: Any, arguments: tuple) -> None:
         module.sampler.sample_ahead(model, *arguments)
 
 
+class StaleQueue(RolloutBuffer):
+    """Training rollouts sampled and not yet trained on, oldest first (``parts``), at most
+    ``max_staleness`` of them between two updates; a module attribute, so checkpoints hold it."""
+
+    def __init__(self, max_staleness: int, first_chunk: Callable[[Rollout], Rollout] | None = None) -> None:
+        super().__init__()
+        self.max_staleness = max_staleness
+        self.first_chunk = first_chunk  # partial rollouts: what of a sampled rollout is queued
+        self.exchanges = 0  # rollouts queued: the callback checks that training_step queues each
+
+    def exchange(self, rollout: Rollout, version: int, metrics: Any) -> Rollout | None:
+        """Queue ``rollout`` and return the one queued ``max_staleness`` batches before (on its
+        device), logging its staleness against the policy ``version`` into ``metrics``; ``None``
+        while the queue fills."""
+        self.exchanges += 1
+        self.parts.append(rollout if self.first_chunk is None else self.first_chunk(rollout))
+        if len(self.parts) <= self.max_staleness:
+            return None
+        oldest = self.parts.pop(0).to(rollout.device)
+        if oldest.sampling_version is not None:
+            kept = oldest.completion_mask > 0
+            sampled = oldest.sampling_version[kept].float()
+            lag = version - sampled
+            metrics.update("rollout/staleness", lag.mean(), kept.sum())
+            metrics.update("rollout/staleness/max", lag.max(), reduce="max")
+            metrics.update("rollout/version_spread", sampled.max() - sampled.min(), reduce="max")
+        return oldest
+
+
 class StaleRollouts(Callback):
-    """Training rollouts from the weights of the start of the previous update phase.
+    """Training rollouts from the weights of ``max_staleness`` update phases before their own.
 
     Args:
-        overlap: sample each next batch's rollout while the current batch trains; ``None``: on CUDA.
+        overlap: sample each next batch's rollout while the current batch trains; ``None``: on CUDA
+            with ``max_staleness`` 1 (only then).
+        max_staleness: ``k``, 1 to 16: update phases between the weights that sample a rollout and
+            the update that trains on it; 1 by a snapshot of the weights, more by a queue of rollouts.
+        partial_rollouts: with ``max_staleness`` ``k >= 2``, sample each completion in ``k`` chunks of
+            ``ceil(max_new_tokens / k)`` tokens, each with the weights of its batch's start
+            (:mod:`grpo_lightning.rollout.partial`): a completion spans up to ``k`` policy versions.
     """
 
-    def __init__(self, overlap: bool | None = None) -> None:
-        self.overlap = overlap
+    def __init__(self, overlap: bool | None = None, max_staleness: int = 1, partial_rollouts: bool = False) -> None:
+        require(isinstance(max_staleness, int) and 1 <= max_staleness <= MAX_STALENESS,
+                f"StaleRollouts.max_staleness: must be an integer from 1 to {MAX_STALENESS} (got {max_staleness!r}); "
+                "e.g. 4.")  # fmt: skip
+        require(not (overlap and max_staleness > 1), "StaleRollouts.overlap: only one-step staleness samples ahead "
+                "on a worker; set overlap to false or max_staleness to 1.")  # fmt: skip
+        require(not partial_rollouts or max_staleness > 1, "StaleRollouts.partial_rollouts: a completion continues "
+                "across the updates of its queue; set max_staleness to 2 or more.")  # fmt: skip
+        self.overlap = False if max_staleness > 1 else overlap
+        self.max_staleness, self.partial_rollouts = max_staleness, partial_rollouts
+        self._exchanges = 0
         self._snapshot_due = False
         self._ahead_version: int | None = None  # the policy version the rollout sampled ahead saw
         self.sampled_in_place = 0  # with overlap: training batches not sampled ahead
 
+    def setup(self, trainer: Any, module: Any, stage: str) -> None:
+        if self.partial_rollouts:
+            require(getattr(module, "environment", None) is None and not module.sampling.beam_search,
+                    "StaleRollouts.partial_rollouts: continues sampled completions, not episodes or beams; set it to false.")  # fmt: skip
+        if self.max_staleness > 1:  # before a checkpoint's training state is loaded into it
+            first_chunk = (lambda rollout: cut(rollout, self.chunk(module), module.tokenizer)) if self.partial_rollouts else None
+            module.stale_queue = StaleQueue(self.max_staleness, first_chunk)
+
+    def chunk(self, module: Any) -> int:
+        """Tokens of each chunk of a partial rollout: ``ceil(max_new_tokens / k)``."""
+        return math.ceil(module.sampling.max_new_tokens / self.max_staleness)
+
+    def _continue_partial(self, module: Any) -> None:
+        """Sample the next chunk of the queued rollouts that have fewer than ``k``: the newest ``k - 1``."""
+        queue = module.stale_queue
+        with module.rollout_model() as model:
+            for index in range(max(0, len(queue.parts) - (self.max_staleness - 1)), len(queue.parts)):
+                queue.parts[index], added = continue_rollout(model, module.tokenizer, queue.parts[index].to(module.device),
+                                                             module.sampling, self.chunk(module), module.policy_version)  # fmt: skip
+                module.generated_tokens += added
+
+    def teardown(self, trainer: Any, module: Any, stage: str) -> None:
+        module.stale_queue = None
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        queue = module.stale_queue
+        if queue is not None:
+            require(queue.exchanges > self._exchanges, "StaleRollouts.max_staleness: this module's training_step "
+                    "does not queue its rollouts (exchange_stale); set max_staleness to 1.")  # fmt: skip
+            self._exchanges = queue.exchanges
+
     def on_train_batch_start(self, trainer: Any, module: Any, batch: Any, batch_idx: int) -> None:
+        if self.max_staleness > 1:  # sampled with the current weights, trained on k batches later
+            if self.partial_rollouts:
+                self._continue_partial(module)
+            return
         weights = module.rollout_weights
         weights.stale = True
         multi_turn = getattr(module, "environment", None) is not None

@@ -64,7 +64,8 @@ class Rollout:
     ``completion_mask`` ``[N, T]`` (the mask covers tokens up to and including EOS),
     ``rewards`` ``[N]`` and ``reward_per_function`` ``[N, F]`` once scored, ``old_logp`` and
     ``ref_logp`` ``[N, T]`` once computed, ``sampling_logp`` ``[N, T]``: the sampled tokens'
-    log-probabilities as the rollout engine computed them (when it recorded them). Text: ``prompts``, ``completions`` and the dataset
+    log-probabilities as the rollout engine computed them (when it recorded them), ``sampling_version``
+    ``[N, T]`` the policy version (optimizer steps) of the weights that sampled each token. Text: ``prompts``, ``completions`` and the dataset
     ``columns`` (each a list of length ``N``).
 
     Multi-turn rollouts (:mod:`grpo_lightning.agents`): the completion holds the model's turns and the
@@ -94,6 +95,7 @@ class Rollout:
     sampling_logp: Tensor | None = None
     environment_mask: Tensor | None = None
     derived: dict[str, Tensor] = field(default_factory=dict)
+    sampling_version: Tensor | None = None
 
     def __len__(self) -> int:
         return self.completion_ids.size(0)
@@ -175,7 +177,7 @@ class Rollout:
         merged["prompt_mask"] = torch.cat([pad(p.prompt_mask, prompt_len, 0, True) for p in parts])
         for name, value in (("completion_ids", pad_token_id), ("completion_mask", 0)):
             merged[name] = torch.cat([pad(getattr(p, name), completion_len, value, False) for p in parts])
-        for name in ("old_logp", "ref_logp", "sampling_logp", "environment_mask"):
+        for name in ("old_logp", "ref_logp", "sampling_logp", "environment_mask", "sampling_version"):
             if all(getattr(p, name) is not None for p in parts):
                 merged[name] = torch.cat([pad(getattr(p, name), completion_len, 0, False) for p in parts])
         for name in ("truncated", "rewards", "reward_per_function"):
@@ -192,7 +194,7 @@ class MicroBatch:
     """The rows of a rollout that one forward and backward pass of the update takes, with what their
     loss reads: ``rows`` ``[n]`` of the rollout; ``mask`` ``[n, T]``, the tokens that carry loss;
     ``advantages`` ``[n]`` or ``[n, T]``; the rollout's ``old_logp``, ``ref_logp`` and
-    ``sampling_logp`` ``[n, T]`` where it has them; ``derived``: the rollout's derived tensors and
+    ``sampling_logp`` ``[n, T]`` where it has them (and ``sampling_version``); ``derived``: the rollout's derived tensors and
     those computed for the minibatch, at these rows; ``num_sequences`` and ``num_tokens``: the counts of
     the whole minibatch, which the aggregation divides by."""
 
@@ -205,6 +207,7 @@ class MicroBatch:
     ref_logp: Tensor | None = None
     sampling_logp: Tensor | None = None
     derived: dict[str, Tensor] = field(default_factory=dict)
+    sampling_version: Tensor | None = None
 
     @classmethod
     def of(
@@ -219,7 +222,8 @@ class MicroBatch:
 
         derived = {name: at_rows(value) for name, value in {**rollout.derived, **(minibatch_derived or {})}.items()}
         return cls(rows, mask, at_rows(advantages), num_sequences, num_tokens, at_rows(rollout.old_logp),
-                   at_rows(rollout.ref_logp), at_rows(rollout.sampling_logp), derived)  # fmt: skip
+                   at_rows(rollout.ref_logp), at_rows(rollout.sampling_logp), derived,
+                   at_rows(rollout.sampling_version))  # fmt: skip
 
 
 def completion_mask_from_ids(completion_ids: Tensor, eos_token_id: int | list[int] | None) -> tuple[Tensor, Tensor]:

@@ -336,19 +336,21 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
 
     def generate(self, batch: dict[str, list], group_size: int, sampling: SamplingParams, with_logprobs=False) -> Rollout:
         """Sample ``group_size`` completions for each prompt of ``batch`` (``with_logprobs``: and
-        keep the engine's log-probs of the sampled tokens, ``rollout.sampling_logp``)."""
-        if self.environment is not None:
-            with self.rollout_model() as model:
+        keep the engine's log-probs of the sampled tokens, ``rollout.sampling_logp``); ``rollout.sampling_version``:
+        the policy version of the weights sampled from."""
+        texts = None if self.environment is not None else [self.format_prompt(p) for p in batch["prompt"]]
+        with self.rollout_model() as model:
+            version = self.rollout_weights.version_sampled(self.policy_version)
+            if texts is None:
                 rollout = sample_episodes(model, self.tokenizer, batch, group_size, sampling, self.environment,
                                           self.policy_options.use_chat_template, with_logprobs, self.sampler)  # fmt: skip
-            self.rollouts += 1
-            return rollout
-        texts = [self.format_prompt(p) for p in batch["prompt"]]
-        with self.rollout_model() as model:
-            sampled = self.sampler.sample(model, self.tokenizer, texts, group_size, sampling, self.rollouts,
-                                          with_logprobs)  # fmt: skip
+            else:
+                sampled = self.sampler.sample(model, self.tokenizer, texts, group_size, sampling, self.rollouts,
+                                              with_logprobs)  # fmt: skip
         self.rollouts += 1
-        return build_rollout(self.tokenizer, batch, group_size, *sampled)
+        rollout = rollout if texts is None else build_rollout(self.tokenizer, batch, group_size, *sampled)
+        rollout.sampling_version = torch.full_like(rollout.completion_ids, version)
+        return rollout
 
     def score(self, rollout: Rollout) -> RewardScores:
         """Fill ``rollout.reward_per_function`` ``[N, F]`` and the weighted ``rollout.rewards`` ``[N]``;
@@ -369,6 +371,8 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
             rollout = self.generate(batch, self.group_size, self.sampling, with_logprobs=True)
         self.generated_tokens += int(rollout.completion_mask.sum())  # dropped groups cost compute too
         self.compute.add_forward(rollout.prompt_mask, rollout.attended_mask)
+        if (rollout := self.exchange_stale(rollout)) is None:  # bounded staleness: the queue is filling
+            return self.drop_stale_row()
         metrics.record_rollout(self.step_metrics, rollout)
         with timer.phase("score"):
             scores = self.score(rollout)
@@ -383,8 +387,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
             return
 
         with timer.phase("logprob", "grpo.logprobs"):
-            if self.needs_old_logprobs(len(rollout)) or (self.beta > 0 and self.kl_placement == "reward"):
-                rollout.old_logp = self.compute_logprobs(self.policy, rollout)
+            self.compute_old_logprobs(rollout)
             if self.needs_reference_model():
                 with reference_model(self.policy, self.ref_model) as reference:  # LoRA: adapters off
                     rollout.ref_logp = self.compute_logprobs(reference, rollout)

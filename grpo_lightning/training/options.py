@@ -25,11 +25,9 @@ from grpo_lightning.errors import ConfigError, require
 from grpo_lightning.rewards import RewardExecution, resolve_reward_function
 from grpo_lightning.rewards.scoring import check_rewards, resolve_function
 from grpo_lightning.rollout.types import ROLLOUT_MODES
-from grpo_lightning.algorithms.rollout_correction import CORRECTIONS
+from grpo_lightning.algorithms.rollout_correction import CAP, OLD_LOGPROBS, Correction
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-#: The default cap of the rollout correction's weights (``sampling.correction_cap``).
-CORRECTION_CAP = 2.0
 #: Values of ``rewards.aggregation``: the weighted sum as it is, or of per-group normalised scores (GDPO).
 REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
@@ -140,10 +138,22 @@ class SamplingOptions(OptionGroup):
     same completions whatever the batch composition, micro-batching or number of devices. Needs the
     static engine. ``None``: the global generator."""
     correction: str | None = None
-    """Importance weights for the rollout engine's log-probs against the training pass's
-    (:mod:`grpo_lightning.algorithms.rollout_correction`); ``None``: off."""
-    correction_cap: float = CORRECTION_CAP
-    """The cap of those weights (>= 1); only with ``correction``."""
+    """Importance weights or masks for the rollout engine's log-probs against the training pass's
+    (:mod:`grpo_lightning.algorithms.rollout_correction`: ``token_truncate``, ``icepop``, ``m2po``, ...); ``None``: off."""
+    correction_cap: float = CAP
+    """The cap of ``token_*`` and ``sequence_*`` corrections' ratios (>= 1)."""
+    correction_lower: float | None = None
+    """The lowest ratio ``icepop`` (token) and ``geo_rs`` (geometric mean) keep; ``None``: 0.5, 0.999."""
+    correction_upper: float | None = None
+    """The highest ratio ``icepop`` and ``geo_rs`` keep; ``None``: 5.0, 1.001."""
+    correction_kl_threshold: float | None = None
+    """``kpop``'s bound ``phi`` on the binary KL of a token's two probabilities; ``None``: 0.05."""
+    correction_second_moment: float | None = None
+    """``m2po``'s bound ``tau`` on the kept tokens' mean ``(log ratio)^2``; ``None``: 0.04."""
+    old_logprobs: str = "recompute"
+    """The update's old (proximal) log-probs: ``"recompute"`` (a forward pass where the update takes
+    several steps), ``"bypass"`` (the sampler's: ``pi_old = pi_rollout``), ``"loglinear"`` (AReaL's
+    interpolation by policy version); the last two skip that pass (:mod:`~grpo_lightning.algorithms.rollout_correction`)."""
 
     def check(self) -> None:
         require(self.group_size >= 2, f"sampling.group_size: must be at least 2 (got {self.group_size}); "
@@ -162,16 +172,14 @@ class SamplingOptions(OptionGroup):
         require(self.mode in ROLLOUT_MODES, f"sampling.mode: {self.mode!r} is not one of {modes}.")
         require(self.dtype is None or self.dtype in DTYPES,
                 f"sampling.dtype: {self.dtype!r} is not one of {', '.join(map(repr, DTYPES))} or null.")  # fmt: skip
-        require(
-            self.correction in (None, *CORRECTIONS),
-            f"sampling.correction: {self.correction!r} is not one of {', '.join(CORRECTIONS)} or null (off).",
-        )
-        require(
-            self.correction_cap >= 1, f"sampling.correction_cap: must be >= 1 (got {self.correction_cap}); e.g. 2.0."
-        )
-        require(self.correction is not None or self.correction_cap == CORRECTION_CAP,
-                "sampling.correction_cap: caps the weights of sampling.correction, which is off; set sampling.correction "
-                "(e.g. token_truncate) or drop sampling.correction_cap.")  # fmt: skip
+        self.rollout_correction().check()
+        require(self.old_logprobs in OLD_LOGPROBS,
+                f"sampling.old_logprobs: {self.old_logprobs!r} is not one of {', '.join(OLD_LOGPROBS)}.")  # fmt: skip
+        require(self.old_logprobs == "recompute" or self.mode == "sample", f"sampling.old_logprobs: {self.old_logprobs} "
+                "reads the sampler's log-probs, and beam search samples nothing; set it to recompute.")  # fmt: skip
+        require(self.old_logprobs == "recompute" or not self.rollout_correction().over_rollout,
+                f"sampling.correction: {self.correction} masks from old log-probs computed before the update, which "
+                f"sampling.old_logprobs {self.old_logprobs} skips; set sampling.old_logprobs to recompute.")  # fmt: skip
         require(self.correction is None or self.mode == "sample",
                 "sampling.correction: weighs tokens by the sampling engine's probabilities, and beam search samples "
                 "nothing; set sampling.correction to null or sampling.mode to 'sample'.")  # fmt: skip
@@ -179,6 +187,11 @@ class SamplingOptions(OptionGroup):
     @property
     def beam_search(self) -> bool:
         return self.mode == "beam_search"
+
+    def rollout_correction(self) -> Correction:
+        """The correction mode with its bounds."""
+        return Correction(self.correction, *(getattr(self, f"correction_{name}") for name in
+                                             ("cap", "lower", "upper", "kl_threshold", "second_moment")))  # fmt: skip
 
 
 @dataclass(frozen=True)

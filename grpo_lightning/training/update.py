@@ -20,7 +20,7 @@ from torch import Tensor
 from grpo_lightning.algorithms import functional as F
 from grpo_lightning.algorithms.entropy import entropy_bonus
 from grpo_lightning.algorithms.kl import kl_in_loss
-from grpo_lightning.algorithms.rollout_correction import correct_policy_loss
+from grpo_lightning.algorithms.rollout_correction import correct_policy_loss, proximal_logprobs
 from grpo_lightning.models.logprobs import completion_logprobs
 from grpo_lightning.models.lora import adapter_autocast
 from grpo_lightning.rollout.types import MicroBatch, Rollout
@@ -35,6 +35,16 @@ def policy_part(objects: Any) -> Any:
 class PolicyUpdate:
     """The update loop and the log-prob passes of :class:`~grpo_lightning.training.module.GroupPolicyOptimization`."""
 
+    #: Rollouts sampled ahead of the update (:class:`~grpo_lightning.rollout.stale.StaleQueue`), or ``None``.
+    stale_queue: Any = None
+
+    def exchange_stale(self, rollout: Rollout) -> Rollout | None:
+        """``rollout``, or under bounded staleness the rollout queued ``k`` batches before it
+        (:class:`~grpo_lightning.rollout.stale.StaleRollouts`; ``None`` while the queue fills)."""
+        if self.stale_queue is None:
+            return rollout
+        return self.stale_queue.exchange(rollout, self.policy_version, self.step_metrics)
+
     @torch.no_grad()
     def compute_logprobs(self, model: torch.nn.Module, rollout: Rollout) -> Tensor:
         """Log-probs ``[N, T]`` of the rollout's completions under ``model``, in micro-batches."""
@@ -43,6 +53,37 @@ class PolicyUpdate:
             logp, _ = self._forward(model, rollout, rows, with_entropy=False)
             parts.append(logp)
         return torch.cat(parts)
+
+    def compute_old_logprobs(self, rollout: Rollout) -> None:
+        """The update's old log-probs (``sampling.old_logprobs``): ``rollout.old_logp`` by a pass of its
+        own where the update needs one (:meth:`needs_old_logprobs`, a KL in the reward, a correction
+        chosen over the whole rollout) and ``recompute`` asks for it, the sampler's under ``bypass``, and
+        under ``loglinear`` the version the update starts from (``rollout.derived["proximal_version"]``);
+        the weights of a correction chosen over the rollout (``rollout.derived["correction_weights"]``)."""
+        source, correction = self.sampling_options.old_logprobs, self.sampling_options.rollout_correction()
+        over_rollout = correction.over_rollout and rollout.sampling_logp is not None
+        needed = source == "recompute" and self.needs_old_logprobs(len(rollout))
+        if source == "bypass" and rollout.sampling_logp is not None:
+            rollout.old_logp = rollout.sampling_logp
+        elif needed or (self.beta > 0 and self.kl_placement == "reward") or over_rollout:
+            rollout.old_logp = self.compute_logprobs(self.policy, rollout)
+        if source == "loglinear":
+            version = torch.full((len(rollout),), self.policy_version, device=rollout.device)
+            rollout.derived["proximal_version"] = version
+        if over_rollout:
+            weights = correction.weights(rollout.old_logp, rollout.sampling_logp, rollout.completion_mask)
+            rollout.derived["correction_weights"] = weights
+
+    def old_logprobs(self, micro: MicroBatch, logp: Tensor) -> Tensor:
+        """``[n, T]``: the rollout's old log-probs, else AReaL's approximation (:func:`proximal_logprobs`)
+        under ``loglinear``, else the current ones, detached (the update's first step)."""
+        if micro.old_logp is not None:
+            return micro.old_logp
+        loglinear = "proximal_version" in micro.derived and micro.sampling_logp is not None
+        if loglinear and micro.sampling_version is not None:
+            return proximal_logprobs(logp, micro.sampling_logp, micro.sampling_version,
+                                     micro.derived["proximal_version"], self.policy_version)  # fmt: skip
+        return logp.detach()
 
     def _forward(
         self, model: torch.nn.Module, rollout: Rollout, rows: Tensor, with_entropy: bool = True
@@ -171,13 +212,15 @@ class PolicyUpdate:
                               minibatch_derived)  # fmt: skip
         mask, tokens = micro.mask, micro.mask.sum()
         logp, entropy = self._forward(self.policy, rollout, micro.rows)
-        old_logp = logp.detach() if micro.old_logp is None else micro.old_logp
+        old_logp = self.old_logprobs(micro, logp)
         loss = self.token_loss(logp, old_logp, micro.advantages, mask, micro=micro)
         if self.entropy_coef:  # its gradient raises each loss token's entropy
             loss = loss + self.entropy_coef * entropy_bonus(logp, old_logp)
         if micro.sampling_logp is not None:  # the engine's log-probs against this pass's
-            loss = correct_policy_loss(loss, old_logp, micro.sampling_logp, mask, self.rollout_correction,
-                                       self.sampling_options.correction_cap, self.step_metrics)  # fmt: skip
+            behaviour_of = logp if self.sampling_options.old_logprobs == "bypass" else old_logp  # bypass: old = rollout
+            correction = self.sampling_options.rollout_correction()
+            loss = correct_policy_loss(loss, behaviour_of, micro.sampling_logp, mask, correction, self.step_metrics,
+                                       micro.derived.get("correction_weights"), logp)  # fmt: skip
         if self.loss_options.top_entropy_quantile < 1:
             loss = loss * F.top_entropy_mask(entropy, mask, self.loss_options.top_entropy_quantile)
         if micro.ref_logp is not None:

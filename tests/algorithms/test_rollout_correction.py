@@ -12,9 +12,20 @@ import torch
 
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.rollout.types import SamplingParams
-from grpo_lightning.algorithms.rollout_correction import correction_weights, importance_ratio, mismatch_metrics
+from grpo_lightning.algorithms.rollout_correction import (
+    BOUNDS,
+    CORRECTIONS,
+    Correction,
+    binary_kl,
+    correct_policy_loss,
+    correction_weights,
+    importance_ratio,
+    mismatch_metrics,
+    proximal_logprobs,
+    second_moment_mask,
+)
 from grpo_lightning.training.settings import ConfigError
-from tests.conftest import length_parity_reward
+from tests.conftest import length_parity_reward, micro_batched_gradient
 from variants import GRPO
 
 TRAIN = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.4, 0.4, 0.1]]))
@@ -81,7 +92,7 @@ def test_engines_record_the_log_probs_the_training_pass_computes(make_module, ro
     assert (rollout_.sampling_logp[~mask] == 0).all()
 
 
-@pytest.mark.parametrize("correction", [None, "token_truncate", "sequence_mask"])
+@pytest.mark.parametrize("correction", [None, "token_truncate", "sequence_mask", "m2po"])
 def test_a_fit_logs_the_mismatch_and_trains_with_each_correction(make_module, tmp_path, correction, one_torch_thread):
     grpo = make_module(
         GRPO,
@@ -99,4 +110,135 @@ def test_a_fit_logs_the_mismatch_and_trains_with_each_correction(make_module, tm
     metrics = grpo.last_step_metrics
     assert metrics["sampling/importance_sampling_ratio/min"] <= 1.0 + 1e-4 <= metrics["sampling/importance_sampling_ratio/max"] + 2e-4
     assert 0.0 <= metrics["sampling/sampling_logp_difference/mean"] < 1e-3  # one engine, fp32: rounding only
+    assert 0.0 <= metrics["sampling/behaviour_kl"] < 1e-3
+    if correction is not None:  # the share of tokens a correction gave weight 0: none, at ratios of 1
+        assert metrics["sampling/masked_fraction"] == 0.0
     assert math.isfinite(metrics["loss"])
+
+
+# ---------------------------------------------------------------- the 2026 corrections
+# On TRAIN / SAMPLING: squared log-ratios of the masked tokens are ln(0.5)^2 = 0.4805, ln(3)^2 = 1.2069,
+# 0, 0 and ln(0.8)^2 = 0.0498; the geometric-mean ratios are 1.5^(1/3) = 1.1447 and 0.8^(1/2) = 0.8944.
+
+
+def test_the_2026_corrections_are_registered():
+    assert {"icepop", "geo_rs", "kpop", "m2po"} <= set(CORRECTIONS)
+    assert set(CORRECTIONS) == set(BOUNDS)
+
+
+@pytest.mark.parametrize(
+    ("mode", "bounds", "expected"),
+    [
+        # IcePop: the ratio inside [lower, upper], zero outside (0.5 and 3 leave [0.6, 2]).
+        ("icepop", dict(lower=0.6, upper=2.0), [[0.0, 0.0, 1.0], [1.0, 0.8, 1.0]]),
+        ("icepop", dict(lower=0.5, upper=5.0), [[0.5, 3.0, 1.0], [1.0, 0.8, 1.0]]),  # the bounds are kept
+        # geo_rs: 1.1447 is inside [0.9, 1.2], 0.8944 below it: the second completion is rejected.
+        ("geo_rs", dict(lower=0.9, upper=1.2), [[1.0, 1.0, 1.0], [0.0, 0.0, 1.0]]),
+        ("geo_rs", dict(lower=0.999, upper=1.001), [[0.0, 0.0, 0.0], [0.0, 0.0, 1.0]]),
+        # kpop: binary KLs 0.5 vs 1.0: inf; 0.3 vs 0.1: 0.1537 (and 0.1163 reversed); 0.4 vs 0.5: 0.0204.
+        ("kpop", dict(kl_threshold=0.05), [[0.0, 0.0, 1.0], [1.0, 1.0, 1.0]]),
+        ("kpop", dict(kl_threshold=0.2), [[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]]),
+        ("kpop", dict(kl_threshold=0.02), [[0.0, 0.0, 1.0], [1.0, 0.0, 1.0]]),
+        # m2po: sorted 0, 0, 0.0498, 0.4805, 1.2069 have running means 0, 0, 0.0166, 0.1326, 0.3475.
+        ("m2po", dict(second_moment=0.04), [[0.0, 0.0, 1.0], [1.0, 1.0, 1.0]]),
+        ("m2po", dict(second_moment=0.2), [[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]]),
+        ("m2po", dict(second_moment=0.01), [[0.0, 0.0, 1.0], [1.0, 0.0, 1.0]]),
+    ],
+)
+def test_2026_correction_weights_by_hand(mode, bounds, expected):
+    close(correction_weights(TRAIN, SAMPLING, MASK, mode, **bounds), expected)
+
+
+def test_binary_kl_by_hand():
+    p, q = torch.log(torch.tensor([0.4, 0.3, 0.2])), torch.log(torch.tensor([0.5, 0.1, 0.2]))
+    # 0.4 ln(0.8) + 0.6 ln(1.2); 0.3 ln(3) + 0.7 ln(7/9); 0
+    close(binary_kl(p, q), [0.4 * math.log(0.8) + 0.6 * math.log(1.2), 0.3 * math.log(3) + 0.7 * math.log(7 / 9), 0.0])
+    assert binary_kl(torch.tensor([math.log(0.5)]), torch.tensor([0.0])).item() == math.inf  # q = 1, p < 1
+
+
+def test_m2po_keeps_the_second_moment_under_tau_and_drops_ties_with_the_first_dropped():
+    # (log rho)^2 = 0, 0.09, 0.09: running means 0, 0.045, 0.06; tau 0.05 keeps two, but the second ties the third.
+    train, sampling, mask = torch.tensor([[0.0, 0.3, -0.3]]), torch.zeros(1, 3), torch.ones(1, 3)
+    close(second_moment_mask(train, sampling, mask, 0.05), [[1.0, 0.0, 0.0]])
+    kept = second_moment_mask(TRAIN, SAMPLING, MASK, 0.04).bool() & MASK.bool()
+    assert float(((TRAIN - SAMPLING)[kept] ** 2).mean()) <= 0.04
+
+
+class Recorder:
+    def __init__(self):
+        self.values = {}
+
+    def update(self, name, value, weight=1.0, reduce="mean"):
+        self.values[name] = float(value)
+
+
+def test_the_loss_is_weighted_and_the_behaviour_kl_and_masked_share_logged_by_hand():
+    recorder = Recorder()
+    loss = torch.ones(2, 3)
+    weighted = correct_policy_loss(loss, TRAIN, SAMPLING, MASK, Correction("token_mask"), recorder)
+    close(weighted, [[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]])
+    assert recorder.values["sampling/masked_fraction"] == pytest.approx(1 / 5)  # rho = 3 > 2
+    # k3 = rho - 1 - ln(rho) over rho = 0.5, 3, 1, 1, 0.8
+    k3 = [r - 1 - math.log(r) for r in (0.5, 3.0, 1.0, 1.0, 0.8)]
+    assert recorder.values["sampling/behaviour_kl"] == pytest.approx(sum(k3) / 5)
+    # weights chosen over the whole rollout (m2po's) are taken as given
+    given = torch.tensor([[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    close(correct_policy_loss(loss, TRAIN, SAMPLING, MASK, Correction("m2po"), recorder, given), given.tolist())
+
+
+@pytest.mark.parametrize(
+    ("sampling", "message"),
+    [
+        ({"correction": "icepop", "correction_lower": 1.5}, "^sampling.correction_lower: must be in \\[0, 1\\]"),
+        ({"correction": "geo_rs", "correction_upper": 0.99}, "^sampling.correction_upper: must be >= 1"),
+        ({"correction": "kpop", "correction_kl_threshold": 0.0}, "^sampling.correction_kl_threshold: must be > 0"),
+        ({"correction": "m2po", "correction_second_moment": -1.0}, "^sampling.correction_second_moment: must be > 0"),
+        ({"correction": "icepop", "correction_second_moment": 0.1}, "^sampling.correction_second_moment: bounds sampling.correction m2po, not icepop"),
+        ({"correction_lower": 0.5}, "^sampling.correction_lower: bounds sampling.correction icepop, geo_rs, not None"),
+        ({"correction": "kpop", "correction_cap": 3.0}, "^sampling.correction_cap: bounds sampling.correction token_truncate"),
+    ],
+)
+def test_bad_bounds_name_the_field_and_the_fix(tiny_model_dir, sampling, message):
+    with pytest.raises(ConfigError, match=message):
+        GRPO(model=tiny_model_dir, sampling=sampling)
+
+
+def test_the_loglinear_proximal_log_probs_by_hand():
+    # behaviour -2, current -1; sampled at versions 2, 4, 6, the update started at 4, the weights at 6:
+    # alpha = (4 - 2) / (6 - 2) = 0.5, (4 - 4) / (6 - 4) = 0, and 1 where nothing changed since sampling.
+    logp, sampling = torch.full((1, 3), -1.0), torch.full((1, 3), -2.0)
+    got = proximal_logprobs(logp, sampling, torch.tensor([[2, 4, 6]]), torch.tensor([4]), 6)
+    close(got, [[-1.5, -2.0, -1.0]])
+
+
+@pytest.mark.parametrize("mode", CORRECTIONS)
+def test_every_correction_keeps_agreeing_tokens_ignores_padding_and_passes_no_gradient(mode):
+    """Where the engines agree (rho = 1) each correction keeps every token at weight 1 with its
+    default bounds; outside the mask its weight is 1; its weights are finite, >= 0 and detached."""
+    generator = torch.Generator().manual_seed(0)
+    train = torch.rand(4, 5, generator=generator).clamp(min=0.05).log().requires_grad_()
+    mask = torch.tensor([[1.0] * 5, [1.0] * 3 + [0.0] * 2, [1.0] * 4 + [0.0], [1.0] + [0.0] * 4])
+    close(correction_weights(train, train.detach(), mask, mode), torch.ones(4, 5).tolist())
+    sampling = (train.detach() + torch.randn(4, 5, generator=generator)).clamp(max=0.0)
+    weights = correction_weights(train, sampling, mask, mode)
+    assert not weights.requires_grad and torch.isfinite(weights).all() and (weights >= 0).all()
+    assert (weights[mask == 0] == 1).all()
+
+
+def test_m2po_weights_chosen_over_the_rollout_do_not_depend_on_the_micro_batch_size(make_module, one_torch_thread):
+    grpo = make_module(GRPO, policy={"dtype": "float32"}, sampling={"correction": "m2po"}, kl={"beta": 0.0})
+    torch.manual_seed(0)
+    rollout = grpo.generate({"prompt": ["1+2=", "30+4="]}, grpo.group_size, grpo.sampling, with_logprobs=True)
+    generator = torch.Generator().manual_seed(1)
+    noise = 0.3 * torch.randn(rollout.completion_ids.shape, generator=generator)  # a stale sampler: some tokens go
+    rollout.sampling_logp = (rollout.sampling_logp + noise).clamp(max=0.0) * rollout.completion_mask
+    grpo.compute_old_logprobs(rollout)
+    weights = rollout.derived["correction_weights"]
+    assert 0 < (weights[rollout.completion_mask > 0] == 0).sum() < rollout.completion_mask.sum()
+    advantages, n = torch.linspace(-1.0, 1.0, len(rollout)), len(rollout)
+    tokens = grpo.loss_mask(rollout, torch.arange(n)).sum()
+    whole = micro_batched_gradient(grpo, rollout, advantages, [n], tokens)
+    for sizes in ([1] * n, [3, 5]):
+        split = micro_batched_gradient(grpo, rollout, advantages, sizes, tokens)
+        for name in whole:
+            torch.testing.assert_close(split[name], whole[name], rtol=1e-4, atol=1e-6)

@@ -1,17 +1,24 @@
-"""One-step-stale rollouts: rollout k samples from the weights the policy had when update k-1
+"""Stale rollouts. One step: rollout k samples from the weights the policy had when update k-1
 began (as when it is generated while update k-1 runs), the staleness is logged and corrected by
-the sampling log-probs, and validation samples from the current policy."""
+the sampling log-probs, and validation samples from the current policy. Up to k steps: each update
+trains on the rollout sampled k batches before, and a fit resumes from a checkpoint exactly."""
 
 from __future__ import annotations
+
+import types
 
 import lightning as L
 import pytest
 import torch
-from test_checkpoint import StepRecorder, fit, make_data, make_module
+from lightning.pytorch.callbacks import ModelCheckpoint
+from test_checkpoint import StepRecorder, assert_same_steps, fit, make_data, make_module
 
 from variants import GRPO
 
-from grpo_lightning.rollout.stale import StaleRollouts
+from grpo_lightning.checkpoints.export import read_checkpoint
+from grpo_lightning.errors import ConfigError
+from grpo_lightning.rollout.stale import StaleQueue, StaleRollouts
+from grpo_lightning.rollout.types import Rollout
 
 
 class Watch(L.Callback):
@@ -139,3 +146,124 @@ def test_overlap_steps_aside_for_a_training_step_that_samples_otherwise(tiny_mod
         steps, _ = fit(module, 3, tmp_path, callbacks=[stale])
     assert stale.overlap is False and sorted(steps) == [1, 2, 3]
     assert steps[3]["rollout/staleness"] == 1.0
+
+
+# ---------------------------------------------------------------- up to k steps
+
+
+class TrainedPrompts(L.Callback):
+    """The prompts each training batch brought, and those each optimizer step trained on."""
+
+    def __init__(self) -> None:
+        self.batches, self.trained = [], {}
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.batches.append(list(batch["prompt"]))
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step not in self.trained and trainer.global_step > 0:
+            self.trained[trainer.global_step] = sorted(set(module.last_rollout.prompts))
+
+
+def test_each_update_trains_on_the_rollout_sampled_k_batches_before(tiny_model_dir, tmp_path):
+    k, steps_wanted = 2, 4
+    prompts = TrainedPrompts()
+    module = make_module(tiny_model_dir, policy={"dtype": "float32"}, sampling={"correction": "token_truncate"})
+    steps, trainer = fit(module, steps_wanted, tmp_path, callbacks=[prompts, StaleRollouts(max_staleness=k)])
+    assert sorted(steps) == list(range(1, steps_wanted + 1)) and len(prompts.batches) == steps_wanted + k
+    for step in steps:  # the first k batches only sample: step j trains the batch before batch j - 1 + k by k
+        assert prompts.trained[step] == sorted(set(prompts.batches[step - 1])), step
+    # Batch b samples at version b - k (0 while the queue fills): the lag grows 0, 1, then stays at k.
+    assert [steps[j]["rollout/staleness"].item() for j in steps] == [0.0, 1.0, 2.0, 2.0]
+    assert all(steps[j]["rollout/version_spread"].item() == 0.0 for j in steps)  # one version per rollout
+    assert steps[4]["sampling/importance_sampling_ratio/min"] < 1  # sampled by weights 2 steps old
+    assert module.stale_queue is None and not module.rollout_weights.stale  # off after the fit
+
+
+@pytest.mark.parametrize("partial", [False, True], ids=["whole", "partial"])
+def test_a_fit_with_stale_rollouts_resumes_exactly_from_its_checkpoint(tiny_model_dir, tmp_path, partial):
+    """The queue of rollouts sampled ahead (partial ones too) is saved in the checkpoint, not rebuilt."""
+    settings = dict(policy={"dtype": "float32"}, sampling={"correction": "icepop"})
+    total, stop = 5, 3  # saved at the second batch of the second epoch
+
+    def stale():
+        return StaleRollouts(max_staleness=2, partial_rollouts=partial)
+
+    full, _ = fit(make_module(tiny_model_dir, **settings), total, tmp_path / "full", callbacks=[stale()])
+    every = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=stop)
+    fit(make_module(tiny_model_dir, **settings), stop, tmp_path / "first", callbacks=[every, stale()])
+    path = tmp_path / "ckpt" / f"step={stop}.ckpt"
+    state = read_checkpoint(path)["training_state"][0]
+    assert len(state["buffers"]["stale_queue"]["kept"]) == 2 and state["policy_version"] == stop
+    resumed, trainer = fit(make_module(tiny_model_dir, **settings), total, tmp_path / "resumed", callbacks=[stale()],
+                           ckpt_path=path)  # fmt: skip
+    assert trainer.global_step == total
+    assert_same_steps(resumed, full, stop + 1, total)
+    lag = resumed[total]["rollout/staleness"].item()
+    assert 1.0 < lag < 2.0 if partial else lag == 2.0  # partial: the second chunk is a version younger
+
+
+def test_partial_rollouts_continue_each_completion_with_the_next_updates_weights(tiny_model_dir, tmp_path):
+    """k = 2, six tokens: the first three of a completion sampled with its batch's weights, the rest
+    with the next batch's. Batch b samples at version max(0, b - 2) and trains at batch b + 2."""
+    module = make_module(tiny_model_dir, policy={"dtype": "float32"})
+    steps, _ = fit(module, 4, tmp_path, callbacks=[StaleRollouts(max_staleness=2, partial_rollouts=True)])
+    assert sorted(steps) == [1, 2, 3, 4]
+    # Steps 1, 2 train batches 0, 1: both chunks at version 0 (no update yet), lags 0 and 1.
+    assert [steps[j]["rollout/version_spread"].item() for j in (1, 2)] == [0.0, 0.0]
+    assert [steps[j]["rollout/staleness/max"].item() for j in (1, 2)] == [0.0, 1.0]
+    # Steps 3, 4 train batches 2, 3: first chunks at versions 0, 1, the rest one version later.
+    assert [steps[j]["rollout/version_spread"].item() for j in (3, 4)] == [1.0, 1.0]
+    assert [steps[j]["rollout/staleness/max"].item() for j in (3, 4)] == [2.0, 2.0]
+    assert all(1.0 < steps[j]["rollout/staleness"].item() < 2.0 for j in (3, 4))  # lags 2 and 1, by token
+    assert steps[4]["completions/mean_length"] > 3  # completions did go on past their first chunk
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"partial_rollouts": True}, "^StaleRollouts.partial_rollouts: a completion continues"),
+        ({"max_staleness": 17}, "^StaleRollouts.max_staleness: must be an integer from 1 to 16"),
+        ({"max_staleness": 0}, "^StaleRollouts.max_staleness: must be an integer from 1 to 16"),
+        ({"max_staleness": 2, "overlap": True}, "^StaleRollouts.overlap: only one-step staleness samples ahead"),
+    ],
+)
+def test_bad_staleness_settings_name_the_field_and_the_fix(arguments, message):
+    with pytest.raises(ConfigError, match=message):
+        StaleRollouts(**arguments)
+
+
+class Recorder:
+    def __init__(self):
+        self.values = {}
+
+    def update(self, name, value, weight=1.0, reduce="mean"):
+        self.values[name] = (float(value), float(weight), reduce)
+
+
+def rollout_sampled_at(versions: list, mask: list) -> Rollout:
+    rows, width = len(versions), len(versions[0])
+    return Rollout(group_size=1, prompt_ids=torch.zeros(rows, 1, dtype=torch.long), prompt_mask=torch.ones(rows, 1),
+                   completion_ids=torch.zeros(rows, width, dtype=torch.long), completion_mask=torch.tensor(mask),
+                   truncated=torch.zeros(rows, dtype=torch.bool), prompts=[""] * rows, completions=[""] * rows,
+                   sampling_version=torch.tensor(versions))  # fmt: skip
+
+
+def test_the_queue_hands_over_the_rollout_k_batches_old_with_its_lag_by_hand():
+    queue, metrics = StaleQueue(2), Recorder()
+    oldest = rollout_sampled_at([[3, 4, 9], [5, 0, 0]], [[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert queue.exchange(oldest, 10, metrics) is None and queue.exchange(rollout_sampled_at([[9]], [[1.0]]), 10, metrics) is None
+    assert metrics.values == {}  # nothing trained while the queue fills
+    handed = queue.exchange(rollout_sampled_at([[10]], [[1.0]]), 10, metrics)
+    assert torch.equal(handed.sampling_version, oldest.sampling_version)  # the first queued, on the new one's device
+    # lags 10 - 3, 10 - 4, 10 - 9, 10 - 5 over the four kept tokens; versions 3 to 9
+    assert metrics.values["rollout/staleness"] == (4.75, 4.0, "mean")
+    assert metrics.values["rollout/staleness/max"] == (7.0, 1.0, "max")
+    assert metrics.values["rollout/version_spread"] == (6.0, 1.0, "max")
+    assert len(queue.parts) == 2 and queue.exchanges == 3
+
+
+def test_a_training_step_that_does_not_queue_its_rollouts_is_refused():
+    stale, module = StaleRollouts(max_staleness=2), types.SimpleNamespace(stale_queue=StaleQueue(2))
+    with pytest.raises(ConfigError, match="^StaleRollouts.max_staleness: this module's training_step does not queue"):
+        stale.on_train_batch_end(None, module, None, None, 0)

@@ -97,6 +97,10 @@ class RolloutWeights:
         from (every process must call it under FSDP)."""
         self.snapshot_replica = self._refreshed(self.snapshot_replica, policy, version)
 
+    def version_sampled(self, version: int) -> int:
+        """The policy version of the weights :meth:`model` yields, ``version`` being the policy's."""
+        return self.snapshot_replica.version if self.stale and self.snapshot_replica is not None else version
+
     @property
     def snapshot_version(self) -> int | None:
         return None if self.snapshot_replica is None else self.snapshot_replica.version

@@ -1,0 +1,98 @@
+"""Partial rollouts: generation that goes on across weight updates, as an asynchronous sampler that
+new weights interrupt continues its unfinished completions with them (AReaL's interruptible
+generation: the prefix is recomputed under the new weights, not taken from a stale KV cache).
+
+A completion is built in chunks: :func:`cut` keeps the first chunk of a sampled rollout, and
+:func:`continue_rollout` samples the next chunk of every unfinished completion with the model's
+current weights. Each token keeps the log-prob and the policy version it was sampled with
+(``rollout.sampling_logp``, ``rollout.sampling_version``), so one completion may span versions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+from grpo_lightning.rollout.generation.hf import generate_from_ids
+from grpo_lightning.rollout.types import Rollout, SamplingParams
+
+#: One completion: its token ids, their sampling log-probs and policy versions.
+Completion = tuple[list[int], list[float], list[int]]
+
+
+def eos_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    eos = tokenizer.eos_token_id
+    return set() if eos is None else set(torch.as_tensor(eos).flatten().tolist())
+
+
+def completions_of(rollout: Rollout) -> list[Completion]:
+    """Each row's completion up to its length (``completion_mask``)."""
+    lengths = rollout.completion_mask.sum(dim=1).long().tolist()
+    ids = rollout.completion_ids.tolist()
+    logp = rollout.sampling_logp.tolist() if rollout.sampling_logp is not None else [[0.0] * len(r) for r in ids]
+    versions = rollout.sampling_version.tolist() if rollout.sampling_version is not None else [[0] * len(r) for r in ids]
+    return [(i[:n], p[:n], v[:n]) for i, p, v, n in zip(ids, logp, versions, lengths)]
+
+
+def with_completions(rollout: Rollout, completions: list[Completion], tokenizer: PreTrainedTokenizerBase) -> Rollout:
+    """``rollout`` with these completions, right-padded: masks, ``truncated`` (no EOS at the end) and
+    the decoded text follow them."""
+    width, eos, pad = max(1, max(len(ids) for ids, _, _ in completions)), eos_ids(tokenizer), tokenizer.pad_token_id
+    device = rollout.completion_ids.device
+
+    def padded(values: list[list], fill, dtype: torch.dtype) -> Tensor:
+        return torch.tensor([row + [fill] * (width - len(row)) for row in values], dtype=dtype, device=device)
+
+    ids = padded([c[0] for c in completions], pad, rollout.completion_ids.dtype)
+    mask = padded([[1] * len(c[0]) for c in completions], 0, rollout.completion_mask.dtype)
+    truncated = torch.tensor([not (c[0] and c[0][-1] in eos) for c in completions], device=device)
+    return replace(
+        rollout, completion_ids=ids, completion_mask=mask, truncated=truncated,
+        completions=tokenizer.batch_decode(ids.masked_fill(mask == 0, pad), skip_special_tokens=True),
+        sampling_logp=padded([c[1] for c in completions], 0.0, torch.float32),
+        sampling_version=padded([c[2] for c in completions], 0, torch.long),
+    )  # fmt: skip
+
+
+def cut(rollout: Rollout, tokens: int, tokenizer: PreTrainedTokenizerBase) -> Rollout:
+    """The first ``tokens`` tokens of each completion (those a sample of ``tokens`` tokens draws)."""
+    return with_completions(rollout, [(i[:tokens], p[:tokens], v[:tokens]) for i, p, v in completions_of(rollout)],
+                            tokenizer)  # fmt: skip
+
+
+def unfinished(completion: Completion, eos: set[int], max_new_tokens: int) -> bool:
+    ids = completion[0]
+    return len(ids) < max_new_tokens and not (ids and ids[-1] in eos)
+
+
+@torch.no_grad()
+def continue_rollout(
+    model: nn.Module, tokenizer: PreTrainedTokenizerBase, rollout: Rollout, sampling: SamplingParams, tokens: int,
+    version: int,
+) -> tuple[Rollout, int]:  # fmt: skip
+    """Sample up to ``tokens`` more tokens of each unfinished completion (no EOS yet, shorter than
+    ``sampling.max_new_tokens``) with ``model`` (policy ``version``) after its prompt and its tokens
+    so far; ``(rollout, tokens added)``. Unfinished completions all have the same length (each chunk
+    adds ``tokens`` unless it ends), so one call samples them all."""
+    completions, eos = completions_of(rollout), eos_ids(tokenizer)
+    active = [row for row, c in enumerate(completions) if unfinished(c, eos, sampling.max_new_tokens)]
+    if not active:
+        return rollout, 0
+    done = len(completions[active[0]][0])
+    histories = [rollout.prompt_ids[row][rollout.prompt_mask[row] > 0].tolist() + completions[row][0] for row in active]
+    width = max(len(h) for h in histories)
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(h)) + h for h in histories], device=rollout.device)
+    mask = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in histories], device=rollout.device)
+    chunk = replace(sampling, max_new_tokens=min(tokens, sampling.max_new_tokens - done),
+                    min_new_tokens=max(0, sampling.min_new_tokens - done))  # fmt: skip
+    new_ids, new_logp = generate_from_ids(model, tokenizer, ids, mask, chunk, 1, True)
+    added = 0
+    for row, new, logp in zip(active, new_ids.tolist(), new_logp.tolist()):
+        length = next((n + 1 for n, token in enumerate(new) if token in eos), len(new))
+        old_ids, old_logp, old_versions = completions[row]
+        completions[row] = (old_ids + new[:length], old_logp + logp[:length], old_versions + [version] * length)
+        added += length
+    return with_completions(rollout, completions, tokenizer), added

@@ -1,0 +1,50 @@
+"""Partial rollouts: a completion cut after its first chunk and continued with the weights of a
+later version conditions on exactly its tokens so far, and records each token's version."""
+
+from __future__ import annotations
+
+import torch
+
+from grpo_lightning.rollout.partial import completions_of, continue_rollout, cut, with_completions
+from grpo_lightning.rollout.types import Rollout
+from variants import GRPO
+
+
+def test_a_cut_completion_continues_on_its_exact_prefix_and_records_each_chunks_version(make_module, one_torch_thread):
+    grpo = make_module(GRPO, policy={"dtype": "float32"}, sampling={"max_new_tokens": 6})
+    torch.manual_seed(0)
+    sampled = grpo.generate({"prompt": ["1+2=", "30+4="]}, grpo.group_size, grpo.sampling, with_logprobs=True)
+    rollout = cut(sampled, 2, grpo.tokenizer)
+    assert rollout.completion_mask.sum(1).max() == 2 and (rollout.sampling_version == 0).all()
+    with grpo.rollout_model() as model:
+        rollout, added = continue_rollout(model, grpo.tokenizer, rollout, grpo.sampling, 2, version=5)
+        rollout, added_too = continue_rollout(model, grpo.tokenizer, rollout, grpo.sampling, 2, version=7)
+    lengths = rollout.completion_mask.sum(1).long()
+    assert added + added_too == int(lengths.sum()) - int(cut(sampled, 2, grpo.tokenizer).completion_mask.sum())
+    for row, (ids, _, versions) in enumerate(completions_of(rollout)):
+        assert versions == ([0, 0] + [5, 5] + [7, 7])[: len(ids)], row  # the chunk each token came from
+        ended = bool(ids) and ids[-1] == grpo.tokenizer.eos_token_id
+        assert bool(rollout.truncated[row]) == (not ended) and (ended or len(ids) == 6)
+        assert rollout.completions[row] == grpo.tokenizer.decode(ids, skip_special_tokens=True)
+    # The same weights throughout: the recorded log-probs are the training pass's of the whole completion.
+    mask = rollout.completion_mask.bool()
+    torch.testing.assert_close(rollout.sampling_logp[mask], grpo.compute_logprobs(grpo.policy, rollout)[mask],
+                               atol=1e-4, rtol=1e-4)  # fmt: skip
+
+
+def test_with_completions_pads_masks_and_marks_the_unfinished_by_hand(make_module):
+    tokenizer = make_module(GRPO).tokenizer
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    rollout = Rollout(group_size=2, prompt_ids=torch.zeros(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1),
+                      completion_ids=torch.zeros(2, 1, dtype=torch.long), completion_mask=torch.ones(2, 1),
+                      truncated=torch.zeros(2, dtype=torch.bool), prompts=["a", "a"], completions=["", ""])  # fmt: skip
+    rows = [([5, eos], [-0.5, -1.0], [1, 2]), ([6, 7, 8], [-0.25, -0.5, -2.0], [3, 3, 4])]
+    got = with_completions(rollout, rows, tokenizer)
+    assert got.completion_ids.tolist() == [[5, eos, pad], [6, 7, 8]]
+    assert got.completion_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert got.truncated.tolist() == [False, True]  # the first ended with EOS, the second did not
+    assert got.sampling_logp.tolist() == [[-0.5, -1.0, 0.0], [-0.25, -0.5, -2.0]]
+    assert got.sampling_version.tolist() == [[1, 2, 0], [3, 3, 4]]
+    assert completions_of(got) == rows
+    assert completions_of(cut(got, 1, tokenizer)) == [([5], [-0.5], [1]), ([6], [-0.25], [3])]
+    assert cut(got, 1, tokenizer).truncated.tolist() == [True, True]  # neither ended within one token
