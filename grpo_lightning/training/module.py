@@ -384,6 +384,8 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
             if self.needs_reference_model():
                 with reference_model(self.policy, self.ref_model) as reference:  # LoRA: adapters off
                     rollout.ref_logp = self.compute_logprobs(reference, rollout)
+            if self.needs_token_statistics():  # OTB's realized energy
+                rollout.derived.update(self.compute_token_statistics(rollout))
 
         rewards = rollout.rewards
         if self.rewards_options.aggregation == "normalize_then_sum":

@@ -23,6 +23,7 @@ from grpo_lightning.algorithms.kl import kl_in_loss
 from grpo_lightning.algorithms.rollout_correction import correct_policy_loss
 from grpo_lightning.models.logprobs import completion_logprobs
 from grpo_lightning.models.lora import adapter_autocast
+from grpo_lightning.models.token_statistics import completion_token_statistics
 from grpo_lightning.rollout.types import MicroBatch, Rollout
 from grpo_lightning.training.strategies import clip_policy_gradients, no_gradient_sync
 
@@ -43,6 +44,18 @@ class PolicyUpdate:
             logp, _ = self._forward(model, rollout, rows, with_entropy=False)
             parts.append(logp)
         return torch.cat(parts)
+
+    @torch.no_grad()
+    def compute_token_statistics(self, rollout: Rollout) -> dict[str, Tensor]:
+        """``token_logp`` and ``sum_pi_squared`` ``[N, T]`` of the rollout's completions under the
+        policy, in micro-batches, for an advantage that reads them (OTB): a forward pass, no backward."""
+        parts = []
+        for rows in torch.arange(len(rollout)).split(self.micro_batch_size):
+            inputs = rollout.model_inputs(rows)
+            self.compute.add_forward(inputs[1], inputs[3])
+            with adapter_autocast(self.policy):
+                parts.append(completion_token_statistics(self.policy, *inputs, temperature=self.sampling.temperature))
+        return {"token_logp": torch.cat([p[0] for p in parts]), "sum_pi_squared": torch.cat([p[1] for p in parts])}
 
     def _forward(
         self, model: torch.nn.Module, rollout: Rollout, rows: Tensor, with_entropy: bool = True

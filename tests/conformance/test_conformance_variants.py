@@ -27,6 +27,7 @@ from torch.testing import assert_close
 import variants
 from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS, SURROGATES
 from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms.advantages import TOKEN_STATISTICS_ADVANTAGES, TokenStatistics
 from grpo_lightning.algorithms.kl import KL_PLACEMENTS
 from grpo_lightning.cli.app import GRPOLightningCLI, main, variant_log_name
 from grpo_lightning.cli.resources import config_dir
@@ -228,6 +229,13 @@ def test_print_config_reads_back_into_the_same_module(cls, tmp_path, monkeypatch
 REWARDS = torch.tensor([[1.0, 0.0, 0.0, 1.0], [3.0, 1.0, 2.0, 2.0]])
 LOSS = torch.tensor([[1.0, 2.0, 3.0, 7.0], [4.0, 5.0, 7.0, 7.0]])
 MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+# The completions' per-token statistics that some advantages read (OTB's), T = 3, ragged.
+TOKEN_STATISTICS = TokenStatistics(
+    torch.linspace(-2.0, -0.1, 24).view(2, 4, 3), torch.linspace(0.2, 0.9, 24).view(2, 4, 3),
+    (torch.arange(3) < torch.tensor([[3, 1, 2, 3], [2, 3, 3, 1]]).unsqueeze(-1)).float(),
+)
+STEP_ROLLOUT = types.SimpleNamespace(completion_mask=TOKEN_STATISTICS.mask.flatten(0, 1), derived={
+    "token_logp": TOKEN_STATISTICS.logp.flatten(0, 1), "sum_pi_squared": TOKEN_STATISTICS.sum_pi_squared.flatten(0, 1)})
 OPTIONS = {"advantage": ADVANTAGES, "aggregation": AGGREGATIONS, "loss.surrogate": SURROGATES,
            "kl.placement": KL_PLACEMENTS}  # fmt: skip
 #: What an option needs besides its name to act (a placement puts a KL that beta 0 turns off).
@@ -238,7 +246,8 @@ def uses_the_part(module, option: str, name: str) -> None:
     """The module computes with the part named, not with its own."""
     if option == "advantage":
         assert module.advantage_name == name
-        assert torch.equal(module.advantages(REWARDS), ADVANTAGES[name](REWARDS))
+        tokens = (TOKEN_STATISTICS,) if name in TOKEN_STATISTICS_ADVANTAGES else ()
+        assert torch.equal(module.advantages(REWARDS, STEP_ROLLOUT), ADVANTAGES[name](REWARDS, *tokens))
     elif option == "aggregation":
         assert module.aggregation_name == name
         expected = AGGREGATIONS[name](LOSS, MASK, max_tokens=module.max_new_tokens)
