@@ -9,6 +9,7 @@ for the configuration.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import inspect
 import io
@@ -117,12 +118,15 @@ def advantages_off_policy(module, rollout) -> torch.Tensor:
     return module.advantages(rewards.view(-1, rollout.group_size), rollout).flatten(0, 1)
 
 
-def minibatch_gradient(module, rollout, advantages, micro_batch_size: int, monkeypatch) -> dict[str, torch.Tensor]:
+def minibatch_gradient(module, rollout, advantages, micro_batch_size: int | None, monkeypatch,
+                       micro_batch_tokens: int | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """The policy's gradient of one minibatch (the whole rollout) as the update accumulates it
     (``accumulate_gradients``: the variant's ``minibatch_derived`` and ``extra_losses``, then its
-    micro-batches), ``micro_batch_size`` rows a pass; ``backward`` stands in for the Trainer's
-    ``manual_backward``."""
+    micro-batches), ``micro_batch_size`` rows or ``micro_batch_tokens`` tokens a pass; ``backward``
+    stands in for the Trainer's ``manual_backward``."""
     module.micro_batch_size = micro_batch_size
+    monkeypatch.setattr(module, "optim_options", dataclasses.replace(
+        module.optim_options, micro_batch_size=micro_batch_size, micro_batch_tokens=micro_batch_tokens))
     module.policy.zero_grad(set_to_none=True)
     monkeypatch.setattr(module, "manual_backward", lambda loss: loss.backward())
     module.accumulate_gradients(rollout, advantages, torch.arange(len(rollout)))
@@ -135,10 +139,16 @@ def check_micro_batch_invariance(cls, make_module, make_rollout, monkeypatch) ->
     advantages = advantages_off_policy(module, rollout)
     assert advantages.abs().sum() > 0 and rollout.lengths.min() < rollout.lengths.max()
     whole = minibatch_gradient(module, rollout, advantages, len(rollout), monkeypatch)
-    single = minibatch_gradient(module, rollout, advantages, 1, monkeypatch)
+    split = {"single rows": minibatch_gradient(module, rollout, advantages, 1, monkeypatch)}
+    if "optim.micro_batch_tokens" not in cls.inapplicable_options:  # packed by tokens: ragged, out of row order
+        tokens = (rollout.prompt_mask.sum(-1) + rollout.attended_mask.sum(-1)).tolist()
+        budget = int(2.5 * sum(tokens) / len(tokens))
+        split["a token budget"] = minibatch_gradient(module, rollout, advantages, None, monkeypatch, budget)
+        assert 1 < len(module.micro_batches(rollout, torch.arange(len(rollout)))) < len(rollout)
     assert any(g.abs().sum() > 0 for g in whole.values())
-    for name in whole:
-        assert_close(single[name], whole[name], rtol=1e-5, atol=1e-7, msg=lambda m, name=name: f"{name}: {m}")
+    for how, gradient in split.items():
+        for name in whole:
+            assert_close(gradient[name], whole[name], rtol=1e-5, atol=1e-7, msg=lambda m, n=name: f"{how}: {n}: {m}")
 
 
 @pytest.mark.parametrize("cls", VARIANTS, ids=by_name)
