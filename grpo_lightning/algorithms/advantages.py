@@ -72,8 +72,8 @@ class TokenStatistics:
 
 
 def optimal_token_baseline(rewards: Tensor, tokens: TokenStatistics, eps: float = 1e-8) -> Tensor:
-    """OTB (Li et al. 2026, "Optimal Token Baseline", arXiv 2602.07078; verl's ``optimal_token_baseline``):
-    a baseline per token position that weighs each completion by its realized energy.
+    """OTB, the Optimal Token Baseline (arXiv 2602.07078; verl's ``optimal_token_baseline``): a baseline
+    per token position that weighs each completion by its realized energy.
     ``w_t = 1 - 2 pi_t(y_t) + sum_v pi_t(v)^2`` (``||e_{y_t} - pi_t||^2``, the logit-gradient proxy of
     ``||grad log pi(y_t)||^2``), ``W_t = sum_{j<=t} w_j``, and at the ``k``-th model token
     ``B*_k = sum_i G_ik W_ik / (sum_i W_ik + eps)`` over the group's completions that have one;
