@@ -171,10 +171,11 @@ class DifficultyCurriculum(Callback):
         if trainer.world_size > 1:  # all devices' outcomes: every device keeps the same prompts
             pairs = trainer.strategy.all_gather(pairs.to(pl_module.device)).reshape(-1, 2).cpu()
         by_first = {rows[0]: rows for rows in self.rows_of.values()}
+        epoch = self.sampler.epoch if self.sampler is not None else trainer.current_epoch  # the data's epoch
         for row, rate in pairs.tolist():
             if row >= 0 and rate == rate:  # NaN: a reward function failed on the group
                 for same in by_first.get(int(row), [int(row)]):
-                    self.rates[same], self.measured[same] = rate, trainer.current_epoch
+                    self.rates[same], self.measured[same] = rate, epoch
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"rates": dict(self.rates), "measured": dict(self.measured)}

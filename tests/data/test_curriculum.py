@@ -93,19 +93,54 @@ def test_a_fit_resumed_from_any_checkpoint_trains_on_the_batches_of_the_uninterr
     assert first + rest == whole
 
 
-def test_a_fit_measures_the_prompts_it_trains_on_logs_the_curriculum_and_checkpoints_it(tiny_model_dir, tmp_path,
-                                                                                        one_torch_thread):  # fmt: skip
-    curriculum = DifficultyCurriculum()
-    module = GRPO(model=tiny_model_dir, sampling={"group_size": 2, "max_new_tokens": 4},
+class Prompts(L.Callback):
+    """The prompts of each training step, and the curriculum's rates at the end of each epoch."""
+
+    def __init__(self, curriculum: DifficultyCurriculum) -> None:
+        self.curriculum, self.steps, self.rates = curriculum, [], []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.steps.append((trainer.current_epoch, list(batch["prompt"])))
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.rates.append(dict(self.curriculum.rates))
+
+
+class SaveAt(L.Callback):
+    """A checkpoint after optimizer step ``step``, as ModelCheckpoint writes one in the fit."""
+
+    def __init__(self, step: int, path) -> None:
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
+
+
+def fit(model_dir: str, root, max_steps: int, ckpt_path=None, *extra: L.Callback) -> tuple[Prompts, L.Trainer, GRPO]:
+    L.seed_everything(0)
+    curriculum = DifficultyCurriculum(revisit_epochs=1)
+    prompts = Prompts(curriculum)
+    module = GRPO(model=model_dir, sampling={"group_size": 2, "max_new_tokens": 4},
                   rewards={"funcs": ["tests.conftest.length_parity_reward"]})  # fmt: skip
-    data = ArithmeticDataModule(num_train=8, num_val=2, batch_size=2)
-    trainer = L.Trainer(max_steps=3, accelerator="cpu", logger=False, enable_progress_bar=False, limit_val_batches=0,
-                        enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path,
-                        callbacks=[curriculum])  # fmt: skip
-    trainer.fit(module, data)
-    assert len(curriculum.rates) == 6  # three steps of two prompts (the arithmetic prompts are distinct)
-    assert set(curriculum.rates.values()) <= {0.0, 0.5, 1.0}  # groups of two
-    assert module.last_step_metrics["curriculum/measured"] == pytest.approx(4 / 8)  # logged before the third step
-    trainer.save_checkpoint(tmp_path / "last.ckpt")
-    state = torch.load(tmp_path / "last.ckpt", weights_only=False)["callbacks"]["DifficultyCurriculum"]
-    assert state["rates"] == curriculum.rates and state["sampler"]["served"] == 3
+    trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False, limit_val_batches=0,
+                        enable_model_summary=False, enable_checkpointing=False, default_root_dir=root,
+                        callbacks=[curriculum, prompts, *extra])  # fmt: skip
+    trainer.fit(module, ArithmeticDataModule(num_train=8, num_val=2, batch_size=2), ckpt_path=ckpt_path)
+    return prompts, trainer, module
+
+
+def test_a_fit_resumed_from_a_checkpoint_trains_on_the_prompts_of_the_uninterrupted_fit(tiny_model_dir, tmp_path,
+                                                                                       one_torch_thread):  # fmt: skip
+    recorded, _, module = fit(tiny_model_dir, tmp_path, 7, None, SaveAt(3, tmp_path / "step3.ckpt"))
+    whole, prompts = recorded.steps, ArithmeticDataModule(num_train=8, num_val=2).load()["train"]["prompt"]
+    out_of_band = {prompts[row] for row, rate in recorded.rates[0].items() if rate in (0.0, 1.0)}
+    drawn = {epoch: {p for e, step in whole if e == epoch for p in step} for epoch in range(3)}
+    assert len(drawn[0]) == 8 and out_of_band  # epoch 0: every prompt, measured
+    assert not out_of_band & drawn[1] and out_of_band & drawn[2]  # set aside for one epoch, then back
+    assert module.last_step_metrics["curriculum/measured"] == 1.0  # epoch 0 measured every prompt
+    assert module.last_step_metrics["curriculum/too_easy"] + module.last_step_metrics["curriculum/too_hard"] > 0
+    state = torch.load(tmp_path / "step3.ckpt", weights_only=False)["callbacks"]["DifficultyCurriculum"]
+    assert len(state["rates"]) == 6 and state["sampler"]["served"] == 3  # three steps of two prompts
+    rest, _, _ = fit(tiny_model_dir, tmp_path, 7, ckpt_path=tmp_path / "step3.ckpt")
+    assert whole[:3] + rest.steps == whole
