@@ -45,6 +45,17 @@ def measure(curriculum: DifficultyCurriculum, batch: list[int], epoch: int) -> N
     curriculum.on_train_batch_end(SimpleNamespace(world_size=1, current_epoch=epoch), None, {"rollout": rollout}, None, 0)
 
 
+def test_on_several_devices_every_device_measures_with_all_their_outcomes():
+    curriculum = DifficultyCurriculum()
+    curriculum.rows_of = {f"p{i}": [i, i + 6] for i in range(6)}
+    other_device = torch.tensor([[4.0, 0.5], [5.0, float("nan")]], dtype=torch.float64)  # rows 4 and 5; 5 failed
+    gather = lambda pairs: torch.stack([pairs, other_device])  # noqa: E731 - all_gather over two devices
+    trainer = SimpleNamespace(world_size=2, current_epoch=0, strategy=SimpleNamespace(all_gather=gather))
+    rollout = SimpleNamespace(rewards=torch.tensor([1.0, 1.0, 0.0, 1.0]), group_size=2, prompts=["p0", "p0", "p3", "p3"])
+    curriculum.on_train_batch_end(trainer, SimpleNamespace(device="cpu"), {"rollout": rollout}, None, 0)
+    assert curriculum.rates == {0: 1.0, 6: 1.0, 3: 0.5, 9: 0.5, 4: 0.5, 10: 0.5}
+
+
 def fresh(state: dict | None = None, loader_state: dict | None = None) -> tuple[DifficultyCurriculum, ResumableDataLoader]:
     curriculum = DifficultyCurriculum(revisit_epochs=1)
     curriculum.rows_of = {f"p{i}": [i, i + 6] for i in range(6)}
