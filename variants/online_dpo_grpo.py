@@ -70,6 +70,8 @@ class OnlineDPOGRPO(GRPO):
             (Guo et al. use 0.1). Independent of ``beta``, the coefficient of GRPO's KL term.
     """
 
+    inapplicable_options = {"optim.micro_batch_tokens": "its pair passes take micro_batch_size // 2 pairs each"}
+
     def __init__(self, model: str, *, dpo_weight: float = 1.0, dpo_beta: float = 0.1, **kwargs) -> None:
         super().__init__(model, **kwargs)
         require(

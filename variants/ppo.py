@@ -83,7 +83,7 @@ class PPO(GroupPolicyOptimization):
         """``r_t``, then GAE on ``V_old`` (in ``rollout.derived`` for :meth:`advantages` and the critic);
         returns ``sum_t r_t``. The KL in the reward is this per-token one, not the base's sum."""
         with PhaseTimer(self.step_metrics, self.device).phase("values"):
-            old_values = V.compute_values(self.value_model, rollout, self.micro_batch_size)
+            old_values = V.compute_values(self.value_model, rollout, self.micro_batches(rollout, torch.arange(len(rollout))))
         mask = rollout.completion_mask
         in_reward = rollout.ref_logp is not None and self.kl_placement == "reward"
         kl = F.kl_estimate(rollout.old_logp, rollout.ref_logp, self.kl_estimator) if in_reward else None
@@ -114,7 +114,7 @@ class PPO(GroupPolicyOptimization):
         """One optimizer step of the critic on ``L_V`` over the minibatch ``rows``, in micro-batches."""
         optimizer.zero_grad(set_to_none=True)
         num_tokens = self.sum_over_ranks(self.loss_mask(rollout, rows).sum()) / self.num_processes  # as the policy's
-        for micro_rows in rows.split(self.micro_batch_size):
+        for micro_rows in self.micro_batches(rollout, rows):
             self.manual_backward(self.value_loss(rollout, micro_rows, num_tokens))
         V.clip_and_step(self, optimizer, self.value_model, self.hparams.value_max_grad_norm)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from grpo_lightning.agents.environment import Message
+from grpo_lightning.agents.messages import Message
 from grpo_lightning.agents.tools import tool_schema
 from grpo_lightning.errors import ConfigError
 

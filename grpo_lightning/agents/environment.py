@@ -16,10 +16,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
 
+from grpo_lightning.agents.adapters.trl import TRLEnvironment, follows_trl_contract, trl_environment
+from grpo_lightning.agents.messages import Message
 from grpo_lightning.agents.tool_calls import import_object
 from grpo_lightning.errors import ConfigError
 
-Message = dict[str, Any]
+#: The column of a row that names its environment when ``environment.name`` is a dict (TRL's).
+ENVIRONMENT_COLUMN = "environment"
 
 
 class EnvironmentFailureError(RuntimeError):
@@ -29,7 +32,9 @@ class EnvironmentFailureError(RuntimeError):
 @runtime_checkable
 class Environment(Protocol):
     """What a multi-turn rollout talks to. Optional attributes: ``tools`` (callables whose schemas
-    go to the chat template), ``tool_calls`` and ``tool_errors`` (counts, logged per step)."""
+    go to the chat template), ``tool_calls`` and ``tool_errors`` (counts, logged per step),
+    ``final_reward()`` (a reward added once the episode is over, ``None`` for none) and
+    ``trl_environment`` (what TRL-style reward functions get in ``environments``)."""
 
     def reset(self, row: dict[str, Any]) -> list[Message]:
         """The opening messages of an episode on the dataset ``row`` (its columns by name)."""
@@ -45,11 +50,13 @@ class Environment(Protocol):
 class EnvironmentOptions:
     """Multi-turn rollouts: which environment, and how long an episode may run."""
 
-    name: str
+    name: str | dict[str, str]
     """Import path of the environment's class (or of a function returning one), e.g.
-    ``grpo_lightning.agents.CalculatorEnvironment``."""
+    ``grpo_lightning.agents.CalculatorEnvironment``; a class written for TRL's ``environment_factory``
+    runs as it is (:mod:`grpo_lightning.agents.adapters.trl`). A dict ``{name: import path}``: several,
+    each row naming its own in its ``environment`` column."""
     args: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of each new environment."""
+    """Keyword arguments of each new environment (of a TRL-style one: the adapter's settings)."""
     max_turns: int = 4
     """Model turns per episode at most; an episode still going then is truncated."""
     max_tokens: int | None = None
@@ -75,18 +82,32 @@ class EnvironmentOptions:
             raise ConfigError("environment.max_turns and environment.max_tokens: must be at least 1.")
         if not 0.0 <= value.max_error_fraction <= 1.0:
             raise ConfigError(f"environment.max_error_fraction: must be between 0 and 1, got {value.max_error_fraction!r}.")
-        value.make()
+        if isinstance(value.name, dict) and not value.name:
+            raise ConfigError("environment.name: give an import path, or a dict of environment names to import paths.")
+        for key in value.name if isinstance(value.name, dict) else (None,):
+            value.make(None if key is None else {ENVIRONMENT_COLUMN: key})
         return value
 
-    def make(self) -> Environment:
-        """A new environment."""
-        factory: Callable[..., Any] = import_object(self.name, "environment.name")
+    def make(self, row: dict[str, Any] | None = None) -> Environment:
+        """A new environment, for the dataset ``row`` (its ``environment`` column picks one of a dict)."""
+        path = self.name
+        if isinstance(self.name, dict):
+            chosen = (row or {}).get(ENVIRONMENT_COLUMN)
+            if chosen not in self.name:
+                raise ConfigError(f"environment.name: is a dict of {', '.join(map(repr, self.name))}, and a row's "
+                                  f"{ENVIRONMENT_COLUMN!r} column is {chosen!r}; give every row one of them.")  # fmt: skip
+            path = self.name[chosen]
+        factory: Callable[..., Any] = import_object(path, "environment.name")
+        if isinstance(factory, type) and follows_trl_contract(factory):
+            return trl_environment(factory, self.args, path)
         try:
             environment = factory(**self.args)
         except (TypeError, ValueError) as error:
-            raise ConfigError(f"environment.args: {self.name} refuses them ({error}).") from None
+            raise ConfigError(f"environment.args: {path} refuses them ({error}).") from None
+        if follows_trl_contract(environment):
+            return TRLEnvironment(environment)
         if not isinstance(environment, Environment):
-            raise ConfigError(f"environment.name: {self.name} made {environment!r}, which has no reset(row) and step(message).")
+            raise ConfigError(f"environment.name: {path} made {environment!r}, which has no reset(row) and step(message).")
         return environment
 
     def token_budget(self, max_new_tokens: int) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from grpo_lightning.agents.environment import Message
+from grpo_lightning.agents.messages import Message
 from grpo_lightning.rewards.accuracy import extract_answer, parse_number
 
 

@@ -24,7 +24,8 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from grpo_lightning.agents.chat_tokens import ChatTokens
-from grpo_lightning.agents.environment import Environment, EnvironmentFailureError, EnvironmentOptions, Message
+from grpo_lightning.agents.environment import Environment, EnvironmentFailureError, EnvironmentOptions
+from grpo_lightning.agents.messages import Message
 from grpo_lightning.agents.turn_cache import EngineTurns, HFTurns, left_padded
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.errors import ConfigError
@@ -80,7 +81,7 @@ def start(options: EnvironmentOptions, row: dict, tokenizer: PreTrainedTokenizer
     """A new episode on ``row``. One whose environment cannot be made or reset is over before its
     first turn (failed), the row's prompt its user message."""
     try:
-        environment = options.make()
+        environment = options.make(row)
         chat = ChatTokens(tokenizer, getattr(environment, "tools", ()), use_chat_template)
         return Trajectory(environment, chat, chat.prompt_ids(environment.reset(row)))
     except ConfigError:
@@ -104,6 +105,21 @@ def reply(episode: Trajectory, text: str) -> tuple[list[Message], list[int], boo
     except Exception as error:  # noqa: BLE001 - an environment's failure ends its episode, counted
         episode.fail("step", error)
         return None
+
+
+def finish(episode: Trajectory) -> None:
+    """Add the environment's ``final_reward()`` (where it has one) to the ended episode's reward;
+    one that raises fails the episode."""
+    final_reward = getattr(episode.environment, "final_reward", None)
+    if final_reward is None or episode.error is not None:
+        return
+    try:
+        value = final_reward()
+        episode.reward += 0.0 if value is None else float(value)
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 - an environment's failure ends its episode, counted
+        episode.fail("final_reward", error)
 
 
 def stop_if_too_many_failed(episodes: list[Trajectory], options: EnvironmentOptions) -> None:
@@ -183,12 +199,16 @@ def sample_episodes(
             turns.replied(row, reply_ids)
             episode.conversation += [{"role": m.get("role", "user"), "content": str(m.get("content", ""))} for m in replies]
         stop_if_too_many_failed(episodes, options)
+    for episode in episodes:
+        finish(episode)
+    stop_if_too_many_failed(episodes, options)
     return episodes_rollout(episodes, tokenizer, batch, group_size, device, with_logprobs)
 
 
 def episodes_rollout(episodes, tokenizer, batch, group_size, device, with_logprobs) -> Rollout:
     """The :class:`Rollout` of finished episodes, with their counts and turns as columns (``environment_reward``,
-    ``turns``, ``tool_calls``, ``tool_errors``, ``environment_error``, ``conversation``)."""
+    ``turns``, ``tool_calls``, ``tool_errors``, ``environment_error``, ``conversation``; ``environments``,
+    the instances, for TRL-style environments)."""
     prompt_ids, prompt_mask = left_padded([e.prompt_ids for e in episodes], tokenizer.pad_token_id, device)
     completion_ids = right_padded([e.ids for e in episodes], tokenizer.pad_token_id, torch.long, device)
     model_mask = right_padded([[float(m) for m in e.from_model] for e in episodes], 0.0, torch.float32, device)
@@ -204,6 +224,8 @@ def episodes_rollout(episodes, tokenizer, batch, group_size, device, with_logpro
     columns["tool_errors"] = [dict(getattr(e.environment, "tool_errors", Counter())) for e in episodes]
     columns["environment_error"] = [e.error for e in episodes]
     columns["conversation"] = [e.conversation for e in episodes]
+    if any(hasattr(e.environment, "trl_environment") for e in episodes):  # TRL-style reward functions read them
+        columns["environments"] = [getattr(e.environment, "trl_environment", None) for e in episodes]
     return Rollout(
         group_size=group_size,
         prompt_ids=prompt_ids,

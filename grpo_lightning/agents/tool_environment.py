@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from grpo_lightning.agents.environment import Message
+from grpo_lightning.agents.messages import Message
 from grpo_lightning.agents.tool_calls import ToolCall, resolve_tool_call_format
 from grpo_lightning.agents.tools import resolve_tools, run_tool_call
 

@@ -5,6 +5,7 @@ here each gets the name it is selected by (``--model.advantage NAME``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -59,7 +60,48 @@ def max_rl(rewards: Tensor, eps: float = 1e-6) -> Tensor:
     return torch.where(mean > 0, centred / (mean + eps), torch.zeros_like(centred))
 
 
-#: Name -> estimator ``rewards [P, G] -> advantages [P, G]``.
+@dataclass(frozen=True)
+class TokenStatistics:
+    """Per-token statistics of the sampled completions under the policy that sampled them, from one
+    forward pass without gradient, all ``[P, G, T]``: ``logp``, the sampled token's ``log pi_t(y_t)``;
+    ``sum_pi_squared``, ``sum_v pi_t(v)^2``; ``mask``, 1 on the model's tokens."""
+
+    logp: Tensor
+    sum_pi_squared: Tensor
+    mask: Tensor
+
+
+def optimal_token_baseline(rewards: Tensor, tokens: TokenStatistics, eps: float = 1e-8) -> Tensor:
+    """OTB, the Optimal Token Baseline (arXiv 2602.07078; verl's ``optimal_token_baseline``): a baseline
+    per token position that weighs each completion by its realized energy.
+    ``w_t = 1 - 2 pi_t(y_t) + sum_v pi_t(v)^2`` (``||e_{y_t} - pi_t||^2``, the logit-gradient proxy of
+    ``||grad log pi(y_t)||^2``), ``W_t = sum_{j<=t} w_j``, and at the ``k``-th model token
+    ``B*_k = sum_i G_ik W_ik / (sum_i W_ik + eps)`` over the group's completions that have one;
+    ``A_ik = G_ik - B*_k``, with ``G = r`` (outcome reward-to-go) at every token. Where one completion
+    alone has a ``k``-th token (the longest's tail, or ``G = 1``) the baseline is 0 (verl's
+    ``handle_zero_tail``): a baseline of its own return would leave it no gradient.
+    ``k`` counts the model's tokens only (an environment's replies are skipped, verl's multi-turn form).
+    ``rewards`` ``[P, G]`` -> advantages ``[P, G, T]``, 0 off the mask."""
+    mask = tokens.mask.to(rewards.dtype)
+    num_groups, width = mask.shape[0], mask.shape[-1]
+    realized = ((1 - 2 * tokens.logp.exp() + tokens.sum_pi_squared) * mask).cumsum(-1)  # W_t [P, G, T]
+    returns = rewards.unsqueeze(-1) * mask  # G_t [P, G, T]
+    index = (mask.cumsum(-1) - 1).clamp(min=0).long().flatten(1)  # k of each token, [P, G * T]
+
+    def per_index(values: Tensor) -> Tensor:  # sum over the group at each k: [P, T]
+        return values.new_zeros(num_groups, width).scatter_add_(1, index, (values * mask).flatten(1))
+
+    baseline = per_index(returns * realized) / (per_index(realized) + eps)
+    baseline = torch.where(per_index(torch.ones_like(mask)) > 1, baseline, torch.zeros_like(baseline))
+    return (returns - baseline.gather(1, index).view_as(mask)) * mask
+
+
+#: Estimators that also take the completions' :class:`TokenStatistics` and give per-token advantages
+#: ``[P, G, T]``: the training step computes those statistics for them alone.
+TOKEN_STATISTICS_ADVANTAGES = frozenset({"optimal_token_baseline"})
+
+#: Name -> estimator ``rewards [P, G] -> advantages [P, G]`` (with the :class:`TokenStatistics` of the
+#: completions for those of :data:`TOKEN_STATISTICS_ADVANTAGES`, ``[P, G, T]``).
 ADVANTAGES: dict[str, Callable[[Tensor], Tensor]] = {
     "group_std": group_std,
     "group_mean": group_mean,
@@ -67,4 +109,5 @@ ADVANTAGES: dict[str, Callable[[Tensor], Tensor]] = {
     "batch_std": batch_std,
     "gpg": gpg,
     "max_rl": max_rl,
+    "optimal_token_baseline": optimal_token_baseline,
 }

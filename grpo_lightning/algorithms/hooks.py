@@ -11,7 +11,7 @@ from torch import Tensor
 
 from grpo_lightning.algorithms import functional as F
 from grpo_lightning.training import metrics
-from grpo_lightning.algorithms.advantages import ADVANTAGES
+from grpo_lightning.algorithms.advantages import ADVANTAGES, TOKEN_STATISTICS_ADVANTAGES, TokenStatistics
 from grpo_lightning.algorithms.aggregations import AGGREGATIONS
 from grpo_lightning.algorithms.kl import kl_in_reward
 from grpo_lightning.algorithms.masks import off_policy_sequence_mask
@@ -56,7 +56,14 @@ class AlgorithmHooks:
         scale = self.rewards_options.scale
         if scale != "group":  # group_std's divisor: the batch's std, or none
             return F.group_normalized_advantages(rewards, scale=scale)
+        if self.needs_token_statistics():
+            return ADVANTAGES[self.advantage_name](rewards, token_statistics(rollout, rewards.shape))
         return ADVANTAGES[self.advantage_name](rewards)
+
+    def needs_token_statistics(self) -> bool:
+        """Whether the advantage reads the completions' per-token statistics (OTB's ``sum_pi_squared``):
+        the step then computes them in a forward pass of their own, into ``rollout.derived``."""
+        return self.advantage_name in TOKEN_STATISTICS_ADVANTAGES
 
     def token_loss(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, micro: MicroBatch | None = None
@@ -144,6 +151,15 @@ class AlgorithmHooks:
         step: then they equal the current log-probs (detached) and that pass is skipped."""
         return self.ppo_epochs > 1 or (self.minibatch_size is not None and rollout_size > self.minibatch_size)
 
+
+def token_statistics(rollout: Rollout | None, groups: tuple[int, ...]) -> TokenStatistics:
+    """The :class:`TokenStatistics` ``[P, G, T]`` of ``rollout`` (``groups``: ``(P, G)``) from its
+    ``derived`` ``token_logp`` and ``sum_pi_squared``; the mask: the model's tokens."""
+    if rollout is None or "sum_pi_squared" not in rollout.derived:
+        raise ValueError("this advantage reads per-token statistics: pass the rollout whose derived tensors hold "
+                         "token_logp and sum_pi_squared (the training step's compute_token_statistics).")
+    shaped = (rollout.derived["token_logp"], rollout.derived["sum_pi_squared"], rollout.completion_mask)
+    return TokenStatistics(*(tensor.view(*groups, -1) for tensor in shaped))
 
 
 def inapplicable_with(variant: type, surrogate: str | None) -> dict[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from grpo_lightning.algorithms.advantages import ADVANTAGES
+from grpo_lightning.algorithms.advantages import ADVANTAGES, TOKEN_STATISTICS_ADVANTAGES
 from grpo_lightning.algorithms.aggregations import AGGREGATIONS
 from grpo_lightning.algorithms.surrogates import SURROGATES
 from grpo_lightning.errors import ConfigError
@@ -34,11 +34,17 @@ def resolve_parts(variant: type, advantage: str | None, aggregation: str | None,
             f"rewards.scale: sets the divisor of group_std's advantages, and the advantage is {advantage}; "
             "drop --model.rewards.scale, or set --model.advantage group_std."
         )
-    surrogate = variant.default_surrogate if surrogate is None else surrogate
-    if SURROGATES[surrogate].per_sequence and variant.token_advantages:
+    chosen, surrogate = surrogate, variant.default_surrogate if surrogate is None else surrogate
+    if SURROGATES[surrogate].per_sequence and (variant.token_advantages or advantage in TOKEN_STATISTICS_ADVANTAGES):
         per_token = ", ".join(name for name, part in SURROGATES.items() if not part.per_sequence)
+        if chosen is None:  # the variant's own surrogate against the advantage this run names
+            raise ConfigError(
+                f"advantage: {advantage}'s advantages are per token, and {variant.__name__}'s surrogate {surrogate} "
+                f"needs one per completion; set --model.loss.surrogate to one of {per_token}, or pick another advantage."
+            )
+        whose = advantage if advantage in TOKEN_STATISTICS_ADVANTAGES else f"{variant.__name__}'s"
         raise ConfigError(
-            f"loss.surrogate: {surrogate} needs one advantage per completion, and {variant.__name__}'s are per token; "
+            f"loss.surrogate: {surrogate} needs one advantage per completion, and {whose} are per token; "
             f"pick one of {per_token}."
         )
     return advantage, variant.default_aggregation if aggregation is None else aggregation, surrogate

@@ -122,6 +122,7 @@ class PromptDataModule(LightningDataModule):
         self.long_prompts = long_prompts
         self.train_dataset: Dataset | None = None
         self.val_dataset: Dataset | None = None
+        self.curriculum: Any = None  # a DifficultyCurriculum (grpo_lightning.data.curriculum) sets the training sampler
         self._splits: DatasetDict | None = None
         # id -> (dataset, the file it was read from): row errors name the file; holding the dataset
         # keeps its id from being reused by another
@@ -236,7 +237,9 @@ class PromptDataModule(LightningDataModule):
             raise RuntimeError("train_dataloader() needs setup('fit') to run first.")
         trainer = self.trainer
         num_replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-        sampler = ResumableSampler(self.train_dataset, seed=self.seed, num_replicas=num_replicas, rank=rank)
+        placement = {"seed": self.seed, "num_replicas": num_replicas, "rank": rank}
+        sampler = (ResumableSampler(self.train_dataset, **placement) if self.curriculum is None
+                   else self.curriculum.new_sampler(self.train_dataset, self.batch_size, **placement))  # fmt: skip
         return ResumableDataLoader(
             self.train_dataset,
             batch_size=self.batch_size,

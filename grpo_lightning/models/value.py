@@ -19,6 +19,7 @@ minibatch: what GRPO saves by dropping it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -109,10 +110,11 @@ def critic_optimizer(model: nn.Module, policy: dict[str, Any], learning_rate: fl
 
 
 @torch.no_grad()
-def compute_values(model: ValueModel, rollout: Rollout, micro_batch_size: int) -> Tensor:
-    """Values ``[N, T]`` of the rollout's completions under ``model``, ``micro_batch_size`` rows at a time."""
-    rows = torch.arange(len(rollout)).split(micro_batch_size)
-    return torch.cat([model(*rollout.model_inputs(part)) for part in rows])
+def compute_values(model: ValueModel, rollout: Rollout, micro_batches: Sequence[Tensor]) -> Tensor:
+    """Values ``[N, T]`` of the rollout's completions under ``model``, one pass per micro-batch of
+    ``micro_batches`` (index tensors that cover ``0 .. N - 1`` once, in any order)."""
+    values = torch.cat([model(*rollout.model_inputs(part)) for part in micro_batches])
+    return values[torch.cat(list(micro_batches)).to(values.device).argsort()]
 
 
 def record_critic(metrics: StepMetrics, values: Tensor, returns: Tensor, advantages: Tensor, mask: Tensor) -> None:

@@ -12,11 +12,14 @@ not torch (the ``grpo_lightning.rewards`` package imports it), so it starts in w
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 import multiprocessing
 import pickle
 import signal
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -91,6 +94,53 @@ def arguments(prompts: list, completions: list, columns: dict[str, Any], rows: S
     return take(prompts, rows), take(completions, rows), {key: take(value, rows) for key, value in columns.items()}
 
 
+@dataclass(frozen=True)
+class Parameters:
+    """What a reward function's signature says: ``named``, its parameters passable by keyword;
+    ``any_keyword``, whether it takes ``**kwargs``; ``by_keyword``, whether it gets ``prompts=`` and
+    ``completions=`` as keywords, as TRL passes them to every reward function, rather than as its first
+    two positional arguments: when it has fewer than two positional parameters (TRL's
+    ``reward_func(completions, **kwargs)``, ``reward_func(environments, **kwargs)``), or names ``prompts``
+    or ``completions`` elsewhere than first and second (``reward_func(completions, ground_truth, **kwargs)``)."""
+
+    named: frozenset[str] = frozenset()
+    any_keyword: bool = False
+    by_keyword: bool = False
+
+
+# Each reward function's parameters, inspected once (functions that cannot be weakly referenced: per call).
+_PARAMETERS: weakref.WeakKeyDictionary[Any, Parameters] = weakref.WeakKeyDictionary()
+
+
+def parameters_of(function: Callable) -> Parameters:
+    """``function``'s :class:`Parameters`; a callable without a signature (some builtins): none named, positional."""
+    try:
+        return _PARAMETERS[function]
+    except (KeyError, TypeError):
+        pass
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        found = Parameters()
+    else:
+        positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        starred = any(p.kind is p.VAR_POSITIONAL for p in parameters)
+        by_keyword = not starred and (len(positional) < 2 or (positional[:2] != ["prompts", "completions"] and
+                                                              bool({"prompts", "completions"} & set(positional))))  # fmt: skip
+        found = Parameters(frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)),
+                           any(p.kind is p.VAR_KEYWORD for p in parameters), by_keyword)  # fmt: skip
+    with contextlib.suppress(TypeError):
+        _PARAMETERS[function] = found
+    return found
+
+
+def call(function: Callable, prompts: list, completions: list, columns: dict[str, Any]) -> Any:
+    """``function``'s call on a batch (:class:`Parameters` says how prompts and completions go)."""
+    if parameters_of(function).by_keyword:
+        return function(prompts=prompts, completions=completions, **columns)
+    return function(prompts, completions, **columns)
+
+
 def call_batch(
     function: Callable, prompts: list, completions: list, columns: dict[str, Any], units: list[list[int]],
     first_only: bool,
@@ -98,13 +148,13 @@ def call_batch(
     """Call ``function`` on the batch; if it raises, on each unit (rows of the batch) in turn, up to
     the first that fails too when ``first_only``."""
     try:
-        return Outcome(returned=function(prompts, completions, **columns))
+        return Outcome(returned=call(function, prompts, completions, columns))
     except CALL_FAILURES as error:  # whatever a user's function raises is its outcome
         outcome = Outcome(error=error)
     for unit, rows in enumerate(units):
         unit_prompts, unit_completions, unit_columns = arguments(prompts, completions, columns, rows)
         try:
-            outcome.retries.append((unit, function(unit_prompts, unit_completions, **unit_columns), None))
+            outcome.retries.append((unit, call(function, unit_prompts, unit_completions, unit_columns), None))
         except CALL_FAILURES as error:
             outcome.retries.append((unit, None, error))
             if first_only:
@@ -136,14 +186,14 @@ async def call_batch_async(
 ) -> Outcome:
     """:func:`call_batch` for an ``async`` function: its retries are awaited together."""
     try:
-        return Outcome(returned=await function(prompts, completions, **columns))
+        return Outcome(returned=await call(function, prompts, completions, columns))
     except CALL_FAILURES as error:
         outcome = Outcome(error=error)
 
     async def retry(rows: list[int]) -> Any:
         unit_prompts, unit_completions, unit_columns = arguments(prompts, completions, columns, rows)
         try:
-            return await function(unit_prompts, unit_completions, **unit_columns)
+            return await call(function, unit_prompts, unit_completions, unit_columns)
         except SystemExit as error:  # a task that raises it would stop the event loop: returned as a failure
             return error
 

@@ -11,15 +11,12 @@ takes ``trainer_state`` a :class:`TrainerState`; a dataset column of either name
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
-import inspect
 import math
 import numbers
 import os
 import sys
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +24,7 @@ from typing import Any
 import torch
 
 from grpo_lightning.errors import ConfigError, require
+from grpo_lightning.rewards.calls import parameters_of
 
 RewardFunction = Callable[..., Sequence[float | None]]
 
@@ -39,8 +37,6 @@ SCORING_KEYWORDS = {
     COMPLETION_IDS: "each completion's token ids, the model's tokens only, unpadded",
     TRAINER_STATE: "the training's progress: global_step, epoch, max_steps, num_train_epochs",
 }
-# The keywords each reward function takes, by function (each inspected once).
-_KEYWORDS: weakref.WeakKeyDictionary[Any, tuple[frozenset[str], bool]] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -206,22 +202,10 @@ def names_group_index(function: RewardFunction) -> bool:
 
 
 def _keywords(function: Callable) -> tuple[frozenset[str], bool]:
-    """``(parameters passable by keyword, whether it takes **kwargs)``. Inspected once per function
-    (functions that cannot be weakly referenced are inspected per call)."""
-    try:
-        return _KEYWORDS[function]
-    except (KeyError, TypeError):
-        pass
-    try:
-        parameters = inspect.signature(function).parameters.values()
-    except (TypeError, ValueError):  # some builtins have no signature: call them without it
-        keywords: tuple[frozenset[str], bool] = (frozenset(), False)
-    else:
-        named = frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-        keywords = (named, any(p.kind is p.VAR_KEYWORD for p in parameters))
-    with contextlib.suppress(TypeError):
-        _KEYWORDS[function] = keywords
-    return keywords
+    """``(parameters passable by keyword, whether it takes **kwargs)``, inspected once per function
+    (:func:`~grpo_lightning.rewards.calls.parameters_of`)."""
+    parameters = parameters_of(function)
+    return parameters.named, parameters.any_keyword
 
 
 def weighted_reward(per_function: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

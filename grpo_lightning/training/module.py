@@ -364,7 +364,8 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
 
     # ------------------------------------------------------------------ training
 
-    def training_step(self, batch: dict[str, list], batch_idx: int) -> None:
+    def training_step(self, batch: dict[str, list], batch_idx: int) -> dict[str, Rollout]:
+        """One step; returns ``{"rollout": the step's rollout as scored}``, every group (callbacks' ``outputs``)."""
         timer = metrics.PhaseTimer(self.step_metrics, self.device)
         self.generation_batches += 1
         with timer.phase("rollout"):
@@ -378,19 +379,21 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
             scores = self.score(rollout)
         metrics.record_rewards(self.step_metrics, rollout, [name for name, _ in self.reward_functions])
 
-        steps, num_groups = self.global_step, rollout.num_groups  # the update makes the steps of the whole batch
+        steps, num_groups, scored = self.global_step, rollout.num_groups, rollout  # the update makes the batch's steps
         rollout = self.reward_scorer.contain(self, rollout, scores)  # skip_group: drop groups a function failed on
         rollout = self.select(rollout) if rollout is not None else None
         if rollout is None:
             if self.global_step == steps:  # only sampled: its counters go into the next step's row
                 self.drop_stale_row()
-            return
+            return {"rollout": scored}
 
         with timer.phase("logprob", "grpo.logprobs"):
             self.compute_old_logprobs(rollout)
             if self.needs_reference_model():
                 with reference_model(self.policy, self.ref_model) as reference:  # LoRA: adapters off
                     rollout.ref_logp = self.compute_logprobs(reference, rollout)
+            if self.needs_token_statistics():  # OTB's realized energy
+                rollout.derived.update(self.compute_token_statistics(rollout))
 
         rewards = rollout.rewards
         if self.rewards_options.aggregation == "normalize_then_sum":
@@ -408,6 +411,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         self.step_metrics.update("perf/tokens_per_s", float(rollout.completion_mask.sum()) / max(total_s, 1e-9))
         self.step_metrics.update("advantages/abs_mean", advantages.abs().mean())
         self.log_step()
+        return {"rollout": scored}
 
     def skip_update(self, num_groups: int) -> None:
         """Count the update of a batch of ``num_groups`` prompts that has no group left to train on:

@@ -347,8 +347,11 @@ class OptimOptions(OptionGroup):
     """Passes over each rollout (``mu`` in DeepSeekMath)."""
     minibatch_size: int | None = None
     """Completions per optimizer step; ``None``: the whole rollout (one step)."""
-    micro_batch_size: int = 8
-    """Completions per forward/backward pass (memory only)."""
+    micro_batch_size: int | None = 8
+    """Completions per forward/backward pass (memory only); ``None`` with ``micro_batch_tokens``."""
+    micro_batch_tokens: int | None = None
+    """Instead of ``micro_batch_size``: tokens per pass (prompt and completion, padding left out), the
+    rows packed longest first and balanced by ``sum L^2`` (:mod:`grpo_lightning.training.micro_batches`)."""
     learning_rate: float = 1e-6
     """AdamW's, after a linear warm-up of ``warmup_steps``, then constant."""
     weight_decay: float = 0.0
@@ -363,10 +366,19 @@ class OptimOptions(OptionGroup):
 
     def check(self) -> None:
         require(self.ppo_epochs >= 1, f"optim.ppo_epochs: must be at least 1 (got {self.ppo_epochs}).")
-        micro, mini = self.micro_batch_size, self.minibatch_size
-        require(micro >= 1, f"optim.micro_batch_size: must be at least 1 (got {micro}).")
+        micro, mini, tokens = self.micro_batch_size, self.minibatch_size, self.micro_batch_tokens
+        if tokens is not None:
+            require(tokens >= 1, f"optim.micro_batch_tokens: must be at least 1 or null (got {tokens}).")
+            require(micro is None, f"optim.micro_batch_tokens: packs each pass to {tokens} tokens, and "
+                    f"optim.micro_batch_size ({micro}) fixes its rows; give one: --model.optim.micro_batch_size null "
+                    "for the token budget, or drop --model.optim.micro_batch_tokens.")  # fmt: skip
+        require(micro is not None or tokens is not None, "optim.micro_batch_size: null needs "
+                "optim.micro_batch_tokens, the token budget of each pass; give e.g. --model.optim.micro_batch_size 8 "
+                "or --model.optim.micro_batch_tokens 4096.")  # fmt: skip
+        require(micro is None or micro >= 1, f"optim.micro_batch_size: must be at least 1 (got {micro}).")
         if mini is not None:
             require(mini >= 1, f"optim.minibatch_size: must be at least 1 or null (got {mini}).")
+        if mini is not None and micro is not None:
             require(
                 micro <= mini,
                 f"optim.micro_batch_size ({micro}) is larger than optim.minibatch_size ({mini}), "

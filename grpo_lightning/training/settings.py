@@ -52,6 +52,7 @@ DECLARABLE_OPTIONS = (
     "loss.off_policy_mask_threshold", "loss.entropy_coef", "loss.top_entropy_quantile",
     "loss.mask_truncated_completions", "sampling.correction", "rewards.scale", "rewards.aggregation", "kl.unbiased",
     "environment",  # multi-turn rollouts: refused by variants that need one completion per prompt
+    "optim.micro_batch_tokens",  # refused by variants whose own passes count rows
 )  # fmt: skip
 
 

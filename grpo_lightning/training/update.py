@@ -1,7 +1,8 @@
 """The update on one rollout: ``ppo_epochs`` passes, one optimizer step per minibatch, micro-batches.
 
 Every micro-batch's loss reads a :class:`~grpo_lightning.rollout.types.MicroBatch` (its rows, their
-tensors, the minibatch's counts): the accumulated gradient does not depend on ``micro_batch_size``.
+tensors, the minibatch's counts): the accumulated gradient does not depend on how the rows are split
+(``micro_batch_size`` rows, or ``micro_batch_tokens`` tokens, a pass).
 Where a variant's loop differs, it says so through hooks
 (:class:`~grpo_lightning.algorithms.hooks.AlgorithmHooks`): tensors chosen once per minibatch
 (``minibatch_derived``), losses besides the policy's micro-batches (``extra_losses``) and work after
@@ -23,6 +24,8 @@ from grpo_lightning.algorithms.kl import kl_in_loss
 from grpo_lightning.algorithms.rollout_correction import correct_policy_loss, proximal_logprobs
 from grpo_lightning.models.logprobs import completion_logprobs
 from grpo_lightning.models.lora import adapter_autocast
+from grpo_lightning.models.token_statistics import completion_token_statistics
+from grpo_lightning.training.micro_batches import fewest_micro_batches, in_row_order, row_tokens, token_budget_split
 from grpo_lightning.rollout.types import MicroBatch, Rollout
 from grpo_lightning.training.strategies import clip_policy_gradients, no_gradient_sync
 
@@ -48,11 +51,24 @@ class PolicyUpdate:
     @torch.no_grad()
     def compute_logprobs(self, model: torch.nn.Module, rollout: Rollout) -> Tensor:
         """Log-probs ``[N, T]`` of the rollout's completions under ``model``, in micro-batches."""
-        parts = []
-        for rows in torch.arange(len(rollout)).split(self.micro_batch_size):
+        parts, micro_batches = [], self.micro_batches(rollout, torch.arange(len(rollout)))
+        for rows in micro_batches:
             logp, _ = self._forward(model, rollout, rows, with_entropy=False)
             parts.append(logp)
-        return torch.cat(parts)
+        return in_row_order(parts, micro_batches)
+
+    @torch.no_grad()
+    def compute_token_statistics(self, rollout: Rollout) -> dict[str, Tensor]:
+        """``token_logp`` and ``sum_pi_squared`` ``[N, T]`` of the rollout's completions under the
+        policy, in micro-batches, for an advantage that reads them (OTB): a forward pass, no backward."""
+        parts, micro_batches = [], self.micro_batches(rollout, torch.arange(len(rollout)))
+        for rows in micro_batches:
+            inputs = rollout.model_inputs(rows)
+            self.compute.add_forward(inputs[1], inputs[3])
+            with adapter_autocast(self.policy):
+                parts.append(completion_token_statistics(self.policy, *inputs, temperature=self.sampling.temperature))
+        logp, squares = ([part[i] for part in parts] for i in range(2))
+        return {"token_logp": in_row_order(logp, micro_batches), "sum_pi_squared": in_row_order(squares, micro_batches)}
 
     def compute_old_logprobs(self, rollout: Rollout) -> None:
         """The update's old log-probs (``sampling.old_logprobs``): ``rollout.old_logp`` by a pass of its
@@ -93,6 +109,17 @@ class PolicyUpdate:
         with adapter_autocast(model):  # LoRA: bf16 products for float32 adapters
             return completion_logprobs(model, *inputs, temperature=self.sampling.temperature, with_entropy=with_entropy,
                                        **self.engine_plan.logprob_options())  # fmt: skip
+
+    def micro_batches(self, rollout: Rollout, rows: Tensor) -> list[Tensor]:
+        """``rows`` in the micro-batches of a pass: ``micro_batch_size`` rows at a time, or packed to
+        ``optim.micro_batch_tokens`` tokens each (:mod:`grpo_lightning.training.micro_batches`), as
+        many on every device (the most any needs)."""
+        budget = self.optim_options.micro_batch_tokens
+        if budget is None:
+            return list(rows.split(self.micro_batch_size))
+        at = rows.to(rollout.device)
+        lengths = row_tokens(rollout.prompt_mask[at], rollout.attended_mask[at])
+        return token_budget_split(rows, lengths, budget, -self.min_over_ranks(-fewest_micro_batches(lengths, budget)))
 
     def minibatches(self, num_groups: int) -> int:
         """Minibatches per epoch of a batch of ``num_groups`` prompts: ``num_groups x G / minibatch_size``."""
@@ -160,7 +187,7 @@ class PolicyUpdate:
             self.step_metrics.update("skipped_steps", float(self.nonfinite.skipped), reduce="max")
 
     def accumulate_gradients(self, rollout: Rollout, advantages: Tensor, rows: Tensor) -> None:
-        """Backward of one minibatch: its ``extra_losses``, then the policy's loss ``micro_batch_size`` rows at a time.
+        """Backward of one minibatch: its ``extra_losses``, then the policy's loss micro-batch by micro-batch.
 
         The aggregation gets the minibatch-wide sequence and token counts (summed over devices),
         so the accumulated gradient does not depend on the micro-batch size. The extra losses go
@@ -172,7 +199,7 @@ class PolicyUpdate:
         num_tokens = self.sum_over_ranks(self.loss_mask(rollout, rows).sum()) / self.num_processes
         derived = self.minibatch_derived(rollout, advantages, rows)
         total = torch.zeros((), device=num_tokens.device)
-        micro_batches = rows.split(self.micro_batch_size)
+        micro_batches = self.micro_batches(rollout, rows)
         for index, micro_rows in enumerate(micro_batches):
             loss = self.micro_batch_loss(rollout, advantages, micro_rows, num_sequences, num_tokens, derived)
             with contextlib.nullcontext() if index == len(micro_batches) - 1 else self.no_gradient_sync():

@@ -120,11 +120,13 @@ def test_the_value_model_loads_from_the_policy_checkpoint_and_gives_a_value_per_
     for name, parameter in policy.base_model.named_parameters():
         assert torch.equal(model.backbone.get_parameter(name), parameter), name
     rollout = make_rollout(make_module(PPO, kl={"beta": 0.0}), PROMPTS)
-    values = compute_values(model, rollout, micro_batch_size=5)
+    values = compute_values(model, rollout, torch.arange(len(rollout)).split(5))
     assert values.shape == rollout.completion_mask.shape and not values.any()  # the head starts at zero
     torch.nn.init.normal_(model.head.weight)
-    values = compute_values(model, rollout, micro_batch_size=5)
+    values = compute_values(model, rollout, torch.arange(len(rollout)).split(5))
     assert values.dtype == torch.float32 and (values[rollout.completion_mask == 0] == 0).all()
+    shuffled = torch.randperm(len(rollout), generator=torch.Generator().manual_seed(0)).split(4)  # a token budget's
+    assert_close(compute_values(model, rollout, shuffled), values, rtol=1e-5, atol=1e-6)
     assert (values[rollout.completion_mask == 1] != 0).all()
     # V_t is the value of the state before token t: changing token 2 moves V_3.., not V_0..V_2.
     changed = rollout.completion_ids.clone()

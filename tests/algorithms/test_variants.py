@@ -228,15 +228,18 @@ def _arithmetic(batch_size: int) -> ArithmeticDataModule:
 
 
 def test_trainer_step_gradient_does_not_depend_on_micro_batching_the_fused_head_or_packing(make_module):
-    # 2 prompts x 4 completions = 8 rows: micro-batches of 3 + 3 + 2 against one of 8, with the
-    # LM head fused into the log-softmax and without, packed without padding and padded.
+    # 2 prompts x 4 completions = 8 rows: micro-batches of 3 + 3 + 2 (or packed to 40 tokens, about two
+    # rows) against one of 8, with the LM head fused into the log-softmax and without, packed without padding and padded.
     gradients = []
-    settings = ((3, True, False), (8, True, False), (3, False, True), (8, True, True), (8, False, False))
-    for micro_batch_size, fused_lm_head, padding_free in settings:
+    tokens = {"micro_batch_size": None, "micro_batch_tokens": 40}
+    settings = (({"micro_batch_size": 3}, True, False), ({"micro_batch_size": 8}, True, False),
+                ({"micro_batch_size": 3}, False, True), (tokens, True, False), ({"micro_batch_size": 8}, True, True),
+                ({"micro_batch_size": 8}, False, False))  # fmt: skip
+    for optim, fused_lm_head, padding_free in settings:
         L.seed_everything(0)
         capture = GradientCapture()
         engine = EngineOptions(fused_lm_head=fused_lm_head, padding_free=padding_free)
-        module = make_module(GRPO, configure=False, engine=engine, optim={"micro_batch_size": micro_batch_size})
+        module = make_module(GRPO, configure=False, engine=engine, optim=optim)
         _trainer(max_steps=1, callbacks=[capture]).fit(module, datamodule=_arithmetic(batch_size=2))
         assert len(capture.gradients) == 1  # the hook runs under manual optimization
         gradients.append(capture.gradients[0])

@@ -19,6 +19,7 @@ from torch.testing import assert_close
 
 import variants
 from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS, SURROGATES
+from grpo_lightning.algorithms.advantages import TOKEN_STATISTICS_ADVANTAGES, TokenStatistics
 
 f64 = torch.float64
 ln = math.log
@@ -47,6 +48,19 @@ ADVANTAGE_CASES = {
     "batch_std": signed(0.5 / (1 / 7) ** 0.5),  # centred 8 entries, sum of squares 1, unbiased std sqrt(1/7)
     "gpg": signed(8 / 6 * 0.5),  # alpha = 8 completions / 6 non-zero rewards, times r - 0.5
     "max_rl": signed(0.5 / (0.5 + 1e-6)),  # (r - 0.5) / (mean 0.5 + 1e-6): +-1 for a success rate of 1/2
+    # Per token, T = 2 (TOKEN_STATISTICS below): w = 1 - 2 pi + sum pi^2 is 1 at row 0's first token, else 0.5.
+    # Group 0, k = 0: W = 1, .5, .5, .5: B = (1 + .5) / 2.5 = 0.6; k = 1 (rows 0, 1): W = 1.5, 1: B = 1.5 / 2.5 = 0.6.
+    # Group 1: equal rewards, B = 2 everywhere.
+    "optimal_token_baseline": [[[0.4, 0.4], [-0.6, -0.6], [-0.6, 0.0], [0.4, 0.0]], [[0.0, 0.0]] * 4],
+}
+# Completions of lengths 2, 2, 1, 1 (group 0) and 2 (group 1); pi = 0.5 and sum pi^2 = 0.5 (w = 0.5),
+# but pi = 0.25 at row 0's first token (w = 1).
+TOKEN_STATISTICS = {
+    "optimal_token_baseline": TokenStatistics(
+        logp=torch.tensor([[[0.25, 0.5], [0.5, 0.5], [0.5, 0.5], [0.5, 0.5]], [[0.5, 0.5]] * 4]).log(),
+        sum_pi_squared=torch.full((2, 4, 2), 0.5),
+        mask=torch.tensor([[[1.0, 1.0], [1.0, 1.0], [1.0, 0.0], [1.0, 0.0]], [[1.0, 1.0]] * 4]),
+    )
 }
 
 
@@ -191,7 +205,8 @@ def test_every_hand_case_is_of_a_registered_part():
 @pytest.mark.parametrize("name", ADVANTAGES)
 def test_each_advantage_against_its_hand_case(name):
     expected = case_of("advantage", name)
-    assert_close(ADVANTAGES[name](torch.tensor(REWARDS)), torch.tensor(expected), rtol=1e-6, atol=1e-7)
+    tokens = (TOKEN_STATISTICS[name],) if name in TOKEN_STATISTICS_ADVANTAGES else ()
+    assert_close(ADVANTAGES[name](torch.tensor(REWARDS), *tokens), torch.tensor(expected), rtol=1e-6, atol=1e-7)
 
 
 def test_the_part_that_docs_adding_a_variant_adds_matches_its_hand_case(monkeypatch):

@@ -9,6 +9,7 @@ for the configuration.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import inspect
 import io
@@ -27,6 +28,7 @@ from torch.testing import assert_close
 import variants
 from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS, SURROGATES
 from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms.advantages import TOKEN_STATISTICS_ADVANTAGES, TokenStatistics
 from grpo_lightning.algorithms.kl import KL_PLACEMENTS
 from grpo_lightning.cli.app import GRPOLightningCLI, main, variant_log_name
 from grpo_lightning.cli.resources import config_dir
@@ -116,12 +118,15 @@ def advantages_off_policy(module, rollout) -> torch.Tensor:
     return module.advantages(rewards.view(-1, rollout.group_size), rollout).flatten(0, 1)
 
 
-def minibatch_gradient(module, rollout, advantages, micro_batch_size: int, monkeypatch) -> dict[str, torch.Tensor]:
+def minibatch_gradient(module, rollout, advantages, micro_batch_size: int | None, monkeypatch,
+                       micro_batch_tokens: int | None = None) -> dict[str, torch.Tensor]:  # fmt: skip
     """The policy's gradient of one minibatch (the whole rollout) as the update accumulates it
     (``accumulate_gradients``: the variant's ``minibatch_derived`` and ``extra_losses``, then its
-    micro-batches), ``micro_batch_size`` rows a pass; ``backward`` stands in for the Trainer's
-    ``manual_backward``."""
+    micro-batches), ``micro_batch_size`` rows or ``micro_batch_tokens`` tokens a pass; ``backward``
+    stands in for the Trainer's ``manual_backward``."""
     module.micro_batch_size = micro_batch_size
+    monkeypatch.setattr(module, "optim_options", dataclasses.replace(
+        module.optim_options, micro_batch_size=micro_batch_size, micro_batch_tokens=micro_batch_tokens))
     module.policy.zero_grad(set_to_none=True)
     monkeypatch.setattr(module, "manual_backward", lambda loss: loss.backward())
     module.accumulate_gradients(rollout, advantages, torch.arange(len(rollout)))
@@ -134,10 +139,16 @@ def check_micro_batch_invariance(cls, make_module, make_rollout, monkeypatch) ->
     advantages = advantages_off_policy(module, rollout)
     assert advantages.abs().sum() > 0 and rollout.lengths.min() < rollout.lengths.max()
     whole = minibatch_gradient(module, rollout, advantages, len(rollout), monkeypatch)
-    single = minibatch_gradient(module, rollout, advantages, 1, monkeypatch)
+    split = {"single rows": minibatch_gradient(module, rollout, advantages, 1, monkeypatch)}
+    if "optim.micro_batch_tokens" not in cls.inapplicable_options:  # packed by tokens: ragged, out of row order
+        tokens = (rollout.prompt_mask.sum(-1) + rollout.attended_mask.sum(-1)).tolist()
+        budget = int(2.5 * sum(tokens) / len(tokens))
+        split["a token budget"] = minibatch_gradient(module, rollout, advantages, None, monkeypatch, budget)
+        assert 1 < len(module.micro_batches(rollout, torch.arange(len(rollout)))) < len(rollout)
     assert any(g.abs().sum() > 0 for g in whole.values())
-    for name in whole:
-        assert_close(single[name], whole[name], rtol=1e-5, atol=1e-7, msg=lambda m, name=name: f"{name}: {m}")
+    for how, gradient in split.items():
+        for name in whole:
+            assert_close(gradient[name], whole[name], rtol=1e-5, atol=1e-7, msg=lambda m, n=name: f"{how}: {n}: {m}")
 
 
 @pytest.mark.parametrize("cls", VARIANTS, ids=by_name)
@@ -228,6 +239,13 @@ def test_print_config_reads_back_into_the_same_module(cls, tmp_path, monkeypatch
 REWARDS = torch.tensor([[1.0, 0.0, 0.0, 1.0], [3.0, 1.0, 2.0, 2.0]])
 LOSS = torch.tensor([[1.0, 2.0, 3.0, 7.0], [4.0, 5.0, 7.0, 7.0]])
 MASK = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+# The completions' per-token statistics that some advantages read (OTB's), T = 3, ragged.
+TOKEN_STATISTICS = TokenStatistics(
+    torch.linspace(-2.0, -0.1, 24).view(2, 4, 3), torch.linspace(0.2, 0.9, 24).view(2, 4, 3),
+    (torch.arange(3) < torch.tensor([[3, 1, 2, 3], [2, 3, 3, 1]]).unsqueeze(-1)).float(),
+)
+STEP_ROLLOUT = types.SimpleNamespace(completion_mask=TOKEN_STATISTICS.mask.flatten(0, 1), derived={
+    "token_logp": TOKEN_STATISTICS.logp.flatten(0, 1), "sum_pi_squared": TOKEN_STATISTICS.sum_pi_squared.flatten(0, 1)})
 OPTIONS = {"advantage": ADVANTAGES, "aggregation": AGGREGATIONS, "loss.surrogate": SURROGATES,
            "kl.placement": KL_PLACEMENTS}  # fmt: skip
 #: What an option needs besides its name to act (a placement puts a KL that beta 0 turns off).
@@ -238,7 +256,8 @@ def uses_the_part(module, option: str, name: str) -> None:
     """The module computes with the part named, not with its own."""
     if option == "advantage":
         assert module.advantage_name == name
-        assert torch.equal(module.advantages(REWARDS), ADVANTAGES[name](REWARDS))
+        tokens = (TOKEN_STATISTICS,) if name in TOKEN_STATISTICS_ADVANTAGES else ()
+        assert torch.equal(module.advantages(REWARDS, STEP_ROLLOUT), ADVANTAGES[name](REWARDS, *tokens))
     elif option == "aggregation":
         assert module.aggregation_name == name
         expected = AGGREGATIONS[name](LOSS, MASK, max_tokens=module.max_new_tokens)

@@ -227,6 +227,22 @@ def test_score_completions_passes_extra_columns_but_not_prompt_aliases():
     assert received == {"answer": ["a"], "level": [3]}
 
 
+def test_reward_functions_written_as_trls_get_prompts_and_completions_by_name():
+    def length(completions, **kwargs):  # TRL's documentation's first example
+        return [float(len(c)) for c in completions]
+
+    def matches(completions, ground_truth, **kwargs):  # and its reference-based one
+        return [float(c == truth) for c, truth in zip(completions, ground_truth)]
+
+    def prompted(prompts, **kwargs):
+        return [float(len(p)) for p in prompts]
+
+    functions = [("length", length), ("matches", matches), ("prompted", prompted),
+                 ("positional", lambda p, c, **k: [float(len(p + c)) for p, c in zip(p, c)])]  # fmt: skip
+    scores = score_completions(functions, ["p", "qq"], ["abc", "x"], {"ground_truth": ["abc", "y"]})
+    assert scores.tolist() == [[3.0, 1.0, 1.0, 4.0], [1.0, 0.0, 2.0, 3.0]]
+
+
 def test_score_completions_turns_none_into_nan():
     scores = score_completions([("partial", lambda p, c, **k: [1.0, None])], ["p", "q"], ["a", "b"], {})
     assert scores[0, 0] == 1.0 and math.isnan(scores[1, 0])

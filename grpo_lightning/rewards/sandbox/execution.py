@@ -335,7 +335,8 @@ def score_completions(
 ) -> Tensor:
     """Score every completion with every function: a float32 tensor ``[N, F]``.
 
-    Each function is called as ``function(prompts, completions, **columns)``; the keys ``prompt``,
+    Each function is called as ``function(prompts, completions, **columns)``, or with ``prompts=`` and
+    ``completions=`` as keywords where it takes them so (TRL's style, :class:`~grpo_lightning.rewards.calls.Parameters`); the keys ``prompt``,
     ``prompts``, ``completions`` and ``group_index`` are dropped from ``columns``. ``group_index``
     (one int per completion, e.g. :func:`~grpo_lightning.rewards.group_indices`), ``completion_ids``
     (one list of token ids per completion) and ``trainer_state`` (a
