@@ -22,8 +22,8 @@ from typing import Literal
 
 import dataclasses
 
-from grpo_lightning.training.options import KLOptions, LossOptions, preset
-from grpo_lightning.training.settings import require
+from grpo_lightning.training.options import KLOptions, LossOptions
+from grpo_lightning.training.settings import preset, require
 from variants.grpo import GRPO
 
 #: Divergence -> its surrogate (whose defaults are its bounds: TV 0.15, binary KL 0.05).

@@ -20,8 +20,8 @@ from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.cli.trl_names import trl_hint
 from grpo_lightning.rewards.scoring import RewardFunctionError
 from grpo_lightning.training.optimization.nonfinite import NonFiniteTrainingError
-from grpo_lightning.training.options import GROUPS, field_names
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.training.options import GROUPS
+from grpo_lightning.training.settings import ConfigError, field_names
 
 #: Where each former flat argument of the constructor lives now (``--model.NAME`` -> ``--model.GROUP.FIELD``).
 MOVED = {

@@ -24,11 +24,11 @@ from torch import Tensor
 from torch.utils.data import DistributedSampler
 
 from grpo_lightning.checkpoints import resume
-from grpo_lightning.rewards import group_indices
+from grpo_lightning.rewards import group_indices, resolve_reward_function
 from grpo_lightning.rewards.sandbox.execution import RewardScorer
 from grpo_lightning.rewards.consistency import vote
 from grpo_lightning.rewards.scoring import TrainerState
-from grpo_lightning.rollout.types import Rollout
+from grpo_lightning.rollout.types import Rollout, SamplingParams
 from grpo_lightning.evaluation.answer_spread import answer_shares, prompt_answers
 from grpo_lightning.evaluation.loggers import log_dir
 from grpo_lightning.evaluation.outcomes import outcome_rows, outcomes_path, prompt_hash, write_outcomes
@@ -73,6 +73,15 @@ class Evaluation:
     val_samples: int = 1
     #: Further sampled completions per prompt for pass@k beside greedy ones (``evaluation.pass_at_k_samples``).
     pass_at_k_samples: int = 0
+
+    def configure_evaluation(self, evaluation: Any, sampling: Any) -> None:
+        """The validation's function and sampling from ``evaluation`` and ``sampling`` (their option groups)."""
+        self.accuracy_function = resolve_reward_function(evaluation.accuracy_func, field="evaluation.accuracy_func")
+        self.val_samples = evaluation.samples  # evaluation_sampling sets it for a block
+        self.val_sampling = SamplingParams(evaluation.max_new_tokens or sampling.max_new_tokens, evaluation.temperature,
+                                           sampling.top_p, sampling.top_k)  # fmt: skip
+        self.pass_at_k_samples = evaluation.pass_at_k_samples
+        self.pass_at_k_sampling = dataclasses.replace(self.val_sampling, temperature=evaluation.pass_at_k_temperature)
 
     @contextlib.contextmanager
     def evaluation_sampling(self, samples: int, temperature: float, prefix: str | None = None) -> Iterator[None]:

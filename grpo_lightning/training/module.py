@@ -31,8 +31,6 @@ How rollouts are sampled is :mod:`grpo_lightning.rollout.generation`'s choice; s
 
 from __future__ import annotations
 
-import dataclasses
-
 import contextlib
 from dataclasses import asdict
 from typing import Any
@@ -65,13 +63,13 @@ from grpo_lightning.models.policy import load_models
 from grpo_lightning.training.optimization.nonfinite import NonFiniteGuard
 from grpo_lightning.training.metrics import EVERY_STEP_METRICS, StepMetrics
 from grpo_lightning.training.options import GROUPS, EvaluationOptions, KLOptions, LossOptions, OptimOptions, PolicyOptions
-from grpo_lightning.training.options import RewardOptions, SamplingOptions, resolve_groups
-from grpo_lightning.rewards import RewardScorer, RewardScores, resolve_reward_function, weighted_reward
+from grpo_lightning.training.options import RewardOptions, SamplingOptions
+from grpo_lightning.rewards import RewardScorer, RewardScores, weighted_reward
 from grpo_lightning.rewards.accuracy import start_math_verify_for
 from grpo_lightning.rewards.scoring import TrainerState
 from grpo_lightning.rollout.types import Rollout, SamplingParams
 from grpo_lightning.training.settings import DTYPES, ConfigError, check_before_loading, check_datasets, check_model
-from grpo_lightning.training.settings import check_options_apply, resolve_rewards
+from grpo_lightning.training.settings import check_options_apply, resolve_groups, resolve_rewards
 from grpo_lightning.training.update import PolicyUpdate, policy_part
 
 # Re-exported: variants and user code import them from here.
@@ -162,7 +160,6 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         )
         self.reward_functions, self.reward_weights = resolve_rewards(rewards.funcs, rewards.weights)
         self.reward_scorer = RewardScorer(rewards.execution, self.reward_functions)  # workers, warnings, NaN counts
-        self.accuracy_function = resolve_reward_function(evaluation.accuracy_func, field="evaluation.accuracy_func")
 
         self.model_name = model
         self.tokenizer_name = policy.tokenizer or model
@@ -175,13 +172,9 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         self.rollout_correction = sampling.correction
         self.minibatch_size = optim.minibatch_size
         self.micro_batch_size = optim.micro_batch_size
-        self.val_samples = evaluation.samples  # evaluation_sampling sets it for a block
         self.sampling = SamplingParams(sampling.max_new_tokens, sampling.temperature, sampling.top_p, sampling.top_k,
                                        sampling.min_new_tokens, sampling.beam_search)  # fmt: skip
-        self.val_sampling = SamplingParams(evaluation.max_new_tokens or sampling.max_new_tokens, evaluation.temperature,
-                                           sampling.top_p, sampling.top_k)  # fmt: skip
-        self.pass_at_k_samples = evaluation.pass_at_k_samples
-        self.pass_at_k_sampling = dataclasses.replace(self.val_sampling, temperature=evaluation.pass_at_k_temperature)
+        self.configure_evaluation(evaluation, sampling)
 
         self.policy: PreTrainedModel | None = None
         self.ref_model: PreTrainedModel | None = None

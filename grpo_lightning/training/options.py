@@ -11,7 +11,6 @@ module's (:mod:`grpo_lightning.training.settings`).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Literal
@@ -452,25 +451,3 @@ GROUPS: dict[str, type[OptionGroup]] = {
     cls.group: cls
     for cls in (PolicyOptions, SamplingOptions, RewardOptions, LossOptions, KLOptions, OptimOptions, EvaluationOptions)
 }
-
-
-def field_names(cls: type) -> list[str]:
-    """The fields of an option group, in order."""
-    return [f.name for f in fields(cls)]
-
-
-def preset(variant: type, name: str) -> Any:
-    """The default of the constructor argument ``name`` in ``variant`` (the closest class that names
-    it): a variant's preset group, or part."""
-    for cls in variant.__mro__:
-        init = cls.__dict__.get("__init__")
-        parameter = inspect.signature(init).parameters.get(name) if init is not None else None
-        if parameter is not None and parameter.default is not inspect.Parameter.empty:
-            return parameter.default
-    raise KeyError(name)
-
-
-def resolve_groups(variant: type, values: Mapping[str, Any]) -> dict[str, OptionGroup]:
-    """Each group of ``values`` (a group, a dict of some of its fields, or ``None``) made and
-    checked against ``variant``'s preset."""
-    return {name: cls.of(values[name], preset(variant, name)) for name, cls in GROUPS.items()}

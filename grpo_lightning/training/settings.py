@@ -7,7 +7,9 @@ checked where they are resolved (:mod:`grpo_lightning.rollout.generation`).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
 import torch
@@ -19,7 +21,7 @@ from grpo_lightning.data.coverage import warn_lost_characters
 from grpo_lightning.errors import ConfigError, require
 from grpo_lightning.models.sources import WARM_START_PREFIX, resolve_model_source, warm_start_builder
 from grpo_lightning.rewards.scoring import resolve_function
-from grpo_lightning.training.options import DTYPES, preset
+from grpo_lightning.training.options import DTYPES, GROUPS, OptionGroup
 
 __all__ = ["DTYPES", "ConfigError", "require"]  # and the checks below
 
@@ -147,3 +149,25 @@ def check_datasets(datamodule: Any, tokenizer: PreTrainedTokenizerBase, format_p
         f"data.batch_size={batch_size} is larger than the {len(train or ())} training prompts left after "
         f"data.long_prompts={handling!r}; lower --data.batch_size or --model.sampling.max_new_tokens.",
     )
+
+
+def field_names(cls: type) -> list[str]:
+    """The fields of an option group, in order."""
+    return [f.name for f in fields(cls)]
+
+
+def preset(variant: type, name: str) -> Any:
+    """The default of the constructor argument ``name`` in ``variant`` (the closest class that names
+    it): a variant's preset group, or part."""
+    for cls in variant.__mro__:
+        init = cls.__dict__.get("__init__")
+        parameter = inspect.signature(init).parameters.get(name) if init is not None else None
+        if parameter is not None and parameter.default is not inspect.Parameter.empty:
+            return parameter.default
+    raise KeyError(name)
+
+
+def resolve_groups(variant: type, values: Mapping[str, Any]) -> dict[str, OptionGroup]:
+    """Each group of ``values`` (a group, a dict of some of its fields, or ``None``) made and
+    checked against ``variant``'s preset."""
+    return {name: cls.of(values[name], preset(variant, name)) for name, cls in GROUPS.items()}

@@ -80,7 +80,8 @@ def test_entropy_collapses_fix_names_options_the_module_has():
 
     from grpo_lightning.training.module import GroupPolicyOptimization
 
-    from grpo_lightning.training.options import GROUPS, field_names
+    from grpo_lightning.training.options import GROUPS
+    from grpo_lightning.training.settings import field_names
 
     named = re.findall(r"--model\.([\w.]+\w)", EntropyCollapse.fix)
     assert "loss.entropy_coef" in named
