@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from lightning import LightningDataModule
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
 from grpo_lightning.training.argument_types import check_argument_types
@@ -217,9 +217,11 @@ class PromptDataModule(LightningDataModule):
 
     def _first_rows(self, dataset: Dataset) -> Dataset:
         """The first ``max_val_samples`` rows of a validation set (all when it is ``None``)."""
-        if self.max_val_samples is None:
+        if self.max_val_samples is None or self.max_val_samples >= len(dataset):
             return dataset
-        return dataset.select(range(min(self.max_val_samples, len(dataset))))
+        rank_zero_info(f"data: validating on the first {self.max_val_samples} of {len(dataset)} rows "
+                       "(data.max_val_samples; null for all).")  # fmt: skip
+        return dataset.select(range(self.max_val_samples))
 
     @property
     def val_set_names(self) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import json
 from pathlib import Path
 
@@ -179,10 +181,12 @@ def test_train_shuffle_is_determined_by_seed(tmp_path):
     assert first_epoch(1) != first_epoch(2)
 
 
-def test_validation_keeps_order_batch_size_and_max_samples(tmp_path):
+def test_validation_keeps_order_batch_size_and_max_samples(tmp_path, caplog):
     DatasetDict({"train": Dataset.from_list(ROWS), "validation": Dataset.from_list(ROWS)}).save_to_disk(str(tmp_path))
     data = module(tmp_path, val_split="validation", val_batch_size=3, max_val_samples=7)
-    data.setup("fit")
+    with caplog.at_level(logging.INFO):
+        data.setup("fit")
+    assert f"data: validating on the first 7 of {len(ROWS)} rows (data.max_val_samples; null for all)." in caplog.text
     batches = list(data.val_dataloader())
     assert [len(batch["prompt"]) for batch in batches] == [3, 3, 1]
     assert [p for batch in batches for p in batch["prompt"]] == [f"q{i}" for i in range(7)]
