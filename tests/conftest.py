@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Sequence
 
@@ -90,11 +91,14 @@ def make_module(tiny_model_dir) -> Callable:
     Defaults: ``rewards.funcs=[length_parity_reward]``, ``sampling.group_size=4``,
     ``sampling.max_new_tokens=8`` (a group given as a dict adds its fields to these; a group object
     is used as it is). With ``configure`` the model is loaded (``configure_model()``), which is all
-    that ``generate``, ``score`` and ``micro_batch_loss`` need; a Trainer loads it itself.
+    that ``generate``, ``score`` and ``micro_batch_loss`` need; a Trainer loads it itself. A variant
+    that distils from a ``teacher`` gets the tiny model itself unless given one.
     """
 
     def make(cls, configure: bool = True, **kwargs):
         defaults = {"rewards": {"funcs": [length_parity_reward]}, "sampling": {"group_size": 4, "max_new_tokens": 8}}
+        if "teacher" in inspect.signature(cls).parameters:
+            defaults["teacher"] = tiny_model_dir
         module = cls(model=tiny_model_dir, **merged(defaults, kwargs))
         if configure:
             module.configure_model()

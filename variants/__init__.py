@@ -13,6 +13,7 @@ from variants.gspo import GSPO
 from variants.kl_cov import KLCov
 from variants.luspo import LUSPO
 from variants.max_rl import MaxRL
+from variants.on_policy_distillation import OnPolicyDistillation
 from variants.online_dpo_grpo import OnlineDPOGRPO
 from variants.ppo import PPO
 from variants.process_grpo import ProcessGRPO
@@ -23,5 +24,5 @@ from variants.vespo import VESPO
 
 __all__ = [
     "CISPO", "ClipCov", "DAPO", "DPPO", "DRO", "DrGRPO", "GMPO", "GPG", "GRPO", "GSPO", "KLCov", "LUSPO", "MaxRL",
-    "OnlineDPOGRPO", "ProcessGRPO", "PPO", "RLOO", "ReinforcePlusPlus", "SAPO", "VESPO",
+    "OnPolicyDistillation", "OnlineDPOGRPO", "ProcessGRPO", "PPO", "RLOO", "ReinforcePlusPlus", "SAPO", "VESPO",
 ]

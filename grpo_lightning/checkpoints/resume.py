@@ -95,7 +95,7 @@ class ExactResume:
 
 class GroupPolicyState(ExactResume):
     """The checkpoint hooks of :class:`~grpo_lightning.training.module.GroupPolicyOptimization`: the frozen
-    reference model (and under LoRA the frozen base weights) is left out (reloaded from ``model``), and the training state holds the
+    reference model (a distillation teacher too, and under LoRA the frozen base weights) is left out (reloaded from ``model``), and the training state holds the
     generated-token, rollout and generation-batch counts, the metrics of a step in progress and every
     :class:`~grpo_lightning.rollout.types.RolloutBuffer` attribute by name (DAPO's dynamic-sampling buffer)."""
 
@@ -104,7 +104,7 @@ class GroupPolicyState(ExactResume):
         # LoRA: the frozen base weights are reloaded from ``model`` too; the adapters are kept.
         kept = trainable_keys(self.policy, "policy.") if has_adapters(self.policy) else None
         frozen = [k for k in state if kept is not None and k.startswith("policy.") and k not in kept]
-        for key in [k for k in state if k.startswith("ref_model.")] + frozen:
+        for key in [k for k in state if k.startswith(("ref_model.", "teacher_model."))] + frozen:
             del state[key]
         super().on_save_checkpoint(checkpoint)
 

@@ -1,5 +1,6 @@
 """The models a run trains and compares against: the policy (with LoRA adapters under
-``peft_config``: :mod:`grpo_lightning.models.lora`) and the frozen reference model.
+``peft_config``: :mod:`grpo_lightning.models.lora`) and the frozen models that score its tokens: the
+reference model, a distillation teacher (:func:`load_frozen_model`).
 
 Under an FSDP strategy each model is sharded on its own (:func:`grpo_lightning.training.strategies.shard`),
 the reference model unless the strategy keeps it whole (``reference_weights="unsharded"``). With
@@ -44,8 +45,15 @@ def load_models(name: str, hparams: Mapping[str, Any], needs_reference: bool, st
     policy.matmul_parameters = parameters  # an FSDP root's attributes fall through to the module's
     if not needs_reference or adapters:
         return policy, None
-    reference = load_causal_lm(name, hparams["dtype"], hparams["attn_implementation"])
-    reference.eval().requires_grad_(False)
+    return policy, load_frozen_model(name, hparams, strategy)
+
+
+def load_frozen_model(name: str, hparams: Mapping[str, Any], strategy: Any = None) -> nn.Module:
+    """The checkpoint ``name`` as a frozen model that only scores tokens (the reference model, a
+    distillation teacher): in eval mode, without gradients, in the policy's ``dtype``, sharded under
+    FSDP unless the strategy keeps frozen models whole (``reference_weights="unsharded"``)."""
+    model = load_causal_lm(name, hparams["dtype"], hparams["attn_implementation"])
+    model.eval().requires_grad_(False)
     if getattr(strategy, "reference_weights", "sharded") == "sharded":
-        reference = shard(reference)
-    return policy, reference
+        model = shard(model)
+    return model

@@ -333,15 +333,16 @@ class PolicyFSDPStrategy(FSDPStrategy):
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
         model = super()._setup_model(model)
-        reference = getattr(self.lightning_module, "ref_model", None)
-        if reference is not None and not is_sharded(reference):
-            # Kept whole: on this device, its weights in the dtype the sharded models compute in (its
-            # buffers, such as rotary frequencies, keep theirs).
-            reference.to(self.root_device)
-            compute_dtype = getattr(self.mixed_precision_config, "param_dtype", None)
-            if compute_dtype is not None:
-                for parameter in reference.parameters():
-                    parameter.data = parameter.data.to(compute_dtype)
+        for frozen in ("ref_model", "teacher_model"):  # the frozen models (grpo_lightning.models.policy)
+            reference = getattr(self.lightning_module, frozen, None)
+            if reference is not None and not is_sharded(reference):
+                # Kept whole: on this device, its weights in the dtype the sharded models compute in (its
+                # buffers, such as rotary frequencies, keep theirs).
+                reference.to(self.root_device)
+                compute_dtype = getattr(self.mixed_precision_config, "param_dtype", None)
+                if compute_dtype is not None:
+                    for parameter in reference.parameters():
+                        parameter.data = parameter.data.to(compute_dtype)
         policy = getattr(self.lightning_module, "policy", None)
         if self.activation_checkpointing and policy is not None:
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
