@@ -46,12 +46,15 @@ def teacher_dir(tiny_model_dir, tmp_path_factory) -> str:
     batch = tokenizer(texts, return_tensors="pt", padding=True)
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is the fastest on a busy machine
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         for _ in range(40):
             optimizer.zero_grad()
             model(**batch, labels=labels).loss.backward()
             optimizer.step()
+    torch.set_num_threads(threads)
     path = tmp_path_factory.mktemp("teacher")
     save_model_and_tokenizer(model, tokenizer, path)
     return str(path)
@@ -101,6 +104,10 @@ def test_weights_out_of_range_and_a_per_sequence_surrogate_are_config_errors_nam
         OnPolicyDistillation("m", loss={"surrogate": "gspo"})
 
 
+# Measured over seeds 0, 1, 2 (20 steps, learning rate 1e-2, 2 prompts x 4 completions a step): the
+# held-out reverse KL per token went 3.053 -> 0.146, 3.057 -> 0.021, 2.967 -> 0.091, drops of 2.91,
+# 3.04 and 2.88 (at 10 steps: 0.88, 1.12, 0.94). The margin is about half the smallest drop.
+STEPS, MARGIN = 20, 1.5
 HELD_OUT = ["3+4=", "50+25=", "8+80=", "61+7=", "2+22=", "44+4="]
 
 
@@ -131,9 +138,6 @@ def distilled(student_dir: str, teacher_dir: str, seed: int, steps: int) -> tupl
 
 def test_distillation_brings_the_student_closer_to_the_teacher_on_held_out_prompts(tiny_model_dir, teacher_dir,
                                                                                     one_torch_thread):  # fmt: skip
-    before, after = distilled(tiny_model_dir, teacher_dir, seed=0, steps=30)
+    before, after = distilled(tiny_model_dir, teacher_dir, seed=0, steps=STEPS)
     print(f"held-out reverse KL per token: {before:.3f} -> {after:.3f}")
     assert before - after >= MARGIN, (before, after)
-
-
-MARGIN = 1.0
