@@ -11,9 +11,9 @@ reward's group advantage (:mod:`grpo_lightning.algorithms.distillation`)::
 
 ``pi_old`` is the policy that sampled (the rollout's old log-probs: recomputed, or the sampler's
 under ``sampling.old_logprobs bypass``); both log-probs are taken at the sampling temperature, as
-the reference model's are. ``A_i`` is the variant's registered advantage of the rewards
-(``group_std``; ``--model.advantage`` picks another). No KL to a reference model (beta 0): the
-teacher is the anchor.
+the reference model's are. ``A_i`` is GRPO's group-normalised advantage of the rewards
+(``group_std``, divided as ``rewards.scale`` says). No KL to a reference model (beta 0): the teacher
+is the anchor.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class OnPolicyDistillation(GRPO):
     """
 
     inapplicable_options = {
+        "advantage": "its advantage is the per-token reverse KL to the teacher, plus reward_weight times group_std's",
         "environment": "the teacher scores one completion per prompt; an environment's replies are not wired in",
     }
     token_advantages = True  # a per-sequence surrogate cannot take them
