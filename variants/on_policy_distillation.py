@@ -4,7 +4,7 @@ Machines, "On-Policy Distillation" (the per-token reverse KL as an RL advantage)
 
 The student samples ``G`` completions per prompt; a frozen teacher scores each sampled token; each
 token's advantage is the negative reverse KL estimated there, optionally mixed with the task
-reward's group advantage (:mod:`grpo_lightning.algorithms.distillation`)::
+reward's group advantage (:func:`grpo_lightning.algorithms.advantages.distillation_advantages`)::
 
     A_it = -distill_weight * (log pi_old(y_it) - log pi_teacher(y_it)) + reward_weight * A_i
     J    = 1/N_tok sum_i sum_t min(r_it A_it, clip(r_it, 1 - eps, 1 + eps) A_it)
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from grpo_lightning.algorithms import functional as F
-from grpo_lightning.algorithms.distillation import distillation_advantages, reverse_kl_per_token
+from grpo_lightning.algorithms.advantages import distillation_advantages, reverse_kl_per_token
 from grpo_lightning.models.policy import load_frozen_model
 from grpo_lightning.models.sources import load_tokenizer
 from grpo_lightning.rollout.types import Rollout

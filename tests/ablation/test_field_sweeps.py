@@ -19,9 +19,13 @@ def sweep(name: str, tmp_path) -> SweepSpec:
         return SweepSpec.from_dict(compose(name, overrides=[f"output_dir={tmp_path}"]))
 
 
+#: Shipped variants the field leaves out, with the reason.
+NOT_IN_THE_FIELD = {"on_policy_distillation": "it learns from a teacher model, and the field has only its start model"}
+
+
 def test_the_field_runs_every_shipped_variant_at_five_seeds_with_two_steps_per_rollout(tmp_path):
     spec = sweep("field", tmp_path)
-    shipped = sorted(path.stem for path in (config_dir() / "variant").glob("*.yaml"))
+    shipped = sorted(p.stem for p in (config_dir() / "variant").glob("*.yaml") if p.stem not in NOT_IN_THE_FIELD)
     cells = spec.cells()
     assert sorted({cell.arm for cell in cells}) == shipped and len(cells) == 5 * len(shipped)
     data = yaml.safe_load((config_dir() / "data" / "arithmetic.yaml").read_text())["data"]["init_args"]

@@ -198,7 +198,7 @@ def test_environment_options_come_back_from_the_hyperparameters(make_module):
     assert EnvironmentOptions.of(module.hparams["environment"]) == module.environment
 
 
-REFUSING = {"PPO", "ProcessGRPO"}
+REFUSING = {"OnPolicyDistillation", "PPO", "ProcessGRPO"}
 
 
 @pytest.mark.parametrize("name", sorted(variants.__all__))

@@ -10,7 +10,7 @@ import torch
 from torch.testing import assert_close
 from transformers import AutoModelForCausalLM
 
-from grpo_lightning.algorithms.distillation import distillation_advantages
+from grpo_lightning.algorithms.advantages import distillation_advantages
 from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.models.sources import load_tokenizer
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_model_and_tokenizer, save_tiny_model, tiny_config
