@@ -8,6 +8,7 @@ import lightning as L
 import pytest
 import torch
 from torch.testing import assert_close
+from torch.distributed.fsdp import FullyShardedDataParallel
 from transformers import AutoModelForCausalLM
 
 from grpo_lightning.algorithms.advantages import distillation_advantages
@@ -15,6 +16,7 @@ from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.models.sources import load_tokenizer
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_model_and_tokenizer, save_tiny_model, tiny_config
 from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.training.strategies import PolicyFSDPStrategy
 from variants import OnPolicyDistillation
 
 STUDENT = torch.tensor([[[-1.0, -2.0, -0.5], [-0.2, -3.0, -1.0]]])  # [P=1, G=2, T=3]
@@ -141,3 +143,41 @@ def test_distillation_brings_the_student_closer_to_the_teacher_on_held_out_promp
     before, after = distilled(tiny_model_dir, teacher_dir, seed=0, steps=STEPS)
     print(f"held-out reverse KL per token: {before:.3f} -> {after:.3f}")
     assert before - after >= MARGIN, (before, after)
+
+
+@pytest.fixture
+def process_group_cleanup():
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def fsdp_fit(student_dir: str, teacher_dir: str, strategy: PolicyFSDPStrategy) -> tuple[OnPolicyDistillation, L.Trainer]:
+    """One optimizer step under FSDP in one process (gloo): every FSDP hook runs, nothing is split."""
+    L.seed_everything(0)
+    module = OnPolicyDistillation(model=student_dir, teacher=teacher_dir, policy={"dtype": "float32"},
+                                  sampling={"group_size": 2, "max_new_tokens": 6}, optim={"micro_batch_size": 2})  # fmt: skip
+    trainer = L.Trainer(strategy=strategy, max_steps=1, accelerator="cpu", devices=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, limit_val_batches=0)  # fmt: skip
+    trainer.fit(module, datamodule=ArithmeticDataModule(num_train=8, num_val=4, batch_size=2, val_batch_size=4))
+    return module, trainer
+
+
+def test_under_fsdp_the_teacher_is_sharded_like_the_reference_and_stays_out_of_the_optimizer(
+    tiny_model_dir, teacher_dir, tmp_path, process_group_cleanup, one_torch_thread
+):
+    module, trainer = fsdp_fit(tiny_model_dir, teacher_dir, PolicyFSDPStrategy(mixed_precision=None))
+    assert isinstance(module.teacher_model, FullyShardedDataParallel)
+    assert sum(isinstance(m, FullyShardedDataParallel) for m in module.teacher_model.modules()) == 3  # root + 2 layers
+    optimized = {id(p) for group in trainer.optimizers[0].param_groups for p in group["params"]}
+    assert not optimized & {id(p) for p in module.teacher_model.parameters()}
+    assert trainer.global_step == 1 and module.last_step_metrics["distill/reverse_kl"] > 0
+
+
+def test_under_fsdp_an_unsharded_teacher_computes_in_the_strategys_dtype(tiny_model_dir, teacher_dir, tmp_path,
+                                                                         process_group_cleanup, one_torch_thread):  # fmt: skip
+    strategy = PolicyFSDPStrategy(mixed_precision="bf16", reference_weights="unsharded")
+    module, _ = fsdp_fit(tiny_model_dir, teacher_dir, strategy)
+    assert not any(isinstance(m, FullyShardedDataParallel) for m in module.teacher_model.modules())
+    assert {p.dtype for p in module.teacher_model.parameters()} == {torch.bfloat16}
