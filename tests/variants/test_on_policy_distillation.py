@@ -11,6 +11,7 @@ from torch.testing import assert_close
 from torch.distributed.fsdp import FullyShardedDataParallel
 from transformers import AutoModelForCausalLM
 
+from grpo_lightning.algorithms import functional as F
 from grpo_lightning.algorithms.advantages import distillation_advantages
 from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.models.sources import load_tokenizer
@@ -77,6 +78,18 @@ def test_the_teacher_loads_frozen_and_scores_the_rollouts_tokens(make_module, ma
     checkpoint = {"state_dict": module.state_dict()}
     module.on_save_checkpoint(checkpoint)
     assert not any(key.startswith("teacher_model.") for key in checkpoint["state_dict"])  # reloaded from teacher
+
+
+def test_reward_weight_adds_grpos_group_advantage_at_every_token(make_module, make_rollout, teacher_dir):
+    pure = make_module(OnPolicyDistillation, teacher=teacher_dir)
+    mixed = make_module(OnPolicyDistillation, teacher=teacher_dir, distill_weight=2.0, reward_weight=0.5)
+    rollout = make_rollout(mixed, ["12+34=", "5+6="])
+    rewards = mixed.shape_rewards(rollout.rewards, rollout).view(-1, rollout.group_size)
+    group = F.group_normalized_advantages(rewards, scale="group")  # GRPO's A_i [P, G]
+    assert group.abs().sum() > 0
+    mask = rollout.completion_mask.view(2, mixed.group_size, -1)
+    expected = 2.0 * pure.advantages(rewards, rollout) + 0.5 * group.unsqueeze(-1) * mask
+    assert_close(mixed.advantages(rewards, rollout), expected)
 
 
 def test_without_a_teacher_the_variant_is_a_config_error_naming_the_option(make_module):
