@@ -46,7 +46,7 @@ class OnPolicyDistillation(GRPO):
 
     inapplicable_options = {
         "advantage": "its advantage is the per-token reverse KL to the teacher, plus reward_weight times group_std's",
-        "environment": "the teacher scores one completion per prompt; an environment's replies are not wired in",
+        "environment": "the teacher pass and its per-token advantages are not yet checked on environment replies",
     }
     token_advantages = True  # a per-sequence surrogate cannot take them
     #: Every token counts once: its advantage is its own.
