@@ -96,7 +96,8 @@ class ExactResume:
 class GroupPolicyState(ExactResume):
     """The checkpoint hooks of :class:`~grpo_lightning.training.module.GroupPolicyOptimization`: the frozen
     reference model (and under LoRA the frozen base weights) is left out (reloaded from ``model``), a
-    distillation teacher too (reloaded from ``teacher``), and the training state holds the generated-token, rollout and generation-batch counts, the metrics of a step in progress and every
+    distillation teacher too (reloaded from ``teacher``), and the training state holds the generated-token,
+    rollout and generation-batch counts, the metrics of a step in progress and every
     :class:`~grpo_lightning.rollout.types.RolloutBuffer` attribute by name (DAPO's dynamic-sampling buffer)."""
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
