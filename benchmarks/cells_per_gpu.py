@@ -56,7 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps of each cell")
-    parser.add_argument("--full-steps", type=int, default=60, help="a full cell's steps, for cells an hour")
+    parser.add_argument("--full-steps", type=int, default=40, help="a full cell's steps, for cells an hour")
     parser.add_argument("--spec", default="smollm2_variants")
     parser.add_argument("--variant", default="grpo")
     parser.add_argument("--out", type=Path, default=Path("runs/cells_per_gpu"))
