@@ -11,10 +11,23 @@ or registered from the object ``my_module.my_adv``, or registers that object und
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from grpo_lightning.errors import ConfigError
+
+
+def import_module(path: str) -> Any:
+    """The module at ``path``; its top package may be a file or folder of the working directory, as
+    for ``rewards.funcs``: console scripts leave the working directory off ``sys.path``."""
+    top, cwd = path.partition(".")[0], os.getcwd()
+    if cwd not in sys.path and "" not in sys.path and any(
+        os.path.isfile(os.path.join(cwd, *where)) for where in ((top + ".py",), (top, "__init__.py"))
+    ):
+        sys.path.append(cwd)
+    return importlib.import_module(path)
 
 
 def function_part(given: Any) -> Any:
@@ -61,7 +74,7 @@ class Registry(dict):
         if not module_path:
             raise self.unknown(spec, "")
         try:
-            module = importlib.import_module(module_path)
+            module = import_module(module_path)
         except Exception as error:  # not found, or it failed while importing
             raise self.unknown(spec, f" ({module_path} does not import: {type(error).__name__}: {error})") from error
         given = getattr(module, attribute, None)

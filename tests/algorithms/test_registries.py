@@ -4,6 +4,8 @@ them (the advantage's form for ``rewards.scale``, what a ``kl.placement`` does t
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from torch.testing import assert_close
@@ -142,3 +144,13 @@ def test_the_update_adds_to_the_loss_what_the_placement_says(make_module, make_r
         KL_PLACEMENTS.sources.pop("double_in_loss", None)
     assert abs(once - without) > 1e-4
     assert twice - once == pytest.approx(once - without, rel=1e-4)
+
+
+def test_an_import_path_finds_a_module_of_the_working_directory_as_reward_functions_do(tmp_path, monkeypatch):
+    (tmp_path / "my_parts_of_the_cwd.py").write_text("def halved(rewards):\n    return rewards / 2\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [entry for entry in sys.path if entry not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "my_parts_of_the_cwd", raising=False)
+    parts = registry()
+    assert parts.resolve("my_parts_of_the_cwd.halved") == "my_parts_of_the_cwd.halved"
+    assert torch.equal(parts["my_parts_of_the_cwd.halved"](REWARDS), REWARDS / 2)
