@@ -82,6 +82,7 @@ def test_the_variants_parts_are_registered(cls):
     assert cls.default_aggregation in AGGREGATIONS
     # None: advantages of the variant's own loop (PPO's GAE, ProcessGRPO's steps), which refuses another.
     assert cls.default_advantage in (None, *ADVANTAGES)
+    assert cls.default_kl_placement in KL_PLACEMENTS and set(cls.refused_kl_placements) <= set(KL_PLACEMENTS)
 
 
 # ------------------------------------------------------------------ micro-batch invariance
