@@ -1,6 +1,7 @@
 """The algorithm hooks of :class:`~grpo_lightning.training.module.GroupPolicyOptimization`, and what each
 does unless a variant overrides it: the registered parts the variant names
-(:mod:`grpo_lightning.algorithms`), no selection and no reward shaping."""
+(:mod:`grpo_lightning.algorithms`), no selection and no reward shaping but the KL placement's; and
+the parts a variant resolves its options to (:func:`resolve_parts`), each looked up in its registry."""
 
 from __future__ import annotations
 
