@@ -183,8 +183,8 @@ def resolve_parts(variant: type, advantage: str | None, aggregation: str | None,
     import path to a user's part: :meth:`~grpo_lightning.algorithms.parts.Registry.resolve`), or
     ``variant``'s ``default_*`` for ``None``. ``scale_rewards`` picks a form of the advantage (only
     ``group_std`` has others); a per-sequence surrogate needs one advantage per completion."""
-    advantage, aggregation, surrogate = (registry.resolve(name) for registry, name in
-                                         ((ADVANTAGES, advantage), (AGGREGATIONS, aggregation), (SURROGATES, surrogate)))  # fmt: skip
+    advantage, aggregation = ADVANTAGES.resolve(advantage), AGGREGATIONS.resolve(aggregation)
+    surrogate = SURROGATES.resolve(surrogate)
     advantage = variant.default_advantage if advantage is None else advantage
     if advantage is not None and scale_rewards not in ADVANTAGES.scales(advantage):
         scaled = ", ".join(name for name in ADVANTAGES if len(ADVANTAGES.scales(name)) > 1)

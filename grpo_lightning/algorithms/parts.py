@@ -78,9 +78,11 @@ class Registry(dict):
         except Exception as error:  # not found, or it failed while importing
             raise self.unknown(spec, f" ({module_path} does not import: {type(error).__name__}: {error})") from error
         given = getattr(module, attribute, None)
-        named = [  # registered on import: the object the path names, or a part of that module under the path's last name
+        # Registered on import: the object the path names, or a part of that module under the path's last name.
+        named = [
             name for name, source in self.sources.items()
-            if (given is not None and source is given) or (name == attribute and getattr(source, "__module__", "") == module_path)
+            if (given is not None and source is given)
+            or (name == attribute and getattr(source, "__module__", "") == module_path)
         ]  # fmt: skip
         if named:
             return named[0]

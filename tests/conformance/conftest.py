@@ -19,7 +19,8 @@ def user_parts():
     module is forgotten (the next import registers again), so no other test sees a part it did not ask for."""
     registries = (ADVANTAGES, AGGREGATIONS, SURROGATES, KL_PLACEMENTS)
     saved = [(dict(registry), dict(registry.sources)) for registry in registries]
-    scaled, token_statistics = {name: dict(forms) for name, forms in ADVANTAGES.scaled.items()}, set(TOKEN_STATISTICS_ADVANTAGES)
+    scaled = {name: dict(forms) for name, forms in ADVANTAGES.scaled.items()}
+    token_statistics = set(TOKEN_STATISTICS_ADVANTAGES)
     sys.modules.pop(USER_MODULE, None)
     yield USER_MODULE
     sys.modules.pop(USER_MODULE, None)
