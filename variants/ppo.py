@@ -33,6 +33,7 @@ from torch import Tensor
 
 from grpo_lightning.algorithms import functional as F
 from grpo_lightning.algorithms import gae as G
+from grpo_lightning.algorithms.kl import KL_PLACEMENTS
 from grpo_lightning.models import value as V
 from grpo_lightning.training.metrics import PhaseTimer
 from grpo_lightning.training.module import GroupPolicyOptimization
@@ -85,7 +86,7 @@ class PPO(GroupPolicyOptimization):
         with PhaseTimer(self.step_metrics, self.device).phase("values"):
             old_values = V.compute_values(self.value_model, rollout, self.micro_batches(rollout, torch.arange(len(rollout))))
         mask = rollout.completion_mask
-        in_reward = rollout.ref_logp is not None and self.kl_placement == "reward"
+        in_reward = rollout.ref_logp is not None and KL_PLACEMENTS[self.kl_placement].in_reward
         kl = F.kl_estimate(rollout.old_logp, rollout.ref_logp, self.kl_estimator) if in_reward else None
         token_rewards = G.token_rewards(rewards, kl, mask, self.beta)
         advantages, returns = G.gae(token_rewards, old_values, mask, self.hparams.gamma, self.hparams.lam)

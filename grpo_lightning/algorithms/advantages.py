@@ -1,6 +1,7 @@
 """Advantage estimators of one completion each: ``rewards`` ``[P, G]`` (``P`` prompts, ``G``
 completions per prompt) -> advantages ``[P, G]``. The math is :mod:`grpo_lightning.algorithms.functional`'s;
-here each gets the name it is selected by (``--model.advantage NAME``)."""
+here each gets the name it is selected by (``--model.advantage NAME``), by :func:`register_advantage`,
+which registers a user's estimators too."""
 
 from __future__ import annotations
 
@@ -11,30 +12,95 @@ import torch
 from torch import Tensor
 
 from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms.parts import Registry
+
+class AdvantageRegistry(Registry):
+    """The advantage estimators, and the form each takes under a ``rewards.scale`` other than the
+    group's std (``scaled``: name -> scale -> estimator; GRPO's ``group_std`` divided by the batch's
+    std, or by none)."""
+
+    def __init__(self) -> None:
+        super().__init__("advantage", "a function rewards [P, G] -> advantages [P, G]")
+        self.scaled: dict[str, dict[str, Callable[..., Tensor]]] = {}
+
+    def estimator(self, name: str, scale: str = "group") -> Callable[..., Tensor]:
+        """The estimator ``name`` under ``rewards.scale`` ``scale``: its own for ``"group"``, else its
+        registered form; a ``KeyError`` for a scale it has none for (:meth:`scales`)."""
+        return {"group": self[name], **self.scaled.get(name, {})}[scale]
+
+    def scales(self, name: str) -> tuple[str, ...]:
+        """The ``rewards.scale`` values ``name`` takes."""
+        return ("group", *self.scaled.get(name, {}))
 
 
+#: Name -> estimator ``rewards [P, G] -> advantages [P, G]`` (with the :class:`TokenStatistics` of the
+#: completions for those of :data:`TOKEN_STATISTICS_ADVANTAGES`, ``[P, G, T]``); the forms it takes
+#: under another ``rewards.scale`` are :meth:`AdvantageRegistry.estimator`'s.
+ADVANTAGES = AdvantageRegistry()
+#: Estimators that also take the completions' :class:`TokenStatistics` and give per-token advantages
+#: ``[P, G, T]``: the training step computes those statistics for them alone.
+TOKEN_STATISTICS_ADVANTAGES: set[str] = set()
+
+
+def register_advantage(name: str | None = None, *, scale: str = "group", token_statistics: bool = False):
+    """Decorator: register an estimator ``rewards [P, G] -> advantages [P, G]`` as ``--model.advantage
+    NAME`` (its ``__name__`` for ``None``). ``scale``: for another ``rewards.scale``, the form the
+    registered estimator ``name`` takes under it instead; ``token_statistics``: it also takes the
+    completions' :class:`TokenStatistics` and gives advantages ``[P, G, T]``."""
+
+    def register(function: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        key = name or function.__name__
+        if scale != "group":  # a form of a registered estimator, not an estimator of its own
+            ADVANTAGES.scaled.setdefault(ADVANTAGES.resolve(key), {})[scale] = function
+            return function
+        if token_statistics:
+            TOKEN_STATISTICS_ADVANTAGES.add(key)
+        return ADVANTAGES.register(key, function)
+
+    return register
+
+
+@register_advantage()
 def group_std(rewards: Tensor) -> Tensor:
     """GRPO (DeepSeekMath eq. 3): ``A_pi = (r_pi - mean_g r_p) / (std_g r_p + 1e-4)``, unbiased std;
     0 for a group of equal rewards. ``[P, G]`` -> ``[P, G]``, ``G >= 2``."""
     return F.group_normalized_advantages(rewards, scale="group")
 
 
+@register_advantage("group_std", scale="batch")
+def group_std_over_batch_std(rewards: Tensor) -> Tensor:
+    """GRPO with TRL's ``scale_rewards="batch"``: ``A_pi = (r_pi - mean_g r_p) / (std_batch r + 1e-4)``,
+    the unbiased std of all ``P * G`` rewards. ``[P, G]`` -> ``[P, G]``."""
+    return F.group_normalized_advantages(rewards, scale="batch")
+
+
+@register_advantage("group_std", scale="none")
+def group_std_unscaled(rewards: Tensor) -> Tensor:
+    """GRPO with TRL's ``scale_rewards="none"``: ``A_pi = r_pi - mean_g r_p`` (Dr. GRPO's centring),
+    exactly 0 for a group of equal rewards. ``[P, G]`` -> ``[P, G]``."""
+    return F.group_normalized_advantages(rewards, scale="none")
+
+
+@register_advantage()
 def group_mean(rewards: Tensor) -> Tensor:
     """Dr. GRPO: ``A_pi = r_pi - mean_g r_p`` (no division by a std). ``[P, G]`` -> ``[P, G]``."""
     return F.group_centered_advantages(rewards)
 
 
+@register_advantage()
 def leave_one_out(rewards: Tensor) -> Tensor:
     """RLOO: ``A_pi = r_pi - 1/(G-1) sum_{j != i} r_pj``. ``[P, G]`` -> ``[P, G]``, ``G >= 2``."""
     return F.leave_one_out_advantages(rewards)
 
 
+@register_advantage()
 def batch_std(rewards: Tensor) -> Tensor:
     """REINFORCE++ with baseline: ``A'_pi = r_pi - mean_g r_p``, ``A_pi = A'_pi / std_batch(A')``
     (unbiased, over all ``P * G``; 0 everywhere when that std is 0). ``[P, G]`` -> ``[P, G]``."""
     return F.batch_normalized_advantages(rewards)
 
 
+@register_advantage()
 def gpg(rewards: Tensor) -> Tensor:
     """GPG (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for Model
     Reasoning", arXiv 2504.02546), in verl's form: ``A_pi = alpha (r_pi - mean_g r_p) / F_norm``,
@@ -45,6 +111,7 @@ def gpg(rewards: Tensor) -> Tensor:
     return alpha * F.group_centered_advantages(rewards)
 
 
+@register_advantage()
 def max_rl(rewards: Tensor, eps: float = 1e-6) -> Tensor:
     """MaxRL ("Maximum Likelihood Reinforcement Learning"; prime-rl's ``max_rl``):
     ``A_pi = (r_pi - mean_g r_p) / (mean_g r_p + eps)``, the centred reward over the group's success
@@ -71,6 +138,7 @@ class TokenStatistics:
     mask: Tensor
 
 
+@register_advantage(token_statistics=True)
 def optimal_token_baseline(rewards: Tensor, tokens: TokenStatistics, eps: float = 1e-8) -> Tensor:
     """OTB, the Optimal Token Baseline (arXiv 2602.07078; verl's ``optimal_token_baseline``): a baseline
     per token position that weighs each completion by its realized energy.
@@ -96,25 +164,8 @@ def optimal_token_baseline(rewards: Tensor, tokens: TokenStatistics, eps: float 
     return (returns - baseline.gather(1, index).view_as(mask)) * mask
 
 
-#: Estimators that also take the completions' :class:`TokenStatistics` and give per-token advantages
-#: ``[P, G, T]``: the training step computes those statistics for them alone.
-TOKEN_STATISTICS_ADVANTAGES = frozenset({"optimal_token_baseline"})
-
-#: Name -> estimator ``rewards [P, G] -> advantages [P, G]`` (with the :class:`TokenStatistics` of the
-#: completions for those of :data:`TOKEN_STATISTICS_ADVANTAGES`, ``[P, G, T]``).
-ADVANTAGES: dict[str, Callable[[Tensor], Tensor]] = {
-    "group_std": group_std,
-    "group_mean": group_mean,
-    "leave_one_out": leave_one_out,
-    "batch_std": batch_std,
-    "gpg": gpg,
-    "max_rl": max_rl,
-    "optimal_token_baseline": optimal_token_baseline,
-}
-
-
 # ------------------------------------------------------------------ on-policy distillation
-# Not in ADVANTAGES: it reads a teacher's log-probs, which only variants.OnPolicyDistillation loads.
+# Not registered: it reads a teacher's log-probs, which only variants.OnPolicyDistillation loads.
 #
 # The student samples completions, a frozen teacher scores each sampled token, and every token's
 # advantage is the negative single-sample estimate of the reverse KL there (discount 0)::

@@ -1,6 +1,7 @@
 """The algorithm hooks of :class:`~grpo_lightning.training.module.GroupPolicyOptimization`, and what each
 does unless a variant overrides it: the registered parts the variant names
-(:mod:`grpo_lightning.algorithms`), no selection and no reward shaping."""
+(:mod:`grpo_lightning.algorithms`), no selection and no reward shaping but the KL placement's; and
+the parts a variant resolves its options to (:func:`resolve_parts`), each looked up in its registry."""
 
 from __future__ import annotations
 
@@ -13,16 +14,17 @@ from grpo_lightning.algorithms import functional as F
 from grpo_lightning.training import metrics
 from grpo_lightning.algorithms.advantages import ADVANTAGES, TOKEN_STATISTICS_ADVANTAGES, TokenStatistics
 from grpo_lightning.algorithms.aggregations import AGGREGATIONS
-from grpo_lightning.algorithms.kl import kl_in_reward
+from grpo_lightning.algorithms.kl import KL_PLACEMENTS
 from grpo_lightning.algorithms.masks import off_policy_sequence_mask
 from grpo_lightning.algorithms.surrogates import SURROGATES, Surrogate
+from grpo_lightning.errors import ConfigError
 from grpo_lightning.rollout.types import MicroBatch, Rollout
 
 
 class AlgorithmHooks:
     """What one update computes, hook by hook (the step that calls them: ``GroupPolicyOptimization``)."""
 
-    #: Where the KL term goes unless ``kl.placement`` says (:data:`~grpo_lightning.algorithms.kl.KL_PLACEMENTS`):
+    #: Where the KL term goes unless ``kl.placement`` says: a name of :data:`~grpo_lightning.algorithms.kl.KL_PLACEMENTS`,
     #: ``"loss"``, or ``"reward"`` (RLOO), which ``shape_rewards`` applies, against the old log-probs.
     default_kl_placement: str = "loss"
     #: Placements its loop has no room for, with the reason: ``kl.placement`` set to one is a ``ConfigError``.
@@ -50,15 +52,14 @@ class AlgorithmHooks:
     def advantages(self, rewards: Tensor, rollout: Rollout | None = None) -> Tensor:
         """Advantage of each completion. ``rewards`` ``[P, G]`` -> ``[P, G]``, or ``[P, G, T]`` per token;
         ``rollout``: the step's, for advantages that ``shape_rewards`` put in ``rollout.derived`` (PPO's GAE).
-        Here: the estimator named ``advantage`` (or the variant's ``default_advantage``)."""
+        Here: the estimator named ``advantage`` (or the variant's ``default_advantage``), in its form
+        for ``rewards.scale`` (:meth:`~grpo_lightning.algorithms.advantages.AdvantageRegistry.estimator`)."""
         if self.advantage_name is None:
             raise NotImplementedError(f"{type(self).__name__} must name a default_advantage or implement advantages")
-        scale = self.rewards_options.scale
-        if scale != "group":  # group_std's divisor: the batch's std, or none
-            return F.group_normalized_advantages(rewards, scale=scale)
+        estimator = ADVANTAGES.estimator(self.advantage_name, self.rewards_options.scale)
         if self.needs_token_statistics():
-            return ADVANTAGES[self.advantage_name](rewards, token_statistics(rollout, rewards.shape))
-        return ADVANTAGES[self.advantage_name](rewards)
+            return estimator(rewards, token_statistics(rollout, rewards.shape))
+        return estimator(rewards)
 
     def needs_token_statistics(self) -> bool:
         """Whether the advantage reads the completions' per-token statistics (OTB's ``sum_pi_squared``):
@@ -115,14 +116,17 @@ class AlgorithmHooks:
 
     def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
         """Adjust the ``[N]`` rewards once log-probs are known; what later hooks read of this rollout
-        (PPO's GAE, DPO's pairs) goes in ``rollout.derived``. Here: the KL penalty where ``kl.placement``
-        is ``"reward"`` (:func:`~grpo_lightning.algorithms.kl.kl_in_reward`), else identity; an override
-        adds to ``super().shape_rewards`` unless it puts the KL in the reward itself (PPO's, per token)."""
-        if self.kl_placement != "reward" or rollout.ref_logp is None:
+        (PPO's GAE, DPO's pairs) goes in ``rollout.derived``. Here: what the ``kl.placement`` does to the
+        rewards (:meth:`~grpo_lightning.algorithms.kl.KLPlacement.shape_rewards`; ``"reward"``: the KL
+        penalty); an override adds to ``super().shape_rewards`` unless it puts the KL in the reward
+        itself (PPO's, per token)."""
+        placement = KL_PLACEMENTS[self.kl_placement]
+        if not placement.in_reward or rollout.ref_logp is None:
             return rewards
         kl = F.kl_estimate(rollout.old_logp, rollout.ref_logp, self.kl_estimator)
-        rewards, penalty = kl_in_reward(rewards, kl, rollout.completion_mask, self.beta)
-        self.step_metrics.update("kl_penalty", penalty.mean())
+        rewards, penalty = placement.shape_rewards(rewards, kl, rollout.completion_mask, self.beta)
+        if penalty is not None:
+            self.step_metrics.update("kl_penalty", penalty.mean())
         return rewards
 
     def minibatch_derived(self, rollout: Rollout, advantages: Tensor, rows: Tensor) -> dict[str, Tensor]:
@@ -171,3 +175,47 @@ def inapplicable_with(variant: type, surrogate: str | None) -> dict[str, str]:
     if surrogate is not None:
         unused = {option: f"with the surrogate {name}, {reason}" for option, reason in unused.items()}
     return {**unused, **variant.declared_inapplicable}
+
+
+def resolve_parts(variant: type, advantage: str | None, aggregation: str | None, scale_rewards: str,
+                  surrogate: str | None = None) -> tuple:  # fmt: skip
+    """``(advantage, aggregation, surrogate)``: the registered names of those given (a name, or an
+    import path to a user's part: :meth:`~grpo_lightning.algorithms.parts.Registry.resolve`), or
+    ``variant``'s ``default_*`` for ``None``. ``scale_rewards`` picks a form of the advantage (only
+    ``group_std`` has others); a per-sequence surrogate needs one advantage per completion."""
+    advantage, aggregation = ADVANTAGES.resolve(advantage), AGGREGATIONS.resolve(aggregation)
+    surrogate = SURROGATES.resolve(surrogate)
+    advantage = variant.default_advantage if advantage is None else advantage
+    if advantage is not None and scale_rewards not in ADVANTAGES.scales(advantage):
+        scaled = ", ".join(name for name in ADVANTAGES if len(ADVANTAGES.scales(name)) > 1)
+        raise ConfigError(
+            f"rewards.scale: sets the divisor of {scaled}'s advantages, and the advantage is {advantage}; "
+            f"drop --model.rewards.scale, or set --model.advantage {scaled}."
+        )
+    chosen, surrogate = surrogate, variant.default_surrogate if surrogate is None else surrogate
+    if SURROGATES[surrogate].per_sequence and (variant.token_advantages or advantage in TOKEN_STATISTICS_ADVANTAGES):
+        per_token = ", ".join(name for name, part in SURROGATES.items() if not part.per_sequence)
+        if chosen is None:  # the variant's own surrogate against the advantage this run names
+            raise ConfigError(
+                f"advantage: {advantage}'s advantages are per token, and {variant.__name__}'s surrogate {surrogate} "
+                f"needs one per completion; set --model.loss.surrogate to one of {per_token}, or pick another advantage."
+            )
+        whose = advantage if advantage in TOKEN_STATISTICS_ADVANTAGES else f"{variant.__name__}'s"
+        raise ConfigError(
+            f"loss.surrogate: {surrogate} needs one advantage per completion, and {whose} are per token; "
+            f"pick one of {per_token}."
+        )
+    return advantage, variant.default_aggregation if aggregation is None else aggregation, surrogate
+
+
+def surrogate_clip(surrogate: str, loss: Any) -> tuple[float | None, float | None]:
+    """``(clip_eps_low, clip_eps_high)`` of the ``loss`` options for ``surrogate``: a bound given as
+    ``None`` is the surrogate's own (its paper's; CISPO's lower one: none)."""
+    part = SURROGATES[surrogate]
+    bounds = []
+    for option in ("clip_eps_low", "clip_eps_high"):
+        value = getattr(loss, option)
+        if value is None and option in part.options():
+            value = part.default(option)
+        bounds.append(value)
+    return bounds[0], bounds[1]

@@ -46,7 +46,7 @@ from grpo_lightning.checkpoints import resume
 from grpo_lightning.training import metrics, step_schedule
 from grpo_lightning.agents import EnvironmentOptions
 from grpo_lightning.agents.multi_turn import multi_turn_engine, sample_episodes
-from grpo_lightning.algorithms import resolve_parts, surrogate_clip
+from grpo_lightning.algorithms import KL_PLACEMENTS, resolve_parts, surrogate_clip
 from grpo_lightning.algorithms.hooks import AlgorithmHooks, inapplicable_with
 from grpo_lightning.training.compute import ComputeMeter, policy_parameters
 from grpo_lightning.training.optimization.compensated import adamw
@@ -147,7 +147,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
 
         check_argument_types(type(self), self.hparams)  # the variant's own arguments (tau_pos, ...)
         self.inapplicable_options = inapplicable_with(type(self), loss.surrogate)  # with the surrogate of this run
-        self.kl_placement = kl.placement or self.default_kl_placement  # "loss" or "reward" (algorithms.kl)
+        self.kl_placement = KL_PLACEMENTS.resolve(kl.placement) or self.default_kl_placement  # a name of KL_PLACEMENTS
         check_options_apply(type(self), self.inapplicable_options, self.kl_placement, self.option_values())
         loss.check_clip_pair()
         self.advantage_name, self.aggregation_name, self.surrogate_name = resolve_parts(
@@ -166,7 +166,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         self.engine_options = options
         self.group_size = sampling.group_size
         self.beta = kl.beta  # a schedule (CosineKLSchedule) steers it during a fit
-        self.kl_estimator = kl.estimator or ("k3" if self.kl_placement == "loss" else "k1")
+        self.kl_estimator = kl.estimator or KL_PLACEMENTS[self.kl_placement].estimator
         self.entropy_coef = loss.entropy_coef  # AdaptiveEntropy steers it during a fit
         self.ppo_epochs = optim.ppo_epochs
         self.rollout_correction = sampling.correction

@@ -13,12 +13,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 
 from grpo_lightning.algorithms import functional as F
-from grpo_lightning.algorithms import SURROGATES, check_part
+from grpo_lightning.algorithms import SURROGATES
 from grpo_lightning.training.argument_types import check_argument_types
 from grpo_lightning.errors import ConfigError, require
 from grpo_lightning.rewards import RewardExecution, resolve_reward_function
@@ -274,7 +274,7 @@ class LossOptions(OptionGroup):
     """Completions that hit ``max_new_tokens`` without EOS carry no loss."""
 
     def check(self) -> None:
-        check_part("loss.surrogate", self.surrogate, SURROGATES)
+        SURROGATES.resolve(self.surrogate)
         low, high = self.clip_eps_low, self.clip_eps_high
         require(low is None or 0 <= low < 1, f"loss.clip_eps_low: must be in [0, 1) or null (got {low}).")
         require(high is None or high >= 0, f"loss.clip_eps_high: must be >= 0 or null (got {high}).")
@@ -316,11 +316,11 @@ class KLOptions(OptionGroup):
     (DeepSeekMath), k1 in the reward (RLOO, REINFORCE++, PPO)."""
     unbiased: bool = False
     """The KL estimate weighted by ``pi / pi_old`` (DeepSeek-V3.2)."""
-    placement: Literal["loss", "reward"] | None = None
+    placement: str | None = None
     """Where the KL goes (:mod:`grpo_lightning.algorithms.kl`): ``"loss"``, ``beta * kl_t`` added to
     each token's loss (k3 by default, DeepSeekMath); ``"reward"``, ``r_i - beta * sum_t kl_it`` before
-    the advantages (k1 by default, RLOO, REINFORCE++; PPO's per token, ``r_t = -beta * kl_t``).
-    ``None``: the variant's own (``default_kl_placement``)."""
+    the advantages (k1 by default, RLOO, REINFORCE++; PPO's per token, ``r_t = -beta * kl_t``); or a
+    user's registered placement, or its import path. ``None``: the variant's own (``default_kl_placement``)."""
 
     def check(self) -> None:
         require(self.beta >= 0, f"kl.beta: the KL coefficient must be >= 0 (got {self.beta}).")

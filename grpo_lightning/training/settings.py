@@ -70,8 +70,8 @@ def check_options_apply(variant: type, inapplicable: dict[str, str], kl_placemen
         raise ConfigError(f"kl.placement: {variant.__name__} cannot put the KL in the {kl_placement} ({refused}); "
                           f"give --model.kl.placement {' or '.join(allowed)}, or drop it.")  # fmt: skip
     reasons = dict(inapplicable)
-    if kl_placement == "reward":
-        reasons.setdefault("kl.unbiased", "its KL term is in the reward (kl.placement), not in the loss")
+    for option, reason in KL_PLACEMENTS[kl_placement].inapplicable.items():  # kl.unbiased, with the KL in the reward
+        reasons.setdefault(option, reason)
     for option, reason in reasons.items():
         if option in DECLARABLE_OPTIONS and values[option] != option_default(variant, option):
             raise ConfigError(

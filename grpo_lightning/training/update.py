@@ -20,7 +20,7 @@ from torch import Tensor
 
 from grpo_lightning.algorithms import functional as F
 from grpo_lightning.algorithms.entropy import entropy_bonus
-from grpo_lightning.algorithms.kl import kl_in_loss
+from grpo_lightning.algorithms.kl import KL_PLACEMENTS
 from grpo_lightning.algorithms.rollout_correction import correct_policy_loss, proximal_logprobs
 from grpo_lightning.models.logprobs import completion_logprobs
 from grpo_lightning.models.lora import adapter_autocast
@@ -81,7 +81,7 @@ class PolicyUpdate:
         needed = source == "recompute" and self.needs_old_logprobs(len(rollout))
         if source == "bypass" and rollout.sampling_logp is not None:
             rollout.old_logp = rollout.sampling_logp
-        elif needed or (self.beta > 0 and self.kl_placement == "reward") or over_rollout:
+        elif needed or (self.beta > 0 and KL_PLACEMENTS[self.kl_placement].in_reward) or over_rollout:
             rollout.old_logp = self.compute_logprobs(self.policy, rollout)
         if source == "loglinear":
             version = torch.full((len(rollout),), self.policy_version, device=rollout.device)
@@ -232,8 +232,8 @@ class PolicyUpdate:
         self, rollout: Rollout, advantages: Tensor, rows: Tensor, num_sequences: int, num_tokens: Tensor,
         minibatch_derived: dict[str, Tensor] | None = None,
     ) -> Tensor:  # fmt: skip
-        """This micro-batch's share of the minibatch loss: ``aggregate(token_loss + beta * kl)`` (the KL where
-        ``kl.placement`` is ``"loss"``).
+        """This micro-batch's share of the minibatch loss: ``aggregate(token_loss + beta * kl)`` (the KL as
+        the ``kl.placement`` adds it to the loss: :meth:`~grpo_lightning.algorithms.kl.KLPlacement.add_to_loss`).
         ``minibatch_derived``: the tensors ``minibatch_derived`` chose for its minibatch."""
         micro = MicroBatch.of(rollout, advantages, rows, self.loss_mask(rollout, rows), num_sequences, num_tokens,
                               minibatch_derived)  # fmt: skip
@@ -254,8 +254,7 @@ class PolicyUpdate:
             kl = F.kl_estimate(logp, micro.ref_logp, self.kl_estimator)
             if self.kl_options.unbiased:
                 kl = kl * torch.exp(logp - old_logp)
-            if self.kl_placement == "loss":
-                loss = kl_in_loss(loss, kl, self.beta)
+            loss = KL_PLACEMENTS[self.kl_placement].add_to_loss(loss, kl, self.beta)
             self.step_metrics.update("kl", F.masked_mean(kl.detach(), mask), tokens)
         self.step_metrics.update("entropy", F.masked_mean(entropy, mask), tokens)
         return self.aggregate(loss, mask, num_sequences=micro.num_sequences, num_tokens=micro.num_tokens)

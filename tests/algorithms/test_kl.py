@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import typing
-
 import pytest
 import torch
 from torch.testing import assert_close
@@ -12,6 +10,7 @@ from torch.testing import assert_close
 import variants
 from grpo_lightning.algorithms import functional as F
 from grpo_lightning.algorithms.kl import KL_PLACEMENTS, kl_in_loss, kl_in_reward
+from grpo_lightning.cli.parsing import option_choices
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.training.options import KLOptions
 from tests.algorithms.test_variants import hand_rollout
@@ -44,10 +43,10 @@ def test_the_loss_side_term_adds_beta_times_the_kl_at_every_token_with_its_gradi
     assert_close(kl.grad, t([[0.25, 0.25]]))
 
 
-def test_the_placements_by_name_are_the_options_values():
-    annotation = typing.get_type_hints(KLOptions)["placement"]
-    literal = next(arg for arg in typing.get_args(annotation) if typing.get_origin(arg) is typing.Literal)
-    assert set(KL_PLACEMENTS) == set(typing.get_args(literal))
+def test_the_placements_by_name_are_the_registrys_and_another_name_is_refused_naming_them():
+    assert option_choices("model.init_args.kl.placement") == list(KL_PLACEMENTS) == ["loss", "reward"]
+    with pytest.raises(ConfigError, match=r"^kl.placement: 'sideways' is not one of loss, reward;"):
+        variants.GRPO("m", kl={"placement": "sideways"})
 
 
 def test_each_variant_declares_where_its_kl_goes_and_the_option_moves_it():

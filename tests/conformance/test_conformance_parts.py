@@ -289,3 +289,30 @@ def test_each_surrogate_under_each_aggregation_gives_the_batchs_loss_and_gradien
     assert whole_grad.abs().sum() > 0
     assert_close(split, whole)
     assert_close(split_grad, whole_grad)
+
+
+# ------------------------------------------------------------------ a user's parts, registered from their module
+
+USER_CASES = {
+    "advantage": {"group_median": [[1.0, 0.0, 0.0, 1.0], [0.0] * 4]},  # r - lower median: of 1, 0, 0, 1: 0; of 2s: 2
+    "aggregation": {"seq_mean_token_sqrt_mean": (6 / 3**0.5 + 9 / 2**0.5) / 2},  # (6 / sqrt 3 + 9 / sqrt 2) / 2 = 4.914031
+}
+
+
+def test_the_parts_a_users_module_registers_pass_every_check_of_their_kind(user_parts, monkeypatch):
+    """``tests/conformance/user_parts.py`` registers an advantage and an aggregation on import; named by
+    import path, each is checked as a shipped part is: its hand case, and the aggregation's micro-batch
+    invariance alone and under every surrogate."""
+    assert ADVANTAGES.resolve(f"{user_parts}.group_median") == "group_median"
+    assert AGGREGATIONS.resolve(f"{user_parts}.seq_mean_token_sqrt_mean") == "seq_mean_token_sqrt_mean"
+    for kind, cases in USER_CASES.items():
+        for name, case in cases.items():
+            monkeypatch.setitem(CASES[kind], name, case)
+    test_every_hand_case_is_of_a_registered_part()
+    test_each_advantage_against_its_hand_case("group_median")
+    test_each_aggregation_against_its_hand_case("seq_mean_token_sqrt_mean")
+    test_each_aggregation_summed_over_rows_with_the_batch_counts_is_the_batchs("seq_mean_token_sqrt_mean")
+    for surrogate in SURROGATES:
+        test_each_surrogate_under_each_aggregation_gives_the_batchs_loss_and_gradient_in_any_micro_batches(
+            surrogate, "seq_mean_token_sqrt_mean"
+        )

@@ -82,6 +82,7 @@ def test_the_variants_parts_are_registered(cls):
     assert cls.default_aggregation in AGGREGATIONS
     # None: advantages of the variant's own loop (PPO's GAE, ProcessGRPO's steps), which refuses another.
     assert cls.default_advantage in (None, *ADVANTAGES)
+    assert cls.default_kl_placement in KL_PLACEMENTS and set(cls.refused_kl_placements) <= set(KL_PLACEMENTS)
 
 
 # ------------------------------------------------------------------ micro-batch invariance
@@ -264,7 +265,7 @@ def uses_the_part(module, option: str, name: str) -> None:
         assert torch.equal(module.aggregate(LOSS, MASK), expected)
     elif option == "kl.placement":
         assert module.kl_placement == name
-        assert module.kl_estimator == {"loss": "k3", "reward": "k1"}[name]
+        assert module.kl_estimator == KL_PLACEMENTS[name].estimator  # k3 in the loss, k1 in the reward
     else:
         assert module.surrogate_name == name
 
@@ -310,3 +311,51 @@ def test_the_preset_that_docs_adding_a_variant_adds_passes_the_variants_checks(m
     check_micro_batch_invariance(cls, make_module, make_rollout, monkeypatch)
     for option in OPTIONS:
         check_parts_by_name(cls, option)
+
+
+# ------------------------------------------------------------------ a user's parts, registered from their module
+
+
+def with_user_parts(make_module, path: str):
+    """``make_module`` with the advantage, the aggregation and the KL placement of ``path`` (a user's
+    module, ``tests/conformance/user_parts.py``), each named by an import path."""
+
+    def make(cls, **kwargs):
+        return make_module(cls, advantage=f"{path}.group_median", aggregation=f"{path}.sqrt_length_mean",
+                           kl={"beta": 0.1, "placement": f"{path}.HalfInRewardHalfInLoss"}, **kwargs)  # fmt: skip
+
+    return make
+
+
+def test_a_users_parts_by_import_path_give_a_gradient_independent_of_the_micro_batch_size(
+    user_parts, make_module, make_rollout, monkeypatch, one_torch_thread
+):
+    make = with_user_parts(make_module, user_parts)
+    module = make(variants.GRPO, configure=False)
+    assert (module.advantage_name, module.aggregation_name) == ("group_median", "seq_mean_token_sqrt_mean")
+    assert (module.kl_placement, module.kl_estimator) == ("half_and_half", "k3")
+    check_micro_batch_invariance(variants.GRPO, make, make_rollout, monkeypatch)
+
+
+@pytest.mark.parametrize("cls", [variants.GRPO, variants.RLOO], ids=by_name)
+def test_a_users_parts_once_registered_build_a_variant_by_name_like_a_shipped_part(cls, user_parts):
+    importlib.import_module(user_parts)
+    assert {"group_median", "seq_mean_token_sqrt_mean", "half_and_half"} <= {*ADVANTAGES, *AGGREGATIONS, *KL_PLACEMENTS}
+    for option in OPTIONS:
+        check_parts_by_name(cls, option)
+
+
+def test_a_users_part_by_import_path_on_the_command_line_reads_back_by_that_path(user_parts, tmp_path):
+    shipped = CONFIGS / "variant" / f"{SHIPPED['variants.GRPO']}.yaml"
+    config = printed_config(*BASE, "--config", str(shipped), "--model.model", "m",
+                            "--model.advantage", f"{user_parts}.group_median")  # fmt: skip
+    assert config["model"]["init_args"]["advantage"] == f"{user_parts}.group_median"
+    for key in FIT_ONLY:
+        config.pop(key)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    module = GRPOLightningCLI(args=["--config", str(tmp_path / "config.yaml")], run=False).model
+    assert module.advantage_name == "group_median"
+    message = f"advantage: '{user_parts}.nope' is not one of group_std, .*{user_parts} has no 'nope'"
+    with pytest.raises(ValueError, match=message):  # the ConfigError, in jsonargparse's
+        GRPOLightningCLI(args=["--config", str(tmp_path / "config.yaml"), "--model.advantage", f"{user_parts}.nope"],
+                         run=False)  # fmt: skip
