@@ -20,7 +20,7 @@ from grpo_lightning.training.module import EVERY_STEP_METRICS, ConfigError
 from grpo_lightning.rewards import RewardFunctionError
 from grpo_lightning.rollout.types import SamplingParams
 from variants import DAPO, GRPO
-from tests.conftest import merged
+from tests.helpers import merged
 
 REQUIRED_METRICS = {
     "reward",
