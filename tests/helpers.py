@@ -4,11 +4,13 @@ file imports another for what is here."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import lightning as L
+import pytest
 import torch
 import transformers
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -107,6 +109,64 @@ def assert_constructs_without_loading(cls, monkeypatch) -> None:
     module = cls(model="no-such/model", sampling={"group_size": 4, "max_new_tokens": 16})
     assert time.perf_counter() - start < 1.0
     assert module.policy is None and module.ref_model is None and module.tokenizer is None
+
+
+# ------------------------------------------------------------------ the presets' shared cases (tests/variants/)
+
+# Group 0 has spread, group 1 is all equal (no signal: advantages exactly 0 in every variant).
+REWARDS = [[3.0, 1.0, 2.0, 2.0], [0.5, 0.5, 0.5, 0.5]]
+# GRPO's advantages of group 0: mean 2, deviations [1, -1, 0, 0], unbiased var (1 + 1) / 3 = 2/3,
+# std 0.816496580927726; 1 / (0.816496580927726 + 1e-4) = 1.2245948897605123.
+Z = 1.2245948897605123
+# Ragged mask: row 0 has 3 tokens (sum 1+2+3 = 6), row 1 has 1 token (5); max_new_tokens 4.
+LOSS = [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]]
+MASK = [[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
+
+
+def assert_clip_higher_boundary(module, high_loss: float, high_grad: float, high_clipped: float) -> None:
+    """``module.token_loss`` at the clip's two sides.
+
+    Row 0: ratio 1.25 with advantage +1; row 1: ratio 0.75 with advantage -1.
+      eps_high 0.2:  -min(1.25 * 1, 1.2 * 1) = -1.2, clipped: no gradient.
+      eps_high 0.28: 1.25 < 1.28, -1.25, d/dlogp = -ratio * A = -1.25.
+      low side (eps_low 0.2 everywhere): -min(0.75 * -1, 0.8 * -1) = 0.8, clipped: no gradient.
+    """
+    logp = t([[math.log(1.25)], [math.log(0.75)]]).requires_grad_()
+    mask = t([[1.0], [1.0]])
+    loss = module.token_loss(logp, torch.zeros_like(logp), t([1.0, -1.0]), mask)
+    (grad,) = torch.autograd.grad(loss.sum(), logp)
+    torch.testing.assert_close(loss.detach(), t([[high_loss], [0.8]]))
+    torch.testing.assert_close(grad, t([[high_grad], [0.0]]))
+    metrics = module.step_metrics.compute_and_reset()
+    assert metrics["clip_ratio/high"] == pytest.approx(high_clipped)  # share of the 2 tokens
+    assert metrics["clip_ratio/low"] == pytest.approx(0.5)
+
+
+def assert_aggregate_adds_up_over_halves(module) -> None:
+    """Whole-minibatch counts passed in: the aggregates of ``LOSS``'s two rows add up to the whole's."""
+    whole = module.aggregate(t(LOSS), t(MASK), num_sequences=2, num_tokens=t(4.0))
+    halves = sum(module.aggregate(t([row]), t([m]), num_sequences=2, num_tokens=t(4.0)) for row, m in zip(LOSS, MASK))
+    torch.testing.assert_close(halves, whole)
+
+
+def cpu_trainer(max_steps: int, callbacks=()) -> L.Trainer:
+    """A bare CPU trainer: no logger, checkpoints, validation or progress bar."""
+    return L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        max_steps=max_steps,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=list(callbacks),
+    )
+
+
+def arithmetic(batch_size: int) -> ArithmeticDataModule:
+    return ArithmeticDataModule(num_train=64, num_val=0, val_split=None, batch_size=batch_size)
 
 
 # ------------------------------------------------------------------ gradients
