@@ -122,6 +122,18 @@ Z = 1.2245948897605123
 LOSS = [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]]
 MASK = [[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
 
+# Clip-Cov and KL-Cov (variants/covariance.py): two rows, 3 and 2 valid tokens (N = 5); advantages
+# +1 (row 0) and -1 (row 1).
+COV_LOGP = [[-1.0, -2.0, -3.0, -9.0], [-0.5, -3.5, -9.0, -9.0]]
+COV_MASK = [[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]]
+COV_ADV = [1.0, -1.0]
+# mean A = (3 - 2) / 5 = 0.2: centred A is 0.8 on row 0, -1.2 on row 1.
+# mean logp = (-1 - 2 - 3 - 0.5 - 3.5) / 5 = -2: centred logp [1, 0, -1 | 1.5, -1.5].
+# Cov = [0.8, 0, -0.8 | -1.8, 1.8]; padding 0.
+COV = [[0.8, 0.0, -0.8, 0.0], [-1.8, 1.8, 0.0, 0.0]]
+# old_logp = logp - 0.1 everywhere: rho = exp(0.1) on every token, inside [0.8, 1.2].
+RHO = math.exp(0.1)  # 1.1051709180756477
+
 
 def assert_clip_higher_boundary(module, high_loss: float, high_grad: float, high_clipped: float) -> None:
     """``module.token_loss`` at the clip's two sides.
