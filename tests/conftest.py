@@ -43,6 +43,23 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return str(save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), tokenizer, config, seed=0))
 
 
+@pytest.fixture(scope="module")
+def prm_dir(tmp_path_factory) -> str:
+    """A tiny random Qwen2 token classifier with two labels and its tokenizer, saved as a user's would be."""
+    from transformers import AutoTokenizer, Qwen2ForTokenClassification
+
+    tokenizer = build_char_tokenizer()
+    config = tiny_config(tokenizer, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64,
+                         max_position_embeddings=128)  # fmt: skip
+    config.num_labels = 2
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("prm")
+    Qwen2ForTokenClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    AutoTokenizer.from_pretrained(path)  # round trip: what the reward model loads
+    return str(path)
+
+
 @pytest.fixture
 def make_module(tiny_model_dir) -> Callable:
     """``make_module(cls, configure=True, **kwargs)``: a variant on the tiny model.
