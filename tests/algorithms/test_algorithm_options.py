@@ -95,7 +95,7 @@ def test_the_training_step_hands_normalised_sums_to_the_advantages(make_module, 
 
     module = make_module(
         GRPO,
-        rewards={"aggregation": "normalize_then_sum", "funcs": ["tests.conftest.length_parity_reward", constant]},
+        rewards={"aggregation": "normalize_then_sum", "funcs": ["tests.helpers.length_parity_reward", constant]},
         kl={"beta": 0.0},
     )
     seen = {}
