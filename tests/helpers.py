@@ -26,12 +26,8 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 def length_parity_reward(prompts: list, completions: list[str], **columns) -> list[float]:
     """A deterministic toy reward, ``len(completion) % 3``: completions of one prompt differ in
-    length, so most groups have reward variance and non-zero advantages."""
-    return [float(len(c) % 3) for c in completions]
-
-
-def length_reward(prompts, completions, **columns):
-    """Deterministic, and equal within many groups of 2: DAPO then drops groups and refills."""
+    length, so most groups have reward variance and non-zero advantages (and in groups of 2 many
+    are equal: DAPO then drops groups and refills)."""
     return [float(len(c) % 3) for c in completions]
 
 
@@ -213,7 +209,7 @@ def make_module(model_dir: str, cls=GRPO, **overrides):
     give it: resuming loads checkpoints with ``weights_only=True``."""
     settings = dict(
         model=model_dir,
-        rewards={"funcs": [f"{__name__}.length_reward"]},
+        rewards={"funcs": [f"{__name__}.length_parity_reward"]},
         sampling={"group_size": 2, "max_new_tokens": 6},
         optim={"micro_batch_size": 2, "learning_rate": 1e-3},
     )

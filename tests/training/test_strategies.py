@@ -289,7 +289,7 @@ variant = dict(cls=DAPO, max_gen_batches=3) if kind == "fsdp-dapo" else dict(cls
 if "ppo" in kind:  # a critic with a rate at which it moves in two steps
     variant = dict(cls=PPO, kl={"beta": 0.04}, value_learning_rate=1e-2)
 # Micro-batches of one row: two backward passes per step and rank (DDP syncs only in the last).
-module = variant.pop("cls")(model=model_dir, rewards={"funcs": ["tests.helpers.length_reward"]},
+module = variant.pop("cls")(model=model_dir, rewards={"funcs": ["tests.helpers.length_parity_reward"]},
                             sampling={"group_size": 2, "max_new_tokens": 6, "seed": 7 if keyed else None},
                             optim={"micro_batch_size": 1, "learning_rate": 1e-3}, policy={"dtype": "float32"},
                             **engine, **variant)
