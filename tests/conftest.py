@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny random Qwen2 model on disk, configured modules and real rollouts."""
+"""Shared fixtures: a tiny random Qwen2 model on disk, configured modules and real rollouts (plain
+helpers are in tests/helpers.py)."""
 
 from __future__ import annotations
 
@@ -11,27 +12,11 @@ import torch
 
 from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_tiny_model, tiny_config
+from tests.helpers import length_parity_reward, merged
 
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # pytest -n: the workers share the cores
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
-
-
-def length_parity_reward(prompts: list, completions: list[str], **columns) -> list[float]:
-    """A deterministic toy reward, ``len(completion) % 3``: completions of one prompt differ in
-    length, so most groups have reward variance and non-zero advantages."""
-    return [float(len(c) % 3) for c in completions]
-
-
-def micro_batched_gradient(module, rollout: Rollout, advantages: torch.Tensor, sizes: Sequence[int],
-                           num_tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The policy's gradient of the rollout's loss taken in micro-batches of ``sizes`` rows
-    (``micro_batch_loss`` with the whole rollout's sequence and token counts), by parameter name."""
-    module.policy.zero_grad(set_to_none=True)
-    n = len(rollout)
-    for rows in torch.arange(n).split(list(sizes)):
-        module.micro_batch_loss(rollout, advantages, rows, num_sequences=n, num_tokens=num_tokens).backward()
-    return {name: p.grad.clone() for name, p in module.policy.named_parameters()}
 
 
 @pytest.fixture(scope="module")
@@ -59,29 +44,21 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return str(save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), tokenizer, config, seed=0))
 
 
-def grouped(options: dict) -> dict:
-    """Constructor arguments of dotted options: ``{"loss.delta": 2.0, "advantage": "gpg"}`` ->
-    ``{"loss": {"delta": 2.0}, "advantage": "gpg"}``."""
-    from grpo_lightning.training.options import GROUPS
+@pytest.fixture(scope="module")
+def prm_dir(tmp_path_factory) -> str:
+    """A tiny random Qwen2 token classifier with two labels and its tokenizer, saved as a user's would be."""
+    from transformers import AutoTokenizer, Qwen2ForTokenClassification
 
-    arguments: dict = {}
-    for name, value in options.items():
-        group, _, field = name.partition(".")
-        if field and group in GROUPS:
-            arguments.setdefault(group, {})[field] = value
-        else:
-            arguments[name] = value
-    return arguments
-
-
-def merged(settings: dict, overrides: dict) -> dict:
-    """Constructor arguments: ``settings`` with ``overrides``, an option group given as a dict on
-    both sides merged field by field (``sampling={"group_size": 2}`` keeps the other sampling settings)."""
-    out = dict(settings)
-    for name, value in overrides.items():
-        both = isinstance(value, dict) and isinstance(out.get(name), dict)
-        out[name] = {**out[name], **value} if both else value
-    return out
+    tokenizer = build_char_tokenizer()
+    config = tiny_config(tokenizer, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64,
+                         max_position_embeddings=128)  # fmt: skip
+    config.num_labels = 2
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("prm")
+    Qwen2ForTokenClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    AutoTokenizer.from_pretrained(path)  # round trip: what the reward model loads
+    return str(path)
 
 
 @pytest.fixture

@@ -392,7 +392,7 @@ def test_memory_held_counts_each_owner_s_tensors_once(tiny_model_dir, tmp_path):
     """``memory_held`` (the per-owner breakdown the GPU runs print) after a real fit, counted on the
     CPU: the policy's weights, AdamW's two moments per weight, the reference copy and the engine's
     key/value cache."""
-    from test_checkpoint import fit, make_module
+    from tests.helpers import fit, make_module
 
     from grpo_lightning.rollout.engine.options import EngineOptions
 

@@ -13,7 +13,7 @@ from torch.testing import assert_close
 from grpo_lightning.algorithms import functional as F
 from grpo_lightning.algorithms import policy_losses
 from grpo_lightning.training.settings import ConfigError
-from tests.conftest import grouped, micro_batched_gradient
+from tests.helpers import grouped, micro_batched_gradient
 from variants import DAPO, GRPO, GSPO, RLOO, DrGRPO
 
 PROMPTS = ["12+34=", "5+6=", "77+8=", "9*9="]  # x group_size 4 = 16 rows
@@ -95,7 +95,7 @@ def test_the_training_step_hands_normalised_sums_to_the_advantages(make_module, 
 
     module = make_module(
         GRPO,
-        rewards={"aggregation": "normalize_then_sum", "funcs": ["tests.conftest.length_parity_reward", constant]},
+        rewards={"aggregation": "normalize_then_sum", "funcs": ["tests.helpers.length_parity_reward", constant]},
         kl={"beta": 0.0},
     )
     seen = {}

@@ -13,7 +13,7 @@ from grpo_lightning.algorithms.kl import KL_PLACEMENTS, kl_in_loss, kl_in_reward
 from grpo_lightning.cli.parsing import option_choices
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.training.options import KLOptions
-from tests.algorithms.test_variants import hand_rollout
+from tests.helpers import hand_rollout
 
 
 def t(values) -> torch.Tensor:

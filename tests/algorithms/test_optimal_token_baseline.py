@@ -82,7 +82,7 @@ def test_the_policys_statistics_match_its_log_probs_and_an_unpadded_softmax(make
 
 def test_a_fit_step_trains_on_per_token_advantages(tiny_model_dir, tmp_path, one_torch_thread):
     module = GRPO(model=tiny_model_dir, advantage="optimal_token_baseline", sampling={"group_size": 3, "max_new_tokens": 6},
-                  rewards={"funcs": ["tests.conftest.length_parity_reward"]}, optim={"micro_batch_size": 4})  # fmt: skip
+                  rewards={"funcs": ["tests.helpers.length_parity_reward"]}, optim={"micro_batch_size": 4})  # fmt: skip
     trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_progress_bar=False, limit_val_batches=0,
                         enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path)  # fmt: skip
     trainer.fit(module, ArithmeticDataModule(num_train=8, num_val=2, batch_size=2))

@@ -25,7 +25,7 @@ from grpo_lightning.algorithms.rollout_correction import (
     second_moment_mask,
 )
 from grpo_lightning.training.settings import ConfigError
-from tests.conftest import length_parity_reward, micro_batched_gradient
+from tests.helpers import length_parity_reward, micro_batched_gradient
 from variants import GRPO
 
 TRAIN = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.4, 0.4, 0.1]]))

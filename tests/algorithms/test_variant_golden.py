@@ -17,7 +17,7 @@ import torch
 
 import variants
 from grpo_lightning.algorithms import dpo
-from tests.conftest import micro_batched_gradient
+from tests.helpers import micro_batched_gradient
 
 PROMPTS = ["1+1=", "2+3=", "7-4="]
 ANSWERS = ["2", "5", "3"]

@@ -13,54 +13,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_lightning.cli.app import main
-from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.checkpoints.export import export_checkpoint, read_checkpoint
 from grpo_lightning.checkpoints.export import main as export_main
-from variants import DAPO, GRPO
-from tests.conftest import merged
-
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-
-
-def length_reward(prompts, completions, **columns):
-    """Deterministic, and equal within many groups of 2: DAPO then drops groups and refills."""
-    return [float(len(c) % 3) for c in completions]
-
-
-def make_module(model_dir: str, cls=GRPO, **overrides):
-    settings = dict(
-        # an import path, as configs give it: resuming loads checkpoints with weights_only=True
-        model=model_dir,
-        rewards={"funcs": [f"{__name__}.length_reward"]},
-        sampling={"group_size": 2, "max_new_tokens": 6},
-        optim={"micro_batch_size": 2, "learning_rate": 1e-3},
-    )
-    return cls(**merged(settings, overrides))
-
-
-def make_data() -> ArithmeticDataModule:
-    return ArithmeticDataModule(num_train=8, num_val=4, batch_size=2, val_batch_size=4)  # 4 batches an epoch
-
-
-def compared(name: str) -> bool:
-    return not name.startswith("perf/") or name == "perf/generated_tokens"  # timings differ run to run
-
-
-class StepRecorder(L.Callback):
-    """The logged metrics of every optimizer step this fit makes, by global step."""
-
-    def __init__(self) -> None:
-        self.steps: dict[int, dict[str, torch.Tensor]] = {}
-        self.last = 0
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        self.last = trainer.global_step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step > self.last:  # DAPO batches that only sample make no step
-            self.last = trainer.global_step
-            metrics = trainer.callback_metrics
-            self.steps[self.last] = {k: v.detach().clone() for k, v in metrics.items() if compared(k)}
+from variants import DAPO
+from tests.helpers import CONFIGS, assert_same_steps, fit, logits, make_module
 
 
 class SaveWhileSampling(L.Callback):
@@ -75,35 +31,6 @@ class SaveWhileSampling(L.Callback):
             trainer.save_checkpoint(self.path)
             self.saved_at = trainer.global_step
             trainer.should_stop = True
-
-
-def fit(module, max_steps: int, root: Path, callbacks=(), ckpt_path=None, strategy="auto") -> tuple[dict, L.Trainer]:
-    L.seed_everything(0)
-    recorder = StepRecorder()
-    trainer = L.Trainer(
-        strategy=strategy,
-        max_steps=max_steps,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        log_every_n_steps=1,
-        callbacks=[recorder, *callbacks],
-        default_root_dir=root,
-    )
-    trainer.fit(module, datamodule=make_data(), ckpt_path=ckpt_path)
-    return recorder.steps, trainer
-
-
-def assert_same_steps(resumed: dict, full: dict, first: int, last: int) -> None:
-    assert sorted(resumed) == list(range(first, last + 1))
-    for step in resumed:
-        assert "reward" in resumed[step] and "loss" in resumed[step]
-        torch.testing.assert_close(resumed[step], full[step], rtol=0, atol=0, msg=lambda m: f"step {step}: {m}")
 
 
 @pytest.mark.parametrize("stop", [3, 4], ids=["mid-epoch", "end-of-epoch"])
@@ -174,12 +101,6 @@ def test_a_truncated_checkpoint_fails_naming_the_path(tiny_model_dir, tmp_path):
 
 
 # ---------------------------------------------------------------- export
-
-
-def logits(model, tokenizer) -> torch.Tensor:
-    encoded = tokenizer(["12+34=", "7+8="], return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-    with torch.no_grad():
-        return model(**encoded).logits
 
 
 def test_the_trained_policy_exports_as_a_hugging_face_directory(tiny_model_dir, tmp_path):

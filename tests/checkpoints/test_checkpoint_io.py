@@ -15,7 +15,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
-from test_checkpoint import make_data, make_module
+from tests.helpers import make_data, make_module
 
 from grpo_lightning.checkpoints.io import (
     AtomicCheckpointIO,

@@ -108,7 +108,7 @@ def summary_checkpoint(printed: str) -> tuple[Path, int]:
 def test_a_fit_off_the_checkpoint_interval_ends_with_last_ckpt_at_its_last_step(
     tiny_model_dir, tmp_path, one_torch_thread, capsys
 ):
-    rewards = ("--model.rewards.funcs", "[tests.conftest.length_parity_reward]")  # a gradient, so optimizer state
+    rewards = ("--model.rewards.funcs", "[tests.helpers.length_parity_reward]")  # a gradient, so optimizer state
     main(fit_args(tiny_model_dir, tmp_path, *rewards, steps=3))
     printed = capsys.readouterr().out
     assert last_step(tmp_path) == 3

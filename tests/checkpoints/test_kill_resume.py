@@ -34,7 +34,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from grpo_lightning.checkpoints.io import AtomicCheckpointIO
-from test_checkpoint import StepRecorder, make_data, make_module
+from tests.helpers import StepRecorder, make_data, make_module
 
 model_dir, out, ckpt_dir, max_steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 ckpt_path = sys.argv[5] if len(sys.argv) > 5 else None
@@ -100,7 +100,7 @@ class Fit:
         self.out = out
         out.mkdir(parents=True)
         args = [model_dir, str(out), str(ckpt_dir), str(TOTAL_STEPS)] + ([ckpt_path] if ckpt_path else [])
-        path = os.pathsep.join([str(ROOT), str(ROOT / "tests" / "checkpoints"), os.environ.get("PYTHONPATH", "")])
+        path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
         env = {**os.environ, "PYTHONPATH": path, "PAUSE": pause, "OMP_NUM_THREADS": "1"}
         with open(out / "output.txt", "w") as log:  # the process writes to its own copy of the handle
             self.process = subprocess.Popen([sys.executable, str(script), *args], cwd=ROOT, env=env,

@@ -96,7 +96,7 @@ def test_a_cli_fit_warns_of_nothing_by_design_and_copies_no_state_to_the_cpu_at_
                 "--model.sampling.max_new_tokens",
                 "8",
                 "--model.rewards.funcs",  # rewards that differ within a group: the step has a gradient to keep
-                "[tests.conftest.length_parity_reward]",
+                "[tests.helpers.length_parity_reward]",
                 "--trainer.limit_val_batches",
                 "0",
                 "--trainer.default_root_dir",

@@ -35,7 +35,7 @@ from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.cli.variants import shipped_variants
 from grpo_lightning.training.module import GroupPolicyOptimization
 from grpo_lightning.training.settings import ConfigError
-from tests.conftest import grouped
+from tests.helpers import grouped
 
 
 def defined_in_variants() -> dict[str, type]:

@@ -133,7 +133,7 @@ def fit(model_dir: str, root, max_steps: int, ckpt_path=None, *extra: L.Callback
     curriculum = DifficultyCurriculum(revisit_epochs=1)
     prompts = Prompts(curriculum)
     module = GRPO(model=model_dir, sampling={"group_size": 2, "max_new_tokens": 4},
-                  rewards={"funcs": ["tests.conftest.length_parity_reward"]})  # fmt: skip
+                  rewards={"funcs": ["tests.helpers.length_parity_reward"]})  # fmt: skip
     trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_progress_bar=False, limit_val_batches=0,
                         enable_model_summary=False, enable_checkpointing=False, default_root_dir=root,
                         callbacks=[curriculum, prompts, *extra])  # fmt: skip

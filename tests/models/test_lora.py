@@ -11,7 +11,6 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from test_checkpoint import CONFIGS, assert_same_steps, fit, logits, make_module
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_lightning.cli.app import GRPOLightningCLI
@@ -24,7 +23,7 @@ from grpo_lightning.models.lora import (
 )
 from grpo_lightning.training.settings import ConfigError
 from variants import GRPO
-from tests.conftest import merged
+from tests.helpers import CONFIGS, assert_same_steps, fit, logits, make_module, merged
 
 peft = pytest.importorskip("peft")
 

@@ -145,7 +145,7 @@ def test_a_fit_whose_rewards_compare_answers_starts_math_verify_at_setup(reward_
 
     started = []
     monkeypatch.setattr(math_verifier, "start_in_background", lambda: started.append(True))
-    funcs = ["grpo_lightning.rewards.accuracy_reward"] if reward_is_accuracy else ["tests.conftest.length_parity_reward"]
+    funcs = ["grpo_lightning.rewards.accuracy_reward"] if reward_is_accuracy else ["tests.helpers.length_parity_reward"]
     module = make_module(GRPO, configure=False, rewards={"funcs": funcs},
                          evaluation={"accuracy_func": funcs[0]})  # fmt: skip
     monkeypatch.setattr(training_module, "check_before_loading", lambda *args: None)  # needs a Trainer

@@ -31,7 +31,7 @@ from grpo_lightning.rewards import (
     RewardScorer,
     score_completions,
 )
-from test_checkpoint import fit, make_module
+from tests.helpers import fit, make_module
 
 COMPLETIONS = ["a", "", "abcd", "ab"]
 PROMPTS = ["p0", "p1", "p2", "p3"]

@@ -15,7 +15,7 @@ from grpo_lightning.rewards import (
     reasoning_length_reward,
     score_completions,
 )
-from tests.conftest import length_parity_reward
+from tests.helpers import length_parity_reward
 
 CONFIGS = config_dir()
 

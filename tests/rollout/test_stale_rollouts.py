@@ -11,7 +11,7 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from test_checkpoint import StepRecorder, assert_same_steps, fit, make_data, make_module
+from tests.helpers import StepRecorder, assert_same_steps, fit, make_data, make_module
 
 from variants import GRPO
 

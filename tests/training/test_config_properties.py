@@ -28,7 +28,7 @@ from grpo_lightning.training.module import GroupPolicyOptimization
 from grpo_lightning.training.options import GROUPS
 from grpo_lightning.algorithms.rollout_correction import CORRECTIONS
 from grpo_lightning.training.settings import ConfigError
-from tests.conftest import grouped
+from tests.helpers import grouped
 
 MISSING_MODEL = "no-such-org/no-such-model"
 PROPERTY = settings(max_examples=60, deadline=None, database=None, derandomize=True)

@@ -1,14 +1,19 @@
 """Micro-batches packed to a token budget: the packing by hand, the row order of a pass's results,
-and the settings that choose between a row count and a token budget."""
+and the settings that choose between a row count and a token budget; a fit's optimizer step takes
+the same gradient in any micro-batches, with the LM head fused or not, packed or padded."""
 
 from __future__ import annotations
 
+import lightning as L
 import pytest
 import torch
+from torch.testing import assert_close
 
+from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.training.micro_batches import fewest_micro_batches, in_row_order, pack_rows, token_budget_split
 from grpo_lightning.training.settings import ConfigError
 from variants import GRPO, PPO, OnlineDPOGRPO
+from tests.helpers import GradientCapture, arithmetic, cpu_trainer
 
 
 def test_rows_go_longest_first_to_the_micro_batch_of_least_squared_tokens_with_room():
@@ -69,3 +74,29 @@ def test_a_log_prob_pass_on_a_token_budget_gives_the_row_counts_log_probs(make_m
     assert 1 < len(split) < len(rollout)
     assert any((part.diff() > 1).any() for part in split)  # not the row count's contiguous runs
     torch.testing.assert_close(module.compute_logprobs(module.policy, rollout), rows, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ a fit's optimizer step
+
+
+def test_trainer_step_gradient_does_not_depend_on_micro_batching_the_fused_head_or_packing(make_module):
+    # 2 prompts x 4 completions = 8 rows: micro-batches of 3 + 3 + 2 (or packed to 40 tokens, about two
+    # rows) against one of 8, with the LM head fused into the log-softmax and without, packed without padding and padded.
+    gradients = []
+    tokens = {"micro_batch_size": None, "micro_batch_tokens": 40}
+    settings = (({"micro_batch_size": 3}, True, False), ({"micro_batch_size": 8}, True, False),
+                ({"micro_batch_size": 3}, False, True), (tokens, True, False), ({"micro_batch_size": 8}, True, True),
+                ({"micro_batch_size": 8}, False, False))  # fmt: skip
+    for optim, fused_lm_head, padding_free in settings:
+        L.seed_everything(0)
+        capture = GradientCapture()
+        engine = EngineOptions(fused_lm_head=fused_lm_head, padding_free=padding_free)
+        module = make_module(GRPO, configure=False, engine=engine, optim=optim)
+        cpu_trainer(max_steps=1, callbacks=[capture]).fit(module, datamodule=arithmetic(batch_size=2))
+        assert len(capture.gradients) == 1  # the hook runs under manual optimization
+        gradients.append(capture.gradients[0])
+    whole = gradients[-1]
+    assert sum(g.abs().sum() for g in whole.values()) > 0
+    for other in gradients[:-1]:
+        for name in whole:
+            assert_close(other[name], whole[name], rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}: {m}")

@@ -12,7 +12,6 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.evaluation.diagnostics import HealthChecks
 from grpo_lightning.models.logprobs import completion_logprobs
 from grpo_lightning.rollout.engine.options import EngineOptions
@@ -20,7 +19,7 @@ from grpo_lightning.training.module import EVERY_STEP_METRICS, ConfigError
 from grpo_lightning.rewards import RewardFunctionError
 from grpo_lightning.rollout.types import SamplingParams
 from variants import DAPO, GRPO
-from tests.conftest import merged
+from tests.helpers import make_trainer, module, small_data
 
 REQUIRED_METRICS = {
     "reward",
@@ -48,35 +47,6 @@ def count_ones_reward(prompts, completions, **columns):
 
 def failing_reward(prompts, completions, **columns):
     raise ZeroDivisionError("boom")
-
-
-def small_data(**overrides) -> ArithmeticDataModule:
-    settings = dict(num_train=32, num_val=8, batch_size=2, val_batch_size=8)
-    settings.update(overrides)
-    return ArithmeticDataModule(**settings)
-
-
-def make_trainer(tmp_path: Path, max_steps: int = 2, **overrides) -> L.Trainer:
-    settings = dict(
-        max_steps=max_steps,
-        accelerator="cpu",
-        logger=L.pytorch.loggers.TensorBoardLogger(tmp_path, name="run"),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        val_check_interval=max_steps,
-        check_val_every_n_epoch=None,
-        log_every_n_steps=1,
-        default_root_dir=tmp_path,
-    )
-    settings.update(overrides)
-    return L.Trainer(**settings)
-
-
-def module(model_dir: str, cls=GRPO, **overrides):
-    settings = dict(model=model_dir, sampling={"group_size": 2, "max_new_tokens": 6},
-                    optim={"micro_batch_size": 4, "learning_rate": 1e-3})  # fmt: skip
-    return cls(**merged(settings, overrides))
 
 
 def test_fit_writes_tensorboard_events_with_every_metric(tiny_model_dir, tmp_path):

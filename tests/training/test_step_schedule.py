@@ -13,7 +13,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from grpo_lightning.training.callbacks import FitSummary
-from tests.training.test_module import make_trainer, module, small_data
+from tests.helpers import make_trainer, module, small_data
 from variants import DAPO, GRPO
 
 

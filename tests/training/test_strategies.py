@@ -35,7 +35,7 @@ from grpo_lightning.training.strategies import (
     mixed_precision_config,
     shard,
 )
-from test_checkpoint import fit, logits, make_module
+from tests.helpers import fit, logits, make_module
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
@@ -289,7 +289,7 @@ variant = dict(cls=DAPO, max_gen_batches=3) if kind == "fsdp-dapo" else dict(cls
 if "ppo" in kind:  # a critic with a rate at which it moves in two steps
     variant = dict(cls=PPO, kl={"beta": 0.04}, value_learning_rate=1e-2)
 # Micro-batches of one row: two backward passes per step and rank (DDP syncs only in the last).
-module = variant.pop("cls")(model=model_dir, rewards={"funcs": ["test_checkpoint.length_reward"]},
+module = variant.pop("cls")(model=model_dir, rewards={"funcs": ["tests.helpers.length_parity_reward"]},
                             sampling={"group_size": 2, "max_new_tokens": 6, "seed": 7 if keyed else None},
                             optim={"micro_batch_size": 1, "learning_rate": 1e-3}, policy={"dtype": "float32"},
                             **engine, **variant)
@@ -323,7 +323,7 @@ def torchrun(
     args = [model_dir, str(out), kind, str(max_steps)] + ([str(ckpt_path)] if ckpt_path else [])
     launcher = ["-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port", str(free_port())]
     command = [sys.executable, *launcher, str(script), *args]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "checkpoints"), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(processes)]

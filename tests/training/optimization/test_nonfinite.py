@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_checkpoint import fit, make_module
 
 from grpo_lightning.training.optimization.nonfinite import NonFiniteGuard, NonFiniteTrainingError
 from grpo_lightning.training.settings import ConfigError
 from variants import GRPO
-from tests.conftest import merged
+from tests.helpers import fit, make_module, merged
 
 BAD_STEP = 1  # global step (0-based) of the poisoned update
 

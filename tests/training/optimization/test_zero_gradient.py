@@ -5,10 +5,9 @@ weight, as if it had trained on nothing; with the KL term on, the same step stil
 from __future__ import annotations
 
 import torch
-from test_checkpoint import fit, make_module
 
 from variants import GRPO
-from tests.conftest import merged
+from tests.helpers import fit, make_module, merged
 
 FLAT_STEP = 1  # global step (0-based) whose rewards are all equal
 

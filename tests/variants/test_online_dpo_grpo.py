@@ -1,10 +1,10 @@
 """Specification of OnlineDPOGRPO: GRPO's loss plus DPO (Rafailov et al. 2023, eq. 7) on each
 group's best and worst completion.
 
-The pair selection and the pair loss are checked against values worked out by hand in the
-comments; the total loss runs the real module on a tiny random model, with ``manual_backward``
-replaced by a plain ``backward`` that also records each backpropagated loss (the gradient's
-micro-batch invariance is the conformance suite's, tests/conformance/).
+The pair selection and the pair loss by hand are tests/algorithms/test_dpo.py. The total loss runs
+the real module on a tiny random model, with ``manual_backward`` replaced by a plain ``backward``
+that also records each backpropagated loss (the gradient's micro-batch invariance is the conformance
+suite's, tests/conformance/).
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 import transformers
-from torch.testing import assert_close
 
 from grpo_lightning.algorithms import dpo
 from grpo_lightning.algorithms import functional as F
 from grpo_lightning.cli.app import GRPOLightningCLI
 from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.training.settings import ConfigError
+from tests.helpers import perturb
 from variants import GRPO, OnlineDPOGRPO
 from variants.online_dpo_grpo import pairs_of_roles
 
@@ -68,55 +68,7 @@ def test_the_reference_model_loads_even_without_a_kl_term(make_module):
     assert not any(p.requires_grad for p in module.ref_model.parameters())
 
 
-# ------------------------------------------------------------------ the pure math
-
-
-def test_pairs_are_each_groups_best_and_worst_with_ties_to_the_first():
-    rewards = torch.tensor([
-        [0.0, 1.0, 1.0, 0.0],  # best 1 at 1 and 2 -> 1; worst 0 at 0 and 3 -> 0: rows (1, 0)
-        [2.0, 2.0, 2.0, 2.0],  # equal rewards: no pair
-        [0.5, 3.0, 0.5, 1.0],  # best at 1; worst 0.5 at 0 and 2 -> 0: rows (9, 8)
-        [1.0, float("nan"), 0.0, 1.0],  # a NaN reward: no pair
-        [-1.0, 0.0, 0.0, 2.0],  # best at 3, worst at 0: rows (19, 16)
-    ])  # fmt: skip
-    winners, losers = dpo.best_worst_pairs(rewards)
-    assert winners.tolist() == [1, 9, 19] and losers.tolist() == [0, 8, 16]
-    none = dpo.best_worst_pairs(torch.ones(3, 1))  # G = 1: nothing to compare
-    assert none[0].numel() == none[1].numel() == 0
-    with pytest.raises(ValueError, match="rewards must be \\[P, G\\]"):
-        dpo.best_worst_pairs(torch.ones(8))
-
-
-def test_a_pair_belongs_to_the_minibatch_holding_its_winner():
-    winners, losers = torch.tensor([1, 9, 19]), torch.tensor([0, 8, 16])
-    led = dpo.pairs_led_by(torch.tensor([16, 0, 9, 3]), winners, losers)  # holds only winner 9
-    assert led[0].tolist() == [9] and led[1].tolist() == [8]
-
-
-def test_pair_loss_by_hand():
-    # Pair 0: policy and reference agree on both -> margin 0, loss -log sigmoid(0) = log 2.
-    # Pair 1: 0.1 * ((-1 - -2) - (-3 - -1)) = 0.1 * (1 + 2) = 0.3 -> loss log(1 + e^-0.3).
-    # Pair 2: 0.1 * ((-4 - -1) - (-2 - -2)) = -0.3 -> loss log(1 + e^0.3), a wrong preference.
-    policy_w = torch.tensor([-5.0, -1.0, -4.0], requires_grad=True)
-    loss, margin = dpo.dpo_pair_loss(
-        policy_w, torch.tensor([-5.0, -2.0, -1.0]), torch.tensor([-7.0, -3.0, -2.0]), torch.tensor([-7.0, -1.0, -2.0]), 0.1
-    )
-    assert_close(margin, torch.tensor([0.0, 0.3, -0.3]))
-    assert_close(loss, torch.tensor([math.log(2.0), math.log(1 + math.exp(-0.3)), math.log(1 + math.exp(0.3))]))
-    # d loss / d log pi(y_w) = -beta * sigmoid(-margin): -0.05 at margin 0.
-    (grad,) = torch.autograd.grad(loss.sum(), policy_w)
-    sigmoid = [1 / (1 + math.exp(-m)) for m in (0.0, -0.3, 0.3)]
-    assert_close(grad, torch.tensor([-0.1 * s for s in sigmoid]))
-
-
 # ------------------------------------------------------------------ the module on a real rollout
-
-
-def _perturb(model: torch.nn.Module, scale: float = 0.05) -> None:
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=generator, dtype=p.dtype))
 
 
 @pytest.fixture
@@ -125,7 +77,7 @@ def prepared(make_module, make_rollout, monkeypatch, one_torch_thread):
     log-probs of a perturbed reference, its advantages, and the list of backpropagated losses."""
     module = make_module(OnlineDPOGRPO, dpo_weight=0.5, dpo_beta=0.2, rewards={"funcs": [length_reward]})
     rollout = make_rollout(module, PROMPTS)
-    _perturb(module.ref_model)
+    perturb(module.ref_model)
     rollout.ref_logp = module.compute_logprobs(module.ref_model, rollout)
     advantages = module.advantages(rollout.rewards.view(-1, rollout.group_size)).flatten()
     module.shape_rewards(rollout.rewards, rollout)  # the step's pairs, into rollout.derived

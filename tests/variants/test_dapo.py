@@ -1,147 +1,67 @@
-"""Specification of the five variants: GRPO, Dr. GRPO, DAPO, RLOO and GSPO.
-
-Hook values are worked out by hand in the comments next to them; the gradient tests run the real
-modules on a tiny random model (``tests/conftest.py``).
-"""
+"""Specification of DAPO (Yu et al. 2025): its paper defaults, hand-computed hook values, the
+overlong reward shaping, and dynamic sampling on real rollouts and fits of a tiny random model
+(``tests/conftest.py``)."""
 
 from __future__ import annotations
 
-import math
 import time
 
 import lightning as L
 import pytest
 import torch
-import transformers
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.testing import assert_close
 
-from grpo_lightning.data import ArithmeticDataModule
-from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.rollout.types import Rollout
-from variants import DAPO, GRPO, GSPO, RLOO, DrGRPO
-
-VARIANTS = [GRPO, DrGRPO, DAPO, RLOO, GSPO]
-f64 = torch.float64
-
-
-def t(values, dtype=f64):
-    return torch.tensor(values, dtype=dtype)
-
-
-def hand_rollout(lengths: list[int], width: int, group_size: int) -> Rollout:
-    """A rollout with no real tokens: only the completion lengths (the mask) are meaningful."""
-    n = len(lengths)
-    mask = (torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).float()
-    return Rollout(
-        group_size=group_size,
-        prompt_ids=torch.zeros(n, 1, dtype=torch.long),
-        prompt_mask=torch.ones(n, 1, dtype=torch.long),
-        completion_ids=torch.zeros(n, width, dtype=torch.long),
-        completion_mask=mask,
-        truncated=torch.tensor([length >= width for length in lengths]),
-        prompts=["p"] * n,
-        completions=[""] * n,
-    )
+from tests.helpers import (
+    LOSS,
+    MASK,
+    REWARDS,
+    Z,
+    arithmetic,
+    assert_clip_higher_boundary,
+    assert_constructs_without_loading,
+    cpu_trainer,
+    hand_rollout,
+    t,
+)
+from variants import DAPO
 
 
 # ------------------------------------------------------------------ construction and defaults
 
 
-@pytest.mark.parametrize("cls", VARIANTS, ids=lambda c: c.__name__)
-def test_construction_loads_nothing_and_is_instant(cls, monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("the constructor must not load a model or tokenizer")
-
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
-    start = time.perf_counter()
-    module = cls(model="no-such/model", sampling={"group_size": 4, "max_new_tokens": 16})
-    assert time.perf_counter() - start < 1.0
-    assert module.policy is None and module.ref_model is None and module.tokenizer is None
+def test_construction_loads_nothing_and_is_instant(monkeypatch):
+    assert_constructs_without_loading(DAPO, monkeypatch)
 
 
-@pytest.mark.parametrize(
-    "cls, beta, eps_low, eps_high, placement",
-    [
-        (GRPO, 0.04, 0.2, 0.2, "loss"),  # DeepSeekMath: beta 0.04, eps 0.2, k3
-        (DrGRPO, 0.0, 0.2, 0.2, "loss"),  # Dr. GRPO: no KL term
-        (DAPO, 0.0, 0.2, 0.28, "loss"),  # DAPO: no KL, clip-higher 0.2 / 0.28
-        (RLOO, 0.05, 0.2, 0.2, "reward"),  # RLOO: KL penalty in the reward
-        (GSPO, 0.0, 3e-4, 4e-4, "loss"),  # GSPO: sequence-ratio clip range
-    ],
-    ids=lambda v: v.__name__ if isinstance(v, type) else None,
-)
-def test_defaults_follow_the_papers(cls, beta, eps_low, eps_high, placement):
-    module = cls(model="unused")
-    assert module.beta == beta
-    assert (module.clip_eps_low, module.clip_eps_high) == (eps_low, eps_high)
-    assert module.kl_estimator == ("k3" if placement == "loss" else "k1")  # RLOO: k1 in the reward, as the paper
-    assert module.kl_placement == placement
+def test_defaults_follow_the_papers():
+    module = DAPO(model="unused")  # DAPO: no KL, clip-higher 0.2 / 0.28
+    assert module.beta == 0.0
+    assert (module.clip_eps_low, module.clip_eps_high) == (0.2, 0.28)
+    assert module.kl_estimator == "k3"
+    assert module.kl_placement == "loss"
 
 
 # ------------------------------------------------------------------ hand-computed hook values
 
-# Group 0 has spread, group 1 is all equal (no signal: advantages exactly 0 in every variant).
-REWARDS = [[3.0, 1.0, 2.0, 2.0], [0.5, 0.5, 0.5, 0.5]]
-# Group 0: mean 2, deviations [1, -1, 0, 0], unbiased var (1 + 1) / 3 = 2/3, std 0.816496580927726;
-# 1 / (0.816496580927726 + 1e-4) = 1.2245948897605123.
-Z = 1.2245948897605123
-# Leave-one-out: 3 - (1+2+2)/3 = 4/3; 1 - (3+2+2)/3 = -4/3; 2 - (3+1+2)/3 = 0.
-ADVANTAGES = {
-    GRPO: [[Z, -Z, 0.0, 0.0], [0.0] * 4],
-    DAPO: [[Z, -Z, 0.0, 0.0], [0.0] * 4],
-    GSPO: [[Z, -Z, 0.0, 0.0], [0.0] * 4],
-    DrGRPO: [[1.0, -1.0, 0.0, 0.0], [0.0] * 4],  # centred only
-    RLOO: [[4 / 3, -4 / 3, 0.0, 0.0], [0.0] * 4],
-}
+# REWARDS, LOSS and MASK, and their hand-worked values, are in tests/helpers.py.
 
 
-@pytest.mark.parametrize("cls", VARIANTS, ids=lambda c: c.__name__)
-def test_advantages_by_hand(cls):
-    advantages = cls(model="unused").advantages(t(REWARDS))
-    assert_close(advantages, t(ADVANTAGES[cls]))
-    assert torch.equal(advantages[1], torch.zeros(4, dtype=f64))
+def test_advantages_by_hand():
+    advantages = DAPO(model="unused").advantages(t(REWARDS))
+    assert_close(advantages, t([[Z, -Z, 0.0, 0.0], [0.0] * 4]))
+    assert torch.equal(advantages[1], torch.zeros(4, dtype=torch.float64))
 
 
-# Ragged mask: row 0 has 3 tokens (sum 1+2+3 = 6), row 1 has 1 token (5); max_new_tokens 4.
-LOSS = [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]]
-MASK = [[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]]
-AGGREGATES = {
-    GRPO: 3.5,  # sequence mean of token means: (6/3 + 5/1) / 2
-    GSPO: 3.5,  # same reduction as GRPO
-    DrGRPO: 1.375,  # token sum over N * max_new_tokens: 11 / (2 * 4)
-    DAPO: 2.75,  # token mean over the batch: 11 / 4 tokens
-    RLOO: 5.5,  # sequence mean of token sums: (6 + 5) / 2
-}
+def test_aggregate_on_a_ragged_mask_by_hand():
+    module = DAPO(model="unused", sampling={"max_new_tokens": 4})
+    assert_close(module.aggregate(t(LOSS), t(MASK)), t(2.75))  # token mean over the batch: 11 / 4 tokens
 
 
-@pytest.mark.parametrize("cls", VARIANTS, ids=lambda c: c.__name__)
-def test_aggregate_on_a_ragged_mask_by_hand(cls):
-    module = cls(model="unused", sampling={"max_new_tokens": 4})
-    assert_close(module.aggregate(t(LOSS), t(MASK)), t(AGGREGATES[cls]))
-
-
-# Row 0: ratio 1.25 with advantage +1; row 1: ratio 0.75 with advantage -1.
-#   eps_high 0.2:  -min(1.25 * 1, 1.2 * 1) = -1.2, clipped: no gradient.
-#   eps_high 0.28: 1.25 < 1.28, -1.25, d/dlogp = -ratio * A = -1.25.
-#   low side (eps_low 0.2 everywhere): -min(0.75 * -1, 0.8 * -1) = 0.8, clipped: no gradient.
-@pytest.mark.parametrize(
-    "cls, high_loss, high_grad, high_clipped",
-    [(GRPO, -1.2, 0.0, 0.5), (DrGRPO, -1.2, 0.0, 0.5), (RLOO, -1.2, 0.0, 0.5), (DAPO, -1.25, -1.25, 0.0)],
-    ids=lambda v: v.__name__ if isinstance(v, type) else None,
-)
-def test_token_loss_clip_higher_boundary(cls, high_loss, high_grad, high_clipped):
-    module = cls(model="unused")
-    logp = t([[math.log(1.25)], [math.log(0.75)]]).requires_grad_()
-    mask = t([[1.0], [1.0]])
-    loss = module.token_loss(logp, torch.zeros_like(logp), t([1.0, -1.0]), mask)
-    (grad,) = torch.autograd.grad(loss.sum(), logp)
-    assert_close(loss.detach(), t([[high_loss], [0.8]]))
-    assert_close(grad, t([[high_grad], [0.0]]))
-    metrics = module.step_metrics.compute_and_reset()
-    assert metrics["clip_ratio/high"] == pytest.approx(high_clipped)  # share of the 2 tokens
-    assert metrics["clip_ratio/low"] == pytest.approx(0.5)
+def test_token_loss_clip_higher_boundary():
+    # eps_high 0.28: 1.25 < 1.28, -1.25, d/dlogp = -ratio * A = -1.25
+    assert_clip_higher_boundary(DAPO(model="unused"), high_loss=-1.25, high_grad=-1.25, high_clipped=0.0)
 
 
 # ------------------------------------------------------------------ reward shaping
@@ -166,91 +86,7 @@ def test_dapo_overlong_buffer_defaults_to_a_fifth_of_max_new_tokens_and_zero_tur
     assert_close(off.shape_rewards(t([0.0, 0.0, 0.0]), rollout), t([0.0, 0.0, 0.0]))
 
 
-def test_rloo_puts_the_summed_k1_kl_in_the_reward():
-    rollout = hand_rollout([3, 2], width=3, group_size=2)
-    rollout.old_logp = t([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]])
-    rollout.ref_logp = t([[-1.5, -1.0, -3.0], [-1.0, -1.0, 0.0]])
-    # row 0: (0.5) + (-1) + 0 = -0.5; row 1: 0.5 + 0.5 (third token masked) = 1.0
-    # beta 0.05: [1 + 0.025, 2 - 0.05]
-    shaped = RLOO(model="unused").shape_rewards(t([1.0, 2.0]), rollout)
-    assert_close(shaped, t([1.025, 1.95]))
-    in_loss = RLOO(model="unused", kl={"placement": "loss"})
-    assert_close(in_loss.shape_rewards(t([1.0, 2.0]), rollout), t([1.0, 2.0]))
-    assert in_loss.kl_estimator == "k3"  # in the loss, the base's default
-
-
-def test_rloo_puts_the_chosen_kl_estimator_in_the_reward():
-    rollout = hand_rollout([3, 2], width=3, group_size=2)
-    rollout.old_logp = t([[-1.0, -2.0, -3.0], [-0.5, -0.5, -9.0]])
-    rollout.ref_logp = t([[-1.5, -1.0, -3.0], [-1.0, -1.0, 0.0]])
-    # k3 = exp(d) - d - 1 with d = ref - old: row 0 d = -0.5, 1, 0; row 1 d = -0.5, -0.5 (third token masked)
-    k3 = lambda d: math.exp(d) - d - 1  # noqa: E731
-    row0, row1 = k3(-0.5) + k3(1.0) + k3(0.0), 2 * k3(-0.5)  # 0.824813, 0.213061
-    shaped = RLOO(model="unused", kl={"estimator": "k3"}).shape_rewards(t([1.0, 2.0]), rollout)
-    assert_close(shaped, t([1.0 - 0.05 * row0, 2.0 - 0.05 * row1]))
-    # k2 = d^2 / 2: row 0 (0.25 + 1) / 2, row 1 (0.25 + 0.25) / 2
-    shaped = RLOO(model="unused", kl={"estimator": "k2"}).shape_rewards(t([1.0, 2.0]), rollout)
-    assert_close(shaped, t([1.0 - 0.05 * 0.625, 2.0 - 0.05 * 0.25]))
-
-
-# ------------------------------------------------------------------ micro-batch invariance
-
-# Each variant's, in micro-batches of one row: tests/conformance/. Here, a fit's optimizer step.
-
-
-class GradientCapture(L.Callback):
-    """Copies the policy's gradients right before each optimizer step."""
-
-    def __init__(self) -> None:
-        self.gradients: list[dict[str, torch.Tensor]] = []
-
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        self.gradients.append({n: p.grad.detach().clone() for n, p in pl_module.policy.named_parameters()})
-
-
-def _trainer(max_steps: int, callbacks=()) -> L.Trainer:
-    return L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        max_steps=max_steps,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        callbacks=list(callbacks),
-    )
-
-
-def _arithmetic(batch_size: int) -> ArithmeticDataModule:
-    return ArithmeticDataModule(num_train=64, num_val=0, val_split=None, batch_size=batch_size)
-
-
-def test_trainer_step_gradient_does_not_depend_on_micro_batching_the_fused_head_or_packing(make_module):
-    # 2 prompts x 4 completions = 8 rows: micro-batches of 3 + 3 + 2 (or packed to 40 tokens, about two
-    # rows) against one of 8, with the LM head fused into the log-softmax and without, packed without padding and padded.
-    gradients = []
-    tokens = {"micro_batch_size": None, "micro_batch_tokens": 40}
-    settings = (({"micro_batch_size": 3}, True, False), ({"micro_batch_size": 8}, True, False),
-                ({"micro_batch_size": 3}, False, True), (tokens, True, False), ({"micro_batch_size": 8}, True, True),
-                ({"micro_batch_size": 8}, False, False))  # fmt: skip
-    for optim, fused_lm_head, padding_free in settings:
-        L.seed_everything(0)
-        capture = GradientCapture()
-        engine = EngineOptions(fused_lm_head=fused_lm_head, padding_free=padding_free)
-        module = make_module(GRPO, configure=False, engine=engine, optim=optim)
-        _trainer(max_steps=1, callbacks=[capture]).fit(module, datamodule=_arithmetic(batch_size=2))
-        assert len(capture.gradients) == 1  # the hook runs under manual optimization
-        gradients.append(capture.gradients[0])
-    whole = gradients[-1]
-    assert sum(g.abs().sum() for g in whole.values()) > 0
-    for other in gradients[:-1]:
-        for name in whole:
-            assert_close(other[name], whole[name], rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}: {m}")
-
-
-# ------------------------------------------------------------------ DAPO dynamic sampling
+# ------------------------------------------------------------------ dynamic sampling
 
 
 def flagged_reward(prompts, completions, informative, **columns) -> list[float]:
@@ -361,8 +197,8 @@ def test_dapo_fit_updates_only_on_informative_groups(make_module):
         rewards={"funcs": [odd_answer_reward]},
         sampling={"group_size": 2, "max_new_tokens": 4},
     )
-    trainer = _trainer(max_steps=2)
-    trainer.fit(module, datamodule=_arithmetic(batch_size=4))
+    trainer = cpu_trainer(max_steps=2)
+    trainer.fit(module, datamodule=arithmetic(batch_size=4))
     assert trainer.global_step == 2
     assert len(updates) == 2
     for rewards in updates:
@@ -408,7 +244,7 @@ def test_dapo_fit_with_no_informative_group_ends_at_max_steps_without_changing_t
         sampling={"group_size": 2, "max_new_tokens": 4},
     )
     trainer = _logged_trainer(tmp_path, max_steps=3)
-    data = _arithmetic(batch_size=4)
+    data = arithmetic(batch_size=4)
     start = time.perf_counter()
     trainer.fit(module, datamodule=data)
     assert time.perf_counter() - start < 60
@@ -438,7 +274,7 @@ def test_dapo_logs_one_row_per_update_with_the_sampling_batches_folded_in(make_m
         sampling={"group_size": 2, "max_new_tokens": 4},
     )
     trainer = _logged_trainer(tmp_path, max_steps=3)
-    trainer.fit(module, datamodule=_arithmetic(batch_size=4))
+    trainer.fit(module, datamodule=arithmetic(batch_size=4))
     assert trainer.global_step == 3
     rows = _logged_rows(trainer)
     batches = trainer.fit_loop.total_batch_idx + 1

@@ -1,106 +1,20 @@
-"""LUSPO, VESPO, DPPO, GPG, DRO, MaxRL, OPSM and the entropy bonus: each preset's parts and defaults,
-hand-computed values beyond its parts' cases (tests/conformance/; the papers' numbers where they give
-them), and the options' micro-batch invariance."""
+"""The loss options any preset takes: the off-policy sequence mask (OPSM), the entropy bonus and its
+adaptive coefficient, and the dual clip: values by hand, what they refuse, and their micro-batch
+invariance together."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
 from torch.testing import assert_close
 
 import variants
-from grpo_lightning.algorithms import ADVANTAGES, SURROGATES
 from grpo_lightning.algorithms.entropy import AdaptiveEntropy, entropy_bonus
 from grpo_lightning.algorithms.masks import off_policy_sequence_mask
-from grpo_lightning.algorithms.surrogates import vespo_weight
 from grpo_lightning.training.settings import ConfigError
-from tests.conftest import micro_batched_gradient
+from tests.helpers import micro_batched_gradient
 
 PROMPTS = ["12+34=", "5+6=", "77+8="]  # x group_size 4 = 12 rows
-
-# Two completions of lengths 3 and 5 (width 5), advantages +1 and -1.
-MASK = torch.tensor([[1.0, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
-SIGNS = torch.tensor([1.0, -1.0])
-
-
-def surrogate_loss(name, logp, old_logp, advantages, mask=MASK, **settings):
-    return SURROGATES[name].loss(logp, old_logp, advantages, mask, **settings)[0]
-
-
-def token_grad(loss, logp):
-    return torch.autograd.grad(loss, logp)[0]
-
-
-@pytest.mark.parametrize(
-    "name, parts, defaults",
-    [
-        ("LUSPO", ("group_std", "gspo", "seq_mean_token_sum"), {"clip_eps_low": 2e-3, "clip_eps_high": 2.5e-3, "beta": 0.0}),
-        ("VESPO", ("group_std", "vespo", "token_mean"), {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}),
-        ("DPPO", ("group_std", "dppo_tv", "token_mean"), {"clip_eps_low": 0.15, "clip_eps_high": 0.15, "clip_ratio_c": 20.0}),
-        ("GPG", ("gpg", "reinforce", "token_mean"), {"beta": 0.0}),
-        ("DRO", ("group_std", "dro", "seq_mean_token_sum"), {"dro_beta": 0.1, "beta": 0.0}),
-        ("MaxRL", ("max_rl", "ppo_clip", "seq_mean_token_mean"), {"clip_eps_low": 0.2, "beta": 0.0}),
-    ],
-)
-def test_each_preset_names_its_parts_and_the_papers_defaults(name, parts, defaults):
-    module = getattr(variants, name)("unused")
-    assert (module.advantage_name, module.surrogate_name, module.aggregation_name) == parts
-    for option, value in defaults.items():  # the module's (as resolved for its surrogate), else its loss option
-        assert getattr(module, option, getattr(module.loss_options, option, None)) == value, option
-
-
-# ------------------------------------------------------------------ LUSPO
-
-
-def test_luspo_on_policy_is_the_length_weighted_loss_and_its_gradient():
-    logp = torch.full((2, 5), -1.0, requires_grad=True)
-    module = variants.LUSPO("unused")
-    loss = module.aggregate(module.token_loss(logp, logp.detach(), SIGNS, MASK), MASK)
-    # s_i = 1 on-policy: l_i = -A_i; L = (3 * (-1) + 5 * (+1)) / 2 = +1.0.
-    assert loss.item() == pytest.approx(1.0)
-    # grad L = -(1/B) sum_i A_i sum_t grad log pi_it: -1/2 on the first row's tokens, +1/2 on the second's.
-    assert_close(token_grad(loss, logp), -0.5 * SIGNS.unsqueeze(1) * MASK)
-
-
-# ------------------------------------------------------------------ VESPO
-
-
-@pytest.mark.parametrize(
-    "w, advantage, phi",
-    [(1.0, 1.0, 1.0), (1.0, -1.0, 1.0), (0.5, 1.0, 1.1204), (2.0, 1.0, 0.1991), (0.5, -1.0, 0.3398), (2.0, -1.0, 1.0827)],
-)
-def test_vespo_weight_matches_the_papers_values(w, advantage, phi):
-    got = vespo_weight(torch.tensor([math.log(w)]), torch.tensor([advantage >= 0]), 2.0, 3.0, 3.0, 2.0)
-    assert got.item() == pytest.approx(phi, abs=1e-4)
-
-
-def test_vespo_refuses_the_rollout_correction():
-    with pytest.raises(ConfigError, match="^sampling.correction: does not apply to VESPO"):
-        variants.VESPO("unused", sampling={"correction": "token_truncate"})
-
-
-# ------------------------------------------------------------------ DPPO
-
-
-def test_dppo_divergence_picks_the_surrogate_and_its_bounds():
-    module = variants.DPPO("unused", divergence="kl")
-    assert (module.surrogate_name, module.clip_eps_low, module.clip_eps_high) == ("dppo_kl", 0.05, 0.05)
-    with pytest.raises(ConfigError, match="^divergence: kl is the surrogate dppo_kl"):
-        variants.DPPO("unused", divergence="kl", loss={"surrogate": "dppo_tv"})
-
-
-# ------------------------------------------------------------------ MaxRL
-
-
-def test_max_rl_divides_the_centred_reward_by_the_success_rate():
-    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
-    want = torch.tensor([[0.75, -0.25, -0.25, -0.25], [0.0] * 4, [0.0] * 4])
-    want[0] /= 0.25 + 1e-6  # success rate 1/4: +3 for the success, -1 for each failure
-    assert_close(ADVANTAGES["max_rl"](rewards), want)
-    with pytest.raises(ValueError, match="^max_rl: a group's rewards differ with a mean <= 0"):
-        ADVANTAGES["max_rl"](torch.tensor([[1.0, -2.0]]))
 
 
 # ------------------------------------------------------------------ OPSM and the entropy bonus
@@ -190,10 +104,3 @@ def test_opsm_the_entropy_bonus_and_the_dual_clip_give_the_same_gradient_in_any_
     assert any(g.abs().sum() > 0 for g in whole.values())
     for key in whole:
         assert_close(split[key], whole[key], rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}, {key}: {m}")
-
-
-def test_dppo_without_a_cap_stays_finite_where_the_ratio_overflows():
-    logp, old = torch.tensor([[0.0]], requires_grad=True), torch.tensor([[-200.0]])  # r = e^200 overflows float32
-    loss = surrogate_loss("dppo_tv", logp, old, torch.tensor([[-1.0]]), None, clip_eps_low=1.0, clip_eps_high=1.0,
-                          clip_ratio_c=None)  # fmt: skip
-    assert torch.isfinite(token_grad(loss.sum(), logp)).all()

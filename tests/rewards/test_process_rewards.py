@@ -1,30 +1,23 @@
-"""GRPO with process supervision: step ends, group-normalised step rewards and per-token advantages
-by hand, the rule-based step scorer, a process reward model saved and loaded, and fits."""
+"""Process rewards (``grpo_lightning.rewards.process``, ``grpo_lightning.rewards.process_supervision``):
+step ends, group-normalised step rewards and per-token advantages by hand, the rule-based step
+scorer, and a process reward model saved and loaded (``prm_dir``, tests/conftest.py). The ProcessGRPO
+preset's fits are tests/variants/test_process_grpo.py."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
 from torch.testing import assert_close
-from transformers import AutoTokenizer
 
-from grpo_lightning.cli.app import GRPOLightningCLI
 from grpo_lightning.rewards.process_supervision import (
     delimited_step_ends,
     step_advantages,
     step_rewards,
     token_at,
 )
-from grpo_lightning.quickstart.tiny import build_char_tokenizer, tiny_config
-from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.rewards import ProcessRewardModel, answer_prefix_steps
-from grpo_lightning.training.settings import ConfigError
-from variants import ProcessGRPO
-
-CONFIGS = config_dir()
 
 
 def test_delimited_steps_end_after_their_delimiter():
@@ -87,23 +80,6 @@ def test_answer_prefix_steps_by_hand():
     assert got[2] == [(1, 0.0)]  # no answer tag: one step, 0
 
 
-@pytest.fixture(scope="module")
-def prm_dir(tmp_path_factory) -> str:
-    """A tiny random Qwen2 token classifier with two labels and its tokenizer, saved as a user's would be."""
-    from transformers import Qwen2ForTokenClassification
-
-    tokenizer = build_char_tokenizer()
-    config = tiny_config(tokenizer, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64,
-                         max_position_embeddings=128)  # fmt: skip
-    config.num_labels = 2
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("prm")
-    Qwen2ForTokenClassification(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    AutoTokenizer.from_pretrained(path)  # round trip: what the reward model loads
-    return str(path)
-
-
 def test_a_process_reward_model_scores_each_step(prm_dir):
     model = ProcessRewardModel(prm_dir, step_delimiter="\n\n")
     scores = model(["1+1=", "2+2="], ["a\n\nb\n\nc", "4"])
@@ -112,54 +88,3 @@ def test_a_process_reward_model_scores_each_step(prm_dir):
     assert model(["1+1="], ["a\n\nb\n\nc"]) == scores[:1]  # deterministic
     with pytest.raises(ValueError, match="positive_label=5"):
         ProcessRewardModel(prm_dir, positive_label=5)(["1"], ["2"])
-
-
-def test_bad_settings_name_the_field(tiny_model_dir):
-    with pytest.raises(ConfigError, match="step_delimiter"):
-        ProcessGRPO(tiny_model_dir, step_delimiter="")
-    with pytest.raises(ConfigError, match="rewards.scale: does not apply to ProcessGRPO"):
-        ProcessGRPO(tiny_model_dir, rewards={"scale": "none"})
-
-
-@pytest.mark.parametrize("step_reward", ["rule", "model"])
-def test_a_fit_through_the_cli(tiny_model_dir, prm_dir, tmp_path, step_reward, one_torch_thread):
-    args = [
-        "fit",
-        "--config",
-        str(CONFIGS / "trainer/cpu.yaml"),
-        "--config",
-        str(CONFIGS / "data/arithmetic.yaml"),
-        "--config",
-        str(CONFIGS / "variant/process_grpo.yaml"),
-        "--config",
-        str(CONFIGS / "model/tiny.yaml"),
-        "--model.model",
-        tiny_model_dir,
-        "--trainer.logger.init_args.save_dir",
-        str(tmp_path),
-        "--trainer.max_steps",
-        "2",
-        "--data.batch_size",
-        "2",
-        "--model.sampling.group_size",
-        "3",
-        "--model.sampling.max_new_tokens",
-        "8",
-        "--data.max_val_samples",
-        "4",
-        "--validate_before_fit",
-        "false",
-        "--trainer.limit_val_batches",
-        "0",
-        "--completions.jsonl",
-        "true",
-    ]
-    if step_reward == "model":
-        spec = {"class_path": "grpo_lightning.rewards.ProcessRewardModel", "init_args": {"path": prm_dir}}
-        args += ["--model.step_reward_func", json.dumps(spec)]
-    cli = GRPOLightningCLI(args=args)
-    metrics = cli.model.last_step_metrics
-    assert cli.trainer.global_step == 2 and math.isfinite(metrics["loss"]) and metrics["process/steps_per_completion"] > 0
-    assert cli.model.last_advantages.dim() == 2  # per token
-    lines = (tmp_path / "process_grpo" / "version_0" / "completions.jsonl").read_text().splitlines()
-    assert len(lines) == 2 * 2 * 3 and all(math.isfinite(json.loads(line)["advantage"]) for line in lines)
