@@ -29,7 +29,7 @@ from torch import Tensor
 
 from grpo_lightning.algorithms import functional as F
 from grpo_lightning.rollout.types import MicroBatch
-from grpo_lightning.training.settings import require
+from grpo_lightning.errors import require
 from variants.covariance import CovarianceRule, kl_cov_tokens, token_covariance
 
 

@@ -45,7 +45,7 @@ from torch import Tensor
 from grpo_lightning.algorithms import dpo
 from grpo_lightning.algorithms import functional as F
 from grpo_lightning.rollout.types import Rollout
-from grpo_lightning.training.settings import require
+from grpo_lightning.errors import require
 from variants.grpo import GRPO
 
 

@@ -38,7 +38,7 @@ from grpo_lightning.training.metrics import PhaseTimer
 from grpo_lightning.training.module import GroupPolicyOptimization
 from grpo_lightning.training.options import KLOptions
 from grpo_lightning.rollout.types import Rollout
-from grpo_lightning.training.settings import ConfigError, require
+from grpo_lightning.errors import ConfigError, require
 from grpo_lightning.training.strategies import is_sharded, shard
 
 

@@ -58,8 +58,8 @@ with its variant, seed and axis values. Errors, Hydra's own included, are one ``
 (exit status 2; ``GRPO_LIGHTNING_TRACEBACK=1`` raises them with the traceback).
 
 This module is the Hydra entry point; ``spec`` validates the spec and lists its cells, ``labels``
-checks them, ``launch`` hands them to the launcher, ``sweep`` runs each, ``provenance`` records what ran them, ``metrics`` summarises a finished cell and
-``callbacks`` holds the callback the cells add.
+checks them, ``launch`` hands them to the launcher, ``sweep`` runs each, ``provenance`` records what ran them and ``metrics``
+summarises a finished cell.
 """
 
 from __future__ import annotations

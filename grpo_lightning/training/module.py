@@ -62,19 +62,19 @@ from grpo_lightning.models.lora import reference_model
 from grpo_lightning.models.policy import load_models
 from grpo_lightning.training.optimization.nonfinite import NonFiniteGuard
 from grpo_lightning.training.metrics import EVERY_STEP_METRICS, StepMetrics
-from grpo_lightning.training.options import GROUPS, EvaluationOptions, KLOptions, LossOptions, OptimOptions, PolicyOptions
-from grpo_lightning.training.options import RewardOptions, SamplingOptions
+from grpo_lightning.training.options import DTYPES, GROUPS, EvaluationOptions, KLOptions, LossOptions, OptimOptions
+from grpo_lightning.training.options import PolicyOptions, RewardOptions, SamplingOptions
 from grpo_lightning.rewards import RewardScorer, RewardScores, weighted_reward
 from grpo_lightning.rewards.accuracy import start_math_verify_for
 from grpo_lightning.rewards.scoring import TrainerState
 from grpo_lightning.rollout.types import Rollout, SamplingParams
-from grpo_lightning.training.settings import DTYPES, ConfigError, check_before_loading, check_datasets, check_model
+from grpo_lightning.training.settings import check_before_loading, check_datasets, check_model
 from grpo_lightning.training.settings import check_options_apply, resolve_groups, resolve_rewards
 from grpo_lightning.training.update import PolicyUpdate, policy_part
 
 # Re-exported: variants and user code import them from here.
 __all__ = [
-    "EVERY_STEP_METRICS", "ConfigError", "EngineOptions", "EvaluationOptions", "GroupPolicyOptimization", "KLOptions",
+    "EVERY_STEP_METRICS", "EngineOptions", "EvaluationOptions", "GroupPolicyOptimization", "KLOptions",
     "LossOptions", "OptimOptions", "PolicyOptions", "RewardOptions", "SamplingOptions", "StepMetrics", "disable_dropout",
 ]  # fmt: skip
 

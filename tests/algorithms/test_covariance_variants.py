@@ -15,7 +15,7 @@ import torch
 from torch.testing import assert_close
 
 from grpo_lightning.data import ArithmeticDataModule
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from variants.clip_cov import ClipCov
 from variants.covariance import clip_cov_tokens, selection_size, token_covariance
 from variants.kl_cov import KLCov

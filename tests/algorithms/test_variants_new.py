@@ -17,7 +17,7 @@ import transformers
 from torch.testing import assert_close
 
 from grpo_lightning.rollout.types import Rollout
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from variants import CISPO, GMPO, SAPO, ReinforcePlusPlus
 
 VARIANTS = [CISPO, SAPO, GMPO, ReinforcePlusPlus]

@@ -22,7 +22,7 @@ from grpo_lightning.models.lora import (
     merged_model,
     merged_weights,
 )
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from variants import GRPO
 from tests.conftest import merged
 

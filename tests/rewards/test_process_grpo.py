@@ -21,7 +21,7 @@ from grpo_lightning.rewards.process_supervision import (
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, tiny_config
 from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.rewards import ProcessRewardModel, answer_prefix_steps
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from variants import ProcessGRPO
 
 CONFIGS = config_dir()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpo_lightning.training.micro_batches import fewest_micro_batches, in_row_order, pack_rows, token_budget_split
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from variants import GRPO, PPO, OnlineDPOGRPO
 
 

@@ -9,7 +9,7 @@ import torch
 from test_checkpoint import fit, make_module
 
 from grpo_lightning.training.optimization.nonfinite import NonFiniteGuard, NonFiniteTrainingError
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from variants import GRPO
 from tests.conftest import merged
 
