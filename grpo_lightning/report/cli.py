@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from grpo_lightning import bytecode
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.report.build import DEFAULT_FOLDER, build_report
 from grpo_lightning.report.labels import MislabelledArmError
@@ -14,6 +15,9 @@ from grpo_lightning.report.sections.comparisons import EQUIVALENCE_MARGIN
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """``grpo-lightning-report``; Python's bytecode goes to the package's cache where it may not write its own
+    (:mod:`grpo_lightning.bytecode`)."""
+    bytecode.use_own_bytecode_cache()
     parser = argparse.ArgumentParser(
         prog="grpo-lightning-report",
         description="Markdown/HTML report with statistics and learning curves of a grpo-lightning-ablate sweep.",
