@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms import functional
 from grpo_lightning.checkpoints import resume
 from grpo_lightning.training import metrics, step_schedule
 from grpo_lightning.agents import EnvironmentOptions
@@ -390,7 +390,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
 
         rewards = rollout.rewards
         if self.rewards_options.aggregation == "normalize_then_sum":
-            rewards = F.group_normalized_reward_sum(rollout.reward_per_function, self.reward_weights, rollout.group_size)
+            rewards = functional.group_normalized_reward_sum(rollout.reward_per_function, self.reward_weights, rollout.group_size)
         rewards = self.shape_rewards(rewards, rollout)
         advantages = self.advantages(rewards.view(-1, rollout.group_size), rollout).flatten(0, 1)  # [N], or [N, T]
         self.last_rollout, self.last_advantages = rollout, advantages  # for callbacks (completion tables)
