@@ -45,8 +45,11 @@ if str(REPO_ROOT) not in sys.path:
 if str(REPO_ROOT / "benchmarks") not in sys.path:  # this folder's modules (stop_lengths) when imported from elsewhere
     sys.path.append(str(REPO_ROOT / "benchmarks"))
 
-# The package first, as a user's command imports it: its bytecode cache (grpo_lightning.bytecode) before torch.
+# As a user's command starts: the bytecode cache (grpo_lightning.bytecode) before torch is imported.
+from grpo_lightning.bytecode import use_own_bytecode_cache  # noqa: E402
 from grpo_lightning.import_pause import collection_paused  # noqa: E402
+
+use_own_bytecode_cache()
 
 with collection_paused():  # as the command line imports them
     import lightning  # noqa: F401

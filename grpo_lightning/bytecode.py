@@ -8,15 +8,16 @@ folder of its own (``PYTHONPYCACHEPREFIX``, the mechanism used here): a fit, a `
 sweep's server and every debugging run paid the difference.
 
 So when Python may not write bytecode, no ``PYTHONPYCACHEPREFIX`` is set and torch has no bytecode
-beside its sources, importing the package points Python's cache at a folder of the project's cache
+beside its sources, the console entry points point Python's cache at a folder of the project's cache
 (``$GRPO_LIGHTNING_CACHE/pycache``, else ``~/.cache/grpo_lightning/pycache``) and lets it write
 there: the sources' folders stay untouched, as the setting intends. The first process fills it.
 Such an image simulated on a 2-core CPU (no bytecode to read): importing the CLI took 19-22 s in
 every process; with this cache 22 s once, then 7.9-8.5 s (9-10 s from pip's own bytecode). Where
-torch has its bytecode, or the folder cannot be written, nothing changes. This runs before torch
-is imported when the package is (every console script imports it first), and the helper processes
-the package starts itself with Python (math-verify's) are given the same folder
-(:func:`child_environment`).
+torch has its bytecode, or the folder cannot be written, nothing changes. Each entry point (the
+console scripts, ``python -m grpo_lightning.cli`` and a sweep's cell server) calls
+:func:`use_own_bytecode_cache` first, before torch is imported; importing the package changes no
+interpreter setting. The helper processes the package starts itself with Python (math-verify's) are
+given the same folder (:func:`child_environment`).
 """
 
 from __future__ import annotations

@@ -28,10 +28,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms import functional
 from grpo_lightning.algorithms import policy_losses
 from grpo_lightning.rollout.types import MicroBatch
-from grpo_lightning.training.settings import require
+from grpo_lightning.errors import require
 from variants.covariance import CovarianceRule, clip_cov_tokens, token_covariance
 
 
@@ -88,5 +88,6 @@ class ClipCov(CovarianceRule):
         """The clipped surrogate, detached on ``I_clip``."""
         loss = super().token_loss(logp, old_logp, advantages, mask)  # the base's clipped surrogate
         detached = self.chosen(logp, old_logp, advantages, mask, micro)
-        self.step_metrics.update("clip_cov/detached_frac", F.masked_mean(detached.to(logp.dtype), mask), mask.sum())
+        fraction = functional.masked_mean(detached.to(logp.dtype), mask)
+        self.step_metrics.update("clip_cov/detached_frac", fraction, mask.sum())
         return torch.where(detached, loss.detach(), loss)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms import functional
 from grpo_lightning.training.options import KLOptions
 from grpo_lightning.rollout.types import MicroBatch, Rollout
 from variants.grpo import GRPO
@@ -32,8 +32,8 @@ def token_covariance(logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
     The means are over the valid tokens of the whole batch; no gradient flows through it."""
     logp = logp.detach()
     advantages = (advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages).expand_as(logp).to(logp)
-    centred_logp = logp - F.masked_mean(logp, mask)
-    centred_advantages = advantages - F.masked_mean(advantages, mask)
+    centred_logp = logp - functional.masked_mean(logp, mask)
+    centred_advantages = advantages - functional.masked_mean(advantages, mask)
     return torch.where(mask.bool(), centred_logp * centred_advantages, torch.zeros_like(logp))
 
 

@@ -41,10 +41,10 @@ from typing import Literal
 
 from torch import Tensor
 
-from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms import functional
 from grpo_lightning.training.options import KLOptions, LossOptions
 from grpo_lightning.rollout.types import Rollout, RolloutBuffer
-from grpo_lightning.training.settings import require
+from grpo_lightning.errors import require
 from variants.grpo import GRPO
 
 
@@ -102,7 +102,7 @@ class DAPO(GRPO):
         if not self.dynamic_sampling:
             return rollout
         target = rollout.num_groups
-        self.buffer.append(rollout, F.informative_groups(rollout.rewards.view(-1, rollout.group_size)))
+        self.buffer.append(rollout, functional.informative_groups(rollout.rewards.view(-1, rollout.group_size)))
         # Over several devices the decision is common: every device updates, with as many groups
         # as the device that found fewest, or none does (each update runs collectives).
         kept = self.min_over_ranks(self.buffer.num_groups)
@@ -129,6 +129,8 @@ class DAPO(GRPO):
         rewards = super().shape_rewards(rewards, rollout)
         if self.overlong_buffer == 0:
             return rewards
-        penalty = F.overlong_penalty(rollout.lengths, self.max_new_tokens, self.overlong_buffer, self.overlong_penalty)
+        penalty = functional.overlong_penalty(
+            rollout.lengths, self.max_new_tokens, self.overlong_buffer, self.overlong_penalty
+        )
         self.step_metrics.update("overlong_penalty", penalty.mean())
         return rewards + penalty.to(rewards)

@@ -23,7 +23,8 @@ from typing import Literal
 import dataclasses
 
 from grpo_lightning.training.options import KLOptions, LossOptions
-from grpo_lightning.training.settings import preset, require
+from grpo_lightning.training.settings import preset
+from grpo_lightning.errors import require
 from variants.grpo import GRPO
 
 #: Divergence -> its surrogate (whose defaults are its bounds: TV 0.15, binary KL 0.05).

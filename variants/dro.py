@@ -16,7 +16,7 @@ completions (the equation above; verl's default is the token mean), no KL term.
 from __future__ import annotations
 
 from grpo_lightning.training.options import KLOptions
-from grpo_lightning.training.settings import require
+from grpo_lightning.errors import require
 from variants.grpo import GRPO
 
 

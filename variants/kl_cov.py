@@ -27,9 +27,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms import functional
 from grpo_lightning.rollout.types import MicroBatch
-from grpo_lightning.training.settings import require
+from grpo_lightning.errors import require
 from variants.covariance import CovarianceRule, kl_cov_tokens, token_covariance
 
 
@@ -61,6 +61,7 @@ class KLCov(CovarianceRule):
         """The clipped surrogate, plus ``kl_coef * |logp - old_logp|`` on ``I_KL``."""
         loss = super().token_loss(logp, old_logp, advantages, mask)  # the base's clipped surrogate
         penalised = self.chosen(logp, old_logp, advantages, mask, micro)
-        self.step_metrics.update("kl_cov/penalised_frac", F.masked_mean(penalised.to(logp.dtype), mask), mask.sum())
+        fraction = functional.masked_mean(penalised.to(logp.dtype), mask)
+        self.step_metrics.update("kl_cov/penalised_frac", fraction, mask.sum())
         penalty = self.kl_coef * (logp - old_logp).abs()
         return loss + torch.where(penalised, penalty, torch.zeros_like(penalty))

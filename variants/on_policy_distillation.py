@@ -29,7 +29,8 @@ from grpo_lightning.models.policy import load_frozen_model
 from grpo_lightning.models.sources import load_tokenizer
 from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.training.options import KLOptions
-from grpo_lightning.training.settings import ConfigError, check_model_path, require
+from grpo_lightning.errors import ConfigError, require
+from grpo_lightning.training.settings import check_model_path
 from variants.grpo import GRPO
 
 

@@ -43,9 +43,9 @@ import torch
 from torch import Tensor
 
 from grpo_lightning.algorithms import dpo
-from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms import functional
 from grpo_lightning.rollout.types import Rollout
-from grpo_lightning.training.settings import require
+from grpo_lightning.errors import require
 from variants.grpo import GRPO
 
 
@@ -128,7 +128,8 @@ class OnlineDPOGRPO(GRPO):
         rows = torch.cat([winners, losers]).to(rollout.device)
         logp, _ = self._forward(self.policy, rollout, rows, with_entropy=False)
         mask = rollout.completion_mask[rows]
-        policy = F.masked_sum(logp, mask, dim=-1)
-        ref = F.masked_sum(rollout.ref_logp[rows.to(rollout.ref_logp.device)], mask.to(rollout.ref_logp.device), dim=-1)
+        policy = functional.masked_sum(logp, mask, dim=-1)
+        device = rollout.ref_logp.device
+        ref = functional.masked_sum(rollout.ref_logp[rows.to(device)], mask.to(device), dim=-1)
         k = len(winners)
         return dpo.dpo_pair_loss(policy[:k], ref[:k].to(policy), policy[k:], ref[k:].to(policy), self.dpo_beta)

@@ -31,15 +31,15 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from grpo_lightning.algorithms import functional as F
-from grpo_lightning.algorithms import gae as G
+from grpo_lightning.algorithms import functional
+from grpo_lightning.algorithms import gae
 from grpo_lightning.algorithms.kl import KL_PLACEMENTS
-from grpo_lightning.models import value as V
+from grpo_lightning.models import value as critic
 from grpo_lightning.training.metrics import PhaseTimer
 from grpo_lightning.training.module import GroupPolicyOptimization
 from grpo_lightning.training.options import KLOptions
 from grpo_lightning.rollout.types import Rollout
-from grpo_lightning.training.settings import ConfigError, require
+from grpo_lightning.errors import ConfigError, require
 from grpo_lightning.training.strategies import is_sharded, shard
 
 
@@ -67,12 +67,12 @@ class PPO(GroupPolicyOptimization):
     def configure_model(self) -> None:
         super().configure_model()
         if self.value_model is None:
-            self.value_model = shard(V.load_value_model(self.model_name, **V.backbone_settings(self.policy_options)))
+            self.value_model = shard(critic.load_value_model(self.model_name, **critic.backbone_settings(self.policy_options)))
 
     def configure_optimizers(self):
         """The policy's AdamW and warm-up (the base module's), and the critic's own at ``value_learning_rate``."""
         policy = super().configure_optimizers()
-        return [policy, V.critic_optimizer(self.value_model, policy, self.hparams.value_learning_rate)]
+        return [policy, critic.critic_optimizer(self.value_model, policy, self.hparams.value_learning_rate)]
 
     def on_fit_start(self) -> None:
         if self.trainer.world_size > 1 and not is_sharded(self.value_model):
@@ -84,18 +84,18 @@ class PPO(GroupPolicyOptimization):
         """``r_t``, then GAE on ``V_old`` (in ``rollout.derived`` for :meth:`advantages` and the critic);
         returns ``sum_t r_t``. The KL in the reward is this per-token one, not the base's sum."""
         with PhaseTimer(self.step_metrics, self.device).phase("values"):
-            old_values = V.compute_values(self.value_model, rollout, self.micro_batches(rollout, torch.arange(len(rollout))))
+            old_values = critic.compute_values(self.value_model, rollout, self.micro_batches(rollout, torch.arange(len(rollout))))
         mask = rollout.completion_mask
         in_reward = rollout.ref_logp is not None and KL_PLACEMENTS[self.kl_placement].in_reward
-        kl = F.kl_estimate(rollout.old_logp, rollout.ref_logp, self.kl_estimator) if in_reward else None
-        token_rewards = G.token_rewards(rewards, kl, mask, self.beta)
-        advantages, returns = G.gae(token_rewards, old_values, mask, self.hparams.gamma, self.hparams.lam)
+        kl = functional.kl_estimate(rollout.old_logp, rollout.ref_logp, self.kl_estimator) if in_reward else None
+        token_rewards = gae.token_rewards(rewards, kl, mask, self.beta)
+        advantages, returns = gae.gae(token_rewards, old_values, mask, self.hparams.gamma, self.hparams.lam)
         valid = self.loss_mask(rollout, torch.arange(len(rollout)))
-        V.record_critic(self.step_metrics, old_values, returns, advantages, valid)
+        critic.record_critic(self.step_metrics, old_values, returns, advantages, valid)
         if kl is not None:
-            self.step_metrics.update("kl_penalty", (self.beta * F.masked_sum(kl, mask, dim=-1)).mean())
+            self.step_metrics.update("kl_penalty", (self.beta * functional.masked_sum(kl, mask, dim=-1)).mean())
         if self.hparams.whiten_advantages:
-            advantages = G.whiten(advantages, valid, total=self.sum_over_ranks)
+            advantages = gae.whiten(advantages, valid, total=self.sum_over_ranks)
         rollout.derived.update(gae_advantages=advantages, returns=returns, old_values=old_values)
         return token_rewards.sum(-1)
 
@@ -117,15 +117,15 @@ class PPO(GroupPolicyOptimization):
         num_tokens = self.sum_over_ranks(self.loss_mask(rollout, rows).sum()) / self.num_processes  # as the policy's
         for micro_rows in self.micro_batches(rollout, rows):
             self.manual_backward(self.value_loss(rollout, micro_rows, num_tokens))
-        V.clip_and_step(self, optimizer, self.value_model, self.hparams.value_max_grad_norm)
+        critic.clip_and_step(self, optimizer, self.value_model, self.hparams.value_max_grad_norm)
 
     def value_loss(self, rollout: Rollout, rows: Tensor, num_tokens: Tensor) -> Tensor:
         """This micro-batch's share of the minibatch's ``L_V`` (divided by its token count ``num_tokens``)."""
         mask = self.loss_mask(rollout, rows)
         returns, old_values = (rollout.derived[name][rows.to(mask.device)] for name in ("returns", "old_values"))
         values = self.value_model(*rollout.model_inputs(rows))
-        loss, clipped = G.clipped_value_loss(values, old_values, returns, self.hparams.value_clip)
+        loss, clipped = gae.clipped_value_loss(values, old_values, returns, self.hparams.value_clip)
         tokens = mask.sum()
-        self.step_metrics.update("value/loss", F.masked_mean(loss.detach(), mask), tokens)
-        self.step_metrics.update("value/clip_fraction", F.masked_mean(clipped.float(), mask), tokens)
-        return F.token_mean(loss, mask, num_tokens=num_tokens)
+        self.step_metrics.update("value/loss", functional.masked_mean(loss.detach(), mask), tokens)
+        self.step_metrics.update("value/clip_fraction", functional.masked_mean(clipped.float(), mask), tokens)
+        return functional.token_mean(loss, mask, num_tokens=num_tokens)

@@ -21,7 +21,7 @@ from grpo_lightning.rewards.process_supervision import step_advantages, step_rew
 from grpo_lightning.rewards import resolve_reward_function
 from grpo_lightning.rewards.scoring import TrainerState
 from grpo_lightning.rollout.types import Rollout
-from grpo_lightning.training.settings import require
+from grpo_lightning.errors import require
 from variants.grpo import GRPO
 
 

@@ -17,7 +17,7 @@ paper's: tau_pos 1.0, tau_neg 1.05, no KL term. There is no clip: setting ``loss
 from __future__ import annotations
 
 from grpo_lightning.training.options import KLOptions
-from grpo_lightning.training.settings import require
+from grpo_lightning.errors import require
 from variants.grpo import GRPO
 
 

@@ -18,7 +18,7 @@ The paper folds the rollout engine's ratio into ``w_i``; this preset refuses ``r
 from __future__ import annotations
 
 from grpo_lightning.training.options import KLOptions
-from grpo_lightning.training.settings import require
+from grpo_lightning.errors import require
 from variants.grpo import GRPO
 
 

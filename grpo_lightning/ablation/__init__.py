@@ -1,9 +1,8 @@
 """Ablation sweeps: many ``grpo-lightning fit`` runs over variants, seeds and settings.
 
 ``run`` (the ``grpo-lightning-ablate`` entry point and the spec's documentation), ``spec``,
-``labels``, ``launch`` (the cells as the jobs of a Hydra launcher), ``sweep``, ``provenance``,
-``metrics`` and ``callbacks`` (``ValidateBeforeTraining``, imported on first use so that the
-sweep runner does not import Lightning).
+``labels``, ``launch`` (the cells as the jobs of a Hydra launcher), ``sweep``, ``provenance``
+and ``metrics``.
 """
 
 from grpo_lightning.ablation.run import main, sweep_from_config
@@ -15,7 +14,6 @@ __all__ = [
     "CellResult",
     "SweepError",
     "SweepSpec",
-    "ValidateBeforeTraining",
     "cell_command",
     "cli_value",
     "flatten",
@@ -26,10 +24,3 @@ __all__ = [
     "variant_config",
 ]
 
-
-def __getattr__(name: str):
-    if name == "ValidateBeforeTraining":
-        from grpo_lightning.ablation.callbacks import ValidateBeforeTraining
-
-        return ValidateBeforeTraining
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -100,7 +100,8 @@ class CellServer:
         self.ready = threading.Event()
         self.process = subprocess.Popen(
             # the early end armed before any import registers an atexit handler (grpo_lightning.process_end)
-            [sys.executable, "-c", "from grpo_lightning import process_end; process_end.arm(); "
+            [sys.executable, "-c", "from grpo_lightning import bytecode, process_end; bytecode.use_own_bytecode_cache(); "
+                                   "process_end.arm(); "
                                    "from grpo_lightning.ablation.cell_process import serve; serve()"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.environment,
         )  # fmt: skip

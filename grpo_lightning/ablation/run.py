@@ -58,8 +58,8 @@ with its variant, seed and axis values. Errors, Hydra's own included, are one ``
 (exit status 2; ``GRPO_LIGHTNING_TRACEBACK=1`` raises them with the traceback).
 
 This module is the Hydra entry point; ``spec`` validates the spec and lists its cells, ``labels``
-checks them, ``launch`` hands them to the launcher, ``sweep`` runs each, ``provenance`` records what ran them, ``metrics`` summarises a finished cell and
-``callbacks`` holds the callback the cells add.
+checks them, ``launch`` hands them to the launcher, ``sweep`` runs each, ``provenance`` records what ran them and ``metrics``
+summarises a finished cell.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ import os
 import sys
 from typing import Any
 
-from grpo_lightning import closed_output
+from grpo_lightning import bytecode, closed_output
 from grpo_lightning.ablation.launch import HydraLaunch, check_launcher, is_local, launcher_target, run_cell_job
 from grpo_lightning.ablation.spec import SweepError, SweepSpec
 from grpo_lightning.ablation.sweep import CellResult, InProcess, Launch, run_sweep
@@ -137,8 +137,10 @@ def main() -> None:
 
     ``--config-name`` picks a shipped spec (``configs/ablation/<NAME>.yaml``); ``--config-dir DIR``
     adds a folder of your own specs. A closed stdout or stderr silences the sweep's output, never its
-    cells (:mod:`grpo_lightning.closed_output`).
+    cells (:mod:`grpo_lightning.closed_output`). Python's bytecode goes to the package's cache where it may
+    not write its own (:mod:`grpo_lightning.bytecode`).
     """
+    bytecode.use_own_bytecode_cache()  # before Hydra, and the cells in this process, import anything
     import hydra
 
     closed_output.guard_standard_streams()

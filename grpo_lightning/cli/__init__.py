@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grpo_lightning import closed_output, process_end
+from grpo_lightning import bytecode, closed_output, process_end
 from grpo_lightning.import_pause import import_module
 
 
@@ -16,7 +16,9 @@ def main(args=None, **options):
 def console_main() -> None:
     """``grpo-lightning`` and ``python -m grpo_lightning.cli``: :func:`main` in a process that ends, once it is
     done, without the interpreter's teardown (:mod:`grpo_lightning.process_end`), and where a closed stdout or
-    stderr silences the output, never the work (:mod:`grpo_lightning.closed_output`)."""
+    stderr silences the output, never the work (:mod:`grpo_lightning.closed_output`); Python's bytecode goes to
+    the package's cache where it may not write its own (:mod:`grpo_lightning.bytecode`)."""
+    bytecode.use_own_bytecode_cache()  # before torch is imported
     closed_output.guard_standard_streams()  # before Lightning's import makes its logging handler
     process_end.arm()
     try:

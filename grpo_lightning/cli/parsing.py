@@ -18,7 +18,7 @@ from jsonargparse import DefaultHelpFormatter, set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser
 
 from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS, KL_PLACEMENTS, SURROGATES
-from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms import functional
 from grpo_lightning.algorithms.rollout_correction import CORRECTIONS, OLD_LOGPROBS
 from grpo_lightning.rollout.types import ROLLOUT_MODES
 from grpo_lightning.training.options import DTYPES, REWARD_AGGREGATIONS
@@ -29,8 +29,8 @@ OPTION_CHOICES: dict[str, Callable[[], Iterable[str]]] = {
     "aggregation": lambda: AGGREGATIONS,
     "loss.surrogate": lambda: SURROGATES,
     "kl.placement": lambda: KL_PLACEMENTS,
-    "kl.estimator": lambda: F.KL_ESTIMATORS,
-    "rewards.scale": lambda: F.REWARD_SCALES,
+    "kl.estimator": lambda: functional.KL_ESTIMATORS,
+    "rewards.scale": lambda: functional.REWARD_SCALES,
     "rewards.aggregation": lambda: REWARD_AGGREGATIONS,
     "sampling.mode": lambda: ROLLOUT_MODES,
     "sampling.correction": lambda: CORRECTIONS,

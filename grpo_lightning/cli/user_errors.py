@@ -21,7 +21,8 @@ from grpo_lightning.cli.trl_names import trl_hint
 from grpo_lightning.rewards.scoring import RewardFunctionError
 from grpo_lightning.training.optimization.nonfinite import NonFiniteTrainingError
 from grpo_lightning.training.options import GROUPS
-from grpo_lightning.training.settings import ConfigError, field_names
+from grpo_lightning.training.settings import field_names
+from grpo_lightning.errors import ConfigError
 
 #: Where each former flat argument of the constructor lives now (``--model.NAME`` -> ``--model.GROUP.FIELD``).
 MOVED = {

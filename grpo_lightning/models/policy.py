@@ -17,7 +17,7 @@ from torch import nn
 
 from grpo_lightning.rollout.generation import disable_dropout, load_causal_lm
 from grpo_lightning.models.lora import add_adapters
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from grpo_lightning.training.compute import matmul_parameters
 from grpo_lightning.training.strategies import shard
 

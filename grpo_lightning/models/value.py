@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms import functional
 from grpo_lightning.algorithms.gae import explained_variance
 from grpo_lightning.rollout.generation import disable_dropout, load_causal_lm
 from grpo_lightning.training.metrics import StepMetrics
@@ -65,11 +65,12 @@ class ValueModel(nn.Module):
         where ``completion_mask`` is 0."""
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
-        order, shift = F.left_padding_last(attention_mask, most=prompt_ids.size(1) - 1)  # no position attends to nothing
+        # no position attends to nothing
+        order, shift = functional.left_padding_last(attention_mask, most=prompt_ids.size(1) - 1)
         input_ids, attention_mask = input_ids.gather(1, order), attention_mask.gather(1, order)
         hidden = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=F.position_ids_from_mask(attention_mask),
-            use_cache=False,
+            input_ids=input_ids, attention_mask=attention_mask,
+            position_ids=functional.position_ids_from_mask(attention_mask), use_cache=False,
         ).last_hidden_state  # fmt: skip
         # The state at position p has read the tokens up to p: the one before token t is s_t, at
         # column S - 1 + t of row i before its padding moved, S - 1 + t - shift[i] now.
@@ -120,10 +121,10 @@ def compute_values(model: ValueModel, rollout: Rollout, micro_batches: Sequence[
 def record_critic(metrics: StepMetrics, values: Tensor, returns: Tensor, advantages: Tensor, mask: Tensor) -> None:
     """The critic's metrics over the valid tokens: ``value/mean``, ``returns/mean``,
     ``value/explained_variance`` and ``advantages/mean_abs`` (of the advantages before whitening)."""
-    metrics.update("value/mean", F.masked_mean(values, mask))
-    metrics.update("returns/mean", F.masked_mean(returns, mask))
+    metrics.update("value/mean", functional.masked_mean(values, mask))
+    metrics.update("returns/mean", functional.masked_mean(returns, mask))
     metrics.update("value/explained_variance", explained_variance(values, returns, mask))
-    metrics.update("advantages/mean_abs", F.masked_mean(advantages.abs(), mask))
+    metrics.update("advantages/mean_abs", functional.masked_mean(advantages.abs(), mask))
 
 
 def clip_and_step(module: Any, optimizer: Any, model: nn.Module, max_norm: float | None) -> None:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from grpo_lightning import closed_output
+from grpo_lightning import bytecode, closed_output
 from grpo_lightning.cli.resources import config_path
 from grpo_lightning.import_pause import import_module
 from grpo_lightning.models.sources import cache_dir
@@ -42,7 +42,9 @@ def quickstart_args(model_dir: str | Path, variant: str = "grpo", extra: Sequenc
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: run the quickstart (its exit status is 0 on success); a closed stdout or
-    stderr silences its output, never its work (:mod:`grpo_lightning.closed_output`)."""
+    stderr silences its output, never its work (:mod:`grpo_lightning.closed_output`); Python's bytecode goes
+    to the package's cache where it may not write its own (:mod:`grpo_lightning.bytecode`)."""
+    bytecode.use_own_bytecode_cache()  # before torch is imported
     closed_output.guard_standard_streams()
     run_quickstart(argv)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from grpo_lightning import bytecode
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.report.build import DEFAULT_FOLDER, build_report
 from grpo_lightning.report.labels import MislabelledArmError
@@ -15,10 +15,13 @@ from grpo_lightning.report.sections.comparisons import EQUIVALENCE_MARGIN
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """``grpo-lightning-report``; Python's bytecode goes to the package's cache where it may not write its own
+    (:mod:`grpo_lightning.bytecode`)."""
+    bytecode.use_own_bytecode_cache()
     parser = argparse.ArgumentParser(
         prog="grpo-lightning-report",
         description="Markdown/HTML report with statistics and learning curves of a grpo-lightning-ablate sweep.",
-        allow_abbrev=False,  # --out must not read as --output
+        allow_abbrev=False,  # options in full: a prefix such as --out is refused, not read as --output
     )
     parser.add_argument("sweep_dir", type=Path,
                         help="the sweep's output_dir (one folder per cell), or the data/ folder beside a report")  # fmt: skip
@@ -28,7 +31,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         "data/ folder); e.g. reports/default to replace a committed report",
     )  # fmt: skip
     parser.add_argument("--name", default=None, help="the report's title (default: the sweep folder's name)")
-    parser.add_argument("--out", type=Path, default=None, help="deprecated: writes to OUT/NAME; use --output")
     parser.add_argument("--confidence", type=float, default=0.95, help="confidence level of the intervals")
     parser.add_argument(
         "--provenance", action="append", default=[], metavar="LINE",
@@ -48,14 +50,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("--equivalence-margin must be a positive number, e.g. 0.02")
     if not args.sweep_dir.is_dir():
         parser.error(f"{args.sweep_dir} is not a directory")
-    if args.out is not None and args.output is not None:
-        parser.error("give --output only (--out is its deprecated form)")
-    output = args.output
-    if args.out is not None:
-        warnings.warn("--out DIR is deprecated: give the report's own folder as --output DIR/NAME", FutureWarning, stacklevel=1)
-        output = args.out / (args.name or args.sweep_dir.resolve().name)
     try:
-        target = build_report(args.sweep_dir, output, args.name, args.confidence, args.provenance, args.baseline,
+        target = build_report(args.sweep_dir, args.output, args.name, args.confidence, args.provenance, args.baseline,
                               args.equivalence_margin)  # fmt: skip
     except (MislabelledArmError, ConfigError) as error:
         parser.exit(2, f"error: {error}\n")

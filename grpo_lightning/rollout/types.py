@@ -298,11 +298,3 @@ class RolloutBuffer:
         self.batches = state["gen_batches"]
         self.groups_seen = state["groups_seen"]
 
-
-def __getattr__(name: str) -> Any:
-    # ``generate_group`` moved to ``grpo_lightning.rollout.generation``; imported lazily (no import cycle).
-    if name == "generate_group":
-        from grpo_lightning.rollout.generation.hf import generate_group
-
-        return generate_group
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

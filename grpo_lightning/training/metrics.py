@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
-from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms import functional
 from grpo_lightning.rollout.types import Rollout
 
 #: How two partial states ``(value, weight)`` of a step metric combine: a mean's weighted sums and
@@ -200,7 +200,7 @@ def record_rewards(metrics: StepMetrics, rollout: Rollout, names: Sequence[str])
     grouped = rollout.rewards.view(-1, rollout.group_size)
     metrics.update("reward", grouped.mean())
     metrics.update("reward_std", grouped.std(dim=1).mean() if rollout.group_size > 1 else 0.0)
-    metrics.update("frac_reward_zero_std", (~F.informative_groups(grouped)).float().mean())
+    metrics.update("frac_reward_zero_std", (~functional.informative_groups(grouped)).float().mean())
     for name, column in zip(names, rollout.reward_per_function.unbind(1)):
         metrics.update(f"rewards/{name}/mean", torch.nanmean(column))
 
@@ -210,7 +210,7 @@ def record_token_shares(metrics: StepMetrics, shares: dict[str, Tensor], mask: T
     as its mean over the tokens of ``mask``, weighted by their count."""
     tokens = mask.sum()
     for name, values in shares.items():
-        metrics.update(name, F.masked_mean(values.detach().float(), mask), tokens)
+        metrics.update(name, functional.masked_mean(values.detach().float(), mask), tokens)
 
 
 class PhaseTimer:

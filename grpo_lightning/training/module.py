@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms import functional
 from grpo_lightning.checkpoints import resume
 from grpo_lightning.training import metrics, step_schedule
 from grpo_lightning.agents import EnvironmentOptions
@@ -62,19 +62,19 @@ from grpo_lightning.models.lora import reference_model
 from grpo_lightning.models.policy import load_models
 from grpo_lightning.training.optimization.nonfinite import NonFiniteGuard
 from grpo_lightning.training.metrics import EVERY_STEP_METRICS, StepMetrics
-from grpo_lightning.training.options import GROUPS, EvaluationOptions, KLOptions, LossOptions, OptimOptions, PolicyOptions
-from grpo_lightning.training.options import RewardOptions, SamplingOptions
+from grpo_lightning.training.options import DTYPES, GROUPS, EvaluationOptions, KLOptions, LossOptions, OptimOptions
+from grpo_lightning.training.options import PolicyOptions, RewardOptions, SamplingOptions
 from grpo_lightning.rewards import RewardScorer, RewardScores, weighted_reward
 from grpo_lightning.rewards.accuracy import start_math_verify_for
 from grpo_lightning.rewards.scoring import TrainerState
 from grpo_lightning.rollout.types import Rollout, SamplingParams
-from grpo_lightning.training.settings import DTYPES, ConfigError, check_before_loading, check_datasets, check_model
+from grpo_lightning.training.settings import check_before_loading, check_datasets, check_model
 from grpo_lightning.training.settings import check_options_apply, resolve_groups, resolve_rewards
 from grpo_lightning.training.update import PolicyUpdate, policy_part
 
 # Re-exported: variants and user code import them from here.
 __all__ = [
-    "EVERY_STEP_METRICS", "ConfigError", "EngineOptions", "EvaluationOptions", "GroupPolicyOptimization", "KLOptions",
+    "EVERY_STEP_METRICS", "EngineOptions", "EvaluationOptions", "GroupPolicyOptimization", "KLOptions",
     "LossOptions", "OptimOptions", "PolicyOptions", "RewardOptions", "SamplingOptions", "StepMetrics", "disable_dropout",
 ]  # fmt: skip
 
@@ -390,7 +390,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
 
         rewards = rollout.rewards
         if self.rewards_options.aggregation == "normalize_then_sum":
-            rewards = F.group_normalized_reward_sum(rollout.reward_per_function, self.reward_weights, rollout.group_size)
+            rewards = functional.group_normalized_reward_sum(rollout.reward_per_function, self.reward_weights, rollout.group_size)
         rewards = self.shape_rewards(rewards, rollout)
         advantages = self.advantages(rewards.view(-1, rollout.group_size), rollout).flatten(0, 1)  # [N], or [N, T]
         self.last_rollout, self.last_advantages = rollout, advantages  # for callbacks (completion tables)

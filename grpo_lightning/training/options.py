@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms import functional
 from grpo_lightning.algorithms import SURROGATES
 from grpo_lightning.training.argument_types import check_argument_types
 from grpo_lightning.errors import ConfigError, require
@@ -227,7 +227,8 @@ class RewardOptions(OptionGroup):
         check_rewards(self.funcs, self.weights)
         RewardExecution.of(self.execution)
         require(
-            self.scale in F.REWARD_SCALES, f"rewards.scale: {self.scale!r} is not one of {', '.join(F.REWARD_SCALES)}."
+            self.scale in functional.REWARD_SCALES,
+            f"rewards.scale: {self.scale!r} is not one of {', '.join(functional.REWARD_SCALES)}.",
         )
         require(
             self.aggregation in REWARD_AGGREGATIONS,
@@ -324,8 +325,8 @@ class KLOptions(OptionGroup):
 
     def check(self) -> None:
         require(self.beta >= 0, f"kl.beta: the KL coefficient must be >= 0 (got {self.beta}).")
-        require(self.estimator is None or self.estimator in F.KL_ESTIMATORS,
-                f"kl.estimator: {self.estimator!r} is not one of {', '.join(F.KL_ESTIMATORS)} or null.")  # fmt: skip
+        require(self.estimator is None or self.estimator in functional.KL_ESTIMATORS,
+                f"kl.estimator: {self.estimator!r} is not one of {', '.join(functional.KL_ESTIMATORS)} or null.")  # fmt: skip
         require(not self.unbiased or self.beta > 0,
                 "kl.unbiased: weights the KL term, which beta = 0 turns off; set --model.kl.beta > 0.")  # fmt: skip
         require(self.placement is None or self.beta > 0,

@@ -21,10 +21,7 @@ from grpo_lightning.data.coverage import warn_lost_characters
 from grpo_lightning.errors import ConfigError, require
 from grpo_lightning.models.sources import WARM_START_PREFIX, resolve_model_source, warm_start_builder
 from grpo_lightning.rewards.scoring import resolve_function
-from grpo_lightning.training.options import DTYPES, GROUPS, OptionGroup
-
-__all__ = ["DTYPES", "ConfigError", "require"]  # and the checks below
-
+from grpo_lightning.training.options import GROUPS, OptionGroup
 
 def check_model(model: str, policy: Any) -> None:
     """Raise :class:`ConfigError` for a model (or the tokenizer of ``policy``, a group or a dict of

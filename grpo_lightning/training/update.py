@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from grpo_lightning.algorithms import functional as F
+from grpo_lightning.algorithms import functional
 from grpo_lightning.algorithms.entropy import entropy_bonus
 from grpo_lightning.algorithms.kl import KL_PLACEMENTS
 from grpo_lightning.algorithms.rollout_correction import correct_policy_loss, proximal_logprobs
@@ -249,12 +249,12 @@ class PolicyUpdate:
             loss = correct_policy_loss(loss, behaviour_of, micro.sampling_logp, mask, correction, self.step_metrics,
                                        micro.derived.get("correction_weights"), logp)  # fmt: skip
         if self.loss_options.top_entropy_quantile < 1:
-            loss = loss * F.top_entropy_mask(entropy, mask, self.loss_options.top_entropy_quantile)
+            loss = loss * functional.top_entropy_mask(entropy, mask, self.loss_options.top_entropy_quantile)
         if micro.ref_logp is not None:
-            kl = F.kl_estimate(logp, micro.ref_logp, self.kl_estimator)
+            kl = functional.kl_estimate(logp, micro.ref_logp, self.kl_estimator)
             if self.kl_options.unbiased:
                 kl = kl * torch.exp(logp - old_logp)
             loss = KL_PLACEMENTS[self.kl_placement].add_to_loss(loss, kl, self.beta)
-            self.step_metrics.update("kl", F.masked_mean(kl.detach(), mask), tokens)
-        self.step_metrics.update("entropy", F.masked_mean(entropy, mask), tokens)
+            self.step_metrics.update("kl", functional.masked_mean(kl.detach(), mask), tokens)
+        self.step_metrics.update("entropy", functional.masked_mean(entropy, mask), tokens)
         return self.aggregate(loss, mask, num_sequences=micro.num_sequences, num_tokens=micro.num_tokens)

@@ -12,7 +12,7 @@ from torch.testing import assert_close
 
 from grpo_lightning.algorithms import functional as F
 from grpo_lightning.algorithms import policy_losses
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from tests.helpers import grouped, micro_batched_gradient
 from variants import DAPO, GRPO, GSPO, RLOO, DrGRPO
 

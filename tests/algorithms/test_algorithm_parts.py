@@ -15,7 +15,7 @@ import variants
 from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS
 from grpo_lightning.cli.app import main
 from grpo_lightning.cli.resources import config_dir
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 
 PROMPTS = ["12+34=", "5+6=", "77+8="]  # x group_size 4 = 12 rows
 #: Variants whose advantages are not one per completion from the rewards: their loop cannot take another estimator.

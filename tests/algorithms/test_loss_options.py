@@ -11,7 +11,7 @@ from torch.testing import assert_close
 import variants
 from grpo_lightning.algorithms.entropy import AdaptiveEntropy, entropy_bonus
 from grpo_lightning.algorithms.masks import off_policy_sequence_mask
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from tests.helpers import micro_batched_gradient
 
 PROMPTS = ["12+34=", "5+6=", "77+8="]  # x group_size 4 = 12 rows

@@ -24,7 +24,7 @@ from grpo_lightning.algorithms.rollout_correction import (
     proximal_logprobs,
     second_moment_mask,
 )
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from tests.helpers import length_parity_reward, micro_batched_gradient
 from variants import GRPO
 

@@ -13,7 +13,7 @@ from torch.testing import assert_close
 import variants
 from grpo_lightning.algorithms import SURROGATES
 from grpo_lightning.algorithms.surrogates import dual_clip, ppo_clip
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 
 PROMPTS = ["12+34=", "5+6=", "77+8="]  # x group_size 4 = 12 rows
 

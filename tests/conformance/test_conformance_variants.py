@@ -34,7 +34,7 @@ from grpo_lightning.cli.app import GRPOLightningCLI, main, variant_log_name
 from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.cli.variants import shipped_variants
 from grpo_lightning.training.module import GroupPolicyOptimization
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from tests.helpers import grouped
 
 

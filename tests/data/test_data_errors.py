@@ -12,7 +12,8 @@ from datasets import Dataset
 from grpo_lightning.data import PromptDataModule
 from grpo_lightning.data.checks import fit_prompts
 from grpo_lightning.quickstart.tiny import build_char_tokenizer
-from grpo_lightning.training.settings import ConfigError, check_datasets
+from grpo_lightning.training.settings import check_datasets
+from grpo_lightning.errors import ConfigError
 
 GOOD = b'{"prompt": "1+1=", "answer": "2"}\n'
 

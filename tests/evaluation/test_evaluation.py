@@ -30,7 +30,7 @@ from grpo_lightning.evaluation.sample_metrics import (
     prompt_metrics,
     summarize,
 )
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 
 CONFIGS = config_dir()
 ROOT = Path(__file__).resolve().parents[2]

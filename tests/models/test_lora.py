@@ -21,7 +21,7 @@ from grpo_lightning.models.lora import (
     merged_model,
     merged_weights,
 )
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from variants import GRPO
 from tests.helpers import CONFIGS, assert_same_steps, fit, logits, make_module, merged
 

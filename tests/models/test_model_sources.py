@@ -9,7 +9,7 @@ import pytest
 
 from grpo_lightning.models import sources as model_sources
 from grpo_lightning.models.sources import ModelSource, ModelSourceError, load_tokenizer, resolve_model_source
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 
 
 @pytest.fixture

@@ -220,9 +220,14 @@ def test_the_report_goes_into_the_sweep_folder_unless_told(tmp_path, cell_writer
     assert "2 finished runs" in (root / "report" / "report.md").read_text()
     main([str(root), "--output", str(tmp_path / "reports" / "mine")])
     assert (tmp_path / "reports" / "mine" / "final_metrics.tex").is_file()
-    with pytest.warns(FutureWarning, match="--output"):
-        main([str(root), "--out", str(tmp_path / "old"), "--name", "named"])
-    assert (tmp_path / "old" / "named" / "report.md").is_file()
+
+
+def test_an_abbreviated_option_is_refused(tmp_path, cell_writer):
+    root = tmp_path / "mine"
+    cell_writer(root, "grpo", 0, 0.5)
+    with pytest.raises(SystemExit):
+        main([str(root), "--out", str(tmp_path / "elsewhere")])
+    assert not (tmp_path / "elsewhere").exists()
 
 
 def test_small_n_is_reported(tmp_path, cell_writer):

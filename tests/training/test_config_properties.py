@@ -27,7 +27,7 @@ from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.training.module import GroupPolicyOptimization
 from grpo_lightning.training.options import GROUPS
 from grpo_lightning.algorithms.rollout_correction import CORRECTIONS
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from tests.helpers import grouped
 
 MISSING_MODEL = "no-such-org/no-such-model"

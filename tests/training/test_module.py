@@ -15,7 +15,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from grpo_lightning.evaluation.diagnostics import HealthChecks
 from grpo_lightning.models.logprobs import completion_logprobs
 from grpo_lightning.rollout.engine.options import EngineOptions
-from grpo_lightning.training.module import EVERY_STEP_METRICS, ConfigError
+from grpo_lightning.training.module import EVERY_STEP_METRICS
+from grpo_lightning.errors import ConfigError
 from grpo_lightning.rewards import RewardFunctionError
 from grpo_lightning.rollout.types import SamplingParams
 from variants import DAPO, GRPO

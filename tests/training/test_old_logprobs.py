@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from grpo_lightning.data import ArithmeticDataModule
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from variants import GRPO
 
 SHIFT = 0.1  # the sampler's log-probs sit this far below the policy's: its ratio is exp(0.1) under bypass

@@ -13,7 +13,7 @@ from grpo_lightning.training.callbacks import StepProgressBar
 from grpo_lightning.cli.app import GRPOLightningCLI, main
 from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.training.schedules import CosineKLSchedule, cosine_kl_coefficient
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from variants import DAPO, GRPO
 
 CONFIGS = config_dir()

@@ -22,7 +22,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 import grpo_lightning.training.module
 import grpo_lightning.training.strategies
-from grpo_lightning.training.module import ConfigError
+from grpo_lightning.errors import ConfigError
 from grpo_lightning.cli.app import GRPOLightningCLI, main
 from grpo_lightning.rollout.engine.attention import GQA_ATTENTION, grouped_query_attention
 from grpo_lightning.rollout.engine.options import EngineOptions

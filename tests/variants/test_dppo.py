@@ -9,7 +9,7 @@ import torch
 
 import variants
 from grpo_lightning.algorithms import SURROGATES
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from tests.helpers import token_grad
 
 

@@ -16,7 +16,7 @@ from grpo_lightning.algorithms.advantages import distillation_advantages
 from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.models.sources import load_tokenizer
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_model_and_tokenizer, save_tiny_model, tiny_config
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from grpo_lightning.training.strategies import PolicyFSDPStrategy
 from variants import OnPolicyDistillation
 

@@ -20,7 +20,7 @@ from grpo_lightning.algorithms import dpo
 from grpo_lightning.algorithms import functional as F
 from grpo_lightning.cli.app import GRPOLightningCLI
 from grpo_lightning.cli.resources import config_dir
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from tests.helpers import perturb
 from variants import GRPO, OnlineDPOGRPO
 from variants.online_dpo_grpo import pairs_of_roles

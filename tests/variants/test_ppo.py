@@ -24,7 +24,7 @@ from grpo_lightning.cli.app import GRPOLightningCLI
 from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.checkpoints.export import read_checkpoint
 from grpo_lightning.cli.resources import config_dir
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from grpo_lightning.models.value import compute_values, load_value_model
 from tests.helpers import micro_batched_gradient
 from variants import PPO

@@ -11,7 +11,7 @@ import pytest
 
 from grpo_lightning.cli.app import GRPOLightningCLI
 from grpo_lightning.cli.resources import config_dir
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from variants import ProcessGRPO
 
 CONFIGS = config_dir()

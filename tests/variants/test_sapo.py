@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from tests.helpers import (
     LOSS,
     MASK,

@@ -10,7 +10,7 @@ import torch
 
 import variants
 from grpo_lightning.algorithms.surrogates import vespo_weight
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 
 
 def test_each_preset_names_its_parts_and_the_papers_defaults():

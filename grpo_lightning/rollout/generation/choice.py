@@ -3,7 +3,7 @@
 :func:`check_engine_options` runs at construction (settings wrong whatever the device);
 :func:`resolve_engine` once the device, model and strategy are known. ``"auto"`` and ``None`` become
 concrete settings there; a fallback of an automatic setting is announced once with its reason, and an
-explicit setting that cannot run raises :class:`~grpo_lightning.training.settings.ConfigError` naming the field.
+explicit setting that cannot run raises :class:`~grpo_lightning.errors.ConfigError` naming the field.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from grpo_lightning.training.settings import require
+from grpo_lightning.errors import require
 
 
 class NonFiniteTrainingError(RuntimeError):

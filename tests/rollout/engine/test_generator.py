@@ -25,7 +25,8 @@ from grpo_lightning.rollout.engine import (
 )
 from grpo_lightning.rollout.engine.kernels.availability import TRITON_INTERPRETED
 from grpo_lightning.models.logprobs import completion_logprobs
-from grpo_lightning.rollout.types import SamplingParams, completion_mask_from_ids, generate_group
+from grpo_lightning.rollout.generation.hf import generate_group
+from grpo_lightning.rollout.types import SamplingParams, completion_mask_from_ids
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_tiny_model, tiny_config
 
 PROMPTS = ["1+2=", "37+45=", "(1)", "9", "<think>3*4=12", "0.5"]

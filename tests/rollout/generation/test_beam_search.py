@@ -16,7 +16,7 @@ from grpo_lightning.rollout.generation.sampler import BEAM_SEARCH_CAVEAT
 from grpo_lightning.models.logprobs import completion_logprobs
 from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.rollout.types import SamplingParams, completion_mask_from_ids
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from variants import GRPO
 
 PROMPTS = ["12+3=", "7+45=", "1+1="]  # of different lengths: left padding

@@ -9,7 +9,7 @@ import pytest
 
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.rollout.generation import EngineTarget, resolve_engine
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from variants import GRPO
 
 CUDA_QWEN2 = EngineTarget(device_type="cuda", model_type="qwen2", attn_implementation="sdpa")

@@ -13,7 +13,7 @@ from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.rollout.generation import EngineTarget, RolloutSampler, build_rollout, generate_group, resolve_engine
 from grpo_lightning.rollout.generation import sampling_keys
 from grpo_lightning.rollout.types import SamplingParams
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from variants import GRPO
 
 

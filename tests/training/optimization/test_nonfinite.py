@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo_lightning.training.optimization.nonfinite import NonFiniteGuard, NonFiniteTrainingError
-from grpo_lightning.training.settings import ConfigError
+from grpo_lightning.errors import ConfigError
 from variants import GRPO
 from tests.helpers import fit, make_module, merged
 
