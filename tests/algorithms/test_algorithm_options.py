@@ -277,6 +277,8 @@ def test_each_option_combines_with_each_variant_or_says_why_not(cls, option, mak
         return
     if cls is DAPO:
         kwargs["dynamic_sampling"] = False
+    if cls.__name__ == "OnPolicyDistillation":  # its teacher here is the policy itself: the reward carries the gradient
+        kwargs["reward_weight"] = 1.0
     if cls.__name__ == "ProcessGRPO":  # the rollout has no answers: a step per token, alternating scores
         kwargs["step_reward_func"] = lambda prompts, completions, token_ends: [
             [(t, float(t % 2)) for t in range(len(ends))] for ends in token_ends
