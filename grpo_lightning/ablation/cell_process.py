@@ -40,8 +40,11 @@ PRELOAD = ("grpo_lightning.cli.app", "variants")
 CLI_MODULE = ("-m", "grpo_lightning.cli")
 #: Variables a sweep sets per cell; any other difference from the server's environment starts a new
 #: server, since a library may read it while it is imported.
+#: The share of its card's memory a cell may allocate, set where several cells share a card and read
+#: by the command line (``grpo_lightning.cli.app.cap_cuda_memory``, which names it without importing this).
+MEMORY_FRACTION_ENV = "GRPO_LIGHTNING_CUDA_MEMORY_FRACTION"
 PER_CELL_VARIABLES = frozenset({
-    "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONUNBUFFERED", "GRPO_LIGHTNING_CUDA_MEMORY_FRACTION",
+    "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONUNBUFFERED", MEMORY_FRACTION_ENV,
 })  # fmt: skip
 
 _current: CellServer | None = None

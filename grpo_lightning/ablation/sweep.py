@@ -114,9 +114,9 @@ def _devices(gpus: Any) -> list[str]:
     return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU")]
 
 
-#: The share of its card's memory a cell may allocate (``torch.cuda.set_per_process_memory_fraction``),
-#: set where several cells share a card, so that one cell's growth fails that cell, not its neighbours.
-MEMORY_FRACTION_ENV = "GRPO_LIGHTNING_CUDA_MEMORY_FRACTION"
+#: Each cell's share of its card goes in ``cell_process.MEMORY_FRACTION_ENV`` where cells share one, so
+#: that one cell's growth fails that cell, not its neighbours.
+MEMORY_FRACTION_ENV = cell_process.MEMORY_FRACTION_ENV
 #: Of each card, what the cells' caps leave to CUDA contexts and the allocator's slack.
 CARD_RESERVE = 0.05
 
