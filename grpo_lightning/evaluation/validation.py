@@ -172,6 +172,8 @@ class Evaluation:
         if directory and sampled_outcomes:
             write_outcomes(sampled_outcomes, outcomes_path(directory, f"{prefix}-sampled", self.global_step))
         self.log("step", float(self.global_step), add_dataloader_idx=False)  # the x-axis: optimizer steps taken
+        for sampler in self._samplers.values():  # a validation batch's cache would hold its memory through training
+            sampler.release()
 
     def _set_outcomes(self, index: int, set_name: str, own: Tensor, kept_outcomes: dict | None = None) -> list[list]:
         """The outcome rows of set ``index`` over every device's own prompts (every process must call it)."""

@@ -171,6 +171,18 @@ class RolloutSampler:
         """The engine of the last model sampled from."""
         return next(reversed(self.engines.values()), None)
 
+    def release(self) -> None:
+        """Free the static engines' caches once the worker is idle, keeping what it sampled ahead.
+
+        An engine is sized to the largest batch it served: after a validation of more rows than a
+        rollout (greedy and pass@k completions of a whole validation batch), its cache, and the
+        reference's, would otherwise hold that memory through training. The next rollout allocates
+        a cache of its own size."""
+        self.ahead.wait()
+        for engine in self.engines.values():
+            engine.clear()
+        self.engines.clear()
+
     def clear(self) -> None:
         """Free the static engines' caches and compiled steps (after the worker is done)."""
         self.ahead.clear()

@@ -14,6 +14,8 @@ from grpo_lightning.rollout.generation import EngineTarget, RolloutSampler, buil
 from grpo_lightning.rollout.generation import sampling_keys
 from grpo_lightning.rollout.types import SamplingParams
 from grpo_lightning.errors import ConfigError
+from lightning.pytorch import Callback
+from tests.helpers import make_trainer, module, small_data
 from variants import GRPO
 
 
@@ -107,3 +109,24 @@ def test_chat_messages_for_a_tokenizer_without_a_chat_template_are_a_config_erro
     assert not tokenizer.chat_template and format_prompt(tokenizer, "1+1=") == "1+1="
     with pytest.raises(ConfigError, match="chat messages and the tokenizer has no chat template"):
         format_prompt(tokenizer, [{"role": "user", "content": "1+1="}])
+
+
+class EngineSizes(Callback):
+    """The static engines' batch sizes at the start of each training batch."""
+
+    def __init__(self) -> None:
+        self.sizes: list[list[int]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.sizes.append([e.max_batch_size for s in pl_module._samplers.values() for e in s.engines.values()])
+
+
+def test_a_validation_batch_larger_than_the_rollout_leaves_no_cache_behind(tiny_model_dir, tmp_path):
+    """An engine is sized to the largest batch it served; a validation of 8 rows would keep its cache
+    through training rollouts of 4 (on a GPU shared by several runs, enough to run out of memory)."""
+    sizes = EngineSizes()
+    grpo = module(tiny_model_dir, engine=EngineOptions(rollout="static"), policy={"dtype": "float32"})
+    trainer = make_trainer(tmp_path, max_steps=3, val_check_interval=1, callbacks=[sizes])
+    trainer.fit(grpo, datamodule=small_data(batch_size=2, val_batch_size=8))
+    assert trainer.global_step == 3
+    assert sizes.sizes == [[], [], []]  # released after each validation; each rollout sized its own
