@@ -53,8 +53,8 @@ class EnvironmentOptions:
 
     name: str | dict[str, str]
     """Import path of the environment's class (or of a function returning one), e.g.
-    ``grpo_lightning.agents.CalculatorEnvironment``; an OpenEnv environment or client, or a class
-    written for TRL's ``environment_factory`` runs as it is
+    ``grpo_lightning.agents.CalculatorEnvironment``; a verifiers taskset, an OpenEnv environment or
+    client, or a class written for TRL's ``environment_factory`` runs as it is
     (:mod:`grpo_lightning.agents.adapters`). A dict ``{name: import path}``: several, each row naming
     its own in its ``environment`` column."""
     args: dict[str, Any] = field(default_factory=dict)

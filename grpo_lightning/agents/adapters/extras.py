@@ -10,7 +10,7 @@ from grpo_lightning.agents.tool_calls import import_object
 from grpo_lightning.errors import ConfigError
 
 #: The extra of ``grpo-lightning`` that installs each optional library, by its top-level package.
-EXTRAS = {"openenv": "openenv", "openenv_core": "openenv"}
+EXTRAS = {"verifiers": "verifiers", "openenv": "openenv", "openenv_core": "openenv"}
 
 
 def missing_extra(package: str, what: str) -> ConfigError:
@@ -21,7 +21,7 @@ def missing_extra(package: str, what: str) -> ConfigError:
 
 def import_optional_object(path: str, field_name: str) -> Any:
     """:func:`~grpo_lightning.agents.tool_calls.import_object`, where a module that needs a missing
-    optional library (``openenv``) names the extra to install."""
+    optional library (``verifiers``, ``openenv``) names the extra to install."""
     module = str(path).rpartition(".")[0]
     try:
         importlib.import_module(module)
