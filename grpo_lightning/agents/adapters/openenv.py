@@ -22,6 +22,9 @@ and the episode goes on. The episode's environment is closed once it is over.
 import path of a function ``text -> action`` (raising ``ValueError`` for a turn that is none);
 ``observation_format``, one of ``observation -> text``; ``reset_columns``, the row's columns passed
 to ``reset`` as keywords.
+
+MCP environments (``MCPEnvironment``, ``MCPToolClient``), whose actions are calls of their tools, are
+refused with a :class:`ConfigError`.
 """
 
 from __future__ import annotations
@@ -44,11 +47,12 @@ ADAPTER_ARGS = ("action_format", "observation_format", "reset_columns")
 #: Fields every observation has that are not what it shows.
 NOT_SHOWN = ("done", "reward", "metadata")
 #: The module defining each of OpenEnv's base classes, loaded once a subclass of theirs exists.
-BASES = {"Environment": "openenv.core.env_server.interfaces", "EnvClient": "openenv.core.env_client"}
+BASES = {"Environment": "openenv.core.env_server.interfaces", "EnvClient": "openenv.core.env_client",
+         "MCPEnvironment": "openenv.core.env_server.mcp_environment", "MCPClientBase": "openenv.core.mcp_client"}
 
 
 def openenv_base(name: str) -> type | None:
-    """OpenEnv's ``Environment`` or ``EnvClient`` where openenv is imported, else ``None``."""
+    """OpenEnv's base class ``name`` (:data:`BASES`) where its module is imported, else ``None``."""
     found = getattr(sys.modules.get(BASES[name]), name, None)
     return found if isinstance(found, type) else None
 
@@ -117,6 +121,10 @@ class OpenEnvEnvironment:
     def __init__(self, openenv: Any, action_format: str | Callable[[str], Any] | None = None,
                  observation_format: str | Callable[[Any], str] | None = None,
                  reset_columns: Sequence[str] = ("seed", "episode_id")) -> None:  # fmt: skip
+        mcp = [base for base in map(openenv_base, ("MCPEnvironment", "MCPClientBase")) if base is not None]
+        if isinstance(openenv, tuple(mcp)):
+            raise ConfigError(f"environment.name: {type(openenv).__name__} is an MCP environment, whose actions are "
+                              "calls of its MCP tools; this adapter steps typed actions, not MCP tools.")  # fmt: skip
         local = openenv_base("Environment")
         self.in_process = local is not None and isinstance(openenv, local)
         self.action = action_type(type(openenv))

@@ -20,8 +20,9 @@ and ``self.taskset``. Once the episode is over (or cut by ``max_turns``: ``stop_
 ``max_turns``), the task's ``@vf.reward`` functions score its trace (``task.score``), and the episode's
 reward is the trace's weighted reward, with what the env recorded on it: the column ``environment_reward``.
 
-Not run here: tasks that need a container, rewards that need a runtime, harness programs, judges
-plugged into the task config, and envs of several agents.
+Refused, naming what (a :class:`ConfigError`), as they need verifiers' serving machinery: tasks that
+need a container, rewards that need a runtime, judges plugged into the task config, and envs of several
+agents. Harness programs do not run: the policy is the agent.
 """
 
 from __future__ import annotations
@@ -76,6 +77,12 @@ def exported_env(taskset: type) -> type | None:
         if taskset in exported:
             return next((e for e in exported if isinstance(e, type) and issubclass(e, vf.Env) and e is not vf.Env), None)
     return None
+
+
+def needs_runtime(function: Callable) -> bool:
+    """Whether a reward takes a ``runtime`` without a default, which verifiers skips where there is none."""
+    parameter = inspect.signature(function).parameters.get("runtime")
+    return parameter is not None and parameter.default is parameter.empty
 
 
 def vf_message(message: Any) -> Message:
@@ -160,6 +167,9 @@ class VerifiersEnvironment(ToolEnvironment):
         if getattr(self.task_type, "NEEDS_CONTAINER", False):
             raise ConfigError(f"environment.name: {self.task_type.__name__} needs a container, which this adapter "
                               "does not run.")  # fmt: skip
+        if taskset.config.task.judges:
+            raise ConfigError(f"environment.args: {type(taskset).__name__}'s task config plugs judges, which call a "
+                              "model of their own; this adapter does not run them.")  # fmt: skip
         self.task_toolsets = self.task_type.toolsets(taskset.config.task)
         self.toolsets = [*self.task_toolsets, *type(taskset).toolsets(taskset.config)]
         super().__init__(toolset_tools(self.toolsets), **tool_settings)
@@ -184,6 +194,10 @@ class VerifiersEnvironment(ToolEnvironment):
         else:
             data = data_type.model_validate({k: v for k, v in row.items() if k in data_type.model_fields})
         task = self.task_type(data, self.taskset.config.task)
+        needing = [fn.__name__ for fn in task.hooks("reward") if needs_runtime(fn)]
+        if needing:
+            raise ConfigError(f"environment.name: the rewards {needing} of {self.task_type.__name__} need a runtime "
+                              "(a sandbox of the task's), which this adapter does not run.")  # fmt: skip
         return task if self.taskset.system_prompt is None else task.with_system_prompt(self.taskset.system_prompt)
 
     def reset(self, row: dict[str, Any]) -> list[Message]:

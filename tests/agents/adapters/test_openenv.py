@@ -16,6 +16,7 @@ from openenv.core.client_types import StepResult  # noqa: E402
 from openenv.core.env_client import EnvClient  # noqa: E402
 from openenv.core.env_server.http_server import create_fastapi_app  # noqa: E402
 from openenv.core.env_server.interfaces import Environment  # noqa: E402
+from openenv.core.env_server.mcp_environment import MCPEnvironment  # noqa: E402
 from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
 
 from grpo_lightning.agents import EnvironmentOptions  # noqa: E402
@@ -254,6 +255,36 @@ def test_a_client_steps_its_servers_session_and_closes_it_after_the_episode():
     assert environment.step(turn("7")) == ([], 0.5, True)
     environment.final_reward()
     assert [session.closed for session in InProcessGuessClient.sessions] == [True]
+
+
+class CalculatorMCPEnvironment(MCPEnvironment):
+    """An MCP environment, in the style of OpenEnv's MCPEnvironment docstring: its actions call its tools."""
+
+    def __init__(self):
+        from fastmcp import FastMCP
+
+        server = FastMCP("calculator")
+
+        @server.tool()
+        def add(a: int, b: int) -> int:
+            return a + b
+
+        super().__init__(server)
+
+    def reset(self, seed=None, episode_id=None, **kwargs) -> Observation:
+        return Observation()
+
+    def _step_impl(self, action, timeout_s=None, **kwargs) -> Observation:
+        return Observation()
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+def test_an_mcp_environment_is_refused_naming_why():
+    with pytest.raises(ConfigError, match=r"^environment.name: CalculatorMCPEnvironment is an MCP environment"):
+        EnvironmentOptions.of({"name": f"{HERE}.CalculatorMCPEnvironment"})
 
 
 def test_a_rubric_sets_the_observations_reward():

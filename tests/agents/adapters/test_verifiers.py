@@ -231,6 +231,26 @@ def test_an_env_that_raises_fails_its_episode_and_closes_its_loop():
     assert environment.loop is None
 
 
+class SandboxTask(vf.Task[ReverseData]):
+    @vf.reward
+    async def tests_pass(self, trace: vf.Trace, runtime: vf.Runtime) -> float:
+        return 1.0
+
+
+class SandboxTaskset(vf.Taskset[SandboxTask, vf.TasksetConfig]):
+    def load(self) -> list[SandboxTask]:
+        return [SandboxTask(ReverseData(prompt="12", answer="21"), self.config.task)]
+
+
+def test_what_needs_verifiers_serving_machinery_is_refused_naming_it():
+    environment = EnvironmentOptions.of({"name": f"{HERE}.SandboxTaskset"}).make()
+    with pytest.raises(ConfigError, match=r"^environment.name: the rewards \['tests_pass'\] of SandboxTask need a runtime"):
+        environment.reset(row_of(SandboxTaskset))
+    judged = {"name": f"{HERE}.ReverseTaskset", "args": {"task": {"judges": [{"id": "reference"}]}}}
+    with pytest.raises(ConfigError, match=r"^environment.args: ReverseTaskset's task config plugs judges"):
+        EnvironmentOptions.of(judged)
+
+
 def test_the_data_module_rows_are_the_tasks_and_rebuild_them():
     data = TasksetDataModule(f"{HERE}.ReverseTaskset", args={"num_tasks": 4}, num_val=1, batch_size=2)
     data.setup("fit")
