@@ -225,8 +225,9 @@ def test_a_turn_that_is_no_action_is_answered_and_counted_and_the_episode_goes_o
 
 def test_an_observation_of_several_fields_is_shown_as_json_and_every_steps_reward_counts():
     environment = OpenEnvEnvironment(EchoEnvironment())
-    assert environment.reset({"prompt": [{"role": "system", "content": "Echo."}]}) == [
-        {"role": "system", "content": "Echo."}, {"role": "user", "content": '{"echoed_message": "", "message_length": 0}'}]  # fmt: skip
+    opening = environment.reset({"prompt": [{"role": "system", "content": "Echo."}]})
+    assert opening == [{"role": "system", "content": "Echo."},
+                       {"role": "user", "content": '{"echoed_message": "", "message_length": 0}'}]  # fmt: skip
     replies, reward, done = environment.step(turn("abcd"))
     assert json.loads(replies[0]["content"]) == {"echoed_message": "abcd", "message_length": 4}
     assert (reward, done) == (pytest.approx(0.4), False)
@@ -239,7 +240,8 @@ def test_the_adapters_settings_and_the_environments_arguments_share_args():
     options = {"name": f"{HERE}.GuessEnvironment", "args": {"max_guesses": 1, "observation_format": shout,
                                                             "reset_columns": ["level"]}}  # fmt: skip
     environment = EnvironmentOptions.of(options).make()
-    assert environment.reset({"prompt": "Go.", "seed": 5, "level": None}) == [{"role": "user", "content": "Go.\n\nGUESS A NUMBER FROM 0 TO 9."}]
+    opening = environment.reset({"prompt": "Go.", "seed": 5, "level": None})
+    assert opening == [{"role": "user", "content": "Go.\n\nGUESS A NUMBER FROM 0 TO 9."}]
     assert environment.openenv.secret == 0  # seed is not among reset_columns
     assert environment.step(turn("4")) == ([], 0.0, True)  # one guess at most
     with pytest.raises(ConfigError, match=r"^environment.args: .*GuessEnvironment refuses them .*unexpected keyword"):
@@ -250,7 +252,8 @@ def test_a_client_steps_its_servers_session_and_closes_it_after_the_episode():
     InProcessGuessClient.sessions.clear()
     environment = EnvironmentOptions.of({"name": f"{HERE}.InProcessGuessClient", "args": {"base_url": "http://env:8000"}}).make()
     assert not environment.in_process and environment.action is GuessAction
-    assert environment.reset({"prompt": "Play.", "seed": 7}) == [{"role": "user", "content": "Play.\n\nGuess a number from 0 to 9."}]
+    opening = environment.reset({"prompt": "Play.", "seed": 7})
+    assert opening == [{"role": "user", "content": "Play.\n\nGuess a number from 0 to 9."}]
     assert environment.step(turn("9")) == ([{"role": "user", "content": "lower"}], 0.0, False)
     assert environment.step(turn("7")) == ([], 0.5, True)
     environment.final_reward()
