@@ -16,9 +16,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
 
-from grpo_lightning.agents.adapters.trl import TRLEnvironment, follows_trl_contract, trl_environment
+from grpo_lightning.agents.adapters import adapted_environment
+from grpo_lightning.agents.adapters.extras import import_optional_object
+from grpo_lightning.agents.adapters.trl import TRLEnvironment, follows_trl_contract
 from grpo_lightning.agents.messages import Message
-from grpo_lightning.agents.tool_calls import import_object
 from grpo_lightning.errors import ConfigError
 
 #: The column of a row that names its environment when ``environment.name`` is a dict (TRL's).
@@ -52,11 +53,12 @@ class EnvironmentOptions:
 
     name: str | dict[str, str]
     """Import path of the environment's class (or of a function returning one), e.g.
-    ``grpo_lightning.agents.CalculatorEnvironment``; a class written for TRL's ``environment_factory``
-    runs as it is (:mod:`grpo_lightning.agents.adapters.trl`). A dict ``{name: import path}``: several,
-    each row naming its own in its ``environment`` column."""
+    ``grpo_lightning.agents.CalculatorEnvironment``; a verifiers taskset, an OpenEnv environment or
+    client, or a class written for TRL's ``environment_factory`` runs as it is
+    (:mod:`grpo_lightning.agents.adapters`). A dict ``{name: import path}``: several, each row naming
+    its own in its ``environment`` column."""
     args: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of each new environment (of a TRL-style one: the adapter's settings)."""
+    """Keyword arguments of each new environment (of another library's: its own and the adapter's settings)."""
     max_turns: int = 4
     """Model turns per episode at most; an episode still going then is truncated."""
     max_tokens: int | None = None
@@ -97,9 +99,10 @@ class EnvironmentOptions:
                 raise ConfigError(f"environment.name: is a dict of {', '.join(map(repr, self.name))}, and a row's "
                                   f"{ENVIRONMENT_COLUMN!r} column is {chosen!r}; give every row one of them.")  # fmt: skip
             path = self.name[chosen]
-        factory: Callable[..., Any] = import_object(path, "environment.name")
-        if isinstance(factory, type) and follows_trl_contract(factory):
-            return trl_environment(factory, self.args, path)
+        factory: Callable[..., Any] = import_optional_object(path, "environment.name")
+        adapted = adapted_environment(factory, self.args, path)
+        if adapted is not None:
+            return adapted
         try:
             environment = factory(**self.args)
         except (TypeError, ValueError) as error:

@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from grpo_lightning.agents.messages import Message
+from grpo_lightning.agents.messages import Message, prompt_messages
 from grpo_lightning.agents.tool_calls import ToolCall, resolve_tool_call_format
 from grpo_lightning.agents.tools import resolve_tools, run_tool_call
 
@@ -45,8 +45,7 @@ class ToolEnvironment:
 
     def reset(self, row: dict[str, Any]) -> list[Message]:
         self.row = row
-        prompt = row["prompt"]
-        return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        return prompt_messages(row["prompt"])
 
     def step(self, message: Message) -> tuple[list[Message], float | None, bool]:
         calls = self.parse(message["content"])

@@ -35,7 +35,11 @@ def resolve_tools(tools: Sequence[str | Callable]) -> dict[str, Callable]:
 
 
 def tool_schema(function: Callable) -> dict[str, Any]:
-    """The function's JSON schema, as chat templates take it in ``tools=``."""
+    """The function's JSON schema, as chat templates take it in ``tools=``: its ``json_schema``
+    attribute where it has one (a tool of another library, described by that library), else read
+    from its type hints and docstring."""
+    if isinstance(getattr(function, "json_schema", None), dict):
+        return function.json_schema
     try:
         return get_json_schema(function)
     except Exception as error:  # noqa: BLE001 - transformers raises its own error types for each gap

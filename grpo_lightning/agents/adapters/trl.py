@@ -20,7 +20,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from grpo_lightning.agents.messages import Message
+from grpo_lightning.agents.messages import Message, followed_by
 from grpo_lightning.agents.tool_environment import ToolEnvironment
 from grpo_lightning.errors import ConfigError
 
@@ -63,15 +63,7 @@ class TRLEnvironment(ToolEnvironment):
 
     def reset(self, row: dict[str, Any]) -> list[Message]:
         """The row's prompt, with ``reset(**row)``'s observation appended to its last user message."""
-        messages = super().reset(row)
-        observation = self.trl_environment.reset(**row)
-        if observation is None or observation == "":
-            return messages
-        if messages and messages[-1].get("role") == "user":
-            last = str(messages[-1].get("content") or "")
-            messages[-1] = {**messages[-1], "content": f"{last}\n\n{observation}" if last else str(observation)}
-            return messages
-        return [*messages, {"role": "user", "content": str(observation)}]
+        return followed_by(super().reset(row), self.trl_environment.reset(**row))
 
     def final_reward(self) -> float | None:
         """``get_reward()`` once the episode is over, where the environment has one; else ``None``."""
