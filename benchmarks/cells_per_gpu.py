@@ -22,16 +22,11 @@ from pathlib import Path
 
 
 def step_seconds(cell_dir: Path) -> list[float]:
-    """``perf/step_s`` of each optimizer step the cell logged, in order."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    """``perf/step_s`` of each optimizer step the cell logged, in order (the report's reader of event files)."""
+    from grpo_lightning.report.runs import read_scalars
 
-    values: dict[int, float] = {}
-    for events in sorted(cell_dir.glob("events.out.tfevents.*")):
-        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
-        accumulator.Reload()
-        if "perf/step_s" in accumulator.Tags()["scalars"]:
-            values.update({event.step: event.value for event in accumulator.Scalars("perf/step_s")})
-    return [values[step] for step in sorted(values)]
+    series = read_scalars(cell_dir).get("perf/step_s")
+    return [] if series is None else series.values.tolist()
 
 
 def wave(cells: int, args: argparse.Namespace, extra: list[str]) -> dict:
