@@ -518,7 +518,7 @@ def test_parity_gives_trl_the_settings_of_our_variant(variant, tiny_model_dir, t
     settings = parity.task_settings(tiny_model_dir, ["model.sampling.group_size=4"], "mul_3digit")
     config = sys.modules["smollm2"].trl_config(settings, tmp_path, seed=3, device="cpu", variant=variant, max_steps=7)
     arguments = {k: v for k, v in settings["model"]["init_args"].items() if k != "model"}
-    ours = parity.variant_class(variant)(model=tiny_model_dir, **arguments)
+    ours = parity.preset_class(variant)(model=tiny_model_dir, **arguments)
 
     completions = settings["data"]["init_args"]["batch_size"] * ours.sampling_options.group_size
     assert config.num_generations == ours.sampling_options.group_size == 4
