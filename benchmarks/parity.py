@@ -1,29 +1,37 @@
 """Equal optimizer steps: grpo-lightning against TRL's ``GRPOTrainer`` on SmolLM2-135M-Instruct, on three
-arithmetic tasks that the model starts out good at, poor at, and almost never solves.
+arithmetic tasks that the model starts out good at, poor at, and almost never solves, for GRPO,
+Dr. GRPO and DAPO (``--variants``), each against TRL's matching ``loss_type``.
 
 Both libraries get the same model, prompts (the recipe's chat template), reward (the last number of
 the answer), group size, prompts per step, completion length, temperature, learning rate (constant),
-clip range, ``beta``, precision and seed, and run ``--steps`` optimizer steps each
-(``configs/recipes/smollm2.yaml``, 32 prompts a step; the TRL side is ``smollm2.py``'s ``trl_config``).
-Each run is a subprocess; all of them run at once. Every step logs the reward, the sampled completions'
-mean and shortest length in tokens (end of turn included), the share of them that end at once
-(one token or none), the policy's entropy and the gradient norm before clipping. Every
-``--eval-every`` steps and at the end, the run saves its model and one evaluator (``smollm2.py``'s
-``evaluate``, fp32 greedy, 16 tokens) scores it on the task's held-out problems: accuracy, mean answer
-length, share of empty answers, and the weights' distance from the start model.
+precision and seed, and run ``--steps`` optimizer steps each (``configs/recipes/smollm2.yaml``, 32
+prompts a step; the TRL side is ``smollm2.py``'s ``trl_config``). The algorithm is our preset's
+(``configs/variant/<variant>.yaml``) as the recipe resolves it: ``parity_trl.py`` maps its loss,
+advantage scaling, clip range, ``beta``, truncation mask and DAPO's overlong shaping to TRL's settings
+and refuses a setting it cannot express. Each variant runs as the arms ``VARIANT-ours`` (matched to TRL)
+and ``VARIANT-trl``; where the match turns off a part of the preset that TRL lacks (DAPO's dynamic
+sampling), ``VARIANT-ours_full`` runs the preset as it is, and its results carry a note that it has no
+TRL counterpart. Each run is a subprocess; all of them run at once. Every step logs the reward (the
+task's, before length shaping), the sampled completions' mean and shortest length in tokens (end of
+turn included), the share of them that end at once (one token or none), the policy's entropy and the
+gradient norm before clipping. Every ``--eval-every`` steps and at the end, the run saves its model and
+one evaluator (``smollm2.py``'s ``evaluate``, fp32 greedy, 16 tokens) scores it on the task's held-out
+problems: accuracy, mean answer length, share of empty answers, and the weights' distance from the
+start model.
 
 The tasks come from the built-in arithmetic generator (``grpo_lightning.data.arithmetic``). Each tier
 tries its candidates in turn and keeps the first whose greedy start accuracy is in the tier's range
 (all the start accuracies measured are in the results)::
 
-    python benchmarks/parity.py --steps 200 --seeds 0 1 2 --keep-zero-gradients no_signal --out DIR
+    python benchmarks/parity.py --steps 200 --seeds 0 1 2 --variants grpo dr_grpo dapo --out DIR
     python benchmarks/parity.py --report DIR    # (re)assemble DIR/results.json from the runs' records
 
 ``--keep-zero-gradients TIER`` adds, on that tier, a run of ours whose optimizer also steps on a
 gradient of exactly zero (the library drops such a step: see ``clip_and_log_gradient_norm``), to see
 what that drop changes. ``--deadline-min`` stops the runs still going at that time; the comparison
 then uses, per seed, the last evaluated step that both libraries reached. Each run records into
-``OUT/runs/``, so ``--report OUT`` assembles the results of runs that were cut short too. Our side runs without
+``OUT/runs/``, so ``--report OUT`` assembles the results of runs that were cut short too
+(``parity_report.py``: each variant's arms against its own TRL run). Our side runs without
 ``torch.compile`` (which changes speed, not results): many runs share the machine's CPU cores.
 """
 
@@ -47,7 +55,9 @@ from lightning.pytorch import Callback
 BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS))
 from budget_race import RACE_TRAINER, recipe_settings  # noqa: E402
-from smollm2 import VARIANT_CLASSES, evaluate  # noqa: E402
+from parity_report import assemble, print_summary, summarize  # noqa: E402
+from parity_trl import VARIANTS, mapping, matched_arguments, preset_class  # noqa: E402
+from smollm2 import evaluate  # noqa: E402
 
 #: The report's setting: 32 prompts x 8 completions x 16 tokens a step (the recipe has 8 prompts), in
 #: micro-batches of 32 on both sides (memory only: 21 runs at once then fit one 140 GB card).
@@ -85,7 +95,7 @@ def task_settings(model: str | None, overrides: list[str], task: str) -> dict[st
 
 def at_once_share(lengths: list[int]) -> float:
     """The share of completions that end at once: one token (the end of turn) or none."""
-    return sum(length <= 1 for length in lengths) / len(lengths)
+    return sum(length <= 1 for length in lengths) / len(lengths) if lengths else math.nan
 
 
 def step_row(step: int, logged: dict[str, float], lengths: list[int]) -> dict[str, float]:
@@ -142,16 +152,24 @@ def is_checkpoint(step: int, every: int, last: int) -> bool:
 
 
 class ParityProbe(Callback):
-    """Our side's recorder: a row after every training step, a checkpoint every ``eval_every`` steps and at ``max_steps``."""
+    """Our side's recorder: a row after every optimizer step (the lengths of every completion sampled since
+    the last one: DAPO's dynamic sampling may sample several batches for one step), a checkpoint every
+    ``eval_every`` steps and at ``max_steps``."""
 
     def __init__(self, directory: str, settings_file: str, start_model: str, device: str, eval_every: int,
                  max_steps: int) -> None:  # fmt: skip
         self.recorder = Recorder(directory, settings_file, start_model, device)
         self.eval_every, self.max_steps = eval_every, max_steps
+        self.step, self.lengths = 0, []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if isinstance(outputs, dict) and outputs.get("rollout") is not None:  # every group sampled
+            self.lengths += outputs["rollout"].lengths.tolist()
         step = trainer.global_step
-        self.recorder.row(step_row(step, pl_module.last_step_metrics, pl_module.last_rollout.lengths.tolist()))
+        if step == self.step:  # sampled only, no update
+            return
+        self.recorder.row(step_row(step, pl_module.last_step_metrics, self.lengths))
+        self.step, self.lengths = step, []
         if is_checkpoint(step, self.eval_every, self.max_steps):
             self.recorder.checkpoint(step, pl_module.save_pretrained)
 
@@ -175,22 +193,23 @@ def keeping_zero_gradients(variant: type) -> type:
     return KeepingZeroGradients
 
 
-def variant_class(name: str) -> type:
-    import variants
-
-    return getattr(variants, VARIANT_CLASSES[name])
-
-
-GRPOKeepingZeroGradients = keeping_zero_gradients(variant_class("grpo"))
-DrGRPOKeepingZeroGradients = keeping_zero_gradients(variant_class("dr_grpo"))
+GRPOKeepingZeroGradients = keeping_zero_gradients(preset_class("grpo"))
+DrGRPOKeepingZeroGradients = keeping_zero_gradients(preset_class("dr_grpo"))
+DAPOKeepingZeroGradients = keeping_zero_gradients(preset_class("dapo"))
+#: The ``ours_keep_zero`` arms' classes (``parity.<Preset>KeepingZeroGradients``).
+KEEPING_ZERO_GRADIENTS = {"grpo": GRPOKeepingZeroGradients, "dr_grpo": DrGRPOKeepingZeroGradients,
+                          "dapo": DAPOKeepingZeroGradients}  # fmt: skip
 
 
-def ours_config(settings: dict[str, Any], variant: str, keep_zero: bool, steps: int, probe: dict[str, Any],
+def ours_config(settings: dict[str, Any], variant: str, role: str, steps: int, probe: dict[str, Any],
                 root: Path) -> dict[str, Any]:  # fmt: skip
-    """Our fit's configuration: the recipe's model (as ``variant``), data and trainer, ``steps`` steps, the probe."""
-    name = VARIANT_CLASSES[variant]
-    model = {**settings["model"], "class_path": f"parity.{name}KeepingZeroGradients" if keep_zero else f"variants.{name}"}
-    model["init_args"] = {**model["init_args"], "engine": NO_COMPILE}
+    """Our fit's configuration: the recipe's model as the preset ``variant`` (matched to TRL, or as it is
+    for ``role`` ``ours_full``), data and trainer, ``steps`` steps, the probe."""
+    cls = KEEPING_ZERO_GRADIENTS[variant] if role == "ours_keep_zero" else preset_class(variant)
+    class_path = f"parity.{cls.__name__}" if role == "ours_keep_zero" else f"{cls.__module__}.{cls.__name__}"
+    arguments = {} if role == "ours_full" else matched_arguments(variant)
+    model = {**settings["model"], "class_path": class_path}
+    model["init_args"] = {**model["init_args"], **arguments, "engine": NO_COMPILE}
     trainer = {**settings["trainer"], **RACE_TRAINER, "max_steps": steps, "default_root_dir": str(root),
                "callbacks": [{"class_path": "parity.ParityProbe", "init_args": probe}]}  # fmt: skip
     trainer.pop("val_check_interval", None)
@@ -206,13 +225,15 @@ def ours_command(config: Path, device: str, seed: int) -> list[str]:
 
 
 def trl_worker(job: dict[str, Any]) -> None:
-    """TRL's ``GRPOTrainer`` on the job's settings for its steps, recording as ours does."""
+    """TRL's ``GRPOTrainer`` on the job's settings and variant (``parity_trl``) for its steps, recording
+    as ours does: its ``reward`` is the task's (the accuracy function's mean), before any length shaping."""
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
     from grpo_lightning.models.sources import load_tokenizer
     from grpo_lightning.rewards import accuracy_reward
     from grpo_lightning.rollout.generation import load_causal_lm
+    from parity_trl import resolve, trl_reward_functions
     from smollm2 import problems, trl_config
 
     settings = json.loads(Path(job["settings_file"]).read_text())
@@ -231,7 +252,7 @@ def trl_worker(job: dict[str, Any]) -> None:
     class Probe(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "reward" in logs and lengths:
-                recorder.row(step_row(state.global_step, logs, lengths))
+                recorder.row(step_row(state.global_step, {**logs, "reward": logs["rewards/accuracy/mean"]}, lengths))
                 lengths.clear()
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
@@ -239,7 +260,8 @@ def trl_worker(job: dict[str, Any]) -> None:
                 recorder.checkpoint(state.global_step, lambda path: (model.save_pretrained(path), tokenizer.save_pretrained(path)))
 
     policy = load_causal_lm(model_args["model"], model_args.get("policy", {}).get("dtype", "float32"), None)
-    trainer = GRPOTrainer(model=policy, reward_funcs=[accuracy], args=config, train_dataset=train,
+    rewards = trl_reward_functions(resolve(job["variant"], settings), [accuracy])  # DAPO: and its overlong shaping
+    trainer = GRPOTrainer(model=policy, reward_funcs=rewards, args=config, train_dataset=train,
                           processing_class=tokenizer, callbacks=[Probe()])  # fmt: skip
     trainer.train()
 
@@ -273,33 +295,51 @@ def save_start_model(model: str, directory: Path) -> str:
     return str(directory)
 
 
-def plan_jobs(args, chosen: dict[str, Any], work: Path, start_model: str, eval_device: str) -> list[dict[str, Any]]:
-    """One job per tier, arm and seed; the settings of each tier in ``work/TIER.json``."""
+def arm_roles(variant: str, roles: list[str], keep_zero: bool) -> list[str]:
+    """``variant``'s arms on a tier: ``roles`` (``ours_full`` only where the matched arm turns a part of the
+    preset off), and ``ours_keep_zero`` where asked."""
+    kept = [role for role in roles if role != "ours_full" or matched_arguments(variant)]
+    return [*kept, *(["ours_keep_zero"] if keep_zero else [])]
+
+
+def arm_note(role: str, pair: dict[str, Any]) -> str | None:
+    """What ``role``'s run of a variant's ``pair`` (``parity_trl.mapping``) leaves out of the comparison with TRL."""
+    if role == "ours_full" and pair["ours_only"]:
+        return "ours only, no TRL counterpart: " + "; ".join(pair["ours_only"])
+    if role in ("ours", "ours_keep_zero") and pair["ours_arguments"]:
+        return f"the preset with {pair['ours_arguments']}: what TRL lacks turned off"
+    return None
+
+
+def plan_jobs(args, chosen: dict[str, Any], work: Path, start_model: str, eval_device: str,
+              pairs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:  # fmt: skip
+    """One job per tier, variant, arm and seed (the arm ``VARIANT-ROLE``); the settings of each tier in ``work/TIER.json``."""
     jobs = []
     for tier, choice in chosen.items():
         settings_file = work / f"{tier}.json"
         settings_file.write_text(json.dumps(task_settings(args.model, args.set, choice["task"])))
-        arms = [*args.arms, *(["ours_keep_zero"] if tier in args.keep_zero_gradients else [])]
         for seed in args.seeds:
-            for arm in arms:
-                directory = work / f"{tier}-{arm}-s{seed}"
-                jobs.append({"tier": tier, "task": choice["task"], "arm": arm, "seed": seed, "variant": args.variant,
-                             "steps": args.steps, "eval_every": args.eval_every, "device": args.device,
-                             "eval_device": eval_device, "settings_file": str(settings_file), "start_model": start_model,
-                             "directory": str(directory)})  # fmt: skip
+            for variant in args.variants:
+                for role in arm_roles(variant, args.arms, tier in args.keep_zero_gradients):
+                    arm = f"{variant}-{role}"
+                    jobs.append({"tier": tier, "task": choice["task"], "variant": variant, "role": role, "arm": arm,
+                                 "seed": seed, "note": arm_note(role, pairs[variant]), "steps": args.steps,
+                                 "eval_every": args.eval_every, "device": args.device, "eval_device": eval_device,
+                                 "settings_file": str(settings_file), "start_model": start_model,
+                                 "directory": str(work / f"{tier}-{arm}-s{seed}")})  # fmt: skip
     return jobs
 
 
 def job_command(job: dict[str, Any]) -> list[str]:
     directory = Path(job["directory"])
     directory.mkdir(parents=True, exist_ok=True)
-    if job["arm"] == "trl":
+    if job["role"] == "trl":
         (directory / "job.json").write_text(json.dumps(job))
         return [sys.executable, __file__, "--trl-worker", str(directory / "job.json")]
     settings = json.loads(Path(job["settings_file"]).read_text())
     probe = {k: job[k] for k in ("directory", "settings_file", "start_model", "eval_every")}
     probe.update(device=job["eval_device"], max_steps=job["steps"])
-    config = ours_config(settings, job["variant"], job["arm"] == "ours_keep_zero", job["steps"], probe, directory)
+    config = ours_config(settings, job["variant"], job["role"], job["steps"], probe, directory)
     (directory / "fit.yaml").write_text(yaml.safe_dump(config))
     return ours_command(directory / "fit.yaml", job["device"], job["seed"])
 
@@ -323,104 +363,17 @@ def run_all(jobs: list[dict[str, Any]], logs: Path, deadline: float) -> None:
         job["returncode"] = process.wait()
 
 
-def collect(job: dict[str, Any]) -> dict[str, Any]:
-    """A job's identity, exit status (``None``: not known, the driver was stopped), step rows and checkpoints."""
-    directory = Path(job["directory"])
-
-    def records(name: str) -> list[dict[str, Any]]:
-        path = directory / name
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-    keep = ("tier", "task", "arm", "seed", "variant", "steps", "returncode")
-    return {**{k: job.get(k) for k in keep}, "rows": records("rows.jsonl"), "checkpoints": records("checkpoints.jsonl")}
-
-
-def assemble(out: Path) -> dict[str, Any]:
-    """``out``'s results: the plan (``plan.json``), each run's records and the summary; a run cut short
-    (deadline, or the driver stopped) keeps what it recorded."""
-    plan = json.loads((out / "plan.json").read_text())
-    for job in plan["jobs"]:  # the folders as they are now, wherever the plan was written
-        job["directory"] = str(out / "runs" / Path(job["directory"]).name)
-    results = {**plan["header"], "tasks": plan["tasks"], "runs": [collect(job) for job in plan["jobs"]]}
-    results["summary"] = summarize(results)
-    return results
-
-
-# ------------------------------------------------------------------ report
-
-
-def common_step(a: dict[str, Any], b: dict[str, Any]) -> int | None:
-    """The last evaluated step that both runs reached."""
-    steps = {c["step"] for c in a["checkpoints"]} & {c["step"] for c in b["checkpoints"]}
-    return max(steps) if steps else None
-
-
-def at_step(run: dict[str, Any], step: int) -> dict[str, Any]:
-    return next(c for c in run["checkpoints"] if c["step"] == step)
-
-
-def sampled_tail(run: dict[str, Any], step: int, window: int = 20) -> dict[str, float]:
-    """Means over the ``window`` steps up to ``step`` of the sampled completions' length, shortest length and at-once share."""
-    rows = [r for r in run["rows"] if step - window < r["step"] <= step]
-    return {key: sum(r[key] for r in rows) / len(rows) for key in ("mean_length", "min_length", "at_once_share")} if rows else {}
-
-
-def summarize(results: dict[str, Any]) -> dict[str, Any]:
-    """Per tier: start, each arm's greedy evaluation per seed at the step shared with TRL, ours minus TRL by seed
-    (mean and 95% t-interval, paired t-test), and the sampled completions' lengths near that step."""
-    from grpo_lightning.report.statistics import paired_test, seed_interval
-
-    summary = {}
-    for tier, choice in results["tasks"].items():
-        runs = {(r["arm"], r["seed"]): r for r in results["runs"] if r["tier"] == tier}
-        per_arm: dict[str, list[dict[str, Any]]] = {}
-        differences = []
-        for seed in results["seeds"]:
-            trl = runs.get(("trl", seed))
-            for arm in sorted({arm for arm, _ in runs}):
-                run = runs.get((arm, seed))
-                other = runs.get(("ours", seed)) if arm == "trl" else trl  # TRL against ours, every other arm against TRL
-                step = common_step(run, other) if run and other else (run["checkpoints"][-1]["step"] if run and run["checkpoints"] else None)
-                if step is None:
-                    continue
-                final = at_step(run, step)
-                per_arm.setdefault(arm, []).append({
-                    "seed": seed, "step": step, "accuracy": final["accuracy"], "mean_length": final["mean_length"],
-                    "empty_share": final["empty_share"], "weight_change_norm": final.get("weight_change_norm"),
-                    "sampled": sampled_tail(run, step)})  # fmt: skip
-            if ("ours", seed) in runs and trl and common_step(runs[("ours", seed)], trl) is not None:
-                step = common_step(runs[("ours", seed)], trl)
-                differences.append(at_step(runs[("ours", seed)], step)["accuracy"] - at_step(trl, step)["accuracy"])
-        mean, low, high = seed_interval(differences)
-        summary[tier] = {"task": choice["task"], "start": {k: choice["start"].get(k) for k in ("accuracy", "mean_length", "empty_share")},
-                         "arms": per_arm, "ours_minus_trl": {"by_seed": differences, "mean": mean, "ci95": [low, high],
-                                                             "p": paired_test(differences)[1]}}  # fmt: skip
-    return summary
-
-
-def print_summary(summary: dict[str, Any]) -> None:
-    for tier, s in summary.items():
-        start = s["start"]
-        print(f"{tier} ({s['task']}): start accuracy {start['accuracy']:.3f}, greedy length {start['mean_length']}, "
-              f"empty {start['empty_share']}")  # fmt: skip
-        for arm, finals in s["arms"].items():
-            cells = ", ".join(f"s{f['seed']}@{f['step']}: {f['accuracy']:.3f} (len {f['mean_length']:.2f}, empty "
-                              f"{f['empty_share']:.2f}, sampled len {f['sampled'].get('mean_length', math.nan):.2f}, at once "
-                              f"{f['sampled'].get('at_once_share', math.nan):.3f})" for f in finals)  # fmt: skip
-            print(f"  {arm}: {cells}")
-        d = s["ours_minus_trl"]
-        print(f"  ours - TRL: {[round(x, 3) for x in d['by_seed']]}, mean {d['mean']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}], p {d['p']:.3f}")
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps of every run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--tiers", nargs="+", default=list(TIERS), choices=list(TIERS))
-    parser.add_argument("--arms", nargs="+", default=["ours", "trl"], choices=["ours", "trl"])
+    parser.add_argument("--variants", nargs="+", default=["grpo"], choices=VARIANTS,
+                        help="presets compared, each with TRL's matching loss_type (parity_trl.py)")
+    parser.add_argument("--arms", nargs="+", default=["ours", "trl", "ours_full"], choices=["ours", "trl", "ours_full"],
+                        help="each variant's runs: ours matched to TRL, TRL, and (DAPO) our preset as it is")
     parser.add_argument("--keep-zero-gradients", nargs="*", default=[], choices=list(TIERS),
                         help="tiers that also get a run of ours that steps on zero gradients")
-    parser.add_argument("--variant", default="grpo", choices=["grpo", "dr_grpo"], help="both sides' loss")
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--device", choices=["cpu", "gpu"], default="gpu", help="configs/trainer/<device>.yaml; one device")
     parser.add_argument("--model", default=None, help="the recipe's model, replaced (both frameworks)")
@@ -434,8 +387,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     if args.trl_worker:
         return trl_worker(json.loads(Path(args.trl_worker).read_text()))
     if args.report:
-        results = json.loads(args.report.read_text()) if args.report.is_file() else assemble(args.report)
-        if args.report.is_dir():
+        if args.report.is_file():
+            results = json.loads(args.report.read_text())
+            results["summary"] = summarize(results)  # from the runs: a file of an earlier summary's form too
+        else:
+            results = assemble(args.report)
             (args.report / "results.json").write_text(json.dumps(results, indent=1) + "\n")
         print_summary(results["summary"])
         return results
@@ -445,13 +401,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     eval_device = "cuda" if args.device == "gpu" else "cpu"
     work = args.out / "runs"
     work.mkdir(parents=True, exist_ok=True)
-    header = {"date": time.strftime("%Y-%m-%d"), "steps": args.steps, "seeds": args.seeds, "variant": args.variant,
-              "command": " ".join(["python", "benchmarks/parity.py", *(sys.argv[1:] if argv is None else argv)])}  # fmt: skip
+    settings = task_settings(args.model, args.set, TIERS[args.tiers[0]][0][0])
+    pairs = {variant: mapping(variant, settings) for variant in args.variants}  # the data does not enter it
+    header = {"date": time.strftime("%Y-%m-%d"), "steps": args.steps, "seeds": args.seeds, "variants": args.variants,
+              "pairs": pairs, "command": " ".join(["python", "benchmarks/parity.py", *(sys.argv[1:] if argv is None else argv)])}  # fmt: skip
     try:
         tasks = choose_tasks(args.model, args.set, args.tiers, eval_device)
-        model = task_settings(args.model, args.set, tasks[args.tiers[0]]["task"])["model"]["init_args"]["model"]
-        start_model = save_start_model(model, work / "start")
-        jobs = plan_jobs(args, tasks, work, start_model, eval_device)
+        start_model = save_start_model(settings["model"]["init_args"]["model"], work / "start")
+        jobs = plan_jobs(args, tasks, work, start_model, eval_device, pairs)
         plan = {"header": header, "tasks": tasks, "jobs": jobs}
         (args.out / "plan.json").write_text(json.dumps(plan, indent=1))  # a stopped driver's runs can be assembled
         run_all(jobs, args.out / "logs", deadline)

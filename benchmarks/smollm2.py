@@ -158,19 +158,19 @@ def run_trl(seed: int, minutes: float, out: Path) -> dict[str, Any]:
             "process_wall_s": wall, **log}
 
 
-#: TRL's ``loss_type`` and ``scale_rewards`` for each of our variants that TRL's loss can express.
-TRL_LOSS = {"grpo": ("grpo", "group"), "dr_grpo": ("dr_grpo", "none")}
-
-
 def trl_config(settings: dict, root: Path, seed: int, device: str, variant: str = "grpo", max_steps: int = 1_000_000):
-    """TRL's ``GRPOConfig`` for the recipe ``settings``: the same batch, group, lengths, temperature, KL,
-    clip, learning rate, gradient clip and loss (``variant``) as ours, micro-batched as ours is, run
-    ``max_steps`` optimizer steps or until stopped."""
+    """TRL's ``GRPOConfig`` for the recipe ``settings``: the batch, group, lengths, temperature, learning
+    rate and gradient clip that our preset ``variant`` resolves from them, and its loss, advantage, clip
+    range and KL as ``parity_trl.trl_settings`` maps them; micro-batched as ours is, one optimizer step
+    per generation batch, run ``max_steps`` optimizer steps or until stopped."""
     from trl import GRPOConfig
 
-    model_args, data_args = settings["model"]["init_args"], settings["data"]["init_args"]
-    completions = data_args["batch_size"] * model_args["sampling"]["group_size"]
-    micro = min(model_args.get("optim", {}).get("micro_batch_size") or completions, completions)
+    from parity_trl import matched_arguments, resolve, trl_settings
+
+    ours = resolve(variant, settings, **matched_arguments(variant))
+    sampling, optim = ours.sampling_options, ours.optim_options
+    completions = settings["data"]["init_args"]["batch_size"] * sampling.group_size
+    micro = min(optim.micro_batch_size or completions, completions)
     return GRPOConfig(
         output_dir=str(root / "trainer"),
         seed=seed,
@@ -185,22 +185,18 @@ def trl_config(settings: dict, root: Path, seed: int, device: str, variant: str 
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=completions // micro,
         generation_batch_size=completions,
-        num_generations=model_args["sampling"]["group_size"],
+        num_generations=sampling.group_size,
         num_iterations=1,
-        max_completion_length=model_args["sampling"]["max_new_tokens"],
-        temperature=model_args.get("sampling", {}).get("temperature", 1.0),
-        beta=model_args.get("kl", {}).get("beta", 0.04),
-        loss_type=TRL_LOSS[variant][0],
-        scale_rewards=TRL_LOSS[variant][1],
-        epsilon=model_args.get("loss", {}).get("clip_eps_low", 0.2),
-        epsilon_high=model_args.get("loss", {}).get("clip_eps_high", 0.2),
-        learning_rate=model_args["optim"]["learning_rate"],
-        weight_decay=model_args["optim"].get("weight_decay", 0.0),
+        max_completion_length=sampling.max_new_tokens,
+        temperature=sampling.temperature,
+        learning_rate=optim.learning_rate,
+        weight_decay=optim.weight_decay,
         lr_scheduler_type="constant_with_warmup",
-        warmup_steps=model_args["optim"].get("warmup_steps", 0),
-        max_grad_norm=model_args.get("optim", {}).get("max_grad_norm", 1.0),
+        warmup_steps=optim.warmup_steps,
+        max_grad_norm=optim.max_grad_norm,
         gradient_checkpointing=False,
         disable_dropout=True,
+        **trl_settings(ours),
     )
 
 

@@ -501,14 +501,16 @@ def test_the_smollm2_report_rebuilds_its_readme_and_compares_arms_paired_by_seed
 
 #: Our (aggregation, advantage) -> TRL's (loss_type, scale_rewards): the same loss and advantage.
 TRL_LOSS_OF_OURS = {("seq_mean_token_mean", "group_std"): ("grpo", "group"),
-                    ("seq_mean_token_sum_norm", "group_mean"): ("dr_grpo", "none")}  # fmt: skip
+                    ("seq_mean_token_sum_norm", "group_mean"): ("dr_grpo", "none"),
+                    ("token_mean", "group_std"): ("dapo", "group")}  # fmt: skip
 
 
-@pytest.mark.parametrize("variant", ["grpo", "dr_grpo"])
+@pytest.mark.parametrize("variant", ["grpo", "dr_grpo", "dapo"])
 def test_parity_gives_trl_the_settings_of_our_variant(variant, tiny_model_dir, tmp_path):
     """benchmarks/parity.py's TRL config holds what our variant resolves from the same task settings:
     group size, completions per optimizer step, completion length, temperature, learning rate, beta,
-    clip range, gradient clip, loss and advantage, seed and steps."""
+    clip range, gradient clip, loss and advantage, seed and steps (the loss itself, against TRL's code:
+    tests/benchmarks/test_parity_trl.py)."""
     pytest.importorskip("trl")
     spec = importlib.util.spec_from_file_location("parity", REPO_ROOT / "benchmarks" / "parity.py")
     parity = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
@@ -516,7 +518,7 @@ def test_parity_gives_trl_the_settings_of_our_variant(variant, tiny_model_dir, t
     settings = parity.task_settings(tiny_model_dir, ["model.sampling.group_size=4"], "mul_3digit")
     config = sys.modules["smollm2"].trl_config(settings, tmp_path, seed=3, device="cpu", variant=variant, max_steps=7)
     arguments = {k: v for k, v in settings["model"]["init_args"].items() if k != "model"}
-    ours = parity.variant_class(variant)(model=tiny_model_dir, **arguments)
+    ours = parity.preset_class(variant)(model=tiny_model_dir, **arguments)
 
     completions = settings["data"]["init_args"]["batch_size"] * ours.sampling_options.group_size
     assert config.num_generations == ours.sampling_options.group_size == 4
@@ -531,4 +533,5 @@ def test_parity_gives_trl_the_settings_of_our_variant(variant, tiny_model_dir, t
     assert (config.epsilon, config.epsilon_high) == (ours.loss_options.clip_eps_low, ours.loss_options.clip_eps_high)
     assert config.max_grad_norm == ours.optim_options.max_grad_norm
     assert (config.loss_type, config.scale_rewards) == TRL_LOSS_OF_OURS[(ours.aggregation_name, ours.advantage_name)]
+    assert config.use_bias_correction_kl == ours.kl_options.unbiased == False  # noqa: E712  (TRL's default: True)
     assert (config.seed, config.max_steps) == (3, 7)

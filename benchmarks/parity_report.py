@@ -1,0 +1,133 @@
+"""``parity.py``'s results: assembled from the runs' records (``OUT/plan.json``, ``OUT/runs/``), and each
+variant's arms compared with TRL's run, seed by seed, at the last evaluated step both reached.
+
+An arm is ``VARIANT-ROLE``: ``ours`` (our preset matched to TRL: ``parity_trl``), ``trl``, ``ours_full``
+(the preset as it is, where the match turns a part off: DAPO's dynamic sampling) and
+``ours_keep_zero`` (ours stepping on zero gradients too). Each variant's arms are compared with that
+variant's TRL run only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+def collect(job: dict[str, Any]) -> dict[str, Any]:
+    """A job's identity, exit status (``None``: not known, the driver was stopped), step rows and checkpoints."""
+    directory = Path(job["directory"])
+
+    def records(name: str) -> list[dict[str, Any]]:
+        path = directory / name
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+    keep = ("tier", "task", "variant", "role", "arm", "seed", "note", "steps", "returncode")
+    return {**{k: job.get(k) for k in keep}, **identity(job), "rows": records("rows.jsonl"),
+            "checkpoints": records("checkpoints.jsonl")}  # fmt: skip
+
+
+def identity(run: dict[str, Any]) -> dict[str, str]:
+    """A run's ``variant``, ``role`` and arm ``VARIANT-ROLE`` (the records of one variant before ``--variants``
+    named the arm by its role alone)."""
+    if "role" in run:
+        return {k: run[k] for k in ("variant", "role", "arm")}
+    return {"variant": run["variant"], "role": run["arm"], "arm": f"{run['variant']}-{run['arm']}"}
+
+
+def assemble(out: Path) -> dict[str, Any]:
+    """``out``'s results: the plan (``plan.json``), each run's records and the summary; a run cut short
+    (deadline, or the driver stopped) keeps what it recorded."""
+    plan = json.loads((out / "plan.json").read_text())
+    for job in plan["jobs"]:  # the folders as they are now, wherever the plan was written
+        job["directory"] = str(out / "runs" / Path(job["directory"]).name)
+    results = {**plan["header"], "tasks": plan["tasks"], "runs": [collect(job) for job in plan["jobs"]]}
+    results["summary"] = summarize(results)
+    return results
+
+
+def common_step(a: dict[str, Any], b: dict[str, Any]) -> int | None:
+    """The last evaluated step that both runs reached."""
+    steps = {c["step"] for c in a["checkpoints"]} & {c["step"] for c in b["checkpoints"]}
+    return max(steps) if steps else None
+
+
+def at_step(run: dict[str, Any], step: int) -> dict[str, Any]:
+    return next(c for c in run["checkpoints"] if c["step"] == step)
+
+
+def sampled_tail(run: dict[str, Any], step: int, window: int = 20) -> dict[str, float]:
+    """Means over the ``window`` steps up to ``step`` of the sampled completions' length, shortest length and at-once share."""
+    rows = [r for r in run["rows"] if step - window < r["step"] <= step]
+    return {key: sum(r[key] for r in rows) / len(rows) for key in ("mean_length", "min_length", "at_once_share")} if rows else {}
+
+
+#: The order of a variant's arms in the summary.
+ROLES = ("ours", "ours_full", "ours_keep_zero", "trl")
+
+
+def summarize(results: dict[str, Any]) -> dict[str, Any]:
+    """Per tier and variant: each arm's greedy evaluation per seed at the step it shares with TRL (TRL's:
+    with the matched arm ``ours``), each of our arms minus TRL by seed (mean and 95% t-interval, paired
+    t-test), the sampled completions' lengths near that step, and what the arms leave out of the match."""
+    summary = {}
+    runs = [{**run, **identity(run)} for run in results["runs"]]
+    for tier, choice in results["tasks"].items():
+        variants = {}
+        for variant in dict.fromkeys(r["variant"] for r in runs if r["tier"] == tier):
+            of_variant = [r for r in runs if r["tier"] == tier and r["variant"] == variant]
+            variants[variant] = compare_with_trl({(r["role"], r["seed"]): r for r in of_variant}, results["seeds"])
+            notes = {r["arm"]: r["note"] for r in of_variant if r.get("note")}
+            variants[variant]["notes"] = notes
+        start = {k: choice["start"].get(k) for k in ("accuracy", "mean_length", "empty_share")}
+        summary[tier] = {"task": choice["task"], "start": start, "variants": variants}
+    return summary
+
+
+def compare_with_trl(runs: dict[tuple[str, int], dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
+    """One variant's ``runs`` by ``(role, seed)``: each arm's evaluation per seed and each of ours minus TRL."""
+    from grpo_lightning.report.statistics import paired_test, seed_interval
+
+    roles = sorted({role for role, _ in runs}, key=lambda role: ROLES.index(role) if role in ROLES else len(ROLES))
+    per_arm: dict[str, list[dict[str, Any]]] = {}
+    differences: dict[str, list[float]] = {}
+    for seed in seeds:
+        trl = runs.get(("trl", seed))
+        for role in roles:
+            run = runs.get((role, seed))
+            other = runs.get(("ours", seed)) if role == "trl" else trl  # TRL against ours, every other arm against TRL
+            step = common_step(run, other) if run and other else (run["checkpoints"][-1]["step"] if run and run["checkpoints"] else None)
+            if step is None:
+                continue
+            final = at_step(run, step)
+            per_arm.setdefault(run["arm"], []).append({
+                "seed": seed, "step": step, "accuracy": final["accuracy"], "mean_length": final["mean_length"],
+                "empty_share": final["empty_share"], "weight_change_norm": final.get("weight_change_norm"),
+                "sampled": sampled_tail(run, step)})  # fmt: skip
+            if role != "trl" and other is not None and common_step(run, other) is not None:
+                differences.setdefault(run["arm"], []).append(final["accuracy"] - at_step(other, step)["accuracy"])
+    minus_trl = {}
+    for arm, by_seed in differences.items():
+        mean, low, high = seed_interval(by_seed)
+        minus_trl[arm] = {"by_seed": by_seed, "mean": mean, "ci95": [low, high], "p": paired_test(by_seed)[1]}
+    return {"arms": per_arm, "minus_trl": minus_trl}
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    for tier, s in summary.items():
+        start = s["start"]
+        print(f"{tier} ({s['task']}): start accuracy {start['accuracy']:.3f}, greedy length {start['mean_length']}, "
+              f"empty {start['empty_share']}")  # fmt: skip
+        for variant, v in s["variants"].items():
+            print(f"  {variant}")
+            for arm, finals in v["arms"].items():
+                cells = ", ".join(f"s{f['seed']}@{f['step']}: {f['accuracy']:.3f} (len {f['mean_length']:.2f}, empty "
+                                  f"{f['empty_share']:.2f}, sampled len {f['sampled'].get('mean_length', math.nan):.2f}, at once "
+                                  f"{f['sampled'].get('at_once_share', math.nan):.3f})" for f in finals)  # fmt: skip
+                print(f"    {arm}: {cells}")
+            for arm, d in v["minus_trl"].items():
+                print(f"    {arm} - TRL: {[round(x, 3) for x in d['by_seed']]}, mean {d['mean']:+.3f} "
+                      f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}], p {d['p']:.3f}")  # fmt: skip
+            for arm, note in v["notes"].items():
+                print(f"    {arm}: {note}")

@@ -1,0 +1,54 @@
+"""benchmarks/parity_report.py: each variant's arms are compared with that variant's TRL run alone."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+_spec = importlib.util.spec_from_file_location("parity_report", BENCHMARKS / "parity_report.py")
+report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(report)
+
+
+def run(variant: str, role: str, seed: int, accuracies: dict[int, float], note: str | None = None) -> dict:
+    """A run's record: greedy accuracy at each evaluated step, no step rows."""
+    checkpoints = [{"step": step, "accuracy": accuracy, "mean_length": 4.0, "empty_share": 0.0}
+                   for step, accuracy in accuracies.items()]  # fmt: skip
+    return {"tier": "easy", "task": "add_1digit", "variant": variant, "role": role, "arm": f"{variant}-{role}",
+            "seed": seed, "note": note, "rows": [], "checkpoints": checkpoints}  # fmt: skip
+
+
+def results(runs: list[dict]) -> dict:
+    return {"seeds": [0, 1], "tasks": {"easy": {"task": "add_1digit", "start": {"accuracy": 0.5}}}, "runs": runs}
+
+
+def test_each_variant_s_arms_are_paired_with_its_own_trl_run_at_the_step_both_reached():
+    summary = report.summarize(results([
+        run("grpo", "ours", 0, {50: 0.6}), run("grpo", "trl", 0, {50: 0.5}),
+        run("grpo", "ours", 1, {50: 0.7, 100: 0.8}), run("grpo", "trl", 1, {50: 0.6}),  # TRL stopped at 50
+        run("dapo", "ours", 0, {50: 0.9}), run("dapo", "trl", 0, {50: 0.6}),
+        run("dapo", "ours", 1, {50: 0.8}), run("dapo", "trl", 1, {50: 0.7}),
+        run("dapo", "ours_full", 0, {50: 0.95}, note="ours only"), run("dapo", "ours_full", 1, {50: 0.65}, note="ours only"),
+    ]))["easy"]  # fmt: skip
+    assert list(summary["variants"]) == ["grpo", "dapo"]
+    grpo, dapo = summary["variants"]["grpo"], summary["variants"]["dapo"]
+    assert list(grpo["arms"]) == ["grpo-ours", "grpo-trl"] and list(grpo["minus_trl"]) == ["grpo-ours"]
+    assert grpo["minus_trl"]["grpo-ours"]["by_seed"] == pytest.approx([0.1, 0.1])  # seed 1 at step 50, not 100
+    assert [f["step"] for f in grpo["arms"]["grpo-ours"]] == [50, 50]
+    assert list(dapo["arms"]) == ["dapo-ours", "dapo-ours_full", "dapo-trl"]
+    assert dapo["minus_trl"]["dapo-ours"]["by_seed"] == pytest.approx([0.3, 0.1])
+    assert dapo["minus_trl"]["dapo-ours_full"]["by_seed"] == pytest.approx([0.35, -0.05])
+    assert dapo["notes"] == {"dapo-ours_full": "ours only"} and grpo["notes"] == {}
+
+
+def test_records_from_before_variants_named_the_arm_are_read_as_one_variant_s():
+    old = [{**run("grpo", "ours", seed, {25: 0.9}), "arm": "ours"} for seed in (0, 1)]
+    old += [{**run("grpo", "trl", seed, {25: 0.8}), "arm": "trl"} for seed in (0, 1)]
+    for record in old:
+        del record["role"]
+    summary = report.summarize(results(old))["easy"]["variants"]["grpo"]
+    assert list(summary["arms"]) == ["grpo-ours", "grpo-trl"]
+    assert summary["minus_trl"]["grpo-ours"]["by_seed"] == pytest.approx([0.1, 0.1])
