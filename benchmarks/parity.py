@@ -176,7 +176,7 @@ def keeping_zero_gradients(variant: type) -> type:
 
 
 def variant_class(name: str) -> type:
-    import variants
+    from grpo_lightning import variants
 
     return getattr(variants, VARIANT_CLASSES[name])
 
@@ -189,7 +189,7 @@ def ours_config(settings: dict[str, Any], variant: str, keep_zero: bool, steps: 
                 root: Path) -> dict[str, Any]:  # fmt: skip
     """Our fit's configuration: the recipe's model (as ``variant``), data and trainer, ``steps`` steps, the probe."""
     name = VARIANT_CLASSES[variant]
-    model = {**settings["model"], "class_path": f"parity.{name}KeepingZeroGradients" if keep_zero else f"variants.{name}"}
+    model = {**settings["model"], "class_path": f"parity.{name}KeepingZeroGradients" if keep_zero else f"grpo_lightning.variants.{name}"}
     model["init_args"] = {**model["init_args"], "engine": NO_COMPILE}
     trainer = {**settings["trainer"], **RACE_TRAINER, "max_steps": steps, "default_root_dir": str(root),
                "callbacks": [{"class_path": "parity.ParityProbe", "init_args": probe}]}  # fmt: skip

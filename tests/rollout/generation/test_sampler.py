@@ -14,7 +14,7 @@ from grpo_lightning.rollout.generation import EngineTarget, RolloutSampler, buil
 from grpo_lightning.rollout.generation import sampling_keys
 from grpo_lightning.rollout.types import SamplingParams
 from grpo_lightning.errors import ConfigError
-from variants import GRPO
+from grpo_lightning.variants import GRPO
 
 
 def test_sampling_keys_follow_the_prompt_not_its_place_in_the_batch():
