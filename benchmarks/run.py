@@ -4,8 +4,8 @@
 
 Builds a random-init model of the workload's shape and a word-level tokenizer of its vocabulary
 size, writes ``P`` random prompts of exactly the workload's prompt length, runs ``--steps`` GRPO
-steps (``variants.GRPO``; ``--variant ppo``: ``variants.PPO``, with its critic, on the same settings;
-one optimizer step per rollout, every completion exactly
+steps (``grpo_lightning.variants.GRPO``; ``--variant ppo``: ``grpo_lightning.variants.PPO``, with its
+critic, on the same settings; one optimizer step per rollout, every completion exactly
 ``max_new_tokens`` long, or with ``--stop-lengths lognormal`` (W5's default) each stopped at a drawn
 length, ``benchmarks/stop_lengths.py``) and reports, over the steps after the first: the median wall-clock
 seconds per step, generated tokens per second, peak GPU memory and the median split between
@@ -613,7 +613,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     import lightning as L
 
     from grpo_lightning.data import PromptDataModule
-    from variants import GRPO, PPO
+    from grpo_lightning.variants import GRPO, PPO
 
     L.seed_everything(args.seed, verbose=False)
     recorder = make_step_recorder()

@@ -106,7 +106,7 @@ def run_ours(variant: str, seed: int, minutes: float, out: Path, settings: dict[
     shutil.rmtree(root, ignore_errors=True)
     command = [
         sys.executable, "-c", "from grpo_lightning.cli.app import main; main()", "fit", "--config", "trainer/cpu", "--config", RECIPE,
-        "--model", f"variants.{VARIANT_CLASSES[variant]}", "--seed_everything", str(seed), "--data.seed", str(seed),
+        "--model", f"grpo_lightning.variants.{VARIANT_CLASSES[variant]}", "--seed_everything", str(seed), "--data.seed", str(seed),
         "--trainer.max_steps", "100000", "--trainer.max_time", _duration(minutes),
         "--trainer.val_check_interval", "10", "--trainer.default_root_dir", str(root),
         "--trainer.logger.init_args.save_dir", str(root), "--trainer.logger.init_args.name", "run",

@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.rollout.types import Rollout
-from variants import GRPO
+from grpo_lightning.variants import GRPO
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -1,8 +1,8 @@
 """The package's structure: import graph, private names, module sizes and layering.
 
-Every module under ``grpo_lightning/`` and ``variants/`` is parsed with ``ast`` (nothing is
-imported), including imports inside functions, so these checks hold for optional code paths too.
-Imports under ``if TYPE_CHECKING:`` never run and are left out.
+Every module under ``grpo_lightning/`` and ``variants/`` (installed as ``grpo_lightning.variants``)
+is parsed with ``ast`` (nothing is imported), including imports inside functions, so these checks
+hold for optional code paths too. Imports under ``if TYPE_CHECKING:`` never run and are left out.
 """
 
 from __future__ import annotations
@@ -13,25 +13,28 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("grpo_lightning", "variants")
+PACKAGES = {"grpo_lightning": "grpo_lightning", "variants": "grpo_lightning.variants"}
+"""Folder of the repository -> the package its modules are installed as."""
+CHECKOUT_STAND_IN = ROOT / "grpo_lightning" / "variants" / "__init__.py"
+"""``grpo_lightning.variants`` of a checkout, which runs ``variants/__init__.py`` (never installed)."""
 MAX_LINES = {"grpo_lightning": 400, "variants": 120}
-"""Most non-blank lines of a ``.py`` file in each package."""
+"""Most non-blank lines of a ``.py`` file in each folder."""
 FUNCTIONAL_MAY_IMPORT = {"torch", "__future__", "typing", "collections", "dataclasses", "math", "functools"}
 PURE_MODULES = ("grpo_lightning.algorithms.functional", "grpo_lightning.algorithms.policy_losses")
 """The pure tensor math: each imports ``FUNCTIONAL_MAY_IMPORT`` and the others only."""
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    folder, *parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join([PACKAGES[folder], *(parts[:-1] if parts[-1] == "__init__" else parts)])
 
 
 def project_files() -> dict[str, Path]:
     """Module name -> file, for every ``.py`` file of the project's packages."""
     files = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            if "__pycache__" not in path.parts:
+    for folder in PACKAGES:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if "__pycache__" not in path.parts and path != CHECKOUT_STAND_IN:
                 files[module_name(path)] = path
     return files
 
@@ -145,7 +148,7 @@ def oversized(prefix: str = "") -> list[str]:
     """``file: lines > limit`` for each file over its package's limit whose module starts with ``prefix``."""
     found = []
     for name, path in MODULES.items():
-        limit = MAX_LINES[name.split(".")[0]]
+        limit = MAX_LINES[path.relative_to(ROOT).parts[0]]
         lines = non_blank_lines(path)
         if name.startswith(prefix) and lines > limit:
             found.append(f"{path.relative_to(ROOT)}: {lines} > {limit}")
@@ -153,7 +156,7 @@ def oversized(prefix: str = "") -> list[str]:
 
 
 def test_the_graph_walker_sees_the_project():
-    assert {"grpo_lightning.rollout.engine.generator", "grpo_lightning.algorithms.functional", "variants.grpo"} <= set(MODULES)
+    assert {"grpo_lightning.rollout.engine.generator", "grpo_lightning.algorithms.functional", "grpo_lightning.variants.grpo"} <= set(MODULES)
     graph = import_graph()
     assert "grpo_lightning.rollout.engine.cache" in graph["grpo_lightning.rollout.engine.generator"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
@@ -190,15 +193,31 @@ def test_every_file_is_within_the_size_limit():
     assert not oversized(), "\n".join(oversized())
 
 
-def test_variants_build_on_the_package_never_the_reverse():
+PRESETS = "grpo_lightning.variants"
+ABOVE_THE_PRESETS = ("grpo_lightning.cli", "grpo_lightning.ablation", "grpo_lightning.report")
+"""The wings that may import the presets (short names on the command line, a sweep's cell server, the
+order of a report's arms); the presets build on the rest of the package, never on these."""
+
+
+def in_package(name: str, packages: str | tuple[str, ...]) -> bool:
+    packages = (packages,) if isinstance(packages, str) else packages
+    return any(name == package or name.startswith(f"{package}.") for package in packages)
+
+
+def test_the_presets_build_on_the_package_and_only_the_top_wings_import_them():
     found = [
         f"{MODULES[name].relative_to(ROOT)}:{line}: imports {target}"
         for name in MODULES
-        if name.startswith("grpo_lightning")
         for target, line, _ in imports(name)
-        if target.split(".")[0] == "variants"
+        if (in_package(target, PRESETS) and not in_package(name, (PRESETS, *ABOVE_THE_PRESETS)))
+        or (in_package(name, PRESETS) and in_package(target, ABOVE_THE_PRESETS))
     ]
     assert not found, "\n".join(found)
+
+
+def test_the_presets_are_the_top_level_folder_and_the_package_holds_only_its_stand_in():
+    assert "grpo_lightning.variants.grpo" in MODULES and MODULES[PRESETS] == ROOT / "variants" / "__init__.py"
+    assert sorted(p.name for p in CHECKOUT_STAND_IN.parent.iterdir() if p.name != "__pycache__") == ["__init__.py"]
 
 
 @pytest.mark.parametrize("module", PURE_MODULES)

@@ -57,7 +57,7 @@ def test_the_cli_takes_shipped_config_names(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as done:
         main()
     assert done.value.code == 0
-    assert "class_path: variants.RLOO" in capsys.readouterr().out
+    assert "class_path: grpo_lightning.variants.RLOO" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["fit", "--help"])
     assert "name of a shipped config" in " ".join(capsys.readouterr().out.split())
@@ -73,11 +73,10 @@ def run(command: list[str], cwd: Path, env: dict[str, str], timeout: float = 300
     return output
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> dict[str, str]:
-    """A virtual environment with the project installed from a copy of its sources; returns the
-    environment variables that put its scripts first on PATH."""
-    root = tmp_path_factory.mktemp("install")
+def virtual_environment(root: Path, *install: str) -> tuple[Path, dict[str, str]]:
+    """A virtual environment in ``root`` with the project installed (``pip install *install SOURCE``)
+    from a copy of its sources; its ``python``, and the environment variables that put its scripts
+    first on PATH."""
     source = root / "source"
     source.mkdir()
     for name in SOURCES:
@@ -94,17 +93,57 @@ def installed(tmp_path_factory) -> dict[str, str]:
     ours = [*site.getsitepackages(), sysconfig.get_path("purelib"), *on_path]  # PYTHONPATH: dependencies put there
     (new_site / "zz_test_dependencies.pth").write_text("\n".join(dict.fromkeys(ours)) + "\n")
     run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
-         "--no-build-isolation", "--no-index", str(source)], root, dict(os.environ))  # fmt: skip
+         "--no-build-isolation", "--no-index", *install, str(source)], root, dict(os.environ))  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(
         PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
         GRPO_LIGHTNING_CACHE=str(root / "cache"),
         OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "2"),
     )
+    return python, env
+
+
+#: What an installed environment holds of the project: its top-level names, where the presets load from,
+#: and whether a top-level ``variants`` imports (another project's name on the package index).
+INSTALLED = """
+import importlib.metadata, importlib.util
+import grpo_lightning.variants as presets
+files = importlib.metadata.files("grpo-lightning")
+print(*sorted({f.parts[0] for f in files if f.parts[0] != ".." and not f.parts[0].endswith(".dist-info")}))
+print(presets.DAPO.__module__, presets.__file__, importlib.util.find_spec("variants"))
+"""
+
+
+def installed_state(python: Path, cwd: Path, env: dict[str, str]) -> tuple[list[str], list[str]]:
+    """:data:`INSTALLED`'s lines, as words: the top-level names; the module of DAPO, the presets'
+    ``__init__.py`` and what a top-level ``variants`` is."""
+    top_level, presets = run([str(python), "-c", INSTALLED], cwd, env).splitlines()
+    return top_level.split(), presets.split()
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> dict[str, str]:
+    """A virtual environment with the project installed from a copy of its sources; returns the
+    environment variables that put its scripts first on PATH."""
+    root = tmp_path_factory.mktemp("install")
+    python, env = virtual_environment(root)
+    venv = python.parent.parent
     where = run([str(python), "-c", "import grpo_lightning.cli.resources as r; print(r.__file__); print(r.config_dir())"], root, env)
     module, configs = where.split()[:2]
     assert Path(module).is_relative_to(venv) and Path(configs).is_relative_to(venv), where  # not the checkout
+    top_level, (preset_module, presets, other) = installed_state(python, root, env)
+    assert top_level == ["grpo_lightning"]  # the presets and the configs are inside the package
+    assert preset_module == "grpo_lightning.variants.dapo" and Path(presets).is_relative_to(venv) and other == "None"
     return env
+
+
+def test_an_editable_install_has_the_presets_inside_the_package_as_the_checkouts_folder(tmp_path):
+    """``pip install -e .``, as CI installs: from another folder, ``grpo_lightning.variants`` is the
+    checkout's ``variants/`` and no top-level ``variants`` imports."""
+    python, env = virtual_environment(tmp_path, "--editable")
+    (tmp_path / "elsewhere").mkdir()
+    _, presets = installed_state(python, tmp_path / "elsewhere", env)
+    assert presets == ["grpo_lightning.variants.dapo", str(tmp_path / "source" / "variants" / "__init__.py"), "None"]
 
 
 def test_console_scripts_from_an_empty_folder(installed, tmp_path):
@@ -136,7 +175,7 @@ def test_console_scripts_from_an_empty_folder(installed, tmp_path):
         "--trainer.logger.init_args.save_dir", "fit",
     ], tmp_path, env)  # fmt: skip
     saved = next((tmp_path / "fit").rglob("config.yaml")).read_text()
-    assert "variants.DAPO" in saved
+    assert "grpo_lightning.variants.DAPO" in saved
     assert not (tmp_path / "configs").exists()
 
 
@@ -156,4 +195,4 @@ except SystemExit as done:
 """
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(REPO)}
     out = run([sys.executable, "-c", code], tmp_path, env)
-    assert "class_path: variants.GRPO" in out
+    assert "class_path: grpo_lightning.variants.GRPO" in out

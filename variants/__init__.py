@@ -1,28 +1,78 @@
-"""The GRPO family, one file per paper. Each is a ``GroupPolicyOptimization`` subclass."""
+"""The GRPO family, one file per paper, each a ``GroupPolicyOptimization`` subclass.
 
-from variants.cispo import CISPO
-from variants.clip_cov import ClipCov
-from variants.dapo import DAPO
-from variants.dppo import DPPO
-from variants.dr_grpo import DrGRPO
-from variants.dro import DRO
-from variants.gmpo import GMPO
-from variants.gpg import GPG
-from variants.grpo import GRPO
-from variants.gspo import GSPO
-from variants.kl_cov import KLCov
-from variants.luspo import LUSPO
-from variants.max_rl import MaxRL
-from variants.on_policy_distillation import OnPolicyDistillation
-from variants.online_dpo_grpo import OnlineDPOGRPO
-from variants.ppo import PPO
-from variants.process_grpo import ProcessGRPO
-from variants.reinforce_plus_plus import ReinforcePlusPlus
-from variants.rloo import RLOO
-from variants.sapo import SAPO
-from variants.vespo import VESPO
+This folder is installed as the package ``grpo_lightning.variants`` (setup.py maps it). :data:`PRESETS`
+is the one list of the presets: the command line's short names (``--model dapo``), the order of a
+report's arms and the checks of the shipped configs and the READMEs read it. A class loads when it is
+first named (``grpo_lightning.variants.DAPO``), so reading the list imports no model code.
+"""
 
-__all__ = [
-    "CISPO", "ClipCov", "DAPO", "DPPO", "DRO", "DrGRPO", "GMPO", "GPG", "GRPO", "GSPO", "KLCov", "LUSPO", "MaxRL",
-    "OnPolicyDistillation", "OnlineDPOGRPO", "ProcessGRPO", "PPO", "RLOO", "ReinforcePlusPlus", "SAPO", "VESPO",
-]
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+if __name__ != "grpo_lightning.variants":  # the folder itself, importable as ``variants`` from a checkout's root
+    raise ModuleNotFoundError(
+        f"No module named {__name__!r}: the presets are grpo_lightning.variants (grpo_lightning.variants.GRPO, ...)",
+        name=__name__,
+    )
+
+#: Short name -> class name, in the order of a report's tables and plots. The short name is the
+#: module here (``dapo.py``), the shipped ``configs/variant/<name>.yaml``, ``--model <name>`` and a
+#: sweep's ``variants: [<name>]``.
+PRESETS: dict[str, str] = {
+    "grpo": "GRPO",
+    "dr_grpo": "DrGRPO",
+    "dapo": "DAPO",
+    "rloo": "RLOO",
+    "gspo": "GSPO",
+    "cispo": "CISPO",
+    "sapo": "SAPO",
+    "gmpo": "GMPO",
+    "reinforce_plus_plus": "ReinforcePlusPlus",
+    "clip_cov": "ClipCov",
+    "kl_cov": "KLCov",
+    "luspo": "LUSPO",
+    "vespo": "VESPO",
+    "dppo": "DPPO",
+    "gpg": "GPG",
+    "dro": "DRO",
+    "max_rl": "MaxRL",
+    "online_dpo_grpo": "OnlineDPOGRPO",
+    "ppo": "PPO",
+    "process_grpo": "ProcessGRPO",
+    "on_policy_distillation": "OnPolicyDistillation",
+}
+#: The import path of the presets before 0.1.0 (a top-level package, ``variants.DAPO``).
+FORMER_PACKAGE = "variants"
+
+__all__ = list(PRESETS.values())
+_MODULES = {class_name: name for name, class_name in PRESETS.items()}
+
+
+def class_path(name: str) -> str:
+    """The class path of the preset called ``name``: ``dapo`` -> ``grpo_lightning.variants.DAPO``."""
+    return f"{__name__}.{PRESETS[name]}"
+
+
+def moved_class_path(path: str) -> str | None:
+    """``path`` written with the former package (``variants.DAPO``, ``variants.dapo.DAPO``) as it is
+    now (``grpo_lightning.variants.DAPO``); ``None`` for any other path, and where what follows
+    ``variants.`` is neither a preset nor a module here."""
+    package, _, rest = path.partition(".")
+    first = rest.partition(".")[0]
+    if package != FORMER_PACKAGE or not first:
+        return None
+    return f"{__name__}.{rest}" if first in _MODULES or importlib.util.find_spec(f"{__name__}.{first}") else None
+
+
+def __getattr__(name: str) -> type:
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    cls = getattr(importlib.import_module(f"{__name__}.{_MODULES[name]}"), name)
+    globals()[name] = cls
+    return cls
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -22,7 +22,7 @@ truncated only when a token grew more than six-fold since sampling.
 from __future__ import annotations
 
 from grpo_lightning.training.options import KLOptions, LossOptions
-from variants.grpo import GRPO
+from grpo_lightning.variants.grpo import GRPO
 
 
 class CISPO(GRPO):

@@ -32,7 +32,7 @@ from grpo_lightning.algorithms import functional
 from grpo_lightning.algorithms import policy_losses
 from grpo_lightning.rollout.types import MicroBatch
 from grpo_lightning.errors import require
-from variants.covariance import CovarianceRule, clip_cov_tokens, token_covariance
+from grpo_lightning.variants.covariance import CovarianceRule, clip_cov_tokens, token_covariance
 
 
 class ClipCov(CovarianceRule):

@@ -24,7 +24,7 @@ from torch import Tensor
 from grpo_lightning.algorithms import functional
 from grpo_lightning.training.options import KLOptions
 from grpo_lightning.rollout.types import MicroBatch, Rollout
-from variants.grpo import GRPO
+from grpo_lightning.variants.grpo import GRPO
 
 
 def token_covariance(logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:

@@ -45,7 +45,7 @@ from grpo_lightning.algorithms import functional
 from grpo_lightning.training.options import KLOptions, LossOptions
 from grpo_lightning.rollout.types import Rollout, RolloutBuffer
 from grpo_lightning.errors import require
-from variants.grpo import GRPO
+from grpo_lightning.variants.grpo import GRPO
 
 
 class DAPO(GRPO):

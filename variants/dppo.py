@@ -25,7 +25,7 @@ import dataclasses
 from grpo_lightning.training.options import KLOptions, LossOptions
 from grpo_lightning.training.settings import preset
 from grpo_lightning.errors import require
-from variants.grpo import GRPO
+from grpo_lightning.variants.grpo import GRPO
 
 #: Divergence -> its surrogate (whose defaults are its bounds: TV 0.15, binary KL 0.05).
 DIVERGENCES = {"tv": "dppo_tv", "kl": "dppo_kl"}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from grpo_lightning.training.options import KLOptions
 from grpo_lightning.errors import require
-from variants.grpo import GRPO
+from grpo_lightning.variants.grpo import GRPO
 
 
 class DRO(GRPO):

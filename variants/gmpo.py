@@ -16,7 +16,7 @@ clip range is the paper's: 0.4 / 0.4 in log space, ratios within
 from __future__ import annotations
 
 from grpo_lightning.training.options import KLOptions, LossOptions
-from variants.grpo import GRPO
+from grpo_lightning.variants.grpo import GRPO
 
 
 class GMPO(GRPO):

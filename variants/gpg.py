@@ -13,7 +13,7 @@ gradient (verl's ``gpg`` estimator). The loss is a token mean over the batch.
 from __future__ import annotations
 
 from grpo_lightning.training.options import KLOptions
-from variants.grpo import GRPO
+from grpo_lightning.variants.grpo import GRPO
 
 
 class GPG(GRPO):

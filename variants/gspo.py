@@ -12,7 +12,7 @@ Advantages are GRPO's. The clip range is the paper's (3e-4, 4e-4): sequence rati
 from __future__ import annotations
 
 from grpo_lightning.training.options import KLOptions, LossOptions
-from variants.grpo import GRPO
+from grpo_lightning.variants.grpo import GRPO
 
 
 class GSPO(GRPO):

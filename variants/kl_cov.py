@@ -30,7 +30,7 @@ from torch import Tensor
 from grpo_lightning.algorithms import functional
 from grpo_lightning.rollout.types import MicroBatch
 from grpo_lightning.errors import require
-from variants.covariance import CovarianceRule, kl_cov_tokens, token_covariance
+from grpo_lightning.variants.covariance import CovarianceRule, kl_cov_tokens, token_covariance
 
 
 class KLCov(CovarianceRule):

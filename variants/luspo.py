@@ -17,7 +17,7 @@ paper's: eps 2e-3 / 2.5e-3, no KL term.
 from __future__ import annotations
 
 from grpo_lightning.training.options import KLOptions, LossOptions
-from variants.grpo import GRPO
+from grpo_lightning.variants.grpo import GRPO
 
 
 class LUSPO(GRPO):

@@ -14,7 +14,7 @@ differ is an error), so ``reward_aggregation: normalize_then_sum`` has no place.
 from __future__ import annotations
 
 from grpo_lightning.training.options import KLOptions
-from variants.grpo import GRPO
+from grpo_lightning.variants.grpo import GRPO
 
 
 class MaxRL(GRPO):

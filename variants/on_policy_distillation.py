@@ -31,7 +31,7 @@ from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.training.options import KLOptions
 from grpo_lightning.errors import ConfigError, require
 from grpo_lightning.training.settings import check_model_path
-from variants.grpo import GRPO
+from grpo_lightning.variants.grpo import GRPO
 
 
 class OnPolicyDistillation(GRPO):

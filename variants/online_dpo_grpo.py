@@ -46,7 +46,7 @@ from grpo_lightning.algorithms import dpo
 from grpo_lightning.algorithms import functional
 from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.errors import require
-from variants.grpo import GRPO
+from grpo_lightning.variants.grpo import GRPO
 
 
 def pair_roles(winners: Tensor, losers: Tensor, size: int) -> Tensor:

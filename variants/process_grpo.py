@@ -22,7 +22,7 @@ from grpo_lightning.rewards import resolve_reward_function
 from grpo_lightning.rewards.scoring import TrainerState
 from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.errors import require
-from variants.grpo import GRPO
+from grpo_lightning.variants.grpo import GRPO
 
 
 class ProcessGRPO(GRPO):

@@ -33,9 +33,10 @@ from pathlib import Path
 
 from grpo_lightning import process_end
 from grpo_lightning.import_pause import collection_paused
+from grpo_lightning.variants import PRESETS
 
-#: Imported once by the server that forks the cells.
-PRELOAD = ("grpo_lightning.cli.app", "variants")
+#: Imported once by the server that forks the cells: the command line and the presets' modules.
+PRELOAD = ("grpo_lightning.cli.app", *(f"grpo_lightning.variants.{name}" for name in PRESETS))
 #: What a cell's command runs after the interpreter; a forked cell runs it in the server's place.
 CLI_MODULE = ("-m", "grpo_lightning.cli")
 #: Variables a sweep sets per cell; any other difference from the server's environment starts a new

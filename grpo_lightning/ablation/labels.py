@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from grpo_lightning import variants
 from grpo_lightning.ablation.spec import CONFIG_AXIS, Cell, SweepError, SweepSpec, cli_value, flatten
 from grpo_lightning.ablation.spec import config_files, resolve_path, variant_config
 
@@ -38,7 +39,7 @@ def canonical(key: str) -> str:
 
 
 def yaml_settings(path: Path) -> dict[str, Any]:
-    """The settings a YAML file makes, by canonical dotted key (``model: variants.GRPO`` is a class path)."""
+    """The settings a YAML file makes, by canonical dotted key (``model: <class path>`` sets ``model.class_path``)."""
     loaded = yaml.safe_load(Path(path).read_text()) or {}
     if not isinstance(loaded, Mapping):
         return {}
@@ -53,12 +54,16 @@ def variant_class(variant: str) -> str:
     path = variant_config(variant)
     class_path = yaml_settings(path).get(CLASS_KEY)
     if not class_path:
-        raise SweepError(f"variants: {path} sets no model.class_path; a variant's file names its class (e.g. variants.GRPO).")
+        raise SweepError(f"variants: {path} sets no model.class_path; a variant's file names its class "
+                         "(e.g. grpo_lightning.variants.GRPO).")
     return str(class_path)
 
 
 def same_class(a: str, b: str) -> bool:
-    """Whether two class paths name one class (``variants.DAPO`` and ``variants.dapo.DAPO`` do)."""
+    """Whether two class paths name one class (``grpo_lightning.variants.DAPO`` and
+    ``grpo_lightning.variants.dapo.DAPO`` do). A preset's former path (``variants.DAPO``, in the
+    configurations that runs before 0.1.0 saved) names the preset it named then."""
+    a, b = (variants.moved_class_path(path) or path for path in (a, b))
     if a == b:
         return True
     try:

@@ -165,7 +165,7 @@ def optimal_token_baseline(rewards: Tensor, tokens: TokenStatistics, eps: float 
 
 
 # ------------------------------------------------------------------ on-policy distillation
-# Not registered: it reads a teacher's log-probs, which only variants.OnPolicyDistillation loads.
+# Not registered: it reads a teacher's log-probs, which only grpo_lightning.variants.OnPolicyDistillation loads.
 #
 # The student samples completions, a frozen teacher scores each sampled token, and every token's
 # advantage is the negative single-sample estimate of the reverse KL there (discount 0)::

@@ -1,7 +1,7 @@
 """``grpo-lightning``: the Lightning CLI over every variant and data module.
 
     grpo-lightning fit --config configs/quickstart.yaml
-    grpo-lightning fit --config configs/quickstart.yaml --model variants.DAPO --model.kl.beta 0.0
+    grpo-lightning fit --config configs/quickstart.yaml --model DAPO --model.kl.beta 0.0
     grpo-lightning fit --config configs/quickstart.yaml --print_config
 
     grpo-lightning generate --config ... --ckpt_path CKPT --prompts prompts.jsonl --output out.jsonl

@@ -13,10 +13,8 @@ import re
 import typing
 from types import TracebackType
 
-import yaml
-
+from grpo_lightning import variants
 from grpo_lightning.agents.environment import EnvironmentFailureError
-from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.cli.trl_names import trl_hint
 from grpo_lightning.rewards.scoring import RewardFunctionError
 from grpo_lightning.training.optimization.nonfinite import NonFiniteTrainingError
@@ -131,8 +129,11 @@ MOVED_MODULES = {
 
 
 def moved_class_path(path: str) -> str | None:
-    """``path`` (``grpo_lightning.OLD.Name``) with its module where it lives now, or ``None`` if it did not
-    move or ``Name`` is not there either (a misspelt name gets no suggestion that fails too)."""
+    """``path`` (``grpo_lightning.OLD.Name``, or a preset's former ``variants.Name``) with its module where
+    it lives now, or ``None`` if it did not move or ``Name`` is not there either (a misspelt name gets no
+    suggestion that fails too)."""
+    if preset := variants.moved_class_path(path):
+        return preset
     package, _, rest = path.partition(".")
     module, _, name = rest.partition(".")
     if package != "grpo_lightning" or module not in MOVED_MODULES:
@@ -146,6 +147,12 @@ def moved_class_path(path: str) -> str | None:
     return ".".join([new_module, *([name] if name else [])])
 
 
+def moved_class_path_message(path: str) -> str | None:
+    """The line for a class path whose module has moved (:func:`moved_class_path`), else ``None``."""
+    moved = moved_class_path(path)
+    return None if moved is None else f"{path!r}: its module has moved; write {moved!r}."
+
+
 def _is_module(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -154,14 +161,8 @@ def _is_module(name: str) -> bool:
 
 
 def variant_names() -> list[str]:
-    """Class paths of the shipped variants (``variants.GRPO``, ...), read from the shipped
-    ``configs/variant/*.yaml`` (the package never imports ``variants``)."""
-    names = []
-    for path in sorted((config_dir() / "variant").glob("*.yaml")):
-        model = (yaml.safe_load(path.read_text()) or {}).get("model") or {}
-        if model.get("class_path"):
-            names.append(model["class_path"])
-    return names
+    """Class paths of the presets (``grpo_lightning.variants.GRPO``, ...), in the registry's order."""
+    return [variants.class_path(name) for name in variants.PRESETS]
 
 
 def init_parameters(class_path: str) -> list[str]:
@@ -317,9 +318,10 @@ def user_error_message(error: BaseException, parsing: bool) -> str | None:
         unknown = re.search(r"(?:Expected a path but|--model\.help: Expected a dot import path string:) ([\w.]+)", texts)
     if unknown is not None and not any(isinstance(e, USER_ERRORS) for e in chain):
         path = unknown.group(1)
-        if moved := moved_class_path(path):
-            return f"{path!r}: its module has moved; write {moved!r}."
-        if path.startswith("variants.") or "Parser key \"model\"" in texts or "--model" in texts:
+        if moved := moved_class_path_message(path):
+            return moved
+        presets = (f"{variants.FORMER_PACKAGE}.", f"{variants.__name__}.")
+        if path.startswith(presets) or "Parser key \"model\"" in texts or "--model" in texts:
             choices = variant_names()
             names = {choice.rpartition(".")[2].lower(): choice for choice in choices}
             close = difflib.get_close_matches(path.rpartition(".")[2].lower(), list(names), n=1, cutoff=0.6)

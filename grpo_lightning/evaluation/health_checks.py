@@ -126,8 +126,8 @@ class EntropyCollapse(Check):
     name = "entropy_collapse"
     consequence = "sampling repeats itself, so groups score alike and exploration has stopped"
     fix = ("lower optim.learning_rate, add an entropy bonus (--model.loss.entropy_coef 0.001, or steer it to a target with "
-           "grpo_lightning.algorithms.entropy.AdaptiveEntropy), raise loss.clip_eps_high (DAPO), or use variants.ClipCov "
-           "or variants.KLCov")
+           "grpo_lightning.algorithms.entropy.AdaptiveEntropy), raise loss.clip_eps_high (DAPO), or use --model ClipCov "
+           "or --model KLCov")
     state_names = (*Check.state_names, "first")
 
     def __init__(self, fraction: float = 0.1, floor: float = 0.01, patience: int = 5) -> None:

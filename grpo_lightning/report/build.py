@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from grpo_lightning.errors import ConfigError
+from grpo_lightning.variants import PRESETS
 from grpo_lightning.report.arms import WIDE, Arm
 from grpo_lightning.report.cells import DATA_MARKER, CellInfo, arm_configs, discover_cells
 from grpo_lightning.report.labels import check_arm_classes
@@ -203,9 +204,8 @@ def _noted(arms: Sequence[Arm], notes: Sequence[str]) -> list[str]:
     return [a.name for a in arms if any(n.startswith(f"**{user_text(a.name)}**") for n in notes)]
 
 
-#: The order of the built-in variants in tables and plots; other arms follow by name.
-VARIANT_ORDER = ["grpo", "dr_grpo", "dapo", "rloo", "gspo", "cispo", "sapo", "gmpo", "reinforce_plus_plus", "clip_cov", "kl_cov",
-                 "luspo", "vespo", "dppo", "gpg", "dro", "max_rl"]  # fmt: skip
+#: The order of the presets in tables and plots (the registry's); other arms follow by name.
+VARIANT_ORDER = list(PRESETS)
 
 
 def _arm_order(arm: str, cells: Sequence[CellInfo]) -> tuple:

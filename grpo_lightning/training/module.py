@@ -17,7 +17,7 @@ One training step (manual optimization)::
                 loss = aggregate(token_loss(..., micro) + beta * kl, mask)    hooks
             after_policy_step(minibatch)              hook (PPO's critic step)
 
-Variants (``variants/``) name their advantage estimator, per-token surrogate and aggregation among the
+Variants (``grpo_lightning.variants``) name their advantage estimator, per-token surrogate and aggregation among the
 registered parts (``default_advantage``, ``default_surrogate``, ``default_aggregation``:
 :mod:`grpo_lightning.algorithms`), which a run may swap (``--model.advantage``, ``--model.loss.surrogate``,
 ``--model.aggregation``); where their paper asks they override the hooks (``advantages``,

@@ -76,7 +76,7 @@ def test_a_cell_the_server_cannot_fork_runs_as_a_subprocess(tmp_path, monkeypatc
 def test_a_forked_cell_of_two_ddp_processes_starts_its_second_as_python_m_would(tmp_path, tiny_model_dir):
     """Lightning starts a CPU DDP run's other processes as ``python -m <__main__.__spec__.name> ARGS``: a
     forked cell must read as ``python -m grpo_lightning.cli`` (run as a script, ``grpo_lightning/cli``
-    would come first on ``sys.path``, and its ``variants.py`` hide the ``variants`` package)."""
+    would come first on ``sys.path``, its modules top-level ones)."""
     spec = SweepSpec.from_dict({
         "output_dir": str(tmp_path / "sweep"), "base_configs": BASE, "variants": ["grpo"], "seeds": [0],
         "args": {"trainer": {"max_steps": 1, "val_check_interval": 1, "strategy": "ddp", "devices": 2},

@@ -156,4 +156,4 @@ def test_a_job_checks_its_cell_before_it_runs(tmp_path, monkeypatch, capsys):
         ablate(monkeypatch, f"output_dir={tmp_path / 'sweep'}", "model=/m", "variants=[dapo]", "seeds=[0]",
                f"base_configs={base}", "cell=dapo-seed0")  # fmt: skip
     assert exit_info.value.code == 2
-    assert "sets model.class_path (variants.GRPO)" in capsys.readouterr().err
+    assert "sets model.class_path (grpo_lightning.variants.GRPO)" in capsys.readouterr().err

@@ -432,7 +432,7 @@ def test_sweep_resume_and_report(tmp_path, tiny_model, monkeypatch, capsys):
     assert sorted(outcomes) == sorted(names)
     assert all(o.step == 2 and o.prompt.tolist() == list(range(8)) for o in outcomes.values())
     assert "| grpo-group_size2 (n=2) | dr_grpo-group_size2 (n=2) |" in md
-    assert "| `model.class_path` | variants.GRPO | variants.DrGRPO |" in md
+    assert "| `model.class_path` | grpo_lightning.variants.GRPO | grpo_lightning.variants.DrGRPO |" in md
     assert "| `model.init_args.kl.beta` | 0.04 | 0.0 |" in md  # each variant keeps its own defaults
     assert "val/accuracy before training" in md
     assert (target / "curves_val_accuracy.png").is_file() and (target / "report.html").is_file()

@@ -16,7 +16,7 @@ from grpo_lightning.ablation.spec import SweepError, SweepSpec
 from grpo_lightning.ablation.sweep import cell_command, run_sweep
 
 BASE = ["configs/trainer/cpu.yaml", "configs/data/arithmetic.yaml", "configs/model/tiny.yaml"]
-BRING_YOUR_OWN = "docs/bring_your_own/config.yaml"  # sets model.class_path: variants.GRPO
+BRING_YOUR_OWN = "docs/bring_your_own/config.yaml"  # sets model.class_path: grpo_lightning.variants.GRPO
 
 
 def spec_dict(tmp_path, **changes):
@@ -37,7 +37,7 @@ def test_a_base_config_that_sets_the_class_is_refused_before_anything_runs(tmp_p
         run_sweep(spec_dict(tmp_path, base_configs=base))
     message = str(error.value)
     assert "\n" not in message
-    assert message.startswith(f"base_configs: {Path(BRING_YOUR_OWN).absolute()} sets model.class_path (variants.GRPO)")
+    assert message.startswith(f"base_configs: {Path(BRING_YOUR_OWN).absolute()} sets model.class_path (grpo_lightning.variants.GRPO)")
     assert message.endswith("remove model.class_path from it (the variants axis gives each cell its class).")
     assert not (tmp_path / "sweep").exists()
 
@@ -52,7 +52,7 @@ def test_a_variant_files_settings_and_the_data_seed_are_refused_in_shared_files(
     with pytest.raises(SweepError, match=r"sets data.seed \(3\), which the seeds axis sets.*each cell's seed"):
         labels.check_shared_files(SweepSpec.from_dict(spec_dict(tmp_path, base_configs=[*BASE, str(shared)])))
     with pytest.raises(SweepError, match="args: model.class_path"):
-        labels.check_shared_files(SweepSpec.from_dict(spec_dict(tmp_path, args={"model.class_path": "variants.GRPO"})))
+        labels.check_shared_files(SweepSpec.from_dict(spec_dict(tmp_path, args={"model.class_path": "grpo_lightning.variants.GRPO"})))
 
 
 def test_an_override_axis_wins_over_a_shared_file_and_says_so(tmp_path):
@@ -66,11 +66,11 @@ def test_an_override_axis_wins_over_a_shared_file_and_says_so(tmp_path):
 
 
 def test_a_cell_whose_resolved_class_or_seed_differs_from_its_name_is_refused(tmp_path):
-    # --model variants.GRPO after the variant's file: every cell would be GRPO
-    spec = SweepSpec.from_dict(spec_dict(tmp_path, args={"model": "variants.GRPO"}))
+    # --model grpo_lightning.variants.GRPO after the variant's file: every cell would be GRPO
+    spec = SweepSpec.from_dict(spec_dict(tmp_path, args={"model": "grpo_lightning.variants.GRPO"}))
     cells = spec.cells()
     commands = [cell_command(spec, c, tmp_path / c.name, "/m") for c in cells]
-    with pytest.raises(SweepError, match=r"cell dapo-seed0: its resolved model.class_path is variants.GRPO, not variants.DAPO"):
+    with pytest.raises(SweepError, match=r"cell dapo-seed0: its resolved model.class_path is grpo_lightning.variants.GRPO, not grpo_lightning.variants.DAPO"):
         labels.check_cells(spec, cells, commands)
     spec = SweepSpec.from_dict(spec_dict(tmp_path, args={"seed_everything": 7}))
     cells = spec.cells()
@@ -115,12 +115,12 @@ def test_sweep_errors_arrive_as_one_line(argv, expected, tmp_path, monkeypatch, 
 
 
 def test_cells_run_by_another_interpreter_are_not_checked_here_and_say_so(tmp_path):
-    spec = SweepSpec.from_dict(spec_dict(tmp_path, python=str(tmp_path / "other" / "python"), args={"model": "variants.GRPO"}))
+    spec = SweepSpec.from_dict(spec_dict(tmp_path, python=str(tmp_path / "other" / "python"), args={"model": "grpo_lightning.variants.GRPO"}))
     cells = spec.cells()
     with pytest.warns(UserWarning, match="resolved configs are not checked"):
         labels.check_cells(spec, cells, [cell_command(spec, c, tmp_path / c.name, "/m") for c in cells])
     (tmp_path / "venv_python").symlink_to(sys.executable)  # another virtual environment's python: a link to this one
-    spec = SweepSpec.from_dict(spec_dict(tmp_path, python=str(tmp_path / "venv_python"), args={"model": "variants.GRPO"}))
+    spec = SweepSpec.from_dict(spec_dict(tmp_path, python=str(tmp_path / "venv_python"), args={"model": "grpo_lightning.variants.GRPO"}))
     with pytest.warns(UserWarning, match="resolved configs are not checked"):
         labels.check_cells(spec, cells, [cell_command(spec, c, tmp_path / c.name, "/m") for c in cells])
 

@@ -10,8 +10,8 @@ import torch
 from grpo_lightning.agents import EnvironmentOptions, environment_reward
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.models.logprobs import completion_logprobs
-import variants
-from variants import DAPO, GRPO, PPO
+from grpo_lightning import variants
+from grpo_lightning.variants import DAPO, GRPO, PPO
 
 REPLY = "(12)"
 

@@ -11,7 +11,7 @@ from grpo_lightning.agents import EnvironmentOptions, ToolCall
 from grpo_lightning.agents.adapters.trl import TRLEnvironment, follows_trl_contract
 from grpo_lightning.agents.multi_turn import sample_episodes
 from grpo_lightning.errors import ConfigError
-from variants import GRPO
+from grpo_lightning.variants import GRPO
 
 HERE = __name__
 

@@ -12,9 +12,10 @@ from torch.testing import assert_close
 
 from grpo_lightning.algorithms import functional as F
 from grpo_lightning.algorithms import policy_losses
+from grpo_lightning import variants
 from grpo_lightning.errors import ConfigError
+from grpo_lightning.variants import DAPO, GRPO, GSPO, RLOO, DrGRPO
 from tests.helpers import grouped, micro_batched_gradient
-from variants import DAPO, GRPO, GSPO, RLOO, DrGRPO
 
 PROMPTS = ["12+34=", "5+6=", "77+8=", "9*9="]  # x group_size 4 = 16 rows
 
@@ -248,7 +249,7 @@ def test_the_options_keep_the_gradient_independent_of_micro_batching(cls, kwargs
 # ------------------------------------------------------------------ every option with every variant
 
 
-ALL_VARIANTS = [getattr(__import__("variants"), name) for name in __import__("variants").__all__]
+ALL_VARIANTS = [getattr(variants, name) for name in variants.__all__]
 #: The parts by name (advantage, aggregation) are tried on every variant in tests/conformance/.
 OPTION_VALUES = {
     "loss.delta": 2.0,

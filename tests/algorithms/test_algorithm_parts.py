@@ -11,7 +11,7 @@ import io
 import pytest
 import torch
 
-import variants
+from grpo_lightning import variants
 from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS
 from grpo_lightning.cli.app import main
 from grpo_lightning.cli.resources import config_dir
@@ -81,7 +81,7 @@ def run_cli(*args: str) -> tuple[int, str, str]:
 def variant_args(cls: type, *extra: str) -> list[str]:
     configs = config_dir()
     return ["--config", str(configs / "trainer/cpu.yaml"), "--config", str(configs / "data/arithmetic.yaml"),
-            "--model", f"variants.{cls.__name__}", "--model.model", "m", *extra]  # fmt: skip
+            "--model", f"grpo_lightning.variants.{cls.__name__}", "--model.model", "m", *extra]  # fmt: skip
 
 
 def test_the_command_line_composes_rloo_with_dr_grpos_aggregation_and_prints_it_round_trip(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-import variants
+from grpo_lightning import variants
 from grpo_lightning.algorithms import functional as F
 from grpo_lightning.algorithms.kl import KL_PLACEMENTS, kl_in_loss, kl_in_reward
 from grpo_lightning.cli.parsing import option_choices

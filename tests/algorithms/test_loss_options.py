@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-import variants
+from grpo_lightning import variants
 from grpo_lightning.algorithms.entropy import AdaptiveEntropy, entropy_bonus
 from grpo_lightning.algorithms.masks import off_policy_sequence_mask
 from grpo_lightning.errors import ConfigError

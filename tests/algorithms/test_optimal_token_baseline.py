@@ -15,7 +15,7 @@ from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.models.logprobs import completion_logprobs
 from grpo_lightning.models.token_statistics import completion_token_statistics, logprob_and_sum_pi_squared
 from grpo_lightning.errors import ConfigError
-from variants import GRPO, GSPO
+from grpo_lightning.variants import GRPO, GSPO
 
 
 def statistics(realized_energy: list, mask: list) -> TokenStatistics:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-import variants
+from grpo_lightning import variants
 from grpo_lightning.algorithms import ADVANTAGES, KL_PLACEMENTS, KLPlacement, register_advantage
 from grpo_lightning.algorithms import functional as F
 from grpo_lightning.algorithms.kl import kl_in_loss

@@ -25,8 +25,8 @@ from grpo_lightning.algorithms.rollout_correction import (
     second_moment_mask,
 )
 from grpo_lightning.errors import ConfigError
+from grpo_lightning.variants import GRPO
 from tests.helpers import length_parity_reward, micro_batched_gradient
-from variants import GRPO
 
 TRAIN = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.4, 0.4, 0.1]]))
 # Rollout probabilities: ratios rho = train / rollout of [[0.5, 3, 1], [1, 0.8, 1 (masked)]].

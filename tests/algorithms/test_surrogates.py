@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-import variants
+from grpo_lightning import variants
 from grpo_lightning.algorithms import SURROGATES
 from grpo_lightning.algorithms.surrogates import dual_clip, ppo_clip
 from grpo_lightning.errors import ConfigError

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import variants
+from grpo_lightning import variants
 from grpo_lightning.algorithms import dpo
 from tests.helpers import micro_batched_gradient
 

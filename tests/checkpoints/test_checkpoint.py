@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from grpo_lightning.cli.app import main
 from grpo_lightning.checkpoints.export import export_checkpoint, read_checkpoint
 from grpo_lightning.checkpoints.export import main as export_main
-from variants import DAPO
+from grpo_lightning.variants import DAPO
 from tests.helpers import CONFIGS, assert_same_steps, fit, logits, make_module
 
 

@@ -117,7 +117,7 @@ def test_a_crafted_pickle_runs_no_code_in_export_generate_or_validate(fitted, ti
     line = one_error_line(capsys)
     assert re.search(rf"checkpoint {re.escape(str(path))} is not loaded: its pickle calls _?io\.open", line), line  # _io from 3.12
 
-    from variants import GRPO
+    from grpo_lightning.variants import GRPO
 
     module = GRPO(model=tiny_model_dir, sampling={"max_new_tokens": 2})
     with pytest.raises(UnsafeCheckpointError, match=r"_?io\.open"):

@@ -42,11 +42,11 @@ def test_every_shipped_config_parses(config, capsys):
         main(["fit", *BASE, "--config", str(VARIANT_CONFIGS[0]), "--config", str(config), "--model.model", "m",
               "--print_config"])  # fmt: skip
     assert done.value.code == 0
-    assert "class_path: variants." in capsys.readouterr().out
+    assert "class_path: grpo_lightning.variants." in capsys.readouterr().out
 
 
 def test_class_path_and_field_overrides_from_the_command_line():
-    args = cli_args(VARIANT_CONFIGS[0]) + ["--model", "variants.DAPO", "--model.loss.clip_eps_high", "0.3"]
+    args = cli_args(VARIANT_CONFIGS[0]) + ["--model", "grpo_lightning.variants.DAPO", "--model.loss.clip_eps_high", "0.3"]
     cli = GRPOLightningCLI(args=args, run=False)
     assert type(cli.model).__name__ == "DAPO"
     assert cli.model.clip_eps_high == 0.3
@@ -55,7 +55,7 @@ def test_class_path_and_field_overrides_from_the_command_line():
 
 def test_unknown_class_path_is_an_error_naming_it(capsys):
     with pytest.raises(SystemExit) as done:
-        GRPOLightningCLI(args=cli_args(VARIANT_CONFIGS[0]) + ["--model", "variants.NoSuchVariant"], run=False)
+        GRPOLightningCLI(args=cli_args(VARIANT_CONFIGS[0]) + ["--model", "grpo_lightning.variants.NoSuchVariant"], run=False)
     assert done.value.code != 0
     assert "NoSuchVariant" in capsys.readouterr().err
 
@@ -173,7 +173,7 @@ def test_an_unknown_engine_value_is_an_error_naming_the_option(capsys):
 
 
 def test_a_checkpoint_rebuilds_the_module_with_its_engine_options(tiny_model_dir, tmp_path):
-    from variants import GRPO
+    from grpo_lightning.variants import GRPO
 
     engine = EngineOptions(decode_attention="math", fused_lm_head=False)
     module = GRPO(model=tiny_model_dir, engine=engine, rewards={"funcs": ["grpo_lightning.rewards.accuracy_reward"]})
@@ -315,11 +315,11 @@ def test_fit_help_lists_the_variants_and_points_at_model_help(capsys):
     assert "--model.help NAME lists a variant's options" in description[:800]
     for name in ("GRPO", "DrGRPO", "DAPO", "RLOO", "GSPO", "dr_grpo", "reinforce_plus_plus"):
         assert name in description[:800], name
-    assert "variants.DAPO" in printed  # the known subclasses of --model
+    assert "grpo_lightning.variants.DAPO" in printed  # the known subclasses of --model
 
 
 @pytest.mark.parametrize(
-    "given", [["--model", "DAPO"], ["--model", "dapo"], ["--model=dapo"], ["--model", "variants.DAPO"]], ids=" ".join
+    "given", [["--model", "DAPO"], ["--model", "dapo"], ["--model=dapo"], ["--model", "grpo_lightning.variants.DAPO"]], ids=" ".join
 )
 def test_a_variant_is_named_by_class_name_config_name_or_class_path(given):
     cli = GRPOLightningCLI(args=[*BASE, "--model.model", "m", *given, "--model.loss.clip_eps_high", "0.3"], run=False)
@@ -348,7 +348,7 @@ def test_a_misspelt_variant_suggests_the_nearest_whatever_its_case(option, capsy
         main(["fit", *BASE, "--model.model", "m", option, "Dapoo"], report_errors=True)
     assert done.value.code == 2
     err = capsys.readouterr().err
-    assert "unknown variant 'Dapoo'" in err and "Did you mean variants.DAPO?" in err
+    assert "unknown variant 'Dapoo'" in err and "Did you mean grpo_lightning.variants.DAPO?" in err
 
 
 def test_a_class_path_of_a_module_that_moved_names_where_it_is_now(tmp_path, capsys):
@@ -360,6 +360,13 @@ def test_a_class_path_of_a_module_that_moved_names_where_it_is_now(tmp_path, cap
     err = capsys.readouterr().err
     assert "'grpo_lightning.schedules.CosineKLSchedule': its module has moved" in err
     assert "'grpo_lightning.training.schedules.CosineKLSchedule'" in err
+
+
+def test_model_help_refuses_a_presets_former_class_path_naming_the_new_one(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["fit", "--model.help", "variants.DAPO"], report_errors=True)
+    assert done.value.code == 2
+    assert "'variants.DAPO': its module has moved; write 'grpo_lightning.variants.DAPO'" in capsys.readouterr().err
 
 
 def test_every_moved_module_is_where_the_table_says():
@@ -376,6 +383,9 @@ def test_every_moved_module_is_where_the_table_says():
         "grpo_lightning.rollout.engine.generator.StaticCacheGenerator"
     )
     assert moved_class_path("grpo_lightning.training.schedules.CosineKLSchedule") is None
+    assert moved_class_path("variants.ReinforcePlusPlus") == "grpo_lightning.variants.ReinforcePlusPlus"
+    assert moved_class_path("variants.covariance.CovarianceRule") == "grpo_lightning.variants.covariance.CovarianceRule"
+    assert moved_class_path("variants.Nope") is None and moved_class_path("variantsX.GRPO") is None
 
 
 # ---------------------------------------------------------------- output of other packages

@@ -95,14 +95,29 @@ def test_a_bad_setting_is_one_line(args, expected, tiny_model_dir, run_fit):
 
 
 def test_an_unknown_variant_lists_the_valid_ones(tiny_model_dir, run_fit):
-    line = error_line(run_fit("--model", "variants.Nope", model=tiny_model_dir))
-    assert "variants.Nope" in line
-    for name in ("variants.GRPO", "variants.DrGRPO", "variants.DAPO", "variants.RLOO", "variants.GSPO"):
-        assert name in line
+    line = error_line(run_fit("--model", "grpo_lightning.variants.Nope", model=tiny_model_dir))
+    assert "grpo_lightning.variants.Nope" in line
+    for name in ("GRPO", "DrGRPO", "DAPO", "RLOO", "GSPO"):
+        assert f"grpo_lightning.variants.{name}" in line
 
 
 def test_a_misspelt_variant_suggests_the_nearest(tiny_model_dir, run_fit):
-    assert "Did you mean variants.DAPO?" in error_line(run_fit("--model", "variants.DAAPO", model=tiny_model_dir))
+    line = error_line(run_fit("--model", "grpo_lightning.variants.DAAPO", model=tiny_model_dir))
+    assert "Did you mean grpo_lightning.variants.DAPO?" in line
+
+
+@pytest.mark.parametrize("path", ["variants.DAPO", "variants.dapo.DAPO"])
+def test_a_presets_former_class_path_is_refused_naming_the_new_one(path, tiny_model_dir, run_fit):
+    """The presets were a top-level package, ``variants``, before 0.1.0."""
+    line = error_line(run_fit("--model", path, model=tiny_model_dir))
+    assert line.startswith(f"error: {path!r}: its module has moved; write {'grpo_lightning.' + path!r}.")
+
+
+def test_a_config_file_with_a_former_class_path_is_refused_naming_the_new_one(tiny_model_dir, tmp_path, run_fit):
+    old = tmp_path / "old.yaml"
+    old.write_text("model:\n  class_path: variants.GRPO\n")
+    line = error_line(run_fit("--config", str(old), model=tiny_model_dir))
+    assert line.startswith("error: 'variants.GRPO': its module has moved; write 'grpo_lightning.variants.GRPO'.")
 
 
 def test_a_missing_data_file_names_the_path(tiny_model_dir, tmp_path, run_fit):

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-import variants
+from grpo_lightning import variants
 from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS, SURROGATES
 from grpo_lightning.algorithms.advantages import TOKEN_STATISTICS_ADVANTAGES, TokenStatistics
 

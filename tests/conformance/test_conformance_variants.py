@@ -1,4 +1,4 @@
-"""Every variant: found in ``variants/`` (a new file is picked up), exported and shipped with a config,
+"""Every variant: found in ``variants/`` (a new file is picked up), a preset of the registry,
 its gradient independent of the micro-batch size, its printed configuration read back into the same
 module, and every registered part by name either composed with it or refused naming the option.
 
@@ -25,7 +25,7 @@ import transformers
 import yaml
 from torch.testing import assert_close
 
-import variants
+from grpo_lightning import variants
 from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS, SURROGATES
 from grpo_lightning.algorithms import functional as F
 from grpo_lightning.algorithms.advantages import TOKEN_STATISTICS_ADVANTAGES, TokenStatistics
@@ -42,7 +42,9 @@ def defined_in_variants() -> dict[str, type]:
     """Every ``GroupPolicyOptimization`` subclass defined in a file of ``variants/``, by class name."""
     found = {}
     for path in sorted(Path(variants.__file__).parent.glob("*.py")):
-        module = importlib.import_module(f"variants.{path.stem}")
+        if path.stem == "__init__":
+            continue
+        module = importlib.import_module(f"{variants.__name__}.{path.stem}")
         for name, value in vars(module).items():
             if inspect.isclass(value) and issubclass(value, GroupPolicyOptimization):
                 if value.__module__ == module.__name__:  # defined there, not imported
@@ -57,7 +59,7 @@ SHARED_BASES = {
     if name not in variants.__all__ and any(other is not cls and issubclass(other, cls) for other in DEFINED.values())
 }  # fmt: skip
 VARIANTS = [cls for name, cls in DEFINED.items() if name not in SHARED_BASES]
-SHIPPED = {class_path: name for name, class_path in shipped_variants().items()}  # "variants.DAPO" -> "dapo"
+SHIPPED = {class_path: name for name, class_path in shipped_variants().items()}  # "grpo_lightning.variants.DAPO" -> "dapo"
 CONFIGS = config_dir()
 BASE = ["--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml")]
 
@@ -66,14 +68,13 @@ def by_name(cls: type) -> str:
     return cls.__name__
 
 
-def test_every_variant_is_exported_and_shipped_with_a_config():
+def test_every_variant_is_a_preset_of_the_registry_named_for_its_file():
+    """The registry's other checks (its configs, short names and README rows) are in tests/variants/test_registry.py."""
     for cls in VARIANTS:
-        name = cls.__name__
-        exported = getattr(variants, name, None) is cls and name in variants.__all__
-        assert exported, f"{name}: export it in variants/__init__.py (the import and __all__)"
-        config = f"configs/variant/{variant_log_name(name)}.yaml"
-        assert f"variants.{name}" in SHIPPED, f"{name}: ship {config} with class_path: variants.{name}"
-    assert sorted(variants.__all__) == sorted(cls.__name__ for cls in VARIANTS)
+        name, module = cls.__name__, cls.__module__.rpartition(".")[2]
+        assert variants.PRESETS.get(module) == name, f'{name}: add "{module}": "{name}" to PRESETS in variants/__init__.py'
+        assert getattr(variants, name) is cls and SHIPPED[f"grpo_lightning.variants.{name}"] == module
+    assert sorted(variants.PRESETS.values()) == sorted(cls.__name__ for cls in VARIANTS)
 
 
 @pytest.mark.parametrize("cls", VARIANTS, ids=by_name)
@@ -221,9 +222,9 @@ def test_print_config_reads_back_into_the_same_module(cls, tmp_path, monkeypatch
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
     aggregation = next(name for name in AGGREGATIONS if name != cls.default_aggregation)
-    shipped = CONFIGS / "variant" / f"{SHIPPED[f'variants.{cls.__name__}']}.yaml"
+    shipped = CONFIGS / "variant" / f"{SHIPPED[f'grpo_lightning.variants.{cls.__name__}']}.yaml"
     config = printed_config(*BASE, "--config", str(shipped), "--model.model", "m", "--model.aggregation", aggregation)
-    assert config["model"]["class_path"] == f"variants.{cls.__name__}"
+    assert config["model"]["class_path"] == f"grpo_lightning.variants.{cls.__name__}"
     assert {key: config.pop(key) for key in FIT_ONLY} == dict.fromkeys(FIT_ONLY)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
 
@@ -301,7 +302,7 @@ def test_the_preset_that_docs_adding_a_variant_adds_passes_the_variants_checks(m
                                                                                 one_torch_thread):  # fmt: skip
     page = (Path(variants.__file__).resolve().parents[1] / "docs" / "adding_a_variant.md").read_text()
     code = next(block for block in re.findall(r"```python\n(.*?)```", page, re.DOTALL) if "class BatchStdGRPO" in block)
-    file = types.ModuleType("variants.batch_std_grpo")  # as if it were the file the page names
+    file = types.ModuleType("grpo_lightning.variants.batch_std_grpo")  # as if it were the file the page names
     monkeypatch.setitem(sys.modules, file.__name__, file)
     exec(code, vars(file))  # noqa: S102 - the page's example
     cls = file.BatchStdGRPO
@@ -346,7 +347,7 @@ def test_a_users_parts_once_registered_build_a_variant_by_name_like_a_shipped_pa
 
 
 def test_a_users_part_by_import_path_on_the_command_line_reads_back_by_that_path(user_parts, tmp_path):
-    shipped = CONFIGS / "variant" / f"{SHIPPED['variants.GRPO']}.yaml"
+    shipped = CONFIGS / "variant" / f"{SHIPPED['grpo_lightning.variants.GRPO']}.yaml"
     config = printed_config(*BASE, "--config", str(shipped), "--model.model", "m",
                             "--model.advantage", f"{user_parts}.group_median")  # fmt: skip
     assert config["model"]["init_args"]["advantage"] == f"{user_parts}.group_median"

@@ -13,7 +13,7 @@ from grpo_lightning.data import ArithmeticDataModule, DifficultyCurriculum
 from grpo_lightning.data.curriculum import group_pass_rates
 from grpo_lightning.data.loaders import ResumableDataLoader
 from grpo_lightning.errors import ConfigError
-from variants import GRPO
+from grpo_lightning.variants import GRPO
 
 #: Six prompts, each in two rows (r and r + 6): measuring one measures both.
 PROMPTS = [f"p{i % 6}" for i in range(12)]

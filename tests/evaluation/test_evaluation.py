@@ -116,7 +116,7 @@ def arguments(model_dir: str, tmp_path, *extra: str) -> list[str]:
 
 
 def test_greedy_validation_with_several_samples_is_a_config_error(tiny_model_dir):
-    from variants import GRPO
+    from grpo_lightning.variants import GRPO
 
     with pytest.raises(ConfigError, match="evaluation.samples.*evaluation.temperature 1.0"):
         GRPO(model=tiny_model_dir, evaluation={"samples": 4})
@@ -212,7 +212,7 @@ import json, os, sys
 import lightning as L
 import torch
 from grpo_lightning.data import PromptDataModule
-from variants import GRPO
+from grpo_lightning.variants import GRPO
 
 model_dir, data_dir, out = sys.argv[1:4]
 trainer = L.Trainer(strategy="ddp", accelerator="cpu", devices=2, logger=False, enable_progress_bar=False,

@@ -73,7 +73,7 @@ def test_every_logger_config_keeps_tensorboard_first_and_names_it_after_the_vari
     if logger != "tensorboard":
         pytest.importorskip(logger)
     monkeypatch.chdir(tmp_path)  # MLflow's logger opens its store when it is made
-    args = fit_args("some/model", logger)[1:] + ["--model", "variants.DAPO"]
+    args = fit_args("some/model", logger)[1:] + ["--model", "grpo_lightning.variants.DAPO"]
     if logger == "mlflow":  # not the relative URI of the fit below: MLflow keeps a store per URI
         args += ["--trainer.logger.init_args.tracking_uri", f"sqlite:///{tmp_path}/mlflow.db"]
     cli = GRPOLightningCLI(args=args, run=False)

@@ -22,7 +22,7 @@ from grpo_lightning.models.lora import (
     merged_weights,
 )
 from grpo_lightning.errors import ConfigError
-from variants import GRPO
+from grpo_lightning.variants import GRPO
 from tests.helpers import CONFIGS, assert_same_steps, fit, logits, make_module, merged
 
 peft = pytest.importorskip("peft")

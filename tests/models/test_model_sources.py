@@ -88,7 +88,7 @@ def test_gguf_without_its_readers_says_what_to_install(tmp_path, monkeypatch):
 
 
 def test_the_module_refuses_a_missing_gguf_before_loading_anything(monkeypatch):
-    import variants
+    from grpo_lightning import variants
 
     with pytest.raises(ConfigError, match="model: no such file './nowhere/model.gguf'"):
         variants.GRPO(model="./nowhere/model.gguf")

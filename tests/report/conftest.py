@@ -36,7 +36,7 @@ def write_cell(root, variant: str, seed: int, final_accuracy: float, finished: b
         "seed_everything": seed,
         "trainer": {"max_steps": STEPS, "logger": {"init_args": {"save_dir": str(directory)}}},
         "model": {
-            "class_path": f"variants.{variant.upper()}",
+            "class_path": f"grpo_lightning.variants.{variant.upper()}",
             "init_args": {"sampling": {"group_size": 4}, "loss": {"clip_eps_high": 0.28 if variant == "dapo" else 0.2},
                           **(config_changes or {})},
         },

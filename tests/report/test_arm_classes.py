@@ -22,13 +22,14 @@ def mislabelled(tmp_path, cell_writer):
     for variant in ("grpo", "dapo"):
         for seed in (0, 1):
             cell_writer(tmp_path, variant, seed, 0.3)
-    relabel(tmp_path / "dapo-seed1", "variants.GRPO")
+    relabel(tmp_path / "dapo-seed1", "grpo_lightning.variants.GRPO")
     return tmp_path
 
 
 def test_a_mislabelled_arm_is_refused(mislabelled):
-    with pytest.raises(MislabelledArmError, match=r"dapo-seed1: the cell of arm 'dapo' ran variants.GRPO \(its config.yaml\), "
-                                                  r"not variants.DAPO as its variant 'dapo' says"):  # fmt: skip
+    message = (r"dapo-seed1: the cell of arm 'dapo' ran grpo_lightning.variants.GRPO \(its config.yaml\), "
+               r"not grpo_lightning.variants.DAPO as its variant 'dapo' says")
+    with pytest.raises(MislabelledArmError, match=message):
         build_report(mislabelled, mislabelled / "report")
     assert not (mislabelled / "report").exists()
 
@@ -38,12 +39,26 @@ def test_the_report_cli_says_so_in_one_line(mislabelled, capsys):
         main([str(mislabelled)])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
-    assert error.startswith("error: ") and error.count("\n") == 1 and "ran variants.GRPO" in error
+    assert error.startswith("error: ") and error.count("\n") == 1 and "ran grpo_lightning.variants.GRPO" in error
 
 
 def test_the_full_path_of_the_same_class_is_no_mislabel(tmp_path, cell_writer):
     cell_writer(tmp_path, "dapo", 0, 0.3)
     cell_writer(tmp_path, "grpo", 0, 0.3)
-    relabel(tmp_path / "dapo-seed0", "variants.dapo.DAPO")  # how a config may name it
+    relabel(tmp_path / "dapo-seed0", "grpo_lightning.variants.dapo.DAPO")  # how a config may name it
     build_report(tmp_path, tmp_path / "report")
     assert (tmp_path / "report" / "report.md").exists()
+
+
+def test_a_class_path_recorded_before_the_presets_moved_names_the_preset_it_named_then(tmp_path, cell_writer):
+    """Runs before 0.1.0 saved ``variants.DAPO`` (a top-level package then): the committed reports' data
+    keep it, and rebuild; it is read as the preset it named, and a mislabel is still one."""
+    cell_writer(tmp_path, "dapo", 0, 0.3)
+    cell_writer(tmp_path, "grpo", 0, 0.3)
+    relabel(tmp_path / "dapo-seed0", "variants.DAPO")
+    relabel(tmp_path / "grpo-seed0", "variants.grpo.GRPO")
+    build_report(tmp_path, tmp_path / "report")
+    assert "| `model.class_path` | variants.grpo.GRPO | variants.DAPO |" in (tmp_path / "report" / "report.md").read_text()
+    relabel(tmp_path / "dapo-seed0", "variants.GRPO")
+    with pytest.raises(MislabelledArmError, match=r"ran variants.GRPO \(its config.yaml\), not grpo_lightning.variants.DAPO"):
+        build_report(tmp_path, tmp_path / "report2")

@@ -149,7 +149,7 @@ def test_report_sections_and_numbers(sweep, tmp_path):
     assert "Seeds left out: **grpo** seed 3 unfinished (no DONE marker): in none of its numbers." in md
     assert "grpo-seed3" in md and "unfinished" in md
     # configuration: what differs, with per-run paths and the seed left out
-    assert "| `model.class_path` | variants.GRPO | variants.DAPO |" in md
+    assert "| `model.class_path` | grpo_lightning.variants.GRPO | grpo_lightning.variants.DAPO |" in md
     assert "| `model.init_args.loss.clip_eps_high` | 0.2 | 0.28 |" in md
     assert "seed_everything" not in md and "save_dir" not in md
     assert "`model.init_args.sampling.group_size` | 4 |" in md  # shared

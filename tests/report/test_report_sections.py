@@ -149,7 +149,7 @@ def arm(name: str, clip_values) -> Arm:
 
 
 def clip_config(class_name: str, low: float = 0.2, high: float = 0.2) -> dict:
-    return {"model.class_path": f"variants.{class_name}", "model.init_args.loss.clip_eps_low": str(low),
+    return {"model.class_path": f"grpo_lightning.variants.{class_name}", "model.init_args.loss.clip_eps_low": str(low),
             "model.init_args.loss.clip_eps_high": str(high)}  # fmt: skip
 
 

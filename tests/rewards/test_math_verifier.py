@@ -141,7 +141,7 @@ def test_without_math_verify_nothing_starts_in_the_background(without_math_verif
 @pytest.mark.parametrize("reward_is_accuracy", [True, False])
 def test_a_fit_whose_rewards_compare_answers_starts_math_verify_at_setup(reward_is_accuracy, make_module, monkeypatch):
     from grpo_lightning.training import module as training_module
-    from variants import GRPO
+    from grpo_lightning.variants import GRPO
 
     started = []
     monkeypatch.setattr(math_verifier, "start_in_background", lambda: started.append(True))

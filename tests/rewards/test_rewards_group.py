@@ -156,7 +156,7 @@ def test_an_error_in_a_group_aware_function_names_it_and_the_sample():
 
 
 def test_the_module_scores_training_and_evaluation_rollouts_with_their_groups(make_module, make_rollout):
-    from variants import GRPO
+    from grpo_lightning.variants import GRPO
 
     seen: list[list[int]] = []
 

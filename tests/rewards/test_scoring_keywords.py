@@ -64,7 +64,7 @@ def test_a_step_reward_function_gets_them_too():
 
 
 def test_the_module_passes_the_unpadded_ids_of_the_models_tokens(make_module, make_rollout):
-    from variants import GRPO
+    from grpo_lightning.variants import GRPO
 
     seen = {}
 

@@ -7,7 +7,7 @@ import torch
 
 from grpo_lightning.rollout.partial import completions_of, continue_rollout, cut, with_completions
 from grpo_lightning.rollout.types import Rollout
-from variants import GRPO
+from grpo_lightning.variants import GRPO
 
 
 def test_a_cut_completion_continues_on_its_exact_prefix_and_records_each_chunks_version(make_module, one_torch_thread):

@@ -11,14 +11,13 @@ import lightning as L
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from tests.helpers import StepRecorder, assert_same_steps, fit, make_data, make_module
-
-from variants import GRPO
 
 from grpo_lightning.checkpoints.export import read_checkpoint
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.rollout.stale import StaleQueue, StaleRollouts
 from grpo_lightning.rollout.types import Rollout
+from grpo_lightning.variants import GRPO
+from tests.helpers import StepRecorder, assert_same_steps, fit, make_data, make_module
 
 
 class Watch(L.Callback):

@@ -8,7 +8,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from grpo_lightning.training.compute import ComputeMeter, matmul_parameters
 from grpo_lightning.data import ArithmeticDataModule
-from variants import GRPO
+from grpo_lightning.variants import GRPO
 
 V, H, I, LAYERS, HEADS, KV = 50, 16, 24, 2, 4, 2
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import variants
+from grpo_lightning import variants
 from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS, SURROGATES
 from grpo_lightning.training.argument_types import annotated_arguments
 from grpo_lightning.cli.app import GRPOLightningCLI, main

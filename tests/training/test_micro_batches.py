@@ -12,7 +12,7 @@ from torch.testing import assert_close
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.training.micro_batches import fewest_micro_batches, in_row_order, pack_rows, token_budget_split
 from grpo_lightning.errors import ConfigError
-from variants import GRPO, PPO, OnlineDPOGRPO
+from grpo_lightning.variants import GRPO, PPO, OnlineDPOGRPO
 from tests.helpers import GradientCapture, arithmetic, cpu_trainer
 
 

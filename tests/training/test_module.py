@@ -19,7 +19,7 @@ from grpo_lightning.training.module import EVERY_STEP_METRICS
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.rewards import RewardFunctionError
 from grpo_lightning.rollout.types import SamplingParams
-from variants import DAPO, GRPO
+from grpo_lightning.variants import DAPO, GRPO
 from tests.helpers import make_trainer, module, small_data
 
 REQUIRED_METRICS = {

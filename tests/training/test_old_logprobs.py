@@ -12,7 +12,7 @@ import torch
 
 from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.errors import ConfigError
-from variants import GRPO
+from grpo_lightning.variants import GRPO
 
 SHIFT = 0.1  # the sampler's log-probs sit this far below the policy's: its ratio is exp(0.1) under bypass
 

@@ -10,7 +10,7 @@ import io
 import pytest
 import yaml
 
-import variants
+from grpo_lightning import variants
 from grpo_lightning.cli.app import main
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.training.module import GroupPolicyOptimization

@@ -14,7 +14,7 @@ from grpo_lightning.cli.app import GRPOLightningCLI, main
 from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.training.schedules import CosineKLSchedule, cosine_kl_coefficient
 from grpo_lightning.errors import ConfigError
-from variants import DAPO, GRPO
+from grpo_lightning.variants import DAPO, GRPO
 
 CONFIGS = config_dir()
 STEPS = 4
@@ -142,7 +142,7 @@ def test_a_resumed_fit_continues_the_schedule_from_its_checkpoints_step(schedule
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--model", "variants.DAPO"], "error: kl.beta: the module's beta is 0.0:"),
+        (["--model", "grpo_lightning.variants.DAPO"], "error: kl.beta: the module's beta is 0.0:"),
         (["--trainer.max_steps", "-1"], "error: trainer.max_steps:"),
     ],
     ids=["beta-0", "no-max-steps"],

@@ -13,8 +13,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from grpo_lightning.training.callbacks import FitSummary
+from grpo_lightning.variants import DAPO, GRPO
 from tests.helpers import make_trainer, module, small_data
-from variants import DAPO, GRPO
 
 
 def odd_answers_informative(prompts, completions, answer, **columns):

@@ -149,7 +149,7 @@ def test_fsdp_shards_each_model_on_its_own_and_trains_as_without_it(tiny_model_d
 def test_ppo_under_fsdp_shards_its_critic_with_a_unit_per_layer_and_one_for_the_fp32_head(
     tiny_model_dir, tmp_path, process_group_cleanup
 ):
-    from variants import PPO
+    from grpo_lightning.variants import PPO
 
     ppo = make_module(tiny_model_dir, cls=PPO, policy={"dtype": "bfloat16"})  # bf16 weights beside the fp32 head
     every = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=1)
@@ -254,7 +254,7 @@ from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.rollout.engine.attention import GQA_ATTENTION, grouped_query_attention
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.training.strategies import PolicyFSDPStrategy
-from variants import DAPO, GRPO, PPO
+from grpo_lightning.variants import DAPO, GRPO, PPO
 
 model_dir, out, kind, max_steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 ckpt_path = sys.argv[5] if len(sys.argv) > 5 else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from variants import GRPO
+from grpo_lightning.variants import GRPO
 
 
 class RowsSeen(GRPO):

@@ -11,6 +11,7 @@ import torch
 from torch.testing import assert_close
 
 from grpo_lightning.errors import ConfigError
+from grpo_lightning.variants import CISPO
 from tests.helpers import (
     LOSS,
     MASK,
@@ -21,7 +22,6 @@ from tests.helpers import (
     t,
     token_grad,
 )
-from variants import CISPO
 
 
 # ------------------------------------------------------------------ construction and defaults

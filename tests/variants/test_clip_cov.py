@@ -10,9 +10,9 @@ import torch
 from torch.testing import assert_close
 
 from grpo_lightning.errors import ConfigError
+from grpo_lightning.variants.covariance import clip_cov_tokens
+from grpo_lightning.variants.clip_cov import ClipCov
 from tests.helpers import COV_ADV, COV_LOGP, COV_MASK, RHO, t
-from variants.clip_cov import ClipCov
-from variants.covariance import clip_cov_tokens
 
 
 @pytest.mark.parametrize(

@@ -15,10 +15,10 @@ import torch
 from torch.testing import assert_close
 
 from grpo_lightning.data import ArithmeticDataModule
+from grpo_lightning.variants.kl_cov import KLCov
+from grpo_lightning.variants.clip_cov import ClipCov
+from grpo_lightning.variants.covariance import selection_size, token_covariance
 from tests.helpers import COV, COV_ADV, COV_LOGP, COV_MASK, GradientCapture, perturb, t
-from variants.clip_cov import ClipCov
-from variants.covariance import selection_size, token_covariance
-from variants.kl_cov import KLCov
 
 
 # ------------------------------------------------------------------ defaults

@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.testing import assert_close
 
 from grpo_lightning.rollout.types import Rollout
+from grpo_lightning.variants import DAPO
 from tests.helpers import (
     LOSS,
     MASK,
@@ -25,7 +26,6 @@ from tests.helpers import (
     hand_rollout,
     t,
 )
-from variants import DAPO
 
 
 # ------------------------------------------------------------------ construction and defaults

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import variants
+from grpo_lightning import variants
 from grpo_lightning.algorithms import SURROGATES
 from grpo_lightning.errors import ConfigError
 from tests.helpers import token_grad

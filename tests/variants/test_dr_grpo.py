@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch.testing import assert_close
 
+from grpo_lightning.variants import DrGRPO
 from tests.helpers import LOSS, MASK, REWARDS, assert_clip_higher_boundary, assert_constructs_without_loading, t
-from variants import DrGRPO
 
 
 # ------------------------------------------------------------------ construction and defaults

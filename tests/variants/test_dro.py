@@ -3,7 +3,7 @@ parts' own cases are the conformance suite's (tests/conformance/)."""
 
 from __future__ import annotations
 
-import variants
+from grpo_lightning import variants
 
 
 def test_each_preset_names_its_parts_and_the_papers_defaults():

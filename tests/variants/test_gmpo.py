@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch.testing import assert_close
 
+from grpo_lightning.variants import GMPO
 from tests.helpers import (
     LOSS,
     MASK,
@@ -16,7 +17,6 @@ from tests.helpers import (
     assert_constructs_without_loading,
     t,
 )
-from variants import GMPO
 
 
 # ------------------------------------------------------------------ construction and defaults

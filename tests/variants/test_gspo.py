@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from torch.testing import assert_close
 
+from grpo_lightning.variants import GSPO
 from tests.helpers import LOSS, MASK, REWARDS, Z, assert_constructs_without_loading, t
-from variants import GSPO
 
 
 # ------------------------------------------------------------------ construction and defaults

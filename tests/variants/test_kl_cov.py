@@ -10,8 +10,8 @@ import torch
 from torch.testing import assert_close
 
 from grpo_lightning.errors import ConfigError
+from grpo_lightning.variants.kl_cov import KLCov
 from tests.helpers import COV_ADV, COV_LOGP, COV_MASK, RHO, t
-from variants.kl_cov import KLCov
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-import variants
+from grpo_lightning import variants
 from tests.helpers import token_grad
 
 # Two completions of lengths 3 and 5 (width 5), advantages +1 and -1.

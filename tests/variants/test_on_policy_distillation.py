@@ -18,7 +18,7 @@ from grpo_lightning.models.sources import load_tokenizer
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_model_and_tokenizer, save_tiny_model, tiny_config
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.training.strategies import PolicyFSDPStrategy
-from variants import OnPolicyDistillation
+from grpo_lightning.variants import OnPolicyDistillation
 
 STUDENT = torch.tensor([[[-1.0, -2.0, -0.5], [-0.2, -3.0, -1.0]]])  # [P=1, G=2, T=3]
 TEACHER = torch.tensor([[[-0.5, -2.5, -0.5], [-1.2, -1.0, -4.0]]])

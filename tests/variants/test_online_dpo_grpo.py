@@ -21,9 +21,9 @@ from grpo_lightning.algorithms import functional as F
 from grpo_lightning.cli.app import GRPOLightningCLI
 from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.errors import ConfigError
+from grpo_lightning.variants.online_dpo_grpo import pairs_of_roles
+from grpo_lightning.variants import GRPO, OnlineDPOGRPO
 from tests.helpers import perturb
-from variants import GRPO, OnlineDPOGRPO
-from variants.online_dpo_grpo import pairs_of_roles
 
 CONFIGS = config_dir()
 PROMPTS = ["12+34=", "5+6=", "77+8=", "9*9="]  # x group_size 4 = 16 rows

@@ -26,8 +26,8 @@ from grpo_lightning.checkpoints.export import read_checkpoint
 from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.models.value import compute_values, load_value_model
+from grpo_lightning.variants import PPO
 from tests.helpers import micro_batched_gradient
-from variants import PPO
 
 CONFIGS = config_dir()
 REPO_ROOT = Path(__file__).resolve().parents[2]

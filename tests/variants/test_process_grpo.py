@@ -12,7 +12,7 @@ import pytest
 from grpo_lightning.cli.app import GRPOLightningCLI
 from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.errors import ConfigError
-from variants import ProcessGRPO
+from grpo_lightning.variants import ProcessGRPO
 
 CONFIGS = config_dir()
 

@@ -8,6 +8,7 @@ import math
 import torch
 from torch.testing import assert_close
 
+from grpo_lightning.variants import ReinforcePlusPlus
 from tests.helpers import (
     LOSS,
     MASK,
@@ -18,7 +19,6 @@ from tests.helpers import (
     t,
     token_grad,
 )
-from variants import ReinforcePlusPlus
 
 
 # ------------------------------------------------------------------ construction and defaults

@@ -8,6 +8,7 @@ import math
 import torch
 from torch.testing import assert_close
 
+from grpo_lightning.variants import RLOO
 from tests.helpers import (
     LOSS,
     MASK,
@@ -17,7 +18,6 @@ from tests.helpers import (
     hand_rollout,
     t,
 )
-from variants import RLOO
 
 
 # ------------------------------------------------------------------ construction and defaults

@@ -10,6 +10,7 @@ import torch
 from torch.testing import assert_close
 
 from grpo_lightning.errors import ConfigError
+from grpo_lightning.variants import SAPO
 from tests.helpers import (
     LOSS,
     MASK,
@@ -20,7 +21,6 @@ from tests.helpers import (
     t,
     token_grad,
 )
-from variants import SAPO
 
 
 # ------------------------------------------------------------------ construction and defaults

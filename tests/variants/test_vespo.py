@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-import variants
+from grpo_lightning import variants
 from grpo_lightning.algorithms.surrogates import vespo_weight
 from grpo_lightning.errors import ConfigError
 

@@ -17,7 +17,7 @@ from grpo_lightning.models.logprobs import completion_logprobs
 from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.rollout.types import SamplingParams, completion_mask_from_ids
 from grpo_lightning.errors import ConfigError
-from variants import GRPO
+from grpo_lightning.variants import GRPO
 
 PROMPTS = ["12+3=", "7+45=", "1+1="]  # of different lengths: left padding
 BEAMS = SamplingParams(max_new_tokens=6, beam_search=True)

@@ -14,7 +14,7 @@ from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.rollout.generation import EngineTarget, FitLength, RolloutSampler, resolve_engine
 from grpo_lightning.rollout.generation.compile_record import CompiledShape, CompileRecord
 from grpo_lightning.rollout.types import SamplingParams
-from variants import GRPO
+from grpo_lightning.variants import GRPO
 
 SMOLLM2 = CompiledShape("llama", 30, 576, 9, 3, 64, 49152, "torch.bfloat16", "NVIDIA H200 sm90")
 KERNELS = {"fuse_projections": True, "decode_attention": "auto"}

@@ -10,7 +10,7 @@ import pytest
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.rollout.generation import EngineTarget, resolve_engine
 from grpo_lightning.errors import ConfigError
-from variants import GRPO
+from grpo_lightning.variants import GRPO
 
 CUDA_QWEN2 = EngineTarget(device_type="cuda", model_type="qwen2", attn_implementation="sdpa")
 CPU_QWEN2 = EngineTarget(device_type="cpu", model_type="qwen2", attn_implementation="sdpa")

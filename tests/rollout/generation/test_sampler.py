@@ -16,7 +16,7 @@ from grpo_lightning.rollout.types import SamplingParams
 from grpo_lightning.errors import ConfigError
 from lightning.pytorch import Callback
 from tests.helpers import make_trainer, module, small_data
-from variants import GRPO
+from grpo_lightning.variants import GRPO
 
 
 def test_sampling_keys_follow_the_prompt_not_its_place_in_the_batch():

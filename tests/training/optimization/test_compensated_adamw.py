@@ -12,7 +12,7 @@ import torch
 
 from grpo_lightning.training.optimization import compensated
 from grpo_lightning.training.optimization.compensated import CompensatedAdamW, adamw
-from variants import GRPO
+from grpo_lightning.variants import GRPO
 
 
 def run(optimizer_class, start, grads, **kwargs):

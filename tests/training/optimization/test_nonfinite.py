@@ -9,7 +9,7 @@ import torch
 
 from grpo_lightning.training.optimization.nonfinite import NonFiniteGuard, NonFiniteTrainingError
 from grpo_lightning.errors import ConfigError
-from variants import GRPO
+from grpo_lightning.variants import GRPO
 from tests.helpers import fit, make_module, merged
 
 BAD_STEP = 1  # global step (0-based) of the poisoned update

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from variants import GRPO
+from grpo_lightning.variants import GRPO
 from tests.helpers import fit, make_module, merged
 
 FLAT_STEP = 1  # global step (0-based) whose rewards are all equal
