@@ -159,7 +159,7 @@ class ParityProbe(Callback):
 def keeping_zero_gradients(variant: type) -> type:
     """``variant`` whose optimizer also steps on a gradient of exactly zero (as before the library dropped
     such steps): only a non-finite norm drops the gradient."""
-    from grpo_lightning.training.strategies import clip_policy_gradients
+    from grpo_lightning.runtime.strategies import clip_policy_gradients
 
     class KeepingZeroGradients(variant):
         def clip_and_log_gradient_norm(self, optimizer, prompts=()) -> None:

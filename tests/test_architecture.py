@@ -232,6 +232,70 @@ def test_no_module_is_an_alias_of_another():
     assert not found, "\n".join(found)
 
 
+WING_LAYERS = (
+    ("cli", "ablation", "report", "quickstart", "variants"),
+    ("training",),
+    ("evaluation", "checkpoints", "data"),
+    ("rollout", "agents", "rewards", "models"),
+    ("algorithms",),
+    ("runtime", "grpo_lightning", "bytecode", "closed_output", "errors", "import_pause", "process_end", "progress"),
+)
+"""The wings from the top down: a module may import its own layer's wings and those below, never one
+above. A wing is a folder of ``grpo_lightning/`` (or the ``variants`` package); a module at the
+package's root is a wing of its own (named for it), and the package's ``__init__`` is ``grpo_lightning``.
+The entry points and the presets sit on top; the floor is ``runtime`` and the root's small modules."""
+LAYER = {wing: depth for depth, wings in enumerate(WING_LAYERS) for wing in wings}
+ENTRY_POINTS = WING_LAYERS[0]
+"""The wings above ``training``: the only ones besides ``training`` that may import it."""
+MAX_UPWARD_IMPORTS = 3
+
+
+def wing(name: str) -> str:
+    """The wing of module ``name``: ``grpo_lightning.rollout.engine.cache`` -> ``rollout``,
+    ``grpo_lightning.errors`` -> ``errors``, ``variants.grpo`` -> ``variants``."""
+    parts = name.split(".")
+    return parts[0] if parts[0] == "variants" or len(parts) == 1 else parts[1]
+
+
+def wing_imports() -> dict[tuple[str, str], list[str]]:
+    """``(importing wing, imported wing)`` -> ``module -> module`` for every pair of modules of two
+    different wings where the first imports the second."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for name, targets in import_graph().items():
+        for target in sorted(targets):
+            if wing(name) != wing(target):
+                found.setdefault((wing(name), wing(target)), []).append(f"{name} -> {target}")
+    return found
+
+
+def wing_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for source, target in wing_imports():
+        graph.setdefault(source, set()).add(target)
+    return graph
+
+
+def upward_imports() -> list[str]:
+    """``module -> module`` for each import of a wing by a wing of a lower layer (an unknown wing counts as the floor)."""
+    floor = len(WING_LAYERS) - 1
+    return [
+        edge
+        for (source, target), edges in sorted(wing_imports().items())
+        if LAYER.get(target, floor) < LAYER.get(source, floor)
+        for edge in edges
+    ]
+
+
+def imports_of_training() -> list[str]:
+    """``module -> module`` for each import of ``grpo_lightning.training`` by a module of a wing other than it and the entry points."""
+    return [
+        edge
+        for (source, target), edges in sorted(wing_imports().items())
+        if target == "training" and source not in ENTRY_POINTS
+        for edge in edges
+    ]
+
+
 MAX_MODULES_PER_FOLDER = 13
 """Most modules (``__init__.py`` aside) in one folder of ``grpo_lightning/``: past that, a folder wants a sub-wing."""
 

@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 
 from grpo_lightning.rollout.engine.compilation import checkpoints_activations, layers_compiled, repeated_layers
 from grpo_lightning.algorithms.functional import left_padding_last, position_ids_from_mask
-from grpo_lightning.training.strategies import is_sharded
+from grpo_lightning.runtime.strategies import is_sharded
 
 #: fp32 elements converted at a time when ``chunk_rows`` is not given (256 MB).
 CHUNK_ELEMENTS = 2**26

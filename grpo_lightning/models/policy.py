@@ -2,7 +2,7 @@
 ``peft_config``: :mod:`grpo_lightning.models.lora`) and the frozen models that score its tokens: the
 reference model, a distillation teacher (:func:`load_frozen_model`).
 
-Under an FSDP strategy each model is sharded on its own (:func:`grpo_lightning.training.strategies.shard`),
+Under an FSDP strategy each model is sharded on its own (:func:`grpo_lightning.runtime.strategies.shard`),
 the reference model unless the strategy keeps it whole (``reference_weights="unsharded"``). With
 adapters no reference model is loaded: it is the policy with its adapters disabled.
 """
@@ -18,8 +18,8 @@ from torch import nn
 from grpo_lightning.rollout.generation import disable_dropout, load_causal_lm
 from grpo_lightning.models.lora import add_adapters
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.training.compute import matmul_parameters
-from grpo_lightning.training.strategies import shard
+from grpo_lightning.runtime.compute import matmul_parameters
+from grpo_lightning.runtime.strategies import shard
 
 
 def load_models(name: str, hparams: Mapping[str, Any], needs_reference: bool, strategy: Any = None
@@ -27,7 +27,7 @@ def load_models(name: str, hparams: Mapping[str, Any], needs_reference: bool, st
     """``(policy, reference model or None)`` of the checkpoint ``name`` with the module's ``policy``
     options as plain values, ``hparams`` (``dtype``, ``attn_implementation``, ``disable_dropout``,
     ``gradient_checkpointing``, ``peft_config``); the policy in training mode, its ``matmul_parameters``
-    (the whole model's N of :mod:`grpo_lightning.training.compute`) counted before sharding."""
+    (the whole model's N of :mod:`grpo_lightning.runtime.compute`) counted before sharding."""
     adapters = hparams.get("peft_config")
     if adapters and isinstance(strategy, FSDPStrategy):
         raise ConfigError(

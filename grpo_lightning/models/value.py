@@ -29,10 +29,10 @@ from transformers import PreTrainedModel
 from grpo_lightning.algorithms import functional
 from grpo_lightning.algorithms.gae import explained_variance
 from grpo_lightning.rollout.generation import disable_dropout, load_causal_lm
-from grpo_lightning.training.metrics import StepMetrics
+from grpo_lightning.runtime.metrics import StepMetrics
 from grpo_lightning.rollout.types import Rollout
-from grpo_lightning.training.optimization.compensated import adamw
-from grpo_lightning.training.strategies import clip_policy_gradients
+from grpo_lightning.runtime.optimization.compensated import adamw
+from grpo_lightning.runtime.strategies import clip_policy_gradients
 
 
 class ValueHead(nn.Linear):
@@ -51,7 +51,7 @@ class ValueModel(nn.Module):
     """``V(s_t)`` for each completion token: the backbone's last hidden state at the position before
     token ``t`` (the prompt and the completion's tokens before ``t``), through the scalar head.
 
-    Under FSDP (:func:`grpo_lightning.training.strategies.shard`) each decoder layer is a unit and so is the
+    Under FSDP (:func:`grpo_lightning.runtime.strategies.shard`) each decoder layer is a unit and so is the
     head (``_no_split_modules``): an fp32 head cannot share a flat parameter with bf16 weights."""
 
     def __init__(self, backbone: PreTrainedModel) -> None:

@@ -142,7 +142,8 @@ def test_environment_tokens_carry_no_gradient_and_count_in_no_denominator(episod
 
 
 def test_the_step_logs_episode_metrics(episodes):
-    from grpo_lightning.training.metrics import StepMetrics, record_rollout
+    from grpo_lightning.runtime.metrics import StepMetrics
+    from grpo_lightning.training.rollout_metrics import record_rollout
 
     module, rollout = episodes
     metrics = StepMetrics()
@@ -386,7 +387,8 @@ def scripted(model, tokens: list[int]):
 
 def test_a_turn_of_five_thousand_nested_brackets_is_a_counted_bad_call_and_the_episode_goes_on(tmp_path, one_torch_thread):
     from grpo_lightning.quickstart.tiny import save_tiny_model, tiny_config
-    from grpo_lightning.training.metrics import StepMetrics, record_rollout
+    from grpo_lightning.runtime.metrics import StepMetrics
+    from grpo_lightning.training.rollout_metrics import record_rollout
     from test_agent_environments import CHATML, byte_tokenizer
 
     tokenizer = byte_tokenizer(CHATML)
@@ -454,7 +456,8 @@ def failing_episodes(make_module, raise_in: str, max_error_fraction: float | Non
 def test_an_environment_that_raises_ends_that_episode_only_with_reward_zero_and_is_counted(
     raise_in, error, make_module, one_torch_thread
 ):
-    from grpo_lightning.training.metrics import StepMetrics, record_rollout
+    from grpo_lightning.runtime.metrics import StepMetrics
+    from grpo_lightning.training.rollout_metrics import record_rollout
 
     rollout = failing_episodes(make_module, raise_in, max_error_fraction=0.5)
     errors = rollout.columns["environment_error"]

@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokeni
 
 from grpo_lightning.models.lora import has_adapters, merged_model, merged_weights
 from grpo_lightning.models.sources import dense_copy, resolve_model_source
-from grpo_lightning.training.options import DTYPES
-from grpo_lightning.training.strategies import RolloutReplica, full_parameters, full_state_dict, is_sharded
+from grpo_lightning.runtime.dtypes import DTYPES
+from grpo_lightning.runtime.strategies import RolloutReplica, full_parameters, full_state_dict, is_sharded
 
 
 def disable_dropout(model: nn.Module) -> None:

@@ -1,4 +1,4 @@
-"""FLOP-proportional compute (grpo_lightning.training.compute): N counted by hand from the configuration,
+"""FLOP-proportional compute (grpo_lightning.runtime.compute): N counted by hand from the configuration,
 token passes from the rollout's own masks, and ``perf/flops`` of a real one-step fit."""
 
 import lightning as L
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from grpo_lightning.training.compute import ComputeMeter, matmul_parameters
+from grpo_lightning.runtime.compute import ComputeMeter, matmul_parameters
 from grpo_lightning.data import ArithmeticDataModule
 from variants import GRPO
 
