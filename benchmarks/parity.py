@@ -212,7 +212,7 @@ def trl_worker(job: dict[str, Any]) -> None:
 
     from grpo_lightning.models.sources import load_tokenizer
     from grpo_lightning.rewards import accuracy_reward
-    from grpo_lightning.rollout.generation import load_causal_lm
+    from grpo_lightning.models.policy import load_causal_lm
     from smollm2 import problems, trl_config
 
     settings = json.loads(Path(job["settings_file"]).read_text())
@@ -267,7 +267,7 @@ def choose_tasks(model: str | None, overrides: list[str], tiers: list[str], devi
 
 def save_start_model(model: str, directory: Path) -> str:
     """The start model's weights as a Hugging Face directory (the reference of ``weight_change_norm``)."""
-    from grpo_lightning.rollout.generation import load_causal_lm
+    from grpo_lightning.models.policy import load_causal_lm
 
     load_causal_lm(model, "float32", None).save_pretrained(str(directory))
     return str(directory)

@@ -113,7 +113,7 @@ def fine_tune_on_transcripts(settings: ChatWarmStartSettings) -> tuple[torch.nn.
     """``settings.base`` fitted to the transcripts (float32 weights, bf16 autocast on a GPU); the mean
     loss every 50 steps, and the device it ran on."""
     from grpo_lightning.models.sources import load_tokenizer
-    from grpo_lightning.rollout.generation.weights import load_causal_lm
+    from grpo_lightning.models.policy import load_causal_lm
 
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     tokenizer = load_tokenizer(settings.base, "model")

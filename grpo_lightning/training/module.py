@@ -55,12 +55,12 @@ from grpo_lightning.runtime.argument_types import check_argument_types
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.evaluation.validation import Evaluation
 from grpo_lightning.rollout.generation import EnginePlan, RolloutSampler, RolloutWeights, build_rollout
-from grpo_lightning.rollout.generation import announce_prompt_format, check_engine_options, disable_dropout, format_prompt
+from grpo_lightning.rollout.generation import announce_prompt_format, check_engine_options, format_prompt
 from grpo_lightning.models.sources import load_tokenizer
 from grpo_lightning.rollout.generation import announce_rollout_mode, save_policy
 from grpo_lightning.rollout.generation.compile_payback import run_length
 from grpo_lightning.models.lora import reference_model
-from grpo_lightning.models.policy import load_models
+from grpo_lightning.models.policy import disable_dropout, load_models
 from grpo_lightning.runtime.optimization.nonfinite import NonFiniteGuard
 from grpo_lightning.runtime.metrics import EVERY_STEP_METRICS, StepMetrics
 from grpo_lightning.training.rollout_metrics import record_rewards, record_rollout

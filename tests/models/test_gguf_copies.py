@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from grpo_lightning.models import sources as model_sources
-from grpo_lightning.rollout.generation import load_causal_lm
+from grpo_lightning.models.policy import load_causal_lm
 from grpo_lightning.models.sources import ModelSource, dense_copy, load_tokenizer
 
 gguf = pytest.importorskip("gguf")
