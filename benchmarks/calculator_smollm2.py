@@ -24,9 +24,9 @@ import yaml
 from calculator_learning import fit
 
 from grpo_lightning.agents import CalculatorEnvironment, EnvironmentOptions
-from grpo_lightning.agents.calculator_warmstart import call_probability
+from grpo_lightning.quickstart.calculator_warmstart import call_probability
 from grpo_lightning.agents.chat_tokens import ChatTokens
-from grpo_lightning.agents.chat_warmstart import json_call
+from grpo_lightning.quickstart.chat_warmstart import json_call
 from grpo_lightning.agents.multi_turn import sample_episodes
 from grpo_lightning.cli.resources import config_path
 from grpo_lightning.data.arithmetic import make_arithmetic_dataset

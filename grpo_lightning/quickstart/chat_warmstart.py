@@ -6,7 +6,7 @@ rewards were equal. This warm start fine-tunes such a model on episodes of
 :class:`~grpo_lightning.agents.CalculatorEnvironment` rendered through the model's chat template exactly
 as a rollout renders them (:class:`~grpo_lightning.agents.chat_tokens.ChatTokens`: the tools' schema,
 the JSON call ``<tool_call>{"name": "calculator", ...}</tool_call>``, the tool's reply, the number), and
-on the same problems answered at once. As for the tiny model (:mod:`~grpo_lightning.agents.calculator_warmstart`),
+on the same problems answered at once. As for the tiny model (:mod:`~grpo_lightning.quickstart.calculator_warmstart`),
 the call format and the copying of the tool's reply are learned from at least half of each batch,
 while the loss on a call's opening token is kept so that openings are calls ``call_fraction`` of
 the time: the model knows how to call, and reinforcement learning teaches it when to.
@@ -28,7 +28,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from grpo_lightning.agents.calculator import CalculatorEnvironment
-from grpo_lightning.agents.calculator_warmstart import episode_transcript, opening_controlled_batches
+from grpo_lightning.quickstart.calculator_warmstart import episode_transcript, opening_controlled_batches
 from grpo_lightning.agents.chat_tokens import ChatTokens
 from grpo_lightning.data.arithmetic import make_arithmetic_dataset
 from grpo_lightning.quickstart.cached_build import MARKER_FILE, build_once, default_cache_dir, environment, records_key
