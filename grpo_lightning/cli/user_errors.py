@@ -84,8 +84,8 @@ SETUP_FUNCTIONS = frozenset({"setup", "prepare_data", "load", "configure_model",
 USER_ERRORS = (ConfigError, RewardFunctionError, NonFiniteTrainingError, EnvironmentFailureError)
 
 #: Where moved modules went (``grpo_lightning.OLD`` -> ``grpo_lightning.NEW``): those of the flat package
-#: when it was given folders, then those that sat in a wing below their imports (the helpers every wing
-#: uses, from ``training``/``checkpoints`` into ``runtime``; the calculator's warm starts into ``quickstart``).
+#: when it was given folders, then those moved so that no wing imports one above it (the helpers every
+#: wing uses into ``runtime``, the calculator's warm starts into ``quickstart``, a run's scalars into ``ablation``).
 MOVED_MODULES = {
     "module": "training.module",
     "options": "training.options",
@@ -138,6 +138,7 @@ MOVED_MODULES = {
     "checkpoints.io": "runtime.checkpoint_io",
     "agents.calculator_warmstart": "quickstart.calculator_warmstart",
     "agents.chat_warmstart": "quickstart.chat_warmstart",
+    "report.runs": "ablation.runs",
 }
 
 
