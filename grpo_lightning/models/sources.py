@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lightning.errors import ConfigError
+from grpo_lightning.runtime.cache import cache_dir
 
 PACKAGE_PREFIX = "package:"
 WARM_START_PREFIX = "warmstart:"
@@ -49,8 +50,7 @@ WARM_STARTS_OF_A_MODEL = {
 }
 GGUF_SUFFIX = ".gguf"
 GGUF_EXTRA_HINT = "pip install 'grpo-lightning[gguf]' (or: pip install gguf accelerate)"
-#: The project's cache (``$GRPO_LIGHTNING_CACHE``, else ``~/.cache/grpo_lightning``) holds GGUF copies in this folder.
-CACHE_ENV_VAR = "GRPO_LIGHTNING_CACHE"
+#: The project's cache (:func:`~grpo_lightning.runtime.cache.cache_dir`) holds GGUF copies in this folder.
 GGUF_COPIES = "gguf"
 #: GGUF files up to this size get a dense copy (float32: about 7x a 4-bit file); larger ones are read each time.
 MAX_COPIED_GGUF_BYTES = 1 << 30
@@ -183,11 +183,6 @@ def _split(path: str) -> ModelSource:
 
 
 _EXAMPLE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_dir() -> Path:
-    """The project's cache: ``$GRPO_LIGHTNING_CACHE`` if set, else ``~/.cache/grpo_lightning``."""
-    return Path(os.environ.get(CACHE_ENV_VAR) or Path.home() / ".cache" / "grpo_lightning")
 
 
 def dense_copy(source: ModelSource) -> ModelSource:
