@@ -148,10 +148,10 @@ def trl_worker(settings: dict[str, Any], device: str, minutes: float, seed: int,
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
-    from grpo_lightning.rollout.generation import load_causal_lm
+    from grpo_lightning.models.policy import load_causal_lm
     from grpo_lightning.models.sources import load_tokenizer
     from grpo_lightning.rewards import accuracy_reward
-    from grpo_lightning.training.time_budget import process_start_time
+    from grpo_lightning.runtime.time_budget import process_start_time
     from smollm2 import problems, trl_config
 
     started = process_start_time()

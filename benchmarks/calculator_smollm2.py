@@ -24,14 +24,14 @@ import yaml
 from calculator_learning import fit
 
 from grpo_lightning.agents import CalculatorEnvironment, EnvironmentOptions
-from grpo_lightning.agents.calculator_warmstart import call_probability
+from grpo_lightning.quickstart.calculator_warmstart import call_probability
 from grpo_lightning.agents.chat_tokens import ChatTokens
-from grpo_lightning.agents.chat_warmstart import json_call
+from grpo_lightning.quickstart.chat_warmstart import json_call
 from grpo_lightning.agents.multi_turn import sample_episodes
 from grpo_lightning.cli.resources import config_path
 from grpo_lightning.data.arithmetic import make_arithmetic_dataset
 from grpo_lightning.models.sources import load_tokenizer, resolve_model_source
-from grpo_lightning.rollout.generation.weights import load_causal_lm
+from grpo_lightning.models.policy import load_causal_lm
 from grpo_lightning.rollout.types import SamplingParams
 
 RECIPE = config_path("recipes/calculator_smollm2.yaml")

@@ -22,8 +22,8 @@ from pathlib import Path
 
 
 def step_seconds(cell_dir: Path) -> list[float]:
-    """``perf/step_s`` of each optimizer step the cell logged, in order (the report's reader of event files)."""
-    from grpo_lightning.report.runs import read_scalars
+    """``perf/step_s`` of each optimizer step the cell logged, in order (the reader of event files that the report uses too)."""
+    from grpo_lightning.ablation.runs import read_scalars
 
     series = read_scalars(cell_dir).get("perf/step_s")
     return [] if series is None else series.values.tolist()

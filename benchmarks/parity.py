@@ -177,7 +177,7 @@ class ParityProbe(Callback):
 def keeping_zero_gradients(variant: type) -> type:
     """``variant`` whose optimizer also steps on a gradient of exactly zero (as before the library dropped
     such steps): only a non-finite norm drops the gradient."""
-    from grpo_lightning.training.strategies import clip_policy_gradients
+    from grpo_lightning.runtime.strategies import clip_policy_gradients
 
     class KeepingZeroGradients(variant):
         def clip_and_log_gradient_norm(self, optimizer, prompts=()) -> None:
@@ -232,7 +232,7 @@ def trl_worker(job: dict[str, Any]) -> None:
 
     from grpo_lightning.models.sources import load_tokenizer
     from grpo_lightning.rewards import accuracy_reward
-    from grpo_lightning.rollout.generation import load_causal_lm
+    from grpo_lightning.models.policy import load_causal_lm
     from parity_trl import resolve, trl_reward_functions
     from smollm2 import problems, trl_config
 
@@ -289,7 +289,7 @@ def choose_tasks(model: str | None, overrides: list[str], tiers: list[str], devi
 
 def save_start_model(model: str, directory: Path) -> str:
     """The start model's weights as a Hugging Face directory (the reference of ``weight_change_norm``)."""
-    from grpo_lightning.rollout.generation import load_causal_lm
+    from grpo_lightning.models.policy import load_causal_lm
 
     load_causal_lm(model, "float32", None).save_pretrained(str(directory))
     return str(directory)

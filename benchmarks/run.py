@@ -341,7 +341,7 @@ def gradient_stats(policy: torch.nn.Module, compute: bool) -> dict[str, dict[str
     with ``compute`` False get None."""
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    from grpo_lightning.training.strategies import _plain_name, is_sharded
+    from grpo_lightning.runtime.strategies import _plain_name, is_sharded
 
     gathered = contextlib.nullcontext()
     if is_sharded(policy):
@@ -591,7 +591,7 @@ def versions() -> dict[str, str]:
 def make_strategy(args: argparse.Namespace):
     """``fsdp`` is the project's own FSDP strategy (policy and reference sharded per decoder layer)."""
     if args.strategy == "fsdp":
-        from grpo_lightning.training.strategies import PolicyFSDPStrategy
+        from grpo_lightning.runtime.strategies import PolicyFSDPStrategy
 
         return PolicyFSDPStrategy(
             mixed_precision=None if args.mixed_precision == "none" else args.mixed_precision,

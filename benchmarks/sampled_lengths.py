@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     from grpo_lightning.rollout.engine.generator import StaticCacheGenerator
     from grpo_lightning.rollout.engine.group import fast_generate_group
     from grpo_lightning.rollout.engine.options import EngineOptions
-    from grpo_lightning.rollout.generation import format_prompt, load_causal_lm
+    from grpo_lightning.models.policy import load_causal_lm
+    from grpo_lightning.rollout.generation import format_prompt
     from grpo_lightning.rollout.generation.choice import EngineTarget, resolve_engine
     from grpo_lightning.rollout.generation.hf import generate_group
     from grpo_lightning.rollout.types import SamplingParams

@@ -59,7 +59,8 @@ def evaluate(model: str, tokenizer: str, settings: dict[str, Any], keep: int = 8
     import torch
 
     from grpo_lightning.models.sources import load_tokenizer
-    from grpo_lightning.rollout.generation import format_prompt, load_causal_lm
+    from grpo_lightning.models.policy import load_causal_lm
+    from grpo_lightning.rollout.generation import format_prompt
     from grpo_lightning.rewards import accuracy_reward
 
     validation = problems(settings)["validation"]
@@ -207,7 +208,7 @@ def trl_worker(seed: int, minutes: float, root: Path) -> None:
     from trl import GRPOTrainer
 
     from grpo_lightning.models.sources import load_tokenizer
-    from grpo_lightning.rollout.generation import load_causal_lm
+    from grpo_lightning.models.policy import load_causal_lm
     from grpo_lightning.rewards import accuracy_reward
 
     settings = recipe()

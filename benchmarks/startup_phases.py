@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     profile = cProfile.Profile() if ours.profile else None
     if profile is not None:
         profile.enable()
-    from grpo_lightning.training.time_budget import process_start_time  # imports Lightning: inside the profile
+    from grpo_lightning.runtime.time_budget import process_start_time  # imports Lightning: inside the profile
 
     start = process_start_time()
     marks: list[tuple[str, float]] = []
@@ -81,7 +81,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from lightning.pytorch.strategies import Strategy
 
     from grpo_lightning.cli import app as cli
-    from grpo_lightning.training import module, time_budget
+    from grpo_lightning.runtime import time_budget
+    from grpo_lightning.training import module
 
     mark("grpo_lightning.cli.app imported")
     depth: dict[str, int] = {}

@@ -32,9 +32,9 @@ _own_folder: str | None = None
 
 
 def cache_folder() -> str:
-    """Where the bytecode goes: ``pycache`` in the project's cache (:func:`~grpo_lightning.models.sources.cache_dir`,
+    """Where the bytecode goes: ``pycache`` in the project's cache (:func:`~grpo_lightning.runtime.cache.cache_dir`,
     whose module imports neither torch nor transformers)."""
-    from grpo_lightning.models.sources import cache_dir
+    from grpo_lightning.runtime.cache import cache_dir
 
     return str(cache_dir() / "pycache")
 

@@ -13,6 +13,8 @@ import lightning as L
 import pytest
 import torch
 import transformers
+from tokenizers import Tokenizer, decoders, pre_tokenizers
+from tokenizers.models import BPE
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from grpo_lightning.data import ArithmeticDataModule
@@ -54,6 +56,29 @@ def merged(settings: dict, overrides: dict) -> dict:
         both = isinstance(value, dict) and isinstance(out.get(name), dict)
         out[name] = {**out[name], **value} if both else value
     return out
+
+
+# ------------------------------------------------------------------ chat tokenizers (tests/agents/, tests/quickstart/)
+
+CHATML = (
+    "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CHATML_WITHOUT_TOOLS = CHATML.split("{% endif %}", 1)[1]
+
+
+def byte_tokenizer(template: str) -> transformers.PreTrainedTokenizerFast:
+    """A byte-level tokenizer (one token per byte) with ChatML's special tokens and ``template``."""
+    vocab = {symbol: index for index, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    backend = Tokenizer(BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<pad>", unk_token="<unk>", additional_special_tokens=["<|im_start|>"]
+    )
+    tokenizer.chat_template = template
+    return tokenizer
 
 
 # ------------------------------------------------------------------ hand-made values

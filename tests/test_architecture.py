@@ -232,23 +232,105 @@ def test_functional_imports_only_torch_and_the_standard_library(module):
     assert roots <= FUNCTIONAL_MAY_IMPORT, sorted(roots - FUNCTIONAL_MAY_IMPORT)
 
 
-def test_sampling_and_the_parts_never_import_the_training_step():
-    """The rollout wing and the algorithms' parts run without the LightningModule: they may use the
-    training wing's helpers (strategies, settings), never its module or its update loop."""
-    found = [
-        f"{MODULES[name].relative_to(ROOT)}:{line}: imports {target}"
-        for name in MODULES
-        if name.startswith(("grpo_lightning.rollout", "grpo_lightning.algorithms", "grpo_lightning.agents"))
-        for target, line, _ in imports(name)
-        if target in ("grpo_lightning.training.module", "grpo_lightning.training.update")
-    ]
-    assert not found, "\n".join(found)
-
-
 def test_no_module_is_an_alias_of_another():
     """A module that replaces itself in ``sys.modules`` is a second name for one thing: import the real one."""
     found = [str(path.relative_to(ROOT)) for path in MODULES.values() if "sys.modules[__name__]" in path.read_text()]
     assert not found, "\n".join(found)
+
+
+WING_LAYERS = (
+    ("cli", "ablation", "report", "quickstart", "variants"),
+    ("training",),
+    ("evaluation", "checkpoints"),
+    ("rollout", "agents", "rewards", "models", "data"),
+    ("algorithms",),
+    ("runtime", "grpo_lightning", "bytecode", "closed_output", "errors", "import_pause", "process_end", "progress"),
+)
+"""The wings from the top down: a module may import its own layer's wings and those below, never one
+above. A wing is a folder of ``grpo_lightning/`` (or the ``variants`` package); a module at the
+package's root is a wing of its own (named for it), and the package's ``__init__`` is ``grpo_lightning``.
+The entry points and the presets sit on top; the floor is ``runtime`` and the root's small modules."""
+LAYER = {wing: depth for depth, wings in enumerate(WING_LAYERS) for wing in wings}
+ENTRY_POINTS = WING_LAYERS[0]
+"""The wings above ``training``: the only ones besides ``training`` that may import it."""
+MAX_UPWARD_IMPORTS = 3
+
+
+def wing(name: str) -> str:
+    """The wing of module ``name``: ``grpo_lightning.rollout.engine.cache`` -> ``rollout``,
+    ``grpo_lightning.errors`` -> ``errors``, ``variants.grpo`` -> ``variants``."""
+    parts = name.split(".")
+    return parts[0] if parts[0] == "variants" or len(parts) == 1 else parts[1]
+
+
+def wing_imports() -> dict[tuple[str, str], list[str]]:
+    """``(importing wing, imported wing)`` -> ``module -> module`` for every pair of modules of two
+    different wings where the first imports the second."""
+    found: dict[tuple[str, str], list[str]] = {}
+    for name, targets in import_graph().items():
+        for target in sorted(targets):
+            if wing(name) != wing(target):
+                found.setdefault((wing(name), wing(target)), []).append(f"{name} -> {target}")
+    return found
+
+
+def wing_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for source, target in wing_imports():
+        graph.setdefault(source, set()).add(target)
+    return graph
+
+
+def upward_imports() -> list[str]:
+    """``module -> module`` for each import of a wing by a wing of a lower layer (an unknown wing counts as the floor)."""
+    floor = len(WING_LAYERS) - 1
+    return [
+        edge
+        for (source, target), edges in sorted(wing_imports().items())
+        if LAYER.get(target, floor) < LAYER.get(source, floor)
+        for edge in edges
+    ]
+
+
+def imports_of_training() -> list[str]:
+    """``module -> module`` for each import of ``grpo_lightning.training`` by a module of a wing other than it and the entry points."""
+    return [
+        edge
+        for (source, target), edges in sorted(wing_imports().items())
+        if target == "training" and source not in ENTRY_POINTS
+        for edge in edges
+    ]
+
+
+def test_the_wings_are_named_for_their_folders():
+    assert wing("grpo_lightning.rollout.engine.cache") == "rollout"
+    assert wing("grpo_lightning.runtime") == "runtime"
+    assert (wing("grpo_lightning.errors"), wing("grpo_lightning"), wing("variants.grpo")) == ("errors", "grpo_lightning", "variants")
+
+
+def test_every_wing_has_a_layer():
+    """A new folder is placed in ``WING_LAYERS`` (above what it imports), so the checks below see it."""
+    assert not {wing(name) for name in MODULES} - set(LAYER), sorted({wing(name) for name in MODULES} - set(LAYER))
+
+
+def test_only_the_entry_points_and_the_presets_import_the_training_wing():
+    """The wings under ``training`` run without the LightningModule and its update loop: what they
+    share with it (strategies, dtypes, argument types, budgets, metrics) is ``runtime``'s."""
+    found = imports_of_training()
+    assert not found, "imports of grpo_lightning.training from below it:\n" + "\n".join(found)
+
+
+def test_almost_no_wing_imports_one_above_it():
+    found = upward_imports()
+    assert len(found) <= MAX_UPWARD_IMPORTS, f"{len(found)} upward imports (at most {MAX_UPWARD_IMPORTS}):\n" + "\n".join(found)
+
+
+def test_no_import_cycle_between_wings():
+    """Not two wings that import each other, directly or through others (each module-level cycle is one too)."""
+    found = cycles(wing_graph())
+    assert not found, "cycles between wings:\n" + "\n".join(
+        " -> ".join(cycle) + "\n  " + "\n  ".join(wing_imports()[(a, b)][0] for a, b in zip(cycle, cycle[1:])) for cycle in found
+    )
 
 
 MAX_MODULES_PER_FOLDER = 13

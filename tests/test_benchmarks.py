@@ -237,7 +237,7 @@ def _launcher_free_env() -> dict[str, str]:
 def test_fsdp_scaling_check_fp32_compares_completions_and_first_step_gradients(tmp_path):
     """``--check-fp32`` on two CPU processes: single, fsdp-1 and fsdp-2 sample the same completions
     and compute the same first-step gradients. (The scaling mode runs the same three processes; its
-    summary is checked above, and two FSDP processes' training in tests/training/test_strategies.py.)"""
+    summary is checked above, and two FSDP processes' training in tests/runtime/test_strategies.py.)"""
     command = [sys.executable, "benchmarks/fsdp_scaling.py", "--workload", "W0", "--devices", "2", "--check-fp32",
                "--fp32-shape", "--steps 2", "--micro-batch-size", "4", "--out-dir", str(tmp_path),
                "--extra", *TINY_W0, "--accelerator", "cpu"]  # fmt: skip

@@ -35,12 +35,12 @@ from grpo_lightning.algorithms import functional
 from grpo_lightning.algorithms import gae
 from grpo_lightning.algorithms.kl import KL_PLACEMENTS
 from grpo_lightning.models import value as critic
-from grpo_lightning.training.metrics import PhaseTimer
+from grpo_lightning.runtime.metrics import PhaseTimer
 from grpo_lightning.training.module import GroupPolicyOptimization
 from grpo_lightning.training.options import KLOptions
 from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.errors import ConfigError, require
-from grpo_lightning.training.strategies import is_sharded, shard
+from grpo_lightning.runtime.strategies import is_sharded, shard
 
 
 class PPO(GroupPolicyOptimization):

@@ -1,8 +1,8 @@
 """Ablation sweeps: many ``grpo-lightning fit`` runs over variants, seeds and settings.
 
 ``run`` (the ``grpo-lightning-ablate`` entry point and the spec's documentation), ``spec``,
-``labels``, ``launch`` (the cells as the jobs of a Hydra launcher), ``sweep``, ``provenance``
-and ``metrics``.
+``labels``, ``launch`` (the cells as the jobs of a Hydra launcher), ``sweep``, ``provenance``,
+``metrics`` and ``runs`` (a run's TensorBoard scalars, which the report reads too).
 """
 
 from grpo_lightning.ablation.run import main, sweep_from_config

@@ -9,7 +9,7 @@ from typing import Any
 
 def summarize_cell(cell_dir: Path, wall_time_s: float | None = None) -> dict[str, Any]:
     """``metrics.json`` of a finished cell: the last value of every scalar and a few totals."""
-    from grpo_lightning.report import load_run
+    from grpo_lightning.ablation.runs import load_run
 
     run = load_run(cell_dir)
     final = {tag: series.values[-1] for tag, series in sorted(run.scalars.items()) if len(series.values)}

@@ -6,19 +6,21 @@ the parts a variant resolves its options to (:func:`resolve_parts`), each looked
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
 from grpo_lightning.algorithms import functional as F
-from grpo_lightning.training import metrics
 from grpo_lightning.algorithms.advantages import ADVANTAGES, TOKEN_STATISTICS_ADVANTAGES, TokenStatistics
 from grpo_lightning.algorithms.aggregations import AGGREGATIONS
 from grpo_lightning.algorithms.kl import KL_PLACEMENTS
 from grpo_lightning.algorithms.masks import off_policy_sequence_mask
 from grpo_lightning.algorithms.surrogates import SURROGATES, Surrogate
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.rollout.types import MicroBatch, Rollout
+from grpo_lightning.runtime.metrics import StepMetrics
+
+if TYPE_CHECKING:  # the step's types, passed through: the parts sit below the rollout wing
+    from grpo_lightning.rollout.types import MicroBatch, Rollout
 
 
 class AlgorithmHooks:
@@ -76,7 +78,7 @@ class AlgorithmHooks:
         (its rows and ``derived`` tensors), ``None`` on tensors alone."""
         surrogate = SURROGATES[self.surrogate_name]
         loss, shares = surrogate.loss(logp, old_logp, advantages, mask, **self.surrogate_settings(surrogate))
-        metrics.record_token_shares(self.step_metrics, shares, mask)
+        record_token_shares(self.step_metrics, shares, mask)
         threshold = self.loss_options.off_policy_mask_threshold
         if threshold is not None:
             kept = off_policy_sequence_mask(logp, old_logp, advantages, mask, threshold)
@@ -164,6 +166,14 @@ def token_statistics(rollout: Rollout | None, groups: tuple[int, ...]) -> TokenS
                          "token_logp and sum_pi_squared (the training step's compute_token_statistics).")
     shaped = (rollout.derived["token_logp"], rollout.derived["sum_pi_squared"], rollout.completion_mask)
     return TokenStatistics(*(tensor.view(*groups, -1) for tensor in shaped))
+
+
+def record_token_shares(metrics: StepMetrics, shares: dict[str, Tensor], mask: Tensor) -> None:
+    """Each ``name -> [N, T]`` of ``shares`` (flags or values, e.g. a surrogate's ``clip_ratio/*``)
+    as its mean over the tokens of ``mask``, weighted by their count."""
+    tokens = mask.sum()
+    for name, values in shares.items():
+        metrics.update(name, F.masked_mean(values.detach().float(), mask), tokens)
 
 
 def inapplicable_with(variant: type, surrogate: str | None) -> dict[str, str]:

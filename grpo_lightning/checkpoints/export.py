@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from grpo_lightning.checkpoints.io import load_checkpoint_file
-from grpo_lightning.rollout.generation import load_causal_lm
+from grpo_lightning.runtime.checkpoint_io import load_checkpoint_file
+from grpo_lightning.models.policy import load_causal_lm
 from grpo_lightning.models.lora import add_adapters, merged_model, trainable_keys
 from grpo_lightning.models.sources import load_tokenizer
 

@@ -14,7 +14,7 @@ Trainer, add it to ``callbacks``) writes ``last.ckpt`` through each ``ModelCheck
   without a checkpoint (Lightning's ``KeyboardInterrupt`` handling).
 
 Files are written through the trainer's ``CheckpointIO`` (atomic under
-:class:`~grpo_lightning.checkpoints.io.AtomicCheckpointIO`). A fit stopped by a signal exits with status
+:class:`~grpo_lightning.runtime.checkpoint_io.AtomicCheckpointIO`). A fit stopped by a signal exits with status
 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), not 0: it did not reach its end.
 """
 

@@ -41,7 +41,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 
 from grpo_lightning.training.callbacks import FitSummary, ValidateBeforeTraining
-from grpo_lightning.checkpoints.io import check_checkpoint, load_errors_named
+from grpo_lightning.runtime.checkpoint_io import check_checkpoint, load_errors_named
 from grpo_lightning.evaluation.completions import CompletionLog
 from grpo_lightning.data import PromptDataModule
 from grpo_lightning.evaluation.diagnostics import HealthChecks
@@ -57,7 +57,7 @@ from grpo_lightning.cli import notices as third_party_notices
 from grpo_lightning.cli import parsing as cli_parsing
 from grpo_lightning.cli import preflight
 from grpo_lightning.cli import variants as cli_variants
-from grpo_lightning.training.time_budget import TimeBudget
+from grpo_lightning.runtime.time_budget import TimeBudget
 
 CONFIG_HELP = (
     "Path to a configuration file in json or yaml format, or the name of a shipped config when no such "
@@ -69,8 +69,8 @@ CONFIG_HELP = (
 #: Subcommands that evaluate, and the module settings they take from the command line over a checkpoint's.
 EVALUATION_SUBCOMMANDS = ("validate", "test", "generate")
 EVALUATION_SETTINGS = ("evaluation",)
-#: The default ``--trainer.plugins``: :class:`~grpo_lightning.checkpoints.io.AtomicCheckpointIO`.
-ATOMIC_CHECKPOINT_IO = "grpo_lightning.checkpoints.io.AtomicCheckpointIO"
+#: The default ``--trainer.plugins``: :class:`~grpo_lightning.runtime.checkpoint_io.AtomicCheckpointIO`.
+ATOMIC_CHECKPOINT_IO = "grpo_lightning.runtime.checkpoint_io.AtomicCheckpointIO"
 
 
 class GRPOLightningCLI(LightningCLI):

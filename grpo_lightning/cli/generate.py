@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from grpo_lightning.checkpoints.io import load_checkpoint_file
+from grpo_lightning.runtime.checkpoint_io import load_checkpoint_file
 from grpo_lightning.errors import ConfigError
 
 #: Arguments that ``fit`` requires and ``generate`` does not: the checkpoint can give the model, and

@@ -21,7 +21,8 @@ from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS, KL_PLACEMENTS, S
 from grpo_lightning.algorithms import functional
 from grpo_lightning.algorithms.rollout_correction import CORRECTIONS, OLD_LOGPROBS
 from grpo_lightning.rollout.types import ROLLOUT_MODES
-from grpo_lightning.training.options import DTYPES, REWARD_AGGREGATIONS
+from grpo_lightning.runtime.dtypes import DTYPES
+from grpo_lightning.training.options import REWARD_AGGREGATIONS
 
 #: The module's options (below ``--model.``) that take one of a set of names, and where those names live.
 OPTION_CHOICES: dict[str, Callable[[], Iterable[str]]] = {

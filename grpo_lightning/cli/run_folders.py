@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo_lightning.checkpoints.io import newest_last_checkpoint
+from grpo_lightning.runtime.checkpoint_io import newest_last_checkpoint
 from grpo_lightning.errors import ConfigError
 
 

@@ -17,7 +17,7 @@ from grpo_lightning import variants
 from grpo_lightning.agents.environment import EnvironmentFailureError
 from grpo_lightning.cli.trl_names import trl_hint
 from grpo_lightning.rewards.scoring import RewardFunctionError
-from grpo_lightning.training.optimization.nonfinite import NonFiniteTrainingError
+from grpo_lightning.runtime.optimization.nonfinite import NonFiniteTrainingError
 from grpo_lightning.training.options import GROUPS
 from grpo_lightning.training.settings import field_names
 from grpo_lightning.errors import ConfigError
@@ -81,21 +81,23 @@ SETUP_FUNCTIONS = frozenset({"setup", "prepare_data", "load", "configure_model",
 #: Always a user's error, wherever raised.
 USER_ERRORS = (ConfigError, RewardFunctionError, NonFiniteTrainingError, EnvironmentFailureError)
 
-#: Where the modules of the flat package went when it was given folders (``grpo_lightning.OLD`` -> ``grpo_lightning.NEW``).
+#: Where moved modules went (``grpo_lightning.OLD`` -> ``grpo_lightning.NEW``): those of the flat package
+#: when it was given folders, then those moved so that no wing imports one above it (the helpers every
+#: wing uses into ``runtime``, the calculator's warm starts into ``quickstart``, a run's scalars into ``ablation``).
 MOVED_MODULES = {
     "module": "training.module",
     "options": "training.options",
     "settings": "training.settings",
-    "argument_types": "training.argument_types",
+    "argument_types": "runtime.argument_types",
     "schedules": "training.schedules",
     "step_schedule": "training.step_schedule",
-    "time_budget": "training.time_budget",
-    "nonfinite": "training.optimization.nonfinite",
+    "time_budget": "runtime.time_budget",
+    "nonfinite": "runtime.optimization.nonfinite",
     "callbacks": "training.callbacks",
-    "metrics": "training.metrics",
-    "compute": "training.compute",
-    "strategies": "training.strategies",
-    "checkpoint_io": "checkpoints.io",
+    "metrics": "runtime.metrics",
+    "compute": "runtime.compute",
+    "strategies": "runtime.strategies",
+    "checkpoint_io": "runtime.checkpoint_io",
     "final_checkpoint": "checkpoints.final",
     "resume": "checkpoints.resume",
     "export": "checkpoints.export",
@@ -125,23 +127,36 @@ MOVED_MODULES = {
     "run_folders": "cli.run_folders",
     "resources": "cli.resources",
     "third_party_notices": "cli.notices",
+    "training.argument_types": "runtime.argument_types",
+    "training.time_budget": "runtime.time_budget",
+    "training.optimization": "runtime.optimization",
+    "training.metrics": "runtime.metrics",
+    "training.compute": "runtime.compute",
+    "training.strategies": "runtime.strategies",
+    "checkpoints.io": "runtime.checkpoint_io",
+    "agents.calculator_warmstart": "quickstart.calculator_warmstart",
+    "agents.chat_warmstart": "quickstart.chat_warmstart",
+    "report.runs": "ablation.runs",
 }
 
 
 def moved_class_path(path: str) -> str | None:
-    """``path`` (``grpo_lightning.OLD.Name``, or a preset's former ``variants.Name``) with its module where
-    it lives now, or ``None`` if it did not move or ``Name`` is not there either (a misspelt name gets no
-    suggestion that fails too)."""
+    """``path`` (``grpo_lightning.OLD.Name``, ``OLD`` a key of :data:`MOVED_MODULES`, the longest that
+    matches, or a preset's former ``variants.Name``) with its module where it lives now, or ``None`` if it
+    did not move or ``Name`` is not there either (a misspelt name gets no suggestion that fails too)."""
     if preset := variants.moved_class_path(path):
         return preset
     package, _, rest = path.partition(".")
-    module, _, name = rest.partition(".")
-    if package != "grpo_lightning" or module not in MOVED_MODULES:
+    if package != "grpo_lightning":
         return None
-    if name and _is_module(f"grpo_lightning.{module}") and _is_module(f"grpo_lightning.{module}.{name.split('.')[0]}"):
+    module = max((old for old in MOVED_MODULES if rest == old or rest.startswith(f"{old}.")), key=len, default=None)
+    if module is None:
+        return None
+    name = rest[len(module) + 1 :]
+    first = name.split(".")[0]
+    if name and _is_module(f"grpo_lightning.{module}") and _is_module(f"grpo_lightning.{module}.{first}"):
         return None  # a path into the package of that name now (grpo_lightning.models.lora...), not an old one
     new_module = f"grpo_lightning.{MOVED_MODULES[module]}"
-    first = name.split(".")[0]
     if name and not (_is_module(f"{new_module}.{first}") or hasattr(importlib.import_module(new_module), first)):
         return None
     return ".".join([new_module, *([name] if name else [])])

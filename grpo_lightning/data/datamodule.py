@@ -12,7 +12,7 @@ from lightning import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
-from grpo_lightning.training.argument_types import check_argument_types
+from grpo_lightning.runtime.argument_types import check_argument_types
 from grpo_lightning.data.arithmetic import TERSE_TEMPLATE, check_arithmetic_arguments, make_arithmetic_dataset
 from grpo_lightning.data.checks import check_prompts
 from grpo_lightning.data.files import FILE_BUILDERS, load_file, looks_local, split_files

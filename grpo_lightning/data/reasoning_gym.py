@@ -20,7 +20,7 @@ from grpo_lightning.rewards.reasoning_gym import (
     reasoning_gym_correct,
     reasoning_gym_reward,
 )
-from grpo_lightning.training.argument_types import check_argument_types
+from grpo_lightning.runtime.argument_types import check_argument_types
 
 #: reasoning-gym seeds problem ``i`` from ``seed + i``: validation starts this far from training's seed.
 VALIDATION_SEED_OFFSET = 2**31

@@ -38,7 +38,7 @@ from grpo_lightning.evaluation.health_checks import (
 )
 from grpo_lightning.evaluation.loggers import log_dir
 from grpo_lightning.rewards.scoring import RewardFunctionError
-from grpo_lightning.training.metrics import keep_as_logged
+from grpo_lightning.runtime.metrics import keep_as_logged
 from grpo_lightning.errors import require
 
 HEALTH_FILE = "health.json"

@@ -19,9 +19,9 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
-from grpo_lightning.rollout.engine.compilation import checkpoints_activations, layers_compiled, repeated_layers
+from grpo_lightning.models.compiled_layers import checkpoints_activations, layers_compiled, repeated_layers
 from grpo_lightning.algorithms.functional import left_padding_last, position_ids_from_mask
-from grpo_lightning.training.strategies import is_sharded
+from grpo_lightning.runtime.strategies import is_sharded
 
 #: fp32 elements converted at a time when ``chunk_rows`` is not given (256 MB).
 CHUNK_ELEMENTS = 2**26
@@ -287,7 +287,7 @@ class _ModelForwards:
     (dozens of element-wise kernels per layer in eager mode) in the forward and the backward pass,
     and saves fewer intermediate tensors for the backward. Compilation is regional: one decoder
     layer is compiled and its code runs every layer, of the policy and of the reference model alike
-    (:func:`~grpo_lightning.rollout.engine.compilation.layers_compiled`), so compile time does not grow with
+    (:func:`~grpo_lightning.models.compiled_layers.layers_compiled`), so compile time does not grow with
     depth; a model without repeated layers is compiled whole. Sharded models run eagerly. A compiler
     failure in the forward pass is warned about once and the model runs eagerly from then on."""
 

@@ -1,8 +1,8 @@
-"""The models a run trains and compares against: the policy (with LoRA adapters under
+"""The models a run trains and compares against, each loaded by name (:func:`load_causal_lm`): the policy (with LoRA adapters under
 ``peft_config``: :mod:`grpo_lightning.models.lora`) and the frozen models that score its tokens: the
 reference model, a distillation teacher (:func:`load_frozen_model`).
 
-Under an FSDP strategy each model is sharded on its own (:func:`grpo_lightning.training.strategies.shard`),
+Under an FSDP strategy each model is sharded on its own (:func:`grpo_lightning.runtime.strategies.shard`),
 the reference model unless the strategy keeps it whole (``reference_weights="unsharded"``). With
 adapters no reference model is loaded: it is the policy with its adapters disabled.
 """
@@ -15,11 +15,36 @@ from typing import Any
 from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 
-from grpo_lightning.rollout.generation import disable_dropout, load_causal_lm
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
 from grpo_lightning.models.lora import add_adapters
+from grpo_lightning.models.sources import dense_copy, resolve_model_source
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.training.compute import matmul_parameters
-from grpo_lightning.training.strategies import shard
+from grpo_lightning.runtime.dtypes import DTYPES
+from grpo_lightning.runtime.compute import matmul_parameters
+from grpo_lightning.runtime.strategies import shard
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Zero every dropout probability of ``model``: the log-probs of the update are then those of
+    the distribution the rollout sampled from."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+
+
+def load_causal_lm(name: str, dtype: str, attn_implementation: str | None) -> PreTrainedModel:
+    """``AutoModelForCausalLM.from_pretrained`` of the checkpoint ``name`` names (a hub id, a
+    directory or a GGUF file, read through its :func:`~grpo_lightning.models.sources.dense_copy`) in
+    ``dtype`` (``"auto"`` or a name of ``DTYPES``)."""
+    source = dense_copy(resolve_model_source(name))
+    kwargs: dict[str, Any] = source.from_pretrained_kwargs(dense=True)
+    kwargs["dtype"] = dtype if dtype == "auto" else DTYPES[dtype]
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    return AutoModelForCausalLM.from_pretrained(source.location, **kwargs)
 
 
 def load_models(name: str, hparams: Mapping[str, Any], needs_reference: bool, strategy: Any = None
@@ -27,7 +52,7 @@ def load_models(name: str, hparams: Mapping[str, Any], needs_reference: bool, st
     """``(policy, reference model or None)`` of the checkpoint ``name`` with the module's ``policy``
     options as plain values, ``hparams`` (``dtype``, ``attn_implementation``, ``disable_dropout``,
     ``gradient_checkpointing``, ``peft_config``); the policy in training mode, its ``matmul_parameters``
-    (the whole model's N of :mod:`grpo_lightning.training.compute`) counted before sharding."""
+    (the whole model's N of :mod:`grpo_lightning.runtime.compute`) counted before sharding."""
     adapters = hparams.get("peft_config")
     if adapters and isinstance(strategy, FSDPStrategy):
         raise ConfigError(

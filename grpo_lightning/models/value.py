@@ -4,7 +4,7 @@ The value model is the causal LM's own backbone (its decoder without the LM head
 head ``Linear(hidden, 1)`` initialised to zero, rather than ``AutoModelForTokenClassification``
 with ``num_labels=1``:
 
-* It loads through :func:`grpo_lightning.rollout.generation.load_causal_lm`, so whatever ``model`` names
+* It loads through :func:`grpo_lightning.models.policy.load_causal_lm`, so whatever ``model`` names
   (a hub id, a directory, a GGUF file: :mod:`grpo_lightning.models.sources`) gives the critic too;
   transformers has token-classification classes for about half its causal-LM architectures (none
   for OLMo 2, Gemma 3, Granite or Cohere, say).
@@ -20,7 +20,7 @@ minibatch: what GRPO saves by dropping it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -28,11 +28,13 @@ from transformers import PreTrainedModel
 
 from grpo_lightning.algorithms import functional
 from grpo_lightning.algorithms.gae import explained_variance
-from grpo_lightning.rollout.generation import disable_dropout, load_causal_lm
-from grpo_lightning.training.metrics import StepMetrics
-from grpo_lightning.rollout.types import Rollout
-from grpo_lightning.training.optimization.compensated import adamw
-from grpo_lightning.training.strategies import clip_policy_gradients
+from grpo_lightning.models.policy import disable_dropout, load_causal_lm
+from grpo_lightning.runtime.metrics import StepMetrics
+from grpo_lightning.runtime.optimization.compensated import adamw
+from grpo_lightning.runtime.strategies import clip_policy_gradients
+
+if TYPE_CHECKING:  # the rollout wing samples with the models: this one names its type only
+    from grpo_lightning.rollout.types import Rollout
 
 
 class ValueHead(nn.Linear):
@@ -51,7 +53,7 @@ class ValueModel(nn.Module):
     """``V(s_t)`` for each completion token: the backbone's last hidden state at the position before
     token ``t`` (the prompt and the completion's tokens before ``t``), through the scalar head.
 
-    Under FSDP (:func:`grpo_lightning.training.strategies.shard`) each decoder layer is a unit and so is the
+    Under FSDP (:func:`grpo_lightning.runtime.strategies.shard`) each decoder layer is a unit and so is the
     head (``_no_split_modules``): an fp32 head cannot share a flat parameter with bf16 weights."""
 
     def __init__(self, backbone: PreTrainedModel) -> None:
@@ -92,7 +94,7 @@ def load_value_model(
     gradient_checkpointing: bool = False,
 ) -> ValueModel:
     """The value model of the checkpoint ``name`` names, its backbone in ``dtype`` (as the policy's:
-    :func:`~grpo_lightning.rollout.generation.load_causal_lm`), in training mode."""
+    :func:`~grpo_lightning.models.policy.load_causal_lm`), in training mode."""
     backbone = load_causal_lm(name, dtype, attn_implementation).base_model  # the LM head is let go
     if no_dropout:
         disable_dropout(backbone)

@@ -24,7 +24,7 @@ from pathlib import Path
 from grpo_lightning import bytecode, closed_output
 from grpo_lightning.cli.resources import config_path
 from grpo_lightning.import_pause import import_module
-from grpo_lightning.models.sources import cache_dir
+from grpo_lightning.runtime.cache import cache_dir
 from grpo_lightning.progress import say
 
 #: Completions per validation problem behind the quickstart's pass@k line (sampled at T = 1).

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import transformers
 
-from grpo_lightning.models.sources import cache_dir
+from grpo_lightning.runtime.cache import cache_dir
 from grpo_lightning.progress import say
 from grpo_lightning.quickstart.build_lock import build_lock
 

@@ -22,7 +22,7 @@ missing (``arms.SeedCount``: diverged, not logged, unfinished); a seed run twice
 refused (``cells.refuse_duplicate_cells``), and no comparison below ``MIN_PAIRED_SEEDS`` pairs gets
 a verdict.
 
-Modules: ``runs`` (a run's TensorBoard scalars), ``cells`` (a sweep's cell folders and configs),
+Modules: ``cells`` (a sweep's cell folders and configs; each run's TensorBoard scalars: :mod:`grpo_lightning.ablation.runs`),
 ``data`` (the ``data/`` folder and ``REGENERATE``), ``outcomes`` (each run's per-prompt outcomes of
 its final validation, for statistics paired by prompt), ``labels`` (each arm's class against its name),
 ``statistics``, ``paired`` (seeds x prompts, the seeds' robust summaries and the check for a collapsed
@@ -42,7 +42,6 @@ from grpo_lightning.report.cells import CellInfo, arm_configs, discover_cells, f
 from grpo_lightning.report.cli import main
 from grpo_lightning.report.render.document import Doc
 from grpo_lightning.report.render.plots import aligned_curve, plot_curves
-from grpo_lightning.report.runs import Run, Series, event_directory, load_run, read_scalars
 from grpo_lightning.report.sections.comparisons import Effect, baseline_effects
 from grpo_lightning.report.sections.summary import summary_paragraph
 from grpo_lightning.report.statistics import (
@@ -61,23 +60,18 @@ __all__ = [
     "CellInfo",
     "Doc",
     "Effect",
-    "Run",
-    "Series",
     "aligned_curve",
     "arm_configs",
     "baseline_effects",
     "build_report",
     "discover_cells",
-    "event_directory",
     "final_value",
     "flatten_config",
     "holm",
-    "load_run",
     "main",
     "minimum_detectable_effect",
     "paired_test",
     "plot_curves",
-    "read_scalars",
     "seed_interval",
     "standardised_effect",
     "summary_paragraph",

@@ -13,7 +13,7 @@ from grpo_lightning.evaluation.outcomes import PromptOutcomes
 from grpo_lightning.report.cells import CellInfo
 from grpo_lightning.report.learning import BUDGET_AXES, REACH_AXES, budget_reason, curve_value, is_curve_key, split_key
 from grpo_lightning.report.metrics import metric_bounds
-from grpo_lightning.report.runs import Run
+from grpo_lightning.ablation.runs import Run
 from grpo_lightning.report.statistics import seed_interval
 
 

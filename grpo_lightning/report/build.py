@@ -35,7 +35,7 @@ from grpo_lightning.report.sections.provenance import (
     wall_clock_caveat,
 )
 from grpo_lightning.report.outcomes import cell_outcomes
-from grpo_lightning.report.runs import load_run, optimizer_steps_per_rollout
+from grpo_lightning.ablation.runs import load_run, optimizer_steps_per_rollout
 from grpo_lightning.report.sections.summary import summary_paragraph
 from grpo_lightning.report.sections.validation import evaluation_section
 

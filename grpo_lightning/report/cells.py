@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.report.runs import event_directory
+from grpo_lightning.ablation.runs import event_directory
 
 
 @dataclass

@@ -31,7 +31,7 @@ from grpo_lightning.report.outcomes import copy_outcomes
 from grpo_lightning.report.sections.completions import COMPLETIONS_FILE, first_and_last
 from grpo_lightning.report.sections.health import HEALTH_FILE
 from grpo_lightning.report.sections.provenance import PROVENANCE_FILE
-from grpo_lightning.report.runs import SCALARS_FILE, event_directory, read_scalars, write_scalars_csv
+from grpo_lightning.ablation.runs import SCALARS_FILE, event_directory, read_scalars, write_scalars_csv
 
 DATA_FOLDER = "data"
 REGENERATE_FILE = "REGENERATE"

@@ -23,7 +23,7 @@ import numpy as np
 from grpo_lightning.report.metrics import Metric
 from grpo_lightning.report.render.document import user_text
 from grpo_lightning.report.render.formatting import fmt
-from grpo_lightning.report.runs import FLOPS_TAG, TOKENS_TAG, Run
+from grpo_lightning.ablation.runs import FLOPS_TAG, TOKENS_TAG, Run
 
 if TYPE_CHECKING:
     from grpo_lightning.report.arms import Arm

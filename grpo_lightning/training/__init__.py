@@ -1,1 +1,1 @@
-"""The training step and what runs it: the module, its option groups, schedules, budgets and strategies."""
+"""The training step and what runs it: the module, its update loop, option groups and settings, schedules and callbacks."""

@@ -12,9 +12,9 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressB
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from grpo_lightning.checkpoints.io import checkpoint_step
+from grpo_lightning.runtime.checkpoint_io import checkpoint_step
 from grpo_lightning.evaluation.loggers import log_dir
-from grpo_lightning.training.time_budget import TimeBudget
+from grpo_lightning.runtime.time_budget import TimeBudget
 
 #: Train metrics of the summary, from ``module.last_step_metrics``.
 SUMMARY_TRAIN_METRICS = ("reward", "kl", "loss")

@@ -26,7 +26,7 @@ registered parts (``default_advantage``, ``default_surrogate``, ``default_aggreg
 does. What a hook computes for later ones goes along the calls (``rollout.derived``, the micro-batch),
 not on the module.
 How rollouts are sampled is :mod:`grpo_lightning.rollout.generation`'s choice; step metrics are
-:mod:`grpo_lightning.training.metrics`'; the state of an exact resume is :mod:`grpo_lightning.checkpoints.resume`'s.
+:mod:`grpo_lightning.runtime.metrics`' (a rollout's: :mod:`grpo_lightning.training.rollout_metrics`'); the state of an exact resume is :mod:`grpo_lightning.checkpoints.resume`'s.
 """
 
 from __future__ import annotations
@@ -43,26 +43,29 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lightning.algorithms import functional
 from grpo_lightning.checkpoints import resume
-from grpo_lightning.training import metrics, step_schedule
+from grpo_lightning.runtime import metrics
+from grpo_lightning.training import step_schedule
 from grpo_lightning.agents import EnvironmentOptions
 from grpo_lightning.agents.multi_turn import multi_turn_engine, sample_episodes
 from grpo_lightning.algorithms import KL_PLACEMENTS, resolve_parts, surrogate_clip
 from grpo_lightning.algorithms.hooks import AlgorithmHooks, inapplicable_with
-from grpo_lightning.training.compute import ComputeMeter, policy_parameters
-from grpo_lightning.training.optimization.compensated import adamw
-from grpo_lightning.training.argument_types import check_argument_types
+from grpo_lightning.runtime.compute import ComputeMeter, policy_parameters
+from grpo_lightning.runtime.optimization.compensated import adamw
+from grpo_lightning.runtime.argument_types import check_argument_types
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.evaluation.validation import Evaluation
 from grpo_lightning.rollout.generation import EnginePlan, RolloutSampler, RolloutWeights, build_rollout
-from grpo_lightning.rollout.generation import announce_prompt_format, check_engine_options, disable_dropout, format_prompt
+from grpo_lightning.rollout.generation import announce_prompt_format, check_engine_options, format_prompt
 from grpo_lightning.models.sources import load_tokenizer
 from grpo_lightning.rollout.generation import announce_rollout_mode, save_policy
 from grpo_lightning.rollout.generation.compile_payback import run_length
 from grpo_lightning.models.lora import reference_model
-from grpo_lightning.models.policy import load_models
-from grpo_lightning.training.optimization.nonfinite import NonFiniteGuard
-from grpo_lightning.training.metrics import EVERY_STEP_METRICS, StepMetrics
-from grpo_lightning.training.options import DTYPES, GROUPS, EvaluationOptions, KLOptions, LossOptions, OptimOptions
+from grpo_lightning.models.policy import disable_dropout, load_models
+from grpo_lightning.runtime.optimization.nonfinite import NonFiniteGuard
+from grpo_lightning.runtime.metrics import EVERY_STEP_METRICS, StepMetrics
+from grpo_lightning.training.rollout_metrics import record_rewards, record_rollout
+from grpo_lightning.runtime.dtypes import DTYPES
+from grpo_lightning.training.options import GROUPS, EvaluationOptions, KLOptions, LossOptions, OptimOptions
 from grpo_lightning.training.options import PolicyOptions, RewardOptions, SamplingOptions
 from grpo_lightning.rewards import RewardScorer, RewardScores, weighted_reward
 from grpo_lightning.rewards.accuracy import start_math_verify_for
@@ -367,10 +370,10 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         self.compute.add_forward(rollout.prompt_mask, rollout.attended_mask)
         if (rollout := self.exchange_stale(rollout)) is None:  # bounded staleness: the queue is filling
             return self.drop_stale_row()
-        metrics.record_rollout(self.step_metrics, rollout)
+        record_rollout(self.step_metrics, rollout)
         with timer.phase("score"):
             scores = self.score(rollout)
-        metrics.record_rewards(self.step_metrics, rollout, [name for name, _ in self.reward_functions])
+        record_rewards(self.step_metrics, rollout, [name for name, _ in self.reward_functions])
 
         steps, num_groups, scored = self.global_step, rollout.num_groups, rollout  # the update makes the batch's steps
         rollout = self.reward_scorer.contain(self, rollout, scores)  # skip_group: drop groups a function failed on
@@ -420,7 +423,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
 
     def log_step(self) -> None:
         """Log the step's metrics: means over every device's rollouts, generated tokens summed over
-        devices, the x-axis and counters of :func:`grpo_lightning.training.metrics.counters`. All of them
+        devices, the x-axis and counters of :func:`grpo_lightning.runtime.metrics.counters`. All of them
         are kept in ``last_step_metrics``. The loss, reward and KL go through ``self.log`` at every step.
         On the steps the Trainer writes to its loggers (every ``log_every_n_steps``) all of them go into
         ``trainer.callback_metrics`` and ``trainer.logged_metrics``, and to the loggers after the
@@ -440,7 +443,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
             self.logger_row = dict(values)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """The step's row to the loggers (:func:`grpo_lightning.training.metrics.write_to_loggers`)."""
+        """The step's row to the loggers (:func:`grpo_lightning.runtime.metrics.write_to_loggers`)."""
         row, self.logger_row = self.logger_row, None
         if row is not None:
             metrics.write_to_loggers(self.trainer, row)

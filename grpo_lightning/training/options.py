@@ -15,18 +15,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
-import torch
-
 from grpo_lightning.algorithms import functional
 from grpo_lightning.algorithms import SURROGATES
-from grpo_lightning.training.argument_types import check_argument_types
+from grpo_lightning.runtime.argument_types import check_argument_types
 from grpo_lightning.errors import ConfigError, require
+from grpo_lightning.runtime.dtypes import DTYPES
 from grpo_lightning.rewards import RewardExecution, resolve_reward_function
 from grpo_lightning.rewards.scoring import check_rewards, resolve_function
 from grpo_lightning.rollout.types import ROLLOUT_MODES
 from grpo_lightning.algorithms.rollout_correction import CAP, OLD_LOGPROBS, Correction
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 #: Values of ``rewards.aggregation``: the weighted sum as it is, or of per-group normalised scores (GDPO).
 REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
@@ -362,7 +360,7 @@ class OptimOptions(OptionGroup):
     """Gradient norm clipping; ``None`` disables it."""
     max_nonfinite_steps: int = 3
     """A step whose gradient is NaN or infinite changes no weight; after this many in a row the fit
-    stops (:mod:`grpo_lightning.training.optimization.nonfinite`)."""
+    stops (:mod:`grpo_lightning.runtime.optimization.nonfinite`)."""
 
     def check(self) -> None:
         require(self.ppo_epochs >= 1, f"optim.ppo_epochs: must be at least 1 (got {self.ppo_epochs}).")

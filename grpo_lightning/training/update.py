@@ -27,7 +27,7 @@ from grpo_lightning.models.lora import adapter_autocast
 from grpo_lightning.models.token_statistics import completion_token_statistics
 from grpo_lightning.training.micro_batches import fewest_micro_batches, in_row_order, row_tokens, token_budget_split
 from grpo_lightning.rollout.types import MicroBatch, Rollout
-from grpo_lightning.training.strategies import clip_policy_gradients, no_gradient_sync
+from grpo_lightning.runtime.strategies import clip_policy_gradients, no_gradient_sync
 
 
 def policy_part(objects: Any) -> Any:
@@ -225,7 +225,7 @@ class PolicyUpdate:
         return mask
 
     def no_gradient_sync(self) -> contextlib.AbstractContextManager:
-        """Context for the backward passes of all but a minibatch's last micro-batch (:func:`grpo_lightning.training.strategies.no_gradient_sync`)."""
+        """Context for the backward passes of all but a minibatch's last micro-batch (:func:`grpo_lightning.runtime.strategies.no_gradient_sync`)."""
         return no_gradient_sync(self._trainer.strategy if self._trainer is not None else None)
 
     def micro_batch_loss(

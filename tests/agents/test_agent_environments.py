@@ -5,33 +5,13 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from tokenizers import Tokenizer, decoders, pre_tokenizers
-from tokenizers.models import BPE
-from transformers import PreTrainedTokenizerFast
 
 from grpo_lightning.agents import CalculatorEnvironment, GuessNumberEnvironment, calculator
 from grpo_lightning.agents.chat_tokens import ChatTokens
 from grpo_lightning.errors import ConfigError
+from tests.helpers import CHATML, CHATML_WITHOUT_TOOLS, byte_tokenizer
 
-CHATML = (
-    "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
-    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-CHATML_WITHOUT_TOOLS = CHATML.split("{% endif %}", 1)[1]
 NO_END_OF_TURN = "{%- for m in messages %}{{ m.role }}: {{ m.content }}\n\n{% endfor %}{%- if add_generation_prompt %}assistant: {% endif %}"
-
-
-def byte_tokenizer(template: str) -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer (one token per byte) with ChatML's special tokens and ``template``."""
-    vocab = {symbol: index for index, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    backend = Tokenizer(BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<pad>", unk_token="<unk>",
-                                        additional_special_tokens=["<|im_start|>"])  # fmt: skip
-    tokenizer.chat_template = template
-    return tokenizer
 
 
 def test_a_reply_renders_as_the_template_continues_a_conversation_after_the_turn_s_eos():

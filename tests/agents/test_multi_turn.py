@@ -142,7 +142,8 @@ def test_environment_tokens_carry_no_gradient_and_count_in_no_denominator(episod
 
 
 def test_the_step_logs_episode_metrics(episodes):
-    from grpo_lightning.training.metrics import StepMetrics, record_rollout
+    from grpo_lightning.runtime.metrics import StepMetrics
+    from grpo_lightning.training.rollout_metrics import record_rollout
 
     module, rollout = episodes
     metrics = StepMetrics()
@@ -244,7 +245,7 @@ def test_every_variant_ignores_what_it_is_given_at_environment_tokens_or_refuses
 def test_episodes_through_a_chat_template_append_its_replies_to_the_sampled_ids(engine, tmp_path, one_torch_thread):
     from grpo_lightning.agents.chat_tokens import ChatTokens
     from grpo_lightning.quickstart.tiny import save_tiny_model, tiny_config
-    from test_agent_environments import CHATML, byte_tokenizer
+    from tests.helpers import CHATML, byte_tokenizer
 
     tokenizer = byte_tokenizer(CHATML)
     config = tiny_config(tokenizer, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=64)
@@ -386,8 +387,9 @@ def scripted(model, tokens: list[int]):
 
 def test_a_turn_of_five_thousand_nested_brackets_is_a_counted_bad_call_and_the_episode_goes_on(tmp_path, one_torch_thread):
     from grpo_lightning.quickstart.tiny import save_tiny_model, tiny_config
-    from grpo_lightning.training.metrics import StepMetrics, record_rollout
-    from test_agent_environments import CHATML, byte_tokenizer
+    from grpo_lightning.runtime.metrics import StepMetrics
+    from grpo_lightning.training.rollout_metrics import record_rollout
+    from tests.helpers import CHATML, byte_tokenizer
 
     tokenizer = byte_tokenizer(CHATML)
     tokenizer.add_tokens(["<tool_call>", "[" * 100])  # one token each, so that the turn is 52 tokens
@@ -454,7 +456,8 @@ def failing_episodes(make_module, raise_in: str, max_error_fraction: float | Non
 def test_an_environment_that_raises_ends_that_episode_only_with_reward_zero_and_is_counted(
     raise_in, error, make_module, one_torch_thread
 ):
-    from grpo_lightning.training.metrics import StepMetrics, record_rollout
+    from grpo_lightning.runtime.metrics import StepMetrics
+    from grpo_lightning.training.rollout_metrics import record_rollout
 
     rollout = failing_episodes(make_module, raise_in, max_error_fraction=0.5)
     errors = rollout.columns["environment_error"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_lightning.checkpoints.io import UnsafeCheckpointError, load_checkpoint_file
+from grpo_lightning.runtime.checkpoint_io import UnsafeCheckpointError, load_checkpoint_file
 from grpo_lightning.cli.app import main
 from grpo_lightning.cli.generate import generate_completions
 from grpo_lightning.checkpoints.export import main as export_main

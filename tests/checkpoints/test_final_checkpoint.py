@@ -21,7 +21,7 @@ import lightning as L
 import pytest
 import torch
 
-from grpo_lightning.checkpoints.io import load_checkpoint_file
+from grpo_lightning.runtime.checkpoint_io import load_checkpoint_file
 from grpo_lightning.cli.app import main
 from grpo_lightning.cli.resources import config_dir
 

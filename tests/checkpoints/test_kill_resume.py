@@ -3,7 +3,7 @@ last checkpoint in a new process, ends with the weights and logs, for every step
 point, of one uninterrupted fit (exactly: atol 0).
 
 Each fit is a real process (``FIT`` below, a CPU fit of the tiny model with
-:class:`~grpo_lightning.checkpoints.io.AtomicCheckpointIO` and a checkpoint every step). To kill it at
+:class:`~grpo_lightning.runtime.checkpoint_io.AtomicCheckpointIO` and a checkpoint every step). To kill it at
 a known point, the script, told by ``PAUSE`` (the test's own switch, not the library's), writes a
 ``paused`` file there and sleeps until the test kills it.
 """
@@ -22,7 +22,7 @@ from typing import Self
 import pytest
 import torch
 
-from grpo_lightning.checkpoints.io import damage
+from grpo_lightning.runtime.checkpoint_io import damage
 
 ROOT = Path(__file__).resolve().parents[2]
 TOTAL_STEPS = 4
@@ -33,7 +33,7 @@ import json, os, sys, time
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from grpo_lightning.checkpoints.io import AtomicCheckpointIO
+from grpo_lightning.runtime.checkpoint_io import AtomicCheckpointIO
 from tests.helpers import StepRecorder, make_data, make_module
 
 model_dir, out, ckpt_dir, max_steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])

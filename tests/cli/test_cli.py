@@ -369,6 +369,24 @@ def test_model_help_refuses_a_presets_former_class_path_naming_the_new_one(capsy
     assert "'variants.DAPO': its module has moved; write 'grpo_lightning.variants.DAPO'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("yaml", "old", "new"),
+    [
+        ("trainer:\n  strategy:\n    class_path: {}\n", "training.strategies.PolicyFSDPStrategy", "runtime.strategies.PolicyFSDPStrategy"),
+        ("trainer:\n  callbacks:\n    - class_path: {}\n", "training.time_budget.TimeBudget", "runtime.time_budget.TimeBudget"),
+        ("trainer:\n  plugins:\n    - class_path: {}\n", "checkpoints.io.AtomicCheckpointIO", "runtime.checkpoint_io.AtomicCheckpointIO"),
+    ],
+)
+def test_a_class_path_of_a_helper_that_moved_to_runtime_names_where_it_is_now(yaml, old, new, tmp_path, capsys):
+    config = tmp_path / "old.yaml"
+    config.write_text(yaml.format(f"grpo_lightning.{old}"))
+    with pytest.raises(SystemExit) as done:
+        main(["fit", *BASE, "--model.model", "m", "--config", str(config), "--print_config"], report_errors=True)
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert f"'grpo_lightning.{old}': its module has moved; write 'grpo_lightning.{new}'" in err, err
+
+
 def test_every_moved_module_is_where_the_table_says():
     now_packages = {"models", "rollout", "cli", "evaluation"}  # old module names that are folders now
     for old, new in MOVED_MODULES.items():
@@ -386,6 +404,11 @@ def test_every_moved_module_is_where_the_table_says():
     assert moved_class_path("variants.ReinforcePlusPlus") == "grpo_lightning.variants.ReinforcePlusPlus"
     assert moved_class_path("variants.covariance.CovarianceRule") == "grpo_lightning.variants.covariance.CovarianceRule"
     assert moved_class_path("variants.Nope") is None and moved_class_path("variantsX.GRPO") is None
+    assert moved_class_path("grpo_lightning.training.metrics.StepMetrics") == "grpo_lightning.runtime.metrics.StepMetrics"
+    assert moved_class_path("grpo_lightning.training.optimization.nonfinite.NonFiniteGuard") == (
+        "grpo_lightning.runtime.optimization.nonfinite.NonFiniteGuard"
+    )
+    assert moved_class_path("grpo_lightning.strategies.PolicyFSDPStrategy") == "grpo_lightning.runtime.strategies.PolicyFSDPStrategy"
 
 
 # ---------------------------------------------------------------- output of other packages

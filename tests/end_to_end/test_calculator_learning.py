@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_lightning.agents import EnvironmentOptions
-from grpo_lightning.agents.calculator_warmstart import calculator_warm_start, call_probability
+from grpo_lightning.quickstart.calculator_warmstart import calculator_warm_start, call_probability
 from grpo_lightning.agents.multi_turn import sample_episodes
 from grpo_lightning.cli.app import GRPOLightningCLI
 from grpo_lightning.data.arithmetic import make_arithmetic_dataset

@@ -30,7 +30,7 @@ from grpo_lightning.evaluation.health_checks import (
     ValAccuracyFlat,
 )
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.training.metrics import StepMetrics
+from grpo_lightning.runtime.metrics import StepMetrics
 from grpo_lightning.cli.resources import config_dir
 from grpo_lightning.rewards import RewardExecution, RewardFunctionWarning, RewardScorer
 from grpo_lightning.rewards.scoring import RewardFunctionError

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from grpo_lightning.models import sources as model_sources
-from grpo_lightning.rollout.generation import load_causal_lm
+from grpo_lightning.models.policy import load_causal_lm
 from grpo_lightning.models.sources import ModelSource, dense_copy, load_tokenizer
+from grpo_lightning.runtime.cache import CACHE_ENV_VAR
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
@@ -72,7 +73,7 @@ def write_tiny_gguf(path) -> None:
 
 @pytest.fixture
 def gguf_file(tmp_path, monkeypatch):
-    monkeypatch.setenv(model_sources.CACHE_ENV_VAR, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_ENV_VAR, str(tmp_path / "cache"))
     path = tmp_path / "weights" / "tiny.gguf"
     path.parent.mkdir()
     write_tiny_gguf(path)
@@ -134,7 +135,7 @@ def test_an_edited_gguf_file_gets_a_new_copy_and_other_sources_none(gguf_file, t
 def test_a_cache_that_cannot_be_written_leaves_the_gguf_file_read_directly(gguf_file, tmp_path, monkeypatch):
     blocked = tmp_path / "not_a_folder"
     blocked.write_text("")
-    monkeypatch.setenv(model_sources.CACHE_ENV_VAR, str(blocked))
+    monkeypatch.setenv(CACHE_ENV_VAR, str(blocked))
     source = ModelSource(str(gguf_file.parent), gguf_file.name)
     with pytest.warns(UserWarning, match="no dense copy of .*tiny.gguf.*reading the GGUF file each time"):
         assert dense_copy(source) is source

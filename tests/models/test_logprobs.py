@@ -260,16 +260,16 @@ def eager_compile_graphs(monkeypatch):
     traced is Dynamo's business, so it stands in for Inductor) and a fresh compiled layer call."""
     from torch._dynamo.utils import counters
 
-    from grpo_lightning.rollout.engine import compilation
+    from grpo_lightning.models import compiled_layers
 
     compile_ = torch.compile
     monkeypatch.setattr(torch, "compile", lambda function, **kwargs: compile_(function, backend="eager", dynamic=kwargs.get("dynamic")))
     monkeypatch.setattr(logprobs, "_FORWARDS", logprobs._ModelForwards())
-    compilation._compiled_layer_call.cache_clear()
+    compiled_layers._compiled_layer_call.cache_clear()
     torch._dynamo.reset()
     counters.clear()
     yield counters
-    compilation._compiled_layer_call.cache_clear()
+    compiled_layers._compiled_layer_call.cache_clear()
 
 
 def ragged_batch(vocab: int):

@@ -130,7 +130,7 @@ def test_lora_is_one_option_of_the_cli_and_refused_under_fsdp(tiny_model_dir, tm
         and cli.model.hparams.policy["peft_config"]["target_modules"] == "all-linear"
     )
     from grpo_lightning.models.policy import load_models
-    from grpo_lightning.training.strategies import PolicyFSDPStrategy
+    from grpo_lightning.runtime.strategies import PolicyFSDPStrategy
 
     with pytest.raises(ConfigError, match="policy.peft_config: LoRA runs on one device or under DDP"):
         load_models(tiny_model_dir, cli.model.hparams.policy, True, PolicyFSDPStrategy(mixed_precision=None))

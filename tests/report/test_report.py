@@ -4,14 +4,12 @@ import math
 import numpy as np
 import pytest
 
+from grpo_lightning.ablation.runs import Run, Series, load_run
 from grpo_lightning.report import (
-    Run,
-    Series,
     aligned_curve,
     build_report,
     discover_cells,
     holm,
-    load_run,
     main,
     welch_dof,
     welch_test,

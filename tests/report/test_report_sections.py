@@ -7,7 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from grpo_lightning.report import Arm, Run, Series, build_report
+from grpo_lightning.ablation.runs import Run, Series
+from grpo_lightning.report import Arm, build_report
 from grpo_lightning.report.render.document import plain_text
 from grpo_lightning.report.sections.curves import sampled_tags
 from grpo_lightning.report.sections.effects import clip_settings, distinct_clip_settings, ineffective_notes

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from grpo_lightning.report import Arm, CellInfo, Run, Series, baseline_effects, seed_interval
+from grpo_lightning.ablation.runs import Run, Series
+from grpo_lightning.report import Arm, CellInfo, baseline_effects, seed_interval
 from grpo_lightning.report.sections.comparisons import equivalence_margin, identical_arms
 from grpo_lightning.report.statistics import equivalence_test, minimum_detectable_effect, paired_test, standardised_effect
 

@@ -8,7 +8,7 @@ import math
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-from grpo_lightning.report import load_run
+from grpo_lightning.ablation.runs import load_run
 from grpo_lightning.report.arms import final_value
 
 
@@ -46,7 +46,7 @@ def test_a_run_logged_on_the_batch_counter_counts_its_optimizer_steps_from_its_c
     config (``ppo_epochs`` passes of one step per ``minibatch_size`` rows), never the rows alone."""
     from torch.utils.tensorboard import SummaryWriter
 
-    from grpo_lightning.report.runs import optimizer_steps_per_rollout
+    from grpo_lightning.ablation.runs import optimizer_steps_per_rollout
 
     writer = SummaryWriter(log_dir=str(tmp_path))
     for batch in range(3):  # rows at the batch counter 0, 1, 2

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from grpo_lightning import variants
 from grpo_lightning.algorithms import ADVANTAGES, AGGREGATIONS, SURROGATES
-from grpo_lightning.training.argument_types import annotated_arguments
+from grpo_lightning.runtime.argument_types import annotated_arguments
 from grpo_lightning.cli.app import GRPOLightningCLI, main
 from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.training.module import GroupPolicyOptimization

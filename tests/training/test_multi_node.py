@@ -24,7 +24,7 @@ STEPS = 2
 #: Launcher variables of the test's own environment that would change what a run sees.
 DDP = ["--trainer.strategy", "ddp"]
 #: The sharded strategy of configs/strategy/fsdp.yaml, in float32 on the CPU.
-FSDP = ["--trainer.strategy", "grpo_lightning.training.strategies.PolicyFSDPStrategy", "--trainer.strategy.mixed_precision", "null"]
+FSDP = ["--trainer.strategy", "grpo_lightning.runtime.strategies.PolicyFSDPStrategy", "--trainer.strategy.mixed_precision", "null"]
 LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE", "RANK", "LOCAL_RANK", "GROUP_RANK")
 
 

@@ -17,7 +17,7 @@ from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.models.sources import load_tokenizer
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_model_and_tokenizer, save_tiny_model, tiny_config
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.training.strategies import PolicyFSDPStrategy
+from grpo_lightning.runtime.strategies import PolicyFSDPStrategy
 from grpo_lightning.variants import OnPolicyDistillation
 
 STUDENT = torch.tensor([[[-1.0, -2.0, -0.5], [-0.2, -3.0, -1.0]]])  # [P=1, G=2, T=3]

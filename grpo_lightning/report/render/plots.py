@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from grpo_lightning.report.runs import Run
+from grpo_lightning.ablation.runs import Run
 from grpo_lightning.report.statistics import seed_interval
 
 if TYPE_CHECKING:

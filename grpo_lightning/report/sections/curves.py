@@ -10,7 +10,7 @@ from pathlib import Path
 from grpo_lightning.report.arms import WIDE, Arm, ranked
 from grpo_lightning.report.render.document import Doc, user_text
 from grpo_lightning.report.render.plots import AXES, arm_colors, plot_curves, y_range
-from grpo_lightning.report.runs import FLOPS_TAG, TOKENS_TAG
+from grpo_lightning.ablation.runs import FLOPS_TAG, TOKENS_TAG
 from grpo_lightning.report.sections.validation import evaluation_tags
 
 #: Learning curves: file stem, title, tags drawn (one row each).

@@ -14,7 +14,7 @@ from grpo_lightning.report.render.document import Doc, user_text
 from grpo_lightning.report.render.formatting import fmt_interval, fmt_metric
 from grpo_lightning.report.learning import REACH_AXES, reached_by_every_run, split_key
 from grpo_lightning.report.metrics import FINAL_METRICS, PER_RUN_METRICS, WALL_CLOCK_METRICS, Metric
-from grpo_lightning.report.runs import Run
+from grpo_lightning.ablation.runs import Run
 from grpo_lightning.report.statistics import wilson_interval
 from grpo_lightning.report.render.tables import CSV_FILE, LATEX_FILE, Row, write_final_tables
 

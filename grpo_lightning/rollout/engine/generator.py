@@ -21,7 +21,7 @@ Weights are shared with the policy, not copied: a graph reads the parameters at 
 it sees in-place updates (``optimizer.step()``). The generator compares a fingerprint of those
 addresses before each rollout and captures again when a parameter was replaced. A sharded model
 (FSDP, ZeRO-3) gathers parameters inside ``forward``, which a graph cannot follow: give the
-generator an unsharded copy (``grpo_lightning.training.strategies.RolloutReplica``).
+generator an unsharded copy (``grpo_lightning.runtime.strategies.RolloutReplica``).
 
 Rows are padded up to ``max_batch_size`` (copies of the first prompt), so each cache and graph has
 one batch shape; larger calls run in chunks. Rollouts run in the parameters' dtype with autocast

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-from grpo_lightning.training.argument_types import check_argument_types
+from grpo_lightning.runtime.argument_types import check_argument_types
 from grpo_lightning.errors import ConfigError
 
 

@@ -13,7 +13,7 @@ from grpo_lightning.rollout.generation.hf import generate_group
 from grpo_lightning.rollout.generation.sampler import RolloutSampler, announce_prompt_format, build_rollout, format_prompt
 from grpo_lightning.rollout.generation.sampler import announce_rollout_mode
 from grpo_lightning.rollout.generation.sampler import prompt_format_note, sampling_keys
-from grpo_lightning.rollout.generation.weights import RolloutWeights, disable_dropout, load_causal_lm, samples_from_shards
+from grpo_lightning.rollout.generation.weights import RolloutWeights, samples_from_shards
 from grpo_lightning.rollout.generation.weights import save_policy
 
 __all__ = [
@@ -26,10 +26,8 @@ __all__ = [
     "announce_rollout_mode",
     "build_rollout",
     "check_engine_options",
-    "disable_dropout",
     "format_prompt",
     "generate_group",
-    "load_causal_lm",
     "prompt_format_note",
     "resolve_engine",
     "samples_from_shards",

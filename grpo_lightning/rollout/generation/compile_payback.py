@@ -203,9 +203,9 @@ def _comparison(fit: FitLength, compiled: _Outcome, eager: _Outcome) -> str:
 
 def run_length(trainer, max_new_tokens: int, val_max_new_tokens: int) -> FitLength | None:
     """The length of ``trainer``'s run: a fit's steps left (``max_steps``) and time left (``max_time``,
-    :func:`~grpo_lightning.training.time_budget.remaining_seconds`); ``validate``/``test``: one rollout per batch.
+    :func:`~grpo_lightning.runtime.time_budget.remaining_seconds`); ``validate``/``test``: one rollout per batch.
     ``None`` outside a run."""
-    from grpo_lightning.training.time_budget import remaining_seconds
+    from grpo_lightning.runtime.time_budget import remaining_seconds
 
     fn = getattr(getattr(trainer, "state", None), "fn", None)
     fn = getattr(fn, "value", fn)

@@ -2,7 +2,7 @@
 
 Inductor and Triton keep what they compile in folders on disk, and nothing there says which model it was
 compiled for. After a process has compiled and run a part (:data:`PARTS`) for a model, it writes a marker
-in the project's cache (:func:`grpo_lightning.models.sources.cache_dir`), named by a hash of everything that
+in the project's cache (:func:`grpo_lightning.runtime.cache.cache_dir`), named by a hash of everything that
 changes that part's compiled code (torch and Triton versions, the device, the model's shape and dtype, the
 engine options that change its graphs) and of the compile-cache folders in effect. The marker lists the
 folders the compiled code went into; it answers warm only while each of them is still the same folder
@@ -151,7 +151,7 @@ class CompileRecord:
     @classmethod
     def here(cls, shape: CompiledShape) -> CompileRecord:
         """The record of ``shape`` in the project's cache, with the folders and versions in effect now."""
-        from grpo_lightning.models.sources import cache_dir
+        from grpo_lightning.runtime.cache import cache_dir
 
         return cls(shape, configured_folders(), software(), cache_dir() / RECORD_FOLDER)
 

@@ -21,7 +21,7 @@ from grpo_lightning.rollout.generation.hf import generate_group
 from grpo_lightning.rollout.generation.weights import samples_from_shards
 from grpo_lightning.rollout.types import Rollout, SamplingParams, completion_mask_from_ids
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.training.strategies import is_sharded
+from grpo_lightning.runtime.strategies import is_sharded
 
 
 def sampling_keys(seed: int, rollout_number: int, texts: Sequence[str], group_size: int) -> Tensor:

@@ -9,34 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from transformers import AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from grpo_lightning.models.lora import has_adapters, merged_model, merged_weights
-from grpo_lightning.models.sources import dense_copy, resolve_model_source
-from grpo_lightning.training.options import DTYPES
-from grpo_lightning.training.strategies import RolloutReplica, full_parameters, full_state_dict, is_sharded
-
-
-def disable_dropout(model: nn.Module) -> None:
-    """Zero every dropout probability of ``model``: the log-probs of the update are then those of
-    the distribution the rollout sampled from."""
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
-        if isinstance(getattr(module, "attention_dropout", None), float):
-            module.attention_dropout = 0.0
-
-
-def load_causal_lm(name: str, dtype: str, attn_implementation: str | None) -> PreTrainedModel:
-    """``AutoModelForCausalLM.from_pretrained`` of the checkpoint ``name`` names (a hub id, a
-    directory or a GGUF file, read through its :func:`~grpo_lightning.models.sources.dense_copy`) in
-    ``dtype`` (``"auto"`` or a name of ``DTYPES``)."""
-    source = dense_copy(resolve_model_source(name))
-    kwargs: dict[str, Any] = source.from_pretrained_kwargs(dense=True)
-    kwargs["dtype"] = dtype if dtype == "auto" else DTYPES[dtype]
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
-    return AutoModelForCausalLM.from_pretrained(source.location, **kwargs)
+from grpo_lightning.runtime.strategies import RolloutReplica, full_parameters, full_state_dict, is_sharded
 
 
 def save_policy(policy: nn.Module, tokenizer: PreTrainedTokenizerBase, directory: str, write: bool = True) -> None:

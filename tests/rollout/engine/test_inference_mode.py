@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from grpo_lightning.rollout.engine import StaticCacheGenerator
 from grpo_lightning.quickstart.tiny import build_char_tokenizer
 from grpo_lightning.rollout.types import SamplingParams
-from grpo_lightning.training.strategies import RolloutReplica
+from grpo_lightning.runtime.strategies import RolloutReplica
 
 PROMPTS = ["1+2=", "37+45=", "(1)", "9"]
 GREEDY = SamplingParams(8, temperature=0.0)

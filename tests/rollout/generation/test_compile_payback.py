@@ -13,7 +13,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.rollout.generation import EngineTarget, FitLength, compile_payback, resolve_engine
 from grpo_lightning.rollout.generation.compile_payback import run_length
-from grpo_lightning.training.time_budget import TimeBudget
+from grpo_lightning.runtime.time_budget import TimeBudget
 
 W1_SHAPE = EngineTarget("cuda", "qwen2", "sdpa", num_layers=24)  # benchmarks' W1: Qwen2.5-0.5B's 24 layers
 SMOLLM2 = EngineTarget("cuda", "llama", "sdpa", num_layers=30)  # SmolLM2-135M: 30 layers

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from grpo_lightning.agents import calculator_warmstart
-from grpo_lightning.agents.calculator_warmstart import (
+from grpo_lightning.quickstart import calculator_warmstart
+from grpo_lightning.quickstart.calculator_warmstart import (
     CalculatorWarmStartSettings,
     calculator_transcript,
     calculator_warm_start,

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grpo_lightning.training.metrics import PhaseTimer, StepMetrics, every_step_metrics
+from grpo_lightning.runtime.metrics import PhaseTimer, StepMetrics, every_step_metrics
 
 
 def test_step_metrics_merge_weighted_means_minima_and_maxima_over_processes():

@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 from tests.helpers import make_data, make_module
 
-from grpo_lightning.checkpoints.io import (
+from grpo_lightning.runtime.checkpoint_io import (
     AtomicCheckpointIO,
     CorruptCheckpointError,
     check_checkpoint,
@@ -26,7 +26,7 @@ from grpo_lightning.checkpoints.io import (
 from grpo_lightning.cli.app import GRPOLightningCLI, main
 from grpo_lightning.checkpoints.export import read_checkpoint
 from grpo_lightning.cli.resources import config_dir
-from grpo_lightning.training.strategies import PolicyFSDPStrategy
+from grpo_lightning.runtime.strategies import PolicyFSDPStrategy
 
 CONFIGS = config_dir()
 CLI_ARGS = [

@@ -21,13 +21,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 import grpo_lightning.training.module
-import grpo_lightning.training.strategies
+import grpo_lightning.runtime.strategies
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.cli.app import GRPOLightningCLI, main
 from grpo_lightning.rollout.engine.attention import GQA_ATTENTION, grouped_query_attention
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.checkpoints.export import export_checkpoint, read_checkpoint
-from grpo_lightning.training.strategies import (
+from grpo_lightning.runtime.strategies import (
     PolicyFSDPStrategy,
     RolloutReplica,
     decoder_layer_classes,
@@ -71,7 +71,7 @@ def test_strategy_configs_parse_through_the_cli(strategy, capsys):
             "--model.model", "some/model", "--print_config",
         ])  # fmt: skip
     assert done.value.code == 0
-    expected = "class_path: grpo_lightning.training.strategies.PolicyFSDPStrategy" if strategy == "fsdp" else "strategy: ddp"
+    expected = "class_path: grpo_lightning.runtime.strategies.PolicyFSDPStrategy" if strategy == "fsdp" else "strategy: ddp"
     assert expected in capsys.readouterr().out
 
 
@@ -108,7 +108,7 @@ def fsdp_strategy() -> PolicyFSDPStrategy:
 
 def test_fsdp_shards_each_model_on_its_own_and_trains_as_without_it(tiny_model_dir, tmp_path, process_group_cleanup, monkeypatch):
     clipped = []
-    monkeypatch.setattr(grpo_lightning.training.strategies, "clip_grad_norm_", lambda model, norm: clipped.append(norm) or model.clip_grad_norm_(norm))
+    monkeypatch.setattr(grpo_lightning.runtime.strategies, "clip_grad_norm_", lambda model, norm: clipped.append(norm) or model.clip_grad_norm_(norm))
 
     grpo = fsdp_module(tiny_model_dir)
     every = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=2)
@@ -253,7 +253,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.rollout.engine.attention import GQA_ATTENTION, grouped_query_attention
 from grpo_lightning.rollout.engine.options import EngineOptions
-from grpo_lightning.training.strategies import PolicyFSDPStrategy
+from grpo_lightning.runtime.strategies import PolicyFSDPStrategy
 from grpo_lightning.variants import DAPO, GRPO, PPO
 
 model_dir, out, kind, max_steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])

@@ -20,7 +20,7 @@ pickle may name only tensors and plain values, so a crafted file cannot run code
 that names anything else is an :class:`UnsafeCheckpointError`. grpo-lightning's own checkpoints need no
 allow-listed global (a test loads one written by a real CLI fit).
 
-FSDP (:class:`~grpo_lightning.training.strategies.PolicyFSDPStrategy`): with ``state_dict_type="full"`` rank 0
+FSDP (:class:`~grpo_lightning.runtime.strategies.PolicyFSDPStrategy`): with ``state_dict_type="full"`` rank 0
 writes the one file through the trainer's CheckpointIO, so it is atomic too; a ``"sharded"``
 checkpoint is a directory written by ``torch.distributed.checkpoint``, and neither atomic nor checked.
 """

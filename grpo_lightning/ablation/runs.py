@@ -14,7 +14,7 @@ IGNORED_TAGS = {"epoch", "hp_metric"}
 #: A training scalar present in every step the module logs: the time axis starts from its first event.
 STEP_TIME_TAG = "perf/step_s"
 TOKENS_TAG = "perf/generated_tokens"
-#: Training FLOPs so far (grpo_lightning.training.compute), logged by runs since it was added.
+#: Training FLOPs so far (grpo_lightning.runtime.compute), logged by runs since it was added.
 FLOPS_TAG = "perf/flops"
 #: Logged by runs whose loggers' step is the optimizer steps taken; older runs logged the batch counter.
 GENERATION_BATCHES_TAG = "counters/generation_batches"
@@ -36,7 +36,7 @@ class Run:
     ``scalars`` leaves out the validation before training, which is in ``initial``. For every
     point, ``x_step`` is the number of optimizer steps taken (each rollout may make several; DAPO's
     dynamic sampling can spend several generation batches on one), ``x_tokens`` the completion
-    tokens generated so far, ``x_flops`` the training FLOPs so far (:mod:`grpo_lightning.training.compute`) and ``x_time`` the seconds since training began (validation time
+    tokens generated so far, ``x_flops`` the training FLOPs so far (:mod:`grpo_lightning.runtime.compute`) and ``x_time`` the seconds since training began (validation time
     included). Runs logged before the loggers' step counted optimizer steps give the training
     steps done instead (each row of training metrics one).
     """

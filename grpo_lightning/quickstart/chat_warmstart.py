@@ -6,7 +6,7 @@ rewards were equal. This warm start fine-tunes such a model on episodes of
 :class:`~grpo_lightning.agents.CalculatorEnvironment` rendered through the model's chat template exactly
 as a rollout renders them (:class:`~grpo_lightning.agents.chat_tokens.ChatTokens`: the tools' schema,
 the JSON call ``<tool_call>{"name": "calculator", ...}</tool_call>``, the tool's reply, the number), and
-on the same problems answered at once. As for the tiny model (:mod:`~grpo_lightning.agents.calculator_warmstart`),
+on the same problems answered at once. As for the tiny model (:mod:`~grpo_lightning.quickstart.calculator_warmstart`),
 the call format and the copying of the tool's reply are learned from at least half of each batch,
 while the loss on a call's opening token is kept so that openings are calls ``call_fraction`` of
 the time: the model knows how to call, and reinforcement learning teaches it when to.
@@ -28,7 +28,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from grpo_lightning.agents.calculator import CalculatorEnvironment
-from grpo_lightning.agents.calculator_warmstart import episode_transcript, opening_controlled_batches
+from grpo_lightning.quickstart.calculator_warmstart import episode_transcript, opening_controlled_batches
 from grpo_lightning.agents.chat_tokens import ChatTokens
 from grpo_lightning.data.arithmetic import make_arithmetic_dataset
 from grpo_lightning.quickstart.cached_build import MARKER_FILE, build_once, default_cache_dir, environment, records_key
@@ -113,7 +113,7 @@ def fine_tune_on_transcripts(settings: ChatWarmStartSettings) -> tuple[torch.nn.
     """``settings.base`` fitted to the transcripts (float32 weights, bf16 autocast on a GPU); the mean
     loss every 50 steps, and the device it ran on."""
     from grpo_lightning.models.sources import load_tokenizer
-    from grpo_lightning.rollout.generation.weights import load_causal_lm
+    from grpo_lightning.models.policy import load_causal_lm
 
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     tokenizer = load_tokenizer(settings.base, "model")

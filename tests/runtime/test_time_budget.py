@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo_lightning.training import time_budget
+from grpo_lightning.runtime import time_budget
 from grpo_lightning.cli.app import GRPOLightningCLI
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.cli.resources import config_dir
-from grpo_lightning.training.time_budget import TimeBudget, budget_seconds
+from grpo_lightning.runtime.time_budget import TimeBudget, budget_seconds
 
 CONFIGS = config_dir()
 
@@ -146,7 +146,7 @@ def test_without_max_time_the_fit_only_accounts_for_its_time(tiny_model_dir, tmp
 
 
 def test_process_start_time_counts_the_interpreter_s_start_and_imports():
-    code = ("import time; time.sleep(1.0); from grpo_lightning.training.time_budget import process_start_time; "
+    code = ("import time; time.sleep(1.0); from grpo_lightning.runtime.time_budget import process_start_time; "
             "print(time.time() - process_start_time())")  # fmt: skip
     age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert 1.0 <= age < 60.0

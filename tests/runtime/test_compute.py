@@ -1,4 +1,4 @@
-"""FLOP-proportional compute (grpo_lightning.training.compute): N counted by hand from the configuration,
+"""FLOP-proportional compute (grpo_lightning.runtime.compute): N counted by hand from the configuration,
 token passes from the rollout's own masks, and ``perf/flops`` of a real one-step fit."""
 
 import lightning as L
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from grpo_lightning.training.compute import ComputeMeter, matmul_parameters
+from grpo_lightning.runtime.compute import ComputeMeter, matmul_parameters
 from grpo_lightning.data import ArithmeticDataModule
 from grpo_lightning.variants import GRPO
 
@@ -64,7 +64,7 @@ def test_report_curves_can_be_drawn_against_training_flops():
     """A point at TensorBoard step s sits at the FLOPs logged up to and including s."""
     import numpy as np
 
-    from grpo_lightning.report.runs import FLOPS_TAG, Run, Series
+    from grpo_lightning.ablation.runs import FLOPS_TAG, Run, Series
 
     def series(steps, values):
         return Series(np.array(steps), np.array(values, dtype=float), np.zeros(len(steps)))
@@ -82,7 +82,7 @@ def test_a_report_says_which_runs_its_flops_column_leaves_out(tmp_path):
     from grpo_lightning.report.arms import Arm
     from grpo_lightning.report.sections.curves import curves_section
     from grpo_lightning.report.render.document import Doc, plain_text
-    from grpo_lightning.report.runs import FLOPS_TAG, Run, Series
+    from grpo_lightning.ablation.runs import FLOPS_TAG, Run, Series
 
     def run(name, flops):
         scalars = {"val/accuracy": Series(np.array([1, 2]), np.array([0.2, 0.3]), np.array([1.0, 2.0]))}

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from grpo_lightning.training.optimization import compensated
-from grpo_lightning.training.optimization.compensated import CompensatedAdamW, adamw
+from grpo_lightning.runtime.optimization import compensated
+from grpo_lightning.runtime.optimization.compensated import CompensatedAdamW, adamw
 from grpo_lightning.variants import GRPO
 
 

@@ -1,7 +1,7 @@
 """Training over many devices: FSDP sharding of the policy and the frozen reference model.
 
 Switch with one line: ``--config configs/strategy/fsdp.yaml`` (or
-``--trainer.strategy grpo_lightning.training.strategies.PolicyFSDPStrategy``). DDP needs nothing from this
+``--trainer.strategy grpo_lightning.runtime.strategies.PolicyFSDPStrategy``). DDP needs nothing from this
 file: ``--config configs/strategy/ddp.yaml`` or ``--trainer.strategy ddp``.
 
 How the module is sharded (FSDP1, Lightning's :class:`~lightning.pytorch.strategies.FSDPStrategy`):
@@ -28,7 +28,7 @@ How the module is sharded (FSDP1, Lightning's :class:`~lightning.pytorch.strateg
   (:func:`clip_grad_norm_`); Lightning's FSDP precision plugin refuses norm clipping.
 * Checkpoints (``state_dict_type="full"``) hold the gathered policy under its plain parameter
   names, so they load with or without FSDP, on any number of devices. Rank 0 writes the file
-  through the trainer's CheckpointIO (atomically with :mod:`grpo_lightning.checkpoints.io`'s).
+  through the trainer's CheckpointIO (atomically with :mod:`grpo_lightning.runtime.checkpoint_io`'s).
 
 :class:`PolicyFSDPStrategy` also runs on CPU processes (gloo), which the tests use.
 """
@@ -47,7 +47,7 @@ from torch import Tensor, nn
 from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, enable_wrap, wrap
 
-from grpo_lightning.checkpoints.io import check_checkpoint
+from grpo_lightning.runtime.checkpoint_io import check_checkpoint
 from grpo_lightning.errors import ConfigError
 
 _PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -327,7 +327,7 @@ class PolicyFSDPStrategy(FSDPStrategy):
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         # FSDP reads checkpoints itself, not through the CheckpointIO: a truncated file fails here,
-        # naming the checkpoint to resume from instead (grpo_lightning.checkpoints.io).
+        # naming the checkpoint to resume from instead (grpo_lightning.runtime.checkpoint_io).
         check_checkpoint(checkpoint_path)
         return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 
 import torch
-from test_agent_environments import CHATML_WITHOUT_TOOLS, byte_tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_lightning.agents import CalculatorEnvironment
 from grpo_lightning.agents.chat_tokens import ChatTokens
-from grpo_lightning.agents.chat_warmstart import ChatWarmStartSettings, chat_transcripts, json_call
+from grpo_lightning.quickstart.chat_warmstart import ChatWarmStartSettings, chat_transcripts, json_call
 from grpo_lightning.models.sources import resolve_model_source
 from grpo_lightning.quickstart.tiny import save_tiny_model, tiny_config
+from tests.helpers import CHATML_WITHOUT_TOOLS, byte_tokenizer
 
 SMALL = dict(num_train=6, num_val=2)
 
@@ -52,7 +52,7 @@ def test_warmstart_calculator_of_a_model_fine_tunes_it_once_and_loads_as_a_model
                          intermediate_size=32, max_position_embeddings=1024)  # fmt: skip
     base = save_tiny_model(tmp_path / "base", tokenizer, config)
     monkeypatch.setenv("GRPO_LIGHTNING_CACHE", str(tmp_path / "cache"))
-    from grpo_lightning.agents import chat_warmstart
+    from grpo_lightning.quickstart import chat_warmstart
 
     small = functools.partial(chat_warmstart.chat_calculator_warm_start, steps=2, batch_size=4, **SMALL)
     module = type(sys)("small_chat_warm_start")

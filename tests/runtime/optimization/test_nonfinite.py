@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_lightning.training.optimization.nonfinite import NonFiniteGuard, NonFiniteTrainingError
+from grpo_lightning.runtime.optimization.nonfinite import NonFiniteGuard, NonFiniteTrainingError
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.variants import GRPO
 from tests.helpers import fit, make_module, merged
