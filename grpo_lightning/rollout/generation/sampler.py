@@ -184,11 +184,10 @@ class RolloutSampler:
         self.engines.clear()
 
     def clear(self) -> None:
-        """Free the static engines' caches and compiled steps (after the worker is done)."""
+        """Free the static engines' caches and compiled steps (after the worker is done), and drop
+        what it sampled ahead."""
         self.ahead.clear()
-        for engine in self.engines.values():
-            engine.clear()
-        self.engines.clear()
+        self.release()
 
 
 def format_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Any, use_chat_template: bool = True) -> str:
