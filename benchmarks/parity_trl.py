@@ -93,27 +93,27 @@ def trl_settings(ours: Any) -> dict[str, Any]:
     advantage scaling, clip range, KL coefficient and its ratio weighting, truncation mask, the reward
     weights (ours', and the overlong shaping's where :func:`trl_overlong` adds TRL's function), and
     :data:`TRL_OFF`. ``ValueError`` for a setting of ours that these cannot express."""
-    values = ours.option_values()
+    values, settings = ours.option_values(), ours.settings
     for option, off in UNMAPPED.items():
         if values[option] != off:
             raise ValueError(f"{option}: {values[option]!r} has no TRL setting mapped here; set it to {off!r}.")
-    if ours.surrogate_name != "ppo_clip":
-        raise ValueError(f"loss.surrogate: TRL's clipped losses are ppo_clip's, not {ours.surrogate_name}'s.")
-    if ours.aggregation_name not in LOSS_TYPES:
-        raise ValueError(f"aggregation: {ours.aggregation_name} is no TRL loss_type; give one of {', '.join(LOSS_TYPES)}.")
-    scale = SCALE_REWARDS.get((ours.advantage_name, ours.rewards_options.scale))
+    if settings.surrogate != "ppo_clip":
+        raise ValueError(f"loss.surrogate: TRL's clipped losses are ppo_clip's, not {settings.surrogate}'s.")
+    if settings.aggregation not in LOSS_TYPES:
+        raise ValueError(f"aggregation: {settings.aggregation} is no TRL loss_type; give one of {', '.join(LOSS_TYPES)}.")
+    scale = SCALE_REWARDS.get((settings.advantage, ours.rewards_options.scale))
     if scale is None:
-        raise ValueError(f"advantage: {ours.advantage_name} under rewards.scale {ours.rewards_options.scale} is no "
+        raise ValueError(f"advantage: {settings.advantage} under rewards.scale {ours.rewards_options.scale} is no "
                          "TRL scale_rewards; give group_std (group, batch or none) or group_mean.")  # fmt: skip
-    if ours.kl_options.beta and (ours.kl_placement, ours.kl_estimator) != ("loss", "k3"):
-        raise ValueError(f"kl: TRL adds k3 to the loss; ours puts {ours.kl_estimator} in the {ours.kl_placement}.")
+    if ours.kl_options.beta and (settings.kl_placement, settings.kl_estimator) != ("loss", "k3"):
+        raise ValueError(f"kl: TRL adds k3 to the loss; ours puts {settings.kl_estimator} in the {settings.kl_placement}.")
     overlong = trl_overlong(ours)
     return {
         **TRL_OFF,
-        "loss_type": LOSS_TYPES[ours.aggregation_name],
+        "loss_type": LOSS_TYPES[settings.aggregation],
         "scale_rewards": scale,
-        "epsilon": ours.clip_eps_low,
-        "epsilon_high": ours.clip_eps_high,
+        "epsilon": settings.clip_eps_low,
+        "epsilon_high": settings.clip_eps_high,
         "beta": ours.kl_options.beta,
         "use_bias_correction_kl": ours.kl_options.unbiased,
         "mask_truncated_completions": ours.loss_options.mask_truncated_completions,

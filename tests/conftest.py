@@ -86,7 +86,7 @@ def make_module(tiny_model_dir) -> Callable:
 
 @pytest.fixture
 def make_rollout() -> Callable:
-    """``make_rollout(module, prompts, seed=0, **columns)``: a scored rollout of ``module.group_size``
+    """``make_rollout(module, prompts, seed=0, **columns)``: a scored rollout of ``module.settings.group_size``
     completions per prompt, sampled with ``module.sampling`` under a fixed seed.
 
     ``columns`` are extra dataset columns (one value per prompt), passed on to the reward functions.
@@ -96,7 +96,7 @@ def make_rollout() -> Callable:
         batch = {"prompt": list(prompts), **{name: list(values) for name, values in columns.items()}}
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            rollout = module.generate(batch, module.group_size, module.sampling)
+            rollout = module.generate(batch, module.settings.group_size, module.sampling)
         module.score(rollout)
         return rollout
 

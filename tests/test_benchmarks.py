@@ -532,6 +532,6 @@ def test_parity_gives_trl_the_settings_of_our_variant(variant, tiny_model_dir, t
     assert config.beta == ours.kl_options.beta == 0.0
     assert (config.epsilon, config.epsilon_high) == (ours.loss_options.clip_eps_low, ours.loss_options.clip_eps_high)
     assert config.max_grad_norm == ours.optim_options.max_grad_norm
-    assert (config.loss_type, config.scale_rewards) == TRL_LOSS_OF_OURS[(ours.aggregation_name, ours.advantage_name)]
+    assert (config.loss_type, config.scale_rewards) == TRL_LOSS_OF_OURS[(ours.settings.aggregation, ours.settings.advantage)]
     assert config.use_bias_correction_kl == ours.kl_options.unbiased == False  # noqa: E712  (TRL's default: True)
     assert (config.seed, config.max_steps) == (3, 7)

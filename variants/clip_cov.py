@@ -77,7 +77,8 @@ class ClipCov(CovarianceRule):
 
     def choose_tokens(self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
         """``I_clip`` of one minibatch."""
-        _, clipped_low, clipped_high = policy_losses.clipped_surrogate(logp, old_logp, advantages, self.clip_eps_low, self.clip_eps_high)
+        low, high = self.settings.clip_eps_low, self.settings.clip_eps_high
+        _, clipped_low, clipped_high = policy_losses.clipped_surrogate(logp, old_logp, advantages, low, high)
         cov = token_covariance(logp, advantages, mask)
         return clip_cov_tokens(cov, mask, self.clip_cov_ratio, self.clip_cov_lb, self.clip_cov_ub, self.generator(),
                                exclude=clipped_low | clipped_high)  # fmt: skip

@@ -107,7 +107,7 @@ class OnlineDPOGRPO(GRPO):
     ) -> Iterator[tuple[Tensor, dict]]:
         """``(loss, metrics)`` of each pass, whole pairs per pass; their losses add up to
         ``dpo_weight / num_pairs * sum_k loss_k``."""
-        size = max(1, self.micro_batch_size // 2)
+        size = max(1, self.settings.micro_batch_size // 2)
         parts = list(zip(winners.split(size), losers.split(size))) if len(winners) else []  # split([]): one empty part
         num_pairs, passes = torch.tensor(float(len(winners)), device=self.device), len(parts)
         world = self.trainer.world_size if self._trainer is not None else 1

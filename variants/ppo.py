@@ -85,15 +85,15 @@ class PPO(GroupPolicyOptimization):
         returns ``sum_t r_t``. The KL in the reward is this per-token one, not the base's sum."""
         with PhaseTimer(self.step_metrics, self.device).phase("values"):
             old_values = critic.compute_values(self.value_model, rollout, self.micro_batches(rollout, torch.arange(len(rollout))))
-        mask = rollout.completion_mask
-        in_reward = rollout.ref_logp is not None and KL_PLACEMENTS[self.kl_placement].in_reward
-        kl = functional.kl_estimate(rollout.old_logp, rollout.ref_logp, self.kl_estimator) if in_reward else None
-        token_rewards = gae.token_rewards(rewards, kl, mask, self.beta)
+        mask, settings, beta = rollout.completion_mask, self.settings, self.coefficients.beta
+        in_reward = rollout.ref_logp is not None and KL_PLACEMENTS[settings.kl_placement].in_reward
+        kl = functional.kl_estimate(rollout.old_logp, rollout.ref_logp, settings.kl_estimator) if in_reward else None
+        token_rewards = gae.token_rewards(rewards, kl, mask, beta)
         advantages, returns = gae.gae(token_rewards, old_values, mask, self.hparams.gamma, self.hparams.lam)
         valid = self.loss_mask(rollout, torch.arange(len(rollout)))
         critic.record_critic(self.step_metrics, old_values, returns, advantages, valid)
         if kl is not None:
-            self.step_metrics.update("kl_penalty", (self.beta * functional.masked_sum(kl, mask, dim=-1)).mean())
+            self.step_metrics.update("kl_penalty", (beta * functional.masked_sum(kl, mask, dim=-1)).mean())
         if self.hparams.whiten_advantages:
             advantages = gae.whiten(advantages, valid, total=self.sum_over_ranks)
         rollout.derived.update(gae_advantages=advantages, returns=returns, old_values=old_values)

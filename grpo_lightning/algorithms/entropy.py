@@ -29,13 +29,15 @@ def entropy_bonus(logp: Tensor, old_logp: Tensor) -> Tensor:
 
 class AdaptiveEntropy(Callback):
     """Adaptive entropy control (TRL's ``use_adaptive_entropy``): after each training step, the
-    entropy bonus's coefficient ``c`` (the module's ``entropy_coef``, where it starts) moves by
-    ``delta`` to steer the policy's mean token entropy ``H`` (the step's ``entropy``) toward ``target``::
+    entropy bonus's coefficient ``c`` (the module's ``coefficients.entropy_coef``, which starts at
+    ``loss.entropy_coef``) moves by ``delta`` to steer the policy's mean token entropy ``H`` (the
+    step's ``entropy``) toward ``target``::
 
         c <- clip(c + delta if H < target else c - delta, min_coef, max_coef)
 
-    Logged as ``entropy/coef`` (in the next step's row). Saved in checkpoints: a resumed fit goes on
-    with the coefficient it had. Add it with ``--trainer.callbacks+=grpo_lightning.algorithms.entropy.AdaptiveEntropy``.
+    Set by ``pl_module.set_coefficient``, which logs it as ``entropy/coef`` (in the next step's row;
+    the first row has the value it starts from). Saved in checkpoints: a resumed fit goes on with
+    the coefficient it had. Add it with ``--trainer.callbacks+=grpo_lightning.algorithms.entropy.AdaptiveEntropy``.
     Defaults are TRL's: target 0.2 nats per token, delta 0.005, ``c`` within [0, 1]."""
 
     def __init__(self, target: float = 0.2, delta: float = 0.005, min_coef: float = 0.0, max_coef: float = 1.0) -> None:
@@ -50,8 +52,8 @@ class AdaptiveEntropy(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         if self.coef is None:
-            self.coef = float(pl_module.entropy_coef)
-        pl_module.entropy_coef = self.coef
+            self.coef = float(pl_module.coefficients.entropy_coef)
+        pl_module.set_coefficient("entropy_coef", self.coef)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if pl_module.logged_steps == self.seen:  # no step was taken (DAPO's sampling goes on)
@@ -62,8 +64,7 @@ class AdaptiveEntropy(Callback):
             return
         step = self.delta if entropy < self.target else -self.delta
         self.coef = min(max(self.coef + step, self.min_coef), self.max_coef)
-        pl_module.entropy_coef = self.coef
-        pl_module.step_metrics.update("entropy/coef", self.coef)
+        pl_module.set_coefficient("entropy_coef", self.coef)
 
     def state_dict(self) -> dict[str, Any]:
         return {"coef": self.coef, "seen": self.seen}

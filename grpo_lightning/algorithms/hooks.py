@@ -15,7 +15,7 @@ from grpo_lightning.algorithms.advantages import ADVANTAGES, TOKEN_STATISTICS_AD
 from grpo_lightning.algorithms.aggregations import AGGREGATIONS
 from grpo_lightning.algorithms.kl import KL_PLACEMENTS
 from grpo_lightning.algorithms.masks import off_policy_sequence_mask
-from grpo_lightning.algorithms.surrogates import SURROGATES, Surrogate
+from grpo_lightning.algorithms.surrogates import SURROGATES
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.runtime.metrics import StepMetrics
 
@@ -24,7 +24,9 @@ if TYPE_CHECKING:  # the step's types, passed through: the parts sit below the r
 
 
 class AlgorithmHooks:
-    """What one update computes, hook by hook (the step that calls them: ``GroupPolicyOptimization``)."""
+    """What one update computes, hook by hook (the step that calls them: ``GroupPolicyOptimization``).
+    The hooks read the run's resolved settings, ``self.settings``, and the coefficients in use,
+    ``self.coefficients`` (:mod:`grpo_lightning.training.run_settings`)."""
 
     #: Where the KL term goes unless ``kl.placement`` says: a name of :data:`~grpo_lightning.algorithms.kl.KL_PLACEMENTS`,
     #: ``"loss"``, or ``"reward"`` (RLOO), which ``shape_rewards`` applies, against the old log-probs.
@@ -56,9 +58,9 @@ class AlgorithmHooks:
         ``rollout``: the step's, for advantages that ``shape_rewards`` put in ``rollout.derived`` (PPO's GAE).
         Here: the estimator named ``advantage`` (or the variant's ``default_advantage``), in its form
         for ``rewards.scale`` (:meth:`~grpo_lightning.algorithms.advantages.AdvantageRegistry.estimator`)."""
-        if self.advantage_name is None:
+        if self.settings.advantage is None:
             raise NotImplementedError(f"{type(self).__name__} must name a default_advantage or implement advantages")
-        estimator = ADVANTAGES.estimator(self.advantage_name, self.rewards_options.scale)
+        estimator = ADVANTAGES.estimator(self.settings.advantage, self.rewards_options.scale)
         if self.needs_token_statistics():
             return estimator(rewards, token_statistics(rollout, rewards.shape))
         return estimator(rewards)
@@ -66,18 +68,19 @@ class AlgorithmHooks:
     def needs_token_statistics(self) -> bool:
         """Whether the advantage reads the completions' per-token statistics (OTB's ``sum_pi_squared``):
         the step then computes them in a forward pass of their own, into ``rollout.derived``."""
-        return self.advantage_name in TOKEN_STATISTICS_ADVANTAGES
+        return self.settings.advantage in TOKEN_STATISTICS_ADVANTAGES
 
     def token_loss(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, micro: MicroBatch | None = None
     ) -> Tensor:
         """Per-token policy loss ``[N, T]`` (no KL): the surrogate named ``loss.surrogate`` (or the
-        variant's ``default_surrogate``), its token shares logged; then the off-policy sequence mask
+        variant's ``default_surrogate``) with the settings the run gives it (``settings.surrogate_options``),
+        its token shares logged; then the off-policy sequence mask
         where ``loss.off_policy_mask_threshold`` is set. ``logp``, ``old_logp``, ``mask``: ``[N, T]``;
         ``advantages``: ``[N]`` or ``[N, T]``; ``micro``: the micro-batch they are of, in an update
         (its rows and ``derived`` tensors), ``None`` on tensors alone."""
-        surrogate = SURROGATES[self.surrogate_name]
-        loss, shares = surrogate.loss(logp, old_logp, advantages, mask, **self.surrogate_settings(surrogate))
+        surrogate = SURROGATES[self.settings.surrogate]
+        loss, shares = surrogate.loss(logp, old_logp, advantages, mask, **dict(self.settings.surrogate_options))
         record_token_shares(self.step_metrics, shares, mask)
         threshold = self.loss_options.off_policy_mask_threshold
         if threshold is not None:
@@ -85,17 +88,6 @@ class AlgorithmHooks:
             self.step_metrics.update("off_policy_mask/dropped", F.masked_mean(1 - kept, mask), mask.sum())
             loss = loss * kept
         return loss
-
-    def surrogate_settings(self, surrogate: Surrogate) -> dict:
-        """The settings ``surrogate`` takes that this module has: an attribute (the clip bounds as
-        resolved for the surrogate, a variant's own such as ``tau_pos``), else a ``loss`` option."""
-        found = {}
-        for name in surrogate.options():
-            if hasattr(self, name):
-                found[name] = getattr(self, name)
-            elif hasattr(self.loss_options, name):
-                found[name] = getattr(self.loss_options, name)
-        return found
 
     def aggregate(
         self, loss: Tensor, mask: Tensor, *, num_sequences: int | None = None, num_tokens: Tensor | None = None
@@ -107,9 +99,9 @@ class AlgorithmHooks:
         whole minibatch. When ``None`` they are taken from ``loss`` and ``mask``. Here: the
         aggregation named ``aggregation`` (or the variant's ``default_aggregation``).
         """
-        if self.aggregation_name is None:
+        if self.settings.aggregation is None:
             raise NotImplementedError(f"{type(self).__name__} must name a default_aggregation or implement aggregate")
-        aggregation = AGGREGATIONS[self.aggregation_name]
+        aggregation = AGGREGATIONS[self.settings.aggregation]
         return aggregation(loss, mask, num_sequences=num_sequences, num_tokens=num_tokens, max_tokens=self.max_new_tokens)
 
     def select(self, rollout: Rollout) -> Rollout | None:
@@ -122,11 +114,11 @@ class AlgorithmHooks:
         rewards (:meth:`~grpo_lightning.algorithms.kl.KLPlacement.shape_rewards`; ``"reward"``: the KL
         penalty); an override adds to ``super().shape_rewards`` unless it puts the KL in the reward
         itself (PPO's, per token)."""
-        placement = KL_PLACEMENTS[self.kl_placement]
+        placement = KL_PLACEMENTS[self.settings.kl_placement]
         if not placement.in_reward or rollout.ref_logp is None:
             return rewards
-        kl = F.kl_estimate(rollout.old_logp, rollout.ref_logp, self.kl_estimator)
-        rewards, penalty = placement.shape_rewards(rewards, kl, rollout.completion_mask, self.beta)
+        kl = F.kl_estimate(rollout.old_logp, rollout.ref_logp, self.settings.kl_estimator)
+        rewards, penalty = placement.shape_rewards(rewards, kl, rollout.completion_mask, self.coefficients.beta)
         if penalty is not None:
             self.step_metrics.update("kl_penalty", penalty.mean())
         return rewards
@@ -149,13 +141,14 @@ class AlgorithmHooks:
 
     def needs_reference_model(self) -> bool:
         """Whether the frozen reference model is loaded and its log-probs computed: for the KL term
-        (``beta > 0``); a variant whose loss needs them otherwise (e.g. a DPO term) says so here."""
-        return self.beta > 0
+        (``beta > 0``, as it is now); a variant whose loss needs them otherwise (e.g. a DPO term) says so here."""
+        return self.coefficients.beta > 0
 
     def needs_old_logprobs(self, rollout_size: int) -> bool:
         """Old log-probs need a forward pass of their own unless the rollout makes one optimizer
         step: then they equal the current log-probs (detached) and that pass is skipped."""
-        return self.ppo_epochs > 1 or (self.minibatch_size is not None and rollout_size > self.minibatch_size)
+        epochs, minibatch_size = self.settings.ppo_epochs, self.settings.minibatch_size
+        return epochs > 1 or (minibatch_size is not None and rollout_size > minibatch_size)
 
 
 def token_statistics(rollout: Rollout | None, groups: tuple[int, ...]) -> TokenStatistics:

@@ -5,9 +5,10 @@ Each takes ``logp``, ``old_logp``, ``mask`` ``[N, T]`` and ``advantages`` ``[N]`
 where the surrogate is per token) and returns ``(loss [N, T], shares)``: the loss, neither masked
 nor aggregated, and the token shares to log (``name -> [N, T]`` flags or values, averaged over the
 mask), kept apart from the math. Its settings are keyword arguments named as the module's options
-(``loss.clip_eps_low``, ``tau_pos``, ...): a module passes those it has, the function's defaults (the
-paper's) stand for the rest. PPO, GSPO, CISPO, SAPO and GMPO are in :mod:`grpo_lightning.algorithms.policy_losses`;
-the others are here.
+(``loss.clip_eps_low``, ``tau_pos``, ...): a module passes those its run gives (its settings' clip
+bounds, its ``loss`` options, its variant's own arguments), the function's defaults (the paper's)
+stand for the rest, and one without a default is an error where the run does not give it. PPO,
+GSPO, CISPO, SAPO and GMPO are in :mod:`grpo_lightning.algorithms.policy_losses`; the others are here.
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ class Surrogate:
         """The settings it takes (keyword-only arguments of its function)."""
         code = self.loss.__code__
         return code.co_varnames[code.co_argcount : code.co_argcount + code.co_kwonlyargcount]
+
+    def required(self) -> tuple[str, ...]:
+        """The settings it has no default for: a run must give each."""
+        defaults = self.loss.__kwdefaults__ or {}
+        return tuple(option for option in self.options() if option not in defaults)
 
     def unused_clip_options(self) -> dict[str, str]:
         """``loss.option -> reason`` for each clip option it does not read."""

@@ -68,7 +68,7 @@ def sampler_arguments(module: Any, batch: Any, number: int) -> tuple:
     """What the base module's ``generate(batch, group_size, sampling, with_logprobs=True)`` passes
     :meth:`~grpo_lightning.rollout.generation.RolloutSampler.sample` after the model, as rollout ``number``."""
     texts = [module.format_prompt(prompt) for prompt in batch["prompt"]]
-    return (module.tokenizer, texts, module.group_size, module.sampling, number, True)
+    return (module.tokenizer, texts, module.settings.group_size, module.sampling, number, True)
 
 
 def was_sampled_ahead(module: Any, arguments: tuple) -> bool:

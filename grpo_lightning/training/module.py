@@ -47,7 +47,7 @@ from grpo_lightning.runtime import metrics
 from grpo_lightning.training import step_schedule
 from grpo_lightning.agents import EnvironmentOptions
 from grpo_lightning.agents.multi_turn import multi_turn_engine, sample_episodes
-from grpo_lightning.algorithms import KL_PLACEMENTS, resolve_parts, surrogate_clip
+from grpo_lightning.algorithms import KL_PLACEMENTS
 from grpo_lightning.algorithms.hooks import AlgorithmHooks, inapplicable_with
 from grpo_lightning.runtime.compute import ComputeMeter, policy_parameters
 from grpo_lightning.runtime.optimization.compensated import adamw
@@ -73,6 +73,7 @@ from grpo_lightning.rewards.scoring import TrainerState
 from grpo_lightning.rollout.types import Rollout, SamplingParams
 from grpo_lightning.training.settings import check_before_loading, check_datasets, check_model
 from grpo_lightning.training.settings import check_options_apply, resolve_groups, resolve_rewards
+from grpo_lightning.training.run_settings import STEERED, Coefficients, own_arguments, resolve_settings
 from grpo_lightning.training.update import PolicyUpdate, policy_part
 
 # Re-exported: variants and user code import them from here.
@@ -150,13 +151,12 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
 
         check_argument_types(type(self), self.hparams)  # the variant's own arguments (tau_pos, ...)
         self.inapplicable_options = inapplicable_with(type(self), loss.surrogate)  # with the surrogate of this run
-        self.kl_placement = KL_PLACEMENTS.resolve(kl.placement) or self.default_kl_placement  # a name of KL_PLACEMENTS
-        check_options_apply(type(self), self.inapplicable_options, self.kl_placement, self.option_values())
+        kl_placement = KL_PLACEMENTS.resolve(kl.placement) or self.default_kl_placement  # a name of KL_PLACEMENTS
+        check_options_apply(type(self), self.inapplicable_options, kl_placement, self.option_values())
         loss.check_clip_pair()
-        self.advantage_name, self.aggregation_name, self.surrogate_name = resolve_parts(
-            type(self), advantage, aggregation, rewards.scale, loss.surrogate
-        )
-        self.clip_eps_low, self.clip_eps_high = surrogate_clip(self.surrogate_name, loss)
+        own = own_arguments(type(self), GroupPolicyOptimization, self.hparams)
+        self.settings = resolve_settings(type(self), groups, advantage, aggregation, kl_placement, own)
+        self.coefficients = Coefficients(beta=kl.beta, entropy_coef=loss.entropy_coef)  # set_coefficient steers them
         check_engine_options(options, sampling.seed, sampling.beam_search)
         options = (
             options if self.environment is None else multi_turn_engine(options, sampling.seed, sampling.beam_search)
@@ -167,14 +167,6 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         self.model_name = model
         self.tokenizer_name = policy.tokenizer or model
         self.engine_options = options
-        self.group_size = sampling.group_size
-        self.beta = kl.beta  # a schedule (CosineKLSchedule) steers it during a fit
-        self.kl_estimator = kl.estimator or KL_PLACEMENTS[self.kl_placement].estimator
-        self.entropy_coef = loss.entropy_coef  # AdaptiveEntropy steers it during a fit
-        self.ppo_epochs = optim.ppo_epochs
-        self.rollout_correction = sampling.correction
-        self.minibatch_size = optim.minibatch_size
-        self.micro_batch_size = optim.micro_batch_size
         self.sampling = SamplingParams(sampling.max_new_tokens, sampling.temperature, sampling.top_p, sampling.top_k,
                                        sampling.min_new_tokens, sampling.beam_search)  # fmt: skip
         self.configure_evaluation(evaluation, sampling)
@@ -202,6 +194,12 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         }
         return {**values, "advantage": self.hparams.advantage, "aggregation": self.hparams.aggregation,
                 "environment": self.hparams.environment}  # fmt: skip
+
+    def set_coefficient(self, name: str, value: float) -> None:
+        """Use ``value`` for the coefficient ``name`` (``beta``, ``entropy_coef``) from now on, and log it
+        with the step's metrics (``beta``, ``entropy/coef``): how a schedule steers one during a fit."""
+        self.coefficients = self.coefficients.with_value(name, value)
+        self.step_metrics.update(STEERED[name], getattr(self.coefficients, name))
 
     @property
     def max_new_tokens(self) -> int:
@@ -315,8 +313,8 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         context = getattr(self.policy.config, "max_position_embeddings", None)
         longest = max(self.sampling.max_new_tokens, self.val_sampling.max_new_tokens)
         longest = longest if self.environment is None else self.environment.token_budget(longest)
-        check_datasets(self.trainer.datamodule, self.tokenizer, self.format_prompt, context, longest, self.group_size,
-                       self.minibatch_size)  # fmt: skip
+        check_datasets(self.trainer.datamodule, self.tokenizer, self.format_prompt, context, longest,
+                       self.settings.group_size, self.settings.minibatch_size)  # fmt: skip
 
     # ------------------------------------------------------------------ rollout
 
@@ -365,7 +363,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         timer = metrics.PhaseTimer(self.step_metrics, self.device)
         self.generation_batches += 1
         with timer.phase("rollout"):
-            rollout = self.generate(batch, self.group_size, self.sampling, with_logprobs=True)
+            rollout = self.generate(batch, self.settings.group_size, self.sampling, with_logprobs=True)
         self.generated_tokens += int(rollout.completion_mask.sum())  # dropped groups cost compute too
         self.compute.add_forward(rollout.prompt_mask, rollout.attended_mask)
         if (rollout := self.exchange_stale(rollout)) is None:  # bounded staleness: the queue is filling
@@ -414,7 +412,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         its optimizer steps (:meth:`minibatches`), each without a gradient, so that ``global_step``
         moves as after any update (up to ``max_steps``) and no weight changes. Logs the row."""
         optimizer, scheduler = policy_part(self.optimizers()), policy_part(self.lr_schedulers())
-        for _ in range(int(min(self.ppo_epochs * self.minibatches(num_groups), self.steps_left()))):
+        for _ in range(int(min(self.settings.ppo_epochs * self.minibatches(num_groups), self.steps_left()))):
             self.step_without_gradient(optimizer, scheduler)
         self.step_metrics.update("learning_rate", scheduler.get_last_lr()[0])
         self.log_step()

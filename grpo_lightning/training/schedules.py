@@ -1,4 +1,4 @@
-"""Schedules of the module's settings over a fit, as callbacks that set them before each step.
+"""Schedules of the module's coefficients over a fit, as callbacks that set them before each step.
 
 :class:`CosineKLSchedule` holds the KL coefficient ``beta`` at ``start`` for the first 10% of the
 optimizer steps, lowers it along a half cosine to ``end`` by 80% of them, and holds it there
@@ -40,8 +40,9 @@ def cosine_kl_coefficient(step: int, total_steps: int, start: float = 0.1, end: 
 
 
 class CosineKLSchedule(Callback):
-    """Set ``pl_module.beta`` to :func:`cosine_kl_coefficient` of the step before each training step,
-    and log it (``beta``, with the step's other metrics). ``T`` is ``trainer.max_steps``.
+    """Set the module's ``beta`` to :func:`cosine_kl_coefficient` of the step before each training step
+    (``pl_module.set_coefficient``, which logs it as ``beta`` with the step's other metrics); ``kl.beta``
+    stays the configured value. ``T`` is ``trainer.max_steps``.
 
     Args:
         start: ``beta`` for the first 10% of the steps; > 0.
@@ -65,9 +66,10 @@ class CosineKLSchedule(Callback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit":
             return
-        if not pl_module.beta > 0:
+        beta = pl_module.coefficients.beta
+        if not beta > 0:
             raise ConfigError(
-                f"kl.beta: the module's beta is {pl_module.beta}: there is no KL term to schedule, and no reference "
+                f"kl.beta: the module's beta is {beta}: there is no KL term to schedule, and no reference "
                 "model is loaded for one; set --model.kl.beta > 0 (e.g. the schedule's start) or drop CosineKLSchedule "
                 "from trainer.callbacks."
             )
@@ -87,5 +89,4 @@ class CosineKLSchedule(Callback):
         return cosine_kl_coefficient(step, total_steps, self.start, self.end)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        pl_module.beta = self.beta(trainer.global_step, trainer.max_steps)
-        pl_module.step_metrics.update("beta", pl_module.beta)
+        pl_module.set_coefficient("beta", self.beta(trainer.global_step, trainer.max_steps))

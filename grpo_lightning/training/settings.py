@@ -112,7 +112,8 @@ def check_before_loading(module: Any, stage: str) -> None:
     the rollout size against ``minibatch_size``."""
     if stage == "fit":
         datamodule = module.trainer.datamodule
-        check_rollout_size(getattr(datamodule, "batch_size", None), module.group_size, module.minibatch_size)
+        settings = module.settings
+        check_rollout_size(getattr(datamodule, "batch_size", None), settings.group_size, settings.minibatch_size)
 
 
 def check_datasets(datamodule: Any, tokenizer: PreTrainedTokenizerBase, format_prompt: Callable[[Any], str],

@@ -76,12 +76,12 @@ class PolicyUpdate:
         chosen over the whole rollout) and ``recompute`` asks for it, the sampler's under ``bypass``, and
         under ``loglinear`` the version the update starts from (``rollout.derived["proximal_version"]``);
         the weights of a correction chosen over the rollout (``rollout.derived["correction_weights"]``)."""
-        source, correction = self.sampling_options.old_logprobs, self.sampling_options.rollout_correction()
+        source, correction = self.sampling_options.old_logprobs, self.settings.rollout_correction
         over_rollout = correction.over_rollout and rollout.sampling_logp is not None
         needed = source == "recompute" and self.needs_old_logprobs(len(rollout))
         if source == "bypass" and rollout.sampling_logp is not None:
             rollout.old_logp = rollout.sampling_logp
-        elif needed or (self.beta > 0 and KL_PLACEMENTS[self.kl_placement].in_reward) or over_rollout:
+        elif needed or over_rollout or (self.coefficients.beta > 0 and KL_PLACEMENTS[self.settings.kl_placement].in_reward):
             rollout.old_logp = self.compute_logprobs(self.policy, rollout)
         if source == "loglinear":
             version = torch.full((len(rollout),), self.policy_version, device=rollout.device)
@@ -116,14 +116,15 @@ class PolicyUpdate:
         many on every device (the most any needs)."""
         budget = self.optim_options.micro_batch_tokens
         if budget is None:
-            return list(rows.split(self.micro_batch_size))
+            return list(rows.split(self.settings.micro_batch_size))
         at = rows.to(rollout.device)
         lengths = row_tokens(rollout.prompt_mask[at], rollout.attended_mask[at])
         return token_budget_split(rows, lengths, budget, -self.min_over_ranks(-fewest_micro_batches(lengths, budget)))
 
     def minibatches(self, num_groups: int) -> int:
         """Minibatches per epoch of a batch of ``num_groups`` prompts: ``num_groups x G / minibatch_size``."""
-        return -(-num_groups * self.group_size // self.minibatch_size) if self.minibatch_size else 1
+        group_size, minibatch_size = self.settings.group_size, self.settings.minibatch_size
+        return -(-num_groups * group_size // minibatch_size) if minibatch_size else 1
 
     def steps_left(self) -> float:
         """Optimizer steps the fit may still take: ``max_steps - global_step`` (unbounded without ``max_steps``)."""
@@ -141,7 +142,7 @@ class PolicyUpdate:
         """
         optimizer, scheduler = policy_part(self.optimizers()), policy_part(self.lr_schedulers())
         size, minibatches = len(rollout), self.minibatches(num_groups or rollout.num_groups)
-        for _ in range(self.ppo_epochs):
+        for _ in range(self.settings.ppo_epochs):
             order = torch.randperm(size) if self.needs_old_logprobs(size) else torch.arange(size)
             for rows in order.tensor_split(minibatches):
                 if self.steps_left() <= 0:
@@ -241,20 +242,19 @@ class PolicyUpdate:
         logp, entropy = self._forward(self.policy, rollout, micro.rows)
         old_logp = self.old_logprobs(micro, logp)
         loss = self.token_loss(logp, old_logp, micro.advantages, mask, micro=micro)
-        if self.entropy_coef:  # its gradient raises each loss token's entropy
-            loss = loss + self.entropy_coef * entropy_bonus(logp, old_logp)
+        if self.coefficients.entropy_coef:  # its gradient raises each loss token's entropy
+            loss = loss + self.coefficients.entropy_coef * entropy_bonus(logp, old_logp)
         if micro.sampling_logp is not None:  # the engine's log-probs against this pass's
             behaviour_of = logp if self.sampling_options.old_logprobs == "bypass" else old_logp  # bypass: old = rollout
-            correction = self.sampling_options.rollout_correction()
-            loss = correct_policy_loss(loss, behaviour_of, micro.sampling_logp, mask, correction, self.step_metrics,
-                                       micro.derived.get("correction_weights"), logp)  # fmt: skip
+            loss = correct_policy_loss(loss, behaviour_of, micro.sampling_logp, mask, self.settings.rollout_correction,
+                                       self.step_metrics, micro.derived.get("correction_weights"), logp)  # fmt: skip
         if self.loss_options.top_entropy_quantile < 1:
             loss = loss * functional.top_entropy_mask(entropy, mask, self.loss_options.top_entropy_quantile)
         if micro.ref_logp is not None:
-            kl = functional.kl_estimate(logp, micro.ref_logp, self.kl_estimator)
+            kl = functional.kl_estimate(logp, micro.ref_logp, self.settings.kl_estimator)
             if self.kl_options.unbiased:
                 kl = kl * torch.exp(logp - old_logp)
-            loss = KL_PLACEMENTS[self.kl_placement].add_to_loss(loss, kl, self.beta)
+            loss = KL_PLACEMENTS[self.settings.kl_placement].add_to_loss(loss, kl, self.coefficients.beta)
             self.step_metrics.update("kl", functional.masked_mean(kl.detach(), mask), tokens)
         self.step_metrics.update("entropy", functional.masked_mean(entropy, mask), tokens)
         return self.aggregate(loss, mask, num_sequences=micro.num_sequences, num_tokens=micro.num_tokens)

@@ -73,8 +73,8 @@ def test_a_dapo_parts_cell_builds_dapo_with_only_its_technique(arm, dapo_parts, 
     command = cell_command(dapo_parts, cell, tmp_path / cell.name, model="some/model")
     module = GRPOLightningCLI(args=command[command.index("fit") + 1 :], run=False).model
     clip_eps_high, dynamic_sampling, aggregation, overlong_buffer = DAPO_ARMS[arm]
-    assert type(module).__name__ == "DAPO" and module.beta == 0.0
-    assert (module.clip_eps_high, module.dynamic_sampling, module.aggregation_name) == (clip_eps_high, dynamic_sampling,
+    assert type(module).__name__ == "DAPO" and module.coefficients.beta == 0.0
+    assert (module.settings.clip_eps_high, module.dynamic_sampling, module.settings.aggregation) == (clip_eps_high, dynamic_sampling,
                                                                                         aggregation)  # fmt: skip
     assert module.overlong_buffer == (module.max_new_tokens // 5 if overlong_buffer is None else overlong_buffer)
 

@@ -61,7 +61,7 @@ def episodes(request, make_module, one_torch_thread):
     batch = {"prompt": ["12+34=", "5+6="], "answer": ["46", "11"]}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        rollout = module.generate(batch, module.group_size, module.sampling, with_logprobs=True)
+        rollout = module.generate(batch, module.settings.group_size, module.sampling, with_logprobs=True)
     module.score(rollout)
     return module, rollout
 
@@ -218,7 +218,7 @@ def test_every_variant_ignores_what_it_is_given_at_environment_tokens_or_refuses
     module = ending_turns(make_module(cls, **settings))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        rollout = module.generate({"prompt": ["12+34=", "5+6="]}, module.group_size, module.sampling, with_logprobs=True)
+        rollout = module.generate({"prompt": ["12+34=", "5+6="]}, module.settings.group_size, module.sampling, with_logprobs=True)
     module.score(rollout)
     rollout.old_logp = module.compute_logprobs(module.policy, rollout) - 0.01
     rollout.ref_logp = rollout.old_logp + 0.02
@@ -332,7 +332,7 @@ def test_the_static_engine_samples_the_episodes_the_hf_path_samples(temperature,
         sampling = dataclasses.replace(module.sampling, temperature=temperature)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            rollouts[engine] = module.generate(batch, module.group_size, sampling, with_logprobs=True)
+            rollouts[engine] = module.generate(batch, module.settings.group_size, sampling, with_logprobs=True)
         scored = module.compute_logprobs(module.policy, rollouts[engine])
         mask = rollouts[engine].completion_mask.bool()
         torch.testing.assert_close(scored[mask], rollouts[engine].sampling_logp[mask], atol=1e-4, rtol=0)
@@ -356,7 +356,7 @@ def test_static_engine_episodes_on_cuda_score_exactly_the_sampled_tokens(engine,
                                       engine=engine)).to("cuda")  # fmt: skip
     assert module.engine_plan.rollout == "static"
     torch.manual_seed(0)
-    rollout = module.generate({"prompt": ["12+34=", "5+6="]}, module.group_size, module.sampling, with_logprobs=True)
+    rollout = module.generate({"prompt": ["12+34=", "5+6="]}, module.settings.group_size, module.sampling, with_logprobs=True)
     reply = module.tokenizer(REPLY, add_special_tokens=False)["input_ids"]
     for row in range(len(rollout)):
         parts = segments(rollout, row)

@@ -228,10 +228,10 @@ def test_the_options_keep_the_gradient_independent_of_micro_batching(cls, kwargs
     module = make_module(cls, **kwargs)
     rollout = make_rollout(module, PROMPTS)
     n = len(rollout)
-    if module.rollout_correction:  # an engine that disagrees with the training pass by up to 0.2 nats
+    if module.settings.rollout_correction.mode:  # an engine that disagrees with the training pass by up to 0.2 nats
         noise = 0.2 * (torch.rand(rollout.completion_mask.shape, generator=torch.Generator().manual_seed(0)) - 0.5)
         rollout.sampling_logp = (module.compute_logprobs(module.policy, rollout) + noise) * rollout.completion_mask
-    if module.beta > 0:
+    if module.coefficients.beta > 0:
         with torch.no_grad():
             for p in module.ref_model.parameters():
                 p.mul_(0.95)
@@ -288,9 +288,9 @@ def test_each_option_combines_with_each_variant_or_says_why_not(cls, option, mak
     rollout = make_rollout(module, PROMPTS)
     n = len(rollout)
     rows = torch.arange(n)
-    if module.beta > 0:
+    if module.coefficients.beta > 0:
         rollout.ref_logp = module.compute_logprobs(module.ref_model, rollout) - 0.05
-        if module.kl_placement == "reward":  # the KL of the reward is taken against the old policy
+        if module.settings.kl_placement == "reward":  # the KL of the reward is taken against the old policy
             rollout.old_logp = module.compute_logprobs(module.policy, rollout)
     rewards = module.shape_rewards(rollout.rewards, rollout)
     advantages = module.advantages(rewards.view(-1, rollout.group_size), rollout).flatten(0, 1)

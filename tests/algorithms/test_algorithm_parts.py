@@ -37,7 +37,7 @@ def test_an_unknown_part_name_is_refused_naming_the_option_and_the_choices(optio
 
 
 def test_scale_rewards_divides_only_group_std():
-    assert variants.GRPO("unused", advantage="group_std", rewards={"scale": "batch"}).advantage_name == "group_std"
+    assert variants.GRPO("unused", advantage="group_std", rewards={"scale": "batch"}).settings.advantage == "group_std"
     with pytest.raises(ConfigError, match="^rewards.scale: sets the divisor of group_std's advantages"):
         variants.GRPO("unused", advantage="leave_one_out", rewards={"scale": "none"})
 
@@ -119,4 +119,4 @@ def test_a_sweep_axis_over_aggregations_builds_each_cell_with_its_part(tmp_path)
     for cell in cells:
         command = cell_command(spec, cell, tmp_path / cell.name, model="some/model")
         cli = GRPOLightningCLI(args=command[command.index("fit") + 1 :], run=False)
-        assert cli.model.aggregation_name == dict(cell.overrides)["model.aggregation"]
+        assert cli.model.settings.aggregation == dict(cell.overrides)["model.aggregation"]

@@ -55,10 +55,10 @@ def test_each_variant_declares_where_its_kl_goes_and_the_option_moves_it():
         cls = getattr(variants, name)
         assert cls.default_kl_placement == ("reward" if name in in_reward else "loss"), name
     grpo = variants.GRPO("m", kl={"placement": "reward"})
-    assert (grpo.kl_placement, grpo.kl_estimator) == ("reward", "k1")  # k1 in the reward, as the papers
+    assert (grpo.settings.kl_placement, grpo.settings.kl_estimator) == ("reward", "k1")  # k1 in the reward, as the papers
     rloo = variants.RLOO("m", kl={"placement": "loss"})
-    assert (rloo.kl_placement, rloo.kl_estimator) == ("loss", "k3")
-    assert variants.GRPO("m", kl={"placement": "reward", "estimator": "k3"}).kl_estimator == "k3"
+    assert (rloo.settings.kl_placement, rloo.settings.kl_estimator) == ("loss", "k3")
+    assert variants.GRPO("m", kl={"placement": "reward", "estimator": "k3"}).settings.kl_estimator == "k3"
 
 
 def test_a_placement_with_beta_zero_is_refused_naming_it():
@@ -72,7 +72,7 @@ def test_a_placement_the_loop_cannot_run_is_refused_naming_it():
     refusal = r"^kl.placement: ProcessGRPO cannot put the KL in the reward .*--model.kl.placement loss"
     with pytest.raises(ConfigError, match=refusal):
         variants.ProcessGRPO("m", kl={"beta": 0.1, "placement": "reward"})
-    assert variants.ProcessGRPO("m", kl={"beta": 0.1, "placement": "loss"}).kl_placement == "loss"
+    assert variants.ProcessGRPO("m", kl={"beta": 0.1, "placement": "loss"}).settings.kl_placement == "loss"
 
 
 def test_unbiased_kl_is_refused_where_the_kl_is_in_the_reward_by_option_too():

@@ -45,13 +45,13 @@ def test_adaptive_entropy_steps_the_coefficient_toward_the_target_once_per_step_
     for logged, entropy in steps:
         module.logged_steps, module.last_step_metrics = logged, {"entropy": entropy}
         control.on_train_batch_end(None, module, None, None, 0)
-        seen.append(round(module.entropy_coef, 6))
+        seen.append(round(module.coefficients.entropy_coef, 6))
     # below the target: +0.005 (capped at 0.012), once per logged step; above it: -0.005, down to 0.
     assert seen == [0.012, 0.012, 0.012, 0.007, 0.002, 0.0]
     resumed, fresh = AdaptiveEntropy(), variants.GRPO("unused", loss={"entropy_coef": 0.01})
     resumed.load_state_dict(control.state_dict())
     resumed.on_train_start(None, fresh)
-    assert fresh.entropy_coef == 0.0 and resumed.seen == 5
+    assert fresh.coefficients.entropy_coef == 0.0 and resumed.seen == 5
 
 
 def test_adaptive_entropy_is_a_trainer_callback_on_the_command_line():

@@ -4,6 +4,7 @@ them (the advantage's form for ``rewards.scale``, what a ``kl.placement`` does t
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
@@ -72,7 +73,7 @@ def test_a_path_to_what_is_not_a_part_is_refused_saying_what_a_part_is():
 def test_a_module_takes_a_function_by_its_import_path_and_keeps_the_path_in_its_hyperparameters():
     try:
         module = variants.GRPO("m", advantage="torch.neg")
-        assert module.advantage_name == module.hparams.advantage == "torch.neg"
+        assert module.settings.advantage == module.hparams.advantage == "torch.neg"
         assert torch.equal(module.advantages(REWARDS), -REWARDS)
     finally:
         ADVANTAGES.pop("torch.neg", None)
@@ -133,7 +134,7 @@ def test_the_update_adds_to_the_loss_what_the_placement_says(make_module, make_r
     advantages = torch.linspace(-1.0, 1.0, len(rollout))
 
     def loss_with(placement: str) -> float:
-        module.kl_placement = placement
+        module.settings = dataclasses.replace(module.settings, kl_placement=placement)
         return module.micro_batch_loss(rollout, advantages, rows, len(rows), module.loss_mask(rollout, rows).sum()).item()
 
     try:

@@ -228,7 +228,7 @@ def test_every_correction_keeps_agreeing_tokens_ignores_padding_and_passes_no_gr
 def test_m2po_weights_chosen_over_the_rollout_do_not_depend_on_the_micro_batch_size(make_module, one_torch_thread):
     grpo = make_module(GRPO, policy={"dtype": "float32"}, sampling={"correction": "m2po"}, kl={"beta": 0.0})
     torch.manual_seed(0)
-    rollout = grpo.generate({"prompt": ["1+2=", "30+4="]}, grpo.group_size, grpo.sampling, with_logprobs=True)
+    rollout = grpo.generate({"prompt": ["1+2=", "30+4="]}, grpo.settings.group_size, grpo.sampling, with_logprobs=True)
     generator = torch.Generator().manual_seed(1)
     noise = 0.3 * torch.randn(rollout.completion_ids.shape, generator=generator)  # a stale sampler: some tokens go
     rollout.sampling_logp = (rollout.sampling_logp + noise).clamp(max=0.0) * rollout.completion_mask

@@ -108,7 +108,7 @@ def test_a_per_sequence_surrogate_is_refused_where_advantages_are_per_token():
     for name in ("PPO", "ProcessGRPO"):
         with pytest.raises(ConfigError, match=f"^loss.surrogate: gspo needs one advantage per completion, and {name}'s"):
             getattr(variants, name)("unused", loss={"surrogate": "gspo"})
-    assert variants.PPO("unused", loss={"surrogate": "cispo"}).surrogate_name == "cispo"
+    assert variants.PPO("unused", loss={"surrogate": "cispo"}).settings.surrogate == "cispo"
 
 
 def test_an_unknown_surrogate_is_refused_naming_the_choices():
@@ -121,9 +121,9 @@ def test_clip_options_follow_the_surrogate_of_the_run():
         variants.GRPO("unused", loss={"surrogate": "sapo", "delta": 2.0})
     with pytest.raises(ConfigError, match="^loss.clip_eps_high: does not apply to SAPO \\(its soft gate"):
         variants.SAPO("unused", loss={"clip_eps_high": 0.28})
-    assert variants.SAPO("unused", loss={"surrogate": "ppo_clip", "clip_eps_high": 0.28}).clip_eps_high == 0.28
+    assert variants.SAPO("unused", loss={"surrogate": "ppo_clip", "clip_eps_high": 0.28}).settings.clip_eps_high == 0.28
     # GSPO's own clip range is its default, not a setting: another surrogate does not refuse it.
-    assert variants.GSPO("unused", loss={"surrogate": "sapo"}).surrogate_name == "sapo"
+    assert variants.GSPO("unused", loss={"surrogate": "sapo"}).settings.surrogate == "sapo"
     with pytest.raises(ConfigError, match="^loss.surrogate: does not apply to ClipCov"):
         variants.ClipCov("unused", loss={"surrogate": "cispo"})
 

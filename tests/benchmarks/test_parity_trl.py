@@ -170,7 +170,7 @@ def test_trl_s_loss_on_the_mapped_settings_is_ours_in_value_and_gradient(case, t
     logp = (-torch.rand(P * G, L, generator=generator, dtype=torch.float64) * 3).requires_grad_()
     old_logp = logp.detach() + 0.3 * torch.randn(P * G, L, generator=generator, dtype=torch.float64)  # ratios past both bounds
     ref_logp = logp.detach() + 0.5 * torch.randn(P * G, L, generator=generator, dtype=torch.float64)
-    rollout.old_logp, rollout.ref_logp = old_logp, ref_logp if ours.beta else None
+    rollout.old_logp, rollout.ref_logp = old_logp, ref_logp if ours.coefficients.beta else None
 
     task = torch.tensor(TASK_REWARDS, dtype=torch.float64)
     advantages = ours.advantages(ours.shape_rewards(task, rollout).view(P, G), rollout).flatten()

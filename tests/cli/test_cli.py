@@ -49,8 +49,8 @@ def test_class_path_and_field_overrides_from_the_command_line():
     args = cli_args(VARIANT_CONFIGS[0]) + ["--model", "grpo_lightning.variants.DAPO", "--model.loss.clip_eps_high", "0.3"]
     cli = GRPOLightningCLI(args=args, run=False)
     assert type(cli.model).__name__ == "DAPO"
-    assert cli.model.clip_eps_high == 0.3
-    assert cli.model.beta == 0.0
+    assert cli.model.settings.clip_eps_high == 0.3
+    assert cli.model.coefficients.beta == 0.0
 
 
 def test_unknown_class_path_is_an_error_naming_it(capsys):
@@ -323,7 +323,7 @@ def test_fit_help_lists_the_variants_and_points_at_model_help(capsys):
 )
 def test_a_variant_is_named_by_class_name_config_name_or_class_path(given):
     cli = GRPOLightningCLI(args=[*BASE, "--model.model", "m", *given, "--model.loss.clip_eps_high", "0.3"], run=False)
-    assert type(cli.model).__name__ == "DAPO" and cli.model.clip_eps_high == 0.3
+    assert type(cli.model).__name__ == "DAPO" and cli.model.settings.clip_eps_high == 0.3
 
 
 def test_a_config_file_may_name_a_variant_by_class_name(tmp_path):

@@ -126,7 +126,7 @@ def minibatch_gradient(module, rollout, advantages, micro_batch_size: int | None
     (``accumulate_gradients``: the variant's ``minibatch_derived`` and ``extra_losses``, then its
     micro-batches), ``micro_batch_size`` rows or ``micro_batch_tokens`` tokens a pass; ``backward``
     stands in for the Trainer's ``manual_backward``."""
-    module.micro_batch_size = micro_batch_size
+    monkeypatch.setattr(module, "settings", dataclasses.replace(module.settings, micro_batch_size=micro_batch_size))
     monkeypatch.setattr(module, "optim_options", dataclasses.replace(
         module.optim_options, micro_batch_size=micro_batch_size, micro_batch_tokens=micro_batch_tokens))
     module.policy.zero_grad(set_to_none=True)
@@ -230,7 +230,7 @@ def test_print_config_reads_back_into_the_same_module(cls, tmp_path, monkeypatch
 
     module = GRPOLightningCLI(args=["--config", str(tmp_path / "config.yaml")], run=False).model
     assert type(module) is cls and module.policy is None
-    assert module.aggregation_name == aggregation
+    assert module.settings.aggregation == aggregation
     assert hyperparameters(module) == hyperparameters(cls("m", aggregation=aggregation))
     assert variant_log_name(cls.__name__) == shipped.stem  # runs are filed under the config's name
 
@@ -257,18 +257,18 @@ ACTS_WITH = {"kl.placement": {"kl.beta": 0.1}}
 def uses_the_part(module, option: str, name: str) -> None:
     """The module computes with the part named, not with its own."""
     if option == "advantage":
-        assert module.advantage_name == name
+        assert module.settings.advantage == name
         tokens = (TOKEN_STATISTICS,) if name in TOKEN_STATISTICS_ADVANTAGES else ()
         assert torch.equal(module.advantages(REWARDS, STEP_ROLLOUT), ADVANTAGES[name](REWARDS, *tokens))
     elif option == "aggregation":
-        assert module.aggregation_name == name
+        assert module.settings.aggregation == name
         expected = AGGREGATIONS[name](LOSS, MASK, max_tokens=module.max_new_tokens)
         assert torch.equal(module.aggregate(LOSS, MASK), expected)
     elif option == "kl.placement":
-        assert module.kl_placement == name
-        assert module.kl_estimator == KL_PLACEMENTS[name].estimator  # k3 in the loss, k1 in the reward
+        assert module.settings.kl_placement == name
+        assert module.settings.kl_estimator == KL_PLACEMENTS[name].estimator  # k3 in the loss, k1 in the reward
     else:
-        assert module.surrogate_name == name
+        assert module.settings.surrogate == name
 
 
 def check_parts_by_name(cls, option: str) -> None:
@@ -307,8 +307,8 @@ def test_the_preset_that_docs_adding_a_variant_adds_passes_the_variants_checks(m
     exec(code, vars(file))  # noqa: S102 - the page's example
     cls = file.BatchStdGRPO
     module = cls("m")
-    assert (module.advantage_name, module.aggregation_name, module.beta) == ("batch_std", "token_mean", 0.0)
-    assert cls("m", kl={"beta": 0.01}).beta == 0.01
+    assert (module.settings.advantage, module.settings.aggregation, module.coefficients.beta) == ("batch_std", "token_mean", 0.0)
+    assert cls("m", kl={"beta": 0.01}).coefficients.beta == 0.01
     check_micro_batch_invariance(cls, make_module, make_rollout, monkeypatch)
     for option in OPTIONS:
         check_parts_by_name(cls, option)
@@ -333,8 +333,8 @@ def test_a_users_parts_by_import_path_give_a_gradient_independent_of_the_micro_b
 ):
     make = with_user_parts(make_module, user_parts)
     module = make(variants.GRPO, configure=False)
-    assert (module.advantage_name, module.aggregation_name) == ("group_median", "seq_mean_token_sqrt_mean")
-    assert (module.kl_placement, module.kl_estimator) == ("half_and_half", "k3")
+    assert (module.settings.advantage, module.settings.aggregation) == ("group_median", "seq_mean_token_sqrt_mean")
+    assert (module.settings.kl_placement, module.settings.kl_estimator) == ("half_and_half", "k3")
     check_micro_batch_invariance(variants.GRPO, make, make_rollout, monkeypatch)
 
 
@@ -355,7 +355,7 @@ def test_a_users_part_by_import_path_on_the_command_line_reads_back_by_that_path
         config.pop(key)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     module = GRPOLightningCLI(args=["--config", str(tmp_path / "config.yaml")], run=False).model
-    assert module.advantage_name == "group_median"
+    assert module.settings.advantage == "group_median"
     message = f"advantage: '{user_parts}.nope' is not one of group_std, .*{user_parts} has no 'nope'"
     with pytest.raises(ValueError, match=message):  # the ConfigError, in jsonargparse's
         GRPOLightningCLI(args=["--config", str(tmp_path / "config.yaml"), "--model.advantage", f"{user_parts}.nope"],

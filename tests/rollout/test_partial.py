@@ -13,7 +13,7 @@ from grpo_lightning.variants import GRPO
 def test_a_cut_completion_continues_on_its_exact_prefix_and_records_each_chunks_version(make_module, one_torch_thread):
     grpo = make_module(GRPO, policy={"dtype": "float32"}, sampling={"max_new_tokens": 6})
     torch.manual_seed(0)
-    sampled = grpo.generate({"prompt": ["1+2=", "30+4="]}, grpo.group_size, grpo.sampling, with_logprobs=True)
+    sampled = grpo.generate({"prompt": ["1+2=", "30+4="]}, grpo.settings.group_size, grpo.sampling, with_logprobs=True)
     rollout = cut(sampled, 2, grpo.tokenizer)
     assert rollout.completion_mask.sum(1).max() == 2 and (rollout.sampling_version == 0).all()
     with grpo.rollout_model() as model:

@@ -297,7 +297,7 @@ def test_valid_settings_build_every_variant_without_loading_a_model(variant, arg
     arguments = {name: value for name, value in arguments.items() if name not in variant.inapplicable_options}
     module = variant(MISSING_MODEL, **grouped(arguments))
     assert module.policy is None and module.ref_model is None and module.tokenizer is None
-    assert module.group_size == arguments["sampling.group_size"]
+    assert module.settings.group_size == arguments["sampling.group_size"]
 
 
 def test_a_local_model_path_that_does_not_exist_is_refused_when_built():
@@ -385,7 +385,7 @@ def test_valid_options_build_the_module_without_loading_a_model(group_size, temp
             "--data.long_prompts", long_prompts]  # fmt: skip
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
         cli = GRPOLightningCLI(args=args, run=False)
-    assert cli.model.policy is None and cli.model.group_size == group_size
+    assert cli.model.policy is None and cli.model.settings.group_size == group_size
     assert cli.datamodule.long_prompts == long_prompts
 
 

@@ -21,7 +21,7 @@ def module_and_rollout(make_module, source):
     module = make_module(GRPO, policy={"dtype": "float32"}, sampling={"old_logprobs": source}, kl={"beta": 0.0},
                          optim={"ppo_epochs": 2, "micro_batch_size": 4})  # fmt: skip
     torch.manual_seed(0)
-    rollout = module.generate({"prompt": ["1+2=", "3+4="]}, module.group_size, module.sampling, with_logprobs=True)
+    rollout = module.generate({"prompt": ["1+2=", "3+4="]}, module.settings.group_size, module.sampling, with_logprobs=True)
     rollout.sampling_logp = (module.compute_logprobs(module.policy, rollout) - SHIFT) * rollout.completion_mask
     return module, rollout
 

@@ -26,20 +26,20 @@ def test_the_base_constructor_takes_at_most_twelve_arguments_groups_included():
 
 
 def test_a_variant_presets_its_groups_and_a_partial_group_keeps_the_rest_of_the_preset():
-    assert variants.DAPO("m").clip_eps_high == 0.28 and variants.DAPO("m").beta == 0.0
+    assert variants.DAPO("m").settings.clip_eps_high == 0.28 and variants.DAPO("m").coefficients.beta == 0.0
     partial = variants.DAPO("m", loss={"clip_eps_low": 0.1})  # a dict: only the fields it names
-    assert (partial.clip_eps_low, partial.clip_eps_high) == (0.1, 0.28)
+    assert (partial.settings.clip_eps_low, partial.settings.clip_eps_high) == (0.1, 0.28)
     whole = variants.DAPO("m", loss=LossOptions(clip_eps_low=0.1))  # an object: the whole group
-    assert (whole.clip_eps_low, whole.clip_eps_high) == (0.1, 0.2)
+    assert (whole.settings.clip_eps_low, whole.settings.clip_eps_high) == (0.1, 0.2)
 
 
 def test_the_kl_estimator_follows_where_the_kl_goes_unless_named():
-    assert variants.GRPO("m").kl_estimator == "k3"  # in the loss
+    assert variants.GRPO("m").settings.kl_estimator == "k3"  # in the loss
     for cls in (variants.RLOO, variants.ReinforcePlusPlus, variants.PPO):  # in the reward
-        assert cls("m", kl=KLOptions(beta=0.1)).kl_estimator == "k1"
-        assert cls("m", kl={"estimator": "k2"}).kl_estimator == "k2"
-    assert variants.RLOO("m", kl={"placement": "loss"}).kl_estimator == "k3"
-    assert variants.GRPO("m", kl={"placement": "reward"}).kl_estimator == "k1"
+        assert cls("m", kl=KLOptions(beta=0.1)).settings.kl_estimator == "k1"
+        assert cls("m", kl={"estimator": "k2"}).settings.kl_estimator == "k2"
+    assert variants.RLOO("m", kl={"placement": "loss"}).settings.kl_estimator == "k3"
+    assert variants.GRPO("m", kl={"placement": "reward"}).settings.kl_estimator == "k1"
 
 
 @pytest.mark.parametrize(
@@ -85,8 +85,8 @@ def test_the_hyperparameters_are_plain_values_that_rebuild_the_same_module(cls):
     again = cls(**hparams)  # as load_from_checkpoint builds it
     for name in GROUPS:
         assert getattr(again, f"{name}_options") == getattr(module, f"{name}_options")
-    assert (again.clip_eps_low, again.clip_eps_high, again.kl_estimator) == (
-        module.clip_eps_low, module.clip_eps_high, module.kl_estimator)  # fmt: skip
+    assert (again.settings.clip_eps_low, again.settings.clip_eps_high, again.settings.kl_estimator) == (
+        module.settings.clip_eps_low, module.settings.clip_eps_high, module.settings.kl_estimator)  # fmt: skip
 
 
 # ------------------------------------------------------------------ the command line

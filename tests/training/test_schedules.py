@@ -70,7 +70,7 @@ def test_a_module_without_a_reference_model_is_refused_naming_beta(make_module):
 
 
 def test_a_module_that_loads_no_reference_model_at_beta_above_0_is_refused():
-    module = SimpleNamespace(beta=0.04, needs_reference_model=lambda: False)
+    module = SimpleNamespace(coefficients=SimpleNamespace(beta=0.04), needs_reference_model=lambda: False)
     with pytest.raises(ConfigError, match="^kl.beta: SimpleNamespace loads no reference model"):
         CosineKLSchedule().setup(SimpleNamespace(max_steps=100), module, "fit")
 
@@ -126,7 +126,7 @@ def test_a_cli_fit_logs_the_scheduled_beta_at_every_step(scheduled_fit):
     # the update from step s is logged at s + 1, the optimizer steps taken
     assert logged_beta(cli.trainer) == pytest.approx({step + 1: beta for step, beta in expected.items()}, abs=1e-7)
     assert len(set(expected.values())) == STEPS  # steps 1-3 are on the cosine: four different values
-    assert cli.model.beta == pytest.approx(expected[STEPS - 1])  # what the last step's KL term used
+    assert cli.model.coefficients.beta == pytest.approx(expected[STEPS - 1])  # what the last step's KL term used
     assert cli.model.hparams.kl["beta"] == 0.04  # the configured value stays in the hyperparameters
 
 

@@ -33,9 +33,9 @@ def test_construction_loads_nothing_and_is_instant(monkeypatch):
 
 def test_defaults_follow_the_papers():
     module = CISPO(model="unused")  # no lower bound on the IS weight; TRL's / ScaleRL's 5.0 above
-    assert module.beta == 0.0
-    assert (module.clip_eps_low, module.clip_eps_high) == (None, 5.0)
-    assert module.kl_placement == "loss"
+    assert module.coefficients.beta == 0.0
+    assert (module.settings.clip_eps_low, module.settings.clip_eps_high) == (None, 5.0)
+    assert module.settings.kl_placement == "loss"
     assert module.hparams["loss"]["clip_eps_low"] == None  # what checkpoints and the CLI record
 
 
@@ -60,7 +60,7 @@ def test_aggregate_on_a_ragged_mask_by_hand():
 
 
 def test_cispo_lower_bound_is_checked_by_the_base_when_given():
-    assert CISPO(model="unused", loss={"clip_eps_low": 0.2}).clip_eps_low == 0.2
+    assert CISPO(model="unused", loss={"clip_eps_low": 0.2}).settings.clip_eps_low == 0.2
     with pytest.raises(ConfigError, match="clip_eps_low"):
         CISPO(model="unused", loss={"clip_eps_low": 1.5})
 

@@ -31,9 +31,9 @@ def test_defaults_follow_the_paper():
     kl_cov = KLCov(model="unused")
     assert (kl_cov.kl_cov_ratio, kl_cov.kl_coef) == (2e-3, 1.0)
     for module in (clip_cov, kl_cov):
-        assert module.beta == 0.0  # no KL to a reference model: nothing extra is loaded
-        assert (module.clip_eps_low, module.clip_eps_high) == (0.2, 0.2)
-        assert module.kl_placement == "loss"
+        assert module.coefficients.beta == 0.0  # no KL to a reference model: nothing extra is loaded
+        assert (module.settings.clip_eps_low, module.settings.clip_eps_high) == (0.2, 0.2)
+        assert module.settings.kl_placement == "loss"
     # GRPO's advantages: group 0 has spread (see tests/helpers.py), group 1 none.
     z = 1.2245948897605123
     assert_close(clip_cov.advantages(t([[3.0, 1.0, 2.0, 2.0], [0.5] * 4])), t([[z, -z, 0.0, 0.0], [0.0] * 4]))

@@ -19,15 +19,15 @@ def surrogate_loss(name, logp, old_logp, advantages, mask, **settings):
 
 def test_each_preset_names_its_parts_and_the_papers_defaults():
     module = variants.DPPO("unused")
-    assert (module.advantage_name, module.surrogate_name, module.aggregation_name) == ("group_std", "dppo_tv", "token_mean")
-    defaults = {"clip_eps_low": 0.15, "clip_eps_high": 0.15, "clip_ratio_c": 20.0}
-    for option, value in defaults.items():  # the module's (as resolved for its surrogate), else its loss option
-        assert getattr(module, option, getattr(module.loss_options, option, None)) == value, option
+    settings = module.settings
+    assert (settings.advantage, settings.surrogate, settings.aggregation) == ("group_std", "dppo_tv", "token_mean")
+    # the clip bounds as resolved for its surrogate, and the loss option
+    assert dict(settings.surrogate_options) == {"clip_eps_low": 0.15, "clip_eps_high": 0.15, "clip_ratio_c": 20.0}
 
 
 def test_dppo_divergence_picks_the_surrogate_and_its_bounds():
     module = variants.DPPO("unused", divergence="kl")
-    assert (module.surrogate_name, module.clip_eps_low, module.clip_eps_high) == ("dppo_kl", 0.05, 0.05)
+    assert (module.settings.surrogate, module.settings.clip_eps_low, module.settings.clip_eps_high) == ("dppo_kl", 0.05, 0.05)
     with pytest.raises(ConfigError, match="^divergence: kl is the surrogate dppo_kl"):
         variants.DPPO("unused", divergence="kl", loss={"surrogate": "dppo_tv"})
 

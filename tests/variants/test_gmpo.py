@@ -28,9 +28,9 @@ def test_construction_loads_nothing_and_is_instant(monkeypatch):
 
 def test_defaults_follow_the_papers():
     module = GMPO(model="unused")  # log-space clip, ratios within (e^-0.4, e^0.4)
-    assert module.beta == 0.0
-    assert (module.clip_eps_low, module.clip_eps_high) == (0.4, 0.4)
-    assert module.kl_placement == "loss"
+    assert module.coefficients.beta == 0.0
+    assert (module.settings.clip_eps_low, module.settings.clip_eps_high) == (0.4, 0.4)
+    assert module.settings.kl_placement == "loss"
     assert module.hparams["loss"]["clip_eps_low"] == 0.4  # what checkpoints and the CLI record
 
 

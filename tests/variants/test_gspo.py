@@ -20,10 +20,10 @@ def test_construction_loads_nothing_and_is_instant(monkeypatch):
 
 def test_defaults_follow_the_papers():
     module = GSPO(model="unused")  # GSPO: sequence-ratio clip range
-    assert module.beta == 0.0
-    assert (module.clip_eps_low, module.clip_eps_high) == (0.0003, 0.0004)
-    assert module.kl_estimator == "k3"
-    assert module.kl_placement == "loss"
+    assert module.coefficients.beta == 0.0
+    assert (module.settings.clip_eps_low, module.settings.clip_eps_high) == (0.0003, 0.0004)
+    assert module.settings.kl_estimator == "k3"
+    assert module.settings.kl_placement == "loss"
 
 
 # ------------------------------------------------------------------ hand-computed hook values

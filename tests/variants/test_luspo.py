@@ -17,10 +17,9 @@ SIGNS = torch.tensor([1.0, -1.0])
 
 def test_each_preset_names_its_parts_and_the_papers_defaults():
     module = variants.LUSPO("unused")
-    assert (module.advantage_name, module.surrogate_name, module.aggregation_name) == ("group_std", "gspo", "seq_mean_token_sum")
-    defaults = {"clip_eps_low": 2e-3, "clip_eps_high": 2.5e-3, "beta": 0.0}
-    for option, value in defaults.items():  # the module's (as resolved for its surrogate), else its loss option
-        assert getattr(module, option, getattr(module.loss_options, option, None)) == value, option
+    settings = module.settings
+    assert (settings.advantage, settings.surrogate, settings.aggregation) == ("group_std", "gspo", "seq_mean_token_sum")
+    assert (settings.clip_eps_low, settings.clip_eps_high, module.coefficients.beta) == (2e-3, 2.5e-3, 0.0)
 
 
 def test_luspo_on_policy_is_the_length_weighted_loss_and_its_gradient():

@@ -13,10 +13,9 @@ from grpo_lightning.algorithms import ADVANTAGES
 
 def test_each_preset_names_its_parts_and_the_papers_defaults():
     module = variants.MaxRL("unused")
-    assert (module.advantage_name, module.surrogate_name, module.aggregation_name) == ("max_rl", "ppo_clip", "seq_mean_token_mean")
-    defaults = {"clip_eps_low": 0.2, "beta": 0.0}
-    for option, value in defaults.items():  # the module's (as resolved for its surrogate), else its loss option
-        assert getattr(module, option, getattr(module.loss_options, option, None)) == value, option
+    settings = module.settings
+    assert (settings.advantage, settings.surrogate, settings.aggregation) == ("max_rl", "ppo_clip", "seq_mean_token_mean")
+    assert (settings.clip_eps_low, module.coefficients.beta) == (0.2, 0.0)
 
 
 def test_max_rl_divides_the_centred_reward_by_the_success_rate():

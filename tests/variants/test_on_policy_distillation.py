@@ -72,7 +72,7 @@ def test_the_teacher_loads_frozen_and_scores_the_rollouts_tokens(make_module, ma
     advantages = module.advantages(rewards.view(-1, rollout.group_size), rollout)
     student = module.compute_logprobs(module.policy, rollout)
     teacher = module.compute_logprobs(module.teacher_model, rollout)
-    expected = ((teacher - student) * rollout.completion_mask).view(2, module.group_size, -1)
+    expected = ((teacher - student) * rollout.completion_mask).view(2, module.settings.group_size, -1)
     assert_close(advantages, expected)
     assert advantages.abs().sum() > 0
     checkpoint = {"state_dict": module.state_dict()}
@@ -87,7 +87,7 @@ def test_reward_weight_adds_grpos_group_advantage_at_every_token(make_module, ma
     rewards = mixed.shape_rewards(rollout.rewards, rollout).view(-1, rollout.group_size)
     group = F.group_normalized_advantages(rewards, scale="group")  # GRPO's A_i [P, G]
     assert group.abs().sum() > 0
-    mask = rollout.completion_mask.view(2, mixed.group_size, -1)
+    mask = rollout.completion_mask.view(2, mixed.settings.group_size, -1)
     expected = 2.0 * pure.advantages(rewards, rollout) + 0.5 * group.unsqueeze(-1) * mask
     assert_close(mixed.advantages(rewards, rollout), expected)
 

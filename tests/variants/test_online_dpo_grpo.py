@@ -9,6 +9,7 @@ suite's, tests/conformance/).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -44,7 +45,7 @@ def test_construction_loads_nothing_and_has_the_defaults(monkeypatch):
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
     module = OnlineDPOGRPO(model="no-such/model")
     assert (module.dpo_weight, module.dpo_beta) == (1.0, 0.1)
-    assert module.beta == 0.04 and module.hparams["dpo_beta"] == 0.1  # GRPO's KL; the CLI records both
+    assert module.coefficients.beta == 0.04 and module.hparams["dpo_beta"] == 0.1  # GRPO's KL; the CLI records both
     assert module.policy is None and module.ref_model is None
 
 
@@ -134,7 +135,7 @@ def test_total_loss_is_grpos_plus_the_dpo_term_by_hand(prepared, make_module):
 
 def test_with_several_minibatches_each_pair_is_averaged_in_its_winners_minibatch(prepared):
     module, rollout, _, losses = prepared
-    module.micro_batch_size = 4
+    module.settings = dataclasses.replace(module.settings, micro_batch_size=4)
     module.dpo_weight = 1.0
     rows = torch.arange(len(rollout))[torch.arange(len(rollout)) % 2 == 0]  # every other row: the losers may be out
     led = dpo.pairs_led_by(rows, *step_pairs(rollout))
@@ -154,7 +155,7 @@ def test_every_device_runs_as_many_pair_passes_and_the_count_is_their_mean(prepa
     """A second device with 3 more passes and 10 more pairs, through stand-ins for the collectives
     (the real ones need several processes)."""
     module, rollout, _, losses = prepared
-    module.micro_batch_size = 2  # one pair a pass
+    module.settings = dataclasses.replace(module.settings, micro_batch_size=2)  # one pair a pass
     strategy = SimpleNamespace(reduce=lambda value, reduce_op: value + 10.0)
     monkeypatch.setattr(module, "_trainer", SimpleNamespace(world_size=2, strategy=strategy))
     monkeypatch.setattr(module, "min_over_ranks", lambda value: min(value, -(len(step_pairs(rollout)[0]) + 3)))

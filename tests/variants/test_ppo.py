@@ -100,19 +100,19 @@ def test_options_out_of_range_name_the_field():
 
 def test_the_chosen_kl_estimator_is_the_penalty_in_the_token_rewards(make_module, make_rollout):
     module = make_module(PPO, kl={"estimator": "k3"})
-    assert PPO("x").kl_estimator == "k1"  # the paper's, by default
+    assert PPO("x").settings.kl_estimator == "k1"  # the paper's, by default
     rollout = make_rollout(module, PROMPTS)
     rollout.old_logp = module.compute_logprobs(module.policy, rollout)
     rollout.ref_logp = rollout.old_logp - 0.05 * torch.arange(rollout.old_logp.size(1))
     d = rollout.ref_logp - rollout.old_logp
     k3 = (torch.exp(d) - d - 1) * rollout.completion_mask  # not k1's d: the estimator chosen
     shaped = module.shape_rewards(rollout.rewards, rollout)
-    assert_close(shaped, rollout.rewards - module.beta * k3.sum(-1))
+    assert_close(shaped, rollout.rewards - module.coefficients.beta * k3.sum(-1))
 
 
 def test_with_the_kl_in_the_loss_the_token_rewards_carry_no_penalty(make_module, make_rollout):
     module = make_module(PPO, kl={"placement": "loss"})
-    assert module.kl_estimator == "k3"  # in the loss, DeepSeekMath's
+    assert module.settings.kl_estimator == "k3"  # in the loss, DeepSeekMath's
     rollout = make_rollout(module, PROMPTS)
     rollout.old_logp = module.compute_logprobs(module.policy, rollout)
     rollout.ref_logp = rollout.old_logp - 0.05 * torch.arange(rollout.old_logp.size(1))

@@ -30,9 +30,9 @@ def test_construction_loads_nothing_and_is_instant(monkeypatch):
 
 def test_defaults_follow_the_papers():
     module = ReinforcePlusPlus(model="unused")  # PPO clip; k1 KL in the reward
-    assert module.beta == 0.01
-    assert (module.clip_eps_low, module.clip_eps_high) == (0.2, 0.2)
-    assert module.kl_placement == "reward"
+    assert module.coefficients.beta == 0.01
+    assert (module.settings.clip_eps_low, module.settings.clip_eps_high) == (0.2, 0.2)
+    assert module.settings.kl_placement == "reward"
     assert module.hparams["loss"]["clip_eps_low"] == 0.2  # what checkpoints and the CLI record
 
 
@@ -94,9 +94,9 @@ def test_reinforce_plus_plus_puts_the_summed_k1_kl_in_the_reward():
     # beta 0.01: [1 + 0.005, 2 - 0.01]
     assert_close(ReinforcePlusPlus(model="unused").shape_rewards(t([1.0, 2.0]), rollout), t([1.005, 1.99]))
     in_loss = ReinforcePlusPlus(model="unused", kl={"placement": "loss"})
-    assert in_loss.kl_placement == "loss"
+    assert in_loss.settings.kl_placement == "loss"
     assert_close(in_loss.shape_rewards(t([1.0, 2.0]), rollout), t([1.0, 2.0]))
-    assert in_loss.kl_estimator == "k3"  # in the loss, the base's default
+    assert in_loss.settings.kl_estimator == "k3"  # in the loss, the base's default
 
 
 def test_reinforce_plus_plus_puts_the_chosen_kl_estimator_in_the_reward():

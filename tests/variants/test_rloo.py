@@ -29,10 +29,10 @@ def test_construction_loads_nothing_and_is_instant(monkeypatch):
 
 def test_defaults_follow_the_papers():
     module = RLOO(model="unused")  # RLOO: KL penalty in the reward
-    assert module.beta == 0.05
-    assert (module.clip_eps_low, module.clip_eps_high) == (0.2, 0.2)
-    assert module.kl_estimator == "k1"  # RLOO: k1 in the reward, as the paper
-    assert module.kl_placement == "reward"
+    assert module.coefficients.beta == 0.05
+    assert (module.settings.clip_eps_low, module.settings.clip_eps_high) == (0.2, 0.2)
+    assert module.settings.kl_estimator == "k1"  # RLOO: k1 in the reward, as the paper
+    assert module.settings.kl_placement == "reward"
 
 
 # ------------------------------------------------------------------ hand-computed hook values
@@ -70,7 +70,7 @@ def test_rloo_puts_the_summed_k1_kl_in_the_reward():
     assert_close(shaped, t([1.025, 1.95]))
     in_loss = RLOO(model="unused", kl={"placement": "loss"})
     assert_close(in_loss.shape_rewards(t([1.0, 2.0]), rollout), t([1.0, 2.0]))
-    assert in_loss.kl_estimator == "k3"  # in the loss, the base's default
+    assert in_loss.settings.kl_estimator == "k3"  # in the loss, the base's default
 
 
 def test_rloo_puts_the_chosen_kl_estimator_in_the_reward():

@@ -32,9 +32,9 @@ def test_construction_loads_nothing_and_is_instant(monkeypatch):
 
 def test_defaults_follow_the_papers():
     module = SAPO(model="unused")  # no clip at all: the base's range, which it refuses to change
-    assert module.beta == 0.0
-    assert (module.clip_eps_low, module.clip_eps_high) == (0.2, 0.2)
-    assert module.kl_placement == "loss"
+    assert module.coefficients.beta == 0.0
+    assert (module.settings.clip_eps_low, module.settings.clip_eps_high) == (0.2, 0.2)
+    assert module.settings.kl_placement == "loss"
     assert module.hparams["loss"]["clip_eps_low"] == 0.2  # what checkpoints and the CLI record
 
 
