@@ -1,5 +1,5 @@
-"""The cosine KL schedule: the formula by hand, its errors, and real CLI fits (from scratch and resumed)
-whose logged ``beta`` follows it step by step."""
+"""The cosine KL schedule: the formula by hand, its errors, how it sets beta, and real CLI fits (from
+scratch and resumed) whose logged ``beta`` follows it step by step."""
 
 from __future__ import annotations
 
@@ -81,6 +81,16 @@ def test_a_fit_without_max_steps_is_refused_naming_it(make_module, max_steps):
     with pytest.raises(ConfigError, match=r"^trainer.max_steps: .*--trainer.max_steps 1000"):
         CosineKLSchedule().setup(SimpleNamespace(max_steps=max_steps), grpo, "fit")
     CosineKLSchedule().setup(SimpleNamespace(max_steps=max_steps), grpo, "validate")  # only a fit is scheduled
+
+
+def test_the_schedule_sets_beta_through_set_coefficient_which_logs_it(monkeypatch):
+    grpo = GRPO("m")  # kl.beta 0.04
+    calls, set_coefficient = [], grpo.set_coefficient
+    monkeypatch.setattr(grpo, "set_coefficient", lambda name, value: calls.append(name) or set_coefficient(name, value))
+    CosineKLSchedule(start=0.1, end=0.04).on_train_batch_start(SimpleNamespace(global_step=45, max_steps=100), grpo, None, 0)
+    assert calls == ["beta"]
+    assert (grpo.coefficients.beta, grpo.kl_options.beta) == (pytest.approx(0.07), 0.04)  # in use (halfway); configured
+    assert grpo.step_metrics.compute_and_reset()["beta"] == pytest.approx(0.07)
 
 
 def fit_args(model_dir: str, root, *extra: str) -> list[str]:
