@@ -265,7 +265,8 @@ class LossOptions(OptionGroup):
     """OPSM: a negative-advantage completion whose mean ``log pi_old - log pi`` exceeds it carries
     no loss; ``None``: off."""
     entropy_coef: float = 0.0
-    """An entropy bonus (estimated at the sampled token); 0: off."""
+    """An entropy bonus (estimated at the sampled token); 0: off. The value a fit starts from:
+    ``AdaptiveEntropy`` steers the one in use, ``module.coefficients.entropy_coef``."""
     top_entropy_quantile: float = 1.0
     """Only the tokens whose entropy is in the top fraction ``q`` of the micro-batch's carry loss
     (arXiv 2506.01939); 1: all."""
@@ -309,7 +310,8 @@ class KLOptions(OptionGroup):
     group: ClassVar[str] = "kl"
 
     beta: float = 0.04
-    """KL coefficient; 0 loads no reference model."""
+    """KL coefficient; 0 loads no reference model. The value a fit starts from: a schedule steers the
+    one in use, ``module.coefficients.beta``."""
     estimator: str | None = None
     """``"k1"``, ``"k2"`` or ``"k3"`` (Schulman 2020); ``None``: the papers' choice, k3 in the loss
     (DeepSeekMath), k1 in the reward (RLOO, REINFORCE++, PPO)."""
