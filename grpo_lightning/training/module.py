@@ -113,7 +113,9 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
             (:class:`~grpo_lightning.training.options.EvaluationOptions`; ``--model.evaluation.samples``).
 
     A group given as a dict sets the fields it names of the variant's preset group; a group object
-    replaces it whole.
+    replaces it whole. The hooks read them resolved once, in ``self.settings`` (frozen:
+    :class:`~grpo_lightning.training.run_settings.RunSettings`), and ``beta`` and ``entropy_coef`` in
+    ``self.coefficients``, which only :meth:`set_coefficient` changes (a schedule's).
     """
 
     def __init__(
@@ -150,9 +152,9 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         self.strict_loading = False  # checkpoints leave the frozen reference model out
 
         check_argument_types(type(self), self.hparams)  # the variant's own arguments (tau_pos, ...)
-        self.inapplicable_options = inapplicable_with(type(self), loss.surrogate)  # with the surrogate of this run
+        inapplicable = inapplicable_with(type(self), loss.surrogate)  # with the surrogate of this run
         kl_placement = KL_PLACEMENTS.resolve(kl.placement) or self.default_kl_placement  # a name of KL_PLACEMENTS
-        check_options_apply(type(self), self.inapplicable_options, kl_placement, self.option_values())
+        check_options_apply(type(self), inapplicable, kl_placement, self.option_values())
         loss.check_clip_pair()
         own = own_arguments(type(self), GroupPolicyOptimization, self.hparams)
         self.settings = resolve_settings(type(self), groups, advantage, aggregation, kl_placement, own)
