@@ -75,8 +75,8 @@ class AlgorithmHooks:
     ) -> Tensor:
         """Per-token policy loss ``[N, T]`` (no KL): the surrogate named ``loss.surrogate`` (or the
         variant's ``default_surrogate``) with the settings the run gives it (``settings.surrogate_options``),
-        its token shares logged; then the off-policy sequence mask
-        where ``loss.off_policy_mask_threshold`` is set. ``logp``, ``old_logp``, ``mask``: ``[N, T]``;
+        its token shares logged; then the off-policy sequence mask where
+        ``loss.off_policy_mask_threshold`` is set. ``logp``, ``old_logp``, ``mask``: ``[N, T]``;
         ``advantages``: ``[N]`` or ``[N, T]``; ``micro``: the micro-batch they are of, in an update
         (its rows and ``derived`` tensors), ``None`` on tensors alone."""
         surrogate = SURROGATES[self.settings.surrogate]
