@@ -16,7 +16,11 @@ from tests.helpers import length_parity_reward, merged
 
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # pytest -n: the workers share the cores
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    WORKER_THREADS = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    torch.set_num_threads(WORKER_THREADS)
+    # and so do the processes the tests start (fits on the command line, torchrun, sweeps' cells): a
+    # process with torch's default of one thread per core beside a busy worker spins on a shared core
+    os.environ.setdefault("OMP_NUM_THREADS", str(WORKER_THREADS))
 
 
 @pytest.fixture(scope="module")
