@@ -343,6 +343,7 @@ def ddp_run(tiny_model_dir, tmp_path_factory) -> tuple[list[dict], Path]:
     return torchrun(script, tiny_model_dir, root / "ddp", "ddp", 2), root / "ddp"
 
 
+@pytest.mark.slow
 def test_model_compile_under_ddp_trains_like_the_eager_model(tiny_model_dir, tmp_path, ddp_run):
     """``model_compile`` over two CPU processes: every step's metrics, the norm of the averaged
     gradient among them, match the eager DDP run's, so the compiled backward pass still feeds
@@ -356,6 +357,7 @@ def test_model_compile_under_ddp_trains_like_the_eager_model(tiny_model_dir, tmp
         torch.testing.assert_close(steps(compiled[rank], 1, 2), steps(eager[rank], 1, 2), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_fsdp_over_two_cpu_processes_trains_like_ddp_and_resumes_exactly(tiny_model_dir, tmp_path, ddp_run):
     script = tmp_path / "distributed_fit.py"
     script.write_text(DISTRIBUTED_FIT)
@@ -389,6 +391,7 @@ def test_fsdp_over_two_cpu_processes_trains_like_ddp_and_resumes_exactly(tiny_mo
     torch.testing.assert_close(run_logits(tmp_path / "fsdp" / "saved"), run_logits(tmp_path / "exported4"), rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_keyed_sampling_makes_two_fsdp_processes_train_like_one_process_with_their_batches(tiny_model_dir, tmp_path):
     """The CPU counterpart of the 1-GPU against 2-GPU comparison of benchmarks/fsdp_scaling.py."""
     script = tmp_path / "distributed_fit.py"
@@ -404,6 +407,7 @@ def test_keyed_sampling_makes_two_fsdp_processes_train_like_one_process_with_the
         torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_ppo_over_two_fsdp_processes_trains_like_one_process_with_their_batches(tiny_model_dir, tmp_path):
     """The critic is sharded too; its loss and the whitened advantages take every process's tokens,
     so two processes make the one-process run's policy, critic steps included."""
