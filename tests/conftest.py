@@ -16,7 +16,44 @@ from tests.helpers import length_parity_reward, merged
 
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # pytest -n: the workers share the cores
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    WORKER_THREADS = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    torch.set_num_threads(WORKER_THREADS)
+    # and so do the processes the tests start (fits on the command line, torchrun, sweeps' cells): a
+    # process with torch's default of one thread per core beside a busy worker spins on a shared core
+    os.environ.setdefault("OMP_NUM_THREADS", str(WORKER_THREADS))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under ``pytest -n N``: the files that hold ``slow`` tests are dealt to the N workers, each at the
+    front of a worker's share. ``--dist worksteal`` gives each worker a contiguous N-th of this list and
+    lets an idle worker take queued tests from the end of another's: with the fits of minutes first,
+    the run ends on short tests, not with one worker idle beside a long fit that started last. A file
+    stays whole (its module fixtures are built once); the files are dealt by their number of slow
+    tests, largest first, to the share that has fewest."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    slow = {}
+    for item in items:
+        if item.get_closest_marker("slow"):
+            slow[item.path] = slow.get(item.path, 0) + 1
+    if workers < 2 or not slow:
+        return
+    shares = [[] for _ in range(workers)]
+    weights = [0] * workers
+    for path in sorted(slow, key=lambda path: (-slow[path], str(path))):
+        lightest = weights.index(min(weights))
+        shares[lightest].append(path)
+        weights[lightest] += slow[path]
+    by_file = {}
+    for item in items:
+        by_file.setdefault(item.path, []).append(item)
+    rest = [item for item in items if item.path not in slow]
+    ordered = []
+    for index, share in enumerate(shares):
+        ordered += [item for path in share for item in by_file[path]]
+        size = len(items) * (index + 1) // workers - len(ordered)  # fill up to where the next share starts
+        ordered += rest[: max(size, 0)]
+        rest = rest[max(size, 0):]
+    items[:] = ordered + rest
 
 
 @pytest.fixture(scope="module")

@@ -234,6 +234,7 @@ def _launcher_free_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in launcher_variables}
 
 
+@pytest.mark.slow
 def test_fsdp_scaling_check_fp32_compares_completions_and_first_step_gradients(tmp_path):
     """``--check-fp32`` on two CPU processes: single, fsdp-1 and fsdp-2 sample the same completions
     and compute the same first-step gradients. (The scaling mode runs the same three processes; its
@@ -410,6 +411,7 @@ def test_memory_held_counts_each_owner_s_tensors_once(tiny_model_dir, tmp_path):
         assert bench.memory_held(module, trainer.optimizers[0]) == {}
 
 
+@pytest.mark.slow
 def test_budget_race_reports_steps_wall_clock_and_accuracy_per_framework(tiny_model_dir, tmp_path):
     """Both frameworks train the recipe's task on the tiny model for 6 s from their process's start."""
     frameworks = ["grpo-lightning"] + (["trl"] if importlib.util.find_spec("trl") else [])

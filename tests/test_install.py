@@ -146,6 +146,7 @@ def test_an_editable_install_has_the_presets_inside_the_package_as_the_checkouts
     assert presets == ["grpo_lightning.variants.dapo", str(tmp_path / "source" / "variants" / "__init__.py"), "None"]
 
 
+@pytest.mark.slow
 def test_console_scripts_from_an_empty_folder(installed, tmp_path):
     env = installed
     out = run(["grpo-lightning-quickstart", "--warmstart-steps", "10", "--trainer.max_steps", "2"], tmp_path, env)

@@ -42,6 +42,7 @@ def tiny_sweep(out, model, seeds):
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_submitit_local_jobs_run_resume_and_report(tmp_path, tiny_model, monkeypatch):
     out = tmp_path / "sweep"
     # the first run has one cell; the second adds one (the first is skipped); the third runs nothing

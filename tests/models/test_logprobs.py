@@ -389,6 +389,7 @@ def test_packing_refuses_a_completion_mask_with_holes(tiny_model_dir):
         completion_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, packed=True)
 
 
+@pytest.mark.slow
 def test_the_compiled_model_gives_the_eager_log_probs_and_gradients(tiny_model_dir):
     """``compiled_model``: the policy (with gradients) and a frozen copy (without) through
     ``torch.compile`` on the CPU, padded and packed, fused head or not, against the eager model."""

@@ -333,23 +333,35 @@ def steps(rank: dict, *numbers: int) -> list[dict]:
     return [rank["steps"][str(n)] for n in numbers]
 
 
-def test_model_compile_under_ddp_trains_like_the_eager_model(tiny_model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def ddp_run(tiny_model_dir, tmp_path_factory) -> tuple[list[dict], Path]:
+    """The eager DDP fit of two steps over two processes, which the compiled and FSDP fits are compared
+    with: what each rank recorded, and its output folder (``saved``: the policy after it)."""
+    root = tmp_path_factory.mktemp("ddp")
+    script = root / "distributed_fit.py"
+    script.write_text(DISTRIBUTED_FIT)
+    return torchrun(script, tiny_model_dir, root / "ddp", "ddp", 2), root / "ddp"
+
+
+@pytest.mark.slow
+def test_model_compile_under_ddp_trains_like_the_eager_model(tiny_model_dir, tmp_path, ddp_run):
     """``model_compile`` over two CPU processes: every step's metrics, the norm of the averaged
     gradient among them, match the eager DDP run's, so the compiled backward pass still feeds
     DDP's all-reduce (local gradients would give other norms)."""
     script = tmp_path / "distributed_fit.py"
     script.write_text(DISTRIBUTED_FIT)
-    eager = torchrun(script, tiny_model_dir, tmp_path / "eager", "ddp", 2)
+    eager, _ = ddp_run
     compiled = torchrun(script, tiny_model_dir, tmp_path / "compiled", "ddp-compiled", 2)
     for rank in (0, 1):
         assert compiled[rank]["prompts"] == eager[rank]["prompts"]
         torch.testing.assert_close(steps(compiled[rank], 1, 2), steps(eager[rank], 1, 2), rtol=1e-4, atol=1e-6)
 
 
-def test_fsdp_over_two_cpu_processes_trains_like_ddp_and_resumes_exactly(tiny_model_dir, tmp_path):
+@pytest.mark.slow
+def test_fsdp_over_two_cpu_processes_trains_like_ddp_and_resumes_exactly(tiny_model_dir, tmp_path, ddp_run):
     script = tmp_path / "distributed_fit.py"
     script.write_text(DISTRIBUTED_FIT)
-    ddp = torchrun(script, tiny_model_dir, tmp_path / "ddp", "ddp", 2)
+    ddp, ddp_dir = ddp_run
     fsdp = torchrun(script, tiny_model_dir, tmp_path / "fsdp", "fsdp", 4)
     resumed = torchrun(script, tiny_model_dir, tmp_path / "resumed", "fsdp", 4, tmp_path / "fsdp" / "ckpt" / "step=2.ckpt")
 
@@ -369,16 +381,17 @@ def test_fsdp_over_two_cpu_processes_trains_like_ddp_and_resumes_exactly(tiny_mo
     assert not any(k.startswith("ref_model.") for k in checkpoint["state_dict"])
     # The gathered policy, written by save_pretrained or exported from the checkpoint, is DDP's.
     export_checkpoint(tmp_path / "fsdp" / "ckpt" / "step=2.ckpt", tmp_path / "exported")
-    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "ddp" / "saved")
+    tokenizer = AutoTokenizer.from_pretrained(ddp_dir / "saved")
 
     def run_logits(directory: Path) -> torch.Tensor:
         return logits(AutoModelForCausalLM.from_pretrained(directory), tokenizer)
 
-    torch.testing.assert_close(run_logits(tmp_path / "exported"), run_logits(tmp_path / "ddp" / "saved"), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(run_logits(tmp_path / "exported"), run_logits(ddp_dir / "saved"), rtol=1e-4, atol=1e-5)
     export_checkpoint(tmp_path / "fsdp" / "ckpt" / "step=4.ckpt", tmp_path / "exported4")
     torch.testing.assert_close(run_logits(tmp_path / "fsdp" / "saved"), run_logits(tmp_path / "exported4"), rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_keyed_sampling_makes_two_fsdp_processes_train_like_one_process_with_their_batches(tiny_model_dir, tmp_path):
     """The CPU counterpart of the 1-GPU against 2-GPU comparison of benchmarks/fsdp_scaling.py."""
     script = tmp_path / "distributed_fit.py"
@@ -394,6 +407,7 @@ def test_keyed_sampling_makes_two_fsdp_processes_train_like_one_process_with_the
         torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_ppo_over_two_fsdp_processes_trains_like_one_process_with_their_batches(tiny_model_dir, tmp_path):
     """The critic is sharded too; its loss and the whitened advantages take every process's tokens,
     so two processes make the one-process run's policy, critic steps included."""

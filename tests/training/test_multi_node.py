@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -145,6 +146,7 @@ def final_weights(out: Path) -> dict[str, torch.Tensor]:
     return {k: v for k, v in state.items() if k.startswith("policy.")}
 
 
+@pytest.mark.slow
 def test_fsdp_over_two_nodes_on_localhost_trains_like_ddp_on_one_node_of_two_devices(tiny_model_dir, tmp_path):
     one_node, two_nodes = tmp_path / "one_node", tmp_path / "two_nodes"
     # One node: Lightning starts the second process itself.

@@ -23,6 +23,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_kernel = pytest.mark.skipif(not RUNS_HERE, reason="runs on CUDA or under TRITON_INTERPRET=1 (see below)")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(RUNS_HERE, reason="the kernel's tests run in this process")
 @pytest.mark.parametrize(
     "files",
