@@ -13,7 +13,7 @@ from grpo_lightning.report.arms import WIDE, Arm
 from grpo_lightning.report.cells import DATA_MARKER, CellInfo, arm_configs, discover_cells
 from grpo_lightning.report.labels import check_arm_classes
 from grpo_lightning.report.learning import curve_metrics, threshold_note
-from grpo_lightning.report.sections.comparisons import EQUIVALENCE_MARGIN, comparison_section
+from grpo_lightning.report.sections.comparisons import EQUIVALENCE_MARGIN, TARGET_MDE, comparison_section
 from grpo_lightning.report.sections.budgets import budget_section, matched_budgets, verdict_changes
 from grpo_lightning.report.sections.completions import completions_section
 from grpo_lightning.report.sections.curves import curves_section
@@ -51,6 +51,7 @@ def build_report(
     provenance: Sequence[str] = (),
     baseline: str | None = None,
     equivalence_margin: float | None = None,
+    target_mde: float | None = None,
 ) -> Path:
     """Write ``report.md``, ``report.html``, the curve PNGs, ``final_metrics.csv`` and
     ``final_metrics.tex`` of a sweep into ``output`` (default: ``<sweep_dir>/report``); returns it.
@@ -62,7 +63,8 @@ def build_report(
     ``provenance.json``; ``provenance`` adds lines of the caller's. ``baseline``: the arm every other
     is compared with, in place of the sweep's ``baseline`` (kept in ``data/sweep.json``).
     ``equivalence_margin``: the margin of the equivalence verdict (default ``EQUIVALENCE_MARGIN``;
-    kept in ``data/sweep.json``).
+    kept in ``data/sweep.json``). ``target_mde``: the MDE the Effects section gives the seeds for (default
+    ``TARGET_MDE``; kept in ``data/sweep.json``).
     """
     sweep_dir = Path(sweep_dir)
     if is_data_folder(sweep_dir):
@@ -72,6 +74,9 @@ def build_report(
         if equivalence_margin is not None:
             raise ConfigError("equivalence_margin: a data folder keeps the margin it was exported with; change "
                               f"`equivalence_margin` in its {DATA_MARKER} or build from the sweep folder")  # fmt: skip
+        if target_mde is not None:
+            raise ConfigError("target_mde: a data folder keeps the target MDE it was exported with; change "
+                              f"`target_mde` in its {DATA_MARKER} or build from the sweep folder")  # fmt: skip
         return _build(sweep_dir, target, name, confidence, provenance)
     target = Path(output) if output is not None else sweep_dir / DEFAULT_FOLDER
     cells = discover_cells(sweep_dir)
@@ -80,7 +85,9 @@ def build_report(
     check_arm_classes(cells)  # each arm's class from its resolved configs: a mislabelled arm is refused
     target.mkdir(parents=True, exist_ok=True)
     margin = EQUIVALENCE_MARGIN if equivalence_margin is None else equivalence_margin
-    export_data(sweep_dir, cells, target / DATA_FOLDER, name or sweep_dir.resolve().name, provenance, baseline, margin)
+    target_mde = TARGET_MDE if target_mde is None else target_mde
+    export_data(sweep_dir, cells, target / DATA_FOLDER, name or sweep_dir.resolve().name, provenance, baseline, margin,
+                target_mde)  # fmt: skip
     (target / REGENERATE_FILE).write_text(regenerate_line(target / DATA_FOLDER, confidence))
     return _build(target / DATA_FOLDER, target, None, confidence, ())
 
@@ -100,6 +107,7 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     unpaired = attach_outcomes(arms)
     baseline = baseline_arm(arms, finished, meta.get("baseline"))
     margin = recorded_margin(meta)
+    target_mde = recorded_target_mde(meta)
     records = read_provenance(data_dir)
     caveat = wall_clock_caveat(records)
     configs, inconsistent = arm_configs([c for arm in arms for c in arm.cells])
@@ -137,12 +145,12 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     seeds_section(doc, arms, target, confidence)
     evaluation_section(doc, arms, confidence)
     if baseline is not None:
-        comparison_section(doc, arms, baseline, confidence, caveat, configs, margin)
+        comparison_section(doc, arms, baseline, confidence, caveat, configs, margin, target_mde)
         budget_section(doc, arms, baseline, confidence, target, margin, matched)
     health_section(doc, arms)
     completions_section(doc, arms)
     curves_section(doc, arms, target, caveat, baseline, confidence)
-    method_section(doc, confidence, margin)
+    method_section(doc, confidence, margin, target_mde)
     provenance_section(doc, records, provenance)
 
     (target / "report.md").write_text(render_markdown(doc))
@@ -153,11 +161,21 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
 def recorded_margin(meta: dict) -> float:
     """The equivalence margin a data folder was exported with (``EQUIVALENCE_MARGIN`` in one
     exported before the margin was kept)."""
-    margin = meta.get("equivalence_margin", EQUIVALENCE_MARGIN)
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < math.inf:
-        raise ConfigError(f"equivalence_margin: {margin!r} in {DATA_MARKER} is no positive number; "
-                          f"set one, e.g. {EQUIVALENCE_MARGIN}")  # fmt: skip
-    return float(margin)
+    return _recorded_positive(meta, "equivalence_margin", EQUIVALENCE_MARGIN)
+
+
+def recorded_target_mde(meta: dict) -> float:
+    """The target MDE a data folder was exported with (``TARGET_MDE`` in one exported before the
+    target was kept)."""
+    return _recorded_positive(meta, "target_mde", TARGET_MDE)
+
+
+def _recorded_positive(meta: dict, key: str, default: float) -> float:
+    """``meta[key]`` (``default`` where absent), refused by name unless a positive finite number."""
+    value = meta.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ConfigError(f"{key}: {value!r} in {DATA_MARKER} is no positive number; set one, e.g. {default}")
+    return float(value)
 
 
 def baseline_arm(arms: Sequence[Arm], cells: Sequence[CellInfo], chosen: str | None = None) -> Arm | None:

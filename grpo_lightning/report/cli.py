@@ -11,7 +11,7 @@ from grpo_lightning import bytecode
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.report.build import DEFAULT_FOLDER, build_report
 from grpo_lightning.report.labels import MislabelledArmError
-from grpo_lightning.report.sections.comparisons import EQUIVALENCE_MARGIN
+from grpo_lightning.report.sections.comparisons import EQUIVALENCE_MARGIN, TARGET_MDE
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -43,16 +43,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         help=f"differences shown within +-MARGIN are called equivalent (default {EQUIVALENCE_MARGIN:g}): in the metric's "
         "units on accuracies and shares, a share of the baseline's mean elsewhere; kept in data/sweep.json",
     )  # fmt: skip
+    parser.add_argument(
+        "--target-mde", type=float, default=None, metavar="MDE",
+        help=f"the MDE the Effects section gives the seeds for (default {TARGET_MDE:g}), in the units of "
+        "--equivalence-margin; kept in data/sweep.json",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if not 0 < args.confidence < 1:
         parser.error("--confidence must be between 0 and 1")
     if args.equivalence_margin is not None and not 0 < args.equivalence_margin < math.inf:
         parser.error("--equivalence-margin must be a positive number, e.g. 0.02")
+    if args.target_mde is not None and not 0 < args.target_mde < math.inf:
+        parser.error(f"--target-mde must be a positive number, e.g. {TARGET_MDE:g}")
     if not args.sweep_dir.is_dir():
         parser.error(f"{args.sweep_dir} is not a directory")
     try:
         target = build_report(args.sweep_dir, args.output, args.name, args.confidence, args.provenance, args.baseline,
-                              args.equivalence_margin)  # fmt: skip
+                              args.equivalence_margin, args.target_mde)  # fmt: skip
     except (MislabelledArmError, ConfigError) as error:
         parser.exit(2, f"error: {error}\n")
     print(f"report: {target / 'report.md'}")

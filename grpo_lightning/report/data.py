@@ -2,8 +2,8 @@
 committed report can be rebuilt from the repository alone.
 
     data/sweep.json                  the report's title, the sweep folder's name, extra provenance lines,
-                                     the equivalence margin, and the baseline arm where the report
-                                     chose another than the sweep
+                                     the equivalence margin, the target MDE, and the baseline arm
+                                     where the report chose another than the sweep
     data/provenance.json             the sweep's provenance records (commit, and the diff of a dirty tree)
     data/<cell>/cell.json            the cell's identity and command (and the sweep's baseline arm)
     data/<cell>/scalars.csv.gz       every TensorBoard scalar (gzipped CSV): tag, step, value, wall time
@@ -53,10 +53,11 @@ def read_sweep_record(data_dir: Path) -> dict[str, Any]:
 
 
 def export_data(sweep_dir: Path, cells: Sequence[CellInfo], data_dir: Path, name: str, provenance: Sequence[str],
-                baseline: str | None = None, equivalence_margin: float | None = None) -> None:  # fmt: skip
+                baseline: str | None = None, equivalence_margin: float | None = None,
+                target_mde: float | None = None) -> None:  # fmt: skip
     """Write the data folder of ``cells`` (replacing an earlier one) from ``sweep_dir``; ``baseline``:
     the arm the report compares with, in place of the one the sweep named; ``equivalence_margin``:
-    the margin of the report's equivalence verdicts."""
+    the margin of the report's equivalence verdicts; ``target_mde``: the MDE it gives the seeds for."""
     sweep_dir, data_dir = Path(sweep_dir), Path(data_dir)
     if data_dir.exists():
         if not is_data_folder(data_dir) and any(data_dir.iterdir()):
@@ -72,6 +73,8 @@ def export_data(sweep_dir: Path, cells: Sequence[CellInfo], data_dir: Path, name
         record["baseline"] = baseline
     if equivalence_margin is not None:
         record["equivalence_margin"] = equivalence_margin
+    if target_mde is not None:
+        record["target_mde"] = target_mde
     (data_dir / DATA_MARKER).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 

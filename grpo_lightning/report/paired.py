@@ -152,15 +152,86 @@ def design_mde(result: TwoLevel, alpha: float = 0.05, power: float = POWER, conf
     from scipy import stats
 
     c = result.components
-    seeds, prompts = seeds or c.seeds, prompts or c.prompts
-    seed_level = (c.ms_seed - c.ms_residual) / c.prompts
-    variance = seed_level / seeds + c.ms_residual / (seeds * prompts) + c.prompt_variance / prompts
+    variance = design_variance(c, seeds or c.seeds, prompts or c.prompts)
     if not variance > 0:
         return (math.nan, math.nan, math.nan)
     factor = float(stats.t.ppf(1 - alpha / 2, result.dof) + stats.t.ppf(power, result.dof))
     upper, lower = (float(stats.chi2.ppf(q, result.dof)) for q in ((1 + confidence) / 2, (1 - confidence) / 2))
     return (factor * math.sqrt(variance), factor * math.sqrt(variance * result.dof / upper),
             factor * math.sqrt(variance * result.dof / lower))
+
+
+def design_variance(c: Components, seeds, prompts: int):
+    """``v = sigma2_seed / S' + MS_residual / (S' P') + sigma2_prompt / P'`` of :func:`design_mde`, with
+    ``sigma2_seed = (MS_seed - MS_residual) / P``; ``seeds``: a count or an array of them."""
+    seed_level = (c.ms_seed - c.ms_residual) / c.prompts
+    return seed_level / seeds + c.ms_residual / (seeds * prompts) + c.prompt_variance / prompts
+
+
+#: The most seeds :func:`seeds_for_mde` tries: a design needing more reads "more than MAX_SEEDS".
+MAX_SEEDS = 10_000
+
+
+@dataclass(frozen=True)
+class SeedsForMde:
+    """The seeds a design of ``prompts`` prompts needs for an MDE of ``target``: ``seeds`` at the estimated
+    variance and ``upper`` at the upper end of its interval, each the smallest count that reaches the target,
+    or None where no count up to ``max_seeds`` does. ``floor`` and ``upper_floor``: the MDE that unlimited
+    seeds leave, the prompts' term alone; where it is not below ``target``, more prompts are needed."""
+
+    target: float
+    prompts: int
+    max_seeds: int
+    seeds: int | None
+    upper: int | None
+    floor: float
+    upper_floor: float
+
+    @property
+    def reachable(self) -> bool:
+        """Whether enough seeds reach the target at the estimated variance (else more prompts are needed)."""
+        return self.seeds is not None or self.floor < self.target
+
+    @property
+    def upper_reachable(self) -> bool:
+        """Whether enough seeds reach the target at the variance's upper bound."""
+        return self.upper is not None or self.upper_floor < self.target
+
+
+def seeds_for_mde(result: TwoLevel, target: float, alpha: float = 0.05, power: float = POWER, prompts: int | None = None,
+                  confidence: float = 0.95, max_seeds: int = MAX_SEEDS) -> SeedsForMde | None:  # fmt: skip
+    """The fewest seeds ``S'`` (2 to ``max_seeds``) whose design of ``P'`` prompts (default the ``P`` run) has
+    ``MDE(S') = (t_{1 - alpha / 2, dof'} + t_{power, dof'}) sqrt(v(S')) <= target``: ``v`` of :func:`design_mde`,
+    ``v(S') = sigma2_seed / S' + MS_residual / (S' P') + sigma2_prompt / P'``, and the interval's Satterthwaite
+    ``dof`` scaled with the seeds, ``dof' = dof (S' - 1) / (S - 1)`` (at ``S' = S`` :func:`design_mde`'s MDE).
+    ``upper``: the same with ``v`` at the upper end of its interval, ``dof v / chi2_{(1 - confidence) / 2, dof}``.
+    Unlimited seeds leave ``(z_{1 - alpha / 2} + z_{power}) sqrt(sigma2_prompt / P')`` (``floor``). None where
+    the variance is not estimable: fewer than two seeds, no finite ``dof``, or ``v`` positive at no count."""
+    from scipy import stats
+
+    c = result.components
+    if c.seeds < 2 or not math.isfinite(result.dof) or not result.dof > 0 or not target > 0:
+        return None
+    prompts = prompts or c.prompts
+    counts = np.arange(2, max_seeds + 1)
+    variance = design_variance(c, counts, prompts)
+    if not (variance > 0).any():
+        return None
+    dof = result.dof * ((counts - 1) / (c.seeds - 1))
+    factor = stats.t.ppf(1 - alpha / 2, dof) + stats.t.ppf(power, dof)
+    lower = float(stats.chi2.ppf((1 - confidence) / 2, result.dof))
+    limit = float(stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)) * math.sqrt(c.prompt_variance / prompts)
+    return SeedsForMde(target, prompts, max_seeds, _fewest(counts, factor, variance, target),
+                       _fewest(counts, factor, variance * result.dof / lower, target), limit,
+                       limit * math.sqrt(result.dof / lower))  # fmt: skip
+
+
+def _fewest(counts: np.ndarray, factor: np.ndarray, variance: np.ndarray, target: float) -> int | None:
+    """The first of ``counts`` whose ``factor sqrt(variance)`` (with a positive variance) is at most ``target``."""
+    with np.errstate(invalid="ignore"):
+        mde = np.where(variance > 0, factor * np.sqrt(np.where(variance > 0, variance, 1.0)), np.inf)
+    found = np.flatnonzero(mde <= target)
+    return int(counts[found[0]]) if len(found) else None
 
 
 def improvement_probability(differences: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:

@@ -107,3 +107,22 @@ def test_a_report_whose_cells_validated_on_other_prompts_pairs_by_seed_only_and_
     text = (build_report(tmp_path / "sweep", tmp_path / "report") / "report.md").read_text()
     assert "Per-prompt outcomes are not used, comparisons are over seeds only: outcomes: prompt 0 of the validation" in text
     assert "| **dapo** | 3 | +" in text and "x 20 prompts" not in text
+
+
+def test_the_effects_give_the_seeds_for_the_target_mde(tmp_path, cell_writer):
+    from grpo_lightning.report import build_report
+    from grpo_lightning.report.paired import seeds_for_mde, two_level_test
+
+    outcome_sweep(tmp_path / "sweep", cell_writer)
+    loaded = cell_outcomes(discover_cells(tmp_path / "sweep"))
+    result = two_level_test(*[np.stack([loaded[f"{v}-seed{s}"].correct[:, 0] for s in range(3)]) for v in ("dapo", "grpo")])
+    plan = seeds_for_mde(result, 0.2)  # one arm compared: level 0.05
+    assert plan.seeds == 10 and not plan.upper_reachable and round(plan.upper_floor, 2) == 0.32
+    effects = (build_report(tmp_path / "sweep", tmp_path / "wide", target_mde=0.2) / "report.md").read_text()
+    assert ("Seeds for an MDE of 0.2 with these 20 prompts (one arm compared): **dapo** 10 (not reachable at the "
+            "variance's upper 95% bound, where the prompts' variance alone gives an MDE of 0.32).") in effects  # fmt: skip
+    # the default target, 0.04, lies below what the 20 prompts' variance alone allows (0.2)
+    default = (build_report(tmp_path / "sweep", tmp_path / "default") / "report.md").read_text()
+    assert ("Seeds for an MDE of 0.04 with these 20 prompts (one arm compared): **dapo** not reachable with 20 "
+            "prompts (the prompts' variance alone gives an MDE of 0.2: more prompts are needed).") in default  # fmt: skip
+    assert "Seeds for a target MDE δ* (0.04 on accuracies and shares" in default

@@ -17,6 +17,7 @@ from grpo_lightning.report.paired import (
     improvement_probability,
     interquartile_mean,
     outlying_seeds,
+    seeds_for_mde,
     two_level_equivalence,
     two_level_interval,
     two_level_test,
@@ -93,6 +94,52 @@ def test_the_mde_of_the_design_and_its_chi_square_interval():
     factor = stats.t.ppf(0.975, steady.dof) + stats.t.ppf(0.8, steady.dof)
     assert (steady.components.ms_seed, steady.components.ms_residual) == pytest.approx((0, 0.2))  # every seed 0.5
     assert design_mde(steady)[0] == pytest.approx(factor * steady.se) == design_mde(steady, seeds=6)[0]
+
+
+# The seeds for a target MDE on the 3 x 4 example, P' = P = 4: v(S') = (1/36) / S' + (5/36) / (4 S') + (5/36) / 4
+# = 1 / (16 S') + 5/144 (at S' = 3: 1/18 = se^2), dof' = (288/89) (S' - 1) / 2; unlimited seeds leave
+# (z(0.975) + z(0.8)) sqrt(5/144) = 2.8015852 x 0.1863390 = 0.5220446, and at the variance's upper 95% bound
+# sqrt(dof / chi2(0.025, dof)) = sqrt(11.946724) times that, 1.8043967.
+def _projected_mde(seeds: int, widening: float = 1.0) -> float:
+    dof = 288 / 89 * (seeds - 1) / 2
+    return (stats.t.ppf(0.975, dof) + stats.t.ppf(0.8, dof)) * math.sqrt(widening * (1 / (16 * seeds) + 5 / 144))
+
+
+def test_the_seeds_for_a_target_mde_by_hand():
+    result = two_level_test(D, np.zeros_like(D))
+    widening = 288 / 89 / stats.chi2.ppf(0.025, 288 / 89)
+    assert _projected_mde(10) == pytest.approx(0.6081, abs=1e-4) and _projected_mde(11) == pytest.approx(0.5995, abs=1e-4)
+    plan = seeds_for_mde(result, 0.6)
+    assert plan.seeds == 11 == next(s for s in range(2, 10_001) if _projected_mde(s) <= 0.6)
+    assert (plan.floor, plan.upper_floor) == pytest.approx((0.5220446, 1.8043967))
+    assert plan.upper is None and not plan.upper_reachable  # the upper bound's prompt term alone is 1.80 > 0.6
+    wide = seeds_for_mde(result, 2.0)
+    assert (wide.seeds, wide.upper) == (2, 15) == (2, next(s for s in range(2, 10_001) if _projected_mde(s, widening) <= 2.0))
+    assert _projected_mde(14, widening) > 2.0 >= _projected_mde(15, widening)
+    # twice the prompts: v(S') = (1/36) / S' + (5/36) / (8 S') + (5/36) / 8, and the prompt term alone halves
+    doubled = seeds_for_mde(result, 0.6, prompts=8)
+    assert doubled.floor == pytest.approx(0.5220446 / math.sqrt(2)) and doubled.seeds < plan.seeds
+
+
+def test_at_the_seeds_run_the_projection_is_the_designs_mde():
+    result = two_level_test(D, np.zeros_like(D))
+    mde, _, high = design_mde(result)
+    assert _projected_mde(3) == pytest.approx(mde)
+    # the run's own MDE as the target: the run's 3 seeds at the estimate and at the upper bound, not one fewer
+    assert seeds_for_mde(result, mde).seeds == 3 and seeds_for_mde(result, high).upper == 3
+    assert seeds_for_mde(result, mde * (1 - 1e-9)).seeds == 4 and seeds_for_mde(result, high * (1 - 1e-9)).upper == 4
+
+
+def test_no_number_of_seeds_reaches_a_target_below_the_prompts_term():
+    result = two_level_test(D, np.zeros_like(D))
+    unreachable = seeds_for_mde(result, 0.5)  # below 0.5220446: only more prompts help
+    assert unreachable.seeds is None and not unreachable.reachable
+    capped = seeds_for_mde(result, 0.53, max_seeds=20)  # reachable, but beyond 20 seeds
+    assert capped.seeds is None and capped.reachable and capped.max_seeds == 20
+    assert seeds_for_mde(result, 0.53).seeds == next(s for s in range(2, 10_001) if _projected_mde(s) <= 0.53)
+    # no positive variance at any count (MS_seed = MS_prompt = 0), and no positive target: no estimate
+    assert seeds_for_mde(two_level_test(np.array([[1.0, 0.0], [0.0, 1.0]]), np.zeros((2, 2))), 0.1) is None
+    assert seeds_for_mde(result, 0.0) is None
 
 
 def test_the_probability_of_improvement_counts_ties_half():

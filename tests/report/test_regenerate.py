@@ -104,6 +104,36 @@ def test_a_report_keeps_its_equivalence_margin_in_its_data(tmp_path, cell_writer
         build_report(target / "data", tmp_path / "other", equivalence_margin=0.1)
 
 
+def test_a_report_keeps_its_target_mde_in_its_data(tmp_path, cell_writer):
+    """``--target-mde``: data/sweep.json keeps it beside the margin, the Method states it, and REGENERATE rebuilds
+    the same report; a data folder refuses another target, and one exported before the key uses the default."""
+    import json
+
+    import pytest
+
+    from grpo_lightning.report import build_report
+    from grpo_lightning.report.cli import main
+
+    sweep = tmp_path / "sweep"
+    for variant, accuracy in (("grpo", 0.3), ("dapo", 0.4)):
+        for seed in (0, 1, 2):
+            cell_writer(sweep, variant, seed, accuracy + 0.01 * seed)
+    main([str(sweep), "--output", str(tmp_path / "report"), "--target-mde", "0.05"])
+    data = tmp_path / "report" / "data"
+    record = json.loads((data / "sweep.json").read_text())
+    assert (record["target_mde"], record["equivalence_margin"]) == (0.05, 0.02)
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "Seeds for a target MDE δ* (0.05 on accuracies and shares, 5% of the baseline's mean elsewhere" in text
+    assert (build_report(data, tmp_path / "again") / "report.md").read_text() == text
+    with pytest.raises(ValueError, match="target_mde: a data folder keeps the target MDE it was exported with"):
+        build_report(data, tmp_path / "other", target_mde=0.1)
+    (data / "sweep.json").write_text(json.dumps({k: v for k, v in record.items() if k != "target_mde"}))
+    assert "Seeds for a target MDE δ* (0.04 on accuracies" in (build_report(data, tmp_path / "older") / "report.md").read_text()
+    (data / "sweep.json").write_text(json.dumps({**record, "target_mde": -0.04}))
+    with pytest.raises(ValueError, match="target_mde: -0.04 in sweep.json is no positive number; set one, e.g. 0.04"):
+        build_report(data, tmp_path / "refused")
+
+
 def test_a_data_folder_with_a_margin_that_is_no_positive_number_is_refused_by_name(tmp_path, cell_writer):
     import json
 

@@ -259,6 +259,13 @@ def test_the_cli_refuses_an_equivalence_margin_that_is_not_positive(tmp_path, ca
         assert "--equivalence-margin must be a positive number, e.g. 0.02" in capsys.readouterr().err
 
 
+def test_the_cli_refuses_a_target_mde_that_is_not_positive(tmp_path, capsys):
+    for target in ("0", "-0.04", "inf"):
+        with pytest.raises(SystemExit):
+            main([str(tmp_path), "--target-mde", target])
+        assert "--target-mde must be a positive number, e.g. 0.04" in capsys.readouterr().err
+
+
 def test_a_wide_sweep_ranks_the_arms_and_groups_the_curves(tmp_path, cell_writer):
     # Nine arms (above WIDE = 6), three seeds each; arm k ends near 0.1 * k, so the order is k = 9 .. 1.
     root = tmp_path / "wide"

@@ -25,10 +25,12 @@ from grpo_lightning.report.render.formatting import fmt, fmt_interval, fmt_metri
 from grpo_lightning.report.metrics import PROPORTION, REWARD_SCALE_KEYS, SUMMARY_METRICS, WALL_CLOCK_METRICS, metric_bounds
 from grpo_lightning.report.outcomes import score_tables
 from grpo_lightning.report.paired import (
+    SeedsForMde,
     TwoLevel,
     design_mde,
     improvement_probability,
     outlying_seeds,
+    seeds_for_mde,
     two_level_equivalence,
     two_level_test,
 )
@@ -53,6 +55,9 @@ MIN_PAIRED_SEEDS = 3
 #: Differences within this margin are shown equivalent by the equivalence test (``--equivalence-margin``):
 #: two points of accuracies and shares, and 2% of the baseline's mean elsewhere (see ``equivalence_margin``).
 EQUIVALENCE_MARGIN = 0.02
+#: The MDE the Effects section gives the seeds for (``--target-mde``): in the units of accuracies and shares, and
+#: a share of the baseline's mean elsewhere, as ``EQUIVALENCE_MARGIN`` is (see ``equivalence_margin``).
+TARGET_MDE = 0.04
 
 
 @dataclass
@@ -89,6 +94,8 @@ class Effect:
     mde_interval: tuple[float, float] = (math.nan, math.nan)
     #: The two-level design's MDE with twice the seeds, and with twice the prompts (what either would buy).
     mde_doubled: tuple[float, float] = (math.nan, math.nan)
+    #: The seeds the two-level design needs for the target MDE, with these prompts (``paired.seeds_for_mde``).
+    seeds_needed: SeedsForMde | None = None
     #: P(arm > baseline) at a seed, with its Wilson interval (``paired.improvement_probability``).
     improvement: tuple[float, float, float] = (math.nan, math.nan, math.nan)
 
@@ -157,20 +164,54 @@ def mde_text(effect: Effect) -> str:
     return fmt_interval(effect.mde, *effect.mde_interval) if math.isfinite(effect.mde) else "n/a"
 
 
+def seeds_needed_text(effects: Sequence[Effect], confidence: float) -> str:
+    """``Seeds for an MDE of 0.04 with these 500 prompts (Holm over the 6 arms compared): **dr_grpo** 21 (41 at
+    the variance's upper 95% bound); ...``: the seeds each two-level effect needs for the target MDE."""
+    planned = [e for e in effects if e.seeds_needed is not None]
+    if not planned:
+        return ""
+    prompts = {e.seeds_needed.prompts for e in planned}
+    family = sum(1 for e in effects if math.isfinite(e.p))
+    shared = f"these {prompts.pop()} prompts" if len(prompts) == 1 else "each arm's prompts"
+    level = f"Holm over the {family} arms compared" if family > 1 else "one arm compared"
+    each = "; ".join(f"**{user_text(e.arm)}** {_seeds_needed_phrase(e.seeds_needed, confidence)}" for e in planned)
+    return f"Seeds for an MDE of {fmt(planned[0].seeds_needed.target, 2)} with {shared} ({level}): {each}."
+
+
+def _seeds_needed_phrase(plan: SeedsForMde, confidence: float) -> str:
+    """``21 (41 at the variance's upper 95% bound)``, or why no count of seeds reaches the target."""
+    if not plan.reachable:
+        return (f"not reachable with {plan.prompts} prompts (the prompts' variance alone gives an MDE of "
+                f"{fmt(plan.floor, 2)}: more prompts are needed)")  # fmt: skip
+    bound = f"at the variance's upper {confidence:.0%} bound"
+    if not plan.upper_reachable:
+        return (f"{_seeds_count(plan.seeds, plan)} (not reachable {bound}, where the prompts' variance alone gives "
+                f"an MDE of {fmt(plan.upper_floor, 2)})")  # fmt: skip
+    return f"{_seeds_count(plan.seeds, plan)} ({_seeds_count(plan.upper, plan)} {bound})"
+
+
+def _seeds_count(count: int | None, plan: SeedsForMde) -> str:
+    return str(count) if count is not None else f"more than {plan.max_seeds:,}"
+
+
 def improvement_text(effect: Effect) -> str:
     """``0.8 [0.38, 0.96]``: P(arm > baseline) at a seed with its Wilson interval."""
     return fmt_interval(*effect.improvement)
 
 
 def baseline_effects(arms: Sequence[Arm], baseline: Arm, key: str, direction: int, confidence: float = 0.95,
-                     label: str | None = None, margin: float = EQUIVALENCE_MARGIN) -> list[Effect]:  # fmt: skip
+                     label: str | None = None, margin: float = EQUIVALENCE_MARGIN,
+                     target_mde: float = TARGET_MDE) -> list[Effect]:  # fmt: skip
     """One ``Effect`` per arm other than ``baseline`` that logged ``key``; Holm's correction runs
     over these arms, for the paired test and for the equivalence test within ``margin`` (see
-    ``equivalence_margin``). ``label``: the metric's name in the reasons a seed is no pair (default ``key``)."""
+    ``equivalence_margin``); a two-level effect gets the seeds that bring its MDE to ``target_mde``
+    (in ``key``'s units by the same rule). ``label``: the metric's name in the reasons a seed is no pair
+    (default ``key``)."""
     others = [a for a in arms if a.name != baseline.name and a.finals(key)]
     base_mean = seed_interval(baseline.finals(key), confidence)[0]
     threshold = practical_threshold(key, base_mean)
     bound = equivalence_margin(key, base_mean, margin)
+    target = equivalence_margin(key, base_mean, target_mde)
     effects = []
     for arm in others:
         d = paired_differences(arm, baseline, key)
@@ -195,6 +236,7 @@ def baseline_effects(arms: Sequence[Arm], baseline: Arm, key: str, direction: in
                 prompts = effect.two_level.components.prompts
                 effect.mde_doubled = (design_mde(effect.two_level, ALPHA / family, seeds=2 * effect.n)[0],
                                       design_mde(effect.two_level, ALPHA / family, prompts=2 * prompts)[0])  # fmt: skip
+                effect.seeds_needed = seeds_for_mde(effect.two_level, target, ALPHA / family, confidence=confidence)
         effect.verdict = verdict(effect, direction)
     return effects
 
@@ -310,7 +352,8 @@ def same_scale(configs: Mapping[str, Mapping[str, str]], arm: str, baseline: str
 
 
 def comparison_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence: float, wall_clock_caveat: str | None,
-                       configs: Mapping[str, Mapping[str, str]], margin: float = EQUIVALENCE_MARGIN) -> None:  # fmt: skip
+                       configs: Mapping[str, Mapping[str, str]], margin: float = EQUIVALENCE_MARGIN,
+                       target_mde: float = TARGET_MDE) -> None:  # fmt: skip
     doc.h(2, f"Effects against the baseline ({user_text(baseline.name)})")
     doc.p(
         f"Each arm minus **{user_text(baseline.name)}** at every seed both ran: the mean difference "
@@ -337,7 +380,7 @@ def comparison_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence:
         if wall_clock_caveat and key in WALL_CLOCK_METRICS:
             continue
         compared = comparable_arms(arms, baseline, key, configs)
-        effects = baseline_effects(compared, baseline, key, direction, confidence, label, margin)
+        effects = baseline_effects(compared, baseline, key, direction, confidence, label, margin, target_mde)
         left_out = [a.name for a in arms if a not in compared]
         if (not effects and not left_out) or not baseline.finals(key):
             continue
@@ -349,6 +392,9 @@ def comparison_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence:
                             if math.isfinite(e.mde_doubled[0]))  # fmt: skip
         if doubled:
             note += (" " if note else "") + f"The MDE of the design with twice the seeds, and with twice the prompts: {doubled}."
+        needed = seeds_needed_text(effects, confidence) if number == 0 else ""
+        if needed:
+            note += (" " if note else "") + needed
         far = {a.name: far_seeds(a, key) for a in compared} if number == 0 else {}
         if any(far.values()):
             named = "; ".join(f"**{user_text(name)}** seed {', '.join(map(str, seeds))}" for name, seeds in far.items() if seeds)

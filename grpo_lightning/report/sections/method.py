@@ -5,7 +5,7 @@ checked against a rerun by ``tests/report/test_paired.py``)."""
 from __future__ import annotations
 
 from grpo_lightning.report.arms import SMOOTHING_STEPS
-from grpo_lightning.report.paired import OUTLIER_ALPHA, OUTLIER_MIN_SEEDS
+from grpo_lightning.report.paired import MAX_SEEDS, OUTLIER_ALPHA, OUTLIER_MIN_SEEDS
 from grpo_lightning.report.render.document import Doc
 from grpo_lightning.report.sections.comparisons import (
     ALPHA,
@@ -37,7 +37,7 @@ COVERAGE: dict[tuple[str, int], tuple[float, float, float]] = {
 DETECTION: dict[int, tuple[float, float]] = {4: (0.325, 0.054), 5: (0.622, 0.055), 10: (0.985, 0.053)}
 
 
-def method_section(doc: Doc, confidence: float, margin: float) -> None:
+def method_section(doc: Doc, confidence: float, margin: float, target_mde: float) -> None:
     doc.h(2, "Method")
     q = (1 + confidence) / 2
     doc.items(
@@ -89,6 +89,15 @@ def method_section(doc: Doc, confidence: float, margin: float) -> None:
                 "(S' = S, P' = P) v is se². Its "
                 "interval replaces v by dof · v / χ²(q, dof) and dof · v / χ²(1 − q, dof) (the chi-square of the "
                 "Satterthwaite variance). The Effects section gives it at S and P, and with twice the seeds or prompts."
+            ),
+            (
+                f"Seeds for a target MDE δ* ({target_mde:g} on accuracies and shares, {target_mde * 100:g}% of the "
+                "baseline's mean elsewhere; kept in data/sweep.json, `--target-mde`), on val/accuracy: the smallest S' "
+                f"from 2 to {MAX_SEEDS:,} with (t(1 − α/2m, dof') + t(0.8, dof')) · √v(S') ≤ δ*, v(S') = σ²_seed / S' + "
+                "MS_residual / (S' P) + σ²_prompt / P at the P prompts run and dof' = dof · (S' − 1) / (S − 1) (at S' = S "
+                "the MDE above; the figure with twice the seeds keeps dof); and again with v(S') at the upper end of its "
+                "interval, dof · v(S') / χ²(1 − q, dof). Unlimited seeds leave (z(1 − α/2m) + z(0.8)) · √(σ²_prompt / P): "
+                "where that is not below δ*, no number of seeds reaches it and more prompts are needed."
             ),
             (
                 f"P(arm > baseline): the share of the n paired seeds at which the arm ended higher, a tie counting half "
