@@ -131,18 +131,21 @@ def check_shared_files(spec: SweepSpec) -> list[str]:
     return notes
 
 
-def check_cells(spec: SweepSpec, cells: Sequence[Cell], commands: Sequence[Sequence[str]]) -> None:
+def check_cells(spec: SweepSpec, cells: Sequence[Cell], commands: Sequence[Sequence[str]]) -> list[Any]:
     """Parse each cell's fit command as ``grpo-lightning fit`` does and refuse a cell whose resolved
-    class, seed or axis values differ from its label. Cells run by another interpreter (``python``)
-    are parsed by it, not here: the check is left out, with a warning."""
+    class, seed or axis values differ from its label; return the resolved configs, one per cell.
+    Cells run by another interpreter (``python``) are parsed by it, not here: the check is left out,
+    with a warning, and nothing is returned."""
     if cells and os.path.abspath(spec.python) != os.path.abspath(sys.executable):  # another venv's python links here too
         warnings.warn(f"python: the cells run with {spec.python}, so their resolved configs are not checked "
                       "against their names here.", stacklevel=2)  # fmt: skip
-        return
+        return []
     global _checking_parser
+    configs = []
     for cell, command in zip(cells, commands):
         arguments = list(command[command.index("fit"):])
         _checking_parser, resolved = parse_fit_command(arguments, cell.name, _checking_parser)
+        configs.append(resolved)
         expected = variant_class(cell.variant)
         got = str(resolved.get("model.class_path"))
         if not same_class(got, expected):
@@ -156,18 +159,19 @@ def check_cells(spec: SweepSpec, cells: Sequence[Cell], commands: Sequence[Seque
         for key, value in cell.overrides:
             if key == CONFIG_AXIS:
                 continue
-            found, got = _lookup(resolved, key)
+            found, got = lookup(resolved, key)
             if found and not _same_value(got, value):
                 raise SweepError(
                     f"cell {cell.name}: its resolved {key} is {cli_value(got)}, not {cli_value(value)} as its name says."
                 )
+    return configs
 
 
 #: The parser :func:`check_cells` built first, kept for the checks a launcher's jobs make in this process.
 _checking_parser: Any = None
 
 
-def _lookup(resolved: Any, key: str) -> tuple[bool, Any]:
+def lookup(resolved: Any, key: str) -> tuple[bool, Any]:
     """The resolved value of a dotted CLI key, with or without ``init_args``."""
     parts = key.split(".")
     for candidate in (key, ".".join([parts[0], "init_args", *parts[1:]])):

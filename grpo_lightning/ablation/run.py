@@ -54,8 +54,10 @@ before anything runs. Each run that starts cells adds a record to ``<output_dir>
 Before any cell runs, the sweep checks that each runs what its name says (``labels``): a base
 config that sets the model's class (or a variant file's model settings, or the data seed) is
 refused, and each cell's command line is parsed as ``grpo-lightning fit`` parses it and compared
-with its variant, seed and axis values. Errors, Hydra's own included, are one ``error: ...`` line
-(exit status 2; ``GRPO_LIGHTNING_TRACEBACK=1`` raises them with the traceback).
+with its variant, seed and axis values; arms that differ in their clipping where every cell takes
+one optimizer step per rollout, so that no clip bound can act, are warned of (``inert_clipping``).
+Errors, Hydra's own included, are one ``error: ...`` line (exit status 2;
+``GRPO_LIGHTNING_TRACEBACK=1`` raises them with the traceback).
 
 This module is the Hydra entry point; ``spec`` validates the spec and lists its cells, ``labels``
 checks them, ``launch`` hands them to the launcher, ``sweep`` runs each, ``provenance`` records what ran them and ``metrics``

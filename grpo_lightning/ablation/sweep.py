@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from grpo_lightning.ablation import cell_process, labels, provenance
+from grpo_lightning.ablation import cell_process, inert_clipping, labels, provenance
 from grpo_lightning.ablation.metrics import summarize_cell
 from grpo_lightning.ablation.spec import CONFIG_AXIS, WARMSTART, Cell, SweepError, SweepSpec, cli_value
 from grpo_lightning.ablation.spec import portable_path, resolve_path, variant_config
@@ -299,8 +299,9 @@ def _run_cells(spec: SweepSpec, todo: Sequence[Cell], results: dict[Cell, CellRe
 
 def check_sweep(spec: SweepSpec, cells: Sequence[Cell], start_cell_server: bool = False, announce: bool = True) -> None:
     """Refuse to run ``cells`` unless each runs what its name says (``labels``) and each finished
-    one was run with the spec's settings; before any cell runs, and again in each launcher job
-    (``announce`` False: the notes the first check logged are not logged again).
+    one was run with the spec's settings, and warn of arms that differ only where no clip bound can
+    act (``inert_clipping``); before any cell runs, and again in each launcher job (``announce``
+    False: the notes and warnings the first check logged are not logged again).
     ``start_cell_server``: the cells will be started from this process, so the server they are
     forked from (:mod:`.cell_process`) starts importing before the check of their configs, which
     imports the CLI here."""
@@ -312,13 +313,15 @@ def check_sweep(spec: SweepSpec, cells: Sequence[Cell], start_cell_server: bool 
     commands = [cell_command(spec, cell, spec.output_dir / cell.name, spec.model) for cell in unfinished]
     if start_cell_server and commands and cell_process.can_fork(commands[0]):
         cell_process.start_server(cell_environment())
-    labels.check_cells(spec, unfinished, commands)  # each cell's resolved config against its name
+    configs = labels.check_cells(spec, unfinished, commands)  # each cell's resolved config against its name
     changed = [cell.name for cell in cells if is_done(spec.output_dir / cell.name) and _settings_changed(spec, cell)]
     if changed:
         raise SweepError(
             f"finished cells in {spec.output_dir} were run with other settings: {changed}. Give the sweep "
             "another output_dir, or delete these folders to run them again."
         )
+    if announce:
+        inert_clipping.warn_of_inert_clipping(unfinished, configs)  # clip settings compared where none can act
 
 
 def run_sweep(spec: SweepSpec | Mapping[str, Any], launch: Launch | None = None) -> list[CellResult]:

@@ -30,6 +30,12 @@ from grpo_lightning.rollout.types import MicroBatch, Rollout
 from grpo_lightning.runtime.strategies import clip_policy_gradients, no_gradient_sync
 
 
+def minibatches_per_epoch(num_groups: int, group_size: int, minibatch_size: int | None) -> int:
+    """Optimizer steps of one pass over a batch of ``num_groups`` prompts of ``group_size`` completions:
+    ``ceil(num_groups x group_size / minibatch_size)``, or 1 where ``minibatch_size`` is ``None`` (the whole rollout)."""
+    return -(-num_groups * group_size // minibatch_size) if minibatch_size else 1
+
+
 def policy_part(objects: Any) -> Any:
     """The policy's optimizer or scheduler: the first of several (PPO's critic has its own)."""
     return objects[0] if isinstance(objects, (list, tuple)) else objects
@@ -123,8 +129,7 @@ class PolicyUpdate:
 
     def minibatches(self, num_groups: int) -> int:
         """Minibatches per epoch of a batch of ``num_groups`` prompts: ``num_groups x G / minibatch_size``."""
-        group_size, minibatch_size = self.settings.group_size, self.settings.minibatch_size
-        return -(-num_groups * group_size // minibatch_size) if minibatch_size else 1
+        return minibatches_per_epoch(num_groups, self.settings.group_size, self.settings.minibatch_size)
 
     def steps_left(self) -> float:
         """Optimizer steps the fit may still take: ``max_steps - global_step`` (unbounded without ``max_steps``)."""

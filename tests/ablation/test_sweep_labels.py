@@ -140,7 +140,7 @@ def test_the_check_parses_each_cell_as_its_own_command_line(tmp_path, monkeypatc
 
 
 def test_the_sweep_says_its_notes_once_and_a_launcher_job_does_not_repeat_them(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(labels, "check_cells", lambda spec, cells, commands: None)  # parsing: tested above
+    monkeypatch.setattr(labels, "check_cells", lambda spec, cells, commands: [])  # parsing: tested above
     spec = SweepSpec.from_dict(spec_dict(tmp_path))
     note = "seeds replaces seed_everything (0)"
     with caplog.at_level(logging.INFO, logger="grpo_lightning.ablation.sweep"):
