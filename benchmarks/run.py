@@ -74,6 +74,13 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
         rollout=args.rollout, decode_attention=args.decode_attention, padding_free=args.padding_free, **switches
     )
 
+def micro_batches(args: argparse.Namespace, workload: Workload) -> dict[str, Any]:
+    """The module's optim options: one PPO epoch, passes of the workload's rows or of ``--micro-batch-tokens``."""
+    if args.micro_batch_tokens is not None:
+        return {"ppo_epochs": 1, "micro_batch_size": None, "micro_batch_tokens": args.micro_batch_tokens}
+    return {"ppo_epochs": 1, "micro_batch_size": workload.micro_batch_size}
+
+
 WORKDIR_ENV = "GRPO_BENCH_WORKDIR"  # lets the processes a multi-device launch re-runs reuse rank 0's files
 PHASES = ("rollout_s", "score_s", "logprob_s", "values_s", "update_s", "step_s")  # values_s: PPO's critic pass
 #: Training metrics recorded per step (means over all devices), for comparing runs step by step.
@@ -666,7 +673,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
             ),  # configs/rollout/one_step_stale.yaml
         },
         kl={"beta": 0.04},
-        optim={"ppo_epochs": 1, "micro_batch_size": workload.micro_batch_size},
+        optim=micro_batches(args, workload),
         engine=engine_options(args),
     )
     data = PromptDataModule(
@@ -922,6 +929,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("prompts", "group_size", "prompt_tokens", "max_new_tokens", "micro_batch_size"):
         scale.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, dest=name)
     scale.add_argument(
+        "--micro-batch-tokens", type=int, default=None,
+        help="optim.micro_batch_tokens instead of the rows of --micro-batch-size: a token budget per pass "
+        "(packed with --padding-free); ours only",
+    )
+    scale.add_argument(
         "--stop-lengths", choices=["lognormal", "none"], default=None,
         help="lognormal: each completion stops at a drawn length, median max-new-tokens x 600/2048, 10%% at the "
         "limit (W5's default; benchmarks/stop_lengths.py); needs the static engine and one device",
@@ -936,6 +948,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.devices = int(args.devices) if args.devices.isdigit() else args.devices
     if args.compare == "trl" and args.variant != "grpo":
         parser.error("--compare trl runs TRL's GRPO: compare --variant ppo with --variant grpo instead")
+    if args.compare == "trl" and args.micro_batch_tokens is not None:
+        parser.error("--micro-batch-tokens is ours only: TRL's side runs --micro-batch-size rows a pass")
     if args.compare == "trl" and args.devices not in (1, "1"):
         parser.error("--compare trl runs on one device: use --devices 1 (compare multi-device runs with the 1-device one)")
     return args
@@ -980,6 +994,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         result["command"] = " ".join(["python", "benchmarks/run.py", *(sys.argv[1:] if argv is None else argv)])
         result["shape"] = {k: v for k, v in dataclasses.asdict(workload).items()}
         result["overrides"] = overrides
+        result["micro_batch_tokens"] = args.micro_batch_tokens
         result["steps"] = args.steps
         result["build_s"] = build_s
         result.update(run_ours(args, workload, paths, dtype, precision))

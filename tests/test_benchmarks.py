@@ -537,3 +537,58 @@ def test_parity_gives_trl_the_settings_of_our_variant(variant, tiny_model_dir, t
     assert (config.loss_type, config.scale_rewards) == TRL_LOSS_OF_OURS[(ours.settings.aggregation, ours.settings.advantage)]
     assert config.use_bias_correction_kl == ours.kl_options.unbiased == False  # noqa: E712  (TRL's default: True)
     assert (config.seed, config.max_steps) == (3, 7)
+
+
+def _ecosystem():
+    spec = importlib.util.spec_from_file_location("ecosystem", REPO_ROOT / "benchmarks" / "ecosystem.py")
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _finite(values) -> bool:
+    return all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)
+
+
+@pytest.mark.slow
+def test_ecosystem_distils_from_the_exported_teacher_and_compares_the_curriculum(tiny_model_dir, tmp_path):
+    """benchmarks/ecosystem.py's two learning stages on the tiny model, side by side as the GPU script
+    runs them: the student reads the teacher the first fit exported and starts from the base model;
+    the curriculum's arms log its metrics (only the one with it on)."""
+    work, reward = tmp_path / "work", "model.init_args.rewards.funcs=[tests.helpers.length_parity_reward]"
+    command = [sys.executable, "benchmarks/ecosystem.py", "learn", "--smoke", tiny_model_dir, "--work", str(work),
+               "--out", str(tmp_path), "--val-every", "2", "--set", reward, "--teacher-steps", "2", "--student-steps", "2",
+               "--seeds", "0", "--curriculum-steps", "4", "--num-train", "8"]  # fmt: skip
+    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+
+    distilled = json.loads((tmp_path / "distillation.json").read_text())
+    export = str(work / "distill" / "teacher_export")
+    assert distilled["teacher_export"] == export and (Path(export) / "model.safetensors").exists()
+    assert distilled["student_read"] == {"model": tiny_model_dir, "teacher": export}
+    assert all(distilled["checks"].values())
+    assert _finite(distilled["accuracy"].values()) and all(0 <= a <= 1 for a in distilled["accuracy"].values())
+    student = distilled["student_fit"]["curves"]
+    assert [step for step, _ in student["val/accuracy"]] == [0, 2]
+    assert [step for step, _ in student["distill/reverse_kl"]] == [1, 2] and _finite(v for _, v in student["distill/reverse_kl"])
+
+    compared = json.loads((tmp_path / "curriculum.json").read_text())
+    assert set(compared["fits"]) == {"off-seed0", "on-seed0"}
+    assert all(fit["exit_status"] == 0 for fit in compared["fits"].values())
+    assert "curriculum/skipped" in compared["fits"]["on-seed0"]["curves"]
+    assert not any(tag.startswith("curriculum/") for tag in compared["fits"]["off-seed0"]["curves"])
+    summary = compared["summary"]
+    assert _finite([*summary["on"]["final_accuracy"], *summary["off"]["final_accuracy"], summary["mean_on_minus_off"]])
+
+
+def test_ecosystem_w5_arms_differ_only_in_how_a_pass_is_cut():
+    ecosystem = _ecosystem()
+    rows = ecosystem.w5_command("rows", 4, Path("files"), Path("rows.json"))
+    tokens = ecosystem.w5_command("tokens", 4, Path("files"), Path("rows.json"))
+    assert tokens == [*rows, "--micro-batch-tokens", str(8 * (64 + 2048))]  # 8 of W5's longest rows a pass
+    parsed = bench.parse_args(tokens[2:])
+    assert (parsed.workload, parsed.steps, parsed.first_step, parsed.padding_free) == ("W5", 4, "none", True)
+    assert bench.micro_batches(parsed, bench.WORKLOADS["W5"]) == {"ppo_epochs": 1, "micro_batch_size": None,
+                                                                  "micro_batch_tokens": 8 * 2112}  # fmt: skip
+    assert bench.micro_batches(bench.parse_args(rows[2:]), bench.WORKLOADS["W5"])["micro_batch_size"] == 8
+    assert ecosystem.w5_command("rows_padded", 4, Path("files"), Path("rows.json")) == [*rows[:-1]]  # W5 as in RESULTS.md
