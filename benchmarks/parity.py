@@ -38,6 +38,7 @@ then uses, per seed, the last evaluated step that both libraries reached. Each r
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -45,6 +46,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -79,6 +81,8 @@ TIERS = {
 }
 #: Our engine without compilation: the same arithmetic, and no compile for each of many runs at once.
 NO_COMPILE = {"compile": False, "logprob_compile": False, "model_compile": False}
+#: Where a run keeps its checkpoint to resume from: ours ``RUN/trainer/last.ckpt``, TRL's ``RUN/trainer/checkpoint-N``.
+TRAINER_FOLDER = "trainer"
 #: Per-step metrics: ours' logged name -> the row's name (TRL logs the same names).
 STEP_METRICS = {"reward": "reward", "completions/mean_length": "mean_length", "completions/min_length": "min_length",
                 "entropy": "entropy", "grad_norm": "grad_norm", "frac_zero_gradient": "zero_gradient"}  # fmt: skip
@@ -106,7 +110,8 @@ def step_row(step: int, logged: dict[str, float], lengths: list[int]) -> dict[st
 
 class Recorder:
     """Appends step rows and checkpoint evaluations to ``DIRECTORY/rows.jsonl`` and ``checkpoints.jsonl``;
-    a checkpoint is saved by ``save(directory)``, scored by ``smollm2.evaluate`` and removed."""
+    a checkpoint is saved by ``save(directory)``, scored by ``smollm2.evaluate`` and removed. A row's
+    ``time_s`` counts the run's recorded steps across resumes (steps lost to a kill not counted)."""
 
     def __init__(self, directory: str, settings_file: str, start_model: str, device: str) -> None:
         self.directory = Path(directory)
@@ -115,6 +120,14 @@ class Recorder:
         self.start_model, self.device = start_model, device
         self._start_weights = None
         self.started = time.time()
+
+    def resume_at(self, step: int) -> None:
+        """Record from ``step`` on (0: a fresh start): the records of later steps, which a stop lost with the
+        state that made them, are dropped, and the start is noted in ``starts.jsonl``."""
+        rows = self._keep_up_to("rows.jsonl", step)
+        self._keep_up_to("checkpoints.jsonl", step)
+        self.started = time.time() - (rows[-1]["time_s"] if rows else 0.0)
+        self._append("starts.jsonl", {"step": step, "date": time.strftime("%Y-%m-%d %H:%M:%S")})
 
     def row(self, row: dict[str, float]) -> None:
         self._append("rows.jsonl", {**row, "time_s": round(time.time() - self.started, 2)})
@@ -143,6 +156,19 @@ class Recorder:
         with open(self.directory / name, "a") as file:
             file.write(json.dumps(record) + "\n")
 
+    def _keep_up_to(self, name: str, step: int) -> list[dict[str, Any]]:
+        """Rewrite ``name`` with its records of steps up to ``step`` (atomically); those records."""
+        kept = [record for record in records(self.directory / name) if record["step"] <= step]
+        temporary = self.directory / f".{name}.tmp"
+        temporary.write_text("".join(json.dumps(record) + "\n" for record in kept))
+        os.replace(temporary, self.directory / name)
+        return kept
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of ``path`` (none when it does not exist)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
 
 def is_checkpoint(step: int, every: int, last: int) -> bool:
     return step == last or step % every == 0
@@ -154,13 +180,17 @@ def is_checkpoint(step: int, every: int, last: int) -> bool:
 class ParityProbe(Callback):
     """Our side's recorder: a row after every optimizer step (the lengths of every completion sampled since
     the last one: DAPO's dynamic sampling may sample several batches for one step), a checkpoint every
-    ``eval_every`` steps and at ``max_steps``."""
+    ``eval_every`` steps and at ``max_steps``; resumed, it drops what was recorded after the step resumed from."""
 
     def __init__(self, directory: str, settings_file: str, start_model: str, device: str, eval_every: int,
                  max_steps: int) -> None:  # fmt: skip
         self.recorder = Recorder(directory, settings_file, start_model, device)
         self.eval_every, self.max_steps = eval_every, max_steps
         self.step, self.lengths = 0, []
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.step, self.lengths = trainer.global_step, []  # the step resumed from (``--ckpt_path``), or 0
+        self.recorder.resume_at(trainer.global_step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if isinstance(outputs, dict) and outputs.get("rollout") is not None:  # every group sampled
@@ -202,23 +232,29 @@ KEEPING_ZERO_GRADIENTS = {"grpo": GRPOKeepingZeroGradients, "dr_grpo": DrGRPOKee
 
 
 def ours_config(settings: dict[str, Any], variant: str, role: str, steps: int, probe: dict[str, Any],
-                root: Path) -> dict[str, Any]:  # fmt: skip
+                root: Path, checkpoint_every: int) -> dict[str, Any]:  # fmt: skip
     """Our fit's configuration: the recipe's model as the preset ``variant`` (matched to TRL, or as it is
-    for ``role`` ``ours_full``), data and trainer, ``steps`` steps, the probe."""
+    for ``role`` ``ours_full``), data and trainer, ``steps`` steps, the probe, and ``root/trainer/last.ckpt``
+    (the whole training state) every ``checkpoint_every`` steps and when a SIGTERM stops the fit."""
     cls = KEEPING_ZERO_GRADIENTS[variant] if role == "ours_keep_zero" else preset_class(variant)
     class_path = f"parity.{cls.__name__}" if role == "ours_keep_zero" else f"{cls.__module__}.{cls.__name__}"
     arguments = {} if role == "ours_full" else matched_arguments(variant)
     model = {**settings["model"], "class_path": class_path}
     model["init_args"] = {**model["init_args"], **arguments, "engine": NO_COMPILE}
+    checkpoint = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                  "init_args": {"dirpath": str(root / TRAINER_FOLDER), "every_n_train_steps": checkpoint_every,
+                                "save_top_k": 0, "save_last": True}}  # last.ckpt only, replaced atomically  # fmt: skip
     trainer = {**settings["trainer"], **RACE_TRAINER, "max_steps": steps, "default_root_dir": str(root),
-               "callbacks": [{"class_path": "parity.ParityProbe", "init_args": probe}]}  # fmt: skip
+               "enable_checkpointing": True,
+               "callbacks": [{"class_path": "parity.ParityProbe", "init_args": probe}, checkpoint]}  # fmt: skip
     trainer.pop("val_check_interval", None)
     return {"model": model, "data": settings["data"], "trainer": trainer, "validate_before_fit": False}
 
 
-def ours_command(config: Path, device: str, seed: int) -> list[str]:
+def ours_command(config: Path, device: str, seed: int, resume_from: Path | None = None) -> list[str]:
+    resume = ["--ckpt_path", str(resume_from)] if resume_from else []
     return [sys.executable, "-c", "from grpo_lightning.cli.app import main; main()", "fit", "--config", f"trainer/{device}",
-            "--config", str(config), "--seed_everything", str(seed), "--data.seed", str(seed)]  # fmt: skip
+            "--config", str(config), "--seed_everything", str(seed), "--data.seed", str(seed), *resume]  # fmt: skip
 
 
 # ------------------------------------------------------------------ TRL
@@ -226,30 +262,37 @@ def ours_command(config: Path, device: str, seed: int) -> list[str]:
 
 def trl_worker(job: dict[str, Any]) -> None:
     """TRL's ``GRPOTrainer`` on the job's settings and variant (``parity_trl``) for its steps, recording
-    as ours does: its ``reward`` is the task's (the accuracy function's mean), before any length shaping."""
+    as ours does: its ``reward`` is the task's (the accuracy function's mean), before any length shaping.
+    It saves a checkpoint every ``checkpoint_every`` steps (the newest kept) and resumes from the newest;
+    a SIGTERM stops it after the step in progress, with a checkpoint (exit status 143, as ours)."""
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
     from grpo_lightning.models.sources import load_tokenizer
-    from grpo_lightning.rewards import accuracy_reward
     from grpo_lightning.models.policy import load_causal_lm
     from parity_trl import resolve, trl_reward_functions
     from smollm2 import problems, trl_config
 
+    stop = stop_requested_by_sigterm()
     settings = json.loads(Path(job["settings_file"]).read_text())
     model_args = settings["model"]["init_args"]
     tokenizer = load_tokenizer(model_args["model"])
     chat = bool(tokenizer.chat_template)  # as our side formats prompts: the chat template where there is one
     train = problems(settings)["train"].map(lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}] if chat else row["prompt"]})
-    config = trl_config(settings, Path(job["directory"]), job["seed"], job["device"], job["variant"], job["steps"])
+    config = trl_config(settings, Path(job["directory"]), job["seed"], job["device"], job["variant"], job["steps"],
+                        save_steps=job["checkpoint_every"])  # fmt: skip
     recorder = Recorder(job["directory"], job["settings_file"], job["start_model"], job["eval_device"])
+    task_reward = recipe_reward(settings)
     lengths: list[int] = []
 
     def accuracy(prompts, completions, answer, completion_ids, **kwargs):
         lengths.extend(len(ids) for ids in completion_ids)
-        return accuracy_reward(prompts, completions, answer)
+        return task_reward(prompts, completions, answer=answer)
 
     class Probe(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            recorder.resume_at(state.global_step)  # the checkpoint's step, or 0
+
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "reward" in logs and lengths:
                 recorder.row(step_row(state.global_step, {**logs, "reward": logs["rewards/accuracy/mean"]}, lengths))
@@ -258,12 +301,44 @@ def trl_worker(job: dict[str, Any]) -> None:
         def on_step_end(self, args, state, control, model=None, **kwargs):
             if is_checkpoint(state.global_step, job["eval_every"], job["steps"]):
                 recorder.checkpoint(state.global_step, lambda path: (model.save_pretrained(path), tokenizer.save_pretrained(path)))
+            if stop.is_set():
+                control.should_save = control.should_training_stop = True
 
     policy = load_causal_lm(model_args["model"], model_args.get("policy", {}).get("dtype", "float32"), None)
     rewards = trl_reward_functions(resolve(job["variant"], settings), [accuracy])  # DAPO: and its overlong shaping
     trainer = GRPOTrainer(model=policy, reward_funcs=rewards, args=config, train_dataset=train,
                           processing_class=tokenizer, callbacks=[Probe()])  # fmt: skip
-    trainer.train()
+    resume_from = newest_trl_checkpoint(Path(job["directory"]))
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    if stop.is_set():
+        sys.exit(128 + signal.SIGTERM)
+
+
+def stop_requested_by_sigterm() -> threading.Event:
+    """An event that a SIGTERM sets (in place of ending the process)."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    return stop
+
+
+def recipe_reward(settings: dict[str, Any]):
+    """The task's reward: the recipe's one reward function where it names one (``--set
+    model.rewards.funcs=[module.function]``, as ours gets it), else the answer's accuracy."""
+    from grpo_lightning.rewards import accuracy_reward
+
+    names = (settings["model"]["init_args"].get("rewards") or {}).get("funcs") or []
+    if len(names) > 1:
+        raise SystemExit(f"parity.py: TRL's side takes one reward function, not {names}")
+    if not names:
+        return accuracy_reward
+    module, _, name = names[0].rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def newest_trl_checkpoint(directory: Path) -> Path | None:
+    """The newest complete ``checkpoint-N`` folder of a TRL run (``trainer_state.json`` is written last)."""
+    complete = [path for path in (directory / TRAINER_FOLDER).glob("checkpoint-*") if (path / "trainer_state.json").is_file()]
+    return max(complete, key=lambda path: int(path.name.rpartition("-")[2]), default=None)
 
 
 # ------------------------------------------------------------------ driver
@@ -324,13 +399,16 @@ def plan_jobs(args, chosen: dict[str, Any], work: Path, start_model: str, eval_d
                     arm = f"{variant}-{role}"
                     jobs.append({"tier": tier, "task": choice["task"], "variant": variant, "role": role, "arm": arm,
                                  "seed": seed, "note": arm_note(role, pairs[variant]), "steps": args.steps,
-                                 "eval_every": args.eval_every, "device": args.device, "eval_device": eval_device,
+                                 "eval_every": args.eval_every, "checkpoint_every": args.checkpoint_every,
+                                 "device": args.device, "eval_device": eval_device,
                                  "settings_file": str(settings_file), "start_model": start_model,
                                  "directory": str(work / f"{tier}-{arm}-s{seed}")})  # fmt: skip
     return jobs
 
 
 def job_command(job: dict[str, Any]) -> list[str]:
+    """The job's process: ours resumes from ``RUN/trainer/last.ckpt`` where it exists, TRL's worker from
+    its newest checkpoint (it looks itself)."""
     directory = Path(job["directory"])
     directory.mkdir(parents=True, exist_ok=True)
     if job["role"] == "trl":
@@ -339,28 +417,79 @@ def job_command(job: dict[str, Any]) -> list[str]:
     settings = json.loads(Path(job["settings_file"]).read_text())
     probe = {k: job[k] for k in ("directory", "settings_file", "start_model", "eval_every")}
     probe.update(device=job["eval_device"], max_steps=job["steps"])
-    config = ours_config(settings, job["variant"], job["role"], job["steps"], probe, directory)
+    config = ours_config(settings, job["variant"], job["role"], job["steps"], probe, directory, job["checkpoint_every"])
     (directory / "fit.yaml").write_text(yaml.safe_dump(config))
-    return ours_command(directory / "fit.yaml", job["device"], job["seed"])
+    return ours_command(directory / "fit.yaml", job["device"], job["seed"], newest_checkpoint(job))
 
 
-def run_all(jobs: list[dict[str, Any]], logs: Path, deadline: float) -> None:
-    """Start every job at once (each its own process group, output in ``logs``); kill those still running at
-    ``deadline`` (SIGKILL: Lightning turns SIGTERM into a stop at the end of the step, which can outlast it)."""
+def newest_checkpoint(job: dict[str, Any]) -> Path | None:
+    """The checkpoint the job's run would resume from, if any."""
+    directory = Path(job["directory"])
+    if job["role"] == "trl":
+        return newest_trl_checkpoint(directory)
+    last = directory / TRAINER_FOLDER / "last.ckpt"
+    return last if last.is_file() else None
+
+
+def finished(job: dict[str, Any]) -> bool:
+    """Whether the job's run reached its last step and recorded that step's evaluation."""
+    return any(record["step"] == job["steps"] for record in records(Path(job["directory"]) / "checkpoints.jsonl"))
+
+
+def drop_checkpoints(job: dict[str, Any]) -> None:
+    """Remove a finished run's checkpoints: nothing resumes it any more."""
+    shutil.rmtree(Path(job["directory"]) / TRAINER_FOLDER, ignore_errors=True)
+
+
+def keep_exit_statuses(jobs: list[dict[str, Any]], previous: dict[str, Any] | None) -> None:
+    """Give each job the exit status its run had in the ``previous`` plan (a finished run is not started again)."""
+    statuses = {job["directory"]: job.get("returncode") for job in (previous or {}).get("jobs", [])}
+    for job in jobs:
+        if job["directory"] in statuses:
+            job["returncode"] = statuses[job["directory"]]
+
+
+def run_all(jobs: list[dict[str, Any]], logs: Path, deadline: float, stop_margin_s: float) -> None:
+    """Start every job at once (each its own process group, output appended to ``logs``). ``stop_margin_s``
+    before ``deadline``, ask those still running to stop (SIGTERM: each ends the step in progress, saves
+    its checkpoint and exits); at ``deadline``, kill those left (SIGKILL: they resume from their last
+    checkpoint). A run that finished gives its checkpoints back."""
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCHMARKS), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # fmt: skip
-    running = []
-    for job in jobs:
-        log = open(logs / f"{Path(job['directory']).name}.log", "w")
-        running.append((job, subprocess.Popen(job_command(job), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True)))  # fmt: skip
+    running = [(job, start_job(job, logs, env)) for job in jobs]
+    asked_to_stop = False
     while any(process.poll() is None for _, process in running) and time.time() < deadline:
-        time.sleep(2)
+        if not asked_to_stop and time.time() >= deadline - stop_margin_s:
+            asked_to_stop = True
+            for _, process in running:
+                if process.poll() is None:
+                    os.kill(process.pid, signal.SIGTERM)  # the run's main process alone: its helpers stop with it
+        time.sleep(1)
     for job, process in running:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
         job["returncode"] = process.wait()
+        if finished(job):
+            drop_checkpoints(job)
+
+
+def start_job(job: dict[str, Any], logs: Path, env: dict[str, str]) -> subprocess.Popen:
+    command = job_command(job)
+    resume_from = newest_checkpoint(job)
+    with open(logs / f"{Path(job['directory']).name}.log", "a") as log:  # the process writes to its own copy
+        log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')}: " + (f"resuming from {resume_from}\n" if resume_from else "start\n"))
+        log.flush()
+        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def print_progress(jobs: list[dict[str, Any]]) -> None:
+    """Each run's last recorded step, and how many runs finished."""
+    for job in jobs:
+        steps = [row["step"] for row in records(Path(job["directory"]) / "rows.jsonl")]
+        print(f"{Path(job['directory']).name}: step {max(steps, default=0)}/{job['steps']}"
+              f"{' (finished)' if finished(job) else ''}", flush=True)  # fmt: skip
+    print(f"{sum(map(finished, jobs))} of {len(jobs)} runs finished", flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
@@ -378,7 +507,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--device", choices=["cpu", "gpu"], default="gpu", help="configs/trainer/<device>.yaml; one device")
     parser.add_argument("--model", default=None, help="the recipe's model, replaced (both frameworks)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe setting, e.g. data.num_val=50")
+    parser.add_argument("--checkpoint-every", type=int, default=10,
+                        help="optimizer steps between a run's checkpoints to resume from (the newest kept)")
     parser.add_argument("--deadline-min", type=float, default=None, help="stop the runs still going this long after the start")
+    parser.add_argument("--stop-margin-min", type=float, default=1.5,
+                        help="with --deadline-min: ask the runs this long before it to checkpoint and stop")
     parser.add_argument("--out", type=Path, default=Path("parity-results"))
     parser.add_argument("--report", type=Path, default=None,
                         help="only summarise: a results.json, or an --out folder whose runs it assembles into results.json")
@@ -403,18 +536,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     work.mkdir(parents=True, exist_ok=True)
     settings = task_settings(args.model, args.set, TIERS[args.tiers[0]][0][0])
     pairs = {variant: mapping(variant, settings) for variant in args.variants}  # the data does not enter it
+    previous = json.loads((args.out / "plan.json").read_text()) if (args.out / "plan.json").exists() else None
     header = {"date": time.strftime("%Y-%m-%d"), "steps": args.steps, "seeds": args.seeds, "variants": args.variants,
-              "pairs": pairs, "command": " ".join(["python", "benchmarks/parity.py", *(sys.argv[1:] if argv is None else argv)])}  # fmt: skip
+              "pairs": pairs, "command": " ".join(["python", "benchmarks/parity.py", *(sys.argv[1:] if argv is None else argv)]),
+              "calls": previous["header"].get("calls", 1) + 1 if previous else 1}  # fmt: skip
     try:
-        tasks = choose_tasks(args.model, args.set, args.tiers, eval_device)
+        known = {tier: choice for tier, choice in (previous or {}).get("tasks", {}).items() if tier in args.tiers}
+        chosen = choose_tasks(args.model, args.set, [tier for tier in args.tiers if tier not in known], eval_device)
+        tasks = {tier: known.get(tier) or chosen[tier] for tier in args.tiers}
         start_model = save_start_model(settings["model"]["init_args"]["model"], work / "start")
         jobs = plan_jobs(args, tasks, work, start_model, eval_device, pairs)
+        keep_exit_statuses(jobs, previous)
         plan = {"header": header, "tasks": tasks, "jobs": jobs}
         (args.out / "plan.json").write_text(json.dumps(plan, indent=1))  # a stopped driver's runs can be assembled
-        run_all(jobs, args.out / "logs", deadline)
+        for job in filter(finished, jobs):
+            drop_checkpoints(job)
+        run_all([job for job in jobs if not finished(job)], args.out / "logs", deadline, 60 * args.stop_margin_min)
         (args.out / "plan.json").write_text(json.dumps(plan, indent=1))  # with the exit statuses
     finally:
         shutil.rmtree(work / "start", ignore_errors=True)
+    print_progress(jobs)
     results = {**assemble(args.out), "wall_s": time.time() - started}
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     print_summary(results["summary"])

@@ -16,7 +16,9 @@ from typing import Any
 
 
 def collect(job: dict[str, Any]) -> dict[str, Any]:
-    """A job's identity, exit status (``None``: not known, the driver was stopped), step rows and checkpoints."""
+    """A job's identity, exit status (``None``: not known, the driver was stopped; of its last process),
+    step rows, checkpoints, and the steps its run was resumed from (``resumes`` times; a run started
+    anew after a stop before its first checkpoint is not resumed)."""
     directory = Path(job["directory"])
 
     def records(name: str) -> list[dict[str, Any]]:
@@ -24,8 +26,9 @@ def collect(job: dict[str, Any]) -> dict[str, Any]:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
     keep = ("tier", "task", "variant", "role", "arm", "seed", "note", "steps", "returncode")
+    resumed_from = [start["step"] for start in records("starts.jsonl") if start["step"] > 0]
     return {**{k: job.get(k) for k in keep}, **identity(job), "rows": records("rows.jsonl"),
-            "checkpoints": records("checkpoints.jsonl")}  # fmt: skip
+            "checkpoints": records("checkpoints.jsonl"), "resumes": len(resumed_from), "resumed_from": resumed_from}  # fmt: skip
 
 
 def identity(run: dict[str, Any]) -> dict[str, str]:

@@ -159,11 +159,13 @@ def run_trl(seed: int, minutes: float, out: Path) -> dict[str, Any]:
             "process_wall_s": wall, **log}
 
 
-def trl_config(settings: dict, root: Path, seed: int, device: str, variant: str = "grpo", max_steps: int = 1_000_000):
+def trl_config(settings: dict, root: Path, seed: int, device: str, variant: str = "grpo", max_steps: int = 1_000_000,
+               save_steps: int | None = None):  # fmt: skip
     """TRL's ``GRPOConfig`` for the recipe ``settings``: the batch, group, lengths, temperature, learning
     rate and gradient clip that our preset ``variant`` resolves from them, and its loss, advantage, clip
     range and KL as ``parity_trl.trl_settings`` maps them; micro-batched as ours is, one optimizer step
-    per generation batch, run ``max_steps`` optimizer steps or until stopped."""
+    per generation batch, run ``max_steps`` optimizer steps or until stopped. With ``save_steps``, a
+    checkpoint to resume from (model, optimizer, scheduler, RNG) every that many steps, the newest kept."""
     from trl import GRPOConfig
 
     from parity_trl import matched_arguments, resolve, trl_settings
@@ -177,7 +179,10 @@ def trl_config(settings: dict, root: Path, seed: int, device: str, variant: str 
         seed=seed,
         max_steps=max_steps,
         report_to="none",
-        save_strategy="no",
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
+        save_total_limit=1,
+        save_only_model=False,
         logging_steps=1,
         disable_tqdm=True,
         use_cpu=device == "cpu",
