@@ -5,10 +5,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -37,3 +41,82 @@ def test_the_probe_writes_a_row_per_optimizer_step_with_every_completion_sampled
     rows = [json.loads(line) for line in (tmp_path / "run" / "rows.jsonl").read_text().splitlines()]
     assert [(row["step"], row["at_once_share"], row["reward"]) for row in rows] == [(1, 0.5, 0.5), (2, 0.0, 0.5)]
     assert math.isnan(parity.at_once_share([]))
+
+
+# ------------------------------------------------------------------ resuming across calls
+
+REPO_ROOT = BENCHMARKS.parent
+#: parity.py on the tiny model: 6 steps of 2 prompts x 2 completions x 4 tokens, an evaluation every 3
+#: steps, a checkpoint every 2, and a reward with variance (and a signal where the test asks for one).
+TINY_PARITY = ["--steps", "6", "--seeds", "0", "--tiers", "no_signal", "--eval-every", "3", "--checkpoint-every", "2",
+               "--device", "cpu", "--set", "model.sampling.max_new_tokens=4", "--set", "model.sampling.group_size=2",
+               "--set", "model.optim.micro_batch_size=4", "--set", "data.batch_size=2", "--set", "trainer.precision=32-true",
+               "--set", "model.rewards.funcs=[tests.benchmarks.interrupting_reward.interrupting_reward]"]  # fmt: skip
+
+
+def run_records(out: Path, arm: str, name: str) -> list[dict]:
+    return parity.records(out / "runs" / f"no_signal-grpo-{arm}-s0" / name)
+
+
+def without_time(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k != "time_s"} for row in rows]
+
+
+@pytest.mark.parametrize("arm", ["ours", pytest.param("trl", marks=pytest.mark.skipif(
+    importlib.util.find_spec("trl") is None, reason="TRL is not installed"))])  # fmt: skip
+def test_a_run_stopped_and_killed_resumes_from_its_checkpoint_to_the_rows_of_an_uninterrupted_run(arm, tiny_model_dir, tmp_path,
+                                                                                                 monkeypatch):  # fmt: skip
+    """Three calls of the same command: the first asks the run to stop in step 3 (SIGTERM, as the deadline
+    does: it ends the step and checkpoints), the second kills it in step 6 (SIGKILL: steps 4 and 5 recorded,
+    the checkpoint at 4), the third ends it at step 6; a fourth starts nothing. Each step is recorded
+    once, as the uninterrupted run records it (the resume is exact on both sides), and only the finished
+    run's records remain."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))  # the runs import the reward from tests/
+    monkeypatch.delenv("PARITY_TEST_SIGNAL", raising=False)
+    command = [*TINY_PARITY, "--model", tiny_model_dir, "--arms", arm]
+    reference = subprocess.Popen([sys.executable, str(BENCHMARKS / "parity.py"), *command, "--out", str(tmp_path / "reference")],
+                                 cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    out = tmp_path / "resumed"
+    run = out / "runs" / f"no_signal-grpo-{arm}-s0"
+
+    monkeypatch.setenv("PARITY_TEST_SIGNAL", "SIGTERM:3")
+    parity.main([*command, "--out", str(out)])
+    assert [row["step"] for row in run_records(out, arm, "rows.jsonl")] == [1, 2, 3]
+    assert parity.newest_checkpoint(parity.json.loads((out / "plan.json").read_text())["jobs"][0]) is not None
+
+    monkeypatch.setenv("PARITY_TEST_SIGNAL", "SIGKILL:3")  # the third step of the resumed process: step 6
+    parity.main([*command, "--out", str(out)])
+    assert [row["step"] for row in run_records(out, arm, "rows.jsonl")] == [1, 2, 3, 4, 5]
+
+    monkeypatch.delenv("PARITY_TEST_SIGNAL")
+    parity.main([*command, "--out", str(out)])
+    results = parity.main([*command, "--out", str(out)])  # finished: not started again
+
+    assert reference.wait(timeout=300) == 0, reference.stderr.read()[-3000:]
+    rows = run_records(out, arm, "rows.jsonl")
+    assert [row["step"] for row in rows] == [1, 2, 3, 4, 5, 6]
+    assert without_time(rows) == without_time(run_records(tmp_path / "reference", arm, "rows.jsonl"))
+    assert [row["time_s"] for row in rows] == sorted(row["time_s"] for row in rows)  # counted on across resumes
+    evaluations = run_records(out, arm, "checkpoints.jsonl")
+    assert [c["step"] for c in evaluations] == [3, 6]
+    assert [c["weight_change_norm"] for c in evaluations] == [
+        c["weight_change_norm"] for c in run_records(tmp_path / "reference", arm, "checkpoints.jsonl")]  # fmt: skip
+    assert evaluations[-1]["weight_change_norm"] > 0
+    assert [start["step"] for start in run_records(out, arm, "starts.jsonl")] == [0, 3, 4]  # the 4th call started none
+    (record,) = results["runs"]
+    assert (record["resumes"], record["resumed_from"], record["returncode"]) == (2, [3, 4], 0)
+    assert not (run / parity.TRAINER_FOLDER).exists()  # a finished run's checkpoint is removed
+
+
+def test_the_deadline_asks_runs_to_stop_then_kills_those_left(tmp_path, monkeypatch):
+    """``stop_margin_s`` before the deadline every run gets SIGTERM; one that has not ended at the
+    deadline gets SIGKILL."""
+    stops = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(143)); time.sleep(60)"
+    ignores = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    scripts = {"stops": stops, "ignores": ignores}
+    monkeypatch.setattr(parity, "job_command", lambda job: [sys.executable, "-c", scripts[job["name"]]])
+    jobs = [{"name": name, "role": "ours", "directory": str(tmp_path / name), "steps": 6} for name in scripts]
+    started = time.time()
+    parity.run_all(jobs, tmp_path / "logs", deadline=started + 5, stop_margin_s=3)
+    assert [job["returncode"] for job in jobs] == [143, -signal.SIGKILL]
+    assert 5 <= time.time() - started < 15
