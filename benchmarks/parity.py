@@ -38,6 +38,7 @@ then uses, per seed, the last evaluated step that both libraries reached. Each r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import math
@@ -449,15 +450,29 @@ def keep_exit_statuses(jobs: list[dict[str, Any]], previous: dict[str, Any] | No
             job["returncode"] = statuses[job["directory"]]
 
 
-def run_all(jobs: list[dict[str, Any]], logs: Path, deadline: float, stop_margin_s: float) -> None:
-    """Start every job at once (each its own process group, output appended to ``logs``). ``stop_margin_s``
+def run_all(jobs: list[dict[str, Any]], out: Path, deadline: float, stop_margin_s: float) -> None:
+    """Start every job at once (each its own process group, output appended to ``out/logs``). ``stop_margin_s``
     before ``deadline``, ask those still running to stop (SIGTERM: each ends the step in progress, saves
-    its checkpoint and exits); at ``deadline``, kill those left (SIGKILL: they resume from their last
-    checkpoint). A run that finished gives its checkpoints back."""
-    logs.mkdir(parents=True, exist_ok=True)
+    its checkpoint and exits); at ``deadline``, or when the driver itself is stopped, kill those left
+    (SIGKILL: they resume from their last checkpoint). A run that finished gives its checkpoints back."""
+    (out / "logs").mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCHMARKS), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}  # fmt: skip
-    running = [(job, start_job(job, logs, env)) for job in jobs]
+    running = [(job, start_job(job, out / "logs", env)) for job in jobs]
+    (out / "pids.json").write_text(json.dumps({job["directory"]: process.pid for job, process in running}))
+    try:
+        wait_for(running, deadline, stop_margin_s)
+    finally:
+        for job, process in running:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+            job["returncode"] = process.wait()
+            if finished(job):
+                drop_checkpoints(job)
+
+
+def wait_for(running: list[tuple[dict[str, Any], subprocess.Popen]], deadline: float, stop_margin_s: float) -> None:
+    """Until every process has ended or ``deadline``; SIGTERM to each still running ``stop_margin_s`` before it."""
     asked_to_stop = False
     while any(process.poll() is None for _, process in running) and time.time() < deadline:
         if not asked_to_stop and time.time() >= deadline - stop_margin_s:
@@ -466,12 +481,23 @@ def run_all(jobs: list[dict[str, Any]], logs: Path, deadline: float, stop_margin
                 if process.poll() is None:
                     os.kill(process.pid, signal.SIGTERM)  # the run's main process alone: its helpers stop with it
         time.sleep(1)
-    for job, process in running:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        job["returncode"] = process.wait()
-        if finished(job):
-            drop_checkpoints(job)
+
+
+def end_leftover_runs(out: Path) -> None:
+    """SIGKILL the runs that an earlier call on ``out`` left running (its driver killed before its deadline):
+    two processes of one run would write its records and checkpoint at once."""
+    path = out / "pids.json"
+    for directory, pid in (json.loads(path.read_text()) if path.exists() else {}).items():
+        if directory in command_line(pid):  # that run's process, not another that got its number since
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:  # no such process (or no /proc)
+        return ""
 
 
 def start_job(job: dict[str, Any], logs: Path, env: dict[str, str]) -> subprocess.Popen:
@@ -549,9 +575,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         keep_exit_statuses(jobs, previous)
         plan = {"header": header, "tasks": tasks, "jobs": jobs}
         (args.out / "plan.json").write_text(json.dumps(plan, indent=1))  # a stopped driver's runs can be assembled
+        end_leftover_runs(args.out)
         for job in filter(finished, jobs):
             drop_checkpoints(job)
-        run_all([job for job in jobs if not finished(job)], args.out / "logs", deadline, 60 * args.stop_margin_min)
+        run_all([job for job in jobs if not finished(job)], args.out, deadline, 60 * args.stop_margin_min)
         (args.out / "plan.json").write_text(json.dumps(plan, indent=1))  # with the exit statuses
     finally:
         shutil.rmtree(work / "start", ignore_errors=True)
@@ -563,4 +590,5 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the driver stopped: its runs killed
     main()

@@ -117,6 +117,20 @@ def test_the_deadline_asks_runs_to_stop_then_kills_those_left(tmp_path, monkeypa
     monkeypatch.setattr(parity, "job_command", lambda job: [sys.executable, "-c", scripts[job["name"]]])
     jobs = [{"name": name, "role": "ours", "directory": str(tmp_path / name), "steps": 6} for name in scripts]
     started = time.time()
-    parity.run_all(jobs, tmp_path / "logs", deadline=started + 5, stop_margin_s=3)
+    parity.run_all(jobs, tmp_path, deadline=started + 5, stop_margin_s=3)
     assert [job["returncode"] for job in jobs] == [143, -signal.SIGKILL]
     assert 5 <= time.time() - started < 15
+
+
+def test_a_run_left_running_by_an_earlier_call_is_killed_before_its_run_starts_again(tmp_path):
+    run = tmp_path / "runs" / "easy-grpo-ours-s0"
+    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(run)], start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    (tmp_path / "pids.json").write_text(json.dumps({str(run): leftover.pid, str(tmp_path / "runs" / "gone"): other.pid}))
+    try:
+        parity.end_leftover_runs(tmp_path)
+        assert leftover.wait(timeout=10) == -signal.SIGKILL
+        assert other.poll() is None  # its number, but not that run's process
+    finally:
+        other.kill()
+        other.wait()
