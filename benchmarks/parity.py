@@ -3,9 +3,10 @@ arithmetic tasks that the model starts out good at, poor at, and almost never so
 Dr. GRPO and DAPO (``--variants``), each against TRL's matching ``loss_type``.
 
 Both libraries get the same model, prompts (the recipe's chat template), reward (the last number of
-the answer), group size, prompts per step, completion length, temperature, learning rate (constant),
-precision and seed, and run ``--steps`` optimizer steps each (``configs/recipes/smollm2.yaml``, 32
-prompts a step; the TRL side is ``smollm2.py``'s ``trl_config``). The algorithm is our preset's
+the answer; ``--set model.rewards.funcs=[module.function]`` gives both another), group size, prompts
+per step, completion length, temperature, learning rate (constant), precision and seed, and run
+``--steps`` optimizer steps each (``configs/recipes/smollm2.yaml``, 32 prompts a step; the TRL side
+is ``smollm2.py``'s ``trl_config``). The algorithm is our preset's
 (``configs/variant/<variant>.yaml``) as the recipe resolves it: ``parity_trl.py`` maps its loss,
 advantage scaling, clip range, ``beta``, truncation mask and DAPO's overlong shaping to TRL's settings
 and refuses a setting it cannot express. Each variant runs as the arms ``VARIANT-ours`` (matched to TRL)
@@ -28,11 +29,28 @@ tries its candidates in turn and keeps the first whose greedy start accuracy is 
 
 ``--keep-zero-gradients TIER`` adds, on that tier, a run of ours whose optimizer also steps on a
 gradient of exactly zero (the library drops such a step: see ``clip_and_log_gradient_norm``), to see
-what that drop changes. ``--deadline-min`` stops the runs still going at that time; the comparison
-then uses, per seed, the last evaluated step that both libraries reached. Each run records into
-``OUT/runs/``, so ``--report OUT`` assembles the results of runs that were cut short too
-(``parity_report.py``: each variant's arms against its own TRL run). Our side runs without
-``torch.compile`` (which changes speed, not results): many runs share the machine's CPU cores.
+what that drop changes. Each run records into ``OUT/runs/``, so ``--report OUT`` assembles the
+results of runs that were cut short too (``parity_report.py``: each variant's arms against its own TRL
+run, at the last evaluated step both reached). Our side runs without ``torch.compile`` (which changes
+speed, not results): many runs share the machine's CPU cores.
+
+Across several calls (a machine with a time limit per command): the same command on the same ``--out``
+continues every run from its checkpoint until all reach ``--steps``; a run that finished is not started
+again, and the tasks chosen by the first call are kept::
+
+    python benchmarks/parity.py --steps 200 --deadline-min 9 --out DIR   # again, until all runs finished
+
+Each run saves its whole training state every ``--checkpoint-every`` steps into ``RUN/trainer/``, only
+the newest kept (about 1.6 GB for SmolLM2 with AdamW, twice that while the next is written; removed
+once the run finishes): ours ``last.ckpt`` (Lightning's ``--ckpt_path`` resume: model, optimizer,
+scheduler, callbacks, counters, data order), TRL's ``checkpoint-N`` (``resume_from_checkpoint``: model,
+optimizer, scheduler, RNG). ``--stop-margin-min`` before ``--deadline-min`` the runs get SIGTERM: each
+ends its step, checkpoints and exits; those left at the deadline get SIGKILL and lose the steps since
+their checkpoint. A resumed run drops the records of steps after its checkpoint (they are done again),
+so each step is recorded once; on the tiny model of the tests both sides resume exactly (the rows of
+an uninterrupted run). The results give each run's ``resumes`` and ``resumed_from`` steps. Keep
+``--deadline-min`` inside the time limit: runs left by a driver killed before its deadline are ended
+when the next call starts.
 """
 
 from __future__ import annotations
@@ -535,7 +553,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe setting, e.g. data.num_val=50")
     parser.add_argument("--checkpoint-every", type=int, default=10,
                         help="optimizer steps between a run's checkpoints to resume from (the newest kept)")
-    parser.add_argument("--deadline-min", type=float, default=None, help="stop the runs still going this long after the start")
+    parser.add_argument("--deadline-min", type=float, default=None, help="stop the runs still going this long after the start (the same command again continues them)")
     parser.add_argument("--stop-margin-min", type=float, default=1.5,
                         help="with --deadline-min: ask the runs this long before it to checkpoint and stop")
     parser.add_argument("--out", type=Path, default=Path("parity-results"))
