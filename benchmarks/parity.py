@@ -522,7 +522,8 @@ def start_job(job: dict[str, Any], logs: Path, env: dict[str, str]) -> subproces
     command = job_command(job)
     resume_from = newest_checkpoint(job)
     with open(logs / f"{Path(job['directory']).name}.log", "a") as log:  # the process writes to its own copy
-        log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')}: " + (f"resuming from {resume_from}\n" if resume_from else "start\n"))
+        started = f"resuming from {resume_from}" if resume_from else "start"
+        log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')}: {started}\n")
         log.flush()
         return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -553,7 +554,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe setting, e.g. data.num_val=50")
     parser.add_argument("--checkpoint-every", type=int, default=10,
                         help="optimizer steps between a run's checkpoints to resume from (the newest kept)")
-    parser.add_argument("--deadline-min", type=float, default=None, help="stop the runs still going this long after the start (the same command again continues them)")
+    parser.add_argument("--deadline-min", type=float, default=None,
+                        help="stop the runs still going this long after the start (the same command again continues them)")
     parser.add_argument("--stop-margin-min", type=float, default=1.5,
                         help="with --deadline-min: ask the runs this long before it to checkpoint and stop")
     parser.add_argument("--out", type=Path, default=Path("parity-results"))
