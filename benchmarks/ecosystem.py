@@ -49,7 +49,6 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "configs" / "ablation" / "smollm2_variants.yaml"
-VARIANTS = ROOT / "configs" / "variant"
 CURRICULUM = "grpo_lightning.data.DifficultyCurriculum"
 #: Scalars kept per fit: validation, reward and, where logged, the distillation's and curriculum's own.
 CURVE_TAGS = ("val/accuracy", "reward", "distill/reverse_kl", "distill/teacher_logp", "curriculum/measured",
@@ -95,18 +94,16 @@ def smoke_setup(model_dir: str, val_every: int) -> Setup:
 
 
 def fit_args(setup: Setup, variant: str, folder: Path, seed: int, steps: int, extra: dict[str, Any] | None = None) -> list[str]:
-    """``grpo-lightning fit``'s arguments for one fit logging into ``folder`` (as an ablation cell's)."""
-    from grpo_lightning.ablation.spec import cli_value
+    """``grpo-lightning fit``'s arguments for one fit logging into ``folder``: an ablation cell's
+    (:func:`~grpo_lightning.ablation.sweep.cell_command`), then ``steps`` and the ``extra`` flags."""
+    from grpo_lightning.ablation.spec import Cell, SweepSpec, cli_value
+    from grpo_lightning.ablation.sweep import cell_command
 
-    arguments = ["--config", str(VARIANTS / f"{variant}.yaml")]
-    for path in setup.base_configs:
-        arguments += ["--config", path]
-    arguments += ["--seed_everything", str(seed), "--model.model", setup.model, "--trainer.default_root_dir", str(folder),
-                  "--trainer.logger.init_args.save_dir", str(folder), "--trainer.logger.init_args.name", "",
-                  "--trainer.logger.init_args.version", "", "--trainer.enable_progress_bar", "false"]  # fmt: skip
-    for key, value in {**setup.args, "trainer.max_steps": steps, **(extra or {})}.items():
-        arguments += [f"--{key}", cli_value(value)]
-    return arguments
+    spec = SweepSpec(output_dir=folder.parent, base_configs=[Path(path) for path in setup.base_configs], variants=[variant],
+                     seeds=[seed], args={**setup.args, "trainer.max_steps": steps, **(extra or {})})  # fmt: skip
+    command = cell_command(spec, Cell(variant, seed), folder, setup.model)
+    arguments = command[command.index("fit") + 1 :]
+    return [*arguments, "--trainer.enable_progress_bar", cli_value(False)]
 
 
 def start_fit(arguments: list[str], folder: Path, callbacks: Sequence[str] = ()) -> Future:
