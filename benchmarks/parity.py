@@ -76,7 +76,7 @@ from lightning.pytorch import Callback
 BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS))
 from budget_race import RACE_TRAINER, recipe_settings  # noqa: E402
-from parity_report import assemble, print_summary, summarize  # noqa: E402
+from parity_report import assemble, print_summary, records, summarize  # noqa: E402
 from parity_trl import VARIANTS, mapping, matched_arguments, preset_class  # noqa: E402
 from smollm2 import evaluate  # noqa: E402
 
@@ -182,11 +182,6 @@ class Recorder:
         temporary.write_text("".join(json.dumps(record) + "\n" for record in kept))
         os.replace(temporary, self.directory / name)
         return kept
-
-
-def records(path: Path) -> list[dict[str, Any]]:
-    """The JSON lines of ``path`` (none when it does not exist)."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def is_checkpoint(step: int, every: int, last: int) -> bool:

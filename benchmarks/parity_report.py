@@ -20,15 +20,16 @@ def collect(job: dict[str, Any]) -> dict[str, Any]:
     step rows, checkpoints, and the steps its run was resumed from (``resumes`` times; a run started
     anew after a stop before its first checkpoint is not resumed)."""
     directory = Path(job["directory"])
-
-    def records(name: str) -> list[dict[str, Any]]:
-        path = directory / name
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
     keep = ("tier", "task", "variant", "role", "arm", "seed", "note", "steps", "returncode")
-    resumed_from = [start["step"] for start in records("starts.jsonl") if start["step"] > 0]
-    return {**{k: job.get(k) for k in keep}, **identity(job), "rows": records("rows.jsonl"),
-            "checkpoints": records("checkpoints.jsonl"), "resumes": len(resumed_from), "resumed_from": resumed_from}  # fmt: skip
+    resumed_from = [start["step"] for start in records(directory / "starts.jsonl") if start["step"] > 0]
+    return {**{k: job.get(k) for k in keep}, **identity(job), "rows": records(directory / "rows.jsonl"),
+            "checkpoints": records(directory / "checkpoints.jsonl"), "resumes": len(resumed_from),
+            "resumed_from": resumed_from}  # fmt: skip
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of ``path`` (none when it does not exist)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def identity(run: dict[str, Any]) -> dict[str, str]:
