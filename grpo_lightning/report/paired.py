@@ -146,16 +146,19 @@ def design_mde(result: TwoLevel, alpha: float = 0.05, power: float = POWER, conf
     sqrt(v)``, ``v = sigma2_seed / S' + MS_residual / (S' P') + sigma2_prompt / P'`` with the unbiased
     ``sigma2_seed = (MS_seed - MS_residual) / P`` (negative where the seeds agree better than the
     prompts' noise predicts: ``v`` is then still the interval's ``se^2`` at the design run and positive
-    with more seeds; ``nan`` where it is not positive) and ``dof`` the interval's. At the design run
-    ``v = se^2``. Its interval: ``v`` between ``dof v / chi2_{(1 + confidence) / 2, dof}`` and
+    with more seeds; ``nan`` where it is not positive) and ``dof`` the interval's Satterthwaite ``dof``
+    scaled with the seeds as in :func:`seeds_for_mde`, ``dof' = dof (S' - 1) / (S - 1)``. At the design run
+    ``v = se^2`` and ``dof' = dof``. Its interval (of the run's ``dof``): ``v`` between ``dof v / chi2_{(1 + confidence) / 2, dof}`` and
     ``dof v / chi2_{(1 - confidence) / 2, dof}`` (the chi-square of the Satterthwaite variance)."""
     from scipy import stats
 
     c = result.components
-    variance = design_variance(c, seeds or c.seeds, prompts or c.prompts)
+    seeds = seeds or c.seeds
+    variance = design_variance(c, seeds, prompts or c.prompts)
     if not variance > 0:
         return (math.nan, math.nan, math.nan)
-    factor = float(stats.t.ppf(1 - alpha / 2, result.dof) + stats.t.ppf(power, result.dof))
+    dof = result.dof * (seeds - 1) / (c.seeds - 1) if c.seeds > 1 else result.dof
+    factor = float(stats.t.ppf(1 - alpha / 2, dof) + stats.t.ppf(power, dof))
     upper, lower = (float(stats.chi2.ppf(q, result.dof)) for q in ((1 + confidence) / 2, (1 - confidence) / 2))
     return (factor * math.sqrt(variance), factor * math.sqrt(variance * result.dof / upper),
             factor * math.sqrt(variance * result.dof / lower))

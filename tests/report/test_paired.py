@@ -82,8 +82,10 @@ def test_the_mde_of_the_design_and_its_chi_square_interval():
     assert (low, high) == pytest.approx((mde * math.sqrt(288 / 89 / stats.chi2.ppf(0.975, 288 / 89)),
                                          mde * math.sqrt(288 / 89 / stats.chi2.ppf(0.025, 288 / 89))))  # fmt: skip
     # sigma2_seed = (0.25 - 5/36) / 4 = 1/36. Twice the seeds: sqrt(1/36 / 6 + 5/36 / 24 + 5/36 / 4) = 0.2124591
-    # (the seed term 0.25 / (4 x 3) halved); twice the prompts: sqrt(1/36 / 3 + 5/36 / 24 + 5/36 / 8) = 0.1800206
-    assert design_mde(result, seeds=6)[0] == pytest.approx(factor * 0.2124591, abs=1e-6)
+    # (the seed term 0.25 / (4 x 3) halved), on dof' = (288/89) (6 - 1) / (3 - 1); twice the prompts:
+    # sqrt(1/36 / 3 + 5/36 / 24 + 5/36 / 8) = 0.1800206 on the run's dof
+    doubled = stats.t.ppf(0.975, 288 / 89 * 5 / 2) + stats.t.ppf(0.8, 288 / 89 * 5 / 2)
+    assert design_mde(result, seeds=6)[0] == pytest.approx(doubled * 0.2124591, abs=1e-6)
     assert design_mde(result, prompts=8)[0] == pytest.approx(factor * 0.1800206, abs=1e-6)
     assert design_mde(result, alpha=0.025)[0] > mde  # Holm's first level, for two arms
     # seeds that agree better than the prompts' noise predicts (MS_seed 0 < MS_residual): sigma2_seed is negative,
@@ -93,7 +95,10 @@ def test_the_mde_of_the_design_and_its_chi_square_interval():
     steady = two_level_test(np.array([[1, 1, 0, 1, 0, 0], [1, 0, 1, 1, 0, 0], [0, 1, 1, 1, 0, 0]]), np.zeros((3, 6)))
     factor = stats.t.ppf(0.975, steady.dof) + stats.t.ppf(0.8, steady.dof)
     assert (steady.components.ms_seed, steady.components.ms_residual) == pytest.approx((0, 0.2))  # every seed 0.5
-    assert design_mde(steady)[0] == pytest.approx(factor * steady.se) == design_mde(steady, seeds=6)[0]
+    assert design_mde(steady)[0] == pytest.approx(factor * steady.se)
+    # v stays se^2 with more seeds (the seed terms cancel); only dof' grows, to dof (6 - 1) / (3 - 1)
+    doubled = stats.t.ppf(0.975, steady.dof * 5 / 2) + stats.t.ppf(0.8, steady.dof * 5 / 2)
+    assert design_mde(steady, seeds=6)[0] == pytest.approx(doubled * steady.se)
 
 
 # The seeds for a target MDE on the 3 x 4 example, P' = P = 4: v(S') = (1/36) / S' + (5/36) / (4 S') + (5/36) / 4

@@ -83,10 +83,10 @@ def method_section(doc: Doc, confidence: float, margin: float, target_mde: float
                 "percentile bootstrap of seeds and prompts is too narrow at few seeds (table below)."
             ),
             (
-                "MDE of a two-level design of S' seeds and P' prompts: (t(1 − α/2m, dof) + t(0.8, dof)) · √v, v = "
+                "MDE of a two-level design of S' seeds and P' prompts: (t(1 − α/2m, dof') + t(0.8, dof')) · √v, v = "
                 "σ²_seed / S' + MS_residual / (S' P') + σ²_prompt / P' with the unbiased σ²_seed = (MS_seed − MS_residual) / P "
-                "(it may be negative; no MDE where v is not positive) and dof the interval's; at the design run "
-                "(S' = S, P' = P) v is se². Its "
+                "(it may be negative; no MDE where v is not positive) and dof' = dof · (S' − 1) / (S − 1), dof the interval's; "
+                "at the design run (S' = S, P' = P) v is se² and dof' = dof. Its "
                 "interval replaces v by dof · v / χ²(q, dof) and dof · v / χ²(1 − q, dof) (the chi-square of the "
                 "Satterthwaite variance). The Effects section gives it at S and P, and with twice the seeds or prompts."
             ),
@@ -95,7 +95,7 @@ def method_section(doc: Doc, confidence: float, margin: float, target_mde: float
                 "baseline's mean elsewhere; kept in data/sweep.json, `--target-mde`), on val/accuracy: the smallest S' "
                 f"from 2 to {MAX_SEEDS:,} with (t(1 − α/2m, dof') + t(0.8, dof')) · √v(S') ≤ δ*, v(S') = σ²_seed / S' + "
                 "MS_residual / (S' P) + σ²_prompt / P at the P prompts run and dof' = dof · (S' − 1) / (S − 1) (at S' = S "
-                "the MDE above; the figure with twice the seeds keeps dof); and again with v(S') at the upper end of its "
+                "the MDE above); and again with v(S') at the upper end of its "
                 "interval, dof · v(S') / χ²(1 − q, dof). Unlimited seeds leave (z(1 − α/2m) + z(0.8)) · √(σ²_prompt / P): "
                 "where that is not below δ*, no number of seeds reaches it and more prompts are needed."
             ),
