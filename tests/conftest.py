@@ -4,6 +4,7 @@ helpers are in tests/helpers.py)."""
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 from collections.abc import Callable, Sequence
 
@@ -13,6 +14,14 @@ import torch
 from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_tiny_model, tiny_config
 from tests.helpers import length_parity_reward, merged
+
+# Lightning gives its logger a handler of its own and stops propagation when it is imported before the root
+# logger has one, which depends on when pytest installs its capture: route its records to the root logger,
+# where caplog reads them, whatever the order.
+_lightning_logger = logging.getLogger("lightning.pytorch")
+_lightning_logger.propagate = True
+for _handler in list(_lightning_logger.handlers):
+    _lightning_logger.removeHandler(_handler)
 
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # pytest -n: the workers share the cores
