@@ -4,7 +4,10 @@ variant's arms compared with TRL's run, seed by seed, at the last evaluated step
 An arm is ``VARIANT-ROLE``: ``ours`` (our preset matched to TRL: ``parity_trl``), ``trl``, ``ours_full``
 (the preset as it is, where the match turns a part off: DAPO's dynamic sampling) and
 ``ours_keep_zero`` (ours stepping on zero gradients too). Each variant's arms are compared with that
-variant's TRL run only.
+variant's TRL run only, with a verdict (worse, not worse within ``NON_INFERIORITY_MARGIN``, undetermined).
+Every run's last evaluation is also checked against the start model's (``harm_check``: answers as
+non-empty, a mean length within 20%, accuracy not below the start's beyond the evaluation's noise), and
+says whether the run reached all its steps.
 """
 
 from __future__ import annotations
@@ -85,8 +88,43 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             notes = {r["arm"]: r["note"] for r in of_variant if r.get("note")}
             variants[variant]["notes"] = notes
         start = {k: choice["start"].get(k) for k in ("accuracy", "mean_length", "empty_share")}
-        summary[tier] = {"task": choice["task"], "start": start, "variants": variants}
+        harm = {r["arm"]: [] for r in runs if r["tier"] == tier}
+        for run in (r for r in runs if r["tier"] == tier and r["checkpoints"]):
+            harm[run["arm"]].append({"seed": run["seed"], **harm_check(run["checkpoints"][-1], start, results.get("steps"))})
+        summary[tier] = {"task": choice["task"], "start": start, "variants": variants, "harm": harm}
     return summary
+
+
+#: A run's greedy answers may be this much longer or shorter on average than the start model's.
+LENGTH_TOLERANCE = 0.2
+#: Ours is "not worse" than TRL when the paired interval's lower end is above minus this (accuracy).
+NON_INFERIORITY_MARGIN = 0.05
+
+
+def harm_check(final: dict[str, Any], start: dict[str, Any], steps: int | None) -> dict[str, Any]:
+    """Whether a run's last evaluation keeps the start model's behaviour: no more empty greedy answers than at
+    the start, a mean greedy length within ``LENGTH_TOLERANCE`` of the start's, and accuracy not below the
+    start's by more than twice the start's binomial standard error on these problems, ``2 sqrt(p (1 - p) / n)``
+    (1 against 2 correct of 200 is no evidence of harm). ``complete``: the run reached ``steps``."""
+    p, n = start["accuracy"], final.get("problems") or 0
+    tolerance = 2 * math.sqrt(p * (1 - p) / n) if n else 0.0
+    checks = {"non_empty": final["empty_share"] <= start["empty_share"],
+              "length": abs(final["mean_length"] / start["mean_length"] - 1) <= LENGTH_TOLERANCE,
+              "accuracy": final["accuracy"] >= p - tolerance}  # fmt: skip
+    return {"step": final["step"], "complete": steps is not None and final["step"] >= steps, "accuracy": final["accuracy"],
+            "accuracy_floor": p - tolerance, "mean_length": final["mean_length"], "empty_share": final["empty_share"],
+            "checks": checks, "kept": all(checks.values())}  # fmt: skip
+
+
+def trl_verdict(difference: dict[str, Any]) -> str:
+    """Ours minus TRL over seeds: worse (the 95% interval below 0), not worse (its lower end above
+    ``-NON_INFERIORITY_MARGIN``) or undetermined; no verdict below 3 seeds."""
+    if len(difference["by_seed"]) < 3:
+        return "too few seeds for a verdict"
+    low, high = difference["ci95"]
+    if high < 0:
+        return "worse"
+    return f"not worse (within {NON_INFERIORITY_MARGIN})" if low > -NON_INFERIORITY_MARGIN else "undetermined"
 
 
 def compare_with_trl(runs: dict[tuple[str, int], dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
@@ -132,6 +170,11 @@ def print_summary(summary: dict[str, Any]) -> None:
                 print(f"    {arm}: {cells}")
             for arm, d in v["minus_trl"].items():
                 print(f"    {arm} - TRL: {[round(x, 3) for x in d['by_seed']]}, mean {d['mean']:+.3f} "
-                      f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}], p {d['p']:.3f}")  # fmt: skip
+                      f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}], p {d['p']:.3f}: {trl_verdict(d)}")  # fmt: skip
             for arm, note in v["notes"].items():
                 print(f"    {arm}: {note}")
+        for arm, checks in s.get("harm", {}).items():
+            cells = ", ".join(f"s{c['seed']}@{c['step']}{'' if c['complete'] else ' (cut short)'}: "
+                              f"{'kept' if c['kept'] else 'HARMED: ' + ', '.join(k for k, ok in c['checks'].items() if not ok)}"
+                              for c in checks)  # fmt: skip
+            print(f"  start model's behaviour, {arm}: {cells}")

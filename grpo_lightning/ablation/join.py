@@ -1,0 +1,126 @@
+"""Join the cells of several runs of one sweep (more seeds on another day, another machine) into one folder
+that ``grpo-lightning-report`` reads as a single sweep::
+
+    python -m grpo_lightning.ablation.join --out runs/joined runs/sweep_day1 runs/sweep_day2
+
+Each source is a sweep's ``output_dir`` or a report's ``data/`` folder. The join refuses what would make
+the report silently wrong: the same cell (arm and seed) in two sources, and cells run with other settings
+than the first source's (the spec's shared ``args``, base configs, model and warm start for every cell;
+a variant's whole settings for its cells). The sources' ``provenance.json`` records are concatenated, so
+the report names every run's commit, card and command, and warns where the commits differ; the lines of
+their ``sweep.json`` are kept in order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from grpo_lightning.ablation.provenance import PROVENANCE_FILE
+from grpo_lightning.errors import ConfigError
+
+#: What every cell of a sweep shares, whatever its variant (cell.json's ``settings``).
+SHARED_SETTINGS = ("args", "base_configs", "model", "validate_before_training", "warmstart")
+CELL_FILE = "cell.json"
+SWEEP_FILE = "sweep.json"
+
+
+def cells_of(source: Path) -> dict[str, dict[str, Any]]:
+    """Each cell folder of ``source`` (one holding ``cell.json``) by name, with its ``cell.json``."""
+    return {d.name: json.loads((d / CELL_FILE).read_text()) for d in sorted(source.iterdir()) if (d / CELL_FILE).is_file()}
+
+
+def provenance_records(source: Path) -> list[dict[str, Any]]:
+    """The records of ``source``'s ``provenance.json`` (a list, or one record); none without it."""
+    path = source / PROVENANCE_FILE
+    if not path.is_file():
+        return []
+    data = json.loads(path.read_text())
+    return [data] if isinstance(data, dict) else list(data)
+
+
+def portable(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` with its config files named from their ``configs/`` folder on, as every checkout names them
+    (a cell records the path it read: ``/work/repo/configs/x.yaml`` and ``configs/x.yaml`` are one file)."""
+
+    def name(path: Any) -> Any:
+        return "configs/" + path.rsplit("/configs/", 1)[1] if isinstance(path, str) and "/configs/" in path else path
+
+    return {**settings, "base_configs": [name(p) for p in settings.get("base_configs") or []],
+            "variant_config": name(settings.get("variant_config"))}  # fmt: skip
+
+
+def check_same_settings(reference: Mapping[str, Any], cell: Mapping[str, Any], where: str) -> None:
+    """Refuse ``cell`` whose shared settings differ from ``reference``'s (both ``cell.json`` contents)."""
+    ours, theirs = portable(cell["settings"]), portable(reference["settings"])
+    for key in SHARED_SETTINGS:
+        if ours.get(key) != theirs.get(key):
+            raise ConfigError(f"join: {where} ran with other settings ({key}: {ours.get(key)!r}, not "
+                              f"{theirs.get(key)!r}); a joined sweep must be one design: report it apart")  # fmt: skip
+
+
+def join(sources: Sequence[Path], out: Path) -> dict[str, Path]:
+    """Copy the cells of ``sources`` into ``out`` (new or empty) with their provenance; returns each cell's source."""
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"join: --out {out} is not empty; give a new folder")
+    found: dict[str, Path] = {}
+    first: dict[str, Any] | None = None
+    by_variant: dict[str, Mapping[str, Any]] = {}
+    for source in sources:
+        cells = cells_of(source)
+        if not cells:
+            raise ConfigError(f"join: {source} holds no cell (no folder with a {CELL_FILE}); give a sweep's output_dir "
+                              "or a report's data/ folder")  # fmt: skip
+        for name, cell in cells.items():
+            where = f"cell {name} of {source}"
+            if name in found:
+                raise ConfigError(f"join: {where} is also in {found[name]}: the same arm and seed twice; drop one of them")
+            first = first or cell
+            check_same_settings(first, cell, where)
+            variant = by_variant.setdefault(cell.get("variant") or name, cell)
+            if portable(variant["settings"]) != portable(cell["settings"]):
+                raise ConfigError(f"join: {where} ran its variant with other settings than the cells before it; "
+                                  "a joined sweep must be one design: report it apart")  # fmt: skip
+            found[name] = source
+    sweep = join_sweep_files([source / SWEEP_FILE for source in sources if (source / SWEEP_FILE).is_file()])
+    records = [record for source in sources for record in provenance_records(source)]
+    out.mkdir(parents=True, exist_ok=True)
+    for name, source in found.items():
+        shutil.copytree(source / name, out / name)
+    (out / PROVENANCE_FILE).write_text(json.dumps(records, indent=1, sort_keys=True) + "\n")
+    if sweep:
+        (out / SWEEP_FILE).write_text(json.dumps(sweep, indent=4, sort_keys=True))
+    return found
+
+
+def join_sweep_files(paths: Sequence[Path]) -> dict[str, Any]:
+    """The sources' ``sweep.json`` as one: the same settings in each (else refused), their provenance lines in order."""
+    joined: dict[str, Any] = {}
+    lines: list[str] = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        lines += [line for line in data.pop("provenance", []) if line not in lines]
+        for key, value in data.items():
+            if joined.setdefault(key, value) != value:
+                raise ConfigError(f"join: {path} sets {key} to {value!r}, another source to {joined[key]!r}; make them "
+                                  "agree (they are the report's settings) or report the runs apart")  # fmt: skip
+    return {**joined, "provenance": lines} if joined or lines else {}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("sources", type=Path, nargs="+", help="sweep output_dirs or reports' data/ folders")
+    parser.add_argument("--out", type=Path, required=True, help="a new folder for the joined cells")
+    args = parser.parse_args(argv)
+    found = join(args.sources, args.out)
+    for source in args.sources:
+        print(f"{source}: {sum(s == source for s in found.values())} cells")
+    print(f"{len(found)} cells in {args.out}")
+
+
+if __name__ == "__main__":
+    main()

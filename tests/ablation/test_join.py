@@ -1,0 +1,68 @@
+"""Joining the runs of one sweep: cells of the committed SmolLM2 report's data, split as two runs would
+have left them, then joined again."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from grpo_lightning.ablation.join import join, main
+from grpo_lightning.errors import ConfigError
+
+DATA = Path(__file__).resolve().parents[2] / "reports" / "smollm2_variants" / "data"
+
+
+def run_of(folder: Path, cells: list[str], commit: str, line: str) -> Path:
+    """A sweep folder holding ``cells`` (copies of the report's), one provenance record and a sweep.json."""
+    for name in cells:
+        shutil.copytree(DATA / name, folder / name)
+    (folder / "provenance.json").write_text(json.dumps([{"commit": commit, "cells": {c: "done" for c in cells}}]))
+    (folder / "sweep.json").write_text(json.dumps({"name": "smollm2_variants", "equivalence_margin": 0.02,
+                                                   "provenance": [line]}))  # fmt: skip
+    return folder
+
+
+def test_two_runs_join_into_one_sweep_with_both_provenances(tmp_path, capsys):
+    first = run_of(tmp_path / "day1", ["grpo-seed0", "dr_grpo-seed0"], "aaa", "day 1")
+    second = run_of(tmp_path / "day2", ["grpo-seed1", "dr_grpo-seed1"], "bbb", "day 2")
+    main([str(first), str(second), "--out", str(tmp_path / "joined")])
+    joined = tmp_path / "joined"
+    assert sorted(d.name for d in joined.iterdir() if d.is_dir()) == ["dr_grpo-seed0", "dr_grpo-seed1", "grpo-seed0", "grpo-seed1"]
+    assert (joined / "grpo-seed1" / "outcomes").is_dir()  # the per-prompt outcomes travel with the cell
+    assert [r["commit"] for r in json.loads((joined / "provenance.json").read_text())] == ["aaa", "bbb"]
+    assert json.loads((joined / "sweep.json").read_text())["provenance"] == ["day 1", "day 2"]
+    assert "4 cells in" in capsys.readouterr().out
+
+
+def test_the_same_cell_twice_is_refused(tmp_path):
+    first = run_of(tmp_path / "day1", ["grpo-seed0"], "aaa", "day 1")
+    second = run_of(tmp_path / "day2", ["grpo-seed0"], "bbb", "day 2")
+    with pytest.raises(ConfigError, match="grpo-seed0 .* also in .*day1: the same arm and seed twice"):
+        join([first, second], tmp_path / "joined")
+    assert not (tmp_path / "joined").exists()  # nothing copied before the check
+
+
+def test_cells_of_another_design_are_refused_and_config_paths_compare_by_their_configs_folder(tmp_path):
+    first = run_of(tmp_path / "day1", ["grpo-seed0"], "aaa", "day 1")
+    second = run_of(tmp_path / "day2", ["grpo-seed1"], "bbb", "day 2")
+    cell_file = second / "grpo-seed1" / "cell.json"
+    cell = json.loads(cell_file.read_text())
+    cell["settings"]["base_configs"] = [f"/elsewhere/checkout/{p}" for p in cell["settings"]["base_configs"]]
+    cell_file.write_text(json.dumps(cell))
+    join([first, second], tmp_path / "same")  # another checkout's paths to the same configs
+    cell["settings"]["args"]["model.init_args.optim.minibatch_size"] = 128
+    cell_file.write_text(json.dumps(cell))
+    with pytest.raises(ConfigError, match="grpo-seed1 .* other settings \\(args"):
+        join([first, second], tmp_path / "other")
+
+
+def test_report_settings_that_disagree_are_refused(tmp_path):
+    first = run_of(tmp_path / "day1", ["grpo-seed0"], "aaa", "day 1")
+    second = run_of(tmp_path / "day2", ["grpo-seed1"], "bbb", "day 2")
+    (second / "sweep.json").write_text(json.dumps({"name": "smollm2_variants", "equivalence_margin": 0.05}))
+    with pytest.raises(ConfigError, match="equivalence_margin"):
+        join([first, second], tmp_path / "joined")
+    assert not (tmp_path / "joined").exists()
