@@ -1,6 +1,8 @@
 """Partial rollouts: generation that goes on across weight updates, as an asynchronous sampler that
 new weights interrupt continues its unfinished completions with them (AReaL's interruptible
-generation: the prefix is recomputed under the new weights, not taken from a stale KV cache).
+generation: the prefix is recomputed under the new weights, not taken from a stale KV cache), on the
+HF generate path or in the static-cache engine (``engine.rollout: static``), which prefills the prompt
+and the tokens so far and samples the chunk as it samples a rollout.
 
 A completion is built in chunks: :func:`cut` keeps the first chunk of a sampled rollout, and
 :func:`continue_rollout` samples the next chunk of every unfinished completion with the model's
@@ -11,6 +13,7 @@ current weights. Each token keeps the log-prob and the policy version it was sam
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -71,12 +74,14 @@ def unfinished(completion: Completion, eos: set[int], max_new_tokens: int) -> bo
 @torch.no_grad()
 def continue_rollout(
     model: nn.Module, tokenizer: PreTrainedTokenizerBase, rollout: Rollout, sampling: SamplingParams, tokens: int,
-    version: int,
+    version: int, engine: Any | None = None,
 ) -> tuple[Rollout, int]:  # fmt: skip
     """Sample up to ``tokens`` more tokens of each unfinished completion (no EOS yet, shorter than
     ``sampling.max_new_tokens``) with ``model`` (policy ``version``) after its prompt and its tokens
     so far; ``(rollout, tokens added)``. Unfinished completions all have the same length (each chunk
-    adds ``tokens`` unless it ends), so one call samples them all."""
+    adds ``tokens`` unless it ends), so one call samples them all. ``engine``: a
+    :class:`~grpo_lightning.rollout.engine.StaticCacheGenerator` of ``model`` that samples the chunk
+    (else the HF generate path)."""
     completions, eos = completions_of(rollout), eos_ids(tokenizer)
     active = [row for row, c in enumerate(completions) if unfinished(c, eos, sampling.max_new_tokens)]
     if not active:
@@ -88,7 +93,11 @@ def continue_rollout(
     mask = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in histories], device=rollout.device)
     chunk = replace(sampling, max_new_tokens=min(tokens, sampling.max_new_tokens - done),
                     min_new_tokens=max(0, sampling.min_new_tokens - done))  # fmt: skip
-    new_ids, new_logp = generate_from_ids(model, tokenizer, ids, mask, chunk, 1, True)
+    if engine is None:
+        new_ids, new_logp = generate_from_ids(model, tokenizer, ids, mask, chunk, 1, True)
+    else:
+        new_ids, new_logp = engine.generate(ids, mask, chunk, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                                            return_logprobs=True)  # fmt: skip
     added = 0
     for row, new, logp in zip(active, new_ids.tolist(), new_logp.tolist()):
         length = next((n + 1 for n, token in enumerate(new) if token in eos), len(new))

@@ -26,8 +26,8 @@ one trains on the rollouts the uninterrupted fit trained on; nothing is rebuilt.
 With ``partial_rollouts`` generation goes on across the updates: a batch's completions are sampled
 in ``k`` chunks, the first cut from its sampled rollout (the tokens a chunk-long sample draws; the
 rest is dropped), each next one at the start of a later batch with that batch's weights, the prefix
-recomputed (:mod:`grpo_lightning.rollout.partial`, on the HF generate path; keyed sampling keys the
-first chunk only).
+recomputed (:mod:`grpo_lightning.rollout.partial`, by the engine the rollouts sample with: the static-cache
+engine or the HF generate path; keyed sampling keys the first chunk only).
 
 The engine records each sampled token's log-prob and policy version (``rollout.sampling_logp``,
 ``rollout.sampling_version``), so the update's importance correction (``sampling.correction``, e.g.
@@ -159,8 +159,10 @@ class StaleRollouts(Callback):
         queue = module.stale_queue
         with module.rollout_model() as model:
             for index in range(max(0, len(queue.parts) - (self.max_staleness - 1)), len(queue.parts)):
-                queue.parts[index], added = continue_rollout(model, module.tokenizer, queue.parts[index].to(module.device),
-                                                             module.sampling, self.chunk(module), module.policy_version)  # fmt: skip
+                part = queue.parts[index].to(module.device)
+                engine = module.sampler.turn_engine(model, len(part.completions), module.sampling)  # None: HF generate
+                queue.parts[index], added = continue_rollout(model, module.tokenizer, part, module.sampling,
+                                                             self.chunk(module), module.policy_version, engine)  # fmt: skip
                 module.generated_tokens += added
 
     def teardown(self, trainer: Any, module: Any, stage: str) -> None:

@@ -3,6 +3,7 @@ later version conditions on exactly its tokens so far, and records each token's 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from grpo_lightning.rollout.partial import completions_of, continue_rollout, cut, with_completions
@@ -10,15 +11,20 @@ from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.variants import GRPO
 
 
-def test_a_cut_completion_continues_on_its_exact_prefix_and_records_each_chunks_version(make_module, one_torch_thread):
-    grpo = make_module(GRPO, policy={"dtype": "float32"}, sampling={"max_new_tokens": 6})
+@pytest.mark.parametrize("rollout_engine", ["hf", "static"])
+def test_a_cut_completion_continues_on_its_exact_prefix_and_records_each_chunks_version(make_module, one_torch_thread,
+                                                                                         rollout_engine):  # fmt: skip
+    grpo = make_module(GRPO, policy={"dtype": "float32"}, sampling={"max_new_tokens": 6},
+                       engine={"rollout": rollout_engine, "compile": False})  # fmt: skip
     torch.manual_seed(0)
     sampled = grpo.generate({"prompt": ["1+2=", "30+4="]}, grpo.settings.group_size, grpo.sampling, with_logprobs=True)
     rollout = cut(sampled, 2, grpo.tokenizer)
     assert rollout.completion_mask.sum(1).max() == 2 and (rollout.sampling_version == 0).all()
     with grpo.rollout_model() as model:
-        rollout, added = continue_rollout(model, grpo.tokenizer, rollout, grpo.sampling, 2, version=5)
-        rollout, added_too = continue_rollout(model, grpo.tokenizer, rollout, grpo.sampling, 2, version=7)
+        engine = grpo.sampler.turn_engine(model, len(rollout.completions), grpo.sampling)
+        assert (engine is None) == (rollout_engine == "hf")
+        rollout, added = continue_rollout(model, grpo.tokenizer, rollout, grpo.sampling, 2, version=5, engine=engine)
+        rollout, added_too = continue_rollout(model, grpo.tokenizer, rollout, grpo.sampling, 2, version=7, engine=engine)
     lengths = rollout.completion_mask.sum(1).long()
     assert added + added_too == int(lengths.sum()) - int(cut(sampled, 2, grpo.tokenizer).completion_mask.sum())
     for row, (ids, _, versions) in enumerate(completions_of(rollout)):

@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from grpo_lightning.checkpoints.export import read_checkpoint
 from grpo_lightning.errors import ConfigError
+from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.rollout.stale import StaleQueue, StaleRollouts
 from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.variants import GRPO
@@ -202,10 +203,12 @@ def test_a_fit_with_stale_rollouts_resumes_exactly_from_its_checkpoint(tiny_mode
     assert 1.0 < lag < 2.0 if partial else lag == 2.0  # partial: the second chunk is a version younger
 
 
-def test_partial_rollouts_continue_each_completion_with_the_next_updates_weights(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("rollout_engine", ["hf", "static"])
+def test_partial_rollouts_continue_each_completion_with_the_next_updates_weights(tiny_model_dir, tmp_path, rollout_engine):
     """k = 2, six tokens: the first three of a completion sampled with its batch's weights, the rest
-    with the next batch's. Batch b samples at version max(0, b - 2) and trains at batch b + 2."""
-    module = make_module(tiny_model_dir, policy={"dtype": "float32"})
+    with the next batch's. Batch b samples at version max(0, b - 2) and trains at batch b + 2. On the HF
+    generate path and in the static-cache engine, which samples every chunk of the fit."""
+    module = make_module(tiny_model_dir, policy={"dtype": "float32"}, engine=EngineOptions(rollout=rollout_engine, compile=False))
     steps, _ = fit(module, 4, tmp_path, callbacks=[StaleRollouts(max_staleness=2, partial_rollouts=True)])
     assert sorted(steps) == [1, 2, 3, 4]
     # Steps 1, 2 train batches 0, 1: both chunks at version 0 (no update yet), lags 0 and 1.
@@ -216,6 +219,8 @@ def test_partial_rollouts_continue_each_completion_with_the_next_updates_weights
     assert [steps[j]["rollout/staleness/max"].item() for j in (3, 4)] == [2.0, 2.0]
     assert all(1.0 < steps[j]["rollout/staleness"].item() < 2.0 for j in (3, 4))  # lags 2 and 1, by token
     assert steps[4]["completions/mean_length"] > 3  # completions did go on past their first chunk
+    engine = module.sampler.engine
+    assert (engine is None) == (rollout_engine == "hf")
 
 
 @pytest.mark.parametrize(
