@@ -245,12 +245,15 @@ def make_step_recorder():
             _sync()
             self.marks.setdefault("first_batch_start", time.time())
             self._start = time.perf_counter()
+            self._optimizer_steps = trainer.global_step
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             _sync()
             wall = time.perf_counter() - self._start
             metrics = pl_module.last_step_metrics  # every step's values (callback_metrics: the logged ones)
             record = {"wall_s": wall}
+            if trainer.global_step == self._optimizer_steps:  # bounded staleness: a batch that only filled the queue
+                record["filling"] = True
             for name in PHASES + ("tokens_per_s", "generated_tokens"):
                 value = metrics.get(f"perf/{name}")
                 if value is not None:
@@ -536,9 +539,10 @@ def median(values: list[float]) -> float | None:
 
 
 def summarize(steps: list[dict[str, float]], tokens_per_step: int, world_size: int) -> dict[str, Any]:
-    """Medians over the steps after the first (the first one pays for warm-up) and other than a
-    profiled one (``--profile-step``: the profiler slows it down)."""
-    timed = [s for s in steps[1:] if not s.get("profiled")] or steps[1:] or steps
+    """Medians over the steps after the first (the first one pays for warm-up), other than a profiled
+    one (``--profile-step``: the profiler slows it down) and those that only filled the queue of stale
+    rollouts (``--max-staleness``: sampled, not trained)."""
+    timed = [s for s in steps[1:] if not s.get("profiled") and not s.get("filling")] or steps[1:] or steps
     step_s = median([s["wall_s"] for s in timed])
     phases = {}
     for name in PHASES:
@@ -630,10 +634,12 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     profiler = make_step_profiler(args.profile_step, args.profile_trace) if args.profile_step else None
     if profiler is not None:
         callbacks.append(profiler)
-    if args.stale_rollouts != "off":
+    if args.stale_rollouts != "off" or args.max_staleness > 1:
         from grpo_lightning.rollout.stale import StaleRollouts
 
-        callbacks.append(StaleRollouts(overlap=args.stale_rollouts == "overlap"))
+        callbacks.append(StaleRollouts(overlap=True if args.stale_rollouts == "overlap" else None if args.max_staleness == 1
+                                       else False, max_staleness=args.max_staleness,
+                                       partial_rollouts=args.partial_rollouts))  # fmt: skip
     trainer = L.Trainer(
         accelerator=args.accelerator,
         devices=args.devices,
@@ -668,9 +674,8 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
             "min_new_tokens": 0 if workload.stop_lengths else workload.max_new_tokens,
             "seed": args.rollout_seed,
             "dtype": args.rollout_dtype,
-            "correction": (
-                "token_truncate" if args.stale_rollouts != "off" else None
-            ),  # configs/rollout/one_step_stale.yaml
+            # configs/rollout/one_step_stale.yaml; bounded_staleness.yaml
+            "correction": "m2po" if args.max_staleness > 1 else "token_truncate" if args.stale_rollouts != "off" else None,
         },
         kl={"beta": 0.04},
         optim=micro_batches(args, workload),
@@ -895,6 +900,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="one-step-stale rollouts (configs/rollout/one_step_stale.yaml): sampled in turn (stale), or the next "
         "batch's while the current one trains (overlap)",
     )
+    parser.add_argument("--max-staleness", type=int, default=1,
+                        help="rollouts up to K updates stale, sampled in turn (configs/rollout/bounded_staleness.yaml: "
+                        "StaleRollouts(max_staleness=K), the M2PO correction); the first K batches only sample")  # fmt: skip
+    parser.add_argument("--partial-rollouts", action="store_true",
+                        help="with --max-staleness K > 1: each completion sampled in K chunks across the updates")
     parser.add_argument("--rollout-dtype", default=None, help="the module's rollout_dtype, e.g. bfloat16 with --dtype float32")
     parser.add_argument(
         "--rollout-weights", choices=["replica", "gather"], default="replica",
@@ -950,6 +960,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--compare trl runs TRL's GRPO: compare --variant ppo with --variant grpo instead")
     if args.compare == "trl" and args.micro_batch_tokens is not None:
         parser.error("--micro-batch-tokens is ours only: TRL's side runs --micro-batch-size rows a pass")
+    if args.max_staleness > 1 and args.stale_rollouts != "off":
+        parser.error("--max-staleness K > 1 samples in turn: leave out --stale-rollouts (one-step staleness)")
+    if args.partial_rollouts and args.max_staleness < 2:
+        parser.error("--partial-rollouts continues completions across updates: give --max-staleness 2 or more")
     if args.compare == "trl" and args.devices not in (1, "1"):
         parser.error("--compare trl runs on one device: use --devices 1 (compare multi-device runs with the 1-device one)")
     return args
@@ -985,7 +999,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     os.environ[WORKDIR_ENV] = workdir
     try:
         build_start = time.perf_counter()
-        paths = build_workdir(Path(workdir), dataclasses.replace(workload, dtype=dtype), rows=workload.prompts * args.steps, seed=args.seed)
+        paths = build_workdir(Path(workdir), dataclasses.replace(workload, dtype=dtype), rows=workload.prompts * (args.steps + (args.max_staleness if args.max_staleness > 1 else 0)), seed=args.seed)
         build_s = time.perf_counter() - build_start
 
         result: dict[str, Any] = {"workload": args.workload, "variant": args.variant, "lora": lora_settings(args.lora_rank), "engine": dataclasses.asdict(engine_options(args)), "rollout_dtype": args.rollout_dtype, "device": device_name(), **versions()}
@@ -995,6 +1009,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         result["shape"] = {k: v for k, v in dataclasses.asdict(workload).items()}
         result["overrides"] = overrides
         result["micro_batch_tokens"] = args.micro_batch_tokens
+        result["max_staleness"], result["partial_rollouts"] = args.max_staleness, args.partial_rollouts
         result["steps"] = args.steps
         result["build_s"] = build_s
         result.update(run_ours(args, workload, paths, dtype, precision))

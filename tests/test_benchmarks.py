@@ -61,6 +61,17 @@ def test_scaled_down_w0_prints_the_json_summary_last(tmp_path):
     assert result["engine_resolved"]["rollout"] == "hf" and not result["engine_resolved"]["compile"]
 
 
+def test_bounded_staleness_times_the_trained_steps_not_those_that_fill_the_queue(tmp_path):
+    command = [sys.executable, "benchmarks/run.py", "--workload", "W0", "--steps", "2", *TINY_W0, *ON_CPU,
+               "--max-staleness", "2", "--partial-rollouts", "--workdir", str(tmp_path / "work")]  # fmt: skip
+    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert (result["max_staleness"], result["partial_rollouts"]) == (2, True)
+    assert len(result["step_s"]) == 4  # two batches only sampled (the queue of k = 2), then two trained
+    assert result["median_step_s"] == statistics.median(result["step_s"][2:])
+
+
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="TRL is not installed")
 def test_first_step_from_process_start_is_measured_for_both_frameworks(tmp_path):
     command = [sys.executable, "benchmarks/run.py", "--workload", "W0", "--steps", "2", *TINY_W0, *ON_CPU,
