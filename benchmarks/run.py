@@ -252,8 +252,8 @@ def make_step_recorder():
             wall = time.perf_counter() - self._start
             metrics = pl_module.last_step_metrics  # every step's values (callback_metrics: the logged ones)
             record = {"wall_s": wall}
-            if trainer.global_step == self._optimizer_steps:  # bounded staleness: a batch that only filled the queue
-                record["filling"] = True
+            if getattr(pl_module, "stale_queue", None) is not None and trainer.global_step == self._optimizer_steps:
+                record["filling"] = True  # bounded staleness: a batch that only filled the queue (not DAPO's refills)
             for name in PHASES + ("tokens_per_s", "generated_tokens"):
                 value = metrics.get(f"perf/{name}")
                 if value is not None:
@@ -637,8 +637,7 @@ def run_ours(args: argparse.Namespace, workload: Workload, paths: dict[str, str]
     if args.stale_rollouts != "off" or args.max_staleness > 1:
         from grpo_lightning.rollout.stale import StaleRollouts
 
-        callbacks.append(StaleRollouts(overlap=True if args.stale_rollouts == "overlap" else None if args.max_staleness == 1
-                                       else False, max_staleness=args.max_staleness,
+        callbacks.append(StaleRollouts(overlap=args.stale_rollouts == "overlap", max_staleness=args.max_staleness,
                                        partial_rollouts=args.partial_rollouts))  # fmt: skip
     trainer = L.Trainer(
         accelerator=args.accelerator,
