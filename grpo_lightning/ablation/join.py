@@ -6,7 +6,7 @@ that ``grpo-lightning-report`` reads as a single sweep::
 Each source is a sweep's ``output_dir`` or a report's ``data/`` folder. The join refuses what would make
 the report silently wrong: the same cell (arm and seed) in two sources, and cells run with other settings
 than the first source's (the spec's shared ``args``, base configs, model and warm start for every cell;
-a variant's whole settings for its cells). The sources' ``provenance.json`` records are concatenated, so
+an arm's whole settings, its overrides included, for its cells). The sources' ``provenance.json`` records are concatenated, so
 the report names every run's commit, card and command, and warns where the commits differ; the lines of
 their ``sweep.json`` are kept in order.
 """
@@ -69,7 +69,7 @@ def join(sources: Sequence[Path], out: Path) -> dict[str, Path]:
         raise ConfigError(f"join: --out {out} is not empty; give a new folder")
     found: dict[str, Path] = {}
     first: dict[str, Any] | None = None
-    by_variant: dict[str, Mapping[str, Any]] = {}
+    by_arm: dict[str, Mapping[str, Any]] = {}
     for source in sources:
         cells = cells_of(source)
         if not cells:
@@ -81,9 +81,9 @@ def join(sources: Sequence[Path], out: Path) -> dict[str, Path]:
                 raise ConfigError(f"join: {where} is also in {found[name]}: the same arm and seed twice; drop one of them")
             first = first or cell
             check_same_settings(first, cell, where)
-            variant = by_variant.setdefault(cell.get("variant") or name, cell)
-            if portable(variant["settings"]) != portable(cell["settings"]):
-                raise ConfigError(f"join: {where} ran its variant with other settings than the cells before it; "
+            arm = by_arm.setdefault(cell.get("arm") or cell.get("variant") or name, cell)
+            if portable(arm["settings"]) != portable(cell["settings"]):
+                raise ConfigError(f"join: {where} ran its arm with other settings than the cells of that arm before it; "
                                   "a joined sweep must be one design: report it apart")  # fmt: skip
             found[name] = source
     sweep = join_sweep_files([source / SWEEP_FILE for source in sources if (source / SWEEP_FILE).is_file()])

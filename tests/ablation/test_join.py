@@ -66,3 +66,14 @@ def test_report_settings_that_disagree_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="equivalence_margin"):
         join([first, second], tmp_path / "joined")
     assert not (tmp_path / "joined").exists()
+
+
+def test_two_arms_of_one_variant_that_differ_by_an_override_join(tmp_path):
+    first = run_of(tmp_path / "day1", ["grpo-seed0"], "aaa", "day 1")
+    second = run_of(tmp_path / "day2", ["grpo-seed1"], "bbb", "day 2")
+    other_arm = second / "grpo+cosine_kl-seed1"
+    (second / "grpo-seed1").rename(other_arm)
+    cell = json.loads((other_arm / "cell.json").read_text())
+    cell["arm"], cell["settings"]["overrides"] = "grpo+cosine_kl", {"config": "schedules/cosine_kl.yaml"}
+    (other_arm / "cell.json").write_text(json.dumps(cell))
+    assert sorted(join([first, second], tmp_path / "joined")) == ["grpo+cosine_kl-seed1", "grpo-seed0"]
