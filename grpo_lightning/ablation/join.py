@@ -71,6 +71,8 @@ def join(sources: Sequence[Path], out: Path) -> dict[str, Path]:
     first: dict[str, Any] | None = None
     by_arm: dict[str, Mapping[str, Any]] = {}
     for source in sources:
+        if not source.is_dir():
+            raise ConfigError(f"join: {source} is not a folder; give a sweep's output_dir or a report's data/ folder")
         cells = cells_of(source)
         if not cells:
             raise ConfigError(f"join: {source} holds no cell (no folder with a {CELL_FILE}); give a sweep's output_dir "
