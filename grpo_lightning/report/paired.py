@@ -157,11 +157,18 @@ def design_mde(result: TwoLevel, alpha: float = 0.05, power: float = POWER, conf
     variance = design_variance(c, seeds, prompts or c.prompts)
     if not variance > 0:
         return (math.nan, math.nan, math.nan)
-    dof = result.dof * (seeds - 1) / (c.seeds - 1) if c.seeds > 1 else result.dof
+    dof = design_dof(result, seeds)
     factor = float(stats.t.ppf(1 - alpha / 2, dof) + stats.t.ppf(power, dof))
     upper, lower = (float(stats.chi2.ppf(q, result.dof)) for q in ((1 + confidence) / 2, (1 - confidence) / 2))
     return (factor * math.sqrt(variance), factor * math.sqrt(variance * result.dof / upper),
             factor * math.sqrt(variance * result.dof / lower))
+
+
+def design_dof(result: TwoLevel, seeds):
+    """The degrees of freedom of a design of ``seeds`` seeds (a count or an array of them): the run's
+    Satterthwaite ``dof`` scaled with the seeds, ``dof' = dof (S' - 1) / (S - 1)`` (``dof`` itself at one seed)."""
+    c = result.components
+    return result.dof * ((seeds - 1) / (c.seeds - 1)) if c.seeds > 1 else result.dof
 
 
 def design_variance(c: Components, seeds, prompts: int):
@@ -220,7 +227,7 @@ def seeds_for_mde(result: TwoLevel, target: float, alpha: float = 0.05, power: f
     variance = design_variance(c, counts, prompts)
     if not (variance > 0).any():
         return None
-    dof = result.dof * ((counts - 1) / (c.seeds - 1))
+    dof = design_dof(result, counts)
     factor = stats.t.ppf(1 - alpha / 2, dof) + stats.t.ppf(power, dof)
     lower = float(stats.chi2.ppf((1 - confidence) / 2, result.dof))
     limit = float(stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)) * math.sqrt(c.prompt_variance / prompts)
