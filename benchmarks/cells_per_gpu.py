@@ -34,28 +34,22 @@ MPS_VARIABLES = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 
 
 @contextlib.contextmanager
-def mps_daemon(folder: Path) -> Iterator[None]:
-    """NVIDIA's Multi-Process Service for the processes started inside: its control daemon runs with its
-    pipe and log folders under ``folder`` and is told to quit on the way out."""
+def mps_daemon(folder: Path) -> Iterator[dict[str, str]]:
+    """NVIDIA's Multi-Process Service for the processes started inside with the environment it yields: its
+    control daemon runs with its pipe and log folders under ``folder`` and is told to quit on the way out."""
     control = shutil.which("nvidia-cuda-mps-control")
     if control is None:
         raise SystemExit("--mps on: nvidia-cuda-mps-control is not on the PATH (it ships with the NVIDIA driver); "
                          "run with --mps off")  # fmt: skip
-    paths = dict(zip(MPS_VARIABLES, (folder / "mps_pipe", folder / "mps_log")))
-    for path in paths.values():
+    env = dict(os.environ)
+    for name, path in zip(MPS_VARIABLES, (folder / "mps_pipe", folder / "mps_log")):
         path.mkdir(parents=True, exist_ok=True)
-    saved = {name: os.environ.get(name) for name in MPS_VARIABLES}
-    os.environ.update({name: str(path) for name, path in paths.items()})
-    subprocess.run([control, "-d"], check=True)
+        env[name] = str(path)
+    subprocess.run([control, "-d"], env=env, check=True)
     try:
-        yield
+        yield env
     finally:
-        subprocess.run([control], input="quit\n", text=True, check=False)
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        subprocess.run([control], input="quit\n", text=True, env=env, check=False)
 
 
 def step_seconds(cell_dir: Path) -> list[float]:
@@ -73,8 +67,8 @@ def wave(cells: int, args: argparse.Namespace, extra: list[str], mps: bool = Fal
                "gpus=1", "hydra/launcher=joblib", f"hydra.launcher.n_jobs={cells}", f"output_dir={folder}", f"args.trainer.max_steps={args.steps}",
                f"args.trainer.val_check_interval={args.steps}", "validate_before_training=false", *extra]  # fmt: skip
     start = time.perf_counter()
-    with mps_daemon(folder) if mps else contextlib.nullcontext():
-        finished = subprocess.run(command, check=False).returncode == 0
+    with mps_daemon(folder) if mps else contextlib.nullcontext() as env:
+        finished = subprocess.run(command, env=env, check=False).returncode == 0
     wall = time.perf_counter() - start
     per_cell = [step_seconds(d) for d in sorted(folder.iterdir()) if (d / "DONE").exists()]
     medians = [statistics.median(s[1:]) for s in per_cell if len(s) > 1]

@@ -25,12 +25,12 @@ def test_the_mps_daemon_runs_for_the_wave_with_its_folders_and_quits_after(tmp_p
     control.chmod(control.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{control.parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
-    with cells_per_gpu.mps_daemon(tmp_path / "wave"):
-        assert os.environ["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "wave" / "mps_pipe")  # the cells inherit it
+    with cells_per_gpu.mps_daemon(tmp_path / "wave") as env:
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "wave" / "mps_pipe")  # the cells' environment
     start, stop = calls.read_text().splitlines()
     assert start == f"-d pipe={tmp_path / 'wave' / 'mps_pipe'} stdin="
     assert stop == f" pipe={tmp_path / 'wave' / 'mps_pipe'} stdin=quit"
-    assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ  # restored after the wave
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ  # this process's own environment is untouched
 
 
 def test_without_the_daemon_on_the_path_mps_on_says_what_to_do(tmp_path, monkeypatch):
