@@ -109,7 +109,7 @@ def harm_check(final: dict[str, Any], start: dict[str, Any], steps: int | None) 
     p, n = start["accuracy"], final.get("problems") or 0
     tolerance = 2 * math.sqrt(p * (1 - p) / n) if n else 0.0
     checks = {"non_empty": final["empty_share"] <= start["empty_share"],
-              "length": abs(final["mean_length"] / start["mean_length"] - 1) <= LENGTH_TOLERANCE,
+              "length": abs(final["mean_length"] - start["mean_length"]) <= LENGTH_TOLERANCE * start["mean_length"],
               "accuracy": final["accuracy"] >= p - tolerance}  # fmt: skip
     return {"step": final["step"], "complete": steps is not None and final["step"] >= steps, "accuracy": final["accuracy"],
             "accuracy_floor": p - tolerance, "mean_length": final["mean_length"], "empty_share": final["empty_share"],

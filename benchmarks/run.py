@@ -959,6 +959,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--compare trl runs TRL's GRPO: compare --variant ppo with --variant grpo instead")
     if args.compare == "trl" and args.micro_batch_tokens is not None:
         parser.error("--micro-batch-tokens is ours only: TRL's side runs --micro-batch-size rows a pass")
+    if not 1 <= args.max_staleness <= 16:
+        parser.error("--max-staleness must be from 1 (synchronous) to 16")
     if args.max_staleness > 1 and args.stale_rollouts != "off":
         parser.error("--max-staleness K > 1 samples in turn: leave out --stale-rollouts (one-step staleness)")
     if args.partial_rollouts and args.max_staleness < 2:
