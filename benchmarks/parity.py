@@ -104,7 +104,9 @@ NO_COMPILE = {"compile": False, "logprob_compile": False, "model_compile": False
 TRAINER_FOLDER = "trainer"
 #: Per-step metrics: ours' logged name -> the row's name (TRL logs the same names).
 STEP_METRICS = {"reward": "reward", "completions/mean_length": "mean_length", "completions/min_length": "min_length",
-                "entropy": "entropy", "grad_norm": "grad_norm", "frac_zero_gradient": "zero_gradient"}  # fmt: skip
+                "entropy": "entropy", "grad_norm": "grad_norm", "frac_zero_gradient": "zero_gradient",
+                "sampling/behaviour_kl": "behaviour_kl", "sampling/masked_fraction": "masked_fraction",
+                "rollout/staleness": "staleness"}  # fmt: skip
 
 
 def task_settings(model: str | None, overrides: list[str], task: str) -> dict[str, Any]:
@@ -432,6 +434,9 @@ def job_command(job: dict[str, Any]) -> list[str]:
     probe = {k: job[k] for k in ("directory", "settings_file", "start_model", "eval_every")}
     probe.update(device=job["eval_device"], max_steps=job["steps"])
     config = ours_config(settings, job["variant"], job["role"], job["steps"], probe, directory, job["checkpoint_every"])
+    # A job's own callbacks (staleness_learning.py: StaleRollouts) go first: the CLI merges a list as long as
+    # trainer/DEVICE's item by item, and the checkpoint must stay in the place of that file's step checkpoint.
+    config["trainer"]["callbacks"][:0] = job.get("callbacks", [])
     (directory / "fit.yaml").write_text(yaml.safe_dump(config))
     return ours_command(directory / "fit.yaml", job["device"], job["seed"], newest_checkpoint(job))
 

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Bounded staleness on one GPU: W1's speed at k = 1, 2, 4, 8 with and without partial rollouts against
+# synchronous training, and learning on SmolLM2 at k = 1, 4, 8 under each importance correction.
+#   OUT=... bash benchmarks/staleness_gpu.sh speed   # W1, one run at a time alone on the card
+#   OUT=... bash benchmarks/staleness_gpu.sh learn   # staleness_learning.py, every run at once; again to continue
+# speed: each run is `benchmarks/run.py --workload W1` with compilation off for all (the same engine for
+# every arm: `auto` would choose by run length, which differs by k) and k + SPEED_STEPS steps: the first k
+# batches only sample, and the medians are over the trained steps after the first. One-step staleness
+# runs both ways: sampled in turn (stale) and beside the update (overlap). Results: speed_<arm>.json and
+# speed.md (s/step, tokens/s and the ratio to synchronous). learn: OUT/learn/ (staleness_learning.py's
+# --out: results.json, summary.md, the runs' records), LEARN_STEPS optimizer steps, LEARN_DEADLINE_MIN.
+set -uo pipefail
+: "${OUT:?set OUT to the folder results go to}"
+PYTHON=${PYTHON:-python}
+SPEED_STEPS=${SPEED_STEPS:-5}
+WORKLOAD=${WORKLOAD:-W1}  # W0: a tiny model, to try the stage on a CPU
+LEARN_STEPS=${LEARN_STEPS:-60}
+LEARN_DEADLINE_MIN=${LEARN_DEADLINE_MIN:-9}
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+
+speed() {
+  local arms=("sync|0|" "k1_stale|1|--stale-rollouts stale" "k1_overlap|1|--stale-rollouts overlap"
+              "k2|2|--max-staleness 2" "k4|4|--max-staleness 4" "k8|8|--max-staleness 8"
+              "k2_partial|2|--max-staleness 2 --partial-rollouts" "k4_partial|4|--max-staleness 4 --partial-rollouts"
+              "k8_partial|8|--max-staleness 8 --partial-rollouts")
+  for arm in "${arms[@]}"; do
+    IFS='|' read -r name k flags <<< "$arm"
+    local queued=$(( k > 1 ? k : 0 ))
+    # shellcheck disable=SC2086
+    "$PYTHON" benchmarks/run.py --workload "$WORKLOAD" --steps $(( SPEED_STEPS + queued )) --first-step none \
+      --compile off --logprob-compile off --model-compile off $flags --out "$OUT/speed_$name.json" \
+      > "$OUT/speed_$name.log" 2>&1
+    echo "$name rc $?"
+  done
+  "$PYTHON" - "$OUT" <<'EOF'
+import json, sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+rows, sync = [], None
+for path in sorted(out.glob("speed_*.json"), key=lambda p: p.stat().st_mtime):
+    result = json.loads(path.read_text())
+    ours = result.get("ours", result)
+    step = ours.get("median_step_s")
+    name = path.stem.removeprefix("speed_")
+    sync = step if name == "sync" else sync
+    rows.append((name, step, ours.get("tokens_per_s"), ours.get("phases", {})))
+lines = ["| arm | s/step | tokens/s | / sync | rollout s | update s |", "|:---|---:|---:|---:|---:|---:|"]
+for name, step, tokens, phases in rows:
+    ratio = f"{step / sync:.3f}" if step and sync else "—"
+    lines.append(f"| {name} | {step:.3f} | {tokens:,.0f} | {ratio} | {phases.get('rollout_s', float('nan')):.3f} | "
+                 f"{phases.get('update_s', float('nan')):.3f} |" if step else f"| {name} | — | — | — | — | — |")
+(out / "speed.md").write_text("\n".join(lines) + "\n")
+print("\n".join(lines))
+EOF
+}
+
+learn() {
+  "$PYTHON" benchmarks/staleness_learning.py --steps "$LEARN_STEPS" --deadline-min "$LEARN_DEADLINE_MIN" --out "$OUT/learn"
+}
+
+stage=${1:?speed or learn}
+case "$stage" in
+speed) speed 2>&1 | tee "$OUT/speed_driver.log" ;;
+learn) learn 2>&1 | tee -a "$OUT/learn_driver.log" ;;
+*) echo "unknown stage $stage: speed or learn" >&2; exit 2 ;;
+esac
