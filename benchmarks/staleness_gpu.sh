@@ -8,7 +8,8 @@
 # batches only sample, and the medians are over the trained steps after the first. One-step staleness
 # runs both ways: sampled in turn (stale) and beside the update (overlap). Results: speed_<arm>.json and
 # speed.md (s/step, tokens/s and the ratio to synchronous). learn: OUT/learn/ (staleness_learning.py's
-# --out: results.json, summary.md, the runs' records), LEARN_STEPS optimizer steps, LEARN_DEADLINE_MIN.
+# --out: results.json, summary.md, the runs' records), LEARN_STEPS optimizer steps, LEARN_DEADLINE_MIN,
+# LEARN_MAX_RUNS at once: the learn stage alone on the card (beside other fits it ran out of memory).
 set -uo pipefail
 : "${OUT:?set OUT to the folder results go to}"
 PYTHON=${PYTHON:-python}
@@ -16,6 +17,7 @@ SPEED_STEPS=${SPEED_STEPS:-5}
 WORKLOAD=${WORKLOAD:-W1}  # W0: a tiny model, to try the stage on a CPU
 LEARN_STEPS=${LEARN_STEPS:-60}
 LEARN_DEADLINE_MIN=${LEARN_DEADLINE_MIN:-9}
+LEARN_MAX_RUNS=${LEARN_MAX_RUNS:-16}  # 21 runs of ~7.5 GiB do not fit one H200 (2026-12-03: 4 died out of memory)
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 
@@ -33,36 +35,40 @@ speed() {
       > "$OUT/speed_$name.log" 2>&1
     echo "$name rc $?"
   done
-  "$PYTHON" - "$OUT" <<'EOF'
+  speed_table "$OUT"
+}
+
+# speed.md from OUT/speed_<arm>.json, in the arms' order (the stage speed_table rebuilds it alone)
+speed_table() {
+  "$PYTHON" - "$1" <<'EOF'
 import json, sys
 from pathlib import Path
 
 out = Path(sys.argv[1])
-rows, sync = [], None
-for path in sorted(out.glob("speed_*.json"), key=lambda p: p.stat().st_mtime):
-    result = json.loads(path.read_text())
-    ours = result.get("ours", result)
-    step = ours.get("median_step_s")
-    name = path.stem.removeprefix("speed_")
-    sync = step if name == "sync" else sync
-    rows.append((name, step, ours.get("tokens_per_s"), ours.get("phases", {})))
-lines = ["| arm | s/step | tokens/s | / sync | rollout s | update s |", "|:---|---:|---:|---:|---:|---:|"]
-for name, step, tokens, phases in rows:
-    ratio = f"{step / sync:.3f}" if step and sync else "—"
-    lines.append(f"| {name} | {step:.3f} | {tokens:,.0f} | {ratio} | {phases.get('rollout_s', float('nan')):.3f} | "
-                 f"{phases.get('update_s', float('nan')):.3f} |" if step else f"| {name} | — | — | — | — | — |")
+order = ["sync", "k1_stale", "k1_overlap", "k2", "k4", "k8", "k2_partial", "k4_partial", "k8_partial"]
+results = {name: json.loads((out / f"speed_{name}.json").read_text()) for name in order if (out / f"speed_{name}.json").exists()}
+sync = results.get("sync", {}).get("median_step_s")
+lines = ["| arm | s/step | tokens/s | / sync | rollout s | log-probs s | update s | commit |",
+         "|:---|---:|---:|---:|---:|---:|---:|:---|"]
+for name, result in results.items():
+    step, phases = result["median_step_s"], result["phases"]
+    ratio = f"{step / sync:.3f}" if sync else "—"
+    lines.append(f"| {name} | {step:.3f} | {result['tokens_per_s']:,.0f} | {ratio} | {phases.get('rollout_s', float('nan')):.3f} | "
+                 f"{phases.get('logprob_s', float('nan')):.3f} | {phases.get('update_s', float('nan')):.3f} | {str(result['commit'])[:7]} |")
 (out / "speed.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF
 }
 
 learn() {
-  "$PYTHON" benchmarks/staleness_learning.py --steps "$LEARN_STEPS" --deadline-min "$LEARN_DEADLINE_MIN" --out "$OUT/learn"
+  "$PYTHON" benchmarks/staleness_learning.py --steps "$LEARN_STEPS" --deadline-min "$LEARN_DEADLINE_MIN" \
+    --max-runs "$LEARN_MAX_RUNS" --out "$OUT/learn"
 }
 
 stage=${1:?speed or learn}
 case "$stage" in
 speed) speed 2>&1 | tee "$OUT/speed_driver.log" ;;
+speed_table) speed_table "$OUT" ;;
 learn) learn 2>&1 | tee -a "$OUT/learn_driver.log" ;;
-*) echo "unknown stage $stage: speed or learn" >&2; exit 2 ;;
+*) echo "unknown stage $stage: speed, speed_table or learn" >&2; exit 2 ;;
 esac

@@ -8,9 +8,10 @@ is ``parity.py``'s easy one (one-digit sums and differences, the recipe's chat p
 completions x 16 tokens a step). Each run is ``parity.py``'s job (its probe records every optimizer
 step's reward, ``sampling/behaviour_kl``, ``sampling/masked_fraction`` and ``rollout/staleness``, and
 scores the saved model greedily every ``--eval-every`` steps); the same command on the same ``--out``
-continues the runs from their checkpoints until all reach ``--steps``::
+continues the runs from their checkpoints until all reach ``--steps`` (``--max-runs N``: N of them a call,
+for a card that does not hold them all)::
 
-    python benchmarks/staleness_learning.py --steps 60 --deadline-min 9 --out DIR
+    python benchmarks/staleness_learning.py --steps 60 --max-runs 16 --deadline-min 9 --out DIR
     python benchmarks/staleness_learning.py --report DIR     # the table of DIR's runs
 
 A run's training accuracy is the mean reward of its last ``--window`` optimizer steps; ``reached_at``
@@ -89,7 +90,8 @@ def trailing_mean(values: list[float], window: int) -> list[float]:
 
 
 def run_summary(job: dict[str, Any], window: int) -> dict[str, Any]:
-    """One run: its training accuracy at the start and the end, the step it passed ``TARGET``, its last
+    """One run: its training accuracy at the first update (the start model's samples for every ``k``) and at
+    the end (the last ``window`` steps' mean), the step it passed ``TARGET``, its last
     greedy evaluation, the behaviour KL's and the masked share's means over its steps, and its last step's
     staleness (optimizer steps between the sampling weights and the update: 0 at the first update, ``k``
     once ``k`` updates have run)."""
@@ -106,7 +108,7 @@ def run_summary(job: dict[str, Any], window: int) -> dict[str, Any]:
 
     return {"arm": job["arm"], "seed": job["seed"], **{k: job["stale"][k] for k in ("k", "partial", "correction")},
             "steps": rows[-1]["step"] if rows else 0, "finished": finished(job), "returncode": job.get("returncode"),
-            "start_reward": statistics.fmean(rewards[:window]) if rewards else None,
+            "start_reward": rewards[0] if rewards else None,
             "final_reward": trailing[-1] if rewards else None, "reached_at": reached,
             "passes": bool(trailing and len(rewards) >= window and trailing[-1] > TARGET),
             "greedy": checkpoints[-1]["accuracy"] if checkpoints else None,
@@ -122,7 +124,8 @@ def table(runs: list[dict[str, Any]], start: dict[str, Any] | None, window: int)
     lines = []
     if start:
         lines.append(f"start model: greedy accuracy {start['accuracy']:.3f} on the held-out problems")
-    lines += [f"training accuracy: the mean reward of the last {window} steps; passes: above {TARGET}",
+    lines += [f"training accuracy (the sampled completions' mean reward): start at the first update, final over the last "
+              f"{window} steps; passes: final above {TARGET}",
               "| arm | seed | steps | start | final | passes | reached at | greedy | behaviour KL | masked | staleness |",
               "|:---|---:|---:|---:|---:|:---|---:|---:|---:|---:|---:|"]  # fmt: skip
     for run in runs:
@@ -137,8 +140,10 @@ def table(runs: list[dict[str, Any]], start: dict[str, Any] | None, window: int)
 
 
 def report(out: Path, window: int) -> dict[str, Any]:
+    """``OUT/results.json`` and ``OUT/summary.md`` from the runs' records under ``OUT/runs`` (wherever the
+    folder was when they ran)."""
     plan = json.loads((out / "plan.json").read_text())
-    runs = [run_summary(job, window) for job in plan["jobs"]]
+    runs = [run_summary({**job, "directory": str(out / "runs" / Path(job["directory"]).name)}, window) for job in plan["jobs"]]
     results = {"header": plan["header"], "start": plan.get("start"), "runs": runs, "window": window}
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     text = table(runs, plan.get("start"), window)
@@ -161,6 +166,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--model", default=None, help="the recipe's model, replaced")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe setting, e.g. data.num_val=50")
     parser.add_argument("--checkpoint-every", type=int, default=20)
+    parser.add_argument("--max-runs", type=int, default=None,
+                        help="start at most this many unfinished runs, in the table's order (one H200 holds about 17 "
+                        "at ~7.5 GiB each); the same command again goes on with the rest")
     parser.add_argument("--deadline-min", type=float, default=None)
     parser.add_argument("--stop-margin-min", type=float, default=1.5)
     parser.add_argument("--out", type=Path, default=Path("staleness-results"))
@@ -192,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         end_leftover_runs(args.out)
         for job in filter(finished, jobs):
             drop_checkpoints(job)
-        run_all([job for job in jobs if not finished(job)], args.out, deadline, 60 * args.stop_margin_min)
+        run_all([job for job in jobs if not finished(job)][: args.max_runs], args.out, deadline, 60 * args.stop_margin_min)
         (args.out / "plan.json").write_text(json.dumps(plan, indent=1))
     finally:
         shutil.rmtree(work / "start", ignore_errors=True)
