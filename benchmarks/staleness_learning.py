@@ -117,6 +117,17 @@ def run_summary(job: dict[str, Any], window: int) -> dict[str, Any]:
             "staleness": rows[-1].get("staleness") if rows else None, "time_s": rows[-1]["time_s"] if rows else None}  # fmt: skip
 
 
+def status(run: dict[str, Any]) -> str:
+    """``finished``, ``stopped`` (at the deadline, from its checkpoint next call), ``failed (exit N)`` (see
+    its log in ``OUT/logs``) or ``not started``."""
+    code = run["returncode"]
+    if run["finished"]:
+        return "finished"
+    if code is None:
+        return "not started" if not run["steps"] else "stopped"
+    return "stopped" if code in (-9, -15, 137, 143) else f"failed (exit {code})"
+
+
 def table(runs: list[dict[str, Any]], start: dict[str, Any] | None, window: int) -> str:
     def number(value, spec):
         return "—" if value is None else format(value, spec)
@@ -129,9 +140,9 @@ def table(runs: list[dict[str, Any]], start: dict[str, Any] | None, window: int)
               "| arm | seed | steps | start | final | passes | reached at | greedy | behaviour KL | masked | staleness |",
               "|:---|---:|---:|---:|---:|:---|---:|---:|---:|---:|---:|"]  # fmt: skip
     for run in runs:
-        cut = "" if run["finished"] else " (cut)"
+        state = "" if run["finished"] else f" ({status(run)})"
         lines.append(
-            f"| {run['arm']} | {run['seed']} | {run['steps']}{cut} | {number(run['start_reward'], '.3f')} | "
+            f"| {run['arm']} | {run['seed']} | {run['steps']}{state} | {number(run['start_reward'], '.3f')} | "
             f"{number(run['final_reward'], '.3f')} | {'yes' if run['passes'] else 'no'} | {number(run['reached_at'], 'd')} | "
             f"{number(run['greedy'], '.3f')} | {number(run['behaviour_kl'], '.2e')} | {number(run['masked_fraction'], '.3f')} | "
             f"{number(run['staleness'], '.2f')} |"
