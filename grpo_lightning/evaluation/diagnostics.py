@@ -26,6 +26,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from grpo_lightning.evaluation.health_checks import (
     AnswerCollapse,
     Check,
+    CorrectionMasking,
     EntropyCollapse,
     EqualRewards,
     GradNormExplosion,
@@ -57,8 +58,8 @@ class HealthChecks(Callback):
 
     Args:
         enabled: false turns every check, the summary and ``health.json`` off.
-        patience: steps in a row that ``equal_rewards``, ``truncated``, ``entropy_collapse`` and
-            ``shrinking_answers`` need.
+        patience: steps in a row that ``equal_rewards``, ``truncated``, ``entropy_collapse``,
+            ``shrinking_answers`` and ``correction_masking`` need.
         equal_rewards_fraction: share of groups with zero reward spread over which ``equal_rewards`` holds.
         truncated_fraction: share of completions cut at ``max_new_tokens`` over which ``truncated`` holds.
         entropy_fraction, entropy_floor: ``entropy_collapse`` below this share of the first step's
@@ -72,6 +73,8 @@ class HealthChecks(Callback):
             before training not counted) whose accuracies span less than this.
         max_answer_share: ``answer_collapse`` when one answer is over this share of a validation's
             completions (and twice the most common reference answer's).
+        masked_fraction: ``correction_masking`` when ``sampling.correction`` masks over this share of
+            the loss tokens, ``patience`` steps in a row.
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class HealthChecks(Callback):
         val_min_validations: int = 3,
         val_epsilon: float = 1e-4,
         max_answer_share: float = 0.5,
+        masked_fraction: float = 0.5,
     ) -> None:
         counts = {"patience": patience, "spike_window": spike_window, "spike_patience": spike_patience,
                   "val_min_validations": val_min_validations}  # fmt: skip
@@ -101,7 +105,7 @@ class HealthChecks(Callback):
         self.shrinking_fraction = shrinking_fraction
         self.spike_factor, self.spike_window, self.spike_patience = spike_factor, spike_window, spike_patience
         self.val_min_validations, self.val_epsilon = val_min_validations, val_epsilon
-        self.max_answer_share = max_answer_share
+        self.max_answer_share, self.masked_fraction = max_answer_share, masked_fraction
         self.checks = self.build_checks()
         self.rows: list[dict[str, Any]] = []
         self.text = ""
@@ -119,6 +123,7 @@ class HealthChecks(Callback):
             GradNormExplosion(math.inf, self.spike_factor, self.spike_window, self.spike_patience),
             RewardNaN(),
             ShrinkingAnswers(self.shrinking_fraction, patience=self.patience),
+            CorrectionMasking(self.masked_fraction, self.patience),
             ValAccuracyFlat(self.val_min_validations, self.val_epsilon),
             AnswerCollapse(self.max_answer_share),
         ]

@@ -315,3 +315,32 @@ class ShrinkingAnswers(Check):
             return (f"completions average {mean:.3g} tokens (first step: {self.first:.3g}), the shortest "
                     f"{shortest:.0f}")
         return None
+
+
+class CorrectionMasking(Check):
+    """The importance correction drops most of the loss: ``sampling/masked_fraction > max_fraction``,
+    ``patience`` steps.
+
+    A masking correction (``sampling.correction`` ``icepop``, ``geo_rs``, ``kpop``, ``m2po``, the
+    ``*_mask`` modes) gives weight 0 to the tokens whose sampling and training probabilities disagree
+    past its bounds. Past half of them (the default) the update learns from the few it keeps: on
+    SmolLM2 with rollouts one update stale, Geo-RS's default bounds (0.999-1.001 on a 16-token
+    completion's geometric-mean ratio) masked 87% of the tokens and its training accuracy stalled at
+    82% where the other corrections passed 95% (benchmarks/RESULTS.md). Five steps in a row (the
+    default): the first steps after a jump in staleness mask more."""
+
+    name = "correction_masking"
+    consequence = "the update learns from the few tokens the correction keeps"
+    fix = ("widen the correction's bounds (sampling.correction_lower and correction_upper, correction_kl_threshold, "
+           "correction_second_moment or correction_cap), sample fewer updates ahead (StaleRollouts.max_staleness), "
+           "or take a correction that truncates the weights instead of masking them (token_truncate)")
+
+    def __init__(self, max_fraction: float = 0.5, patience: int = 5) -> None:
+        super().__init__(patience)
+        self.max_fraction = max_fraction
+
+    def holds(self, metrics: dict[str, float]) -> str | None:
+        fraction = _finite(metrics, "sampling/masked_fraction")
+        if fraction is not None and fraction > self.max_fraction:
+            return f"sampling.correction gave weight 0 to {fraction:.0%} of the loss tokens (over {self.max_fraction:.0%})"
+        return None

@@ -26,6 +26,7 @@ from grpo_lightning.evaluation.health_checks import (
     KLExplosion,
     RewardNaN,
     ShrinkingAnswers,
+    CorrectionMasking,
     Truncated,
     ValAccuracyFlat,
 )
@@ -38,7 +39,7 @@ from grpo_lightning.rewards.scoring import RewardFunctionError
 CONFIGS = config_dir()
 BASE = ["--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml")]
 CHECKS = ["equal_rewards", "truncated", "entropy_collapse", "kl_explosion", "grad_norm_explosion", "reward_nan",
-          "shrinking_answers", "val_accuracy_flat", "answer_collapse"]  # fmt: skip
+          "shrinking_answers", "correction_masking", "val_accuracy_flat", "answer_collapse"]  # fmt: skip
 ROW_KEYS = {"check", "ok", "steps", "first_step", "detail"}
 
 
@@ -109,6 +110,17 @@ def test_shorter_completions_that_still_answer_do_not_fire():
     check = ShrinkingAnswers(fraction=0.5, min_tokens=1, patience=1)
     metrics = [{"completions/mean_length": mean, "completions/min_length": 3.0} for mean in (16.0, 9.0, 6.0, 5.0)]
     assert fired_at(check, metrics) == []
+
+
+def test_a_correction_masking_most_tokens_fires_after_patience_steps_and_names_its_bounds():
+    """The measured Geo-RS case: 87% of the tokens masked; 50% exactly, a step at 0.9 between two below, or
+    no correction (no metric) do not fire."""
+    check = CorrectionMasking(max_fraction=0.5, patience=2)
+    fractions = [0.5, 0.9, 0.1, 0.87, 0.87, 0.95]
+    assert fired_at(check, [{"sampling/masked_fraction": f} for f in fractions]) == [5]
+    assert check.count == 2  # it held at steps 5 and 6
+    assert "87% of the loss tokens" in check.detail and "correction_lower" in check.detail
+    assert fired_at(CorrectionMasking(patience=1), [{}, {"sampling/masked_fraction": math.nan}]) == []
 
 
 def test_missing_or_nan_metrics_do_not_fire():
