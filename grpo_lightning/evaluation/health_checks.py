@@ -69,7 +69,25 @@ def _finite(metrics: dict[str, float], key: str) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None
 
 
-class EqualRewards(Check):
+class ShareOver(Check):
+    """A logged share (``metric``) over ``max_fraction``; subclasses name the metric and say what the
+    share is (``what``, after the percentage)."""
+
+    metric = ""
+    what = ""
+
+    def __init__(self, max_fraction: float, patience: int = 5) -> None:
+        super().__init__(patience)
+        self.max_fraction = max_fraction
+
+    def holds(self, metrics: dict[str, float]) -> str | None:
+        fraction = _finite(metrics, self.metric)
+        if fraction is not None and fraction > self.max_fraction:
+            return f"{self.what.format(share=f'{fraction:.0%}')} (over {self.max_fraction:.0%})"
+        return None
+
+
+class EqualRewards(ShareOver):
     """Most groups have no reward spread: ``frac_reward_zero_std > max_fraction``, ``patience`` steps.
 
     A group whose completions all score the same has zero advantages. A few such groups are normal
@@ -81,19 +99,13 @@ class EqualRewards(Check):
     consequence = "their advantages are zero, so the loss and gradient are near zero"
     fix = ("the task may be too hard for the start model: warm-start it on the task (a short supervised pass), use "
            "easier prompts, give partial credit in the rewards, or raise sampling.group_size or sampling.temperature")
+    metric, what = "frac_reward_zero_std", "{share} of the groups had equal rewards"
 
     def __init__(self, max_fraction: float = 0.9, patience: int = 5) -> None:
-        super().__init__(patience)
-        self.max_fraction = max_fraction
-
-    def holds(self, metrics: dict[str, float]) -> str | None:
-        fraction = _finite(metrics, "frac_reward_zero_std")
-        if fraction is not None and fraction > self.max_fraction:
-            return f"{fraction:.0%} of the groups had equal rewards (over {self.max_fraction:.0%})"
-        return None
+        super().__init__(max_fraction, patience)
 
 
-class Truncated(Check):
+class Truncated(ShareOver):
     """Most completions hit ``max_new_tokens`` without EOS: ``completions/clipped_ratio > max_fraction``.
 
     A cut completion is scored on an unfinished answer and never shows the model how to end one.
@@ -103,16 +115,10 @@ class Truncated(Check):
     name = "truncated"
     consequence = "cut completions are scored unfinished and teach no ending"
     fix = "raise sampling.max_new_tokens, set loss.mask_truncated_completions, or add a length penalty (DAPO's overlong shaping)"
+    metric, what = "completions/clipped_ratio", "{share} of the completions hit max_new_tokens without EOS"
 
     def __init__(self, max_fraction: float = 0.5, patience: int = 5) -> None:
-        super().__init__(patience)
-        self.max_fraction = max_fraction
-
-    def holds(self, metrics: dict[str, float]) -> str | None:
-        fraction = _finite(metrics, "completions/clipped_ratio")
-        if fraction is not None and fraction > self.max_fraction:
-            return f"{fraction:.0%} of the completions hit max_new_tokens without EOS (over {self.max_fraction:.0%})"
-        return None
+        super().__init__(max_fraction, patience)
 
 
 class EntropyCollapse(Check):
@@ -317,7 +323,7 @@ class ShrinkingAnswers(Check):
         return None
 
 
-class CorrectionMasking(Check):
+class CorrectionMasking(ShareOver):
     """The importance correction drops most of the loss: ``sampling/masked_fraction > max_fraction``,
     ``patience`` steps.
 
@@ -334,13 +340,7 @@ class CorrectionMasking(Check):
     fix = ("widen the correction's bounds (sampling.correction_lower and correction_upper, correction_kl_threshold, "
            "correction_second_moment or correction_cap), sample fewer updates ahead (StaleRollouts.max_staleness), "
            "or take a correction that truncates the weights instead of masking them (token_truncate)")
+    metric, what = "sampling/masked_fraction", "sampling.correction gave weight 0 to {share} of the loss tokens"
 
     def __init__(self, max_fraction: float = 0.5, patience: int = 5) -> None:
-        super().__init__(patience)
-        self.max_fraction = max_fraction
-
-    def holds(self, metrics: dict[str, float]) -> str | None:
-        fraction = _finite(metrics, "sampling/masked_fraction")
-        if fraction is not None and fraction > self.max_fraction:
-            return f"sampling.correction gave weight 0 to {fraction:.0%} of the loss tokens (over {self.max_fraction:.0%})"
-        return None
+        super().__init__(max_fraction, patience)
