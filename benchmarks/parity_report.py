@@ -7,7 +7,7 @@ An arm is ``VARIANT-ROLE``: ``ours`` (our preset matched to TRL: ``parity_trl``)
 variant's TRL run only, with a verdict (worse, not worse within ``NON_INFERIORITY_MARGIN``, undetermined).
 Every run's last evaluation is also checked against the start model's (``harm_check``: answers as
 non-empty, a mean length within 20%, accuracy not below the start's beyond the evaluation's noise), and
-says whether the run reached all its steps.
+says whether the run reached all its steps, and if not, whether a deadline stopped it or it failed.
 """
 
 from __future__ import annotations
@@ -89,8 +89,11 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             variants[variant]["notes"] = notes
         start = {k: choice["start"].get(k) for k in ("accuracy", "mean_length", "empty_share")}
         harm = {r["arm"]: [] for r in runs if r["tier"] == tier}
-        for run in (r for r in runs if r["tier"] == tier and r["checkpoints"]):
-            harm[run["arm"]].append({"seed": run["seed"], **harm_check(run["checkpoints"][-1], start, results.get("steps"))})
+        for run in (r for r in runs if r["tier"] == tier):
+            final = harm_check(run["checkpoints"][-1], start, results.get("steps")) if run["checkpoints"] else {"complete": False}
+            recorded = bool(run["rows"] or run["checkpoints"])
+            harm[run["arm"]].append({"seed": run["seed"], **final,
+                                     "status": run_status(final["complete"], run.get("returncode"), recorded)})  # fmt: skip
         summary[tier] = {"task": choice["task"], "start": start, "variants": variants, "harm": harm}
     return summary
 
@@ -99,6 +102,21 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
 LENGTH_TOLERANCE = 0.2
 #: Ours is "not worse" than TRL when the paired interval's lower end is above minus this (accuracy).
 NON_INFERIORITY_MARGIN = 0.05
+
+
+#: Exit statuses of a run that a deadline stopped (SIGTERM: it checkpointed; SIGKILL), not one that failed.
+STOPPED_STATUSES = (-9, -15, 137, 143)
+
+
+def run_status(complete: bool, returncode: int | None, recorded: bool) -> str:
+    """``finished``; ``stopped`` (by a deadline: the same command resumes it); ``failed (exit N)`` (its log
+    under ``OUT/logs`` says why); ``not started``. A run whose driver was stopped has no exit status: it
+    is ``stopped`` once it recorded a step."""
+    if complete:
+        return "finished"
+    if returncode is None:
+        return "stopped" if recorded else "not started"
+    return "stopped" if returncode in STOPPED_STATUSES else f"failed (exit {returncode})"
 
 
 def harm_check(final: dict[str, Any], start: dict[str, Any], steps: int | None) -> dict[str, Any]:
@@ -174,7 +192,8 @@ def print_summary(summary: dict[str, Any]) -> None:
             for arm, note in v["notes"].items():
                 print(f"    {arm}: {note}")
         for arm, checks in s.get("harm", {}).items():
-            cells = ", ".join(f"s{c['seed']}@{c['step']}{'' if c['complete'] else ' (cut short)'}: "
+            cells = ", ".join(f"s{c['seed']}: no evaluation ({c['status']})" if "checks" not in c else
+                              f"s{c['seed']}@{c['step']}{'' if c['complete'] else ' (' + c['status'] + ')'}: "
                               f"{'kept' if c['kept'] else 'HARMED: ' + ', '.join(k for k, ok in c['checks'].items() if not ok)}"
                               for c in checks)  # fmt: skip
             print(f"  start model's behaviour, {arm}: {cells}")

@@ -44,7 +44,7 @@ from parity import (  # noqa: E402
     save_start_model,
     task_settings,
 )
-from parity_report import records  # noqa: E402
+from parity_report import records, run_status  # noqa: E402
 
 #: The acceptance: training accuracy above this (prime-rl's sanity check).
 TARGET = 0.95
@@ -117,17 +117,6 @@ def run_summary(job: dict[str, Any], window: int) -> dict[str, Any]:
             "staleness": rows[-1].get("staleness") if rows else None, "time_s": rows[-1]["time_s"] if rows else None}  # fmt: skip
 
 
-def status(run: dict[str, Any]) -> str:
-    """``finished``, ``stopped`` (at the deadline, from its checkpoint next call), ``failed (exit N)`` (see
-    its log in ``OUT/logs``) or ``not started``."""
-    code = run["returncode"]
-    if run["finished"]:
-        return "finished"
-    if code is None:
-        return "not started" if not run["steps"] else "stopped"
-    return "stopped" if code in (-9, -15, 137, 143) else f"failed (exit {code})"
-
-
 def table(runs: list[dict[str, Any]], start: dict[str, Any] | None, window: int) -> str:
     def number(value, spec):
         return "—" if value is None else format(value, spec)
@@ -140,7 +129,7 @@ def table(runs: list[dict[str, Any]], start: dict[str, Any] | None, window: int)
               "| arm | seed | steps | start | final | passes | reached at | greedy | behaviour KL | masked | staleness |",
               "|:---|---:|---:|---:|---:|:---|---:|---:|---:|---:|---:|"]  # fmt: skip
     for run in runs:
-        state = "" if run["finished"] else f" ({status(run)})"
+        state = "" if run["finished"] else f" ({run_status(False, run['returncode'], bool(run['steps']))})"
         lines.append(
             f"| {run['arm']} | {run['seed']} | {run['steps']}{state} | {number(run['start_reward'], '.3f')} | "
             f"{number(run['final_reward'], '.3f')} | {'yes' if run['passes'] else 'no'} | {number(run['reached_at'], 'd')} | "

@@ -72,6 +72,22 @@ def test_the_start_model_s_behaviour_is_kept_within_the_evaluation_s_noise_by_ha
     assert cut["checks"]["accuracy"] is False and cut["complete"] is False  # and the run stopped at 200 of 300
 
 
+def test_a_run_that_failed_is_told_apart_from_one_a_deadline_stopped_and_one_with_no_evaluation_is_listed(capsys):
+    """Out of memory (exit 1) is a failure; SIGTERM at the deadline (143) a stop; a run that died before its
+    first evaluation still appears, with its status."""
+    finished = {**run("grpo", "ours", 0, {50: 0.6, 100: 0.7}), "returncode": 0}
+    stopped = {**run("grpo", "ours", 1, {50: 0.6}), "returncode": 143}
+    failed = {**run("grpo", "trl", 0, {}), "rows": [{"step": 1}], "returncode": 1}
+    waiting = {**run("grpo", "trl", 1, {}), "returncode": None}
+    harm = report.summarize(results([finished, stopped, failed, waiting]))["easy"]["harm"]
+    assert [c["status"] for c in harm["grpo-ours"]] == ["finished", "stopped"]
+    assert [c["status"] for c in harm["grpo-trl"]] == ["failed (exit 1)", "not started"]
+    report.print_summary({"easy": {**report.summarize(results([finished, stopped, failed, waiting]))["easy"], "variants": {}}})
+    printed = capsys.readouterr().out
+    assert "s1@50 (stopped): kept" in printed and "s0: no evaluation (failed (exit 1))" in printed
+    assert report.run_status(False, None, True) == "stopped"  # the driver itself was stopped: no exit status
+
+
 def test_ours_against_trl_is_worse_not_worse_or_undetermined_from_the_paired_interval():
     def difference(by_seed, low, high):
         return {"by_seed": by_seed, "ci95": [low, high]}
