@@ -5,13 +5,14 @@ HF generate path or in the static-cache engine (``engine.rollout: static``), whi
 and the tokens so far and samples the chunk as it samples a rollout.
 
 A completion is built in chunks: :func:`cut` keeps the first chunk of a sampled rollout, and
-:func:`continue_rollout` samples the next chunk of every unfinished completion with the model's
-current weights. Each token keeps the log-prob and the policy version it was sampled with
+:func:`continue_rollouts` samples the next chunk of every unfinished completion of several rollouts
+(those in flight) with the model's current weights, in one call where their chunks have the same bounds. Each token keeps the log-prob and the policy version it was sampled with
 (``rollout.sampling_logp``, ``rollout.sampling_version``), so one completion may span versions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -71,37 +72,57 @@ def unfinished(completion: Completion, eos: set[int], max_new_tokens: int) -> bo
     return len(ids) < max_new_tokens and not (ids and ids[-1] in eos)
 
 
-@torch.no_grad()
 def continue_rollout(
     model: nn.Module, tokenizer: PreTrainedTokenizerBase, rollout: Rollout, sampling: SamplingParams, tokens: int,
     version: int, engine: Any | None = None,
 ) -> tuple[Rollout, int]:  # fmt: skip
+    """:func:`continue_rollouts` of one rollout, with ``engine`` (``None``: the HF generate path)."""
+    (continued,), added = continue_rollouts(model, tokenizer, [rollout], sampling, tokens, version, lambda rows: engine)
+    return continued, added
+
+
+@torch.no_grad()
+def continue_rollouts(
+    model: nn.Module, tokenizer: PreTrainedTokenizerBase, rollouts: list[Rollout], sampling: SamplingParams,
+    tokens: int, version: int, engine_for: Callable[[int], Any | None] = lambda rows: None,
+) -> tuple[list[Rollout], int]:  # fmt: skip
     """Sample up to ``tokens`` more tokens of each unfinished completion (no EOS yet, shorter than
-    ``sampling.max_new_tokens``) with ``model`` (policy ``version``) after its prompt and its tokens
-    so far; ``(rollout, tokens added)``. Unfinished completions all have the same length (each chunk
-    adds ``tokens`` unless it ends), so one call samples them all. ``engine``: a
-    :class:`~grpo_lightning.rollout.engine.StaticCacheGenerator` of ``model`` that samples the chunk
-    (else the HF generate path)."""
-    completions, eos = completions_of(rollout), eos_ids(tokenizer)
-    active = [row for row, c in enumerate(completions) if unfinished(c, eos, sampling.max_new_tokens)]
-    if not active:
-        return rollout, 0
-    done = len(completions[active[0]][0])
-    histories = [rollout.prompt_ids[row][rollout.prompt_mask[row] > 0].tolist() + completions[row][0] for row in active]
-    width = max(len(h) for h in histories)
-    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(h)) + h for h in histories], device=rollout.device)
-    mask = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in histories], device=rollout.device)
-    chunk = replace(sampling, max_new_tokens=min(tokens, sampling.max_new_tokens - done),
-                    min_new_tokens=max(0, sampling.min_new_tokens - done))  # fmt: skip
-    if engine is None:
-        new_ids, new_logp = generate_from_ids(model, tokenizer, ids, mask, chunk, 1, True)
-    else:
-        new_ids, new_logp = engine.generate(ids, mask, chunk, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                                            return_logprobs=True)  # fmt: skip
+    ``sampling.max_new_tokens``) of every rollout with ``model`` (policy ``version``) after its prompt
+    and its tokens so far; ``(rollouts, tokens added)``. A rollout's unfinished completions all have the
+    same length (each chunk adds ``tokens`` unless it ends), so the rollouts whose chunks have the same
+    bounds (``max_new_tokens`` and ``min_new_tokens`` less what is done: all of them but a last, shorter
+    chunk) are sampled together, in one call. ``engine_for(rows)``: a
+    :class:`~grpo_lightning.rollout.engine.StaticCacheGenerator` of ``model`` for that many rows that
+    samples the chunk, or ``None`` (the HF generate path)."""
+    eos = eos_ids(tokenizer)
+    completions = [completions_of(rollout) for rollout in rollouts]
+    groups: dict[tuple[int, int], list[tuple[int, int]]] = {}  # chunk bounds -> (rollout, row) of every active row
+    for index, rows in enumerate(completions):
+        active = [row for row, c in enumerate(rows) if unfinished(c, eos, sampling.max_new_tokens)]
+        if active:
+            done = len(rows[active[0]][0])
+            bounds = (min(tokens, sampling.max_new_tokens - done), max(0, sampling.min_new_tokens - done))
+            groups.setdefault(bounds, []).extend((index, row) for row in active)
     added = 0
-    for row, new, logp in zip(active, new_ids.tolist(), new_logp.tolist()):
-        length = next((n + 1 for n, token in enumerate(new) if token in eos), len(new))
-        old_ids, old_logp, old_versions = completions[row]
-        completions[row] = (old_ids + new[:length], old_logp + logp[:length], old_versions + [version] * length)
-        added += length
-    return with_completions(rollout, completions, tokenizer), added
+    for (max_new, min_new), members in groups.items():
+        histories = [rollouts[i].prompt_ids[row][rollouts[i].prompt_mask[row] > 0].tolist() + completions[i][row][0]
+                     for i, row in members]  # fmt: skip
+        width, device = max(len(h) for h in histories), rollouts[members[0][0]].device
+        ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(h)) + h for h in histories], device=device)
+        mask = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in histories], device=device)
+        chunk = replace(sampling, max_new_tokens=max_new, min_new_tokens=min_new)
+        engine = engine_for(len(members))
+        if engine is None:
+            new_ids, new_logp = generate_from_ids(model, tokenizer, ids, mask, chunk, 1, True)
+        else:
+            new_ids, new_logp = engine.generate(ids, mask, chunk, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                                                return_logprobs=True)  # fmt: skip
+        for (i, row), new, logp in zip(members, new_ids.tolist(), new_logp.tolist()):
+            length = next((n + 1 for n, token in enumerate(new) if token in eos), len(new))
+            old_ids, old_logp, old_versions = completions[i][row]
+            completions[i][row] = (old_ids + new[:length], old_logp + logp[:length], old_versions + [version] * length)
+            added += length
+    touched = {i for members in groups.values() for i, _ in members}
+    continued = [with_completions(rollout, completions[i], tokenizer) if i in touched else rollout
+                 for i, rollout in enumerate(rollouts)]  # fmt: skip
+    return continued, added

@@ -51,7 +51,7 @@ import math
 from collections.abc import Callable
 
 from grpo_lightning.errors import ConfigError, require
-from grpo_lightning.rollout.partial import continue_rollout, cut
+from grpo_lightning.rollout.partial import continue_rollouts, cut
 from grpo_lightning.rollout.types import Rollout, RolloutBuffer
 
 #: The most policy versions sampling may run ahead of the update.
@@ -155,15 +155,18 @@ class StaleRollouts(Callback):
         return math.ceil(module.sampling.max_new_tokens / self.max_staleness)
 
     def _continue_partial(self, module: Any) -> None:
-        """Sample the next chunk of the queued rollouts that have fewer than ``k``: the newest ``k - 1``."""
+        """Sample the next chunk of the queued rollouts that have fewer than ``k``, the newest ``k - 1``,
+        together (one engine call for all of them, where their chunks have the same bounds)."""
         queue = module.stale_queue
+        first = max(0, len(queue.parts) - (self.max_staleness - 1))
+        if first == len(queue.parts):
+            return
+        parts = [part.to(module.device) for part in queue.parts[first:]]
         with module.rollout_model() as model:
-            for index in range(max(0, len(queue.parts) - (self.max_staleness - 1)), len(queue.parts)):
-                part = queue.parts[index].to(module.device)
-                engine = module.sampler.turn_engine(model, len(part.completions), module.sampling)  # None: HF generate
-                queue.parts[index], added = continue_rollout(model, module.tokenizer, part, module.sampling,
-                                                             self.chunk(module), module.policy_version, engine)  # fmt: skip
-                module.generated_tokens += added
+            engine_for = lambda rows: module.sampler.turn_engine(model, rows, module.sampling)  # noqa: E731 (None: HF generate)
+            queue.parts[first:], added = continue_rollouts(model, module.tokenizer, parts, module.sampling,
+                                                           self.chunk(module), module.policy_version, engine_for)  # fmt: skip
+        module.generated_tokens += added
 
     def teardown(self, trainer: Any, module: Any, stage: str) -> None:
         module.stale_queue = None

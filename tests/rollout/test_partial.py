@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_lightning.rollout.partial import completions_of, continue_rollout, cut, with_completions
+from grpo_lightning.rollout.partial import (
+    completions_of,
+    continue_rollout,
+    continue_rollouts,
+    cut,
+    eos_ids,
+    unfinished,
+    with_completions,
+)
 from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.variants import GRPO
 
@@ -36,6 +44,40 @@ def test_a_cut_completion_continues_on_its_exact_prefix_and_records_each_chunks_
     mask = rollout.completion_mask.bool()
     torch.testing.assert_close(rollout.sampling_logp[mask], grpo.compute_logprobs(grpo.policy, rollout)[mask],
                                atol=1e-4, rtol=1e-4)  # fmt: skip
+
+
+@pytest.mark.parametrize("rollout_engine", ["hf", "static"])
+def test_rollouts_in_flight_continue_in_one_call_where_their_chunks_have_the_same_bounds(make_module, one_torch_thread,
+                                                                                         rollout_engine):  # fmt: skip
+    """Three queued rollouts cut at 1, 3 and 4 tokens of 5, continued by chunks of 2: the first two take 2
+    more tokens each (one call for both), the third 1 (its last chunk: a call of its own). Each continues
+    on its own prefix: with the same weights, the recorded log-probs are the training pass's."""
+    grpo = make_module(GRPO, policy={"dtype": "float32"}, sampling={"max_new_tokens": 5},
+                       engine={"rollout": rollout_engine, "compile": False})  # fmt: skip
+    torch.manual_seed(0)
+    sampled = [grpo.generate({"prompt": prompts}, grpo.settings.group_size, grpo.sampling, with_logprobs=True)
+               for prompts in (["1+2=", "30+4="], ["7+7="], ["12+1=", "4+4="])]  # fmt: skip
+    queued = [cut(rollout, done, grpo.tokenizer) for rollout, done in zip(sampled, (1, 3, 4))]
+    calls = []
+    with grpo.rollout_model() as model:
+
+        def engine_for(rows):
+            calls.append(rows)
+            return grpo.sampler.turn_engine(model, rows, grpo.sampling)
+
+        continued, added = continue_rollouts(model, grpo.tokenizer, queued, grpo.sampling, 2, version=3, engine_for=engine_for)
+    eos = eos_ids(grpo.tokenizer)
+    active = [sum(unfinished(c, eos, 5) for c in completions_of(q)) for q in queued]
+    assert active[0] and active[2]  # (so both calls are made)
+    assert calls == [active[0] + active[1], active[2]]  # rows of the first two rollouts together, then the third's
+    assert added == sum(int(c.completion_mask.sum()) - int(q.completion_mask.sum()) for c, q in zip(continued, queued))
+    for before, after, done in zip(queued, continued, (1, 3, 4)):
+        for (ids, _, versions), (old, _, _) in zip(completions_of(after), completions_of(before)):
+            assert ids[: len(old)] == old and versions == [0] * len(old) + [3] * (len(ids) - len(old))
+            assert len(ids) <= min(done + 2, 5) if unfinished((old, [], []), eos, 5) else ids == old  # an ended one stays
+        mask = after.completion_mask.bool()
+        torch.testing.assert_close(after.sampling_logp[mask], grpo.compute_logprobs(grpo.policy, after)[mask],
+                                   atol=1e-4, rtol=1e-4)  # fmt: skip
 
 
 def test_with_completions_pads_masks_and_marks_the_unfinished_by_hand(make_module):
