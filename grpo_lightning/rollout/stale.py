@@ -156,14 +156,20 @@ class StaleRollouts(Callback):
 
     def _continue_partial(self, module: Any) -> None:
         """Sample the next chunk of the queued rollouts that have fewer than ``k``, the newest ``k - 1``,
-        together (one engine call for all of them, where their chunks have the same bounds)."""
+        together (one call for all of them, where their chunks have the same bounds). A static engine is
+        not grown past one rollout's rows: it serves every rollout at its size (rows are padded to it),
+        so the rows of several run in chunks of that size."""
         queue = module.stale_queue
         first = max(0, len(queue.parts) - (self.max_staleness - 1))
         if first == len(queue.parts):
             return
         parts = [part.to(module.device) for part in queue.parts[first:]]
+        most = max(len(part.completions) for part in parts)
         with module.rollout_model() as model:
-            engine_for = lambda rows: module.sampler.turn_engine(model, rows, module.sampling)  # noqa: E731 (None: HF generate)
+
+            def engine_for(rows: int) -> Any:  # None: the HF generate path
+                return module.sampler.turn_engine(model, min(rows, most), module.sampling)
+
             queue.parts[first:], added = continue_rollouts(model, module.tokenizer, parts, module.sampling,
                                                            self.chunk(module), module.policy_version, engine_for)  # fmt: skip
         module.generated_tokens += added

@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from grpo_lightning.checkpoints.export import read_checkpoint
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.rollout.engine.options import EngineOptions
+from grpo_lightning.rollout.partial import continue_rollouts
 from grpo_lightning.rollout.stale import StaleQueue, StaleRollouts
 from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.variants import GRPO
@@ -221,6 +222,26 @@ def test_partial_rollouts_continue_each_completion_with_the_next_updates_weights
     assert steps[4]["completions/mean_length"] > 3  # completions did go on past their first chunk
     engine = module.sampler.engine
     assert (engine is None) == (rollout_engine == "hf")
+
+
+def test_rollouts_in_flight_continue_together_without_growing_the_static_engine(tiny_model_dir, tmp_path, monkeypatch):
+    """k = 3: from the third batch on, the two queued rollouts that are not done continue in one call; the
+    static engine stays the size of one rollout (it pads every rollout to its rows, so a bigger one would
+    slow them all)."""
+    import grpo_lightning.rollout.stale as stale
+
+    together = []
+
+    def recorded(model, tokenizer, rollouts, *args):
+        together.append(len(rollouts))
+        return continue_rollouts(model, tokenizer, rollouts, *args)
+
+    monkeypatch.setattr(stale, "continue_rollouts", recorded)
+    module = make_module(tiny_model_dir, policy={"dtype": "float32"}, engine=EngineOptions(rollout="static", compile=False))
+    steps, _ = fit(module, 3, tmp_path, callbacks=[StaleRollouts(max_staleness=3, partial_rollouts=True)])
+    assert sorted(steps) == [1, 2, 3]
+    assert together[:2] == [1, 2] and set(together[2:]) == {2}  # batch 1 continues batch 0; then two at a time
+    assert module.sampler.engine.max_batch_size == len(module.last_rollout.completions)
 
 
 @pytest.mark.parametrize(
