@@ -49,11 +49,14 @@ from pathlib import Path
 
 out = Path(sys.argv[1])
 order = ["sync", "k1_stale", "k1_overlap", "k2", "k4", "k8", "k2_partial", "k4_partial", "k8_partial"]
-results = {name: json.loads((out / f"speed_{name}.json").read_text()) for name in order if (out / f"speed_{name}.json").exists()}
-sync = results.get("sync", {}).get("median_step_s")
+results = {name: json.loads(p.read_text()) if (p := out / f"speed_{name}.json").exists() else None for name in order}
+sync = (results["sync"] or {}).get("median_step_s")
 lines = ["| arm | s/step | tokens/s | / sync | rollout s | log-probs s | update s | commit |",
          "|:---|---:|---:|---:|---:|---:|---:|:---|"]
 for name, result in results.items():
+    if result is None:  # it failed or did not run: its log says which
+        lines.append(f"| {name} | no result (speed_{name}.log) | — | — | — | — | — | — |")
+        continue
     step, phases = result["median_step_s"], result["phases"]
     ratio = f"{step / sync:.3f}" if sync else "—"
     lines.append(f"| {name} | {step:.3f} | {result['tokens_per_s']:,.0f} | {ratio} | {phases.get('rollout_s', float('nan')):.3f} | "
