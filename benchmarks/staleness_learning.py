@@ -91,7 +91,8 @@ def trailing_mean(values: list[float], window: int) -> list[float]:
 
 def run_summary(job: dict[str, Any], window: int) -> dict[str, Any]:
     """One run: its training accuracy at the first update (the start model's samples for every ``k``) and at
-    the end (the last ``window`` steps' mean), the step it passed ``TARGET``, its last
+    the end (the last ``window`` steps' mean; ``passes`` once the run finished with it above ``TARGET``),
+    the first step its trailing mean passed ``TARGET`` (a run may pass it and fall back), its last
     greedy evaluation, the behaviour KL's and the masked share's means over its steps, and its last step's
     staleness (optimizer steps between the sampling weights and the update: 0 at the first update, ``k``
     once ``k`` updates have run)."""
@@ -110,7 +111,7 @@ def run_summary(job: dict[str, Any], window: int) -> dict[str, Any]:
             "steps": rows[-1]["step"] if rows else 0, "finished": finished(job), "returncode": job.get("returncode"),
             "start_reward": rewards[0] if rewards else None,
             "final_reward": trailing[-1] if rewards else None, "reached_at": reached,
-            "passes": bool(trailing and len(rewards) >= window and trailing[-1] > TARGET),
+            "passes": finished(job) and len(rewards) >= window and trailing[-1] > TARGET,  # a stopped run passes nothing
             "greedy": checkpoints[-1]["accuracy"] if checkpoints else None,
             "greedy_step": checkpoints[-1]["step"] if checkpoints else None,
             "behaviour_kl": mean_of("behaviour_kl"), "masked_fraction": mean_of("masked_fraction"),
