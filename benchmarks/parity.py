@@ -489,6 +489,22 @@ def run_all(jobs: list[dict[str, Any]], out: Path, deadline: float, stop_margin_
                 drop_checkpoints(job)
 
 
+def run_plan(out: Path, plan: dict[str, Any], previous: dict[str, Any] | None, deadline: float, stop_margin_s: float,
+             max_runs: int | None = None) -> None:  # fmt: skip
+    """Run ``plan``'s unfinished jobs (the first ``max_runs`` of them, all by default) into ``out``: their exit
+    statuses in the ``previous`` plan kept, ``out/plan.json`` written before (a stopped driver's runs can be
+    assembled) and after (with the exit statuses), runs an earlier call left going killed first, and
+    finished runs' checkpoints dropped."""
+    jobs = plan["jobs"]
+    keep_exit_statuses(jobs, previous)
+    (out / "plan.json").write_text(json.dumps(plan, indent=1))
+    end_leftover_runs(out)
+    for job in filter(finished, jobs):
+        drop_checkpoints(job)
+    run_all([job for job in jobs if not finished(job)][:max_runs], out, deadline, stop_margin_s)
+    (out / "plan.json").write_text(json.dumps(plan, indent=1))
+
+
 def wait_for(running: list[tuple[dict[str, Any], subprocess.Popen]], deadline: float, stop_margin_s: float) -> None:
     """Until every process has ended or ``deadline``; SIGTERM to each still running ``stop_margin_s`` before it."""
     asked_to_stop = False
@@ -593,14 +609,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         tasks = {tier: known.get(tier) or chosen[tier] for tier in args.tiers}
         start_model = save_start_model(settings["model"]["init_args"]["model"], work / "start")
         jobs = plan_jobs(args, tasks, work, start_model, eval_device, pairs)
-        keep_exit_statuses(jobs, previous)
-        plan = {"header": header, "tasks": tasks, "jobs": jobs}
-        (args.out / "plan.json").write_text(json.dumps(plan, indent=1))  # a stopped driver's runs can be assembled
-        end_leftover_runs(args.out)
-        for job in filter(finished, jobs):
-            drop_checkpoints(job)
-        run_all([job for job in jobs if not finished(job)], args.out, deadline, 60 * args.stop_margin_min)
-        (args.out / "plan.json").write_text(json.dumps(plan, indent=1))  # with the exit statuses
+        run_plan(args.out, {"header": header, "tasks": tasks, "jobs": jobs}, previous, deadline, 60 * args.stop_margin_min)
     finally:
         shutil.rmtree(work / "start", ignore_errors=True)
     print_progress(jobs)

@@ -32,18 +32,7 @@ from typing import Any
 
 BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS))
-from parity import (  # noqa: E402
-    CANDIDATES,
-    drop_checkpoints,
-    end_leftover_runs,
-    evaluate,
-    finished,
-    keep_exit_statuses,
-    print_progress,
-    run_all,
-    save_start_model,
-    task_settings,
-)
+from parity import CANDIDATES, evaluate, finished, print_progress, run_plan, save_start_model, task_settings  # noqa: E402
 from parity_report import records, run_status  # noqa: E402
 
 #: The acceptance: training accuracy above this (prime-rl's sanity check).
@@ -195,14 +184,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         start = previous["start"] if previous else evaluate(model, model, settings, keep=4, device=eval_device)
         start_model = save_start_model(model, work / "start")
         jobs = plan_jobs(args, work, start_model, eval_device)
-        keep_exit_statuses(jobs, previous)
-        plan = {"header": header, "start": start, "jobs": jobs}
-        (args.out / "plan.json").write_text(json.dumps(plan, indent=1))
-        end_leftover_runs(args.out)
-        for job in filter(finished, jobs):
-            drop_checkpoints(job)
-        run_all([job for job in jobs if not finished(job)][: args.max_runs], args.out, deadline, 60 * args.stop_margin_min)
-        (args.out / "plan.json").write_text(json.dumps(plan, indent=1))
+        run_plan(args.out, {"header": header, "start": start, "jobs": jobs}, previous, deadline, 60 * args.stop_margin_min,
+                 args.max_runs)  # fmt: skip
     finally:
         shutil.rmtree(work / "start", ignore_errors=True)
     print_progress(jobs)
