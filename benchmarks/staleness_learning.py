@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -193,4 +194,5 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the driver stopped: its runs killed
     main()
