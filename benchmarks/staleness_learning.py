@@ -36,6 +36,8 @@ sys.path.insert(0, str(BENCHMARKS))
 from parity import CANDIDATES, evaluate, finished, print_progress, run_plan, save_start_model, task_settings  # noqa: E402
 from parity_report import records, run_status  # noqa: E402
 
+from grpo_lightning.algorithms.rollout_correction import CORRECTIONS  # noqa: E402
+
 #: The acceptance: training accuracy above this (prime-rl's sanity check).
 TARGET = 0.95
 #: Corrections compared (``none``: the update's own clip, no importance correction against the sampler).
@@ -148,8 +150,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=60, help="optimizer steps of every run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--staleness", type=int, nargs="+", default=[1, 4, 8], help="the k of StaleRollouts")
-    parser.add_argument("--corrections", nargs="+", default=DEFAULT_CORRECTIONS, help="sampling.correction values (none: off)")
-    parser.add_argument("--partial", nargs="*", default=["m2po"], help="corrections also run with partial rollouts (k >= 2)")
+    known = ["none", *CORRECTIONS]
+    parser.add_argument("--corrections", nargs="+", default=DEFAULT_CORRECTIONS, choices=known,
+                        help="sampling.correction values (none: off)")
+    parser.add_argument("--partial", nargs="*", default=["m2po"], choices=known,
+                        help="corrections also run with partial rollouts (k >= 2)")
     parser.add_argument("--task", default="add_sub_1digit", choices=list(CANDIDATES))
     parser.add_argument("--eval-every", type=int, default=30)
     parser.add_argument("--window", type=int, default=10, help="steps the training accuracy is averaged over")
