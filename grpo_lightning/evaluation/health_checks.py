@@ -97,12 +97,19 @@ class EqualRewards(ShareOver):
 
     name = "equal_rewards"
     consequence = "their advantages are zero, so the loss and gradient are near zero"
-    fix = ("the task may be too hard for the start model: warm-start it on the task (a short supervised pass), use "
-           "easier prompts, give partial credit in the rewards, or raise sampling.group_size or sampling.temperature")
+    fix = ("if that is the rewards' best, the model solves these prompts: give harder ones, skip solved ones "
+           "(--trainer.callbacks+=grpo_lightning.data.DifficultyCurriculum), or stop; if it is their worst, the task "
+           "is too hard for the start model: warm-start it on the task (a short supervised pass), use easier prompts, "
+           "give partial credit in the rewards, or raise sampling.group_size or sampling.temperature")
     metric, what = "frac_reward_zero_std", "{share} of the groups had equal rewards"
 
     def __init__(self, max_fraction: float = 0.9, patience: int = 5) -> None:
         super().__init__(max_fraction, patience)
+
+    def holds(self, metrics: dict[str, float]) -> str | None:
+        """The share, and the step's mean reward: groups all right and groups all wrong call for opposite fixes."""
+        problem, reward = super().holds(metrics), _finite(metrics, "reward")
+        return f"{problem}, mean reward {reward:.3g}" if problem and reward is not None else problem
 
 
 class Truncated(ShareOver):

@@ -59,6 +59,18 @@ def test_equal_rewards_fires_once_the_condition_held_patience_steps_in_a_row():
     assert "100% of the groups had equal rewards" in check.detail and "group_size" in check.detail
 
 
+def test_equal_rewards_gives_the_mean_reward_and_the_fix_for_solved_prompts_and_for_a_task_too_hard():
+    """Groups all right (a solved task) and all wrong (one too hard) both have equal rewards: the message
+    gives the mean reward and the fix for each, not "too hard" for a model that solves everything."""
+    solved = EqualRewards(max_fraction=0.9, patience=2)
+    fired_at(solved, [{"frac_reward_zero_std": 1.0, "reward": 1.0}] * 2)
+    assert "100% of the groups had equal rewards (over 90%), mean reward 1 for 2 steps" in solved.detail
+    assert "DifficultyCurriculum" in solved.detail and "too hard" in solved.detail
+    hopeless = EqualRewards(max_fraction=0.9, patience=1)
+    fired_at(hopeless, [{"frac_reward_zero_std": 0.97, "reward": 0.00125}])
+    assert "97% of the groups had equal rewards (over 90%), mean reward 0.00125:" in hopeless.detail
+
+
 def test_truncated_counts_every_step_it_holds_after_patience():
     check = Truncated(max_fraction=0.5, patience=2)
     ratios = [0.5, 0.75, 1.0, 1.0, 0.25, 1.0]
@@ -296,7 +308,7 @@ def test_health_json_has_one_row_per_check_in_the_report_format(tmp_path, capsys
     assert rows[1] == {"check": "truncated", "ok": True, "steps": 0, "first_step": None, "detail": ""}
     printed = capsys.readouterr().out
     assert printed.strip() == callback.text
-    assert "  WARN  equal_rewards        1 step from step 2: the task may be too hard" in printed
+    assert "  WARN  equal_rewards        1 step from step 2: if that is the rewards' best, the model solves" in printed
     assert "  ok    truncated\n" in printed and printed.isascii()
 
 
