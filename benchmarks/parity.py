@@ -256,7 +256,8 @@ def ours_config(settings: dict[str, Any], variant: str, role: str, steps: int, p
     class_path = f"parity.{cls.__name__}" if role == "ours_keep_zero" else f"{cls.__module__}.{cls.__name__}"
     arguments = {} if role == "ours_full" else matched_arguments(variant)
     model = {**settings["model"], "class_path": class_path}
-    model["init_args"] = {**model["init_args"], **arguments, "engine": NO_COMPILE}
+    engine = {**NO_COMPILE, **model["init_args"].get("engine", {})}  # --set model.engine.X wins over NO_COMPILE
+    model["init_args"] = {**model["init_args"], **arguments, "engine": engine}
     checkpoint = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
                   "init_args": {"dirpath": str(root / TRAINER_FOLDER), "every_n_train_steps": checkpoint_every,
                                 "save_top_k": 0, "save_last": True}}  # last.ckpt only, replaced atomically  # fmt: skip

@@ -134,3 +134,13 @@ def test_a_run_left_running_by_an_earlier_call_is_killed_before_its_run_starts_a
     finally:
         other.kill()
         other.wait()
+
+
+def test_an_engine_setting_given_with_set_reaches_our_fit_beside_the_engine_without_compilation(tmp_path):
+    """``--set model.engine.rollout=hf`` is the fit's engine path (it was once replaced by ``NO_COMPILE``
+    whole, so the run sampled on the engine it was asked not to); the compile switches stay off."""
+    settings = parity.task_settings(None, ["model.engine.rollout=hf", "model.engine.compile=true"], "add_1digit")
+    config = parity.ours_config(settings, "grpo", "ours", 3, {}, tmp_path, 10)
+    assert config["model"]["init_args"]["engine"] == {**parity.NO_COMPILE, "rollout": "hf", "compile": True}
+    plain = parity.ours_config(parity.task_settings(None, [], "add_1digit"), "grpo", "ours", 3, {}, tmp_path, 10)
+    assert plain["model"]["init_args"]["engine"] == parity.NO_COMPILE
