@@ -900,8 +900,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "batch's while the current one trains (overlap)",
     )
     parser.add_argument("--max-staleness", type=int, default=1,
-                        help="rollouts up to K updates stale, sampled in turn (configs/rollout/bounded_staleness.yaml: "
-                        "StaleRollouts(max_staleness=K), the M2PO correction); the first K batches only sample")  # fmt: skip
+                        help="rollouts up to K updates stale, sampled in turn (StaleRollouts(max_staleness=K), as "
+                        "configs/rollout/bounded_staleness.yaml, with the M2PO correction for its old log-prob pass); "
+                        "the first K batches only sample")  # fmt: skip
     parser.add_argument("--partial-rollouts", action="store_true",
                         help="with --max-staleness K > 1: each completion sampled in K chunks across the updates")
     parser.add_argument("--rollout-dtype", default=None, help="the module's rollout_dtype, e.g. bfloat16 with --dtype float32")
