@@ -127,6 +127,11 @@ def test_a_run_left_running_by_an_earlier_call_is_killed_before_its_run_starts_a
     leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(run)], start_new_session=True)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     (tmp_path / "pids.json").write_text(json.dumps({str(run): leftover.pid, str(tmp_path / "runs" / "gone"): other.pid}))
+    # A run an earlier call left is long past its exec; right after Popen returns, the kernel may not have
+    # set the new command line yet (the parent of a vfork resumes before it): wait for it, as for a real run.
+    deadline = time.time() + 10
+    while str(run) not in parity.command_line(leftover.pid) and time.time() < deadline:
+        time.sleep(0.01)
     try:
         parity.end_leftover_runs(tmp_path)
         assert leftover.wait(timeout=10) == -signal.SIGKILL
