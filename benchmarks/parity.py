@@ -554,6 +554,17 @@ def print_progress(jobs: list[dict[str, Any]]) -> None:
     print(f"{sum(map(finished, jobs))} of {len(jobs)} runs finished", flush=True)
 
 
+def provenance() -> dict[str, Any]:
+    """The commit the runs ran at (``GRPO_BENCH_COMMIT`` where the checkout has no usable ``.git``), whether the
+    tracked tree differed from it (``None``: not known), and the device: what a figure in RESULTS names."""
+    import torch
+    from run import git_commit
+
+    commit, dirty = git_commit()
+    card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
+    return {"commit": commit, "dirty": dirty, "card": card}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps of every run")
@@ -603,7 +614,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     previous = json.loads((args.out / "plan.json").read_text()) if (args.out / "plan.json").exists() else None
     header = {"date": time.strftime("%Y-%m-%d"), "steps": args.steps, "seeds": args.seeds, "variants": args.variants,
               "pairs": pairs, "command": " ".join(["python", "benchmarks/parity.py", *(sys.argv[1:] if argv is None else argv)]),
-              "calls": previous["header"].get("calls", 1) + 1 if previous else 1}  # fmt: skip
+              "calls": previous["header"].get("calls", 1) + 1 if previous else 1, **provenance()}  # fmt: skip
     try:
         known = {tier: choice for tier, choice in (previous or {}).get("tasks", {}).items() if tier in args.tiers}
         chosen = choose_tasks(args.model, args.set, [tier for tier in args.tiers if tier not in known], eval_device)

@@ -33,7 +33,8 @@ from typing import Any
 
 BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS))
-from parity import CANDIDATES, evaluate, finished, print_progress, run_plan, save_start_model, task_settings  # noqa: E402
+from parity import (CANDIDATES, evaluate, finished, print_progress, provenance, run_plan,  # noqa: E402
+                    save_start_model, task_settings)
 from parity_report import records, run_status  # noqa: E402
 
 from grpo_lightning.algorithms.rollout_correction import CORRECTIONS  # noqa: E402
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     previous = json.loads((args.out / "plan.json").read_text()) if (args.out / "plan.json").exists() else None
     command = " ".join(["python", "benchmarks/staleness_learning.py", *(sys.argv[1:] if argv is None else argv)])
     header = {"date": time.strftime("%Y-%m-%d"), "steps": args.steps, "seeds": args.seeds, "task": args.task,
-              "command": command, "calls": previous["header"]["calls"] + 1 if previous else 1}  # fmt: skip
+              "command": command, "calls": previous["header"]["calls"] + 1 if previous else 1, **provenance()}  # fmt: skip
     try:
         settings = task_settings(args.model, args.set, args.task)
         model = settings["model"]["init_args"]["model"]

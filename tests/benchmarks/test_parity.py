@@ -149,3 +149,12 @@ def test_an_engine_setting_given_with_set_reaches_our_fit_beside_the_engine_with
     assert config["model"]["init_args"]["engine"] == {**parity.NO_COMPILE, "rollout": "hf", "compile": True}
     plain = parity.ours_config(parity.task_settings(None, [], "add_1digit"), "grpo", "ours", 3, {}, tmp_path, 10)
     assert plain["model"]["init_args"]["engine"] == parity.NO_COMPILE
+
+
+def test_the_results_name_the_commit_the_runs_ran_at(monkeypatch):
+    monkeypatch.setenv("GRPO_BENCH_COMMIT", "0123abcd" * 5)
+    assert parity.provenance() == {"commit": "0123abcd" * 5, "dirty": None,
+                                   "card": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"}  # fmt: skip
+    monkeypatch.delenv("GRPO_BENCH_COMMIT")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCHMARKS, capture_output=True, text=True).stdout.strip()
+    assert parity.provenance()["commit"] == (commit or None)
