@@ -97,8 +97,8 @@ class EqualRewards(ShareOver):
 
     name = "equal_rewards"
     consequence = "their advantages are zero, so the loss and gradient are near zero"
-    fix = ("if that is the rewards' best, the model solves these prompts: give harder ones, skip solved ones "
-           "(--trainer.callbacks+=grpo_lightning.data.DifficultyCurriculum), or stop; if it is their worst, the task "
+    fix = ("if the mean reward is at its best, the model solves these prompts: give harder ones, skip solved ones "
+           "(--trainer.callbacks+=grpo_lightning.data.DifficultyCurriculum), or stop; if at its worst, the task "
            "is too hard for the start model: warm-start it on the task (a short supervised pass), use easier prompts, "
            "give partial credit in the rewards, or raise sampling.group_size or sampling.temperature")
     metric, what = "frac_reward_zero_std", "{share} of the groups had equal rewards"

@@ -308,7 +308,7 @@ def test_health_json_has_one_row_per_check_in_the_report_format(tmp_path, capsys
     assert rows[1] == {"check": "truncated", "ok": True, "steps": 0, "first_step": None, "detail": ""}
     printed = capsys.readouterr().out
     assert printed.strip() == callback.text
-    assert "  WARN  equal_rewards        1 step from step 2: if that is the rewards' best, the model solves" in printed
+    assert "  WARN  equal_rewards        1 step from step 2: if the mean reward is at its best, the model solves" in printed
     assert "  ok    truncated\n" in printed and printed.isascii()
 
 
