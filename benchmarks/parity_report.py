@@ -136,9 +136,14 @@ def harm_check(final: dict[str, Any], start: dict[str, Any], steps: int | None) 
 
 def trl_verdict(difference: dict[str, Any]) -> str:
     """Ours minus TRL over seeds: worse (the 95% interval below 0), not worse (its lower end above
-    ``-NON_INFERIORITY_MARGIN``) or undetermined; no verdict below 3 seeds."""
+    ``-NON_INFERIORITY_MARGIN``) or undetermined; no verdict below 3 seeds, nor from equal differences
+    (2 of 50 problems behind on every seed gives an interval of no width, which says nothing)."""
+    from grpo_lightning.report.statistics import no_spread
+
     if len(difference["by_seed"]) < 3:
         return "too few seeds for a verdict"
+    if no_spread(difference["by_seed"]):  # an interval of no width: the evaluation's noise is not in it
+        return "undetermined (the same difference on every seed: no spread to test against)"
     low, high = difference["ci95"]
     if high < 0:
         return "worse"

@@ -96,3 +96,6 @@ def test_ours_against_trl_is_worse_not_worse_or_undetermined_from_the_paired_int
     assert report.trl_verdict(difference([0.0, 0.01, -0.01], -0.025, 0.025)) == "not worse (within 0.05)"
     assert report.trl_verdict(difference([0.1, -0.2, 0.0], -0.4, 0.3)) == "undetermined"
     assert report.trl_verdict(difference([0.1, 0.2], 0.0, 0.5)) == "too few seeds for a verdict"
+    # 96 / 96 / 94% against 100 / 100 / 98% (2026-12-03, easy, step 50): a t-interval of no width is no evidence
+    assert report.trl_verdict(difference([-0.04, -0.04, -0.04], -0.04, -0.04)).startswith("undetermined (the same")
+    assert report.trl_verdict(difference([0.005, 0.005, 0.005], 0.005, 0.005)).startswith("undetermined (the same")
