@@ -6,7 +6,8 @@ and the tokens so far and samples the chunk as it samples a rollout.
 
 A completion is built in chunks: :func:`cut` keeps the first chunk of a sampled rollout, and
 :func:`continue_rollouts` samples the next chunk of every unfinished completion of several rollouts
-(those in flight) with the model's current weights, in one call where their chunks have the same bounds. Each token keeps the log-prob and the policy version it was sampled with
+(those in flight) with the model's current weights, in one call where their chunks have the same
+bounds. Each token keeps the log-prob and the policy version it was sampled with
 (``rollout.sampling_logp``, ``rollout.sampling_version``), so one completion may span versions.
 """
 
@@ -70,15 +71,6 @@ def cut(rollout: Rollout, tokens: int, tokenizer: PreTrainedTokenizerBase) -> Ro
 def unfinished(completion: Completion, eos: set[int], max_new_tokens: int) -> bool:
     ids = completion[0]
     return len(ids) < max_new_tokens and not (ids and ids[-1] in eos)
-
-
-def continue_rollout(
-    model: nn.Module, tokenizer: PreTrainedTokenizerBase, rollout: Rollout, sampling: SamplingParams, tokens: int,
-    version: int, engine: Any | None = None,
-) -> tuple[Rollout, int]:  # fmt: skip
-    """:func:`continue_rollouts` of one rollout, with ``engine`` (``None``: the HF generate path)."""
-    (continued,), added = continue_rollouts(model, tokenizer, [rollout], sampling, tokens, version, lambda rows: engine)
-    return continued, added
 
 
 @torch.no_grad()

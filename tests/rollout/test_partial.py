@@ -8,7 +8,6 @@ import torch
 
 from grpo_lightning.rollout.partial import (
     completions_of,
-    continue_rollout,
     continue_rollouts,
     cut,
     eos_ids,
@@ -31,8 +30,8 @@ def test_a_cut_completion_continues_on_its_exact_prefix_and_records_each_chunks_
     with grpo.rollout_model() as model:
         engine = grpo.sampler.turn_engine(model, len(rollout.completions), grpo.sampling)
         assert (engine is None) == (rollout_engine == "hf")
-        rollout, added = continue_rollout(model, grpo.tokenizer, rollout, grpo.sampling, 2, version=5, engine=engine)
-        rollout, added_too = continue_rollout(model, grpo.tokenizer, rollout, grpo.sampling, 2, version=7, engine=engine)
+        (rollout,), added = continue_rollouts(model, grpo.tokenizer, [rollout], grpo.sampling, 2, 5, lambda rows: engine)
+        (rollout,), added_too = continue_rollouts(model, grpo.tokenizer, [rollout], grpo.sampling, 2, 7, lambda rows: engine)
     lengths = rollout.completion_mask.sum(1).long()
     assert added + added_too == int(lengths.sum()) - int(cut(sampled, 2, grpo.tokenizer).completion_mask.sum())
     for row, (ids, _, versions) in enumerate(completions_of(rollout)):
