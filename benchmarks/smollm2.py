@@ -61,6 +61,7 @@ def evaluate(model: str, tokenizer: str, settings: dict[str, Any], keep: int = 8
     from grpo_lightning.models.sources import load_tokenizer
     from grpo_lightning.models.policy import load_causal_lm
     from grpo_lightning.rollout.generation import format_prompt
+    from grpo_lightning.rollout.types import end_token_ids
     from grpo_lightning.rewards import accuracy_reward
 
     validation = problems(settings)["validation"]
@@ -68,16 +69,18 @@ def evaluate(model: str, tokenizer: str, settings: dict[str, Any], keep: int = 8
     tok.padding_side = "left"
     policy = load_causal_lm(model, "float32", None).eval().to(device)
     max_new_tokens = settings["model"]["init_args"]["sampling"]["max_new_tokens"]
+    ends = set(end_token_ids(tok, policy))  # where ``generate`` stops: the model's end-of-turn ids and the tokenizer's EOS
     completions: list[str] = []
     lengths: list[int] = []
     for start in range(0, len(validation), EVAL_BATCH):
         rows = validation[start : start + EVAL_BATCH]
         inputs = tok([format_prompt(tok, p) for p in rows["prompt"]], return_tensors="pt", padding=True).to(device)
         with torch.no_grad():
-            out = policy.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+            out = policy.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id,
+                                  eos_token_id=sorted(ends))  # fmt: skip
         answers = out[:, inputs["input_ids"].shape[1] :].tolist()
         completions += tok.batch_decode(answers, skip_special_tokens=True)
-        lengths += [answer_length(answer, tok.eos_token_id) for answer in answers]
+        lengths += [answer_length(answer, ends) for answer in answers]
     scores = accuracy_reward(validation["prompt"], completions, validation["answer"])
     return {
         "accuracy": sum(scores) / len(scores),
@@ -91,9 +94,10 @@ def evaluate(model: str, tokenizer: str, settings: dict[str, Any], keep: int = 8
     }
 
 
-def answer_length(token_ids: list[int], eos_token_id: int) -> int:
-    """Tokens of a generated answer up to and including its first end of turn (all of them without one)."""
-    return token_ids.index(eos_token_id) + 1 if eos_token_id in token_ids else len(token_ids)
+def answer_length(token_ids: list[int], end_ids: set[int]) -> int:
+    """Tokens of a generated answer up to and including its first end of turn, one of ``end_ids`` (all of
+    them without one)."""
+    return next((n + 1 for n, token in enumerate(token_ids) if token in end_ids), len(token_ids))
 
 
 # ------------------------------------------------------------------ grpo-lightning

@@ -157,6 +157,8 @@ def sample_episodes(
     (:class:`HFTurns`); there ``reuse_cache``: each turn continues the last one's KV cache, else
     feeds the whole history again."""
     device = next(model.parameters()).device
+    # A turn ends at the tokenizer's EOS alone: the token ChatTokens checks the chat template ends a turn with.
+    sampling = replace(sampling, stop_token_ids=())
     rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
     episodes = [start(options, row, tokenizer, use_chat_template) for row in rows for _ in range(group_size)]
     stop_if_too_many_failed(episodes, options)

@@ -13,7 +13,7 @@ bounds. Each token keeps the log-prob and the policy version it was sampled with
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -28,11 +28,6 @@ from grpo_lightning.rollout.types import Rollout, SamplingParams
 Completion = tuple[list[int], list[float], list[int]]
 
 
-def eos_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
-    eos = tokenizer.eos_token_id
-    return set() if eos is None else set(torch.as_tensor(eos).flatten().tolist())
-
-
 def completions_of(rollout: Rollout) -> list[Completion]:
     """Each row's completion up to its length (``completion_mask``)."""
     lengths = rollout.completion_mask.sum(dim=1).long().tolist()
@@ -42,10 +37,12 @@ def completions_of(rollout: Rollout) -> list[Completion]:
     return [(i[:n], p[:n], v[:n]) for i, p, v, n in zip(ids, logp, versions, lengths)]
 
 
-def with_completions(rollout: Rollout, completions: list[Completion], tokenizer: PreTrainedTokenizerBase) -> Rollout:
-    """``rollout`` with these completions, right-padded: masks, ``truncated`` (no EOS at the end) and
-    the decoded text follow them."""
-    width, eos, pad = max(1, max(len(ids) for ids, _, _ in completions)), eos_ids(tokenizer), tokenizer.pad_token_id
+def with_completions(
+    rollout: Rollout, completions: list[Completion], tokenizer: PreTrainedTokenizerBase, end_ids: Sequence[int]
+) -> Rollout:
+    """``rollout`` with these completions, right-padded: masks, ``truncated`` (not ended at one of
+    ``end_ids``, :meth:`SamplingParams.end_ids`) and the decoded text follow them."""
+    width, eos, pad = max(1, max(len(ids) for ids, _, _ in completions)), set(end_ids), tokenizer.pad_token_id
     device = rollout.completion_ids.device
 
     def padded(values: list[list], fill, dtype: torch.dtype) -> Tensor:
@@ -62,10 +59,10 @@ def with_completions(rollout: Rollout, completions: list[Completion], tokenizer:
     )  # fmt: skip
 
 
-def cut(rollout: Rollout, tokens: int, tokenizer: PreTrainedTokenizerBase) -> Rollout:
+def cut(rollout: Rollout, tokens: int, tokenizer: PreTrainedTokenizerBase, end_ids: Sequence[int]) -> Rollout:
     """The first ``tokens`` tokens of each completion (those a sample of ``tokens`` tokens draws)."""
     return with_completions(rollout, [(i[:tokens], p[:tokens], v[:tokens]) for i, p, v in completions_of(rollout)],
-                            tokenizer)  # fmt: skip
+                            tokenizer, end_ids)  # fmt: skip
 
 
 def unfinished(completion: Completion, eos: set[int], max_new_tokens: int) -> bool:
@@ -86,7 +83,8 @@ def continue_rollouts(
     chunk) are sampled together, in one call. ``engine_for(rows)``: a
     :class:`~grpo_lightning.rollout.engine.StaticCacheGenerator` of ``model`` for that many rows that
     samples the chunk, or ``None`` (the HF generate path)."""
-    eos = eos_ids(tokenizer)
+    ends = sampling.end_ids(tokenizer)
+    eos = set(ends)
     completions = [completions_of(rollout) for rollout in rollouts]
     groups: dict[tuple[int, int], list[tuple[int, int]]] = {}  # chunk bounds -> (rollout, row) of every active row
     for index, rows in enumerate(completions):
@@ -107,7 +105,7 @@ def continue_rollouts(
         if engine is None:
             new_ids, new_logp = generate_from_ids(model, tokenizer, ids, mask, chunk, 1, True)
         else:
-            new_ids, new_logp = engine.generate(ids, mask, chunk, tokenizer.eos_token_id, tokenizer.pad_token_id,
+            new_ids, new_logp = engine.generate(ids, mask, chunk, ends, tokenizer.pad_token_id,
                                                 return_logprobs=True)  # fmt: skip
         for (i, row), new, logp in zip(members, new_ids.tolist(), new_logp.tolist()):
             length = next((n + 1 for n, token in enumerate(new) if token in eos), len(new))
@@ -115,6 +113,6 @@ def continue_rollouts(
             completions[i][row] = (old_ids + new[:length], old_logp + logp[:length], old_versions + [version] * length)
             added += length
     touched = {i for members in groups.values() for i, _ in members}
-    continued = [with_completions(rollout, completions[i], tokenizer) if i in touched else rollout
+    continued = [with_completions(rollout, completions[i], tokenizer, ends) if i in touched else rollout
                  for i, rollout in enumerate(rollouts)]  # fmt: skip
     return continued, added

@@ -147,8 +147,11 @@ class StaleRollouts(Callback):
             require(getattr(module, "environment", None) is None and not module.sampling.beam_search,
                     "StaleRollouts.partial_rollouts: continues sampled completions, not episodes or beams; set it to false.")  # fmt: skip
         if self.max_staleness > 1:  # before a checkpoint's training state is loaded into it
-            first_chunk = (lambda rollout: cut(rollout, self.chunk(module), module.tokenizer)) if self.partial_rollouts else None
-            module.stale_queue = StaleQueue(self.max_staleness, first_chunk)
+
+            def first_chunk(rollout: Rollout) -> Rollout:
+                return cut(rollout, self.chunk(module), module.tokenizer, module.sampling.end_ids(module.tokenizer))
+
+            module.stale_queue = StaleQueue(self.max_staleness, first_chunk if self.partial_rollouts else None)
 
     def chunk(self, module: Any) -> int:
         """Tokens of each chunk of a partial rollout: ``ceil(max_new_tokens / k)``."""

@@ -26,6 +26,12 @@ class SamplingParams:
     top_k: int = 0
     min_new_tokens: int = 0
     beam_search: bool = False
+    #: The ids that end a completion (:func:`end_token_ids`); empty: the tokenizer's EOS alone.
+    stop_token_ids: tuple[int, ...] = ()
+
+    def end_ids(self, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+        """The ids a completion ends at: ``stop_token_ids``, else the tokenizer's EOS."""
+        return list(self.stop_token_ids) if self.stop_token_ids else as_ids(tokenizer.eos_token_id)
 
     def generation_config(self, tokenizer: PreTrainedTokenizerBase, group_size: int = 1) -> GenerationConfig:
         """The ``GenerationConfig`` of a ``generate`` call: one sampled completion per input row, or
@@ -38,7 +44,7 @@ class SamplingParams:
                 num_beams=group_size,
                 num_return_sequences=group_size,
                 length_penalty=1.0,  # a beam's score: its summed log-probability over its length
-                eos_token_id=tokenizer.eos_token_id,
+                eos_token_id=self.end_ids(tokenizer),
                 pad_token_id=tokenizer.pad_token_id,
                 bos_token_id=tokenizer.bos_token_id,
             )
@@ -50,7 +56,7 @@ class SamplingParams:
             temperature=self.temperature if sampled else None,
             top_p=self.top_p if sampled else None,
             top_k=self.top_k if sampled else None,  # 0 disables top-k (None would mean 50)
-            eos_token_id=tokenizer.eos_token_id,
+            eos_token_id=self.end_ids(tokenizer),
             pad_token_id=tokenizer.pad_token_id,
             bos_token_id=tokenizer.bos_token_id,
         )
@@ -224,6 +230,22 @@ class MicroBatch:
         return cls(rows, mask, at_rows(advantages), num_sequences, num_tokens, at_rows(rollout.old_logp),
                    at_rows(rollout.ref_logp), at_rows(rollout.sampling_logp), derived,
                    at_rows(rollout.sampling_version))  # fmt: skip
+
+
+def as_ids(token_id: int | list[int] | None) -> list[int]:
+    """A token id, a list of them or ``None`` as a list."""
+    return [] if token_id is None else [int(i) for i in ([token_id] if isinstance(token_id, int) else token_id)]
+
+
+def end_token_ids(tokenizer: PreTrainedTokenizerBase, model: nn.Module | None = None) -> tuple[int, ...]:
+    """The ids that end a completion: the tokenizer's EOS, then each end-of-turn id of ``model``'s
+    generation config (``eos_token_id``: one id or several), as ``model.generate`` and TRL's
+    ``GRPOTrainer`` stop. The tokenizer's EOS alone can miss the end of a turn: a chat model's may be
+    ``<|endoftext|>`` while its turns end at ``<|im_end|>`` or ``<|eot_id|>``, and a GGUF file's tokenizer
+    reads differently across transformers releases."""
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = as_ids(tokenizer.eos_token_id) + as_ids(configured)
+    return tuple(dict.fromkeys(ids))
 
 
 def completion_mask_from_ids(completion_ids: Tensor, eos_token_id: int | list[int] | None) -> tuple[Tensor, Tensor]:

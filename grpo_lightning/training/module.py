@@ -32,7 +32,7 @@ How rollouts are sampled is :mod:`grpo_lightning.rollout.generation`'s choice; s
 from __future__ import annotations
 
 import contextlib
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import lightning as L
@@ -55,7 +55,8 @@ from grpo_lightning.runtime.argument_types import check_argument_types
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.evaluation.validation import Evaluation
 from grpo_lightning.rollout.generation import EnginePlan, RolloutSampler, RolloutWeights, build_rollout
-from grpo_lightning.rollout.generation import announce_prompt_format, check_engine_options, format_prompt
+from grpo_lightning.rollout.generation import announce_end_ids, announce_prompt_format, check_engine_options
+from grpo_lightning.rollout.generation import format_prompt
 from grpo_lightning.models.sources import load_tokenizer
 from grpo_lightning.rollout.generation import announce_rollout_mode, save_policy
 from grpo_lightning.rollout.generation.compile_payback import run_length
@@ -70,7 +71,7 @@ from grpo_lightning.training.options import PolicyOptions, RewardOptions, Sampli
 from grpo_lightning.rewards import RewardScorer, RewardScores, weighted_reward
 from grpo_lightning.rewards.accuracy import start_math_verify_for
 from grpo_lightning.rewards.scoring import TrainerState
-from grpo_lightning.rollout.types import Rollout, SamplingParams
+from grpo_lightning.rollout.types import Rollout, SamplingParams, end_token_ids
 from grpo_lightning.training.settings import check_before_loading, check_datasets, check_model
 from grpo_lightning.training.settings import check_options_apply, resolve_groups, resolve_rewards
 from grpo_lightning.training.run_settings import STEERED, Coefficients, own_arguments, resolve_settings
@@ -240,6 +241,12 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         self.policy, self.ref_model = load_models(
             self.model_name, self.hparams.policy, self.needs_reference_model(), strategy
         )
+        # Completions end at the tokenizer's EOS and at each end-of-turn id of the model's generation config.
+        ends = end_token_ids(self.tokenizer, self.policy)
+        self.sampling, self.val_sampling, self.pass_at_k_sampling = (
+            replace(params, stop_token_ids=ends)
+            for params in (self.sampling, self.val_sampling, self.pass_at_k_sampling)
+        )
 
     def save_pretrained(self, directory: str) -> None:
         """Write the policy and tokenizer as a plain Hugging Face directory (rank 0 writes).
@@ -311,6 +318,8 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
     def on_fit_start(self) -> None:
         self.engine_plan  # resolved, and announced, before the first step
         announce_prompt_format(self.tokenizer, self.policy_options.use_chat_template)
+        if self.environment is None:  # an episode's turns end at the tokenizer's EOS (sample_episodes)
+            announce_end_ids(self.tokenizer, self.sampling.end_ids(self.tokenizer))
         announce_rollout_mode(self.sampling_options.mode)
         context = getattr(self.policy.config, "max_position_embeddings", None)
         longest = max(self.sampling.max_new_tokens, self.val_sampling.max_new_tokens)
@@ -344,7 +353,8 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
                 sampled = self.sampler.sample(model, self.tokenizer, texts, group_size, sampling, self.rollouts,
                                               with_logprobs)  # fmt: skip
         self.rollouts += 1
-        rollout = rollout if texts is None else build_rollout(self.tokenizer, batch, group_size, *sampled)
+        if texts is not None:
+            rollout = build_rollout(self.tokenizer, batch, group_size, *sampled, end_ids=sampling.end_ids(self.tokenizer))
         rollout.sampling_version = torch.full_like(rollout.completion_ids, version)
         return rollout
 

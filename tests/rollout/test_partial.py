@@ -10,7 +10,6 @@ from grpo_lightning.rollout.partial import (
     completions_of,
     continue_rollouts,
     cut,
-    eos_ids,
     unfinished,
     with_completions,
 )
@@ -25,7 +24,7 @@ def test_a_cut_completion_continues_on_its_exact_prefix_and_records_each_chunks_
                        engine={"rollout": rollout_engine, "compile": False})  # fmt: skip
     torch.manual_seed(0)
     sampled = grpo.generate({"prompt": ["1+2=", "30+4="]}, grpo.settings.group_size, grpo.sampling, with_logprobs=True)
-    rollout = cut(sampled, 2, grpo.tokenizer)
+    rollout = cut(sampled, 2, grpo.tokenizer, grpo.sampling.end_ids(grpo.tokenizer))
     assert rollout.completion_mask.sum(1).max() == 2 and (rollout.sampling_version == 0).all()
     with grpo.rollout_model() as model:
         engine = grpo.sampler.turn_engine(model, len(rollout.completions), grpo.sampling)
@@ -33,7 +32,7 @@ def test_a_cut_completion_continues_on_its_exact_prefix_and_records_each_chunks_
         (rollout,), added = continue_rollouts(model, grpo.tokenizer, [rollout], grpo.sampling, 2, 5, lambda rows: engine)
         (rollout,), added_too = continue_rollouts(model, grpo.tokenizer, [rollout], grpo.sampling, 2, 7, lambda rows: engine)
     lengths = rollout.completion_mask.sum(1).long()
-    assert added + added_too == int(lengths.sum()) - int(cut(sampled, 2, grpo.tokenizer).completion_mask.sum())
+    assert added + added_too == int(lengths.sum()) - int(cut(sampled, 2, grpo.tokenizer, grpo.sampling.end_ids(grpo.tokenizer)).completion_mask.sum())
     for row, (ids, _, versions) in enumerate(completions_of(rollout)):
         assert versions == ([0, 0] + [5, 5] + [7, 7])[: len(ids)], row  # the chunk each token came from
         ended = bool(ids) and ids[-1] == grpo.tokenizer.eos_token_id
@@ -56,7 +55,7 @@ def test_rollouts_in_flight_continue_in_one_call_where_their_chunks_have_the_sam
     torch.manual_seed(0)
     sampled = [grpo.generate({"prompt": prompts}, grpo.settings.group_size, grpo.sampling, with_logprobs=True)
                for prompts in (["1+2=", "30+4="], ["7+7="], ["12+1=", "4+4="])]  # fmt: skip
-    queued = [cut(rollout, done, grpo.tokenizer) for rollout, done in zip(sampled, (1, 3, 4))]
+    queued = [cut(rollout, done, grpo.tokenizer, grpo.sampling.end_ids(grpo.tokenizer)) for rollout, done in zip(sampled, (1, 3, 4))]
     calls = []
     with grpo.rollout_model() as model:
 
@@ -65,7 +64,7 @@ def test_rollouts_in_flight_continue_in_one_call_where_their_chunks_have_the_sam
             return grpo.sampler.turn_engine(model, rows, grpo.sampling)
 
         continued, added = continue_rollouts(model, grpo.tokenizer, queued, grpo.sampling, 2, version=3, engine_for=engine_for)
-    eos = eos_ids(grpo.tokenizer)
+    eos = set(grpo.sampling.end_ids(grpo.tokenizer))
     active = [sum(unfinished(c, eos, 5) for c in completions_of(q)) for q in queued]
     assert active[0] and active[2]  # (so both calls are made)
     assert calls == [active[0] + active[1], active[2]]  # rows of the first two rollouts together, then the third's
@@ -86,12 +85,14 @@ def test_with_completions_pads_masks_and_marks_the_unfinished_by_hand(make_modul
                       completion_ids=torch.zeros(2, 1, dtype=torch.long), completion_mask=torch.ones(2, 1),
                       truncated=torch.zeros(2, dtype=torch.bool), prompts=["a", "a"], completions=["", ""])  # fmt: skip
     rows = [([5, eos], [-0.5, -1.0], [1, 2]), ([6, 7, 8], [-0.25, -0.5, -2.0], [3, 3, 4])]
-    got = with_completions(rollout, rows, tokenizer)
+    got = with_completions(rollout, rows, tokenizer, [eos])
     assert got.completion_ids.tolist() == [[5, eos, pad], [6, 7, 8]]
     assert got.completion_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
     assert got.truncated.tolist() == [False, True]  # the first ended with EOS, the second did not
     assert got.sampling_logp.tolist() == [[-0.5, -1.0, 0.0], [-0.25, -0.5, -2.0]]
     assert got.sampling_version.tolist() == [[1, 2, 0], [3, 3, 4]]
     assert completions_of(got) == rows
-    assert completions_of(cut(got, 1, tokenizer)) == [([5], [-0.5], [1]), ([6], [-0.25], [3])]
-    assert cut(got, 1, tokenizer).truncated.tolist() == [True, True]  # neither ended within one token
+    assert completions_of(cut(got, 1, tokenizer, [eos])) == [([5], [-0.5], [1]), ([6], [-0.25], [3])]
+    assert cut(got, 1, tokenizer, [eos]).truncated.tolist() == [True, True]  # neither ended within one token
+    # another end id (a model's end of turn besides the tokenizer's EOS) ends the second completion too
+    assert with_completions(rollout, rows, tokenizer, [eos, 8]).truncated.tolist() == [False, False]

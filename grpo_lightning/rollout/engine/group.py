@@ -32,7 +32,7 @@ def fast_generate_group(
         prompt_ids,
         prompt_mask,
         sampling,
-        eos_token_id=tokenizer.eos_token_id,
+        eos_token_id=sampling.end_ids(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         row_keys=row_keys,
         return_logprobs=with_logprobs,

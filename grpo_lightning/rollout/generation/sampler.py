@@ -227,6 +227,12 @@ def announce_prompt_format(tokenizer: PreTrainedTokenizerBase, use_chat_template
     rank_zero_info(prompt_format_note(tokenizer, use_chat_template))
 
 
+def announce_end_ids(tokenizer: PreTrainedTokenizerBase, end_ids: list[int]) -> None:
+    """Say once (rank zero, info) which tokens end a completion (:meth:`SamplingParams.end_ids`)."""
+    names = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)!r} ({i})" for i in end_ids)
+    rank_zero_info(f"completions end at {names}: the tokenizer's EOS and the model's generation_config.eos_token_id")
+
+
 #: What ``sampling.mode: beam_search`` changes in the algorithm, said once when a fit starts.
 BEAM_SEARCH_CAVEAT = (
     "sampling.mode 'beam_search': each group is the group_size best beams of a beam search, not samples from the "
@@ -250,10 +256,13 @@ def build_rollout(
     prompt_mask: Tensor,
     completion_ids: Tensor,
     sampling_logp: Tensor | None = None,
+    end_ids: list[int] | None = None,
 ) -> Rollout:
-    """The :class:`Rollout` of sampled ids: completion masks up to EOS, decoded completions, and the
-    batch's prompts and other columns repeated for each completion of their group."""
-    completion_mask, truncated = completion_mask_from_ids(completion_ids, tokenizer.eos_token_id)
+    """The :class:`Rollout` of sampled ids: completion masks up to the first of ``end_ids`` (the ids
+    the sampling stopped at, :meth:`SamplingParams.end_ids`; ``None``: the tokenizer's EOS), decoded
+    completions, and the batch's prompts and other columns repeated for each completion of their group."""
+    ends = tokenizer.eos_token_id if end_ids is None else end_ids
+    completion_mask, truncated = completion_mask_from_ids(completion_ids, ends)
     completions = tokenizer.batch_decode(
         completion_ids.masked_fill(completion_mask == 0, tokenizer.pad_token_id), skip_special_tokens=True
     )

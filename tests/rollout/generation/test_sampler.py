@@ -12,7 +12,7 @@ import torch
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.rollout.generation import EngineTarget, RolloutSampler, build_rollout, generate_group, resolve_engine
 from grpo_lightning.rollout.generation import sampling_keys
-from grpo_lightning.rollout.types import SamplingParams
+from grpo_lightning.rollout.types import SamplingParams, end_token_ids
 from grpo_lightning.errors import ConfigError
 from lightning.pytorch import Callback
 from tests.helpers import make_trainer, module, small_data
@@ -40,6 +40,39 @@ def test_build_rollout_masks_after_eos_and_repeats_the_columns(make_module):
     assert rollout.truncated.tolist() == [False, True]
     assert rollout.prompts == ["1+2=", "1+2="] and rollout.columns == {"answer": ["3", "3"]}
     assert rollout.completions[0] == grpo.tokenizer.decode([5], skip_special_tokens=True) and pad is not None
+
+
+def test_end_token_ids_are_the_tokenizers_eos_then_the_generation_configs_by_hand(make_module):
+    grpo = make_module(GRPO)
+    tokenizer, policy = grpo.tokenizer, grpo.policy
+    eos = tokenizer.eos_token_id
+    assert end_token_ids(tokenizer) == (eos,)
+    for configured, expected in ((eos, (eos,)), (5, (eos, 5)), ([5, eos, 6], (eos, 5, 6)), (None, (eos,))):
+        policy.generation_config.eos_token_id = configured
+        assert end_token_ids(tokenizer, policy) == expected
+
+
+@pytest.mark.parametrize("rollout", ["hf", "static"])
+def test_completions_end_at_the_models_end_of_turn_ids_not_only_the_tokenizers_eos(tiny_model_dir, tmp_path, rollout):
+    # A checkpoint whose generation config ends a completion at every id (a chat model's <|im_end|> or
+    # <|eot_id|> beside its tokenizer's EOS, taken to the limit): each completion is one token and ends.
+    import shutil
+
+    from transformers import AutoTokenizer, GenerationConfig
+
+    path = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    vocabulary = len(AutoTokenizer.from_pretrained(path))
+    config = GenerationConfig.from_pretrained(path) if (path / "generation_config.json").exists() else GenerationConfig()
+    config.eos_token_id = list(range(vocabulary))
+    config.save_pretrained(path)
+    grpo = GRPO(model=str(path), sampling={"group_size": 2, "max_new_tokens": 6}, policy={"dtype": "float32"},
+                engine=EngineOptions(rollout=rollout))  # fmt: skip
+    grpo.configure_model()
+    ends = (grpo.tokenizer.eos_token_id, *[i for i in range(vocabulary) if i != grpo.tokenizer.eos_token_id])
+    assert grpo.sampling.stop_token_ids == ends and grpo.val_sampling.stop_token_ids == ends
+    for sampling in (grpo.sampling, grpo.val_sampling):
+        rollout_ = grpo.generate({"prompt": ["1+2=", "30+4="]}, 2, sampling, with_logprobs=True)
+        assert rollout_.lengths.tolist() == [1, 1, 1, 1] and not rollout_.truncated.any()
 
 
 def test_the_hf_plan_samples_what_generate_group_samples(make_module):
