@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     from grpo_lightning.rollout.generation import format_prompt
     from grpo_lightning.rollout.generation.choice import EngineTarget, resolve_engine
     from grpo_lightning.rollout.generation.hf import generate_group
-    from grpo_lightning.rollout.types import SamplingParams
+    from grpo_lightning.rollout.types import SamplingParams, end_token_ids
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     draw = random.Random(0)
     questions = [TEMPLATE.format(a=draw.randint(0, 9), op=draw.choice("+-"), b=draw.randint(0, 9)) for _ in range(args.prompts)]
     texts = [format_prompt(tokenizer, q) for q in questions]
-    sampling = SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)
+    # ours stops where a fit does: the tokenizer's EOS and the model's end-of-turn ids
+    sampling = SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0, stop_token_ids=end_token_ids(tokenizer, model))
     encoded = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
     prompt_ids = encoded["input_ids"].to(args.device).repeat_interleave(args.group, 0)
     prompt_mask = encoded["attention_mask"].to(args.device).repeat_interleave(args.group, 0)
