@@ -56,6 +56,11 @@ GGUF_COPIES = "gguf"
 MAX_COPIED_GGUF_BYTES = 1 << 30
 #: Written last into a finished copy, with what it was made from.
 COPY_DONE = "grpo_lightning_gguf_copy.json"
+#: Part of a copy's key: a copy made by an older way of copying is made again.
+COPY_FORMAT = 2  # 2: the tokenizer's EOS and pad token as the file's metadata says
+#: The tokenizer's special tokens a GGUF file's metadata settles, by its key there: some transformers
+#: releases read SmolLM2's EOS as ``<|im_start|>`` where the file says ``<|im_end|>``.
+GGUF_SPECIAL_TOKENS = {"eos_token": "tokenizer.ggml.eos_token_id", "pad_token": "tokenizer.ggml.padding_token_id"}
 
 
 class ModelSourceError(ConfigError):
@@ -214,7 +219,32 @@ def _gguf_identity(path: str) -> dict[str, Any]:
 
     stat = os.stat(path)
     return {"path": os.path.realpath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-            "transformers": transformers.__version__}  # fmt: skip
+            "transformers": transformers.__version__, "format": COPY_FORMAT}  # fmt: skip
+
+
+def gguf_special_token_ids(path: str) -> dict[str, int]:
+    """The ids a GGUF file's metadata gives the special tokens of :data:`GGUF_SPECIAL_TOKENS`, by the
+    tokenizer's attribute (those it gives)."""
+    import gguf
+
+    reader, ids = gguf.GGUFReader(path), {}
+    for attribute, key in GGUF_SPECIAL_TOKENS.items():
+        field = reader.fields.get(key)
+        if field is not None and field.data:
+            ids[attribute] = int(field.parts[field.data[0]][0])
+    return ids
+
+
+def use_file_special_tokens(tokenizer, ids: dict[str, int], path: str) -> None:
+    """Set each special token of ``tokenizer`` whose id is not the one ``ids`` (the GGUF file's
+    metadata, :func:`gguf_special_token_ids`) gives, and say so: the file is the model's own word."""
+    for attribute, token_id in ids.items():
+        read = getattr(tokenizer, f"{attribute}_id")
+        if read != token_id and 0 <= token_id < len(tokenizer):
+            token = tokenizer.convert_ids_to_tokens(token_id)
+            warnings.warn(f"tokenizer of {path}: transformers read its {attribute} as id {read}, the file says "
+                          f"{token!r} ({token_id}); using the file's.", stacklevel=2)  # fmt: skip
+            setattr(tokenizer, attribute, token)
 
 
 @contextlib.contextmanager
@@ -245,8 +275,11 @@ def _write_dense_copy(source: ModelSource, folder: Path, made_from: dict[str, An
     folder.parent.mkdir(parents=True, exist_ok=True)
     partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
+    path = os.path.join(source.location, source.gguf_file)
     with gguf_read_once():
-        AutoTokenizer.from_pretrained(source.location, **source.from_pretrained_kwargs()).save_pretrained(partial)
+        tokenizer = AutoTokenizer.from_pretrained(source.location, **source.from_pretrained_kwargs())
+        use_file_special_tokens(tokenizer, gguf_special_token_ids(path), path)
+        tokenizer.save_pretrained(partial)
         dense = source.from_pretrained_kwargs(dense=True)
         model = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch.float32, **dense)
     model.save_pretrained(partial)
@@ -263,8 +296,12 @@ def load_tokenizer(name: str, field: str = "tokenizer"):
     from transformers import AutoTokenizer
 
     source = dense_copy(resolve_model_source(name, field))
+    path = None if source.gguf_file is None else os.path.join(source.location, source.gguf_file)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source.location, **source.from_pretrained_kwargs())
+        with gguf_read_once() if path and os.path.isfile(path) else contextlib.nullcontext():
+            tokenizer = AutoTokenizer.from_pretrained(source.location, **source.from_pretrained_kwargs())
+            if path and os.path.isfile(path):  # a GGUF file read each time (a copy has the file's tokens)
+                use_file_special_tokens(tokenizer, gguf_special_token_ids(path), path)
     except OSError as error:  # transformers' own message is the outermost; the innermost is a socket's
         if looks_local(source.location):
             raise

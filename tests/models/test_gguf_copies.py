@@ -5,6 +5,7 @@ file is a real one, written here with the ``gguf`` package (a 2-layer Llama, byt
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -104,10 +105,10 @@ def test_the_copy_loads_what_the_gguf_reader_reads_and_later_loads_skip_the_read
     assert tokenizer(text).input_ids == expected_tokenizer(text).input_ids
     assert tokenizer.decode(tokenizer(text).input_ids) == text
     assert tokenizer.chat_template == expected_tokenizer.chat_template == CHAT_TEMPLATE
-    # The copy's special tokens are the reader's: transformers 5.24 reads this file's EOS as <|im_end|>,
-    # 5.17 as <|im_start|>. Without a pad token, the EOS pads.
-    assert tokenizer.eos_token == expected_tokenizer.eos_token in ("<|im_end|>", "<|im_start|>")
-    assert tokenizer.pad_token == (expected_tokenizer.pad_token or expected_tokenizer.eos_token)
+    # The copy's EOS is the file's, <|im_end|>, in every release (transformers 5.17 reads it as <|im_start|>,
+    # 5.24 as the file says). Without a pad token in the file, the EOS pads.
+    assert tokenizer.eos_token == "<|im_end|>" and expected_tokenizer.eos_token in ("<|im_end|>", "<|im_start|>")
+    assert tokenizer.pad_token == "<|im_end|>"
 
     def no_gguf_reading(*args, **kwargs):
         raise AssertionError("the GGUF file was read again")
@@ -140,3 +141,15 @@ def test_a_cache_that_cannot_be_written_leaves_the_gguf_file_read_directly(gguf_
     with pytest.warns(UserWarning, match="no dense copy of .*tiny.gguf.*reading the GGUF file each time"):
         assert dense_copy(source) is source
     assert load_causal_lm(str(gguf_file), "float32", None).config.num_hidden_layers == LAYERS
+
+
+def test_the_files_special_tokens_replace_ones_transformers_misread(gguf_file):
+    assert model_sources.gguf_special_token_ids(str(gguf_file)) == {"eos_token": 257}  # no padding id in this file
+    tokenizer = load_tokenizer(str(gguf_file))
+    tokenizer.eos_token = "<|im_start|>"  # as transformers 5.17 reads SmolLM2's GGUF file
+    with pytest.warns(UserWarning, match=r"eos_token as id 256, the file says '<\|im_end\|>' \(257\); using the file's"):
+        model_sources.use_file_special_tokens(tokenizer, {"eos_token": 257}, str(gguf_file))
+    assert (tokenizer.eos_token, tokenizer.eos_token_id) == ("<|im_end|>", 257)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the tokens the file gives: nothing to say
+        model_sources.use_file_special_tokens(tokenizer, {"eos_token": 257}, str(gguf_file))
