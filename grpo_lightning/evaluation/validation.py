@@ -83,6 +83,14 @@ class Evaluation:
         self.pass_at_k_samples = evaluation.pass_at_k_samples
         self.pass_at_k_sampling = dataclasses.replace(self.val_sampling, temperature=evaluation.pass_at_k_temperature)
 
+    def stop_completions_at(self, ids: tuple[int, ...]) -> None:
+        """End the completions of training, validation and pass@k at ``ids``
+        (:func:`~grpo_lightning.rollout.types.end_token_ids`)."""
+        self.sampling, self.val_sampling, self.pass_at_k_sampling = (
+            dataclasses.replace(params, stop_token_ids=ids)
+            for params in (self.sampling, self.val_sampling, self.pass_at_k_sampling)
+        )
+
     @contextlib.contextmanager
     def evaluation_sampling(self, samples: int, temperature: float, prefix: str | None = None) -> Iterator[None]:
         """Validate with ``samples`` completions per prompt at ``temperature`` inside the ``with``

@@ -32,7 +32,7 @@ How rollouts are sampled is :mod:`grpo_lightning.rollout.generation`'s choice; s
 from __future__ import annotations
 
 import contextlib
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 import lightning as L
@@ -55,8 +55,7 @@ from grpo_lightning.runtime.argument_types import check_argument_types
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.evaluation.validation import Evaluation
 from grpo_lightning.rollout.generation import EnginePlan, RolloutSampler, RolloutWeights, build_rollout
-from grpo_lightning.rollout.generation import announce_end_ids, announce_prompt_format, check_engine_options
-from grpo_lightning.rollout.generation import format_prompt
+from grpo_lightning.rollout.generation import announce_prompt_format, check_engine_options, format_prompt
 from grpo_lightning.models.sources import load_tokenizer
 from grpo_lightning.rollout.generation import announce_rollout_mode, save_policy
 from grpo_lightning.rollout.generation.compile_payback import run_length
@@ -241,12 +240,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         self.policy, self.ref_model = load_models(
             self.model_name, self.hparams.policy, self.needs_reference_model(), strategy
         )
-        # Completions end at the tokenizer's EOS and at each end-of-turn id of the model's generation config.
-        ends = end_token_ids(self.tokenizer, self.policy)
-        self.sampling, self.val_sampling, self.pass_at_k_sampling = (
-            replace(params, stop_token_ids=ends)
-            for params in (self.sampling, self.val_sampling, self.pass_at_k_sampling)
-        )
+        self.stop_completions_at(end_token_ids(self.tokenizer, self.policy))  # EOS and the model's end of turn
 
     def save_pretrained(self, directory: str) -> None:
         """Write the policy and tokenizer as a plain Hugging Face directory (rank 0 writes).
@@ -317,9 +311,8 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
 
     def on_fit_start(self) -> None:
         self.engine_plan  # resolved, and announced, before the first step
-        announce_prompt_format(self.tokenizer, self.policy_options.use_chat_template)
-        if self.environment is None:  # an episode's turns end at the tokenizer's EOS (sample_episodes)
-            announce_end_ids(self.tokenizer, self.sampling.end_ids(self.tokenizer))
+        ends = self.sampling.end_ids(self.tokenizer) if self.environment is None else None  # episodes: the EOS
+        announce_prompt_format(self.tokenizer, self.policy_options.use_chat_template, ends)
         announce_rollout_mode(self.sampling_options.mode)
         context = getattr(self.policy.config, "max_position_embeddings", None)
         longest = max(self.sampling.max_new_tokens, self.val_sampling.max_new_tokens)
@@ -350,11 +343,9 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
                 rollout = sample_episodes(model, self.tokenizer, batch, group_size, sampling, self.environment,
                                           self.policy_options.use_chat_template, with_logprobs, self.sampler)  # fmt: skip
             else:
-                sampled = self.sampler.sample(model, self.tokenizer, texts, group_size, sampling, self.rollouts,
-                                              with_logprobs)  # fmt: skip
+                sampled = self.sampler.sample(model, self.tokenizer, texts, group_size, sampling, self.rollouts, with_logprobs)
+                rollout = build_rollout(self.tokenizer, batch, group_size, *sampled, end_ids=sampling.end_ids(self.tokenizer))
         self.rollouts += 1
-        if texts is not None:
-            rollout = build_rollout(self.tokenizer, batch, group_size, *sampled, end_ids=sampling.end_ids(self.tokenizer))
         rollout.sampling_version = torch.full_like(rollout.completion_ids, version)
         return rollout
 

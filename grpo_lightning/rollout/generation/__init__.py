@@ -10,7 +10,7 @@ from grpo_lightning.rollout.generation.choice import (
 )
 from grpo_lightning.rollout.generation.compile_payback import FitLength
 from grpo_lightning.rollout.generation.hf import generate_group
-from grpo_lightning.rollout.generation.sampler import RolloutSampler, announce_end_ids, announce_prompt_format, build_rollout, format_prompt
+from grpo_lightning.rollout.generation.sampler import RolloutSampler, announce_prompt_format, build_rollout, format_prompt
 from grpo_lightning.rollout.generation.sampler import announce_rollout_mode
 from grpo_lightning.rollout.generation.sampler import prompt_format_note, sampling_keys
 from grpo_lightning.rollout.generation.weights import RolloutWeights, samples_from_shards
@@ -22,7 +22,6 @@ __all__ = [
     "FitLength",
     "RolloutSampler",
     "RolloutWeights",
-    "announce_end_ids",
     "announce_prompt_format",
     "announce_rollout_mode",
     "build_rollout",

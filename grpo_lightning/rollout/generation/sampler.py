@@ -222,15 +222,15 @@ def prompt_format_note(tokenizer: PreTrainedTokenizerBase, use_chat_template: bo
     )
 
 
-def announce_prompt_format(tokenizer: PreTrainedTokenizerBase, use_chat_template: bool) -> None:
-    """Say once (rank zero, info) how plain-text prompts reach the model (:func:`prompt_format_note`)."""
+def announce_prompt_format(
+    tokenizer: PreTrainedTokenizerBase, use_chat_template: bool, end_ids: list[int] | None = None
+) -> None:
+    """Say once (rank zero, info) how plain-text prompts reach the model (:func:`prompt_format_note`) and,
+    given ``end_ids`` (:meth:`SamplingParams.end_ids`), which tokens end a completion."""
     rank_zero_info(prompt_format_note(tokenizer, use_chat_template))
-
-
-def announce_end_ids(tokenizer: PreTrainedTokenizerBase, end_ids: list[int]) -> None:
-    """Say once (rank zero, info) which tokens end a completion (:meth:`SamplingParams.end_ids`)."""
-    names = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)!r} ({i})" for i in end_ids)
-    rank_zero_info(f"completions end at {names}: the tokenizer's EOS and the model's generation_config.eos_token_id")
+    if end_ids is not None:
+        names = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)!r} ({i})" for i in end_ids)
+        rank_zero_info(f"completions end at {names}: the tokenizer's EOS and the model's generation_config.eos_token_id")
 
 
 #: What ``sampling.mode: beam_search`` changes in the algorithm, said once when a fit starts.
