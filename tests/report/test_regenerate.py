@@ -147,3 +147,25 @@ def test_a_data_folder_with_a_margin_that_is_no_positive_number_is_refused_by_na
     (data / "sweep.json").write_text(json.dumps({**record, "equivalence_margin": "two points"}))
     with pytest.raises(ValueError, match="equivalence_margin: 'two points' in sweep.json is no positive number"):
         build_report(data, tmp_path / "again")
+
+
+def test_notes_in_the_data_are_said_at_the_reports_top_and_kept_on_regeneration(tmp_path, cell_writer):
+    """An erratum found after the runs goes into ``data/sweep.json``'s ``notes``: the report says it above
+    its Summary, as text (never markup), and a rebuild from the data keeps it."""
+    import json
+
+    from grpo_lightning.report import build_report
+
+    sweep = tmp_path / "sweep"
+    for variant, accuracy in (("grpo", 0.3), ("dapo", 0.4)):
+        for seed in (0, 1):
+            cell_writer(sweep, variant, seed, accuracy + 0.01 * seed)
+    target = build_report(sweep, tmp_path / "report")
+    assert "**Note:** These" not in (target / "report.md").read_text()
+    record = json.loads((target / "data" / "sweep.json").read_text())
+    record["notes"] = ["These runs ended completions at the wrong token *here*."]
+    (target / "data" / "sweep.json").write_text(json.dumps(record))
+    text = (build_report(target / "data", tmp_path / "again") / "report.md").read_text()
+    head = text.split("## Summary")[0]
+    assert "**Note:** These runs ended completions at the wrong token \\*here\\*." in head
+    assert (build_report(target / "data", tmp_path / "third") / "report.md").read_text() == text
