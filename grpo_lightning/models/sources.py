@@ -296,11 +296,13 @@ def load_tokenizer(name: str, field: str = "tokenizer"):
     from transformers import AutoTokenizer
 
     source = dense_copy(resolve_model_source(name, field))
+    # a local GGUF file read each time (a dense copy already has the file's special tokens)
     path = None if source.gguf_file is None else os.path.join(source.location, source.gguf_file)
+    path = path if path and os.path.isfile(path) else None
     try:
-        with gguf_read_once() if path and os.path.isfile(path) else contextlib.nullcontext():
+        with gguf_read_once() if path else contextlib.nullcontext():
             tokenizer = AutoTokenizer.from_pretrained(source.location, **source.from_pretrained_kwargs())
-            if path and os.path.isfile(path):  # a GGUF file read each time (a copy has the file's tokens)
+            if path:
                 use_file_special_tokens(tokenizer, gguf_special_token_ids(path), path)
     except OSError as error:  # transformers' own message is the outermost; the innermost is a socket's
         if looks_local(source.location):

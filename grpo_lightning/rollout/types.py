@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -232,7 +233,7 @@ class MicroBatch:
                    at_rows(rollout.sampling_version))  # fmt: skip
 
 
-def as_ids(token_id: int | list[int] | None) -> list[int]:
+def as_ids(token_id: int | Sequence[int] | None) -> list[int]:
     """A token id, a list of them or ``None`` as a list."""
     return [] if token_id is None else [int(i) for i in ([token_id] if isinstance(token_id, int) else token_id)]
 

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from grpo_lightning.rollout.types import as_ids
+
 
 def stop_ids(eos_token_id: int | Sequence[int] | None, pad_token_id: int | None) -> tuple[list[int], int]:
     """``(eos_ids, pad)``: the ids that end a completion, as a list, and the id written after one
     (``pad_token_id``, else the first EOS id, else 0)."""
-    eos_ids = [] if eos_token_id is None else [int(i) for i in ([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)]
+    eos_ids = as_ids(eos_token_id)
     return eos_ids, pad_token_id if pad_token_id is not None else (eos_ids[0] if eos_ids else 0)
 
 
