@@ -117,7 +117,8 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     doc.h(1, f"Ablation report: {user_text(name)}")
     for line in provenance_warnings(records) + command_line_notes(records):
         doc.p(line)
-    for note in meta.get("notes") or []:  # an erratum found after the runs, kept in data/sweep.json
+    errata = meta.get("notes") or []  # found after the runs, kept in data/sweep.json: a list, or one text
+    for note in [errata] if isinstance(errata, str) else errata:
         doc.p("**Note:** " + user_text(note))
     doc.p(
         f"Sweep folder `{user_text(meta.get('sweep_folder', data_dir.resolve().name))}`: {len(arms)} arms, {len(finished)} finished runs"

@@ -169,3 +169,7 @@ def test_notes_in_the_data_are_said_at_the_reports_top_and_kept_on_regeneration(
     head = text.split("## Summary")[0]
     assert "**Note:** These runs ended completions at the wrong token \\*here\\*." in head
     assert (build_report(target / "data", tmp_path / "third") / "report.md").read_text() == text
+    record["notes"] = "One note given as text, not a list."  # said whole, not letter by letter
+    (target / "data" / "sweep.json").write_text(json.dumps(record))
+    head = (build_report(target / "data", tmp_path / "fourth") / "report.md").read_text().split("## Summary")[0]
+    assert head.count("**Note:**") == 1 and "**Note:** One note given as text, not a list." in head
