@@ -4,7 +4,8 @@ variant's arms compared with TRL's run, seed by seed, at the last evaluated step
 An arm is ``VARIANT-ROLE``: ``ours`` (our preset matched to TRL: ``parity_trl``), ``trl``, ``ours_full``
 (the preset as it is, where the match turns a part off: DAPO's dynamic sampling) and
 ``ours_keep_zero`` (ours stepping on zero gradients too). Each variant's arms are compared with that
-variant's TRL run only, with a verdict (worse, not worse within ``NON_INFERIORITY_MARGIN``, undetermined).
+variant's TRL run only, with a verdict (worse, not worse within ``NON_INFERIORITY_MARGIN``, undetermined):
+on greedy accuracy at that step, and on the training reward over the ``REWARD_WINDOW`` steps up to it.
 Every run's last evaluation is also checked against the start model's (``harm_check``: answers as
 non-empty, a mean length within 20%, accuracy not below the start's beyond the evaluation's noise), and
 says whether the run reached all its steps, and if not, whether a deadline stopped it or it failed.
@@ -68,6 +69,18 @@ def sampled_tail(run: dict[str, Any], step: int, window: int = 20) -> dict[str, 
     """Means over the ``window`` steps up to ``step`` of the sampled completions' length, shortest length and at-once share."""
     rows = [r for r in run["rows"] if step - window < r["step"] <= step]
     return {key: sum(r[key] for r in rows) / len(rows) for key in ("mean_length", "min_length", "at_once_share")} if rows else {}
+
+
+#: The training reward is compared over this many steps up to the common step: each step's reward is the
+#: mean of every sampled completion's (256 a step at 32 x 8), so the curve's tail is a finer measure of where
+#: a run ended than a greedy evaluation of a few hundred problems.
+REWARD_WINDOW = 50
+
+
+def training_reward(run: dict[str, Any], step: int, window: int = REWARD_WINDOW) -> float | None:
+    """The mean task reward of the steps in ``(step - window, step]`` (``None``: a step of them is missing)."""
+    rewards = [r["reward"] for r in run["rows"] if step - window < r["step"] <= step]
+    return sum(rewards) / len(rewards) if len(rewards) == window else None
 
 
 #: The order of a variant's arms in the summary.
@@ -157,6 +170,7 @@ def compare_with_trl(runs: dict[tuple[str, int], dict[str, Any]], seeds: list[in
     roles = sorted({role for role, _ in runs}, key=lambda role: ROLES.index(role) if role in ROLES else len(ROLES))
     per_arm: dict[str, list[dict[str, Any]]] = {}
     differences: dict[str, list[float]] = {}
+    reward_differences: dict[str, list[float]] = {}
     for seed in seeds:
         trl = runs.get(("trl", seed))
         for role in roles:
@@ -169,14 +183,21 @@ def compare_with_trl(runs: dict[tuple[str, int], dict[str, Any]], seeds: list[in
             per_arm.setdefault(run["arm"], []).append({
                 "seed": seed, "step": step, "accuracy": final["accuracy"], "mean_length": final["mean_length"],
                 "empty_share": final["empty_share"], "weight_change_norm": final.get("weight_change_norm"),
-                "sampled": sampled_tail(run, step)})  # fmt: skip
+                "sampled": sampled_tail(run, step), "training_reward": training_reward(run, step)})  # fmt: skip
             if role != "trl" and other is not None and common_step(run, other) is not None:
                 differences.setdefault(run["arm"], []).append(final["accuracy"] - at_step(other, step)["accuracy"])
-    minus_trl = {}
-    for arm, by_seed in differences.items():
-        mean, low, high = seed_interval(by_seed)
-        minus_trl[arm] = {"by_seed": by_seed, "mean": mean, "ci95": [low, high], "p": paired_test(by_seed)[1]}
-    return {"arms": per_arm, "minus_trl": minus_trl}
+                ours_reward, trl_reward = training_reward(run, step), training_reward(other, step)
+                if ours_reward is not None and trl_reward is not None:
+                    reward_differences.setdefault(run["arm"], []).append(ours_reward - trl_reward)
+
+    def paired(by_arm: dict[str, list[float]]) -> dict[str, Any]:
+        out = {}
+        for arm, by_seed in by_arm.items():
+            mean, low, high = seed_interval(by_seed)
+            out[arm] = {"by_seed": by_seed, "mean": mean, "ci95": [low, high], "p": paired_test(by_seed)[1]}
+        return out
+
+    return {"arms": per_arm, "minus_trl": paired(differences), "training_reward_minus_trl": paired(reward_differences)}
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -194,6 +215,9 @@ def print_summary(summary: dict[str, Any]) -> None:
             for arm, d in v["minus_trl"].items():
                 print(f"    {arm} - TRL: {[round(x, 3) for x in d['by_seed']]}, mean {d['mean']:+.3f} "
                       f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}], p {d['p']:.3f}: {trl_verdict(d)}")  # fmt: skip
+            for arm, d in v.get("training_reward_minus_trl", {}).items():
+                print(f"    {arm} - TRL, training reward over the last {REWARD_WINDOW} steps: {[round(x, 3) for x in d['by_seed']]}, "
+                      f"mean {d['mean']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}], p {d['p']:.3f}: {trl_verdict(d)}")  # fmt: skip
             for arm, note in v["notes"].items():
                 print(f"    {arm}: {note}")
         for arm, checks in s.get("harm", {}).items():

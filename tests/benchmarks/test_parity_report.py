@@ -99,3 +99,25 @@ def test_ours_against_trl_is_worse_not_worse_or_undetermined_from_the_paired_int
     # 96 / 96 / 94% against 100 / 100 / 98% (2026-12-03, easy, step 50): a t-interval of no width is no evidence
     assert report.trl_verdict(difference([-0.04, -0.04, -0.04], -0.04, -0.04)).startswith("undetermined (the same")
     assert report.trl_verdict(difference([0.005, 0.005, 0.005], 0.005, 0.005)).startswith("undetermined (the same")
+
+
+def test_the_training_reward_is_compared_over_the_window_up_to_the_common_step_by_hand():
+    """Rows at steps 1..60, reward 0.01 x step for ours and 0.5 for TRL: over steps 1..50 (the window up to
+    step 50, both runs' last common evaluation) ours averages 0.255, so ours - TRL is -0.245 on each seed;
+    a run missing a row of the window is left out of the comparison rather than averaged over fewer steps."""
+    window = report.REWARD_WINDOW
+    assert window == 50
+
+    def with_rows(record: dict, reward, steps=range(1, 61)) -> dict:
+        return {**record, "rows": [{"step": s, "reward": reward(s), "mean_length": 4.0, "min_length": 1.0, "at_once_share": 0.0}
+                                   for s in steps]}  # fmt: skip
+
+    runs = [with_rows(run("grpo", "ours", seed, {50: 0.6, 60: 0.7}), lambda s: 0.01 * s) for seed in (0, 1)]
+    runs += [with_rows(run("grpo", "trl", seed, {50: 0.5}), lambda s: 0.5) for seed in (0, 1)]
+    grpo = report.summarize(results(runs))["easy"]["variants"]["grpo"]
+    assert grpo["arms"]["grpo-ours"][0]["training_reward"] == pytest.approx(0.255)
+    assert grpo["training_reward_minus_trl"]["grpo-ours"]["by_seed"] == pytest.approx([-0.245, -0.245])
+
+    runs[2] = with_rows(runs[2], lambda s: 0.5, steps=[s for s in range(1, 61) if s != 7])
+    grpo = report.summarize(results(runs))["easy"]["variants"]["grpo"]
+    assert grpo["training_reward_minus_trl"]["grpo-ours"]["by_seed"] == pytest.approx([-0.245])
