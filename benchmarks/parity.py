@@ -26,6 +26,7 @@ tries its candidates in turn and keeps the first whose greedy start accuracy is 
 
     python benchmarks/parity.py --steps 200 --seeds 0 1 2 --variants grpo dr_grpo dapo --out DIR
     python benchmarks/parity.py --report DIR    # (re)assemble DIR/results.json from the runs' records
+    python benchmarks/parity.py --report A/results.json B/results.json --out C/results.json  # one grid, in parts
 
 ``--keep-zero-gradients TIER`` adds, on that tier, a run of ours whose optimizer also steps on a
 gradient of exactly zero (the library drops such a step: see ``clip_and_log_gradient_norm``), to see
@@ -62,6 +63,7 @@ import json
 import math
 import os
 import shutil
+import shlex
 import signal
 import subprocess
 import sys
@@ -76,7 +78,7 @@ from lightning.pytorch import Callback
 BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS))
 from budget_race import RACE_TRAINER, recipe_settings  # noqa: E402
-from parity_report import assemble, print_summary, records, summarize  # noqa: E402
+from parity_report import assemble, join, print_summary, records, summarize  # noqa: E402
 from parity_trl import VARIANTS, mapping, matched_arguments, preset_class  # noqa: E402
 from smollm2 import evaluate  # noqa: E402
 
@@ -565,7 +567,7 @@ def provenance() -> dict[str, Any]:
     return {"commit": commit, "dirty": dirty, "card": card}
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps of every run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -588,13 +590,40 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--stop-margin-min", type=float, default=1.5,
                         help="with --deadline-min: ask the runs this long before it to checkpoint and stop")
     parser.add_argument("--out", type=Path, default=Path("parity-results"))
-    parser.add_argument("--report", type=Path, default=None,
-                        help="only summarise: a results.json, or an --out folder whose runs it assembles into results.json")
+    parser.add_argument("--report", type=Path, nargs="+", default=None,
+                        help="only summarise: a results.json, or an --out folder whose runs it assembles into results.json; "
+                        "several results.json of one grid's settings run with other seeds or tiers: joined into --out (a .json)")
     parser.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)  # a TRL job's job.json
-    args = parser.parse_args(argv)
+    return parser
+
+
+#: The options that may differ between the grids one results file joins: which runs, where, and how long a call.
+PER_CALL_OPTIONS = ("seeds", "tiers", "arms", "keep_zero_gradients", "out", "report", "deadline_min", "stop_margin_min",
+                    "checkpoint_every")  # fmt: skip
+
+
+def grid_settings(command: str) -> dict[str, Any]:
+    """The settings of the grid ``command`` ran (``python benchmarks/parity.py ...``) that decide its runs' results."""
+    options = vars(build_parser().parse_args(shlex.split(command)[2:]))
+    return {key: value for key, value in options.items() if key not in PER_CALL_OPTIONS}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    args = build_parser().parse_args(argv)
     if args.trl_worker:
         return trl_worker(json.loads(Path(args.trl_worker).read_text()))
+    if args.report and len(args.report) > 1:
+        if args.out.suffix != ".json":
+            raise SystemExit(f"--report with {len(args.report)} results joins them into --out, a .json file (got {args.out})")
+        results = join([json.loads(path.read_text()) for path in args.report], grid_settings)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        for commit, names in results["commits"].items():
+            print(f"{len(names)} runs at {commit}")
+        print_summary(results["summary"])
+        return results
     if args.report:
+        args.report = args.report[0]
         if args.report.is_file():
             results = json.loads(args.report.read_text())
             results["summary"] = summarize(results)  # from the runs: a file of an earlier summary's form too

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 def collect(job: dict[str, Any]) -> dict[str, Any]:
@@ -51,6 +51,49 @@ def assemble(out: Path) -> dict[str, Any]:
     for job in plan["jobs"]:  # the folders as they are now, wherever the plan was written
         job["directory"] = str(out / "runs" / Path(job["directory"]).name)
     results = {**plan["header"], "tasks": plan["tasks"], "runs": [collect(job) for job in plan["jobs"]]}
+    results["summary"] = summarize(results)
+    return results
+
+
+def join(parts: list[dict[str, Any]], settings_of: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+    """One grid run in parts (other seeds or tiers, in other calls or on other machines): the parts' results
+    as one, its summary over all their runs. Refused, naming what differs, when the parts are not one grid's:
+    steps, card, TRL mapping or the settings of their commands (``settings_of``: all but which runs) differ,
+    a tier's task or start evaluation differs, or a run (tier, arm, seed) is in two parts. Every run keeps
+    the commit it ran at, and ``commits`` lists each commit's runs."""
+    first = parts[0]
+    for number, part in enumerate(parts[1:], 2):
+        for key in ("steps", "card", "pairs"):
+            if part.get(key) != first.get(key):
+                raise ValueError(f"part {number}'s {key} is {part.get(key)!r}, part 1's {first.get(key)!r}: not one grid")
+        ours, theirs = settings_of(first["command"]), settings_of(part["command"])
+        differing = sorted(key for key in ours.keys() | theirs.keys() if ours.get(key) != theirs.get(key))
+        if differing:
+            raise ValueError(f"part {number} ran with other settings than part 1: {', '.join(differing)} "
+                             f"({part['command']!r} against {first['command']!r})")  # fmt: skip
+    tasks: dict[str, Any] = {}
+    for number, part in enumerate(parts, 1):
+        for tier, choice in part["tasks"].items():
+            known = tasks.setdefault(tier, choice)
+            if (known["task"], known["start"]["accuracy"], known["start"]["mean_length"]) != (
+                    choice["task"], choice["start"]["accuracy"], choice["start"]["mean_length"]):
+                raise ValueError(f"tier {tier}: part {number} chose {choice['task']} starting at {choice['start']['accuracy']}, "
+                                 f"an earlier part {known['task']} at {known['start']['accuracy']}: not one grid")  # fmt: skip
+    runs, part_of = [], {}
+    for number, part in enumerate(parts, 1):
+        for run in part["runs"]:
+            key = (run["tier"], identity(run)["arm"], run["seed"])
+            if key in part_of:
+                raise ValueError(f"{key[0]}-{key[1]}-s{key[2]} is in parts {part_of[key]} and {number}: each run is joined once")
+            part_of[key] = number
+            runs.append({**run, "commit": run.get("commit") or part.get("commit"), "dirty": run.get("dirty") or part.get("dirty")})
+    commits: dict[str, list[str]] = {}
+    for run in runs:
+        commits.setdefault(run["commit"], []).append(f"{run['tier']}-{identity(run)['arm']}-s{run['seed']}")
+    results = {"date": max(part["date"] for part in parts), "steps": first["steps"], "card": first.get("card"),
+               "seeds": sorted({seed for part in parts for seed in part["seeds"]}),
+               "variants": list(dict.fromkeys(v for part in parts for v in part["variants"])), "pairs": first["pairs"],
+               "commands": [part["command"] for part in parts], "commits": commits, "tasks": tasks, "runs": runs}  # fmt: skip
     results["summary"] = summarize(results)
     return results
 

@@ -158,3 +158,47 @@ def test_the_results_name_the_commit_the_runs_ran_at(monkeypatch):
     monkeypatch.delenv("GRPO_BENCH_COMMIT")
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCHMARKS, capture_output=True, text=True).stdout.strip()
     assert parity.provenance()["commit"] == (commit or None)
+
+
+def part(seeds: list[int], accuracy: float, commit: str, learning_rate: str = "2e-5") -> dict:
+    """A grid's results: GRPO ours and TRL on the easy tier, greedy accuracy ``accuracy`` for ours and 0.5 for TRL
+    at step 50 on each of ``seeds``."""
+    command = (f"python benchmarks/parity.py --steps 50 --seeds {' '.join(map(str, seeds))} --tiers easy --arms ours trl "
+               f"--set model.optim.learning_rate={learning_rate} --out /tmp/parity --deadline-min 9")  # fmt: skip
+    runs = [{"tier": "easy", "task": "add_1digit", "variant": "grpo", "role": role, "arm": f"grpo-{role}", "seed": seed,
+             "rows": [], "checkpoints": [{"step": 50, "accuracy": value, "mean_length": 4.0, "empty_share": 0.0}]}
+            for seed in seeds for role, value in (("ours", accuracy), ("trl", 0.5))]  # fmt: skip
+    start = {"accuracy": 0.4, "mean_length": 4.0, "empty_share": 0.0}
+    return {"date": "2026-12-03", "steps": 50, "seeds": seeds, "variants": ["grpo"], "pairs": {"grpo": {"trl": {}}},
+            "command": command, "commit": commit, "dirty": None, "card": "NVIDIA H200",
+            "tasks": {"easy": {"task": "add_1digit", "start": start}}, "runs": runs}  # fmt: skip
+
+
+def test_grids_run_with_other_seeds_are_joined_into_one_comparison_and_keep_their_commits(tmp_path):
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps(part([0, 1], 0.6, "a" * 40)))
+    second.write_text(json.dumps(part([2, 3, 4], 0.7, "b" * 40)))
+    joined = parity.main(["--report", str(first), str(second), "--out", str(tmp_path / "joined" / "results.json")])
+    assert joined["seeds"] == [0, 1, 2, 3, 4]
+    assert joined["commits"] == {"a" * 40: ["easy-grpo-ours-s0", "easy-grpo-trl-s0", "easy-grpo-ours-s1", "easy-grpo-trl-s1"],
+                                 "b" * 40: [f"easy-grpo-{role}-s{seed}" for seed in (2, 3, 4) for role in ("ours", "trl")]}  # fmt: skip
+    minus_trl = joined["summary"]["easy"]["variants"]["grpo"]["minus_trl"]["grpo-ours"]
+    assert minus_trl["by_seed"] == pytest.approx([0.1, 0.1, 0.2, 0.2, 0.2])
+    assert json.loads((tmp_path / "joined" / "results.json").read_text())["seeds"] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("second, named", [
+    (part([1, 2], 0.7, "b" * 40), "easy-grpo-ours-s1 is in parts 1 and 2"),  # a seed run twice
+    (part([2, 3], 0.7, "b" * 40, learning_rate="5e-5"), "other settings than part 1: set"),
+    ({**part([2, 3], 0.7, "b" * 40), "steps": 100}, "part 2's steps is 100, part 1's 50"),
+    ({**part([2, 3], 0.7, "b" * 40), "tasks": {"easy": {"task": "add_2digit", "start": {"accuracy": 0.2, "mean_length": 5.0}}}},
+     "tier easy: part 2 chose add_2digit"),
+])  # fmt: skip
+def test_parts_that_are_not_one_grid_s_are_refused_by_what_differs(second, named, tmp_path):
+    first_file, second_file = tmp_path / "a.json", tmp_path / "b.json"
+    first_file.write_text(json.dumps(part([0, 1], 0.6, "a" * 40)))
+    second_file.write_text(json.dumps(second))
+    with pytest.raises(ValueError, match=named):
+        parity.main(["--report", str(first_file), str(second_file), "--out", str(tmp_path / "joined.json")])
+    with pytest.raises(SystemExit, match="a .json file"):
+        parity.main(["--report", str(first_file), str(second_file), "--out", str(tmp_path / "joined")])
