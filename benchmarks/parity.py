@@ -620,6 +620,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
         for commit, names in results["commits"].items():
             print(f"{len(names)} runs at {commit}")
+        if len(results["commits"]) > 1:  # the join cannot tell whether the code between them changes results
+            print(f"these runs come from {len(results['commits'])} commits: what changed between them is not checked "
+                  f"here (git diff {' '.join(c[:12] for c in results['commits'] if c)} -- grpo_lightning benchmarks)")  # fmt: skip
         print_summary(results["summary"])
         return results
     if args.report:

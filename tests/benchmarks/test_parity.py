@@ -174,7 +174,7 @@ def part(seeds: list[int], accuracy: float, commit: str, learning_rate: str = "2
             "tasks": {"easy": {"task": "add_1digit", "start": start}}, "runs": runs}  # fmt: skip
 
 
-def test_grids_run_with_other_seeds_are_joined_into_one_comparison_and_keep_their_commits(tmp_path):
+def test_grids_run_with_other_seeds_are_joined_into_one_comparison_and_keep_their_commits(tmp_path, capsys):
     first, second = tmp_path / "a.json", tmp_path / "b.json"
     first.write_text(json.dumps(part([0, 1], 0.6, "a" * 40)))
     second.write_text(json.dumps(part([2, 3, 4], 0.7, "b" * 40)))
@@ -185,6 +185,9 @@ def test_grids_run_with_other_seeds_are_joined_into_one_comparison_and_keep_thei
     minus_trl = joined["summary"]["easy"]["variants"]["grpo"]["minus_trl"]["grpo-ours"]
     assert minus_trl["by_seed"] == pytest.approx([0.1, 0.1, 0.2, 0.2, 0.2])
     assert json.loads((tmp_path / "joined" / "results.json").read_text())["seeds"] == [0, 1, 2, 3, 4]
+    printed = capsys.readouterr().out
+    assert f"4 runs at {'a' * 40}" in printed and f"6 runs at {'b' * 40}" in printed
+    assert "these runs come from 2 commits" in printed
 
 
 @pytest.mark.parametrize("second, named", [
