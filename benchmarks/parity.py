@@ -26,6 +26,7 @@ tries its candidates in turn and keeps the first whose greedy start accuracy is 
 
     python benchmarks/parity.py --steps 200 --seeds 0 1 2 --variants grpo dr_grpo dapo --out DIR
     python benchmarks/parity.py --report DIR    # (re)assemble DIR/results.json from the runs' records
+    python benchmarks/parity.py --seeds 3 4 --tasks-from A/results.json --out B ...  # more seeds of grid A
     python benchmarks/parity.py --report A/results.json B/results.json --out C/results.json  # one grid, in parts
 
 ``--keep-zero-gradients TIER`` adds, on that tier, a run of ours whose optimizer also steps on a
@@ -567,6 +568,16 @@ def provenance() -> dict[str, Any]:
     return {"commit": commit, "dirty": dirty, "card": card}
 
 
+def tasks_from(results_file: Path, tiers: list[str]) -> dict[str, Any]:
+    """``tiers``' tasks with their start evaluations from an earlier grid's ``results.json``; every tier must be there."""
+    tasks = json.loads(results_file.read_text())["tasks"]
+    missing = [tier for tier in tiers if tier not in tasks]
+    if missing:
+        raise SystemExit(f"--tasks-from {results_file} has no task for {', '.join(missing)} (it has {', '.join(tasks)}); "
+                         "leave those tiers out of --tiers or let them be chosen")  # fmt: skip
+    return {tier: tasks[tier] for tier in tiers}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps of every run")
@@ -590,6 +601,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stop-margin-min", type=float, default=1.5,
                         help="with --deadline-min: ask the runs this long before it to checkpoint and stop")
     parser.add_argument("--out", type=Path, default=Path("parity-results"))
+    parser.add_argument("--tasks-from", type=Path, default=None, metavar="RESULTS_JSON",
+                        help="the tiers' tasks and start evaluations of an earlier grid's results, not chosen again: "
+                        "more seeds of that grid, to join with it (--report A B --out C)")
     parser.add_argument("--report", type=Path, nargs="+", default=None,
                         help="only summarise: a results.json, or an --out folder whose runs it assembles into results.json; "
                         "several results.json of one grid's settings run with other seeds or tiers: joined into --out (a .json)")
@@ -599,7 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: The options that may differ between the grids one results file joins: which runs, where, and how long a call.
 PER_CALL_OPTIONS = ("seeds", "tiers", "arms", "keep_zero_gradients", "out", "report", "deadline_min", "stop_margin_min",
-                    "checkpoint_every")  # fmt: skip
+                    "checkpoint_every", "tasks_from")  # fmt: skip
 
 
 def grid_settings(command: str) -> dict[str, Any]:
@@ -649,6 +663,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
               "calls": previous["header"].get("calls", 1) + 1 if previous else 1, **provenance()}  # fmt: skip
     try:
         known = {tier: choice for tier, choice in (previous or {}).get("tasks", {}).items() if tier in args.tiers}
+        known = {**tasks_from(args.tasks_from, args.tiers), **known} if args.tasks_from else known
         chosen = choose_tasks(args.model, args.set, [tier for tier in args.tiers if tier not in known], eval_device)
         tasks = {tier: known.get(tier) or chosen[tier] for tier in args.tiers}
         start_model = save_start_model(settings["model"]["init_args"]["model"], work / "start")

@@ -205,3 +205,24 @@ def test_parts_that_are_not_one_grid_s_are_refused_by_what_differs(second, named
         parity.main(["--report", str(first_file), str(second_file), "--out", str(tmp_path / "joined.json")])
     with pytest.raises(SystemExit, match="a .json file"):
         parity.main(["--report", str(first_file), str(second_file), "--out", str(tmp_path / "joined")])
+
+
+def test_more_seeds_of_a_grid_take_its_tasks_and_start_evaluations_instead_of_choosing_again(tmp_path, monkeypatch):
+    """``--tasks-from`` gives the runs the earlier grid's tasks (a greedy start evaluation on a GPU may
+    differ in a token between machines, and the join compares them); a tier it lacks is refused by name.
+    The fits themselves are replaced: this checks what the plan is given."""
+    earlier = part([0, 1], 0.6, "a" * 40)
+    earlier["tasks"]["medium"] = {"task": "add_2digit", "start": {"accuracy": 0.2, "mean_length": 13.0, "empty_share": 0.0}}
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    planned = {}
+    monkeypatch.setattr(parity, "choose_tasks", lambda model, overrides, tiers, device: {tier: pytest.fail(f"chose {tier}") for tier in tiers})
+    monkeypatch.setattr(parity, "save_start_model", lambda model, directory: str(directory))
+    monkeypatch.setattr(parity, "plan_jobs", lambda args, tasks, *rest: planned.update(tasks) or [])
+    monkeypatch.setattr(parity, "run_plan", lambda *args, **kwargs: None)
+    monkeypatch.setattr(parity, "assemble", lambda out: {"summary": {}})
+    arguments = ["--steps", "50", "--seeds", "2", "--tiers", "easy", "medium", "--device", "cpu", "--out", str(tmp_path / "more"),
+                 "--tasks-from", str(tmp_path / "earlier.json")]  # fmt: skip
+    parity.main(arguments)
+    assert planned == {tier: earlier["tasks"][tier] for tier in ("easy", "medium")}
+    with pytest.raises(SystemExit, match="has no task for no_signal"):
+        parity.main([*arguments[:5], "easy", "no_signal", *arguments[7:]])
