@@ -258,9 +258,13 @@ def print_summary(summary: dict[str, Any]) -> None:
             for arm, d in v["minus_trl"].items():
                 print(f"    {arm} - TRL: {[round(x, 3) for x in d['by_seed']]}, mean {d['mean']:+.3f} "
                       f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}], p {d['p']:.3f}: {trl_verdict(d)}")  # fmt: skip
-            for arm, d in v.get("training_reward_minus_trl", {}).items():
+            rewards = v.get("training_reward_minus_trl", {})
+            for arm, d in rewards.items():
                 print(f"    {arm} - TRL, training reward over the last {REWARD_WINDOW} steps: {[round(x, 3) for x in d['by_seed']]}, "
                       f"mean {d['mean']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}], p {d['p']:.3f}: {trl_verdict(d)}")  # fmt: skip
+            for arm in (arm for arm in v["minus_trl"] if arm not in rewards and "training_reward_minus_trl" in v):
+                print(f"    {arm} - TRL, training reward: not compared (no seed has a row for each of the {REWARD_WINDOW} "
+                      "steps up to the compared step on both sides)")  # fmt: skip
             for arm, note in v["notes"].items():
                 print(f"    {arm}: {note}")
         for arm, checks in s.get("harm", {}).items():

@@ -101,7 +101,7 @@ def test_ours_against_trl_is_worse_not_worse_or_undetermined_from_the_paired_int
     assert report.trl_verdict(difference([0.005, 0.005, 0.005], 0.005, 0.005)).startswith("undetermined (the same")
 
 
-def test_the_training_reward_is_compared_over_the_window_up_to_the_common_step_by_hand():
+def test_the_training_reward_is_compared_over_the_window_up_to_the_common_step_by_hand(capsys):
     """Rows at steps 1..60, reward 0.01 x step for ours and 0.5 for TRL: over steps 1..50 (the window up to
     step 50, both runs' last common evaluation) ours averages 0.255, so ours - TRL is -0.245 on each seed;
     a run missing a row of the window is left out of the comparison rather than averaged over fewer steps."""
@@ -121,3 +121,7 @@ def test_the_training_reward_is_compared_over_the_window_up_to_the_common_step_b
     runs[2] = with_rows(runs[2], lambda s: 0.5, steps=[s for s in range(1, 61) if s != 7])
     grpo = report.summarize(results(runs))["easy"]["variants"]["grpo"]
     assert grpo["training_reward_minus_trl"]["grpo-ours"]["by_seed"] == pytest.approx([-0.245])
+
+    runs[3] = with_rows(runs[3], lambda s: 0.5, steps=range(20, 61))  # neither seed has the whole window now
+    report.print_summary(report.summarize(results(runs)))
+    assert "grpo-ours - TRL, training reward: not compared" in capsys.readouterr().out
