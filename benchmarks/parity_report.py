@@ -66,11 +66,13 @@ def join(parts: list[dict[str, Any]], settings_of: Callable[[str], dict[str, Any
         for key in ("steps", "card", "pairs"):
             if part.get(key) != first.get(key):
                 raise ValueError(f"part {number}'s {key} is {part.get(key)!r}, part 1's {first.get(key)!r}: not one grid")
-        ours, theirs = settings_of(first["command"]), settings_of(part["command"])
-        differing = sorted(key for key in ours.keys() | theirs.keys() if ours.get(key) != theirs.get(key))
-        if differing:
-            raise ValueError(f"part {number} ran with other settings than part 1: {', '.join(differing)} "
-                             f"({part['command']!r} against {first['command']!r})")  # fmt: skip
+        ours = settings_of(commands(first)[0])
+        for command in commands(part):
+            theirs = settings_of(command)
+            differing = sorted(key for key in ours.keys() | theirs.keys() if ours.get(key) != theirs.get(key))
+            if differing:
+                raise ValueError(f"part {number} ran with other settings than part 1: {', '.join(differing)} "
+                                 f"({command!r} against {commands(first)[0]!r})")  # fmt: skip
     tasks: dict[str, Any] = {}
     for number, part in enumerate(parts, 1):
         for tier, choice in part["tasks"].items():
@@ -93,9 +95,15 @@ def join(parts: list[dict[str, Any]], settings_of: Callable[[str], dict[str, Any
     results = {"date": max(part["date"] for part in parts), "steps": first["steps"], "card": first.get("card"),
                "seeds": sorted({seed for part in parts for seed in part["seeds"]}),
                "variants": list(dict.fromkeys(v for part in parts for v in part["variants"])), "pairs": first["pairs"],
-               "commands": [part["command"] for part in parts], "commits": commits, "tasks": tasks, "runs": runs}  # fmt: skip
+               "commands": [command for part in parts for command in commands(part)], "commits": commits, "tasks": tasks,
+               "runs": runs}  # fmt: skip
     results["summary"] = summarize(results)
     return results
+
+
+def commands(results: dict[str, Any]) -> list[str]:
+    """The commands that ran ``results``' runs: one, or a join's several."""
+    return results.get("commands") or [results["command"]]
 
 
 def common_step(a: dict[str, Any], b: dict[str, Any]) -> int | None:

@@ -189,6 +189,12 @@ def test_grids_run_with_other_seeds_are_joined_into_one_comparison_and_keep_thei
     assert f"4 runs at {'a' * 40}" in printed and f"6 runs at {'b' * 40}" in printed
     assert "these runs come from 2 commits" in printed
 
+    third = tmp_path / "c.json"  # a joined grid joins again: its runs keep their commits
+    third.write_text(json.dumps(part([5], 0.5, "c" * 40)))
+    again = parity.main(["--report", str(tmp_path / "joined" / "results.json"), str(third), "--out", str(tmp_path / "again.json")])
+    assert again["seeds"] == [0, 1, 2, 3, 4, 5] and list(again["commits"]) == ["a" * 40, "b" * 40, "c" * 40]
+    assert len(again["commands"]) == 3
+
 
 @pytest.mark.parametrize("second, named", [
     (part([1, 2], 0.7, "b" * 40), "easy-grpo-ours-s1 is in parts 1 and 2"),  # a seed run twice
