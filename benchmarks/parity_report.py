@@ -118,8 +118,13 @@ def at_step(run: dict[str, Any], step: int) -> dict[str, Any]:
 
 def sampled_tail(run: dict[str, Any], step: int, window: int = 20) -> dict[str, float]:
     """Means over the ``window`` steps up to ``step`` of the sampled completions' length, shortest length and at-once share."""
-    rows = [r for r in run["rows"] if step - window < r["step"] <= step]
+    rows = window_rows(run, step, window)
     return {key: sum(r[key] for r in rows) / len(rows) for key in ("mean_length", "min_length", "at_once_share")} if rows else {}
+
+
+def window_rows(run: dict[str, Any], step: int, window: int) -> list[dict[str, Any]]:
+    """The run's step rows in ``(step - window, step]``."""
+    return [r for r in run["rows"] if step - window < r["step"] <= step]
 
 
 #: The training reward is compared over this many steps up to the common step: each step's reward is the
@@ -130,7 +135,7 @@ REWARD_WINDOW = 50
 
 def training_reward(run: dict[str, Any], step: int, window: int = REWARD_WINDOW) -> float | None:
     """The mean task reward of the steps in ``(step - window, step]`` (``None``: a step of them is missing)."""
-    rewards = [r["reward"] for r in run["rows"] if step - window < r["step"] <= step]
+    rewards = [r["reward"] for r in window_rows(run, step, window)]
     return sum(rewards) / len(rewards) if len(rewards) == window else None
 
 
@@ -230,16 +235,16 @@ def compare_with_trl(runs: dict[tuple[str, int], dict[str, Any]], seeds: list[in
             step = common_step(run, other) if run and other else (run["checkpoints"][-1]["step"] if run and run["checkpoints"] else None)
             if step is None:
                 continue
-            final = at_step(run, step)
+            final, reward = at_step(run, step), training_reward(run, step)
             per_arm.setdefault(run["arm"], []).append({
                 "seed": seed, "step": step, "accuracy": final["accuracy"], "mean_length": final["mean_length"],
                 "empty_share": final["empty_share"], "weight_change_norm": final.get("weight_change_norm"),
-                "sampled": sampled_tail(run, step), "training_reward": training_reward(run, step)})  # fmt: skip
+                "sampled": sampled_tail(run, step), "training_reward": reward})  # fmt: skip
             if role != "trl" and other is not None and common_step(run, other) is not None:
                 differences.setdefault(run["arm"], []).append(final["accuracy"] - at_step(other, step)["accuracy"])
-                ours_reward, trl_reward = training_reward(run, step), training_reward(other, step)
-                if ours_reward is not None and trl_reward is not None:
-                    reward_differences.setdefault(run["arm"], []).append(ours_reward - trl_reward)
+                trl_reward = training_reward(other, step)
+                if reward is not None and trl_reward is not None:
+                    reward_differences.setdefault(run["arm"], []).append(reward - trl_reward)
 
     def paired(by_arm: dict[str, list[float]]) -> dict[str, Any]:
         out = {}
