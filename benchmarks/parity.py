@@ -570,7 +570,10 @@ def provenance() -> dict[str, Any]:
 
 def tasks_from(results_file: Path, tiers: list[str]) -> dict[str, Any]:
     """``tiers``' tasks with their start evaluations from an earlier grid's ``results.json``; every tier must be there."""
-    tasks = json.loads(results_file.read_text())["tasks"]
+    try:
+        tasks = json.loads(results_file.read_text())["tasks"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SystemExit(f"--tasks-from {results_file}: not the results.json of a parity grid ({error!r})") from None
     missing = [tier for tier in tiers if tier not in tasks]
     if missing:
         raise SystemExit(f"--tasks-from {results_file} has no task for {', '.join(missing)} (it has {', '.join(tasks)}); "
@@ -606,7 +609,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "more seeds of that grid, to join with it (--report A B --out C)")
     parser.add_argument("--report", type=Path, nargs="+", default=None,
                         help="only summarise: a results.json, or an --out folder whose runs it assembles into results.json; "
-                        "several results.json of one grid's settings run with other seeds or tiers: joined into --out (a .json)")
+                        "several results.json (or --out folders that have one) of one grid's settings run with other seeds or tiers: "
+                        "joined into --out (a .json)")
     parser.add_argument("--trl-worker", default=None, help=argparse.SUPPRESS)  # a TRL job's job.json
     return parser
 
@@ -629,7 +633,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     if args.report and len(args.report) > 1:
         if args.out.suffix != ".json":
             raise SystemExit(f"--report with {len(args.report)} results joins them into --out, a .json file (got {args.out})")
-        results = join([json.loads(path.read_text()) for path in args.report], grid_settings)
+        files = [path / "results.json" if path.is_dir() else path for path in args.report]  # an --out folder: its results
+        missing = [str(path) for path in files if not path.is_file()]
+        if missing:
+            raise SystemExit(f"--report: no results at {', '.join(missing)} (run --report FOLDER on a grid's --out first)")
+        results = join([json.loads(path.read_text()) for path in files], grid_settings)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1) + "\n")
         for commit, names in results["commits"].items():

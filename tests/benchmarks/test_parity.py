@@ -175,10 +175,11 @@ def part(seeds: list[int], accuracy: float, commit: str, learning_rate: str = "2
 
 
 def test_grids_run_with_other_seeds_are_joined_into_one_comparison_and_keep_their_commits(tmp_path, capsys):
-    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first, second = tmp_path / "a.json", tmp_path / "b" / "results.json"  # a results file, and a grid's --out folder
+    second.parent.mkdir()
     first.write_text(json.dumps(part([0, 1], 0.6, "a" * 40)))
     second.write_text(json.dumps(part([2, 3, 4], 0.7, "b" * 40)))
-    joined = parity.main(["--report", str(first), str(second), "--out", str(tmp_path / "joined" / "results.json")])
+    joined = parity.main(["--report", str(first), str(second.parent), "--out", str(tmp_path / "joined" / "results.json")])
     assert joined["seeds"] == [0, 1, 2, 3, 4]
     assert joined["commits"] == {"a" * 40: ["easy-grpo-ours-s0", "easy-grpo-trl-s0", "easy-grpo-ours-s1", "easy-grpo-trl-s1"],
                                  "b" * 40: [f"easy-grpo-{role}-s{seed}" for seed in (2, 3, 4) for role in ("ours", "trl")]}  # fmt: skip
@@ -211,6 +212,9 @@ def test_parts_that_are_not_one_grid_s_are_refused_by_what_differs(second, named
         parity.main(["--report", str(first_file), str(second_file), "--out", str(tmp_path / "joined.json")])
     with pytest.raises(SystemExit, match="a .json file"):
         parity.main(["--report", str(first_file), str(second_file), "--out", str(tmp_path / "joined")])
+    with pytest.raises(SystemExit, match="--report: no results at .*empty.results.json"):
+        (tmp_path / "empty").mkdir(exist_ok=True)
+        parity.main(["--report", str(first_file), str(tmp_path / "empty"), "--out", str(tmp_path / "joined.json")])
 
 
 def test_more_seeds_of_a_grid_take_its_tasks_and_start_evaluations_instead_of_choosing_again(tmp_path, monkeypatch):
@@ -232,3 +236,7 @@ def test_more_seeds_of_a_grid_take_its_tasks_and_start_evaluations_instead_of_ch
     assert planned == {tier: earlier["tasks"][tier] for tier in ("easy", "medium")}
     with pytest.raises(SystemExit, match="has no task for no_signal"):
         parity.main([*arguments[:5], "easy", "no_signal", *arguments[7:]])
+    (tmp_path / "other.json").write_text(json.dumps({"steps": 5}))
+    for wrong in ("other.json", "missing.json"):
+        with pytest.raises(SystemExit, match=f"--tasks-from .*{wrong}: not the results.json of a parity grid"):
+            parity.main([*arguments[:-1], str(tmp_path / wrong)])
