@@ -217,7 +217,8 @@ def test_parts_that_are_not_one_grid_s_are_refused_by_what_differs(second, named
         parity.main(["--report", str(first_file), str(tmp_path / "empty"), "--out", str(tmp_path / "joined.json")])
 
 
-def test_more_seeds_of_a_grid_take_its_tasks_and_start_evaluations_instead_of_choosing_again(tmp_path, monkeypatch):
+def test_more_seeds_of_a_grid_take_its_tasks_and_start_evaluations_instead_of_choosing_again(tiny_model_dir, tmp_path,
+                                                                                               monkeypatch):  # fmt: skip
     """``--tasks-from`` gives the runs the earlier grid's tasks (a greedy start evaluation on a GPU may
     differ in a token between machines, and the join compares them); a tier it lacks is refused by name.
     The fits themselves are replaced: this checks what the plan is given."""
@@ -230,8 +231,8 @@ def test_more_seeds_of_a_grid_take_its_tasks_and_start_evaluations_instead_of_ch
     monkeypatch.setattr(parity, "plan_jobs", lambda args, tasks, *rest: planned.update(tasks) or [])
     monkeypatch.setattr(parity, "run_plan", lambda *args, **kwargs: None)
     monkeypatch.setattr(parity, "assemble", lambda out: {"summary": {}})
-    arguments = ["--steps", "50", "--seeds", "2", "--tiers", "easy", "medium", "--device", "cpu", "--out", str(tmp_path / "more"),
-                 "--tasks-from", str(tmp_path / "earlier.json")]  # fmt: skip
+    arguments = ["--steps", "50", "--seeds", "2", "--tiers", "easy", "medium", "--device", "cpu", "--model", tiny_model_dir,
+                 "--out", str(tmp_path / "more"), "--tasks-from", str(tmp_path / "earlier.json")]  # fmt: skip
     parity.main(arguments)
     assert planned == {tier: earlier["tasks"][tier] for tier in ("easy", "medium")}
     with pytest.raises(SystemExit, match="has no task for no_signal"):
