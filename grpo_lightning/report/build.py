@@ -137,8 +137,9 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     if verdict_changes(matched):
         doc.p(verdict_changes(matched))
     if notes:
-        doc.p(f"Settings without effect: clip settings of {join_names(_noted(arms, notes))} never clipped a "
-              "token; see the section of that name.")  # fmt: skip
+        noted = _noted(arms, notes)  # an arm's note may name one bound of several: the section says which
+        doc.p(f"Settings without effect: {join_names(noted)} {'has' if len(noted) == 1 else 'each have'} a clip "
+              "setting that never clipped a token; see the section of that name.")  # fmt: skip
 
     _runs_section(doc, arms, unfinished, baseline, chosen=bool(meta.get("baseline")))
     _config_section(doc, arms, configs, inconsistent)

@@ -209,7 +209,7 @@ def test_the_report_names_settings_without_effect(tmp_path, cell_writer):
         cell_writer(root, "rloo", seed, 0.5, clip=(0.0, 0.0))
         cell_writer(root, "dapo", seed, 0.5, clip=(0.0, 0.0))  # clip_eps_high 0.28, the others 0.2
     md = report_text(root, tmp_path)
-    assert "Settings without effect: clip settings of **dapo** never clipped a token" in md
+    assert "Settings without effect: **dapo** has a clip setting that never clipped a token" in md
     section = md.split("## Settings without effect")[1].split("## Final metrics")[0]
     assert "- **dapo** (`clip_eps_high`=0.28): clip_ratio/region, clip_ratio/low and clip_ratio/high stayed 0" in section
     assert "**grpo**" not in section and "**rloo**" not in section
@@ -365,3 +365,17 @@ def test_an_arms_name_and_a_completion_show_as_text_in_report_md(tmp_path, cell_
     assert all(len(widths) == 1 for widths in table_widths(md))  # no row has a cell more or less
     html = (target / "report.html").read_text()
     assert "&lt;script&gt;x&lt;/script&gt;|a" in html and "<script" not in html
+
+
+def test_the_summary_does_not_say_every_clip_setting_was_inert_when_one_bound_clipped(tmp_path, cell_writer):
+    """DAPO's lower bound clipped and its raised upper bound did not: the summary names the arm without
+    claiming that all its clip settings were inert; the section names the bound."""
+    root = tmp_path / "sweep"
+    for seed in (0, 1):
+        cell_writer(root, "grpo", seed, 0.5, clip=(0.01, 0.02))
+        cell_writer(root, "dapo", seed, 0.5, clip=(0.01, 0.0))
+    md = report_text(root, tmp_path)
+    assert "Settings without effect: **dapo** has a clip setting that never clipped a token" in md
+    assert "clip settings of **dapo** never clipped" not in md
+    section = md.split("## Settings without effect")[1].split("## Final metrics")[0]
+    assert "**dapo**: its `clip_eps_high`=0.28 never clipped a token" in section
