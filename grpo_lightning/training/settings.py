@@ -21,6 +21,7 @@ from grpo_lightning.data.coverage import warn_lost_characters
 from grpo_lightning.errors import ConfigError, require
 from grpo_lightning.models.sources import WARM_START_PREFIX, resolve_model_source, warm_start_builder
 from grpo_lightning.rewards.scoring import resolve_function
+from grpo_lightning.runtime.cpu_precision import warn_emulated_bf16
 from grpo_lightning.training.options import GROUPS, OptionGroup
 
 def check_model(model: str, policy: Any) -> None:
@@ -108,8 +109,9 @@ def check_rollout_size(prompts_per_step: int | None, group_size: int, minibatch_
 
 
 def check_before_loading(module: Any, stage: str) -> None:
-    """What a fit's settings and data say before any model is loaded (``LightningModule.setup``):
-    the rollout size against ``minibatch_size``."""
+    """What a run's settings and data say before any model is loaded (``LightningModule.setup``):
+    bf16 on a CPU that emulates it, and for a fit the rollout size against ``minibatch_size``."""
+    warn_emulated_bf16(module.trainer)
     if stage == "fit":
         datamodule = module.trainer.datamodule
         settings = module.settings
