@@ -1,7 +1,7 @@
 """Join the cells of several runs of one sweep (more seeds on another day, another machine) into one folder
 that ``grpo-lightning-report`` reads as a single sweep::
 
-    python -m grpo_lightning.ablation.join --out runs/joined runs/sweep_day1 runs/sweep_day2
+    python -m grpo_lightning.ablation.join --out runs/joined runs/sweep_day1 runs/sweep_day2 [--name NAME] [--provenance LINE]
 
 Each source is a sweep's ``output_dir`` or a report's ``data/`` folder. The join refuses what would make
 the report silently wrong: the same cell (arm and seed) in two sources, and cells run with other settings
@@ -63,8 +63,10 @@ def check_same_settings(reference: Mapping[str, Any], cell: Mapping[str, Any], w
                               f"{theirs.get(key)!r}); a joined sweep must be one design: report it apart")  # fmt: skip
 
 
-def join(sources: Sequence[Path], out: Path) -> dict[str, Path]:
-    """Copy the cells of ``sources`` into ``out`` (new or empty) with their provenance; returns each cell's source."""
+def join(sources: Sequence[Path], out: Path, sweep_name: str | None = None, provenance: Sequence[str] = ()) -> dict[str, Path]:
+    """Copy the cells of ``sources`` into ``out`` (new or empty) with their provenance; returns each cell's source.
+    ``sweep_name``: the joined sweep's name (the report's title; default the sources' names); ``provenance``: lines added
+    to its ``sweep.json`` (the report's Provenance section), so that a report rebuilt from ``out`` keeps both."""
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"join: --out {out} is not empty; give a new folder")
     found: dict[str, Path] = {}
@@ -89,6 +91,10 @@ def join(sources: Sequence[Path], out: Path) -> dict[str, Path]:
                                   "a joined sweep must be one design: report it apart")  # fmt: skip
             found[name] = source
     sweep = join_sweep_files([source / SWEEP_FILE for source in sources if (source / SWEEP_FILE).is_file()])
+    if sweep_name:
+        sweep["name"] = sweep_name
+    if provenance:
+        sweep["provenance"] = [*sweep.get("provenance", []), *provenance]
     records = [record for source in sources for record in provenance_records(source)]
     out.mkdir(parents=True, exist_ok=True)
     for name, source in found.items():
@@ -99,17 +105,28 @@ def join(sources: Sequence[Path], out: Path) -> dict[str, Path]:
     return found
 
 
+#: ``sweep.json`` keys that name a source rather than set the report: sources from other folders join.
+LABELS = ("name", "sweep_folder")
+
+
 def join_sweep_files(paths: Sequence[Path]) -> dict[str, Any]:
-    """The sources' ``sweep.json`` as one: the same settings in each (else refused), their provenance lines in order."""
+    """The sources' ``sweep.json`` as one: the same settings in each (else refused), their provenance lines in order,
+    and their labels (``LABELS``: the sweep's name and folder) joined with `` + `` where they differ."""
     joined: dict[str, Any] = {}
     lines: list[str] = []
+    labels: dict[str, list[str]] = {}
     for path in paths:
         data = json.loads(path.read_text())
         lines += [line for line in data.pop("provenance", []) if line not in lines]
+        for key in LABELS:
+            if key in data and str(data[key]) not in labels.setdefault(key, []):
+                labels[key].append(str(data.pop(key)))
+            data.pop(key, None)
         for key, value in data.items():
             if joined.setdefault(key, value) != value:
                 raise ConfigError(f"join: {path} sets {key} to {value!r}, another source to {joined[key]!r}; make them "
                                   "agree (they are the report's settings) or report the runs apart")  # fmt: skip
+    joined.update({key: " + ".join(values) for key, values in labels.items() if values})
     return {**joined, "provenance": lines} if joined or lines else {}
 
 
@@ -117,8 +134,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sources", type=Path, nargs="+", help="sweep output_dirs or reports' data/ folders")
     parser.add_argument("--out", type=Path, required=True, help="a new folder for the joined cells")
+    parser.add_argument("--name", default=None, help="the joined sweep's name, the report's title (default: the sources')")
+    parser.add_argument("--provenance", action="append", default=[], metavar="LINE",
+                        help="a line for the report's Provenance section (the command, card and commit); repeatable")
     args = parser.parse_args(argv)
-    found = join(args.sources, args.out)
+    found = join(args.sources, args.out, args.name, args.provenance)
     for source in args.sources:
         print(f"{source}: {sum(s == source for s in found.values())} cells")
     print(f"{len(found)} cells in {args.out}")

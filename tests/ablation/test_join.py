@@ -68,6 +68,20 @@ def test_report_settings_that_disagree_are_refused(tmp_path):
     assert not (tmp_path / "joined").exists()
 
 
+def test_sweeps_of_other_folders_join_and_the_joined_sweep_names_both(tmp_path):
+    first = run_of(tmp_path / "day1", ["grpo-seed0"], "aaa", "day 1")
+    second = run_of(tmp_path / "day2", ["grpo-seed1"], "bbb", "day 2")
+    for folder in (first, second):
+        (folder / "sweep.json").write_text(json.dumps({"name": folder.name, "sweep_folder": folder.name,
+                                                       "equivalence_margin": 0.02}))  # fmt: skip
+    join([first, second], tmp_path / "joined")
+    record = json.loads((tmp_path / "joined" / "sweep.json").read_text())
+    assert (record["name"], record["sweep_folder"], record["equivalence_margin"]) == ("day1 + day2", "day1 + day2", 0.02)
+    main([str(first), str(second), "--out", str(tmp_path / "named"), "--name", "both days", "--provenance", "one card"])
+    record = json.loads((tmp_path / "named" / "sweep.json").read_text())
+    assert (record["name"], record["sweep_folder"], record["provenance"]) == ("both days", "day1 + day2", ["one card"])
+
+
 def test_two_arms_of_one_variant_that_differ_by_an_override_join(tmp_path):
     first = run_of(tmp_path / "day1", ["grpo-seed0"], "aaa", "day 1")
     second = run_of(tmp_path / "day2", ["grpo-seed1"], "bbb", "day 2")

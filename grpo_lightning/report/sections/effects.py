@@ -1,13 +1,17 @@
 """Settings without effect: an arm whose clip settings set it apart from the other arms, but
-whose clipped surrogate never clipped a token (``clip_ratio/*`` 0 at every step of every seed).
+whose clipped surrogate never clipped a token (``clip_ratio/*`` 0 at every step of every seed),
+where the other arms' settings would not have clipped it either.
 
 With one optimizer step per rollout the importance ratio is exactly 1 when the gradient is
 taken, so no clip range is ever reached and arms that differ only in their clipping are the
-same algorithm.
+same algorithm: no arm clips. Where some arm clipped, a bound that never clipped is without
+effect only when it is the tightest of the arms' (the others' looser bounds would not have
+clipped its ratios either); an unset bound (``null``) never clips and is then no evidence.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -71,26 +75,47 @@ def zero_throughout(arm: Arm, tag: str) -> bool | None:
 
 
 def ineffective_notes(arms: Sequence[Arm], configs: Mapping[str, Mapping[str, str]]) -> list[str]:
-    """One note per arm whose distinct clip settings never clipped."""
+    """One note per arm whose distinct clip settings never clipped, where the other arms' would not have either:
+    no arm clipped at all, or the arm's bound is the tightest of the arms' (``tightest``)."""
     settings = {arm.name: clip_settings(configs[arm.name]) for arm in arms if configs.get(arm.name)}
     distinct = distinct_clip_settings(settings)
+    nothing_clipped = all(zero_throughout(arm, tag) is not False for arm in arms for tag in CLIP_TAGS)
     notes = []
     for arm in arms:
         if arm.name not in distinct:
             continue
         described = ", ".join(f"`{key}`={settings[arm.name][key]}" for key in distinct[arm.name])
         logged = [tag for tag in CLIP_TAGS if zero_throughout(arm, tag) is not None]
-        if logged and all(zero_throughout(arm, tag) for tag in logged):
+        every_setting = nothing_clipped or all(key in BOUND_TAGS and tightest(settings, arm.name, key) for key in distinct[arm.name])
+        if logged and all(zero_throughout(arm, tag) for tag in logged) and every_setting:
             notes.append(
                 f"**{user_text(arm.name)}** ({described}): {_and(logged)} stayed 0 at every step of every seed, so "
                 "its clip settings had no effect; the importance ratio never left the clip range."
             )
             continue
         for key, tag in BOUND_TAGS.items():
-            if key in distinct[arm.name] and zero_throughout(arm, tag):
+            if key in distinct[arm.name] and zero_throughout(arm, tag) and (nothing_clipped or tightest(settings, arm.name, key)):
                 notes.append(f"**{user_text(arm.name)}**: its `{key}`={settings[arm.name][key]} never clipped a token "
                              f"({tag} 0 at every step of every seed).")  # fmt: skip
     return notes
+
+
+def bound(value: str) -> float:
+    """A clip setting as a number; an unset one (``null``, ``None``, ``—``) is no bound: infinitely loose."""
+    try:
+        return float(value)
+    except ValueError:
+        return math.inf
+
+
+def tightest(settings: Mapping[str, Mapping[str, str]], name: str, key: str) -> bool:
+    """Whether arm ``name`` sets ``key`` to a bound no looser than any other arm's, on the same (token or
+    sequence) level: the others' bounds would not have clipped what its own never did."""
+    own = settings[name]
+    level = own.get(SEQUENCE_SETTING)
+    others = [s for arm, s in settings.items() if arm != name]
+    return (math.isfinite(bound(own.get(key, "—"))) and all(s.get(SEQUENCE_SETTING) == level for s in others)
+            and all(bound(own.get(key, "—")) <= bound(s.get(key, "—")) for s in others))  # fmt: skip
 
 
 def _and(items: Sequence[str]) -> str:
@@ -103,8 +128,10 @@ def effects_section(doc: Doc, notes: Sequence[str]) -> None:
     doc.h(2, "Settings without effect")
     doc.p(
         "Arms whose clip settings differ from the other arms' (Configuration above) but whose clipped "
-        "surrogate never clipped: the difference in these settings cannot explain a difference in "
-        "results. A ratio leaves 1 only when the policy moves between sampling and update (several "
-        "optimizer steps per rollout: `minibatch_size` below prompts x `group_size`, or `ppo_epochs` > 1)."
+        "surrogate never clipped, where the other arms' settings would not have clipped them either (no arm "
+        "clipped, or theirs is the tightest bound): these settings did not shape their training. A ratio "
+        "leaves 1 only when the policy moves between sampling and update (several optimizer steps per "
+        "rollout: `minibatch_size` below prompts x `group_size`, or `ppo_epochs` > 1). An unset bound or a "
+        "looser one that never clipped is not listed: the other arms' bound might have clipped it."
     )
     doc.items(list(notes))
