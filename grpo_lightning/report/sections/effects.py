@@ -86,15 +86,16 @@ def ineffective_notes(arms: Sequence[Arm], configs: Mapping[str, Mapping[str, st
             continue
         described = ", ".join(f"`{key}`={settings[arm.name][key]}" for key in distinct[arm.name])
         logged = [tag for tag in CLIP_TAGS if zero_throughout(arm, tag) is not None]
-        every_setting = nothing_clipped or all(key in BOUND_TAGS and tightest(settings, arm.name, key) for key in distinct[arm.name])
-        if logged and all(zero_throughout(arm, tag) for tag in logged) and every_setting:
+        inert = nothing_clipped or all(key in BOUND_TAGS and tightest(settings, arm.name, key) for key in distinct[arm.name])
+        if logged and all(zero_throughout(arm, tag) for tag in logged) and inert:
             notes.append(
                 f"**{user_text(arm.name)}** ({described}): {_and(logged)} stayed 0 at every step of every seed, so "
                 "its clip settings had no effect; the importance ratio never left the clip range."
             )
             continue
         for key, tag in BOUND_TAGS.items():
-            if key in distinct[arm.name] and zero_throughout(arm, tag) and (nothing_clipped or tightest(settings, arm.name, key)):
+            unclipped = key in distinct[arm.name] and zero_throughout(arm, tag)
+            if unclipped and (nothing_clipped or tightest(settings, arm.name, key)):
                 notes.append(f"**{user_text(arm.name)}**: its `{key}`={settings[arm.name][key]} never clipped a token "
                              f"({tag} 0 at every step of every seed).")  # fmt: skip
     return notes
