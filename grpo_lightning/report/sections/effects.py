@@ -79,22 +79,23 @@ def ineffective_notes(arms: Sequence[Arm], configs: Mapping[str, Mapping[str, st
     no arm clipped at all, or the arm's bound is the tightest of the arms' (``tightest``)."""
     settings = {arm.name: clip_settings(configs[arm.name]) for arm in arms if configs.get(arm.name)}
     distinct = distinct_clip_settings(settings)
-    nothing_clipped = all(zero_throughout(arm, tag) is not False for arm in arms for tag in CLIP_TAGS)
+    zero = {arm.name: {tag: zero_throughout(arm, tag) for tag in CLIP_TAGS} for arm in arms}
+    nothing_clipped = all(value is not False for tags in zero.values() for value in tags.values())
     notes = []
     for arm in arms:
         if arm.name not in distinct:
             continue
         described = ", ".join(f"`{key}`={settings[arm.name][key]}" for key in distinct[arm.name])
-        logged = [tag for tag in CLIP_TAGS if zero_throughout(arm, tag) is not None]
+        logged = [tag for tag in CLIP_TAGS if zero[arm.name][tag] is not None]
         inert = nothing_clipped or all(key in BOUND_TAGS and tightest(settings, arm.name, key) for key in distinct[arm.name])
-        if logged and all(zero_throughout(arm, tag) for tag in logged) and inert:
+        if logged and all(zero[arm.name][tag] for tag in logged) and inert:
             notes.append(
                 f"**{user_text(arm.name)}** ({described}): {_and(logged)} stayed 0 at every step of every seed, so "
                 "its clip settings had no effect; the importance ratio never left the clip range."
             )
             continue
         for key, tag in BOUND_TAGS.items():
-            unclipped = key in distinct[arm.name] and zero_throughout(arm, tag)
+            unclipped = key in distinct[arm.name] and zero[arm.name][tag]
             if unclipped and (nothing_clipped or tightest(settings, arm.name, key)):
                 notes.append(f"**{user_text(arm.name)}**: its `{key}`={settings[arm.name][key]} never clipped a token "
                              f"({tag} 0 at every step of every seed).")  # fmt: skip
@@ -112,11 +113,10 @@ def bound(value: str) -> float:
 def tightest(settings: Mapping[str, Mapping[str, str]], name: str, key: str) -> bool:
     """Whether arm ``name`` sets ``key`` to a bound no looser than any other arm's, on the same (token or
     sequence) level: the others' bounds would not have clipped what its own never did."""
-    own = settings[name]
-    level = own.get(SEQUENCE_SETTING)
+    own, level = bound(settings[name].get(key, "—")), settings[name].get(SEQUENCE_SETTING)
     others = [s for arm, s in settings.items() if arm != name]
-    return (math.isfinite(bound(own.get(key, "—"))) and all(s.get(SEQUENCE_SETTING) == level for s in others)
-            and all(bound(own.get(key, "—")) <= bound(s.get(key, "—")) for s in others))  # fmt: skip
+    return (math.isfinite(own) and all(s.get(SEQUENCE_SETTING) == level for s in others)
+            and all(own <= bound(s.get(key, "—")) for s in others))  # fmt: skip
 
 
 def _and(items: Sequence[str]) -> str:
