@@ -13,7 +13,7 @@ import torch
 
 from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_tiny_model, tiny_config
-from tests.helpers import length_parity_reward, merged
+from tests.helpers import LAUNCHER_VARIABLES, length_parity_reward, merged
 
 # Lightning gives its logger a handler of its own and stops propagation when it is imported before the root
 # logger has one, which depends on when pytest installs its capture: route its records to the root logger,
@@ -63,6 +63,24 @@ def pytest_collection_modifyitems(config, items):
         ordered += rest[: max(size, 0)]
         rest = rest[max(size, 0):]
     items[:] = ordered + rest
+
+
+@pytest.fixture(autouse=True)
+def no_process_group_left():
+    """A test that ran a process group in the worker (Lightning's in-process strategies) leaves it open and
+    the launcher's variables set: a later test would run inside it, and its child processes (a fit, a TRL
+    run through accelerate) would take themselves for ranks of a job and bind a port that may still be in
+    use. Each test ends with neither: the group it opened destroyed, the variables as it found them."""
+    before = {name: os.environ.get(name) for name in LAUNCHER_VARIABLES}
+    opened = not torch.distributed.is_initialized()
+    yield
+    if opened and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="module")

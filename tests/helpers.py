@@ -5,6 +5,7 @@ file imports another for what is here."""
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +23,16 @@ from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.variants import GRPO
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+#: What a launcher (torchrun, Lightning's in-process strategies) sets in ``os.environ`` for a process group.
+LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK")
+
+
+def launcher_free_env() -> dict[str, str]:
+    """This process's environment without the launcher's variables: a child started with it is one process
+    of its own, and picks its own port if it starts a process group."""
+    return {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+
 
 # ------------------------------------------------------------------ rewards and arguments
 

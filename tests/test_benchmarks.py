@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import launcher_free_env
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("benchmarks_run", REPO_ROOT / "benchmarks" / "run.py")
 bench = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
@@ -238,13 +240,6 @@ def test_completions_match_by_prompt_and_index_and_gradients_by_name():
     assert scaling.grad_norm(grads) == pytest.approx(math.sqrt(5))
 
 
-def _launcher_free_env() -> dict[str, str]:
-    # Lightning sets MASTER_PORT in this process when a test runs a process group in it, and that
-    # port can still be bound: let the benchmark's runs pick their own.
-    launcher_variables = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
-    return {k: v for k, v in os.environ.items() if k not in launcher_variables}
-
-
 @pytest.mark.slow
 def test_fsdp_scaling_check_fp32_compares_completions_and_first_step_gradients(tmp_path):
     """``--check-fp32`` on two CPU processes: single, fsdp-1 and fsdp-2 sample the same completions
@@ -253,7 +248,7 @@ def test_fsdp_scaling_check_fp32_compares_completions_and_first_step_gradients(t
     command = [sys.executable, "benchmarks/fsdp_scaling.py", "--workload", "W0", "--devices", "2", "--check-fp32",
                "--fp32-shape", "--steps 2", "--micro-batch-size", "4", "--out-dir", str(tmp_path),
                "--extra", *TINY_W0, "--accelerator", "cpu"]  # fmt: skip
-    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=_launcher_free_env())
+    completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=launcher_free_env())
     assert completed.returncode == 0, completed.stderr[-3000:]
     summary = json.loads((tmp_path / "check_fp32.json").read_text())
     runs = ("fsdp-1-fp32", "fsdp-2-fp32", "single-fp32")

@@ -3,6 +3,7 @@ case is a new interpreter, since the end is its exit."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -37,7 +38,10 @@ threading.Thread(target=late).start()  # not a daemon: joined before the atexit 
 def run(tmp_path, end: str, before: str = "") -> tuple[subprocess.CompletedProcess, str]:
     log = tmp_path / "log.txt"
     code = CHILD.format(before=before, end=end)
-    child = subprocess.run([sys.executable, "-c", code, str(log)], capture_output=True, text=True, timeout=60)
+    # -S: no site hook registers an exit handler before the child's code (a .pth file that calls
+    # certifi.where() does, and the early end then rightly stays off); this process's path finds the package
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.run([sys.executable, "-S", "-c", code, str(log)], capture_output=True, text=True, timeout=60, env=env)
     return child, log.read_text()
 
 

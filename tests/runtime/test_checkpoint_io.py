@@ -120,14 +120,7 @@ class RecordingCheckpointIO(AtomicCheckpointIO):
         super().save_checkpoint(checkpoint, path, storage_options)
 
 
-@pytest.fixture
-def process_group_cleanup():
-    yield
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-
-
-def test_fsdp_full_checkpoints_are_written_by_the_plugin(tiny_model_dir, tmp_path, process_group_cleanup):
+def test_fsdp_full_checkpoints_are_written_by_the_plugin(tiny_model_dir, tmp_path):
     plugin = RecordingCheckpointIO()
     every = ModelCheckpoint(tmp_path / "ckpt", "{step}", every_n_train_steps=1, save_top_k=-1)
     trainer = L.Trainer(

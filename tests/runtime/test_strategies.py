@@ -91,13 +91,6 @@ def test_the_fsdp_config_builds_the_strategy():
 # ---------------------------------------------------------------- FSDP in one process
 
 
-@pytest.fixture
-def process_group_cleanup():
-    yield
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-
-
 def fsdp_module(model_dir: str):
     return make_module(model_dir, kl={"beta": 0.04}, policy={"dtype": "float32"})
 
@@ -106,7 +99,7 @@ def fsdp_strategy() -> PolicyFSDPStrategy:
     return PolicyFSDPStrategy(mixed_precision=None, activation_checkpointing=True)
 
 
-def test_fsdp_shards_each_model_on_its_own_and_trains_as_without_it(tiny_model_dir, tmp_path, process_group_cleanup, monkeypatch):
+def test_fsdp_shards_each_model_on_its_own_and_trains_as_without_it(tiny_model_dir, tmp_path, monkeypatch):
     clipped = []
     monkeypatch.setattr(grpo_lightning.runtime.strategies, "clip_grad_norm_", lambda model, norm: clipped.append(norm) or model.clip_grad_norm_(norm))
 
@@ -147,7 +140,7 @@ def test_fsdp_shards_each_model_on_its_own_and_trains_as_without_it(tiny_model_d
 
 
 def test_ppo_under_fsdp_shards_its_critic_with_a_unit_per_layer_and_one_for_the_fp32_head(
-    tiny_model_dir, tmp_path, process_group_cleanup
+    tiny_model_dir, tmp_path
 ):
     from grpo_lightning.variants import PPO
 
@@ -164,7 +157,7 @@ def test_ppo_under_fsdp_shards_its_critic_with_a_unit_per_layer_and_one_for_the_
     assert {"value_model.head.weight", "value_model.backbone.norm.weight"} <= names  # plain names, gathered
 
 
-def test_gathered_fsdp_rollouts_refuse_the_static_cache_engine(tiny_model_dir, tmp_path, process_group_cleanup):
+def test_gathered_fsdp_rollouts_refuse_the_static_cache_engine(tiny_model_dir, tmp_path):
     strategy = PolicyFSDPStrategy(mixed_precision=None, rollout_weights="gather")
     with pytest.raises(ConfigError, match="engine.rollout: .*rollout_weights='gather'"):
         fit(make_module(tiny_model_dir, engine=EngineOptions(rollout="static")), 1, tmp_path, strategy=strategy)
@@ -185,7 +178,7 @@ def refreshes(monkeypatch) -> list[int]:
 
 @pytest.mark.parametrize("fused", [False, True], ids=["", "fused-projections"])
 def test_fsdp_rollouts_sample_from_a_replica_refreshed_after_each_step(
-    tiny_model_dir, tmp_path, process_group_cleanup, refreshes, fused
+    tiny_model_dir, tmp_path, refreshes, fused
 ):
     """With ``fuse_projections`` the replica's q/k/v and gate/up parameters are views of one buffer
     per layer; the in-place refreshes keep them so (the engine fuses once)."""
@@ -440,7 +433,7 @@ def test_dapo_dynamic_sampling_over_two_fsdp_processes_updates_together(tiny_mod
     assert len(ranks[0]["prompts"]) == len(ranks[1]["prompts"]) > 3 * 2  # generation batches beyond one a step
 
 
-def test_an_unsharded_reference_model_gives_the_sharded_ones_results(tiny_model_dir, tmp_path, process_group_cleanup):
+def test_an_unsharded_reference_model_gives_the_sharded_ones_results(tiny_model_dir, tmp_path):
     strategy = PolicyFSDPStrategy(mixed_precision=None, reference_weights="unsharded")
     grpo = make_module(tiny_model_dir, kl={"beta": 0.04}, policy={"dtype": "float32"})
     whole, _ = fit(grpo, 2, tmp_path / "whole", strategy=strategy)
@@ -459,14 +452,14 @@ def test_an_unsharded_reference_model_gives_the_sharded_ones_results(tiny_model_
         PolicyFSDPStrategy(reference_weights="replica")
 
 
-def test_an_unsharded_reference_model_computes_in_the_strategys_dtype(tiny_model_dir, tmp_path, process_group_cleanup):
+def test_an_unsharded_reference_model_computes_in_the_strategys_dtype(tiny_model_dir, tmp_path):
     grpo = make_module(tiny_model_dir, kl={"beta": 0.04}, policy={"dtype": "float32"})
     fit(grpo, 1, tmp_path, strategy=PolicyFSDPStrategy(mixed_precision="bf16", reference_weights="unsharded"))
     assert {p.dtype for p in grpo.ref_model.parameters()} == {torch.bfloat16}
     assert {b.dtype for b in grpo.ref_model.buffers()} == {torch.float32}  # rotary frequencies keep fp32
 
 
-def test_under_32_true_the_shards_are_float32_whatever_dtype_loaded_them(tiny_model_dir, tmp_path, process_group_cleanup):
+def test_under_32_true_the_shards_are_float32_whatever_dtype_loaded_them(tiny_model_dir, tmp_path):
     """As the strategy's docstring says and W4's memory breakdown shows: Lightning's FSDP precision
     ``32-true`` casts the module, so a bf16-loaded model trains float32 shards, its reference too."""
     grpo = make_module(tiny_model_dir, kl={"beta": 0.04}, policy={"dtype": "bfloat16"})
@@ -486,6 +479,6 @@ def test_a_replica_has_its_own_config_so_the_engine_switches_its_attention_alone
         assert policy.config._attn_implementation == "sdpa"
 
 
-def test_cpu_offload_on_a_cpu_run_is_a_config_error(tiny_model_dir, tmp_path, process_group_cleanup):
+def test_cpu_offload_on_a_cpu_run_is_a_config_error(tiny_model_dir, tmp_path):
     with pytest.raises(ConfigError, match="cpu_offload: .*on CUDA only"):
         fit(make_module(tiny_model_dir), 1, tmp_path, strategy=PolicyFSDPStrategy(mixed_precision=None, cpu_offload=True))

@@ -18,15 +18,14 @@ from transformers import AutoModelForCausalLM
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from grpo_lightning.cli.resources import config_dir
+from tests.helpers import launcher_free_env
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = config_dir()
 STEPS = 2
-#: Launcher variables of the test's own environment that would change what a run sees.
 DDP = ["--trainer.strategy", "ddp"]
 #: The sharded strategy of configs/strategy/fsdp.yaml, in float32 on the CPU.
 FSDP = ["--trainer.strategy", "grpo_lightning.runtime.strategies.PolicyFSDPStrategy", "--trainer.strategy.mixed_precision", "null"]
-LAUNCHER_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "WORLD_SIZE", "RANK", "LOCAL_RANK", "GROUP_RANK")
 
 
 def free_port() -> int:
@@ -103,7 +102,7 @@ def fit_command(model_dir: str, out: Path, nodes: int, devices: int, strategy: l
 
 
 def launch(command: list[str], out: Path, name: str, **variables: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    env = launcher_free_env()
     path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])  # the reward: conftest's
     env.update(PYTHONPATH=path, OMP_NUM_THREADS="1", **variables)
     out.mkdir(parents=True, exist_ok=True)

@@ -158,13 +158,6 @@ def test_distillation_brings_the_student_closer_to_the_teacher_on_held_out_promp
     assert before - after >= MARGIN, (before, after)
 
 
-@pytest.fixture
-def process_group_cleanup():
-    yield
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-
-
 def fsdp_fit(student_dir: str, teacher_dir: str, strategy: PolicyFSDPStrategy) -> tuple[OnPolicyDistillation, L.Trainer]:
     """One optimizer step under FSDP in one process (gloo): every FSDP hook runs, nothing is split."""
     L.seed_everything(0)
@@ -178,7 +171,7 @@ def fsdp_fit(student_dir: str, teacher_dir: str, strategy: PolicyFSDPStrategy) -
 
 
 def test_under_fsdp_the_teacher_is_sharded_like_the_reference_and_stays_out_of_the_optimizer(
-    tiny_model_dir, teacher_dir, tmp_path, process_group_cleanup, one_torch_thread
+    tiny_model_dir, teacher_dir, tmp_path, one_torch_thread
 ):
     module, trainer = fsdp_fit(tiny_model_dir, teacher_dir, PolicyFSDPStrategy(mixed_precision=None))
     assert isinstance(module.teacher_model, FullyShardedDataParallel)
@@ -189,7 +182,7 @@ def test_under_fsdp_the_teacher_is_sharded_like_the_reference_and_stays_out_of_t
 
 
 def test_under_fsdp_an_unsharded_teacher_computes_in_the_strategys_dtype(tiny_model_dir, teacher_dir, tmp_path,
-                                                                         process_group_cleanup, one_torch_thread):  # fmt: skip
+                                                                         one_torch_thread):  # fmt: skip
     strategy = PolicyFSDPStrategy(mixed_precision="bf16", reference_weights="unsharded")
     module, _ = fsdp_fit(tiny_model_dir, teacher_dir, strategy)
     assert not any(isinstance(m, FullyShardedDataParallel) for m in module.teacher_model.modules())
