@@ -105,6 +105,8 @@ def test_identical_arms_and_other_starts_are_flagged(tmp_path, cell_writer):
     [
         ({"load_peak": 3.1}, "the 1-minute load average reached 3.1 on 2 cores"),
         ({"parallel": 2}, "2 cells ran at once on the CPU"),
+        ({"parallel": 8, "devices": ["0"]}, "8 cells ran at once on 1 GPU"),  # a cell's time: which cells ran beside it
+        ({"parallel": 4, "devices": ["0", "1"]}, "4 cells ran at once on 2 GPUs"),
     ],
 )
 def test_a_loaded_machine_flags_wall_clock(tmp_path, cell_writer, changes, reason):

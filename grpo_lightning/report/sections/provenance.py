@@ -34,15 +34,19 @@ def peak_load(record: Mapping[str, Any]) -> float | None:
 
 def wall_clock_caveat(records: Sequence[Mapping[str, Any]]) -> str | None:
     """Why wall-clock times of this sweep cannot be compared, or None: the load average exceeded
-    the core count, or several cells shared the CPU."""
+    the core count, or several cells shared the CPU or a GPU (a cell's time then depends on which
+    cells ran beside it, which the order of the cells decides, not the algorithm)."""
     reasons = []
     for record in records:
         cores = (record.get("machine") or {}).get("cores")
         load = peak_load(record)
         if cores and load is not None and load > cores:
             reasons.append(f"the 1-minute load average reached {fmt(load)} on {cores} cores")
-        if int(record.get("parallel") or 1) > 1 and not record.get("devices"):
-            reasons.append(f"{record['parallel']} cells ran at once on the CPU")
+        parallel, devices = int(record.get("parallel") or 1), len(record.get("devices") or [])
+        if parallel > 1 and not devices:
+            reasons.append(f"{parallel} cells ran at once on the CPU")
+        elif parallel > devices > 0:
+            reasons.append(f"{parallel} cells ran at once on {devices} GPU{'s' if devices > 1 else ''}")
     if not reasons:
         return None
     unique = list(dict.fromkeys(reasons))
