@@ -8,8 +8,11 @@ With ``rho_t = pi_train(y_t) / pi_rollout(y_t)``, the loss of token ``t`` is wei
 
 - ``token_truncate``: ``min(rho_t, C)`` (``correction_cap``), truncated importance sampling (TIS; Yao
   et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training");
-- ``token_mask``: ``1[rho_t <= C]``, masked importance sampling (MIS);
-- ``sequence_truncate`` / ``sequence_mask``: the same with the completion's ratio ``rho = prod_t rho_t``;
+- ``token_mask``: ``rho_t 1[rho_t <= C]``, masked importance sampling (MIS; Liu, Li et al. 2025, "When
+  speed kills stability"; TRL's ``vllm_importance_sampling_mode="token_mask"``): the ratio below the
+  cap, zero above it;
+- ``sequence_truncate`` / ``sequence_mask``: the same with the completion's ratio ``rho = prod_t rho_t``
+  (``min(rho, C)``, ``rho 1[rho <= C]``);
 - ``icepop``: ``rho_t 1[alpha <= rho_t <= beta]`` (``correction_lower``/``_upper``, default
   [0.5, 5], as prime-rl's IcePop loss first shipped): IcePop (Ring-1T, arXiv 2510.18855), the
   ratio inside the band, zero outside;
@@ -17,7 +20,8 @@ With ``rho_t = pi_train(y_t) / pi_rollout(y_t)``, the loss of token ``t`` is wei
   (default [0.999, 1.001]): verl's geometric rejection sampling;
 - ``kpop``: ``1[max(KL_b(p_t || q_t), KL_b(q_t || p_t)) <= phi]`` (``correction_kl_threshold``,
   default 0.05, ours: no published default was found) with ``p_t = pi_train(y_t)``,
-  ``q_t = pi_rollout(y_t)`` and the binary KL ``KL_b(p || q) = p log(p/q) + (1-p) log((1-p)/(1-q))``:
+  ``q_t = pi_rollout(y_t)`` and the binary KL ``KL_b(p || q) = p log(p/q) + (1-p) log((1-p)/(1-q))``
+  (``1-p`` as ``-expm1(log p)``, bounded below at the dtype's resolution: :func:`binary_kl`):
   AReaL's K-Pop mask;
 - ``m2po``: ``1[(log rho_t)^2 < c]``, ``c`` the smallest squared log-ratio that the rollout's second
   moment ``mean_kept (log rho)^2 <= tau`` (``correction_second_moment``, default 0.04) cannot keep:
@@ -27,8 +31,12 @@ With ``rho_t = pi_train(y_t) / pi_rollout(y_t)``, the loss of token ``t`` is wei
 
 The update's old (proximal) log-probs, ``sampling.old_logprobs`` (:data:`OLD_LOGPROBS`): ``recompute``,
 a forward pass before the update where it takes several steps; ``bypass``, the sampler's own
-(``pi_old = pi_rollout``: verl's bypass mode, no pass, and the correction compares the current
-policy with the sampler's); ``loglinear``, AReaL's approximation (:func:`proximal_logprobs`, no pass).
+(``pi_old = pi_rollout``: verl's bypass mode, no pass); ``loglinear``, AReaL's approximation
+(:func:`proximal_logprobs`, no pass). Under ``bypass`` the update's ratio ``pi_theta / pi_rollout`` is
+already the importance weight, so a correction adds only its rejection (:func:`correction_keep`, of
+the current policy against the sampler's: a token or completion it rejects weighs 0, one it keeps
+1, as verl's bypass mode with the PPO loss); a correction that only truncates
+(:data:`WEIGHT_ONLY`) has nothing left to add there and is refused (:func:`check_old_logprobs`).
 
 Off by default: measured on W1 (benchmarks/RESULTS.md), both engines agree with the training pass
 to about 0.01 nats per token (ratios within [0.95, 1.05]) in bf16, so a cap of 2 never binds there.
@@ -53,6 +61,8 @@ from grpo_lightning.errors import ConfigError, require
 OLD_LOGPROBS = ("recompute", "bypass", "loglinear")
 #: The corrections whose mask is chosen over the whole rollout, from its old log-probs.
 OVER_ROLLOUT = ("m2po",)
+#: The corrections that only reweight (no token gets weight 0): refused under ``old_logprobs: bypass``.
+WEIGHT_ONLY = ("token_truncate", "sequence_truncate")
 #: The default cap of ``token_truncate``, ``token_mask``, ``sequence_truncate`` and ``sequence_mask``.
 CAP = 2.0
 #: The options that bound a correction (``sampling.<name>``); ``correction_cap`` is unset at :data:`CAP`.
@@ -103,9 +113,12 @@ class Correction:
     def over_rollout(self) -> bool:
         return self.mode in OVER_ROLLOUT
 
-    def weights(self, train_logp: Tensor, sampling_logp: Tensor, mask: Tensor) -> Tensor:
-        """Weights ``[N, T]`` of the per-token policy loss (:func:`correction_weights`)."""
+    def weights(self, train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, keep_only: bool = False) -> Tensor:
+        """Weights ``[N, T]`` of the per-token policy loss (:func:`correction_weights`); ``keep_only``:
+        its rejection alone, 0 or 1 (:func:`correction_keep`, under ``old_logprobs: bypass``)."""
         bounds = {name.removeprefix("correction_"): self.bound(name) for name in BOUNDS[self.mode]}
+        if keep_only:
+            return correction_keep(train_logp, sampling_logp, mask, self.mode, **bounds)
         return correction_weights(train_logp, sampling_logp, mask, self.mode, **bounds)
 
 
@@ -127,9 +140,18 @@ def geometric_ratio(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor) -> 
 
 def binary_kl(logp: Tensor, logq: Tensor) -> Tensor:
     """``KL_b(p || q) = p log(p/q) + (1-p) log((1-p)/(1-q))`` of the Bernoulli distributions with
-    ``p = exp(logp)``, ``q = exp(logq)``, elementwise (``0 log 0 = 0``; ``+inf`` where ``q`` is 1 and ``p`` not)."""
-    p, q = logp.exp(), logq.exp()
-    return p * (logp - logq) + torch.xlogy(1 - p, 1 - p) - torch.xlogy(1 - p, 1 - q)
+    ``p = exp(logp)``, ``q = exp(logq)``, elementwise (AReaL's K-Pop divergence).
+
+    The complements are ``-expm1(log p)`` (exact near ``p = 1``, where ``1 - exp(log p)`` cancels),
+    bounded below at the dtype's resolution ``eps``: a log-prob that rounds to exactly 0 says only that
+    the complement is under about ``eps``, so two passes of a near-certain token that agree to
+    ~1e-6 nats have a KL of that order, not ``+inf``. Finite everywhere; a token whose
+    probabilities really differ keeps a large KL (``q = 1``, ``p = 0.5``: ``0.5 log(0.5 / eps)``)."""
+    resolution = torch.finfo(logp.dtype).eps
+    p = logp.exp()
+    not_p = (-torch.expm1(logp)).clamp(min=resolution)
+    not_q = (-torch.expm1(logq)).clamp(min=resolution)
+    return p * (logp - logq) + not_p * (not_p.log() - not_q.log())
 
 
 def second_moment_mask(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, tau: float) -> Tensor:
@@ -151,9 +173,23 @@ def token_truncate(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, cap:
     return importance_ratio(train_logp, sampling_logp, mask, "token").clamp(max=cap)
 
 
+def ratio_in_band(ratio: Tensor, lower: float | None, upper: float) -> Tensor:
+    """``1[lower <= ratio <= upper]`` (no lower bound for ``None``), in ``ratio``'s dtype."""
+    kept = ratio <= upper
+    if lower is not None:
+        kept = kept & (ratio >= lower)
+    return kept.to(ratio.dtype)
+
+
+def ratio_kept(ratio: Tensor, lower: float | None, upper: float) -> Tensor:
+    """``ratio 1[lower <= ratio <= upper]``: zero outside the band (also where the ratio overflowed to ``inf``)."""
+    return torch.where(ratio_in_band(ratio, lower, upper) > 0, ratio, torch.zeros_like(ratio))
+
+
 def token_mask(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, cap: float) -> Tensor:
-    """MIS: ``1[rho_t <= C]``."""
-    return (importance_ratio(train_logp, sampling_logp, mask, "token") <= cap).to(mask.dtype)
+    """MIS (masked importance sampling; Liu, Li et al. 2025; TRL's ``token_mask``): ``rho_t 1[rho_t <= C]``,
+    the ratio below the cap and zero above it."""
+    return ratio_kept(importance_ratio(train_logp, sampling_logp, mask, "token"), None, cap)
 
 
 def sequence_truncate(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, cap: float) -> Tensor:
@@ -162,14 +198,14 @@ def sequence_truncate(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, c
 
 
 def sequence_mask(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, cap: float) -> Tensor:
-    """``1[prod_t rho_t <= C]`` for every token of the completion."""
-    return (importance_ratio(train_logp, sampling_logp, mask, "sequence") <= cap).to(mask.dtype)
+    """Sequence-level MIS (TRL's ``sequence_mask``): ``rho 1[rho <= C]`` with ``rho = prod_t rho_t``,
+    for every token of the completion."""
+    return ratio_kept(importance_ratio(train_logp, sampling_logp, mask, "sequence"), None, cap)
 
 
 def icepop(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, lower: float, upper: float) -> Tensor:
     """IcePop: ``rho_t 1[lower <= rho_t <= upper]``."""
-    rho = importance_ratio(train_logp, sampling_logp, mask, "token")
-    return torch.where((rho >= lower) & (rho <= upper), rho, torch.zeros_like(rho))
+    return ratio_kept(importance_ratio(train_logp, sampling_logp, mask, "token"), lower, upper)
 
 
 def geo_rs(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, lower: float, upper: float) -> Tensor:
@@ -204,6 +240,17 @@ CORRECTION_PARTS: dict[str, tuple[Callable[..., Tensor], dict[str, float]]] = {
 }
 #: Values of ``sampling.correction`` besides ``None`` (off).
 CORRECTIONS = tuple(CORRECTION_PARTS)
+#: ``sampling.correction`` -> its rejection alone ``[N, T]`` (1 kept, 0 rejected) of ``(train_logp,
+#: sampling_logp, mask, **bounds)``, without the ratio it weights the kept tokens by: what it adds
+#: under ``old_logprobs: bypass``. Every correction but :data:`WEIGHT_ONLY`.
+KEEP_PARTS: dict[str, Callable[..., Tensor]] = {
+    "token_mask": lambda t, s, m, cap: ratio_in_band(importance_ratio(t, s, m, "token"), None, cap),
+    "sequence_mask": lambda t, s, m, cap: ratio_in_band(importance_ratio(t, s, m, "sequence"), None, cap),
+    "icepop": lambda t, s, m, lower, upper: ratio_in_band(importance_ratio(t, s, m, "token"), lower, upper),
+    "geo_rs": geo_rs,
+    "kpop": kpop,
+    "m2po": m2po,
+}
 #: Each correction's bound options and their defaults.
 BOUNDS: dict[str, dict[str, float]] = {mode: defaults for mode, (_, defaults) in CORRECTION_PARTS.items()}
 
@@ -216,11 +263,40 @@ def correction_weights(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, 
     if mode not in CORRECTION_PARTS:
         raise ConfigError(f"sampling.correction: {mode!r} is not one of {', '.join(CORRECTIONS)} or null")
     function, defaults = CORRECTION_PARTS[mode]
-    given = {"cap": cap, **bounds}
-    arguments = {name.removeprefix("correction_"): given.get(name.removeprefix("correction_"), value)
-                 for name, value in defaults.items()}  # fmt: skip
-    weights = function(train_logp, sampling_logp, mask, **arguments)
+    weights = function(train_logp, sampling_logp, mask, **mode_arguments(defaults, cap, bounds))
     return torch.where(mask > 0, weights, torch.ones_like(weights))  # 1 outside the mask, as the ratios
+
+
+def mode_arguments(defaults: dict[str, float], cap: float, bounds: dict[str, float]) -> dict[str, float]:
+    """The bounds a mode reads (``defaults``, by option name), as given in ``cap`` and ``bounds``, else their defaults."""
+    given = {"cap": cap, **bounds}
+    return {name.removeprefix("correction_"): given.get(name.removeprefix("correction_"), value)
+            for name, value in defaults.items()}  # fmt: skip
+
+
+def correction_keep(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, mode: str, cap: float = CAP,
+                    **bounds: float) -> Tensor:  # fmt: skip
+    """The rejection of ``mode`` alone ``[N, T]``: 0 where it rejects a token (or its completion), 1
+    where it keeps it and outside ``mask``, no ratio (:data:`KEEP_PARTS`). The weights under
+    ``old_logprobs: bypass``, whose update ratio ``pi_theta / pi_rollout`` is the importance weight
+    already (verl's bypass mode with the PPO loss applies no IS weight, only its rejection masks).
+    A mode of :data:`WEIGHT_ONLY` has none: :class:`ConfigError`."""
+    if mode not in KEEP_PARTS:
+        raise ConfigError(f"sampling.correction: {mode} only reweights and rejects nothing, so under "
+                          "sampling.old_logprobs bypass it has nothing to add to the update's ratio")  # fmt: skip
+    keep = KEEP_PARTS[mode](train_logp, sampling_logp, mask, **mode_arguments(BOUNDS[mode], cap, bounds))
+    return torch.where(mask > 0, keep, torch.ones_like(keep))
+
+
+def check_old_logprobs(correction: Correction, old_logprobs: str) -> None:
+    """Raise :class:`ConfigError` for ``sampling.old_logprobs: bypass`` with a correction that only
+    reweights (:data:`WEIGHT_ONLY`): under bypass the update's ratio is ``pi_theta / pi_rollout``
+    already, and such a correction could only apply the importance weight a second time."""
+    require(old_logprobs != "bypass" or correction.mode not in WEIGHT_ONLY,
+            f"sampling.correction: {correction.mode} with sampling.old_logprobs bypass would weight each token by "
+            "pi_theta / pi_rollout twice (the update's ratio is that importance weight already under bypass); set "
+            "sampling.old_logprobs to recompute, or sampling.correction to a masking correction (token_mask, "
+            "sequence_mask, icepop, geo_rs, kpop), which under bypass adds only its rejection.")  # fmt: skip
 
 
 def mismatch_metrics(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor) -> dict[str, tuple[Tensor, str]]:
@@ -264,12 +340,13 @@ def behaviour_kl(logp: Tensor, sampling_logp: Tensor, mask: Tensor) -> Tensor:
 
 def correct_policy_loss(
     loss: Tensor, train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, correction: Correction, metrics: Any,
-    weights: Tensor | None = None, current_logp: Tensor | None = None,
+    weights: Tensor | None = None, current_logp: Tensor | None = None, keep_only: bool = False,
 ) -> Tensor:  # fmt: skip
     """Log the mismatch (:func:`mismatch_metrics`, and :func:`behaviour_kl` of ``current_logp``,
     default ``train_logp``) into the step's ``metrics`` and return the per-token ``loss`` weighted for
     ``correction`` (unchanged when its mode is ``None``); ``weights``: those chosen over the whole
-    rollout (:data:`OVER_ROLLOUT`), at these rows."""
+    rollout (:data:`OVER_ROLLOUT`), at these rows; ``keep_only``: the correction's rejection alone,
+    no ratio (:func:`correction_keep`: ``old_logprobs: bypass``, whose update ratio is the importance weight)."""
     tokens = mask.sum()
     for name, (value, reduce) in mismatch_metrics(train_logp, sampling_logp, mask).items():
         metrics.update(name, value, tokens if reduce == "mean" else 1.0, reduce=reduce)
@@ -278,7 +355,7 @@ def correct_policy_loss(
     if correction.mode is None:
         return loss
     if weights is None:
-        weights = correction.weights(train_logp, sampling_logp, mask)
+        weights = correction.weights(train_logp, sampling_logp, mask, keep_only)
     masked = ((weights == 0) & (mask > 0)).sum() / tokens.clamp(min=1)
     metrics.update("sampling/masked_fraction", masked, tokens)
     return loss * weights

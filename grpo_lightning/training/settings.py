@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from grpo_lightning.algorithms.kl import KL_PLACEMENTS
+from grpo_lightning.algorithms.rollout_correction import check_old_logprobs
 from grpo_lightning.data.checks import fit_prompts
 from grpo_lightning.data.coverage import warn_lost_characters
 from grpo_lightning.errors import ConfigError, require
@@ -169,5 +170,9 @@ def preset(variant: type, name: str) -> Any:
 
 def resolve_groups(variant: type, values: Mapping[str, Any]) -> dict[str, OptionGroup]:
     """Each group of ``values`` (a group, a dict of some of its fields, or ``None``) made and
-    checked against ``variant``'s preset."""
-    return {name: cls.of(values[name], preset(variant, name)) for name, cls in GROUPS.items()}
+    checked against ``variant``'s preset; then ``sampling.correction`` against ``sampling.old_logprobs``
+    (:func:`~grpo_lightning.algorithms.rollout_correction.check_old_logprobs`)."""
+    groups = {name: cls.of(values[name], preset(variant, name)) for name, cls in GROUPS.items()}
+    sampling = groups["sampling"]
+    check_old_logprobs(sampling.rollout_correction(), sampling.old_logprobs)
+    return groups

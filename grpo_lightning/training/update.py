@@ -81,7 +81,9 @@ class PolicyUpdate:
         own where the update needs one (:meth:`needs_old_logprobs`, a KL in the reward, a correction
         chosen over the whole rollout) and ``recompute`` asks for it, the sampler's under ``bypass``, and
         under ``loglinear`` the version the update starts from (``rollout.derived["proximal_version"]``);
-        the weights of a correction chosen over the rollout (``rollout.derived["correction_weights"]``)."""
+        the weights of a correction chosen over the rollout (``rollout.derived["correction_weights"]``),
+        over the tokens that carry loss (:meth:`loss_mask`: a completion that carries none, truncated
+        under ``loss.mask_truncated_completions``, does not count in m2po's second moment)."""
         source, correction = self.sampling_options.old_logprobs, self.settings.rollout_correction
         over_rollout = correction.over_rollout and rollout.sampling_logp is not None
         needed = source == "recompute" and self.needs_old_logprobs(len(rollout))
@@ -93,7 +95,8 @@ class PolicyUpdate:
             version = torch.full((len(rollout),), self.policy_version, device=rollout.device)
             rollout.derived["proximal_version"] = version
         if over_rollout:
-            weights = correction.weights(rollout.old_logp, rollout.sampling_logp, rollout.completion_mask)
+            loss_mask = self.loss_mask(rollout, torch.arange(len(rollout)))
+            weights = correction.weights(rollout.old_logp, rollout.sampling_logp, loss_mask)
             rollout.derived["correction_weights"] = weights
 
     def old_logprobs(self, micro: MicroBatch, logp: Tensor) -> Tensor:
@@ -250,9 +253,12 @@ class PolicyUpdate:
         if self.coefficients.entropy_coef:  # its gradient raises each loss token's entropy
             loss = loss + self.coefficients.entropy_coef * entropy_bonus(logp, old_logp)
         if micro.sampling_logp is not None:  # the engine's log-probs against this pass's
-            behaviour_of = logp if self.sampling_options.old_logprobs == "bypass" else old_logp  # bypass: old = rollout
-            loss = correct_policy_loss(loss, behaviour_of, micro.sampling_logp, mask, self.settings.rollout_correction,
-                                       self.step_metrics, micro.derived.get("correction_weights"), logp)  # fmt: skip
+            # bypass: old = rollout, so the ratio above is pi_theta / pi_rollout, the importance weight itself;
+            # the correction compares the current policy with the sampler's and adds only its rejection
+            bypass = self.sampling_options.old_logprobs == "bypass"
+            loss = correct_policy_loss(loss, logp if bypass else old_logp, micro.sampling_logp, mask,
+                                       self.settings.rollout_correction, self.step_metrics,
+                                       micro.derived.get("correction_weights"), logp, keep_only=bypass)  # fmt: skip
         if self.loss_options.top_entropy_quantile < 1:
             loss = loss * functional.top_entropy_mask(entropy, mask, self.loss_options.top_entropy_quantile)
         if micro.ref_logp is not None:

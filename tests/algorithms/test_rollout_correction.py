@@ -17,7 +17,9 @@ from grpo_lightning.algorithms.rollout_correction import (
     CORRECTIONS,
     Correction,
     binary_kl,
+    check_old_logprobs,
     correct_policy_loss,
+    correction_keep,
     correction_weights,
     importance_ratio,
     mismatch_metrics,
@@ -48,9 +50,11 @@ def test_token_and_sequence_ratios_by_hand():
     ("mode", "cap", "expected"),
     [
         ("token_truncate", 2.0, [[0.5, 2.0, 1.0], [1.0, 0.8, 1.0]]),
-        ("token_mask", 2.0, [[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]]),
+        # MIS (TRL's token_mask / sequence_mask): the ratio where it is <= C, zero above it.
+        ("token_mask", 2.0, [[0.5, 0.0, 1.0], [1.0, 0.8, 1.0]]),
         ("sequence_truncate", 1.2, [[1.2, 1.2, 1.2], [0.8, 0.8, 1.0]]),
-        ("sequence_mask", 1.2, [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]),
+        ("sequence_mask", 1.2, [[0.0, 0.0, 0.0], [0.8, 0.8, 1.0]]),  # products 1.5 > 1.2, 0.8 kept
+        ("sequence_mask", 2.0, [[1.5, 1.5, 1.5], [0.8, 0.8, 1.0]]),
     ],
 )
 def test_correction_weights_by_hand(mode, cap, expected):
@@ -135,7 +139,7 @@ def test_the_2026_corrections_are_registered():
         # geo_rs: 1.1447 is inside [0.9, 1.2], 0.8944 below it: the second completion is rejected.
         ("geo_rs", dict(lower=0.9, upper=1.2), [[1.0, 1.0, 1.0], [0.0, 0.0, 1.0]]),
         ("geo_rs", dict(lower=0.999, upper=1.001), [[0.0, 0.0, 0.0], [0.0, 0.0, 1.0]]),
-        # kpop: binary KLs 0.5 vs 1.0: inf; 0.3 vs 0.1: 0.1537 (and 0.1163 reversed); 0.4 vs 0.5: 0.0204.
+        # kpop: binary KLs 0.5 vs 1.0: 7.28 (1 - q bounded at eps = 2^-23); 0.3 vs 0.1: 0.1537 (and 0.1163 reversed); 0.4 vs 0.5: 0.0204.
         ("kpop", dict(kl_threshold=0.05), [[0.0, 0.0, 1.0], [1.0, 1.0, 1.0]]),
         ("kpop", dict(kl_threshold=0.2), [[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]]),
         ("kpop", dict(kl_threshold=0.02), [[0.0, 0.0, 1.0], [1.0, 0.0, 1.0]]),
@@ -153,7 +157,28 @@ def test_binary_kl_by_hand():
     p, q = torch.log(torch.tensor([0.4, 0.3, 0.2])), torch.log(torch.tensor([0.5, 0.1, 0.2]))
     # 0.4 ln(0.8) + 0.6 ln(1.2); 0.3 ln(3) + 0.7 ln(7/9); 0
     close(binary_kl(p, q), [0.4 * math.log(0.8) + 0.6 * math.log(1.2), 0.3 * math.log(3) + 0.7 * math.log(7 / 9), 0.0])
-    assert binary_kl(torch.tensor([math.log(0.5)]), torch.tensor([0.0])).item() == math.inf  # q = 1, p < 1
+    # q = 1 (log q rounds to 0), p = 0.5: 1 - q is bounded below at float32's eps = 2^-23, so the KL is
+    # 0.5 ln 0.5 + 0.5 ln(0.5 / eps) = 0.5 (23 ln 2 - 2 ln 2) = 7.2780 (finite, far above any phi), and 0.6931 the other way
+    eps = 2.0**-23
+    kl = binary_kl(torch.tensor([math.log(0.5), 0.0]), torch.tensor([0.0, math.log(0.5)]))
+    torch.testing.assert_close(kl, torch.tensor([0.5 * math.log(0.5) + 0.5 * math.log(0.5 / eps),
+                                                 math.log(2) + eps * math.log(2 * eps)]))  # fmt: skip
+
+
+def test_kpop_keeps_a_near_certain_token_whose_passes_agree():
+    # float32 log-probs of a near-certain token: the training pass rounds to exactly 0, the rollout's
+    # is -5 eps = -5.96e-7 (eps = 2^-23), so 1 - q = 5 eps (to 3e-13) and 1 - p is bounded at eps:
+    # KL_b(p || q) = 5 eps + eps ln(eps / 5 eps) = eps (5 - ln 5) = 4.0419e-7,
+    # KL_b(q || p) = (1 - 5 eps)(-5 eps) + 5 eps ln 5 = 5 eps (ln 5 - 1) = 3.6325e-7 (to 1e-12): far below phi = 0.05.
+    eps = 2.0**-23
+    train, sampling = torch.tensor([[0.0]]), torch.tensor([[-5 * eps]])
+    torch.testing.assert_close(binary_kl(train, sampling), torch.tensor([[eps * (5 - math.log(5))]]), rtol=1e-4, atol=0)
+    torch.testing.assert_close(binary_kl(sampling, train), torch.tensor([[5 * eps * (math.log(5) - 1)]]), rtol=1e-4, atol=0)
+    close(correction_weights(train, sampling, torch.ones(1, 1), "kpop"), [[1.0]])
+    # a token whose probabilities really differ is still masked: q = 1 against p = 0.9 gives
+    # 0.9 ln 0.9 + 0.1 ln(0.1 / eps) = 1.2692, and 0.5 against 0.3 the binary KLs 0.0872 / 0.0823 > 0.05
+    train, sampling = torch.log(torch.tensor([[0.9, 0.5]])), torch.log(torch.tensor([[1.0, 0.3]]))
+    close(correction_weights(train, sampling, torch.ones(1, 2), "kpop"), [[0.0, 0.0]])
 
 
 def test_m2po_keeps_the_second_moment_under_tau_and_drops_ties_with_the_first_dropped():
@@ -176,7 +201,7 @@ def test_the_loss_is_weighted_and_the_behaviour_kl_and_masked_share_logged_by_ha
     recorder = Recorder()
     loss = torch.ones(2, 3)
     weighted = correct_policy_loss(loss, TRAIN, SAMPLING, MASK, Correction("token_mask"), recorder)
-    close(weighted, [[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]])
+    close(weighted, [[0.5, 0.0, 1.0], [1.0, 0.8, 1.0]])
     assert recorder.values["sampling/masked_fraction"] == pytest.approx(1 / 5)  # rho = 3 > 2
     # k3 = rho - 1 - ln(rho) over rho = 0.5, 3, 1, 1, 0.8
     k3 = [r - 1 - math.log(r) for r in (0.5, 3.0, 1.0, 1.0, 0.8)]
@@ -242,3 +267,104 @@ def test_m2po_weights_chosen_over_the_rollout_do_not_depend_on_the_micro_batch_s
         split = micro_batched_gradient(grpo, rollout, advantages, sizes, tokens)
         for name in whole:
             torch.testing.assert_close(split[name], whole[name], rtol=1e-4, atol=1e-6)
+
+
+def test_mask_corrections_weigh_an_overflowing_ratio_zero_not_nan():
+    # log-ratios of 60 per token: the product exp(120) overflows float32 to inf, and the token ratio exp(100) too
+    sampling, mask = torch.tensor([[-60.0, -60.0], [-100.0, 0.0]]), torch.ones(2, 2)
+    close(correction_weights(torch.zeros(2, 2), sampling, mask, "sequence_mask"), [[0.0, 0.0], [0.0, 0.0]])
+    close(correction_weights(torch.zeros(2, 2), sampling, mask, "token_mask"), [[0.0, 0.0], [0.0, 1.0]])
+
+
+# ---------------------------------------------------------------- old_logprobs: bypass
+# Under bypass the update's ratio is pi_theta / pi_rollout, the importance weight itself: a correction
+# adds only its rejection (0 or 1), as verl's bypass mode with the PPO loss.
+
+
+@pytest.mark.parametrize(
+    ("mode", "bounds", "expected"),
+    [
+        ("token_mask", dict(cap=2.0), [[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]]),  # rho 3 > 2; 0.5 and 0.8 kept at 1
+        ("sequence_mask", dict(cap=1.2), [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]),  # products 1.5 > 1.2 and 0.8
+        ("icepop", dict(lower=0.6, upper=2.0), [[0.0, 0.0, 1.0], [1.0, 1.0, 1.0]]),  # 0.8 kept at 1, not 0.8
+        ("geo_rs", dict(lower=0.9, upper=1.2), [[1.0, 1.0, 1.0], [0.0, 0.0, 1.0]]),
+        ("kpop", dict(kl_threshold=0.05), [[0.0, 0.0, 1.0], [1.0, 1.0, 1.0]]),
+    ],
+)
+def test_the_rejection_of_each_masking_correction_by_hand(mode, bounds, expected):
+    close(correction_keep(TRAIN, SAMPLING, MASK, mode, **bounds), expected)
+    options = {f"correction_{name}": value for name, value in bounds.items()}
+    close(Correction(mode, **options).weights(TRAIN, SAMPLING, MASK, keep_only=True), expected)
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "sequence_truncate"])
+def test_a_correction_without_a_rejection_has_none_to_give_under_bypass(tiny_model_dir, mode):
+    with pytest.raises(ConfigError, match=f"^sampling.correction: {mode} only reweights"):
+        correction_keep(TRAIN, SAMPLING, MASK, mode)
+    message = (f"^sampling.correction: {mode} with sampling.old_logprobs bypass would weight each token by "
+               "pi_theta / pi_rollout twice.*set sampling.old_logprobs to recompute, or sampling.correction to a masking")
+    with pytest.raises(ConfigError, match=message):  # refused when the settings are checked, before any fit
+        GRPO(model=tiny_model_dir, sampling={"correction": mode, "old_logprobs": "bypass"})
+    check_old_logprobs(Correction(mode), "recompute")
+    check_old_logprobs(Correction("token_mask"), "bypass")
+
+
+def test_bypass_weighs_the_gradient_by_the_ratio_once_and_keeps_the_rejection():
+    from grpo_lightning.algorithms.surrogates import ppo_clip
+
+    # rho = pi_theta / pi_rollout = 1.1, 0.9, 1.5, 3; A = -1: the PPO loss max(r, clip(r)) has gradient r in
+    # logp on every token (1.1 and 0.9 inside [0.8, 1.2], 1.5 and 3 on the unclipped side). token_mask with
+    # C = 2 under bypass rejects rho = 3 only: gradients 1.1, 0.9, 1.5, 0 (not r min(r, C) or r^2 1[r <= C]).
+    rho = torch.tensor([[1.1, 0.9, 1.5, 3.0]])
+    sampling = torch.log(torch.tensor([[0.4, 0.5, 0.2, 0.1]]))
+    logp = (sampling + rho.log()).requires_grad_()
+    mask = torch.ones(1, 4)
+    loss, _ = ppo_clip(logp, sampling, torch.tensor([-1.0]), mask)  # bypass: old = the sampler's
+    weighted = correct_policy_loss(loss, logp, sampling, mask, Correction("token_mask", 2.0), Recorder(), keep_only=True)
+    (gradient,) = torch.autograd.grad(weighted.sum(), logp)
+    close(gradient, [[1.1, 0.9, 1.5, 0.0]])
+
+
+SHIFT = 0.1  # the sampler's log-probs sit this far below the policy's: every ratio is exp(0.1) = 1.1052 under bypass
+
+
+def bypass_first_step_loss(make_module, sampling: dict) -> torch.Tensor:
+    module = make_module(GRPO, policy={"dtype": "float32"}, sampling={"old_logprobs": "bypass", **sampling},
+                         kl={"beta": 0.0}, optim={"ppo_epochs": 2, "micro_batch_size": 4})  # fmt: skip
+    torch.manual_seed(0)
+    rollout = module.generate({"prompt": ["1+2=", "3+4="]}, module.settings.group_size, module.sampling, with_logprobs=True)
+    rollout.sampling_logp = (module.compute_logprobs(module.policy, rollout) - SHIFT) * rollout.completion_mask
+    module.compute_old_logprobs(rollout)
+    advantages, rows = torch.tensor([1.0, 0.5, 2.0, 1.5] * 2), torch.arange(len(rollout))
+    return module.micro_batch_loss(rollout, advantages, rows, len(rows), module.loss_mask(rollout, rows).sum()).detach()
+
+
+def test_a_masking_correction_under_bypass_adds_its_rejection_not_the_ratio_again(make_module, one_torch_thread):
+    uncorrected = bypass_first_step_loss(make_module, {})  # every ratio 1.1052, inside the clip
+    assert uncorrected.abs() > 1e-4
+    # token_mask (C = 2) and icepop ([0.5, 5]) keep every token at weight 1: the loss of no correction,
+    # where weighting by rho again would give exp(0.1) = 1.1052 times it
+    for sampling in ({"correction": "token_mask"}, {"correction": "icepop"}):
+        torch.testing.assert_close(bypass_first_step_loss(make_module, sampling), uncorrected)
+    # icepop in [0.5, 1.05] rejects every token (1.1052 > 1.05): no loss is left
+    rejected = bypass_first_step_loss(make_module, {"correction": "icepop", "correction_upper": 1.05})
+    assert rejected.item() == 0.0
+
+
+def test_m2po_chooses_its_mask_over_the_tokens_that_carry_loss(make_module):
+    from grpo_lightning.rollout.types import Rollout
+
+    # row 0 ends with EOS, log r = 0.2, 0.2, 0.25, 0.25: (log r)^2 = 0.04, 0.04, 0.0625, 0.0625, running means
+    # 0.04, 0.04, 0.0475, 0.0513: tau = 0.04 keeps the first two. Row 1 is truncated (log r = 0) and carries
+    # no loss under mask_truncated_completions: counted, its four zeros would bring every running mean
+    # under 0.04 (0.0253 for all eight) and keep all of row 0.
+    module = make_module(GRPO, configure=False, sampling={"correction": "m2po"}, loss={"mask_truncated_completions": True})
+    sampling = torch.full((2, 4), -1.0)
+    old = sampling + torch.tensor([[0.2, 0.2, 0.25, 0.25], [0.0, 0.0, 0.0, 0.0]])
+    rollout = Rollout(group_size=2, prompt_ids=torch.zeros(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1),
+                      completion_ids=torch.zeros(2, 4, dtype=torch.long), completion_mask=torch.ones(2, 4),
+                      truncated=torch.tensor([False, True]), prompts=["a", "b"], completions=["", ""],
+                      sampling_logp=sampling)  # fmt: skip
+    module.compute_logprobs = lambda model, rollout: old  # the old-policy pass
+    module.compute_old_logprobs(rollout)
+    close(rollout.derived["correction_weights"], [[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])  # 1 outside the loss mask
