@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
 from grpo_lightning.models.lora import has_adapters, trainable_keys
 from grpo_lightning.rollout.types import RolloutBuffer
@@ -138,3 +139,19 @@ class GroupPolicyState(ExactResume):
         for name, buffer in state.get("buffers", {}).items():
             if isinstance(getattr(self, name, None), RolloutBuffer):
                 getattr(self, name).load_state_dict(buffer)
+            elif buffer.get("kept"):
+                rank_zero_warn(dropped_buffer_message(name, buffer))
+
+
+def dropped_buffer_message(name: str, buffer: dict[str, Any]) -> str:
+    """What a resumed fit that holds no buffer ``name`` says of the checkpoint's rollouts in it."""
+    held = len(buffer["kept"])
+    k = buffer.get("max_staleness")
+    if name == "stale_queue" or k is not None:  # grpo_lightning.rollout.stale.StaleQueue
+        k = k if k is not None else held
+        return (f"The checkpoint holds {held} rollouts queued by StaleRollouts(max_staleness={k}) ({name!r}), and this "
+                "fit queues none (no StaleRollouts callback, or max_staleness=1): they are dropped, so the batches "
+                f"they were sampled from are never trained on. To train on them, resume with StaleRollouts(max_staleness={k}) "
+                "(--config rollout/bounded_staleness).")  # fmt: skip
+    return (f"The checkpoint holds {held} rollouts in {name!r}, a buffer this module does not have (another variant "
+            "or settings than the checkpoint's): they are dropped.")

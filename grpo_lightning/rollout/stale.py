@@ -16,13 +16,17 @@ without overlap (with ``rollout_seed``, the same tokens), and the ``rollout`` ph
 and the one after a validation are sampled in place, and so is every batch of another dataloader. A
 ``training_step`` that samples otherwise than the base module's turns the overlap off, with a
 warning. Without overlap (the CPU's default) the same staleness lets a variant's learning with
-samples a step old be measured anywhere.
+samples a step old be measured anywhere. The snapshot goes into checkpoints (under
+:data:`SNAPSHOT_KEY`: a copy of the weights in the sampling dtype, with LoRA the merged model's), so
+the first rollout of a resumed fit samples from the weights the uninterrupted fit's did.
 
 ``k >= 2`` keeps the sampled rollouts in a queue (:class:`StaleQueue`): each training batch is
 sampled with the current weights and queued, and the update trains on the one queued ``k`` batches
 before (the first ``k`` batches only sample: no optimizer step). The queue goes into checkpoints
 (it is a :class:`~grpo_lightning.rollout.types.RolloutBuffer` of the module), so a fit resumed from
-one trains on the rollouts the uninterrupted fit trained on; nothing is rebuilt. Without overlap.
+one trains on the rollouts the uninterrupted fit trained on; nothing is rebuilt. Resumed with another
+``k`` the queue drops its oldest rollouts or fills, with a warning (:meth:`StaleQueue.load_state_dict`;
+partial rollouts are refused); resumed without this callback, the module warns that it drops them. Without overlap.
 With ``partial_rollouts`` generation goes on across the updates: a batch's completions are sampled
 in ``k`` chunks, the first cut from its sampled rollout (the tokens a chunk-long sample draws; the
 rest is dropped), each next one at the start of a later batch with that batch's weights, the prefix
@@ -56,6 +60,9 @@ from grpo_lightning.rollout.types import Rollout, RolloutBuffer
 
 #: The most policy versions sampling may run ahead of the update.
 MAX_STALENESS = 16
+
+#: The checkpoint key of one-step staleness's snapshot (:meth:`RolloutWeights.snapshot_state`).
+SNAPSHOT_KEY = "stale_rollouts_snapshot"
 
 
 def upcoming_batch(trainer: Any) -> Any | None:
@@ -113,6 +120,45 @@ class StaleQueue(RolloutBuffer):
             metrics.update("rollout/version_spread", sampled.max() - sampled.min(), reduce="max")
         return oldest
 
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "max_staleness": self.max_staleness, "partial_rollouts": self.first_chunk is not None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load a checkpoint's queue into this one, whose ``max_staleness`` may differ from the one it
+        was saved with: a deeper queue drops its oldest rollouts (each update then trains on the
+        rollout ``max_staleness`` batches before, as from the start), a shallower one fills (batches
+        that only sample) and either says so; a queue of partial rollouts (or one resumed with them)
+        is refused, since its completions were cut in chunks for the saved depth."""
+        super().load_state_dict(state)
+        k, held, partial = self.max_staleness, len(self.parts), self.first_chunk is not None
+        # Checkpoints from before the depth was saved: a queue longer than k tells a deeper one.
+        saved = state.get("max_staleness", max(k, held))
+        saved_partial = state.get("partial_rollouts", partial)
+        if saved == k and saved_partial == partial:
+            return
+        if partial or saved_partial:
+            raise ConfigError(
+                f"StaleRollouts: the checkpoint's queue of {held} rollouts was saved with max_staleness={saved}, "
+                f"partial_rollouts={str(saved_partial).lower()} and this fit has max_staleness={k}, "
+                f"partial_rollouts={str(partial).lower()}: partial rollouts are cut in chunks for their queue's depth, "
+                f"so they resume only with the settings they were sampled with; set max_staleness to {saved} and "
+                f"partial_rollouts to {str(saved_partial).lower()}, or start a new fit."
+            )
+        if held > k:
+            self.parts = self.parts[held - k :]
+            rank_zero_warn(
+                f"StaleRollouts: the checkpoint was saved with max_staleness={saved} and this fit has max_staleness={k}: "
+                f"the {held - k} oldest of its {held} queued rollouts are dropped (the batches they were sampled from "
+                f"are not trained on), so that the next update trains on the rollout {k} batches old. To keep them, "
+                f"resume with max_staleness={saved}."
+            )
+        elif saved < k:
+            rank_zero_warn(
+                f"StaleRollouts: the checkpoint was saved with max_staleness={saved} and this fit has max_staleness={k}: "
+                f"the queue holds {held} rollouts and fills to {k}, so the next {k - held} training batches only sample "
+                f"(no optimizer step) before the updates train on rollouts {k} batches old."
+            )
+
 
 class StaleRollouts(Callback):
     """Training rollouts from the weights of ``max_staleness`` update phases before their own.
@@ -141,6 +187,7 @@ class StaleRollouts(Callback):
         self._snapshot_due = False
         self._ahead_version: int | None = None  # the policy version the rollout sampled ahead saw
         self.sampled_in_place = 0  # with overlap: training batches not sampled ahead
+        self._resume_snapshot: dict[str, Any] | None = None  # one step: the checkpoint's snapshot, until loaded
 
     def setup(self, trainer: Any, module: Any, stage: str) -> None:
         if self.partial_rollouts:
@@ -179,6 +226,21 @@ class StaleRollouts(Callback):
 
     def teardown(self, trainer: Any, module: Any, stage: str) -> None:
         module.stale_queue = None
+
+    def on_save_checkpoint(self, trainer: Any, module: Any, checkpoint: dict[str, Any]) -> None:
+        # One step: the weights the next rollout samples from (those the last update started from), so
+        # that a resumed fit samples it as the uninterrupted one does. Bounded: the queue is the module's.
+        if self.max_staleness == 1 and (snapshot := module.rollout_weights.snapshot_state()) is not None:
+            checkpoint[SNAPSHOT_KEY] = snapshot
+
+    def on_load_checkpoint(self, trainer: Any, module: Any, checkpoint: dict[str, Any]) -> None:
+        # Loaded at the start of training, once the policy is on its device (and sharded, if it is).
+        self._resume_snapshot = checkpoint.get(SNAPSHOT_KEY) if self.max_staleness == 1 else None
+
+    def on_train_start(self, trainer: Any, module: Any) -> None:
+        if self._resume_snapshot is not None:
+            module.rollout_weights.load_snapshot(module.policy, self._resume_snapshot)
+            self._resume_snapshot = None
 
     def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         queue = module.stale_queue

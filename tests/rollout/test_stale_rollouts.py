@@ -1,7 +1,8 @@
 """Stale rollouts. One step: rollout k samples from the weights the policy had when update k-1
 began (as when it is generated while update k-1 runs), the staleness is logged and corrected by
 the sampling log-probs, and validation samples from the current policy. Up to k steps: each update
-trains on the rollout sampled k batches before, and a fit resumes from a checkpoint exactly."""
+trains on the rollout sampled k batches before, and a fit resumes from a checkpoint exactly (at one step
+too: the snapshot is saved); with another k, or without the callback, a resume says what it drops."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from grpo_lightning.checkpoints.export import read_checkpoint
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.rollout.partial import continue_rollouts
-from grpo_lightning.rollout.stale import StaleQueue, StaleRollouts
+from grpo_lightning.rollout.stale import SNAPSHOT_KEY, StaleQueue, StaleRollouts
 from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.variants import GRPO
 from tests.helpers import StepRecorder, assert_same_steps, fit, make_data, make_module
@@ -204,6 +205,28 @@ def test_a_fit_with_stale_rollouts_resumes_exactly_from_its_checkpoint(tiny_mode
     assert 1.0 < lag < 2.0 if partial else lag == 2.0  # partial: the second chunk is a version younger
 
 
+def test_a_one_step_stale_fit_resumes_exactly_from_its_checkpoint(tiny_model_dir, tmp_path):
+    """The weights the next rollout samples from (those the last update started from) are saved in the
+    checkpoint: the first rollout after the resume is one step stale, as in the uninterrupted fit."""
+    settings = dict(policy={"dtype": "float32"}, sampling={"correction": "token_truncate"})
+    total, stop = 4, 2
+
+    def stale():
+        return StaleRollouts(max_staleness=1, overlap=False)
+
+    full, _ = fit(make_module(tiny_model_dir, **settings), total, tmp_path / "full", callbacks=[stale()])
+    every = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=stop)
+    fit(make_module(tiny_model_dir, **settings), stop, tmp_path / "first", callbacks=[every, stale()])
+    path = tmp_path / "ckpt" / f"step={stop}.ckpt"
+    snapshot = read_checkpoint(path)[SNAPSHOT_KEY]
+    assert snapshot["version"] == stop - 1 and "model.embed_tokens.weight" in snapshot["weights"]
+    resumed, trainer = fit(make_module(tiny_model_dir, **settings), total, tmp_path / "resumed", callbacks=[stale()],
+                           ckpt_path=path)  # fmt: skip
+    assert trainer.global_step == total
+    assert resumed[stop + 1]["rollout/staleness"] == 1.0
+    assert_same_steps(resumed, full, stop + 1, total)
+
+
 @pytest.mark.parametrize("rollout_engine", ["hf", "static"])
 def test_partial_rollouts_continue_each_completion_with_the_next_updates_weights(tiny_model_dir, tmp_path, rollout_engine):
     """k = 2, six tokens: the first three of a completion sampled with its batch's weights, the rest
@@ -292,3 +315,61 @@ def test_a_training_step_that_does_not_queue_its_rollouts_is_refused():
     stale, module = StaleRollouts(max_staleness=2), types.SimpleNamespace(stale_queue=StaleQueue(2))
     with pytest.raises(ConfigError, match="^StaleRollouts.max_staleness: this module's training_step does not queue"):
         stale.on_train_batch_end(None, module, None, None, 0)
+
+
+def queue_of(k: int, batches: int, partial: bool = False) -> StaleQueue:
+    """A queue of depth ``k`` after ``batches`` exchanges, batch ``b`` sampled at version ``b``."""
+    queue = StaleQueue(k, (lambda rollout: rollout) if partial else None)
+    for batch in range(batches):
+        queue.exchange(rollout_sampled_at([[batch]], [[1.0]]), batch, Recorder())
+    return queue
+
+
+def test_a_queue_resumed_with_a_smaller_k_drops_its_oldest_rollouts_and_says_so():
+    resumed = StaleQueue(2)
+    with pytest.warns(UserWarning, match=r"saved with max_staleness=4 and this fit has max_staleness=2: the 2 oldest of its 4"):
+        resumed.load_state_dict(queue_of(4, 6).state_dict())  # batches 2, 3, 4, 5 queued
+    assert [part.sampling_version.item() for part in resumed.parts] == [4, 5]
+    metrics = Recorder()
+    for batch in (6, 7):  # each update trains on the rollout 2 batches before, from the first
+        assert resumed.exchange(rollout_sampled_at([[batch]], [[1.0]]), batch, metrics).sampling_version.item() == batch - 2
+        assert metrics.values["rollout/staleness"][0] == 2.0 and len(resumed.parts) == 2
+
+
+def test_a_queue_resumed_with_a_larger_k_fills_and_says_so():
+    resumed = StaleQueue(3)
+    with pytest.warns(UserWarning, match=r"max_staleness=2 and this fit has max_staleness=3: .* the next 1 training batches only sample"):
+        resumed.load_state_dict(queue_of(2, 5).state_dict())  # batches 3, 4
+    assert resumed.exchange(rollout_sampled_at([[5]], [[1.0]]), 5, Recorder()) is None
+    assert resumed.exchange(rollout_sampled_at([[6]], [[1.0]]), 6, Recorder()).sampling_version.item() == 3
+
+
+def test_a_queue_resumed_with_the_same_settings_loads_silently(recwarn):
+    resumed = StaleQueue(2)
+    resumed.load_state_dict(queue_of(2, 1).state_dict())  # still filling: one queued
+    assert len(resumed.parts) == 1 and not recwarn.list
+
+
+@pytest.mark.parametrize(("saved", "resumed"), [((4, True), (2, True)), ((2, True), (2, False)), ((2, False), (2, True))])
+def test_a_queue_of_partial_rollouts_resumes_only_with_its_own_settings(saved, resumed):
+    queue = StaleQueue(resumed[0], (lambda rollout: rollout) if resumed[1] else None)
+    with pytest.raises(ConfigError, match=rf"^StaleRollouts: the checkpoint's queue .* max_staleness={saved[0]}, "
+                       rf"partial_rollouts={str(saved[1]).lower()} and this fit has max_staleness={resumed[0]}.*; "
+                       rf"set max_staleness to {saved[0]}"):  # fmt: skip
+        queue.load_state_dict(queue_of(saved[0], 5, partial=saved[1]).state_dict())
+
+
+@pytest.mark.parametrize("stale_queue", [None, "old checkpoint"])
+def test_a_fit_resumed_without_the_queue_says_which_rollouts_it_drops(tiny_model_dir, stale_queue):
+    """A checkpoint's queue (k = 3) that the resumed module does not hold (no StaleRollouts, or k = 1)
+    is dropped with a warning that names k and the fix; a checkpoint from before k was saved too."""
+    saved = make_module(tiny_model_dir)
+    saved.stale_queue = queue_of(3, 5)
+    state = saved.training_state()
+    if stale_queue == "old checkpoint":
+        del state["buffers"]["stale_queue"]["max_staleness"]
+    resumed = make_module(tiny_model_dir)
+    assert resumed.stale_queue is None
+    with pytest.warns(UserWarning, match=r"holds 3 rollouts queued by StaleRollouts\(max_staleness=3\).*they are dropped.*"
+                      r"resume with StaleRollouts\(max_staleness=3\)"):  # fmt: skip
+        resumed.load_training_state(state)

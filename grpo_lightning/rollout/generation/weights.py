@@ -77,6 +77,21 @@ class RolloutWeights:
         """The policy version of the weights :meth:`model` yields, ``version`` being the policy's."""
         return self.snapshot_replica.version if self.stale and self.snapshot_replica is not None else version
 
+    def snapshot_state(self) -> dict[str, Any] | None:
+        """What a checkpoint keeps of the last :meth:`snapshot` (its version and weights, in the replica's
+        dtype; with LoRA the merged model's), for :meth:`load_snapshot`; ``None`` before the first one."""
+        replica = self.snapshot_replica
+        return None if replica is None else {"version": replica.version, "weights": replica.model.state_dict()}
+
+    def load_snapshot(self, policy: nn.Module, state: dict[str, Any]) -> None:
+        """Make the snapshot the one :meth:`snapshot_state` returned (``policy``: the model it is a copy of)."""
+        if self.snapshot_replica is None:
+            base = policy.get_base_model() if has_adapters(policy) else policy
+            self.snapshot_replica = RolloutReplica(base, self.dtype)
+        with torch.no_grad():
+            self.snapshot_replica.model.load_state_dict(state["weights"])
+        self.snapshot_replica.version = state["version"]
+
     @property
     def snapshot_version(self) -> int | None:
         return None if self.snapshot_replica is None else self.snapshot_replica.version
