@@ -17,19 +17,20 @@ from grpo_lightning.ablation.runs import Run
 from grpo_lightning.report.statistics import seed_interval
 
 
-#: Training metrics are averaged over this many last training steps: one step is one batch.
+#: Training metrics are averaged over the rows logged in this many last optimizer steps.
 SMOOTHING_STEPS = 10
 
 
 def smoothed(key: str) -> bool:
-    """Whether ``final_value`` averages ``key`` over the last ``SMOOTHING_STEPS`` training steps:
+    """Whether ``final_value`` averages ``key`` over the last ``SMOOTHING_STEPS`` optimizer steps:
     training scalars (not validation, not the cumulative perf/* counters, not computed keys)."""
     return ":" not in key and not key.startswith(("val/", "test/", "perf/")) and key not in ("train_time_s", "steps", "batches")
 
 
 def final_value(run: Run, key: str) -> float:
     """A run's final value of a metric key of ``FINAL_METRICS``: the last validation for val/*,
-    the mean of the last ``SMOOTHING_STEPS`` training steps for training scalars."""
+    for training scalars the mean of the rows logged in the last ``SMOOTHING_STEPS`` optimizer steps
+    (:func:`smoothing_window`)."""
     if key.startswith("initial:"):
         return run.initial.get(key.split(":", 1)[1], math.nan)
     if key.startswith("gain:"):
@@ -50,8 +51,17 @@ def final_value(run: Run, key: str) -> float:
     if series is None or not len(series.values):
         return math.nan
     if smoothed(key):
-        return float(np.mean(series.values[-SMOOTHING_STEPS:]))
+        return float(np.mean(series.values[smoothing_window(run, series.steps)]))
     return float(series.values[-1])
+
+
+def smoothing_window(run: Run, tb_steps: np.ndarray) -> np.ndarray:
+    """Which of a training scalar's rows (logged at ``tb_steps``) fall in the last ``SMOOTHING_STEPS``
+    optimizer steps up to its last row: those whose optimizer steps taken (``Run.steps_done``) exceed the
+    last row's by less than ``SMOOTHING_STEPS``. One row per optimizer step: the last ``SMOOTHING_STEPS``
+    rows; one row per rollout of two optimizer steps: the last five."""
+    done = run.steps_done(np.asarray(tb_steps))
+    return done > done[-1] - SMOOTHING_STEPS
 
 
 #: Why a cell of an arm counts in none of its numbers.

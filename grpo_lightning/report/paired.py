@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from grpo_lightning.report.statistics import POWER, no_spread, t_quantile, wilson_interval
+from grpo_lightning.report.statistics import POWER, detectable_shift, no_spread, t_quantile, wilson_interval
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,31 @@ class Components:
     def prompt_variance(self) -> float:
         """``sigma2_prompt = max(0, (MS_prompt - MS_residual) / S)``."""
         return max(0.0, (self.ms_prompt - self.ms_residual) / self.seeds)
+
+    @property
+    def prompt_dof(self) -> float:
+        """Satterthwaite's degrees of freedom of ``(MS_prompt - MS_residual) / S``:
+        ``(MS_prompt - MS_residual)^2 / (MS_prompt^2 / (P - 1) + MS_residual^2 / ((S - 1)(P - 1)))``
+        (``0`` where ``MS_prompt <= MS_residual``: no positive estimate to carry any)."""
+        if not self.ms_prompt > self.ms_residual:
+            return 0.0
+        parts = self.ms_prompt**2 / (self.prompts - 1) + self.ms_residual**2 / ((self.seeds - 1) * (self.prompts - 1))
+        return (self.ms_prompt - self.ms_residual) ** 2 / parts
+
+    def prompt_variance_upper(self, confidence: float = 0.95) -> float:
+        """The upper end of ``sigma2_prompt``'s interval, on its own degrees of freedom: Satterthwaite's
+        ``dof_p sigma2_prompt / chi2_{(1 - confidence) / 2, dof_p}`` (``dof_p``: :attr:`prompt_dof`), but at most
+        ``MS_prompt (P - 1) / (S chi2_{(1 - confidence) / 2, P - 1})``, the bound that holds whatever
+        ``sigma2_residual`` is (``S sigma2_prompt <= E[MS_prompt]``, ``MS_prompt`` on ``P - 1`` dof): where
+        ``sigma2_prompt`` is near zero, Satterthwaite's ``dof_p`` is a fraction of one and its bound meaningless."""
+        from scipy import stats
+
+        q = (1 - confidence) / 2
+        bound = self.ms_prompt * (self.prompts - 1) / (self.seeds * float(stats.chi2.ppf(q, self.prompts - 1)))
+        dof = self.prompt_dof
+        if dof > 0:
+            bound = min(bound, self.prompt_variance * dof / float(stats.chi2.ppf(q, dof)))
+        return bound
 
 
 def mean_squares(differences: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -142,8 +167,10 @@ def two_level_equivalence(result: TwoLevel, margin: float) -> float:
 def design_mde(result: TwoLevel, alpha: float = 0.05, power: float = POWER, confidence: float = 0.95,
                seeds: int | None = None, prompts: int | None = None) -> tuple[float, float, float]:  # fmt: skip
     """The minimum detectable effect of a design of ``S'`` seeds and ``P'`` prompts (default the
-    ``S`` and ``P`` run), ``(mde, low, high)``: ``MDE = (t_{1 - alpha / 2, dof} + t_{power, dof})
-    sqrt(v)``, ``v = sigma2_seed / S' + MS_residual / (S' P') + sigma2_prompt / P'`` with the unbiased
+    ``S`` and ``P`` run), ``(mde, low, high)``: the ``delta`` that the two-sided test at level ``alpha``
+    rejects with probability ``power`` when ``mean(D) / sqrt(v)`` follows the noncentral
+    ``t(dof', delta / sqrt(v))``, ``MDE = lambda(dof') sqrt(v)`` (``statistics.detectable_shift``, as the
+    MDE over seeds is solved), ``v = sigma2_seed / S' + MS_residual / (S' P') + sigma2_prompt / P'`` with the unbiased
     ``sigma2_seed = (MS_seed - MS_residual) / P`` (negative where the seeds agree better than the
     prompts' noise predicts: ``v`` is then still the interval's ``se^2`` at the design run and positive
     with more seeds; ``nan`` where it is not positive) and ``dof`` the interval's Satterthwaite ``dof``
@@ -157,8 +184,7 @@ def design_mde(result: TwoLevel, alpha: float = 0.05, power: float = POWER, conf
     variance = design_variance(c, seeds, prompts or c.prompts)
     if not variance > 0:
         return (math.nan, math.nan, math.nan)
-    dof = design_dof(result, seeds)
-    factor = float(stats.t.ppf(1 - alpha / 2, dof) + stats.t.ppf(power, dof))
+    factor = detectable_shift(float(design_dof(result, seeds)), alpha, power)
     upper, lower = (float(stats.chi2.ppf(q, result.dof)) for q in ((1 + confidence) / 2, (1 - confidence) / 2))
     return (factor * math.sqrt(variance), factor * math.sqrt(variance * result.dof / upper),
             factor * math.sqrt(variance * result.dof / lower))
@@ -211,12 +237,16 @@ class SeedsForMde:
 def seeds_for_mde(result: TwoLevel, target: float, alpha: float = 0.05, power: float = POWER, prompts: int | None = None,
                   confidence: float = 0.95, max_seeds: int = MAX_SEEDS) -> SeedsForMde | None:  # fmt: skip
     """The fewest seeds ``S'`` (2 to ``max_seeds``) whose design of ``P'`` prompts (default the ``P`` run) has
-    ``MDE(S') = (t_{1 - alpha / 2, dof'} + t_{power, dof'}) sqrt(v(S')) <= target``: ``v`` of :func:`design_mde`,
-    ``v(S') = sigma2_seed / S' + MS_residual / (S' P') + sigma2_prompt / P'``, and the interval's Satterthwaite
-    ``dof`` scaled with the seeds, ``dof' = dof (S' - 1) / (S - 1)`` (at ``S' = S`` :func:`design_mde`'s MDE).
-    ``upper``: the same with ``v`` at the upper end of its interval, ``dof v / chi2_{(1 - confidence) / 2, dof}``.
-    Unlimited seeds leave ``(z_{1 - alpha / 2} + z_{power}) sqrt(sigma2_prompt / P')`` (``floor``). None where
-    the variance is not estimable: fewer than two seeds, no finite ``dof``, or ``v`` positive at no count."""
+    ``MDE(S') = lambda(dof') sqrt(v(S')) <= target``: the noncentral-t MDE of :func:`design_mde` (``lambda``:
+    ``statistics.detectable_shift`` at ``alpha`` and ``power``), ``v(S') = sigma2_seed / S' + MS_residual / (S' P')
+    + sigma2_prompt / P'``, and the interval's Satterthwaite ``dof`` scaled with the seeds, ``dof' = dof (S' - 1) /
+    (S - 1)`` (at ``S' = S`` :func:`design_mde`'s MDE). ``upper``: the same with each term at the upper end of its
+    interval: the seeds' terms ``v(S') - sigma2_prompt / P'`` at ``dof (.) / chi2_{(1 - confidence) / 2, dof}`` (the
+    chi-square of the Satterthwaite variance, which the seeds' few dof set) and ``sigma2_prompt`` at
+    :meth:`Components.prompt_variance_upper` (its own dof). Unlimited seeds leave ``lambda(inf) sqrt(sigma2_prompt /
+    P')`` (``floor``; ``lambda(inf)``: the normal test's, about ``z_{1 - alpha / 2} + z_{power}``), and ``upper_floor``
+    at the upper bound. None where the variance is not estimable: fewer than two seeds, no finite ``dof``, or ``v``
+    positive at no count."""
     from scipy import stats
 
     c = result.components
@@ -228,20 +258,33 @@ def seeds_for_mde(result: TwoLevel, target: float, alpha: float = 0.05, power: f
     if not (variance > 0).any():
         return None
     dof = design_dof(result, counts)
-    factor = stats.t.ppf(1 - alpha / 2, dof) + stats.t.ppf(power, dof)
     lower = float(stats.chi2.ppf((1 - confidence) / 2, result.dof))
-    limit = float(stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)) * math.sqrt(c.prompt_variance / prompts)
-    return SeedsForMde(target, prompts, max_seeds, _fewest(counts, factor, variance, target),
-                       _fewest(counts, factor, variance * result.dof / lower, target), limit,
-                       limit * math.sqrt(result.dof / lower))  # fmt: skip
+    prompt_term, prompt_upper = c.prompt_variance / prompts, c.prompt_variance_upper(confidence) / prompts
+    widened = (variance - prompt_term) * result.dof / lower + prompt_upper
+    normal = detectable_shift(math.inf, alpha, power)
+    return SeedsForMde(target, prompts, max_seeds, _fewest(counts, dof, variance, target, alpha, power),
+                       _fewest(counts, dof, widened, target, alpha, power), normal * math.sqrt(prompt_term),
+                       normal * math.sqrt(prompt_upper))  # fmt: skip
 
 
-def _fewest(counts: np.ndarray, factor: np.ndarray, variance: np.ndarray, target: float) -> int | None:
-    """The first of ``counts`` whose ``factor sqrt(variance)`` (with a positive variance) is at most ``target``."""
-    with np.errstate(invalid="ignore"):
-        mde = np.where(variance > 0, factor * np.sqrt(np.where(variance > 0, variance, 1.0)), np.inf)
-    found = np.flatnonzero(mde <= target)
-    return int(counts[found[0]]) if len(found) else None
+def _fewest(counts: np.ndarray, dof: np.ndarray, variance: np.ndarray, target: float, alpha: float,
+            power: float) -> int | None:  # fmt: skip
+    """The first of ``counts`` whose MDE ``lambda(dof) sqrt(variance)`` (with a positive variance) is at most
+    ``target``. ``lambda`` falls as ``dof`` grows with the count; where the variance does not grow with it either
+    (every design of the run's prompts), the MDE falls with the count, and a bisection finds the first."""
+
+    def mde(i: int) -> float:
+        return detectable_shift(float(dof[i]), alpha, power) * math.sqrt(variance[i]) if variance[i] > 0 else math.inf
+
+    if (variance > 0).all() and (np.diff(variance) <= 0).all() and (np.diff(dof) >= 0).all():
+        if mde(len(counts) - 1) > target:
+            return None
+        low, high = 0, len(counts) - 1  # mde(high) <= target; find the first such index
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (low, middle) if mde(middle) <= target else (middle + 1, high)
+        return int(counts[high])
+    return next((int(counts[i]) for i in range(len(counts)) if mde(i) <= target), None)
 
 
 def improvement_probability(differences: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:

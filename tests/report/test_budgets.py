@@ -12,7 +12,14 @@ from grpo_lightning.report.build import load_arms
 from grpo_lightning.report.learning import budget_key, common_budget, round_budget, value_at
 from grpo_lightning.report.render.markdown import render_markdown
 from grpo_lightning.report.render.document import plain_text
-from grpo_lightning.report.sections.budgets import FIGURE, budget_section, fractions_of, matched, verdict_changes
+from grpo_lightning.report.sections.budgets import (
+    FIGURE,
+    before_first_validation,
+    budget_section,
+    fractions_of,
+    matched,
+    verdict_changes,
+)
 
 
 def test_a_curve_is_linear_between_validations_and_never_extrapolated():
@@ -94,3 +101,30 @@ def test_a_seed_without_flops_is_named_and_older_runs_say_not_recorded(tmp_path,
     md = render_markdown(doc)
     assert "| arm | at 6 optimizer steps | at 750 generated tokens | training FLOPs |" in md
     assert "Training FLOPs are not recorded: no run logged `perf/flops`" in md
+
+
+def test_a_budget_before_every_first_validation_is_not_compared(tmp_path, cell_writer):
+    grpo, dapo = _sweep(tmp_path / "sweep", cell_writer)
+    # a quarter of 6 steps, 1, lies between the start (0.1 at every seed of every arm) and the first validation at
+    # step 3 ((0.1 + f) / 2): each seed is at 0.1 + (f - 0.1) / 6, so dapo - grpo = (f_dapo - f_grpo) / 6, a third of
+    # step 3's (f_dapo - f_grpo) / 2 at every seed: the same t, p and d_z, nothing of its own
+    early, first = (matched([grpo, dapo], grpo, "step", b).effects[0] for b in (1, 3))
+    assert early.differences == pytest.approx([d / 3 for d in first.differences])
+    assert early.differences == pytest.approx([(0.6 - 0.5) / 6, (0.75 - 0.6) / 6, (0.9 - 0.7) / 6])
+    assert (early.p, early.effect_size) == pytest.approx((first.p, first.effect_size))
+    assert fractions_of(6) == [1, 3, 4]
+    assert before_first_validation([grpo, dapo], "step", 1)
+    assert not before_first_validation([grpo, dapo], "step", 3) and not before_first_validation([grpo, dapo], "step", 4)
+    # tokens: grpo validates first at 330, dapo at 660; 187 (a quarter of 750) lies before both, 375 after grpo's
+    assert fractions_of(750) == [187, 375, 562]
+    assert before_first_validation([grpo, dapo], "tokens", 187)
+    assert not before_first_validation([grpo, dapo], "tokens", 375)
+    assert not before_first_validation([grpo, dapo], "tokens", 8000)  # no run has a value there
+    doc = Doc()
+    budget_section(doc, [grpo, dapo], grpo, 0.95, tmp_path)
+    md = render_markdown(doc)
+    assert "#### At 1 optimizer steps" not in md and "#### At 187 generated tokens" not in md
+    assert "#### At 3 optimizer steps" in md and "#### At 375 generated tokens" in md
+    assert "<summary>At ½ and ¾ of 6 optimizer steps</summary>" in md
+    assert ("Not compared at 1 optimizer steps (¼ of 6 optimizer steps): before every run's first validation after "
+            "the start, each seed's value there is interpolated from the start") in md  # fmt: skip

@@ -12,6 +12,7 @@ import pytest
 from scipy import stats
 
 from grpo_lightning.report.paired import (
+    Components,
     components,
     design_mde,
     improvement_probability,
@@ -23,7 +24,7 @@ from grpo_lightning.report.paired import (
     two_level_test,
 )
 from grpo_lightning.report.sections.method import COVERAGE, COVERAGE_SIMULATIONS, DETECTION
-from grpo_lightning.report.statistics import seed_interval, wilson_interval
+from grpo_lightning.report.statistics import detectable_shift, seed_interval, wilson_interval
 
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "interval_coverage.py"
 _spec = importlib.util.spec_from_file_location("interval_coverage", SCRIPT)
@@ -74,9 +75,38 @@ def test_equivalence_within_the_margin_by_hand():
     assert math.isnan(rounded.p) and rounded.low == rounded.high == rounded.mean
 
 
+def _shift(dof: float, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The noncentrality at which the two-sided t-test on ``dof`` rejects with probability ``power``,
+    solved here on scipy's noncentral t apart from the library's solver."""
+    from scipy import optimize
+
+    critical = stats.t.ppf(1 - alpha / 2, dof)
+    return optimize.brentq(lambda shift: stats.nct.sf(critical, dof, shift)
+                           + np.nan_to_num(stats.nct.cdf(-critical, dof, shift)) - power, 0.1, 1e4, xtol=1e-14)  # fmt: skip
+
+
+def _power(delta: float, se: float, dof: float, alpha: float = 0.05) -> float:
+    critical = stats.t.ppf(1 - alpha / 2, dof)
+    return stats.nct.sf(critical, dof, delta / se) + np.nan_to_num(stats.nct.cdf(-critical, dof, delta / se))
+
+
+def test_the_two_level_mde_has_80_percent_power_on_the_noncentral_t():
+    result = two_level_test(D, np.zeros_like(D))
+    # se = sqrt(1/18) = 0.2357023 on 288/89 = 3.2359551 dof: the noncentrality of 80% power at level 0.05 is 4.0997772
+    # (the shortcut t(0.975) + t(0.8) = 3.6 + 0.92 = 4.0224076 would give 0.9480897 and 77.8% power)
+    assert _shift(288 / 89) == pytest.approx(4.0997772, abs=1e-6)
+    mde = design_mde(result)[0]
+    assert mde == pytest.approx(4.0997772 * math.sqrt(1 / 18), abs=1e-6) == pytest.approx(0.9663267, abs=1e-6)
+    assert _power(mde, result.se, result.dof) == pytest.approx(0.8, abs=1e-9)
+    assert _power(4.0224076 * math.sqrt(1 / 18), result.se, result.dof) < 0.79
+    # at Holm's level for six arms, as the report's Effects: the test's own alpha in the noncentral t too
+    holm = design_mde(result, alpha=0.05 / 6)[0]
+    assert _power(holm, result.se, result.dof, 0.05 / 6) == pytest.approx(0.8, abs=1e-9)
+
+
 def test_the_mde_of_the_design_and_its_chi_square_interval():
     result = two_level_test(D, np.zeros_like(D))
-    factor = stats.t.ppf(0.975, 288 / 89) + stats.t.ppf(0.8, 288 / 89)
+    factor = _shift(288 / 89)
     mde, low, high = design_mde(result)
     assert mde == pytest.approx(factor * math.sqrt(1 / 18))  # at the design run, the interval's se
     assert (low, high) == pytest.approx((mde * math.sqrt(288 / 89 / stats.chi2.ppf(0.975, 288 / 89)),
@@ -84,7 +114,8 @@ def test_the_mde_of_the_design_and_its_chi_square_interval():
     # sigma2_seed = (0.25 - 5/36) / 4 = 1/36. Twice the seeds: sqrt(1/36 / 6 + 5/36 / 24 + 5/36 / 4) = 0.2124591
     # (the seed term 0.25 / (4 x 3) halved), on dof' = (288/89) (6 - 1) / (3 - 1); twice the prompts:
     # sqrt(1/36 / 3 + 5/36 / 24 + 5/36 / 8) = 0.1800206 on the run's dof
-    doubled = stats.t.ppf(0.975, 288 / 89 * 5 / 2) + stats.t.ppf(0.8, 288 / 89 * 5 / 2)
+    doubled = _shift(288 / 89 * 5 / 2)
+    assert doubled == pytest.approx(3.1957038, abs=1e-6)
     assert design_mde(result, seeds=6)[0] == pytest.approx(doubled * 0.2124591, abs=1e-6)
     assert design_mde(result, prompts=8)[0] == pytest.approx(factor * 0.1800206, abs=1e-6)
     assert design_mde(result, alpha=0.025)[0] > mde  # Holm's first level, for two arms
@@ -93,21 +124,43 @@ def test_the_mde_of_the_design_and_its_chi_square_interval():
     agreeing = two_level_test(np.array([[1.0, 0.0], [0.0, 1.0]]), np.zeros((2, 2)))
     assert agreeing.se == 0 and math.isnan(design_mde(agreeing)[0])
     steady = two_level_test(np.array([[1, 1, 0, 1, 0, 0], [1, 0, 1, 1, 0, 0], [0, 1, 1, 1, 0, 0]]), np.zeros((3, 6)))
-    factor = stats.t.ppf(0.975, steady.dof) + stats.t.ppf(0.8, steady.dof)
+    factor = _shift(steady.dof)
     assert (steady.components.ms_seed, steady.components.ms_residual) == pytest.approx((0, 0.2))  # every seed 0.5
     assert design_mde(steady)[0] == pytest.approx(factor * steady.se)
     # v stays se^2 with more seeds (the seed terms cancel); only dof' grows, to dof (6 - 1) / (3 - 1)
-    doubled = stats.t.ppf(0.975, steady.dof * 5 / 2) + stats.t.ppf(0.8, steady.dof * 5 / 2)
-    assert design_mde(steady, seeds=6)[0] == pytest.approx(doubled * steady.se)
+    assert design_mde(steady, seeds=6)[0] == pytest.approx(_shift(steady.dof * 5 / 2) * steady.se)
 
 
 # The seeds for a target MDE on the 3 x 4 example, P' = P = 4: v(S') = (1/36) / S' + (5/36) / (4 S') + (5/36) / 4
-# = 1 / (16 S') + 5/144 (at S' = 3: 1/18 = se^2), dof' = (288/89) (S' - 1) / 2; unlimited seeds leave
-# (z(0.975) + z(0.8)) sqrt(5/144) = 2.8015852 x 0.1863390 = 0.5220446, and at the variance's upper 95% bound
-# sqrt(dof / chi2(0.025, dof)) = sqrt(11.946724) times that, 1.8043967.
-def _projected_mde(seeds: int, widening: float = 1.0) -> float:
+# = 1 / (16 S') + 5/144 (at S' = 3: 1/18 = se^2), dof' = (288/89) (S' - 1) / 2, MDE(S') = lambda(dof') sqrt(v(S'));
+# unlimited seeds leave the normal test's lambda 2.8015818 (Phi(l - 1.96) + Phi(-l - 1.96) = 0.8) times
+# sqrt(5/144) = 0.1863390: 0.5220439. At the upper bound, the seeds' term 1 / (16 S') widens by dof / chi2(0.025, dof)
+# = 11.946724 and sigma2_prompt = 5/36 goes to its own upper bound: Satterthwaite's dof_p = (15/36)^2 / ((5/9)^2 / 3
+# + (5/36)^2 / 6) = 18/11 gives (5/36) (18/11) / chi2(0.025, 18/11) = 11.119077, more than MS_prompt's own bound
+# (5/9) 3 / (3 chi2(0.025, 3)) = 2.5744564, which holds whatever sigma2_residual is; 2.8015818 sqrt(2.5744564 / 4)
+# = 2.2475848 (where the interval's chi-square on the whole, as before, gave sqrt(11.946724) 0.5220 = 1.8044).
+def _projected_mde(seeds: int, widening: float = 1.0, prompt_variance: float = 5 / 36) -> float:
     dof = 288 / 89 * (seeds - 1) / 2
-    return (stats.t.ppf(0.975, dof) + stats.t.ppf(0.8, dof)) * math.sqrt(widening * (1 / (16 * seeds) + 5 / 144))
+    return _shift(dof) * math.sqrt(widening / (16 * seeds) + prompt_variance / 4)
+
+
+def test_the_prompt_variance_has_its_own_upper_bound():
+    result = two_level_test(D, np.zeros_like(D))
+    c = result.components
+    assert c.prompt_dof == pytest.approx(18 / 11)
+    assert c.prompt_variance_upper() == pytest.approx(2.5744564, abs=1e-6)  # MS_prompt's bound, below Satterthwaite's
+    # the SmolLM2 variants' dr_grpo against grpo (4 seeds x 500 prompts): MS_prompt 0.1724208, MS_residual 0.1255297,
+    # sigma2_prompt 0.0117228 on Satterthwaite's dof_p = 0.0021989 / (0.0297289 / 499 + 0.0157577 / 1497) = 31.364837:
+    # upper bound 0.0117228 x 31.364837 / chi2(0.025, 31.364837) = 0.0206417 (MS_prompt's own gives 0.0489968); with
+    # Holm's level for 6 arms the prompts' term alone gives 3.4798785 sqrt(0.0206417 / 500) = 0.0223590, not the
+    # 0.0595 the overall dof of 3.17 (set by the seeds) made of it
+    arm = Components(4, 500, 1.694, 0.1724208416833667, 0.12552972611890448)
+    assert arm.prompt_dof == pytest.approx(31.364837, abs=1e-5)
+    assert arm.prompt_variance_upper() == pytest.approx(0.0206417, abs=1e-7)
+    assert detectable_shift(math.inf, 0.05 / 6) == pytest.approx(3.4798785, abs=1e-6)
+    # no positive estimate (MS_prompt <= MS_residual): Satterthwaite has nothing, MS_prompt's bound remains
+    flat = Components(4, 500, 1.0, 0.1, 0.2)
+    assert flat.prompt_dof == 0 and flat.prompt_variance_upper() == pytest.approx(0.1 * 499 / (4 * stats.chi2.ppf(0.025, 499)))
 
 
 def test_the_seeds_for_a_target_mde_by_hand():
@@ -115,29 +168,33 @@ def test_the_seeds_for_a_target_mde_by_hand():
     widening = 288 / 89 / stats.chi2.ppf(0.025, 288 / 89)
     assert _projected_mde(10) == pytest.approx(0.6081, abs=1e-4) and _projected_mde(11) == pytest.approx(0.5995, abs=1e-4)
     plan = seeds_for_mde(result, 0.6)
-    assert plan.seeds == 11 == next(s for s in range(2, 10_001) if _projected_mde(s) <= 0.6)
-    assert (plan.floor, plan.upper_floor) == pytest.approx((0.5220446, 1.8043967))
-    assert plan.upper is None and not plan.upper_reachable  # the upper bound's prompt term alone is 1.80 > 0.6
-    wide = seeds_for_mde(result, 2.0)
-    assert (wide.seeds, wide.upper) == (2, 15) == (2, next(s for s in range(2, 10_001) if _projected_mde(s, widening) <= 2.0))
-    assert _projected_mde(14, widening) > 2.0 >= _projected_mde(15, widening)
+    assert plan.seeds == next(s for s in range(2, 10_001) if _projected_mde(s) <= 0.6) == 11
+    assert (plan.floor, plan.upper_floor) == pytest.approx((0.5220439, 2.2475848))
+    assert plan.upper is None and not plan.upper_reachable  # the upper bound's prompt term alone is 2.25 > 0.6
+    wide = seeds_for_mde(result, 2.5)
+    expected = next(s for s in range(2, 10_001) if _projected_mde(s, widening, 2.5744564) <= 2.5)
+    assert (wide.seeds, wide.upper) == (2, expected) and wide.upper_reachable
+    assert _projected_mde(expected - 1, widening, 2.5744564) > 2.5
     # twice the prompts: v(S') = (1/36) / S' + (5/36) / (8 S') + (5/36) / 8, and the prompt term alone halves
     doubled = seeds_for_mde(result, 0.6, prompts=8)
-    assert doubled.floor == pytest.approx(0.5220446 / math.sqrt(2)) and doubled.seeds < plan.seeds
+    assert doubled.floor == pytest.approx(0.5220439 / math.sqrt(2)) and doubled.seeds < plan.seeds
 
 
 def test_at_the_seeds_run_the_projection_is_the_designs_mde():
     result = two_level_test(D, np.zeros_like(D))
-    mde, _, high = design_mde(result)
+    mde = design_mde(result)[0]
     assert _projected_mde(3) == pytest.approx(mde)
-    # the run's own MDE as the target: the run's 3 seeds at the estimate and at the upper bound, not one fewer
-    assert seeds_for_mde(result, mde).seeds == 3 and seeds_for_mde(result, high).upper == 3
-    assert seeds_for_mde(result, mde * (1 - 1e-9)).seeds == 4 and seeds_for_mde(result, high * (1 - 1e-9)).upper == 4
+    # the run's own MDE as the target: the run's 3 seeds, not one fewer
+    assert seeds_for_mde(result, mde).seeds == 3
+    assert seeds_for_mde(result, mde * (1 - 1e-9)).seeds == 4
+    # at the upper bound: the seeds' term widened by the interval's chi-square, the prompts' at their own bound
+    high = _projected_mde(3, 288 / 89 / stats.chi2.ppf(0.025, 288 / 89), 2.5744564)
+    assert seeds_for_mde(result, high * (1 + 1e-7)).upper == 3 and seeds_for_mde(result, high * (1 - 1e-7)).upper == 4
 
 
 def test_no_number_of_seeds_reaches_a_target_below_the_prompts_term():
     result = two_level_test(D, np.zeros_like(D))
-    unreachable = seeds_for_mde(result, 0.5)  # below 0.5220446: only more prompts help
+    unreachable = seeds_for_mde(result, 0.5)  # below 0.5220439: only more prompts help
     assert unreachable.seeds is None and not unreachable.reachable
     capped = seeds_for_mde(result, 0.53, max_seeds=20)  # reachable, but beyond 20 seeds
     assert capped.seeds is None and capped.reachable and capped.max_seeds == 20

@@ -65,3 +65,21 @@ def test_a_run_logged_on_the_batch_counter_counts_its_optimizer_steps_from_its_c
     assert run.axis("reward", "step")[0].tolist() == [4, 8, 12]
     # Their generation batches were not counted (DAPO's logged step was its update count): unknown.
     assert math.isnan(final_value(run, "batches"))
+
+
+@pytest.mark.parametrize(
+    "steps_per_rollout, rollouts, expected",
+    [
+        # one row per rollout of two optimizer steps, at steps 2, 4, ..., 40: the last 10 optimizer steps are 31-40,
+        # the rows at 32, 34, 36, 38 and 40 (rollouts 16-20): reward 0.1 (16 + ... + 20) / 5 = 1.8, not the last ten
+        # rows' 0.1 (11 + ... + 20) / 10 = 1.55, which span optimizer steps 21-40
+        (2, 20, 1.8),
+        # one row per optimizer step: the last ten rows, as before (rollouts 11-20)
+        (1, 20, 1.55),
+        # a row every four steps, at 4, ..., 20: steps 11-20 hold the rows at 12, 16 and 20 (rollouts 3-5)
+        (4, 5, 0.4),
+    ],
+)
+def test_training_metrics_are_averaged_over_the_last_10_optimizer_steps(tmp_path, steps_per_rollout, rollouts, expected):
+    run = load_run(write_run(tmp_path, steps_per_rollout=steps_per_rollout, rollouts=rollouts))
+    assert final_value(run, "reward") == pytest.approx(expected)

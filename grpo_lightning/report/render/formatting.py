@@ -18,13 +18,17 @@ UNITS = {"train_time_s": " s"}
 
 
 def fmt(value: float | None, digits: int = 4) -> str:
-    """``0.5752`` -> ``0.5752``; ``70440.0`` -> ``70,440``; ``1.2e-05`` -> ``1.2e-05``; nan -> ``n/a``."""
+    """``0.5752`` -> ``0.5752``; ``70440.0`` -> ``70,440``; ``5633.4`` -> ``5,633``; ``1.2e-05`` -> ``1.2e-05``;
+    nan -> ``n/a``. From a thousand on, thousands separators always (``-5,633`` beside ``-4,894``)."""
     if value is None or not math.isfinite(value):
         return "n/a"
     if value == 0:
         return "0"
     if 10**digits <= abs(value) < 1e9 or (abs(value) >= 10 ** (digits - 1) and float(value).is_integer()):
         return f"{value:,.0f}"
+    if 1000 <= abs(value) < 1e9:  # ``digits`` significant digits, of which the whole part holds at least four
+        text = f"{value:,.{max(0, digits - len(str(int(abs(value)))))}f}"
+        return text.rstrip("0").rstrip(".") if "." in text else text
     return f"{value:.{digits}g}"  # an exponent below 0.001 only
 
 

@@ -25,6 +25,7 @@ from grpo_lightning.report.learning import (
     fmt_budget,
     recorded,
     round_budget,
+    value_at,
 )
 from grpo_lightning.report.render.document import Doc, user_text
 from grpo_lightning.report.render.formatting import fmt, fmt_interval, fmt_p
@@ -42,6 +43,7 @@ from grpo_lightning.report.sections.comparisons import (
 AXES = ("step", "tokens", "flops")
 #: Budgets read besides the common one, as fractions of it (in a folded table and the figure).
 FRACTIONS = (0.25, 0.5, 0.75)
+FRACTION_NAMES = ("¼", "½", "¾")
 FIGURE = "budgets_val_accuracy.png"
 
 
@@ -67,6 +69,27 @@ class Matched:
 def fractions_of(budget: float) -> list[float]:
     """The budgets of ``FRACTIONS`` of ``budget``, each rounded down to three significant digits."""
     return [round_budget(budget * fraction) for fraction in FRACTIONS]
+
+
+def before_first_validation(arms: Sequence[Arm], axis: str, budget: float) -> bool:
+    """Whether every run with a value at ``budget`` on ``axis`` has it on the straight line from its
+    validation before training (at 0) to its first validation after it: the start is the same model for
+    every arm at a seed, so each paired difference there is the first validation's scaled by the budget's
+    share of the way to it (on steps, exactly: the same d_z and p), no comparison of its own. False when no
+    run has a value there."""
+    found = False
+    for arm in arms:
+        for run in arm.runs:
+            if not recorded(run, axis):
+                continue
+            x, y = run.axis(CURVE_TAG, axis)
+            if not math.isfinite(value_at(x, y, budget)):
+                continue
+            later = x[x > 0]
+            if not ((x == 0).any() and len(later) and budget < later.min()):
+                return False
+            found = True
+    return found
 
 
 def budget_label(axis: str, budget: float) -> str:
@@ -149,7 +172,10 @@ def budget_section(doc: Doc, arms: Sequence[Arm], baseline: Arm, confidence: flo
         "validation curve, linear between validations (the validation before training at 0); a seed whose last "
         "validation fell short of a budget has no value there and is named beside the number, never "
         "extrapolated. The budget of each table is the largest every run reached, rounded down to three "
-        "significant digits, so that every seed counts; on ¼, ½ and ¾ of it, too. The differences are paired by "
+        "significant digits, so that every seed counts; on ¼, ½ and ¾ of it, too, except where that falls before "
+        "every run's first validation after the start: there each seed's value is the straight line from the start "
+        "(the same model for every arm) to its first validation, so its differences are those of the first "
+        "validation scaled down (the same d_z and p), no comparison of its own. The differences are paired by "
         f"seed and judged as in Effects against the baseline: paired t-test, Holm's correction over the arms at "
         f"one budget, equivalence within ±{margin:g}, MDE at 80% power, no verdict below {MIN_PAIRED_SEEDS} pairs."
     )
@@ -201,12 +227,27 @@ def _detail(doc: Doc, arms: Sequence[Arm], baseline: Arm, result: Matched, confi
     doc.table(header, _rows(arms, baseline, result, confidence), "llrrrrrrrl")
     if result.left_out:
         doc.p("Not compared: " + "; ".join(f"**{user_text(name)}** ({user_text(why)})" for name, why in result.left_out) + ".")
+    shown, interpolated = [], []
+    for fraction, budget in zip(FRACTION_NAMES, fractions_of(result.budget)):
+        (interpolated if before_first_validation(arms, result.axis, budget) else shown).append((fraction, budget))
+    if interpolated:
+        doc.p(f"Not compared at {_listed([budget_label(result.axis, b) for _, b in interpolated])} "
+              f"({_listed([f for f, _ in interpolated])} of {result.label}): before every run's first validation after "
+              "the start, each seed's value there is interpolated from the start, its differences the first "
+              "validation's scaled down.")  # fmt: skip
+    if not shown:
+        return
     body = Doc()
-    for budget in fractions_of(result.budget):
+    for _, budget in shown:
         point = matched(arms, baseline, result.axis, budget, confidence, margin)
         body.h(4, f"At {point.label}")
         body.table(header, _rows(arms, baseline, point, confidence), "llrrrrrrrl")
-    doc.details(f"At ¼, ½ and ¾ of {result.label}", body)
+    doc.details(f"At {_listed([f for f, _ in shown])} of {result.label}", body)
+
+
+def _listed(items: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
 
 
 def _rows(arms: Sequence[Arm], baseline: Arm, result: Matched, confidence: float) -> list[list[str]]:

@@ -191,7 +191,7 @@ def _seeds_needed_phrase(plan: SeedsForMde, confidence: float) -> str:
 
 
 def _seeds_count(count: int | None, plan: SeedsForMde) -> str:
-    return str(count) if count is not None else f"more than {plan.max_seeds:,}"
+    return f"{count:,}" if count is not None else f"more than {plan.max_seeds:,}"
 
 
 def improvement_text(effect: Effect) -> str:

@@ -52,7 +52,7 @@ def final_section(doc: Doc, arms: Sequence[Arm], confidence: float, target: Path
     doc.h(2, "Final metrics")
     doc.p(
         f"Each run's value at the end of training: the last validation for val/*, the mean of the last "
-        f"{SMOOTHING_STEPS} training steps for training metrics (reward, kl, entropy, lengths, clip and "
+        f"{SMOOTHING_STEPS} optimizer steps for training metrics (reward, kl, entropy, lengths, clip and "
         f"zero-spread shares). Mean over seeds [{confidence:.0%} Student-t interval over seeds, clipped to the "
         "range the quantity can take] (n = runs); one seed has no interval. These intervals describe each arm "
         "alone: whether two arms differ is the paired test of Effects against the baseline, not whether "

@@ -44,8 +44,9 @@ def method_section(doc: Doc, confidence: float, margin: float, target_mde: float
         [
             "Runs of one arm differ only in their seed; each finished run counts once (unfinished runs are left out).",
             (
-                f"Final value: the last validation for val/*; the mean of the last {SMOOTHING_STEPS} training steps for "
-                "training metrics (one step is one batch of prompts); totals (tokens, steps, time) at the end."
+                f"Final value: the last validation for val/*; for training metrics the mean of the rows logged in the "
+                f"last {SMOOTHING_STEPS} optimizer steps (one row per step where a run logs each step; where it logs "
+                "once per rollout of several steps, the rollouts ending in them); totals (tokens, steps, time) at the end."
             ),
             (
                 f"Interval of a mean over n seeds: mean ± t({q:g}, n − 1) · s / √n, s the standard deviation of the "
@@ -83,7 +84,10 @@ def method_section(doc: Doc, confidence: float, margin: float, target_mde: float
                 "percentile bootstrap of seeds and prompts is too narrow at few seeds (table below)."
             ),
             (
-                "MDE of a two-level design of S' seeds and P' prompts: (t(1 − α/2m, dof') + t(0.8, dof')) · √v, v = "
+                "MDE of a two-level design of S' seeds and P' prompts: the smallest δ that the test at level α/m rejects "
+                "with probability 0.8 when mean(D) / √v follows the noncentral t(dof', δ / √v), solved numerically as "
+                "over seeds (λ(dof') · √v, λ the noncentrality of 80% power; the sum t(1 − α/2m, dof') + t(0.8, dof') "
+                "falls short by 9% at dof' = 3 and α/m = 0.05/6), v = "
                 "σ²_seed / S' + MS_residual / (S' P') + σ²_prompt / P' with the unbiased σ²_seed = (MS_seed − MS_residual) / P "
                 "(it may be negative; no MDE where v is not positive) and dof' = dof · (S' − 1) / (S − 1), dof the interval's; "
                 "at the design run (S' = S, P' = P) v is se² and dof' = dof. Its "
@@ -93,11 +97,14 @@ def method_section(doc: Doc, confidence: float, margin: float, target_mde: float
             (
                 f"Seeds for a target MDE δ* ({target_mde:g} on accuracies and shares, {target_mde * 100:g}% of the "
                 "baseline's mean elsewhere; kept in data/sweep.json, `--target-mde`), on val/accuracy: the smallest S' "
-                f"from 2 to {MAX_SEEDS:,} with (t(1 − α/2m, dof') + t(0.8, dof')) · √v(S') ≤ δ*, v(S') = σ²_seed / S' + "
-                "MS_residual / (S' P) + σ²_prompt / P at the P prompts run and dof' = dof · (S' − 1) / (S − 1) (at S' = S "
-                "the MDE above); and again with v(S') at the upper end of its "
-                "interval, dof · v(S') / χ²(1 − q, dof). Unlimited seeds leave (z(1 − α/2m) + z(0.8)) · √(σ²_prompt / P): "
-                "where that is not below δ*, no number of seeds reaches it and more prompts are needed."
+                f"from 2 to {MAX_SEEDS:,} with λ(dof') · √v(S') ≤ δ* (the MDE above, 80% power on the noncentral t), "
+                "v(S') = σ²_seed / S' + MS_residual / (S' P) + σ²_prompt / P at the P prompts run and dof' = dof · (S' − 1) "
+                "/ (S − 1) (at S' = S the MDE above); and again at the upper end of each term's interval: the seeds' "
+                "terms v(S') − σ²_prompt / P times dof / χ²(1 − q, dof), σ²_prompt at the upper end of its own: "
+                "Satterthwaite's dof_p σ²_prompt / χ²(1 − q, dof_p), dof_p = (MS_prompt − MS_residual)² / (MS_prompt² / (P − 1) "
+                "+ MS_residual² / ((S − 1)(P − 1))), but at most MS_prompt (P − 1) / (S χ²(1 − q, P − 1)), which holds "
+                "whatever σ²_residual is. Unlimited seeds leave λ(∞) · √(σ²_prompt / P) (λ(∞) ≈ z(1 − α/2m) + z(0.8), "
+                "the normal test's): where that is not below δ*, no number of seeds reaches it and more prompts are needed."
             ),
             (
                 f"P(arm > baseline): the share of the n paired seeds at which the arm ended higher, a tie counting half "
