@@ -300,6 +300,18 @@ def fit(module, max_steps: int, root: Path, callbacks=(), ckpt_path=None, strate
     return recorder.steps, trainer
 
 
+def fit_stopped_and_resumed(make, total: int, stop: int, root: Path, callbacks=lambda: []) -> tuple[dict, Path, dict, L.Trainer]:
+    """Three seeded fits of modules from ``make()`` (each with fresh ``callbacks()``): ``total`` steps
+    uninterrupted, ``stop`` steps saving a checkpoint at ``stop``, and ``total`` steps resumed from it.
+    Returns the uninterrupted fit's steps, the checkpoint's path, the resumed fit's steps and its trainer."""
+    full, _ = fit(make(), total, root / "full", callbacks=callbacks())
+    every = ModelCheckpoint(dirpath=root / "ckpt", filename="{step}", every_n_train_steps=stop)
+    fit(make(), stop, root / "first", callbacks=[every, *callbacks()])
+    path = root / "ckpt" / f"step={stop}.ckpt"
+    resumed, trainer = fit(make(), total, root / "resumed", callbacks=callbacks(), ckpt_path=path)
+    return full, path, resumed, trainer
+
+
 def assert_same_steps(resumed: dict, full: dict, first: int, last: int) -> None:
     assert sorted(resumed) == list(range(first, last + 1))
     for step in resumed:

@@ -16,7 +16,7 @@ from grpo_lightning.cli.app import main
 from grpo_lightning.checkpoints.export import export_checkpoint, read_checkpoint
 from grpo_lightning.checkpoints.export import main as export_main
 from grpo_lightning.variants import DAPO
-from tests.helpers import CONFIGS, assert_same_steps, fit, logits, make_module
+from tests.helpers import CONFIGS, assert_same_steps, fit, fit_stopped_and_resumed, logits, make_module
 
 
 class SaveWhileSampling(L.Callback):
@@ -36,19 +36,15 @@ class SaveWhileSampling(L.Callback):
 @pytest.mark.parametrize("stop", [3, 4], ids=["mid-epoch", "end-of-epoch"])
 def test_grpo_resumed_from_a_checkpoint_logs_what_an_uninterrupted_fit_logs(tiny_model_dir, tmp_path, stop):
     total = 6
-    full, _ = fit(make_module(tiny_model_dir, kl={"beta": 0.04}), total, tmp_path / "full")
+    full, path, resumed, trainer = fit_stopped_and_resumed(lambda: make_module(tiny_model_dir, kl={"beta": 0.04}), total,
+                                                           stop, tmp_path)  # fmt: skip
     assert sorted(full) == list(range(1, total + 1))
-
-    every = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=stop)
-    fit(make_module(tiny_model_dir, kl={"beta": 0.04}), stop, tmp_path / "first", callbacks=[every])
-    path = tmp_path / "ckpt" / f"step={stop}.ckpt"
     checkpoint = read_checkpoint(path)
     assert not any(k.startswith("ref_model.") for k in checkpoint["state_dict"])
     assert {"rng", "generated_tokens", "step_metrics"} <= set(checkpoint["training_state"][0])
     position = checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]
     assert (position["epoch"], position["batches"]) == (0, stop)
 
-    resumed, trainer = fit(make_module(tiny_model_dir, kl={"beta": 0.04}), total, tmp_path / "resumed", ckpt_path=path)
     assert trainer.global_step == total
     assert_same_steps(resumed, full, stop + 1, total)
 

@@ -11,7 +11,6 @@ import types
 import lightning as L
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from grpo_lightning.checkpoints.export import read_checkpoint
 from grpo_lightning.errors import ConfigError
@@ -20,7 +19,7 @@ from grpo_lightning.rollout.partial import continue_rollouts
 from grpo_lightning.rollout.stale import SNAPSHOT_KEY, StaleQueue, StaleRollouts
 from grpo_lightning.rollout.types import Rollout
 from grpo_lightning.variants import GRPO
-from tests.helpers import StepRecorder, assert_same_steps, fit, make_data, make_module
+from tests.helpers import StepRecorder, assert_same_steps, fit, fit_stopped_and_resumed, make_data, make_module
 
 
 class Watch(L.Callback):
@@ -188,17 +187,11 @@ def test_a_fit_with_stale_rollouts_resumes_exactly_from_its_checkpoint(tiny_mode
     settings = dict(policy={"dtype": "float32"}, sampling={"correction": "icepop"})
     total, stop = 5, 3  # saved at the second batch of the second epoch
 
-    def stale():
-        return StaleRollouts(max_staleness=2, partial_rollouts=partial)
-
-    full, _ = fit(make_module(tiny_model_dir, **settings), total, tmp_path / "full", callbacks=[stale()])
-    every = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=stop)
-    fit(make_module(tiny_model_dir, **settings), stop, tmp_path / "first", callbacks=[every, stale()])
-    path = tmp_path / "ckpt" / f"step={stop}.ckpt"
+    full, path, resumed, trainer = fit_stopped_and_resumed(
+        lambda: make_module(tiny_model_dir, **settings), total, stop, tmp_path,
+        lambda: [StaleRollouts(max_staleness=2, partial_rollouts=partial)])  # fmt: skip
     state = read_checkpoint(path)["training_state"][0]
     assert len(state["buffers"]["stale_queue"]["kept"]) == 2 and state["policy_version"] == stop
-    resumed, trainer = fit(make_module(tiny_model_dir, **settings), total, tmp_path / "resumed", callbacks=[stale()],
-                           ckpt_path=path)  # fmt: skip
     assert trainer.global_step == total
     assert_same_steps(resumed, full, stop + 1, total)
     lag = resumed[total]["rollout/staleness"].item()
@@ -211,17 +204,11 @@ def test_a_one_step_stale_fit_resumes_exactly_from_its_checkpoint(tiny_model_dir
     settings = dict(policy={"dtype": "float32"}, sampling={"correction": "token_truncate"})
     total, stop = 4, 2
 
-    def stale():
-        return StaleRollouts(max_staleness=1, overlap=False)
-
-    full, _ = fit(make_module(tiny_model_dir, **settings), total, tmp_path / "full", callbacks=[stale()])
-    every = ModelCheckpoint(dirpath=tmp_path / "ckpt", filename="{step}", every_n_train_steps=stop)
-    fit(make_module(tiny_model_dir, **settings), stop, tmp_path / "first", callbacks=[every, stale()])
-    path = tmp_path / "ckpt" / f"step={stop}.ckpt"
+    full, path, resumed, trainer = fit_stopped_and_resumed(
+        lambda: make_module(tiny_model_dir, **settings), total, stop, tmp_path,
+        lambda: [StaleRollouts(max_staleness=1, overlap=False)])  # fmt: skip
     snapshot = read_checkpoint(path)[SNAPSHOT_KEY]
     assert snapshot["version"] == stop - 1 and "model.embed_tokens.weight" in snapshot["weights"]
-    resumed, trainer = fit(make_module(tiny_model_dir, **settings), total, tmp_path / "resumed", callbacks=[stale()],
-                           ckpt_path=path)  # fmt: skip
     assert trainer.global_step == total
     assert resumed[stop + 1]["rollout/staleness"] == 1.0
     assert_same_steps(resumed, full, stop + 1, total)

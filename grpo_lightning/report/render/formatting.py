@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 
 from grpo_lightning.report.render.document import user_text
 
@@ -65,10 +66,14 @@ def p_phrase(p: float) -> str:
     return "< 0.0001" if p < 1e-4 else f"= {p:.4f}"
 
 
+def join_words(items: Sequence[str]) -> str:
+    """``a``; ``a and b``; ``a, b and c`` (empty for none)."""
+    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
+
+
 def join_names(names: list[str]) -> str:
     """``a``, ``b`` and ``c`` in bold (users' names: :func:`~grpo_lightning.report.render.document.user_text`)."""
-    bold = [f"**{user_text(n)}**" for n in names]
-    return bold[0] if len(bold) == 1 else ", ".join(bold[:-1]) + " and " + bold[-1]
+    return join_words([f"**{user_text(n)}**" for n in names])
 
 
 def shorten(text: str, limit: int) -> str:

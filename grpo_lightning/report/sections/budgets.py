@@ -28,7 +28,7 @@ from grpo_lightning.report.learning import (
     value_at,
 )
 from grpo_lightning.report.render.document import Doc, user_text
-from grpo_lightning.report.render.formatting import fmt, fmt_interval, fmt_p
+from grpo_lightning.report.render.formatting import fmt, fmt_interval, fmt_p, join_words
 from grpo_lightning.report.render.plots import arm_colors, plot_budget_points
 from grpo_lightning.report.sections.comparisons import (
     EQUIVALENCE_MARGIN,
@@ -231,8 +231,8 @@ def _detail(doc: Doc, arms: Sequence[Arm], baseline: Arm, result: Matched, confi
     for fraction, budget in zip(FRACTION_NAMES, fractions_of(result.budget)):
         (interpolated if before_first_validation(arms, result.axis, budget) else shown).append((fraction, budget))
     if interpolated:
-        doc.p(f"Not compared at {_listed([budget_label(result.axis, b) for _, b in interpolated])} "
-              f"({_listed([f for f, _ in interpolated])} of {result.label}): before every run's first validation after "
+        doc.p(f"Not compared at {join_words([budget_label(result.axis, b) for _, b in interpolated])} "
+              f"({join_words([f for f, _ in interpolated])} of {result.label}): before every run's first validation after "
               "the start, each seed's value there is interpolated from the start, its differences the first "
               "validation's scaled down.")  # fmt: skip
     if not shown:
@@ -242,12 +242,7 @@ def _detail(doc: Doc, arms: Sequence[Arm], baseline: Arm, result: Matched, confi
         point = matched(arms, baseline, result.axis, budget, confidence, margin)
         body.h(4, f"At {point.label}")
         body.table(header, _rows(arms, baseline, point, confidence), "llrrrrrrrl")
-    doc.details(f"At {_listed([f for f, _ in shown])} of {result.label}", body)
-
-
-def _listed(items: Sequence[str]) -> str:
-    """``a``, ``a and b``, ``a, b and c``."""
-    return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
+    doc.details(f"At {join_words([f for f, _ in shown])} of {result.label}", body)
 
 
 def _rows(arms: Sequence[Arm], baseline: Arm, result: Matched, confidence: float) -> list[list[str]]:

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from grpo_lightning.report.arms import Arm
 from grpo_lightning.report.render.document import Doc, user_text
+from grpo_lightning.report.render.formatting import join_words
 
 #: Config keys of the clip settings; the report shows them without ``model.init_args.``.
 CLIP_KEYS = ("model.init_args.loss.clip_eps_low", "model.init_args.loss.clip_eps_high", "model.init_args.loss.delta")
@@ -90,7 +91,7 @@ def ineffective_notes(arms: Sequence[Arm], configs: Mapping[str, Mapping[str, st
         inert = nothing_clipped or all(key in BOUND_TAGS and tightest(settings, arm.name, key) for key in distinct[arm.name])
         if logged and all(zero[arm.name][tag] for tag in logged) and inert:
             notes.append(
-                f"**{user_text(arm.name)}** ({described}): {_and(logged)} stayed 0 at every step of every seed, so "
+                f"**{user_text(arm.name)}** ({described}): {join_words(logged)} stayed 0 at every step of every seed, so "
                 "its clip settings had no effect; the importance ratio never left the clip range."
             )
             continue
@@ -117,10 +118,6 @@ def tightest(settings: Mapping[str, Mapping[str, str]], name: str, key: str) -> 
     others = [s for arm, s in settings.items() if arm != name]
     return (math.isfinite(own) and all(s.get(SEQUENCE_SETTING) == level for s in others)
             and all(own <= bound(s.get(key, "—")) for s in others))  # fmt: skip
-
-
-def _and(items: Sequence[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def effects_section(doc: Doc, notes: Sequence[str]) -> None:
