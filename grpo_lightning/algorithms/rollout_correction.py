@@ -295,8 +295,9 @@ def check_old_logprobs(correction: Correction, old_logprobs: str) -> None:
     require(old_logprobs != "bypass" or correction.mode not in WEIGHT_ONLY,
             f"sampling.correction: {correction.mode} with sampling.old_logprobs bypass would weight each token by "
             "pi_theta / pi_rollout twice (the update's ratio is that importance weight already under bypass); set "
-            "sampling.old_logprobs to recompute, or sampling.correction to a masking correction (token_mask, "
-            "sequence_mask, icepop, geo_rs, kpop), which under bypass adds only its rejection.")  # fmt: skip
+            "sampling.old_logprobs to recompute, or sampling.correction to a masking correction "
+            f"({', '.join(mode for mode in KEEP_PARTS if mode not in OVER_ROLLOUT)}), which under bypass adds only its "
+            "rejection.")  # fmt: skip
 
 
 def mismatch_metrics(train_logp: Tensor, sampling_logp: Tensor, mask: Tensor) -> dict[str, tuple[Tensor, str]]:
