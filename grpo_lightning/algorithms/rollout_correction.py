@@ -17,7 +17,10 @@ With ``rho_t = pi_train(y_t) / pi_rollout(y_t)``, the loss of token ``t`` is wei
   [0.5, 5], as prime-rl's IcePop loss first shipped): IcePop (Ring-1T, arXiv 2510.18855), the
   ratio inside the band, zero outside;
 - ``geo_rs``: ``1[lower <= exp(mean_t log rho_t) <= upper]`` for every token of the completion
-  (default [0.999, 1.001]): verl's geometric rejection sampling;
+  (default [0.999, 1.001]): verl's geometric rejection sampling. As verl's, it is chosen before the
+  update from the old log-probs (:data:`OVER_ROLLOUT`), and a rejected completion leaves the loss
+  mask (:data:`OUT_OF_MASK`): its tokens count in none of the loss's token counts, and carry no KL
+  term;
 - ``kpop``: ``1[max(KL_b(p_t || q_t), KL_b(q_t || p_t)) <= phi]`` (``correction_kl_threshold``,
   default 0.05, ours: no published default was found) with ``p_t = pi_train(y_t)``,
   ``q_t = pi_rollout(y_t)`` and the binary KL ``KL_b(p || q) = p log(p/q) + (1-p) log((1-p)/(1-q))``
@@ -60,7 +63,11 @@ from grpo_lightning.errors import ConfigError, require
 #: Values of ``sampling.old_logprobs``: where the update's old (proximal) log-probs come from.
 OLD_LOGPROBS = ("recompute", "bypass", "loglinear")
 #: The corrections whose mask is chosen over the whole rollout, from its old log-probs.
-OVER_ROLLOUT = ("m2po",)
+OVER_ROLLOUT = ("m2po", "geo_rs")
+#: The corrections whose rejected tokens leave the loss mask, as verl's rejection sampling removes them
+#: from its response mask, rather than weigh 0 inside it (the others, as TRL, AReaL and IcePop's loss):
+#: they are out of the loss's denominator, its KL term and the per-token metrics of the update.
+OUT_OF_MASK = ("geo_rs",)
 #: The corrections that only reweight (no token gets weight 0): refused under ``old_logprobs: bypass``.
 WEIGHT_ONLY = ("token_truncate", "sequence_truncate")
 #: The default cap of ``token_truncate``, ``token_mask``, ``sequence_truncate`` and ``sequence_mask``.
@@ -112,6 +119,10 @@ class Correction:
     @property
     def over_rollout(self) -> bool:
         return self.mode in OVER_ROLLOUT
+
+    @property
+    def out_of_mask(self) -> bool:
+        return self.mode in OUT_OF_MASK
 
     def weights(self, train_logp: Tensor, sampling_logp: Tensor, mask: Tensor, keep_only: bool = False) -> Tensor:
         """Weights ``[N, T]`` of the per-token policy loss (:func:`correction_weights`); ``keep_only``:
@@ -353,7 +364,7 @@ def correct_policy_loss(
         metrics.update(name, value, tokens if reduce == "mean" else 1.0, reduce=reduce)
     current = train_logp if current_logp is None else current_logp
     metrics.update("sampling/behaviour_kl", behaviour_kl(current, sampling_logp, mask), tokens)
-    if correction.mode is None:
+    if correction.mode is None or correction.out_of_mask:  # its rejection is in the loss mask already
         return loss
     if weights is None:
         weights = correction.weights(train_logp, sampling_logp, mask, keep_only)

@@ -81,9 +81,11 @@ class PolicyUpdate:
         own where the update needs one (:meth:`needs_old_logprobs`, a KL in the reward, a correction
         chosen over the whole rollout) and ``recompute`` asks for it, the sampler's under ``bypass``, and
         under ``loglinear`` the version the update starts from (``rollout.derived["proximal_version"]``);
-        the weights of a correction chosen over the rollout (``rollout.derived["correction_weights"]``),
-        over the tokens that carry loss (:meth:`loss_mask`: a completion that carries none, truncated
-        under ``loss.mask_truncated_completions``, does not count in m2po's second moment)."""
+        the weights of a correction chosen over the rollout (``rollout.derived["correction_weights"]``,
+        or ``["rejection_keep"]`` for one whose rejected tokens leave the loss mask: :data:`~grpo_lightning.
+        algorithms.rollout_correction.OUT_OF_MASK`), over the tokens that carry loss (:meth:`loss_mask`: a
+        completion that carries none, truncated under ``loss.mask_truncated_completions``, does not count
+        in m2po's second moment)."""
         source, correction = self.sampling_options.old_logprobs, self.settings.rollout_correction
         over_rollout = correction.over_rollout and rollout.sampling_logp is not None
         needed = source == "recompute" and self.needs_old_logprobs(len(rollout))
@@ -97,7 +99,11 @@ class PolicyUpdate:
         if over_rollout:
             loss_mask = self.loss_mask(rollout, torch.arange(len(rollout)))
             weights = correction.weights(rollout.old_logp, rollout.sampling_logp, loss_mask)
-            rollout.derived["correction_weights"] = weights
+            rollout.derived["rejection_keep" if correction.out_of_mask else "correction_weights"] = weights
+            if correction.out_of_mask:  # its share of the loss tokens, which the update no longer sees
+                tokens = loss_mask.sum()
+                rejected = ((weights == 0) & (loss_mask > 0)).sum() / tokens.clamp(min=1)
+                self.step_metrics.update("sampling/masked_fraction", rejected, tokens)
 
     def old_logprobs(self, micro: MicroBatch, logp: Tensor) -> Tensor:
         """``[n, T]``: the rollout's old log-probs, else AReaL's approximation (:func:`proximal_logprobs`)
@@ -225,12 +231,15 @@ class PolicyUpdate:
             for name, (value, weight) in metrics.items():
                 self.step_metrics.update(name, value, weight)
 
-    def loss_mask(self, rollout: Rollout, rows: Tensor) -> Tensor:
+    def loss_mask(self, rollout: Rollout, rows: Tensor, with_rejection: bool = True) -> Tensor:
         """``[len(rows), T]``: the tokens that carry loss; none of a truncated completion under
-        ``mask_truncated_completions``."""
+        ``mask_truncated_completions``, and (``with_rejection``) none a correction of
+        :data:`~grpo_lightning.algorithms.rollout_correction.OUT_OF_MASK` rejected (``rollout.derived["rejection_keep"]``)."""
         mask = rollout.completion_mask[rows.to(rollout.completion_mask.device)]
         if self.loss_options.mask_truncated_completions:
             mask = mask * ~rollout.truncated[rows.to(mask.device)].unsqueeze(1)
+        if with_rejection and "rejection_keep" in rollout.derived:
+            mask = mask * rollout.derived["rejection_keep"][rows.to(mask.device)]
         return mask
 
     def no_gradient_sync(self) -> contextlib.AbstractContextManager:
@@ -256,7 +265,8 @@ class PolicyUpdate:
             # bypass: old = rollout, so the ratio above is pi_theta / pi_rollout, the importance weight itself;
             # the correction compares the current policy with the sampler's and adds only its rejection
             bypass = self.sampling_options.old_logprobs == "bypass"
-            loss = correct_policy_loss(loss, logp if bypass else old_logp, micro.sampling_logp, mask,
+            seen = self.loss_mask(rollout, micro.rows, with_rejection=False)  # the mismatch of every loss token
+            loss = correct_policy_loss(loss, logp if bypass else old_logp, micro.sampling_logp, seen,
                                        self.settings.rollout_correction, self.step_metrics,
                                        micro.derived.get("correction_weights"), logp, keep_only=bypass)  # fmt: skip
         if self.loss_options.top_entropy_quantile < 1:

@@ -4,6 +4,7 @@ and a real fit logging them."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import lightning as L
@@ -96,7 +97,7 @@ def test_engines_record_the_log_probs_the_training_pass_computes(make_module, ro
     assert (rollout_.sampling_logp[~mask] == 0).all()
 
 
-@pytest.mark.parametrize("correction", [None, "token_truncate", "sequence_mask", "m2po"])
+@pytest.mark.parametrize("correction", [None, "token_truncate", "sequence_mask", "m2po", "geo_rs"])
 def test_a_fit_logs_the_mismatch_and_trains_with_each_correction(make_module, tmp_path, correction, one_torch_thread):
     grpo = make_module(
         GRPO,
@@ -267,6 +268,38 @@ def test_m2po_weights_chosen_over_the_rollout_do_not_depend_on_the_micro_batch_s
         split = micro_batched_gradient(grpo, rollout, advantages, sizes, tokens)
         for name in whole:
             torch.testing.assert_close(split[name], whole[name], rtol=1e-4, atol=1e-6)
+
+
+def test_a_completion_geo_rs_rejects_leaves_the_loss_mask_as_a_masked_truncated_one(make_module, one_torch_thread):
+    """verl's geometric rejection takes a rejected completion out of the response mask: the gradient
+    (policy loss and KL term, token-mean over the kept tokens) is the uncorrected one's with that
+    completion masked as a truncated one is under ``mask_truncated_completions``, whatever the micro-batches."""
+    sampling = {"correction": "geo_rs", "correction_lower": 0.9, "correction_upper": 1.1}
+    geo = make_module(GRPO, policy={"dtype": "float32"}, sampling=sampling, kl={"beta": 0.1})
+    torch.manual_seed(0)
+    rollout = geo.generate({"prompt": ["1+2=", "30+4="]}, geo.settings.group_size, geo.sampling, with_logprobs=True)
+    n, mask = len(rollout), rollout.completion_mask
+    shift = torch.tensor([0.0, 0.5, 0.0, -0.5] * (n // 4)).unsqueeze(1)  # rows 1 and 3: geometric ratio e^-0.5, e^0.5
+    rollout.sampling_logp = rollout.sampling_logp + shift * mask
+    rollout.ref_logp = rollout.sampling_logp - 0.2 * mask
+    geo.step_metrics.compute_and_reset()
+    geo.compute_old_logprobs(rollout)
+    kept = torch.tensor([1.0, 0.0, 1.0, 0.0] * (n // 4))
+    close(rollout.derived["rejection_keep"], (kept.unsqueeze(1) * mask + (1 - mask)).tolist())
+    share = float((mask * (1 - kept).unsqueeze(1)).sum() / mask.sum())
+    assert geo.step_metrics.compute_and_reset()["sampling/masked_fraction"] == pytest.approx(share)
+    advantages = torch.linspace(-1.0, 1.0, n)
+    tokens = geo.loss_mask(rollout, torch.arange(n)).sum()
+    assert tokens == (mask * kept.unsqueeze(1)).sum()
+
+    plain = make_module(GRPO, policy={"dtype": "float32"}, kl={"beta": 0.1}, loss={"mask_truncated_completions": True})
+    plain.policy.load_state_dict(geo.policy.state_dict())
+    truncated = dataclasses.replace(rollout, truncated=kept == 0, derived={})
+    expected = micro_batched_gradient(plain, truncated, advantages, [n], tokens)
+    for sizes in ([n], [1] * n, [3, n - 3]):
+        got = micro_batched_gradient(geo, rollout, advantages, sizes, tokens)
+        for name in expected:
+            torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=1e-7)
 
 
 def test_mask_corrections_weigh_an_overflowing_ratio_zero_not_nan():
