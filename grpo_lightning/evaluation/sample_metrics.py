@@ -5,8 +5,11 @@
   ``1 - C(n - c, k) / C(n, k)`` for a prompt with ``c`` correct completions, averaged over prompts.
 - ``maj@n``: whether the answer most completions of a prompt give is correct (self-consistency,
   Wang et al. 2023); completions without an answer do not vote, ties go to the answer seen first.
-- Intervals: the percentile bootstrap over prompts (Efron & Tibshirani 1993, ch. 13), which stays
-  inside the range a bounded quantity can take.
+- Intervals over prompts. A metric of 0/1 outcomes (accuracy, pass@k, maj@n, the truncated share):
+  Clopper & Pearson's (1934) exact binomial interval at the effective number of independent
+  completions (Kish's design effect, :func:`effective_samples`), so it keeps its 95% near 0 and 1
+  and when a prompt's completions agree with each other. Any other (reward, length): the
+  percentile bootstrap over prompts (Efron & Tibshirani 1993, ch. 13).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import math
 from collections.abc import Hashable, Sequence
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from scipy import stats
 from torch import Tensor
 
 from grpo_lightning.rewards.consistency import majority_answer
@@ -22,6 +27,9 @@ from grpo_lightning.rewards.consistency import majority_answer
 #: Bootstrap resamples of the prompts behind each interval, and the interval's coverage.
 BOOTSTRAP_RESAMPLES = 1000
 CONFIDENCE = 0.95
+#: The per-prompt metrics that are means of 0/1 outcomes (by name, or its prefix): their interval is
+#: :func:`proportion_interval` where every value is in [0, 1].
+PROPORTIONS = ("accuracy", "pass@", "maj@", "truncated_share")
 
 
 def pass_at_k(num_samples: int, num_correct: Tensor, k: int) -> Tensor:
@@ -71,21 +79,67 @@ def bootstrap_interval(
     return (low, high)
 
 
-def summarize(per_prompt: dict[str, Tensor]) -> dict[str, float]:
-    """``name``, ``name_ci_low``, ``name_ci_high`` for each per-prompt metric ``[P]`` (NaN: left out)."""
+def effective_samples(values: Tensor, samples: int) -> float:
+    """The number of independent 0/1 outcomes whose mean is as precise as the mean of ``values``
+    ``[P]`` in [0, 1], each from ``samples`` completions of one prompt: ``m (1 - m) P / s^2``
+    (Kish's design effect, with ``m`` the mean and ``s^2`` the prompts' variance), between ``P`` (a
+    prompt's completions all alike; no mean of values in [0, 1] varies more) and ``P x samples``
+    (completions independent of their prompt). ``s^2`` is taken with one value at 0 and one at 1
+    added, so that a few prompts that differ from the rest cannot claim the precision of many
+    independent completions (simulated coverage: tests/evaluation/test_interval_coverage.py);
+    ``P`` where ``m`` is 0 or 1, which says nothing of how a prompt's completions vary."""
+    prompts, mean = values.numel(), float(values.mean())
+    if mean <= 0.0 or mean >= 1.0:
+        return float(prompts)
+    spread = float(torch.cat([values, values.new_tensor([0.0, 1.0])]).var())
+    return min(max(mean * (1.0 - mean) * prompts / spread, prompts), prompts * samples)
+
+
+def proportion_interval(values: Tensor, samples: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Interval of the mean of per-prompt ``values`` ``[P]`` in [0, 1] (NaN left out), each the share
+    of ``samples`` completions that succeed (or pass@k of them): Clopper & Pearson's exact binomial
+    interval of ``x = m N`` successes of ``N`` (:func:`effective_samples`), from the beta quantiles
+    ``B(a/2; x, N - x + 1)`` and ``B(1 - a/2; x + 1, N - x)``. Never of zero width: 0 of 100 prompts
+    gives [0, 0.0362]."""
+    values = values.double()
+    values = values[~values.isnan()]
+    if values.numel() == 0:
+        return (math.nan, math.nan)
+    trials = effective_samples(values, samples)
+    successes, tail = float(values.mean()) * trials, (1.0 - confidence) / 2
+    low = 0.0 if successes <= 0 else float(stats.beta.ppf(tail, successes, trials - successes + 1))
+    high = 1.0 if successes >= trials else float(stats.beta.ppf(1.0 - tail, successes + 1, trials - successes))
+    return (low, high)
+
+
+def is_proportion(name: str, values: Tensor) -> bool:
+    """Whether metric ``name`` is a mean of 0/1 outcomes (:data:`PROPORTIONS`) with every value in [0, 1]."""
+    kept = values[~values.isnan()]
+    return name.startswith(PROPORTIONS) and bool(((kept >= 0) & (kept <= 1)).all())
+
+
+def summarize(per_prompt: dict[str, Tensor], samples: int = 1) -> dict[str, float]:
+    """``name``, ``name_ci_low``, ``name_ci_high`` for each per-prompt metric ``[P]`` (NaN: left out);
+    ``samples``: the completions drawn per prompt (:func:`proportion_interval`)."""
     summary = {}
     for name, values in per_prompt.items():
         kept = values.double()[~values.double().isnan()]
         summary[name] = float(kept.mean()) if kept.numel() else math.nan
-        summary[f"{name}_ci_low"], summary[f"{name}_ci_high"] = bootstrap_interval(values)
+        proportion = is_proportion(name, values.double())
+        interval = proportion_interval(values, samples) if proportion else bootstrap_interval(values)
+        summary[f"{name}_ci_low"], summary[f"{name}_ci_high"] = interval
     return summary
 
 
-def prompt_metrics(correct: Tensor, rewards: Tensor, lengths: Tensor, votes: Sequence[Hashable | None]) -> dict[str, Tensor]:
+def prompt_metrics(correct: Tensor, rewards: Tensor, lengths: Tensor, votes: Sequence[Hashable | None],
+                   truncated: Tensor | None = None) -> dict[str, Tensor]:  # fmt: skip
     """Per-prompt metrics of ``[P, n]`` scores (``correct``: the accuracy function's, NaN where it
     does not apply), rewards and lengths, and the ``P * n`` answers that vote: ``accuracy`` (the mean
-    over the ``n``), ``reward``, ``mean_length``, and for ``n > 1`` ``pass@k`` and ``maj@n``. A prompt
-    whose accuracy does not apply is NaN in every accuracy metric."""
+    over the ``n``), ``reward``, ``mean_length``, ``truncated_share`` (of ``truncated`` ``[P, n]``:
+    completions cut at the token limit, scored as they stand), and for ``n > 1`` ``pass@k`` and
+    ``maj@n``, which count a completion correct at a score of exactly 1: where the scores are not all
+    0 or 1 they are left out, with a warning. A prompt whose accuracy does not apply is NaN in every
+    accuracy metric."""
     num_samples = correct.size(1)
     applies = ~correct.isnan().any(dim=1)
     solved = torch.nan_to_num(correct.double(), nan=0.0)
@@ -94,7 +148,14 @@ def prompt_metrics(correct: Tensor, rewards: Tensor, lengths: Tensor, votes: Seq
         "reward": rewards.double().mean(dim=1),
         "mean_length": lengths.double().mean(dim=1),
     }
-    if num_samples > 1:
+    if truncated is not None:
+        metrics["truncated_share"] = truncated.double().mean(dim=1)
+    partial = solved[(solved != 0) & (solved != 1)]
+    if num_samples > 1 and partial.numel():
+        rank_zero_warn(f"evaluation.accuracy_func: scores other than 0 and 1 (e.g. {float(partial[0]):g}), so pass@k "
+                       "and maj@n, which count a completion correct at a score of exactly 1, are left out; accuracy "
+                       "is the mean score. An accuracy function of 0 or 1 gives them.")  # fmt: skip
+    elif num_samples > 1:
         num_correct = (solved == 1.0).sum(dim=1)
         for k in pass_k_values(num_samples):
             metrics[f"pass@{k}"] = torch.where(applies, pass_at_k(num_samples, num_correct, k), math.nan)

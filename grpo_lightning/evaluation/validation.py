@@ -1,9 +1,10 @@
 """Validation and test of the policy: ``evaluation.samples`` completions per prompt, scored by the reward
-functions, with bootstrap confidence intervals over prompts (:mod:`grpo_lightning.evaluation.sample_metrics`).
+functions, with confidence intervals over prompts (:mod:`grpo_lightning.evaluation.sample_metrics`).
 
 Metrics, under ``val/`` (``test/`` under ``grpo-lightning test``; ``val/<name>/`` for each further
 validation set of the data module's ``val_sets``): ``accuracy`` (the mean of ``accuracy_func`` over
-every completion), ``reward``, ``mean_length``, and with ``n = evaluation.samples > 1`` ``pass@k`` for
+every completion), ``reward``, ``mean_length``, ``truncated_share`` (completions cut at the token
+limit, scored as they stand), and with ``n = evaluation.samples > 1`` ``pass@k`` for
 ``k = 1, 2, 4, ..., n`` and ``maj@n``; each with ``<metric>_ci_low`` and ``<metric>_ci_high``. With
 reference answers, ``top_answer_share`` and ``reference_top_answer_share`` too
 (:mod:`grpo_lightning.evaluation.answer_spread`). Each completion's reward and accuracy score go to
@@ -36,6 +37,11 @@ from grpo_lightning.evaluation.sample_metrics import prompt_metrics, summarize
 
 #: Metrics shown in the progress bar.
 PROGRESS_BAR = ("accuracy",)
+
+
+def common_names(parts: list[dict[str, Tensor]]) -> list[str]:
+    """The metric names every part has, in the first part's order."""
+    return [name for name in parts[0] if all(name in part for part in parts)]
 
 
 def dataset_positions(sampler: Any, count: int) -> Tensor:
@@ -132,7 +138,8 @@ class Evaluation:
         references = rollout.columns.get("answer")
         votes = [vote(c) for c in rollout.completions] if samples > 1 or references is not None else []
         lengths = rollout.lengths.view(-1, samples).cpu()
-        per_prompt = prompt_metrics(correct, rewards, lengths, votes if samples > 1 else [])
+        truncated = rollout.truncated.view(-1, samples).cpu()
+        per_prompt = prompt_metrics(correct, rewards, lengths, votes if samples > 1 else [], truncated)
         hashes = [prompt_hash(prompt) for prompt in batch["prompt"]]
         if self.pass_at_k_samples and getattr(self, "_metric_prefix", None) is None:
             per_prompt.update(self._pass_at_k(batch, hashes, dataloader_idx))
@@ -160,16 +167,18 @@ class Evaluation:
         prefix = getattr(self, "_metric_prefix", None) or ("test" if self._trainer is not None and self.trainer.testing else "val")
         outcomes, sampled_outcomes = [], []
         for index, parts in sorted(self._evaluated.items()):
-            local = {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+            # pass@k and maj@n are left out of a batch whose scores are not 0/1 (prompt_metrics): out of every batch's
+            local = {name: torch.cat([part[name] for part in parts]) for name in common_names(parts)}
             own = unpadded(getattr(self._evaluated_loader(index), "sampler", None), len(next(iter(local.values()))))
             local = {name: values[own] for name, values in local.items()}
             gathered = resume.gather_over_ranks(local)
-            per_prompt = {name: torch.cat([part[name] for part in gathered]) for name in local}
+            per_prompt = {name: torch.cat([part[name] for part in gathered]) for name in common_names(gathered)}
             set_name = names[index] if names and index < len(names) and not self.trainer.testing else ""
             where = f"{prefix}/{set_name}/" if set_name else f"{prefix}/"
             outcomes += self._set_outcomes(index, set_name, own)
             sampled_outcomes += self._set_outcomes(index, set_name, own, self._sampled_outcomes) if self._sampled_outcomes else []
-            summary = {**summarize(per_prompt), **self._answer_shares(index, own)}
+            samples = max(self.val_samples, self.pass_at_k_samples or 0)  # completions behind a prompt's value, at most
+            summary = {**summarize(per_prompt, samples), **self._answer_shares(index, own)}
             for name, value in summary.items():  # the same on every device (sync_dist: no warning)
                 self.log(where + name, value, prog_bar=name in PROGRESS_BAR and not set_name, add_dataloader_idx=False,
                          sync_dist=True)  # fmt: skip

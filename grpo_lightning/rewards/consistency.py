@@ -6,10 +6,11 @@ reward :func:`majority_vote_reward`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from grpo_lightning.rewards.accuracy import extract_answer, parse_number
+from grpo_lightning.rewards.accuracy import RELATIVE_TOLERANCE, extract_answer, parse_number
 from grpo_lightning.rewards.scoring import completion_text
 
 #: Reward of a completion that agrees with its group's most common answer, and of every other one.
@@ -28,12 +29,26 @@ def vote(completion: object) -> Hashable | None:
 
 def majority_answer(votes: Sequence[Hashable | None]) -> Hashable | None:
     """The most common answer among ``votes``; ``None`` never votes, ties go to the answer seen first;
-    ``None`` when nobody voted."""
+    ``None`` when nobody voted. Numbers within the relative tolerance the answers are scored at
+    (:data:`~grpo_lightning.rewards.accuracy.RELATIVE_TOLERANCE`) are one answer, the first seen:
+    ``1/3`` and ``0.3333333``, which both score as correct against ``1/3``, do not split their votes."""
     counts: dict[Hashable, int] = {}
     for answer in votes:
-        if answer is not None:
-            counts[answer] = counts.get(answer, 0) + 1
+        if answer is None:
+            continue
+        if answer not in counts:
+            answer = next((seen for seen in counts if same_answer(seen, answer)), answer)
+        counts[answer] = counts.get(answer, 0) + 1
     return max(counts, key=counts.__getitem__) if counts else None  # max keeps the first of equals
+
+
+def same_answer(first: Hashable | None, second: Hashable | None) -> bool:
+    """Whether two votes are one answer: equal, or numbers within :data:`~grpo_lightning.rewards.accuracy.RELATIVE_TOLERANCE`."""
+    if first is None or second is None:
+        return False
+    if isinstance(first, float) and isinstance(second, float):
+        return math.isclose(first, second, rel_tol=RELATIVE_TOLERANCE)
+    return first == second
 
 
 def majority_vote_reward(
@@ -58,6 +73,6 @@ def majority_vote_reward(
         members.setdefault(group, []).append(answer)
     winners = {group: majority_answer(answers) for group, answers in members.items()}
     return [
-        AGREES if answer is not None and answer == winners[group] else DISAGREES
+        AGREES if same_answer(answer, winners[group]) else DISAGREES
         for group, answer in zip(group_index, votes)
     ]

@@ -103,6 +103,34 @@ def test_prompt_metrics_of_a_hand_made_table():
     assert summary["accuracy_ci_low"] <= summary["accuracy"] <= summary["accuracy_ci_high"]
 
 
+def test_the_summary_of_a_proportion_has_an_exact_binomial_interval_and_never_zero_width():
+    summary = summarize({"accuracy": torch.zeros(100), "pass@4": torch.ones(50), "reward": torch.zeros(100)}, samples=4)
+    assert (summary["accuracy_ci_low"], summary["accuracy_ci_high"]) == pytest.approx((0.0, 1 - 0.025 ** (1 / 100)))
+    assert (summary["pass@4_ci_low"], summary["pass@4_ci_high"]) == pytest.approx((0.025 ** (1 / 50), 1.0))
+    assert summary["reward_ci_low"] == summary["reward_ci_high"] == 0.0  # not a proportion: the bootstrap
+    # scores outside [0, 1] under the name accuracy are not a proportion either
+    summary = summarize({"accuracy": torch.tensor([2.0, 0.0, 2.0, 2.0])})
+    assert 0.0 <= summary["accuracy_ci_low"] < summary["accuracy_ci_high"] <= 2.0
+
+
+def test_partial_credit_leaves_pass_at_k_and_maj_out_with_a_warning():
+    # partial credit (a game's 0.75): pass@k would count only the completions at 1, beside accuracy's mean score
+    correct = torch.tensor([[0.75, 0.75, 0.5, 1.0]])
+    with pytest.warns(UserWarning, match="evaluation.accuracy_func: scores other than 0 and 1 .e.g. 0.75."):
+        metrics = prompt_metrics(correct, correct, torch.ones(1, 4), [1.0, 1.0, 2.0, 3.0])
+    assert set(metrics) == {"accuracy", "reward", "mean_length"} and metrics["accuracy"].item() == 0.75
+
+
+def test_equal_numbers_written_two_ways_vote_together_and_truncation_is_counted():
+    # 1/3 twice and 0.3333333 twice (both score 1 against 1/3) against 0.5 three times: 4 votes to 3
+    votes = [vote(f"<answer>{answer}</answer>") for answer in ["1/3", "1/3", "0.3333333", "0.3333333", "0.5", "0.5", "0.5"]]
+    correct = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0]])
+    truncated = torch.tensor([[False, True, False, False, False, True, True]])
+    metrics = prompt_metrics(correct, correct, torch.ones(1, 7), votes, truncated)
+    assert metrics["maj@7"].item() == 1.0
+    assert metrics["truncated_share"].item() == pytest.approx(3 / 7)
+
+
 # ---------------------------------------------------------------- through the CLI
 
 

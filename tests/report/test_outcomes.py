@@ -3,14 +3,26 @@ every run's final validation by prompt, refusing cells whose prompts differ at a
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from grpo_lightning.ablation.runs import Run, Series
+
 from grpo_lightning.errors import ConfigError
-from grpo_lightning.evaluation.outcomes import OUTCOMES_FOLDER, outcome_rows, outcomes_path, prompt_hash, write_outcomes
+from grpo_lightning.evaluation.outcomes import (
+    OUTCOMES_FOLDER,
+    PromptOutcomes,
+    outcome_rows,
+    outcomes_path,
+    prompt_hash,
+    write_outcomes,
+)
 from grpo_lightning.report.cells import discover_cells
 from grpo_lightning.report.data import export_data
 from grpo_lightning.report.outcomes import cell_outcomes
+from grpo_lightning.report.sections.finals import run_accuracy_interval
 
 PROMPTS = ["1+1=", "2+3=", "4+4="]
 
@@ -126,3 +138,18 @@ def test_the_effects_give_the_seeds_for_the_target_mde(tmp_path, cell_writer):
     assert ("Seeds for an MDE of 0.04 with these 20 prompts (one arm compared): **dapo** not reachable with 20 "
             "prompts (the prompts' variance alone gives an MDE of 0.2: more prompts are needed).") in default  # fmt: skip
     assert "Seeds for a target MDE δ* (0.04 on accuracies and shares" in default
+
+
+def test_a_runs_accuracy_interval_comes_from_its_outcomes_where_it_wrote_them():
+    def series(value: float) -> Series:
+        return Series(np.array([10]), np.array([value]), np.array([0.0]))
+
+    # 40 of 100 greedy answers right; the run logged a bootstrap interval, too narrow, [0.31, 0.49]
+    run = Run(Path("."), {"val/accuracy": series(0.4), "val/accuracy_ci_low": series(0.31), "val/accuracy_ci_high": series(0.49)})
+    correct = np.array([[1.0]] * 40 + [[0.0]] * 60)
+    outcomes = PromptOutcomes(10, np.arange(100), np.array(["h"] * 100), correct, correct)
+    assert run_accuracy_interval({}, run, 0.95, outcomes) == pytest.approx((0.303295, 0.502791), abs=1e-6)
+    assert run_accuracy_interval({}, run, 0.95) == (0.31, 0.49)  # no outcomes: the logged interval
+    # outcomes of another validation than the final value's are not used
+    assert run_accuracy_interval({}, run, 0.95, PromptOutcomes(5, np.arange(100), np.array(["h"] * 100), correct * 0,
+                                                               correct * 0)) == (0.31, 0.49)  # fmt: skip

@@ -9,6 +9,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from grpo_lightning.evaluation.outcomes import PromptOutcomes
+from grpo_lightning.evaluation.sample_metrics import proportion_interval
 from grpo_lightning.report.arms import SMOOTHING_STEPS, WIDE, Arm, final_value, ranked
 from grpo_lightning.report.render.document import Doc, user_text
 from grpo_lightning.report.render.formatting import fmt_interval, fmt_metric
@@ -113,28 +117,49 @@ def per_run_section(doc: Doc, arms: Sequence[Arm], confidence: float, curve_metr
             if m.key in PER_RUN_METRICS or m in curve_metrics]  # fmt: skip
     body = Doc()
     body.p(
-        f"val/accuracy [{confidence:.0%} interval over the validation prompts]: the interval the run logged "
-        "(`val/accuracy_ci_low`, `_ci_high`) where it did, else the Wilson score interval of the "
-        "number of right answers among the validation prompts of its config (one greedy answer each)."
+        f"val/accuracy [{confidence:.0%} interval over the validation prompts]: from the per-prompt outcomes of "
+        "that validation where the run wrote them (the exact binomial interval at the effective number of "
+        "completions, as validation logs it), else the interval the run logged (`val/accuracy_ci_low`, `_ci_high`), "
+        "else the Wilson score interval of the number of right answers among the validation prompts of its "
+        "config (one greedy answer each)."
     )
     body.table(
         ["run", "seed", *(label for _, label in keys)],
-        [[user_text(cell.name), str(cell.seed), *(_run_value(cell.config, run, k, confidence) for k, _ in keys)]
+        [[user_text(cell.name), str(cell.seed),
+          *(_run_value(cell.config, run, k, confidence, arm.outcomes.get(cell.seed)) for k, _ in keys)]
          for arm in arms for cell, run in zip(arm.cells, arm.runs)],
         "ll" + "r" * len(keys),
     )  # fmt: skip
     doc.details("Final values of every run", body)
 
 
-def _run_value(config: Mapping[str, Any], run: Run, key: str, confidence: float) -> str:
+def _run_value(config: Mapping[str, Any], run: Run, key: str, confidence: float,
+               outcomes: PromptOutcomes | None = None) -> str:  # fmt: skip
+    """A run's final value of ``key``; val/accuracy with its interval over the validation prompts
+    (:func:`run_accuracy_interval`)."""
     value = final_value(run, key)
     if key != "val/accuracy":
         return fmt_metric(value, key)
-    low, high = final_value(run, key + "_ci_low"), final_value(run, key + "_ci_high")
+    return fmt_interval(value, *run_accuracy_interval(config, run, confidence, outcomes), key)
+
+
+def run_accuracy_interval(config: Mapping[str, Any], run: Run, confidence: float,
+                          outcomes: PromptOutcomes | None = None) -> tuple[float, float]:  # fmt: skip
+    """The interval of a run's final val/accuracy over its validation prompts: from the per-prompt
+    ``outcomes`` of that validation where the run wrote them (the exact binomial interval at the
+    effective number of completions, :func:`~grpo_lightning.evaluation.sample_metrics.proportion_interval`),
+    else the interval the run logged, else the Wilson score interval of the prompts of its config."""
+    value = final_value(run, "val/accuracy")
+    if outcomes is not None and outcomes.correct.size:
+        per_prompt = torch.from_numpy(outcomes.correct).double()
+        per_prompt = per_prompt[~per_prompt.isnan().any(dim=1)].mean(dim=1)
+        if per_prompt.numel() and abs(float(per_prompt.mean()) - value) < 1e-6:  # that validation's outcomes
+            return proportion_interval(per_prompt, outcomes.correct.shape[1], confidence)
+    low, high = final_value(run, "val/accuracy_ci_low"), final_value(run, "val/accuracy_ci_high")
     prompts = validation_prompts(config)
     if not math.isfinite(low) and prompts and math.isfinite(value):
         low, high = wilson_interval(round(value * prompts), prompts, confidence)
-    return fmt_interval(value, low, high, key)
+    return low, high
 
 
 def validation_prompts(config: Mapping[str, Any]) -> int | None:

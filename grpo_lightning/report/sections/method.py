@@ -145,9 +145,12 @@ def method_section(doc: Doc, confidence: float, margin: float, target_mde: float
                 "another val/accuracy than the baseline at the same seed, are flagged in the Summary."
             ),
             (
-                "Interval of one run's accuracy: over its validation prompts (the bootstrap over prompts the run "
-                "logged, else the Wilson score interval (p + z²/2n ± z √(p(1 − p)/n + z²/4n²)) / (1 + z²/n)): the "
-                "sampling of prompts only, not of seeds."
+                "Interval of one run's accuracy: over its validation prompts. From its per-prompt outcomes where it "
+                "wrote them: Clopper and Pearson's exact binomial interval of m N successes of N, N = m (1 − m) P / s² "
+                "the effective number of completions (P prompts of mean m and variance s², one value at 0 and one at 1 "
+                "added; between P and P n for n completions a prompt). Else the interval the run logged, else the "
+                "Wilson score interval (p + z²/2n ± z √(p(1 − p)/n + z²/4n²)) / (1 + z²/n). The sampling of prompts "
+                "only, not of seeds."
             ),
             (
                 "Step: an optimizer step (a rollout may make several; DAPO's dynamic sampling can spend several "
