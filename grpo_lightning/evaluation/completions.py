@@ -9,7 +9,8 @@ The JSONL file holds one object per completion of every update, with exactly the
      "reward": 1.0, "advantage": 0.87, "truncated": false}
 
 ``step`` is the optimizer step that trained on the completion (0-based: ``global_step`` when the
-update began), ``group`` the prompt's index within the update, ``prompt`` the prompt's text (a chat
+update began), ``group`` the prompt's index within the update (over every process's prompts, rank 0's
+first), ``prompt`` the prompt's text (a chat
 prompt's last user message), ``rewards`` each reward function's score (``null`` where it gave
 none), ``reward`` their weighted sum (``rewards.weights``; ``null`` scores count 0) and
 ``advantage`` the variant's advantage. Reward shaping (DAPO's overlong penalty) is in the
@@ -30,6 +31,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
+from grpo_lightning.checkpoints.resume import gather_over_ranks
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.evaluation.loggers import log_dir, table_writers
 from grpo_lightning.rollout.types import Rollout
@@ -43,15 +45,16 @@ class CompletionLog(Callback):
 
     A table of prompt, completion, each reward function's score, the reward and the advantage goes
     to every logger that shows tables, under the tag ``completions``: TensorBoard's Text tab, a
-    ``wandb.Table``, an MLflow table artifact (:func:`grpo_lightning.evaluation.loggers.table_writers`). Only rank 0 writes, its own share of the batch.
+    ``wandb.Table``, an MLflow table artifact (:func:`grpo_lightning.evaluation.loggers.table_writers`). Only rank 0 writes tables, of its own share of
+    the batch; the JSONL file gets every process's completions.
 
-    Tables are written at optimizer step ``s`` (0-based, the TensorBoard step) when
-    :func:`is_table_step` says so and the loggers write that step's metrics (Lightning's
-    ``log_every_n_steps``): a table always has its metrics beside it. With the shipped
+    An update gets a table when :func:`is_table_step` says so of one of its optimizer steps ``s``
+    (0-based) and the loggers write its metrics (Lightning's ``log_every_n_steps``). The table goes
+    to the TensorBoard step of those metrics, the optimizer steps taken after the update, so that it
+    is beside the reward and advantages of the completions it shows. With the shipped
     ``log_every_n_steps: 1`` every scheduled table is written; otherwise give an ``every_n_steps``
-    that is a multiple of ``log_every_n_steps``. An update of several optimizer steps
-    (``minibatch_size``, ``ppo_epochs``) has a table, at its first step, when any of its steps is
-    scheduled. The JSONL file gets every update, whatever the schedule.
+    that is a multiple of ``log_every_n_steps``. The JSONL file gets every update, whatever the
+    schedule, with the 0-based step of the update's start.
 
     Args:
         every_n_steps: a table every ``every_n_steps`` optimizer steps: at steps ``s`` with
@@ -110,9 +113,10 @@ class CompletionLog(Callback):
         if rollout is None or advantages is None or (self._logged is not None and self._logged() is rollout):
             return
         self._logged = weakref.ref(rollout)
+        names = [name for name, _ in pl_module.reward_functions]
+        records = every_process_records(rollout, advantages, names, self._step) if self.jsonl is not False else []
         if not trainer.is_global_zero:
             return
-        names = [name for name, _ in pl_module.reward_functions]
         connector = getattr(trainer, "_logger_connector", None)
         loggers_write = bool(getattr(connector, "should_update_logs", True))
         writers = table_writers(trainer.loggers, TABLE_TAG) if self.max_rows and loggers_write else []
@@ -122,11 +126,10 @@ class CompletionLog(Callback):
             text = completion_table(rows, names, self.max_chars, total=len(rollout), group_size=rollout.group_size)
             columns, cells = completion_columns(rows, names, self.max_chars)
             for write in writers:
-                write(text, columns, cells, self._step)
+                write(text, columns, cells, trainer.global_step)  # the step its metrics are logged at
         if self.path is not None:
-            rows = completion_records(rollout, advantages, names, self._step)
             with open(self.path, "a", encoding="utf-8") as handle:
-                handle.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+                handle.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in records)
 
 
 def _check(holds: bool, message: str) -> None:
@@ -171,6 +174,16 @@ def prompt_text(prompt: Any) -> str:
 
 def _number(value: float) -> float | None:
     return None if math.isnan(value) else value
+
+
+def every_process_records(rollout: Rollout, advantages: Tensor, names: list[str], step: int) -> list[dict[str, Any]]:
+    """:func:`completion_records` of every process's rollout (every process must call it), by rank,
+    with ``group`` counted over all of them: rank 1's first group follows rank 0's last."""
+    records, offset = [], 0
+    for part in gather_over_ranks(completion_records(rollout, advantages, names, step)):
+        records += [{**record, "group": record["group"] + offset} for record in part]
+        offset += max((record["group"] for record in part), default=-1) + 1
+    return records
 
 
 def completion_records(

@@ -244,6 +244,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from grpo_lightning.data import ArithmeticDataModule
+from grpo_lightning.evaluation.completions import CompletionLog
 from grpo_lightning.rollout.engine.attention import GQA_ATTENTION, grouped_query_attention
 from grpo_lightning.rollout.engine.options import EngineOptions
 from grpo_lightning.runtime.strategies import PolicyFSDPStrategy
@@ -273,7 +274,8 @@ strategy = {"ddp": "ddp", "ddp-compiled": "ddp"}.get(kind) or ("auto" if devices
 trainer = L.Trainer(
     strategy=strategy, accelerator="cpu", devices=devices, max_steps=max_steps, logger=False, enable_progress_bar=False,
     enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0, default_root_dir=out,
-    callbacks=[record, ModelCheckpoint(os.path.join(out, "ckpt"), "{step}", every_n_train_steps=2, save_top_k=-1)],
+    callbacks=[record, ModelCheckpoint(os.path.join(out, "ckpt"), "{step}", every_n_train_steps=2, save_top_k=-1),
+               CompletionLog(max_rows=0, jsonl=os.path.join(out, "completions.jsonl"))],
 )
 engine = dict(engine=EngineOptions(rollout="static")) if keyed else {}
 if kind == "ddp-compiled":  # the log-prob passes through torch.compile
@@ -361,6 +363,10 @@ def test_fsdp_over_two_cpu_processes_trains_like_ddp_and_resumes_exactly(tiny_mo
     for ranks in (ddp, fsdp):
         assert [r["world"] for r in ranks] == [2, 2]
         assert not set(ranks[0]["prompts"]) & set(ranks[1]["prompts"]), "ranks must see different prompts"
+    # The JSONL file, which rank 0 writes, holds every process's completions, groups counted over both
+    rows = [json.loads(line) for line in (ddp_dir / "completions.jsonl").read_text().splitlines()]
+    assert sorted(row["prompt"] for row in rows) == sorted(p for rank in ddp for p in rank["prompts"] for _ in range(2))
+    assert sorted(row["group"] for row in rows if row["step"] == 0) == [0, 0, 1, 1, 2, 2, 3, 3]
     for rank in (0, 1):
         # Same prompts, same sampling, same averaged update: the same metrics as DDP.
         assert fsdp[rank]["prompts"][:4] == ddp[rank]["prompts"]
