@@ -277,10 +277,14 @@ class StepRecorder(L.Callback):
             self.steps[self.last] = {k: v.detach().clone() for k, v in metrics.items() if compared(k)}
 
 
-def fit(module, max_steps: int, root: Path, callbacks=(), ckpt_path=None, strategy="auto") -> tuple[dict, L.Trainer]:
-    """A seeded CPU fit of ``make_data()``: the steps' logged metrics (``StepRecorder``) and the trainer."""
+def fit(
+    module, max_steps: int, root: Path, callbacks=(), ckpt_path=None, strategy="auto", **trainer_settings
+) -> tuple[dict, L.Trainer]:
+    """A seeded CPU fit of ``make_data()``, without validation unless ``trainer_settings`` (the
+    Trainer's) say: the steps' logged metrics (``StepRecorder``) and the trainer."""
     L.seed_everything(0)
     recorder = StepRecorder()
+    settings = {"num_sanity_val_steps": 0, "limit_val_batches": 0, **trainer_settings}
     trainer = L.Trainer(
         strategy=strategy,
         max_steps=max_steps,
@@ -290,25 +294,27 @@ def fit(module, max_steps: int, root: Path, callbacks=(), ckpt_path=None, strate
         enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
         enable_progress_bar=False,
         enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
         log_every_n_steps=1,
         callbacks=[recorder, *callbacks],
         default_root_dir=root,
+        **settings,
     )
     trainer.fit(module, datamodule=make_data(), ckpt_path=ckpt_path)
     return recorder.steps, trainer
 
 
-def fit_stopped_and_resumed(make, total: int, stop: int, root: Path, callbacks=lambda: []) -> tuple[dict, Path, dict, L.Trainer]:
+def fit_stopped_and_resumed(
+    make, total: int, stop: int, root: Path, callbacks=lambda: [], **trainer_settings
+) -> tuple[dict, Path, dict, L.Trainer]:
     """Three seeded fits of modules from ``make()`` (each with fresh ``callbacks()``): ``total`` steps
     uninterrupted, ``stop`` steps saving a checkpoint at ``stop``, and ``total`` steps resumed from it.
-    Returns the uninterrupted fit's steps, the checkpoint's path, the resumed fit's steps and its trainer."""
-    full, _ = fit(make(), total, root / "full", callbacks=callbacks())
+    Returns the uninterrupted fit's steps, the checkpoint's path, the resumed fit's steps and its trainer.
+    ``trainer_settings``: for the three Trainers (:func:`fit`)."""
+    full, _ = fit(make(), total, root / "full", callbacks=callbacks(), **trainer_settings)
     every = ModelCheckpoint(dirpath=root / "ckpt", filename="{step}", every_n_train_steps=stop)
-    fit(make(), stop, root / "first", callbacks=[every, *callbacks()])
+    fit(make(), stop, root / "first", callbacks=[every, *callbacks()], **trainer_settings)
     path = root / "ckpt" / f"step={stop}.ckpt"
-    resumed, trainer = fit(make(), total, root / "resumed", callbacks=callbacks(), ckpt_path=path)
+    resumed, trainer = fit(make(), total, root / "resumed", callbacks=callbacks(), ckpt_path=path, **trainer_settings)
     return full, path, resumed, trainer
 
 

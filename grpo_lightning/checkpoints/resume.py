@@ -1,9 +1,12 @@
 """State an exact resume needs beyond weights, optimizer and loops: the random generators' states,
-gathered over every process into the checkpoint."""
+gathered over every process into the checkpoint; and validation kept apart from that state
+(:meth:`ExactResume.apart_from_training`)."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -68,20 +71,50 @@ class ExactResume:
 
     Lightning saves the rest: weights, optimizer, scheduler, loop progress, and the data position
     of a resumable train loader.
+
+    Validation runs :meth:`apart_from_training`, so that training does not depend on it.
     """
 
     _resume_rng: dict[str, Any] | None = None
+    #: While validating: the generators' states and :meth:`validation_counters` from before it.
+    _before_validation: tuple[dict[str, Any], dict[str, Any]] | None = None
 
     def training_state(self) -> dict[str, Any]:
         """This process's state beyond weights, optimizer and loops; subclasses add theirs."""
         return {"rng": rng_state()}
+
+    def validation_counters(self) -> dict[str, Any]:
+        """The attributes of training's state that validation advances too, by name; subclasses add theirs."""
+        return {}
+
+    @contextlib.contextmanager
+    def apart_from_training(self) -> Iterator[None]:
+        """Leave training's randomness as it was before the validation inside the block: this process's
+        global generators (:func:`rng_state`; under DDP each rank's own) and :meth:`validation_counters`
+        are restored after it, and a checkpoint saved inside it holds them. A fit then trains the same
+        whether and wherever it validates (before the first step, every ``val_check_interval`` steps, at
+        the end), and a fit resumed from a checkpoint saved at a step that validates (``ModelCheckpoint``
+        saves before that step's validation; the resumed fit does not validate there) is exact."""
+        self._before_validation = (rng_state(), self.validation_counters())
+        try:
+            yield
+        finally:
+            rng, counters = self._before_validation
+            self._before_validation = None
+            set_rng_state(rng)
+            for name, value in counters.items():
+                setattr(self, name, value)
 
     def load_training_state(self, state: dict[str, Any]) -> None:
         fitting = self._trainer is not None and self.trainer.state.fn == "fit"
         self._resume_rng = state["rng"] if fitting else None
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["training_state"] = gather_over_ranks(self.training_state())
+        state = self.training_state()
+        if self._before_validation is not None:  # saved while validating: the state training goes on from
+            rng, counters = self._before_validation
+            state.update(rng=rng, **counters)
+        checkpoint["training_state"] = gather_over_ranks(state)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         states = checkpoint.get("training_state")
@@ -125,6 +158,10 @@ class GroupPolicyState(ExactResume):
             "nonfinite": self.nonfinite.state_dict(),
             "buffers": {name: buffer.state_dict() for name, buffer in buffers.items()},
         }
+
+    def validation_counters(self) -> dict[str, Any]:
+        # Validation's generate() calls count too: the number is part of the keys of keyed sampling.
+        return {**super().validation_counters(), "rollouts": self.rollouts}
 
     def load_training_state(self, state: dict[str, Any]) -> None:
         super().load_training_state(state)

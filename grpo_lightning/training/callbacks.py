@@ -89,26 +89,34 @@ class ValidateBeforeTraining(Callback):
 
 class FitSummary(Callback):
     """Print, on rank 0, a short block when a fit ends (a stop by SIGTERM or SIGINT included):
-    optimizer steps / ``max_steps``, wall time, the last train and validation metrics, the log
+    optimizer steps / ``max_steps``, wall time, the last train metrics, the last validation's metrics
+    with the optimizer step it ran at (after a stop, an earlier one than the checkpoint's), the log
     directory, the saved ``config.yaml`` and the last checkpoint with the optimizer step it holds.
     The text is kept in ``self.text``."""
 
     def __init__(self) -> None:
         self.started = time.monotonic()
         self.text = ""
+        self.validated_at: int | None = None  # the optimizer step of this fit's last validation
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self.started = time.monotonic()
+        self.validated_at = None
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:  # the sanity check's metrics are not kept
+            self.validated_at = trainer.global_step
 
     def on_fit_end(self, trainer, pl_module) -> None:
-        self.text = fit_summary(trainer, pl_module, time.monotonic() - self.started)
+        self.text = fit_summary(trainer, pl_module, time.monotonic() - self.started, validated_at=self.validated_at)
         _print(self.text)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if isinstance(exception, SIGTERMException):  # after FinalCheckpoint wrote the checkpoint
             code = exception.code if isinstance(exception.code, int) else 128 + 15
             name = "SIGINT" if code == 128 + 2 else "SIGTERM"
-            self.text = fit_summary(trainer, pl_module, time.monotonic() - self.started, stopped_by=name)
+            self.text = fit_summary(trainer, pl_module, time.monotonic() - self.started, stopped_by=name,
+                                    validated_at=self.validated_at)  # fmt: skip
             _print(self.text)
 
 
@@ -141,8 +149,11 @@ def last_checkpoint(trainer) -> str | None:
     return max(paths, key=lambda p: (Path(p).stat().st_mtime, Path(p).name == "last.ckpt")) if paths else None
 
 
-def fit_summary(trainer, pl_module, seconds: float, stopped_by: str | None = None) -> str:
-    """The text of :class:`FitSummary`; ``stopped_by``: the signal that stopped the fit."""
+def fit_summary(
+    trainer, pl_module, seconds: float, stopped_by: str | None = None, validated_at: int | None = None
+) -> str:
+    """The text of :class:`FitSummary`; ``stopped_by``: the signal that stopped the fit; ``validated_at``:
+    the optimizer step the validation metrics (``trainer.callback_metrics``) are of."""
     max_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
     steps = f"{trainer.global_step}" + (f" / {max_steps}" if max_steps else "")
     ended = f"stopped by {stopped_by}" if stopped_by else "finished"
@@ -154,7 +165,8 @@ def fit_summary(trainer, pl_module, seconds: float, stopped_by: str | None = Non
     metrics = trainer.callback_metrics
     shown = [f"{name} {_format(metrics[name])}" for name in SUMMARY_VAL_METRICS if name in metrics]
     if shown:
-        lines.append("  validation:  " + ", ".join(shown))
+        label = "validation:" if validated_at is None else f"validation (step {validated_at}):"
+        lines.append(f"  {label:<12} " + ", ".join(shown))
     directory = log_dir(trainer) if trainer.loggers else None  # no broadcast: also on one rank's exception
     if directory:
         lines.append(f"  logs:        {directory}")

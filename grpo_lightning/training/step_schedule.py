@@ -16,6 +16,12 @@ module of the family schedules validation itself (:meth:`GroupPolicyOptimization
 
 A batch without an update (DAPO filling its batch) never validates: the weights did not change.
 
+Each validation of a fit (the sanity check, the one before the first step, those of the schedule)
+runs inside the module's ``apart_from_training``
+(:meth:`~grpo_lightning.checkpoints.resume.ExactResume.apart_from_training`): it leaves the random
+generators and the rollout count as it found them, so training does not depend on validation, and a
+fit resumed from a checkpoint of a step that validated is exact.
+
 ``ModelCheckpoint(every_n_train_steps=n)`` counts optimizer steps too, but saves only where
 ``global_step`` is a multiple of ``n``: with four steps per rollout and ``n = 50`` it would save at
 steps 100, 200, ... only. :class:`CheckpointSchedule` also saves after an update that stepped over
@@ -50,7 +56,8 @@ def training_ends(trainer: Any) -> bool:
 
 class ValidationSchedule(Callback):
     """Validation every ``val_check_interval`` optimizer steps and at the end of training (see the
-    module docstring). It replaces the training loop's own decision for the fit it is attached to."""
+    module docstring). It replaces the training loop's own decision for the fit it is attached to, and
+    runs each validation of that fit inside ``pl_module.apart_from_training()`` where the module has one."""
 
     def __init__(self) -> None:
         self.last_validated: int | None = None  # the optimizer step of the last validation
@@ -60,6 +67,21 @@ class ValidationSchedule(Callback):
         if stage == "fit" and counts_optimizer_steps(trainer):
             # Counted over the whole fit: Lightning's check of the interval against one epoch's batches does not apply.
             trainer.check_val_every_n_epoch = None
+        apart = getattr(pl_module, "apart_from_training", None)
+        if stage == "fit" and apart is not None:
+            # Every run of the fit's validation loop (its data loader's iterator draws from the generators too).
+            loop = trainer.fit_loop.epoch_loop.val_loop
+            run = type(loop).run.__get__(loop)
+
+            def run_apart() -> Any:
+                with apart():
+                    return run()
+
+            loop.run = run_apart
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage == "fit":
+            trainer.fit_loop.epoch_loop.val_loop.__dict__.pop("run", None)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         loop = trainer.fit_loop.epoch_loop

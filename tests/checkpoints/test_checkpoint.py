@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from grpo_lightning.cli.app import main
 from grpo_lightning.checkpoints.export import export_checkpoint, read_checkpoint
 from grpo_lightning.checkpoints.export import main as export_main
+from grpo_lightning.training.callbacks import ValidateBeforeTraining
 from grpo_lightning.variants import DAPO
 from tests.helpers import CONFIGS, assert_same_steps, fit, fit_stopped_and_resumed, logits, make_module
 
@@ -47,6 +48,56 @@ def test_grpo_resumed_from_a_checkpoint_logs_what_an_uninterrupted_fit_logs(tiny
 
     assert trainer.global_step == total
     assert_same_steps(resumed, full, stop + 1, total)
+
+
+class FinalWeights(L.Callback):
+    """The policy's weights and the module's rollout count when training ends."""
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.weights = {name: value.clone() for name, value in pl_module.policy.state_dict().items()}
+        self.rollouts = pl_module.rollouts
+
+
+#: Validation every 2 optimizer steps, one batch of completions sampled at temperature 1.
+VALIDATE_EVERY_2 = dict(limit_val_batches=1, val_check_interval=2, check_val_every_n_epoch=None)
+
+
+def sampled_validation(model_dir: str):
+    return make_module(model_dir, evaluation={"temperature": 1.0})
+
+
+def without_validation(steps: dict) -> dict:
+    return {step: {k: v for k, v in metrics.items() if not k.startswith("val/") and k != "step"}
+            for step, metrics in steps.items()}  # fmt: skip
+
+
+def test_a_resume_from_a_checkpoint_of_a_step_that_validated_is_exact(tiny_model_dir, tmp_path):
+    """ModelCheckpoint saves at step 2 before that step's validation, which the resumed fit does not run."""
+    ends: list[FinalWeights] = []  # of the uninterrupted, the stopped and the resumed fit
+
+    def final_weights() -> list[FinalWeights]:
+        ends.append(FinalWeights())
+        return ends[-1:]
+
+    total, stop = 4, 2
+    full, _, resumed, _ = fit_stopped_and_resumed(lambda: sampled_validation(tiny_model_dir), total, stop, tmp_path,
+                                                  callbacks=final_weights, **VALIDATE_EVERY_2)  # fmt: skip
+    assert any(k.startswith("val/") for k in full[total])  # it validated at step 2 (and the step is logged before 4's)
+    assert_same_steps(without_validation(resumed), without_validation(full), stop + 1, total)
+    uninterrupted, _, again = ends
+    torch.testing.assert_close(again.weights, uninterrupted.weights, rtol=0, atol=0)
+    assert again.rollouts == uninterrupted.rollouts == total
+
+
+def test_validation_leaves_training_as_it_would_be_without_it(tiny_model_dir, tmp_path):
+    """Before the first step, every 2 steps and at the end, validation draws from the generators and
+    counts its rollouts; training samples as the fit without validation does."""
+    validated, plain = FinalWeights(), FinalWeights()
+    fit(sampled_validation(tiny_model_dir), 4, tmp_path / "validated", callbacks=[validated, ValidateBeforeTraining()],
+        **VALIDATE_EVERY_2)  # fmt: skip
+    fit(sampled_validation(tiny_model_dir), 4, tmp_path / "plain", callbacks=[plain])
+    torch.testing.assert_close(validated.weights, plain.weights, rtol=0, atol=0)
+    assert validated.rollouts == plain.rollouts == 4
 
 
 def test_dapo_resumed_while_its_dynamic_sampling_buffer_holds_groups(tiny_model_dir, tmp_path):

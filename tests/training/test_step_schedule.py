@@ -10,6 +10,7 @@ import math
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from grpo_lightning.training.callbacks import FitSummary
@@ -163,7 +164,27 @@ def test_the_fit_summary_validation_is_that_of_the_last_step(tiny_model_dir, tmp
     last = events.Scalars("val/accuracy")[-1]
     assert last.step == trainer.global_step == 6
     assert float(trainer.callback_metrics["val/accuracy"]) == pytest.approx(last.value)
-    assert f"val/accuracy {last.value:.4g}" in summary.text
+    assert f"validation (step 6): val/accuracy {last.value:.4g}" in summary.text
+
+
+class StopBySigterm(L.Callback):
+    """Stop the fit after optimizer step ``at`` as Lightning's SIGTERM handler does."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.at:
+            raise SIGTERMException()
+
+
+def test_a_stopped_fit_summary_names_the_step_of_its_last_validation(tiny_model_dir, tmp_path, one_torch_thread):
+    summary = FitSummary()
+    trainer = make_trainer(tmp_path, max_steps=6, val_check_interval=2, callbacks=[summary, StopBySigterm(3)])
+    with pytest.raises(SIGTERMException):
+        trainer.fit(module(tiny_model_dir, GRPO), small_data())
+    assert summary.text.startswith("fit stopped by SIGTERM: 3 / 6 optimizer steps")
+    assert "  validation (step 2): val/accuracy " in summary.text
 
 
 def test_an_interval_the_updates_step_over_is_named(tiny_model_dir, tmp_path, one_torch_thread):

@@ -76,7 +76,7 @@ def test_a_fit_ends_with_a_summary(first_fit):
     summary = printed[printed.index("fit finished:"):]
     assert "fit finished: 2 / 2 optimizer steps in " in summary
     assert "last step:   reward " in summary and "kl " in summary and "loss " in summary
-    assert "validation:  val/accuracy " in summary and "val/reward " in summary  # validated at step 0
+    assert "validation (step 2): val/accuracy " in summary and "val/reward " in summary  # validated at steps 0 and 2
     version = root / "grpo" / "version_0"
     assert f"logs:        {version}" in summary
     assert f"config:      {version / 'config.yaml'}" in summary and (version / "config.yaml").exists()
@@ -100,7 +100,7 @@ def test_the_summary_validation_is_that_of_the_last_step(first_fit):
     events.Reload()
     accuracy = events.Scalars("val/accuracy")
     assert [e.step for e in accuracy] == [0, 2]
-    assert f"validation:  val/accuracy {accuracy[-1].value:.4g}" in printed
+    assert f"validation (step 2): val/accuracy {accuracy[-1].value:.4g}" in printed
 
 
 def test_a_resumed_fit_logs_to_the_version_of_its_checkpoint(first_fit, tiny_model_dir, capsys):
