@@ -314,7 +314,8 @@ class StaleRollouts(Callback):
         module.step_metrics.update("rollout/staleness", float(module.policy_version - version))
 
     def on_validation_start(self, trainer: Any, module: Any) -> None:
-        # Validation's rollouts take numbers (keys of keyed sampling): the batch after it is sampled again.
+        # Validation samples on the same engine, with rollout numbers (keys of keyed sampling) that training
+        # reuses after it (ExactResume.apart_from_training): the batch after it is sampled again, in place.
         module.sampler.ahead.clear()
         self._ahead_version = None
         module.rollout_weights.stale = False  # until the next training batch
