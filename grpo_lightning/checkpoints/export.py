@@ -7,6 +7,13 @@ The directory loads with ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokeni
 (and serves with any Hugging Face-compatible engine). The base model the run started from
 (``--model.model``, recorded in the checkpoint) must be reachable: it provides the architecture
 and tokenizer; the checkpoint provides the weights.
+
+The directory serves as the run trained: its ``generation_config.eos_token_id`` is the ids the run's
+completions ended at (the tokenizer's EOS and the base model's end of turn; a multi-turn run's turns,
+the EOS alone), and a run that sent prompts as plain text (``policy.use_chat_template: false``)
+exports its tokenizer without a chat template, so a serving stack does not wrap prompts in a format
+the model never saw (``--keep_chat_template`` keeps it: prompts given as chat messages went through
+the template whatever ``use_chat_template`` said, and the checkpoint does not record which the data held).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from grpo_lightning.runtime.checkpoint_io import load_checkpoint_file
 from grpo_lightning.models.policy import load_causal_lm
 from grpo_lightning.models.lora import add_adapters, merged_model, trainable_keys
 from grpo_lightning.models.sources import load_tokenizer
+from grpo_lightning.rollout.types import as_ids, end_token_ids
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
@@ -34,14 +42,25 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def export_checkpoint(
-    ckpt_path: str | os.PathLike, output_dir: str | os.PathLike, model: str | None = None, adapter: bool = False
+    ckpt_path: str | os.PathLike, output_dir: str | os.PathLike, model: str | None = None, adapter: bool = False,
+    keep_chat_template: bool = False,
 ) -> Path:
     """Write the checkpoint's policy and the run's tokenizer to ``output_dir``; returns it.
 
     ``model`` overrides the base model recorded in the checkpoint (when it moved). A LoRA run's
     policy is written merged (``W + (alpha / r) B A``), or with ``adapter`` as a PEFT adapter
-    directory (``PeftModel.from_pretrained(base, output_dir)``).
+    directory (``PeftModel.from_pretrained(base, output_dir)``). The generation config and the
+    tokenizer's chat template are those the run used (:func:`as_trained`; ``keep_chat_template``:
+    the tokenizer's template even where the run sent plain-text prompts without it).
     """
+    return _export(ckpt_path, output_dir, model, adapter, keep_chat_template)[0]
+
+
+def _export(
+    ckpt_path: str | os.PathLike, output_dir: str | os.PathLike, model: str | None, adapter: bool,
+    keep_chat_template: bool = False,
+) -> tuple[Path, list[str]]:
+    """:func:`export_checkpoint`, and what it wrote that the run's settings decided (lines for ``main``)."""
     checkpoint = read_checkpoint(ckpt_path)
     hparams = checkpoint.get("hyper_parameters") or {}
     base = model or hparams.get("model")
@@ -75,10 +94,43 @@ def export_checkpoint(
     tokenizer = load_tokenizer(
         policy_settings.get("tokenizer") or base
     )  # padded with EOS where it has no pad, as the run
+    notes = as_trained(policy, tokenizer, hparams, keep_chat_template)
     output = Path(output_dir)
     policy.save_pretrained(output)
     tokenizer.save_pretrained(output)
-    return output
+    return output, notes
+
+
+def run_end_ids(tokenizer, policy, hparams: dict[str, Any]) -> list[int]:
+    """The ids the run's completions ended at: the tokenizer's EOS and the base model's
+    ``generation_config.eos_token_id`` (:func:`~grpo_lightning.rollout.types.end_token_ids`, as
+    ``configure_model`` sets them); a multi-turn run's (``environment``) turns end at the EOS alone."""
+    if hparams.get("environment"):
+        return as_ids(tokenizer.eos_token_id)
+    return list(end_token_ids(tokenizer, policy))
+
+
+def as_trained(policy, tokenizer, hparams: dict[str, Any], keep_chat_template: bool = False) -> list[str]:
+    """Set what a serving stack reads to what the run did: ``generation_config.eos_token_id`` to
+    :func:`run_end_ids`, and no chat template where prompts were sent as plain text
+    (``policy.use_chat_template: false``). Returns a line for each."""
+    notes = []
+    config = getattr(policy, "generation_config", None)
+    ids = run_end_ids(tokenizer, policy, hparams)
+    if config is not None and ids:
+        config.eos_token_id = ids[0] if len(ids) == 1 else ids
+        names = ", ".join(f"{tokenizer.convert_ids_to_tokens(i)!r} ({i})" for i in ids)
+        notes.append(f"generation_config.eos_token_id: {names}, where the run's completions ended")
+    if not (hparams.get("policy") or {}).get("use_chat_template", True) and tokenizer.chat_template:
+        if keep_chat_template:
+            notes.append("tokenizer: with its chat template (--keep_chat_template), which the run's plain-text "
+                         "prompts did not go through (policy.use_chat_template false)")  # fmt: skip
+        else:
+            tokenizer.chat_template = None
+            notes.append("tokenizer: without its chat template, as the run sent plain-text prompts "
+                         "(policy.use_chat_template false): send prompts as plain text too; --keep_chat_template "
+                         "keeps it (for prompts given as chat messages, which went through it)")  # fmt: skip
+    return notes
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m grpo_lightning.checkpoints.export") -> None:
@@ -89,11 +141,16 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m grpo_lightnin
     parser.add_argument("--output_dir", required=True, help="directory to write the Hugging Face model to")
     parser.add_argument("--model", default=None, help="base model, when it is no longer where the run found it")
     parser.add_argument("--adapter", action="store_true", help="LoRA runs: write the PEFT adapter, not the merged model")
+    parser.add_argument("--keep_chat_template", action="store_true",
+                        help="runs with policy.use_chat_template false: keep the tokenizer's chat template (dropped by "
+                             "default, as the run's plain-text prompts never went through it)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        output = export_checkpoint(args.ckpt_path, args.output_dir, model=args.model, adapter=args.adapter)
+        output, notes = _export(args.ckpt_path, args.output_dir, args.model, args.adapter, args.keep_chat_template)
     except (ValueError, FileNotFoundError) as error:  # ConfigError, CorruptCheckpointError, UnsafeCheckpointError
         parser.exit(2, f"{parser.prog}: error: {str(error).strip().splitlines()[0]}\n")
+    for note in notes:
+        print(note)
     print(f"wrote {output}")
 
 

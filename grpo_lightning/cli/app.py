@@ -18,7 +18,8 @@ validates before its first step (``--validate_before_fit false`` turns it off), 
 when it ends (:mod:`grpo_lightning.training.callbacks`), checks its health (``--health.*``,
 :mod:`grpo_lightning.evaluation.diagnostics`), shows what the model writes (``--completions.*``,
 :mod:`grpo_lightning.evaluation.completions`), logs to ``<save_dir>/<variant>/version_N`` unless
-the logger is given a name, and when resumed (``--ckpt_path``) logs to its checkpoint's version.
+the logger is given a name, and when resumed (``--ckpt_path``) logs to its checkpoint's version
+(from that folder's newest checkpoint only: an older one is refused, :mod:`grpo_lightning.cli.run_folders`).
 ``--seed_everything S`` seeds the data order too unless ``data.seed`` is given. A user's error is
 one ``error: ...`` line (exit status 2); ``--verbose`` or ``GRPO_LIGHTNING_TRACEBACK=1`` shows the
 traceback.
@@ -50,12 +51,18 @@ from grpo_lightning.checkpoints.final import FinalCheckpoint
 from grpo_lightning.evaluation.loggers import log_dir
 from grpo_lightning.training.module import GroupPolicyOptimization
 from grpo_lightning.cli.resources import resolve_config_args
-from grpo_lightning.cli.run_folders import evaluation_version, last_checkpoint_of_run
+from grpo_lightning.cli.run_folders import (
+    check_resume_folder,
+    evaluation_version,
+    last_checkpoint_of_run,
+    purge_steps_after_checkpoint,
+)
 from grpo_lightning.cli.user_errors import user_error_message
 from grpo_lightning.cli import generate as cli_generate
 from grpo_lightning.cli import notices as third_party_notices
 from grpo_lightning.cli import parsing as cli_parsing
 from grpo_lightning.cli import preflight
+from grpo_lightning.cli import resume_settings
 from grpo_lightning.cli import variants as cli_variants
 from grpo_lightning.runtime.time_budget import TimeBudget
 
@@ -174,16 +181,24 @@ class GRPOLightningCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         """Apply the hyperparameters of ``--ckpt_path`` (Lightning's behaviour), except how to evaluate:
         ``validate``, ``test`` and ``generate`` take :data:`EVALUATION_SETTINGS` from the command line
-        and configs, so a checkpoint can be evaluated with other settings than it was trained with."""
+        and configs, so a checkpoint can be evaluated with other settings than it was trained with.
+        ``fit`` refuses a model setting given on the command line or in a config that differs from
+        the checkpoint's, naming each, and takes the evaluation settings given
+        (:mod:`grpo_lightning.cli.resume_settings`)."""
         subcommand = self.config.get("subcommand")
         model = self.config[subcommand].get("model") if subcommand in EVALUATION_SUBCOMMANDS else None
         init_args = model.get("init_args") if model is not None else None  # generate: the model may come from ckpt_path
         kept = {key: init_args[key] for key in EVALUATION_SETTINGS if key in init_args} if init_args else {}
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        resuming = subcommand == "fit" and ckpt_path and hasattr(self.config["fit"].get("model"), "clone")
+        before = self.config["fit"]["model"].clone() if resuming else None
         with load_errors_named(ckpt_path) if ckpt_path else contextlib.nullcontext():
             super()._parse_ckpt_path()  # torch.load(weights_only=True): a refused global is one line too
         for key, value in kept.items():
             self.config[subcommand]["model"]["init_args"][key] = value
+        if resuming:
+            given = resume_settings.given_model_keys(self.parser, self.raw_args, "fit")
+            resume_settings.check_resume_settings(before, self.config["fit"]["model"], given, self.raw_args, ckpt_path)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -198,12 +213,19 @@ class GRPOLightningCLI(LightningCLI):
         """The Trainer, with the callbacks every fit has: the final checkpoint, the summary at the
         end, (``fit``) validation before the first step, and ``max_time`` counted from the process
         start (:class:`TimeBudget`, in place of Lightning's timer; after the validation before the
-        first step, which it counts; from the CLI's creation when it is given ``args``)."""
+        first step, which it counts; from the CLI's creation when it is given ``args``). A resumed fit
+        that would write into its checkpoint's folder must resume from the folder's newest checkpoint
+        (:func:`check_resume_folder`); its TensorBoard logs drop the steps after the checkpoint's."""
         callbacks = [*callbacks, FinalCheckpoint(), FitSummary()]
         if self.subcommand == "fit" and self.config["fit"].get("validate_before_fit", True):
             callbacks.append(ValidateBeforeTraining())
         callbacks.append(TimeBudget(config.pop("max_time", None), start=self.budget_start))
-        return super()._instantiate_trainer(config, callbacks)
+        trainer = super()._instantiate_trainer(config, callbacks)
+        ckpt_path = self.config["fit"].get("ckpt_path") if self.subcommand == "fit" else None
+        if ckpt_path:  # one history per run folder; TensorBoard drops what a killed fit logged after ckpt_path
+            check_resume_folder(trainer, ckpt_path)
+            purge_steps_after_checkpoint(trainer, ckpt_path)
+        return trainer
 
     def _name_logs_by_variant(self, config) -> None:
         """A logger without a name of the user's (each of a list of loggers) is named after the

@@ -1,12 +1,19 @@
 """Which folder a CLI command reads and writes: a run lives in ``<save_dir>/<name>/version_N``
 (checkpoints in its ``checkpoints/``); an evaluation of it logs beside it, never into it; ``--ckpt_path
-last`` names the newest ``last.ckpt`` of the runs of that name."""
+last`` names the newest ``last.ckpt`` of the runs of that name. A folder holds one history: a fit
+resumed into the folder of its checkpoint continues from the folder's newest checkpoint only (an older
+one would start a second branch beside the first, :func:`check_resume_folder`), and TensorBoard drops
+what a killed fit logged after that checkpoint (:func:`purge_steps_after_checkpoint`)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from grpo_lightning.runtime.checkpoint_io import newest_last_checkpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from grpo_lightning.runtime.checkpoint_io import checkpoint_step, newest_last_checkpoint
 from grpo_lightning.errors import ConfigError
 
 
@@ -45,3 +52,90 @@ def last_checkpoint_of_run(trainer, default_name: str) -> Path:
             "(nor in a ModelCheckpoint's dirpath); give a checkpoint file, or leave --ckpt_path out to start anew."
         )
     return found
+
+
+def checkpoint_folders(trainer) -> list[tuple[Path, bool]]:
+    """The folders a fit of ``trainer`` writes checkpoints to, as each ``ModelCheckpoint`` resolves
+    its own at setup (its ``dirpath``, else the first logger's ``<save_dir>/<name>/<version>/checkpoints``,
+    else ``<default_root_dir>/checkpoints``), each with whether the ``dirpath`` was given."""
+    folders = []
+    for callback in trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint):
+            continue
+        if callback.dirpath is not None:
+            folders.append((Path(callback.dirpath), True))
+        elif trainer.loggers:
+            logger = trainer.loggers[0]
+            version = logger.version if isinstance(logger.version, str) else f"version_{logger.version}"
+            save_dir = logger.save_dir if logger.save_dir is not None else trainer.default_root_dir
+            folders.append((Path(save_dir) / str(logger.name) / version / "checkpoints", False))
+        else:
+            folders.append((Path(trainer.default_root_dir) / "checkpoints", False))
+    return folders
+
+
+def newest_checkpoint_beside(path: Path, step: int) -> tuple[Path, int] | None:
+    """The checkpoint file beside ``path`` with the most optimizer steps, when that is more than
+    ``step`` (``last*.ckpt`` first among equals), else ``None``; unreadable files are skipped."""
+    newest = None
+    for other in sorted(path.parent.glob("*.ckpt")):
+        if not other.is_file() or other.resolve() == path:
+            continue
+        other_step = checkpoint_step(other)
+        if other_step is None or other_step <= step:
+            continue
+        rank = (other_step, other.name.startswith("last"))
+        if newest is None or rank > (newest[1], newest[0].name.startswith("last")):
+            newest = (other, other_step)
+    return newest
+
+
+def check_resume_folder(trainer, ckpt_path: str | os.PathLike) -> None:
+    """A :class:`ConfigError` when the fit of ``trainer``, resumed from ``ckpt_path``, would write its
+    checkpoints (and, through its logger's version, its logs) into the folder of ``ckpt_path`` while
+    that folder holds a checkpoint of a later step: the fit would start a second history beside the
+    first (``last.ckpt`` and ``last-v1.ckpt``, two curves in one TensorBoard run). The error names
+    both checkpoints, the newest to continue the run from, and how to branch into a folder of its own."""
+    path = Path(ckpt_path).expanduser().resolve()
+    if not path.is_file():
+        return
+    targets = [(folder, given) for folder, given in checkpoint_folders(trainer)
+               if folder.expanduser().resolve() == path.parent]  # fmt: skip
+    if not targets:
+        return
+    step = checkpoint_step(path)
+    newer = newest_checkpoint_beside(path, step) if step is not None else None
+    if newer is None:
+        return
+    logger = trainer.loggers[0] if trainer.loggers else None
+    if any(given for _, given in targets):
+        branch = "another --trainer.callbacks.dirpath for its ModelCheckpoint"
+    elif isinstance(getattr(logger, "version", None), int) and hasattr(logger, "_get_next_version"):
+        branch = f"--trainer.logger.init_args.version {logger._get_next_version()} (a new version folder)"
+    elif logger is not None:
+        branch = "another --trainer.logger.init_args.version (a new version folder)"
+    else:
+        branch = "another --trainer.default_root_dir"
+    raise ConfigError(
+        f"--ckpt_path {ckpt_path} (optimizer step {step}) is older than {newer[0]} (optimizer step {newer[1]}) "
+        f"in the same run folder: resuming it there would write a second history beside the first. "
+        f"To continue the run, resume from {newer[0]} (or --ckpt_path last); to branch from step {step}, "
+        f"give the fit a folder of its own: {branch}."
+    )
+
+
+def purge_steps_after_checkpoint(trainer, ckpt_path: str | os.PathLike) -> int | None:
+    """Have each TensorBoard logger of a fit resumed from ``ckpt_path`` drop the events of steps after
+    the checkpoint's (``purge_step``: its optimizer steps + 1, the step its next training row is logged
+    at; ``val/*`` of the checkpoint's own step stays, since a resumed fit does not validate it again),
+    so the steps a killed fit logged after its last checkpoint show once, as the resumed fit logs them.
+    Returns the purge step, or ``None`` when the checkpoint's step cannot be read."""
+    step = checkpoint_step(ckpt_path) if Path(ckpt_path).is_file() else None
+    if step is None:
+        return None
+    for logger in trainer.loggers:
+        kwargs = getattr(logger, "_kwargs", None)
+        if isinstance(logger, TensorBoardLogger) and isinstance(kwargs, dict) and logger._experiment is None:
+            if kwargs.get("purge_step") is None:  # the CLI fills in SummaryWriter's default, None
+                kwargs["purge_step"] = step + 1
+    return step + 1

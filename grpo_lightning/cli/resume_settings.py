@@ -1,0 +1,128 @@
+"""``fit --ckpt_path``: the model settings a resume takes from its checkpoint, and what it refuses.
+
+Lightning's CLI loads a checkpoint's hyperparameters over the model configuration. A resumed fit
+goes on with the checkpoint's optimizer state (its learning rate in the param groups), scheduler
+and loops, so a model setting given on the command line or in a ``--config`` that differs from the
+checkpoint's cannot be applied exactly, and replacing it silently trains something else than asked.
+So a fit refuses it, before any work, naming every such field and both values
+(:func:`check_resume_settings`). The settings of :data:`TAKEN_FROM_COMMAND_LINE` (how to validate)
+do not change what is trained: a resumed fit takes those given from the command line and configs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from jsonargparse import Namespace
+
+from grpo_lightning.errors import ConfigError
+
+#: Model settings that a resumed fit takes from the command line and the configs over the checkpoint's
+#: (as ``validate``, ``test`` and ``generate`` do): how to evaluate, not what is trained.
+TAKEN_FROM_COMMAND_LINE = ("evaluation",)
+
+_ABSENT = object()
+_UNKNOWN = object()
+
+
+def given_model_keys(parser, raw_args: Sequence[str], subcommand: str) -> list[str] | None:
+    """The model settings given on the command line or in a ``--config`` file of ``raw_args``, as
+    dotted keys of the model's config (``init_args.optim.learning_rate``, ``class_path``): what
+    the parser reads without its defaults. ``None`` when that parse fails (the check is then skipped)."""
+    try:
+        given = parser.parse_args(list(raw_args), defaults=False)
+    except (Exception, SystemExit):  # the arguments parsed once already: nothing of the user's to report
+        return None
+    model = (given.get(subcommand) or {}).get("model") if hasattr(given.get(subcommand), "get") else None
+    if model is None:
+        return []
+    if not hasattr(model, "items"):  # a plain value (a class path string)
+        return ["class_path"]
+    return [key for key, _ in model.items()]
+
+
+def _value(config, key: str) -> Any:
+    """The value at dotted ``key``: ``_ABSENT`` where the config has none (a group that is ``None``),
+    ``_UNKNOWN`` where a plain dict (a checkpoint's, e.g. ``policy.peft_config``, which holds the
+    fields set and no ``class_path``) does not record it."""
+    current = config
+    for part in key.split("."):
+        if isinstance(current, Namespace):
+            if part not in current:
+                return _ABSENT
+            current = current[part]
+        elif isinstance(current, Mapping):
+            if part in current:
+                current = current[part]
+            elif part != "init_args":  # a class_path/init_args value of the configs, a plain dict in the checkpoint
+                return _UNKNOWN
+        else:
+            return _ABSENT
+    return current
+
+
+def _same(given: Any, saved: Any) -> bool:
+    if given == saved:
+        return True
+    if isinstance(given, str) and isinstance(saved, str) and os.path.exists(given) and os.path.exists(saved):
+        return os.path.realpath(given) == os.path.realpath(saved)  # a base model's path, written another way
+    return False
+
+
+def _field(key: str) -> str:
+    """``init_args.optim.learning_rate`` -> ``model.optim.learning_rate``; ``class_path`` -> ``model``."""
+    if key == "class_path":
+        return "model"
+    return "model." + key.removeprefix("init_args.").removeprefix("dict_kwargs.").replace(".init_args.", ".")
+
+
+def _where(key: str, raw_args: Sequence[str]) -> str:
+    """``on the command line`` when an option of ``raw_args`` names the field or a group above it, else ``in the configs``."""
+    parts = _field(key).split(".")
+    names = {".".join(parts[:n]) for n in range(min(2, len(parts)), len(parts) + 1)}  # --model alone: the class
+    for arg in raw_args:
+        option = arg[2:].split("=", 1)[0].replace(".init_args.", ".").replace(".dict_kwargs.", ".")
+        if arg.startswith("--") and option in names:
+            return "on the command line"
+    return "in the configs"
+
+
+def _shown(value: Any) -> str:
+    if value is _ABSENT:
+        return "(not set)"
+    if hasattr(value, "as_dict"):
+        value = value.as_dict()
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def check_resume_settings(before, after, keys: Sequence[str] | None, raw_args: Sequence[str], ckpt_path: str) -> None:
+    """Compare the model config ``before`` the checkpoint's hyperparameters were loaded with the
+    one ``after``, at the ``keys`` the user gave: a :class:`ConfigError` naming each that differs
+    (outside :data:`TAKEN_FROM_COMMAND_LINE`, which are put back into ``after`` and printed)."""
+    if not keys:
+        return
+    refused, taken = [], []
+    for key in keys:
+        given, saved = _value(before, key), _value(after, key)
+        if given is _UNKNOWN or saved is _UNKNOWN or _same(given, saved):
+            continue
+        group = key.removeprefix("init_args.").split(".", 1)[0]
+        (taken if key.startswith("init_args.") and group in TAKEN_FROM_COMMAND_LINE else refused).append((key, given, saved))
+    if refused:
+        differences = "; ".join(
+            f"{_field(key)}: {_shown(given)} {_where(key, raw_args)}, {_shown(saved)} in the checkpoint"
+            for key, given, saved in refused
+        )  # fmt: skip
+        raise ConfigError(
+            f"--ckpt_path {ckpt_path}: a resumed fit continues with the checkpoint's settings, and these differ: "
+            f"{differences}. Drop {'this option' if len(refused) == 1 else 'these options'} to resume as saved, "
+            "or start a new fit (no --ckpt_path) with them, from the exported weights "
+            "(grpo-lightning export --ckpt_path CKPT --output_dir DIR, then --model.model DIR) or from the base model."
+        )
+    for key, given, saved in taken:
+        after[key] = given
+        print(f"--ckpt_path: {_field(key)} {_shown(given)} {_where(key, raw_args)} (the checkpoint's: {_shown(saved)})",
+              file=sys.stderr, flush=True)  # fmt: skip
