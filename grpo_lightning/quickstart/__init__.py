@@ -102,7 +102,8 @@ def run_quickstart(argv: Sequence[str] | None = None) -> dict[str, float]:
 
 
 def pass_at_k_line(metrics: dict[str, float], samples: int) -> str:
-    """``pass@1 0.52 [0.48, 0.56], ...``: the sampled metrics with their 95% bootstrap intervals."""
+    """``pass@1 0.52 [0.48, 0.56], ...``: the sampled metrics with their 95% intervals over the problems
+    (exact binomial: :mod:`grpo_lightning.evaluation.sample_metrics`)."""
     from grpo_lightning.evaluation.sample_metrics import pass_k_values
 
     names = [f"pass@{k}" for k in pass_k_values(samples)]
@@ -111,7 +112,7 @@ def pass_at_k_line(metrics: dict[str, float], samples: int) -> str:
         f"{name} {metrics[f'sampled/{name}']:.1%} [{metrics[f'sampled/{name}_ci_low']:.1%}, {metrics[f'sampled/{name}_ci_high']:.1%}]"
         for name in names
     ]
-    return f"after RL, {samples} samples per problem at T=1 (95% bootstrap intervals): " + ", ".join(shown)
+    return f"after RL, {samples} samples per problem at T=1 (95% intervals over the problems): " + ", ".join(shown)
 
 
 if __name__ == "__main__":

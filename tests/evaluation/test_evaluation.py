@@ -1,4 +1,4 @@
-"""Evaluation: pass@k and maj@n against hand counts, bootstrap intervals, several validation sets,
+"""Evaluation: pass@k and maj@n against hand counts, their intervals, several validation sets,
 and ``grpo-lightning validate`` on a checkpoint and on an exported model (real CLI, real Trainer)."""
 
 from __future__ import annotations
