@@ -54,13 +54,21 @@ def portable(settings: Mapping[str, Any]) -> dict[str, Any]:
             "variant_config": name(settings.get("variant_config"))}  # fmt: skip
 
 
-def check_same_settings(reference: Mapping[str, Any], cell: Mapping[str, Any], where: str) -> None:
-    """Refuse ``cell`` whose shared settings differ from ``reference``'s (both ``cell.json`` contents)."""
+def other_settings(reference: Mapping[str, Any], cell: Mapping[str, Any]) -> list[str]:
+    """The shared settings (``SHARED_SETTINGS``) in which ``cell`` differs from ``reference`` (both ``cell.json`` contents)."""
     ours, theirs = portable(cell["settings"]), portable(reference["settings"])
-    for key in SHARED_SETTINGS:
-        if ours.get(key) != theirs.get(key):
-            raise ConfigError(f"join: {where} ran with other settings ({key}: {ours.get(key)!r}, not "
-                              f"{theirs.get(key)!r}); a joined sweep must be one design: report it apart")  # fmt: skip
+    return [key for key in SHARED_SETTINGS if ours.get(key) != theirs.get(key)]
+
+
+def check_same_settings(reference: Mapping[str, Any], cell: Mapping[str, Any], where: str, context: str = "join",
+                        advice: str = "a joined sweep must be one design: report it apart") -> None:  # fmt: skip
+    """Refuse ``cell`` whose shared settings differ from ``reference``'s (both ``cell.json`` contents), in an error
+    that starts with ``context`` (the command) and ends with ``advice``; the join's and the report's check."""
+    differing = other_settings(reference, cell)
+    if differing:
+        key = differing[0]
+        ours, theirs = portable(cell["settings"]).get(key), portable(reference["settings"]).get(key)
+        raise ConfigError(f"{context}: {where} ran with other settings ({key}: {ours!r}, not {theirs!r}); {advice}")
 
 
 def join(sources: Sequence[Path], out: Path, sweep_name: str | None = None, provenance: Sequence[str] = ()) -> dict[str, Path]:

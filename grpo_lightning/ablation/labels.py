@@ -123,11 +123,16 @@ def check_shared_files(spec: SweepSpec) -> list[str]:
             if key in replaced:
                 notes.append(f"{replaced[key]} replaces {key} ({cli_value(value)}) of {path} in every cell")
     for key, value in spec.args.items():
-        if canonical(key) == CLASS_KEY:
+        setting = CLASS_KEY if canonical(key) == "model" and isinstance(value, str) else canonical(key)
+        if setting == CLASS_KEY:
             raise SweepError(
                 f"args: {key} ({cli_value(value)}) would make every cell that class; the variants axis sets it: "
                 "remove it from args."
             )
+        if setting in refused or setting == "seed_everything":  # args come after the seed on each command line
+            axis = refused.get(setting, "seeds")
+            raise SweepError(f"args: {key} ({cli_value(value)}) would set what the {axis} axis sets for each cell "
+                             f"({'its seed' if axis == 'seeds' else 'its variant'}): remove it from args.")  # fmt: skip
     return notes
 
 

@@ -49,15 +49,19 @@ def _output(command: list[str], cwd: Path | None = None) -> str | None:
 
 def git_commit(root: Path | None = None) -> dict[str, Any]:
     """The commit of the checkout grpo_lightning is imported from (none when installed from a wheel),
-    whether tracked files differed from it, and how (``git diff HEAD``), so a dirty run can be redone."""
+    whether files differed from it, and how (``git diff HEAD`` of tracked files; ``untracked``: the paths of
+    files git does not track nor ignore, a new config or module), so a dirty run can be redone."""
     root = Path(root).resolve() if root is not None else Path(__file__).resolve().parents[2]
     top = _output(["git", "rev-parse", "--show-toplevel"], root)
     commit = _output(["git", "rev-parse", "HEAD"], root)
     if not commit or not top or Path(top).resolve() != root:  # an installed copy inside some other checkout
-        return {"commit": None, "dirty": None, "diff": None}
+        return {"commit": None, "dirty": None, "diff": None, "untracked": None}
     status = _output(["git", "status", "--porcelain", "--untracked-files=no"], root)
+    untracked = _output(["git", "ls-files", "--others", "--exclude-standard", "-z"], root)
     diff = _output(["git", "diff", "HEAD", "--no-color", "--no-ext-diff"], root) if status else ""
-    return {"commit": commit, "dirty": bool(status) if status is not None else None, "diff": diff}
+    paths = None if untracked is None else [path for path in untracked.split("\0") if path]
+    dirty = None if status is None or paths is None else bool(status or paths)
+    return {"commit": commit, "dirty": dirty, "diff": diff, "untracked": paths}
 
 
 def cpu_model() -> str:

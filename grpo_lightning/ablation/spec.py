@@ -7,7 +7,7 @@ import json
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import product
 from pathlib import Path
 from typing import Any
@@ -165,6 +165,9 @@ class SweepSpec:
     baseline: str | None = None
     #: The one cell a launcher's job runs (``launch``); ``None`` outside those jobs.
     cell: str | None = None
+    #: The spec's whole ``variants`` list, where a job of a ``-m variant=...`` multirun narrowed
+    #: ``variants`` to its one: the sweep's baseline comes from it, the same in every job.
+    sweep_variants: list[str] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> SweepSpec:
@@ -176,8 +179,8 @@ class SweepSpec:
         if not raw.get("output_dir"):
             raise SweepError("output_dir: give the directory that will hold one folder per cell.")
 
-        variants = _as_list(raw.get("variants"), "variants")
-        if raw.get("variant") is not None:
+        variants = sweep_variants = _as_list(raw.get("variants"), "variants")
+        if raw.get("variant") is not None:  # a job of a `-m variant=...` multirun: its one variant
             variants = [str(raw["variant"])]
         if not variants:
             raise SweepError("variants: name at least one of configs/variant/*.yaml (e.g. [grpo, dapo]).")
@@ -237,8 +240,9 @@ class SweepSpec:
             threads=raw.get("threads", "auto"),
             baseline=None if raw.get("baseline") is None else str(raw["baseline"]),
             cell=None if raw.get("cell") is None else str(raw["cell"]),
+            sweep_variants=[str(v) for v in sweep_variants],
         )
-        arms = list(dict.fromkeys(cell.arm for cell in spec.cells())) if spec.baseline is not None else []
+        arms = spec.sweep_arms() if spec.baseline is not None else []
         if spec.baseline is not None and spec.baseline not in arms:
             raise SweepError(f"baseline: {spec.baseline!r} is not an arm of the sweep; give one of {arms}.")
         return spec
@@ -257,9 +261,19 @@ class SweepSpec:
         }
         return json.loads(json.dumps(settings, sort_keys=True, default=str))
 
+    def sweep_arms(self) -> list[str]:
+        """The arms of the whole sweep: those of the spec's ``variants`` list, then, in a ``-m variant=...``
+        job whose variant the list lacks, the job's own."""
+        labels: dict[str, str] = {}
+        for variant in [*self.sweep_variants, *self.variants]:
+            labels.setdefault(Cell(variant, 0).label, variant)  # a variant once, by its name or its file
+        variants = list(labels.values())
+        return list(dict.fromkeys(cell.arm for cell in replace(self, variants=variants).cells()))
+
     def baseline_arm(self) -> str:
-        """The arm the report compares every other arm with."""
-        return self.baseline or self.cells()[0].arm
+        """The arm the report compares every other arm with: ``baseline``, else the first arm of
+        the whole sweep (not of the one variant a ``-m variant=...`` job runs)."""
+        return self.baseline or self.sweep_arms()[0]
 
     def cells(self) -> list[Cell]:
         keys = list(self.overrides)

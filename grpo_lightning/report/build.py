@@ -10,7 +10,7 @@ from pathlib import Path
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.variants import PRESETS
 from grpo_lightning.report.arms import WIDE, Arm
-from grpo_lightning.report.cells import DATA_MARKER, CellInfo, arm_configs, discover_cells
+from grpo_lightning.report.cells import DATA_MARKER, CellInfo, arm_configs, check_one_design, discover_cells, recorded_baseline
 from grpo_lightning.report.labels import check_arm_classes
 from grpo_lightning.report.learning import curve_metrics, threshold_note
 from grpo_lightning.report.sections.comparisons import EQUIVALENCE_MARGIN, TARGET_MDE, comparison_section
@@ -83,6 +83,9 @@ def build_report(
     if not cells:
         raise FileNotFoundError(f"no runs under {sweep_dir}: expected cell folders of grpo-lightning-ablate")
     check_arm_classes(cells)  # each arm's class from its resolved configs: a mislabelled arm is refused
+    check_one_design(cells)  # an earlier sweep's cells of other settings left in the folder are refused
+    if baseline is None:
+        recorded_baseline([c for c in cells if c.finished])  # cells of jobs that named other baselines are refused
     target.mkdir(parents=True, exist_ok=True)
     margin = EQUIVALENCE_MARGIN if equivalence_margin is None else equivalence_margin
     target_mde = TARGET_MDE if target_mde is None else target_mde
@@ -100,6 +103,7 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     cells = discover_cells(data_dir)
     if not cells:
         raise FileNotFoundError(f"no runs under {data_dir}")
+    check_one_design(cells)
     target.mkdir(parents=True, exist_ok=True)
     finished = [c for c in cells if c.finished]
     unfinished = [c for c in cells if not c.finished]
@@ -184,14 +188,14 @@ def _recorded_positive(meta: dict, key: str, default: float) -> float:
 
 def baseline_arm(arms: Sequence[Arm], cells: Sequence[CellInfo], chosen: str | None = None) -> Arm | None:
     """``chosen`` (the report's choice), else the arm the sweep named as its baseline (``baseline`` in
-    cell.json), else the first arm."""
+    cell.json; refused where the cells disagree), else the first arm."""
     by_name = {a.name: a for a in arms}
     if chosen is not None:
         if chosen not in by_name:
             raise ConfigError(f"baseline: no arm is named {chosen!r}; the arms are {sorted(by_name)}")
         return by_name[chosen]
-    named = [c.baseline for c in cells if c.baseline in by_name]
-    return by_name[named[0]] if named else (arms[0] if arms else None)
+    named = recorded_baseline(cells)
+    return by_name[named] if named in by_name else (arms[0] if arms else None)
 
 
 def load_arms(finished: Sequence[CellInfo], unfinished: Sequence[CellInfo] = ()) -> list[Arm]:

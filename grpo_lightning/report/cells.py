@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lightning.errors import ConfigError
+from grpo_lightning.ablation.join import check_same_settings, other_settings
 from grpo_lightning.ablation.runs import event_directory
 
 
@@ -24,6 +25,8 @@ class CellInfo:
     config: dict[str, Any]
     #: The arm the sweep compares the others with, as its cell.json records it.
     baseline: str | None = None
+    #: The settings the cell ran with, as its cell.json records them (``SweepSpec.settings``); None in older records.
+    settings: dict[str, Any] | None = None
 
 
 #: The file that marks a report's ``data/`` folder (``report.data``): cells below one belong to
@@ -61,6 +64,7 @@ def discover_cells(sweep_dir: Path) -> list[CellInfo]:
                     finished=(directory / "DONE").is_file(),
                     config=_read_yaml(directory / "config.yaml"),
                     baseline=record.get("baseline"),
+                    settings=record.get("settings") if isinstance(record.get("settings"), dict) else None,
                 )
             )
     else:
@@ -96,6 +100,35 @@ def refuse_duplicate_cells(cells: Sequence[CellInfo]) -> None:
                 f"seed: arm {cell.arm!r} has seed {cell.seed} twice, in {first.directory} and {cell.directory}; "
                 "remove one of the two folders, or rerun the sweep into a fresh folder"
             )
+
+
+def check_one_design(cells: Sequence[CellInfo]) -> None:
+    """Refuse finished cells that ran with other shared settings (``args``, base configs, model, ...) than the first:
+    an earlier sweep's cells left in the folder would be compared as one design (the check of ``ablation.join``)."""
+    recorded = [cell for cell in cells if cell.finished and cell.settings is not None]
+    if not recorded:
+        return
+    first = {"settings": recorded[0].settings}
+    others = [cell for cell in recorded if other_settings(first, {"settings": cell.settings})]
+    if others:
+        check_same_settings(first, {"settings": others[0].settings}, "cell" + "s" * (len(others) > 1) + " "
+                            + ", ".join(cell.name for cell in others), context="report",
+                            advice=f"{recorded[0].name} and {len(recorded) - len(others) - 1} other finished cells ran "
+                            "with the latter; a report compares one design: move one design's cell folders out (or run "
+                            "the sweep into a fresh output_dir) and report each apart")  # fmt: skip
+
+
+def recorded_baseline(cells: Sequence[CellInfo]) -> str | None:
+    """The baseline arm the cells' cell.json record (None where none does); refused where they disagree."""
+    by_baseline: dict[str, list[str]] = {}
+    for cell in cells:
+        if cell.baseline is not None:
+            by_baseline.setdefault(str(cell.baseline), []).append(cell.name)
+    if len(by_baseline) > 1:
+        named = "; ".join(f"{b!r} by {', '.join(names)}" for b, names in sorted(by_baseline.items()))
+        raise ConfigError(f"baseline: the cells record different baselines ({named}); choose one with --baseline NAME "
+                          f"(for a report's data/ folder: \"baseline\": NAME in its {DATA_MARKER})")  # fmt: skip
+    return next(iter(by_baseline), None)
 
 
 def _inside_data_folder(path: Path, sweep_dir: Path) -> bool:

@@ -247,6 +247,9 @@ def test_the_baseline_arm_and_five_seeds_by_default(tmp_path):
     assert SweepSpec.from_dict({**spec, "baseline": "dapo"}).baseline_arm() == "dapo"
     with pytest.raises(SweepError, match="baseline: 'ppo' is not an arm of the sweep; give one of"):
         SweepSpec.from_dict({**spec, "baseline": "ppo"})
+    # a job of `-m variant=grpo,dapo` runs one variant; the baseline is the whole sweep's, the same in every job
+    assert SweepSpec.from_dict({**spec, "variant": "dapo"}).baseline_arm() == "grpo"
+    assert SweepSpec.from_dict({**spec, "variant": "dapo", "baseline": "grpo"}).baseline_arm() == "grpo"
 
 
 def test_provenance_records_the_uncommitted_diff(tmp_path):
@@ -258,9 +261,15 @@ def test_provenance_records_the_uncommitted_diff(tmp_path):
 
     git("init", "-q")
     (tmp_path / "loss.py").write_text("beta = 0.04\n")
-    git("add", "loss.py")
+    (tmp_path / ".gitignore").write_text("*.log\n")
+    git("add", "loss.py", ".gitignore")
     git("commit", "-q", "-m", "first")
+    (tmp_path / "train.log").write_text("ignored\n")
     assert provenance.git_commit(tmp_path)["dirty"] is False and provenance.git_commit(tmp_path)["diff"] == ""
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "mine.yaml").write_text("beta: 0.0\n")  # untracked, not ignored: the tree is dirty
+    record = provenance.git_commit(tmp_path)
+    assert record["dirty"] is True and record["untracked"] == ["configs/mine.yaml"]
     (tmp_path / "loss.py").write_text("beta = 0.0\n")
     record = provenance.git_commit(tmp_path)
     assert record["dirty"] is True and "-beta = 0.04" in record["diff"] and "+beta = 0.0" in record["diff"]

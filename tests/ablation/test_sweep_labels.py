@@ -53,6 +53,9 @@ def test_a_variant_files_settings_and_the_data_seed_are_refused_in_shared_files(
         labels.check_shared_files(SweepSpec.from_dict(spec_dict(tmp_path, base_configs=[*BASE, str(shared)])))
     with pytest.raises(SweepError, match="args: model.class_path"):
         labels.check_shared_files(SweepSpec.from_dict(spec_dict(tmp_path, args={"model.class_path": "grpo_lightning.variants.GRPO"})))
+    # args are refused what shared files are: every seedN cell would share one data order
+    with pytest.raises(SweepError, match=r"args: data.init_args.seed \(3\) would set what the seeds axis sets"):
+        labels.check_shared_files(SweepSpec.from_dict(spec_dict(tmp_path, args={"data.init_args.seed": 3})))
 
 
 def test_an_override_axis_wins_over_a_shared_file_and_says_so(tmp_path):

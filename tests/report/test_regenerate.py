@@ -65,7 +65,10 @@ def test_a_cell_restored_from_a_data_folder_keeps_its_scalars_when_exported_agai
 
 def test_a_report_can_compare_with_another_baseline_and_its_data_keeps_the_choice(tmp_path, cell_writer):
     """``--baseline ARM``: every other arm is compared with ARM, and data/sweep.json keeps the choice
-    so that REGENERATE rebuilds the same report; an arm that does not exist is refused by name."""
+    so that REGENERATE rebuilds the same report; an arm that does not exist is refused by name, and so
+    are cells that record different baselines (runs of other specs) unless the report chooses one."""
+    import json
+
     import pytest
 
     from grpo_lightning.report import build_report
@@ -73,7 +76,12 @@ def test_a_report_can_compare_with_another_baseline_and_its_data_keeps_the_choic
     sweep = tmp_path / "sweep"
     for variant, accuracy in (("grpo", 0.3), ("dapo", 0.4)):
         for seed in (0, 1):
-            cell_writer(sweep, variant, seed, accuracy + 0.01 * seed)
+            cell = cell_writer(sweep, variant, seed, accuracy + 0.01 * seed) / "cell.json"
+            cell.write_text(json.dumps({**json.loads(cell.read_text()), "baseline": variant}))  # each its own
+    with pytest.raises(ValueError, match=r"different baselines \('dapo' by dapo-seed0, dapo-seed1; 'grpo' by "
+                                         r"grpo-seed0, grpo-seed1\); choose one with --baseline NAME"):  # fmt: skip
+        build_report(sweep, tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
     target = build_report(sweep, tmp_path / "report", baseline="dapo")
     text = (target / "report.md").read_text()
     assert "Baseline: **dapo** (chosen for this report)" in text
@@ -82,6 +90,26 @@ def test_a_report_can_compare_with_another_baseline_and_its_data_keeps_the_choic
     assert (again / "report.md").read_text() == text
     with pytest.raises(ValueError, match="baseline: no arm is named 'ppo'"):
         build_report(sweep, tmp_path / "other", baseline="ppo")
+
+
+def test_cells_of_another_design_in_the_folder_are_refused_as_join_refuses_them(tmp_path, cell_writer):
+    """An earlier spec's finished cells (other args) left in the sweep folder are not compared as one design."""
+    import json
+
+    import pytest
+
+    from grpo_lightning.report import build_report
+
+    for variant, steps in (("grpo", 100), ("dapo", 50)):
+        for seed in (0, 1):
+            cell = cell_writer(tmp_path / "sweep", variant, seed, 0.3) / "cell.json"
+            settings = {"args": {"trainer.max_steps": steps}, "base_configs": ["configs/trainer/cpu.yaml"], "model": "m"}
+            cell.write_text(json.dumps({**json.loads(cell.read_text()), "settings": settings}))
+    with pytest.raises(ValueError, match=r"^report: cells grpo-seed0, grpo-seed1 ran with other settings \(args: "
+                                         r"\{'trainer.max_steps': 100\}, not \{'trainer.max_steps': 50\}\); dapo-seed0 "
+                                         r"and 1 other finished cells ran with the latter"):  # fmt: skip
+        build_report(tmp_path / "sweep", tmp_path / "report")
+    assert not (tmp_path / "report").exists()
 
 
 def test_a_report_keeps_its_equivalence_margin_in_its_data(tmp_path, cell_writer):

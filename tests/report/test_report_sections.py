@@ -75,6 +75,13 @@ def test_a_dirty_tree_and_mixed_commits_carry_a_banner(tmp_path, cell_writer):
     assert "Warning" not in report_text(root, tmp_path / "again").split("## Summary")[0]
     (root / "provenance.json").write_text(json.dumps([{**PROVENANCE, "dirty": True}]))  # no diff recorded
     assert "cannot be redone exactly" in report_text(root, tmp_path / "old").split("## Summary")[0]
+    # an untracked file (a new variant config) makes the tree dirty: its path is named, its contents were not kept
+    untracked = {**PROVENANCE, "dirty": True, "diff": "", "untracked": ["configs/variant/mine.yaml"]}
+    (root / "provenance.json").write_text(json.dumps([untracked]))
+    md = report_text(root, tmp_path / "untracked")
+    assert ("untracked files, whose contents were not recorded, so these runs cannot be redone exactly:** "
+            "`configs/variant/mine.yaml`.") in md.split("## Summary")[0]  # fmt: skip
+    assert "(with untracked files, contents not recorded: `configs/variant/mine.yaml`)" in md
 
 
 def test_training_reward_is_compared_only_on_the_baselines_reward_functions(tmp_path, cell_writer):

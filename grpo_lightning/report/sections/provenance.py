@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lightning.report.render.document import Doc, user_text
-from grpo_lightning.report.render.formatting import fmt
+from grpo_lightning.report.render.formatting import fmt, join_words
 
 PROVENANCE_FILE = "provenance.json"
 
@@ -60,12 +60,18 @@ def provenance_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
         return [f"**Warning: no `{PROVENANCE_FILE}`: the code these runs used is unknown.**"]
     lines = []
     dirty = [r for r in records if r.get("dirty")]
-    if dirty:
+    untracked = sorted({path for r in dirty for path in r.get("untracked") or ()})
+    if dirty and not untracked:
         kept = all(r.get("diff") for r in dirty)
         how = ("the uncommitted diff is recorded in `data/provenance.json`" if kept
                else "the uncommitted diff was not recorded, so these runs cannot be redone exactly")  # fmt: skip
         lines.append(f"**Warning: {len(dirty)} of {len(records)} runs of the sweep used a checkout with uncommitted "
                      f"changes to tracked files;** {how}.")  # fmt: skip
+    elif dirty:  # files git does not track: their paths are recorded, never their contents
+        diff = " (the diff of tracked files is in `data/provenance.json`)" if any(r.get("diff") for r in dirty) else ""
+        lines.append(f"**Warning: {len(dirty)} of {len(records)} runs of the sweep used a checkout with uncommitted "
+                     f"changes{diff} and untracked files, whose contents were not recorded, so these runs cannot be "
+                     f"redone exactly:** {join_words([f'`{p}`' for p in untracked])}.")  # fmt: skip
     commits = list(dict.fromkeys(str(r.get("commit")) for r in records))
     if len(commits) > 1:
         shown = ", ".join(f"`{c[:10]}`" for c in commits)
@@ -122,6 +128,8 @@ def record_lines(record: Mapping[str, Any]) -> list[str]:
              f"Date (UTC): {record.get('started', '?')} to {record.get('finished', '?')}"]  # fmt: skip
     commit = record.get("commit")
     dirty = " (with uncommitted changes to tracked files)" if record.get("dirty") else ""
+    if record.get("untracked"):
+        dirty = f" (with untracked files, contents not recorded: {join_words([f'`{p}`' for p in record['untracked']])})"
     lines.append(f"Commit: `{commit}`{dirty}" if commit else "Commit: unknown (not run from a git checkout)")
     packages = record.get("packages") or {}
     lines.append("Packages: " + ", ".join(f"{name} {version or 'not installed'}" for name, version in packages.items()))
