@@ -6,7 +6,9 @@
 The directory loads with ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``
 (and serves with any Hugging Face-compatible engine). The base model the run started from
 (``--model.model``, recorded in the checkpoint) must be reachable: it provides the architecture
-and tokenizer; the checkpoint provides the weights.
+and tokenizer; the checkpoint provides the weights. A base that holds other weights than the run's
+(its fingerprint, :mod:`grpo_lightning.models.fingerprint`) is refused: a LoRA run's adapters would
+be merged into another model.
 
 The directory serves as the run trained: its ``generation_config.eos_token_id`` is the ids the run's
 completions ended at (the tokenizer's EOS and the base model's end of turn; a multi-turn run's turns,
@@ -26,6 +28,7 @@ from typing import Any
 
 from grpo_lightning.runtime.checkpoint_io import load_checkpoint_file
 from grpo_lightning.models.policy import load_causal_lm
+from grpo_lightning.models.fingerprint import CHECKPOINT_KEY, check_same_base, weights_fingerprint
 from grpo_lightning.models.lora import add_adapters, merged_model, trainable_keys
 from grpo_lightning.models.sources import load_tokenizer
 from grpo_lightning.rollout.types import as_ids, end_token_ids
@@ -76,6 +79,8 @@ def _export(
     policy_settings = hparams.get("policy") or {}
     dtype = policy_settings.get("dtype", "auto")
     policy = load_causal_lm(base, dtype, None)
+    check_same_base(checkpoint.get(CHECKPOINT_KEY), weights_fingerprint(policy), base, f"checkpoint {str(ckpt_path)!r}",
+                    "Pass --model with the weights the run started from (a hub model: the revision it had then).")  # fmt: skip
     settings = policy_settings.get("peft_config")
     if adapter and not settings:
         raise ValueError(

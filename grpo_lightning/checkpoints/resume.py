@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
+from grpo_lightning.models.fingerprint import CHECKPOINT_KEY, check_same_base
 from grpo_lightning.models.lora import has_adapters, trainable_keys
 from grpo_lightning.rollout.types import RolloutBuffer
 
@@ -141,7 +142,16 @@ class GroupPolicyState(ExactResume):
         frozen = [k for k in state if kept is not None and k.startswith("policy.") and k not in kept]
         for key in [k for k in state if k.startswith(("ref_model.", "teacher_model."))] + frozen:
             del state[key]
+        checkpoint[CHECKPOINT_KEY] = getattr(self.policy, "base_fingerprint", None)  # what is reloaded from ``model``
         super().on_save_checkpoint(checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse a checkpoint whose base (the weights ``model`` names, reloaded for the reference model
+        and LoRA's frozen base) is not the one it was trained from (:func:`check_same_base`)."""
+        check_same_base(checkpoint.get(CHECKPOINT_KEY), getattr(self.policy, "base_fingerprint", None),
+                        self.model_name, "--ckpt_path", "Put the weights the run started from back at that path "
+                        "(a hub model: the revision it had then), or start a new fit.")  # fmt: skip
+        super().on_load_checkpoint(checkpoint)
 
     def training_state(self) -> dict[str, Any]:
         buffers = {name: value for name, value in vars(self).items() if isinstance(value, RolloutBuffer)}

@@ -17,6 +17,7 @@ from torch import nn
 
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from grpo_lightning.models.fingerprint import weights_fingerprint
 from grpo_lightning.models.lora import add_adapters
 from grpo_lightning.models.sources import dense_copy, resolve_model_source
 from grpo_lightning.errors import ConfigError
@@ -52,13 +53,15 @@ def load_models(name: str, hparams: Mapping[str, Any], needs_reference: bool, st
     """``(policy, reference model or None)`` of the checkpoint ``name`` with the module's ``policy``
     options as plain values, ``hparams`` (``dtype``, ``attn_implementation``, ``disable_dropout``,
     ``gradient_checkpointing``, ``peft_config``); the policy in training mode, its ``matmul_parameters``
-    (the whole model's N of :mod:`grpo_lightning.runtime.compute`) counted before sharding."""
+    (the whole model's N of :mod:`grpo_lightning.runtime.compute`) counted before sharding, and its
+    ``base_fingerprint`` (:mod:`grpo_lightning.models.fingerprint`) taken before adapters."""
     adapters = hparams.get("peft_config")
     if adapters and isinstance(strategy, FSDPStrategy):
         raise ConfigError(
             "policy.peft_config: LoRA runs on one device or under DDP (--trainer.strategy ddp), not FSDP."
         )
     policy = load_causal_lm(name, hparams["dtype"], hparams["attn_implementation"]).train()
+    fingerprint = weights_fingerprint(policy)  # of the base, as a checkpoint records it
     if hparams["gradient_checkpointing"]:
         policy.gradient_checkpointing_enable()
     if adapters:
@@ -68,6 +71,7 @@ def load_models(name: str, hparams: Mapping[str, Any], needs_reference: bool, st
     parameters = matmul_parameters(policy)
     policy = shard(policy)
     policy.matmul_parameters = parameters  # an FSDP root's attributes fall through to the module's
+    policy.base_fingerprint = fingerprint
     if not needs_reference or adapters:
         return policy, None
     return policy, load_frozen_model(name, hparams, strategy)
