@@ -8,7 +8,8 @@ files' own settings) or the data order's seed (the ``seeds`` axis). What the oth
 after every file on the command line, so there the axis wins, and says so in the sweep's log:
 ``seed_everything`` and each key of ``overrides``. Then each cell's command line is parsed as
 ``grpo-lightning fit`` parses it, and the resolved class, seed and axis values are compared with
-the cell's label.
+the cell's label; so are the settings that make its variant what it is (:func:`variant_settings`:
+DAPO's ``loss.clip_eps_high`` 0.28, Dr. GRPO's aggregation), which only an axis may change.
 """
 
 from __future__ import annotations
@@ -169,7 +170,108 @@ def check_cells(spec: SweepSpec, cells: Sequence[Cell], commands: Sequence[Seque
                 raise SweepError(
                     f"cell {cell.name}: its resolved {key} is {cli_value(got)}, not {cli_value(value)} as its name says."
                 )
+        check_variant_settings(spec, cell, resolved)
     return configs
+
+
+#: The settings a variant names by a class attribute rather than by a constructor default, with the
+#: registry of their names: ``None`` in the config stands for the attribute's value
+#: (:func:`grpo_lightning.algorithms.hooks.resolve_parts`, ``GroupPolicyOptimization.__init__``).
+PART_KEYS = {
+    "model.advantage": ("default_advantage", "ADVANTAGES"),
+    "model.aggregation": ("default_aggregation", "AGGREGATIONS"),
+    "model.loss.surrogate": ("default_surrogate", "SURROGATES"),
+    "model.kl.placement": ("default_kl_placement", "KL_PLACEMENTS"),
+}
+
+_class_settings: dict[type, dict[str, Any]] = {}
+
+
+def class_settings(cls: type) -> dict[str, Any]:
+    """Canonical key -> value of each ``model.*`` setting as ``cls`` alone gives it: its constructor's
+    defaults as the CLI resolves them (a variant's ``loss=LossOptions(clip_eps_high=0.28)`` included)
+    and its ``default_*`` parts (:data:`PART_KEYS`). Built once per class."""
+    if cls not in _class_settings:
+        from jsonargparse import ArgumentParser
+
+        parser = ArgumentParser(exit_on_error=False)
+        parser.add_class_arguments(cls, "model", fail_untyped=False)
+        defaults = parser.get_defaults().as_dict()
+        settings = {canonical(key): value for key, value in flatten(defaults).items()}
+        for key, (attribute, _) in PART_KEYS.items():
+            settings[key] = getattr(cls, attribute, None)
+        _class_settings[cls] = settings
+    return _class_settings[cls]
+
+
+def variant_settings(variant: str) -> dict[str, Any]:
+    """Canonical key -> value of the settings that make ``variant`` what it is: those its class
+    (:func:`class_settings`, with its file's own settings on top) gives another value than the base
+    module, ``GroupPolicyOptimization``, or that the base has not (DAPO's ``dynamic_sampling``).
+    Empty when the class does not import here (its cells' parse says why)."""
+    from grpo_lightning.training.module import GroupPolicyOptimization
+
+    try:
+        cls = _import(variant_class(variant))
+    except (ImportError, AttributeError, ValueError):
+        return {}
+    own = dict(class_settings(cls))
+    own.update((key, value) for key, value in yaml_settings(variant_config(variant)).items() if key != CLASS_KEY)
+    base = class_settings(GroupPolicyOptimization)
+    return {key: value for key, value in own.items()
+            if key != "model.model" and (key not in base or not _same_value(base[key], value))}  # fmt: skip
+
+
+def _same_setting(key: str, got: Any, own: Any) -> bool:
+    if key in PART_KEYS:  # a part given by its registered name or its import path; None is the variant's own
+        if got is None:
+            return True
+        import grpo_lightning.algorithms as parts
+
+        try:
+            got = getattr(parts, PART_KEYS[key][1]).resolve(got)
+        except Exception:  # an unknown part: the cell's fit says so; it is not the variant's
+            return False
+    return _same_value(got, own)
+
+
+def _covers(setting: str, key: str) -> bool:
+    """Whether giving ``setting`` gives ``key`` (``model.loss`` gives ``model.loss.clip_eps_high``)."""
+    return key == setting or key.startswith(setting + ".")
+
+
+def check_variant_settings(spec: SweepSpec, cell: Cell, resolved: Any) -> None:
+    """Refuse ``cell`` when a shared setting (a base config or ``args``) gives one of its variant's
+    own settings (:func:`variant_settings`) another value: the arm would keep the variant's name and
+    run something else. A setting of the cell's own axes (an ``overrides`` key, a file of the
+    ``config`` axis) is in its name, and stays allowed."""
+    labelled = [canonical(key) for key, _ in cell.overrides if key != CONFIG_AXIS]
+    for path in cell.config_files():
+        labelled += yaml_settings(resolve_path(path, f"overrides.{CONFIG_AXIS}"))
+    for key, own in variant_settings(cell.variant).items():
+        if any(_covers(setting, key) for setting in labelled):
+            continue
+        found, got = lookup(resolved, key)
+        if not found or _same_setting(key, got, own):
+            continue
+        raise SweepError(
+            f"arm {cell.arm}: {_given_by(spec, key)} sets {key} to {cli_value(got)}, and the variant {cell.variant!r} "
+            f"has {cli_value(own)} there: its cells would run with {cli_value(got)} and still be called {cell.arm}. "
+            f"Drop it from the shared settings, or set it per arm through an axis so that the arm's name says it "
+            f"(overrides: {{{key}: [{cli_value(got)}]}}, or a file of overrides.{CONFIG_AXIS})."
+        )
+
+
+def _given_by(spec: SweepSpec, key: str) -> str:
+    """Where the shared settings give ``key``: the last of the base configs and ``args`` that does."""
+    where = "a base config or args"
+    for path in spec.base_configs:
+        if any(_covers(setting, key) for setting in yaml_settings(path)):
+            where = f"base_configs: {path}"
+    for setting in spec.args:
+        if _covers(canonical(setting), key):
+            where = f"args: {setting}"
+    return where
 
 
 #: The parser :func:`check_cells` built first, kept for the checks a launcher's jobs make in this process.

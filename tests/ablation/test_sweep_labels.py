@@ -152,3 +152,38 @@ def test_the_sweep_says_its_notes_once_and_a_launcher_job_does_not_repeat_them(t
         caplog.clear()
         ablate.check_sweep(spec, spec.cells()[:1], announce=False)  # what each launcher job runs
         assert note not in caplog.text
+
+
+def test_a_shared_setting_may_not_change_what_makes_an_arm_its_variant(tmp_path, monkeypatch):
+    """DAPO's clip-higher (loss.clip_eps_high 0.28) is a default of its class, not a setting of its file:
+    a shared 0.2 would leave the arm called dapo and running GRPO's clip."""
+    monkeypatch.setattr(ablate, "launch", never_launched)
+    shared = tmp_path / "shared.yaml"
+    shared.write_text("model:\n  init_args:\n    loss:\n      clip_eps_high: 0.2\n")
+    with pytest.raises(SweepError) as error:
+        run_sweep(spec_dict(tmp_path, variants=["grpo", "dapo"], base_configs=[*BASE, str(shared)]))
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(f"arm dapo: base_configs: {shared} sets model.loss.clip_eps_high to 0.2, "
+                              "and the variant 'dapo' has 0.28 there")  # fmt: skip
+    assert "overrides: {model.loss.clip_eps_high: [0.2]}" in message
+    assert not (tmp_path / "sweep").exists()
+    # args too, and a part a variant names by class attribute (Dr. GRPO's aggregation)
+    spec = SweepSpec.from_dict(spec_dict(tmp_path, args={"model.init_args.aggregation": "token_mean"}))
+    cells = spec.cells()
+    with pytest.raises(SweepError, match=r"^arm dr_grpo: args: model.init_args.aggregation sets model.aggregation to "
+                                         r"token_mean, and the variant 'dr_grpo' has seq_mean_token_sum_norm there"):  # fmt: skip
+        labels.check_cells(spec, cells, [cell_command(spec, c, tmp_path / c.name, "/m") for c in cells])
+
+
+def test_a_variants_setting_given_by_an_axis_or_a_shared_setting_no_variant_defines_is_allowed(tmp_path):
+    # through an axis the arm's name says it: dapo-clip_eps_high0.2
+    spec = SweepSpec.from_dict(spec_dict(tmp_path, variants=["grpo", "dapo"], overrides={"model.loss.clip_eps_high": [0.2]}))
+    cells = spec.cells()
+    configs = labels.check_cells(spec, cells, [cell_command(spec, c, tmp_path / c.name, "/m") for c in cells])
+    assert [c.name for c in cells] == ["grpo-seed0-clip_eps_high0.2", "dapo-seed0-clip_eps_high0.2"]
+    assert labels.lookup(configs[1], "model.loss.clip_eps_high") == (True, 0.2)
+    # the learning rate is no variant's own, and a shared value equal to every arm's own changes none
+    spec = SweepSpec.from_dict(spec_dict(tmp_path, args={"model.init_args.optim.learning_rate": 1e-3, "model.kl.beta": 0.0}))
+    cells = spec.cells()
+    labels.check_cells(spec, cells, [cell_command(spec, c, tmp_path / c.name, "/m") for c in cells])
