@@ -7,7 +7,7 @@
   Wang et al. 2023); completions without an answer do not vote, ties go to the answer seen first.
 - Intervals over prompts. A metric of 0/1 outcomes (accuracy, pass@k, maj@n, the truncated share):
   Clopper & Pearson's (1934) exact binomial interval at the effective number of independent
-  completions (Kish's design effect, :func:`effective_samples`), so it keeps its 95% near 0 and 1
+  completions (Kish's design effect, :mod:`grpo_lightning.evaluation.intervals`), so it keeps its 95% near 0 and 1
   and when a prompt's completions agree with each other. Any other (reward, length): the
   percentile bootstrap over prompts (Efron & Tibshirani 1993, ch. 13).
 """
@@ -19,14 +19,14 @@ from collections.abc import Hashable, Sequence
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from scipy import stats
 from torch import Tensor
 
+from grpo_lightning.evaluation import intervals
 from grpo_lightning.rewards.consistency import majority_answer
 
-#: Bootstrap resamples of the prompts behind each interval, and the interval's coverage.
+#: Bootstrap resamples of the prompts behind each interval, and the intervals' coverage.
 BOOTSTRAP_RESAMPLES = 1000
-CONFIDENCE = 0.95
+CONFIDENCE = intervals.CONFIDENCE
 #: The per-prompt metrics that are means of 0/1 outcomes (by name, or its prefix): their interval is
 #: :func:`proportion_interval` where every value is in [0, 1].
 PROPORTIONS = ("accuracy", "pass@", "maj@", "truncated_share")
@@ -79,37 +79,9 @@ def bootstrap_interval(
     return (low, high)
 
 
-def effective_samples(values: Tensor, samples: int) -> float:
-    """The number of independent 0/1 outcomes whose mean is as precise as the mean of ``values``
-    ``[P]`` in [0, 1], each from ``samples`` completions of one prompt: ``m (1 - m) P / s^2``
-    (Kish's design effect, with ``m`` the mean and ``s^2`` the prompts' variance), between ``P`` (a
-    prompt's completions all alike; no mean of values in [0, 1] varies more) and ``P x samples``
-    (completions independent of their prompt). ``s^2`` is taken with one value at 0 and one at 1
-    added, so that a few prompts that differ from the rest cannot claim the precision of many
-    independent completions (simulated coverage: tests/evaluation/test_interval_coverage.py);
-    ``P`` where ``m`` is 0 or 1, which says nothing of how a prompt's completions vary."""
-    prompts, mean = values.numel(), float(values.mean())
-    if mean <= 0.0 or mean >= 1.0:
-        return float(prompts)
-    spread = float(torch.cat([values, values.new_tensor([0.0, 1.0])]).var())
-    return min(max(mean * (1.0 - mean) * prompts / spread, prompts), prompts * samples)
-
-
 def proportion_interval(values: Tensor, samples: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Interval of the mean of per-prompt ``values`` ``[P]`` in [0, 1] (NaN left out), each the share
-    of ``samples`` completions that succeed (or pass@k of them): Clopper & Pearson's exact binomial
-    interval of ``x = m N`` successes of ``N`` (:func:`effective_samples`), from the beta quantiles
-    ``B(a/2; x, N - x + 1)`` and ``B(1 - a/2; x + 1, N - x)``. Never of zero width: 0 of 100 prompts
-    gives [0, 0.0362]."""
-    values = values.double()
-    values = values[~values.isnan()]
-    if values.numel() == 0:
-        return (math.nan, math.nan)
-    trials = effective_samples(values, samples)
-    successes, tail = float(values.mean()) * trials, (1.0 - confidence) / 2
-    low = 0.0 if successes <= 0 else float(stats.beta.ppf(tail, successes, trials - successes + 1))
-    high = 1.0 if successes >= trials else float(stats.beta.ppf(1.0 - tail, successes + 1, trials - successes))
-    return (low, high)
+    """:func:`grpo_lightning.evaluation.intervals.proportion_interval` of per-prompt ``values`` ``[P]``."""
+    return intervals.proportion_interval(values.double().cpu().numpy(), samples, confidence)
 
 
 def is_proportion(name: str, values: Tensor) -> bool:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
-from grpo_lightning.evaluation.sample_metrics import proportion_interval
+from grpo_lightning.evaluation.intervals import proportion_interval
 
 REPEATS = 300
 # (prompts, completions per prompt): greedy and sampled validation sets
@@ -25,7 +24,7 @@ def coverage(prompts: int, samples: int, mean: float, concentration: float, seed
     covered = 0
     for _ in range(REPEATS):
         rates = generator.beta(mean * concentration, (1 - mean) * concentration, size=prompts)
-        values = torch.from_numpy(generator.binomial(samples, rates) / samples)
+        values = generator.binomial(samples, rates) / samples
         low, high = proportion_interval(values, samples)
         covered += low <= mean <= high
     return covered / REPEATS
@@ -46,4 +45,4 @@ def test_the_proportion_interval_covers_about_95_percent_near_0_and_1_and_with_a
     ([0.5] * 10, 4, (0.338, 0.662)),  # every prompt 2 of 4: 40 independent completions at most
 ])
 def test_the_proportion_interval_by_hand(values, samples, expected):
-    assert proportion_interval(torch.tensor(values), samples) == pytest.approx(expected, abs=1e-3)
+    assert proportion_interval(np.array(values), samples) == pytest.approx(expected, abs=1e-3)

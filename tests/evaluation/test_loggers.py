@@ -145,7 +145,7 @@ def test_the_wandb_config_logs_metrics_and_tables_offline(tiny_model_dir, tmp_pa
     for tag in TRAINED:
         assert [step for step, _ in logged[tag]] == list(range(1, STEPS + 1))  # after each optimizer step
         assert [value for _, value in logged[tag]] == pytest.approx([value for _, value in expected[tag]], rel=1e-6)
-    assert [int(row["trainer/global_step"]) for row in tables] == list(range(STEPS))
+    assert [int(row["trainer/global_step"]) for row in tables] == list(range(1, STEPS + 1))  # beside their metrics
     assert tables[0]["completions/_type"] == "table-file"
     (table_file,) = run_file.parent.glob(f"files/{tables[0]['completions/path']}")
     table = json.loads(table_file.read_text())
@@ -174,8 +174,8 @@ def test_the_mlflow_config_logs_metrics_and_tables_to_a_local_store(tiny_model_d
         assert [step for step, _ in logged] == list(range(1, STEPS + 1))  # after each optimizer step
         assert [value for _, value in logged] == pytest.approx([value for _, value in expected[tag]], rel=1e-6)
     assert sorted(Path(a.path).name for a in client.list_artifacts(run.info.run_id, "completions")) == [
-        f"step_{step}.json" for step in range(STEPS)
+        f"step_{step}.json" for step in range(1, STEPS + 1)  # beside their metrics
     ]
-    table = json.loads(Path(client.download_artifacts(run.info.run_id, "completions/step_0.json", str(tmp_path))).read_text())
+    table = json.loads(Path(client.download_artifacts(run.info.run_id, "completions/step_1.json", str(tmp_path))).read_text())
     assert table["columns"] == ["prompt", "completion", "accuracy_reward", "reward", "advantage"]
     assert len(table["data"]) == 4 and "+" in table["data"][0][0]

@@ -37,7 +37,7 @@ def free_port() -> int:
 def fit_command(model_dir: str, out: Path, nodes: int, devices: int, strategy: list[str]) -> list[str]:
     """``grpo-lightning fit`` of GRPO on the tiny model: 2 steps of 2 prompts x 2 completions per
     process, keyed sampling (the same prompts sample the same completions however the processes are
-    started), logs, rank 0's completions (``completions.jsonl``) and ``last.ckpt`` under ``out``."""
+    started), logs, every process's completions (``completions.jsonl``) and ``last.ckpt`` under ``out``."""
     return [
         sys.executable,
         "-m",
@@ -134,7 +134,8 @@ def logged(out: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def completions(out: Path) -> list[tuple]:
-    """What rank 0 sampled and how it scored: (step, prompt, completion, reward) of each completion."""
+    """What every rank sampled and how it scored (the file rank 0 writes): (step, prompt, completion,
+    reward) of each completion."""
     (path,) = (out / "grpo").glob("version_*/completions.jsonl")
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     return [(row["step"], row["prompt"], row["completion"], row["reward"]) for row in rows]
@@ -161,7 +162,7 @@ def test_fsdp_over_two_nodes_on_localhost_trains_like_ddp_on_one_node_of_two_dev
     finish(nodes, two_nodes)
 
     assert completions(two_nodes) == completions(one_node)
-    assert [row[0] for row in completions(one_node)] == [0] * 4 + [1] * 4  # 2 prompts x 2 a step on rank 0
+    assert [row[0] for row in completions(one_node)] == [0] * 8 + [1] * 8  # 2 prompts x 2 a step on each of 2 ranks
     expected, got = logged(one_node), logged(two_nodes)
     assert {"loss", "reward", "kl", "grad_norm"} <= set(expected), sorted(expected)
     assert sorted(got) == sorted(expected)

@@ -9,10 +9,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 
+from grpo_lightning.evaluation.intervals import proportion_interval
 from grpo_lightning.evaluation.outcomes import PromptOutcomes
-from grpo_lightning.evaluation.sample_metrics import proportion_interval
 from grpo_lightning.report.arms import SMOOTHING_STEPS, WIDE, Arm, final_value, ranked
 from grpo_lightning.report.render.document import Doc, user_text
 from grpo_lightning.report.render.formatting import fmt_interval, fmt_metric
@@ -147,13 +147,13 @@ def run_accuracy_interval(config: Mapping[str, Any], run: Run, confidence: float
                           outcomes: PromptOutcomes | None = None) -> tuple[float, float]:  # fmt: skip
     """The interval of a run's final val/accuracy over its validation prompts: from the per-prompt
     ``outcomes`` of that validation where the run wrote them (the exact binomial interval at the
-    effective number of completions, :func:`~grpo_lightning.evaluation.sample_metrics.proportion_interval`),
+    effective number of completions, :func:`~grpo_lightning.evaluation.intervals.proportion_interval`),
     else the interval the run logged, else the Wilson score interval of the prompts of its config."""
     value = final_value(run, "val/accuracy")
     if outcomes is not None and outcomes.correct.size:
-        per_prompt = torch.from_numpy(outcomes.correct).double()
-        per_prompt = per_prompt[~per_prompt.isnan().any(dim=1)].mean(dim=1)
-        if per_prompt.numel() and abs(float(per_prompt.mean()) - value) < 1e-6:  # that validation's outcomes
+        correct = np.asarray(outcomes.correct, dtype=np.float64)
+        per_prompt = correct[~np.isnan(correct).any(axis=1)].mean(axis=1)
+        if per_prompt.size and abs(float(per_prompt.mean()) - value) < 1e-6:  # that validation's outcomes
             return proportion_interval(per_prompt, outcomes.correct.shape[1], confidence)
     low, high = final_value(run, "val/accuracy_ci_low"), final_value(run, "val/accuracy_ci_high")
     prompts = validation_prompts(config)
