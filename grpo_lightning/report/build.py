@@ -10,7 +10,14 @@ from pathlib import Path
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.variants import PRESETS
 from grpo_lightning.report.arms import WIDE, Arm
-from grpo_lightning.report.cells import DATA_MARKER, CellInfo, arm_configs, check_one_design, discover_cells, recorded_baseline
+from grpo_lightning.report.cells import (
+    DATA_MARKER,
+    CellInfo,
+    arm_configs,
+    check_one_design,
+    discover_cells,
+    recorded_baseline,
+)
 from grpo_lightning.report.labels import check_arm_classes
 from grpo_lightning.report.learning import curve_metrics, threshold_note
 from grpo_lightning.report.sections.comparisons import EQUIVALENCE_MARGIN, TARGET_MDE, comparison_section
