@@ -368,6 +368,11 @@ def correct_policy_loss(
         return loss
     if weights is None:
         weights = correction.weights(train_logp, sampling_logp, mask, keep_only)
-    masked = ((weights == 0) & (mask > 0)).sum() / tokens.clamp(min=1)
-    metrics.update("sampling/masked_fraction", masked, tokens)
+    record_masked_fraction(metrics, weights, mask)
     return loss * weights
+
+
+def record_masked_fraction(metrics: Any, weights: Tensor, mask: Tensor) -> None:
+    """``sampling/masked_fraction`` into ``metrics``: the share of ``mask``'s tokens that ``weights`` gives weight 0."""
+    tokens = mask.sum()
+    metrics.update("sampling/masked_fraction", ((weights == 0) & (mask > 0)).sum() / tokens.clamp(min=1), tokens)

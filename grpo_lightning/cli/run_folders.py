@@ -124,18 +124,17 @@ def check_resume_folder(trainer, ckpt_path: str | os.PathLike) -> None:
     )
 
 
-def purge_steps_after_checkpoint(trainer, ckpt_path: str | os.PathLike) -> int | None:
+def purge_steps_after_checkpoint(trainer, ckpt_path: str | os.PathLike) -> None:
     """Have each TensorBoard logger of a fit resumed from ``ckpt_path`` drop the events of steps after
     the checkpoint's (``purge_step``: its optimizer steps + 1, the step its next training row is logged
     at; ``val/*`` of the checkpoint's own step stays, since a resumed fit does not validate it again),
     so the steps a killed fit logged after its last checkpoint show once, as the resumed fit logs them.
-    Returns the purge step, or ``None`` when the checkpoint's step cannot be read."""
+    Nothing where the checkpoint's step cannot be read."""
     step = checkpoint_step(ckpt_path) if Path(ckpt_path).is_file() else None
     if step is None:
-        return None
+        return
     for logger in trainer.loggers:
         kwargs = getattr(logger, "_kwargs", None)
         if isinstance(logger, TensorBoardLogger) and isinstance(kwargs, dict) and logger._experiment is None:
             if kwargs.get("purge_step") is None:  # the CLI fills in SummaryWriter's default, None
                 kwargs["purge_step"] = step + 1
-    return step + 1

@@ -84,9 +84,9 @@ def proportion_interval(values: Tensor, samples: int, confidence: float = CONFID
     return intervals.proportion_interval(values.double().cpu().numpy(), samples, confidence)
 
 
-def is_proportion(name: str, values: Tensor) -> bool:
-    """Whether metric ``name`` is a mean of 0/1 outcomes (:data:`PROPORTIONS`) with every value in [0, 1]."""
-    kept = values[~values.isnan()]
+def is_proportion(name: str, kept: Tensor) -> bool:
+    """Whether metric ``name`` is a mean of 0/1 outcomes (:data:`PROPORTIONS`) with every value of
+    ``kept`` (its values but NaN) in [0, 1]."""
     return name.startswith(PROPORTIONS) and bool(((kept >= 0) & (kept <= 1)).all())
 
 
@@ -97,8 +97,7 @@ def summarize(per_prompt: dict[str, Tensor], samples: int = 1) -> dict[str, floa
     for name, values in per_prompt.items():
         kept = values.double()[~values.double().isnan()]
         summary[name] = float(kept.mean()) if kept.numel() else math.nan
-        proportion = is_proportion(name, values.double())
-        interval = proportion_interval(values, samples) if proportion else bootstrap_interval(values)
+        interval = proportion_interval(kept, samples) if is_proportion(name, kept) else bootstrap_interval(values)
         summary[f"{name}_ci_low"], summary[f"{name}_ci_high"] = interval
     return summary
 

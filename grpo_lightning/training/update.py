@@ -21,7 +21,7 @@ from torch import Tensor
 from grpo_lightning.algorithms import functional
 from grpo_lightning.algorithms.entropy import entropy_bonus
 from grpo_lightning.algorithms.kl import KL_PLACEMENTS
-from grpo_lightning.algorithms.rollout_correction import correct_policy_loss, proximal_logprobs
+from grpo_lightning.algorithms.rollout_correction import correct_policy_loss, proximal_logprobs, record_masked_fraction
 from grpo_lightning.models.logprobs import completion_logprobs
 from grpo_lightning.models.lora import adapter_autocast
 from grpo_lightning.models.token_statistics import completion_token_statistics
@@ -101,9 +101,7 @@ class PolicyUpdate:
             weights = correction.weights(rollout.old_logp, rollout.sampling_logp, loss_mask)
             rollout.derived["rejection_keep" if correction.out_of_mask else "correction_weights"] = weights
             if correction.out_of_mask:  # its share of the loss tokens, which the update no longer sees
-                tokens = loss_mask.sum()
-                rejected = ((weights == 0) & (loss_mask > 0)).sum() / tokens.clamp(min=1)
-                self.step_metrics.update("sampling/masked_fraction", rejected, tokens)
+                record_masked_fraction(self.step_metrics, weights, loss_mask)
 
     def old_logprobs(self, micro: MicroBatch, logp: Tensor) -> Tensor:
         """``[n, T]``: the rollout's old log-probs, else AReaL's approximation (:func:`proximal_logprobs`)
