@@ -56,6 +56,7 @@ from grpo_lightning.cli.run_folders import (
     evaluation_version,
     last_checkpoint_of_run,
     purge_steps_after_checkpoint,
+    share_version_folder,
 )
 from grpo_lightning.cli.user_errors import user_error_message
 from grpo_lightning.cli import generate as cli_generate
@@ -215,14 +216,16 @@ class GRPOLightningCLI(LightningCLI):
         start (:class:`TimeBudget`, in place of Lightning's timer; after the validation before the
         first step, which it counts; from the CLI's creation when it is given ``args``). A resumed fit
         that would write into its checkpoint's folder must resume from the folder's newest checkpoint
-        (:func:`check_resume_folder`); its TensorBoard logs drop the steps after the checkpoint's."""
+        (:func:`check_resume_folder`); its logs drop the steps after the checkpoint's and keep those before.
+        Its TensorBoard and CSV loggers share one version folder."""
         callbacks = [*callbacks, FinalCheckpoint(), FitSummary()]
         if self.subcommand == "fit" and self.config["fit"].get("validate_before_fit", True):
             callbacks.append(ValidateBeforeTraining())
         callbacks.append(TimeBudget(config.pop("max_time", None), start=self.budget_start))
         trainer = super()._instantiate_trainer(config, callbacks)
+        share_version_folder(trainer)
         ckpt_path = self.config["fit"].get("ckpt_path") if self.subcommand == "fit" else None
-        if ckpt_path:  # one history per run folder; TensorBoard drops what a killed fit logged after ckpt_path
+        if ckpt_path:  # one history per run folder; the logs drop what a killed fit logged after ckpt_path
             check_resume_folder(trainer, ckpt_path)
             purge_steps_after_checkpoint(trainer, ckpt_path)
         return trainer

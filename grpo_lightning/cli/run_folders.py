@@ -2,16 +2,20 @@
 (checkpoints in its ``checkpoints/``); an evaluation of it logs beside it, never into it; ``--ckpt_path
 last`` names the newest ``last.ckpt`` of the runs of that name. A folder holds one history: a fit
 resumed into the folder of its checkpoint continues from the folder's newest checkpoint only (an older
-one would start a second branch beside the first, :func:`check_resume_folder`), and TensorBoard drops
-what a killed fit logged after that checkpoint (:func:`purge_steps_after_checkpoint`)."""
+one would start a second branch beside the first, :func:`check_resume_folder`), and its logs keep what
+came before that checkpoint and drop what a killed fit logged after it
+(:func:`purge_steps_after_checkpoint`). A fit's TensorBoard and CSV loggers share one version folder
+(:func:`share_version_folder`)."""
 
 from __future__ import annotations
 
+import csv
 import os
+import warnings
 from pathlib import Path
 
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from grpo_lightning.runtime.checkpoint_io import checkpoint_step, newest_last_checkpoint
 from grpo_lightning.errors import ConfigError
@@ -124,11 +128,30 @@ def check_resume_folder(trainer, ckpt_path: str | os.PathLike) -> None:
     )
 
 
+def share_version_folder(trainer) -> None:
+    """Loggers of one fit that write under the same ``<save_dir>/<name>`` without a version given take
+    the first one's version: each would otherwise take the next free one when it first writes, after
+    the other had made its own (TensorBoard's events and the checkpoints in ``version_0``,
+    ``metrics.csv`` in ``version_1``)."""
+    versioned = [logger for logger in trainer.loggers if isinstance(logger, (TensorBoardLogger, CSVLogger))]
+    if len(versioned) < 2:
+        return
+    first = versioned[0]
+    for logger in versioned[1:]:
+        if logger._version is None and Path(logger.root_dir).resolve() == Path(first.root_dir).resolve():
+            logger._version = first.version
+
+
 def purge_steps_after_checkpoint(trainer, ckpt_path: str | os.PathLike) -> None:
-    """Have each TensorBoard logger of a fit resumed from ``ckpt_path`` drop the events of steps after
-    the checkpoint's (``purge_step``: its optimizer steps + 1, the step its next training row is logged
-    at; ``val/*`` of the checkpoint's own step stays, since a resumed fit does not validate it again),
-    so the steps a killed fit logged after its last checkpoint show once, as the resumed fit logs them.
+    """Have the loggers of a fit resumed from ``ckpt_path`` drop the steps after the checkpoint's and
+    keep those before, so each step shows once, as the resumed fit logs it, after a kill:
+
+    - TensorBoard gets ``purge_step``: the checkpoint's optimizer steps + 1, the step its next
+      training row is logged at (``val/*`` of the checkpoint's own step stays, since a resumed fit
+      does not validate it again);
+    - CSV keeps the rows of ``metrics.csv`` up to the checkpoint's step (Lightning's writer would
+      delete the whole file as it starts), :func:`keep_csv_rows_up_to`.
+
     Nothing where the checkpoint's step cannot be read."""
     step = checkpoint_step(ckpt_path) if Path(ckpt_path).is_file() else None
     if step is None:
@@ -138,3 +161,27 @@ def purge_steps_after_checkpoint(trainer, ckpt_path: str | os.PathLike) -> None:
         if isinstance(logger, TensorBoardLogger) and isinstance(kwargs, dict) and logger._experiment is None:
             if kwargs.get("purge_step") is None:  # the CLI fills in SummaryWriter's default, None
                 kwargs["purge_step"] = step + 1
+        elif isinstance(logger, CSVLogger) and logger._experiment is None and trainer.is_global_zero:
+            keep_csv_rows_up_to(logger, step)
+
+
+def keep_csv_rows_up_to(logger: CSVLogger, step: int) -> None:
+    """Start ``logger``'s writer on its ``metrics.csv`` holding the file's rows of steps up to ``step``
+    (rows without a step too). The file is moved aside before the writer starts (which deletes it) and
+    removed once the kept rows are written again, so a kill in between leaves it beside, not lost."""
+    path = Path(logger.log_dir) / "metrics.csv"
+    if not path.is_file():
+        return
+    with path.open(newline="") as file:
+        reader = csv.DictReader(file)
+        keys = list(reader.fieldnames or [])
+        kept = [row for row in reader if not row.get("step", "").isdigit() or int(row["step"]) <= step]
+    aside = path.with_name("metrics.csv.before-resume")
+    os.replace(path, aside)
+    with warnings.catch_warnings():  # "... will be deleted": the rows kept are written back next
+        warnings.filterwarnings("ignore", message="Experiment logs directory")
+        writer = logger.experiment
+    writer.metrics_keys = keys
+    writer.metrics = kept + writer.metrics
+    writer.save()
+    aside.unlink()

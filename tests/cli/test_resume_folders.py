@@ -1,9 +1,11 @@
 """A run folder holds one history: a CLI fit resumed into its checkpoint's folder continues from the
 folder's newest checkpoint only (an older one is refused, naming both and the fix), and TensorBoard
-shows each step once after a kill and a resume (what the killed fit logged after its checkpoint goes)."""
+and CSV logs show each step once after a kill and a resume (what the killed fit logged after its
+checkpoint goes, what it logged before stays), both in the run's one version folder."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import lightning as L
@@ -93,3 +95,24 @@ def test_a_fit_killed_after_its_checkpoint_and_resumed_shows_each_step_once_in_t
     resumed_events = EventAccumulator(str(resumed))
     resumed_events.Reload()
     assert [e.value for e in events.Scalars("reward")][2:] == [e.value for e in resumed_events.Scalars("reward")]
+
+
+def csv_steps(path: Path, column: str) -> list[int]:
+    with path.open(newline="") as file:
+        return [int(row["step"]) for row in csv.DictReader(file) if row.get(column)]
+
+
+def test_a_csv_logger_beside_tensorboard_shares_its_folder_and_keeps_the_steps_before_a_resume(tiny_model_dir, tmp_path,
+                                                                                              one_torch_thread):
+    with_csv = ("--trainer.logger+=lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(tmp_path))
+    with pytest.raises(RuntimeError, match="killed"):
+        fit(tmp_path, tiny_model_dir, f"--trainer.callbacks+={__name__}.FailBeforeStep4", *with_csv)
+    run = tmp_path / "grpo/version_0"
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("metrics.csv")) == ["grpo/version_0/metrics.csv"]
+    assert csv_steps(run / "metrics.csv", "reward") == [1, 2, 3]
+
+    fit(tmp_path, tiny_model_dir, "--ckpt_path", "last", *with_csv)  # Lightning's CSV writer alone would delete 1 and 2
+    assert csv_steps(run / "metrics.csv", "reward") == [1, 2, 3, 4]
+    assert csv_steps(run / "metrics.csv", "val/reward") == [2, 4]
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith("metrics")) == ["metrics.csv"]
+    assert steps_of(run, "reward") == [1, 2, 3, 4]
