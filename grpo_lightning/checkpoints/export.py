@@ -21,10 +21,15 @@ the template whatever ``use_chat_template`` said, and the checkpoint does not re
 from __future__ import annotations
 
 import argparse
+import copy
 import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+
+from transformers import GenerationConfig
 
 from grpo_lightning.runtime.checkpoint_io import load_checkpoint_file
 from grpo_lightning.models.policy import load_causal_lm
@@ -135,6 +140,25 @@ def as_trained(policy, tokenizer, hparams: dict[str, Any], keep_chat_template: b
             notes.append("tokenizer: without its chat template, as the run sent plain-text prompts "
                          "(policy.use_chat_template false): send prompts as plain text too; --keep_chat_template "
                          "keeps it (for prompts given as chat messages, which went through it)")  # fmt: skip
+    return notes
+
+
+def write_as_trained(directory: str | os.PathLike, tokenizer, hparams: dict[str, Any]) -> list[str]:
+    """Set the Hugging Face directory a fitted module wrote (its ``save_pretrained``) to what the run did,
+    as an export is (:func:`as_trained`): its generation config is read, set and written back, and a
+    copy of ``tokenizer`` (the run's, left as it is) is written over the one saved, with the saved
+    chat template's files removed where the copy has none."""
+    directory = Path(directory)
+    config = GenerationConfig.from_pretrained(directory) if (directory / "generation_config.json").is_file() else None
+    tokenizer = copy.deepcopy(tokenizer)
+    notes = as_trained(SimpleNamespace(generation_config=config), tokenizer, hparams)
+    if config is not None:
+        config.save_pretrained(directory)
+    if not tokenizer.chat_template:
+        for stale in ("chat_template.jinja", "chat_template.json"):
+            (directory / stale).unlink(missing_ok=True)
+        shutil.rmtree(directory / "additional_chat_templates", ignore_errors=True)
+    tokenizer.save_pretrained(directory)
     return notes
 
 

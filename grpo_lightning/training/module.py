@@ -43,6 +43,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lightning.algorithms import functional
 from grpo_lightning.checkpoints import resume
+from grpo_lightning.checkpoints.export import write_as_trained
 from grpo_lightning.runtime import metrics
 from grpo_lightning.training import step_schedule
 from grpo_lightning.agents import EnvironmentOptions
@@ -243,11 +244,17 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         self.stop_completions_at(end_token_ids(self.tokenizer, self.policy))  # EOS and the model's end of turn
 
     def save_pretrained(self, directory: str) -> None:
-        """Write the policy and tokenizer as a plain Hugging Face directory (rank 0 writes).
+        """Write the policy and tokenizer as a plain Hugging Face directory (rank 0 writes), as the run
+        trained, as ``grpo-lightning export`` writes it: ``generation_config.eos_token_id`` holds the ids
+        its completions ended at, and a run of plain-text prompts leaves the chat template out
+        (:func:`~grpo_lightning.checkpoints.export.write_as_trained`).
 
         Under FSDP every process must call it: the shards are gathered first.
         """
-        save_policy(self.policy, self.tokenizer, directory, write=self.global_rank == 0)
+        write = self.global_rank == 0
+        save_policy(self.policy, self.tokenizer, directory, write=write)
+        if write:
+            write_as_trained(directory, self.tokenizer, dict(self.hparams))
 
     @property
     def sampler(self) -> RolloutSampler:

@@ -35,8 +35,8 @@ def chat_model_dir(tiny_model_dir, tmp_path_factory) -> tuple[Path, int]:
     return directory, end_of_turn
 
 
-def fit(model_dir: Path, root: Path, use_chat_template: bool) -> tuple[Path, tuple[int, ...]]:
-    """A one-step CLI fit; its last.ckpt and the ids its completions ended at."""
+def fit(model_dir: Path, root: Path, use_chat_template: bool) -> tuple[Path, tuple[int, ...], GRPOLightningCLI]:
+    """A one-step CLI fit; its last.ckpt, the ids its completions ended at, and the CLI."""
     cli = GRPOLightningCLI(args=[
         "fit", "--config", str(CONFIGS / "trainer/cpu.yaml"), "--config", str(CONFIGS / "data/arithmetic.yaml"),
         "--config", str(CONFIGS / "variant/grpo.yaml"), "--model.model", str(model_dir),
@@ -47,34 +47,36 @@ def fit(model_dir: Path, root: Path, use_chat_template: bool) -> tuple[Path, tup
         "--trainer.default_root_dir", str(root), "--trainer.logger.init_args.save_dir", str(root),
         "--validate_before_fit", "false",
     ])  # fmt: skip
-    return root / "grpo" / "version_0" / "checkpoints" / "last.ckpt", cli.model.sampling.stop_token_ids
+    return root / "grpo" / "version_0" / "checkpoints" / "last.ckpt", cli.model.sampling.stop_token_ids, cli
 
 
 @pytest.mark.parametrize("use_chat_template", [False, True], ids=["plain-prompts", "chat-template"])
 def test_the_export_has_the_runs_stop_ids_and_prompt_format(use_chat_template, chat_model_dir, tmp_path, one_torch_thread, capsys):
     model_dir, end_of_turn = chat_model_dir
-    checkpoint, stop_ids = fit(model_dir, tmp_path / "run", use_chat_template)
+    checkpoint, stop_ids, cli = fit(model_dir, tmp_path / "run", use_chat_template)
     eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
     assert stop_ids == (eos, end_of_turn)  # the tokenizer's EOS and the model's end of turn
     capsys.readouterr()
     export_main(["--ckpt_path", str(checkpoint), "--output_dir", str(tmp_path / "exported")])
     printed = capsys.readouterr().out
-
-    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "exported")
-    assert GenerationConfig.from_pretrained(tmp_path / "exported").eos_token_id == list(stop_ids)
     assert "generation_config.eos_token_id: '</s>' (1), '</answer>'" in printed
-    if use_chat_template:
-        assert tokenizer.chat_template == TEMPLATE
-        assert "chat template" not in printed
-    else:  # served as it was trained: the prompt as it is
-        assert not tokenizer.chat_template
-        assert "tokenizer: without its chat template" in printed
-        with pytest.raises(ValueError):
-            tokenizer.apply_chat_template([{"role": "user", "content": "12+34="}], tokenize=False)
+    assert ("tokenizer: without its chat template" in printed) is not use_chat_template
+    cli.model.save_pretrained(str(tmp_path / "saved"))  # the fitted module's own writer: the same directory
+    assert cli.model.tokenizer.chat_template == TEMPLATE  # the run's tokenizer is left as it is
+
+    for written in (tmp_path / "exported", tmp_path / "saved"):
+        tokenizer = AutoTokenizer.from_pretrained(written)
+        assert GenerationConfig.from_pretrained(written).eos_token_id == list(stop_ids)
+        if use_chat_template:
+            assert tokenizer.chat_template == TEMPLATE
+        else:  # served as it was trained: the prompt as it is
+            assert not tokenizer.chat_template
+            with pytest.raises(ValueError):
+                tokenizer.apply_chat_template([{"role": "user", "content": "12+34="}], tokenize=False)
 
 
 def test_keep_chat_template_keeps_it(chat_model_dir, tmp_path, one_torch_thread, capsys):
-    checkpoint, _ = fit(chat_model_dir[0], tmp_path / "run", use_chat_template=False)
+    checkpoint, _, _ = fit(chat_model_dir[0], tmp_path / "run", use_chat_template=False)
     export_main(["--ckpt_path", str(checkpoint), "--output_dir", str(tmp_path / "exported"), "--keep_chat_template"])
     assert AutoTokenizer.from_pretrained(tmp_path / "exported").chat_template == TEMPLATE
     assert "tokenizer: with its chat template (--keep_chat_template)" in capsys.readouterr().out
