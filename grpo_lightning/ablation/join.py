@@ -24,7 +24,9 @@ from grpo_lightning.ablation.provenance import PROVENANCE_FILE
 from grpo_lightning.errors import ConfigError
 
 #: What every cell of a sweep shares, whatever its variant (cell.json's ``settings``).
-SHARED_SETTINGS = ("args", "base_configs", "model", "validate_before_training", "warmstart")
+SHARED_SETTINGS = ("args", "base_configs", "base_configs_sha256", "model", "validate_before_training", "warmstart")
+#: Settings that cells recorded only from a version on: compared where both cells hold them.
+LATER_SETTINGS = ("base_configs_sha256", "variant_config_sha256")
 CELL_FILE = "cell.json"
 SWEEP_FILE = "sweep.json"
 
@@ -54,9 +56,20 @@ def portable(settings: Mapping[str, Any]) -> dict[str, Any]:
             "variant_config": name(settings.get("variant_config"))}  # fmt: skip
 
 
+def comparable(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Two cells' settings, :func:`portable`, without the :data:`LATER_SETTINGS` that either lacks (a cell
+    recorded before it; its config files are then compared by path alone)."""
+    ours, theirs = portable(ours), portable(theirs)
+    for key in LATER_SETTINGS:
+        if key not in ours or key not in theirs:
+            ours.pop(key, None)
+            theirs.pop(key, None)
+    return ours, theirs
+
+
 def other_settings(reference: Mapping[str, Any], cell: Mapping[str, Any]) -> list[str]:
     """The shared settings (``SHARED_SETTINGS``) in which ``cell`` differs from ``reference`` (both ``cell.json`` contents)."""
-    ours, theirs = portable(cell["settings"]), portable(reference["settings"])
+    ours, theirs = comparable(cell["settings"], reference["settings"])
     return [key for key in SHARED_SETTINGS if ours.get(key) != theirs.get(key)]
 
 
@@ -67,7 +80,7 @@ def check_same_settings(reference: Mapping[str, Any], cell: Mapping[str, Any], w
     differing = other_settings(reference, cell)
     if differing:
         key = differing[0]
-        ours, theirs = portable(cell["settings"]).get(key), portable(reference["settings"]).get(key)
+        ours, theirs = (settings.get(key) for settings in comparable(cell["settings"], reference["settings"]))
         raise ConfigError(f"{context}: {where} ran with other settings ({key}: {ours!r}, not {theirs!r}); {advice}")
 
 
@@ -94,7 +107,8 @@ def join(sources: Sequence[Path], out: Path, sweep_name: str | None = None, prov
             first = first or cell
             check_same_settings(first, cell, where)
             arm = by_arm.setdefault(cell.get("arm") or cell.get("variant") or name, cell)
-            if portable(arm["settings"]) != portable(cell["settings"]):
+            arm_settings, cell_settings = comparable(arm["settings"], cell["settings"])
+            if arm_settings != cell_settings:
                 raise ConfigError(f"join: {where} ran its arm with other settings than the cells of that arm before it; "
                                   "a joined sweep must be one design: report it apart")  # fmt: skip
             found[name] = source

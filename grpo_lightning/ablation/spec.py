@@ -3,6 +3,7 @@ its validation, its cells (variant x seed x override values) and the YAML files 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -249,10 +250,13 @@ class SweepSpec:
 
     def settings(self, cell: Cell) -> dict[str, Any]:
         """What a finished cell's results depend on besides its identity; a rerun of the sweep
-        with other settings must not reuse it."""
+        with other settings must not reuse it. Config files are recorded by path and by content (an
+        edited ``configs/variant/dapo.yaml`` is another setting under the same name)."""
         settings = {
             "variant_config": portable_path(variant_config(cell.variant)),
+            "variant_config_sha256": file_digest(variant_config(cell.variant)),
             "base_configs": [portable_path(p) for p in self.base_configs],
+            "base_configs_sha256": [file_digest(p) for p in self.base_configs],
             "args": self.args,
             "overrides": dict(cell.overrides),
             "model": self.model,
@@ -317,6 +321,14 @@ def resolve_path(path: str | Path, field_name: str) -> Path:
         return resolve_config(path)
     except FileNotFoundError as error:
         raise SweepError(f"{field_name}: {error}") from None
+
+
+def file_digest(path: str | Path) -> str | None:
+    """The first 16 hex digits of the SHA-256 of a config file's bytes; ``None`` where it cannot be read."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
 
 
 def portable_path(path: str | Path) -> str:

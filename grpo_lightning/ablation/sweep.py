@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from grpo_lightning.ablation import cell_process, inert_clipping, labels, provenance
 from grpo_lightning.ablation.metrics import summarize_cell
+from grpo_lightning.ablation.join import comparable
 from grpo_lightning.ablation.spec import CONFIG_AXIS, WARMSTART, Cell, SweepError, SweepSpec, cli_value
 from grpo_lightning.ablation.spec import portable_path, resolve_path, variant_config
 
@@ -89,11 +90,14 @@ def _settings_changed(spec: SweepSpec, cell: Cell) -> bool:
         recorded = json.loads((spec.output_dir / cell.name / CELL_FILE).read_text()).get("settings")
     except (OSError, ValueError):
         return False
-    if isinstance(recorded, dict) and isinstance(recorded.get("base_configs"), list):
+    if not isinstance(recorded, dict):
+        return recorded is not None
+    if isinstance(recorded.get("base_configs"), list):
         # records of earlier versions hold absolute paths
         recorded = {**recorded, "variant_config": portable_path(str(recorded.get("variant_config"))),
                     "base_configs": [portable_path(str(p)) for p in recorded["base_configs"]]}  # fmt: skip
-    return recorded is not None and recorded != spec.settings(cell)
+    ours, theirs = comparable(recorded, spec.settings(cell))
+    return ours != theirs
 
 
 def _devices(gpus: Any) -> list[str]:

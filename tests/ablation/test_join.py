@@ -59,6 +59,27 @@ def test_cells_of_another_design_are_refused_and_config_paths_compare_by_their_c
         join([first, second], tmp_path / "other")
 
 
+def test_cells_whose_config_files_differ_in_content_are_refused_and_older_records_compare_by_path(tmp_path):
+    first = run_of(tmp_path / "day1", ["grpo-seed0", "dr_grpo-seed0"], "aaa", "day 1")
+    second = run_of(tmp_path / "day2", ["grpo-seed1"], "bbb", "day 2")
+    assert "base_configs_sha256" not in json.loads((first / "grpo-seed0" / "cell.json").read_text())["settings"]
+    cell_file = second / "grpo-seed1" / "cell.json"
+    cell = json.loads(cell_file.read_text())
+    base = len(cell["settings"]["base_configs"])
+    cell["settings"].update(base_configs_sha256=["a" * 16] * base, variant_config_sha256="b" * 16)
+    cell_file.write_text(json.dumps(cell))
+    join([first, second], tmp_path / "older")  # the report's cells predate the digests: their paths agree
+    third = run_of(tmp_path / "day3", ["grpo-seed2"], "ccc", "day 3")
+    third_file = third / "grpo-seed2" / "cell.json"
+    for key, value in (("base_configs_sha256", ["c" * 16] * base), ("variant_config_sha256", "d" * 16)):
+        other = json.loads(third_file.read_text())
+        other["settings"].update({**cell["settings"], key: value})
+        third_file.write_text(json.dumps(other))
+        match = "other settings \\(base_configs_sha256" if key.startswith("base") else "ran its arm with other settings"
+        with pytest.raises(ConfigError, match=match):
+            join([second, third], tmp_path / f"edited_{key}")
+
+
 def test_report_settings_that_disagree_are_refused(tmp_path):
     first = run_of(tmp_path / "day1", ["grpo-seed0"], "aaa", "day 1")
     second = run_of(tmp_path / "day2", ["grpo-seed1"], "bbb", "day 2")

@@ -310,6 +310,26 @@ def test_finished_cells_with_other_settings_stop_the_sweep(tmp_path, monkeypatch
     assert {r.status for r in results} == {"skipped"}
 
 
+def test_finished_cells_whose_config_files_were_edited_stop_the_sweep(tmp_path, monkeypatch):
+    """A config file is a setting by its content, not its name alone: an edited base config (or variant
+    file) under the same path is another design. Records without the digests (earlier versions)
+    compare by path, as they did."""
+    monkeypatch.setattr(ablate, "launch", fake_fit())
+    shared = tmp_path / "shared.yaml"
+    shared.write_text("trainer:\n  max_steps: 2\n")
+    run_sweep(spec_dict(tmp_path, base_configs=[*BASE, str(shared)], model="/m"))
+    assert {r.status for r in run_sweep(spec_dict(tmp_path, base_configs=[*BASE, str(shared)], model="/m"))} == {"skipped"}
+    shared.write_text("trainer:\n  max_steps: 3\n")
+    with pytest.raises(SweepError, match="other settings"):
+        run_sweep(spec_dict(tmp_path, base_configs=[*BASE, str(shared)], model="/m"))
+
+    for cell_json in (tmp_path / "sweep").glob("*/cell.json"):  # as an earlier version recorded them
+        record = json.loads(cell_json.read_text())
+        del record["settings"]["base_configs_sha256"], record["settings"]["variant_config_sha256"]
+        cell_json.write_text(json.dumps(record))
+    assert {r.status for r in run_sweep(spec_dict(tmp_path, base_configs=[*BASE, str(shared)], model="/m"))} == {"skipped"}
+
+
 def test_finished_cells_resume_from_another_checkout_of_the_tree(tmp_path, monkeypatch):
     """Cells record their config files relative to the shipped configs, not where this checkout
     lies; records with this checkout's absolute paths (as earlier versions wrote them) still match."""
