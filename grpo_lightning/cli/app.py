@@ -173,8 +173,9 @@ class GRPOLightningCLI(LightningCLI):
             config = self.config[subcommand]
             if config.get("ckpt_path") == "last":  # Lightning would look in a new version's empty folder
                 variant = variant_log_name(((config.get("model") or {}).get("class_path") or "grpo").rpartition(".")[2])
-                config["ckpt_path"] = str(last_checkpoint_of_run(config.get("trainer") or {}, variant))
-                print(f"--ckpt_path last: {config['ckpt_path']}", file=sys.stderr, flush=True)
+                found, line = last_checkpoint_of_run(config.get("trainer") or {}, variant)
+                config["ckpt_path"] = str(found)
+                print(line, file=sys.stderr, flush=True)
             # Lightning reads --ckpt_path next: a missing or truncated file fails here, naming it (and,
             # when truncated, the newest complete checkpoint beside it).
             check_checkpoint(self.config[subcommand].get("ckpt_path"))

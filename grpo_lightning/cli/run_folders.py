@@ -17,7 +17,7 @@ from pathlib import Path
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-from grpo_lightning.runtime.checkpoint_io import checkpoint_step, newest_last_checkpoint
+from grpo_lightning.runtime.checkpoint_io import checkpoint_step, last_checkpoints
 from grpo_lightning.errors import ConfigError
 
 
@@ -34,10 +34,12 @@ def evaluation_version(save_dir: str, name: str, subcommand: str, version: int |
     return f"{subcommand}_{k}"
 
 
-def last_checkpoint_of_run(trainer, default_name: str) -> Path:
+def last_checkpoint_of_run(trainer, default_name: str) -> tuple[Path, str]:
     """``--ckpt_path last``: the newest ``last*.ckpt`` in ``<save_dir>/<name>/version_*/checkpoints``
     (the logger's name, else ``default_name``), ``<default_root_dir>/checkpoints`` or a
-    ModelCheckpoint's ``dirpath`` of the ``trainer`` config; a :class:`ConfigError` when there is none."""
+    ModelCheckpoint's ``dirpath`` of the ``trainer`` config, and a line that names it, its optimizer
+    step and the other runs' last checkpoints it was chosen over (a later short fit of the same name
+    is newer than a long one); a :class:`ConfigError` when there is none."""
     logger = trainer.get("logger")
     init_args = (logger.get("init_args") if hasattr(logger, "get") else None) or {}
     name = init_args.get("name")
@@ -49,13 +51,18 @@ def last_checkpoint_of_run(trainer, default_name: str) -> Path:
         dirpath = (callback.get("init_args") or {}).get("dirpath") if hasattr(callback, "get") else None
         if dirpath and str(callback.get("class_path", "")).endswith("ModelCheckpoint"):
             folders.append(Path(str(dirpath)).expanduser())
-    found = newest_last_checkpoint(folders)
-    if found is None:
+    candidates = last_checkpoints(folders)
+    if not candidates:
         raise ConfigError(
             f"--ckpt_path last: no last.ckpt of a run named {name!r} in {save_dir / name}/version_*/checkpoints "
             "(nor in a ModelCheckpoint's dirpath); give a checkpoint file, or leave --ckpt_path out to start anew."
         )
-    return found
+    found, others = candidates[0], [p for p in candidates[1:] if p.resolve() != candidates[0].resolve()]
+    line = f"--ckpt_path last: {found} (optimizer step {checkpoint_step(found)})"
+    if others:
+        listed = ", ".join(f"{p} (step {checkpoint_step(p)})" for p in others[:3]) + (", ..." if len(others) > 3 else "")
+        line += f", the newest written of {len(others) + 1} last checkpoints; the others: {listed}"
+    return found, line
 
 
 def checkpoint_folders(trainer) -> list[tuple[Path, bool]]:

@@ -82,10 +82,11 @@ def newest_complete_checkpoint(path: str | os.PathLike) -> Path | None:
     return None
 
 
-def newest_last_checkpoint(folders: list[Path]) -> Path | None:
-    """The most recently written ``last*.ckpt`` file in ``folders`` (glob patterns allowed)."""
-    found = [Path(p) for folder in folders for p in glob.glob(str(Path(folder) / "last*.ckpt")) if os.path.isfile(p)]
-    return max(found, key=lambda p: (p.stat().st_mtime_ns, p.name), default=None)
+def last_checkpoints(folders: list[Path]) -> list[Path]:
+    """The ``last*.ckpt`` files in ``folders`` (glob patterns allowed), the most recently written first."""
+    found = {Path(p) for folder in folders for p in glob.glob(str(Path(folder) / "last*.ckpt")) if os.path.isfile(p)}
+    return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
+
 
 
 def corrupt_message(path: str | os.PathLike, reason: str) -> str:

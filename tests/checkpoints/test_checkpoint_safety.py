@@ -4,8 +4,9 @@ it; ``--ckpt_path last`` resumes the newest run of the name or stops with an err
 
 from __future__ import annotations
 
+import os
 import re
-
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 
 from grpo_lightning.runtime.checkpoint_io import UnsafeCheckpointError, load_checkpoint_file
 from grpo_lightning.cli.app import main
+from grpo_lightning.cli.run_folders import last_checkpoint_of_run
 from grpo_lightning.cli.generate import generate_completions
 from grpo_lightning.checkpoints.export import main as export_main
 from grpo_lightning.cli.resources import config_dir
@@ -174,10 +176,28 @@ def test_ckpt_path_last_resumes_the_newest_run_of_the_name(fitted, tiny_model_di
     root = fitted.parents[3]
     main(fit_args(tiny_model_dir, root, "--ckpt_path", "last", steps=3))
     captured = capsys.readouterr()
-    assert f"--ckpt_path last: {fitted}" in captured.err
+    assert f"--ckpt_path last: {fitted} (optimizer step 2)" in captured.err
     assert "fit finished: 3 / 3 optimizer steps" in captured.out
     assert sorted(p.name for p in (root / "grpo").iterdir()) == ["version_0"]  # resumed into its own version
     assert load_checkpoint_file(fitted)["global_step"] == 3
+
+
+def test_ckpt_path_last_names_the_step_and_the_runs_it_was_chosen_over(fitted, tmp_path):
+    """The newest written last.ckpt of the name is taken; the line printed names its step and every
+    other run's last checkpoint, so a short fit written after a long one does not pass unseen."""
+    step = load_checkpoint_file(fitted)["global_step"]
+    copies = [tmp_path / "grpo" / f"version_{v}" / "checkpoints" / "last.ckpt" for v in (0, 1)]
+    for age, copy in zip((0, 100), copies):
+        copy.parent.mkdir(parents=True)
+        shutil.copyfile(fitted, copy)
+        os.utime(copy, (copy.stat().st_atime - age, copy.stat().st_mtime - age))
+    trainer = {"default_root_dir": str(tmp_path), "logger": {"init_args": {"save_dir": str(tmp_path)}}}
+    found, line = last_checkpoint_of_run(trainer, "grpo")
+    assert found == copies[0]
+    assert line == (f"--ckpt_path last: {copies[0]} (optimizer step {step}), the newest written of 2 last checkpoints; "
+                    f"the others: {copies[1]} (step {step})")  # fmt: skip
+    copies[1].unlink()
+    assert last_checkpoint_of_run(trainer, "grpo") == (copies[0], f"--ckpt_path last: {copies[0]} (optimizer step {step})")
 
 
 def test_ckpt_path_last_without_a_run_of_the_name_is_an_error(tiny_model_dir, tmp_path, capsys):
