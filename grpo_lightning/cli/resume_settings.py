@@ -7,6 +7,8 @@ checkpoint's cannot be applied exactly, and replacing it silently trains somethi
 So a fit refuses it, before any work, naming every such field and both values
 (:func:`check_resume_settings`). The settings of :data:`TAKEN_FROM_COMMAND_LINE` (how to validate)
 do not change what is trained: a resumed fit takes those given from the command line and configs.
+So does ``model`` (the base's path) where the checkpoint records its base's fingerprint: a base moved
+to another folder resumes, and its weights are checked against the fingerprint as they load.
 """
 
 from __future__ import annotations
@@ -19,10 +21,14 @@ from typing import Any
 from jsonargparse import Namespace
 
 from grpo_lightning.errors import ConfigError
+from grpo_lightning.models.fingerprint import CHECKPOINT_KEY
+from grpo_lightning.runtime.checkpoint_io import load_checkpoint_file
 
 #: Model settings that a resumed fit takes from the command line and the configs over the checkpoint's
 #: (as ``validate``, ``test`` and ``generate`` do): how to evaluate, not what is trained.
 TAKEN_FROM_COMMAND_LINE = ("evaluation",)
+#: The base model's path: taken where the checkpoint records the base's fingerprint (then checked as it loads).
+BASE_PATH_KEY = "init_args.model"
 
 _ABSENT = object()
 _UNKNOWN = object()
@@ -110,7 +116,9 @@ def check_resume_settings(before, after, keys: Sequence[str] | None, raw_args: S
         if given is _UNKNOWN or saved is _UNKNOWN or _same(given, saved):
             continue
         group = key.removeprefix("init_args.").split(".", 1)[0]
-        (taken if key.startswith("init_args.") and group in TAKEN_FROM_COMMAND_LINE else refused).append((key, given, saved))
+        takes = key.startswith("init_args.") and group in TAKEN_FROM_COMMAND_LINE
+        takes = takes or (key == BASE_PATH_KEY and records_base_fingerprint(ckpt_path))
+        (taken if takes else refused).append((key, given, saved))
     if refused:
         differences = "; ".join(
             f"{_field(key)}: {_shown(given)} {_where(key, raw_args)}, {_shown(saved)} in the checkpoint"
@@ -124,5 +132,15 @@ def check_resume_settings(before, after, keys: Sequence[str] | None, raw_args: S
         )
     for key, given, saved in taken:
         after[key] = given
-        print(f"--ckpt_path: {_field(key)} {_shown(given)} {_where(key, raw_args)} (the checkpoint's: {_shown(saved)})",
+        checked = "; its weights are checked against the checkpoint's base as they load" if key == BASE_PATH_KEY else ""
+        print(f"--ckpt_path: {_field(key)} {_shown(given)} {_where(key, raw_args)} (the checkpoint's: {_shown(saved)}{checked})",
               file=sys.stderr, flush=True)  # fmt: skip
+
+
+def records_base_fingerprint(ckpt_path: str) -> bool:
+    """Whether the checkpoint at ``ckpt_path`` records its base model's fingerprint (those written
+    before it did not: their base can only be named by the path they recorded)."""
+    try:
+        return load_checkpoint_file(ckpt_path, mmap=True).get(CHECKPOINT_KEY) is not None
+    except Exception:  # an unreadable file: Lightning's load names it next
+        return False

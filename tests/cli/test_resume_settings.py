@@ -1,13 +1,17 @@
 """``grpo-lightning fit --ckpt_path``: a model setting given on the command line or in a config that
 differs from the checkpoint's is refused before any work, naming the field and both values (Lightning
 would load the checkpoint's over it, silently); the same settings, none, a trainer setting or how to
-evaluate resume (grpo_lightning.cli.resume_settings)."""
+evaluate resume, and so does the base's path where the checkpoint can check the weights found there
+(grpo_lightning.cli.resume_settings)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
 from grpo_lightning.cli.app import main
 from grpo_lightning.cli.resources import config_dir
@@ -81,3 +85,29 @@ def test_a_resume_with_the_checkpoints_settings_or_none_goes_on(learning_rate, o
     assert checkpoint["hyper_parameters"]["optim"]["learning_rate"] == 0.001
     assert checkpoint["hyper_parameters"]["evaluation"]["max_new_tokens"] == 3
     assert "--ckpt_path: model.evaluation.max_new_tokens 3 on the command line (the checkpoint's: 4)" in capsys.readouterr().err
+
+
+def test_a_base_moved_to_another_folder_resumes_and_another_base_is_refused(one_step, tiny_model_dir, tmp_path, capsys):
+    """``--model.model`` may name the base's new folder: the checkpoint records its base's fingerprint,
+    and the weights found there are checked against it as they load."""
+    moved = tmp_path / "moved"
+    shutil.copytree(tiny_model_dir, moved)
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_dir, other)
+    model = AutoModelForCausalLM.from_pretrained(other)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.5)
+    model.save_pretrained(other)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main(fit_args(str(other), tmp_path, "--ckpt_path", "last", steps=2), report_errors=True)
+    assert done.value.code == 2
+    error = capsys.readouterr().err
+    assert f"--ckpt_path: model.model '{other}' on the command line (the checkpoint's: '{tiny_model_dir}'" in error
+    assert "now holds other weights than the run was trained from" in error
+    assert load_checkpoint_file(one_step)["global_step"] == 1
+
+    main(fit_args(str(moved), tmp_path, "--ckpt_path", "last", steps=2))
+    checkpoint = load_checkpoint_file(one_step)
+    assert checkpoint["global_step"] == 2 and checkpoint["hyper_parameters"]["model"] == str(moved)
