@@ -188,7 +188,7 @@ def wait_until_paused(process: subprocess.Popen, tmp_path: Path) -> None:
 
 def cli_command() -> list[str]:
     script = Path(sys.executable).with_name("grpo-lightning")
-    return [str(script)] if script.exists() else [sys.executable, "-c", "from grpo_lightning.cli.app import main; main()"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "grpo_lightning.cli"]  # the same console_main
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
