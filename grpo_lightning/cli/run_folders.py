@@ -182,7 +182,7 @@ def keep_csv_rows_up_to(logger: CSVLogger, step: int) -> None:
     with path.open(newline="") as file:
         reader = csv.DictReader(file)
         keys = list(reader.fieldnames or [])
-        kept = [row for row in reader if not row.get("step", "").isdigit() or int(row["step"]) <= step]
+        kept = [row for row in reader if not (row.get("step") or "").isdigit() or int(row["step"]) <= step]
     aside = path.with_name("metrics.csv.before-resume")
     os.replace(path, aside)
     with warnings.catch_warnings():  # "... will be deleted": the rows kept are written back next

@@ -88,7 +88,6 @@ def last_checkpoints(folders: list[Path]) -> list[Path]:
     return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
 
 
-
 def corrupt_message(path: str | os.PathLike, reason: str) -> str:
     """The error for a damaged checkpoint: the file, why, and what to resume from instead."""
     good = newest_complete_checkpoint(path)
