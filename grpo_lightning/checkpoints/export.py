@@ -36,6 +36,7 @@ from grpo_lightning.models.policy import load_causal_lm
 from grpo_lightning.models.fingerprint import CHECKPOINT_KEY, check_same_base, weights_fingerprint
 from grpo_lightning.models.lora import add_adapters, merged_model, trainable_keys
 from grpo_lightning.models.sources import load_tokenizer
+from grpo_lightning.rollout.generation import save_policy
 from grpo_lightning.rollout.types import as_ids, end_token_ids
 
 
@@ -141,6 +142,16 @@ def as_trained(policy, tokenizer, hparams: dict[str, Any], keep_chat_template: b
                          "(policy.use_chat_template false): send prompts as plain text too; --keep_chat_template "
                          "keeps it (for prompts given as chat messages, which went through it)")  # fmt: skip
     return notes
+
+
+def save_as_trained(policy, tokenizer, directory: str | os.PathLike, hparams: dict[str, Any], write: bool = True) -> None:
+    """Write ``policy`` and ``tokenizer`` as a plain Hugging Face directory (where ``write``; a sharded
+    policy is gathered first, so under FSDP every process must call it), as the run trained them, as an
+    export is: ``generation_config.eos_token_id`` holds the ids its completions ended at, and a run of
+    plain-text prompts leaves the chat template out (:func:`write_as_trained`)."""
+    save_policy(policy, tokenizer, str(directory), write=write)
+    if write:
+        write_as_trained(directory, tokenizer, hparams)
 
 
 def write_as_trained(directory: str | os.PathLike, tokenizer, hparams: dict[str, Any]) -> list[str]:

@@ -43,7 +43,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from grpo_lightning.algorithms import functional
 from grpo_lightning.checkpoints import resume
-from grpo_lightning.checkpoints.export import write_as_trained
+from grpo_lightning.checkpoints.export import save_as_trained
 from grpo_lightning.runtime import metrics
 from grpo_lightning.training import step_schedule
 from grpo_lightning.agents import EnvironmentOptions
@@ -58,7 +58,7 @@ from grpo_lightning.evaluation.validation import Evaluation
 from grpo_lightning.rollout.generation import EnginePlan, RolloutSampler, RolloutWeights, build_rollout
 from grpo_lightning.rollout.generation import announce_prompt_format, check_engine_options, format_prompt
 from grpo_lightning.models.sources import load_tokenizer
-from grpo_lightning.rollout.generation import announce_rollout_mode, save_policy
+from grpo_lightning.rollout.generation import announce_rollout_mode
 from grpo_lightning.rollout.generation.compile_payback import run_length
 from grpo_lightning.models.lora import reference_model
 from grpo_lightning.models.policy import disable_dropout, load_models
@@ -244,17 +244,9 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         self.stop_completions_at(end_token_ids(self.tokenizer, self.policy))  # EOS and the model's end of turn
 
     def save_pretrained(self, directory: str) -> None:
-        """Write the policy and tokenizer as a plain Hugging Face directory (rank 0 writes), as the run
-        trained, as ``grpo-lightning export`` writes it: ``generation_config.eos_token_id`` holds the ids
-        its completions ended at, and a run of plain-text prompts leaves the chat template out
-        (:func:`~grpo_lightning.checkpoints.export.write_as_trained`).
-
-        Under FSDP every process must call it: the shards are gathered first.
-        """
-        write = self.global_rank == 0
-        save_policy(self.policy, self.tokenizer, directory, write=write)
-        if write:
-            write_as_trained(directory, self.tokenizer, dict(self.hparams))
+        """The policy and tokenizer as a plain Hugging Face directory, as the run trained them (rank 0 writes;
+        under FSDP every process must call it): :func:`~grpo_lightning.checkpoints.export.save_as_trained`."""
+        save_as_trained(self.policy, self.tokenizer, directory, dict(self.hparams), write=self.global_rank == 0)
 
     @property
     def sampler(self) -> RolloutSampler:
