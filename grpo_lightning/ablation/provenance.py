@@ -7,6 +7,7 @@ resumed sweep adds one). Nothing here imports torch or Lightning.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -62,6 +63,40 @@ def git_commit(root: Path | None = None) -> dict[str, Any]:
     paths = None if untracked is None else [path for path in untracked.split("\0") if path]
     dirty = None if status is None or paths is None else bool(status or paths)
     return {"commit": commit, "dirty": dirty, "diff": diff, "untracked": paths}
+
+
+def source_roots() -> list[Path]:
+    """The folders of the library's Python source: the package, and in a checkout the top-level
+    ``variants/`` folder it maps onto ``grpo_lightning.variants``."""
+    package = Path(__file__).resolve().parents[1]
+    variants = package.parent / "variants"
+    init = variants / "__init__.py"
+    shim = init.is_file() and "grpo_lightning.variants" in init.read_text(encoding="utf-8", errors="replace")
+    return [package, variants] if shim else [package]
+
+
+def source_digest(roots: list[Path] | None = None) -> str | None:
+    """The first 16 hex digits of a SHA-256 over the library's ``.py`` files (their paths and bytes):
+    the code a process runs, from a checkout, clean or not, or from an installed wheel. ``None``
+    where a file cannot be read."""
+    digest = hashlib.sha256()
+    try:
+        for number, root in enumerate(roots or source_roots()):
+            for path in sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts):
+                digest.update(f"{number}/{path.relative_to(root).as_posix()}\0".encode())
+                digest.update(path.read_bytes())
+                digest.update(b"\0")
+    except OSError:
+        return None
+    return digest.hexdigest()[:16]
+
+
+def code_state() -> dict[str, Any]:
+    """What a cell's ``cell.json`` records of the code it started with: the commit, whether the checkout
+    differed from it (its diff stays in the sweep's ``provenance.json``), and the source digest, which
+    tells two cells' code apart where the commit alone cannot (an edit during the sweep, another checkout)."""
+    state = git_commit()
+    return {"commit": state["commit"], "dirty": state["dirty"], "source_sha256": source_digest()}
 
 
 def cpu_model() -> str:
@@ -143,6 +178,7 @@ def start_record(parallel: int, threads: int | None, devices: list[str]) -> dict
         "command": " ".join(sys.argv),
         "started": now(),
         **git_commit(),
+        "source_sha256": source_digest(),
         "packages": package_versions(),
         "machine": machine(),
         "parallel": parallel,

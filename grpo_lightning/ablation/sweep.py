@@ -152,7 +152,7 @@ def run_cell(spec: SweepSpec, cell: Cell, model: str | None, env: Mapping[str, s
     cell_dir.mkdir(parents=True)
     command = cell_command(spec, cell, cell_dir, model)
     record = {**cell.identity(), "name": cell.name, "arm": cell.arm, "baseline": spec.baseline_arm(), "command": command,
-              "settings": spec.settings(cell)}  # fmt: skip
+              "settings": spec.settings(cell), "code": provenance.code_state()}  # fmt: skip
     (cell_dir / CELL_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     number, total = cell_number(spec, cell)
     logger.info("cell %d/%d: %s, seed %d, starting; its log: %s", number, total, cell.arm, cell.seed, cell_dir / LOG_FILE)
@@ -328,6 +328,26 @@ def check_sweep(spec: SweepSpec, cells: Sequence[Cell], start_cell_server: bool 
         inert_clipping.warn_of_inert_clipping(unfinished, configs)  # clip settings compared where none can act
 
 
+def warn_of_code_versions(results: Sequence[CellResult]) -> None:
+    """Warn where the sweep's cells started from other versions of the library's code (an edit or a
+    checkout while the sweep ran, a resume from another checkout): arms may then differ by code. The
+    report says so too (``report.sections.provenance.code_warnings``)."""
+    versions: dict[str, list[str]] = {}
+    for result in results:
+        try:
+            code = json.loads((result.directory / CELL_FILE).read_text()).get("code") or {}
+        except (OSError, ValueError):
+            continue
+        if code.get("source_sha256"):
+            versions.setdefault(str(code["source_sha256"]), []).append(result.cell.name)
+    if len(versions) > 1:
+        logger.warning(
+            "the cells ran %d versions of the library's code (source digests: %s): arms may differ by code as well "
+            "as by setting; rerun the cells of the versions you did not mean to run",
+            len(versions), "; ".join(f"{digest}: {', '.join(names)}" for digest, names in versions.items()),
+        )  # fmt: skip
+
+
 def run_sweep(spec: SweepSpec | Mapping[str, Any], launch: Launch | None = None) -> list[CellResult]:
     """Check ``spec``, then run every unfinished cell: one after another in this process, or
     through ``launch`` (a Hydra launcher: ``launch.HydraLaunch``)."""
@@ -354,6 +374,7 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], launch: Launch | None = None)
     if todo:
         _run_cells(spec, todo, results, launch)
     ordered = [results[c] for c in cells]
+    warn_of_code_versions(ordered)
     counts = {s: sum(r.status == s for r in ordered) for s in ("done", "skipped", "failed")}
     logger.info(
         "sweep %s: %d done, %d skipped, %d failed -> %s",

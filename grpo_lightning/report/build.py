@@ -36,6 +36,7 @@ from grpo_lightning.report.render.html import render_html
 from grpo_lightning.report.render.markdown import render_markdown
 from grpo_lightning.report.sections.provenance import (
     command_line_notes,
+    code_warnings,
     provenance_section,
     provenance_warnings,
     read_provenance,
@@ -126,7 +127,7 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
 
     doc = Doc()
     doc.h(1, f"Ablation report: {user_text(name)}")
-    for line in provenance_warnings(records) + command_line_notes(records):
+    for line in provenance_warnings(records) + code_warnings(finished) + command_line_notes(records):
         doc.p(line)
     errata = meta.get("notes") or []  # found after the runs, kept in data/sweep.json: a list, or one text
     for note in [errata] if isinstance(errata, str) else errata:
@@ -166,7 +167,7 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     completions_section(doc, arms)
     curves_section(doc, arms, target, caveat, baseline, confidence)
     method_section(doc, confidence, margin, target_mde)
-    provenance_section(doc, records, provenance)
+    provenance_section(doc, records, provenance, finished)
 
     (target / "report.md").write_text(render_markdown(doc))
     (target / "report.html").write_text(render_html(doc, f"Ablation report: {name}"))

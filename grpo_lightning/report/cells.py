@@ -27,6 +27,8 @@ class CellInfo:
     baseline: str | None = None
     #: The settings the cell ran with, as its cell.json records them (``SweepSpec.settings``); None in older records.
     settings: dict[str, Any] | None = None
+    #: The code the cell started with, as its cell.json records it (``provenance.code_state``); None in older records.
+    code: dict[str, Any] | None = None
 
 
 #: The file that marks a report's ``data/`` folder (``report.data``): cells below one belong to
@@ -65,6 +67,7 @@ def discover_cells(sweep_dir: Path) -> list[CellInfo]:
                     config=_read_yaml(directory / "config.yaml"),
                     baseline=record.get("baseline"),
                     settings=record.get("settings") if isinstance(record.get("settings"), dict) else None,
+                    code=record.get("code") if isinstance(record.get("code"), dict) else None,
                 )
             )
     else:

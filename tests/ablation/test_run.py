@@ -3,6 +3,7 @@ import sys
 import threading
 import time
 import types
+from pathlib import Path
 
 import pytest
 import yaml
@@ -237,6 +238,41 @@ def test_parallel_gpus_round_robin_and_failures(tmp_path, monkeypatch):
     assert len(first["cells"]) == 6 and second["cells"] == {"dr_grpo-seed1": "done"}
     run_sweep(spec)  # nothing to run: no record
     assert len(json.loads((tmp_path / "sweep" / PROVENANCE_FILE).read_text())) == 2
+
+
+def test_each_cell_records_its_code_and_the_sweep_warns_where_it_changed(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(ablate, "launch", fake_fit())
+    spec = spec_dict(tmp_path, model="/m")
+    run_sweep(spec)
+    code = json.loads((tmp_path / "sweep" / "grpo-seed0" / "cell.json").read_text())["code"]
+    assert code["source_sha256"] == provenance.source_digest() and len(code["source_sha256"]) == 16
+    assert json.loads((tmp_path / "sweep" / PROVENANCE_FILE).read_text())[0]["source_sha256"] == code["source_sha256"]
+    assert "versions of the library's code" not in caplog.text
+
+    # the checkout is edited while the sweep runs: cells from the third on start from other code
+    states = iter(["a" * 16] * 3 + ["b" * 16] * 2)  # the sweep's record, then each cell
+    monkeypatch.setattr(provenance, "source_digest", lambda roots=None: next(states))
+    run_sweep(spec_dict(tmp_path, output_dir=str(tmp_path / "edited"), model="/m"))
+    assert (f"the cells ran 2 versions of the library's code (source digests: {'a' * 16}: grpo-seed0, grpo-seed1; "
+            f"{'b' * 16}: dr_grpo-seed0, dr_grpo-seed1)") in caplog.text  # fmt: skip
+
+
+def test_the_source_digest_follows_every_python_file_and_only_those(tmp_path):
+    package, variants = tmp_path / "grpo_lightning", tmp_path / "variants"
+    for folder in (package, variants, package / "__pycache__"):
+        folder.mkdir()
+    (package / "loss.py").write_text("beta = 0.04\n")
+    (variants / "dapo.py").write_text("clip = 0.28\n")
+    first = provenance.source_digest([package, variants])
+    (package / "__pycache__" / "loss.cpython-311.py").write_text("cached")
+    (package / "notes.txt").write_text("not code")
+    assert provenance.source_digest([package, variants]) == first
+    (variants / "dapo.py").write_text("clip = 0.2\n")
+    assert provenance.source_digest([package, variants]) != first
+    (variants / "dapo.py").write_text("clip = 0.28\n")
+    (variants / "dapo.py").rename(variants / "dapo2.py")  # a renamed file is other code
+    assert provenance.source_digest([package, variants]) != first
+    assert provenance.source_roots()[0] == Path(provenance.__file__).resolve().parents[1]
 
 
 def test_the_baseline_arm_and_five_seeds_by_default(tmp_path):

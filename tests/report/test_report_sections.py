@@ -84,6 +84,37 @@ def test_a_dirty_tree_and_mixed_commits_carry_a_banner(tmp_path, cell_writer):
     assert "(with untracked files, contents not recorded: `configs/variant/mine.yaml`)" in md
 
 
+def test_runs_that_started_from_other_code_carry_a_banner_naming_them(tmp_path, cell_writer):
+    """Code edited (or another branch checked out) while a sweep runs: the commit of the sweep's start
+    still names every run, so each cell's own record of its source is what tells them apart."""
+    root = two_arm_sweep(tmp_path / "sweep", cell_writer, seeds=(0, 1, 2))
+    (root / "provenance.json").write_text(json.dumps([PROVENANCE]))
+    start = {"commit": PROVENANCE["commit"], "dirty": False, "source_sha256": "aaaaaaaaaaaaaaaa"}
+    edited = {**start, "dirty": True, "source_sha256": "bbbbbbbbbbbbbbbb"}
+
+    def record_code(codes):
+        for cell, code in codes.items():
+            record = json.loads((root / cell / "cell.json").read_text())
+            (root / cell / "cell.json").write_text(json.dumps({**record, "code": code}))
+
+    record_code({f"{arm}-seed{seed}": start for arm in ("grpo", "dapo") for seed in (0, 1, 2)})
+    md = report_text(root, tmp_path / "one")
+    assert "versions of the library's code" not in md.split("## Summary")[0]
+    assert ("The library's code each run started with (SHA-256 of its Python source, first 16 digits): "
+            "`aaaaaaaaaaaaaaaa` at commit `0123456789`, 6 runs.") in md.split("## Provenance")[1]  # fmt: skip
+
+    record_code({"dapo-seed2": edited, "grpo-seed2": edited})
+    md = report_text(root, tmp_path / "two")
+    assert ("**Warning: the runs started from 2 versions of the library's code** (source digests: `aaaaaaaaaaaaaaaa` "
+            "at commit `0123456789`, 4 runs; `bbbbbbbbbbbbbbbb` at commit `0123456789` with uncommitted changes, 2 runs: "
+            "dapo seed 2 and grpo seed 2): arms may differ by code") in md.split("## Summary")[0]  # fmt: skip
+    # a run of an older version, which recorded no code, is counted as such
+    record = json.loads((root / "grpo-seed1" / "cell.json").read_text())
+    del record["code"]
+    (root / "grpo-seed1" / "cell.json").write_text(json.dumps(record))
+    assert "; 1 run recorded none." in report_text(root, tmp_path / "old").split("## Provenance")[1]
+
+
 def test_training_reward_is_compared_only_on_the_baselines_reward_functions(tmp_path, cell_writer):
     majority = {"rewards": {"funcs": ["grpo_lightning.rewards.majority_vote_reward"]}}
     root = two_arm_sweep(tmp_path / "sweep", cell_writer, seeds=(0, 1, 2), dapo={"config_changes": majority})

@@ -80,6 +80,39 @@ def provenance_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def code_versions(cells: Sequence[Any]) -> dict[str, list[Any]]:
+    """The finished cells by the source digest of the code they started with (``cell.code``, from
+    their cell.json), the most common first; cells that recorded none are left out."""
+    versions: dict[str, list[Any]] = {}
+    for cell in cells:
+        digest = (cell.code or {}).get("source_sha256") if cell.finished else None
+        if digest:
+            versions.setdefault(str(digest), []).append(cell)
+    return dict(sorted(versions.items(), key=lambda item: -len(item[1])))
+
+
+def _version_text(digest: str, cells: Sequence[Any], named: bool) -> str:
+    code = cells[0].code
+    commit = f" at commit `{str(code['commit'])[:10]}`" if code.get("commit") else ""
+    dirty = " with uncommitted changes" if code.get("dirty") else ""
+    names = [f"{c.arm} seed {c.seed}" for c in cells]
+    shown = f": {join_words(names[:12])}" + (f" and {len(names) - 12} more" if len(names) > 12 else "") if named else ""
+    return f"`{digest}`{commit}{dirty}, {len(cells)} run{'s' * (len(cells) > 1)}{shown}"
+
+
+def code_warnings(cells: Sequence[Any]) -> list[str]:
+    """A banner where the finished cells started from other versions of the library's code: an
+    edit or a checkout while the sweep ran, or runs joined from other checkouts. A commit names
+    none of these where the checkout was dirty, so the cells' source digests are compared."""
+    versions = code_versions(cells)
+    if len(versions) < 2:
+        return []
+    shown = "; ".join(_version_text(d, group, named=i > 0) for i, (d, group) in enumerate(versions.items()))
+    return [f"**Warning: the runs started from {len(versions)} versions of the library's code** (source digests: "
+            f"{shown}): arms may differ by code as well as by setting. Rerun the runs of the version you did not mean "
+            "to run, or report them apart."]  # fmt: skip
+
+
 #: Command-line settings of ``grpo-lightning-ablate`` that change how cells run, not what they
 #: compute (wall-clock aside): not worth a note.
 EXECUTION_SETTINGS = ("parallel", "gpus", "threads", "timeout_s", "hydra", "hydra/launcher")
@@ -110,10 +143,17 @@ def command_line_notes(records: Sequence[Mapping[str, Any]]) -> list[str]:
             "(the Configuration section shows the settings the cells ran with)."]  # fmt: skip
 
 
-def provenance_section(doc: Doc, records: Sequence[Mapping[str, Any]], extra: Sequence[str] = ()) -> None:
+def provenance_section(doc: Doc, records: Sequence[Mapping[str, Any]], extra: Sequence[str] = (),
+                       cells: Sequence[Any] = ()) -> None:  # fmt: skip
     doc.h(2, "Provenance")
     if not records:
         doc.p(f"No `{PROVENANCE_FILE}` in the sweep folder (`grpo-lightning-ablate` records one when it runs cells).")
+    versions = code_versions(cells)
+    if versions:
+        unknown = sum(1 for c in cells if c.finished and not (c.code or {}).get("source_sha256"))
+        doc.p("The library's code each run started with (SHA-256 of its Python source, first 16 digits): "
+              + "; ".join(_version_text(d, group, named=len(versions) > 1) for d, group in versions.items())
+              + (f"; {unknown} run{'s' * (unknown > 1)} recorded none" if unknown else "") + ".")  # fmt: skip
     for number, record in enumerate(records, start=1):
         if len(records) > 1:
             doc.h(3, f"Run {number} of the sweep")
