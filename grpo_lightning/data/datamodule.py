@@ -23,6 +23,18 @@ from grpo_lightning.rewards.scoring import check_column_names
 Batch = dict[str, list[Any]]
 
 
+def _val_set_split(splits: DatasetDict, name: str, path: str) -> str:
+    """The split of a ``val_sets`` entry to validate on: ``validation``, else the only one. Of several
+    others none is taken: the first of them may be the training split."""
+    if "validation" in splits or len(splits) == 1:
+        return "validation" if "validation" in splits else next(iter(splits))
+    raise ConfigError(
+        f"data.val_sets.{name}={path!r} has the splits {sorted(splits)} and none named 'validation', so which "
+        f"to validate on is not clear; point val_sets.{name} at that split's own file (e.g. {path}/test.jsonl), or "
+        "save that split alone (datasets: load_dataset(...)[SPLIT].to_json('FILE.jsonl')) and point at the file."
+    )
+
+
 def _check_val_set_names(val_sets: dict[str, str]) -> None:
     """Names of ``val_sets`` become metric prefixes (``val/<name>/accuracy``): letters, digits, ``_`` and ``-``."""
     for name in val_sets:
@@ -211,7 +223,7 @@ class PromptDataModule(LightningDataModule):
         if stage in (None, "fit", "validate"):
             for name, path in self.val_sets.items():
                 splits = self._load_path(path, f"val_sets.{name}")
-                split = "validation" if "validation" in splits else next(iter(splits))
+                split = _val_set_split(splits, name, path)
                 self._check_rows(splits[split], f"split {split!r} of data.val_sets.{name}")
                 self.extra_val_datasets[name] = self._first_rows(splits[split])
 

@@ -100,17 +100,19 @@ class Evaluation:
     @contextlib.contextmanager
     def evaluation_sampling(self, samples: int, temperature: float, prefix: str | None = None) -> Iterator[None]:
         """Validate with ``samples`` completions per prompt at ``temperature`` inside the ``with``
-        block, logged under ``prefix`` (default: ``val``/``test``), e.g. pass@k after a greedy fit."""
+        block, logged under ``prefix`` (default: ``val``/``test``), e.g. pass@k after a greedy fit.
+        Every metric comes from these completions: ``evaluation.pass_at_k_samples`` draws none here."""
         if samples > 1 and temperature <= 0:
             raise ValueError(f"evaluation_sampling: {samples} samples per prompt need temperature > 0 (got {temperature}).")
-        saved = (self.val_samples, self.val_sampling, getattr(self, "_metric_prefix", None))
+        saved = (self.val_samples, self.val_sampling, getattr(self, "_metric_prefix", None), self.pass_at_k_samples)
         self.val_samples = samples
         self.val_sampling = dataclasses.replace(self.val_sampling, temperature=temperature)
         self._metric_prefix = prefix
+        self.pass_at_k_samples = 0  # its pass@k would replace the block's own, from other completions
         try:
             yield
         finally:
-            self.val_samples, self.val_sampling, self._metric_prefix = saved
+            self.val_samples, self.val_sampling, self._metric_prefix, self.pass_at_k_samples = saved
 
     def accuracy_scores(self, rollout: Rollout) -> Tensor:
         """``[N]`` scores of ``accuracy_func``: its column of the rewards when it is also a reward
@@ -141,7 +143,7 @@ class Evaluation:
         truncated = rollout.truncated.view(-1, samples).cpu()
         per_prompt = prompt_metrics(correct, rewards, lengths, votes if samples > 1 else [], truncated)
         hashes = [prompt_hash(prompt) for prompt in batch["prompt"]]
-        if self.pass_at_k_samples and getattr(self, "_metric_prefix", None) is None:
+        if self.pass_at_k_samples:
             per_prompt.update(self._pass_at_k(batch, hashes, dataloader_idx))
         self._evaluated.setdefault(dataloader_idx, []).append(per_prompt)
         self._outcomes.setdefault(dataloader_idx, []).append((hashes, rewards, correct))

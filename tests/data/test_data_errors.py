@@ -150,6 +150,32 @@ def test_a_validation_set_is_checked_like_the_training_split(tmp_path):
     assert "available columns: ['question', 'answer']" in message
 
 
+def test_a_validation_set_of_several_splits_without_validation_is_refused(tmp_path):
+    """A folder of train.jsonl and test.jsonl (or a saved dataset of train and test) named as a validation
+    set: no split is guessed, since the first could be the training split."""
+    from datasets import Dataset, DatasetDict
+
+    train = write_rows(tmp_path / "train.jsonl", [{"prompt": "1+1=", "answer": "2"}])
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    write_rows(bench / "train.jsonl", [{"prompt": "TRAIN", "answer": "1"}])
+    write_rows(bench / "test.jsonl", [{"prompt": "TEST", "answer": "1"}])
+    saved = tmp_path / "saved"
+    DatasetDict({"train": Dataset.from_list([{"prompt": "TRAIN", "answer": "1"}]),
+                 "test": Dataset.from_list([{"prompt": "TEST", "answer": "1"}])}).save_to_disk(str(saved))  # fmt: skip
+    for folder in (bench, saved):
+        data = PromptDataModule(path=str(train), val_split=None, batch_size=1, val_sets={"bench": str(folder)})
+        with pytest.raises(ConfigError, match=r"data.val_sets.bench=.* has the splits \['test', 'train'\] and none "
+                                              r"named 'validation'.*point val_sets.bench at that split's own file"):
+            data.setup("validate")
+    # its own file, a folder with a validation split, or a folder of one split are taken
+    write_rows(bench / "validation.jsonl", [{"prompt": "VALIDATION", "answer": "1"}])
+    for path, prompt in ((bench / "test.jsonl", "TEST"), (bench, "VALIDATION")):
+        data = PromptDataModule(path=str(train), val_split=None, batch_size=1, val_sets={"bench": str(path)})
+        data.setup("validate")
+        assert data.extra_val_datasets["bench"]["prompt"] == [prompt]
+
+
 # --- prompts longer than the model's context ------------------------------------------------------
 
 CONTEXT, MAX_NEW_TOKENS = 32, 8  # 24 tokens of prompt fit; the tokenizer has one token per character

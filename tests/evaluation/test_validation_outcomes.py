@@ -98,6 +98,19 @@ def test_pass_at_k_samples_beside_greedy_validation(tiny_model_dir, tmp_path, on
     assert float(metrics["val/pass@3"]) == pytest.approx(sampled.correct.max(axis=1).mean())
     assert "val/maj@3" in metrics
 
+    # evaluation_sampling's block: every metric from its own 4 completions, none from a draw of pass_at_k_samples
+    (folder / "val-sampled-step000000.csv.gz").unlink()
+    with cli.model.evaluation_sampling(4, temperature=1.0):
+        cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
+    assert sorted(path.name for path in folder.iterdir()) == ["val-step000000.csv.gz"]
+    four = read_outcomes(folder / "val-step000000.csv.gz")
+    assert four.correct.shape == (NUM_VAL, 4)
+    metrics = cli.trainer.callback_metrics
+    assert float(metrics["val/accuracy"]) == pytest.approx(four.correct.mean())
+    assert float(metrics["val/pass@1"]) == pytest.approx(four.correct.mean())
+    assert float(metrics["val/pass@4"]) == pytest.approx(four.correct.max(axis=1).mean())
+    assert cli.model.pass_at_k_samples == 3  # restored after the block
+
 
 def test_pass_at_k_samples_need_one_validation_sample_and_at_least_two():
     from grpo_lightning.errors import ConfigError
