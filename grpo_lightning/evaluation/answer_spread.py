@@ -13,7 +13,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from grpo_lightning.rewards.accuracy import parse_number
-from grpo_lightning.rewards.consistency import vote
+from grpo_lightning.rewards.consistency import same_answer, vote
 from grpo_lightning.rewards.scoring import completion_text
 
 #: A prompt's reference answer and the answers of its completions.
@@ -46,8 +46,22 @@ def prompt_answers(
 
 
 def top_share(values: Sequence[Hashable]) -> float:
-    """The share of ``values`` equal to the most common one; 0 for none."""
-    return max(Counter(values).values()) / len(values) if values else 0.0
+    """The share of ``values`` that are the most common answer, numbers grouped as ``maj@n`` groups
+    them (:func:`~grpo_lightning.rewards.consistency.same_answer`: ``1/3`` and ``0.3333333`` are one);
+    0 for none."""
+    if not values:
+        return 0.0
+    counts = Counter(values)
+    numbers = sorted(value for value in counts if isinstance(value, float))
+    groups = [counts[value] for value in counts if not isinstance(value, float)]
+    anchor = None
+    for number in numbers:  # sorted, so numbers within the tolerance of a group's first are next to it
+        if anchor is not None and same_answer(anchor, number):
+            groups[-1] += counts[number]
+        else:
+            anchor = number
+            groups.append(counts[number])
+    return max(groups) / len(values)
 
 
 def answer_shares(prompts: Sequence[PromptAnswers]) -> dict[str, float]:

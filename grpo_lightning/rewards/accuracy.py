@@ -79,7 +79,8 @@ def _too_large(exponent: str) -> bool:
 
 
 def answers_match(predicted: str | None, reference: Any) -> bool:
-    """Numeric comparison (relative tolerance 1e-6) when both sides are numbers; else normalized text
+    """Numeric comparison when both sides are numbers (:func:`numbers_match`: whole numbers exactly, others
+    to a relative tolerance of 1e-6); else normalized text
     equality, then (with math-verify installed, and unless both are plain words) math-verify's
     equivalence of the two as LaTeX: expressions, sets, intervals, units."""
     if predicted is None or reference is None:
@@ -87,14 +88,20 @@ def answers_match(predicted: str | None, reference: Any) -> bool:
     reference = str(reference)
     predicted_number, reference_number = parse_number(predicted), parse_number(reference)
     if predicted_number is not None and reference_number is not None:
-        return predicted_number == reference_number or math.isclose(
-            predicted_number, reference_number, rel_tol=RELATIVE_TOLERANCE
-        )
+        return numbers_match(predicted_number, reference_number)
     if _normalize(predicted) == _normalize(reference):
         return True
     if WORDS.match(predicted.strip()) and WORDS.match(reference.strip()):
         return False
     return bool(math_verifier.equivalent(predicted, reference))
+
+
+def numbers_match(first: float, second: float) -> bool:
+    """Two whole numbers only when equal (``66681335`` is not ``66681336``, however large); otherwise
+    within :data:`RELATIVE_TOLERANCE` (``0.3333333`` is ``1/3``, ``2.9999999`` is ``3``)."""
+    if first.is_integer() and second.is_integer():
+        return first == second
+    return math.isclose(first, second, rel_tol=RELATIVE_TOLERANCE)
 
 
 def _normalize(text: str) -> str:

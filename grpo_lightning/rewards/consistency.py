@@ -6,11 +6,10 @@ reward :func:`majority_vote_reward`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from grpo_lightning.rewards.accuracy import RELATIVE_TOLERANCE, extract_answer, parse_number
+from grpo_lightning.rewards.accuracy import extract_answer, numbers_match, parse_number
 from grpo_lightning.rewards.scoring import completion_text
 
 #: Reward of a completion that agrees with its group's most common answer, and of every other one.
@@ -29,8 +28,8 @@ def vote(completion: object) -> Hashable | None:
 
 def majority_answer(votes: Sequence[Hashable | None]) -> Hashable | None:
     """The most common answer among ``votes``; ``None`` never votes, ties go to the answer seen first;
-    ``None`` when nobody voted. Numbers within the relative tolerance the answers are scored at
-    (:data:`~grpo_lightning.rewards.accuracy.RELATIVE_TOLERANCE`) are one answer, the first seen:
+    ``None`` when nobody voted. Numbers that match as the answers are scored
+    (:func:`~grpo_lightning.rewards.accuracy.numbers_match`) are one answer, the first seen:
     ``1/3`` and ``0.3333333``, which both score as correct against ``1/3``, do not split their votes."""
     counts: dict[Hashable, int] = {}
     for answer in votes:
@@ -43,11 +42,12 @@ def majority_answer(votes: Sequence[Hashable | None]) -> Hashable | None:
 
 
 def same_answer(first: Hashable | None, second: Hashable | None) -> bool:
-    """Whether two votes are one answer: equal, or numbers within :data:`~grpo_lightning.rewards.accuracy.RELATIVE_TOLERANCE`."""
+    """Whether two votes are one answer: equal, or numbers that match as answers are scored
+    (:func:`~grpo_lightning.rewards.accuracy.numbers_match`)."""
     if first is None or second is None:
         return False
     if isinstance(first, float) and isinstance(second, float):
-        return math.isclose(first, second, rel_tol=RELATIVE_TOLERANCE)
+        return numbers_match(first, second)
     return first == second
 
 

@@ -18,3 +18,12 @@ def test_the_shares_are_over_every_completion_of_prompts_of_several_samples():
         "top_answer_share": 5 / 8,
         "reference_top_answer_share": 2 / 8,
     }
+
+
+def test_the_top_share_groups_numbers_as_the_vote_does():
+    """``1/3``, ``0.3333333`` and ``0.33333333`` are one answer for ``maj@n``, and so for the share."""
+    completions = ["<answer>1/3</answer>", "<answer>0.3333333</answer>", "<answer>0.33333333</answer>", "<answer>5</answer>"]
+    shares = answer_shares(prompt_answers(["1/3"] * 4, completions, samples=4))
+    assert shares["top_answer_share"] == 3 / 4
+    big = ["<answer>66681335</answer>", "<answer>66681336</answer>", "<answer>text</answer>", "<answer>TEXT</answer>"]
+    assert answer_shares(prompt_answers(["1"] * 4, big, samples=4))["top_answer_share"] == 2 / 4  # the two texts

@@ -68,9 +68,24 @@ def test_answers_match_compares_numbers_by_value(predicted, reference):
     assert answers_match(predicted, reference)
 
 
-@pytest.mark.parametrize(("predicted", "reference"), [("81", "82"), ("0.7", "3/4"), ("1.001", "1"), (None, "1")])
+@pytest.mark.parametrize(("predicted", "reference"), [("81", "82"), ("0.7", "3/4"), ("1.001", "1"), (None, "1"),
+                                                    ("66681335", "66681336"), ("999999", "1000000"), ("1e7", "10000001")])
 def test_answers_match_rejects_different_numbers(predicted, reference):
     assert not answers_match(predicted, reference)
+
+
+def test_whole_numbers_match_exactly_however_large():
+    """A product of two 4-digit numbers off by one is wrong, though within 1e-6 of the reference:
+    the tolerance is for decimals (0.3333333 for 1/3), not for whole answers."""
+    from grpo_lightning.data.arithmetic import make_arithmetic_dataset
+    from grpo_lightning.rewards.consistency import majority_answer
+
+    rows = make_arithmetic_dataset(digits=4, operations="*", num_train=50, num_val=0, seed=0)["train"]
+    off_by_one = [str(int(answer) + 1) for answer in rows["answer"]]
+    assert not any(answers_match(wrong, right) for wrong, right in zip(off_by_one, rows["answer"]))
+    assert all(answers_match(right, right) for right in rows["answer"])
+    assert answers_match("0.3333333", "1/3") and answers_match("2.9999999", "3")
+    assert majority_answer([66681335.0, 66681336.0, 66681336.0]) == 66681336.0  # two answers, not one of three
 
 
 def test_answers_match_compares_text_after_normalizing_case_and_spaces():
