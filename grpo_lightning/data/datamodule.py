@@ -23,15 +23,15 @@ from grpo_lightning.rewards.scoring import check_column_names
 Batch = dict[str, list[Any]]
 
 
-def _val_set_split(splits: DatasetDict, name: str, path: str) -> str:
-    """The split of a ``val_sets`` entry to validate on: ``validation``, else the only one. Of several
+def _one_split(splits: DatasetDict, wanted: str, field: str, path: str) -> Dataset:
+    """The split of ``path`` (given as ``data.<field>``) named ``wanted``, else its only one. Of several
     others none is taken: the first of them may be the training split."""
-    if "validation" in splits or len(splits) == 1:
-        return "validation" if "validation" in splits else next(iter(splits))
+    if wanted in splits or len(splits) == 1:
+        return splits[wanted] if wanted in splits else next(iter(splits.values()))
     raise ConfigError(
-        f"data.val_sets.{name}={path!r} has the splits {sorted(splits)} and none named 'validation', so which "
-        f"to validate on is not clear; point val_sets.{name} at that split's own file (e.g. {path}/test.jsonl), or "
-        "save that split alone (datasets: load_dataset(...)[SPLIT].to_json('FILE.jsonl')) and point at the file."
+        f"data.{field}={path!r} has the splits {sorted(splits)} and none named {wanted!r}, so which one to use is "
+        f"not clear; point data.{field} at that split's own file (e.g. {path}/test.jsonl), or save that split alone "
+        "(datasets: load_dataset(...)[SPLIT].to_json('FILE.jsonl')) and point at the file."
     )
 
 
@@ -57,8 +57,10 @@ class PromptDataModule(LightningDataModule):
             split), a folder of such files named by split (``train.jsonl``, ``validation.jsonl``,
             ``test.jsonl``), a directory written by ``Dataset.save_to_disk``/``DatasetDict.save_to_disk``,
             or a hub dataset name. Local paths are never looked up on the hub.
-        val_path: A separate validation file (or folder), loaded as the ``val_split`` split.
-        test_path: A separate test file (or folder), loaded as the ``test`` split.
+        val_path: A separate validation file (or folder: its ``validation`` split, else its only one),
+            loaded as the ``val_split`` split.
+        test_path: A separate test file (or folder: its ``test`` split, else its only one), loaded as
+            the ``test`` split.
         name: Hub dataset configuration name.
         train_split: Split used for training.
         val_split: Split used for validation; ``None`` disables validation; ``"auto"`` takes the
@@ -72,7 +74,7 @@ class PromptDataModule(LightningDataModule):
         max_val_samples: Validate on the first this many rows only (of each validation set);
             ``None`` uses them all.
         val_sets: Further validation sets, name -> file or folder (its ``validation`` split, else
-            its only one), each validated beside the main one and logged under ``val/<name>/``.
+            its only one; of several others none is guessed), each validated beside the main one and logged under ``val/<name>/``.
         seed: Seed of the training shuffle.
         num_workers: Data loader worker processes.
         long_prompts: A prompt longer than the model's context minus ``max_new_tokens``, found when
@@ -152,10 +154,10 @@ class PromptDataModule(LightningDataModule):
         if self.val_path is not None:
             val_splits = self._load_path(self.val_path, "val_path")
             val_split = self.val_split if self.val_split not in (None, "auto") else "validation"
-            splits[val_split] = val_splits.get("validation", val_splits.get(self.train_split))
+            splits[val_split] = _one_split(val_splits, "validation", "val_path", self.val_path)
         if self.test_path is not None:
             test_splits = self._load_path(self.test_path, "test_path")
-            splits[self.test_split] = test_splits.get("test", test_splits.get(self.train_split))
+            splits[self.test_split] = _one_split(test_splits, "test", "test_path", self.test_path)
         return splits
 
     def _load_path(self, path: str, field: str) -> DatasetDict:
@@ -222,10 +224,9 @@ class PromptDataModule(LightningDataModule):
             self.val_dataset = self._first_rows(val_dataset)
         if stage in (None, "fit", "validate"):
             for name, path in self.val_sets.items():
-                splits = self._load_path(path, f"val_sets.{name}")
-                split = _val_set_split(splits, name, path)
-                self._check_rows(splits[split], f"split {split!r} of data.val_sets.{name}")
-                self.extra_val_datasets[name] = self._first_rows(splits[split])
+                dataset = _one_split(self._load_path(path, f"val_sets.{name}"), "validation", f"val_sets.{name}", path)
+                self._check_rows(dataset, f"data.val_sets.{name}")
+                self.extra_val_datasets[name] = self._first_rows(dataset)
 
     def _first_rows(self, dataset: Dataset) -> Dataset:
         """The first ``max_val_samples`` rows of a validation set (all when it is ``None``)."""

@@ -166,8 +166,19 @@ def test_a_validation_set_of_several_splits_without_validation_is_refused(tmp_pa
     for folder in (bench, saved):
         data = PromptDataModule(path=str(train), val_split=None, batch_size=1, val_sets={"bench": str(folder)})
         with pytest.raises(ConfigError, match=r"data.val_sets.bench=.* has the splits \['test', 'train'\] and none "
-                                              r"named 'validation'.*point val_sets.bench at that split's own file"):
+                                              r"named 'validation'.*point data.val_sets.bench at that split's own file"):
             data.setup("validate")
+        # so are val_path and test_path (which took the training split here)
+        data = PromptDataModule(path=str(train), val_path=str(folder), batch_size=1)
+        with pytest.raises(ConfigError, match=r"data.val_path=.* has the splits \['test', 'train'\] and none named "
+                                              "'validation'"):  # fmt: skip
+            data.setup("validate")
+        data = PromptDataModule(path=str(train), test_path=str(saved / "train"), val_split=None, batch_size=1)
+        data.setup("test")  # one split: taken
+        assert data.test_dataset["prompt"] == ["TRAIN"]
+    data = PromptDataModule(path=str(train), test_path=str(bench), val_split=None, batch_size=1)
+    data.setup("test")  # its test split
+    assert data.test_dataset["prompt"] == ["TEST"]
     # its own file, a folder with a validation split, or a folder of one split are taken
     write_rows(bench / "validation.jsonl", [{"prompt": "VALIDATION", "answer": "1"}])
     for path, prompt in ((bench / "test.jsonl", "TEST"), (bench, "VALIDATION")):
