@@ -53,10 +53,10 @@ def _last_boxed(text: str) -> str | None:
 
 
 def parse_number(text: str) -> float | None:
-    """Parse ints, decimals, fractions (``3/4``, ``\\frac{3}{4}``) and ``1,234``; ``None`` if not a
+    """Parse ints, decimals, fractions (``3/4``, ``\\frac{3}{4}``), ``1,234`` and ``\\$18``; ``None`` if not a
     number, or not one a float holds (``1e400``, 309 digits, a nonzero ``1e-400``): such answers
     compare as text. Never raises, on any text a model writes."""
-    cleaned = text.strip().strip("$").strip().rstrip(".").strip()
+    cleaned = text.replace("\\$", "").strip().strip("$").strip().rstrip(".").strip()  # "\$18": money, as MATH writes it
     latex = LATEX_FRACTION.match(cleaned)
     if latex:
         cleaned = f"{latex.group(1)}{latex.group(2)}/{latex.group(3)}"

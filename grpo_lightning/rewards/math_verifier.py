@@ -17,6 +17,7 @@ import contextlib
 import importlib.util
 import json
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -28,6 +29,7 @@ STARTUP_SECONDS = 120.0
 """Longest the child may take to import math-verify (and sympy)."""
 READY = "ready"
 
+UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
 _lock = threading.RLock()
 _child: subprocess.Popen | None = None
 _replies: queue.SimpleQueue | None = None
@@ -41,9 +43,11 @@ def available() -> bool:
 
 
 def as_latex(text: str) -> str:
-    """``text`` in ``$...$`` unless it has math delimiters already: math-verify's parser reads LaTeX."""
+    """``text`` in ``$...$`` unless it has math delimiters already: math-verify's parser reads LaTeX.
+    An escaped dollar (``\\$18``, money in MATH's answers) is text, not a delimiter."""
     text = text.strip()
-    return text if any(mark in text for mark in ("$", "\\(", "\\[")) else f"${text}$"
+    delimited = UNESCAPED_DOLLAR.search(text) or any(mark in text for mark in ("\\(", "\\["))
+    return text if delimited else f"${text}$"
 
 
 def equivalent(predicted: str, reference: str) -> bool | None:

@@ -100,6 +100,14 @@ def test_a_comparison_past_the_deadline_is_a_mismatch_and_the_next_one_works(mon
 def test_answers_are_given_to_math_verify_as_latex():
     assert math_verifier.as_latex(r" \frac{1}{2} ") == r"$\frac{1}{2}$"
     assert math_verifier.as_latex(r"it is $\frac{1}{2}$") == r"it is $\frac{1}{2}$"
+    assert math_verifier.as_latex(r"\$18") == r"$\$18$"  # an escaped dollar is text, not a delimiter
+
+
+def test_money_as_math_writes_it_matches_the_bare_number():
+    """MATH's references write money as ``\$18.90``: a correct ``18.90`` scores, with or without math-verify."""
+    for predicted, reference in (("18", r"\$18"), (r"\$18", "18"), ("18.90", r"\$18.90"), (r"\$ 18", "18")):
+        assert answers_match(predicted, reference), (predicted, reference)
+    assert not answers_match("19", r"\$18")
 
 
 @needs_math_verify
