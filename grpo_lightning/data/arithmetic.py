@@ -33,6 +33,8 @@ def make_arithmetic_dataset(
 
     Operands are uniform in ``[0, 10**digits - 1]``; each problem's operation is drawn uniformly
     from ``operations``. For ``-`` the larger operand comes first, so answers are never negative.
+    Where the rows asked for are over half of all distinct problems, they are drawn uniformly from
+    those instead, so ``-``, which has fewer distinct problems, comes less often.
     All prompts are distinct, hence the validation prompts never appear in training. The result
     depends only on the arguments.
     """
@@ -75,10 +77,10 @@ def check_arithmetic_arguments(num_train: int, num_val: int, digits: int, operat
             f"operations={operations!r} must be a non-empty string of characters from "
             f"{SUPPORTED_OPERATIONS!r}, e.g. '+-'."
         )
-    _check_template(template)
+    _check_template(template, operations)
 
 
-def _check_template(template: str) -> None:
+def _check_template(template: str, operations: str = "+") -> None:
     try:
         written = template.format(a=37, op="+", b=45)
     except (KeyError, IndexError, ValueError) as error:
@@ -88,6 +90,12 @@ def _check_template(template: str) -> None:
         ) from None
     if "37" not in written or "45" not in written:
         raise ConfigError(f"template={template!r} must contain {{a}} and {{b}}, e.g. 'What is {{a}} {{op}} {{b}}?'.")
+    if len(set(operations)) > 1 and template.format(a=37, op="+", b=45) == template.format(a=37, op="*", b=45):
+        raise ConfigError(
+            f"template={template!r} does not write the operation, so with operations={operations!r} one prompt would "
+            "stand for problems of different answers (and a validation prompt could be a training one); add {op}, "
+            "e.g. 'What is {a} {op} {b}?'."
+        )
 
 
 def _count_distinct_prompts(num_values: int, ops: list[str]) -> int:

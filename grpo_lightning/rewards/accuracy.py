@@ -17,6 +17,9 @@ BOXED_OPENING = re.compile(r"\\boxed\s*\{")
 NUMBER = re.compile(r"(?:(?<![\w)\]])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?:(?<![\w)\]])-)?\.\d+")
 LATEX_FRACTION = re.compile(r"^(-?)\\[dt]?frac\{([^{}]+)\}\{([^{}]+)\}$")
 THOUSANDS = re.compile(r"^[-+]?\d{1,3}(,\d{3})+(\.\d+)?$")
+SPACED_THOUSANDS = re.compile(r"^[-+]?\d{1,3}( \d{3})+(\.\d+)?$")
+MIXED_NUMBER = re.compile(r"^([-+]?)(\d+) (\d+)/(\d+)$")
+SPACE_BESIDE_NON_DIGIT = re.compile(r"(?<!\d)\s+|\s+(?!\d)")
 # Plain words compare as text only: math-verify would read "AB" as the product a*b, equal to "BA".
 WORDS = re.compile(r"^[^\W\d_]+(?:\s+[^\W\d_]+)*$")
 RELATIVE_TOLERANCE = 1e-6
@@ -62,7 +65,15 @@ def parse_number(text: str) -> float | None:
         cleaned = f"{latex.group(1)}{latex.group(2)}/{latex.group(3)}"
     if THOUSANDS.match(cleaned):
         cleaned = cleaned.replace(",", "")
-    cleaned = cleaned.replace(" ", "")
+    cleaned = SPACE_BESIDE_NON_DIGIT.sub("", cleaned)  # "- 5", "5 / 2", "$ 18"
+    if SPACED_THOUSANDS.match(cleaned):
+        cleaned = cleaned.replace(" ", "")  # "1 000 000"
+    mixed = MIXED_NUMBER.match(cleaned)
+    if mixed:  # "3 1/2" is 3.5, not 31/2
+        sign, whole, numerator, denominator = mixed.groups()
+        cleaned = f"{sign}{int(whole) * int(denominator) + int(numerator)}/{denominator}"
+    if any(c.isspace() for c in cleaned):
+        return None  # "1 2": two numbers, not 12
     if any(_too_large(exponent) for exponent in EXPONENT.findall(cleaned)):
         return None  # Fraction would compute 10**exponent first: "1e999999999" takes minutes
     try:

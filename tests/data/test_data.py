@@ -348,6 +348,14 @@ def test_arithmetic_template_errors_name_the_field(template, message):
         make_arithmetic_dataset(num_train=5, num_val=0, template=template)
 
 
+def test_a_template_without_the_operation_is_refused_for_several_operations():
+    """"Compute 3 and 4" for both 3+4 and 3*4: one prompt, two answers, and validation prompts in training."""
+    with pytest.raises(ValueError, match=r"^template='Compute \{a\} and \{b\}: ' does not write the operation.*add \{op\}"):
+        make_arithmetic_dataset(num_train=50, num_val=20, digits=1, operations="+*", template="Compute {a} and {b}: ")
+    rows = make_arithmetic_dataset(num_train=50, num_val=20, digits=1, operations="+", template="Add {a} and {b}: ")
+    assert len(set(rows["train"]["prompt"]) | set(rows["validation"]["prompt"])) == 70  # one operation: no {op} needed
+
+
 def test_arithmetic_datamodule_passes_its_template_on():
     module = ArithmeticDataModule(num_train=4, num_val=2, template="Compute {a}{op}{b}.")
     assert all(p.startswith("Compute ") and p.endswith(".") for p in module.load()["train"]["prompt"])

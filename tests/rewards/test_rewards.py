@@ -74,6 +74,14 @@ def test_answers_match_rejects_different_numbers(predicted, reference):
     assert not answers_match(predicted, reference)
 
 
+@pytest.mark.parametrize(("text", "value"), [("3 1/2", 3.5), ("-3 1/2", -3.5), ("1 000 000", 1e6), ("5 / 2", 2.5),
+                                            ("- 5", -5.0), ("$ 18", 18.0), ("1 2", None), ("12 000 00", None)])
+def test_spaces_in_a_number_are_read_as_written(text, value):
+    """A mixed number is its sum, thousands may be spaced, and two numbers are no number: the spaces
+    were dropped, so "3 1/2" read 31/2 and "1 2" read 12."""
+    assert parse_number(text) == value
+
+
 def test_whole_numbers_match_exactly_however_large():
     """A product of two 4-digit numbers off by one is wrong, though within 1e-6 of the reference:
     the tolerance is for decimals (0.3333333 for 1/3), not for whole answers."""
