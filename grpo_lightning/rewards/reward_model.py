@@ -15,8 +15,9 @@ class RewardModel:
     """Scores ``prompt + completion`` with ``AutoModelForSequenceClassification`` (the logit of label 0).
 
     Nothing is loaded until the first call. Texts longer than ``max_length`` tokens are cut from the
-    left so the end of the completion is always scored. Conversations are rendered with the
-    tokenizer's chat template when it has one.
+    left so the end of the completion is always scored. A prompt of chat messages is rendered with
+    the tokenizer's chat template, the completion as the assistant's reply (the template's own special
+    tokens, none added again); without a template, each message's content on a line of its own.
 
     Args:
         path: Local directory or hub name of the reward model and its tokenizer.
@@ -54,10 +55,10 @@ class RewardModel:
     def __call__(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
         if self.model is None:
             self._load()
-        texts = [self._render(prompt, completion) for prompt, completion in zip(prompts, completions)]
+        rendered = [self._render(prompt, completion) for prompt, completion in zip(prompts, completions)]
         scores: list[float] = []
-        for start in range(0, len(texts), self.batch_size):
-            scores.extend(self._score(texts[start : start + self.batch_size]))
+        for start in range(0, len(rendered), self.batch_size):
+            scores.extend(self._score(rendered[start : start + self.batch_size]))
         return scores
 
     def _load(self) -> None:
@@ -78,16 +79,22 @@ class RewardModel:
         model.config.pad_token_id = tokenizer.pad_token_id
         self.tokenizer, self.model = tokenizer, model.to(device).eval()
 
-    def _render(self, prompt: Any, completion: Any) -> str:
-        conversational = isinstance(prompt, list) and isinstance(completion, list)
-        if conversational and getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(prompt + completion, tokenize=False)
-        return _prompt_text(prompt) + completion_text(completion)
+    def _render(self, prompt: Any, completion: Any) -> tuple[str, bool]:
+        """The text scored, and whether a chat template wrote it (its special tokens are in it then).
+        A rollout's completion is text; after a prompt of messages it is the assistant's reply."""
+        if not isinstance(prompt, list):
+            return completion_text(prompt) + completion_text(completion), False
+        reply = completion if isinstance(completion, list) else [{"role": "assistant", "content": completion_text(completion)}]
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(prompt + reply, tokenize=False), True
+        return "\n".join(completion_text(message) for message in prompt + reply), False
 
     @torch.no_grad()
-    def _score(self, texts: list[str]) -> list[float]:
+    def _score(self, rendered: list[tuple[str, bool]]) -> list[float]:
+        texts = [text for text, _ in rendered]
         encoded = self.tokenizer(
-            texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+            texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt",
+            add_special_tokens=not any(templated for _, templated in rendered),
         )
         empty = (encoded["attention_mask"].sum(dim=1) == 0).nonzero().flatten().tolist()
         if empty:
@@ -100,8 +107,3 @@ class RewardModel:
         logits = self.model(**encoded).logits
         return logits[:, 0].float().cpu().tolist()
 
-
-def _prompt_text(prompt: Any) -> str:
-    if isinstance(prompt, list):
-        return "\n".join(completion_text(message) for message in prompt)
-    return completion_text(prompt)

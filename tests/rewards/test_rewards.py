@@ -398,6 +398,30 @@ def test_reward_model_scores_match_a_direct_forward_pass(reward_model_path):
     assert scores == pytest.approx(expected, abs=1e-5)
 
 
+def test_a_chat_prompt_is_scored_through_the_chat_template_with_the_completion_as_the_reply(tmp_path):
+    """A rollout's completions are text, its prompts chat messages: the reply is the assistant's turn
+    of the template (the template was never applied, so the model read the bare contents run together)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    save_tiny_reward_model(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    tokenizer.chat_template = "<eos>{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+    tokenizer.save_pretrained(tmp_path)
+    prompt = [{"role": "system", "content": "hello"}, {"role": "user", "content": "the answer is"}]
+    scores = RewardModel(str(tmp_path), device="cpu")([prompt, prompt], ["42", "bad"])
+
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    expected = []
+    for reply in ("42", "bad"):
+        text = tokenizer.apply_chat_template(prompt + [{"role": "assistant", "content": reply}], tokenize=False)
+        assert text == "<eos>system hello user the answer is assistant " + reply + " "
+        with torch.no_grad():
+            expected.append(model(**tokenizer(text, return_tensors="pt", add_special_tokens=False)).logits[0, 0].item())
+    assert scores == pytest.approx(expected, abs=1e-5)
+    # without a template (here: no tokenizer loaded yet), one message a line
+    assert RewardModel(str(tmp_path))._render(prompt, "42") == ("hello\nthe answer is\n42", False)
+
+
 def test_reward_model_scores_do_not_depend_on_batch_padding(reward_model_path):
     prompts, completions = ["the answer is ", "hello "], ["42", "world good bad 7 the answer is 42"]
     one_by_one = RewardModel(reward_model_path, batch_size=1, device="cpu")(prompts, completions)
