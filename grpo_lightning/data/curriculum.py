@@ -117,6 +117,7 @@ class DifficultyCurriculum(Callback):
         self.rates: dict[int, float] = {}  # row -> its last pass rate
         self.measured: dict[int, int] = {}  # row -> the epoch of that measure
         self.rows_of: dict[str, list[int]] = {}
+        self.prompt_column: str | None = None  # the data module's, read when the sampler is made
         self.sampler: CurriculumSampler | None = None
         self.loader: Any = None  # the training loader, whose position a checkpoint reads
         self.restored: dict[str, Any] | None = None  # a checkpoint's sampler state, until its epoch is drawn
@@ -135,7 +136,10 @@ class DifficultyCurriculum(Callback):
         return [(list(rows), int(after)) for rows, after in restored["unserved"]], int(restored["position"])
 
     def new_sampler(self, dataset: Any, batch_size: int, **kwargs: Any) -> CurriculumSampler:
-        """The training sampler, which :class:`~grpo_lightning.data.PromptDataModule` asks for."""
+        """The training sampler, which :class:`~grpo_lightning.data.PromptDataModule` asks for. The rows
+        are this ``dataset``'s: ``data.long_prompts`` may have dropped or cut prompts since ``setup``."""
+        if self.prompt_column is not None:
+            self.rows_of = rows_of_prompts(dataset[self.prompt_column])
         self.sampler = CurriculumSampler(dataset, self, batch_size, **kwargs)
         return self.sampler
 
@@ -146,7 +150,8 @@ class DifficultyCurriculum(Callback):
         if not hasattr(datamodule, "curriculum") or datamodule.train_dataset is None:
             raise ConfigError("DifficultyCurriculum: needs a PromptDataModule (--data), whose training sampler it sets.")
         datamodule.curriculum = self
-        self.rows_of = rows_of_prompts(datamodule.train_dataset[datamodule.prompt_column])
+        self.prompt_column = datamodule.prompt_column
+        self.rows_of = rows_of_prompts(datamodule.train_dataset[self.prompt_column])
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         self.loader = trainer.train_dataloader

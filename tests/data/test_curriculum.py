@@ -56,6 +56,23 @@ def test_on_several_devices_every_device_measures_with_all_their_outcomes():
     assert curriculum.rates == {0: 1.0, 6: 1.0, 3: 0.5, 9: 0.5, 4: 0.5, 10: 0.5}
 
 
+def test_rows_are_those_of_the_dataset_sampled_after_long_prompts_dropped_one():
+    """``data.long_prompts skip`` drops rows after the callback's setup: row numbers shift, and a prompt
+    measured too easy must set aside its own row, not the next prompt's."""
+    from datasets import Dataset
+
+    curriculum = DifficultyCurriculum()
+    datamodule = SimpleNamespace(curriculum=None, prompt_column="prompt",
+                                 train_dataset=Dataset.from_dict({"prompt": ["LONG", "p1", "p2", "p3"]}))  # fmt: skip
+    curriculum.setup(SimpleNamespace(datamodule=datamodule), None, "fit")
+    datamodule.train_dataset = datamodule.train_dataset.select([1, 2, 3])  # as the fit's prompt check leaves it
+    curriculum.new_sampler(datamodule.train_dataset, 1, seed=0)
+    rollout = SimpleNamespace(rewards=torch.tensor([1.0, 1.0]), group_size=2, prompts=["p1", "p1"])  # too easy
+    curriculum.on_train_batch_end(SimpleNamespace(world_size=1, current_epoch=0), None, {"rollout": rollout}, None, 0)
+    assert curriculum.rates == {0: 1.0}  # p1's row of the sampled dataset
+    assert not curriculum.keeps(0, 1) and curriculum.keeps(1, 1)  # p1 set aside, p2 still drawn
+
+
 def fresh(state: dict | None = None, loader_state: dict | None = None) -> tuple[DifficultyCurriculum, ResumableDataLoader]:
     curriculum = DifficultyCurriculum(revisit_epochs=1)
     curriculum.rows_of = {f"p{i}": [i, i + 6] for i in range(6)}
