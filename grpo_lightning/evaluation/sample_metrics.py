@@ -109,10 +109,16 @@ def prompt_metrics(correct: Tensor, rewards: Tensor, lengths: Tensor, votes: Seq
     over the ``n``), ``reward``, ``mean_length``, ``truncated_share`` (of ``truncated`` ``[P, n]``:
     completions cut at the token limit, scored as they stand), and for ``n > 1`` ``pass@k`` and
     ``maj@n``, which count a completion correct at a score of exactly 1: where the scores are not all
-    0 or 1 they are left out, with a warning. A prompt whose accuracy does not apply is NaN in every
-    accuracy metric."""
+    0 or 1 they are left out, with a warning. A prompt whose accuracy does not apply (no completion
+    scored: no reference) is NaN in every accuracy metric; a completion left unscored beside scored
+    ones counts as incorrect, with a warning (leaving its prompt out would leave out hard prompts)."""
     num_samples = correct.size(1)
-    applies = ~correct.isnan().any(dim=1)
+    unscored = correct.isnan()
+    applies = ~unscored.all(dim=1)
+    if (unscored & applies[:, None]).any():
+        rank_zero_warn(f"evaluation.accuracy_func gave no score (None or NaN) to {int((unscored & applies[:, None]).sum())} "
+                       "completions of prompts whose other completions it scored: they count as incorrect. Return 0 "
+                       "for a wrong answer, None only where a prompt has no reference.")  # fmt: skip
     solved = torch.nan_to_num(correct.double(), nan=0.0)
     metrics = {
         "accuracy": torch.where(applies, solved.mean(dim=1), math.nan),

@@ -121,6 +121,16 @@ def test_partial_credit_leaves_pass_at_k_and_maj_out_with_a_warning():
     assert set(metrics) == {"accuracy", "reward", "mean_length"} and metrics["accuracy"].item() == 0.75
 
 
+def test_a_completion_left_unscored_beside_scored_ones_counts_as_incorrect_with_a_warning():
+    """A hard prompt whose function scored 3 of 4 completions (0) and not the fourth: left out of
+    accuracy, it would lift it to 1.0; it counts, its fourth completion as incorrect (4 / 8 here)."""
+    correct = torch.tensor([[0.0, 0.0, 0.0, math.nan], [1.0, 1.0, 1.0, 1.0], [math.nan] * 4])
+    with pytest.warns(UserWarning, match=r"gave no score \(None or NaN\) to 1 completions of prompts whose other"):
+        metrics = prompt_metrics(correct, correct.nan_to_num(), torch.ones(3, 4), [1.0] * 12)
+    assert metrics["accuracy"][:2].tolist() == [0.0, 1.0] and math.isnan(metrics["accuracy"][2])  # no reference: out
+    assert metrics["pass@4"][:2].tolist() == [0.0, 1.0] and summarize(metrics)["accuracy"] == 0.5
+
+
 def test_equal_numbers_written_two_ways_vote_together_and_truncation_is_counted():
     # 1/3 twice and 0.3333333 twice (both score 1 against 1/3) against 0.5 three times: 4 votes to 3
     votes = [vote(f"<answer>{answer}</answer>") for answer in ["1/3", "1/3", "0.3333333", "0.3333333", "0.5", "0.5", "0.5"]]
