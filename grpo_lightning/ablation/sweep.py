@@ -199,9 +199,12 @@ def launch(command: Sequence[str], log, env: Mapping[str, str] | None, timeout_s
 
 
 def cell_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """A cell's environment: this process's, with its slot's variables (``env``) and unbuffered output."""
+    """A cell's environment: this process's, with its slot's variables (``env``), unbuffered output,
+    and one hash seed for every cell (unless set): data whose order follows it (some of reasoning-gym's
+    tasks) is then the same in every cell and every sweep, so their prompts pair."""
     full_env = {**os.environ, **(env or {})}
     full_env.setdefault("PYTHONUNBUFFERED", "1")
+    full_env.setdefault("PYTHONHASHSEED", "0")
     return full_env
 
 

@@ -157,6 +157,7 @@ class ReasoningGymDataModule(PromptDataModule):
         self.task = task
         self.task_config = dict(task_config or {})
         create_task(task, self.task_config, task_seed, num_train)  # a wrong name or option fails here
+        warn_unless_reproducible(task, self.task_config, task_seed)
         self.num_train = num_train
         self.num_val = num_val
         self.task_seed = task_seed
@@ -175,6 +176,25 @@ class ReasoningGymDataModule(PromptDataModule):
         super().setup(stage)
         if self.trainer is not None:
             warn_unless_scored_by_reasoning_gym(self.trainer.lightning_module, self.task)
+
+
+#: Problems a task generates twice to see that its seed fixes them.
+PROBE_SIZE = 4
+
+
+def warn_unless_reproducible(task: str, config: dict[str, Any], seed: int) -> None:
+    """Warn where ``task`` gives other problems for the same seed within this process (a few of
+    reasoning-gym's draw from an unseeded source): each run, and each device of a run, then trains
+    and validates on other problems. Tasks whose problems follow Python's hash seed repeat here and
+    differ between processes; ``PYTHONHASHSEED=0`` fixes those (sweeps set it)."""
+    def probe() -> list[str]:
+        dataset = create_task(task, config, seed, PROBE_SIZE)
+        return [json.dumps([dataset[i]["question"], str(dataset[i]["answer"])]) for i in range(PROBE_SIZE)]
+
+    if probe() != probe():
+        rank_zero_warn(f"data.task={task!r} gives other problems each time for the same task_seed, so runs of it (and the "
+                       "devices of one run) train and validate on other problems, and reports cannot pair their prompts; "
+                       "choose another task for comparisons.")  # fmt: skip
 
 
 def warn_unless_scored_by_reasoning_gym(module: Any, task: str) -> None:

@@ -7,7 +7,9 @@ checked where they are resolved (:mod:`grpo_lightning.rollout.generation`).
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from typing import Any
@@ -142,6 +144,7 @@ def check_datasets(datamodule: Any, tokenizer: PreTrainedTokenizerBase, format_p
     for name, dataset in extra.items():
         extra[name] = fit(dataset, f"val_sets.{name}")
     train, batch_size = getattr(datamodule, "train_dataset", None), getattr(datamodule, "batch_size", None)
+    check_same_rows_on_every_device(getattr(datamodule, "trainer", None), train, column)
     splits = {"train": train, "val": getattr(datamodule, "val_dataset", None)}
     splits.update({f"val_sets.{name}": dataset for name, dataset in extra.items()})
     warn_lost_characters(splits, column, tokenizer, format_prompt)
@@ -150,6 +153,29 @@ def check_datasets(datamodule: Any, tokenizer: PreTrainedTokenizerBase, format_p
         f"data.batch_size={batch_size} is larger than the {len(train or ())} training prompts left after "
         f"data.long_prompts={handling!r}; lower --data.batch_size or --model.sampling.max_new_tokens.",
     )
+
+
+def rows_digest(dataset: Any, column: str) -> int:
+    """63 bits of a SHA-256 over the ``column`` of ``dataset``'s rows, in order."""
+    digest = hashlib.sha256()
+    for value in dataset[column]:
+        digest.update(json.dumps(value, sort_keys=True, default=str).encode() + b"\0")
+    return int.from_bytes(digest.digest()[:8], "big") >> 1
+
+
+def check_same_rows_on_every_device(trainer: Any, train: Any, column: str) -> None:
+    """Refuse a fit whose processes loaded other training prompts: the sampler gives each device its
+    share of one order, so each would train on a share of another set (data generated per process
+    from an unseeded source, or in an order that follows Python's hash seed)."""
+    if trainer is None or train is None or getattr(trainer, "world_size", 1) < 2:
+        return
+    mine = torch.tensor([rows_digest(train, column)], dtype=torch.int64, device=trainer.strategy.root_device)
+    digests = trainer.strategy.all_gather(mine).flatten().tolist()
+    others = [rank for rank, digest in enumerate(digests) if digest != digests[0]]
+    require(not others, f"data: the processes of this fit loaded other training prompts (rank 0's differ from rank "
+                        f"{others[0] if others else 0}'s), so each device would train on a share of another set. Data "
+                        "generated in each process must not depend on it: set PYTHONHASHSEED=0 in the environment of "
+                        "every process (some reasoning-gym tasks follow it), or give a task that repeats itself.")  # fmt: skip
 
 
 def field_names(cls: type) -> list[str]:

@@ -257,6 +257,14 @@ def test_each_cell_records_its_code_and_the_sweep_warns_where_it_changed(tmp_pat
             f"{'b' * 16}: dr_grpo-seed0, dr_grpo-seed1)") in caplog.text  # fmt: skip
 
 
+def test_every_cell_runs_under_one_hash_seed_unless_the_sweep_set_one(monkeypatch):
+    """Data whose order follows Python's hash seed (some reasoning-gym tasks) is the same in every cell."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    assert ablate.cell_environment({"CUDA_VISIBLE_DEVICES": "1"})["PYTHONHASHSEED"] == "0"
+    monkeypatch.setenv("PYTHONHASHSEED", "7")
+    assert ablate.cell_environment()["PYTHONHASHSEED"] == "7"
+
+
 def test_the_source_digest_follows_every_python_file_and_only_those(tmp_path):
     package, variants = tmp_path / "grpo_lightning", tmp_path / "variants"
     for folder in (package, variants, package / "__pycache__"):

@@ -211,6 +211,29 @@ def check(data: PromptDataModule, tokenizer) -> None:
     check_datasets(data, tokenizer, str, CONTEXT, MAX_NEW_TOKENS, group_size=2, minibatch_size=None)
 
 
+def test_a_fit_whose_devices_loaded_other_training_prompts_is_refused(tmp_path):
+    """Each device trains on its share of one order of the rows, so the rows must be the same on all.
+    The two ranks are a stand-in (their gather returns both digests): a run of two processes whose data
+    differs by process needs a task that does so, and the sweep and strategy tests run two processes."""
+    import torch
+    from types import SimpleNamespace
+
+    from grpo_lightning.training.settings import check_same_rows_on_every_device, rows_digest
+
+    data = prompt_data(tmp_path, ["1+1=", "2+2="])
+    other = rows_digest(data.train_dataset.select([1, 0]), "question")  # the same prompts in another order
+    assert other != rows_digest(data.train_dataset, "question")
+
+    def trainer(second_rank: int) -> SimpleNamespace:
+        gather = lambda mine: torch.stack([mine, torch.tensor([second_rank])])  # noqa: E731
+        return SimpleNamespace(world_size=2, strategy=SimpleNamespace(root_device=torch.device("cpu"), all_gather=gather))
+
+    check_same_rows_on_every_device(trainer(rows_digest(data.train_dataset, "question")), data.train_dataset, "question")
+    with pytest.raises(ConfigError, match="data: the processes of this fit loaded other training prompts .rank 0's "
+                                          "differ from rank 1's.*set PYTHONHASHSEED=0"):  # fmt: skip
+        check_same_rows_on_every_device(trainer(other), data.train_dataset, "question")
+
+
 def test_a_prompt_too_long_for_the_context_is_an_error_by_default(tmp_path, tokenizer):
     data = prompt_data(tmp_path, ["1+1=", LONG, "2+2="])
     with pytest.raises(ConfigError) as raised:

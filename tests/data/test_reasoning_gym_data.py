@@ -37,6 +37,15 @@ def test_the_same_arguments_give_the_same_rows_and_another_seed_other_ones():
     assert first["train"]["prompt"] != other["train"]["prompt"]
 
 
+def test_a_task_that_does_not_repeat_itself_for_its_seed_is_warned_of():
+    """reasoning-gym's list_functions draws from an unseeded source: two runs would train on other problems."""
+    with pytest.warns(UserWarning, match="data.task='list_functions' gives other problems each time for the same task_seed"):
+        ReasoningGymDataModule(task="list_functions", num_train=4, num_val=0, batch_size=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a task that repeats itself: no warning
+        ReasoningGymDataModule(task="gcd", num_train=4, num_val=0, batch_size=2)
+
+
 def test_each_row_carries_the_task_its_options_and_reasoning_gyms_entry():
     row = make_reasoning_gym_dataset("chain_sum", SMALL_SPACE, num_train=3, num_val=1, seed=5)["train"][1]
     expected = reasoning_gym.create_dataset("chain_sum", seed=5, size=3, **SMALL_SPACE)[1]
