@@ -38,14 +38,14 @@ def answer_prefix_steps(
     prompts: list[Any], completions: list[Any], answer: list[Any], token_ends: list[list[int]], **kwargs: Any
 ) -> list[list[tuple[int, float]]]:
     """A rule-based step scorer for short exact answers (the built-in arithmetic task): each
-    character of the answer inside ``<answer>...</answer>`` is a step, scored 1.0 while the answer so
+    character of the answer inside the last ``<answer>...</answer>`` is a step, scored 1.0 while the answer so
     far is a prefix of the reference and 0.0 from the first wrong character on; a last step at the
     end scores the whole answer (1.0 when it matches). Without an answer tag: one step, 0.0."""
     scored = []
     for completion, reference, ends in zip(completions, answer, token_ends):
         text, reference = completion_text(completion), "" if reference is None else str(reference)
         last = max(len(ends) - 1, 0)
-        tagged = ANSWER_TAG.search(text)
+        tagged = next(reversed(list(ANSWER_TAG.finditer(text))), None)  # the last, as accuracy_reward reads it
         if tagged is None:
             scored.append([(last, 0.0)])
             continue

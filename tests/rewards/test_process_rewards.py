@@ -78,6 +78,10 @@ def test_answer_prefix_steps_by_hand():
     assert got[0] == [(8, 1.0), (9, 1.0), (18, 1.0)]
     assert got[1] == [(8, 1.0), (9, 0.0), (18, 0.0)]
     assert got[2] == [(1, 0.0)]  # no answer tag: one step, 0
+    # a second answer replaces the first, as for accuracy_reward: the steps are the last answer's
+    revised = "<answer>5</answer><answer>82</answer>"
+    got = answer_prefix_steps(["37+45="], [revised], answer=["82"], token_ends=[list(range(1, len(revised) + 1))])
+    assert got[0] == [(26, 1.0), (27, 1.0), (len(revised) - 1, 1.0)]
 
 
 def test_a_process_reward_model_scores_each_step(prm_dir):
