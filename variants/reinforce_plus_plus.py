@@ -8,9 +8,11 @@ group (global advantage normalisation)::
     A_i  = (A'_i - mean_batch(A')) / std_batch(A')
 
 ``mean_batch(A')`` is 0 already; ``std_batch`` is the unbiased std of all ``P * G`` centred
-rewards of the batch (on each device, its share). Groups of equal rewards get exactly 0, and a
-batch where every group is equal gets 0 everywhere. The policy loss is PPO's clipped surrogate
-(eps 0.2), averaged over every token of the batch.
+rewards of the batch (on each device, its share). Groups of equal task rewards get 0 only with
+``beta`` 0: the KL penalty below is part of ``r``, so their completions still differ by their KL,
+and the batch std divides that difference too (where the task rewards vary little, the KL term
+weighs more than ``beta`` says). The policy loss is PPO's clipped surrogate (eps 0.2), averaged over
+every token of the batch.
 
 KL: as in the paper, the k1 estimate ``log pi_old - log pi_ref`` is a penalty in the reward, not
 a loss term. The paper subtracts it per token, ``r_t = 1[t = T] r - beta * k1_t``, with returns
