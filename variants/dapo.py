@@ -97,11 +97,12 @@ class DAPO(GRPO):
         self.overlong_penalty = overlong_penalty
         self.buffer = RolloutBuffer()  # informative groups kept for the next update (and in checkpoints)
 
-    def select(self, rollout: Rollout) -> Rollout | None:
-        """Dynamic sampling: buffer informative groups until a batch of them is full."""
+    def select(self, rollout: Rollout, num_groups: int | None = None) -> Rollout | None:
+        """Dynamic sampling: buffer informative groups until a batch of them (``num_groups``, the
+        batch's groups before ``skip_group`` left any out) is full."""
         if not self.dynamic_sampling:
             return rollout
-        target = rollout.num_groups
+        target = num_groups or rollout.num_groups
         self.buffer.append(rollout, functional.informative_groups(rollout.rewards.view(-1, rollout.group_size)))
         # Over several devices the decision is common: every device updates, with as many groups
         # as the device that found fewest, or none does (each update runs collectives).

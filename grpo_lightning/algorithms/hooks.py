@@ -104,8 +104,9 @@ class AlgorithmHooks:
         aggregation = AGGREGATIONS[self.settings.aggregation]
         return aggregation(loss, mask, num_sequences=num_sequences, num_tokens=num_tokens, max_tokens=self.max_new_tokens)
 
-    def select(self, rollout: Rollout) -> Rollout | None:
-        """Groups to train on. Identity here; ``None`` ends the step without an update."""
+    def select(self, rollout: Rollout, num_groups: int | None = None) -> Rollout | None:
+        """Groups to train on. Identity here; ``None`` ends the step without an update. ``num_groups``:
+        the batch's groups, before any was left out (``rewards.execution.on_error: skip_group``)."""
         return rollout
 
     def shape_rewards(self, rewards: Tensor, rollout: Rollout) -> Tensor:
@@ -144,11 +145,11 @@ class AlgorithmHooks:
         (``beta > 0``, as it is now); a variant whose loss needs them otherwise (e.g. a DPO term) says so here."""
         return self.coefficients.beta > 0
 
-    def needs_old_logprobs(self, rollout_size: int) -> bool:
-        """Old log-probs need a forward pass of their own unless the rollout makes one optimizer
-        step: then they equal the current log-probs (detached) and that pass is skipped."""
-        epochs, minibatch_size = self.settings.ppo_epochs, self.settings.minibatch_size
-        return epochs > 1 or (minibatch_size is not None and rollout_size > minibatch_size)
+    def needs_old_logprobs(self, minibatches: int) -> bool:
+        """Old log-probs need a forward pass of their own unless the update makes one optimizer step
+        (``minibatches`` per epoch, those of the batch: a rollout that lost groups still makes its
+        batch's steps): then they equal the current log-probs (detached) and that pass is skipped."""
+        return self.settings.ppo_epochs > 1 or minibatches > 1
 
 
 def token_statistics(rollout: Rollout | None, groups: tuple[int, ...]) -> TokenStatistics:

@@ -377,14 +377,14 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
 
         steps, num_groups, scored = self.global_step, rollout.num_groups, rollout  # the update makes the batch's steps
         rollout = self.reward_scorer.contain(self, rollout, scores)  # skip_group: drop groups a function failed on
-        rollout = self.select(rollout) if rollout is not None else None
+        rollout = self.select(rollout, num_groups) if rollout is not None else None
         if rollout is None:
             if self.global_step == steps:  # only sampled: its counters go into the next step's row
                 self.drop_stale_row()
             return {"rollout": scored}
 
         with timer.phase("logprob", "grpo.logprobs"):
-            self.compute_old_logprobs(rollout)
+            self.compute_old_logprobs(rollout, num_groups)
             if self.needs_reference_model():
                 with reference_model(self.policy, self.ref_model) as reference:  # LoRA: adapters off
                     rollout.ref_logp = self.compute_logprobs(reference, rollout)
@@ -405,7 +405,7 @@ class GroupPolicyOptimization(AlgorithmHooks, PolicyUpdate, resume.GroupPolicySt
         total_s = timer.total()
         self.step_metrics.update("perf/step_s", total_s)
         self.step_metrics.update("perf/tokens_per_s", float(rollout.completion_mask.sum()) / max(total_s, 1e-9))
-        self.step_metrics.update("advantages/abs_mean", advantages.abs().mean())
+        self.step_metrics.update("advantages/abs_mean", functional.mean_abs_advantage(advantages, rollout.completion_mask))
         self.log_step()
         return {"rollout": scored}
 

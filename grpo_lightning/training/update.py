@@ -76,7 +76,7 @@ class PolicyUpdate:
         logp, squares = ([part[i] for part in parts] for i in range(2))
         return {"token_logp": in_row_order(logp, micro_batches), "sum_pi_squared": in_row_order(squares, micro_batches)}
 
-    def compute_old_logprobs(self, rollout: Rollout) -> None:
+    def compute_old_logprobs(self, rollout: Rollout, num_groups: int | None = None) -> None:
         """The update's old log-probs (``sampling.old_logprobs``): ``rollout.old_logp`` by a pass of its
         own where the update needs one (:meth:`needs_old_logprobs`, a KL in the reward, a correction
         chosen over the whole rollout) and ``recompute`` asks for it, the sampler's under ``bypass``, and
@@ -88,7 +88,7 @@ class PolicyUpdate:
         in m2po's second moment)."""
         source, correction = self.sampling_options.old_logprobs, self.settings.rollout_correction
         over_rollout = correction.over_rollout and rollout.sampling_logp is not None
-        needed = source == "recompute" and self.needs_old_logprobs(len(rollout))
+        needed = source == "recompute" and self.needs_old_logprobs(self.minibatches(num_groups or rollout.num_groups))
         if source == "bypass" and rollout.sampling_logp is not None:
             rollout.old_logp = rollout.sampling_logp
         elif needed or over_rollout or (self.coefficients.beta > 0 and KL_PLACEMENTS[self.settings.kl_placement].in_reward):
@@ -155,7 +155,7 @@ class PolicyUpdate:
         optimizer, scheduler = policy_part(self.optimizers()), policy_part(self.lr_schedulers())
         size, minibatches = len(rollout), self.minibatches(num_groups or rollout.num_groups)
         for _ in range(self.settings.ppo_epochs):
-            order = torch.randperm(size) if self.needs_old_logprobs(size) else torch.arange(size)
+            order = torch.randperm(size) if self.needs_old_logprobs(minibatches) else torch.arange(size)
             for rows in order.tensor_split(minibatches):
                 if self.steps_left() <= 0:
                     break

@@ -337,6 +337,14 @@ def test_masked_sum_and_mean_ignore_padding_and_are_zero_safe():
     assert_close(F.masked_mean(x, torch.zeros_like(mask)), t(0.0))
 
 
+def test_the_mean_absolute_advantage_of_per_token_advantages_leaves_the_padding_out():
+    """Lengths 1 and 4 padded to 4: 0.2 over the 5 tokens, not 0.125 over the 8 slots."""
+    advantages = t([[0.5, 0.0, 0.0, 0.0], [-0.125, -0.125, -0.125, -0.125]])
+    mask = t([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    assert_close(F.mean_abs_advantage(advantages, mask), t(1.0 / 5))
+    assert_close(F.mean_abs_advantage(t([1.0, -3.0]), mask), t(2.0))  # one per completion
+
+
 # ---------------------------------------------------------------- aggregations
 
 # Ragged batch: rows of 4, 2, 1 and 0 real tokens; padding holds garbage.

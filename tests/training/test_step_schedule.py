@@ -143,6 +143,51 @@ def test_groups_left_out_by_skip_group_leave_the_update_its_steps(tiny_model_dir
     assert logged_steps(trainer, "rewards/frac_groups_skipped") == [2, 4, 6]
 
 
+def never_informative_and_failing_on_odd_answers(prompts, completions, answer, **columns):
+    """0 for every completion where the answer is even, NaN (a failure) where it is odd: no group is
+    ever informative, and ``skip_group`` drops one group of some batches."""
+    return [0.0 if int(a) % 2 == 0 else math.nan for a in answer]
+
+
+def test_dapo_with_groups_left_out_by_skip_group_still_counts_the_batchs_steps(tiny_model_dir, tmp_path,
+                                                                               one_torch_thread):  # fmt: skip
+    """Dynamic sampling fills, and a skipped update counts, the batch's groups, not those skip_group
+    left: each batch of 2 groups makes 2 optimizer steps (1 where one group had failed)."""
+    trainer = make_trainer(tmp_path, max_steps=8, limit_val_batches=0)
+    rewards = {"funcs": [never_informative_and_failing_on_odd_answers], "execution": {"on_error": "skip_group"}}
+    policy = module(tiny_model_dir, DAPO, optim={"minibatch_size": 2, "micro_batch_size": 2}, rewards=rewards,
+                    max_gen_batches=1)  # fmt: skip
+    trainer.fit(policy, small_data())
+    assert logged_steps(trainer, "rewards/frac_groups_skipped") == [2, 4, 6, 8]
+    assert trainer.fit_loop.epoch_loop.total_batch_idx + 1 == 4
+
+
+def fails_on_odd_answers(prompts, completions, answer, **columns):
+    """``odd_answers_informative``'s pattern where the answer is even, NaN (a failure) where it is odd."""
+    return [float(i % 2) if int(a) % 2 == 0 else math.nan for i, a in enumerate(answer)]
+
+
+class RecordsOldLogprobs(GRPO):
+    """GRPO that records, for each update, its rollout's rows and whether old log-probs were computed."""
+
+    def update(self, rollout, advantages, num_groups=None):
+        self.updates = [*getattr(self, "updates", []), (len(rollout), rollout.old_logp is not None)]
+        super().update(rollout, advantages, num_groups)
+
+
+def test_a_rollout_that_lost_groups_gets_its_old_log_probs_for_the_batchs_steps(tiny_model_dir, tmp_path,
+                                                                                 one_torch_thread):  # fmt: skip
+    """A batch of 2 groups in minibatches of one group makes 2 optimizer steps even with one group
+    left: the second step's ratio needs the old policy's log-probs (it was 1, the clip never acting)."""
+    trainer = make_trainer(tmp_path, max_steps=8, limit_val_batches=0)
+    rewards = {"funcs": [fails_on_odd_answers], "execution": {"on_error": "skip_group"}}
+    policy = module(tiny_model_dir, RecordsOldLogprobs, optim={"minibatch_size": 2, "micro_batch_size": 2},
+                    rewards=rewards)  # fmt: skip
+    trainer.fit(policy, small_data())
+    assert (2, True) in policy.updates  # a rollout of one group, with old log-probs
+    assert all(old for _, old in policy.updates)
+
+
 def test_tensorboard_steps_are_optimizer_steps(tiny_model_dir, tmp_path, one_torch_thread):
     trainer, _, _ = fit(tmp_path, tiny_model_dir, GRPO, 6, 4)
     events = EventAccumulator(str(trainer.log_dir))
