@@ -19,7 +19,7 @@ from transformers import LogitsProcessorList, PreTrainedTokenizerBase
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from grpo_lightning.rollout.engine import StaticCacheGenerator
-from grpo_lightning.rollout.generation.hf import SampledTokenLogprobs, generate_from_ids
+from grpo_lightning.rollout.generation.hf import SampledTokenLogprobs, generate_from_ids, sampling_as_configured
 from grpo_lightning.rollout.types import SamplingParams
 
 #: The name ``generate`` takes the cache by, and returns it under (``past_key_values`` before transformers renamed it).
@@ -67,10 +67,11 @@ class TurnCache:
         was_training = model.training
         model.eval()
         try:
-            output = model.generate(
-                input_ids=ids, attention_mask=mask, generation_config=config, logits_processor=LogitsProcessorList([recorder]),
-                **({_CACHE: self.cache} if self.cache is not None else {}),
-            )  # fmt: skip
+            with sampling_as_configured(model):
+                output = model.generate(
+                    input_ids=ids, attention_mask=mask, generation_config=config, logits_processor=LogitsProcessorList([recorder]),
+                    **({_CACHE: self.cache} if self.cache is not None else {}),
+                )  # fmt: skip
         finally:
             model.train(was_training)
         self.cache = getattr(output, _CACHE)

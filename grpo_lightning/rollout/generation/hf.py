@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
-from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase
+from transformers import GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase
 
 if TYPE_CHECKING:
     from grpo_lightning.rollout.types import SamplingParams
@@ -36,6 +38,24 @@ class SampledTokenLogprobs(LogitsProcessor):
         if self.previous is not None and len(values) < completion_ids.size(1):
             values.append(self.previous.gather(1, completion_ids[:, -1:]).squeeze(1))
         return torch.stack(values, dim=1) if values else completion_ids.new_zeros(completion_ids.shape, dtype=torch.float32)
+
+
+@contextlib.contextmanager
+def sampling_as_configured(model: nn.Module) -> Iterator[None]:
+    """Inside the block, ``model.generate`` fills what a call's ``GenerationConfig`` leaves unset from
+    transformers' defaults, not from the checkpoint's ``generation_config.json``: a ``repetition_penalty``,
+    ``no_repeat_ngram_size`` or ``min_p`` shipped there would change the distribution sampled from (and
+    validation's greedy answers), while the static engine and the loss's log-probs never apply them.
+    ``model`` may wrap the Hugging Face model (LoRA, compiled): the first such module inside is changed."""
+    owner = next((m for m in model.modules() if isinstance(m, GenerationMixin) and hasattr(m, "generation_config")), None)
+    if owner is None:
+        yield
+        return
+    saved, owner.generation_config = owner.generation_config, GenerationConfig()
+    try:
+        yield
+    finally:
+        owner.generation_config = saved
 
 
 @torch.no_grad()
@@ -89,12 +109,13 @@ def generate_from_ids(
     was_training = model.training
     model.eval()
     try:
-        sequences = model.generate(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask,
-            generation_config=sampling.generation_config(tokenizer, group_size),
-            logits_processor=LogitsProcessorList([recorder] if recorder else []),
-        )
+        with sampling_as_configured(model):
+            sequences = model.generate(
+                input_ids=prompt_ids,
+                attention_mask=prompt_mask,
+                generation_config=sampling.generation_config(tokenizer, group_size),
+                logits_processor=LogitsProcessorList([recorder] if recorder else []),
+            )
     finally:
         model.train(was_training)
     completion_ids = sequences[:, prompt_ids.size(1) :]

@@ -281,5 +281,6 @@ def build_rollout(
         prompts=repeat(list(batch["prompt"])),
         completions=completions,
         columns=columns,
-        sampling_logp=None if sampling_logp is None else sampling_logp * completion_mask,
+        # 0 past each completion's end (not -inf * 0: a processor may have banned the padding there)
+        sampling_logp=None if sampling_logp is None else torch.where(completion_mask.bool(), sampling_logp, 0.0),
     )

@@ -75,6 +75,35 @@ def test_completions_end_at_the_models_end_of_turn_ids_not_only_the_tokenizers_e
         assert rollout_.lengths.tolist() == [1, 1, 1, 1] and not rollout_.truncated.any()
 
 
+def test_a_checkpoints_own_sampling_settings_change_nothing_on_the_hf_path(tiny_model_dir, tmp_path):
+    """A generation_config.json with a repetition penalty and no_repeat_ngram_size (as chat models ship
+    them): ``generate`` fell back on them for what the call left unset, so the HF path sampled another
+    distribution than the loss's log-probs and the static engine, and greedy validation answered otherwise."""
+    import shutil
+
+    from transformers import GenerationConfig
+
+    path = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    config = GenerationConfig.from_pretrained(path) if (path / "generation_config.json").exists() else GenerationConfig()
+    config.repetition_penalty, config.no_repeat_ngram_size = 3.0, 2
+    config.save_pretrained(path)
+    prompts = {"prompt": ["1+2=", "30+4=", "7*8=", "99-9="]}
+    modules = {rollout: GRPO(model=str(path), sampling={"group_size": 4, "max_new_tokens": 12}, policy={"dtype": "float32"},
+                             engine=EngineOptions(rollout=rollout)) for rollout in ("hf", "static")}  # fmt: skip
+    greedy = {}
+    for rollout, grpo in modules.items():
+        grpo.configure_model()
+        assert grpo.policy.generation_config.repetition_penalty == 3.0  # kept on the model, not applied
+        greedy[rollout] = grpo.generate(prompts, 1, grpo.val_sampling).completions
+    assert greedy["hf"] == greedy["static"]
+    grpo = modules["hf"]
+    torch.manual_seed(0)
+    sampled = grpo.generate(prompts, 4, grpo.sampling, with_logprobs=True)
+    assert not sampled.sampling_logp.isnan().any()
+    teacher_forced = grpo.compute_logprobs(grpo.policy, sampled) * sampled.completion_mask
+    torch.testing.assert_close(sampled.sampling_logp, teacher_forced, atol=1e-4, rtol=0)
+
+
 def test_the_hf_plan_samples_what_generate_group_samples(make_module):
     grpo = make_module(GRPO)
     plan = resolve_engine(EngineOptions(), EngineTarget.of(grpo.policy, "cpu"))
