@@ -66,6 +66,29 @@ def read_prompts(path: str) -> list[dict]:
     return rows
 
 
+def load_trained_policy(module, ckpt_path: str) -> None:
+    """The checkpoint's policy weights into ``module``'s policy, as ``validate`` and ``export`` take them:
+    refused where the base that ``model`` names holds other weights than the run trained from (a LoRA
+    checkpoint keeps its adapters only, reloading that base) or a trained weight is missing."""
+    from grpo_lightning.models.fingerprint import CHECKPOINT_KEY, check_same_base
+    from grpo_lightning.models.lora import trainable_keys
+
+    checkpoint = load_checkpoint_file(ckpt_path)  # weights_only: a crafted pickle cannot run code
+    check_same_base(checkpoint.get(CHECKPOINT_KEY), getattr(module.policy, "base_fingerprint", None), module.model_name,
+                    f"checkpoint {str(ckpt_path)!r}", "Put the weights the run started from back at that path (a hub "
+                    "model: the revision it had then), or pass --model.model with them.")  # fmt: skip
+    state = {k: v for k, v in checkpoint["state_dict"].items() if k.startswith("policy.")}
+    missing = sorted(trainable_keys(module.policy, "policy.") - set(state))
+    try:
+        unexpected = module.load_state_dict(state, strict=False).unexpected_keys
+    except RuntimeError as error:  # a tensor of another shape (adapters of another rank)
+        unexpected = [str(error).splitlines()[-1].strip()]
+    if missing or unexpected:
+        raise ConfigError(f"ckpt_path: {str(ckpt_path)!r} does not hold this policy's trained weights (missing "
+                          f"{missing[:3]}, unexpected {unexpected[:3]}); give the checkpoint of a run of this model "
+                          "and its peft_config.")  # fmt: skip
+
+
 def generate_completions(module, prompts: str, output: str, ckpt_path: str | None = None, batch_size: int = 32,
                          device=None) -> int:  # fmt: skip
     """Sample one completion per prompt of the JSONL file ``prompts`` with the module's validation
@@ -76,9 +99,7 @@ def generate_completions(module, prompts: str, output: str, ckpt_path: str | Non
     rows = read_prompts(prompts)
     module.configure_model()
     if ckpt_path:
-        checkpoint = load_checkpoint_file(ckpt_path)  # weights_only: a crafted pickle cannot run code
-        state = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("ref_model.")}
-        module.load_state_dict(state, strict=False)
+        load_trained_policy(module, ckpt_path)
     if device is not None:
         module.to(device)
     module.eval()

@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from transformers import AutoModelForCausalLM
 
 from grpo_lightning.checkpoints.export import export_checkpoint
+from grpo_lightning.cli.generate import generate_completions
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.models.fingerprint import CHECKPOINT_KEY, weights_fingerprint
 from grpo_lightning.quickstart.tiny import build_char_tokenizer, save_tiny_model, tiny_config
@@ -46,9 +47,20 @@ def test_a_lora_checkpoint_is_refused_with_another_base_at_its_path(tmp_path, on
     checkpoint = tmp_path / "ckpt" / "step=1.ckpt"
     assert load_checkpoint_file(checkpoint)[CHECKPOINT_KEY] == weights_fingerprint(AutoModelForCausalLM.from_pretrained(base))
     export_checkpoint(checkpoint, tmp_path / "exported")  # the same base: exported
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "1+2="}\n')
+    assert generate_completions(make_module(str(base), **lora), str(prompts), str(tmp_path / "out.jsonl"), str(checkpoint)) == 1
 
     tiny_base(base, seed=1)  # the folder rebuilt: other weights at the same path
     with pytest.raises(ConfigError, match="now holds other weights than the run was trained from.*Pass --model"):
         export_checkpoint(checkpoint, tmp_path / "exported-again")
     with pytest.raises(ConfigError, match="--ckpt_path: the base model .* now holds other weights"):
         fit(make_module(str(base), **lora), 2, tmp_path / "resumed", ckpt_path=checkpoint)
+    # generate merged the adapters into whatever the path held
+    with pytest.raises(ConfigError, match="now holds other weights than the run was trained from"):
+        generate_completions(make_module(str(base), **lora), str(prompts), str(tmp_path / "out2.jsonl"), str(checkpoint))
+    other_adapters = make_module(str(base), policy={"dtype": "float32", "peft_config": {"r": 8, "lora_alpha": 8,
+                                                                                       "target_modules": "all-linear"}})  # fmt: skip
+    tiny_base(base, seed=0)  # the base back; adapters of another rank do not fit it
+    with pytest.raises(ConfigError, match="does not hold this policy's trained weights"):
+        generate_completions(other_adapters, str(prompts), str(tmp_path / "out3.jsonl"), str(checkpoint))
