@@ -30,8 +30,32 @@ TAKEN_FROM_COMMAND_LINE = ("evaluation",)
 #: The base model's path: taken where the checkpoint records the base's fingerprint (then checked as it loads).
 BASE_PATH_KEY = "init_args.model"
 
+#: LoRA's settings: compared as one, each field at its value or peft's default (:func:`_lora_settings`).
+PEFT_KEY = "init_args.policy.peft_config"
+
 _ABSENT = object()
 _UNKNOWN = object()
+
+
+def _lora_fields(key: str, given: Any, saved: Any) -> tuple[Any, Any]:
+    """``(given, saved)`` of the ``peft_config`` fields at ``key`` (the whole config, or one field): each
+    field given beside the checkpoint's value, or peft's default where the checkpoint records none."""
+    if given in (_ABSENT, _UNKNOWN, None) or saved in (_ABSENT, _UNKNOWN, None) or not isinstance(saved, Mapping):
+        return given, saved
+    from grpo_lightning.models.lora import default_lora_value, plain_value
+
+    field = key[len(PEFT_KEY) :].lstrip(".").removeprefix("init_args").lstrip(".")
+    if field == "class_path":  # LoRA's, the only one taken (models.lora)
+        return _UNKNOWN, _UNKNOWN
+    given = given.as_dict() if hasattr(given, "as_dict") else given
+    if not field:  # the whole config: its fields (of ``init_args`` where it names its class)
+        fields = dict(given.get("init_args") or {}) if isinstance(given, Mapping) and "class_path" in given else given
+    else:
+        fields = {field: given}
+    if not isinstance(fields, Mapping):
+        return given, saved
+    fields = {name: plain_value(value) for name, value in fields.items()}
+    return fields, {name: saved.get(name, default_lora_value(name)) for name in fields}
 
 
 def given_model_keys(parser, raw_args: Sequence[str], subcommand: str) -> list[str] | None:
@@ -113,6 +137,8 @@ def check_resume_settings(before, after, keys: Sequence[str] | None, raw_args: S
     refused, taken = [], []
     for key in keys:
         given, saved = _value(before, key), _value(after, key)
+        if key.startswith(PEFT_KEY):  # the checkpoint records the LoRA fields set away from peft's defaults
+            given, saved = _lora_fields(key, given, _value(after, PEFT_KEY))
         if given is _UNKNOWN or saved is _UNKNOWN or _same(given, saved):
             continue
         group = key.removeprefix("init_args.").split(".", 1)[0]

@@ -71,6 +71,16 @@ def adapter_settings(config: Any) -> dict[str, Any] | None:
     return {**{name: _plain(getattr(config, name)) for name in SHOWN_FIELDS}, **settings}
 
 
+def default_lora_value(name: str) -> Any:
+    """``peft.LoraConfig``'s default of field ``name``, as :func:`adapter_settings` writes values."""
+    return _plain(getattr(_peft().LoraConfig(), name, None))
+
+
+def plain_value(value: Any) -> Any:
+    """A ``LoraConfig`` field's value as :func:`adapter_settings` records it (enums, sets, dataclasses plain)."""
+    return _plain(value)
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.value

@@ -111,3 +111,22 @@ def test_a_base_moved_to_another_folder_resumes_and_another_base_is_refused(one_
     main(fit_args(str(moved), tmp_path, "--ckpt_path", "last", steps=2))
     checkpoint = load_checkpoint_file(one_step)
     assert checkpoint["global_step"] == 2 and checkpoint["hyper_parameters"]["model"] == str(moved)
+
+
+@pytest.mark.parametrize("form", ["{FIELDS}", "{class_path: peft.LoraConfig, init_args: {FIELDS}}"])
+def test_a_lora_setting_left_at_its_default_in_the_checkpoint_is_compared_too(form, tiny_model_dir, tmp_path, capsys,
+                                                                               one_torch_thread):  # fmt: skip
+    """The checkpoint records the LoRA fields set away from peft's defaults: a resume that sets another
+    (use_rslora, a scale of alpha / sqrt(r) for alpha / r) is refused, not trained on silently; the same
+    fields resume, in either form (the dict was refused against the checkpoint's, which adds the dropout)."""
+    pytest.importorskip("peft")
+    lora = form.replace("{FIELDS}", "{r: 4, lora_alpha: 8, target_modules: [q_proj, v_proj]}")
+    main(fit_args(tiny_model_dir, tmp_path, "--model.policy.peft_config", lora, steps=1))
+    capsys.readouterr()
+    rslora = form.replace("{FIELDS}", "{r: 4, lora_alpha: 8, target_modules: [q_proj, v_proj], use_rslora: true}")
+    with pytest.raises(SystemExit) as done:
+        main(fit_args(tiny_model_dir, tmp_path, "--model.policy.peft_config", rslora, "--ckpt_path", "last", steps=2),
+             report_errors=True)  # fmt: skip
+    assert done.value.code == 2
+    assert "use_rslora" in capsys.readouterr().err
+    main(fit_args(tiny_model_dir, tmp_path, "--model.policy.peft_config", lora, "--ckpt_path", "last", steps=2))
