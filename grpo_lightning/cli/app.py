@@ -270,7 +270,8 @@ class GRPOLightningCLI(LightningCLI):
 
     def _data_seed_given(self, config) -> bool:
         args = getattr(self, "raw_args", [])
-        if any(arg == "--data.seed" or arg.startswith("--data.seed=") for arg in args):
+        options = [arg.split("=", 1)[0].replace(".init_args.", ".").replace(".dict_kwargs.", ".") for arg in args]
+        if "--data.seed" in options:  # also spelt --data.init_args.seed
             return True
         if any(arg.startswith("--data=") or arg == "--data" for arg in args):
             return True  # a whole data config of the user's: its seed is meant

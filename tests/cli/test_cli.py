@@ -232,6 +232,9 @@ def test_seed_everything_seeds_the_data_order_unless_data_seed_is_given(tmp_path
     assert cli.datamodule.seed == 7
     cli = GRPOLightningCLI(args=cli_args(VARIANT_CONFIGS[0]) + ["--seed_everything", "7", "--data.seed", "3"], run=False)
     assert cli.datamodule.seed == 3
+    for spelt in (["--data.init_args.seed", "4"], ["--data.init_args.seed=4"]):  # the same option, spelt in full
+        cli = GRPOLightningCLI(args=cli_args(VARIANT_CONFIGS[0]) + ["--seed_everything", "7", *spelt], run=False)
+        assert cli.datamodule.seed == 4
     config = tmp_path / "data_seed.yaml"
     config.write_text("data:\n  init_args:\n    seed: 5\n")
     cli = GRPOLightningCLI(args=cli_args(VARIANT_CONFIGS[0], config) + ["--seed_everything", "7"], run=False)
