@@ -207,6 +207,7 @@ class GRPOLightningCLI(LightningCLI):
         if self.subcommand == "generate":
             cli_generate.require_model(config)
         preflight.check_config(config, self.subcommand)  # what would fail only once the model has loaded
+        cli_variants.apply_variant_defaults(config, self.parser, self.raw_args, self.subcommand)
         self._name_logs_by_variant(config)
         self._seed_data_order(config)
         self._drop_disabled_progress_bars(config)

@@ -58,7 +58,7 @@ def _lora_fields(key: str, given: Any, saved: Any) -> tuple[Any, Any]:
     return fields, {name: saved.get(name, default_lora_value(name)) for name in fields}
 
 
-def given_model_keys(parser, raw_args: Sequence[str], subcommand: str) -> list[str] | None:
+def given_model_keys(parser, raw_args: Sequence[str], subcommand: str | None) -> list[str] | None:
     """The model settings given on the command line or in a ``--config`` file of ``raw_args``, as
     dotted keys of the model's config (``init_args.optim.learning_rate``, ``class_path``): what
     the parser reads without its defaults. ``None`` when that parse fails (the check is then skipped)."""
@@ -66,7 +66,8 @@ def given_model_keys(parser, raw_args: Sequence[str], subcommand: str) -> list[s
         given = parser.parse_args(list(raw_args), defaults=False)
     except (Exception, SystemExit):  # the arguments parsed once already: nothing of the user's to report
         return None
-    model = (given.get(subcommand) or {}).get("model") if hasattr(given.get(subcommand), "get") else None
+    section = given.get(subcommand) if subcommand else given  # no subcommand: a CLI made with run=False
+    model = section.get("model") if hasattr(section, "get") else None
     if model is None:
         return []
     if not hasattr(model, "items"):  # a plain value (a class path string)

@@ -45,7 +45,7 @@ TRL_NAMES: dict[str, tuple[str, str]] = {
     "disable_dropout": ("--model.policy.disable_dropout", ""),
     "gradient_checkpointing": ("--model.policy.gradient_checkpointing", ""),
     "model_init_kwargs": ("--model.policy.dtype", "and --model.policy.attn_implementation"),
-    "max_steps": ("--trainer.max_steps", "counts rollouts (training steps)"),
+    "max_steps": ("--trainer.max_steps", "counts optimizer steps, as TRL's does: a rollout makes `ppo_epochs` x minibatches of them"),
     "num_train_epochs": ("--trainer.max_epochs", ""),
     "seed": ("--seed_everything", ""),
     "bf16": ("--trainer.precision", "bf16-mixed or bf16-true"),

@@ -10,8 +10,11 @@ is made its class path, and a former class path (``variants.DAPO``) is refused n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import importlib
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from grpo_lightning import variants
 from grpo_lightning.cli.user_errors import moved_class_path_message
@@ -70,3 +73,65 @@ def describe_model_option(parser) -> None:
     for group in parser._action_groups:
         if any("--model" in action.option_strings for action in group._group_actions):
             group.description = text
+
+
+def restore_variant_defaults(variant: type, init_args: Any, given_keys: Callable[[], Sequence[str] | None]) -> list[str]:
+    """Put back into ``init_args`` the defaults of ``variant`` (DAPO's ``kl.beta`` 0, ``loss.clip_eps_high``
+    0.28) that the base class's replaced: settings given before the variant is named (``--model.model M
+    --model dapo``, a config of ``model.init_args`` before ``variant/dapo.yaml``) are read against the base
+    class, whose defaults jsonargparse fills in then and keeps. A field the user gave (``given_keys``: the
+    model keys given, parsed without defaults; called only where a value looks replaced) is kept. Returns
+    the fields restored, dotted (``kl.beta``)."""
+    import dataclasses
+    import inspect
+
+    from grpo_lightning.training.module import GroupPolicyOptimization
+
+    base = inspect.signature(GroupPolicyOptimization).parameters
+    replaced = []
+    for name, parameter in inspect.signature(variant).parameters.items():
+        default = parameter.default
+        base_default = base[name].default if name in base else inspect.Parameter.empty
+        if inspect.Parameter.empty in (default, base_default) or default == base_default or not hasattr(init_args, "get"):
+            continue
+        if dataclasses.is_dataclass(default) and dataclasses.is_dataclass(base_default):
+            pairs = [(f"{name}.{f.name}", getattr(default, f.name), getattr(base_default, f.name))
+                     for f in dataclasses.fields(default)]  # fmt: skip
+        else:
+            pairs = [(name, default, base_default)]
+        replaced += [(key, own) for key, own, theirs in pairs if own != theirs and _get(init_args, key) == theirs]
+    if not replaced:
+        return []
+    given = [key.removeprefix("init_args.") for key in (given_keys() or ())]
+    restored = []
+    for key, own in replaced:
+        if not any(g == key or key.startswith(g + ".") or g.startswith(key + ".") for g in given):
+            init_args[key] = own
+            restored.append(key)
+    return restored
+
+
+def _get(namespace: Any, key: str) -> Any:
+    for part in key.split("."):
+        namespace = namespace.get(part) if hasattr(namespace, "get") else None
+    return namespace
+
+
+def apply_variant_defaults(config: Any, parser: Any, raw_args: Sequence[str], subcommand: str | None) -> None:
+    """A fit of a variant trains with its own defaults wherever the user set nothing, however the
+    settings and the variant were ordered (:func:`restore_variant_defaults`); says which it put back.
+    A resumed fit takes the checkpoint's settings instead."""
+    from grpo_lightning.cli.resume_settings import given_model_keys
+
+    model = config.get("model") or {}
+    class_path = model.get("class_path") if hasattr(model, "get") else None
+    if subcommand not in ("fit", None) or not class_path or config.get("ckpt_path"):  # None: a CLI made with run=False
+        return
+    module_name, _, name = class_path.rpartition(".")
+    variant = getattr(importlib.import_module(module_name), name)
+    restored = restore_variant_defaults(variant, model.get("init_args"),
+                                        lambda: given_model_keys(parser, raw_args, subcommand))  # fmt: skip
+    if restored:
+        values = ", ".join(f"model.{key} {_get(model.get('init_args'), key)!r}" for key in restored)
+        print(f"model: {name}'s own defaults apply ({values}): the settings given before {name} was named were read "
+              "with the base class's.", file=sys.stderr, flush=True)  # fmt: skip

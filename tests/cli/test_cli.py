@@ -241,6 +241,25 @@ def test_seed_everything_seeds_the_data_order_unless_data_seed_is_given(tmp_path
     assert cli.datamodule.seed == 5
 
 
+def test_settings_given_before_the_variant_keep_the_variants_own_defaults(tmp_path, capsys):
+    """jsonargparse reads settings given before a class_path against the base class and keeps the base's
+    defaults it filled in: DAPO trained with GRPO's clip (0.2) and KL (0.04) under DAPO's name. Its own
+    defaults are put back, except where the user set a value."""
+    settings = tmp_path / "settings.yaml"
+    settings.write_text("model:\n  init_args:\n    sampling:\n      group_size: 2\n")
+    dapo = CONFIGS / "variant/dapo.yaml"
+    for args in ([*BASE, "--config", str(settings), "--config", str(dapo), "--model.model", "m"],
+                 [*BASE, "--config", str(dapo), "--config", str(settings), "--model.model", "m"],
+                 [*BASE, "--model.model", "m", "--model", "dapo"]):  # fmt: skip
+        cli = GRPOLightningCLI(args=args, run=False)
+        assert cli.model.settings.clip_eps_high == 0.28 and cli.model.coefficients.beta == 0.0, args
+        assert str(settings) not in args or cli.model.settings.group_size == 2
+    assert "model: DAPO's own defaults apply (model.loss.clip_eps_high 0.28, model.kl.beta 0.0)" in capsys.readouterr().err
+    cli = GRPOLightningCLI(args=[*BASE, "--config", str(settings), "--model.kl.beta", "0.04", "--config", str(dapo),
+                                 "--model.model", "m"], run=False)  # fmt: skip
+    assert cli.model.coefficients.beta == 0.04 and cli.model.settings.clip_eps_high == 0.28  # what was given stays
+
+
 def test_fit_validate_test_and_generate_are_the_subcommands(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
