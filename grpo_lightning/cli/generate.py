@@ -41,7 +41,7 @@ def require_model(config: Any) -> None:
 
 GENERATE_HELP = (
     "Write completions for a prompt file (JSONL with a 'prompt' column) to a JSONL file, sampled as in "
-    "validation (model.val_temperature, model.val_max_new_tokens), from --ckpt_path or the start model."
+    "validation (model.evaluation.temperature, model.evaluation.max_new_tokens), from --ckpt_path or the start model."
 )
 
 
