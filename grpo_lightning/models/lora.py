@@ -68,7 +68,43 @@ def adapter_settings(config: Any) -> dict[str, Any] | None:
     settings = {name: _plain(value) for name, value in values.items()
                 if name not in ("peft_type", "task_type") and _plain(value) != _plain(getattr(default, name, None))}
     config = lora_config(settings)  # unknown fields and invalid values fail here, before any model is loaded
+    check_supported(config)
     return {**{name: _plain(getattr(config, name)) for name in SHOWN_FIELDS}, **settings}
+
+
+#: LoRA options whose trained network the rollout copy's merge (``merged_weights``), the merged export and
+#: the reference model (the adapters off) would not reproduce, refused by name: ``field: (refused, why)``.
+UNSUPPORTED = {
+    "use_dora": (lambda value: bool(value), "DoRA's magnitude vectors are not merged: rollouts would sample from "
+                 "another network than the one trained"),
+    "bias": (lambda value: value not in (None, "none"), "trained biases of the base stay on with the adapters off, "
+             "so the reference model would not be the base"),
+}
+
+
+def check_supported(config: Any) -> None:
+    """Refuse the :data:`UNSUPPORTED` options of a ``peft.LoraConfig``, naming the field and why."""
+    for name, (refused, why) in UNSUPPORTED.items():
+        value = _plain(getattr(config, name, None))
+        if refused(value):
+            raise ConfigError(f"policy.peft_config.{name}={value!r} is not supported: {why}. Leave it at its default.")
+
+
+def check_adapted_model(model: nn.Module) -> None:
+    """Refuse adapters the rollout copy and the merged export would leave out or corrupt: LoRA on an
+    embedding (its adapters are not merged) and ``modules_to_save`` where the input and output embeddings
+    are one tied tensor (the trained head's copy would overwrite the input embedding)."""
+    for name, module in model.named_modules():
+        if getattr(module, "lora_embedding_A", None):
+            raise ConfigError(f"policy.peft_config.target_modules: {name.removeprefix('base_model.model.')!r} is an "
+                              "embedding, whose LoRA adapters rollouts would not see (they are not merged); target "
+                              "linear layers only, e.g. 'all-linear'.")  # fmt: skip
+    config = getattr(model, "peft_config", {}).get("default")
+    tied = getattr(getattr(model.get_base_model(), "config", None), "tie_word_embeddings", False)
+    if config is not None and config.modules_to_save and tied:
+        raise ConfigError(f"policy.peft_config.modules_to_save={sorted(config.modules_to_save)!r} is not supported on a "
+                          "model that ties its input and output embeddings: the trained copy would overwrite the input "
+                          "embedding in the rollout copy. Leave modules_to_save unset.")  # fmt: skip
 
 
 def default_lora_value(name: str) -> Any:
@@ -111,7 +147,9 @@ def add_adapters(model: PreTrainedModel, settings: dict[str, Any], gradient_chec
     peft = _peft()
     if gradient_checkpointing:  # the frozen embeddings' output must carry gradients into checkpointed layers
         model.enable_input_require_grads()
-    return peft.get_peft_model(model, lora_config(settings))
+    adapted = peft.get_peft_model(model, lora_config(settings))
+    check_adapted_model(adapted)
+    return adapted
 
 
 def has_adapters(model: nn.Module | None) -> bool:

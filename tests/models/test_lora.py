@@ -49,6 +49,30 @@ def test_the_config_is_kept_as_plain_values_and_checked():
         GRPO(model="m", policy={"peft_config": {"r": 4, "layers_pattern": "layers"}})
 
 
+@pytest.mark.parametrize(("fields", "refusal"), [
+    ({"use_dora": True}, r"policy.peft_config.use_dora=True is not supported: DoRA's magnitude vectors are not merged"),
+    ({"bias": "all"}, r"policy.peft_config.bias='all' is not supported: trained biases of the base stay on"),
+    ({"bias": "lora_only"}, r"policy.peft_config.bias='lora_only' is not supported"),
+])  # fmt: skip
+def test_lora_options_the_rollout_copy_or_the_reference_would_not_reproduce_are_refused(fields, refusal):
+    """The rollout copy merges each adapter's delta, and the reference is the base with the adapters
+    off: DoRA (a rescaled weight) and trained base biases (on either way) would sample from, or compare
+    with, another network than the one trained."""
+    with pytest.raises(ConfigError, match=refusal):
+        GRPO(model="m", policy={"peft_config": {**LORA, **fields}})
+
+
+@pytest.mark.parametrize(("fields", "refusal"), [
+    ({"target_modules": ["embed_tokens", "q_proj"]}, r"target_modules: 'model.embed_tokens' is an embedding"),
+    ({"modules_to_save": ["lm_head"]}, r"modules_to_save=\['lm_head'\] is not supported on a model that ties"),
+])  # fmt: skip
+def test_adapters_the_merge_would_leave_out_or_corrupt_are_refused_when_the_model_loads(fields, refusal, tiny_model_dir):
+    """An embedding's adapters are not merged into the rollout copy; a saved copy of a tied head would
+    overwrite the input embedding there (the tiny model ties them). Refused before any step."""
+    with pytest.raises(ConfigError, match=refusal):
+        lora_module(tiny_model_dir, policy={"peft_config": {**LORA, **fields}}).configure_model()
+
+
 def test_only_the_adapters_train_and_the_reference_is_the_base_model(tiny_model_dir, tmp_path):
     module = lora_module(tiny_model_dir)
     fit(module, 2, tmp_path)
