@@ -21,8 +21,8 @@ and ``self.taskset``. Once the episode is over (or cut by ``max_turns``: ``stop_
 reward is the trace's weighted reward, with what the env recorded on it: the column ``environment_reward``.
 
 Refused, naming what (a :class:`ConfigError`), as they need verifiers' serving machinery: tasks that
-need a container, rewards that need a runtime, judges plugged into the task config, and envs of several
-agents. Harness programs do not run: the policy is the agent.
+need a container, rewards that need a runtime, judges plugged into the task config, envs of several
+agents, and (not checked here) ``@vf.stop`` conditions. Harness programs do not run: the policy is the agent.
 """
 
 from __future__ import annotations
@@ -198,6 +198,11 @@ class VerifiersEnvironment(ToolEnvironment):
         if needing:
             raise ConfigError(f"environment.name: the rewards {needing} of {self.task_type.__name__} need a runtime "
                               "(a sandbox of the task's), which this adapter does not run.")  # fmt: skip
+        stops = [fn.__name__ for fn in task.hooks("stop")]
+        if stops:  # verifiers checks them before each model turn: unchecked, the episode would run on past them
+            raise ConfigError(f"environment.name: {self.task_type.__name__} ends its episodes by the stop conditions "
+                              f"{stops} (@vf.stop), which this adapter does not check; end them from the env or the "
+                              "tools instead, or use a task without them.")  # fmt: skip
         return task if self.taskset.system_prompt is None else task.with_system_prompt(self.taskset.system_prompt)
 
     def reset(self, row: dict[str, Any]) -> list[Message]:
@@ -290,7 +295,7 @@ class VerifiersEnvironment(ToolEnvironment):
                 self.trace.stop("max_turns")
                 if self.answer is not None and not self.answer.done():
                     self.answer.set_result(vf.Segment(messages=self.segment, terminated=True))
-                self.advance()
+                self.loop.run_until_complete(self.runner)  # to its end: the rewards may await (a thread, a call)
             self.close()
             return float(self.trace.reward)
 

@@ -4,6 +4,7 @@ whose engine plays the user runs turn by turn."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -212,6 +213,46 @@ def test_an_episode_cut_by_max_turns_ends_as_verifiers_ends_one_at_a_limit():
     assert environment.final_reward() == 0.0
     assert environment.trace.stop_condition == "max_turns" and environment.trace.metrics == {"guesses": 1.0}
     assert environment.loop is None  # the episode's event loop is closed
+
+
+class SlowlyScoredTask(SumTask):
+    @vf.reward
+    async def scored_in_a_thread(self, trace: vf.Trace) -> float:
+        return await asyncio.to_thread(lambda: 1.0)  # a reward that awaits real work (a thread, a service)
+
+
+class SlowlyScoredTaskset(vf.Taskset[SlowlyScoredTask, vf.TasksetConfig]):
+    def load(self) -> list[SlowlyScoredTask]:
+        return [SlowlyScoredTask(SumData(prompt="2+3=", answer=5), self.config.task)]
+
+
+def test_an_episode_cut_while_a_tool_call_waits_is_scored_by_rewards_that_await():
+    """Cut on the model's turn: its scoring awaits a thread. It was cancelled half way, and the unscored
+    rewards (None) counted 0."""
+    environment = EnvironmentOptions.of({"name": f"{HERE}.SlowlyScoredTaskset"}).make()
+    environment.reset(row_of(SlowlyScoredTaskset))
+    name = environment.tools[0].__name__
+    environment.step(turn('<tool_call>{"name": "%s", "arguments": {"a": 2, "b": 3}}</tool_call>' % name))
+    assert environment.final_reward() == 1.0  # correct: 0 (no reply yet), scored_in_a_thread: 1
+    assert environment.trace.stop_condition == "max_turns" and environment.loop is None
+
+
+class SubmitStopTask(SumTask):
+    @vf.stop
+    async def submitted(self, trace: vf.Trace) -> bool:
+        return len(trace.tool_messages) >= 1
+
+
+class SubmitStopTaskset(vf.Taskset[SubmitStopTask, vf.TasksetConfig]):
+    def load(self) -> list[SubmitStopTask]:
+        return [SubmitStopTask(SumData(prompt="2+3=", answer=5), self.config.task)]
+
+
+def test_a_task_that_ends_its_episodes_by_stop_conditions_is_refused_naming_them():
+    """verifiers checks @vf.stop before each model turn; unchecked, the model would go on past it."""
+    environment = EnvironmentOptions.of({"name": f"{HERE}.SubmitStopTaskset"}).make()
+    with pytest.raises(ConfigError, match=r"SubmitStopTask ends its episodes by the stop conditions \['submitted'\]"):
+        environment.reset(row_of(SubmitStopTaskset))
 
 
 class CrashingEnv(vf.Env[GuessEnvConfig]):
