@@ -96,6 +96,12 @@ class ChatTokens:
         after = self._reply_text(messages)
         marked = self._reply_text([{**m, "content": _MARK.format(i)} for i, m in enumerate(messages)])
         pieces = _MARKS.split(marked)  # the template's text, then a content's index, and so on
+        shown = {int(piece) for n, piece in enumerate(pieces) if n % 2}
+        dropped = sorted({str(m.get("role")) for i, m in enumerate(messages) if contents[i] and i not in shown})
+        if dropped:  # the model would never see them, and nothing would say so
+            raise ConfigError(f"environment: the chat template leaves out messages of the roles {dropped}, so the model "
+                              "would not see the environment's reply; use a template that renders them, or "
+                              "--model.policy.use_chat_template false.")  # fmt: skip
         if "".join(contents[int(p)] if i % 2 else p for i, p in enumerate(pieces)) != after:
             # The template changes contents (quotes, trims): keep their text, drop special-token text from it.
             return self._encode(self._reply_text([{**m, "content": self._without_special_tokens(m["content"])} for m in messages]))

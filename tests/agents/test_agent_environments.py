@@ -43,6 +43,21 @@ def test_a_template_whose_turns_do_not_end_with_eos_is_refused():
         ChatTokens(byte_tokenizer(NO_END_OF_TURN))
 
 
+#: ChatML that renders the system, user and assistant roles only (as some templates do): a tool's reply vanishes.
+CHATML_WITHOUT_TOOL_ROLE = (
+    "{%- for m in messages %}{% if m.role in ['system','user','assistant'] %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "<|im_end|>\n{% endif %}{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_template_that_leaves_out_the_replys_role_is_refused():
+    """The reply rendered as the next turn's header alone: the model would never see the tool's output."""
+    chat = ChatTokens(byte_tokenizer(CHATML_WITHOUT_TOOL_ROLE), [calculator])
+    with pytest.raises(ConfigError, match=r"the chat template leaves out messages of the roles \['tool'\]"):
+        chat.reply_ids([{"role": "tool", "content": "RESULT=42"}])
+    assert "RESULT=42" in chat.tokenizer.decode(chat.reply_ids([{"role": "user", "content": "RESULT=42"}]))
+
+
 def test_without_a_chat_template_messages_are_their_contents():
     tokenizer = byte_tokenizer(CHATML)
     chat = ChatTokens(tokenizer, use_chat_template=False)
