@@ -30,7 +30,7 @@ TAKEN_FROM_COMMAND_LINE = ("evaluation",)
 #: The base model's path: taken where the checkpoint records the base's fingerprint (then checked as it loads).
 BASE_PATH_KEY = "init_args.model"
 
-#: LoRA's settings: compared as one, each field at its value or peft's default (:func:`_lora_settings`).
+#: LoRA's settings: each field given compared with the checkpoint's, or peft's default (:func:`_lora_fields`).
 PEFT_KEY = "init_args.policy.peft_config"
 
 _ABSENT = object()
