@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -78,9 +79,27 @@ class FinalCheckpoint(Callback):
                 callback._save_checkpoint(trainer, callback.format_checkpoint_name(candidates))
             callback._save_last_checkpoint(trainer, candidates)
 
+    @staticmethod
+    def continue_last_checkpoint(trainer) -> None:
+        """A fit resumed from a checkpoint in its own checkpoint folder writes its ``last.ckpt`` over the
+        one there. Lightning restores where that file is only for the folder path the checkpoint recorded,
+        so a run folder copied or moved wrote ``last-v1.ckpt`` beside a ``last.ckpt`` left at the step it
+        resumed from (called after the restore, before the first step)."""
+        if not trainer.ckpt_path:
+            return
+        resumed = Path(trainer.ckpt_path).resolve()
+        for callback in trainer.checkpoint_callbacks:
+            if not isinstance(callback, ModelCheckpoint) or not callback.save_last or callback.last_model_path:
+                continue
+            if callback.dirpath and resumed.parent == Path(callback.dirpath).resolve():
+                last = callback.format_checkpoint_name({}, callback.CHECKPOINT_NAME_LAST)
+                if Path(last).is_file():
+                    callback.last_model_path = last
+
     # ------------------------------------------------------------------ SIGINT as a graceful stop
 
     def on_train_start(self, trainer, pl_module) -> None:
+        self.continue_last_checkpoint(trainer)
         # Lightning registered its SIGTERM handler before this hook and restores every handler at teardown.
         if threading.current_thread() is not threading.main_thread():
             return

@@ -135,6 +135,20 @@ def test_a_fit_off_the_checkpoint_interval_ends_with_last_ckpt_at_its_last_step(
     assert summary_checkpoint(capsys.readouterr().out)[1] == 5
 
 
+def test_a_run_folder_copied_elsewhere_resumes_into_its_own_last_ckpt(tiny_model_dir, tmp_path, one_torch_thread, capsys):
+    """Lightning restores where last.ckpt is only for the folder path it recorded: resumed in a copy of
+    the run folder, the fit wrote last-v1.ckpt and left last.ckpt at the step it resumed from."""
+    import shutil
+
+    main(fit_args(tiny_model_dir, tmp_path / "first", steps=1))
+    capsys.readouterr()
+    copy = shutil.copytree(tmp_path / "first", tmp_path / "copy")
+    last = copy / "grpo" / "version_0" / "checkpoints" / "last.ckpt"
+    main(fit_args(tiny_model_dir, copy, "--ckpt_path", str(last), steps=3))
+    assert sorted(p.name for p in last.parent.glob("last*.ckpt")) == ["last.ckpt"]
+    assert last_step(copy) == 3 and summary_checkpoint(capsys.readouterr().out) == (last, 3)
+
+
 def test_without_a_save_last_checkpoint_the_first_one_writes_last_ckpt(tiny_model_dir, tmp_path, one_torch_thread):
     main(fit_args(tiny_model_dir, tmp_path, "--trainer.callbacks.save_last", "false", steps=3))
     assert last_step(tmp_path) == 3
