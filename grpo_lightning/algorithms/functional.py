@@ -125,15 +125,15 @@ def masked_mean(x: Tensor, mask: Tensor, dim: Dim = None) -> Tensor:
     return (total / count.clamp(min=1)).to(x.dtype)
 
 
-# --------------------------------------------------------------- advantage estimators
-
-
 def mean_abs_advantage(advantages: Tensor, completion_mask: Tensor) -> Tensor:
     """``mean |A|``: over completions for ``[N]`` advantages, over the completions' tokens (not the
     padding) for per-token ``[N, T]`` ones."""
     if advantages.dim() == 1:
         return advantages.abs().mean()
     return masked_mean(advantages.abs(), completion_mask)
+
+
+# --------------------------------------------------------------- advantage estimators
 
 
 def group_normalized_advantages(rewards: Tensor, eps: float = 1e-4, scale: str = "group") -> Tensor:

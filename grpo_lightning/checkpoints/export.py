@@ -34,7 +34,7 @@ from transformers import GenerationConfig
 from grpo_lightning.runtime.checkpoint_io import load_checkpoint_file
 from grpo_lightning.models.policy import load_causal_lm
 from grpo_lightning.models.fingerprint import CHECKPOINT_KEY, check_same_base, weights_fingerprint
-from grpo_lightning.models.lora import add_adapters, merged_model, trainable_keys
+from grpo_lightning.models.lora import add_adapters, load_trained_weights, merged_model
 from grpo_lightning.models.sources import load_tokenizer
 from grpo_lightning.rollout.generation import save_policy
 from grpo_lightning.rollout.types import as_ids, end_token_ids
@@ -94,11 +94,10 @@ def _export(
         )
     if settings:
         policy = add_adapters(policy, settings)
-        unexpected = policy.load_state_dict(weights, strict=False).unexpected_keys
-        missing = trainable_keys(policy, "") - set(weights)
+        missing, unexpected = load_trained_weights(policy, weights)
         if unexpected or missing:
             raise ValueError(f"checkpoint {str(ckpt_path)!r}: adapters do not match policy.peft_config "
-                             f"(unexpected {unexpected[:3]}, missing {sorted(missing)[:3]}).")  # fmt: skip
+                             f"(unexpected {unexpected[:3]}, missing {missing[:3]}).")  # fmt: skip
         policy = policy if adapter else merged_model(policy)
     else:
         policy.load_state_dict(weights, strict=True)

@@ -71,18 +71,15 @@ def load_trained_policy(module, ckpt_path: str) -> None:
     refused where the base that ``model`` names holds other weights than the run trained from (a LoRA
     checkpoint keeps its adapters only, reloading that base) or a trained weight is missing."""
     from grpo_lightning.models.fingerprint import CHECKPOINT_KEY, check_same_base
-    from grpo_lightning.models.lora import trainable_keys
+    from grpo_lightning.models.lora import load_trained_weights
 
     checkpoint = load_checkpoint_file(ckpt_path)  # weights_only: a crafted pickle cannot run code
     check_same_base(checkpoint.get(CHECKPOINT_KEY), getattr(module.policy, "base_fingerprint", None), module.model_name,
                     f"checkpoint {str(ckpt_path)!r}", "Put the weights the run started from back at that path (a hub "
                     "model: the revision it had then), or pass --model.model with them.")  # fmt: skip
-    state = {k: v for k, v in checkpoint["state_dict"].items() if k.startswith("policy.")}
-    missing = sorted(trainable_keys(module.policy, "policy.") - set(state))
-    try:
-        unexpected = module.load_state_dict(state, strict=False).unexpected_keys
-    except RuntimeError as error:  # a tensor of another shape (adapters of another rank)
-        unexpected = [str(error).splitlines()[-1].strip()]
+    prefix = "policy."
+    weights = {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+    missing, unexpected = load_trained_weights(module.policy, weights)
     if missing or unexpected:
         raise ConfigError(f"ckpt_path: {str(ckpt_path)!r} does not hold this policy's trained weights (missing "
                           f"{missing[:3]}, unexpected {unexpected[:3]}); give the checkpoint of a run of this model "

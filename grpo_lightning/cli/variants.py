@@ -99,7 +99,7 @@ def restore_variant_defaults(variant: type, init_args: Any, given_keys: Callable
                      for f in dataclasses.fields(default)]  # fmt: skip
         else:
             pairs = [(name, default, base_default)]
-        replaced += [(key, own) for key, own, theirs in pairs if own != theirs and _get(init_args, key) == theirs]
+        replaced += [(key, own) for key, own, theirs in pairs if own != theirs and init_args.get(key) == theirs]
     if not replaced:
         return []
     given = [key.removeprefix("init_args.") for key in (given_keys() or ())]
@@ -109,12 +109,6 @@ def restore_variant_defaults(variant: type, init_args: Any, given_keys: Callable
             init_args[key] = own
             restored.append(key)
     return restored
-
-
-def _get(namespace: Any, key: str) -> Any:
-    for part in key.split("."):
-        namespace = namespace.get(part) if hasattr(namespace, "get") else None
-    return namespace
 
 
 def apply_variant_defaults(config: Any, parser: Any, raw_args: Sequence[str], subcommand: str | None) -> None:
@@ -132,6 +126,6 @@ def apply_variant_defaults(config: Any, parser: Any, raw_args: Sequence[str], su
     restored = restore_variant_defaults(variant, model.get("init_args"),
                                         lambda: given_model_keys(parser, raw_args, subcommand))  # fmt: skip
     if restored:
-        values = ", ".join(f"model.{key} {_get(model.get('init_args'), key)!r}" for key in restored)
+        values = ", ".join(f"model.{key} {model.get('init_args').get(key)!r}" for key in restored)
         print(f"model: {name}'s own defaults apply ({values}): the settings given before {name} was named were read "
               "with the base class's.", file=sys.stderr, flush=True)  # fmt: skip

@@ -90,7 +90,7 @@ def _check_template(template: str, operations: str = "+") -> None:
         ) from None
     if "37" not in written or "45" not in written:
         raise ConfigError(f"template={template!r} must contain {{a}} and {{b}}, e.g. 'What is {{a}} {{op}} {{b}}?'.")
-    if len(set(operations)) > 1 and template.format(a=37, op="+", b=45) == template.format(a=37, op="*", b=45):
+    if len(set(operations)) > 1 and written == template.format(a=37, op="*", b=45):
         raise ConfigError(
             f"template={template!r} does not write the operation, so with operations={operations!r} one prompt would "
             "stand for problems of different answers (and a validation prompt could be a training one); add {op}, "

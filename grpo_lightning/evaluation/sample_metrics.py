@@ -115,8 +115,9 @@ def prompt_metrics(correct: Tensor, rewards: Tensor, lengths: Tensor, votes: Seq
     num_samples = correct.size(1)
     unscored = correct.isnan()
     applies = ~unscored.all(dim=1)
-    if (unscored & applies[:, None]).any():
-        rank_zero_warn(f"evaluation.accuracy_func gave no score (None or NaN) to {int((unscored & applies[:, None]).sum())} "
+    beside_scored = unscored & applies[:, None]
+    if beside_scored.any():
+        rank_zero_warn(f"evaluation.accuracy_func gave no score (None or NaN) to {int(beside_scored.sum())} "
                        "completions of prompts whose other completions it scored: they count as incorrect. Return 0 "
                        "for a wrong answer, None only where a prompt has no reference.")  # fmt: skip
     solved = torch.nan_to_num(correct.double(), nan=0.0)

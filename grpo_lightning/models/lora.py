@@ -65,11 +65,11 @@ def adapter_settings(config: Any) -> dict[str, Any] | None:
     else:
         raise ConfigError(f"policy.peft_config: give a peft.LoraConfig or a dict of its fields, got {type(config).__name__}.")
     default = peft.LoraConfig()
-    settings = {name: _plain(value) for name, value in values.items()
-                if name not in ("peft_type", "task_type") and _plain(value) != _plain(getattr(default, name, None))}
+    settings = {name: plain_value(value) for name, value in values.items()
+                if name not in ("peft_type", "task_type") and plain_value(value) != plain_value(getattr(default, name, None))}
     config = lora_config(settings)  # unknown fields and invalid values fail here, before any model is loaded
     check_supported(config)
-    return {**{name: _plain(getattr(config, name)) for name in SHOWN_FIELDS}, **settings}
+    return {**{name: plain_value(getattr(config, name)) for name in SHOWN_FIELDS}, **settings}
 
 
 #: LoRA options whose trained network the rollout copy's merge (``merged_weights``), the merged export and
@@ -85,7 +85,7 @@ UNSUPPORTED = {
 def check_supported(config: Any) -> None:
     """Refuse the :data:`UNSUPPORTED` options of a ``peft.LoraConfig``, naming the field and why."""
     for name, (refused, why) in UNSUPPORTED.items():
-        value = _plain(getattr(config, name, None))
+        value = plain_value(getattr(config, name, None))
         if refused(value):
             raise ConfigError(f"policy.peft_config.{name}={value!r} is not supported: {why}. Leave it at its default.")
 
@@ -109,24 +109,20 @@ def check_adapted_model(model: nn.Module) -> None:
 
 def default_lora_value(name: str) -> Any:
     """``peft.LoraConfig``'s default of field ``name``, as :func:`adapter_settings` writes values."""
-    return _plain(getattr(_peft().LoraConfig(), name, None))
+    return plain_value(getattr(_peft().LoraConfig(), name, None))
 
 
 def plain_value(value: Any) -> Any:
     """A ``LoraConfig`` field's value as :func:`adapter_settings` records it (enums, sets, dataclasses plain)."""
-    return _plain(value)
-
-
-def _plain(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, (set, frozenset)):
         return sorted(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _plain(dataclasses.asdict(value))
+        return plain_value(dataclasses.asdict(value))
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return list(map(_plain, value)) if isinstance(value, (list, tuple)) else value
+        return {k: plain_value(v) for k, v in value.items()}
+    return list(map(plain_value, value)) if isinstance(value, (list, tuple)) else value
 
 
 def lora_config(settings: dict[str, Any]) -> Any:
@@ -219,3 +215,15 @@ def merged_model(policy: nn.Module) -> PreTrainedModel:
 def trainable_keys(policy: nn.Module, prefix: str) -> set[str]:
     """The state-dict keys (under ``prefix``) of the parameters that train: what a checkpoint keeps."""
     return {prefix + name for name, parameter in policy.named_parameters() if parameter.requires_grad}
+
+
+def load_trained_weights(policy: nn.Module, weights: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Load a checkpoint's ``weights`` (keyed as ``policy``'s state dict; a LoRA run's hold its adapters
+    only) into ``policy``: ``(missing, unexpected)``, the trained parameters it lacks and the weights that
+    are not ``policy``'s (one of another shape, adapters of another rank, named by the load's error)."""
+    missing = sorted(trainable_keys(policy, "") - set(weights))
+    try:
+        unexpected = policy.load_state_dict(weights, strict=False).unexpected_keys
+    except RuntimeError as error:
+        unexpected = [str(error).splitlines()[-1].strip()]
+    return missing, list(unexpected)
