@@ -48,10 +48,11 @@ def _output(command: list[str], cwd: Path | None = None) -> str | None:
     return result.stdout.strip()
 
 
-def git_commit(root: Path | None = None) -> dict[str, Any]:
+def git_commit(root: Path | None = None, with_diff: bool = True) -> dict[str, Any]:
     """The commit of the checkout grpo_lightning is imported from (none when installed from a wheel),
     whether files differed from it, and how (``git diff HEAD`` of tracked files; ``untracked``: the paths of
-    files git does not track nor ignore, a new config or module), so a dirty run can be redone."""
+    files git does not track nor ignore, a new config or module), so a dirty run can be redone.
+    ``with_diff`` False: the diff is left out (``""``), where only whether the tree is dirty matters."""
     root = Path(root).resolve() if root is not None else Path(__file__).resolve().parents[2]
     top = _output(["git", "rev-parse", "--show-toplevel"], root)
     commit = _output(["git", "rev-parse", "HEAD"], root)
@@ -59,7 +60,7 @@ def git_commit(root: Path | None = None) -> dict[str, Any]:
         return {"commit": None, "dirty": None, "diff": None, "untracked": None}
     status = _output(["git", "status", "--porcelain", "--untracked-files=no"], root)
     untracked = _output(["git", "ls-files", "--others", "--exclude-standard", "-z"], root)
-    diff = _output(["git", "diff", "HEAD", "--no-color", "--no-ext-diff"], root) if status else ""
+    diff = _output(["git", "diff", "HEAD", "--no-color", "--no-ext-diff"], root) if status and with_diff else ""
     paths = None if untracked is None else [path for path in untracked.split("\0") if path]
     dirty = None if status is None or paths is None else bool(status or paths)
     return {"commit": commit, "dirty": dirty, "diff": diff, "untracked": paths}
@@ -95,7 +96,7 @@ def code_state() -> dict[str, Any]:
     """What a cell's ``cell.json`` records of the code it started with: the commit, whether the checkout
     differed from it (its diff stays in the sweep's ``provenance.json``), and the source digest, which
     tells two cells' code apart where the commit alone cannot (an edit during the sweep, another checkout)."""
-    state = git_commit()
+    state = git_commit(with_diff=False)
     return {"commit": state["commit"], "dirty": state["dirty"], "source_sha256": source_digest()}
 
 
