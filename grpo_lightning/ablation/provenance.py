@@ -50,8 +50,9 @@ def _output(command: list[str], cwd: Path | None = None) -> str | None:
 
 def git_commit(root: Path | None = None, with_diff: bool = True) -> dict[str, Any]:
     """The commit of the checkout grpo_lightning is imported from (none when installed from a wheel),
-    whether files differed from it, and how (``git diff HEAD`` of tracked files; ``untracked``: the paths of
-    files git does not track nor ignore, a new config or module), so a dirty run can be redone.
+    whether files differed from it, and how (``git diff HEAD`` of tracked files, a deleted file by its name
+    alone: its text is in the commit; ``untracked``: the paths of files git does not track nor ignore, a new
+    config or module), so a dirty run can be redone.
     ``with_diff`` False: the diff is left out (``""``), where only whether the tree is dirty matters."""
     root = Path(root).resolve() if root is not None else Path(__file__).resolve().parents[2]
     top = _output(["git", "rev-parse", "--show-toplevel"], root)
@@ -60,7 +61,7 @@ def git_commit(root: Path | None = None, with_diff: bool = True) -> dict[str, An
         return {"commit": None, "dirty": None, "diff": None, "untracked": None}
     status = _output(["git", "status", "--porcelain", "--untracked-files=no"], root)
     untracked = _output(["git", "ls-files", "--others", "--exclude-standard", "-z"], root)
-    diff = _output(["git", "diff", "HEAD", "--no-color", "--no-ext-diff"], root) if status and with_diff else ""
+    diff = _output(["git", "diff", "HEAD", "--no-color", "--no-ext-diff", "--irreversible-delete"], root) if status and with_diff else ""
     paths = None if untracked is None else [path for path in untracked.split("\0") if path]
     dirty = None if status is None or paths is None else bool(status or paths)
     return {"commit": commit, "dirty": dirty, "diff": diff, "untracked": paths}

@@ -317,6 +317,15 @@ def test_provenance_records_the_uncommitted_diff(tmp_path):
     (tmp_path / "loss.py").write_text("beta = 0.0\n")
     record = provenance.git_commit(tmp_path)
     assert record["dirty"] is True and "-beta = 0.04" in record["diff"] and "+beta = 0.0" in record["diff"]
+    git("add", "loss.py")
+    git("commit", "-q", "-m", "second")
+    (tmp_path / "results.csv").write_text("step,accuracy\n" * 10_000)
+    git("add", "results.csv")
+    git("commit", "-q", "-m", "results")
+    (tmp_path / "results.csv").unlink()  # a deleted file is named, its text (in the commit) is not repeated
+    record = provenance.git_commit(tmp_path)
+    assert record["dirty"] is True and "deleted file" in record["diff"] and "results.csv" in record["diff"]
+    assert "step,accuracy" not in record["diff"] and len(record["diff"]) < 500
 
 
 def test_provenance_record():

@@ -1,0 +1,142 @@
+"""Each arm against the baseline on final greedy accuracy alone, over the cells of several sweep or
+report ``data/`` folders: the prompt-paired comparison of a report's Comparisons section
+(``report.sections.comparisons.baseline_effects``: the two-level analysis over seeds and prompts,
+Holm over the arms, equivalence at a margin, the design's MDE and the seeds it needs), from what
+every finished cell keeps of its final validation: ``metrics.json`` and the per-prompt outcomes.
+
+    python benchmarks/final_accuracy.py reports/smollm2_variants/data \\
+        benchmarks/results/smollm2_variants_h200/seeds4_8_f700a47 > final_accuracy.md
+
+For cells kept without their step-wise scalars (the report needs those for every other section).
+Nothing here averages over steps: each cell's final val/accuracy is its last validation's, checked
+against the mean of its outcomes, so a cell whose outcomes are not that validation's is refused.
+Duplicate cells and cells of other settings are refused as the report refuses them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from grpo_lightning.ablation.runs import Run, Series
+from grpo_lightning.report.arms import Arm
+from grpo_lightning.report.build import VARIANT_ORDER, attach_outcomes, baseline_arm
+from grpo_lightning.report.cells import check_one_design, discover_cells, refuse_duplicate_cells
+from grpo_lightning.report.outcomes import OUTCOME_METRIC, final_outcomes
+from grpo_lightning.report.paired import interquartile_mean
+from grpo_lightning.report.render.formatting import fmt, fmt_p
+from grpo_lightning.report.sections.comparisons import (
+    EQUIVALENCE_MARGIN,
+    TARGET_MDE,
+    baseline_effects,
+    difference_text,
+    far_seeds,
+    improvement_text,
+    mde_text,
+    pairs_text,
+    seeds_needed_text,
+)
+
+KEY = OUTCOME_METRIC
+#: Each cell's generated tokens over the whole fit (``metrics.json``), to set each arm's cost beside its accuracy.
+TOKENS = "total:generated_tokens"
+
+
+def final_only_run(directory: Path) -> Run:
+    """A run holding the final ``val/accuracy`` of a cell's ``metrics.json`` at its step, and the
+    accuracy before training; refused where the final validation's outcomes give another accuracy."""
+    metrics = json.loads((directory / "metrics.json").read_text())
+    value, step = metrics["final"].get(KEY), metrics["final_step"].get(KEY)
+    if value is None or step is None:
+        raise SystemExit(f"{directory}: metrics.json has no final {KEY}")
+    outcomes = final_outcomes(directory)
+    if outcomes is None or abs(float(np.nanmean(outcomes.correct)) - value) > 1e-5:
+        raise SystemExit(f"{directory}: its final outcomes do not give its final {KEY} ({value})")
+    initial = {KEY: metrics["val/accuracy_before"]} if "val/accuracy_before" in metrics else {}
+    scalars = {KEY: Series(np.array([int(step)]), np.array([float(value)]), np.array([0.0]))}
+    if "generated_tokens" in metrics:  # the fit's total, under a key of its own: no step-wise series is made up
+        scalars[TOKENS] = Series(np.array([int(step)]), np.array([float(metrics["generated_tokens"])]), np.array([0.0]))
+    return Run(directory, scalars, initial)
+
+
+def load(sources: list[Path]) -> list[Arm]:
+    cells = [cell for source in sources for cell in discover_cells(source)]
+    refuse_duplicate_cells(cells)
+    check_one_design(cells)
+    arms: dict[str, Arm] = {}
+    for cell in cells:
+        arm = arms.setdefault(cell.arm, Arm(cell.arm, [], []))
+        if cell.finished:
+            arm.cells.append(cell)
+            arm.runs.append(final_only_run(cell.directory))
+        else:
+            arm.unfinished.append(cell)
+    order = {v: i for i, v in enumerate(VARIANT_ORDER)}
+    ranked = sorted(arms.values(), key=lambda a: (order.get(a.cells[0].variant if a.cells else a.name, len(order)), a.name))
+    unpaired = attach_outcomes(ranked)
+    if unpaired:
+        raise SystemExit(f"per-prompt outcomes cannot be paired: {unpaired}")
+    return ranked
+
+
+def code_line(arms: list[Arm]) -> str:
+    """The commit each cell started from, with its seeds (``unrecorded``: cells older than the record)."""
+    seeds: dict[str, set] = {}
+    for cell in (c for arm in arms for c in arm.cells):
+        commit = (cell.code or {}).get("commit")
+        seeds.setdefault(commit[:7] if commit else "unrecorded", set()).add(cell.seed)
+    return "; ".join(f"{commit}: seeds {', '.join(map(str, sorted(s)))}" for commit, s in sorted(seeds.items()))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("sources", nargs="+", type=Path, help="sweep folders or reports' data/ folders")
+    parser.add_argument("--baseline", default=None, help="the arm the others are compared with (default: the sweep's)")
+    parser.add_argument("--equivalence-margin", type=float, default=EQUIVALENCE_MARGIN)
+    parser.add_argument("--target-mde", type=float, default=TARGET_MDE)
+    parser.add_argument("--confidence", type=float, default=0.95)
+    args = parser.parse_args(argv)
+
+    arms = load(args.sources)
+    baseline = baseline_arm(arms, [c for a in arms for c in a.cells], args.baseline)
+    out = sys.stdout
+    out.write(f"# Final greedy accuracy ({KEY}), {sum(len(a.cells) for a in arms)} finished cells\n\n")
+    out.write(f"Sources: {', '.join(f'`{s}`' for s in args.sources)}. Code: {code_line(arms)}.\n\n")
+    out.write("| arm | seeds | mean [95% CI] | IQM | before | generated tokens (x baseline) | per seed |\n")
+    out.write("|---|---|---|---|---|---|---|\n")
+    base_tokens = float(np.mean(baseline.finals(TOKENS))) if baseline.finals(TOKENS) else math.nan
+    for arm in arms:
+        mean, low, high = arm.interval(KEY, args.confidence)
+        by_seed = arm.finals_by_seed(KEY)
+        before = [r.initial.get(KEY, math.nan) for r in arm.runs]
+        per_seed = ", ".join(f"{seed}: {fmt(v, 3)}" for seed, v in sorted(by_seed.items()))
+        tokens = float(np.mean(arm.finals(TOKENS))) if arm.finals(TOKENS) else math.nan
+        out.write(f"| {arm.name} | {arm.seed_count(KEY, KEY)} | {fmt(mean, 3)} [{fmt(low, 3)}, {fmt(high, 3)}] | "
+                  f"{fmt(interquartile_mean(by_seed.values()), 3)} | {fmt(float(np.nanmean(before)), 3)} | "
+                  f"{tokens:,.0f} ({fmt(tokens / base_tokens, 3)}x) | {per_seed} |\n")
+    effects = baseline_effects(arms, baseline, KEY, +1, args.confidence, margin=args.equivalence_margin,
+                               target_mde=args.target_mde)
+    out.write(f"\nAgainst **{baseline.name}**, paired by seed and prompt (Holm over {len(effects)} arms; equivalence "
+              f"margin ±{fmt(args.equivalence_margin, 2)}):\n\n")
+    out.write("| arm | pairs | difference [95% CI] | p (Holm) | equivalence p (Holm) | MDE [95% CI] | P(arm > base) | verdict |\n")
+    out.write("|---|---|---|---|---|---|---|---|\n")
+    for e in effects:
+        out.write(f"| {e.arm} | {pairs_text(e)} | {difference_text(e)} | {fmt_p(e.p_holm)} | {fmt_p(e.p_equivalence_holm)} | "
+                  f"{mde_text(e)} | {improvement_text(e)} | {e.verdict} |\n")
+    needed = seeds_needed_text(effects, args.confidence)
+    if needed:
+        out.write(f"\n{needed}\n")
+    far = {arm.name: far_seeds(arm, KEY) for arm in arms}
+    if any(far.values()):
+        out.write("\nSeeds far from their arm's others (the intervals and verdicts that use them cover less than they say): "
+                  + "; ".join(f"**{name}** " + ", ".join(f"seed {seed} ({fmt(v, 3)})" for seed, v in seeds.items())
+                              for name, seeds in far.items() if seeds) + ".\n")
+
+
+if __name__ == "__main__":
+    main()

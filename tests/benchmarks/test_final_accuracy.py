@@ -1,0 +1,67 @@
+"""benchmarks/final_accuracy.py: the comparison of final accuracy from what a cell keeps of its final
+validation is the report's, number for number, on the committed smollm2_variants data (real cells)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_lightning.report.build import attach_outcomes, baseline_arm, load_arms
+from grpo_lightning.report.cells import discover_cells
+from grpo_lightning.report.sections.comparisons import baseline_effects
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "reports" / "smollm2_variants" / "data"
+_spec = importlib.util.spec_from_file_location("final_accuracy", ROOT / "benchmarks" / "final_accuracy.py")
+final_accuracy = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(final_accuracy)
+
+
+def _same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-12, abs=1e-15)
+
+
+def test_the_effects_from_final_validations_alone_are_the_reports():
+    cells = discover_cells(DATA)
+    full = load_arms([c for c in cells if c.finished])
+    attach_outcomes(full)
+    mine = final_accuracy.load([DATA])
+    assert [a.name for a in mine] == [a.name for a in full]
+    expected = baseline_effects(full, baseline_arm(full, cells), "val/accuracy", +1)
+    found = baseline_effects(mine, baseline_arm(mine, cells), "val/accuracy", +1)
+    assert len(found) == len(expected) == 6
+    for e, f in zip(expected, found):
+        assert e.two_level is not None and f.two_level is not None  # paired by seed and prompt in both
+        assert (f.arm, f.n, f.verdict) == (e.arm, e.n, e.verdict)
+        for field in ("mean", "low", "high", "p", "p_holm", "p_equivalence_holm", "mde"):
+            assert _same(getattr(f, field), getattr(e, field)), (f.arm, field)
+        assert f.seeds_needed.seeds == e.seeds_needed.seeds
+
+
+def test_a_cell_whose_outcomes_are_not_its_final_validation_is_refused(tmp_path):
+    source = next(d for d in sorted(DATA.iterdir()) if d.is_dir())
+    cell = tmp_path / source.name
+    shutil.copytree(source, cell)
+    metrics = json.loads((cell / "metrics.json").read_text())
+    metrics["final"]["val/accuracy"] += 0.01
+    (cell / "metrics.json").write_text(json.dumps(metrics))
+    with pytest.raises(SystemExit, match="do not give its final val/accuracy"):
+        final_accuracy.final_only_run(cell)
+
+
+def test_the_table_names_each_arm_its_seeds_and_the_verdicts(capsys):
+    final_accuracy.main([str(DATA)])
+    text = capsys.readouterr().out
+    assert "| grpo | n=4 | 0.652 [" in text and "4 x 500 prompts" in text and "undetermined (MDE" in text
+    assert "unrecorded: seeds 0, 1, 2, 3" in text  # these cells predate the code record
+
+
+def test_a_cell_given_twice_is_refused():
+    with pytest.raises(Exception, match="(?i)duplicate|twice|more than once"):
+        final_accuracy.load([DATA, DATA])
