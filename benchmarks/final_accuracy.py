@@ -49,14 +49,14 @@ TOKENS = "total:generated_tokens"
 
 def final_only_run(directory: Path) -> Run:
     """A run holding the final ``val/accuracy`` of a cell's ``metrics.json`` at its step, and the
-    accuracy before training; refused where the final validation's outcomes give another accuracy."""
+    accuracy before training; refused where the last outcomes are of another step or give another accuracy."""
     metrics = json.loads((directory / "metrics.json").read_text())
     value, step = metrics["final"].get(KEY), metrics["final_step"].get(KEY)
     if value is None or step is None:
         raise SystemExit(f"{directory}: metrics.json has no final {KEY}")
     outcomes = final_outcomes(directory)
-    if outcomes is None or abs(float(np.nanmean(outcomes.correct)) - value) > 1e-5:
-        raise SystemExit(f"{directory}: its final outcomes do not give its final {KEY} ({value})")
+    if outcomes is None or outcomes.step != step or abs(float(np.nanmean(outcomes.correct)) - value) > 1e-5:
+        raise SystemExit(f"{directory}: its final outcomes do not give its final {KEY} ({value} at step {step})")
     initial = {KEY: metrics["val/accuracy_before"]} if "val/accuracy_before" in metrics else {}
     scalars = {KEY: Series(np.array([int(step)]), np.array([float(value)]), np.array([0.0]))}
     if "generated_tokens" in metrics:  # the fit's total, under a key of its own: no step-wise series is made up

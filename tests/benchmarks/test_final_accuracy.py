@@ -44,12 +44,17 @@ def test_the_effects_from_final_validations_alone_are_the_reports():
         assert f.seeds_needed.seeds == e.seeds_needed.seeds
 
 
-def test_a_cell_whose_outcomes_are_not_its_final_validation_is_refused(tmp_path):
+@pytest.mark.parametrize("change", ["value", "step"])
+def test_a_cell_whose_outcomes_are_not_its_final_validation_is_refused(tmp_path, change):
     source = next(d for d in sorted(DATA.iterdir()) if d.is_dir())
     cell = tmp_path / source.name
     shutil.copytree(source, cell)
+    final_accuracy.final_only_run(cell)  # as kept: taken
     metrics = json.loads((cell / "metrics.json").read_text())
-    metrics["final"]["val/accuracy"] += 0.01
+    if change == "value":
+        metrics["final"]["val/accuracy"] += 0.01
+    else:  # the last outcomes are of another validation than the final value's
+        metrics["final_step"]["val/accuracy"] += 20
     (cell / "metrics.json").write_text(json.dumps(metrics))
     with pytest.raises(SystemExit, match="do not give its final val/accuracy"):
         final_accuracy.final_only_run(cell)
