@@ -84,6 +84,22 @@ def test_a_dirty_tree_and_mixed_commits_carry_a_banner(tmp_path, cell_writer):
     assert "(with untracked files, contents not recorded: `configs/variant/mine.yaml`)" in md
 
 
+def test_cells_run_on_other_kinds_of_accelerator_carry_a_banner(tmp_path, cell_writer):
+    """Seeds added later on another card: its kernels round differently, so a seed trains otherwise there."""
+    root = two_arm_sweep(tmp_path / "sweep", cell_writer)
+    h200 = {**PROVENANCE, "machine": {**PROVENANCE["machine"], "gpus": ["NVIDIA H200"]}}
+    h100 = {**PROVENANCE, "machine": {**PROVENANCE["machine"], "gpus": ["NVIDIA H100 80GB HBM3"] * 2}}
+    (root / "provenance.json").write_text(json.dumps([h200, h100]))
+    head = report_text(root, tmp_path / "two").split("## Summary")[0]
+    assert ("**Warning: the cells of this sweep ran on 2 kinds of accelerator** (1 x NVIDIA H200; 2 x NVIDIA H100 "
+            "80GB HBM3; see Provenance") in head  # fmt: skip
+    (root / "provenance.json").write_text(json.dumps([h200, h200]))
+    assert "kinds of accelerator" not in report_text(root, tmp_path / "one").split("## Summary")[0]
+    cpus = {**PROVENANCE, "machine": {**PROVENANCE["machine"], "cpu": "Intel Xeon"}}  # CPU sweeps: no banner
+    (root / "provenance.json").write_text(json.dumps([PROVENANCE, cpus]))
+    assert "kinds of accelerator" not in report_text(root, tmp_path / "cpu").split("## Summary")[0]
+
+
 def test_runs_that_started_from_other_code_carry_a_banner_naming_them(tmp_path, cell_writer):
     """Code edited (or another branch checked out) while a sweep runs: the commit of the sweep's start
     still names every run, so each cell's own record of its source is what tells them apart."""

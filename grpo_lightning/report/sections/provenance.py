@@ -77,6 +77,11 @@ def provenance_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
         shown = ", ".join(f"`{c[:10]}`" for c in commits)
         lines.append(f"**Warning: the cells of this sweep ran at {len(commits)} different commits** ({shown}; see "
                      "Provenance for which cells ran at which): arms may differ by code as well as by setting.")  # fmt: skip
+    cards = list(dict.fromkeys(gpu_text(r["machine"]) for r in records if isinstance(r.get("machine"), Mapping)))
+    if len(cards) > 1 and any(card != NO_GPU for card in cards):
+        lines.append(f"**Warning: the cells of this sweep ran on {len(cards)} kinds of accelerator** ({'; '.join(cards)}; "
+                     "see Provenance for which cells ran where): their kernels round differently, so a seed need not "
+                     "train the same on each; compare arms at seeds that ran on one kind.")  # fmt: skip
     return lines
 
 
@@ -181,11 +186,19 @@ def record_lines(record: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def machine_text(machine: Mapping[str, Any]) -> str:
+#: :func:`gpu_text` of a machine without a GPU.
+NO_GPU = "no GPU"
+
+
+def gpu_text(machine: Mapping[str, Any]) -> str:
+    """``2 x NVIDIA H200``, or ``NO_GPU``: the accelerators of a provenance record's machine."""
     gpus = machine.get("gpus") or []
-    gpu_text = "no GPU" if not gpus else ", ".join(f"{gpus.count(name)} x {name}" for name in dict.fromkeys(gpus))
+    return NO_GPU if not gpus else ", ".join(f"{gpus.count(name)} x {name}" for name in dict.fromkeys(gpus))
+
+
+def machine_text(machine: Mapping[str, Any]) -> str:
     memory = f", {machine['memory_gib']} GiB" if machine.get("memory_gib") else ""
-    return f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores{memory}, {gpu_text}; {machine.get('platform', '?')}, Python {machine.get('python', '?')}"
+    return f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores{memory}, {gpu_text(machine)}; {machine.get('platform', '?')}, Python {machine.get('python', '?')}"
 
 
 def load_text(record: Mapping[str, Any]) -> str:
