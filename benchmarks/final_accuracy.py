@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     out = sys.stdout
     out.write(f"# Final greedy accuracy ({KEY}), {sum(len(a.cells) for a in arms)} finished cells\n\n")
     out.write(f"Sources: {', '.join(f'`{s}`' for s in args.sources)}. Code: {code_line(arms)}.\n\n")
-    out.write("| arm | seeds | mean [95% CI] | IQM | before | generated tokens (x baseline) | per seed |\n")
+    level = f"{args.confidence:.0%}"
+    out.write(f"| arm | seeds | mean [{level} CI] | IQM | before | generated tokens (x baseline) | per seed |\n")
     out.write("|---|---|---|---|---|---|---|\n")
     base_tokens = float(np.mean(baseline.finals(TOKENS))) if baseline.finals(TOKENS) else math.nan
     for arm in arms:
@@ -121,9 +122,10 @@ def main(argv: list[str] | None = None) -> None:
                   f"{tokens:,.0f} ({fmt(tokens / base_tokens, 3)}x) | {per_seed} |\n")
     effects = baseline_effects(arms, baseline, KEY, +1, args.confidence, margin=args.equivalence_margin,
                                target_mde=args.target_mde)
-    out.write(f"\nAgainst **{baseline.name}**, paired by seed and prompt (Holm over {len(effects)} arms; equivalence "
-              f"margin ±{fmt(args.equivalence_margin, 2)}):\n\n")
-    out.write("| arm | pairs | difference [95% CI] | p (Holm) | equivalence p (Holm) | MDE [95% CI] | P(arm > base) | verdict |\n")
+    out.write(f"\nAgainst **{baseline.name}**, paired by seed, and by prompt where the pairs say seeds x prompts (Holm over "
+              f"{len(effects)} arms; equivalence margin ±{fmt(args.equivalence_margin, 2)}):\n\n")
+    out.write(f"| arm | pairs | difference [{level} CI] | p (Holm) | equivalence p (Holm) | MDE [{level} CI] | P(arm > base) "
+              "| verdict |\n")
     out.write("|---|---|---|---|---|---|---|---|\n")
     for e in effects:
         out.write(f"| {e.arm} | {pairs_text(e)} | {difference_text(e)} | {fmt_p(e.p_holm)} | {fmt_p(e.p_equivalence_holm)} | "

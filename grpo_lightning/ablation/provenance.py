@@ -61,7 +61,8 @@ def git_commit(root: Path | None = None, with_diff: bool = True) -> dict[str, An
         return {"commit": None, "dirty": None, "diff": None, "untracked": None}
     status = _output(["git", "status", "--porcelain", "--untracked-files=no"], root)
     untracked = _output(["git", "ls-files", "--others", "--exclude-standard", "-z"], root)
-    diff = _output(["git", "diff", "HEAD", "--no-color", "--no-ext-diff", "--irreversible-delete"], root) if status and with_diff else ""
+    diff_command = ["git", "diff", "HEAD", "--no-color", "--no-ext-diff", "--irreversible-delete"]
+    diff = _output(diff_command, root) if status and with_diff else ""
     paths = None if untracked is None else [path for path in untracked.split("\0") if path]
     dirty = None if status is None or paths is None else bool(status or paths)
     return {"commit": commit, "dirty": dirty, "diff": diff, "untracked": paths}
