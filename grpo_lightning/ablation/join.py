@@ -4,9 +4,10 @@ that ``grpo-lightning-report`` reads as a single sweep::
     python -m grpo_lightning.ablation.join --out runs/joined runs/sweep_day1 runs/sweep_day2 [--name NAME] [--provenance LINE]
 
 Each source is a sweep's ``output_dir`` or a report's ``data/`` folder. The join refuses what would make
-the report silently wrong: the same cell (arm and seed) in two sources, and cells run with other settings
-than the first source's (the spec's shared ``args``, base configs, model and warm start for every cell;
-an arm's whole settings, its overrides included, for its cells). The sources' ``provenance.json`` records are concatenated, so
+the report silently wrong: the same cell (arm and seed) in two sources, a finished cell without its
+step-wise scalars, and cells run with other settings than the first source's (the spec's shared ``args``,
+base configs, model and warm start for every cell; an arm's whole settings, its overrides included, for
+its cells). The sources' ``provenance.json`` records are concatenated, so
 the report names every run's commit, card and command, and warns where the commits differ; the lines of
 their ``sweep.json`` are kept in order.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lightning.ablation.provenance import PROVENANCE_FILE
+from grpo_lightning.ablation.runs import has_scalars
 from grpo_lightning.errors import ConfigError
 
 #: What every cell of a sweep shares, whatever its variant (cell.json's ``settings``).
@@ -112,6 +114,12 @@ def join(sources: Sequence[Path], out: Path, sweep_name: str | None = None, prov
                 raise ConfigError(f"join: {where} ran its arm with other settings than the cells of that arm before it; "
                                   "a joined sweep must be one design: report it apart")  # fmt: skip
             found[name] = source
+    bare = [f"{name} of {source}" for name, source in found.items() if (source / name / "DONE").is_file()
+            and not has_scalars(source / name)]  # fmt: skip
+    if bare:
+        raise ConfigError(f"join: {len(bare)} finished cell(s) hold no step-wise scalars (no scalars.csv.gz, no TensorBoard "
+                          f"event files), which the report needs: {'; '.join(bare)}; join the sweep folders themselves, or "
+                          "the data/ folders `grpo-lightning-report` writes of them")  # fmt: skip
     sweep = join_sweep_files([source / SWEEP_FILE for source in sources if (source / SWEEP_FILE).is_file()])
     if sweep_name:
         sweep["name"] = sweep_name
@@ -160,7 +168,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--provenance", action="append", default=[], metavar="LINE",
                         help="a line for the report's Provenance section (the command, card and commit); repeatable")
     args = parser.parse_args(argv)
-    found = join(args.sources, args.out, args.name, args.provenance)
+    try:
+        found = join(args.sources, args.out, args.name, args.provenance)
+    except ConfigError as error:
+        parser.exit(2, f"error: {error}\n")
     for source in args.sources:
         print(f"{source}: {sum(s == source for s in found.values())} cells")
     print(f"{len(found)} cells in {args.out}")

@@ -153,6 +153,13 @@ SCALARS_FILE = "scalars.csv.gz"
 SCALARS_HEADER = ["tag", "step", "value", "wall"]
 
 
+def has_scalars(run_dir: Path) -> bool:
+    """Whether a run folder holds its step-wise scalars, which every report section but a few needs:
+    ``scalars.csv.gz`` (a report's ``data/``) or TensorBoard event files (a sweep's cell)."""
+    run_dir = Path(run_dir)
+    return (run_dir / SCALARS_FILE).is_file() or any(run_dir.rglob("events.out.tfevents.*"))
+
+
 def write_scalars_csv(scalars: Mapping[str, Series], path: Path) -> None:
     """``tag,step,value,wall``, one row per logged point; values as ``repr`` so that reading them
     back gives the same floats, and the report the same bytes. Gzipped without a time stamp, so

@@ -17,6 +17,7 @@ from grpo_lightning.report.cells import (
     check_one_design,
     discover_cells,
     recorded_baseline,
+    refuse_cells_without_scalars,
 )
 from grpo_lightning.report.labels import check_arm_classes
 from grpo_lightning.report.learning import curve_metrics, threshold_note
@@ -92,6 +93,7 @@ def build_report(
         raise FileNotFoundError(f"no runs under {sweep_dir}: expected cell folders of grpo-lightning-ablate")
     check_arm_classes(cells)  # each arm's class from its resolved configs: a mislabelled arm is refused
     check_one_design(cells)  # an earlier sweep's cells of other settings left in the folder are refused
+    refuse_cells_without_scalars(cells)
     if baseline is None:
         recorded_baseline([c for c in cells if c.finished])  # cells of jobs that named other baselines are refused
     target.mkdir(parents=True, exist_ok=True)
@@ -112,6 +114,7 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
     if not cells:
         raise FileNotFoundError(f"no runs under {data_dir}")
     check_one_design(cells)
+    refuse_cells_without_scalars(cells)
     target.mkdir(parents=True, exist_ok=True)
     finished = [c for c in cells if c.finished]
     unfinished = [c for c in cells if not c.finished]

@@ -10,7 +10,7 @@ from typing import Any
 
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.ablation.join import check_same_settings, other_settings
-from grpo_lightning.ablation.runs import event_directory
+from grpo_lightning.ablation.runs import event_directory, has_scalars
 
 
 @dataclass
@@ -103,6 +103,16 @@ def refuse_duplicate_cells(cells: Sequence[CellInfo]) -> None:
                 f"seed: arm {cell.arm!r} has seed {cell.seed} twice, in {first.directory} and {cell.directory}; "
                 "remove one of the two folders, or rerun the sweep into a fresh folder"
             )
+
+
+def refuse_cells_without_scalars(cells: Sequence[CellInfo]) -> None:
+    """Refuse finished cells kept without their step-wise scalars (a tarball that left out the event
+    files), naming each: the curves, budgets and training metrics would silently count fewer seeds."""
+    missing = [cell.name for cell in cells if cell.finished and not has_scalars(cell.directory)]
+    if missing:
+        raise ConfigError(f"report: {len(missing)} finished cell(s) hold no step-wise scalars (no scalars.csv.gz, no "
+                          f"TensorBoard event files): {', '.join(missing)}; carry a sweep off its machine whole, or as the "
+                          "data/ folder `grpo-lightning-report` writes, then build the report again")  # fmt: skip
 
 
 def check_one_design(cells: Sequence[CellInfo]) -> None:

@@ -45,6 +45,24 @@ def test_the_same_cell_twice_is_refused(tmp_path):
     assert not (tmp_path / "joined").exists()  # nothing copied before the check
 
 
+def test_finished_cells_without_their_step_wise_scalars_are_refused_by_the_join_and_the_report(tmp_path, capsys):
+    """A tarball that left out the event files: the report would count fewer seeds in its curves."""
+    first = run_of(tmp_path / "day1", ["grpo-seed0", "dr_grpo-seed0"], "aaa", "day 1")
+    second = run_of(tmp_path / "day2", ["grpo-seed1", "dr_grpo-seed1"], "bbb", "day 2")
+    (second / "dr_grpo-seed1" / "scalars.csv.gz").unlink()
+    with pytest.raises(SystemExit) as stopped:
+        main([str(first), str(second), "--out", str(tmp_path / "joined")])
+    assert stopped.value.code == 2 and not (tmp_path / "joined").exists()  # nothing copied before the check
+    assert "1 finished cell(s) hold no step-wise scalars" in capsys.readouterr().err
+    (second / "dr_grpo-seed1" / "DONE").unlink()  # unfinished: the report counts it as such, the join takes it
+    join([first, second], tmp_path / "joined")
+    (first / "grpo-seed0" / "scalars.csv.gz").unlink()
+    from grpo_lightning.report.build import build_report
+
+    with pytest.raises(ConfigError, match="report: 1 finished cell\\(s\\) hold no step-wise scalars .*: grpo-seed0;"):
+        build_report(first, tmp_path / "report")
+
+
 def test_cells_of_another_design_are_refused_and_config_paths_compare_by_their_configs_folder(tmp_path):
     first = run_of(tmp_path / "day1", ["grpo-seed0"], "aaa", "day 1")
     second = run_of(tmp_path / "day2", ["grpo-seed1"], "bbb", "day 2")
