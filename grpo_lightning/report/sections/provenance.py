@@ -77,7 +77,8 @@ def provenance_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
         shown = ", ".join(f"`{c[:10]}`" for c in commits)
         lines.append(f"**Warning: the cells of this sweep ran at {len(commits)} different commits** ({shown}; see "
                      "Provenance for which cells ran at which): arms may differ by code as well as by setting.")  # fmt: skip
-    cards = list(dict.fromkeys(gpu_text(r["machine"]) for r in records if isinstance(r.get("machine"), Mapping)))
+    machines = [r["machine"] for r in records if isinstance(r.get("machine"), Mapping)]
+    cards = list(dict.fromkeys(", ".join(dict.fromkeys(m.get("gpus") or [])) or NO_GPU for m in machines))  # by kind, not count
     if len(cards) > 1 and any(card != NO_GPU for card in cards):
         lines.append(f"**Warning: the cells of this sweep ran on {len(cards)} kinds of accelerator** ({'; '.join(cards)}; "
                      "see Provenance for which cells ran where): their kernels round differently, so a seed need not "
