@@ -65,6 +65,10 @@ def test_the_table_names_each_arm_its_seeds_and_the_verdicts(capsys):
     text = capsys.readouterr().out
     assert "| grpo | n=4 | 0.652 [" in text and "4 x 500 prompts" in text and "undetermined (MDE" in text
     assert "unrecorded: seeds 0, 1, 2, 3" in text  # these cells predate the code record
+    # Wilcoxon's signed-rank over 4 seeds all of one sign: the exact p of 2 / 2^4, then Holm over the six arms
+    assert final_accuracy.rank_test([0.1, 0.2, 0.3, 0.4]) == pytest.approx(0.125)
+    assert math.isnan(final_accuracy.rank_test([0.0, 0.1]))  # one nonzero difference: no test
+    assert "| rank test p (Holm) |" in text
 
 
 def test_a_cell_given_twice_is_refused():
