@@ -25,7 +25,7 @@ import numpy as np
 
 from grpo_lightning.ablation.runs import Run, Series
 from grpo_lightning.report.arms import Arm
-from grpo_lightning.report.build import VARIANT_ORDER, attach_outcomes, baseline_arm
+from grpo_lightning.report.build import arm_order, attach_outcomes, baseline_arm
 from grpo_lightning.report.cells import check_one_design, discover_cells, refuse_duplicate_cells
 from grpo_lightning.report.outcomes import OUTCOME_METRIC, final_outcomes
 from grpo_lightning.report.paired import interquartile_mean
@@ -39,7 +39,6 @@ from grpo_lightning.report.sections.comparisons import (
     improvement_text,
     mde_text,
     pairs_text,
-    paired_differences,
     seeds_needed_text,
 )
 from grpo_lightning.report.statistics import holm
@@ -78,8 +77,7 @@ def load(sources: list[Path]) -> list[Arm]:
             arm.runs.append(final_only_run(cell.directory))
         else:
             arm.unfinished.append(cell)
-    order = {v: i for i, v in enumerate(VARIANT_ORDER)}
-    ranked = sorted(arms.values(), key=lambda a: (order.get(a.cells[0].variant if a.cells else a.name, len(order)), a.name))
+    ranked = sorted(arms.values(), key=lambda a: arm_order(a.name, cells))  # the report's order
     unpaired = attach_outcomes(ranked)
     if unpaired:
         raise SystemExit(f"per-prompt outcomes cannot be paired: {unpaired}")
@@ -93,6 +91,12 @@ def code_line(arms: list[Arm]) -> str:
         commit = (cell.code or {}).get("commit")
         seeds.setdefault(commit[:7] if commit else "unrecorded", set()).add(cell.seed)
     return "; ".join(f"{commit}: seeds {', '.join(map(str, sorted(s)))}" for commit, s in sorted(seeds.items()))
+
+
+def mean_tokens(arm: Arm) -> float:
+    """The arm's mean generated tokens over its seeds (``nan`` where no cell recorded them)."""
+    totals = arm.finals(TOKENS)
+    return float(np.mean(totals)) if totals else math.nan
 
 
 def rank_test(differences: list[float]) -> float:
@@ -121,13 +125,13 @@ def main(argv: list[str] | None = None) -> None:
     level = f"{args.confidence:.0%}"
     out.write(f"| arm | seeds | mean [{level} CI] | IQM | before | generated tokens (x baseline) | per seed |\n")
     out.write("|---|---|---|---|---|---|---|\n")
-    base_tokens = float(np.mean(baseline.finals(TOKENS))) if baseline.finals(TOKENS) else math.nan
+    base_tokens = mean_tokens(baseline)
     for arm in arms:
         mean, low, high = arm.interval(KEY, args.confidence)
         by_seed = arm.finals_by_seed(KEY)
         before = [r.initial.get(KEY, math.nan) for r in arm.runs]
         per_seed = ", ".join(f"{seed}: {fmt(v, 3)}" for seed, v in sorted(by_seed.items()))
-        tokens = float(np.mean(arm.finals(TOKENS))) if arm.finals(TOKENS) else math.nan
+        tokens = mean_tokens(arm)
         out.write(f"| {arm.name} | {arm.seed_count(KEY, KEY)} | {fmt(mean, 3)} [{fmt(low, 3)}, {fmt(high, 3)}] | "
                   f"{fmt(interquartile_mean(by_seed.values()), 3)} | {fmt(float(np.nanmean(before)), 3)} | "
                   f"{tokens:,.0f} ({fmt(tokens / base_tokens, 3)}x) | {per_seed} |\n")
@@ -138,8 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     out.write(f"| arm | pairs | difference [{level} CI] | p (Holm) | equivalence p (Holm) | MDE [{level} CI] | P(arm > base) "
               "| verdict | rank test p (Holm) |\n")
     out.write("|---|---|---|---|---|---|---|---|---|\n")
-    by_name = {arm.name: arm for arm in arms}
-    ranks = holm([rank_test(paired_differences(by_name[e.arm], baseline, KEY)) for e in effects])
+    ranks = holm([rank_test(e.differences) for e in effects])
     for e, rank in zip(effects, ranks):
         out.write(f"| {e.arm} | {pairs_text(e)} | {difference_text(e)} | {fmt_p(e.p_holm)} | {fmt_p(e.p_equivalence_holm)} | "
                   f"{mde_text(e)} | {improvement_text(e)} | {e.verdict} | {fmt_p(rank)} |\n")

@@ -222,7 +222,7 @@ def load_arms(finished: Sequence[CellInfo], unfinished: Sequence[CellInfo] = ())
     for cell in unfinished:
         if cell.arm in arms:
             arms[cell.arm].unfinished.append(cell)
-    return [arms[a] for a in sorted(arms, key=lambda a: _arm_order(a, finished))]
+    return [arms[a] for a in sorted(arms, key=lambda a: arm_order(a, finished))]
 
 
 def attach_outcomes(arms: Sequence[Arm]) -> str:
@@ -245,7 +245,7 @@ def _noted(arms: Sequence[Arm], notes: Sequence[str]) -> list[str]:
 VARIANT_ORDER = list(PRESETS)
 
 
-def _arm_order(arm: str, cells: Sequence[CellInfo]) -> tuple:
+def arm_order(arm: str, cells: Sequence[CellInfo]) -> tuple:
     variant = next((c.variant for c in cells if c.arm == arm), arm)
     rank = VARIANT_ORDER.index(variant) if variant in VARIANT_ORDER else len(VARIANT_ORDER)
     return (rank, variant, arm)
