@@ -63,8 +63,8 @@ def test_a_cell_whose_outcomes_are_not_its_final_validation_is_refused(tmp_path,
 def test_the_table_names_each_arm_its_seeds_and_the_verdicts(capsys):
     final_accuracy.main([str(DATA)])
     text = capsys.readouterr().out
-    assert "| grpo | n=4 | 0.652 [" in text and "4 x 500 prompts" in text and "undetermined (MDE" in text
-    assert "unrecorded: seeds 0, 1, 2, 3" in text  # these cells predate the code record
+    assert "| grpo | n=8 | 0.591 [" in text and "8 x 500 prompts" in text and "undetermined (MDE" in text
+    assert "99ec832: seeds 4, 5, 6, 7; unrecorded: seeds 0, 1, 2, 3" in text  # 0-3 predate the code record
     # Wilcoxon's signed-rank over 4 seeds all of one sign: the exact p of 2 / 2^4, then Holm over the six arms
     assert final_accuracy.rank_test([0.1, 0.2, 0.3, 0.4]) == pytest.approx(0.125)
     assert math.isnan(final_accuracy.rank_test([0.0, 0.1]))  # one nonzero difference: no test
