@@ -4,8 +4,11 @@ report ``data/`` folders: the prompt-paired comparison of a report's Comparisons
 Holm over the arms, equivalence at a margin, the design's MDE and the seeds it needs), from what
 every finished cell keeps of its final validation: ``metrics.json`` and the per-prompt outcomes.
 
-    python benchmarks/final_accuracy.py reports/smollm2_variants/data \\
+    python benchmarks/final_accuracy.py reports/smollm2_variants/data@0-3 \\
         benchmarks/results/smollm2_variants_h200/seeds4_8_f700a47 > final_accuracy.md
+
+A source ``DIR@SEEDS`` (``@0-3``, ``@0,2,5``) takes only those seeds' cells of ``DIR``: one card's seeds of a
+folder that joined two.
 
 For cells kept without their step-wise scalars (the report needs those for every other section).
 Nothing here averages over steps: each cell's final val/accuracy is its last validation's, checked
@@ -65,8 +68,24 @@ def final_only_run(directory: Path) -> Run:
     return Run(directory, scalars, initial)
 
 
-def load(sources: list[Path]) -> list[Arm]:
-    cells = [cell for source in sources for cell in discover_cells(source)]
+def source(text: str) -> tuple[Path, set[int] | None]:
+    """``DIR`` or ``DIR@SEEDS``: the folder, and the seeds taken from it (``None``: all)."""
+    folder, at, seeds = text.rpartition("@")
+    if not at or Path(text).exists():
+        return Path(text), None
+    try:
+        taken = set()
+        for part in seeds.split(","):
+            low, _, high = part.partition("-")
+            taken |= set(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise SystemExit(f"{text}: the seeds after @ are a range (0-3) or a list (0,2,5)") from None
+    return Path(folder), taken
+
+
+def load(sources: list[Path | tuple[Path, set[int] | None]]) -> list[Arm]:
+    pairs = [s if isinstance(s, tuple) else (s, None) for s in sources]
+    cells = [cell for folder, seeds in pairs for cell in discover_cells(folder) if seeds is None or cell.seed in seeds]
     refuse_duplicate_cells(cells)
     check_one_design(cells)
     arms: dict[str, Arm] = {}
@@ -108,16 +127,36 @@ def rank_test(differences: list[float]) -> float:
     return float(stats.wilcoxon(nonzero).pvalue) if len(nonzero) >= 2 else math.nan
 
 
+def seed_share(arms: list[Arm]) -> tuple[float, float, float, float, int, int] | None:
+    """How much a seed shares across arms: the two-way analysis of variance (arm x seed, one value a cell)
+    of the arms that ran every seed any arm ran (arms missing one are left out), as (seed variance
+    component, residual variance, F, p, arms, seeds); ``None`` below 2 arms or 2 seeds. A component
+    near 0 says that pairing by seed reduces little variance."""
+    from scipy import stats
+
+    seeds = sorted({seed for arm in arms for seed in arm.finals_by_seed(KEY)})
+    rows = [[arm.finals_by_seed(KEY)[s] for s in seeds] for arm in arms if set(arm.finals_by_seed(KEY)) >= set(seeds)]
+    if len(rows) < 2 or len(seeds) < 2:
+        return None
+    table = np.array(rows)
+    a, n = table.shape
+    residual = table - table.mean(1, keepdims=True) - table.mean(0, keepdims=True) + table.mean()
+    ms_seed = a * float(((table.mean(0) - table.mean()) ** 2).sum()) / (n - 1)
+    ms_residual = float((residual**2).sum()) / ((a - 1) * (n - 1))
+    f = ms_seed / ms_residual
+    return max(0.0, (ms_seed - ms_residual) / a), ms_residual, f, float(stats.f.sf(f, n - 1, (a - 1) * (n - 1))), a, n
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("sources", nargs="+", type=Path, help="sweep folders or reports' data/ folders")
+    parser.add_argument("sources", nargs="+", help="sweep folders or reports' data/ folders (DIR@0-3: those seeds' cells)")
     parser.add_argument("--baseline", default=None, help="the arm the others are compared with (default: the sweep's)")
     parser.add_argument("--equivalence-margin", type=float, default=EQUIVALENCE_MARGIN)
     parser.add_argument("--target-mde", type=float, default=TARGET_MDE)
     parser.add_argument("--confidence", type=float, default=0.95)
     args = parser.parse_args(argv)
 
-    arms = load(args.sources)
+    arms = load([source(text) for text in args.sources])
     baseline = baseline_arm(arms, [c for a in arms for c in a.cells], args.baseline)
     out = sys.stdout
     out.write(f"# Final greedy accuracy ({KEY}), {sum(len(a.cells) for a in arms)} finished cells\n\n")
@@ -149,6 +188,12 @@ def main(argv: list[str] | None = None) -> None:
     out.write("\nThe rank test (Wilcoxon's signed-rank over the seeds' paired differences, Holm over the same arms) checks the "
               "verdicts without assuming normally spread seeds; where it does not reject as the verdict does, the verdict "
               "leans on that assumption.\n")
+    share = seed_share(arms)
+    if share:
+        component, residual, f, p, a, n = share
+        out.write(f"\nWhat a seed shares across arms ({a} arms that ran all {n} seeds; arm x seed analysis of variance): a seed "
+                  f"component of {fmt(component, 3)} against a residual variance of {fmt(residual, 3)} (F {f:.2f}, p {fmt_p(p)}), a "
+                  f"correlation of {fmt(component / (component + residual), 2)} between two arms' values at one seed.\n")
     needed = seeds_needed_text(effects, args.confidence)
     if needed:
         out.write(f"\n{needed}\n")

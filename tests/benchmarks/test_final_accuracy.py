@@ -74,3 +74,32 @@ def test_the_table_names_each_arm_its_seeds_and_the_verdicts(capsys):
 def test_a_cell_given_twice_is_refused():
     with pytest.raises(Exception, match="(?i)duplicate|twice|more than once"):
         final_accuracy.load([DATA, DATA])
+
+
+class _Finals:
+    """An arm's final values by seed: all that ``seed_share`` reads of an arm."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def finals_by_seed(self, key):
+        return dict(enumerate(self.values))
+
+
+def test_what_a_seed_shares_across_arms_is_the_hand_computed_analysis_of_variance():
+    # arm means 0.2, 0.3; seed means 0.15, 0.3, 0.3 around 0.25: MS(seed) = 2 (0.01 + 0.0025 + 0.0025) / 2 = 0.015;
+    # residuals 0, +-0.05 (four of them): MS(residual) = 0.01 / 2 = 0.005; F = 3, p = 1 / (1 + F) for F(2, 2)
+    component, residual, f, p, arms, seeds = final_accuracy.seed_share([_Finals([0.1, 0.3, 0.2]), _Finals([0.2, 0.3, 0.4])])
+    assert (arms, seeds) == (2, 3)
+    assert (component, residual, f, p) == pytest.approx((0.005, 0.005, 3.0, 0.25))
+    # an arm without every seed is left out, and one arm alone gives nothing
+    assert final_accuracy.seed_share([_Finals([0.1, 0.3, 0.2]), _Finals([0.2, 0.3])]) is None
+
+
+def test_a_source_takes_the_seeds_after_its_at_sign(tmp_path):
+    assert final_accuracy.source(str(DATA)) == (DATA, None)
+    assert final_accuracy.source(f"{DATA}@0-2,5") == (DATA, {0, 1, 2, 5})
+    arms = final_accuracy.load([final_accuracy.source(f"{DATA}@0-3")])
+    assert all(sorted(arm.finals_by_seed(final_accuracy.KEY)) == [0, 1, 2, 3] for arm in arms)
+    with pytest.raises(SystemExit, match="range"):
+        final_accuracy.source(f"{DATA}@first")
