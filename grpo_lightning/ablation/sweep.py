@@ -299,8 +299,9 @@ def _run_cells(spec: SweepSpec, todo: Sequence[Cell], results: dict[Cell, CellRe
         try:
             for result in launch(spec, todo):
                 results[result.cell] = result
-        finally:
-            statuses = {cell.name: results[cell].status if cell in results else "not finished" for cell in todo}
+        finally:  # a launcher that returns its results at once (joblib) and is stopped has returned none: markers say
+            statuses = {cell.name: results[cell].status if cell in results else
+                        "done" if is_done(spec.output_dir / cell.name) else "not finished" for cell in todo}  # fmt: skip
             provenance.append_record(spec.output_dir, provenance.finish_record(record, monitor, statuses))
 
 

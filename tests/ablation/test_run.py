@@ -213,6 +213,26 @@ def fake_fit(fail=()):
     return launch
 
 
+class StoppedBeforeReturning:
+    """A launcher that returns its results all at once, as joblib's does, stopped (the sweep's deadline) after
+    its first cell finished and before it returned any."""
+
+    local, name, in_this_process = True, "joblib", False
+
+    def __call__(self, spec, cells):
+        (spec.output_dir / cells[0].name).mkdir(parents=True)
+        (spec.output_dir / cells[0].name / DONE_FILE).write_text("")
+        raise KeyboardInterrupt
+        yield  # a generator, as a launcher is
+
+
+def test_a_stopped_run_records_the_cells_it_finished_as_done(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec_dict(tmp_path, seeds=[0], model="/m"), StoppedBeforeReturning())
+    (record,) = json.loads((tmp_path / "sweep" / PROVENANCE_FILE).read_text())
+    assert record["cells"] == {"grpo-seed0": "done", "dr_grpo-seed0": "not finished"}
+
+
 def test_parallel_gpus_round_robin_and_failures(tmp_path, monkeypatch):
     launch = fake_fit(fail=("dr_grpo-seed1",))
     monkeypatch.setattr(ablate, "launch", launch)

@@ -96,6 +96,15 @@ def test_cells_run_on_other_kinds_of_accelerator_carry_a_banner(tmp_path, cell_w
     two_h200 = {**PROVENANCE, "machine": {**PROVENANCE["machine"], "gpus": ["NVIDIA H200"] * 2}}
     (root / "provenance.json").write_text(json.dumps([h200, two_h200]))  # one kind of card, on machines of 1 and 2
     assert "kinds of accelerator" not in report_text(root, tmp_path / "one").split("## Summary")[0]
+    # which seeds' pairs are of one kind: each cell on the machine of the last record that ran it
+    seed0, seed1 = {"grpo-seed0": "done", "dapo-seed0": "done"}, {"grpo-seed1": "done", "dapo-seed1": "done"}
+    (root / "provenance.json").write_text(json.dumps([{**h200, "cells": seed0}, {**h100, "cells": seed1}]))
+    assert "every seed's arms ran on one kind, so each paired difference is of one kind." in report_text(root, tmp_path / "a")
+    split = [{**h200, "cells": {**seed0, "grpo-seed1": "done"}}, {**h100, "cells": {"dapo-seed1": "done"}}]
+    (root / "provenance.json").write_text(json.dumps(split))
+    assert "the arms of seed 1 ran on different kinds, so their paired differences mix kinds." in report_text(root, tmp_path / "b")
+    (root / "provenance.json").write_text(json.dumps([{**h200, "cells": {}}, h100]))  # a record that names no cells
+    assert "compare arms at seeds that ran on one kind." in report_text(root, tmp_path / "c")
     cpus = {**PROVENANCE, "machine": {**PROVENANCE["machine"], "cpu": "Intel Xeon"}}  # CPU sweeps: no banner
     (root / "provenance.json").write_text(json.dumps([PROVENANCE, cpus]))
     assert "kinds of accelerator" not in report_text(root, tmp_path / "cpu").split("## Summary")[0]
@@ -441,3 +450,15 @@ def test_a_looser_bound_that_never_clipped_is_not_called_inert_when_the_baseline
         cell_writer(root, "dapo", seed, 0.5, clip=(0.01, 0.0))
     md = report_text(root, tmp_path)
     assert "Settings without effect" not in md and "never clipped" not in md
+
+def test_cells_a_stopped_run_finished_but_never_collected_count_as_done(tmp_path, cell_writer):
+    """A joblib sweep stopped at its deadline returned no results, so older records called every cell not
+    finished; a cell with its DONE marker that no later run started was finished by that run."""
+    root = two_arm_sweep(tmp_path / "sweep", cell_writer)
+    stopped = {**PROVENANCE, "cells": dict.fromkeys(["grpo-seed0", "dapo-seed0", "grpo-seed1", "dapo-seed1"], "not finished")}
+    resumed = {**PROVENANCE, "cells": {"dapo-seed1": "done"}}  # the next run finished this one
+    (root / "provenance.json").write_text(json.dumps([stopped, resumed]))
+    text = report_text(root, tmp_path)
+    assert ("Cells run: 4 (3 done, though recorded as not finished (the run was stopped before it collected them), "
+            "1 not finished)") in text
+    assert "Cells run: 1 (1 done)" in text

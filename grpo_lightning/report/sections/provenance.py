@@ -5,7 +5,8 @@ load makes wall-clock times meaningless."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 from typing import Any
 
@@ -77,13 +78,44 @@ def provenance_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
         shown = ", ".join(f"`{c[:10]}`" for c in commits)
         lines.append(f"**Warning: the cells of this sweep ran at {len(commits)} different commits** ({shown}; see "
                      "Provenance for which cells ran at which): arms may differ by code as well as by setting.")  # fmt: skip
-    machines = [r["machine"] for r in records if isinstance(r.get("machine"), Mapping)]
-    cards = list(dict.fromkeys(", ".join(dict.fromkeys(m.get("gpus") or [])) or NO_GPU for m in machines))  # by kind, not count
+    cards = list(dict.fromkeys(card_kind(r) for r in records if isinstance(r.get("machine"), Mapping)))
     if len(cards) > 1 and any(card != NO_GPU for card in cards):
+        split = seeds_on_several_kinds(records)
+        pairs = ("compare arms at seeds that ran on one kind" if split is None
+                 else "every seed's arms ran on one kind, so each paired difference is of one kind" if not split
+                 else f"the arms of seed{'s' * (len(split) > 1)} {join_words([str(s) for s in split])} ran on different "
+                      "kinds, so their paired differences mix kinds")  # fmt: skip
         lines.append(f"**Warning: the cells of this sweep ran on {len(cards)} kinds of accelerator** ({'; '.join(cards)}; "
                      "see Provenance for which cells ran where): their kernels round differently, so a seed need not "
-                     "train the same on each; compare arms at seeds that ran on one kind.")  # fmt: skip
+                     f"train the same on each; {pairs}.")  # fmt: skip
     return lines
+
+
+def card_kind(record: Mapping[str, Any]) -> str:
+    """The kinds of accelerator of a record's machine (``NVIDIA H200``; not their count), else ``NO_GPU``."""
+    machine = record.get("machine") if isinstance(record.get("machine"), Mapping) else {}
+    return ", ".join(dict.fromkeys(machine.get("gpus") or [])) or NO_GPU
+
+
+#: A cell's seed in its name (``grpo-seed3``, ``grpo-seed3-lr_1e-05``).
+SEED_IN_NAME = re.compile(r"-seed(\d+)(?=-|$)")
+
+
+def seeds_on_several_kinds(records: Sequence[Mapping[str, Any]]) -> list[int] | None:
+    """The seeds whose cells ran on more than one kind of accelerator, each cell on the machine of the last
+    record that ran it; ``None`` where a record names no cells or a cell's name holds no seed."""
+    kind_of: dict[str, str] = {}
+    for record in records:
+        if not record.get("cells"):
+            return None
+        kind_of.update(dict.fromkeys(record["cells"], card_kind(record)))
+    kinds: dict[int, set[str]] = {}
+    for name, kind in kind_of.items():
+        match = SEED_IN_NAME.search(name)
+        if match is None:
+            return None
+        kinds.setdefault(int(match.group(1)), set()).add(kind)
+    return sorted(seed for seed, found in kinds.items() if len(found) > 1)
 
 
 def code_versions(cells: Sequence[Any]) -> dict[str, list[Any]]:
@@ -160,16 +192,24 @@ def provenance_section(doc: Doc, records: Sequence[Mapping[str, Any]], extra: Se
         doc.p("The library's code each run started with (SHA-256 of its Python source, first 16 digits): "
               + "; ".join(_version_text(d, group, named=len(versions) > 1) for d, group in versions.items())
               + (f"; {unknown} run{'s' * (unknown > 1)} recorded none" if unknown else "") + ".")  # fmt: skip
+    finished = {c.directory.name for c in cells if c.finished}
     for number, record in enumerate(records, start=1):
         if len(records) > 1:
             doc.h(3, f"Run {number} of the sweep")
-        doc.items(record_lines(record))
+        rerun = {name for later in records[number:] for name in later.get("cells") or {}}
+        doc.items(record_lines(record, finished - rerun))
     if extra:
         doc.items(list(extra))
 
 
-def record_lines(record: Mapping[str, Any]) -> list[str]:
-    """One record of ``provenance.json`` as list items."""
+#: A cell a record calls not finished that holds its DONE marker, and that no later run started: the run
+#: finished it but was stopped before its launcher returned the results (older sweeps recorded such cells so).
+DONE_UNCOLLECTED = "done, though recorded as not finished (the run was stopped before it collected them)"
+
+
+def record_lines(record: Mapping[str, Any], finished: Set[str] = frozenset()) -> list[str]:
+    """One record of ``provenance.json`` as list items; ``finished``: the cells done now that no later record
+    names (those this record calls not finished are counted as :data:`DONE_UNCOLLECTED`)."""
     lines = [f"Command: `{user_text(record.get('command', '?'))}`",
              f"Date (UTC): {record.get('started', '?')} to {record.get('finished', '?')}"]  # fmt: skip
     commit = record.get("commit")
@@ -181,7 +221,8 @@ def record_lines(record: Mapping[str, Any]) -> list[str]:
     lines.append("Packages: " + ", ".join(f"{name} {version or 'not installed'}" for name, version in packages.items()))
     lines.append("Machine: " + machine_text(record.get("machine") or {}))
     lines.append(load_text(record))
-    cells = record.get("cells") or {}
+    cells = {name: DONE_UNCOLLECTED if status == "not finished" and name in finished else status
+             for name, status in (record.get("cells") or {}).items()}  # fmt: skip
     counts = {status: sum(1 for s in cells.values() if s == status) for status in dict.fromkeys(cells.values())}
     lines.append(f"Cells run: {len(cells)} (" + ", ".join(f"{n} {status}" for status, n in counts.items()) + ")")
     return lines
