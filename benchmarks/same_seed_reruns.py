@@ -4,11 +4,11 @@ accuracies end, against how far the seeds of one arm spread.
     python benchmarks/same_seed_reruns.py FIRST SECOND [--spread DIR ...] > reruns.md
 
 FIRST and SECOND are sweep folders or reports' ``data/`` folders; the cells finished in both are paired
-by name. A rerun that only reorders floating-point sums (another card's kernels) ends as a new draw
-when the runs' spread of a rerun, ``sd(second - first) / sqrt(2)``, matches the spread between seeds
-(pooled over the arms of ``--spread``, default FIRST): then a seed fixes the data order and nothing a
-reader may pair on across machines, and the reruns' mean difference says whether one machine trains
-better. Each value is checked against its outcomes (``final_accuracy.final_only_run``).
+by name. A rerun that only reorders floating-point sums (another card's kernels) is a new draw when its
+own spread, ``sd(second - first) / sqrt(2)``, matches the spread between seeds (pooled over the arms of
+``--spread``, default FIRST): then a seed fixes the data order and nothing else across machines, and the
+mean difference says whether one machine trains better. Each value is checked against its outcomes
+(``final_accuracy.final_only_run``).
 """
 
 from __future__ import annotations
