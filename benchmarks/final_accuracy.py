@@ -130,8 +130,8 @@ def rank_test(differences: list[float]) -> float:
 def seed_share(arms: list[Arm]) -> tuple[float, float, float, float, int, int] | None:
     """How much a seed shares across arms: the two-way analysis of variance (arm x seed, one value a cell)
     of the arms that ran every seed any arm ran (arms missing one are left out), as (seed variance
-    component, residual variance, F, p, arms, seeds); ``None`` below 2 arms or 2 seeds. A component
-    near 0 says that pairing by seed reduces little variance."""
+    component, residual variance, F, p, arms, seeds); ``None`` below 2 arms or 2 seeds, or without residual
+    variance. A component near 0 says that pairing by seed reduces little variance."""
     from scipy import stats
 
     seeds = sorted({seed for arm in arms for seed in arm.finals_by_seed(KEY)})
@@ -143,6 +143,8 @@ def seed_share(arms: list[Arm]) -> tuple[float, float, float, float, int, int] |
     residual = table - table.mean(1, keepdims=True) - table.mean(0, keepdims=True) + table.mean()
     ms_seed = a * float(((table.mean(0) - table.mean()) ** 2).sum()) / (n - 1)
     ms_residual = float((residual**2).sum()) / ((a - 1) * (n - 1))
+    if ms_residual < 1e-15:  # arms that differ by a constant at every seed: nothing to weigh a seed's share against
+        return None
     f = ms_seed / ms_residual
     return max(0.0, (ms_seed - ms_residual) / a), ms_residual, f, float(stats.f.sf(f, n - 1, (a - 1) * (n - 1))), a, n
 

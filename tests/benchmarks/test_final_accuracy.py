@@ -94,6 +94,7 @@ def test_what_a_seed_shares_across_arms_is_the_hand_computed_analysis_of_varianc
     assert (component, residual, f, p) == pytest.approx((0.005, 0.005, 3.0, 0.25))
     # an arm without every seed is left out, and one arm alone gives nothing
     assert final_accuracy.seed_share([_Finals([0.1, 0.3, 0.2]), _Finals([0.2, 0.3])]) is None
+    assert final_accuracy.seed_share([_Finals([0.1, 0.3]), _Finals([0.2, 0.4])]) is None  # no residual variance
 
 
 def test_a_source_takes_the_seeds_after_its_at_sign(tmp_path):
