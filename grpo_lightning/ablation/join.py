@@ -4,7 +4,8 @@ that ``grpo-lightning-report`` reads as a single sweep::
     python -m grpo_lightning.ablation.join --out runs/joined runs/sweep_day1 runs/sweep_day2 [--name NAME] [--provenance LINE]
 
 Each source is a sweep's ``output_dir`` or a report's ``data/`` folder. The join refuses what would make
-the report silently wrong: the same cell (arm and seed) in two sources, a finished cell without its
+the report silently wrong: the same cell (arm and seed) in two sources (unless one of them is
+unfinished: the finished run is taken, and a line of ``sweep.json`` says so), a finished cell without its
 step-wise scalars, and cells run with other settings than the first source's (the spec's shared ``args``,
 base configs, model and warm start for every cell; an arm's whole settings, its overrides included, for
 its cells). The sources' ``provenance.json`` records are concatenated, so
@@ -93,6 +94,7 @@ def join(sources: Sequence[Path], out: Path, sweep_name: str | None = None, prov
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"join: --out {out} is not empty; give a new folder")
     found: dict[str, Path] = {}
+    replaced: list[str] = []  # unfinished cells left out for a finished run of the same cell (said in sweep.json)
     first: dict[str, Any] | None = None
     by_arm: dict[str, Mapping[str, Any]] = {}
     for source in sources:
@@ -105,7 +107,13 @@ def join(sources: Sequence[Path], out: Path, sweep_name: str | None = None, prov
         for name, cell in cells.items():
             where = f"cell {name} of {source}"
             if name in found:
-                raise ConfigError(f"join: {where} is also in {found[name]}: the same arm and seed twice; drop one of them")
+                finished = [(folder / name / "DONE").is_file() for folder in (found[name], source)]
+                if finished[0] == finished[1]:
+                    raise ConfigError(f"join: {where} is also in {found[name]}: the same arm and seed twice; drop one of them")
+                if finished[0]:  # a run stopped before it finished the cell another run finished: the finished one
+                    replaced.append(f"join: {name} of {source}, unfinished there, left out for its finished run in {found[name]}")
+                    continue
+                replaced.append(f"join: {name} of {found[name]}, unfinished there, left out for its finished run in {source}")
             first = first or cell
             check_same_settings(first, cell, where)
             arm = by_arm.setdefault(cell.get("arm") or cell.get("variant") or name, cell)
@@ -123,8 +131,8 @@ def join(sources: Sequence[Path], out: Path, sweep_name: str | None = None, prov
     sweep = join_sweep_files([source / SWEEP_FILE for source in sources if (source / SWEEP_FILE).is_file()])
     if sweep_name:
         sweep["name"] = sweep_name
-    if provenance:
-        sweep["provenance"] = [*sweep.get("provenance", []), *provenance]
+    if provenance or replaced:
+        sweep["provenance"] = [*sweep.get("provenance", []), *provenance, *replaced]
     records = [record for source in sources for record in provenance_records(source)]
     out.mkdir(parents=True, exist_ok=True)
     for name, source in found.items():

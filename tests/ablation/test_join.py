@@ -45,6 +45,21 @@ def test_the_same_cell_twice_is_refused(tmp_path):
     assert not (tmp_path / "joined").exists()  # nothing copied before the check
 
 
+@pytest.mark.parametrize("unfinished_first", [True, False])
+def test_an_unfinished_cell_gives_way_to_its_finished_run_and_the_sweep_says_so(tmp_path, unfinished_first):
+    """A run stopped at its deadline left a cell unfinished, and a later run finished it: the joined sweep holds
+    the finished run, in either order of the sources, and a line of its sweep.json names the one left out."""
+    stopped = run_of(tmp_path / "stopped", ["grpo-seed0", "dr_grpo-seed0"], "aaa", "stopped")
+    (stopped / "dr_grpo-seed0" / "DONE").unlink()
+    finished = run_of(tmp_path / "finished", ["dr_grpo-seed0"], "bbb", "finished")
+    sources = [stopped, finished] if unfinished_first else [finished, stopped]
+    found = join(sources, tmp_path / "joined")
+    assert found == {"grpo-seed0": stopped, "dr_grpo-seed0": finished}
+    assert (tmp_path / "joined" / "dr_grpo-seed0" / "DONE").is_file()
+    lines = json.loads((tmp_path / "joined" / "sweep.json").read_text())["provenance"]
+    assert lines[-1] == f"join: dr_grpo-seed0 of {stopped}, unfinished there, left out for its finished run in {finished}"
+
+
 def test_finished_cells_without_their_step_wise_scalars_are_refused_by_the_join_and_the_report(tmp_path, capsys):
     """A tarball that left out the event files: the report would count fewer seeds in its curves."""
     first = run_of(tmp_path / "day1", ["grpo-seed0", "dr_grpo-seed0"], "aaa", "day 1")
