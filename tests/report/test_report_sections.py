@@ -458,7 +458,12 @@ def test_cells_a_stopped_run_finished_but_never_collected_count_as_done(tmp_path
     stopped = {**PROVENANCE, "cells": dict.fromkeys(["grpo-seed0", "dapo-seed0", "grpo-seed1", "dapo-seed1"], "not finished")}
     resumed = {**PROVENANCE, "cells": {"dapo-seed1": "done"}}  # the next run finished this one
     (root / "provenance.json").write_text(json.dumps([stopped, resumed]))
-    text = report_text(root, tmp_path)
+    text = report_text(root, tmp_path / "a")
     assert ("Cells run: 4 (3 done, though recorded as not finished (the run was stopped before it collected them), "
             "1 not finished)") in text
     assert "Cells run: 1 (1 done)" in text
+    # joined from its sources in the other order: the records' start times, not their places, say which came later
+    stopped["started"], resumed["started"] = "2026-11-28T10:00:00+00:00", "2026-11-29T10:00:00+00:00"
+    (root / "provenance.json").write_text(json.dumps([resumed, stopped]))
+    assert "3 done, though recorded as not finished (the run was stopped before it collected them), 1 not finished)" in (
+        report_text(root, tmp_path / "b"))

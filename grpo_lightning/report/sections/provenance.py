@@ -196,10 +196,18 @@ def provenance_section(doc: Doc, records: Sequence[Mapping[str, Any]], extra: Se
     for number, record in enumerate(records, start=1):
         if len(records) > 1:
             doc.h(3, f"Run {number} of the sweep")
-        rerun = {name for later in records[number:] for name in later.get("cells") or {}}
+        rerun = {name for later in later_records(records, number - 1) for name in later.get("cells") or {}}
         doc.items(record_lines(record, finished - rerun))
     if extra:
         doc.items(list(extra))
+
+
+def later_records(records: Sequence[Mapping[str, Any]], index: int) -> list[Mapping[str, Any]]:
+    """The records of runs that started after record ``index``'s: by their start times where both have one and
+    they differ (a join keeps its sources' order, which need not be the runs'), else by their place in the list."""
+    mine = records[index].get("started")
+    return [r for i, r in enumerate(records) if i != index and (
+        str(r["started"]) > str(mine) if mine and r.get("started") and r["started"] != mine else i > index)]  # fmt: skip
 
 
 #: A cell a record calls not finished that holds its DONE marker, and that no later run started: the run
