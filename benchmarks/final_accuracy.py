@@ -31,7 +31,7 @@ from grpo_lightning.report.arms import Arm
 from grpo_lightning.report.build import arm_order, attach_outcomes, baseline_arm
 from grpo_lightning.report.cells import check_one_design, discover_cells, refuse_duplicate_cells
 from grpo_lightning.report.outcomes import OUTCOME_METRIC, final_outcomes
-from grpo_lightning.report.paired import interquartile_mean
+from grpo_lightning.report.paired import interquartile_mean, mean_squares
 from grpo_lightning.report.render.formatting import fmt, fmt_p
 from grpo_lightning.report.sections.comparisons import (
     EQUIVALENCE_MARGIN,
@@ -138,11 +138,8 @@ def seed_share(arms: list[Arm]) -> tuple[float, float, float, float, int, int] |
     rows = [[arm.finals_by_seed(KEY)[s] for s in seeds] for arm in arms if set(arm.finals_by_seed(KEY)) >= set(seeds)]
     if len(rows) < 2 or len(seeds) < 2:
         return None
-    table = np.array(rows)
-    a, n = table.shape
-    residual = table - table.mean(1, keepdims=True) - table.mean(0, keepdims=True) + table.mean()
-    ms_seed = a * float(((table.mean(0) - table.mean()) ** 2).sum()) / (n - 1)
-    ms_residual = float((residual**2).sum()) / ((a - 1) * (n - 1))
+    a, n = len(rows), len(seeds)
+    ms_seed, _, ms_residual = (float(ms) for ms in mean_squares(np.array(rows).T))  # seeds as rows, arms as columns
     if ms_residual < 1e-15:  # arms that differ by a constant at every seed: nothing to weigh a seed's share against
         return None
     f = ms_seed / ms_residual

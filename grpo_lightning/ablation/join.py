@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_lightning.ablation.provenance import PROVENANCE_FILE
-from grpo_lightning.ablation.runs import has_scalars
+from grpo_lightning.ablation.runs import has_scalars, is_done
 from grpo_lightning.errors import ConfigError
 
 #: What every cell of a sweep shares, whatever its variant (cell.json's ``settings``).
@@ -107,7 +107,7 @@ def join(sources: Sequence[Path], out: Path, sweep_name: str | None = None, prov
         for name, cell in cells.items():
             where = f"cell {name} of {source}"
             if name in found:
-                finished = [(folder / name / "DONE").is_file() for folder in (found[name], source)]
+                finished = [is_done(folder / name) for folder in (found[name], source)]
                 if finished[0] == finished[1]:
                     raise ConfigError(f"join: {where} is also in {found[name]}: the same arm and seed twice; drop one of them")
                 if finished[0]:  # a run stopped before it finished the cell another run finished: the finished one
@@ -122,7 +122,7 @@ def join(sources: Sequence[Path], out: Path, sweep_name: str | None = None, prov
                 raise ConfigError(f"join: {where} ran its arm with other settings than the cells of that arm before it; "
                                   "a joined sweep must be one design: report it apart")  # fmt: skip
             found[name] = source
-    bare = [f"{name} of {source}" for name, source in found.items() if (source / name / "DONE").is_file()
+    bare = [f"{name} of {source}" for name, source in found.items() if is_done(source / name)
             and not has_scalars(source / name)]  # fmt: skip
     if bare:
         raise ConfigError(f"join: {len(bare)} finished cell(s) hold no step-wise scalars (no scalars.csv.gz, no TensorBoard "

@@ -153,6 +153,14 @@ SCALARS_FILE = "scalars.csv.gz"
 SCALARS_HEADER = ["tag", "step", "value", "wall"]
 
 
+#: The marker a cell's folder gets once its fit finished (``ablation.sweep``); a folder without it is unfinished.
+DONE_FILE = "DONE"
+
+
+def is_done(cell_dir: Path) -> bool:
+    return (Path(cell_dir) / DONE_FILE).is_file()
+
+
 def has_scalars(run_dir: Path) -> bool:
     """Whether a run folder holds its step-wise scalars, which every report section but a few needs:
     ``scalars.csv.gz`` (a report's ``data/``) or TensorBoard event files (a sweep's cell)."""

@@ -18,13 +18,13 @@ from typing import Any, Protocol
 
 from grpo_lightning.ablation import cell_process, inert_clipping, labels, provenance
 from grpo_lightning.ablation.metrics import summarize_cell
+from grpo_lightning.ablation.runs import DONE_FILE, is_done
 from grpo_lightning.ablation.join import comparable
 from grpo_lightning.ablation.spec import CONFIG_AXIS, WARMSTART, Cell, SweepError, SweepSpec, cli_value
 from grpo_lightning.ablation.spec import portable_path, resolve_path, variant_config
 
 logger = logging.getLogger(__name__)
 
-DONE_FILE = "DONE"
 CELL_FILE = "cell.json"
 METRICS_FILE = "metrics.json"
 LOG_FILE = "train.log"
@@ -79,10 +79,6 @@ class CellResult:
     status: str  # "skipped", "done" or "failed"
     seconds: float = 0.0
     message: str = ""
-
-
-def is_done(cell_dir: Path) -> bool:
-    return (cell_dir / DONE_FILE).is_file()
 
 
 def _settings_changed(spec: SweepSpec, cell: Cell) -> bool:

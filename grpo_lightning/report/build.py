@@ -130,7 +130,7 @@ def _build(data_dir: Path, target: Path, name: str | None, confidence: float, pr
 
     doc = Doc()
     doc.h(1, f"Ablation report: {user_text(name)}")
-    for line in provenance_warnings(records) + code_warnings(finished) + command_line_notes(records):
+    for line in provenance_warnings(records, finished) + code_warnings(finished) + command_line_notes(records):
         doc.p(line)
     errata = meta.get("notes") or []  # found after the runs, kept in data/sweep.json: a list, or one text
     for note in [errata] if isinstance(errata, str) else errata:

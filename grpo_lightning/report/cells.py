@@ -10,7 +10,7 @@ from typing import Any
 
 from grpo_lightning.errors import ConfigError
 from grpo_lightning.ablation.join import check_same_settings, other_settings
-from grpo_lightning.ablation.runs import event_directory, has_scalars
+from grpo_lightning.ablation.runs import event_directory, has_scalars, is_done
 
 
 @dataclass
@@ -63,7 +63,7 @@ def discover_cells(sweep_dir: Path) -> list[CellInfo]:
                     variant=str(record.get("variant", "")),
                     seed=record.get("seed"),
                     overrides=dict(record.get("overrides") or {}),
-                    finished=(directory / "DONE").is_file(),
+                    finished=is_done(directory),
                     config=_read_yaml(directory / "config.yaml"),
                     baseline=record.get("baseline"),
                     settings=record.get("settings") if isinstance(record.get("settings"), dict) else None,

@@ -31,12 +31,12 @@ from grpo_lightning.report.outcomes import copy_outcomes
 from grpo_lightning.report.sections.completions import COMPLETIONS_FILE, first_and_last
 from grpo_lightning.report.sections.health import HEALTH_FILE
 from grpo_lightning.report.sections.provenance import PROVENANCE_FILE
-from grpo_lightning.ablation.runs import SCALARS_FILE, event_directory, read_scalars, write_scalars_csv
+from grpo_lightning.ablation.runs import DONE_FILE, SCALARS_FILE, event_directory, read_scalars, write_scalars_csv
 
 DATA_FOLDER = "data"
 REGENERATE_FILE = "REGENERATE"
 #: Files of a cell folder copied as they are.
-CELL_FILES = ("cell.json", "config.yaml", "metrics.json", "DONE")
+CELL_FILES = ("cell.json", "config.yaml", "metrics.json", DONE_FILE)
 
 
 def is_data_folder(path: Path) -> bool:
@@ -86,7 +86,7 @@ def _export_cell(cell: CellInfo, target: Path) -> None:
     if not (target / "cell.json").is_file():  # a plain fit directory: its identity as discover_cells read it
         record = {"name": cell.name, "arm": cell.arm, "variant": cell.variant, "seed": cell.seed, "overrides": cell.overrides}
         (target / "cell.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        (target / "DONE").write_text("")
+        (target / DONE_FILE).write_text("")
     try:
         write_scalars_csv(read_scalars(event_directory(cell.directory)), target / SCALARS_FILE)
     except FileNotFoundError:  # no event files: a cell restored from a data folder, or one that logged nothing

@@ -5,7 +5,6 @@ load makes wall-clock times meaningless."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 from typing import Any
@@ -54,9 +53,11 @@ def wall_clock_caveat(records: Sequence[Mapping[str, Any]]) -> str | None:
     return "wall-clock times measure the machine's load as much as the algorithm (" + "; ".join(unique) + ")."
 
 
-def provenance_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
+def provenance_warnings(records: Sequence[Mapping[str, Any]], cells: Sequence[Any] = ()) -> list[str]:
     """Banners for the top of a report whose code is not one clean commit: no record of it, cells
-    run from a checkout with uncommitted changes (and whether the diff was kept), several commits."""
+    run from a checkout with uncommitted changes (and whether the diff was kept), several commits;
+    and cells run on several kinds of accelerator (``cells``: the finished cells, whose seeds say
+    which pairs mix kinds)."""
     if not records:
         return [f"**Warning: no `{PROVENANCE_FILE}`: the code these runs used is unknown.**"]
     lines = []
@@ -80,7 +81,7 @@ def provenance_warnings(records: Sequence[Mapping[str, Any]]) -> list[str]:
                      "Provenance for which cells ran at which): arms may differ by code as well as by setting.")  # fmt: skip
     cards = list(dict.fromkeys(card_kind(r) for r in records if isinstance(r.get("machine"), Mapping)))
     if len(cards) > 1 and any(card != NO_GPU for card in cards):
-        split = seeds_on_several_kinds(records)
+        split = seeds_on_several_kinds(records, {c.directory.name: c.seed for c in cells})
         pairs = ("compare arms at seeds that ran on one kind" if split is None
                  else "every seed's arms ran on one kind, so each paired difference is of one kind" if not split
                  else f"the arms of seed{'s' * (len(split) > 1)} {join_words([str(s) for s in split])} ran on different "
@@ -97,24 +98,18 @@ def card_kind(record: Mapping[str, Any]) -> str:
     return ", ".join(dict.fromkeys(machine.get("gpus") or [])) or NO_GPU
 
 
-#: A cell's seed in its name (``grpo-seed3``, ``grpo-seed3-lr_1e-05``).
-SEED_IN_NAME = re.compile(r"-seed(\d+)(?=-|$)")
-
-
-def seeds_on_several_kinds(records: Sequence[Mapping[str, Any]]) -> list[int] | None:
-    """The seeds whose cells ran on more than one kind of accelerator, each cell on the machine of the last
-    record that ran it; ``None`` where a record names no cells or a cell's name holds no seed."""
+def seeds_on_several_kinds(records: Sequence[Mapping[str, Any]], seeds: Mapping[str, Any]) -> list[Any] | None:
+    """The seeds whose cells (``seeds``: each finished cell's seed by its folder's name) ran on more than one kind
+    of accelerator, each cell on the machine of the last record that ran it; ``None`` where a record names no cells."""
     kind_of: dict[str, str] = {}
-    for record in records:
+    for record in in_run_order(records):
         if not record.get("cells"):
             return None
         kind_of.update(dict.fromkeys(record["cells"], card_kind(record)))
-    kinds: dict[int, set[str]] = {}
-    for name, kind in kind_of.items():
-        match = SEED_IN_NAME.search(name)
-        if match is None:
-            return None
-        kinds.setdefault(int(match.group(1)), set()).add(kind)
+    kinds: dict[Any, set[str]] = {}
+    for name, seed in seeds.items():
+        if name in kind_of:
+            kinds.setdefault(seed, set()).add(kind_of[name])
     return sorted(seed for seed, found in kinds.items() if len(found) > 1)
 
 
@@ -193,21 +188,23 @@ def provenance_section(doc: Doc, records: Sequence[Mapping[str, Any]], extra: Se
               + "; ".join(_version_text(d, group, named=len(versions) > 1) for d, group in versions.items())
               + (f"; {unknown} run{'s' * (unknown > 1)} recorded none" if unknown else "") + ".")  # fmt: skip
     finished = {c.directory.name for c in cells if c.finished}
+    ordered = in_run_order(records)
     for number, record in enumerate(records, start=1):
         if len(records) > 1:
             doc.h(3, f"Run {number} of the sweep")
-        rerun = {name for later in later_records(records, number - 1) for name in later.get("cells") or {}}
+        later = ordered[next(i for i, r in enumerate(ordered) if r is record) + 1:]
+        rerun = {name for run in later for name in run.get("cells") or {}}
         doc.items(record_lines(record, finished - rerun))
     if extra:
         doc.items(list(extra))
 
 
-def later_records(records: Sequence[Mapping[str, Any]], index: int) -> list[Mapping[str, Any]]:
-    """The records of runs that started after record ``index``'s: by their start times where both have one and
-    they differ (a join keeps its sources' order, which need not be the runs'), else by their place in the list."""
-    mine = records[index].get("started")
-    return [r for i, r in enumerate(records) if i != index and (
-        str(r["started"]) > str(mine) if mine and r.get("started") and r["started"] != mine else i > index)]  # fmt: skip
+def in_run_order(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The records by their runs' start times where every one has one (a join keeps its sources' order, which need
+    not be the runs'; equal times keep it), else as listed."""
+    if all(r.get("started") for r in records):
+        return sorted(records, key=lambda r: str(r["started"]))
+    return list(records)
 
 
 #: A cell a record calls not finished that holds its DONE marker, and that no later run started: the run
