@@ -30,6 +30,7 @@ from grpo_lightning.ablation.runs import Run, Series
 from grpo_lightning.report.arms import Arm
 from grpo_lightning.report.build import arm_order, attach_outcomes, baseline_arm
 from grpo_lightning.report.cells import check_one_design, discover_cells, refuse_duplicate_cells
+from grpo_lightning.report.data import read_sweep_record
 from grpo_lightning.report.outcomes import OUTCOME_METRIC, final_outcomes
 from grpo_lightning.report.paired import interquartile_mean, mean_squares
 from grpo_lightning.report.render.formatting import fmt, fmt_p
@@ -103,6 +104,15 @@ def load(sources: list[Path | tuple[Path, set[int] | None]]) -> list[Arm]:
     return ranked
 
 
+def recorded_baseline(folders: list[Path]) -> str | None:
+    """The baseline the sources' ``sweep.json`` name (a joined report's), as the report reads it; refused where
+    they name different ones."""
+    named = sorted({str(b) for b in (read_sweep_record(f).get("baseline") for f in folders) if b is not None})
+    if len(named) > 1:
+        raise SystemExit(f"the sources' sweep.json name different baselines ({', '.join(named)}); choose one with --baseline")
+    return named[0] if named else None
+
+
 def code_line(arms: list[Arm]) -> str:
     """The commit each cell started from, with its seeds (``unrecorded``: cells older than the record)."""
     seeds: dict[str, set] = {}
@@ -149,14 +159,16 @@ def seed_share(arms: list[Arm]) -> tuple[float, float, float, float, int, int] |
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sources", nargs="+", help="sweep folders or reports' data/ folders (DIR@0-3: those seeds' cells)")
-    parser.add_argument("--baseline", default=None, help="the arm the others are compared with (default: the sweep's)")
+    parser.add_argument("--baseline", default=None, help="the arm the others are compared with (default: the sweep's, as the report reads it)")
     parser.add_argument("--equivalence-margin", type=float, default=EQUIVALENCE_MARGIN)
     parser.add_argument("--target-mde", type=float, default=TARGET_MDE)
     parser.add_argument("--confidence", type=float, default=0.95)
     args = parser.parse_args(argv)
 
-    arms = load([source(text) for text in args.sources])
-    baseline = baseline_arm(arms, [c for a in arms for c in a.cells], args.baseline)
+    sources = [source(text) for text in args.sources]
+    arms = load(sources)
+    chosen = args.baseline or recorded_baseline([folder for folder, _ in sources])
+    baseline = baseline_arm(arms, [c for a in arms for c in a.cells], chosen)
     out = sys.stdout
     out.write(f"# Final greedy accuracy ({KEY}), {sum(len(a.cells) for a in arms)} finished cells\n\n")
     out.write(f"Sources: {', '.join(f'`{s}`' for s in args.sources)}. Code: {code_line(arms)}.\n\n")

@@ -87,13 +87,17 @@ def check_same_settings(reference: Mapping[str, Any], cell: Mapping[str, Any], w
         raise ConfigError(f"{context}: {where} ran with other settings ({key}: {ours!r}, not {theirs!r}); {advice}")
 
 
-def join(sources: Sequence[Path], out: Path, sweep_name: str | None = None, provenance: Sequence[str] = ()) -> dict[str, Path]:
+def join(sources: Sequence[Path], out: Path, sweep_name: str | None = None, provenance: Sequence[str] = (),
+         baseline: str | None = None) -> dict[str, Path]:  # fmt: skip
     """Copy the cells of ``sources`` into ``out`` (new or empty) with their provenance; returns each cell's source.
     ``sweep_name``: the joined sweep's name (the report's title; default the sources' names); ``provenance``: lines added
-    to its ``sweep.json`` (the report's Provenance section), so that a report rebuilt from ``out`` keeps both."""
+    to its ``sweep.json`` (the report's Provenance section), so that a report rebuilt from ``out`` keeps both.
+    ``baseline``: the arm the report compares with, written to ``sweep.json``; needed where the sources' cells record
+    different ones (a sweep of one arm's extra seeds records that arm)."""
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"join: --out {out} is not empty; give a new folder")
     found: dict[str, Path] = {}
+    chosen: dict[str, Mapping[str, Any]] = {}  # the cell.json of each cell kept
     replaced: list[str] = []  # unfinished cells left out for a finished run of the same cell (said in sweep.json)
     first: dict[str, Any] | None = None
     by_arm: dict[str, Mapping[str, Any]] = {}
@@ -121,14 +125,17 @@ def join(sources: Sequence[Path], out: Path, sweep_name: str | None = None, prov
             if arm_settings != cell_settings:
                 raise ConfigError(f"join: {where} ran its arm with other settings than the cells of that arm before it; "
                                   "a joined sweep must be one design: report it apart")  # fmt: skip
-            found[name] = source
+            found[name], chosen[name] = source, cell
     bare = [f"{name} of {source}" for name, source in found.items() if is_done(source / name)
             and not has_scalars(source / name)]  # fmt: skip
     if bare:
         raise ConfigError(f"join: {len(bare)} finished cell(s) hold no step-wise scalars (no scalars.csv.gz, no TensorBoard "
                           f"event files), which the report needs: {'; '.join(bare)}; join the sweep folders themselves, or "
                           "the data/ folders `grpo-lightning-report` writes of them")  # fmt: skip
+    check_baseline(baseline, chosen)
     sweep = join_sweep_files([source / SWEEP_FILE for source in sources if (source / SWEEP_FILE).is_file()])
+    if baseline is not None:
+        sweep["baseline"] = baseline
     if sweep_name:
         sweep["name"] = sweep_name
     if provenance or replaced:
@@ -141,6 +148,19 @@ def join(sources: Sequence[Path], out: Path, sweep_name: str | None = None, prov
     if sweep:
         (out / SWEEP_FILE).write_text(json.dumps(sweep, indent=4, sort_keys=True))
     return found
+
+
+def check_baseline(baseline: str | None, cells: Mapping[str, Mapping[str, Any]]) -> None:
+    """Refuse a ``baseline`` that is no arm of ``cells``, and cells that record different baselines with none given."""
+    arms = sorted({str(cell.get("arm") or cell.get("variant") or name) for name, cell in cells.items()})
+    if baseline is not None:
+        if baseline not in arms:
+            raise ConfigError(f"join: --baseline {baseline!r} is not an arm of the joined cells; give one of {arms}")
+        return
+    recorded = sorted({str(cell["baseline"]) for cell in cells.values() if cell.get("baseline") is not None})
+    if len(recorded) > 1:
+        raise ConfigError(f"join: the cells record different baselines ({', '.join(recorded)}: a sweep of some arms' "
+                          "extra seeds records its own first arm); give the report's with --baseline NAME")  # fmt: skip
 
 
 #: ``sweep.json`` keys that name a source rather than set the report: sources from other folders join.
@@ -175,9 +195,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--name", default=None, help="the joined sweep's name, the report's title (default: the sources')")
     parser.add_argument("--provenance", action="append", default=[], metavar="LINE",
                         help="a line for the report's Provenance section (the command, card and commit); repeatable")
+    parser.add_argument("--baseline", default=None, metavar="ARM",
+                        help="the arm the report compares with (needed where the sources' cells record different ones)")
     args = parser.parse_args(argv)
     try:
-        found = join(args.sources, args.out, args.name, args.provenance)
+        found = join(args.sources, args.out, args.name, args.provenance, args.baseline)
     except ConfigError as error:
         parser.exit(2, f"error: {error}\n")
     for source in args.sources:

@@ -60,6 +60,22 @@ def test_an_unfinished_cell_gives_way_to_its_finished_run_and_the_sweep_says_so(
     assert lines[-1] == f"join: dr_grpo-seed0 of {stopped}, unfinished there, left out for its finished run in {finished}"
 
 
+def test_a_sweep_of_one_arms_extra_seeds_joins_with_the_baseline_given(tmp_path):
+    """A sweep of dppo's seeds alone records dppo as its baseline: the join refuses to guess the report's, takes it
+    from --baseline into sweep.json, and refuses a baseline that is no arm."""
+    grid = run_of(tmp_path / "grid", ["grpo-seed0", "dppo-seed0"], "aaa", "grid")
+    extra = run_of(tmp_path / "extra", ["dppo-seed1"], "bbb", "dppo's seed 1")
+    cell_json = extra / "dppo-seed1" / "cell.json"
+    cell_json.write_text(json.dumps({**json.loads(cell_json.read_text()), "baseline": "dppo"}))
+    with pytest.raises(ConfigError, match=r"record different baselines \(dppo, grpo.*--baseline NAME"):
+        join([grid, extra], tmp_path / "refused")
+    with pytest.raises(ConfigError, match=r"--baseline 'rloo' is not an arm .*\['dppo', 'grpo'\]"):
+        join([grid, extra], tmp_path / "refused", baseline="rloo")
+    assert not (tmp_path / "refused").exists()
+    main([str(grid), str(extra), "--out", str(tmp_path / "joined"), "--baseline", "grpo"])
+    assert json.loads((tmp_path / "joined" / "sweep.json").read_text())["baseline"] == "grpo"
+
+
 def test_finished_cells_without_their_step_wise_scalars_are_refused_by_the_join_and_the_report(tmp_path, capsys):
     """A tarball that left out the event files: the report would count fewer seeds in its curves."""
     first = run_of(tmp_path / "day1", ["grpo-seed0", "dr_grpo-seed0"], "aaa", "day 1")

@@ -344,8 +344,17 @@ def test_provenance_records_the_uncommitted_diff(tmp_path):
     git("commit", "-q", "-m", "results")
     (tmp_path / "results.csv").unlink()  # a deleted file is named, its text (in the commit) is not repeated
     record = provenance.git_commit(tmp_path)
-    assert record["dirty"] is True and "deleted file" in record["diff"] and "results.csv" in record["diff"]
-    assert "step,accuracy" not in record["diff"] and len(record["diff"]) < 500
+    assert record["dirty"] is True and record["deleted"] == ["results.csv"] and record["diff"] == ""
+    assert record["untracked"] == ["configs/mine.yaml"]
+
+
+def test_deleted_files_are_summarised_by_the_folders_left_empty():
+    tracked = ["README.md", "reports/a/data/1.json", "reports/a/data/2.json", "reports/a/report.md",
+               "reports/b/report.md", "src/x.py", "src/y.py", "top.txt"]  # fmt: skip
+    deleted = ["reports/a/data/1.json", "reports/a/data/2.json", "reports/a/report.md", "src/y.py", "top.txt"]
+    assert provenance.deleted_folders(deleted, tracked) == ["reports/a/", "src/y.py", "top.txt"]
+    assert provenance.deleted_folders(deleted + ["reports/b/report.md"], tracked) == ["reports/", "src/y.py", "top.txt"]
+    assert provenance.deleted_folders([], tracked) == []
 
 
 def test_provenance_record():

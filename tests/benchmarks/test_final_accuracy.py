@@ -14,6 +14,7 @@ import pytest
 
 from grpo_lightning.report.build import attach_outcomes, baseline_arm, load_arms
 from grpo_lightning.report.cells import discover_cells
+from grpo_lightning.report.data import read_sweep_record
 from grpo_lightning.report.sections.comparisons import baseline_effects
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,8 +34,10 @@ def test_the_effects_from_final_validations_alone_are_the_reports():
     attach_outcomes(full)
     mine = final_accuracy.load([DATA])
     assert [a.name for a in mine] == [a.name for a in full]
-    expected = baseline_effects(full, baseline_arm(full, cells), "val/accuracy", +1)
-    found = baseline_effects(mine, baseline_arm(mine, cells), "val/accuracy", +1)
+    chosen = final_accuracy.recorded_baseline([DATA])  # the joined sweep's, which its sweep.json names
+    assert chosen == read_sweep_record(DATA)["baseline"] == "grpo"
+    expected = baseline_effects(full, baseline_arm(full, cells, chosen), "val/accuracy", +1)
+    found = baseline_effects(mine, baseline_arm(mine, cells, chosen), "val/accuracy", +1)
     assert len(found) == len(expected) == 6
     for e, f in zip(expected, found):
         assert e.two_level is not None and f.two_level is not None  # paired by seed and prompt in both
@@ -63,8 +66,10 @@ def test_a_cell_whose_outcomes_are_not_its_final_validation_is_refused(tmp_path,
 def test_the_table_names_each_arm_its_seeds_and_the_verdicts(capsys):
     final_accuracy.main([str(DATA)])
     text = capsys.readouterr().out
-    assert "| grpo | n=8 | 0.591 [" in text and "8 x 500 prompts" in text and "undetermined (MDE" in text
-    assert "99ec832: seeds 4, 5, 6, 7; unrecorded: seeds 0, 1, 2, 3" in text  # 0-3 predate the code record
+    assert "| grpo | n=14 | 0.591 [" in text and "14 x 500 prompts" in text and "undetermined (MDE" in text
+    assert "| dapo | 14 x 500 prompts | +0.1119 [" in text and "| better |" in text  # against the recorded baseline
+    # 0-3 predate the code record; dppo's 6 and 7 ran again at the later commit
+    assert "99ec832: seeds 4, 5, 6, 7; b4d7953: seeds 6, 7, 8, 9, 10, 11, 12, 13; unrecorded: seeds 0, 1, 2, 3" in text
     # Wilcoxon's signed-rank over 4 seeds all of one sign: the exact p of 2 / 2^4, then Holm over the six arms
     assert final_accuracy.rank_test([0.1, 0.2, 0.3, 0.4]) == pytest.approx(0.125)
     assert math.isnan(final_accuracy.rank_test([0.0, 0.1]))  # one nonzero difference: no test

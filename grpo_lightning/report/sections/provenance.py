@@ -64,13 +64,14 @@ def provenance_warnings(records: Sequence[Mapping[str, Any]], cells: Sequence[An
     dirty = [r for r in records if r.get("dirty")]
     untracked = sorted({path for r in dirty for path in r.get("untracked") or ()})
     if dirty and not untracked:
-        kept = all(r.get("diff") for r in dirty)
+        kept = all(r.get("diff") or r.get("deleted") for r in dirty)
         how = ("the uncommitted diff is recorded in `data/provenance.json`" if kept
                else "the uncommitted diff was not recorded, so these runs cannot be redone exactly")  # fmt: skip
         lines.append(f"**Warning: {len(dirty)} of {len(records)} runs of the sweep used a checkout with uncommitted "
                      f"changes to tracked files;** {how}.")  # fmt: skip
     elif dirty:  # files git does not track: their paths are recorded, never their contents
-        diff = " (the diff of tracked files is in `data/provenance.json`)" if any(r.get("diff") for r in dirty) else ""
+        diff = (" (the diff of tracked files is in `data/provenance.json`)"
+                if any(r.get("diff") or r.get("deleted") for r in dirty) else "")  # fmt: skip
         lines.append(f"**Warning: {len(dirty)} of {len(records)} runs of the sweep used a checkout with uncommitted "
                      f"changes{diff} and untracked files, whose contents were not recorded, so these runs cannot be "
                      f"redone exactly:** {join_words([f'`{p}`' for p in untracked])}.")  # fmt: skip
