@@ -34,6 +34,7 @@ from grpo_lightning.report.data import read_sweep_record
 from grpo_lightning.report.outcomes import OUTCOME_METRIC, final_outcomes
 from grpo_lightning.report.paired import interquartile_mean, mean_squares
 from grpo_lightning.report.render.formatting import fmt, fmt_p
+from grpo_lightning.report.sections.seeds import spread_sentence
 from grpo_lightning.report.sections.comparisons import (
     EQUIVALENCE_MARGIN,
     TARGET_MDE,
@@ -213,6 +214,9 @@ def main(argv: list[str] | None = None) -> None:
         out.write("\nSeeds far from their arm's others (the intervals and verdicts that use them cover less than they say): "
                   + "; ".join(f"**{name}** " + ", ".join(f"seed {seed} ({fmt(v, 3)})" for seed, v in seeds.items())
                               for name, seeds in far.items() if seeds) + ".\n")
+    spread = [spread_sentence(arm, KEY) for arm in arms if not far[arm.name]]  # as the report's Seeds section says
+    for sentence in (s for sentences in spread for s in sentences):
+        out.write(f"\n{sentence}\n")
 
 
 if __name__ == "__main__":

@@ -313,6 +313,25 @@ OUTLIER_ALPHA = 0.05
 OUTLIER_MIN_SEEDS = 4
 
 
+#: Fewest seeds the check of an arm's seeds as a whole runs on: below it Shapiro and Wilk's test seldom
+#: finds two clusters or a heavy tail.
+SPREAD_MIN_SEEDS = 8
+#: Level of that check, per arm: as with ``OUTLIER_ALPHA``, a flag says "look".
+SPREAD_ALPHA = 0.05
+
+
+def normal_spread_p(values: Sequence[float]) -> float:
+    """Shapiro and Wilk's p for ``values`` being a normal sample: small where several seeds lie far from
+    the rest (collapsed runs that hide each other from ``outlying_seeds``) or the seeds form two clusters.
+    ``nan`` below ``SPREAD_MIN_SEEDS`` values, with a non-finite one, or without spread."""
+    from scipy import stats
+
+    x = np.asarray([float(v) for v in values], dtype=float)
+    if len(x) < SPREAD_MIN_SEEDS or not np.isfinite(x).all() or no_spread(x):
+        return math.nan
+    return float(stats.shapiro(x).pvalue)
+
+
 def outlying_seeds(values: Sequence[float], alpha: float = OUTLIER_ALPHA, floor: float = 0.0) -> list[int]:
     """Indices of the values far from the others: each value's externally studentized residual
     ``r_i = (x_i - mean_{-i}) / (s_{-i} sqrt(1 + 1 / (n - 1)))``, ``t(n - 2)``-distributed for normal

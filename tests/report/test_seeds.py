@@ -2,6 +2,7 @@
 is missing, a seed that two cells of one arm ran is refused, and no comparison over fewer than
 three paired seeds gets a verdict."""
 
+import math
 import shutil
 
 import pytest
@@ -95,3 +96,29 @@ def test_a_collapsed_seed_is_named_beside_the_median_and_iqm(tmp_path, cell_writ
     effects = section(text, "Effects against the baseline (grpo)")
     assert "Seeds far from their arm's others (see Seeds): **dapo** seed 4." in effects
     assert (target / "final_val_accuracy.png").is_file() and "](final_val_accuracy.png)" in seeds
+
+
+def test_several_collapsed_seeds_that_hide_each_other_are_named_by_the_check_of_the_whole_arm(tmp_path, cell_writer):
+    """dapo's seeds 7-9 end at 0.05-0.07 against 0.40-0.46: each widens the others' spread, so no one of them is
+    far by the test of one seed (seed 7's residual is about 1.6 against t(1 - 0.05 / 20, 8) = 4.2), but Shapiro
+    and Wilk's test of the ten rejects normal seeds; grpo's evenly spread 0.30-0.39 pass it."""
+    sweep = tmp_path / "sweep"
+    dapo = (0.40, 0.41, 0.42, 0.43, 0.44, 0.45, 0.46, 0.05, 0.06, 0.07)
+    for seed in range(10):
+        cell_writer(sweep, "grpo", seed, 0.30 + 0.01 * seed)
+        cell_writer(sweep, "dapo", seed, dapo[seed])
+    text = (build_report(sweep, tmp_path / "report") / "report.md").read_text()
+    seeds = section(text, "Seeds")
+    assert "(far)" not in seeds  # the check of one seed finds none
+    warning = ("**Warning:** **dapo**'s seeds are not spread as normal ones would be (Shapiro-Wilk p = 0.00")
+    ends = "over 10 seeds; lowest seed 7: 0.05, seed 8: 0.06, seed 9: 0.07; highest seed 6: 0.46, seed 5: 0.45, seed 4: 0.44)"
+    assert warning in seeds and ends in seeds and warning in section(text, "Summary") and "**grpo**'s seeds" not in text
+
+
+def test_the_check_of_a_whole_arm_needs_eight_seeds_with_a_spread():
+    from grpo_lightning.report.paired import normal_spread_p
+
+    assert math.isnan(normal_spread_p([0.4, 0.41, 0.42, 0.43, 0.44, 0.05, 0.06]))  # seven seeds: no check
+    assert math.isnan(normal_spread_p([0.4] * 8)) and math.isnan(normal_spread_p([0.4] * 7 + [math.nan]))
+    assert normal_spread_p([0.30 + 0.01 * s for s in range(10)]) > 0.5  # evenly spread: no sign against normal
+    assert normal_spread_p([0.40, 0.41, 0.42, 0.43, 0.44, 0.45, 0.46, 0.05, 0.06, 0.07]) < 0.01

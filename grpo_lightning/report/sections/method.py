@@ -5,7 +5,7 @@ checked against a rerun by ``tests/report/test_paired.py``)."""
 from __future__ import annotations
 
 from grpo_lightning.report.arms import SMOOTHING_STEPS
-from grpo_lightning.report.paired import MAX_SEEDS, OUTLIER_ALPHA, OUTLIER_MIN_SEEDS
+from grpo_lightning.report.paired import MAX_SEEDS, OUTLIER_ALPHA, OUTLIER_MIN_SEEDS, SPREAD_ALPHA, SPREAD_MIN_SEEDS
 from grpo_lightning.report.render.document import Doc
 from grpo_lightning.report.sections.comparisons import (
     ALPHA,
@@ -116,7 +116,10 @@ def method_section(doc: Doc, confidence: float, margin: float, target_mde: float
                 "beside the mean. A seed is far from its arm's others when, with x̄ and s the mean and standard "
                 "deviation of the other n − 1 seeds, |x − x̄| / (s √(1 + 1/(n − 1))) exceeds t(1 − "
                 f"{OUTLIER_ALPHA:g}/2n, n − 2) (Bonferroni over the seeds: at most a {OUTLIER_ALPHA:g} chance for an arm "
-                f"of normal seeds) and |x − x̄| reaches the practical threshold; from {OUTLIER_MIN_SEEDS} seeds. Intervals "
+                f"of normal seeds) and |x − x̄| reaches the practical threshold; from {OUTLIER_MIN_SEEDS} seeds. An arm "
+                f"with no such seed is checked as a whole from {SPREAD_MIN_SEEDS} seeds: Shapiro and Wilk's test of "
+                f"normality at {SPREAD_ALPHA:g} (one arm of normal seeds in twenty flagged by chance) finds several "
+                "collapsed seeds, which widen s and so hide each other from the test of one, and two clusters. Intervals "
                 "over seeds assume seeds spread around one value: under collapse they cover less (table below), and "
                 "with few seeds a collapse rate goes unseen whenever no seed collapsed (a third of 5-seed sweeps at 20%)."
             ),
