@@ -32,13 +32,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-from grpo_lightning.report.paired import outlying_seeds, two_level_interval
+from grpo_lightning.report.paired import SPREAD_ALPHA, normal_spread_p, outlying_seeds, two_level_interval
 from grpo_lightning.report.statistics import t_quantile
 
 PROMPTS = 100
 SEEDS = (3, 5, 10)
 #: Seeds at which the check for a collapsed seed is measured (it needs four).
 DETECTION_SEEDS = (4, 5, 10)
+#: Seeds at which the check of a whole arm is measured (it needs eight).
+SPREAD_SEEDS = (8, 10, 14)
 METHODS = ("two-level t", "seed t", "two-level bootstrap")
 CONFIDENCE = 0.95
 #: The logit-scale seed spread, lift and prompt spread of the lift: of the ``skewed`` scenario, and of
@@ -155,6 +157,24 @@ def collapse_detection(seeds: int, simulations: int, seed: int = 0) -> tuple[flo
     return float(np.mean(found)), float(np.mean([bool(outlying_seeds(a, floor=0.01)) for a in intact]))
 
 
+def several_collapse_detection(seeds: int, simulations: int, seed: int = 0) -> tuple[float, float, float]:
+    """``(one, whole, false)`` over ``collapse`` sweeps with two or more collapsed seeds of the arm: the share in
+    which ``outlying_seeds`` names any seed (several collapsed seeds widen the others' spread and hide each other),
+    the share in which the check of the whole arm fires where it names none (``normal_spread_p`` below
+    ``SPREAD_ALPHA``), and, in the same sweeps without collapse, the share in which that check fires."""
+    rng = np.random.default_rng(seed)
+    arm, _, collapsed = skewed_scores(rng, simulations, seeds, "collapse", COLLAPSE_RATE)
+    several = arm[collapsed.sum(axis=1) >= 2].mean(-1)
+
+    def flags(values: np.ndarray) -> tuple[bool, bool]:
+        far = bool(outlying_seeds(values, floor=0.01))
+        return far, not far and normal_spread_p(values) < SPREAD_ALPHA
+
+    found = np.array([flags(a) for a in several], dtype=bool).reshape(-1, 2)
+    intact = np.array([flags(a)[1] for a in skewed_scores(rng, simulations, seeds, "collapse")[0].mean(-1)])
+    return float(found[:, 0].mean()), float(found[:, 1].mean()), float(intact.mean())
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--simulations", type=int, default=2000)
@@ -170,6 +190,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n{args.simulations} simulations per row, {PROMPTS} prompts; for method.py's COVERAGE:\n{table}")
     detection = {seeds: tuple(round(v, 3) for v in collapse_detection(seeds, args.simulations)) for seeds in DETECTION_SEEDS}
     print(f"collapsed seed named by outlying_seeds (one collapsed), any seed named without collapse:\n{detection}")
+    whole = {seeds: tuple(round(v, 3) for v in several_collapse_detection(seeds, args.simulations)) for seeds in SPREAD_SEEDS}
+    print(f"two or more collapsed: named by outlying_seeds, by the whole-arm check alone; whole-arm check without "
+          f"collapse:\n{whole}")
 
 
 if __name__ == "__main__":

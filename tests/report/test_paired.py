@@ -23,7 +23,7 @@ from grpo_lightning.report.paired import (
     two_level_interval,
     two_level_test,
 )
-from grpo_lightning.report.sections.method import COVERAGE, COVERAGE_SIMULATIONS, DETECTION
+from grpo_lightning.report.sections.method import COVERAGE, COVERAGE_SIMULATIONS, DETECTION, SPREAD_DETECTION
 from grpo_lightning.report.statistics import detectable_shift, seed_interval, wilson_interval
 
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "interval_coverage.py"
@@ -250,6 +250,9 @@ def test_with_collapsing_seeds_it_covers_less_and_the_collapsed_seed_is_named():
     assert found < 0.95 - _tolerance(0.95, SIMULATIONS), found
     named, false = simulation.collapse_detection(10, 1000, seed=1)
     assert named >= 0.9 and false <= 0.05 + _tolerance(0.05, 1000), (named, false)
+    # two or more collapsed seeds hide each other from the check of one seed; the check of the whole arm finds them
+    one, whole, false = simulation.several_collapse_detection(10, 1000, seed=1)
+    assert one <= 0.05 and whole >= 0.85 and false <= 0.05 + _tolerance(0.05, 1000), (one, whole, false)
 
 
 def test_the_coverage_the_method_quotes_matches_a_rerun():
@@ -260,10 +263,13 @@ def test_the_coverage_the_method_quotes_matches_a_rerun():
         for method, value in zip(simulation.METHODS, quoted):
             assert abs(found[method] - value) <= _tolerance(_inside(value), rerun, COVERAGE_SIMULATIONS), \
                 (scenario, seeds, method, found[method], value)  # fmt: skip
-    for seeds, quoted in DETECTION.items():
-        found = simulation.collapse_detection(seeds, rerun, seed=2)
-        spread = [_tolerance(_inside(q), rerun, COVERAGE_SIMULATIONS) for q in quoted]
-        assert all(abs(f - q) <= s for f, q, s in zip(found, quoted, spread)), (seeds, found)
+    for detection, measure in ((DETECTION, simulation.collapse_detection),
+                               (SPREAD_DETECTION, simulation.several_collapse_detection)):  # fmt: skip
+        assert set(detection) == set(simulation.DETECTION_SEEDS if detection is DETECTION else simulation.SPREAD_SEEDS)
+        for seeds, quoted in detection.items():
+            found = measure(seeds, rerun, seed=2)
+            spread = [_tolerance(_inside(q), rerun, COVERAGE_SIMULATIONS) for q in quoted]
+            assert all(abs(f - q) <= s for f, q, s in zip(found, quoted, spread)), (seeds, found)
 
 
 def _inside(p: float) -> float:

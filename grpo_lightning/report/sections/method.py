@@ -35,6 +35,10 @@ COVERAGE: dict[tuple[str, int], tuple[float, float, float]] = {
 }
 #: seeds -> (a single collapsed seed named, any seed named without collapse), from the same run.
 DETECTION: dict[int, tuple[float, float]] = {4: (0.325, 0.054), 5: (0.622, 0.055), 10: (0.985, 0.053)}
+#: seeds -> (two or more collapsed seeds: any named by the check for far seeds, the whole arm flagged where it names
+#: none; the whole arm flagged without collapse), from ``several_collapse_detection`` of the same script.
+SPREAD_DETECTION: dict[int, tuple[float, float, float]] = {8: (0.0, 0.802, 0.024), 10: (0.0, 0.929, 0.034),
+                                                           14: (0.0, 0.991, 0.036)}
 
 
 def method_section(doc: Doc, confidence: float, margin: float, target_mde: float) -> None:
@@ -177,3 +181,7 @@ def coverage_table(doc: Doc) -> None:
     found = "; ".join(f"{seeds} seeds: {f:.0%} found, {n:.0%} false" for seeds, (f, n) in DETECTION.items())
     doc.p(f"A single collapsed seed named by the check for far seeds in the collapse scenario, and any seed named "
           f"in the same scenario without collapse: {found}.")  # fmt: skip
+    several = "; ".join(f"{seeds} seeds: {one:.0%} and {whole:.0%}, {false:.0%} false"
+                        for seeds, (one, whole, false) in SPREAD_DETECTION.items())  # fmt: skip
+    doc.p(f"Two or more collapsed seeds in the same scenario, named by the check for far seeds, and flagged by the check "
+          f"of the whole arm where that names none; the whole arm flagged without collapse: {several}.")  # fmt: skip
