@@ -214,9 +214,9 @@ def main(argv: list[str] | None = None) -> None:
         out.write("\nSeeds far from their arm's others (the intervals and verdicts that use them cover less than they say): "
                   + "; ".join(f"**{name}** " + ", ".join(f"seed {seed} ({fmt(v, 3)})" for seed, v in seeds.items())
                               for name, seeds in far.items() if seeds) + ".\n")
-    spread = [spread_sentence(arm, KEY) for arm in arms if not far[arm.name]]  # as the report's Seeds section says
-    for sentence in (s for sentences in spread for s in sentences):
-        out.write(f"\n{sentence}\n")
+    for arm in arms:  # as the report's Seeds section says
+        for sentence in spread_sentence(arm, KEY, far[arm.name]):
+            out.write(f"\n{sentence}\n")
 
 
 if __name__ == "__main__":

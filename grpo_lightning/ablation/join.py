@@ -120,7 +120,7 @@ def join(sources: Sequence[Path], out: Path, sweep_name: str | None = None, prov
                 replaced.append(f"join: {name} of {found[name]}, unfinished there, left out for its finished run in {source}")
             first = first or cell
             check_same_settings(first, cell, where)
-            arm = by_arm.setdefault(cell.get("arm") or cell.get("variant") or name, cell)
+            arm = by_arm.setdefault(arm_of(name, cell), cell)
             arm_settings, cell_settings = comparable(arm["settings"], cell["settings"])
             if arm_settings != cell_settings:
                 raise ConfigError(f"join: {where} ran its arm with other settings than the cells of that arm before it; "
@@ -150,9 +150,14 @@ def join(sources: Sequence[Path], out: Path, sweep_name: str | None = None, prov
     return found
 
 
+def arm_of(name: str, cell: Mapping[str, Any]) -> str:
+    """The arm a cell's ``cell.json`` names (older records: its variant; else the cell's folder name)."""
+    return str(cell.get("arm") or cell.get("variant") or name)
+
+
 def check_baseline(baseline: str | None, cells: Mapping[str, Mapping[str, Any]]) -> None:
     """Refuse a ``baseline`` that is no arm of ``cells``, and cells that record different baselines with none given."""
-    arms = sorted({str(cell.get("arm") or cell.get("variant") or name) for name, cell in cells.items()})
+    arms = sorted({arm_of(name, cell) for name, cell in cells.items()})
     if baseline is not None:
         if baseline not in arms:
             raise ConfigError(f"join: --baseline {baseline!r} is not an arm of the joined cells; give one of {arms}")

@@ -263,9 +263,10 @@ def test_the_coverage_the_method_quotes_matches_a_rerun():
         for method, value in zip(simulation.METHODS, quoted):
             assert abs(found[method] - value) <= _tolerance(_inside(value), rerun, COVERAGE_SIMULATIONS), \
                 (scenario, seeds, method, found[method], value)  # fmt: skip
-    for detection, measure in ((DETECTION, simulation.collapse_detection),
-                               (SPREAD_DETECTION, simulation.several_collapse_detection)):  # fmt: skip
-        assert set(detection) == set(simulation.DETECTION_SEEDS if detection is DETECTION else simulation.SPREAD_SEEDS)
+    for detection, measure, measured_at in ((DETECTION, simulation.collapse_detection, simulation.DETECTION_SEEDS),
+                                            (SPREAD_DETECTION, simulation.several_collapse_detection,
+                                             simulation.SPREAD_SEEDS)):  # fmt: skip
+        assert set(detection) == set(measured_at)
         for seeds, quoted in detection.items():
             found = measure(seeds, rerun, seed=2)
             spread = [_tolerance(_inside(q), rerun, COVERAGE_SIMULATIONS) for q in quoted]

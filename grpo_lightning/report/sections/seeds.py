@@ -38,7 +38,7 @@ def far_seed_sentences(arms: Sequence[Arm], key: str = SEEDS_KEY) -> list[str]:
     for arm in arms:
         far = far_seeds(arm, key)
         if not far:
-            sentences += spread_sentence(arm, key)
+            sentences += spread_sentence(arm, key, far)
             continue
         others = [v for s, v in arm.finals_by_seed(key).items() if s not in far]
         below = all(value < min(others) for value in far.values())
@@ -51,9 +51,12 @@ def far_seed_sentences(arms: Sequence[Arm], key: str = SEEDS_KEY) -> list[str]:
     return sentences
 
 
-def spread_sentence(arm: Arm, key: str = SEEDS_KEY) -> list[str]:
-    """``**Warning:** **gspo**'s seeds are not spread as normal ones ...`` where Shapiro and Wilk's test of its
-    final ``key`` over seeds rejects at ``SPREAD_ALPHA``, with its lowest and highest seeds; else nothing."""
+def spread_sentence(arm: Arm, key: str = SEEDS_KEY, far: dict | None = None) -> list[str]:
+    """``**Warning:** **gspo**'s seeds are not spread as normal ones ...`` where the arm has no far seed
+    (``far``: its ``far_seeds``, computed where not given) and Shapiro and Wilk's test of its final ``key``
+    over seeds rejects at ``SPREAD_ALPHA``, with its lowest and highest seeds; else nothing."""
+    if far_seeds(arm, key) if far is None else far:  # a far seed has its own warning
+        return []
     by_seed = arm.finals_by_seed(key)
     p = normal_spread_p(list(by_seed.values()))
     if not p < SPREAD_ALPHA:
